@@ -1,0 +1,52 @@
+# Every target sets itself up: a virtualenv in .venv with the project and its development
+# tools installed (re-installed when pyproject.toml changes).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+LINTED := sdk mockbroker
+
+.PHONY: help setup proto proto-check lint typecheck test test-fast demo bench clean
+
+help:
+	@echo "make demo    run the main job on an embedded broker"
+	@echo "make test    lint, type-check and run every test tier"
+	@echo "make bench   measure throughput (writes bench/results/latest.json)"
+	@echo "make proto   regenerate sdk/_pb from proto/"
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+proto: $(STAMP)
+	$(PY) tools/gen_proto.py
+
+proto-check: $(STAMP)
+	$(PY) tools/gen_proto.py --check
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $(LINTED) tests examples bench tools
+	$(VENV)/bin/ruff format --check $(LINTED) tests examples bench tools
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy $(LINTED)
+
+test: proto-check lint typecheck
+	$(PY) -m pytest -q
+
+# Unit and component tiers only, for a quick loop while editing.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not system and not example"
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache bench/results

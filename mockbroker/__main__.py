@@ -1,0 +1,80 @@
+"""`python -m mockbroker`: serve a broker until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from mockbroker.config import BrokerConfig
+from mockbroker.server import Broker
+
+
+def parse_args(argv: list[str] | None = None) -> BrokerConfig:
+    """Build a BrokerConfig from command-line arguments."""
+    d = BrokerConfig()
+    p = argparse.ArgumentParser(prog="mockbroker", description="Run an ordermq broker.")
+    p.add_argument("--host", default=d.host, help="interface to listen on (default %(default)s)")
+    p.add_argument("--port", type=int, default=d.port, help="TCP port; 0 picks a free one")
+    p.add_argument("--data-dir", type=Path, required=True, help="where messages are stored")
+    p.add_argument("--flush-mode", choices=["async", "sync"], default=d.flush_mode)
+    p.add_argument("--lock-lease-seconds", type=float, default=d.lock_lease_seconds)
+    p.add_argument("--default-queues", type=int, default=d.default_queues)
+    p.add_argument("--broker-name", default=d.broker_name)
+    p.add_argument("--segment-bytes", type=int, default=d.segment_bytes)
+    p.add_argument(
+        "--no-auto-create-topics",
+        action="store_true",
+        help="refuse sends to topics that were not created explicitly",
+    )
+    p.add_argument("--log-level", default="INFO")
+    a = p.parse_args(argv)
+    logging.basicConfig(
+        level=a.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        return BrokerConfig(
+            host=a.host,
+            port=a.port,
+            data_dir=a.data_dir,
+            flush_mode=a.flush_mode,
+            lock_lease_seconds=a.lock_lease_seconds,
+            default_queues=a.default_queues,
+            auto_create_topics=not a.no_auto_create_topics,
+            broker_name=a.broker_name,
+            segment_bytes=a.segment_bytes,
+        )
+    except ValueError as exc:
+        p.error(str(exc))
+
+
+async def serve(config: BrokerConfig) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down cleanly."""
+    broker = Broker(config)
+    await broker.start()
+    print(f"mockbroker listening on {broker.address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await broker.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    config = parse_args(argv)
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:
+        print(f"mockbroker: {exc}", file=sys.stderr)
+        raise SystemExit(1) from exc
+
+
+if __name__ == "__main__":
+    main()

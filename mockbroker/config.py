@@ -1,0 +1,58 @@
+"""Broker configuration: one dataclass, the same options as the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+FlushMode = Literal["async", "sync"]
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Everything the broker can be told at start.
+
+    Attributes:
+        host: Interface to listen on.
+        port: TCP port; 0 picks a free one (see `address` once started).
+        data_dir: Where the commit log, indexes, topics and offsets live.
+        flush_mode: "async" flushes at least every `flush_interval_seconds` and answers
+            sends before their fsync; "sync" answers a send only after its fsync (group
+            commit shares one fsync among concurrent senders).
+        lock_lease_seconds: How long a rebalance lock lives without renewal.
+        default_queues: Queue count of topics created on first send.
+        auto_create_topics: Whether a send or producer route query creates a topic.
+        broker_name: The name queues report as their broker.
+        segment_bytes: Size at which the commit log rolls to a new segment file.
+        flush_interval_seconds: Period of background flushes and checkpoints.
+        sync_flush_timeout_seconds: How long a sync-mode send waits for its fsync before
+            answering FLUSH_DISK_TIMEOUT.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    data_dir: Path = Path("./ordermq-data")
+    flush_mode: FlushMode = "async"
+    lock_lease_seconds: float = 60.0
+    default_queues: int = 8
+    auto_create_topics: bool = True
+    broker_name: str = "broker-a"
+    segment_bytes: int = 64 * 1024 * 1024
+    flush_interval_seconds: float = 0.5
+    sync_flush_timeout_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.flush_mode not in ("async", "sync"):
+            raise ValueError(f"flush_mode must be 'async' or 'sync', not {self.flush_mode!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port {self.port} is outside 0..65535")
+        if not 1 <= self.default_queues <= 1024:
+            raise ValueError(f"default_queues {self.default_queues} is outside 1..1024")
+        if self.lock_lease_seconds <= 0:
+            raise ValueError("lock_lease_seconds must be positive")
+        if self.segment_bytes < 1024 * 1024:
+            raise ValueError("segment_bytes must be at least 1 MiB")
+        if self.flush_interval_seconds <= 0 or self.sync_flush_timeout_seconds <= 0:
+            raise ValueError("flush intervals and timeouts must be positive")
+        object.__setattr__(self, "data_dir", Path(self.data_dir))

@@ -1,0 +1,65 @@
+"""Consumer offsets per (group, topic, queue), durable before a commit is answered.
+
+The table is one JSON file replaced atomically. Concurrent commits share one write: a
+commit waits for a save that started after its change (group commit), so a burst of
+commits costs one file write rather than one each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from mockbroker.store.files import write_atomically
+
+OffsetKey = tuple[str, str, int]  # group, topic, queue id
+
+
+class ConsumerOffsets:
+    """The committed offset table."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._table: dict[OffsetKey, int] = {}
+        self._version = 0
+        self._saved_version = 0
+        self._save_lock = asyncio.Lock()
+
+    def load(self) -> None:
+        """Read the table file, if any."""
+        if self._path.exists():
+            raw = json.loads(self._path.read_text())
+            for group, topics in raw["offsets"].items():
+                for topic, queues in topics.items():
+                    for qid, offset in queues.items():
+                        self._table[(group, topic, int(qid))] = int(offset)
+
+    def get(self, group: str, topic: str, queue_id: int) -> int | None:
+        """The committed offset, or None when the group never committed this queue."""
+        return self._table.get((group, topic, queue_id))
+
+    def groups(self) -> set[str]:
+        """Every group with at least one committed offset."""
+        return {g for g, _, _ in self._table}
+
+    async def commit(self, updates: dict[OffsetKey, int]) -> None:
+        """Apply `updates` and return once they are on disk."""
+        self._table.update(updates)
+        self._version += 1
+        await self._save(self._version)
+
+    async def _save(self, version: int) -> None:
+        async with self._save_lock:
+            if self._saved_version >= version:
+                return  # a save that started after our change already covered it
+            current = self._version
+            snapshot = self._snapshot()
+            await asyncio.to_thread(write_atomically, self._path, snapshot)
+            self._saved_version = current
+
+    def _snapshot(self) -> bytes:
+        nested: dict[str, dict[str, dict[str, int]]] = {}
+        for (group, topic, qid), offset in sorted(self._table.items()):
+            nested.setdefault(group, {}).setdefault(topic, {})[str(qid)] = offset
+        return json.dumps({"offsets": nested}, indent=1).encode()

@@ -1,0 +1,1 @@
+"""Durable message storage: commit log, consume queues, flushing and recovery."""

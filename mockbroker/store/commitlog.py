@@ -1,0 +1,181 @@
+"""The commit log: every stored record of every queue, appended to segment files.
+
+Positions are global byte offsets. A segment file is named by the position of its first
+byte (20 digits) and is rolled before a write would take it past the segment size, so a
+write never spans two files and a position maps to one file by bisection.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mockbroker.store.files import fsync_dir
+
+_NAME_DIGITS = 20
+
+
+@dataclass
+class FlushPlan:
+    """What one flush must sync: taken in the loop, executed in a worker thread."""
+
+    target: int
+    fds: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Segment:
+    base: int
+    path: Path
+    fd: int
+    size: int
+
+
+class CommitLog:
+    """Append-only segmented log with positional reads."""
+
+    def __init__(self, directory: Path, segment_bytes: int) -> None:
+        self._dir = directory
+        self._segment_bytes = segment_bytes
+        self._segments: list[_Segment] = []
+        self._bases: list[int] = []
+        self._unsynced_rolled: list[int] = []
+        self.flushed = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def open(self) -> None:
+        """Open the existing segments, or create the first one."""
+        self._dir.mkdir(parents=True, exist_ok=True)
+        for path in sorted(self._dir.iterdir()):
+            if path.name.isdigit() and len(path.name) == _NAME_DIGITS:
+                fd = os.open(path, os.O_RDWR)
+                self._add(_Segment(int(path.name), path, fd, os.fstat(fd).st_size))
+        if not self._segments:
+            self._create(0)
+        self.flushed = self.end
+
+    def close(self) -> None:
+        """Close every segment file (does not flush)."""
+        for seg in self._segments:
+            os.close(seg.fd)
+        self._segments.clear()
+        self._bases.clear()
+        self._unsynced_rolled.clear()
+
+    # ------------------------------------------------------------------ writing
+    @property
+    def end(self) -> int:
+        """The position the next append will take."""
+        last = self._segments[-1]
+        return last.base + last.size
+
+    @property
+    def start(self) -> int:
+        """The position of the oldest byte still stored."""
+        return self._segments[0].base
+
+    def total_bytes(self) -> int:
+        """Bytes held in all segments."""
+        return sum(seg.size for seg in self._segments)
+
+    def make_room(self, size: int) -> int:
+        """Roll to a new segment if `size` bytes do not fit; return where they will go."""
+        last = self._segments[-1]
+        if last.size > 0 and last.size + size > self._segment_bytes:
+            self._unsynced_rolled.append(last.fd)
+            self._create(last.base + last.size)
+        return self.end
+
+    def append(self, data: bytes) -> int:
+        """Append `data` in one segment and return its position."""
+        self.make_room(len(data))
+        last = self._segments[-1]
+        position = last.base + last.size
+        view = memoryview(data)
+        written = 0
+        # A failed write leaves garbage past `size`: the next append overwrites it, and
+        # recovery truncates it; it is never indexed.
+        while written < len(data):
+            written += os.pwrite(last.fd, view[written:], last.size + written)
+        last.size += len(data)
+        return position
+
+    def begin_flush(self) -> FlushPlan:
+        """Capture what must be synced to make everything appended so far durable."""
+        fds = [*self._unsynced_rolled, self._segments[-1].fd]
+        self._unsynced_rolled = []
+        return FlushPlan(self.end, fds)
+
+    @staticmethod
+    def execute_flush(plan: FlushPlan) -> None:
+        """Fdatasync the plan's files; runs in a worker thread. Raises OSError on failure."""
+        for fd in plan.fds:
+            os.fdatasync(fd)
+
+    def complete_flush(self, plan: FlushPlan) -> None:
+        """Record a successful flush."""
+        self.flushed = max(self.flushed, plan.target)
+
+    # ------------------------------------------------------------------ reading
+    def read(self, position: int, size: int) -> bytes:
+        """Read `size` bytes at `position`, across segment boundaries if need be."""
+        parts: list[bytes] = []
+        while size > 0:
+            seg = self._segment_at(position)
+            offset = position - seg.base
+            n = min(size, seg.size - offset)
+            if n <= 0:
+                raise ValueError(f"read past the end of the commit log at {position}")
+            parts.append(os.pread(seg.fd, n, offset))
+            position += n
+            size -= n
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def segment_ranges(self, start: int) -> Iterator[tuple[int, int]]:
+        """(base, size) of each segment holding bytes at or after `start`."""
+        for seg in self._segments:
+            if seg.base + seg.size > start:
+                yield seg.base, seg.size
+
+    # ------------------------------------------------------------------ recovery
+    def truncate(self, position: int) -> int:
+        """Drop everything at and after `position`; return the number of bytes dropped."""
+        dropped = 0
+        while len(self._segments) > 1 and self._segments[-1].base >= position:
+            seg = self._segments.pop()
+            self._bases.pop()
+            dropped += seg.size
+            os.close(seg.fd)
+            seg.path.unlink()
+        last = self._segments[-1]
+        keep = max(position - last.base, 0)
+        if keep < last.size:
+            dropped += last.size - keep
+            os.ftruncate(last.fd, keep)
+            os.fsync(last.fd)
+            last.size = keep
+        fsync_dir(self._dir)
+        self.flushed = min(self.flushed, self.end)
+        return dropped
+
+    # ------------------------------------------------------------------ internals
+    def _segment_at(self, position: int) -> _Segment:
+        i = bisect.bisect_right(self._bases, position) - 1
+        if i < 0:
+            raise ValueError(f"position {position} precedes the commit log")
+        return self._segments[i]
+
+    def _add(self, seg: _Segment) -> None:
+        self._segments.append(seg)
+        self._bases.append(seg.base)
+
+    def _create(self, base: int) -> _Segment:
+        path = self._dir / f"{base:0{_NAME_DIGITS}d}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fsync_dir(self._dir)
+        seg = _Segment(base, path, fd, 0)
+        self._add(seg)
+        return seg

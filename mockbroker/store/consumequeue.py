@@ -1,0 +1,91 @@
+"""Consume queue: the per-(topic, queue) index of fixed-size entries into the commit log.
+
+Entry k describes the message at queue offset k: (commit log position, record size, tag
+hash). A size of CORRUPT_SIZE marks an offset whose record was found corrupt at recovery.
+Entries are read from the file on demand; none are kept in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+ENTRY = struct.Struct("<qiq")
+CORRUPT_SIZE = -1
+
+
+class ConsumeQueue:
+    """One queue's index file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        size = os.fstat(self._fd).st_size
+        if size % ENTRY.size:
+            # A torn entry from a crash: the commit log replay writes it again.
+            size -= size % ENTRY.size
+            os.ftruncate(self._fd, size)
+        self.count = size // ENTRY.size
+        self.dirty = False
+
+    @property
+    def max_offset(self) -> int:
+        """The queue offset the next message will take."""
+        return self.count
+
+    @property
+    def min_offset(self) -> int:
+        """The oldest queue offset still served (no retention yet: always 0)."""
+        return 0
+
+    def append(self, packed_entries: bytes) -> None:
+        """Append already-packed entries."""
+        n = len(packed_entries) // ENTRY.size
+        view = memoryview(packed_entries)
+        written = 0
+        start = self.count * ENTRY.size
+        while written < len(view):
+            written += os.pwrite(self._fd, view[written:], start + written)
+        self.count += n
+        self.dirty = True
+
+    def read(self, offset: int, n: int) -> list[tuple[int, int, int]]:
+        """Up to `n` entries from `offset` as (position, size, tag hash)."""
+        n = min(n, self.count - offset)
+        if n <= 0:
+            return []
+        data = os.pread(self._fd, n * ENTRY.size, offset * ENTRY.size)
+        return list(ENTRY.iter_unpack(data))
+
+    def entry(self, offset: int) -> tuple[int, int, int]:
+        """The entry at `offset` (which must exist)."""
+        return self.read(offset, 1)[0]
+
+    def truncate(self, count: int) -> None:
+        """Keep only the first `count` entries."""
+        if count < self.count:
+            os.ftruncate(self._fd, count * ENTRY.size)
+            self.count = count
+            self.dirty = True
+
+    def count_before(self, position: int) -> int:
+        """How many entries point below commit log `position` (positions only grow)."""
+        lo, hi = 0, self.count
+        while lo < hi:
+            mid = (lo + hi) // 2
+            pos = self.entry(mid)[0]
+            if pos < position:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def fileno(self) -> int:
+        """The index file's descriptor, for flushing from a worker thread."""
+        return self._fd
+
+    def close(self) -> None:
+        """Close the index file."""
+        os.close(self._fd)

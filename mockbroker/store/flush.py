@@ -1,0 +1,141 @@
+"""Flushing: periodic (async mode) and group commit (sync mode), plus checkpoints.
+
+Async mode: every `interval` the commit log and the dirty consume queues are synced and a
+checkpoint is written. Sync mode does the same periodically and, in addition, a sender
+awaits `wait_durable(end)`: one fsync serves every sender waiting when it starts (group
+commit). After a failed fsync nothing is ever reported durable again: every waiter and
+every later write is refused, because the kernel may have dropped the dirty pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from mockbroker.store.checkpoint import write_checkpoint
+from mockbroker.store.commitlog import CommitLog, FlushPlan
+from mockbroker.store.consumequeue import ConsumeQueue
+
+log = logging.getLogger("mockbroker.flush")
+
+
+class FlushFailedError(Exception):
+    """An fsync failed; the store no longer acknowledges writes."""
+
+
+class Flusher:
+    """Owns every fsync of the message store."""
+
+    def __init__(
+        self,
+        commitlog: CommitLog,
+        queues: Callable[[], Iterable[ConsumeQueue]],
+        checkpoint_path: Path,
+        *,
+        interval_seconds: float,
+    ) -> None:
+        self._log = commitlog
+        self._queues = queues
+        self._checkpoint_path = checkpoint_path
+        self._interval = interval_seconds
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._lock = asyncio.Lock()  # one flush at a time
+        self._tasks: list[asyncio.Task[None]] = []
+        self.failure: OSError | None = None
+
+    def start(self) -> None:
+        """Start the periodic and the group-commit loops."""
+        self._tasks = [
+            asyncio.create_task(self._periodic(), name="flush-periodic"),
+            asyncio.create_task(self._group_commit(), name="flush-group-commit"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop the loops, then flush and checkpoint everything one last time."""
+        self._stopping = True
+        self._wake.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.failure is None:
+            await self.flush(checkpoint=True)
+        self._fail_waiters()
+
+    async def wait_durable(self, position: int) -> None:
+        """Return once the commit log is synced up to `position`."""
+        if self.failure is not None:
+            raise FlushFailedError(f"an earlier fsync failed: {self.failure}")
+        if self._log.flushed >= position:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((position, future))
+        self._wake.set()
+        await future
+
+    async def flush(self, *, checkpoint: bool) -> None:
+        """Sync the commit log (and with `checkpoint`, the consume queues and checkpoint)."""
+        async with self._lock:
+            if self.failure is not None:
+                raise FlushFailedError(f"an earlier fsync failed: {self.failure}")
+            plan = self._log.begin_flush()
+            if checkpoint:
+                dirty = [q for q in self._queues() if q.dirty]
+                for q in dirty:
+                    q.dirty = False
+                plan.fds += [q.fileno() for q in dirty]
+            try:
+                await asyncio.to_thread(self._execute, plan.target if checkpoint else None, plan)
+            except OSError as exc:
+                self.failure = exc
+                log.critical("fsync failed; the store now refuses writes: %s", exc)
+                self._fail_waiters()
+                raise FlushFailedError(str(exc)) from exc
+            self._log.complete_flush(plan)
+            self._release_waiters()
+
+    def _execute(self, checkpoint: int | None, plan: FlushPlan) -> None:
+        CommitLog.execute_flush(plan)
+        if checkpoint is not None:
+            write_checkpoint(self._checkpoint_path, checkpoint)
+
+    async def _periodic(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.flush(checkpoint=True)
+            except FlushFailedError:
+                return
+
+    async def _group_commit(self) -> None:
+        while not self._stopping:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._waiters:
+                try:
+                    await self.flush(checkpoint=False)
+                except FlushFailedError:
+                    return
+
+    def _release_waiters(self) -> None:
+        flushed = self._log.flushed
+        still: list[tuple[int, asyncio.Future[None]]] = []
+        for position, future in self._waiters:
+            if position <= flushed:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                still.append((position, future))
+        self._waiters = still
+        if still:
+            self._wake.set()
+
+    def _fail_waiters(self) -> None:
+        reason = self.failure or "the store is shutting down"
+        for _, future in self._waiters:
+            if not future.done():
+                future.set_exception(FlushFailedError(str(reason)))
+        self._waiters = []

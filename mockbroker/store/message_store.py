@@ -1,0 +1,368 @@
+"""The message store: topics, commit log, consume queues, flushing and recovery together.
+
+Runs on the broker's event loop. Appends and index writes are plain syscalls into the
+page cache made in the loop (a batch at a time); fsyncs run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpc import StatusCode
+
+from mockbroker.errors import BrokerError, invalid
+from mockbroker.store.checkpoint import mark_clean_shutdown, mark_running, read_checkpoint
+from mockbroker.store.commitlog import CommitLog
+from mockbroker.store.consumequeue import CORRUPT_SIZE, ConsumeQueue
+from mockbroker.store.flush import Flusher, FlushFailedError
+from mockbroker.store.records import build_records, check_frames
+from mockbroker.store.recovery import RecoveryReport, recover
+from mockbroker.topics import Topic, TopicRegistry
+from sdk._wire import FRAME_FIELDS, RECORD
+
+log = logging.getLogger("mockbroker.store")
+
+#: How many index entries one filtered pull scans at most per message asked for.
+_SCAN_FACTOR = 16
+_MAX_SCAN = 20_000
+
+
+@dataclass(frozen=True)
+class PutResult:
+    """Where an appended batch went."""
+
+    first_offset: int
+    count: int
+    store_timestamp_ms: int
+    durable: bool  # False: sync flush timed out (the records are written, fsync pending)
+
+
+@dataclass(frozen=True)
+class GetResult:
+    """What a read by offset found; `status` is a PullStatus name."""
+
+    status: str
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    records: bytes = b""
+    count: int = 0
+
+
+@dataclass
+class StoreStats:
+    """Counters since start."""
+
+    messages_stored: int = 0
+    messages_served: int = 0
+    corrupt_records_detected: int = 0
+
+
+class MessageStore:
+    """Durable storage of messages by (topic, queue, offset)."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        sync_flush: bool,
+        segment_bytes: int,
+        flush_interval_seconds: float,
+        sync_flush_timeout_seconds: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.data_dir = data_dir
+        self.sync_flush = sync_flush
+        self._sync_timeout = sync_flush_timeout_seconds
+        self._clock = clock
+        self.topics = TopicRegistry(data_dir / "topics.json")
+        self.commitlog = CommitLog(data_dir / "commitlog", segment_bytes)
+        self._cq_dir = data_dir / "consumequeue"
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._checkpoint = data_dir / "checkpoint"
+        self._marker = data_dir / "running"
+        self._flush_interval = flush_interval_seconds
+        self._flusher: Flusher | None = None
+        self.stats = StoreStats()
+        self.recovery = RecoveryReport()
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def open(self) -> RecoveryReport:
+        """Load everything from disk, recovering from a crash if the last run had one."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.topics.load()
+        self.commitlog.open()
+        for topic in self.topics.all():
+            for qid in range(topic.queue_count):
+                self._queue_for(topic, qid)
+        crashed = mark_running(self._marker)
+        if crashed:
+            start = min(read_checkpoint(self._checkpoint), self.commitlog.end)
+            log.warning("unclean shutdown detected: replaying the commit log from %d", start)
+            self.recovery = recover(
+                self.commitlog, self._lookup, list(self._queues.values()), start
+            )
+            self.stats.corrupt_records_detected += self.recovery.corrupt_records
+            log.warning(
+                "recovery done: %d records replayed, %d bytes truncated, %d corrupt",
+                self.recovery.records_replayed,
+                self.recovery.truncated_bytes,
+                self.recovery.corrupt_records,
+            )
+        return self.recovery
+
+    async def start(self) -> None:
+        """Start background flushing (call on the loop that will serve requests)."""
+        self._flusher = Flusher(
+            self.commitlog,
+            lambda: self._queues.values(),
+            self._checkpoint,
+            interval_seconds=self._flush_interval,
+        )
+        self._flusher.start()
+
+    async def close(self) -> None:
+        """Flush, checkpoint, mark a clean shutdown and close the files."""
+        if self._closed:
+            return
+        self._closed = True
+        clean = True
+        if self._flusher is not None:
+            await self._flusher.stop()
+            clean = self._flusher.failure is None
+        if clean:
+            mark_clean_shutdown(self._marker)
+        for cq in self._queues.values():
+            cq.close()
+        self.commitlog.close()
+
+    # ------------------------------------------------------------------ topics
+    def create_topic(self, name: str, queue_count: int) -> tuple[Topic, bool]:
+        """Create a topic (idempotent for the same queue count)."""
+        topic, created = self.topics.create(name, queue_count)
+        for qid in range(topic.queue_count):
+            self._queue_for(topic, qid)
+        return topic, created
+
+    def queue(self, topic: Topic, queue_id: int) -> ConsumeQueue:
+        """The consume queue of an existing topic's queue (INVALID_QUEUE if out of range)."""
+        topic.check_queue(queue_id)
+        return self._queue_for(topic, queue_id)
+
+    # ------------------------------------------------------------------ writing
+    async def put(self, topic: Topic, queue_id: int, frames: bytes) -> PutResult:
+        """Validate and append a batch of frames to one queue; durable per the flush mode."""
+        cq = self.queue(topic, queue_id)
+        checked = check_frames(frames)
+        flusher = self._writable_flusher()
+        store_ts = int(self._clock() * 1000)
+        first = cq.count
+        total = sum(f.end - f.start for f in checked) + len(checked) * (
+            RECORD.size + len(topic.name.encode())
+        )
+        try:
+            position = self.commitlog.make_room(total)
+            records, entries = build_records(
+                frames,
+                checked,
+                topic=topic.name.encode(),
+                queue_id=queue_id,
+                first_offset=first,
+                store_timestamp_ms=store_ts,
+                base_position=position,
+            )
+            self.commitlog.append(records)
+            cq.append(entries)
+        except OSError as exc:
+            flusher.failure = exc
+            log.critical("write failed; the store now refuses writes: %s", exc)
+            raise BrokerError(
+                StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", f"write failed: {exc}"
+            ) from exc
+        self.stats.messages_stored += len(checked)
+        durable = True
+        if self.sync_flush:
+            durable = await self._await_flush(flusher, self.commitlog.end)
+        return PutResult(first, len(checked), store_ts, durable)
+
+    def _writable_flusher(self) -> Flusher:
+        flusher = self._flusher
+        if flusher is None or self._closed:
+            raise BrokerError(
+                StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", "the store is not running"
+            )
+        if flusher.failure is not None:
+            raise BrokerError(
+                StatusCode.UNAVAILABLE,
+                "STORE_UNAVAILABLE",
+                f"the store refuses writes after a failed flush: {flusher.failure}",
+            )
+        return flusher
+
+    async def _await_flush(self, flusher: Flusher, position: int) -> bool:
+        try:
+            await asyncio.wait_for(
+                asyncio.shield(flusher.wait_durable(position)), self._sync_timeout
+            )
+        except TimeoutError:
+            return False
+        except FlushFailedError as exc:
+            raise BrokerError(
+                StatusCode.DATA_LOSS,
+                "FLUSH_FAILED",
+                f"fsync failed; the message is not acknowledged: {exc}",
+            ) from exc
+        return True
+
+    # ------------------------------------------------------------------ reading
+    def get(
+        self,
+        topic: Topic,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int,
+        max_bytes: int,
+        tags: frozenset[bytes] | None = None,
+    ) -> GetResult:
+        """Read up to `max_messages` / `max_bytes` from `offset` (RocketMQ's pull rules)."""
+        cq = self.queue(topic, queue_id)
+        lo, hi = cq.min_offset, cq.max_offset
+        if offset < lo:
+            return GetResult("OFFSET_ILLEGAL", lo, lo, hi)
+        if offset > hi:
+            return GetResult("OFFSET_ILLEGAL", hi, lo, hi)
+        if offset == hi:
+            return GetResult("NO_NEW_MESSAGE", offset, lo, hi)
+        hashes = None if tags is None else {zlib.crc32(t) if t else 0 for t in tags}
+        scan = max_messages if hashes is None else min(max_messages * _SCAN_FACTOR, _MAX_SCAN)
+        entries = cq.read(offset, scan)
+        chosen: list[tuple[int, int, int]] = []  # (queue offset, position, size)
+        next_offset = offset
+        budget = max_bytes
+        for i, (position, size, tag_hash) in enumerate(entries):
+            if hashes is not None and size != CORRUPT_SIZE and tag_hash not in hashes:
+                next_offset = offset + i + 1
+                continue
+            if chosen and (len(chosen) >= max_messages or size > budget):
+                break
+            chosen.append((offset + i, position, size))
+            budget -= size
+            next_offset = offset + i + 1
+        records, served, next_offset = self._read_records(
+            topic, queue_id, chosen, tags, next_offset
+        )
+        if not served:
+            return GetResult("NO_MATCHED_MESSAGE", next_offset, lo, hi)
+        self.stats.messages_served += served
+        return GetResult("FOUND", next_offset, lo, hi, records, served)
+
+    def _read_records(
+        self,
+        topic: Topic,
+        queue_id: int,
+        chosen: list[tuple[int, int, int]],
+        tags: frozenset[bytes] | None,
+        next_offset: int,
+    ) -> tuple[bytes, int, int]:
+        """Read the chosen records with one pread per contiguous stretch; verify each CRC."""
+        out: list[bytes] = []
+        served = 0
+        i = 0
+        while i < len(chosen):
+            j = i + 1
+            while (
+                j < len(chosen)
+                and chosen[j][1] == chosen[j - 1][1] + chosen[j - 1][2]
+                and (chosen[j][2] != CORRUPT_SIZE)
+            ):
+                j += 1
+            first_offset, start, _ = chosen[i]
+            if chosen[i][2] == CORRUPT_SIZE:
+                self._corrupt(topic, queue_id, first_offset, start, served)
+                return b"".join(out), served, first_offset
+            end = chosen[j - 1][1] + chosen[j - 1][2]
+            stretch = memoryview(self.commitlog.read(start, end - start))
+            for k in range(i, j):
+                q_offset, position, size = chosen[k]
+                record = stretch[position - start : position - start + size]
+                if zlib.crc32(record[8:]) != int.from_bytes(record[4:8], "little"):
+                    self._corrupt(topic, queue_id, q_offset, position, served)
+                    return b"".join(out), served, q_offset
+                if tags is not None and _record_tags(record) not in tags:
+                    continue
+                out.append(bytes(record))
+                served += 1
+            i = j
+        return b"".join(out), served, next_offset
+
+    def _corrupt(
+        self, topic: Topic, queue_id: int, offset: int, position: int, served: int
+    ) -> None:
+        self.stats.corrupt_records_detected += 1
+        log.error(
+            "corrupt record: %s queue %d offset %d (commit log position %d) fails its CRC",
+            topic.name, queue_id, offset, position,
+        )  # fmt: skip
+        if not served:
+            raise BrokerError(
+                StatusCode.DATA_LOSS,
+                "CORRUPT_RECORD",
+                f"the record at {topic.name} queue {queue_id} offset {offset} is corrupt "
+                f"(commit log position {position}) and is not served; reset the consumer "
+                f"offset past it to continue",
+            )
+
+    def last_store_timestamp_ms(self, topic: Topic, queue_id: int) -> int:
+        """When the newest message of a queue was stored; 0 for an empty queue."""
+        cq = self.queue(topic, queue_id)
+        if cq.count == 0:
+            return 0
+        position, size, _ = cq.entry(cq.count - 1)
+        if size == CORRUPT_SIZE:
+            return 0
+        return int(RECORD.unpack(self.commitlog.read(position, RECORD.size))[5])
+
+    # ------------------------------------------------------------------ internals
+    def _queue_for(self, topic: Topic, queue_id: int) -> ConsumeQueue:
+        key = (topic.name, queue_id)
+        cq = self._queues.get(key)
+        if cq is None:
+            cq = ConsumeQueue(self._cq_dir / topic.name / str(queue_id))
+            self._queues[key] = cq
+        return cq
+
+    def _lookup(self, topic_name: str, queue_id: int) -> ConsumeQueue | None:
+        topic = self.topics.find(topic_name)
+        if topic is None or not 0 <= queue_id < topic.queue_count:
+            return None
+        return self._queue_for(topic, queue_id)
+
+
+def _record_tags(record: memoryview) -> bytes:
+    topic_len = int.from_bytes(record[RECORD.size - 2 : RECORD.size], "little")
+    at = RECORD.size + topic_len
+    tl = FRAME_FIELDS.unpack_from(record, at)[4]
+    start = at + FRAME_FIELDS.size
+    return bytes(record[start : start + tl])
+
+
+def parse_tag_expression(expression: str) -> frozenset[bytes] | None:
+    """`*` or empty -> None (everything); `A || B` -> {b"A", b"B"}; INVALID_TAG_EXPRESSION."""
+    text = expression.strip()
+    if text in ("", "*"):
+        return None
+    tags = [t.strip() for t in text.split("||")]
+    if any(not t or "*" in t for t in tags):
+        raise invalid(
+            "INVALID_TAG_EXPRESSION",
+            f"tag expression {expression!r} must be '*' or tags joined by '||'",
+        )
+    return frozenset(t.encode() for t in tags)

@@ -1,0 +1,122 @@
+"""Topic names, reserved prefixes and the durable topic registry."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpc import StatusCode
+
+from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
+from mockbroker.store.files import write_atomically
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_|-]{1,127}$")
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+SYSTEM_PREFIX = "rmq_sys_"
+MAX_QUEUES = 1024
+
+
+def check_user_topic(name: str) -> None:
+    """Raise INVALID_TOPIC unless `name` is a topic users may create and send to."""
+    if not NAME_RE.match(name):
+        raise invalid(
+            "INVALID_TOPIC",
+            f"topic {name!r} must match {NAME_RE.pattern} (letters, digits, _ | -; 1-127 chars)",
+        )
+    if name.startswith(SYSTEM_PREFIX):
+        raise invalid("INVALID_TOPIC", f"topic {name!r}: the prefix {SYSTEM_PREFIX!r} is reserved")
+
+
+def check_any_topic(name: str) -> None:
+    """Raise INVALID_TOPIC unless `name` is a user topic or a group's retry / DLQ topic."""
+    for prefix in (RETRY_PREFIX, DLQ_PREFIX):
+        if name.startswith(prefix):
+            check_group(name[len(prefix) :])
+            return
+    if name.startswith(SYSTEM_PREFIX) and NAME_RE.match(name):
+        return
+    check_user_topic(name)
+
+
+def check_group(name: str) -> None:
+    """Raise INVALID_GROUP unless `name` is a valid consumer or producer group name."""
+    if not NAME_RE.match(name):
+        raise invalid("INVALID_GROUP", f"group {name!r} must match {NAME_RE.pattern}")
+
+
+def is_system_topic(name: str) -> bool:
+    """True for the broker's own topics (retry, dead letter, rmq_sys_)."""
+    return name.startswith((RETRY_PREFIX, DLQ_PREFIX, SYSTEM_PREFIX))
+
+
+@dataclass(frozen=True)
+class Topic:
+    """A topic and its queue count."""
+
+    name: str
+    queue_count: int
+
+    def check_queue(self, queue_id: int) -> None:
+        """Raise INVALID_QUEUE unless `queue_id` is one of this topic's queues."""
+        if not 0 <= queue_id < self.queue_count:
+            raise out_of_range(
+                "INVALID_QUEUE",
+                f"queue id {queue_id} is out of range for topic {self.name!r} "
+                f"(queues 0..{self.queue_count - 1})",
+            )
+
+
+class TopicRegistry:
+    """Topics by name, persisted to one JSON file replaced atomically on every change."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._topics: dict[str, Topic] = {}
+
+    def load(self) -> None:
+        """Read the registry file, if any."""
+        if self._path.exists():
+            raw = json.loads(self._path.read_text())
+            self._topics = {name: Topic(name, int(n)) for name, n in raw["topics"].items()}
+
+    def get(self, name: str) -> Topic:
+        """The topic, or TOPIC_NOT_FOUND."""
+        topic = self._topics.get(name)
+        if topic is None:
+            raise not_found("TOPIC_NOT_FOUND", f"topic {name!r} does not exist")
+        return topic
+
+    def find(self, name: str) -> Topic | None:
+        """The topic, or None."""
+        return self._topics.get(name)
+
+    def all(self) -> list[Topic]:
+        """Every topic, sorted by name."""
+        return [self._topics[n] for n in sorted(self._topics)]
+
+    def create(self, name: str, queue_count: int) -> tuple[Topic, bool]:
+        """Create `name`; return (topic, created). Same count again is not an error."""
+        if not 1 <= queue_count <= MAX_QUEUES:
+            raise invalid(
+                "INVALID_ARGUMENT", f"queue count {queue_count} must be within 1..{MAX_QUEUES}"
+            )
+        existing = self._topics.get(name)
+        if existing is not None:
+            if existing.queue_count != queue_count:
+                raise BrokerError(
+                    StatusCode.ALREADY_EXISTS,
+                    "TOPIC_EXISTS",
+                    f"topic {name!r} exists with {existing.queue_count} queues, not {queue_count}",
+                )
+            return existing, False
+        topic = Topic(name, queue_count)
+        self._topics[name] = topic
+        self._persist()
+        return topic, True
+
+    def _persist(self) -> None:
+        data = {"topics": {t.name: t.queue_count for t in self.all()}}
+        write_atomically(self._path, json.dumps(data, indent=1).encode())

@@ -1,0 +1,34 @@
+"""ordermq: ordered messaging for Python, RocketMQ-style.
+
+Messages with the same sharding key land on the same queue and are read in the order they
+were sent; different keys spread over the queues and run in parallel.
+
+The blocking clients are here; their asyncio twins are in `sdk.aio`.
+"""
+
+from sdk.errors import OrderMQError
+from sdk.message import Message, MessageExt, MessageQueue, SendResult, SendStatus
+from sdk.producer import PartialBatchError, Producer
+from sdk.selector import (
+    MessageQueueSelector,
+    RoundRobinSelector,
+    SelectMessageQueueByHash,
+    SelectMessageQueueByRandom,
+    shard_index,
+)
+
+__all__ = [
+    "Message",
+    "MessageExt",
+    "MessageQueue",
+    "MessageQueueSelector",
+    "OrderMQError",
+    "PartialBatchError",
+    "Producer",
+    "RoundRobinSelector",
+    "SelectMessageQueueByHash",
+    "SelectMessageQueueByRandom",
+    "SendResult",
+    "SendStatus",
+    "shard_index",
+]

@@ -1,0 +1,46 @@
+"""A private event loop in a daemon thread: how the blocking clients run the async core.
+
+Each blocking client owns one; there is no loop shared between clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """Run coroutines on a dedicated loop from any thread."""
+
+    def __init__(self, name: str) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule `coro` on the loop; its result arrives in the returned future."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the loop and wait for its result (or exception)."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("a blocking ordermq call was made from its own loop thread")
+        return self.submit(coro).result()
+
+    def stop(self) -> None:
+        """Stop the loop and join its thread."""
+        if self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()

@@ -1,0 +1,1 @@
+"""Talking to brokers: channels, calls, status -> exception, wire <-> domain types."""

@@ -1,0 +1,168 @@
+"""BrokerClient: typed async calls to one broker, errors already translated."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
+from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
+from sdk._transport.codec import decode_records
+from sdk._transport.status import to_ordermq_error
+from sdk._wire import GRPC_CHANNEL_OPTIONS
+from sdk.message import MessageExt, MessageQueue
+
+T = TypeVar("T")
+
+
+class PullStatus(enum.Enum):
+    """What a pull found (RocketMQ's PullStatus)."""
+
+    FOUND = "FOUND"
+    NO_NEW_MESSAGE = "NO_NEW_MESSAGE"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    """A pull's answer, messages decoded."""
+
+    status: PullStatus
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[MessageExt]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRoute:
+    """A queue, the broker that serves it, and its permissions."""
+
+    queue: MessageQueue
+    broker_address: str
+    readable: bool
+    writable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Where a batch went: offsets [first_offset, first_offset + count)."""
+
+    durable: bool
+    first_offset: int
+    count: int
+
+
+class BrokerClient:
+    """One channel to one broker. Create and use it on one event loop."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._channel = grpc.aio.insecure_channel(address, options=GRPC_CHANNEL_OPTIONS)
+        self._messaging = pb_grpc.MessagingServiceStub(self._channel)
+        self._admin = pb_grpc.AdminServiceStub(self._channel)
+
+    async def close(self) -> None:
+        """Close the channel; calls in flight are cancelled."""
+        await self._channel.close(None)
+
+    async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await call()
+        except grpc.aio.AioRpcError as exc:
+            raise to_ordermq_error(exc) from None
+
+    # ------------------------------------------------------------------ messaging
+    async def query_route(
+        self, topic: str, *, create_if_missing: bool = False, timeout: float | None = None
+    ) -> list[QueueRoute]:
+        """The queues of `topic`, sorted by (broker name, queue id)."""
+        request = pb.QueryRouteRequest(topic=topic, create_if_missing=create_if_missing)
+        response = await self._call(lambda: self._messaging.QueryRoute(request, timeout=timeout))
+        return [
+            QueueRoute(
+                MessageQueue(r.queue.topic, r.queue.broker_name, r.queue.queue_id),
+                r.broker_address,
+                r.readable,
+                r.writable,
+            )
+            for r in response.queues
+        ]
+
+    async def send(
+        self, topic: str, queue_id: int, frames: bytes, *, timeout: float | None = None
+    ) -> Appended:
+        """Append frames to one queue."""
+        request = pb.SendRequest(topic=topic, queue_id=queue_id, frames=frames)
+        r = await self._call(lambda: self._messaging.Send(request, timeout=timeout))
+        return Appended(r.status == pb.SEND_OK, r.first_queue_offset, r.count)
+
+    async def pull(
+        self,
+        group: str,
+        queue: MessageQueue,
+        offset: int,
+        *,
+        max_messages: int = 1000,
+        max_bytes: int = 4 * 1024 * 1024,
+        tag_expression: str = "*",
+        suspend_timeout: float = 0.0,
+        timeout: float | None = None,
+    ) -> PullResult:
+        """Read messages of one queue from `offset`."""
+        request = pb.PullRequest(
+            group=group,
+            topic=queue.topic,
+            queue_id=queue.queue_id,
+            offset=offset,
+            max_messages=max_messages,
+            max_bytes=max_bytes,
+            tag_expression=tag_expression,
+            suspend_timeout_ms=int(suspend_timeout * 1000),
+        )
+        r = await self._call(lambda: self._messaging.Pull(request, timeout=timeout))
+        return PullResult(
+            PullStatus(pb.PullStatus.Name(r.status)),
+            r.next_offset,
+            r.min_offset,
+            r.max_offset,
+            decode_records(r.records, queue.broker_name) if r.records else [],
+        )
+
+    async def query_offset(self, group: str, queue: MessageQueue) -> int | None:
+        """The group's committed offset for `queue`, or None if it never committed."""
+        request = pb.QueryConsumerOffsetRequest(
+            group=group, topic=queue.topic, queue_id=queue.queue_id
+        )
+        r = await self._call(lambda: self._messaging.QueryConsumerOffset(request))
+        return r.offset if r.found else None
+
+    async def commit_offsets(
+        self, group: str, client_id: str, offsets: Sequence[tuple[MessageQueue, int, int]]
+    ) -> None:
+        """Commit (queue, offset, lock epoch) triples durably, all or nothing."""
+        request = pb.CommitConsumerOffsetsRequest(
+            group=group,
+            client_id=client_id,
+            offsets=[
+                pb.OffsetCommit(topic=q.topic, queue_id=q.queue_id, offset=o, lock_epoch=e)
+                for q, o, e in offsets
+            ],
+        )
+        await self._call(lambda: self._messaging.CommitConsumerOffsets(request))
+
+    # ------------------------------------------------------------------ admin
+    async def create_topic(self, topic: str, queue_count: int) -> bool:
+        """Create a topic; False when it already existed with this queue count."""
+        request = pb.CreateTopicRequest(topic=topic, queue_count=queue_count)
+        r = await self._call(lambda: self._admin.CreateTopic(request))
+        return r.created
+
+    async def broker_status(self) -> pb.BrokerStatusResponse:
+        """The broker's status (protobuf; for tools and tests)."""
+        return await self._call(lambda: self._admin.BrokerStatus(pb.BrokerStatusRequest()))

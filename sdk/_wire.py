@@ -1,0 +1,168 @@
+"""Binary layouts shared by the SDK and the broker (see docs/wire-format.md).
+
+A *message frame* is what a producer sends; the broker checks it and stores it, unchanged
+after its length prefix, inside a *stored record*, which is also what a pull returns. So a
+message costs the broker one header parse, one CRC and one index entry, and no re-encoding.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_PROPERTIES_BYTES = 16 * 1024
+MAX_SEND_BYTES = 32 * 1024 * 1024
+MAX_PULL_BYTES = 32 * 1024 * 1024
+MAX_PULL_MESSAGES = 10_000
+#: gRPC message size limit on both sides: a full send or pull plus protobuf overhead.
+GRPC_MAX_MESSAGE_BYTES = MAX_SEND_BYTES + 1024 * 1024
+GRPC_CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
+)
+
+# Frame: u32 length of what follows, then the fields below, then the variable parts in
+# this order: tags, sharding key, keys (joined by NUL), properties, body.
+FRAME_LEN_PREFIX = struct.Struct("<I")
+FRAME_FIELDS = struct.Struct("<16sqqBHHHII")
+# Record: u32 total size, u32 CRC32 of bytes [8:size], u32 magic, queue id, queue offset,
+# store time, reconsume times, u16 topic length; then the topic, then the frame minus its
+# length prefix.
+RECORD = struct.Struct("<IIIiqqiH")
+RECORD_HEAD = struct.Struct("<II")  # size, CRC
+RECORD_TAIL = struct.Struct("<IiqqiH")  # the rest of RECORD: what the CRC starts with
+RECORD_MAGIC = 0x4F4D5131  # "OMQ1"
+KEY_SEPARATOR = b"\x00"
+_PROP_KEY = struct.Struct("<H")
+_PROP_VALUE = struct.Struct("<H")
+
+
+def encode_properties(properties: Mapping[str, str]) -> bytes:
+    """Encode user properties as (u16 length, key, u16 length, value) pairs."""
+    parts: list[bytes] = []
+    for key, value in properties.items():
+        k = key.encode()
+        v = value.encode()
+        parts += (_PROP_KEY.pack(len(k)), k, _PROP_VALUE.pack(len(v)), v)
+    return b"".join(parts)
+
+
+def decode_properties(data: bytes | memoryview) -> dict[str, str]:
+    """Decode what encode_properties wrote; ValueError when it does not parse."""
+    out: dict[str, str] = {}
+    pos, end = 0, len(data)
+    while pos < end:
+        if pos + 2 > end:
+            raise ValueError("properties truncated in a key length")
+        (klen,) = _PROP_KEY.unpack_from(data, pos)
+        pos += 2
+        if pos + klen + 2 > end:
+            raise ValueError("properties truncated in a key")
+        key = bytes(data[pos : pos + klen]).decode()
+        pos += klen
+        (vlen,) = _PROP_VALUE.unpack_from(data, pos)
+        pos += 2
+        if pos + vlen > end:
+            raise ValueError("properties truncated in a value")
+        out[key] = bytes(data[pos : pos + vlen]).decode()
+        pos += vlen
+    return out
+
+
+def encode_frame(
+    *,
+    msg_id: bytes,
+    born_timestamp_ms: int,
+    body: bytes,
+    tags: bytes = b"",
+    sharding_key: bytes = b"",
+    keys: Sequence[bytes] = (),
+    properties: bytes = b"",
+    deliver_at_ms: int = 0,
+    delay_level: int = 0,
+) -> bytes:
+    """Lay out one message frame; the caller has validated every field."""
+    joined_keys = KEY_SEPARATOR.join(keys)
+    variable = len(tags) + len(sharding_key) + len(joined_keys) + len(properties) + len(body)
+    header = FRAME_LEN_PREFIX.pack(FRAME_FIELDS.size + variable) + FRAME_FIELDS.pack(
+        msg_id,
+        born_timestamp_ms,
+        deliver_at_ms,
+        delay_level,
+        len(tags),
+        len(sharding_key),
+        len(joined_keys),
+        len(properties),
+        len(body),
+    )
+    return b"".join((header, tags, sharding_key, joined_keys, properties, body))
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """One stored record, decoded; fields are raw bytes where the wire has bytes."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    store_timestamp_ms: int
+    reconsume_times: int
+    msg_id: bytes
+    born_timestamp_ms: int
+    deliver_at_ms: int
+    delay_level: int
+    tags: bytes
+    sharding_key: bytes
+    keys: bytes
+    properties: bytes
+    body: bytes
+
+
+class RecordFormatError(ValueError):
+    """A stored record that does not parse or fails its CRC."""
+
+
+def record_crc(record: bytes | memoryview) -> int:
+    """CRC32 over everything after the size and CRC fields."""
+    return zlib.crc32(memoryview(record)[8:])
+
+
+def iter_records(data: bytes, *, verify_crc: bool = True) -> Iterator[StoredRecord]:
+    """Decode concatenated stored records, as a pull or message query returns them."""
+    view = memoryview(data)
+    pos, end = 0, len(data)
+    rec_size, frame_size = RECORD.size, FRAME_FIELDS.size
+    while pos < end:
+        if pos + rec_size > end:
+            raise RecordFormatError(f"record header truncated at byte {pos}")
+        size, crc, magic, queue_id, queue_offset, store_ts, reconsume, topic_len = (
+            RECORD.unpack_from(data, pos)
+        )
+        if magic != RECORD_MAGIC or size < rec_size + topic_len + frame_size or pos + size > end:
+            raise RecordFormatError(f"malformed record at byte {pos}")
+        if verify_crc and zlib.crc32(view[pos + 8 : pos + size]) != crc:
+            raise RecordFormatError(f"record at byte {pos} fails its CRC check")
+        p = pos + rec_size
+        topic = bytes(view[p : p + topic_len]).decode()
+        p += topic_len
+        (msg_id, born, deliver_at, level, tl, sl, kl, pl, bl) = FRAME_FIELDS.unpack_from(data, p)
+        p += frame_size
+        if p + tl + sl + kl + pl + bl != pos + size:
+            raise RecordFormatError(f"record at byte {pos} has inconsistent lengths")
+        tags = data[p : p + tl]
+        p += tl
+        sharding = data[p : p + sl]
+        p += sl
+        keys = data[p : p + kl]
+        p += kl
+        props = data[p : p + pl]
+        p += pl
+        body = data[p : p + bl]
+        yield StoredRecord(
+            topic, queue_id, queue_offset, store_ts, reconsume, msg_id, born, deliver_at,
+            level, tags, sharding, keys, props, body,
+        )  # fmt: skip
+        pos += size

@@ -1,0 +1,91 @@
+"""sdk.aio.Producer: awaitable sends on the caller's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+from sdk.message import Message, MessageQueue, SendResult
+from sdk.producer.core import DEFAULT_SEND_TIMEOUT_SECONDS, ProducerCore
+from sdk.selector import MessageQueueSelector
+
+log = logging.getLogger("ordermq.producer")
+
+
+class Producer:
+    """Send messages from asyncio code; see sdk.Producer for the arguments.
+
+    Example::
+
+        async with sdk.aio.Producer("127.0.0.1:8081") as producer:
+            await producer.send(Message("orders", b"paid", sharding_key="order-42"))
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        group: str | None = None,
+        send_timeout: float = DEFAULT_SEND_TIMEOUT_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._core = ProducerCore(endpoints, group=group, send_timeout=send_timeout, clock=clock)
+        self._oneway: set[asyncio.Task[SendResult]] = set()
+
+    async def start(self) -> None:
+        """Connect."""
+        await self._core.start()
+
+    async def shutdown(self) -> None:
+        """Wait for one-way sends still in flight, then close the connections."""
+        if self._oneway:
+            await asyncio.gather(*self._oneway, return_exceptions=True)
+        await self._core.shutdown()
+
+    async def send(
+        self,
+        message: Message,
+        *,
+        selector: MessageQueueSelector | None = None,
+        arg: Any = None,
+        timeout: float | None = None,
+    ) -> SendResult:
+        """Send one message; returns once the broker stored it (per its flush mode)."""
+        return await self._core.send(message, selector=selector, arg=arg, timeout=timeout)
+
+    async def send_batch(
+        self, messages: Sequence[Message], *, timeout: float | None = None
+    ) -> list[SendResult]:
+        """Send many messages with one request per queue; results in input order."""
+        return await self._core.send_batch(messages, timeout=timeout)
+
+    def send_oneway(self, message: Message) -> None:
+        """Start a send and forget it (failures are only logged)."""
+        task = asyncio.get_running_loop().create_task(self._core.send(message))
+        self._oneway.add(task)
+        task.add_done_callback(self._oneway_done)
+
+    def _oneway_done(self, task: asyncio.Task[SendResult]) -> None:
+        self._oneway.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("one-way send failed: %s", task.exception())
+
+    async def fetch_publish_message_queues(self, topic: str) -> list[MessageQueue]:
+        """The queues of `topic` that sends choose among."""
+        return await self._core.fetch_publish_message_queues(topic)
+
+    async def __aenter__(self) -> Producer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.shutdown()

@@ -1,0 +1,185 @@
+"""Exceptions raised by ordermq.
+
+    OrderMQError                        root of everything ordermq raises
+    ├── InvalidArgumentError (ValueError)   bad input; nothing was sent or changed
+    │   ├── InvalidTopicError
+    │   ├── InvalidGroupError
+    │   ├── InvalidMessageError             body, properties, keys, delay
+    │   ├── BatchTooLargeError
+    │   ├── InvalidQueueError
+    │   ├── InvalidOffsetError
+    │   └── InvalidTagExpressionError
+    ├── TopicNotFoundError
+    ├── TopicExistsError
+    ├── GroupNotFoundError
+    ├── MessageNotFoundError
+    ├── LockNotHeldError
+    ├── StaleEpochError
+    ├── CorruptRecordError
+    ├── FlushFailedError                    fsync failed: the send is not acknowledged
+    ├── FlushTimeoutError                   sync flush did not finish in time
+    ├── NotSupportedError                   the broker does not serve this yet
+    ├── ClientStateError                    used before start() or after shutdown()
+    └── BrokerError                         any other refusal, with the broker's status
+        ├── BrokerUnavailableError          retriable
+        ├── BrokerBusyError                 retriable
+        └── RequestTimeoutError             retriable
+
+Errors that come from the broker keep its gRPC status name in `code`, its reason (the
+protocol's ErrorReason) in `reason` and its words in the message. `retriable` says whether
+sending the same request again may succeed.
+"""
+
+from __future__ import annotations
+
+
+class OrderMQError(Exception):
+    """Root of every exception ordermq raises."""
+
+    retriable = False
+
+    def __init__(self, message: str, *, code: str | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.reason = reason
+
+
+class InvalidArgumentError(OrderMQError, ValueError):
+    """Bad input: nothing was sent or changed."""
+
+
+class InvalidTopicError(InvalidArgumentError):
+    """A topic name that is malformed or reserved for the broker."""
+
+
+class InvalidGroupError(InvalidArgumentError):
+    """A malformed producer or consumer group name."""
+
+
+class InvalidMessageError(InvalidArgumentError):
+    """A message that breaks a limit: empty or oversized body, properties, keys, delay."""
+
+
+class BatchTooLargeError(InvalidArgumentError):
+    """A batch over the per-request size limit."""
+
+
+class InvalidQueueError(InvalidArgumentError):
+    """A queue id outside the topic's queues."""
+
+
+class InvalidOffsetError(InvalidArgumentError):
+    """An offset outside the queue's [min, max]."""
+
+
+class InvalidTagExpressionError(InvalidArgumentError):
+    """A tag expression that is not '*' or tags joined by '||'."""
+
+
+class TopicNotFoundError(OrderMQError):
+    """The topic does not exist (and was not created)."""
+
+
+class TopicExistsError(OrderMQError):
+    """The topic exists with another queue count."""
+
+
+class GroupNotFoundError(OrderMQError):
+    """No such consumer group."""
+
+
+class MessageNotFoundError(OrderMQError):
+    """No message with that id or key."""
+
+
+class LockNotHeldError(OrderMQError):
+    """The queue's lock belongs to another client."""
+
+
+class StaleEpochError(OrderMQError):
+    """A commit or renewal carried an older fencing epoch than the lock's."""
+
+
+class CorruptRecordError(OrderMQError):
+    """A stored record failed its CRC check; the broker does not serve it."""
+
+
+class FlushFailedError(OrderMQError):
+    """The broker's fsync failed: the message is not acknowledged."""
+
+
+class FlushTimeoutError(OrderMQError):
+    """Sync flush did not finish in time: the message is stored, its fsync unconfirmed."""
+
+
+class NotSupportedError(OrderMQError):
+    """The broker does not serve this feature."""
+
+
+class ClientStateError(OrderMQError):
+    """A client used before start() or after shutdown()."""
+
+
+class BrokerError(OrderMQError):
+    """A broker refusal with no more specific class."""
+
+
+class BrokerUnavailableError(BrokerError):
+    """The broker cannot be reached or refuses writes for now."""
+
+    retriable = True
+
+
+class BrokerBusyError(BrokerError):
+    """The broker sheds load; try again shortly."""
+
+    retriable = True
+
+
+class RequestTimeoutError(BrokerError):
+    """The call's deadline passed before the broker answered."""
+
+    retriable = True
+
+
+#: The protocol's ErrorReason names -> exception classes.
+ERRORS_BY_REASON: dict[str, type[OrderMQError]] = {
+    "INVALID_TOPIC": InvalidTopicError,
+    "TOPIC_NOT_FOUND": TopicNotFoundError,
+    "TOPIC_EXISTS": TopicExistsError,
+    "INVALID_QUEUE": InvalidQueueError,
+    "INVALID_GROUP": InvalidGroupError,
+    "EMPTY_BODY": InvalidMessageError,
+    "BODY_TOO_LARGE": InvalidMessageError,
+    "PROPERTIES_TOO_LARGE": InvalidMessageError,
+    "BATCH_TOO_LARGE": BatchTooLargeError,
+    "MALFORMED_FRAME": InvalidMessageError,
+    "INVALID_OFFSET": InvalidOffsetError,
+    "INVALID_ARGUMENT": InvalidArgumentError,
+    "INVALID_TAG_EXPRESSION": InvalidTagExpressionError,
+    "INVALID_DELIVERY_TIME": InvalidMessageError,
+    "LOCK_NOT_HELD": LockNotHeldError,
+    "STALE_EPOCH": StaleEpochError,
+    "FLUSH_FAILED": FlushFailedError,
+    "STORE_UNAVAILABLE": BrokerUnavailableError,
+    "CORRUPT_RECORD": CorruptRecordError,
+    "MESSAGE_NOT_FOUND": MessageNotFoundError,
+    "GROUP_NOT_FOUND": GroupNotFoundError,
+    "NOT_IMPLEMENTED": NotSupportedError,
+}
+
+#: gRPC status names -> exception classes, for statuses that carry no reason.
+ERRORS_BY_STATUS: dict[str, type[OrderMQError]] = {
+    "UNAVAILABLE": BrokerUnavailableError,
+    "DEADLINE_EXCEEDED": RequestTimeoutError,
+    "RESOURCE_EXHAUSTED": BrokerBusyError,
+    "UNIMPLEMENTED": NotSupportedError,
+    "INVALID_ARGUMENT": InvalidArgumentError,
+}
+
+
+def error_from_status(code: str, reason: str | None, message: str) -> OrderMQError:
+    """The exception for a broker answer with gRPC status `code` and `reason`."""
+    cls = ERRORS_BY_REASON.get(reason or "") or ERRORS_BY_STATUS.get(code, BrokerError)
+    return cls(message, code=code, reason=reason)

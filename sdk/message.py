@@ -1,0 +1,170 @@
+"""Messages as users build them, queues, received messages and send results."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sdk._validation import check_topic
+from sdk._wire import MAX_BODY_BYTES, MAX_PROPERTIES_BYTES, encode_properties
+from sdk.errors import InvalidMessageError
+
+#: The longest delay accepted (RocketMQ 5's limit for timed messages).
+MAX_DELAY_SECONDS = 40 * 24 * 3600
+
+
+class Message:
+    """A message to send.
+
+    Args:
+        topic: Destination topic.
+        body: Payload; 1 byte to 4 MiB.
+        tags: One tag for broker-side filtering (`TagA || TagB` subscriptions).
+        keys: Business keys (a string or several) for lookups by key.
+        properties: User properties, str -> str, at most 16 KiB encoded.
+        sharding_key: Messages with the same sharding key go to the same queue, in order.
+        delay_seconds: Deliver this many seconds after sending.
+        deliver_at: Deliver at this time (an aware datetime or epoch seconds).
+    """
+
+    __slots__ = (
+        "_encoded_properties",
+        "body",
+        "delay_seconds",
+        "deliver_at",
+        "keys",
+        "properties",
+        "sharding_key",
+        "tags",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str | None = None,
+        keys: str | Iterable[str] = (),
+        properties: Mapping[str, str] | None = None,
+        sharding_key: str | None = None,
+        delay_seconds: float | None = None,
+        deliver_at: datetime | float | None = None,
+    ) -> None:
+        self.topic = check_topic(topic)
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise InvalidMessageError(f"body must be bytes, not {type(body).__name__}")
+        body = bytes(body)
+        if not body:
+            raise InvalidMessageError("body is empty")
+        if len(body) > MAX_BODY_BYTES:
+            raise InvalidMessageError(
+                f"body is {len(body)} bytes, over the limit of {MAX_BODY_BYTES}"
+            )
+        self.body = body
+        self.tags = _check_text("tags", tags)
+        if tags is not None and ("||" in tags or tags.strip() in ("", "*")):
+            raise InvalidMessageError(f"tags {tags!r} must be one tag, not an expression")
+        self.keys = (keys,) if isinstance(keys, str) else tuple(keys)
+        for key in self.keys:
+            _check_text("key", key)
+            if not key:
+                raise InvalidMessageError("keys must not be empty strings")
+        self.sharding_key = _check_text("sharding_key", sharding_key)
+        self.properties = dict(properties or {})
+        for k, v in self.properties.items():
+            if not isinstance(k, str) or not isinstance(v, str) or not k:
+                raise InvalidMessageError(
+                    f"properties must map non-empty str to str; got {k!r}: {v!r}"
+                )
+        self._encoded_properties = encode_properties(self.properties) if self.properties else b""
+        if len(self._encoded_properties) > MAX_PROPERTIES_BYTES:
+            raise InvalidMessageError(
+                f"properties are {len(self._encoded_properties)} bytes encoded, "
+                f"over the limit of {MAX_PROPERTIES_BYTES}"
+            )
+        if delay_seconds is not None and deliver_at is not None:
+            raise InvalidMessageError("give delay_seconds or deliver_at, not both")
+        if delay_seconds is not None and not 0 < delay_seconds <= MAX_DELAY_SECONDS:
+            raise InvalidMessageError(
+                f"delay_seconds {delay_seconds} must be within (0, {MAX_DELAY_SECONDS}]"
+            )
+        self.delay_seconds = delay_seconds
+        if isinstance(deliver_at, datetime):
+            if deliver_at.tzinfo is None:
+                raise InvalidMessageError("deliver_at must be a timezone-aware datetime")
+            deliver_at = deliver_at.timestamp()
+        self.deliver_at = deliver_at
+
+    @property
+    def encoded_properties(self) -> bytes:
+        """The properties as the wire carries them."""
+        return self._encoded_properties
+
+    def __repr__(self) -> str:
+        return (
+            f"Message(topic={self.topic!r}, body=<{len(self.body)} bytes>, tags={self.tags!r}, "
+            f"keys={self.keys!r}, sharding_key={self.sharding_key!r})"
+        )
+
+
+def _check_text(what: str, value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidMessageError(f"{what} must be a str, not {type(value).__name__}")
+    if "\x00" in value:
+        raise InvalidMessageError(f"{what} must not contain NUL characters")
+    if len(value.encode()) > 65535:
+        raise InvalidMessageError(f"{what} is over 65535 bytes")
+    return value
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class MessageQueue:
+    """One queue of a topic on one broker; ordered by (topic, broker_name, queue_id)."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+
+
+@dataclass(slots=True)
+class MessageExt:
+    """A received message, with where and when it was stored.
+
+    Timestamps are milliseconds since the epoch, as in RocketMQ.
+    """
+
+    topic: str
+    body: bytes
+    tags: str | None
+    keys: tuple[str, ...]
+    properties: dict[str, str]
+    sharding_key: str | None
+    msg_id: str
+    queue: MessageQueue
+    queue_offset: int
+    reconsume_times: int
+    born_timestamp: int
+    store_timestamp: int
+    deliver_at: int = field(default=0, repr=False)
+
+
+class SendStatus(enum.Enum):
+    """How a send ended (RocketMQ's SendStatus)."""
+
+    SEND_OK = "SEND_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """Where a sent message was stored."""
+
+    status: SendStatus
+    msg_id: str
+    queue: MessageQueue
+    queue_offset: int

@@ -1,0 +1,123 @@
+"""The blocking Producer (the asyncio one is sdk.aio.Producer; both share one core)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+from sdk._loop import LoopThread
+from sdk.errors import ClientStateError
+from sdk.message import Message, MessageQueue, SendResult
+from sdk.producer.core import DEFAULT_SEND_TIMEOUT_SECONDS, PartialBatchError, ProducerCore
+from sdk.selector import MessageQueueSelector
+
+log = logging.getLogger("ordermq.producer")
+
+__all__ = ["PartialBatchError", "Producer"]
+
+
+class Producer:
+    """Send messages; blocking calls, safe to use from many threads.
+
+    Args:
+        endpoints: One broker "host:port" or several ("h1:p1;h2:p2" or a list); any of
+            them answers route queries.
+        group: Producer group name (informational for now).
+        send_timeout: Default deadline of a send, in seconds.
+
+    Use it as a context manager, or call start() and shutdown()::
+
+        with Producer("127.0.0.1:8081") as producer:
+            producer.send(Message("orders", b"created", sharding_key="order-42"))
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        group: str | None = None,
+        send_timeout: float = DEFAULT_SEND_TIMEOUT_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._core = ProducerCore(endpoints, group=group, send_timeout=send_timeout, clock=clock)
+        self._loop: LoopThread | None = None
+
+    def start(self) -> None:
+        """Connect; sends are possible afterwards."""
+        if self._loop is not None:
+            raise ClientStateError("producer already started")
+        self._loop = LoopThread("ordermq-producer")
+        try:
+            self._loop.run(self._core.start())
+        except BaseException:
+            self._loop.stop()
+            raise
+
+    def shutdown(self) -> None:
+        """Close the connections; sends already returned are unaffected."""
+        if self._loop is None:
+            return
+        try:
+            self._loop.run(self._core.shutdown())
+        finally:
+            self._loop.stop()
+
+    def _running(self) -> LoopThread:
+        if self._loop is None:
+            raise ClientStateError("producer is not started; call start() first")
+        return self._loop
+
+    def send(
+        self,
+        message: Message,
+        *,
+        selector: MessageQueueSelector | None = None,
+        arg: Any = None,
+        timeout: float | None = None,
+    ) -> SendResult:
+        """Send one message; returns once the broker stored it (per its flush mode)."""
+        return self._running().run(
+            self._core.send(message, selector=selector, arg=arg, timeout=timeout)
+        )
+
+    def send_batch(
+        self, messages: Sequence[Message], *, timeout: float | None = None
+    ) -> list[SendResult]:
+        """Send many messages with one request per queue; results in input order."""
+        return self._running().run(self._core.send_batch(messages, timeout=timeout))
+
+    def send_async(
+        self, message: Message, *, selector: MessageQueueSelector | None = None, arg: Any = None
+    ) -> concurrent.futures.Future[SendResult]:
+        """Start a send and return at once; the future resolves to its SendResult."""
+        return self._running().submit(self._core.send(message, selector=selector, arg=arg))
+
+    def send_oneway(self, message: Message) -> None:
+        """Send without waiting for or reporting the outcome (failures are only logged)."""
+        future = self.send_async(message)
+        future.add_done_callback(_log_oneway_failure)
+
+    def fetch_publish_message_queues(self, topic: str) -> list[MessageQueue]:
+        """The queues of `topic` that sends choose among."""
+        return self._running().run(self._core.fetch_publish_message_queues(topic))
+
+    def __enter__(self) -> Producer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+
+def _log_oneway_failure(future: concurrent.futures.Future[SendResult]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("one-way send failed: %s", future.exception())

@@ -1,0 +1,252 @@
+"""The producer's async core, shared by the blocking and the asyncio faces."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sdk._transport.broker_client import BrokerClient, QueueRoute
+from sdk._transport.codec import MessageIdGenerator, encode_message
+from sdk._validation import check_group, check_topic
+from sdk._wire import MAX_SEND_BYTES
+from sdk.errors import (
+    BrokerUnavailableError,
+    ClientStateError,
+    FlushTimeoutError,
+    InvalidArgumentError,
+    OrderMQError,
+)
+from sdk.message import Message, MessageQueue, SendResult, SendStatus
+from sdk.selector import MessageQueueSelector, RoundRobinSelector, shard_index
+
+log = logging.getLogger("ordermq.producer")
+
+#: Longer than the broker's default sync-flush wait (5 s), so that a flush timeout is
+#: reported by the broker rather than hidden behind a client deadline.
+DEFAULT_SEND_TIMEOUT_SECONDS = 10.0
+
+
+class PartialBatchError(OrderMQError):
+    """Some queues of a batch were stored and others were not.
+
+    `results[i]` is the SendResult of message i, or None where its queue failed;
+    `errors` holds the failures.
+    """
+
+    def __init__(self, results: list[SendResult | None], errors: list[OrderMQError]) -> None:
+        stored = sum(r is not None for r in results)
+        super().__init__(
+            f"{stored} of {len(results)} messages were stored; the rest failed: {errors[0]}"
+        )
+        self.results = results
+        self.errors = errors
+
+
+def split_endpoints(endpoints: str | Sequence[str]) -> list[str]:
+    """'h1:p1;h2:p2' or a list -> addresses; InvalidArgumentError when empty."""
+    items = endpoints.replace(",", ";").split(";") if isinstance(endpoints, str) else endpoints
+    out = [e.strip() for e in items if e.strip()]
+    if not out:
+        raise InvalidArgumentError("endpoints must name at least one broker as host:port")
+    return out
+
+
+class ProducerCore:
+    """Routes, queue selection, encoding and sends; runs on one event loop."""
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        group: str | None = None,
+        send_timeout: float = DEFAULT_SEND_TIMEOUT_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._endpoints = split_endpoints(endpoints)
+        self.group = check_group(group) if group is not None else None
+        if send_timeout <= 0:
+            raise InvalidArgumentError("send_timeout must be positive")
+        self._send_timeout = send_timeout
+        self._clock = clock
+        self._ids = MessageIdGenerator()
+        self._round_robin = RoundRobinSelector()
+        self._clients: dict[str, BrokerClient] = {}
+        self._routes: dict[str, list[QueueRoute]] = {}
+        self._addresses: dict[MessageQueue, str] = {}
+        self._state = "new"
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Open a channel to the configured brokers."""
+        if self._state != "new":
+            raise ClientStateError(f"producer cannot start: it is {self._state}")
+        for address in self._endpoints:
+            self._client(address)
+        self._state = "running"
+
+    async def shutdown(self) -> None:
+        """Close every channel."""
+        self._state = "shut down"
+        clients, self._clients = self._clients, {}
+        await asyncio.gather(*(c.close() for c in clients.values()))
+
+    def _check_running(self) -> None:
+        if self._state != "running":
+            raise ClientStateError(f"producer is {self._state}; call start() first")
+
+    def _client(self, address: str) -> BrokerClient:
+        client = self._clients.get(address)
+        if client is None:
+            client = self._clients[address] = BrokerClient(address)
+        return client
+
+    # ------------------------------------------------------------------ routes
+    async def writable_queues(self, topic: str) -> list[MessageQueue]:
+        """The topic's writable queues sorted by (broker, queue id); cached."""
+        self._check_running()
+        routes = self._routes.get(topic)
+        if routes is None:
+            routes = await self._query_route(topic)
+            self._routes[topic] = routes
+            for r in routes:
+                self._addresses[r.queue] = r.broker_address
+        queues = sorted(
+            (r.queue for r in routes if r.writable), key=lambda q: (q.broker_name, q.queue_id)
+        )
+        if not queues:
+            raise BrokerUnavailableError(f"topic {topic!r} has no writable queue")
+        return queues
+
+    async def _query_route(self, topic: str) -> list[QueueRoute]:
+        last: OrderMQError | None = None
+        for address in self._endpoints:
+            try:
+                return await self._client(address).query_route(
+                    topic, create_if_missing=True, timeout=self._send_timeout
+                )
+            except BrokerUnavailableError as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+    # ------------------------------------------------------------------ send
+    async def send(
+        self,
+        message: Message,
+        *,
+        selector: MessageQueueSelector | None = None,
+        arg: Any = None,
+        timeout: float | None = None,
+    ) -> SendResult:
+        """Send one message and return where it was stored."""
+        queues = await self.writable_queues(message.topic)
+        queue = self._select(queues, message, selector, arg)
+        msg_id = self._ids.next()
+        frame = encode_message(message, msg_id, self._clock)
+        return (await self._send_frames(queue, [frame], [msg_id], timeout))[0]
+
+    async def send_batch(
+        self, messages: Sequence[Message], *, timeout: float | None = None
+    ) -> list[SendResult]:
+        """Send many messages; one request per queue. Results follow the input order.
+
+        Keyed messages go to their key's queue; the keyless ones of the batch share one
+        queue chosen round robin.
+        """
+        if not messages:
+            raise InvalidArgumentError("send_batch needs at least one message")
+        groups: dict[MessageQueue, list[int]] = {}
+        keyless: dict[str, MessageQueue] = {}
+        for i, m in enumerate(messages):
+            queues = await self.writable_queues(m.topic)
+            if m.sharding_key is not None:
+                queue = queues[shard_index(m.sharding_key, len(queues))]
+            else:
+                queue = keyless.get(m.topic) or self._round_robin(queues, m, None)
+                keyless[m.topic] = queue
+            groups.setdefault(queue, []).append(i)
+        ids = [self._ids.next() for _ in messages]
+        frames = [encode_message(m, ids[i], self._clock) for i, m in enumerate(messages)]
+        calls = []
+        for queue, indexes in groups.items():
+            for chunk in _chunks_by_size(indexes, frames):
+                calls.append((chunk, self._send_frames(
+                    queue, [frames[i] for i in chunk], [ids[i] for i in chunk], timeout
+                )))  # fmt: skip
+        outcomes = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
+        results: list[SendResult | None] = [None] * len(messages)
+        errors: list[OrderMQError] = []
+        for (chunk, _), outcome in zip(calls, outcomes, strict=True):
+            if isinstance(outcome, OrderMQError):
+                errors.append(outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                for i, result in zip(chunk, outcome, strict=True):
+                    results[i] = result
+        if errors:
+            if all(r is None for r in results):
+                raise errors[0]
+            raise PartialBatchError(results, errors)
+        return [r for r in results if r is not None]
+
+    async def fetch_publish_message_queues(self, topic: str) -> list[MessageQueue]:
+        """The queues `send` chooses among for `topic`."""
+        check_topic(topic)
+        return list(await self.writable_queues(topic))
+
+    def _select(
+        self,
+        queues: list[MessageQueue],
+        message: Message,
+        selector: MessageQueueSelector | None,
+        arg: Any,
+    ) -> MessageQueue:
+        if selector is not None:
+            queue = selector(queues, message, arg)
+            if queue not in queues:
+                raise InvalidArgumentError(f"the selector chose {queue!r}, not a writable queue")
+            return queue
+        if message.sharding_key is not None:
+            return queues[shard_index(message.sharding_key, len(queues))]
+        return self._round_robin(queues, message, arg)
+
+    async def _send_frames(
+        self, queue: MessageQueue, frames: list[bytes], ids: list[bytes], timeout: float | None
+    ) -> list[SendResult]:
+        client = self._client(self._addresses[queue])
+        appended = await client.send(
+            queue.topic,
+            queue.queue_id,
+            b"".join(frames),
+            timeout=timeout if timeout is not None else self._send_timeout,
+        )
+        if not appended.durable:
+            raise FlushTimeoutError(
+                f"{queue.topic} queue {queue.queue_id}: the broker stored {appended.count} "
+                f"message(s) from offset {appended.first_offset} but its sync flush timed "
+                f"out; they may not survive a power loss (a resend may duplicate them)",
+                code="OK",
+                reason="FLUSH_DISK_TIMEOUT",
+            )
+        return [
+            SendResult(SendStatus.SEND_OK, msg_id.hex().upper(), queue, appended.first_offset + i)
+            for i, msg_id in enumerate(ids)
+        ]
+
+
+def _chunks_by_size(indexes: list[int], frames: list[bytes]) -> list[list[int]]:
+    """Split a queue's messages into requests of at most MAX_SEND_BYTES each."""
+    chunks: list[list[int]] = [[]]
+    size = 0
+    for i in indexes:
+        n = len(frames[i])
+        if chunks[-1] and size + n > MAX_SEND_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(i)
+        size += n
+    return chunks

@@ -1,0 +1,58 @@
+"""Queue selection: sharding-key hashing and the selectors users pass to send().
+
+The sharding formula is part of the public contract, so that producers in any language
+pick the same queue: mmh3's 32-bit unsigned hash of the UTF-8 key, seed 0, modulo the
+number of the topic's writable queues sorted by (broker name, queue id).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mmh3
+
+from sdk.errors import InvalidArgumentError
+from sdk.message import Message, MessageQueue
+
+#: A selector: (writable queues sorted, message, arg) -> the queue to send to.
+MessageQueueSelector = Callable[[Sequence[MessageQueue], Message, Any], MessageQueue]
+
+
+def shard_index(key: str, queue_count: int) -> int:
+    """The queue index for a sharding key among `queue_count` queues."""
+    if queue_count <= 0:
+        raise InvalidArgumentError("there are no writable queues to choose from")
+    return int(mmh3.hash(key.encode("utf-8"), 0, signed=False)) % queue_count
+
+
+class SelectMessageQueueByHash:
+    """Pick the queue by the sharding formula applied to `str(arg)`."""
+
+    def __call__(self, queues: Sequence[MessageQueue], message: Message, arg: Any) -> MessageQueue:
+        """The queue for `arg`."""
+        return queues[shard_index(str(arg), len(queues))]
+
+
+class SelectMessageQueueByRandom:
+    """Pick a queue at random."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng or random.Random()
+
+    def __call__(self, queues: Sequence[MessageQueue], message: Message, arg: Any) -> MessageQueue:
+        """A random queue."""
+        return queues[self._rng.randrange(len(queues))]
+
+
+class RoundRobinSelector:
+    """Pick the queues in turn (the default for messages without a sharding key)."""
+
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+
+    def __call__(self, queues: Sequence[MessageQueue], message: Message, arg: Any) -> MessageQueue:
+        """The next queue in turn."""
+        return queues[next(self._counter) % len(queues)]
