@@ -1,0 +1,72 @@
+"""Helpers the tests import: broker processes and waiting for conditions."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    """Poll `condition` until it holds; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        time.sleep(0.01)
+
+
+class BrokerProcess:
+    """`python -m mockbroker` in a child process, started and waited for by its ready line."""
+
+    def __init__(self, data_dir: Path, *extra_args: str) -> None:
+        self.data_dir = data_dir
+        self.extra_args = extra_args
+        self.proc: subprocess.Popen[str] | None = None
+        self.address = ""
+
+    def start(self, timeout: float = 30.0) -> str:
+        """Start the broker and return its address once it prints its ready line."""
+        cmd = [
+            sys.executable, "-m", "mockbroker",
+            "--host", "127.0.0.1", "--port", "0",
+            "--data-dir", str(self.data_dir),
+            "--log-level", "WARNING",
+            *self.extra_args,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = self.proc.stdout.readline()
+        if not line.startswith("mockbroker listening on ") or time.monotonic() > deadline:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+            raise AssertionError(f"broker did not start: {line!r}\n{err}")
+        self.address = line.split()[-1]
+        return self.address
+
+    def kill9(self) -> None:
+        """SIGKILL the broker and reap it."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM the broker and return its exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def stderr(self) -> str:
+        """What the (exited) broker wrote to stderr."""
+        assert self.proc is not None and self.proc.stderr is not None
+        return self.proc.stderr.read()
