@@ -46,6 +46,7 @@ class Flusher:
         self._lock = asyncio.Lock()  # one flush at a time
         self._tasks: list[asyncio.Task[None]] = []
         self.failure: OSError | None = None
+        self._checkpointed = -1
 
     def start(self) -> None:
         """Start the periodic and the group-commit loops."""
@@ -81,6 +82,8 @@ class Flusher:
         async with self._lock:
             if self.failure is not None:
                 raise FlushFailedError(f"an earlier fsync failed: {self.failure}")
+            if checkpoint and self._checkpointed == self._log.end == self._log.flushed:
+                return  # idle: nothing appended since the last checkpoint
             plan = self._log.begin_flush()
             if checkpoint:
                 dirty = [q for q in self._queues() if q.dirty]
@@ -95,6 +98,8 @@ class Flusher:
                 self._fail_waiters()
                 raise FlushFailedError(str(exc)) from exc
             self._log.complete_flush(plan)
+            if checkpoint:
+                self._checkpointed = plan.target
             self._release_waiters()
 
     def _execute(self, checkpoint: int | None, plan: FlushPlan) -> None:

@@ -1,0 +1,41 @@
+"""Reading a queue back to its end with the internal pull (until the consumers land)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sdk._transport.broker_client import BrokerClient, PullResult, PullStatus
+from sdk.message import MessageExt, MessageQueue
+
+
+def read_queue(address: str, queue: MessageQueue, start: int = 0) -> list[MessageExt]:
+    """Every message of `queue` from `start` to its current end."""
+
+    async def run() -> list[MessageExt]:
+        client = BrokerClient(address)
+        out: list[MessageExt] = []
+        offset = start
+        try:
+            while True:
+                result = await client.pull("readers", queue, offset, max_messages=500)
+                if result.status is not PullStatus.FOUND:
+                    return out
+                out += result.messages
+                offset = result.next_offset
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def pull_once(address: str, queue: MessageQueue, offset: int, **kw: object) -> PullResult:
+    """One pull."""
+
+    async def run() -> PullResult:
+        client = BrokerClient(address)
+        try:
+            return await client.pull("readers", queue, offset, **kw)  # type: ignore[arg-type]
+        finally:
+            await client.close()
+
+    return asyncio.run(run())

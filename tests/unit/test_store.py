@@ -1,0 +1,206 @@
+"""MessageStore on a temporary directory: appends, reads, statuses, flush failure."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mockbroker.errors import BrokerError
+from mockbroker.store.message_store import MessageStore, parse_tag_expression
+from mockbroker.topics import Topic
+from sdk._wire import encode_frame, iter_records
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def frames(*bodies: bytes, tags: bytes = b"") -> bytes:
+    return b"".join(
+        encode_frame(msg_id=i.to_bytes(16, "big"), born_timestamp_ms=1, body=b, tags=tags)
+        for i, b in enumerate(bodies)
+    )
+
+
+def make_store(path: Path, *, sync: bool = False, segment: int = 1 << 20) -> MessageStore:
+    return MessageStore(
+        path,
+        sync_flush=sync,
+        segment_bytes=segment,
+        flush_interval_seconds=0.05,
+        sync_flush_timeout_seconds=5,
+        clock=FakeClock(),
+    )
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def opened(loop: asyncio.AbstractEventLoop, path: Path, **kw: object) -> MessageStore:
+    store = make_store(path, **kw)  # type: ignore[arg-type]
+    store.open()
+    loop.run_until_complete(store.start())
+    return store
+
+
+def bodies(data: bytes) -> list[bytes]:
+    return [r.body for r in iter_records(data)]
+
+
+def test_offsets_are_dense_from_zero_per_queue(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    store = opened(loop, tmp_path)
+    topic, _ = store.create_topic("t", 2)
+    r1 = loop.run_until_complete(store.put(topic, 0, frames(b"a", b"b")))
+    r2 = loop.run_until_complete(store.put(topic, 1, frames(b"x")))
+    r3 = loop.run_until_complete(store.put(topic, 0, frames(b"c")))
+    assert [(r.first_offset, r.count) for r in (r1, r2, r3)] == [(0, 2), (0, 1), (2, 1)]
+    got = store.get(topic, 0, 0, max_messages=10, max_bytes=1 << 20)
+    assert (got.status, got.next_offset, got.max_offset) == ("FOUND", 3, 3)
+    assert bodies(got.records) == [b"a", b"b", b"c"]
+    assert [r.store_timestamp_ms for r in iter_records(got.records)] == [1_700_000_000_000] * 3
+    loop.run_until_complete(store.close())
+
+
+def test_pull_statuses_follow_rocketmq(loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+    store = opened(loop, tmp_path)
+    topic, _ = store.create_topic("t", 1)
+    empty = store.get(topic, 0, 0, max_messages=10, max_bytes=1 << 20)
+    assert (empty.status, empty.next_offset) == ("NO_NEW_MESSAGE", 0)
+    loop.run_until_complete(store.put(topic, 0, frames(b"a", b"b", b"c")))
+    at_max = store.get(topic, 0, 3, max_messages=10, max_bytes=1 << 20)
+    assert (at_max.status, at_max.next_offset) == ("NO_NEW_MESSAGE", 3)
+    beyond = store.get(topic, 0, 9, max_messages=10, max_bytes=1 << 20)
+    assert (beyond.status, beyond.next_offset) == ("OFFSET_ILLEGAL", 3)
+    below = store.get(topic, 0, -1, max_messages=10, max_bytes=1 << 20)
+    assert (below.status, below.next_offset) == ("OFFSET_ILLEGAL", 0)
+    limited = store.get(topic, 0, 1, max_messages=1, max_bytes=1 << 20)
+    assert (limited.status, limited.next_offset, bodies(limited.records)) == ("FOUND", 2, [b"b"])
+    loop.run_until_complete(store.close())
+
+
+def test_max_bytes_bounds_a_pull_but_serves_at_least_one(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    store = opened(loop, tmp_path)
+    topic, _ = store.create_topic("t", 1)
+    loop.run_until_complete(store.put(topic, 0, frames(*[b"x" * 1000] * 10)))
+    one = store.get(topic, 0, 0, max_messages=10, max_bytes=10)
+    assert (one.count, one.next_offset) == (1, 1)
+    some = store.get(topic, 0, 0, max_messages=10, max_bytes=3500)
+    assert 1 < some.count < 10 and some.next_offset == some.count
+    loop.run_until_complete(store.close())
+
+
+def test_tag_filtering_skips_without_losing_the_place(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    store = opened(loop, tmp_path)
+    topic, _ = store.create_topic("t", 1)
+    for tag, body in [(b"A", b"1"), (b"B", b"2"), (b"A", b"3"), (b"C", b"4")]:
+        loop.run_until_complete(store.put(topic, 0, frames(body, tags=tag)))
+    only_c = parse_tag_expression("C")
+    found = store.get(topic, 0, 0, max_messages=10, max_bytes=1 << 20, tags=only_c)
+    assert (found.status, bodies(found.records), found.next_offset) == ("FOUND", [b"4"], 4)
+    a_or_b = parse_tag_expression("A || B")
+    got = store.get(topic, 0, 0, max_messages=2, max_bytes=1 << 20, tags=a_or_b)
+    assert (bodies(got.records), got.next_offset) == ([b"1", b"2"], 2)
+    none = store.get(
+        topic, 0, 3, max_messages=10, max_bytes=1 << 20, tags=parse_tag_expression("Z")
+    )
+    assert (none.status, none.next_offset) == ("NO_MATCHED_MESSAGE", 4)
+    loop.run_until_complete(store.close())
+
+
+@pytest.mark.parametrize("expression", ["A ||", "|| B", "A || * ", "A||||B"])
+def test_malformed_tag_expressions_are_refused(expression: str) -> None:
+    with pytest.raises(BrokerError) as info:
+        parse_tag_expression(expression)
+    assert info.value.reason == "INVALID_TAG_EXPRESSION"
+
+
+def test_reads_span_segment_rolls_and_survive_a_clean_reopen(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    store = opened(loop, tmp_path, segment=1 << 20)
+    topic, _ = store.create_topic("t", 1)
+    batch = [os.urandom(100_000) for _ in range(5)]
+    for _ in range(5):
+        loop.run_until_complete(store.put(topic, 0, frames(*batch)))
+    assert len(list((tmp_path / "commitlog").iterdir())) > 1
+    loop.run_until_complete(store.close())
+    assert not (tmp_path / "running").exists()
+
+    again = opened(loop, tmp_path)
+    assert not again.recovery.crashed
+    topic2 = again.topics.get("t")
+    got = again.get(topic2, 0, 0, max_messages=100, max_bytes=32 << 20)
+    assert bodies(got.records) == batch * 5
+    loop.run_until_complete(again.close())
+
+
+def test_queue_out_of_range_is_refused(loop: asyncio.AbstractEventLoop, tmp_path: Path) -> None:
+    store = opened(loop, tmp_path)
+    topic = Topic("t", 2)
+    store.create_topic("t", 2)
+    with pytest.raises(BrokerError) as info:
+        loop.run_until_complete(store.put(topic, 2, frames(b"a")))
+    assert info.value.reason == "INVALID_QUEUE"
+    loop.run_until_complete(store.close())
+
+
+def test_after_a_failed_fsync_nothing_is_acknowledged(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = opened(loop, tmp_path, sync=True)
+    topic, _ = store.create_topic("t", 1)
+    loop.run_until_complete(store.put(topic, 0, frames(b"durable")))
+
+    def failing_fdatasync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
+    with pytest.raises(BrokerError) as first:
+        loop.run_until_complete(store.put(topic, 0, frames(b"not acknowledged")))
+    assert (first.value.reason, first.value.status.name) == ("FLUSH_FAILED", "DATA_LOSS")
+    monkeypatch.undo()  # even once fsync works again, the store stays read-only
+    with pytest.raises(BrokerError) as later:
+        loop.run_until_complete(store.put(topic, 0, frames(b"refused")))
+    assert later.value.reason == "STORE_UNAVAILABLE"
+    loop.run_until_complete(store.close())
+    assert (tmp_path / "running").exists(), "a failed store must not claim a clean shutdown"
+
+
+def test_sync_mode_shares_one_fsync_among_concurrent_senders(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = opened(loop, tmp_path, sync=True)
+    topic, _ = store.create_topic("t", 1)
+    calls: list[int] = []
+    real = os.fdatasync
+
+    def counting(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counting)
+
+    async def burst() -> None:
+        await asyncio.gather(*(store.put(topic, 0, frames(b"m")) for _ in range(50)))
+
+    loop.run_until_complete(burst())
+    assert 1 <= len(calls) < 50 / 2, f"{len(calls)} fsyncs for 50 concurrent sends"
+    loop.run_until_complete(store.close())
