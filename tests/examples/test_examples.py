@@ -1,0 +1,30 @@
+"""Every example runs as a user would run it, and says it succeeded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import ROOT
+
+pytestmark = pytest.mark.example
+
+
+def run_example(name: str, *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name), *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_demo_reads_every_order_back_in_order() -> None:
+    out = run_example("demo.py", "--orders", "500")
+    assert "sent 2000 events for 500 orders" in out
+    assert "read 2000 back" in out
+    assert "orders completed: 500 of 500" in out
+    assert "order violations: 0" in out
+    assert "result: OK" in out
