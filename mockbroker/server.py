@@ -47,11 +47,12 @@ class Broker:
 
     async def start(self) -> None:
         """Open (and if need be recover) the store, then start serving."""
-        await asyncio.to_thread(self.store.open)
+        await asyncio.to_thread(self.store.open)  # raises OSError if the directory is in use
         self.offsets.load()
         await self.store.start()
         state = BrokerState(self.config, self.store, self.offsets, self._clock)
-        server = grpc.aio.server(options=GRPC_CHANNEL_OPTIONS)
+        # Without so_reuseport=0 a second broker could bind the same port and share it.
+        server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
         pb_grpc.add_MessagingServiceServicer_to_server(MessagingService(state), server)
         pb_grpc.add_AdminServiceServicer_to_server(AdminService(state), server)
         try:

@@ -2,8 +2,38 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
+
+
+class DirectoryLock:
+    """An exclusive lock on a data directory, held while a broker uses it."""
+
+    def __init__(self, directory: Path) -> None:
+        self._path = directory / "lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise OSError naming the process that holds it."""
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise OSError(
+                f"data directory {self._path.parent} is in use by another broker (pid {holder})"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Give the lock up."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def fsync_dir(directory: Path) -> None:

@@ -20,6 +20,7 @@ from mockbroker.errors import BrokerError, invalid
 from mockbroker.store.checkpoint import mark_clean_shutdown, mark_running, read_checkpoint
 from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import CORRUPT_SIZE, ConsumeQueue
+from mockbroker.store.files import DirectoryLock
 from mockbroker.store.flush import Flusher, FlushFailedError
 from mockbroker.store.records import build_records, check_frames
 from mockbroker.store.recovery import RecoveryReport, recover
@@ -92,11 +93,21 @@ class MessageStore:
         self.stats = StoreStats()
         self.recovery = RecoveryReport()
         self._closed = False
+        self._dir_lock = DirectoryLock(data_dir)
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> RecoveryReport:
         """Load everything from disk, recovering from a crash if the last run had one."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._dir_lock.acquire()
+        try:
+            self._load()
+        except BaseException:
+            self._dir_lock.release()
+            raise
+        return self.recovery
+
+    def _load(self) -> None:
         self.topics.load()
         self.commitlog.open()
         for topic in self.topics.all():
@@ -116,7 +127,6 @@ class MessageStore:
                 self.recovery.truncated_bytes,
                 self.recovery.corrupt_records,
             )
-        return self.recovery
 
     async def start(self) -> None:
         """Start background flushing (call on the loop that will serve requests)."""
@@ -142,6 +152,7 @@ class MessageStore:
         for cq in self._queues.values():
             cq.close()
         self.commitlog.close()
+        self._dir_lock.release()
 
     # ------------------------------------------------------------------ topics
     def create_topic(self, name: str, queue_count: int) -> tuple[Topic, bool]:

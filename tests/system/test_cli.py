@@ -1,0 +1,106 @@
+"""`python -m mockbroker` as the contract describes it: ready line, clean stop, clear errors."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sdk import Message, Producer
+from sdk._transport.broker_client import BrokerClient
+from tests.support import ROOT, BrokerProcess
+
+pytestmark = pytest.mark.system
+
+
+def status(address: str) -> tuple[bool, int]:
+    async def run() -> tuple[bool, int]:
+        client = BrokerClient(address)
+        try:
+            s = await client.broker_status()
+            return s.recovered_from_crash, s.messages_stored
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serves_until_signalled_then_stops_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
+    broker = BrokerProcess(tmp_path, "--flush-mode", "sync")
+    address = broker.start()
+    with Producer(address) as producer:
+        producer.send(Message("orders", b"kept", sharding_key="k"))
+    assert broker.proc is not None
+    broker.proc.send_signal(sig)
+    assert broker.proc.wait(30) == 0, broker.stderr()
+    assert not (tmp_path / "running").exists(), "a clean stop removes the crash marker"
+
+    again = BrokerProcess(tmp_path)
+    address = again.start()
+    try:
+        assert status(address) == (False, 0)  # no recovery needed, nothing new stored
+        with Producer(address) as producer:
+            result = producer.send(Message("orders", b"next", sharding_key="k"))
+        assert result.queue_offset == 1
+    finally:
+        again.terminate()
+
+
+def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    first = BrokerProcess(tmp_path / "a")
+    address = first.start()
+    try:
+        port = address.rsplit(":", 1)[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "mockbroker", "--port", port, "--data-dir", str(tmp_path / "b")],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 1
+        assert f"mockbroker: cannot listen on 127.0.0.1:{port}" in proc.stderr
+    finally:
+        first.terminate()
+
+
+def test_a_data_directory_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    first = BrokerProcess(tmp_path)
+    first.start()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "mockbroker", "--port", "0", "--data-dir", str(tmp_path)],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 1
+        assert "is in use by another broker" in proc.stderr
+        assert proc.stdout == ""
+    finally:
+        first.terminate()
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ([], "--data-dir"),
+        (["--data-dir", "x", "--flush-mode", "sometimes"], "invalid choice"),
+        (["--data-dir", "x", "--default-queues", "0"], "default_queues"),
+        (["--data-dir", "x", "--port", "70000"], "port"),
+        (["--data-dir", "x", "--lock-lease-seconds", "-1"], "lock_lease_seconds"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(tmp_path: Path, args: list[str], words: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mockbroker", *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert words in proc.stderr
+
+
+def test_the_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "mockbroker"
+    proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "--flush-mode" in proc.stdout
