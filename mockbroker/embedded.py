@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable
 from types import TracebackType
 
 from mockbroker.config import BrokerConfig
 from mockbroker.server import Broker
+from sdk.clock import Clock
 
 
 class EmbeddedBroker:
@@ -21,7 +20,7 @@ class EmbeddedBroker:
             producer = Producer(broker.address)
     """
 
-    def __init__(self, config: BrokerConfig, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: BrokerConfig, *, clock: Clock | None = None) -> None:
         self.config = config
         self._broker = Broker(config, clock=clock)
         self._loop: asyncio.AbstractEventLoop | None = None

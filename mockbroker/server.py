@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
 
 import grpc
 
@@ -15,6 +13,7 @@ from mockbroker.service import AdminService, BrokerState, MessagingService
 from mockbroker.store.message_store import MessageStore
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._wire import GRPC_CHANNEL_OPTIONS
+from sdk.clock import Clock, SystemClock
 
 log = logging.getLogger("mockbroker")
 
@@ -24,9 +23,10 @@ _WILDCARDS = ("0.0.0.0", "::", "[::]", "")
 class Broker:
     """One broker: a message store served over gRPC on the running event loop."""
 
-    def __init__(self, config: BrokerConfig, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: BrokerConfig, *, clock: Clock | None = None) -> None:
         self.config = config
-        self._clock = clock
+        self._clock: Clock = clock or SystemClock()
+        clock = self._clock
         self.store = MessageStore(
             config.data_dir,
             sync_flush=config.flush_mode == "sync",

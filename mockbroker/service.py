@@ -24,6 +24,7 @@ from mockbroker.topics import (
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._wire import MAX_PULL_BYTES, MAX_PULL_MESSAGES, MAX_SEND_BYTES
+from sdk.clock import Clock
 
 if TYPE_CHECKING:
     from mockbroker.config import BrokerConfig
@@ -59,13 +60,13 @@ class BrokerState:
         config: BrokerConfig,
         store: MessageStore,
         offsets: ConsumerOffsets,
-        clock: Callable[[], float],
+        clock: Clock,
     ) -> None:
         self.config = config
         self.store = store
         self.offsets = offsets
         self.clock = clock
-        self.started = clock()
+        self.started = clock.now()
         self.address = ""
 
 
@@ -310,7 +311,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
         return pb.BrokerStatusResponse(
             broker_name=self._s.config.broker_name,
             version=VERSION,
-            uptime_ms=int((self._s.clock() - self._s.started) * 1000),
+            uptime_ms=int((self._s.clock.now() - self._s.started) * 1000),
             flush_mode=self._s.config.flush_mode,
             commit_log_bytes=store.commitlog.total_bytes(),
             disk_bytes=sum(p.stat().st_size for p in store.data_dir.rglob("*") if p.is_file()),

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from mockbroker.store.records import build_records, check_frames
 from mockbroker.store.recovery import RecoveryReport, recover
 from mockbroker.topics import Topic, TopicRegistry
 from sdk._wire import FRAME_FIELDS, RECORD
+from sdk.clock import Clock, SystemClock
 
 log = logging.getLogger("mockbroker.store")
 
@@ -76,12 +75,12 @@ class MessageStore:
         segment_bytes: int,
         flush_interval_seconds: float,
         sync_flush_timeout_seconds: float,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.sync_flush = sync_flush
         self._sync_timeout = sync_flush_timeout_seconds
-        self._clock = clock
+        self._clock: Clock = clock or SystemClock()
         self.topics = TopicRegistry(data_dir / "topics.json")
         self.commitlog = CommitLog(data_dir / "commitlog", segment_bytes)
         self._cq_dir = data_dir / "consumequeue"
@@ -173,7 +172,7 @@ class MessageStore:
         cq = self.queue(topic, queue_id)
         checked = check_frames(frames)
         flusher = self._writable_flusher()
-        store_ts = int(self._clock() * 1000)
+        store_ts = int(self._clock.now() * 1000)
         first = cq.count
         total = sum(f.end - f.start for f in checked) + len(checked) * (
             RECORD.size + len(topic.name.encode())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable
 
 from sdk._wire import decode_properties, encode_frame, iter_records
 from sdk.message import Message, MessageExt, MessageQueue
@@ -22,9 +21,8 @@ class MessageIdGenerator:
         return self._prefix + next(self._counter).to_bytes(8, "big")
 
 
-def encode_message(message: Message, msg_id: bytes, now: Callable[[], float]) -> bytes:
-    """The frame for `message`, with delays turned into an absolute time."""
-    now_s = now()
+def encode_message(message: Message, msg_id: bytes, now_s: float) -> bytes:
+    """The frame for `message` sent at `now_s`, with delays turned into an absolute time."""
     deliver_at_ms = 0
     if message.delay_seconds is not None:
         deliver_at_ms = int((now_s + message.delay_seconds) * 1000)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
+from sdk.clock import Clock
 from sdk.message import Message, MessageQueue, SendResult
 from sdk.producer.core import DEFAULT_SEND_TIMEOUT_SECONDS, ProducerCore
 from sdk.selector import MessageQueueSelector
@@ -31,7 +31,7 @@ class Producer:
         *,
         group: str | None = None,
         send_timeout: float = DEFAULT_SEND_TIMEOUT_SECONDS,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
     ) -> None:
         self._core = ProducerCore(endpoints, group=group, send_timeout=send_timeout, clock=clock)
         self._oneway: set[asyncio.Task[SendResult]] = set()

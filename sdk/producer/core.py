@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sdk._transport.broker_client import BrokerClient, QueueRoute
 from sdk._transport.codec import MessageIdGenerator, encode_message
 from sdk._validation import check_group, check_topic
 from sdk._wire import MAX_SEND_BYTES
+from sdk.clock import Clock, SystemClock
 from sdk.errors import (
     BrokerUnavailableError,
     ClientStateError,
@@ -63,14 +63,14 @@ class ProducerCore:
         *,
         group: str | None = None,
         send_timeout: float = DEFAULT_SEND_TIMEOUT_SECONDS,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
     ) -> None:
         self._endpoints = split_endpoints(endpoints)
         self.group = check_group(group) if group is not None else None
         if send_timeout <= 0:
             raise InvalidArgumentError("send_timeout must be positive")
         self._send_timeout = send_timeout
-        self._clock = clock
+        self._clock: Clock = clock or SystemClock()
         self._ids = MessageIdGenerator()
         self._round_robin = RoundRobinSelector()
         self._clients: dict[str, BrokerClient] = {}
@@ -145,7 +145,7 @@ class ProducerCore:
         queues = await self.writable_queues(message.topic)
         queue = self._select(queues, message, selector, arg)
         msg_id = self._ids.next()
-        frame = encode_message(message, msg_id, self._clock)
+        frame = encode_message(message, msg_id, self._clock.now())
         return (await self._send_frames(queue, [frame], [msg_id], timeout))[0]
 
     async def send_batch(
@@ -169,7 +169,7 @@ class ProducerCore:
                 keyless[m.topic] = queue
             groups.setdefault(queue, []).append(i)
         ids = [self._ids.next() for _ in messages]
-        frames = [encode_message(m, ids[i], self._clock) for i, m in enumerate(messages)]
+        frames = [encode_message(m, ids[i], self._clock.now()) for i, m in enumerate(messages)]
         calls = []
         for queue, indexes in groups.items():
             for chunk in _chunks_by_size(indexes, frames):

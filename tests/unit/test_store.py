@@ -13,14 +13,7 @@ from mockbroker.errors import BrokerError
 from mockbroker.store.message_store import MessageStore, parse_tag_expression
 from mockbroker.topics import Topic
 from sdk._wire import encode_frame, iter_records
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from sdk.testing import FakeClock
 
 
 def frames(*bodies: bytes, tags: bytes = b"") -> bytes:

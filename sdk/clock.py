@@ -1,0 +1,42 @@
+"""Clocks: where every lease, delay, timeout and expiry in ordermq gets its time.
+
+A clock tells the time and sleeps until a time, so that a fake clock (sdk.testing.FakeClock)
+can make every timer deterministic: tests advance it instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """The time source of a broker or client."""
+
+    def now(self) -> float:
+        """Seconds since the epoch."""
+        ...
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Return once now() >= deadline."""
+        ...
+
+
+class SystemClock:
+    """The real clock: wall time, asyncio sleeps."""
+
+    def now(self) -> float:
+        """Seconds since the epoch."""
+        return time.time()
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Sleep until `deadline` (wall clock)."""
+        delay = deadline - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+async def sleep_for(clock: Clock, seconds: float) -> None:
+    """Sleep `seconds` on `clock`."""
+    await clock.sleep_until(clock.now() + seconds)
