@@ -26,6 +26,12 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     p.add_argument("--broker-name", default=d.broker_name)
     p.add_argument("--segment-bytes", type=int, default=d.segment_bytes)
     p.add_argument(
+        "--client-timeout-seconds",
+        type=float,
+        default=d.client_timeout_seconds,
+        help="a silent client leaves its groups after this long (default %(default)s)",
+    )
+    p.add_argument(
         "--no-auto-create-topics",
         action="store_true",
         help="refuse sends to topics that were not created explicitly",
@@ -48,6 +54,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             auto_create_topics=not a.no_auto_create_topics,
             broker_name=a.broker_name,
             segment_bytes=a.segment_bytes,
+            client_timeout_seconds=a.client_timeout_seconds,
         )
     except ValueError as exc:
         p.error(str(exc))

@@ -28,6 +28,8 @@ class BrokerConfig:
         flush_interval_seconds: Period of background flushes and checkpoints.
         sync_flush_timeout_seconds: How long a sync-mode send waits for its fsync before
             answering FLUSH_DISK_TIMEOUT.
+        client_timeout_seconds: A client not heard from for this long leaves its groups
+            and loses its locks.
     """
 
     host: str = "127.0.0.1"
@@ -41,6 +43,7 @@ class BrokerConfig:
     segment_bytes: int = 64 * 1024 * 1024
     flush_interval_seconds: float = 0.5
     sync_flush_timeout_seconds: float = 5.0
+    client_timeout_seconds: float = 120.0
 
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):
@@ -53,6 +56,13 @@ class BrokerConfig:
             raise ValueError("lock_lease_seconds must be positive")
         if self.segment_bytes < 1024 * 1024:
             raise ValueError("segment_bytes must be at least 1 MiB")
-        if self.flush_interval_seconds <= 0 or self.sync_flush_timeout_seconds <= 0:
+        if (
+            min(
+                self.flush_interval_seconds,
+                self.sync_flush_timeout_seconds,
+                self.client_timeout_seconds,
+            )
+            <= 0
+        ):
             raise ValueError("flush intervals and timeouts must be positive")
         object.__setattr__(self, "data_dir", Path(self.data_dir))

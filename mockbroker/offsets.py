@@ -22,6 +22,7 @@ class ConsumerOffsets:
     def __init__(self, path: Path) -> None:
         self._path = path
         self._table: dict[OffsetKey, int] = {}
+        self._groups: set[str] = set()
         self._version = 0
         self._saved_version = 0
         self._save_lock = asyncio.Lock()
@@ -34,18 +35,24 @@ class ConsumerOffsets:
                 for topic, queues in topics.items():
                     for qid, offset in queues.items():
                         self._table[(group, topic, int(qid))] = int(offset)
+        self._groups = {g for g, _, _ in self._table}
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
         """The committed offset, or None when the group never committed this queue."""
         return self._table.get((group, topic, queue_id))
 
+    def committed(self) -> list[OffsetKey]:
+        """Every (group, topic, queue) with a committed offset."""
+        return list(self._table)
+
     def groups(self) -> set[str]:
         """Every group with at least one committed offset."""
-        return {g for g, _, _ in self._table}
+        return self._groups
 
     async def commit(self, updates: dict[OffsetKey, int]) -> None:
         """Apply `updates` and return once they are on disk."""
         self._table.update(updates)
+        self._groups.update(g for g, _, _ in updates)
         self._version += 1
         await self._save(self._version)
 

@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import grpc
 
+from mockbroker.admin_service import AdminService
 from mockbroker.config import BrokerConfig
+from mockbroker.groups import ConsumerGroups
+from mockbroker.lock_manager import RebalanceLockManager
+from mockbroker.long_polling import PullHolder
 from mockbroker.offsets import ConsumerOffsets
-from mockbroker.service import AdminService, BrokerState, MessagingService
+from mockbroker.retry import RetryService
+from mockbroker.schedule import Scheduler
+from mockbroker.service import MessagingService
+from mockbroker.state import BrokerState
 from mockbroker.store.message_store import MessageStore
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._wire import GRPC_CHANNEL_OPTIONS
-from sdk.clock import Clock, SystemClock
+from sdk.clock import Clock, SystemClock, sleep_for
 
 log = logging.getLogger("mockbroker")
 
 _WILDCARDS = ("0.0.0.0", "::", "[::]", "")
+#: How often silent clients are looked for.
+_EXPIRY_SWEEP_SECONDS = 1.0
 
 
 class Broker:
@@ -25,18 +35,19 @@ class Broker:
 
     def __init__(self, config: BrokerConfig, *, clock: Clock | None = None) -> None:
         self.config = config
-        self._clock: Clock = clock or SystemClock()
-        clock = self._clock
+        self.clock: Clock = clock or SystemClock()
         self.store = MessageStore(
             config.data_dir,
             sync_flush=config.flush_mode == "sync",
             segment_bytes=config.segment_bytes,
             flush_interval_seconds=config.flush_interval_seconds,
             sync_flush_timeout_seconds=config.sync_flush_timeout_seconds,
-            clock=clock,
+            clock=self.clock,
         )
         self.offsets = ConsumerOffsets(config.data_dir / "offsets.json")
+        self.state: BrokerState | None = None
         self._server: grpc.aio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self.port = 0
 
     @property
@@ -48,9 +59,31 @@ class Broker:
     async def start(self) -> None:
         """Open (and if need be recover) the store, then start serving."""
         await asyncio.to_thread(self.store.open)  # raises OSError if the directory is in use
+        try:
+            await self._start_serving()
+        except BaseException:
+            await self.store.close()
+            raise
+
+    async def _start_serving(self) -> None:
         self.offsets.load()
         await self.store.start()
-        state = BrokerState(self.config, self.store, self.offsets, self._clock)
+        scheduler = Scheduler(self.store, self.clock)
+        scheduler.load()
+        holder = PullHolder(self.clock)
+        self.store.on_append = holder.notify
+        state = BrokerState(
+            config=self.config,
+            clock=self.clock,
+            store=self.store,
+            offsets=self.offsets,
+            locks=RebalanceLockManager(self.clock, self.config.lock_lease_seconds),
+            groups=ConsumerGroups(self.clock, self.config.client_timeout_seconds),
+            holder=holder,
+            scheduler=scheduler,
+            retry=RetryService(self.store, scheduler, self.clock),
+            started=self.clock.now(),
+        )
         # Without so_reuseport=0 a second broker could bind the same port and share it.
         server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
         pb_grpc.add_MessagingServiceServicer_to_server(MessagingService(state), server)
@@ -58,15 +91,31 @@ class Broker:
         try:
             self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         except RuntimeError as exc:
-            await self.store.close()
             raise OSError(f"cannot listen on {self.config.host}:{self.config.port}: {exc}") from exc
         state.address = self.address
         await server.start()
-        self._server = server
+        scheduler.start()
+        self._sweeper = asyncio.create_task(self._expire_clients(state), name="client-expiry")
+        self.state, self._server = state, server
         log.info("broker %s serving on %s", self.config.broker_name, self.address)
 
+    async def _expire_clients(self, state: BrokerState) -> None:
+        while True:
+            await sleep_for(self.clock, _EXPIRY_SWEEP_SECONDS)
+            for client_id in state.groups.expire():
+                dropped = state.locks.release_client(client_id)
+                log.info("client %s expired; %d lock(s) released", client_id, dropped)
+
     async def stop(self, grace_seconds: float = 5.0) -> None:
-        """Stop accepting calls, let running ones finish (bounded), then close the store."""
+        """Answer held pulls, stop serving (running calls get a bounded grace), close."""
+        if self.state is not None:
+            self.state.holder.close()
+            self.state.groups.close()
+            await self.state.scheduler.stop()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         if self._server is not None:
             await self._server.stop(grace_seconds)
             self._server = None

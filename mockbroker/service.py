@@ -1,88 +1,40 @@
-"""gRPC servicers: protobuf in, domain calls, protobuf out; BrokerError -> status.
+"""MessagingService: what producers and consumers call.
 
-Methods of the protocol that no handler here overrides answer UNIMPLEMENTED (the
-generated base classes do that); they arrive with the coordination features.
+Protobuf in, domain calls, protobuf out; every refusal is a BrokerError turned into its
+status.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Iterable
 
 import grpc
 
-from mockbroker.errors import BrokerError, invalid, not_implemented, out_of_range
-from mockbroker.offsets import ConsumerOffsets
-from mockbroker.store.message_store import MessageStore, parse_tag_expression
-from mockbroker.topics import (
-    check_any_topic,
-    check_group,
-    check_user_topic,
-    is_system_topic,
-)
+from mockbroker.errors import BrokerError, invalid, out_of_range
+from mockbroker.groups import GroupMembership
+from mockbroker.grpc_errors import Context, abort, answers_errors
+from mockbroker.schedule import CANCELLED
+from mockbroker.state import BrokerState, check_client_id
+from mockbroker.store.message_store import GetResult, parse_tag_expression
+from mockbroker.topics import check_any_topic, check_group, check_user_topic
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._wire import MAX_PULL_BYTES, MAX_PULL_MESSAGES, MAX_SEND_BYTES
-from sdk.clock import Clock
 
-if TYPE_CHECKING:
-    from mockbroker.config import BrokerConfig
-
-REASON_KEY = "ordermq-reason"
-VERSION = "0.1.0"
-
-Req = TypeVar("Req")
-Resp = TypeVar("Resp")
-Handler = Callable[[Any, Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]]
-
-
-def answers_errors(handler: Handler[Req, Resp]) -> Handler[Req, Resp]:
-    """Turn a BrokerError raised by `handler` into its gRPC status and reason metadata."""
-
-    @functools.wraps(handler)
-    async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext[Any, Any]) -> Resp:
-        try:
-            return await handler(self, request, context)
-        except BrokerError as exc:
-            context.set_trailing_metadata(((REASON_KEY, exc.reason),))
-            await context.abort(exc.status, exc.message)
-            raise AssertionError("unreachable: abort raises") from exc
-
-    return wrapper
-
-
-class BrokerState:
-    """What the servicers share: configuration, store, offsets and the start time."""
-
-    def __init__(
-        self,
-        config: BrokerConfig,
-        store: MessageStore,
-        offsets: ConsumerOffsets,
-        clock: Clock,
-    ) -> None:
-        self.config = config
-        self.store = store
-        self.offsets = offsets
-        self.clock = clock
-        self.started = clock.now()
-        self.address = ""
-
-
-def _not_yet(feature: str) -> BrokerError:
-    return not_implemented(f"{feature} is not served by this broker version yet")
+#: Longest a pull may be held (RocketMQ clients wait 30 s for a pull's answer).
+MAX_SUSPEND_MS = 60_000
 
 
 class MessagingService(pb_grpc.MessagingServiceServicer):
-    """Routing, send, pull and consumer offsets."""
+    """Routing, send, pull, locks, membership, offsets, retry and scheduling."""
 
     def __init__(self, state: BrokerState) -> None:
         self._s = state
 
+    # ------------------------------------------------------------------ routing, send
     @answers_errors
     async def QueryRoute(
-        self, request: pb.QueryRouteRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pb.QueryRouteRequest, context: Context
     ) -> pb.QueryRouteResponse:
         """Queues of a topic; creates it when asked to and allowed."""
         check_any_topic(request.topic)
@@ -107,10 +59,8 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         )
 
     @answers_errors
-    async def Send(
-        self, request: pb.SendRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.SendResponse:
-        """Append a batch of frames to one queue."""
+    async def Send(self, request: pb.SendRequest, context: Context) -> pb.SendResponse:
+        """Append a batch of frames to one queue, or schedule it."""
         check_user_topic(request.topic)
         if len(request.frames) > MAX_SEND_BYTES:
             raise BrokerError(
@@ -125,7 +75,27 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             topic, _ = store.create_topic(request.topic, self._s.config.default_queues)
         if topic is None:
             topic = store.topics.get(request.topic)
-        result = await store.put(topic, request.queue_id, request.frames)
+        topic.check_queue(request.queue_id)
+        checked = store.check(request.frames)
+        scheduled = sum(1 for f in checked if f.due_ms)
+        if scheduled and scheduled != len(checked):
+            raise invalid(
+                "INVALID_DELIVERY_TIME",
+                "a batch is either all scheduled or all for now; send them separately",
+            )
+        if scheduled:
+            durable = await self._s.scheduler.schedule(
+                topic, request.queue_id, request.frames, checked
+            )
+            return pb.SendResponse(
+                status=pb.SEND_OK if durable else pb.FLUSH_DISK_TIMEOUT,
+                queue_id=request.queue_id,
+                first_queue_offset=-1,
+                count=len(checked),
+                store_timestamp_ms=int(self._s.clock.now() * 1000),
+                scheduled=True,
+            )
+        result = await store.append(topic, request.queue_id, request.frames, checked)
         return pb.SendResponse(
             status=pb.SEND_OK if result.durable else pb.FLUSH_DISK_TIMEOUT,
             queue_id=request.queue_id,
@@ -134,13 +104,11 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             store_timestamp_ms=result.store_timestamp_ms,
         )
 
+    # ------------------------------------------------------------------ pull
     @answers_errors
-    async def Pull(
-        self, request: pb.PullRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.PullResponse:
-        """Read from one queue by offset."""
+    async def Pull(self, request: pb.PullRequest, context: Context) -> pb.PullResponse:
+        """Read from one queue by offset; hold the call while there is nothing to read."""
         check_group(request.group)
-        check_any_topic(request.topic)
         if not 1 <= request.max_messages <= MAX_PULL_MESSAGES:
             raise invalid(
                 "INVALID_ARGUMENT",
@@ -150,36 +118,142 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             raise invalid(
                 "INVALID_ARGUMENT", f"max_bytes {request.max_bytes} is outside 1..{MAX_PULL_BYTES}"
             )
-        if request.suspend_timeout_ms < 0:
-            raise invalid("INVALID_ARGUMENT", "suspend_timeout_ms must not be negative")
+        if not 0 <= request.suspend_timeout_ms <= MAX_SUSPEND_MS:
+            raise invalid(
+                "INVALID_ARGUMENT",
+                f"suspend_timeout_ms {request.suspend_timeout_ms} is outside 0..{MAX_SUSPEND_MS}",
+            )
         tags = parse_tag_expression(request.tag_expression)
-        store = self._s.store
-        topic = store.topics.get(request.topic)
-        got = store.get(
-            topic,
-            request.queue_id,
-            request.offset,
-            max_messages=request.max_messages,
-            max_bytes=request.max_bytes,
-            tags=tags,
-        )
-        return pb.PullResponse(
-            status=pb.PullStatus.Value(got.status),
-            next_offset=got.next_offset,
-            min_offset=got.min_offset,
-            max_offset=got.max_offset,
-            records=got.records,
-            record_count=got.count,
+        topic = self._s.topic_queue(request.topic, request.queue_id)
+        deadline = self._s.clock.now() + request.suspend_timeout_ms / 1000
+        offset = request.offset
+        while True:
+            got = self._s.store.get(
+                topic,
+                request.queue_id,
+                offset,
+                max_messages=request.max_messages,
+                max_bytes=request.max_bytes,
+                tags=tags,
+            )
+            caught_up = got.status == "NO_NEW_MESSAGE" or (
+                got.status == "NO_MATCHED_MESSAGE" and got.next_offset == got.max_offset
+            )
+            if not caught_up or not request.suspend_timeout_ms:
+                return _pull_response(got)
+            offset = got.next_offset
+            if not await self._s.holder.wait((topic.name, request.queue_id), deadline):
+                return _pull_response(got)
+
+    # ------------------------------------------------------------------ locks
+    @answers_errors
+    async def LockBatch(
+        self, request: pb.LockBatchRequest, context: Context
+    ) -> pb.LockBatchResponse:
+        """Take or renew rebalance locks; answers the queues the caller now holds."""
+        keys = self._lock_request(request.group, request.client_id, request.queues)
+        held = self._s.locks.lock_batch(request.group, request.client_id, keys)
+        broker = self._s.config.broker_name
+        return pb.LockBatchResponse(
+            locked=[
+                pb.LockedQueue(
+                    queue=pb.MessageQueue(topic=t, broker_name=broker, queue_id=q), epoch=epoch
+                )
+                for (t, q), epoch in held.items()
+            ]
         )
 
     @answers_errors
+    async def UnlockBatch(
+        self, request: pb.UnlockBatchRequest, context: Context
+    ) -> pb.UnlockBatchResponse:
+        """Release the caller's locks; refused whole if any is another client's."""
+        keys = self._lock_request(request.group, request.client_id, request.queues)
+        self._s.locks.unlock_batch(request.group, request.client_id, keys)
+        return pb.UnlockBatchResponse()
+
+    def _lock_request(
+        self, group: str, client_id: str, queues: Iterable[pb.MessageQueue]
+    ) -> list[tuple[str, int]]:
+        self._s.known_group(group)
+        check_client_id(client_id)
+        for q in queues:
+            self._s.topic_queue(q.topic, q.queue_id)
+        return [(q.topic, q.queue_id) for q in queues]
+
+    # ------------------------------------------------------------------ membership
+    @answers_errors
+    async def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: Context
+    ) -> pb.HeartbeatResponse:
+        """Register the client as a member of exactly the groups it names."""
+        check_client_id(request.client_id)
+        groups: dict[str, GroupMembership] = {}
+        for g in request.consumer_groups:
+            check_group(g.group)
+            if g.consume_type == pb.CONSUME_TYPE_UNSPECIFIED:
+                raise invalid("INVALID_ARGUMENT", f"group {g.group!r}: consume_type is missing")
+            if g.message_model == pb.MESSAGE_MODEL_UNSPECIFIED:
+                raise invalid("INVALID_ARGUMENT", f"group {g.group!r}: message_model is missing")
+            for sub in g.subscriptions:
+                check_any_topic(sub.topic)
+                parse_tag_expression(sub.expression)
+            groups[g.group] = GroupMembership(
+                pb.ConsumeType.Name(g.consume_type),
+                pb.MessageModel.Name(g.message_model),
+                tuple((s.topic, s.expression) for s in g.subscriptions),
+            )
+        for producer_group in request.producer_groups:
+            check_group(producer_group)
+        versions = self._s.groups.heartbeat(request.client_id, groups)
+        return pb.HeartbeatResponse(
+            groups=[pb.GroupVersion(group=g, membership_version=v) for g, v in versions.items()],
+            client_timeout_ms=int(self._s.groups.client_timeout_seconds * 1000),
+        )
+
+    @answers_errors
+    async def UnregisterClient(
+        self, request: pb.UnregisterClientRequest, context: Context
+    ) -> pb.UnregisterClientResponse:
+        """Leave every group and release every lock of the client."""
+        check_client_id(request.client_id)
+        self._s.groups.unregister(request.client_id)
+        self._s.locks.release_client(request.client_id)
+        return pb.UnregisterClientResponse()
+
+    @answers_errors
+    async def GetConsumerList(
+        self, request: pb.GetConsumerListRequest, context: Context
+    ) -> pb.GetConsumerListResponse:
+        """The group's members, sorted."""
+        check_group(request.group)
+        return pb.GetConsumerListResponse(
+            client_ids=self._s.groups.members(request.group),
+            membership_version=self._s.groups.version(request.group),
+        )
+
+    async def WatchMembership(
+        self, request: pb.WatchMembershipRequest, context: Context
+    ) -> AsyncIterator[pb.MembershipChanged]:
+        """Stream the group's membership on every change."""
+        try:
+            check_group(request.group)
+        except BrokerError as exc:
+            await abort(context, exc)
+            return
+        async for version, members in self._s.groups.watch(request.group, request.known_version):
+            yield pb.MembershipChanged(
+                group=request.group, membership_version=version, client_ids=members
+            )
+
+    # ------------------------------------------------------------------ offsets
+    @answers_errors
     async def QueryConsumerOffset(
-        self, request: pb.QueryConsumerOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pb.QueryConsumerOffsetRequest, context: Context
     ) -> pb.QueryConsumerOffsetResponse:
         """A group's committed offset for one queue, or found=false."""
         check_group(request.group)
-        check_any_topic(request.topic)
-        self._s.store.topics.get(request.topic).check_queue(request.queue_id)
+        self._s.topic_queue(request.topic, request.queue_id)
         offset = self._s.offsets.get(request.group, request.topic, request.queue_id)
         if offset is None:
             return pb.QueryConsumerOffsetResponse(found=False, offset=-1)
@@ -187,17 +261,14 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
 
     @answers_errors
     async def CommitConsumerOffsets(
-        self,
-        request: pb.CommitConsumerOffsetsRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
+        self, request: pb.CommitConsumerOffsetsRequest, context: Context
     ) -> pb.CommitConsumerOffsetsResponse:
-        """Record offsets durably, all or nothing."""
-        check_group(request.group)
+        """Record offsets durably, all or nothing; fenced by the queues' live locks."""
+        self._s.known_group(request.group)
         store = self._s.store
         updates: dict[tuple[str, str, int], int] = {}
         for item in request.offsets:
-            check_any_topic(item.topic)
-            topic = store.topics.get(item.topic)
+            topic = self._s.topic_queue(item.topic, item.queue_id)
             cq = store.queue(topic, item.queue_id)
             if not cq.min_offset <= item.offset <= cq.max_offset:
                 raise out_of_range(
@@ -205,168 +276,61 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                     f"offset {item.offset} for {item.topic} queue {item.queue_id} is outside "
                     f"[{cq.min_offset}, {cq.max_offset}]",
                 )
+            self._s.locks.check_commit(
+                request.group, (item.topic, item.queue_id), request.client_id, item.lock_epoch
+            )
             updates[(request.group, item.topic, item.queue_id)] = item.offset
         if updates:
             await self._s.offsets.commit(updates)
         return pb.CommitConsumerOffsetsResponse()
 
-    # Coordination (rebalance locks, membership, retry and scheduling) is the next step of
-    # the broker; until it lands these answer UNIMPLEMENTED with the reason NOT_IMPLEMENTED.
+    # ------------------------------------------------------------------ retry, schedule
     @answers_errors
-    async def LockBatch(
-        self, request: pb.LockBatchRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.LockBatchResponse:
-        """Not served yet: rebalance locks."""
-        raise _not_yet("LockBatch")
-
-    @answers_errors
-    async def UnlockBatch(
-        self, request: pb.UnlockBatchRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.UnlockBatchResponse:
-        """Not served yet: rebalance locks."""
-        raise _not_yet("UnlockBatch")
-
-    @answers_errors
-    async def Heartbeat(
-        self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.HeartbeatResponse:
-        """Not served yet: group membership."""
-        raise _not_yet("Heartbeat")
-
-    @answers_errors
-    async def GetConsumerList(
-        self, request: pb.GetConsumerListRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.GetConsumerListResponse:
-        """Not served yet: group membership."""
-        raise _not_yet("GetConsumerList")
-
-    async def WatchMembership(
-        self, request: pb.WatchMembershipRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[pb.MembershipChanged]:
-        """Not served yet: group membership."""
-        context.set_trailing_metadata(((REASON_KEY, "NOT_IMPLEMENTED"),))
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "WatchMembership is not served by this broker version yet",
+    async def SendBack(self, request: pb.SendBackRequest, context: Context) -> pb.SendBackResponse:
+        """Return a failed message to the group's retry topic, or its dead-letter topic."""
+        self._s.known_group(request.group)
+        topic = self._s.topic_queue(request.queue.topic, request.queue.queue_id)
+        sent = await self._s.retry.send_back(
+            request.group,
+            topic,
+            request.queue.queue_id,
+            request.queue_offset,
+            delay_level=request.delay_level,
+            max_reconsume_times=request.max_reconsume_times,
+            reconsume_times=request.reconsume_times,
         )
-        yield pb.MembershipChanged()  # pragma: no cover - abort raises
-
-    @answers_errors
-    async def SendBack(
-        self, request: pb.SendBackRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.SendBackResponse:
-        """Not served yet: retry and dead-letter topics."""
-        raise _not_yet("SendBack")
+        return pb.SendBackResponse(
+            destination=pb.DEAD_LETTER if sent.dead_letter else pb.RETRY,
+            topic=sent.topic,
+            reconsume_times=sent.reconsume_times,
+        )
 
     @answers_errors
     async def CancelScheduled(
-        self, request: pb.CancelScheduledRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pb.CancelScheduledRequest, context: Context
     ) -> pb.CancelScheduledResponse:
-        """Not served yet: delayed delivery."""
-        raise _not_yet("CancelScheduled")
-
-
-class AdminService(pb_grpc.AdminServiceServicer):
-    """Topic administration and broker status."""
-
-    def __init__(self, state: BrokerState) -> None:
-        self._s = state
-
-    @answers_errors
-    async def CreateTopic(
-        self, request: pb.CreateTopicRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.CreateTopicResponse:
-        """Create a topic with a queue count (idempotent for the same count)."""
+        """Cancel a scheduled message before it falls due."""
         check_user_topic(request.topic)
-        topic, created = self._s.store.create_topic(request.topic, request.queue_count)
-        return pb.CreateTopicResponse(topic=self._info(topic.name, describe=False), created=created)
-
-    @answers_errors
-    async def ListTopics(
-        self, request: pb.ListTopicsRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.ListTopicsResponse:
-        """Every topic, system topics only on request."""
-        return pb.ListTopicsResponse(
-            topics=[
-                self._info(t.name, describe=False)
-                for t in self._s.store.topics.all()
-                if request.include_system or not is_system_topic(t.name)
-            ]
+        try:
+            msg_id = bytes.fromhex(request.msg_id)
+        except ValueError:
+            msg_id = b""
+        if len(msg_id) != 16:
+            raise invalid(
+                "INVALID_ARGUMENT", f"msg_id {request.msg_id!r} is not 32 hexadecimal digits"
+            )
+        outcome = await self._s.scheduler.cancel(request.topic, msg_id)
+        return pb.CancelScheduledResponse(
+            result=pb.CANCELLED if outcome == CANCELLED else pb.ALREADY_DELIVERED
         )
 
-    @answers_errors
-    async def DescribeTopic(
-        self, request: pb.DescribeTopicRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.DescribeTopicResponse:
-        """A topic with the min and max offset of each queue."""
-        check_any_topic(request.topic)
-        return pb.DescribeTopicResponse(topic=self._info(request.topic, describe=True))
 
-    @answers_errors
-    async def BrokerStatus(
-        self, request: pb.BrokerStatusRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.BrokerStatusResponse:
-        """Uptime, sizes, counters and what recovery found."""
-        store = self._s.store
-        return pb.BrokerStatusResponse(
-            broker_name=self._s.config.broker_name,
-            version=VERSION,
-            uptime_ms=int((self._s.clock.now() - self._s.started) * 1000),
-            flush_mode=self._s.config.flush_mode,
-            commit_log_bytes=store.commitlog.total_bytes(),
-            disk_bytes=sum(p.stat().st_size for p in store.data_dir.rglob("*") if p.is_file()),
-            messages_stored=store.stats.messages_stored,
-            messages_served=store.stats.messages_served,
-            recovered_from_crash=store.recovery.crashed,
-            truncated_bytes_at_recovery=store.recovery.truncated_bytes,
-            corrupt_records_detected=store.stats.corrupt_records_detected,
-            topic_count=len(store.topics.all()),
-            held_pulls=0,
-        )
-
-    @answers_errors
-    async def ConsumerProgress(
-        self, request: pb.ConsumerProgressRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.ConsumerProgressResponse:
-        """Not served yet: arrives with consumer groups."""
-        raise _not_yet("ConsumerProgress")
-
-    @answers_errors
-    async def ResetOffset(
-        self, request: pb.ResetOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.ResetOffsetResponse:
-        """Not served yet: arrives with consumer groups."""
-        raise _not_yet("ResetOffset")
-
-    @answers_errors
-    async def QueryMessageById(
-        self, request: pb.QueryMessageByIdRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.QueryMessagesResponse:
-        """Not served yet: needs the message id index."""
-        raise _not_yet("QueryMessageById")
-
-    @answers_errors
-    async def QueryMessagesByKey(
-        self, request: pb.QueryMessagesByKeyRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.QueryMessagesResponse:
-        """Not served yet: needs the message key index."""
-        raise _not_yet("QueryMessagesByKey")
-
-    def _info(self, name: str, *, describe: bool) -> pb.TopicInfo:
-        store = self._s.store
-        topic = store.topics.get(name)
-        info = pb.TopicInfo(
-            topic=topic.name, queue_count=topic.queue_count, broker_name=self._s.config.broker_name
-        )
-        if describe:
-            for qid in range(topic.queue_count):
-                cq = store.queue(topic, qid)
-                info.queues.append(
-                    pb.QueueStats(
-                        queue_id=qid,
-                        min_offset=cq.min_offset,
-                        max_offset=cq.max_offset,
-                        last_store_timestamp_ms=store.last_store_timestamp_ms(topic, qid),
-                    )
-                )
-        return info
+def _pull_response(got: GetResult) -> pb.PullResponse:
+    return pb.PullResponse(
+        status=pb.PullStatus.Value(got.status),
+        next_offset=got.next_offset,
+        min_offset=got.min_offset,
+        max_offset=got.max_offset,
+        records=got.records,
+        record_count=got.count,
+    )

@@ -9,18 +9,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from grpc import StatusCode
 
-from mockbroker.errors import BrokerError, invalid
+from mockbroker.errors import BrokerError, invalid, out_of_range
 from mockbroker.store.checkpoint import mark_clean_shutdown, mark_running, read_checkpoint
 from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import CORRUPT_SIZE, ConsumeQueue
 from mockbroker.store.files import DirectoryLock
 from mockbroker.store.flush import Flusher, FlushFailedError
-from mockbroker.store.records import build_records, check_frames
+from mockbroker.store.records import CheckedFrame, build_records, check_frames
 from mockbroker.store.recovery import RecoveryReport, recover
 from mockbroker.topics import Topic, TopicRegistry
 from sdk._wire import FRAME_FIELDS, RECORD
@@ -93,6 +94,8 @@ class MessageStore:
         self.recovery = RecoveryReport()
         self._closed = False
         self._dir_lock = DirectoryLock(data_dir)
+        #: Called with (topic, queue id) after every append (long polling's wake-up).
+        self.on_append: Callable[[str, int], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> RecoveryReport:
@@ -167,26 +170,50 @@ class MessageStore:
         return self._queue_for(topic, queue_id)
 
     # ------------------------------------------------------------------ writing
+    def check(self, frames: bytes) -> list[CheckedFrame]:
+        """Validate a request's frames against the limits and the broker's clock."""
+        return check_frames(frames, int(self._clock.now() * 1000))
+
     async def put(self, topic: Topic, queue_id: int, frames: bytes) -> PutResult:
-        """Validate and append a batch of frames to one queue; durable per the flush mode."""
-        cq = self.queue(topic, queue_id)
-        checked = check_frames(frames)
+        """Validate and append a batch of frames that are due now."""
+        checked = self.check(frames)
+        if any(f.due_ms for f in checked):
+            raise invalid("INVALID_DELIVERY_TIME", "scheduled frames go through the scheduler")
+        return await self.append(topic, queue_id, frames, checked)
+
+    async def append(
+        self,
+        topic: Topic,
+        queue_id: int,
+        frames: bytes,
+        checked: list[CheckedFrame],
+        *,
+        index_into: tuple[Topic, int] | None = None,
+        reconsume_times: int = 0,
+    ) -> PutResult:
+        """Append checked frames as records of (topic, queue_id); durable per flush mode.
+
+        They are indexed in that queue, or in `index_into` (for scheduled records).
+        """
+        index_topic, index_queue = index_into or (topic, queue_id)
+        topic.check_queue(queue_id)
+        cq = self.queue(index_topic, index_queue)
         flusher = self._writable_flusher()
         store_ts = int(self._clock.now() * 1000)
         first = cq.count
-        total = sum(f.end - f.start for f in checked) + len(checked) * (
-            RECORD.size + len(topic.name.encode())
-        )
+        name = topic.name.encode()
+        total = sum(f.end - f.start for f in checked) + len(checked) * (RECORD.size + len(name))
         try:
             position = self.commitlog.make_room(total)
             records, entries = build_records(
                 frames,
                 checked,
-                topic=topic.name.encode(),
+                topic=name,
                 queue_id=queue_id,
                 first_offset=first,
                 store_timestamp_ms=store_ts,
                 base_position=position,
+                reconsume_times=reconsume_times,
             )
             self.commitlog.append(records)
             cq.append(entries)
@@ -197,10 +224,29 @@ class MessageStore:
                 StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", f"write failed: {exc}"
             ) from exc
         self.stats.messages_stored += len(checked)
+        if self.on_append is not None:
+            self.on_append(index_topic.name, index_queue)
         durable = True
         if self.sync_flush:
             durable = await self._await_flush(flusher, self.commitlog.end)
         return PutResult(first, len(checked), store_ts, durable)
+
+    def read_record(self, topic: Topic, queue_id: int, offset: int) -> bytes:
+        """The stored record at `offset` of a queue, its CRC verified."""
+        cq = self.queue(topic, queue_id)
+        if not cq.min_offset <= offset < cq.max_offset:
+            raise out_of_range(
+                "INVALID_OFFSET",
+                f"offset {offset} of {topic.name} queue {queue_id} is outside "
+                f"[{cq.min_offset}, {cq.max_offset})",
+            )
+        position, size, _ = cq.entry(offset)
+        if size != CORRUPT_SIZE:
+            record = self.commitlog.read(position, size)
+            if zlib.crc32(memoryview(record)[8:]) == int.from_bytes(record[4:8], "little"):
+                return record
+        self._corrupt(topic, queue_id, offset, position, served=0)
+        raise AssertionError("unreachable: _corrupt raises when nothing was served")
 
     def _writable_flusher(self) -> Flusher:
         flusher = self._flusher
@@ -330,15 +376,28 @@ class MessageStore:
                 f"offset past it to continue",
             )
 
+    def offset_for_timestamp(self, topic: Topic, queue_id: int, timestamp_ms: int) -> int:
+        """The first offset stored at or after `timestamp_ms`; the max offset if none."""
+        cq = self.queue(topic, queue_id)
+        lo, hi = cq.min_offset, cq.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._stored_at(cq, mid) < timestamp_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _stored_at(self, cq: ConsumeQueue, offset: int) -> int:
+        position, size, _ = cq.entry(offset)
+        if size == CORRUPT_SIZE:  # its neighbours bound it; the one before is as good
+            return self._stored_at(cq, offset - 1) if offset > cq.min_offset else 0
+        return int(RECORD.unpack(self.commitlog.read(position, RECORD.size))[5])
+
     def last_store_timestamp_ms(self, topic: Topic, queue_id: int) -> int:
         """When the newest message of a queue was stored; 0 for an empty queue."""
         cq = self.queue(topic, queue_id)
-        if cq.count == 0:
-            return 0
-        position, size, _ = cq.entry(cq.count - 1)
-        if size == CORRUPT_SIZE:
-            return 0
-        return int(RECORD.unpack(self.commitlog.read(position, RECORD.size))[5])
+        return self._stored_at(cq, cq.count - 1) if cq.count else 0
 
     # ------------------------------------------------------------------ internals
     def _queue_for(self, topic: Topic, queue_id: int) -> ConsumeQueue:

@@ -7,10 +7,11 @@ with one bad frame stores nothing.
 
 from __future__ import annotations
 
+import struct
 import zlib
 from dataclasses import dataclass
 
-from mockbroker.errors import BrokerError, invalid, not_implemented
+from mockbroker.errors import BrokerError, invalid
 from mockbroker.store.consumequeue import ENTRY
 from sdk._wire import (
     FRAME_FIELDS,
@@ -28,13 +29,41 @@ _PREFIX = FRAME_LEN_PREFIX.size
 _FIELDS = FRAME_FIELDS.size
 
 
+#: RocketMQ's delay levels (1-based), in seconds.
+DELAY_LEVEL_SECONDS = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600,
+                       1200, 1800, 3600, 7200)  # fmt: skip
+#: How far ahead a message may be scheduled (RocketMQ 5's limit for timed messages).
+MAX_SCHEDULE_MS = 40 * 24 * 3600 * 1000
+#: A deliver-at this little in the past is taken as "now" (clock skew between hosts).
+PAST_TOLERANCE_MS = 1000
+#: Where the deliver-at time and the delay level lie in a frame without its prefix.
+_SCHEDULE_AT = 24
+_SCHEDULE = struct.Struct("<qB")
+
+
 @dataclass(frozen=True, slots=True)
 class CheckedFrame:
-    """Where a valid frame lies in the request, minus its length prefix."""
+    """A valid frame: where it lies (minus its length prefix), tag hash, due time.
+
+    `due_ms` is 0 for a message to deliver now.
+    """
 
     start: int
     end: int
     tag_hash: int
+    due_ms: int = 0
+
+
+def due_time_ms(deliver_at_ms: int, delay_level: int, stored_ms: int) -> int:
+    """When a scheduled message falls due (0 when it is not scheduled)."""
+    if delay_level:
+        return stored_ms + DELAY_LEVEL_SECONDS[delay_level - 1] * 1000
+    return deliver_at_ms
+
+
+def unscheduled(frame: bytes | memoryview) -> bytes:
+    """A frame (without prefix) with its deliver-at time and delay level cleared."""
+    return b"".join((frame[:_SCHEDULE_AT], _SCHEDULE.pack(0, 0), frame[_SCHEDULE_AT + 9 :]))
 
 
 def tag_hash(tags: bytes) -> int:
@@ -42,7 +71,7 @@ def tag_hash(tags: bytes) -> int:
     return zlib.crc32(tags) if tags else 0
 
 
-def check_frames(frames: bytes) -> list[CheckedFrame]:
+def check_frames(frames: bytes, now_ms: int) -> list[CheckedFrame]:
     """Parse and validate every frame; raise BrokerError naming the first bad one."""
     out: list[CheckedFrame] = []
     pos, end = 0, len(frames)
@@ -73,10 +102,7 @@ def check_frames(frames: bytes) -> list[CheckedFrame]:
                 f"frame {index}: properties are {pl} bytes, "
                 f"over the limit of {MAX_PROPERTIES_BYTES}",
             )
-        if deliver_at or level:
-            raise not_implemented(
-                f"frame {index}: delayed delivery is not served by this broker version"
-            )
+        due = _check_schedule(deliver_at, level, now_ms, index) if deliver_at or level else 0
         p = start + _FIELDS
         tags = frames[p : p + tl]
         _check_text(frames, p, tl + sl + kl, index, "tags, sharding key or keys")
@@ -85,10 +111,35 @@ def check_frames(frames: bytes) -> list[CheckedFrame]:
                 decode_properties(memoryview(frames)[p + tl + sl + kl : p + tl + sl + kl + pl])
             except ValueError as exc:
                 raise invalid("MALFORMED_FRAME", f"frame {index}: properties: {exc}") from None
-        out.append(CheckedFrame(start, stop, tag_hash(tags)))
+        out.append(CheckedFrame(start, stop, tag_hash(tags), due))
         pos = stop
         index += 1
     return out
+
+
+def _check_schedule(deliver_at: int, level: int, now_ms: int, index: int) -> int:
+    if deliver_at and level:
+        raise invalid(
+            "INVALID_DELIVERY_TIME", f"frame {index}: give a deliver-at time or a delay level"
+        )
+    if level > len(DELAY_LEVEL_SECONDS):
+        raise invalid(
+            "INVALID_DELIVERY_TIME",
+            f"frame {index}: delay level {level} is outside 1..{len(DELAY_LEVEL_SECONDS)}",
+        )
+    if level:
+        return due_time_ms(0, level, now_ms)
+    if deliver_at < now_ms - PAST_TOLERANCE_MS:
+        raise invalid(
+            "INVALID_DELIVERY_TIME",
+            f"frame {index}: deliver-at {deliver_at} ms is {now_ms - deliver_at} ms in the past",
+        )
+    if deliver_at > now_ms + MAX_SCHEDULE_MS:
+        raise invalid(
+            "INVALID_DELIVERY_TIME",
+            f"frame {index}: deliver-at {deliver_at} ms is more than 40 days ahead",
+        )
+    return max(deliver_at, now_ms)
 
 
 def _check_text(frames: bytes, start: int, length: int, index: int, what: str) -> None:
@@ -108,6 +159,7 @@ def build_records(
     first_offset: int,
     store_timestamp_ms: int,
     base_position: int,
+    reconsume_times: int = 0,
 ) -> tuple[bytes, bytes]:
     """Lay out the records and their index entries for appending at `base_position`."""
     parts: list[bytes | memoryview] = []
@@ -123,7 +175,12 @@ def build_records(
         body = view[frame.start : frame.end]
         size = header_and_topic + len(body)
         tail = pack_tail(
-            RECORD_MAGIC, queue_id, first_offset + i, store_timestamp_ms, 0, len(topic)
+            RECORD_MAGIC,
+            queue_id,
+            first_offset + i,
+            store_timestamp_ms,
+            reconsume_times,
+            len(topic),
         )
         crc = crc32(body, crc32(topic, crc32(tail)))
         parts += (pack_head(size, crc), tail, topic, body)

@@ -45,6 +45,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedB
     with EmbeddedBroker(config) as broker:
         wire = Wire(broker.address)
         wire.admin.CreateTopic(pb.CreateTopicRequest(topic="orders", queue_count=4))
+        wire.msg.Heartbeat(
+            pb.HeartbeatRequest(
+                client_id="matrix",
+                consumer_groups=[
+                    pb.ConsumerGroupState(
+                        group="g", consume_type=pb.CONSUME_POLL, message_model=pb.CLUSTERING
+                    )
+                ],
+            )
+        )
         wire.msg.Send(pb.SendRequest(topic="orders", queue_id=0, frames=frame() + frame()))
         wire.msg.CommitConsumerOffsets(
             pb.CommitConsumerOffsetsRequest(
@@ -117,8 +127,18 @@ CASES: list[tuple[str, Callable[[Wire], Any], grpc.StatusCode, str, str]] = [
      grpc.StatusCode.INVALID_ARGUMENT, "EMPTY_BODY", "frame 2"),
     ("batch over 32 MiB", send(frames=frame(b"x" * MAX_BODY_BYTES) * 8 + frame()),
      grpc.StatusCode.RESOURCE_EXHAUSTED, "BATCH_TOO_LARGE", str(MAX_SEND_BYTES)),
-    ("delayed message", send(frames=frame(deliver_at_ms=2**40)), grpc.StatusCode.UNIMPLEMENTED,
-     "NOT_IMPLEMENTED", "delayed delivery"),
+    ("deliver-at in the past", send(frames=frame(deliver_at_ms=2**40)),
+     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_DELIVERY_TIME", "in the past"),
+    ("deliver-at beyond 40 days", send(frames=frame(deliver_at_ms=2**50)),
+     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_DELIVERY_TIME", "40 days"),
+    ("delay level 19", send(frames=frame(delay_level=19)), grpc.StatusCode.INVALID_ARGUMENT,
+     "INVALID_DELIVERY_TIME", "1..18"),
+    ("delay level and deliver-at", send(frames=frame(delay_level=2, deliver_at_ms=2**41)),
+     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_DELIVERY_TIME", "or a delay level"),
+    ("scheduled mixed with immediate", send(frames=frame(delay_level=2) + frame()),
+     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_DELIVERY_TIME", "all scheduled"),
+    ("pull: suspend too long", pull(suspend_timeout_ms=60_001), grpc.StatusCode.INVALID_ARGUMENT,
+     "INVALID_ARGUMENT", "suspend_timeout_ms"),
     ("pull: bad group", pull(group="g g"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_GROUP",
      "group"),
     ("pull: unknown topic", pull(topic="nosuch"), grpc.StatusCode.NOT_FOUND, "TOPIC_NOT_FOUND",
@@ -143,6 +163,8 @@ CASES: list[tuple[str, Callable[[Wire], Any], grpc.StatusCode, str, str]] = [
      "TOPIC_NOT_FOUND", "nosuch"),
     ("commit: bad group", commit("", ("orders", 0, 0)), grpc.StatusCode.INVALID_ARGUMENT,
      "INVALID_GROUP", "group"),
+    ("commit: unknown group", commit("nobody", ("orders", 0, 0)), grpc.StatusCode.NOT_FOUND,
+     "GROUP_NOT_FOUND", "heartbeat first"),
     ("create: zero queues", create("fresh", 0), grpc.StatusCode.INVALID_ARGUMENT,
      "INVALID_ARGUMENT", "1..1024"),
     ("create: too many queues", create("fresh", 1025), grpc.StatusCode.INVALID_ARGUMENT,

@@ -17,6 +17,7 @@ from sdk._wire import (
 )
 
 MSG_ID = bytes(range(16))
+NOW_MS = 1_700_000_000_000
 
 
 def frame(body: bytes = b"body", **kw: object) -> bytes:
@@ -26,7 +27,7 @@ def frame(body: bytes = b"body", **kw: object) -> bytes:
 def stored(frames: bytes, first_offset: int = 0) -> bytes:
     records, _ = build_records(
         frames,
-        check_frames(frames),
+        check_frames(frames, NOW_MS),
         topic=b"orders",
         queue_id=3,
         first_offset=first_offset,
@@ -91,10 +92,10 @@ def test_a_flipped_bit_anywhere_in_a_record_fails_its_crc() -> None:
 )
 def test_bad_frames_are_refused_with_a_specific_reason(frames: bytes, reason: str) -> None:
     with pytest.raises(BrokerError) as info:
-        check_frames(frames)
+        check_frames(frames, NOW_MS)
     assert info.value.reason == reason
 
 
 def test_a_bad_frame_after_good_ones_is_named_by_its_index() -> None:
     with pytest.raises(BrokerError, match="frame 2"):
-        check_frames(frame() + frame() + frame(b""))
+        check_frames(frame() + frame() + frame(b""), NOW_MS)

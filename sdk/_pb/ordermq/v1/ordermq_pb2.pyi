@@ -378,7 +378,8 @@ Global___QueryRouteResponse: _TypeAlias = QueryRouteResponse  # noqa: Y015
 
 @_typing.final
 class SendRequest(_message.Message):
-    """Appends one or more messages to one queue. A single send is a batch of one.
+    """Appends one or more messages to one queue. A single send is a batch of one. Frames with
+    a deliver-at time or a delay level are scheduled instead; a batch may not mix the two.
     Errors: INVALID_ARGUMENT (INVALID_TOPIC, EMPTY_BODY, BODY_TOO_LARGE, PROPERTIES_TOO_LARGE,
     MALFORMED_FRAME, INVALID_DELIVERY_TIME), NOT_FOUND (TOPIC_NOT_FOUND), OUT_OF_RANGE
     (INVALID_QUEUE), RESOURCE_EXHAUSTED (BATCH_TOO_LARGE), UNAVAILABLE (STORE_UNAVAILABLE),
@@ -422,20 +423,17 @@ class SendResponse(_message.Message):
     FIRST_QUEUE_OFFSET_FIELD_NUMBER: _builtins.int
     COUNT_FIELD_NUMBER: _builtins.int
     STORE_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
-    SCHEDULED_INDEXES_FIELD_NUMBER: _builtins.int
+    SCHEDULED_FIELD_NUMBER: _builtins.int
     status: Global___SendStatus.ValueType
     queue_id: _builtins.int
     first_queue_offset: _builtins.int
-    """the batch occupies [first, first + count)"""
+    """the batch occupies [first, first + count); -1 if scheduled"""
     count: _builtins.int
     store_timestamp_ms: _builtins.int
-    @_builtins.property
-    def scheduled_indexes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Messages of the batch that were scheduled for later delivery instead of being
-        appended to the queue now (by index in the batch). Their queue offsets are assigned
-        when they fall due.
-        """
-
+    scheduled: _builtins.bool
+    """True when the batch was scheduled for later delivery (a batch is either all delayed or
+    not delayed at all). Queue offsets are assigned when the messages fall due.
+    """
     def __init__(
         self,
         *,
@@ -444,11 +442,11 @@ class SendResponse(_message.Message):
         first_queue_offset: _builtins.int = ...,
         count: _builtins.int = ...,
         store_timestamp_ms: _builtins.int = ...,
-        scheduled_indexes: _abc.Iterable[_builtins.int] | None = ...,
+        scheduled: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "first_queue_offset", b"first_queue_offset", "queue_id", b"queue_id", "scheduled_indexes", b"scheduled_indexes", "status", b"status", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "first_queue_offset", b"first_queue_offset", "queue_id", b"queue_id", "scheduled", b"scheduled", "status", b"status", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -795,6 +793,42 @@ class HeartbeatResponse(_message.Message):
 Global___HeartbeatResponse: _TypeAlias = HeartbeatResponse  # noqa: Y015
 
 @_typing.final
+class UnregisterClientRequest(_message.Message):
+    """Leaves every group at once and releases the client's locks (graceful shutdown)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnregisterClientRequest: _TypeAlias = UnregisterClientRequest  # noqa: Y015
+
+@_typing.final
+class UnregisterClientResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnregisterClientResponse: _TypeAlias = UnregisterClientResponse  # noqa: Y015
+
+@_typing.final
 class GetConsumerListRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1039,11 +1073,16 @@ class SendBackRequest(_message.Message):
     QUEUE_OFFSET_FIELD_NUMBER: _builtins.int
     DELAY_LEVEL_FIELD_NUMBER: _builtins.int
     MAX_RECONSUME_TIMES_FIELD_NUMBER: _builtins.int
+    RECONSUME_TIMES_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     queue_offset: _builtins.int
     delay_level: _builtins.int
     max_reconsume_times: _builtins.int
     """0: the group default (16)"""
+    reconsume_times: _builtins.int
+    """How often the client has already consumed it; orderly consumers retry locally, so
+    this can exceed the stored count. The broker uses the larger of the two.
+    """
     @_builtins.property
     def queue(self) -> Global___MessageQueue:
         """where the consumer read the message"""
@@ -1056,10 +1095,11 @@ class SendBackRequest(_message.Message):
         queue_offset: _builtins.int = ...,
         delay_level: _builtins.int = ...,
         max_reconsume_times: _builtins.int = ...,
+        reconsume_times: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay_level", b"delay_level", "group", b"group", "max_reconsume_times", b"max_reconsume_times", "queue", b"queue", "queue_offset", b"queue_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay_level", b"delay_level", "group", b"group", "max_reconsume_times", b"max_reconsume_times", "queue", b"queue", "queue_offset", b"queue_offset", "reconsume_times", b"reconsume_times"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1071,17 +1111,21 @@ class SendBackResponse(_message.Message):
 
     DESTINATION_FIELD_NUMBER: _builtins.int
     TOPIC_FIELD_NUMBER: _builtins.int
+    RECONSUME_TIMES_FIELD_NUMBER: _builtins.int
     destination: Global___SendBackDestination.ValueType
     topic: _builtins.str
+    reconsume_times: _builtins.int
+    """the count the new copy carries"""
     def __init__(
         self,
         *,
         destination: Global___SendBackDestination.ValueType = ...,
         topic: _builtins.str = ...,
+        reconsume_times: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination", b"destination", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination", b"destination", "reconsume_times", b"reconsume_times", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -66,6 +66,11 @@ class MessagingServiceStub:
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.UnregisterClient = channel.unary_unary(
+                '/ordermq.v1.MessagingService/UnregisterClient',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.UnregisterClientRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.UnregisterClientResponse.FromString,
+                _registered_method=True)
         self.GetConsumerList = channel.unary_unary(
                 '/ordermq.v1.MessagingService/GetConsumerList',
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.GetConsumerListRequest.SerializeToString,
@@ -132,6 +137,12 @@ class MessagingServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnregisterClient(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -205,6 +216,11 @@ def add_MessagingServiceServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.HeartbeatRequest.FromString,
                     response_serializer=ordermq_dot_v1_dot_ordermq__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'UnregisterClient': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterClient,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.UnregisterClientRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.UnregisterClientResponse.SerializeToString,
             ),
             'GetConsumerList': grpc.unary_unary_rpc_method_handler(
                     servicer.GetConsumerList,
@@ -399,6 +415,33 @@ class MessagingService:
             '/ordermq.v1.MessagingService/Heartbeat',
             ordermq_dot_v1_dot_ordermq__pb2.HeartbeatRequest.SerializeToString,
             ordermq_dot_v1_dot_ordermq__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnregisterClient(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.MessagingService/UnregisterClient',
+            ordermq_dot_v1_dot_ordermq__pb2.UnregisterClientRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.UnregisterClientResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -58,6 +58,7 @@ class MessagingServiceStub:
     LockBatch: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.LockBatchRequest, _ordermq_pb2.LockBatchResponse]
     UnlockBatch: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.UnlockBatchRequest, _ordermq_pb2.UnlockBatchResponse]
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.HeartbeatRequest, _ordermq_pb2.HeartbeatResponse]
+    UnregisterClient: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.UnregisterClientRequest, _ordermq_pb2.UnregisterClientResponse]
     GetConsumerList: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.GetConsumerListRequest, _ordermq_pb2.GetConsumerListResponse]
     WatchMembership: _grpc.UnaryStreamMultiCallable[_ordermq_pb2.WatchMembershipRequest, _ordermq_pb2.MembershipChanged]
     QueryConsumerOffset: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.QueryConsumerOffsetRequest, _ordermq_pb2.QueryConsumerOffsetResponse]
@@ -74,6 +75,7 @@ class MessagingServiceAsyncStub(MessagingServiceStub):
     LockBatch: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.LockBatchRequest, _ordermq_pb2.LockBatchResponse]  # type: ignore[assignment]
     UnlockBatch: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.UnlockBatchRequest, _ordermq_pb2.UnlockBatchResponse]  # type: ignore[assignment]
     Heartbeat: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.HeartbeatRequest, _ordermq_pb2.HeartbeatResponse]  # type: ignore[assignment]
+    UnregisterClient: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.UnregisterClientRequest, _ordermq_pb2.UnregisterClientResponse]  # type: ignore[assignment]
     GetConsumerList: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.GetConsumerListRequest, _ordermq_pb2.GetConsumerListResponse]  # type: ignore[assignment]
     WatchMembership: _aio.UnaryStreamMultiCallable[_ordermq_pb2.WatchMembershipRequest, _ordermq_pb2.MembershipChanged]  # type: ignore[assignment]
     QueryConsumerOffset: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.QueryConsumerOffsetRequest, _ordermq_pb2.QueryConsumerOffsetResponse]  # type: ignore[assignment]
@@ -123,6 +125,13 @@ class MessagingServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _ordermq_pb2.HeartbeatRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ordermq_pb2.HeartbeatResponse, _abc.Awaitable[_ordermq_pb2.HeartbeatResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UnregisterClient(
+        self,
+        request: _ordermq_pb2.UnregisterClientRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.UnregisterClientResponse, _abc.Awaitable[_ordermq_pb2.UnregisterClientResponse]]: ...
 
     @_abc_1.abstractmethod
     def GetConsumerList(

@@ -1,0 +1,195 @@
+"""AdminService: topics, consumer progress, offset resets and broker status."""
+
+from __future__ import annotations
+
+import grpc
+
+from mockbroker.errors import BrokerError, invalid, not_implemented, out_of_range
+from mockbroker.grpc_errors import Context, answers_errors
+from mockbroker.state import BrokerState
+from mockbroker.topics import Topic, check_any_topic, check_group, check_user_topic, is_system_topic
+from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
+from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
+
+VERSION = "0.1.0"
+
+
+class AdminService(pb_grpc.AdminServiceServicer):
+    """Operators' calls."""
+
+    def __init__(self, state: BrokerState) -> None:
+        self._s = state
+
+    @answers_errors
+    async def CreateTopic(
+        self, request: pb.CreateTopicRequest, context: Context
+    ) -> pb.CreateTopicResponse:
+        """Create a topic with a queue count (idempotent for the same count)."""
+        check_user_topic(request.topic)
+        topic, created = self._s.store.create_topic(request.topic, request.queue_count)
+        return pb.CreateTopicResponse(topic=self._info(topic, describe=False), created=created)
+
+    @answers_errors
+    async def ListTopics(
+        self, request: pb.ListTopicsRequest, context: Context
+    ) -> pb.ListTopicsResponse:
+        """Every topic; the broker's own only on request."""
+        return pb.ListTopicsResponse(
+            topics=[
+                self._info(t, describe=False)
+                for t in self._s.store.topics.all()
+                if request.include_system or not is_system_topic(t.name)
+            ]
+        )
+
+    @answers_errors
+    async def DescribeTopic(
+        self, request: pb.DescribeTopicRequest, context: Context
+    ) -> pb.DescribeTopicResponse:
+        """A topic with the min and max offset of each queue."""
+        check_any_topic(request.topic)
+        topic = self._s.store.topics.get(request.topic)
+        return pb.DescribeTopicResponse(topic=self._info(topic, describe=True))
+
+    @answers_errors
+    async def ConsumerProgress(
+        self, request: pb.ConsumerProgressRequest, context: Context
+    ) -> pb.ConsumerProgressResponse:
+        """Per queue: broker max offset, committed offset, lag, lock owner and epoch."""
+        self._s.known_group(request.group)
+        store, group = self._s.store, request.group
+        if request.topic:
+            topics = [self._s.topic_queue(request.topic, 0)]
+        else:
+            names = {t for (g, t, _q) in self._s.offsets.committed() if g == group}
+            names |= {t for (t, _q) in self._s.locks.locks(group)}
+            for membership in self._s.groups.membership(group).values():
+                names |= {t for t, _ in membership.subscriptions}
+            topics = [t for n in sorted(names) if (t := store.topics.find(n)) is not None]
+        locks = self._s.locks.locks(group)
+        out = pb.ConsumerProgressResponse(client_ids=self._s.groups.members(group))
+        broker = self._s.config.broker_name
+        for topic in topics:
+            for qid in range(topic.queue_count):
+                max_offset = store.queue(topic, qid).max_offset
+                committed = self._s.offsets.get(group, topic.name, qid)
+                lock = locks.get((topic.name, qid))
+                live = lock is not None and lock.live
+                out.queues.append(
+                    pb.QueueProgress(
+                        queue=pb.MessageQueue(topic=topic.name, broker_name=broker, queue_id=qid),
+                        broker_max_offset=max_offset,
+                        consumer_offset=-1 if committed is None else committed,
+                        lag=max_offset - (committed or 0),
+                        lock_owner=lock.client_id if lock is not None and live else "",
+                        lock_epoch=lock.epoch if lock is not None and live else 0,
+                    )
+                )
+        return out
+
+    @answers_errors
+    async def ResetOffset(
+        self, request: pb.ResetOffsetRequest, context: Context
+    ) -> pb.ResetOffsetResponse:
+        """Move a stopped group's offsets to an offset, a time, the start or the end."""
+        check_group(request.group)
+        check_any_topic(request.topic)
+        store = self._s.store
+        topic = store.topics.get(request.topic)
+        queues = range(topic.queue_count) if request.queue_id == -1 else [request.queue_id]
+        for qid in queues:
+            topic.check_queue(qid)
+        target = request.WhichOneof("target")
+        if target is None:
+            raise invalid(
+                "INVALID_ARGUMENT", "say where to: offset, timestamp_ms, earliest or latest"
+            )
+        members = self._s.groups.members(request.group)
+        if members and not request.force:
+            raise BrokerError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "INVALID_ARGUMENT",
+                f"group {request.group!r} has {len(members)} live member(s); stop them or force",
+            )
+        updates = {
+            (request.group, topic.name, qid): self._target_offset(topic, qid, request, target)
+            for qid in queues
+        }
+        await self._s.offsets.commit(updates)
+        return pb.ResetOffsetResponse(
+            offsets=[
+                pb.OffsetCommit(topic=t, queue_id=q, offset=o) for (_, t, q), o in updates.items()
+            ]
+        )
+
+    def _target_offset(
+        self, topic: Topic, qid: int, request: pb.ResetOffsetRequest, target: str
+    ) -> int:
+        cq = self._s.store.queue(topic, qid)
+        if target == "earliest":
+            return cq.min_offset
+        if target == "latest":
+            return cq.max_offset
+        if target == "timestamp_ms":
+            return self._s.store.offset_for_timestamp(topic, qid, request.timestamp_ms)
+        if not cq.min_offset <= request.offset <= cq.max_offset:
+            raise out_of_range(
+                "INVALID_OFFSET",
+                f"offset {request.offset} for {topic.name} queue {qid} is outside "
+                f"[{cq.min_offset}, {cq.max_offset}]",
+            )
+        return request.offset
+
+    @answers_errors
+    async def QueryMessageById(
+        self, request: pb.QueryMessageByIdRequest, context: Context
+    ) -> pb.QueryMessagesResponse:
+        """Not served yet: needs a message-id index."""
+        raise not_implemented("QueryMessageById is not served by this broker version yet")
+
+    @answers_errors
+    async def QueryMessagesByKey(
+        self, request: pb.QueryMessagesByKeyRequest, context: Context
+    ) -> pb.QueryMessagesResponse:
+        """Not served yet: needs a message-key index."""
+        raise not_implemented("QueryMessagesByKey is not served by this broker version yet")
+
+    @answers_errors
+    async def BrokerStatus(
+        self, request: pb.BrokerStatusRequest, context: Context
+    ) -> pb.BrokerStatusResponse:
+        """Uptime, sizes, counters and what recovery found."""
+        store = self._s.store
+        return pb.BrokerStatusResponse(
+            broker_name=self._s.config.broker_name,
+            version=VERSION,
+            uptime_ms=int((self._s.clock.now() - self._s.started) * 1000),
+            flush_mode=self._s.config.flush_mode,
+            commit_log_bytes=store.commitlog.total_bytes(),
+            disk_bytes=sum(p.stat().st_size for p in store.data_dir.rglob("*") if p.is_file()),
+            messages_stored=store.stats.messages_stored,
+            messages_served=store.stats.messages_served,
+            recovered_from_crash=store.recovery.crashed,
+            truncated_bytes_at_recovery=store.recovery.truncated_bytes,
+            corrupt_records_detected=store.stats.corrupt_records_detected,
+            topic_count=len(store.topics.all()),
+            held_pulls=self._s.holder.held,
+        )
+
+    def _info(self, topic: Topic, *, describe: bool) -> pb.TopicInfo:
+        store = self._s.store
+        info = pb.TopicInfo(
+            topic=topic.name, queue_count=topic.queue_count, broker_name=self._s.config.broker_name
+        )
+        if describe:
+            for qid in range(topic.queue_count):
+                cq = store.queue(topic, qid)
+                info.queues.append(
+                    pb.QueueStats(
+                        queue_id=qid,
+                        min_offset=cq.min_offset,
+                        max_offset=cq.max_offset,
+                        last_store_timestamp_ms=store.last_store_timestamp_ms(topic, qid),
+                    )
+                )
+        return info

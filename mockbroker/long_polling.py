@@ -1,0 +1,64 @@
+"""Held pulls: a pull that finds nothing waits for a message instead of returning empty.
+
+A held pull is a coroutine waiting on a future keyed by (topic, queue), not a thread, so
+thousands cost little. It is released the moment a message for its queue is appended,
+when its suspend time runs out on the broker's clock, when the client cancels the call
+(the handler is cancelled and the slot freed at once), or when the broker shuts down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from sdk.clock import Clock
+
+QueueKey = tuple[str, int]
+
+
+class PullHolder:
+    """Where held pulls wait for appends."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._waiting: dict[QueueKey, set[asyncio.Future[None]]] = {}
+        self._closed = False
+        self.held = 0
+
+    async def wait(self, queue: QueueKey, deadline: float) -> bool:
+        """Wait for an append to `queue` until `deadline`; True when woken by one."""
+        if self._closed or self._clock.now() >= deadline:
+            return False
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._waiting.setdefault(queue, set())
+        waiters.add(future)
+        timer = asyncio.ensure_future(self._clock.sleep_until(deadline))
+        self.held += 1
+        try:
+            await asyncio.wait((future, timer), return_when=asyncio.FIRST_COMPLETED)
+            return future.done() and not self._closed
+        finally:
+            self.held -= 1
+            timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(timer, return_exceptions=True)
+            waiters.discard(future)
+            if not waiters and self._waiting.get(queue) is waiters:
+                del self._waiting[queue]
+
+    def notify(self, topic: str, queue_id: int) -> None:
+        """A message was appended to (topic, queue_id): release its held pulls."""
+        waiters = self._waiting.pop((topic, queue_id), None)
+        if waiters:
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+
+    def close(self) -> None:
+        """Release every held pull and hold no more (the broker is stopping)."""
+        self._closed = True
+        for waiters in self._waiting.values():
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+        self._waiting.clear()

@@ -1,0 +1,256 @@
+"""Delayed delivery: messages held back until a delay level or a deliver-at time passes.
+
+A scheduled message is stored at once, as a record whose header names its destination
+(topic, queue) but which is indexed in the broker's queue `rmq_sys_SCHEDULE`. When it
+falls due, the scheduler appends it to its destination (so a sharding key keeps its queue)
+and records the outcome in `rmq_sys_SCHEDULE_DONE`; a cancel records its outcome there too.
+Both live in the commit log, so after any restart the pending set is the scheduled records
+without an outcome: none is lost and none is delivered before it is due. A crash between
+delivering a message and recording it may deliver it twice (at least once, as everywhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import struct
+from dataclasses import dataclass
+
+from mockbroker.errors import BrokerError, not_found
+from mockbroker.store.message_store import MessageStore
+from mockbroker.store.records import CheckedFrame, due_time_ms, tag_hash, unscheduled
+from mockbroker.topics import Topic
+from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX, RECORD, encode_frame
+from sdk.clock import Clock
+
+log = logging.getLogger("mockbroker.schedule")
+
+SCHEDULE_TOPIC = "rmq_sys_SCHEDULE"
+DONE_TOPIC = "rmq_sys_SCHEDULE_DONE"
+DELIVERED, CANCELLED = 1, 2
+_DONE_BODY = struct.Struct("<qB")  # schedule-queue offset, outcome
+_BATCH = 1000  # due messages delivered per round
+
+
+@dataclass(frozen=True)
+class _Scheduled:
+    offset: int
+    topic: str
+
+
+def frame_of(record: bytes) -> memoryview:
+    """The frame (without prefix) inside a stored record."""
+    topic_len = int.from_bytes(record[RECORD.size - 2 : RECORD.size], "little")
+    return memoryview(record)[RECORD.size + topic_len :]
+
+
+class Scheduler:
+    """Holds scheduled messages and delivers them when due, on the broker's clock."""
+
+    def __init__(self, store: MessageStore, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+        self._heap: list[tuple[int, int]] = []  # (due ms, schedule-queue offset)
+        self._pending: dict[bytes, _Scheduled] = {}  # msg id -> where it waits
+        self._outcomes: dict[bytes, tuple[int, str]] = {}  # msg id -> (outcome, topic)
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def pending(self) -> int:
+        """How many messages wait for their time."""
+        return len(self._pending)
+
+    # ------------------------------------------------------------------ lifecycle
+    def load(self) -> None:
+        """Rebuild the pending set from the store (at startup, after recovery)."""
+        self._schedule_topic = (
+            self._store.topics.find(SCHEDULE_TOPIC)
+            or (self._store.create_topic(SCHEDULE_TOPIC, 1)[0])
+        )
+        self._done_topic = (
+            self._store.topics.find(DONE_TOPIC) or (self._store.create_topic(DONE_TOPIC, 1)[0])
+        )
+        done: set[int] = set()
+        for record in self._records(self._done_topic):
+            if not record:
+                continue
+            frame = frame_of(record)
+            offset, outcome = _DONE_BODY.unpack(frame[-_DONE_BODY.size :])
+            done.add(offset)
+            msg_id = bytes(frame[:16])
+            self._outcomes[msg_id] = (outcome, _record_topic(record))
+        for offset, record in enumerate(self._records(self._schedule_topic)):
+            if offset in done or not record:
+                continue
+            frame = frame_of(record)
+            msg_id, _born, deliver_at, level = FRAME_FIELDS.unpack_from(frame)[:4]
+            stored_ms = RECORD.unpack_from(record)[5]
+            heapq.heappush(self._heap, (due_time_ms(deliver_at, level, stored_ms), offset))
+            self._pending[msg_id] = _Scheduled(offset, _record_topic(record))
+        if self._pending:
+            log.info("%d scheduled messages pending", len(self._pending))
+
+    def start(self) -> None:
+        """Start delivering."""
+        self._task = asyncio.create_task(self._run(), name="scheduler")
+
+    async def stop(self) -> None:
+        """Stop delivering (pending messages stay stored)."""
+        self._stopping = True
+        self._changed.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # ------------------------------------------------------------------ requests
+    async def schedule(
+        self,
+        topic: Topic,
+        queue_id: int,
+        frames: bytes,
+        checked: list[CheckedFrame],
+        *,
+        reconsume_times: int = 0,
+    ) -> bool:
+        """Store scheduled frames for (topic, queue_id); True when durable per flush mode."""
+        topic.check_queue(queue_id)
+        result = await self._store.append(
+            topic,
+            queue_id,
+            frames,
+            checked,
+            index_into=(self._schedule_topic, 0),
+            reconsume_times=reconsume_times,
+        )
+        view = memoryview(frames)
+        for i, frame in enumerate(checked):
+            offset = result.first_offset + i
+            heapq.heappush(self._heap, (frame.due_ms, offset))
+            self._pending[bytes(view[frame.start : frame.start + 16])] = _Scheduled(
+                offset, topic.name
+            )
+        self._changed.set()
+        return result.durable
+
+    async def cancel(self, topic: str, msg_id: bytes) -> int:
+        """Cancel a pending message: CANCELLED, or DELIVERED if it was already delivered."""
+        waiting = self._pending.get(msg_id)
+        if waiting is not None and waiting.topic == topic:
+            await self._record_outcomes([(waiting.offset, msg_id)], CANCELLED)
+            del self._pending[msg_id]
+            self._outcomes[msg_id] = (CANCELLED, topic)
+            return CANCELLED
+        outcome = self._outcomes.get(msg_id)
+        if outcome is not None and outcome[1] == topic:
+            return outcome[0]
+        raise not_found(
+            "MESSAGE_NOT_FOUND", f"no scheduled message {msg_id.hex().upper()} in topic {topic!r}"
+        )
+
+    # ------------------------------------------------------------------ delivery
+    async def deliver_due(self) -> int:
+        """Deliver every message due by now; how many were delivered."""
+        now_ms = int(self._clock.now() * 1000)
+        delivered = 0
+        while self._heap and self._heap[0][0] <= now_ms:
+            due: list[tuple[int, int]] = []
+            while self._heap and self._heap[0][0] <= now_ms and len(due) < _BATCH:
+                due.append(heapq.heappop(self._heap))
+            try:
+                delivered += await self._deliver([offset for _, offset in due])
+            except BrokerError:
+                for item in due:  # the delivered ones are skipped when they come up again
+                    heapq.heappush(self._heap, item)
+                raise
+        return delivered
+
+    async def _deliver(self, offsets: list[int]) -> int:
+        groups: dict[tuple[str, int, int], list[tuple[int, bytes, bytes]]] = {}
+        for offset in offsets:
+            try:
+                record = self._store.read_record(self._schedule_topic, 0, offset)
+            except BrokerError as exc:
+                log.error("scheduled message at offset %d cannot be delivered: %s", offset, exc)
+                continue
+            frame = frame_of(record)
+            msg_id = bytes(frame[:16])
+            waiting = self._pending.get(msg_id)
+            if waiting is None or waiting.offset != offset:
+                continue  # cancelled meanwhile
+            _size, _crc, _magic, queue_id, _qo, _ts, reconsume, _tl = RECORD.unpack_from(record)
+            key = (_record_topic(record), queue_id, reconsume)
+            groups.setdefault(key, []).append((offset, msg_id, unscheduled(frame)))
+        count = 0
+        for (topic_name, queue_id, reconsume), items in groups.items():
+            topic = self._store.topics.get(topic_name)
+            frames = b"".join(FRAME_LEN_PREFIX.pack(len(f)) + f for _, _, f in items)
+            checked = _checked(frames)
+            await self._store.append(topic, queue_id, frames, checked, reconsume_times=reconsume)
+            await self._record_outcomes([(o, m) for o, m, _ in items], DELIVERED)
+            for _, msg_id, _ in items:
+                del self._pending[msg_id]
+                self._outcomes[msg_id] = (DELIVERED, topic_name)
+            count += len(items)
+        return count
+
+    async def _record_outcomes(self, items: list[tuple[int, bytes]], outcome: int) -> None:
+        frames = b"".join(
+            encode_frame(msg_id=msg_id, born_timestamp_ms=0, body=_DONE_BODY.pack(offset, outcome))
+            for offset, msg_id in items
+        )
+        await self._store.append(self._done_topic, 0, frames, _checked(frames))
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            self._changed.clear()
+            try:
+                await self.deliver_due()
+            except BrokerError as exc:
+                log.error("scheduled delivery failed, retrying: %s", exc)
+                await self._clock.sleep_until(self._clock.now() + 1)
+                continue
+            if self._heap:
+                sleeper = asyncio.ensure_future(self._clock.sleep_until(self._heap[0][0] / 1000))
+                changed = asyncio.ensure_future(self._changed.wait())
+                try:
+                    await asyncio.wait((sleeper, changed), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    sleeper.cancel()
+                    changed.cancel()
+            else:
+                await self._changed.wait()
+
+    def _records(self, topic: Topic) -> list[bytes]:
+        cq = self._store.queue(topic, 0)
+        out = []
+        for offset in range(cq.count):
+            try:
+                out.append(self._store.read_record(topic, 0, offset))
+            except BrokerError as exc:
+                log.error("%s offset %d is unreadable and skipped: %s", topic.name, offset, exc)
+                out.append(b"")
+        return out
+
+
+def _record_topic(record: bytes) -> str:
+    topic_len = int.from_bytes(record[RECORD.size - 2 : RECORD.size], "little")
+    return record[RECORD.size : RECORD.size + topic_len].decode()
+
+
+def _checked(frames: bytes) -> list[CheckedFrame]:
+    """Frames the broker built itself: their lengths are known good."""
+    out: list[CheckedFrame] = []
+    pos = 0
+    while pos < len(frames):
+        (length,) = FRAME_LEN_PREFIX.unpack_from(frames, pos)
+        start = pos + FRAME_LEN_PREFIX.size
+        tl = FRAME_FIELDS.unpack_from(frames, start)[4]
+        tags_at = start + FRAME_FIELDS.size
+        out.append(CheckedFrame(start, start + length, tag_hash(frames[tags_at : tags_at + tl])))
+        pos = start + length
+    return out

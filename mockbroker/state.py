@@ -1,0 +1,60 @@
+"""What a broker's servicers share, and the checks several requests have in common.
+
+Store, offsets, locks, groups, held pulls, scheduler and retry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mockbroker.config import BrokerConfig
+from mockbroker.errors import invalid, not_found
+from mockbroker.groups import ConsumerGroups
+from mockbroker.lock_manager import RebalanceLockManager
+from mockbroker.long_polling import PullHolder
+from mockbroker.offsets import ConsumerOffsets
+from mockbroker.retry import RetryService
+from mockbroker.schedule import Scheduler
+from mockbroker.store.message_store import MessageStore
+from mockbroker.topics import Topic, check_any_topic, check_group
+from sdk.clock import Clock
+
+
+@dataclass
+class BrokerState:
+    """The broker's domain objects, built by mockbroker.server.Broker."""
+
+    config: BrokerConfig
+    clock: Clock
+    store: MessageStore
+    offsets: ConsumerOffsets
+    locks: RebalanceLockManager
+    groups: ConsumerGroups
+    holder: PullHolder
+    scheduler: Scheduler
+    retry: RetryService
+    started: float = 0.0
+    address: str = ""
+
+    def topic_queue(self, topic: str, queue_id: int) -> Topic:
+        """The existing topic, checked to have `queue_id` (TOPIC_NOT_FOUND, INVALID_QUEUE)."""
+        check_any_topic(topic)
+        found = self.store.topics.get(topic)
+        found.check_queue(queue_id)
+        return found
+
+    def known_group(self, group: str) -> None:
+        """GROUP_NOT_FOUND unless the group has members or committed offsets."""
+        check_group(group)
+        if not self.groups.members(group) and group not in self.offsets.groups():
+            raise not_found(
+                "GROUP_NOT_FOUND",
+                f"consumer group {group!r} has no members and no offsets; "
+                "its clients must send a heartbeat first",
+            )
+
+
+def check_client_id(client_id: str) -> None:
+    """INVALID_ARGUMENT for an empty or oversized client id."""
+    if not client_id or len(client_id) > 255:
+        raise invalid("INVALID_ARGUMENT", "client_id must be 1-255 characters")

@@ -1,0 +1,142 @@
+"""The RebalanceLockManager's rules, driven by a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from mockbroker.errors import BrokerError
+from mockbroker.lock_manager import RebalanceLockManager
+from sdk.testing import FakeClock
+
+Q0, Q1, Q2 = ("orders", 0), ("orders", 1), ("orders", 2)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def locks(clock: FakeClock) -> RebalanceLockManager:
+    return RebalanceLockManager(clock, lease_seconds=60)
+
+
+def test_a_free_queue_is_granted_and_renewed_by_its_owner(
+    locks: RebalanceLockManager, clock: FakeClock
+) -> None:
+    epoch = locks.try_lock("g", Q0, "a")
+    assert epoch is not None
+    clock.advance(59)
+    assert locks.try_lock("g", Q0, "a") == epoch  # renewal keeps the epoch
+    clock.advance(59)  # 118 s after the grant, 59 s after the renewal
+    assert locks.try_lock("g", Q0, "b") is None
+
+
+def test_a_live_lock_of_another_client_is_refused(locks: RebalanceLockManager) -> None:
+    assert locks.try_lock("g", Q0, "a") is not None
+    assert locks.try_lock("g", Q0, "b") is None
+    assert locks.is_locked_by("g", Q0, "a") and not locks.is_locked_by("g", Q0, "b")
+
+
+def test_expiry_is_exactly_past_the_lease(locks: RebalanceLockManager, clock: FakeClock) -> None:
+    first = locks.try_lock("g", Q0, "a")
+    clock.advance(60)
+    assert locks.try_lock("g", Q0, "b") is None, "at exactly the lease the lock still lives"
+    clock.advance(0.001)
+    second = locks.try_lock("g", Q0, "b")
+    assert second is not None and first is not None and second > first
+
+
+def test_every_new_owner_gets_a_higher_epoch(locks: RebalanceLockManager, clock: FakeClock) -> None:
+    epochs = []
+    for owner in ["a", "b", "a", "c"]:
+        epoch = locks.try_lock("g", Q0, owner)
+        assert epoch is not None
+        epochs.append(epoch)
+        clock.advance(61)
+    assert epochs == sorted(epochs) and len(set(epochs)) == 4
+
+
+def test_epochs_keep_growing_across_a_broker_restart(clock: FakeClock) -> None:
+    before = RebalanceLockManager(clock).try_lock("g", Q0, "a")
+    clock.advance(0.01)
+    after = RebalanceLockManager(clock).try_lock("g", Q0, "b")
+    assert before is not None and after is not None and after > before
+
+
+def test_lock_batch_answers_only_what_the_caller_holds(locks: RebalanceLockManager) -> None:
+    locks.try_lock("g", Q1, "other")
+    held = locks.lock_batch("g", "me", [Q0, Q1, Q2])
+    assert set(held) == {Q0, Q2}
+
+
+def test_groups_are_independent(locks: RebalanceLockManager) -> None:
+    assert locks.try_lock("g1", Q0, "a") is not None
+    assert locks.try_lock("g2", Q0, "b") is not None
+
+
+def test_unlock_releases_only_the_owners_locks(locks: RebalanceLockManager) -> None:
+    locks.lock_batch("g", "a", [Q0, Q1])
+    locks.unlock_batch("g", "a", [Q0])
+    assert locks.try_lock("g", Q0, "b") is not None
+    assert locks.try_lock("g", Q1, "b") is None
+
+
+def test_a_foreign_unlock_is_refused_and_changes_nothing(locks: RebalanceLockManager) -> None:
+    locks.lock_batch("g", "a", [Q0])
+    locks.lock_batch("g", "b", [Q1])
+    with pytest.raises(BrokerError) as info:
+        locks.unlock_batch("g", "b", [Q1, Q0])
+    assert (info.value.reason, info.value.status.name) == ("LOCK_NOT_HELD", "FAILED_PRECONDITION")
+    assert "'a'" in info.value.message
+    assert locks.is_locked_by("g", Q0, "a") and locks.is_locked_by("g", Q1, "b")
+
+
+def test_an_expired_foreign_lock_may_be_cleared(
+    locks: RebalanceLockManager, clock: FakeClock
+) -> None:
+    locks.lock_batch("g", "a", [Q0])
+    clock.advance(61)
+    locks.unlock_batch("g", "b", [Q0])
+    assert locks.locks("g") == {}
+
+
+def test_commits_are_fenced_by_owner_and_epoch(
+    locks: RebalanceLockManager, clock: FakeClock
+) -> None:
+    locks.check_commit("g", Q0, "anyone", 0)  # no lock: concurrent consumers commit freely
+    old = locks.try_lock("g", Q0, "a")
+    assert old is not None
+    locks.check_commit("g", Q0, "a", old)
+    with pytest.raises(BrokerError) as foreign:
+        locks.check_commit("g", Q0, "b", old)
+    assert foreign.value.reason == "LOCK_NOT_HELD"
+    clock.advance(61)  # a pauses past its lease; b takes over
+    new = locks.try_lock("g", Q0, "b")
+    assert new is not None
+    with pytest.raises(BrokerError) as stale_owner:
+        locks.check_commit("g", Q0, "a", old)
+    assert stale_owner.value.reason == "LOCK_NOT_HELD"
+    clock.advance(61)  # b lapses; a comes back and is granted a new epoch
+    again = locks.try_lock("g", Q0, "a")
+    assert again is not None and again > new
+    with pytest.raises(BrokerError) as stale:
+        locks.check_commit("g", Q0, "a", old)
+    assert stale.value.reason == "STALE_EPOCH"
+    locks.check_commit("g", Q0, "a", again)
+
+
+def test_lock_all_expired(locks: RebalanceLockManager, clock: FakeClock) -> None:
+    assert locks.is_lock_all_expired("g")
+    locks.lock_batch("g", "a", [Q0])
+    assert not locks.is_lock_all_expired("g")
+    clock.advance(61)
+    assert locks.is_lock_all_expired("g")
+
+
+def test_releasing_a_client_frees_all_its_locks(locks: RebalanceLockManager) -> None:
+    locks.lock_batch("g1", "a", [Q0, Q1])
+    locks.lock_batch("g2", "a", [Q0])
+    locks.lock_batch("g1", "b", [Q2])
+    assert locks.release_client("a") == 3
+    assert set(locks.locks("g1")) == {Q2} and locks.locks("g2") == {}
