@@ -137,20 +137,22 @@ class Scheduler:
         self._changed.set()
         return result.durable
 
-    async def cancel(self, topic: str, msg_id: bytes) -> int:
-        """Cancel a pending message: CANCELLED, or DELIVERED if it was already delivered."""
+    async def cancel(self, topic: str | None, msg_id: bytes) -> int:
+        """Cancel a pending message: CANCELLED, or DELIVERED if it was already delivered.
+
+        With a topic, only a message scheduled for that topic matches.
+        """
         waiting = self._pending.get(msg_id)
-        if waiting is not None and waiting.topic == topic:
+        if waiting is not None and topic in (None, waiting.topic):
             await self._record_outcomes([(waiting.offset, msg_id)], CANCELLED)
             del self._pending[msg_id]
-            self._outcomes[msg_id] = (CANCELLED, topic)
+            self._outcomes[msg_id] = (CANCELLED, waiting.topic)
             return CANCELLED
         outcome = self._outcomes.get(msg_id)
-        if outcome is not None and outcome[1] == topic:
+        if outcome is not None and topic in (None, outcome[1]):
             return outcome[0]
-        raise not_found(
-            "MESSAGE_NOT_FOUND", f"no scheduled message {msg_id.hex().upper()} in topic {topic!r}"
-        )
+        where = f" in topic {topic!r}" if topic else ""
+        raise not_found("MESSAGE_NOT_FOUND", f"no scheduled message {msg_id.hex().upper()}{where}")
 
     # ------------------------------------------------------------------ delivery
     async def deliver_due(self) -> int:

@@ -310,7 +310,8 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self, request: pb.CancelScheduledRequest, context: Context
     ) -> pb.CancelScheduledResponse:
         """Cancel a scheduled message before it falls due."""
-        check_user_topic(request.topic)
+        if request.topic:
+            check_user_topic(request.topic)
         try:
             msg_id = bytes.fromhex(request.msg_id)
         except ValueError:
@@ -319,7 +320,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             raise invalid(
                 "INVALID_ARGUMENT", f"msg_id {request.msg_id!r} is not 32 hexadecimal digits"
             )
-        outcome = await self._s.scheduler.cancel(request.topic, msg_id)
+        outcome = await self._s.scheduler.cancel(request.topic or None, msg_id)
         return pb.CancelScheduledResponse(
             result=pb.CANCELLED if outcome == CANCELLED else pb.ALREADY_DELIVERED
         )

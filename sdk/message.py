@@ -162,7 +162,11 @@ class SendStatus(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class SendResult:
-    """Where a sent message was stored."""
+    """Where a sent message was stored.
+
+    A delayed message gets its queue offset when it falls due: until then `queue_offset`
+    is -1 (use `msg_id` to cancel it).
+    """
 
     status: SendStatus
     msg_id: str

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -51,11 +51,31 @@ class QueueRoute:
 
 @dataclass(frozen=True, slots=True)
 class Appended:
-    """Where a batch went: offsets [first_offset, first_offset + count)."""
+    """Where a batch went: offsets [first_offset, first_offset + count), or scheduled."""
 
     durable: bool
     first_offset: int
     count: int
+    scheduled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """What a client tells the broker about one of its consumer groups."""
+
+    group: str
+    consume_type: str  # "CONSUME_ORDERLY", "CONSUME_CONCURRENTLY" or "CONSUME_POLL"
+    message_model: str = "CLUSTERING"
+    subscriptions: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SentBack:
+    """Where a send-back put the message."""
+
+    dead_letter: bool
+    topic: str
+    reconsume_times: int
 
 
 class BrokerClient:
@@ -100,7 +120,7 @@ class BrokerClient:
         """Append frames to one queue."""
         request = pb.SendRequest(topic=topic, queue_id=queue_id, frames=frames)
         r = await self._call(lambda: self._messaging.Send(request, timeout=timeout))
-        return Appended(r.status == pb.SEND_OK, r.first_queue_offset, r.count)
+        return Appended(r.status == pb.SEND_OK, r.first_queue_offset, r.count, r.scheduled)
 
     async def pull(
         self,
@@ -156,6 +176,97 @@ class BrokerClient:
         )
         await self._call(lambda: self._messaging.CommitConsumerOffsets(request))
 
+    # ------------------------------------------------------------------ coordination
+    async def heartbeat(self, client_id: str, groups: Sequence[GroupInfo]) -> dict[str, int]:
+        """Register as a member of exactly `groups`; their membership versions."""
+        request = pb.HeartbeatRequest(
+            client_id=client_id,
+            consumer_groups=[
+                pb.ConsumerGroupState(
+                    group=g.group,
+                    consume_type=pb.ConsumeType.Value(g.consume_type),
+                    message_model=pb.MessageModel.Value(g.message_model),
+                    subscriptions=[
+                        pb.Subscription(topic=t, expression=e) for t, e in g.subscriptions
+                    ],
+                )
+                for g in groups
+            ],
+        )
+        r = await self._call(lambda: self._messaging.Heartbeat(request))
+        return {v.group: v.membership_version for v in r.groups}
+
+    async def unregister(self, client_id: str) -> None:
+        """Leave every group and release every lock."""
+        request = pb.UnregisterClientRequest(client_id=client_id)
+        await self._call(lambda: self._messaging.UnregisterClient(request))
+
+    async def consumer_list(self, group: str) -> tuple[list[str], int]:
+        """(sorted member ids, membership version) of a group."""
+        request = pb.GetConsumerListRequest(group=group)
+        r = await self._call(lambda: self._messaging.GetConsumerList(request))
+        return list(r.client_ids), r.membership_version
+
+    async def watch_membership(
+        self, group: str, known_version: int
+    ) -> AsyncIterator[tuple[int, list[str]]]:
+        """(version, members) on every membership change of `group`."""
+        request = pb.WatchMembershipRequest(group=group, known_version=known_version)
+        stream = self._messaging.WatchMembership(request)
+        try:
+            async for event in stream:
+                yield event.membership_version, list(event.client_ids)
+        except grpc.aio.AioRpcError as exc:
+            raise to_ordermq_error(exc) from None
+        finally:
+            stream.cancel()
+
+    async def lock_batch(
+        self, group: str, client_id: str, queues: Sequence[MessageQueue]
+    ) -> dict[MessageQueue, int]:
+        """Take or renew locks; the queues now held, with their fencing epochs."""
+        request = pb.LockBatchRequest(group=group, client_id=client_id, queues=_queues(queues))
+        r = await self._call(lambda: self._messaging.LockBatch(request))
+        return {
+            MessageQueue(q.queue.topic, q.queue.broker_name, q.queue.queue_id): q.epoch
+            for q in r.locked
+        }
+
+    async def unlock_batch(
+        self, group: str, client_id: str, queues: Sequence[MessageQueue]
+    ) -> None:
+        """Release locks the client holds."""
+        request = pb.UnlockBatchRequest(group=group, client_id=client_id, queues=_queues(queues))
+        await self._call(lambda: self._messaging.UnlockBatch(request))
+
+    async def send_back(
+        self,
+        group: str,
+        queue: MessageQueue,
+        queue_offset: int,
+        *,
+        delay_level: int = 0,
+        max_reconsume_times: int = 0,
+        reconsume_times: int = 0,
+    ) -> SentBack:
+        """Return a failed message for a later retry, or to the dead-letter topic."""
+        request = pb.SendBackRequest(
+            group=group,
+            queue=_queues([queue])[0],
+            queue_offset=queue_offset,
+            delay_level=delay_level,
+            max_reconsume_times=max_reconsume_times,
+            reconsume_times=reconsume_times,
+        )
+        r = await self._call(lambda: self._messaging.SendBack(request))
+        return SentBack(r.destination == pb.DEAD_LETTER, r.topic, r.reconsume_times)
+
+    async def cancel_scheduled(self, topic: str, msg_id: str) -> bool:
+        """Cancel a scheduled message; False when it had already been delivered."""
+        request = pb.CancelScheduledRequest(topic=topic, msg_id=msg_id)
+        r = await self._call(lambda: self._messaging.CancelScheduled(request))
+        return r.result == pb.CANCELLED
+
     # ------------------------------------------------------------------ admin
     async def create_topic(self, topic: str, queue_count: int) -> bool:
         """Create a topic; False when it already existed with this queue count."""
@@ -166,3 +277,10 @@ class BrokerClient:
     async def broker_status(self) -> pb.BrokerStatusResponse:
         """The broker's status (protobuf; for tools and tests)."""
         return await self._call(lambda: self._admin.BrokerStatus(pb.BrokerStatusRequest()))
+
+
+def _queues(queues: Sequence[MessageQueue]) -> list[pb.MessageQueue]:
+    return [
+        pb.MessageQueue(topic=q.topic, broker_name=q.broker_name, queue_id=q.queue_id)
+        for q in queues
+    ]

@@ -74,6 +74,10 @@ class Producer:
         if not task.cancelled() and task.exception() is not None:
             log.warning("one-way send failed: %s", task.exception())
 
+    async def cancel(self, msg_id: str) -> bool:
+        """Cancel a delayed message before it is due; False if it was already delivered."""
+        return await self._core.cancel(msg_id)
+
     async def fetch_publish_message_queues(self, topic: str) -> list[MessageQueue]:
         """The queues of `topic` that sends choose among."""
         return await self._core.fetch_publish_message_queues(topic)

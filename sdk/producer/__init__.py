@@ -101,6 +101,13 @@ class Producer:
         future = self.send_async(message)
         future.add_done_callback(_log_oneway_failure)
 
+    def cancel(self, msg_id: str) -> bool:
+        """Cancel a delayed message before it is due; False if it was already delivered.
+
+        Raises MessageNotFoundError for an id no broker scheduled.
+        """
+        return self._running().run(self._core.cancel(msg_id))
+
     def fetch_publish_message_queues(self, topic: str) -> list[MessageQueue]:
         """The queues of `topic` that sends choose among."""
         return self._running().run(self._core.fetch_publish_message_queues(topic))

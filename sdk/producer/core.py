@@ -17,6 +17,7 @@ from sdk.errors import (
     ClientStateError,
     FlushTimeoutError,
     InvalidArgumentError,
+    MessageNotFoundError,
     OrderMQError,
 )
 from sdk.message import Message, MessageQueue, SendResult, SendStatus
@@ -158,7 +159,7 @@ class ProducerCore:
         """
         if not messages:
             raise InvalidArgumentError("send_batch needs at least one message")
-        groups: dict[MessageQueue, list[int]] = {}
+        groups: dict[tuple[MessageQueue, bool], list[int]] = {}
         keyless: dict[str, MessageQueue] = {}
         for i, m in enumerate(messages):
             queues = await self.writable_queues(m.topic)
@@ -167,11 +168,12 @@ class ProducerCore:
             else:
                 queue = keyless.get(m.topic) or self._round_robin(queues, m, None)
                 keyless[m.topic] = queue
-            groups.setdefault(queue, []).append(i)
+            delayed = m.delay_seconds is not None or m.deliver_at is not None
+            groups.setdefault((queue, delayed), []).append(i)
         ids = [self._ids.next() for _ in messages]
         frames = [encode_message(m, ids[i], self._clock.now()) for i, m in enumerate(messages)]
         calls = []
-        for queue, indexes in groups.items():
+        for (queue, _), indexes in groups.items():
             for chunk in _chunks_by_size(indexes, frames):
                 calls.append((chunk, self._send_frames(
                     queue, [frames[i] for i in chunk], [ids[i] for i in chunk], timeout
@@ -233,9 +235,26 @@ class ProducerCore:
                 reason="FLUSH_DISK_TIMEOUT",
             )
         return [
-            SendResult(SendStatus.SEND_OK, msg_id.hex().upper(), queue, appended.first_offset + i)
+            SendResult(
+                SendStatus.SEND_OK,
+                msg_id.hex().upper(),
+                queue,
+                -1 if appended.scheduled else appended.first_offset + i,
+            )
             for i, msg_id in enumerate(ids)
         ]
+
+    async def cancel(self, msg_id: str) -> bool:
+        """Cancel a scheduled message; False if it was already delivered."""
+        self._check_running()
+        last: OrderMQError | None = None
+        for address in dict.fromkeys([*self._endpoints, *self._addresses.values()]):
+            try:
+                return await self._client(address).cancel_scheduled("", msg_id)
+            except MessageNotFoundError as exc:
+                last = exc  # another broker may hold it
+        assert last is not None
+        raise last
 
 
 def _chunks_by_size(indexes: list[int], frames: list[bytes]) -> list[list[int]]:

@@ -1142,6 +1142,7 @@ class CancelScheduledRequest(_message.Message):
     TOPIC_FIELD_NUMBER: _builtins.int
     MSG_ID_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
+    """optional: when set, only a message scheduled for this topic matches"""
     msg_id: _builtins.str
     def __init__(
         self,
