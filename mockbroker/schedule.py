@@ -21,14 +21,13 @@ from dataclasses import dataclass
 from mockbroker.errors import BrokerError, not_found
 from mockbroker.store.message_store import MessageStore
 from mockbroker.store.records import CheckedFrame, due_time_ms, tag_hash, unscheduled
-from mockbroker.topics import Topic
+from mockbroker.topics import SCHEDULE_DONE_TOPIC as DONE_TOPIC
+from mockbroker.topics import SCHEDULE_TOPIC, Topic
 from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX, RECORD, encode_frame
 from sdk.clock import Clock
 
 log = logging.getLogger("mockbroker.schedule")
 
-SCHEDULE_TOPIC = "rmq_sys_SCHEDULE"
-DONE_TOPIC = "rmq_sys_SCHEDULE_DONE"
 DELIVERED, CANCELLED = 1, 2
 _DONE_BODY = struct.Struct("<qB")  # schedule-queue offset, outcome
 _BATCH = 1000  # due messages delivered per round

@@ -16,6 +16,9 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_|-]{1,127}$")
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 SYSTEM_PREFIX = "rmq_sys_"
+#: Where scheduled messages wait, and where their outcomes are recorded.
+SCHEDULE_TOPIC = "rmq_sys_SCHEDULE"
+SCHEDULE_DONE_TOPIC = "rmq_sys_SCHEDULE_DONE"
 MAX_QUEUES = 1024
 
 

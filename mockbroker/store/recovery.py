@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import CORRUPT_SIZE, ENTRY, ConsumeQueue
 from mockbroker.store.records import tag_hash
+from mockbroker.topics import SCHEDULE_TOPIC
 from sdk._wire import FRAME_FIELDS, RECORD, RECORD_MAGIC
 
 log = logging.getLogger("mockbroker.recovery")
@@ -45,6 +46,7 @@ class _Header:
     queue_offset: int
     topic: str
     tags: bytes
+    scheduled: bool  # indexed in the schedule queue, not in (topic, queue_id)
 
 
 def _parse(window: bytes, at: int, limit: int) -> tuple[_Header | None, bool]:
@@ -60,10 +62,12 @@ def _parse(window: bytes, at: int, limit: int) -> tuple[_Header | None, bool]:
         topic = window[p : p + topic_len].decode()
     except UnicodeDecodeError:
         return None, False
-    tl = FRAME_FIELDS.unpack_from(window, p + topic_len)[4]
+    _id, _born, deliver_at, level, tl = FRAME_FIELDS.unpack_from(window, p + topic_len)[:5]
     tags_at = p + topic_len + FRAME_FIELDS.size
     ok = zlib.crc32(memoryview(window)[at + 8 : at + size]) == crc
-    return _Header(size, queue_id, queue_offset, topic, window[tags_at : tags_at + tl]), ok
+    tags = window[tags_at : tags_at + tl]
+    scheduled = bool(deliver_at or level)
+    return _Header(size, queue_id, queue_offset, topic, tags, scheduled), ok
 
 
 def recover(
@@ -132,7 +136,7 @@ def _index(
     report: RecoveryReport,
     corrupt: bool = False,
 ) -> None:
-    cq = queues(header.topic, header.queue_id)
+    cq = queues(SCHEDULE_TOPIC, 0) if header.scheduled else queues(header.topic, header.queue_id)
     if cq is None:
         log.error("record at %d names unknown queue %s/%d", position, header.topic, header.queue_id)
         return
