@@ -56,6 +56,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedB
             )
         )
         wire.msg.Send(pb.SendRequest(topic="orders", queue_id=0, frames=frame() + frame()))
+        lock("g", "matrix", ("orders", 1))(wire)
         wire.msg.CommitConsumerOffsets(
             pb.CommitConsumerOffsetsRequest(
                 group="g", offsets=[pb.OffsetCommit(topic="orders", queue_id=0, offset=1)]
@@ -90,6 +91,39 @@ def commit(group: str = "g", *items: tuple[str, int, int]) -> Callable[[Wire], A
     return lambda w: w.msg.CommitConsumerOffsets(
         pb.CommitConsumerOffsetsRequest(group=group, offsets=offsets)
     )
+
+
+def lock(
+    group: str = "g", client: str = "matrix", *queues: tuple[str, int]
+) -> Callable[[Wire], Any]:
+    mqs = [pb.MessageQueue(topic=t, broker_name="broker-a", queue_id=q) for t, q in queues]
+    return lambda w: w.msg.LockBatch(pb.LockBatchRequest(group=group, client_id=client, queues=mqs))
+
+
+def unlock(client: str, *queues: tuple[str, int]) -> Callable[[Wire], Any]:
+    mqs = [pb.MessageQueue(topic=t, broker_name="broker-a", queue_id=q) for t, q in queues]
+    return lambda w: w.msg.UnlockBatch(
+        pb.UnlockBatchRequest(group="g", client_id=client, queues=mqs)
+    )
+
+
+def heartbeat(**group: Any) -> Callable[[Wire], Any]:
+    state = {"group": "g2", "consume_type": pb.CONSUME_ORDERLY, "message_model": pb.CLUSTERING,
+             **group}  # fmt: skip
+    return lambda w: w.msg.Heartbeat(
+        pb.HeartbeatRequest(client_id="hb", consumer_groups=[pb.ConsumerGroupState(**state)])
+    )
+
+
+def send_back(group: str = "g", offset: int = 0, **kw: Any) -> Callable[[Wire], Any]:
+    queue = pb.MessageQueue(topic="orders", broker_name="broker-a", queue_id=0)
+    return lambda w: w.msg.SendBack(
+        pb.SendBackRequest(group=group, queue=queue, queue_offset=offset, **kw)
+    )
+
+
+def cancel(msg_id: str, topic: str = "") -> Callable[[Wire], Any]:
+    return lambda w: w.msg.CancelScheduled(pb.CancelScheduledRequest(topic=topic, msg_id=msg_id))
 
 
 def create(topic: str, queues: int) -> Callable[[Wire], Any]:
@@ -173,6 +207,33 @@ CASES: list[tuple[str, Callable[[Wire], Any], grpc.StatusCode, str, str]] = [
      "TOPIC_EXISTS", "4 queues"),
     ("create: bad name", create("a/b", 1), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_TOPIC",
      "a/b"),
+    ("lock: unknown group", lock("nobody", "matrix", ("orders", 0)), grpc.StatusCode.NOT_FOUND,
+     "GROUP_NOT_FOUND", "heartbeat first"),
+    ("lock: queue out of range", lock("g", "matrix", ("orders", 4)),
+     grpc.StatusCode.OUT_OF_RANGE, "INVALID_QUEUE", "queue id 4"),
+    ("lock: unknown topic", lock("g", "matrix", ("nosuch", 0)), grpc.StatusCode.NOT_FOUND,
+     "TOPIC_NOT_FOUND", "nosuch"),
+    ("lock: empty client id", lock("g", "", ("orders", 0)), grpc.StatusCode.INVALID_ARGUMENT,
+     "INVALID_ARGUMENT", "client_id"),
+    ("unlock: another client's lock", unlock("intruder", ("orders", 1)),
+     grpc.StatusCode.FAILED_PRECONDITION, "LOCK_NOT_HELD", "locked by 'matrix'"),
+    ("heartbeat: no consume type", heartbeat(consume_type=pb.CONSUME_TYPE_UNSPECIFIED),
+     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "consume_type"),
+    ("heartbeat: bad group", heartbeat(group="a b"), grpc.StatusCode.INVALID_ARGUMENT,
+     "INVALID_GROUP", "a b"),
+    ("heartbeat: bad tag expression",
+     heartbeat(subscriptions=[pb.Subscription(topic="orders", expression="A ||")]),
+     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_TAG_EXPRESSION", "A ||"),
+    ("send back: unknown group", send_back("nobody"), grpc.StatusCode.NOT_FOUND,
+     "GROUP_NOT_FOUND", "nobody"),
+    ("send back: offset past the end", send_back(offset=2), grpc.StatusCode.OUT_OF_RANGE,
+     "INVALID_OFFSET", "[0, 2)"),
+    ("send back: delay level 19", send_back(delay_level=19), grpc.StatusCode.INVALID_ARGUMENT,
+     "INVALID_ARGUMENT", "delay level"),
+    ("cancel: malformed id", cancel("xyz"), grpc.StatusCode.INVALID_ARGUMENT,
+     "INVALID_ARGUMENT", "hexadecimal"),
+    ("cancel: unknown id", cancel("AB" * 16), grpc.StatusCode.NOT_FOUND, "MESSAGE_NOT_FOUND",
+     "AB" * 16),
     ("route of an unknown topic", lambda w: w.msg.QueryRoute(pb.QueryRouteRequest(topic="nosuch")),
      grpc.StatusCode.NOT_FOUND, "TOPIC_NOT_FOUND", "nosuch"),
 ]  # fmt: skip
@@ -204,6 +265,12 @@ def test_bad_input_is_refused_specifically_and_changes_nothing(
         pb.QueryConsumerOffsetRequest(group="g", topic="orders", queue_id=0)
     )
     assert (answer.found, answer.offset) == (True, 1)
+    # and the locks are as they were
+    state = broker.broker.state
+    assert state is not None
+    assert {q: (v.client_id, v.live) for q, v in state.locks.locks("g").items()} == {
+        ("orders", 1): ("matrix", True)
+    }
 
 
 def test_an_unknown_offset_is_not_found_never_zero(served: tuple[EmbeddedBroker, Wire]) -> None:
