@@ -145,6 +145,23 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             if not await self._s.holder.wait((topic.name, request.queue_id), deadline):
                 return _pull_response(got)
 
+    @answers_errors
+    async def QueryQueueOffsets(
+        self, request: pb.QueryQueueOffsetsRequest, context: Context
+    ) -> pb.QueryQueueOffsetsResponse:
+        """A queue's min and max offsets, and the offset at a time if asked."""
+        topic = self._s.topic_queue(request.topic, request.queue_id)
+        store = self._s.store
+        cq = store.queue(topic, request.queue_id)
+        at_time = (
+            store.offset_for_timestamp(topic, request.queue_id, request.timestamp_ms)
+            if request.timestamp_ms
+            else 0
+        )
+        return pb.QueryQueueOffsetsResponse(
+            min_offset=cq.min_offset, max_offset=cq.max_offset, offset_at_time=at_time
+        )
+
     # ------------------------------------------------------------------ locks
     @answers_errors
     async def LockBatch(

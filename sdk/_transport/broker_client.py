@@ -154,6 +154,16 @@ class BrokerClient:
             decode_records(r.records, queue.broker_name) if r.records else [],
         )
 
+    async def queue_offsets(
+        self, queue: MessageQueue, timestamp_ms: int = 0
+    ) -> tuple[int, int, int]:
+        """(min offset, max offset, first offset stored at or after timestamp_ms)."""
+        request = pb.QueryQueueOffsetsRequest(
+            topic=queue.topic, queue_id=queue.queue_id, timestamp_ms=timestamp_ms
+        )
+        r = await self._call(lambda: self._messaging.QueryQueueOffsets(request))
+        return r.min_offset, r.max_offset, r.offset_at_time
+
     async def query_offset(self, group: str, queue: MessageQueue) -> int | None:
         """The group's committed offset for `queue`, or None if it never committed."""
         request = pb.QueryConsumerOffsetRequest(

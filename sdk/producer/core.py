@@ -7,13 +7,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from sdk._transport.broker_client import BrokerClient, QueueRoute
+from sdk._transport.cluster import Cluster
 from sdk._transport.codec import MessageIdGenerator, encode_message
 from sdk._validation import check_group, check_topic
 from sdk._wire import MAX_SEND_BYTES
 from sdk.clock import Clock, SystemClock
 from sdk.errors import (
-    BrokerUnavailableError,
     ClientStateError,
     FlushTimeoutError,
     InvalidArgumentError,
@@ -46,15 +45,6 @@ class PartialBatchError(OrderMQError):
         self.errors = errors
 
 
-def split_endpoints(endpoints: str | Sequence[str]) -> list[str]:
-    """'h1:p1;h2:p2' or a list -> addresses; InvalidArgumentError when empty."""
-    items = endpoints.replace(",", ";").split(";") if isinstance(endpoints, str) else endpoints
-    out = [e.strip() for e in items if e.strip()]
-    if not out:
-        raise InvalidArgumentError("endpoints must name at least one broker as host:port")
-    return out
-
-
 class ProducerCore:
     """Routes, queue selection, encoding and sends; runs on one event loop."""
 
@@ -66,7 +56,7 @@ class ProducerCore:
         send_timeout: float = DEFAULT_SEND_TIMEOUT_SECONDS,
         clock: Clock | None = None,
     ) -> None:
-        self._endpoints = split_endpoints(endpoints)
+        self._cluster = Cluster(endpoints)
         self.group = check_group(group) if group is not None else None
         if send_timeout <= 0:
             raise InvalidArgumentError("send_timeout must be positive")
@@ -74,9 +64,6 @@ class ProducerCore:
         self._clock: Clock = clock or SystemClock()
         self._ids = MessageIdGenerator()
         self._round_robin = RoundRobinSelector()
-        self._clients: dict[str, BrokerClient] = {}
-        self._routes: dict[str, list[QueueRoute]] = {}
-        self._addresses: dict[MessageQueue, str] = {}
         self._state = "new"
 
     # ------------------------------------------------------------------ lifecycle
@@ -84,54 +71,23 @@ class ProducerCore:
         """Open a channel to the configured brokers."""
         if self._state != "new":
             raise ClientStateError(f"producer cannot start: it is {self._state}")
-        for address in self._endpoints:
-            self._client(address)
+        self._cluster.brokers()  # open the channels
         self._state = "running"
 
     async def shutdown(self) -> None:
         """Close every channel."""
         self._state = "shut down"
-        clients, self._clients = self._clients, {}
-        await asyncio.gather(*(c.close() for c in clients.values()))
+        await self._cluster.close()
 
     def _check_running(self) -> None:
         if self._state != "running":
             raise ClientStateError(f"producer is {self._state}; call start() first")
 
-    def _client(self, address: str) -> BrokerClient:
-        client = self._clients.get(address)
-        if client is None:
-            client = self._clients[address] = BrokerClient(address)
-        return client
-
     # ------------------------------------------------------------------ routes
     async def writable_queues(self, topic: str) -> list[MessageQueue]:
         """The topic's writable queues sorted by (broker, queue id); cached."""
         self._check_running()
-        routes = self._routes.get(topic)
-        if routes is None:
-            routes = await self._query_route(topic)
-            self._routes[topic] = routes
-            for r in routes:
-                self._addresses[r.queue] = r.broker_address
-        queues = sorted(
-            (r.queue for r in routes if r.writable), key=lambda q: (q.broker_name, q.queue_id)
-        )
-        if not queues:
-            raise BrokerUnavailableError(f"topic {topic!r} has no writable queue")
-        return queues
-
-    async def _query_route(self, topic: str) -> list[QueueRoute]:
-        last: OrderMQError | None = None
-        for address in self._endpoints:
-            try:
-                return await self._client(address).query_route(
-                    topic, create_if_missing=True, timeout=self._send_timeout
-                )
-            except BrokerUnavailableError as exc:
-                last = exc
-        assert last is not None
-        raise last
+        return await self._cluster.writable_queues(topic)
 
     # ------------------------------------------------------------------ send
     async def send(
@@ -219,8 +175,7 @@ class ProducerCore:
     async def _send_frames(
         self, queue: MessageQueue, frames: list[bytes], ids: list[bytes], timeout: float | None
     ) -> list[SendResult]:
-        client = self._client(self._addresses[queue])
-        appended = await client.send(
+        appended = await self._cluster.client_for(queue).send(
             queue.topic,
             queue.queue_id,
             b"".join(frames),
@@ -248,9 +203,9 @@ class ProducerCore:
         """Cancel a scheduled message; False if it was already delivered."""
         self._check_running()
         last: OrderMQError | None = None
-        for address in dict.fromkeys([*self._endpoints, *self._addresses.values()]):
+        for client in self._cluster.brokers():
             try:
-                return await self._client(address).cancel_scheduled("", msg_id)
+                return await client.cancel_scheduled("", msg_id)
             except MessageNotFoundError as exc:
                 last = exc  # another broker may hold it
         assert last is not None

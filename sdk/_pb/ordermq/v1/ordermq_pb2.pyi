@@ -539,6 +539,62 @@ class PullResponse(_message.Message):
 Global___PullResponse: _TypeAlias = PullResponse  # noqa: Y015
 
 @_typing.final
+class QueryQueueOffsetsRequest(_message.Message):
+    """The bounds of a queue, and optionally the first offset stored at or after a time.
+    Errors: NOT_FOUND (TOPIC_NOT_FOUND), OUT_OF_RANGE (INVALID_QUEUE).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    queue_id: _builtins.int
+    timestamp_ms: _builtins.int
+    """0: do not search by time"""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        timestamp_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_id", b"queue_id", "timestamp_ms", b"timestamp_ms", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueryQueueOffsetsRequest: _TypeAlias = QueryQueueOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class QueryQueueOffsetsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MIN_OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_OFFSET_FIELD_NUMBER: _builtins.int
+    OFFSET_AT_TIME_FIELD_NUMBER: _builtins.int
+    min_offset: _builtins.int
+    max_offset: _builtins.int
+    offset_at_time: _builtins.int
+    """first offset stored at or after timestamp_ms (max if none)"""
+    def __init__(
+        self,
+        *,
+        min_offset: _builtins.int = ...,
+        max_offset: _builtins.int = ...,
+        offset_at_time: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_offset", b"max_offset", "min_offset", b"min_offset", "offset_at_time", b"offset_at_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueryQueueOffsetsResponse: _TypeAlias = QueryQueueOffsetsResponse  # noqa: Y015
+
+@_typing.final
 class LockBatchRequest(_message.Message):
     """---------------------------------------------------------------- rebalance locks"""
 

@@ -51,6 +51,11 @@ class MessagingServiceStub:
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.PullRequest.SerializeToString,
                 response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.PullResponse.FromString,
                 _registered_method=True)
+        self.QueryQueueOffsets = channel.unary_unary(
+                '/ordermq.v1.MessagingService/QueryQueueOffsets',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.QueryQueueOffsetsRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.QueryQueueOffsetsResponse.FromString,
+                _registered_method=True)
         self.LockBatch = channel.unary_unary(
                 '/ordermq.v1.MessagingService/LockBatch',
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.LockBatchRequest.SerializeToString,
@@ -119,6 +124,12 @@ class MessagingServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Pull(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueryQueueOffsets(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -201,6 +212,11 @@ def add_MessagingServiceServicer_to_server(servicer, server):
                     servicer.Pull,
                     request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.PullRequest.FromString,
                     response_serializer=ordermq_dot_v1_dot_ordermq__pb2.PullResponse.SerializeToString,
+            ),
+            'QueryQueueOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryQueueOffsets,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.QueryQueueOffsetsRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.QueryQueueOffsetsResponse.SerializeToString,
             ),
             'LockBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.LockBatch,
@@ -334,6 +350,33 @@ class MessagingService:
             '/ordermq.v1.MessagingService/Pull',
             ordermq_dot_v1_dot_ordermq__pb2.PullRequest.SerializeToString,
             ordermq_dot_v1_dot_ordermq__pb2.PullResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryQueueOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.MessagingService/QueryQueueOffsets',
+            ordermq_dot_v1_dot_ordermq__pb2.QueryQueueOffsetsRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.QueryQueueOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

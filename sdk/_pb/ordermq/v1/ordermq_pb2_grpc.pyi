@@ -55,6 +55,7 @@ class MessagingServiceStub:
     QueryRoute: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.QueryRouteRequest, _ordermq_pb2.QueryRouteResponse]
     Send: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.SendRequest, _ordermq_pb2.SendResponse]
     Pull: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.PullRequest, _ordermq_pb2.PullResponse]
+    QueryQueueOffsets: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.QueryQueueOffsetsRequest, _ordermq_pb2.QueryQueueOffsetsResponse]
     LockBatch: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.LockBatchRequest, _ordermq_pb2.LockBatchResponse]
     UnlockBatch: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.UnlockBatchRequest, _ordermq_pb2.UnlockBatchResponse]
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.HeartbeatRequest, _ordermq_pb2.HeartbeatResponse]
@@ -72,6 +73,7 @@ class MessagingServiceAsyncStub(MessagingServiceStub):
     QueryRoute: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.QueryRouteRequest, _ordermq_pb2.QueryRouteResponse]  # type: ignore[assignment]
     Send: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.SendRequest, _ordermq_pb2.SendResponse]  # type: ignore[assignment]
     Pull: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.PullRequest, _ordermq_pb2.PullResponse]  # type: ignore[assignment]
+    QueryQueueOffsets: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.QueryQueueOffsetsRequest, _ordermq_pb2.QueryQueueOffsetsResponse]  # type: ignore[assignment]
     LockBatch: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.LockBatchRequest, _ordermq_pb2.LockBatchResponse]  # type: ignore[assignment]
     UnlockBatch: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.UnlockBatchRequest, _ordermq_pb2.UnlockBatchResponse]  # type: ignore[assignment]
     Heartbeat: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.HeartbeatRequest, _ordermq_pb2.HeartbeatResponse]  # type: ignore[assignment]
@@ -104,6 +106,13 @@ class MessagingServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _ordermq_pb2.PullRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ordermq_pb2.PullResponse, _abc.Awaitable[_ordermq_pb2.PullResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def QueryQueueOffsets(
+        self,
+        request: _ordermq_pb2.QueryQueueOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.QueryQueueOffsetsResponse, _abc.Awaitable[_ordermq_pb2.QueryQueueOffsetsResponse]]: ...
 
     @_abc_1.abstractmethod
     def LockBatch(

@@ -1,0 +1,1 @@
+"""Consumers: push (orderly and concurrent listeners) and lite pull (poll loops)."""

@@ -1,0 +1,105 @@
+"""ProcessQueue: the messages of one queue between pulling and committing.
+
+It holds the pulled messages in offset order, the batch a listener is working on, counts
+and byte sizes for flow control, and the flags rebalance and the orderly service use.
+Every method is synchronous and touches only this object: callers on one event loop need
+no lock around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Iterable
+
+from sdk.message import MessageExt
+
+
+class ProcessQueue:
+    """One queue's buffer and consumption state."""
+
+    def __init__(self) -> None:
+        self._buffer: deque[MessageExt] = deque()  # pulled, not yet taken; offset order
+        self._consuming: list[MessageExt] = []  # taken by the listener, not yet committed
+        self._inflight: dict[int, MessageExt] = {}  # concurrent mode: handed out, unfinished
+        self.count = 0
+        self.size = 0
+        self.max_offset_pulled = -1
+        self.dropped = False
+        self.locked = False
+        self.lock_epoch = 0
+        self.last_lock_time = 0.0
+        self.consume_lock = asyncio.Lock()  # held around a listener call (orderly)
+        self.consuming_since: float | None = None
+
+    # ------------------------------------------------------------------ pulling
+    def put(self, messages: Iterable[MessageExt]) -> int:
+        """Add pulled messages (offset order); how many were new."""
+        added = 0
+        for m in messages:
+            if m.queue_offset <= self.max_offset_pulled:
+                continue  # a re-pull after a seek or retry: never buffer twice
+            self._buffer.append(m)
+            self.max_offset_pulled = m.queue_offset
+            self.count += 1
+            self.size += len(m.body)
+            added += 1
+        return added
+
+    def clear(self) -> None:
+        """Forget everything buffered (after a seek); pulled offsets restart."""
+        self._buffer.clear()
+        self._consuming.clear()
+        self._inflight.clear()
+        self.count = self.size = 0
+        self.max_offset_pulled = -1
+
+    @property
+    def buffered(self) -> int:
+        """Messages pulled and not yet handed to a listener."""
+        return len(self._buffer)
+
+    # ------------------------------------------------------------------ orderly
+    def take(self, n: int) -> list[MessageExt]:
+        """Move up to `n` of the oldest buffered messages into the consuming batch."""
+        batch = [self._buffer.popleft() for _ in range(min(n, len(self._buffer)))]
+        self._consuming.extend(batch)
+        return batch
+
+    def commit(self) -> int:
+        """Drop the consuming batch as done; the offset to commit next (-1: nothing)."""
+        if not self._consuming:
+            return -1
+        offset = self._consuming[-1].queue_offset + 1
+        self._forget(self._consuming)
+        self._consuming = []
+        return offset
+
+    def rollback(self) -> None:
+        """Put the consuming batch back in front, to be taken again."""
+        self._buffer.extendleft(reversed(self._consuming))
+        self._consuming = []
+
+    # ------------------------------------------------------------------ concurrent
+    def take_all(self, n: int) -> list[MessageExt]:
+        """Hand out up to `n` buffered messages to run in parallel."""
+        batch = [self._buffer.popleft() for _ in range(min(n, len(self._buffer)))]
+        for m in batch:
+            self._inflight[m.queue_offset] = m
+        return batch
+
+    def finish(self, messages: Iterable[MessageExt]) -> int:
+        """Mark messages done; the offset safe to commit (the lowest unfinished one)."""
+        done = [
+            self._inflight.pop(m.queue_offset) for m in messages if m.queue_offset in self._inflight
+        ]
+        self._forget(done)
+        candidates = [min(self._inflight)] if self._inflight else []
+        if self._buffer:
+            candidates.append(self._buffer[0].queue_offset)
+        return min(candidates) if candidates else self.max_offset_pulled + 1
+
+    def _forget(self, messages: Iterable[MessageExt]) -> None:
+        for m in messages:
+            self.count -= 1
+            self.size -= len(m.body)
