@@ -1,0 +1,50 @@
+"""ProcessQueue accounting: counts, bytes, take / commit / rollback, concurrent finish."""
+
+from __future__ import annotations
+
+from sdk.consumer.process_queue import ProcessQueue
+from sdk.message import MessageExt, MessageQueue
+
+Q = MessageQueue("t", "b", 0)
+
+
+def msg(offset: int, size: int = 10) -> MessageExt:
+    return MessageExt("t", b"x" * size, None, (), {}, None, f"{offset:032X}", Q, offset, 0, 0, 0)
+
+
+def test_put_counts_messages_and_bytes_and_ignores_repeats() -> None:
+    pq = ProcessQueue()
+    assert pq.put([msg(0), msg(1, 20)]) == 2
+    assert pq.put([msg(1), msg(2)]) == 1  # offset 1 again after a re-pull
+    assert (pq.count, pq.size, pq.max_offset_pulled) == (3, 40, 2)
+
+
+def test_orderly_take_commit_and_rollback() -> None:
+    pq = ProcessQueue()
+    pq.put([msg(i) for i in range(5)])
+    assert [m.queue_offset for m in pq.take(2)] == [0, 1]
+    pq.rollback()
+    assert [m.queue_offset for m in pq.take(3)] == [0, 1, 2], "rolled back in front, in order"
+    assert pq.commit() == 3
+    assert (pq.count, pq.size, pq.buffered) == (2, 20, 2)
+    assert pq.commit() == -1, "nothing taken, nothing to commit"
+
+
+def test_concurrent_finish_commits_only_up_to_the_lowest_unfinished() -> None:
+    pq = ProcessQueue()
+    pq.put([msg(i) for i in range(6)])
+    first, second = pq.take_all(2), pq.take_all(2)
+    assert pq.finish(second) == 0, "0 and 1 are still running"
+    assert pq.finish(first) == 4, "4 and 5 are still buffered"
+    rest = pq.take_all(10)
+    assert pq.finish(rest) == 6
+    assert (pq.count, pq.size) == (0, 0)
+
+
+def test_clear_forgets_everything_for_a_seek() -> None:
+    pq = ProcessQueue()
+    pq.put([msg(5), msg(6)])
+    pq.take(1)
+    pq.clear()
+    assert (pq.count, pq.size, pq.buffered, pq.max_offset_pulled) == (0, 0, 0, -1)
+    assert pq.put([msg(5)]) == 1
