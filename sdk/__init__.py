@@ -6,6 +6,22 @@ were sent; different keys spread over the queues and run in parallel.
 The blocking clients are here; their asyncio twins are in `sdk.aio`.
 """
 
+from sdk.consumer.allocate import (
+    AllocateMessageQueueAveragely,
+    AllocateMessageQueueAveragelyByCircle,
+    AllocateMessageQueueConsistentHash,
+    AllocateMessageQueueStrategy,
+)
+from sdk.consumer.config import ConsumeFromWhere, MessageModel, PushConsumerConfig
+from sdk.consumer.listener import (
+    ConsumeConcurrentlyContext,
+    ConsumeConcurrentlyStatus,
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    MessageListenerConcurrently,
+    MessageListenerOrderly,
+)
+from sdk.consumer.push import PushConsumer
 from sdk.errors import OrderMQError
 from sdk.message import Message, MessageExt, MessageQueue, SendResult, SendStatus
 from sdk.producer import PartialBatchError, Producer
@@ -18,13 +34,27 @@ from sdk.selector import (
 )
 
 __all__ = [
+    "AllocateMessageQueueAveragely",
+    "AllocateMessageQueueAveragelyByCircle",
+    "AllocateMessageQueueConsistentHash",
+    "AllocateMessageQueueStrategy",
+    "ConsumeConcurrentlyContext",
+    "ConsumeConcurrentlyStatus",
+    "ConsumeFromWhere",
+    "ConsumeOrderlyContext",
+    "ConsumeOrderlyStatus",
     "Message",
     "MessageExt",
+    "MessageListenerConcurrently",
+    "MessageListenerOrderly",
+    "MessageModel",
     "MessageQueue",
     "MessageQueueSelector",
     "OrderMQError",
     "PartialBatchError",
     "Producer",
+    "PushConsumer",
+    "PushConsumerConfig",
     "RoundRobinSelector",
     "SelectMessageQueueByHash",
     "SelectMessageQueueByRandom",

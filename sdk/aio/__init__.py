@@ -1,5 +1,6 @@
 """The asyncio face of ordermq's clients; same core as the blocking ones."""
 
 from sdk.aio.producer import Producer
+from sdk.aio.push_consumer import PushConsumer
 
-__all__ = ["Producer"]
+__all__ = ["Producer", "PushConsumer"]

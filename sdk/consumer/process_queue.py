@@ -29,8 +29,10 @@ class ProcessQueue:
         self.locked = False
         self.lock_epoch = 0
         self.last_lock_time = 0.0
+        self.object_lock = asyncio.Lock()  # one consume task at a time (orderly)
         self.consume_lock = asyncio.Lock()  # held around a listener call (orderly)
-        self.consuming_since: float | None = None
+        self.more = False  # messages arrived while a consume task was running
+        self.next_offset = 0  # where the next pull starts
 
     # ------------------------------------------------------------------ pulling
     def put(self, messages: Iterable[MessageExt]) -> int:

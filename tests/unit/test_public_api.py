@@ -13,11 +13,18 @@ import sdk.errors
 def test_sdk_exports_exactly_the_public_names() -> None:
     assert sorted(sdk.__all__) == sorted(
         [
-            "Message", "MessageExt", "MessageQueue", "MessageQueueSelector", "OrderMQError",
-            "PartialBatchError", "Producer", "RoundRobinSelector", "SelectMessageQueueByHash",
-            "SelectMessageQueueByRandom", "SendResult", "SendStatus", "shard_index",
+            "AllocateMessageQueueAveragely", "AllocateMessageQueueAveragelyByCircle",
+            "AllocateMessageQueueConsistentHash", "AllocateMessageQueueStrategy",
+            "ConsumeConcurrentlyContext", "ConsumeConcurrentlyStatus", "ConsumeFromWhere",
+            "ConsumeOrderlyContext", "ConsumeOrderlyStatus", "Message", "MessageExt",
+            "MessageListenerConcurrently", "MessageListenerOrderly", "MessageModel",
+            "MessageQueue", "MessageQueueSelector", "OrderMQError", "PartialBatchError",
+            "Producer", "PushConsumer", "PushConsumerConfig", "RoundRobinSelector",
+            "SelectMessageQueueByHash", "SelectMessageQueueByRandom", "SendResult",
+            "SendStatus", "shard_index",
         ]
     )  # fmt: skip
+    assert sorted(sdk.aio.__all__) == ["Producer", "PushConsumer"]
     assert sorted(mockbroker.__all__) == ["Broker", "BrokerConfig", "EmbeddedBroker", "FlushMode"]
 
 

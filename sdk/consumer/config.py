@@ -1,0 +1,114 @@
+"""Consumer settings: RocketMQ's defaults, checked when the consumer is built."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+
+from sdk.errors import InvalidArgumentError
+
+MIB = 1024 * 1024
+
+
+class ConsumeFromWhere(enum.Enum):
+    """Where a group with no committed offset for a queue starts reading it."""
+
+    LAST_OFFSET = "LAST_OFFSET"
+    FIRST_OFFSET = "FIRST_OFFSET"
+    TIMESTAMP = "TIMESTAMP"
+
+
+class MessageModel(enum.Enum):
+    """Clustering: each message to one member. Broadcasting: every member gets all."""
+
+    CLUSTERING = "CLUSTERING"
+    BROADCASTING = "BROADCASTING"
+
+
+@dataclass(frozen=True)
+class PushConsumerConfig:
+    """Tuning of a push consumer; every duration is in seconds.
+
+    Attributes:
+        consume_threads: Size of the thread pool that runs (non-async) listeners.
+        pull_threshold_for_queue: Stop pulling a queue while this many messages wait.
+        pull_threshold_bytes_for_queue: ... or while this many body bytes wait.
+        pull_threshold_for_topic: Split evenly over the queues held; -1 turns it off.
+        pull_batch_size: Most messages one pull asks for. Larger than RocketMQ's 32: a
+            pull costs a round trip, so batches of hundreds keep a queue flowing.
+        pull_max_bytes: Most bytes one pull asks for.
+        consume_message_batch_max_size: Most messages handed to one listener call.
+        max_reconsume_times: Tries before a message goes to the dead-letter queue; None
+            means RocketMQ's default (orderly: unlimited; concurrent: 16).
+        suspend_current_queue_time: Orderly: wait before retrying a failed batch.
+        pull_suspend: How long the broker holds a pull that finds nothing.
+        pull_timeout: The deadline of a pull call (longer than pull_suspend).
+        pull_error_backoff: Wait after a failed pull.
+        flow_control_backoff: Wait while a queue is over a threshold.
+        rebalance_interval: Periodic rebalance (also on start and membership change).
+        lock_renew_interval: Orderly: re-lock every held queue this often.
+        lock_lease: Orderly: the client's own view of how long a lock lives unrenewed.
+        max_continuous_consume: Orderly: longest one queue is consumed before yielding.
+        persist_interval: How often offsets are sent to the broker.
+        heartbeat_interval: How often the client tells the broker it is alive.
+        shutdown_timeout: How long shutdown waits for listener calls in flight.
+    """
+
+    consume_threads: int = 20
+    pull_threshold_for_queue: int = 1000
+    pull_threshold_bytes_for_queue: int = 100 * MIB
+    pull_threshold_for_topic: int = -1
+    pull_batch_size: int = 512
+    pull_max_bytes: int = 4 * MIB
+    consume_message_batch_max_size: int = 1
+    max_reconsume_times: int | None = None
+    suspend_current_queue_time: float = 1.0
+    pull_suspend: float = 15.0
+    pull_timeout: float = 30.0
+    pull_error_backoff: float = 3.0
+    flow_control_backoff: float = 0.05
+    rebalance_interval: float = 20.0
+    lock_renew_interval: float = 20.0
+    lock_lease: float = 30.0
+    max_continuous_consume: float = 60.0
+    persist_interval: float = 5.0
+    heartbeat_interval: float = 10.0
+    shutdown_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise InvalidArgumentError(what)
+
+        need(1 <= self.consume_threads <= 1000, "consume_threads must be within 1..1000")
+        need(1 <= self.pull_threshold_for_queue <= 65535, "pull_threshold_for_queue: 1..65535")
+        need(
+            MIB <= self.pull_threshold_bytes_for_queue <= 1024 * MIB,
+            "pull_threshold_bytes_for_queue must be within 1 MiB..1 GiB",
+        )
+        need(
+            self.pull_threshold_for_topic == -1 or 1 <= self.pull_threshold_for_topic <= 6553500,
+            "pull_threshold_for_topic must be -1 (off) or within 1..6553500",
+        )
+        need(1 <= self.pull_batch_size <= 10_000, "pull_batch_size must be within 1..10000")
+        need(1024 <= self.pull_max_bytes <= 32 * MIB, "pull_max_bytes: 1 KiB..32 MiB")
+        need(
+            1 <= self.consume_message_batch_max_size <= 1024,
+            "consume_message_batch_max_size must be within 1..1024",
+        )
+        need(
+            self.max_reconsume_times is None or self.max_reconsume_times >= 1,
+            "max_reconsume_times must be at least 1 (or None for the default)",
+        )
+        need(
+            0.01 <= self.suspend_current_queue_time <= 30,
+            "suspend_current_queue_time must be within 0.01..30 seconds",
+        )
+        need(self.pull_timeout > self.pull_suspend >= 0, "pull_timeout must exceed pull_suspend")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float):
+                need(value >= 0, f"{f.name} must not be negative")
+        need(
+            self.lock_lease > self.lock_renew_interval, "lock_lease must exceed lock_renew_interval"
+        )

@@ -1,0 +1,165 @@
+"""Orderly consumption: each queue's messages reach the listener one batch at a time.
+
+Per queue there are two client-side locks on top of the broker's lease:
+- the object lock (`ProcessQueue.object_lock`): one consume task per queue at a time,
+  covering take-messages, the listener call and the offset commit;
+- the consume lock (`ProcessQueue.consume_lock`): held around the listener call only;
+  rebalance takes it before it may drop a queue and unlock it at the broker.
+Before each listener call the queue must not be dropped and its broker lock must be held
+and not older than the client's lease; otherwise the task stops and asks to re-lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import Executor
+from typing import Protocol
+
+from sdk.clock import Clock, sleep_for
+from sdk.consumer.config import PushConsumerConfig
+from sdk.consumer.invoke import call_listener
+from sdk.consumer.listener import (
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    MessageListenerOrderly,
+)
+from sdk.consumer.process_queue import ProcessQueue
+from sdk.message import MessageExt, MessageQueue
+
+log = logging.getLogger("ordermq.consumer")
+
+#: Wait before re-checking a queue whose lock is missing (RocketMQ: 3 s after a failed
+#: lock, moments after a successful one).
+RELOCK_FAILED_DELAY = 3.0
+RELOCK_OK_DELAY = 0.01
+
+
+class OrderlyHost(Protocol):
+    """What the orderly service needs from its consumer."""
+
+    def commit(self, queue: MessageQueue, offset: int) -> None:
+        """Record `offset` as the next to consume on `queue`."""
+
+    async def send_to_dead_letter(self, message: MessageExt, reconsume_times: int) -> bool:
+        """Move a message that failed too often to the DLQ; False if that failed."""
+
+    async def relock(self, queue: MessageQueue, pq: ProcessQueue) -> bool:
+        """Try to take the broker lock again now."""
+
+
+class ConsumeOrderlyService:
+    """Runs an orderly listener over the queues the consumer holds."""
+
+    def __init__(
+        self,
+        listener: MessageListenerOrderly,
+        host: OrderlyHost,
+        executor: Executor,
+        clock: Clock,
+        config: PushConsumerConfig,
+    ) -> None:
+        self._listener = listener
+        self._host = host
+        self._executor = executor
+        self._clock = clock
+        self._config = config
+        self._max_reconsume = config.max_reconsume_times  # None: unlimited
+        self._tasks: dict[MessageQueue, asyncio.Task[None]] = {}
+        self.listener_calls = 0
+
+    def submit(self, queue: MessageQueue, pq: ProcessQueue, delay: float = 0.0) -> None:
+        """Make sure a consume task runs for `queue` (at most one per queue)."""
+        task = self._tasks.get(queue)
+        if task is not None and not task.done():
+            pq.more = True
+            return
+        self._tasks[queue] = asyncio.create_task(self._run(queue, pq, delay))
+
+    async def _run(self, queue: MessageQueue, pq: ProcessQueue, delay: float) -> None:
+        if delay:
+            await sleep_for(self._clock, delay)
+        try:
+            again = await self._consume(queue, pq)
+        except Exception:
+            log.exception("orderly consume of %s failed", queue)
+            again = self._config.suspend_current_queue_time
+        if pq.more and again is None:
+            again = 0.0  # a submit came in after the last take
+        if again is not None and not pq.dropped:
+            self._tasks.pop(queue, None)
+            self.submit(queue, pq, again)
+
+    def lease_valid(self, pq: ProcessQueue) -> bool:
+        """True when the queue's broker lock is held and was renewed within the lease."""
+        return pq.locked and self._clock.now() - pq.last_lock_time <= self._config.lock_lease
+
+    async def _consume(self, queue: MessageQueue, pq: ProcessQueue) -> float | None:
+        """Consume until the buffer is empty; the delay before the next run, or None."""
+        async with pq.object_lock:
+            started = self._clock.now()
+            while True:
+                pq.more = False
+                if pq.dropped:
+                    return None
+                if not self.lease_valid(pq):
+                    ok = await self._host.relock(queue, pq)
+                    return RELOCK_OK_DELAY if ok else RELOCK_FAILED_DELAY
+                if self._clock.now() - started > self._config.max_continuous_consume:
+                    return RELOCK_OK_DELAY  # let the other queues have the threads
+                batch = pq.take(self._config.consume_message_batch_max_size)
+                if not batch:
+                    return None
+                context = ConsumeOrderlyContext(queue, self._config.suspend_current_queue_time)
+                status = await self._call(pq, batch, context)
+                if status is ConsumeOrderlyStatus.SUCCESS:
+                    self._host.commit(queue, pq.commit())
+                    continue
+                for m in batch:
+                    m.reconsume_times += 1
+                exhausted = [
+                    m
+                    for m in batch
+                    if self._max_reconsume is not None and m.reconsume_times >= self._max_reconsume
+                ]
+                if exhausted and await self._dead_letter(exhausted):
+                    self._host.commit(queue, pq.commit())
+                    continue
+                pq.rollback()
+                return max(0.01, min(30.0, context.suspend_current_queue_time))
+
+    async def _call(
+        self, pq: ProcessQueue, batch: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus | None:
+        async with pq.consume_lock:
+            if pq.dropped:  # rebalance released it while we waited
+                return None
+            self.listener_calls += 1
+            try:
+                result = await call_listener(
+                    self._listener.consume_message, self._executor, batch, context
+                )
+            except Exception:
+                log.exception(
+                    "orderly listener raised on %s; the batch will be retried", batch[0].queue
+                )
+                return None
+        if result is not None and not isinstance(result, ConsumeOrderlyStatus):
+            log.error("orderly listener returned %r, not a ConsumeOrderlyStatus", result)
+            return None
+        return result
+
+    async def _dead_letter(self, batch: list[MessageExt]) -> bool:
+        for m in batch:
+            if not await self._host.send_to_dead_letter(m, m.reconsume_times):
+                return False
+        return True
+
+    async def shutdown(self, timeout: float) -> None:
+        """Wait (up to `timeout` seconds of real time) for running consume tasks."""
+        tasks = [t for t in self._tasks.values() if not t.done()]
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=timeout)
+            for t in pending:
+                t.cancel()
+        self._tasks.clear()

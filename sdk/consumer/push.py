@@ -1,0 +1,118 @@
+"""sdk.PushConsumer: the blocking face of the push consumer."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from types import TracebackType
+
+from sdk._loop import LoopThread
+from sdk.clock import Clock
+from sdk.consumer.allocate import AllocateMessageQueueStrategy
+from sdk.consumer.config import ConsumeFromWhere, MessageModel, PushConsumerConfig
+from sdk.consumer.listener import MessageListenerConcurrently, MessageListenerOrderly
+from sdk.consumer.push_core import PushConsumerCore, QueueHook
+from sdk.errors import ClientStateError
+
+
+class PushConsumer:
+    """Receive messages through a listener; messages of one queue stay in order.
+
+    Args:
+        group: Consumer group; the group's members share the topic's queues.
+        endpoints: One broker "host:port" or several ("h1:p1;h2:p2" or a list).
+        consume_from_where: Where to start on a queue the group never committed.
+        consume_timestamp: For ConsumeFromWhere.TIMESTAMP: a datetime or epoch seconds.
+        allocate_strategy: How queues are split among members (default: averagely).
+        message_model: MessageModel.CLUSTERING (each message to one member).
+        config: Thresholds, batch sizes, intervals (PushConsumerConfig).
+        on_queues_assigned: Called with the queues taken, after their locks are granted.
+        on_queues_revoked: Called with the queues given up, before they are unlocked.
+        clock: Time source (sdk.testing.FakeClock in tests).
+
+    Listeners that are plain functions run on a pool of `config.consume_threads` threads;
+    `async def` listeners need sdk.aio.PushConsumer.
+
+    Example::
+
+        consumer = PushConsumer("billing", "127.0.0.1:8081")
+        consumer.subscribe("orders", "paid || refunded")
+        consumer.register_message_listener(MyOrderlyListener())
+        with consumer:
+            wait_for_shutdown_signal()
+    """
+
+    def __init__(
+        self,
+        group: str,
+        endpoints: str | list[str],
+        *,
+        consume_from_where: ConsumeFromWhere = ConsumeFromWhere.LAST_OFFSET,
+        consume_timestamp: datetime | float | None = None,
+        allocate_strategy: AllocateMessageQueueStrategy | None = None,
+        message_model: MessageModel = MessageModel.CLUSTERING,
+        config: PushConsumerConfig | None = None,
+        on_queues_assigned: QueueHook | None = None,
+        on_queues_revoked: QueueHook | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self._core = PushConsumerCore(
+            group,
+            endpoints,
+            consume_from_where=consume_from_where,
+            consume_timestamp=consume_timestamp,
+            allocate_strategy=allocate_strategy,
+            message_model=message_model,
+            config=config,
+            on_queues_assigned=on_queues_assigned,
+            on_queues_revoked=on_queues_revoked,
+            clock=clock,
+        )
+        self._loop: LoopThread | None = None
+
+    @property
+    def client_id(self) -> str:
+        """The member id this consumer has in its group."""
+        return self._core.client_id
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        """Consume `topic`'s messages whose tag matches `expression` ('*' or 'A || B')."""
+        self._core.subscribe(topic, expression)
+
+    def register_message_listener(
+        self, listener: MessageListenerOrderly | MessageListenerConcurrently
+    ) -> None:
+        """Set the listener: a MessageListenerOrderly or a MessageListenerConcurrently."""
+        self._core.register_message_listener(listener)
+
+    def start(self) -> None:
+        """Join the group and start consuming in the background."""
+        if self._loop is not None:
+            raise ClientStateError("consumer already started")
+        self._loop = LoopThread(f"ordermq-consumer-{self._core.group}")
+        try:
+            self._loop.run(self._core.start())
+        except BaseException:
+            self._loop.stop()
+            self._loop = None
+            raise
+
+    def shutdown(self) -> None:
+        """Stop: finish listener calls in flight, persist offsets, unlock, leave."""
+        if self._loop is None:
+            return
+        try:
+            self._loop.run(self._core.shutdown())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> PushConsumer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()

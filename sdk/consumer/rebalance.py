@@ -1,0 +1,93 @@
+"""Rebalance: decide which queues this client should hold, then take and release them.
+
+Every member computes the same split from the same inputs (the topic's queues and the
+group's members, both sorted), so no coordinator is needed; the broker's locks keep
+orderly members from overlapping while they disagree for a moment.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from typing import Protocol
+
+from sdk._transport.cluster import Cluster
+from sdk.consumer.allocate import AllocateMessageQueueStrategy
+from sdk.errors import OrderMQError
+from sdk.message import MessageQueue
+
+log = logging.getLogger("ordermq.rebalance")
+
+
+class RebalanceHost(Protocol):
+    """The consumer whose queues are being balanced."""
+
+    def held(self) -> Collection[MessageQueue]:
+        """The queues currently held (including ones being released)."""
+
+    async def acquire(self, queues: list[MessageQueue]) -> list[MessageQueue]:
+        """Start consuming `queues`; the ones actually taken."""
+
+    async def release(self, queues: list[MessageQueue]) -> list[MessageQueue]:
+        """Stop consuming `queues`; the ones actually released."""
+
+
+class Rebalancer:
+    """One group's queue assignment for one client."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        group: str,
+        client_id: str,
+        strategy: AllocateMessageQueueStrategy,
+        host: RebalanceHost,
+        *,
+        broadcasting: bool = False,
+    ) -> None:
+        self._cluster = cluster
+        self._group = group
+        self._client_id = client_id
+        self._strategy = strategy
+        self._host = host
+        self._broadcasting = broadcasting
+        self.topics: list[str] = []
+        self.rounds = 0
+
+    async def desired(self) -> set[MessageQueue]:
+        """The queues this client should hold now."""
+        wanted: set[MessageQueue] = set()
+        members: list[str] | None = None
+        for topic in self.topics:
+            queues = await self._cluster.readable_queues(topic, refresh=True)
+            if not queues:
+                continue
+            if self._broadcasting:
+                wanted.update(queues)
+                continue
+            if members is None:
+                members, _version = await self._cluster.brokers()[0].consumer_list(self._group)
+            if self._client_id not in members:
+                continue  # our heartbeat has not landed yet: take nothing rather than guess
+            wanted.update(self._strategy.allocate(self._group, self._client_id, queues, members))
+        return wanted
+
+    async def rebalance(self) -> bool:
+        """One round; True when the client now holds exactly what it should."""
+        self.rounds += 1
+        try:
+            wanted = await self.desired()
+        except OrderMQError as exc:
+            log.warning("rebalance of group %s postponed: %s", self._group, exc)
+            return False
+        held = set(self._host.held())
+        to_release = sorted(held - wanted)
+        to_acquire = sorted(wanted - held)
+        released = await self._host.release(to_release) if to_release else []
+        acquired = await self._host.acquire(to_acquire) if to_acquire else []
+        if to_release or to_acquire:
+            log.info(
+                "rebalance of group %s: +%d -%d queues (%d wanted)",
+                self._group, len(acquired), len(released), len(wanted),
+            )  # fmt: skip
+        return len(released) == len(to_release) and len(acquired) == len(to_acquire)

@@ -1,0 +1,215 @@
+"""The orderly consume service, driven by a fake clock and a fake host (no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sdk.consumer.config import PushConsumerConfig
+from sdk.consumer.consume_orderly import ConsumeOrderlyService
+from sdk.consumer.listener import (
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    MessageListenerOrderly,
+)
+from sdk.consumer.process_queue import ProcessQueue
+from sdk.message import MessageExt, MessageQueue
+from sdk.testing import FakeClock
+
+Q = MessageQueue("orders", "b", 0)
+OK, SUSPEND = ConsumeOrderlyStatus.SUCCESS, ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+
+
+def msg(offset: int) -> MessageExt:
+    return MessageExt("orders", b"m%d" % offset, None, (), {}, None, f"{offset:032X}", Q,
+                      offset, 0, 0, 0)  # fmt: skip
+
+
+class Host:
+    def __init__(self, relock_ok: bool = True) -> None:
+        self.commits: list[int] = []
+        self.dead: list[tuple[int, int]] = []
+        self.relocks = 0
+        self.relock_ok = relock_ok
+
+    def commit(self, queue: MessageQueue, offset: int) -> None:
+        self.commits.append(offset)
+
+    async def send_to_dead_letter(self, message: MessageExt, reconsume_times: int) -> bool:
+        self.dead.append((message.queue_offset, reconsume_times))
+        return True
+
+    async def relock(self, queue: MessageQueue, pq: ProcessQueue) -> bool:
+        self.relocks += 1
+        return self.relock_ok
+
+
+class Scripted(MessageListenerOrderly):
+    """Answers from a script, then SUCCESS; records what it saw."""
+
+    def __init__(self, script: list[Any] | None = None) -> None:
+        self.script = list(script or [])
+        self.seen: list[tuple[int, ...]] = []
+        self.running = 0
+        self.max_running = 0
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus | None:
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        self.seen.append(tuple(m.queue_offset for m in msgs))
+        time.sleep(0.001)
+        self.running -= 1
+        answer = self.script.pop(0) if self.script else OK
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+
+async def until(condition: Callable[[], bool], what: str = "") -> None:
+    deadline = time.monotonic() + 5
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.001)
+
+
+def run_service(
+    test: Callable[[ConsumeOrderlyService, ProcessQueue, FakeClock], Coroutine[Any, Any, None]],
+    listener: MessageListenerOrderly,
+    host: Host,
+    **config: Any,
+) -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        with ThreadPoolExecutor(4) as pool:
+            service = ConsumeOrderlyService(
+                listener, host, pool, clock, PushConsumerConfig(**config)
+            )
+            pq = ProcessQueue()
+            pq.locked, pq.last_lock_time = True, clock.now()
+            await test(service, pq, clock)
+            await service.shutdown(5)
+
+    asyncio.run(main())
+
+
+def test_messages_reach_the_listener_one_at_a_time_in_order_and_commit() -> None:
+    listener, host = Scripted(), Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq.put([msg(i) for i in range(5)])
+        service.submit(Q, pq)
+        service.submit(Q, pq)  # a second submit must not start a second task
+        await until(lambda: host.commits[-1:] == [5], "all committed")
+
+    run_service(test, listener, host)
+    assert listener.seen == [(0,), (1,), (2,), (3,), (4,)]
+    assert host.commits == [1, 2, 3, 4, 5]
+    assert listener.max_running == 1
+
+
+def test_batches_follow_consume_message_batch_max_size() -> None:
+    listener, host = Scripted(), Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq.put([msg(i) for i in range(7)])
+        service.submit(Q, pq)
+        await until(lambda: host.commits[-1:] == [7])
+
+    run_service(test, listener, host, consume_message_batch_max_size=3)
+    assert listener.seen == [(0, 1, 2), (3, 4, 5), (6,)]
+
+
+def test_suspend_exception_and_none_retry_the_same_batch_after_the_suspend_time() -> None:
+    listener, host = Scripted([SUSPEND, RuntimeError("boom"), None]), Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq.put([msg(0), msg(1)])
+        service.submit(Q, pq)
+        for tries in (1, 2, 3):
+            await until(lambda n=tries: len(listener.seen) == n and clock.sleepers == 1)  # type: ignore[misc]
+            clock.advance(0.99)
+            await asyncio.sleep(0.01)
+            assert len(listener.seen) == tries, "retried before the suspend time"
+            clock.advance(0.02)
+        await until(lambda: host.commits[-1:] == [2])
+
+    run_service(test, listener, host)
+    assert listener.seen == [(0,), (0,), (0,), (0,), (1,)]
+    assert host.dead == []
+
+
+def test_a_message_failing_max_reconsume_times_goes_to_the_dlq_and_the_queue_moves_on() -> None:
+    listener, host = Scripted([SUSPEND] * 3), Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq.put([msg(0), msg(1)])
+        service.submit(Q, pq)
+        for _ in range(2):
+            await until(lambda: clock.sleepers == 1)
+            clock.advance(1.01)
+        await until(lambda: host.commits[-1:] == [2])
+
+    run_service(test, listener, host, max_reconsume_times=3)
+    assert host.dead == [(0, 3)]
+    assert listener.seen == [(0,), (0,), (0,), (1,)]
+
+
+def test_an_expired_lease_stops_the_next_listener_call_until_relocked() -> None:
+    listener, host = Scripted(), Host(relock_ok=False)
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq.put([msg(0)])
+        service.submit(Q, pq)
+        await until(lambda: host.commits == [1])
+        clock.advance(30.01)  # no renewal for longer than the client-side lease
+        pq.put([msg(1)])
+        service.submit(Q, pq)
+        await until(lambda: host.relocks == 1 and clock.sleepers == 1)
+        assert listener.seen == [(0,)], "no listener call without a valid lease"
+        pq.last_lock_time = clock.now()  # the renewal service got the lock back
+        clock.advance(3)
+        await until(lambda: host.commits == [1, 2])
+
+    run_service(test, listener, host)
+
+
+def test_a_dropped_queue_gets_no_further_listener_calls() -> None:
+    listener, host = Scripted(), Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq.put([msg(0), msg(1), msg(2)])
+        async with pq.consume_lock:  # as rebalance does before it drops a queue
+            service.submit(Q, pq)
+            await asyncio.sleep(0.01)
+            pq.dropped = True
+        await asyncio.sleep(0.01)
+
+    run_service(test, listener, host)
+    assert listener.seen == [] and host.commits == []
+
+
+def test_async_listeners_run_on_the_loop() -> None:
+    seen: list[int] = []
+
+    class AsyncListener(MessageListenerOrderly):
+        async def consume_message(  # type: ignore[override]
+            self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+        ) -> ConsumeOrderlyStatus:
+            await asyncio.sleep(0)
+            seen.extend(m.queue_offset for m in msgs)
+            return OK
+
+    host = Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq.put([msg(0), msg(1)])
+        service.submit(Q, pq)
+        await until(lambda: host.commits[-1:] == [2])
+
+    run_service(test, AsyncListener(), host)
+    assert seen == [0, 1]
