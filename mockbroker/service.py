@@ -16,7 +16,7 @@ from mockbroker.grpc_errors import Context, abort, answers_errors
 from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState, check_client_id
 from mockbroker.store.message_store import GetResult, parse_tag_expression
-from mockbroker.topics import check_any_topic, check_group, check_user_topic
+from mockbroker.topics import RETRY_PREFIX, check_any_topic, check_group, check_user_topic
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._wire import MAX_PULL_BYTES, MAX_PULL_MESSAGES, MAX_SEND_BYTES
@@ -222,6 +222,11 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             )
         for producer_group in request.producer_groups:
             check_group(producer_group)
+        store = self._s.store
+        for name, membership in groups.items():
+            retry = RETRY_PREFIX + name
+            if membership.consume_type == "CONSUME_CONCURRENTLY" and not store.topics.find(retry):
+                store.create_topic(retry, 1)  # concurrent members consume their retries
         versions = self._s.groups.heartbeat(request.client_id, groups)
         return pb.HeartbeatResponse(
             groups=[pb.GroupVersion(group=g, membership_version=v) for g, v in versions.items()],

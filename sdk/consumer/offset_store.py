@@ -14,7 +14,8 @@ from tenacity import (
     AsyncRetrying,
     retry_if_exception,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from sdk._transport.cluster import Cluster
@@ -69,7 +70,7 @@ class RemoteOffsetStore:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(_retriable),
             stop=stop_after_attempt(self._read_attempts),
-            wait=wait_exponential_jitter(initial=0.1, max=2.0),
+            wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
             reraise=True,
         ):
             with attempt:

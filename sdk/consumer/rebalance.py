@@ -13,7 +13,7 @@ from typing import Protocol
 
 from sdk._transport.cluster import Cluster
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
-from sdk.errors import OrderMQError
+from sdk.errors import OrderMQError, TopicNotFoundError
 from sdk.message import MessageQueue
 
 log = logging.getLogger("ordermq.rebalance")
@@ -59,7 +59,11 @@ class Rebalancer:
         wanted: set[MessageQueue] = set()
         members: list[str] | None = None
         for topic in self.topics:
-            queues = await self._cluster.readable_queues(topic, refresh=True)
+            try:
+                queues = await self._cluster.readable_queues(topic, refresh=True)
+            except TopicNotFoundError as exc:
+                log.warning("group %s: %s", self._group, exc)
+                continue
             if not queues:
                 continue
             if self._broadcasting:
