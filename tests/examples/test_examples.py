@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -28,3 +30,16 @@ def test_demo_reads_every_order_back_in_order() -> None:
     assert "orders completed: 500 of 500" in out
     assert "order violations: 0" in out
     assert "result: OK" in out
+
+
+def test_bench_quick_run_measures_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "quick.json"
+    script = str(ROOT / "bench" / "run.py")
+    proc = subprocess.run(
+        [sys.executable, script, "--quick", "--quiet", "--output", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    figures = json.loads(out.read_text())["figures"]
+    produce = [f for f in figures if f["title"].startswith("produce")]
+    assert len(produce) == 4 and all(f["median"] > 0 for f in produce)

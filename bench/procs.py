@@ -1,0 +1,125 @@
+"""Child processes of the benchmark: the broker and the bare-gRPC floor server.
+
+Each server runs in its own Python process (so it gets its own interpreter and GIL, and
+on a 2-core machine client and server each get a core, as in production). A server is
+ready once it prints its "... listening on HOST:PORT" line; it is stopped with SIGTERM
+(and only if it ignores that, SIGKILL), always by the pid this module started.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+class ServerProcess:
+    """A server child process, started and waited for by its ready line."""
+
+    def __init__(self, name: str, cmd: list[str], ready_prefix: str) -> None:
+        self.name = name
+        self.cmd = cmd
+        self.ready_prefix = ready_prefix
+        self.proc: subprocess.Popen[str] | None = None
+        self.address = ""
+        # stderr goes to a file: a chatty server must never block on a full pipe.
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by stop)
+
+    def start(self, timeout: float = 30.0) -> str:
+        """Start the process; return its address once it printed its ready line."""
+        self.proc = subprocess.Popen(
+            self.cmd,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line.startswith(self.ready_prefix):
+            err = self.stderr()
+            self.stop(grace=2.0)
+            raise RuntimeError(f"{self.name} did not start: {line!r}\n{err[-2000:]}")
+        self.address = line.split()[-1]
+        return self.address
+
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU time the process used so far (None where /proc is missing)."""
+        if self.proc is None:
+            return None
+        try:
+            stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        except OSError:
+            return None
+        fields = stat.rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+
+    def stop(self, grace: float = 30.0) -> int | None:
+        """SIGTERM the process (SIGKILL after `grace` seconds) and reap it."""
+        proc = self.proc
+        if proc is None or self._stderr.closed:
+            return None if proc is None else proc.returncode
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.returncode not in (0, -signal.SIGTERM):
+            print(f"warning: {self.name} exited with {proc.returncode}: {self.stderr()[-500:]}")
+        if proc.stdout is not None:
+            proc.stdout.close()
+        self._stderr.close()
+        return proc.returncode
+
+    def stderr(self) -> str:
+        """What the process wrote to stderr so far."""
+        if self._stderr.closed:
+            return ""
+        self._stderr.flush()
+        self._stderr.seek(0)
+        return self._stderr.read()
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def broker_process(data_dir: Path, flush_mode: str, profile: Path | None = None) -> ServerProcess:
+    """`python -m mockbroker` on a free loopback port with its data in `data_dir`."""
+    runner = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
+    cmd = [
+        sys.executable, *runner, "-m", "mockbroker",
+        "--host", "127.0.0.1", "--port", "0",
+        "--data-dir", str(data_dir),
+        "--flush-mode", flush_mode,
+        "--log-level", "WARNING",
+    ]  # fmt: skip
+    return ServerProcess(f"mockbroker ({flush_mode} flush)", cmd, "mockbroker listening on ")
+
+
+def floor_process() -> ServerProcess:
+    """The bare grpc.aio server of bench/floor_server.py on a free loopback port."""
+    cmd = [sys.executable, str(BENCH / "floor_server.py"), "--host", "127.0.0.1", "--port", "0"]
+    return ServerProcess("floor server", cmd, "floor listening on ")

@@ -1,0 +1,598 @@
+"""`make bench`: ordermq's throughput figures, printed as a table and written as JSON.
+
+Figures (see bench/README.md for what each one measures and how to read it):
+
+- produce: sdk.aio.Producer.send_batch, batches of 100 keyed 100-byte messages, each batch
+  for one of 8 queues, 1 or 4 batches in flight, broker in async or sync flush mode;
+- pull: reading a backlog of 200 000 messages back with the SDK's pull, decode included,
+  one pull at a time or with every queue's next pull in flight;
+- floor: a bare grpc.aio server/client pair moving the same bytes (what gRPC alone costs);
+- micro: per-message SDK costs measured in-process (build, encode, decode).
+
+Servers run as separate processes; the client is this process. Every figure is the median
+of --runs runs. Usage:
+
+    python bench/run.py                   # the full run (about 3-4 minutes on 2 cores)
+    python bench/run.py --quick           # a smoke run (seconds; writes results/quick.json)
+    python bench/run.py --only pull --runs 5 --messages 50000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import datetime
+import functools
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import workloads as wl
+from procs import ROOT, ServerProcess, broker_process, floor_process
+
+from sdk._transport.broker_client import BrokerClient
+from sdk._wire import GRPC_CHANNEL_OPTIONS
+from sdk.aio import Producer
+
+GROUPS = ("produce", "pull", "floor", "micro")
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class Run:
+    """One timed run: `units` done in `seconds`; CPU as fractions of one core."""
+
+    value: float
+    seconds: float
+    units: int
+    client_cpu: float | None = None
+    server_cpu: float | None = None
+
+
+@dataclass
+class Figure:
+    """One line of the table: the runs of one workload and their summary."""
+
+    key: str
+    title: str
+    unit: str
+    params: dict[str, Any]
+    higher_is_better: bool = True
+    runs: list[Run] = field(default_factory=list)
+
+    def values(self) -> list[float]:
+        return [r.value for r in self.runs]
+
+    def summary(self) -> dict[str, Any]:
+        values = self.values()
+        out: dict[str, Any] = {
+            "key": self.key,
+            "title": self.title,
+            "unit": self.unit,
+            "higher_is_better": self.higher_is_better,
+            "params": self.params,
+            "runs": [asdict(r) for r in self.runs],
+        }
+        if values:
+            out.update(median=statistics.median(values), min=min(values), max=max(values))
+            for side in ("client_cpu", "server_cpu"):
+                cpu = [getattr(r, side) for r in self.runs if getattr(r, side) is not None]
+                out[f"{side}_median"] = statistics.median(cpu) if cpu else None
+                # CPU seconds per unit, in microseconds: steadier than throughput under noise.
+                per = [
+                    getattr(r, side) / r.value * 1e6
+                    for r in self.runs
+                    if getattr(r, side) is not None and r.value
+                ]
+                out[f"{side}_us_per_unit"] = statistics.median(per) if per else None
+        return out
+
+
+class Bench:
+    """Runs the figures the options ask for, one fresh server process per figure."""
+
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        self.args = args
+        self.tmp = tmp
+        self.figures: list[Figure] = []
+        self.facts: dict[str, Any] = {}
+        self._serial = 0
+
+    # ------------------------------------------------------------------ helpers
+    def say(self, text: str) -> None:
+        if not self.args.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    def _data_dir(self, name: str) -> Path:
+        self._serial += 1
+        path = self.tmp / f"{self._serial:02d}-{name}"
+        path.mkdir()
+        return path
+
+    @contextlib.contextmanager
+    def _broker(self, name: str, flush_mode: str) -> Iterator[ServerProcess]:
+        """A fresh broker process with its own data directory, removed afterwards."""
+        profile = None
+        if self.args.profile is not None:
+            profile = self.args.profile / f"broker-{name}.prof"
+        data_dir = self._data_dir(name)
+        try:
+            with broker_process(data_dir, flush_mode, profile) as broker:
+                yield broker
+        finally:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+    async def _timed(
+        self, work: Callable[[], Awaitable[int]], server: ServerProcess | None
+    ) -> tuple[int, float, float | None, float | None]:
+        """(units, seconds, client CPU, server CPU) of one run of `work`."""
+        server_before = server.cpu_seconds() if server is not None else None
+        cpu_before = time.process_time()
+        start = time.perf_counter()
+        units = await work()
+        seconds = time.perf_counter() - start
+        client_cpu = (time.process_time() - cpu_before) / seconds
+        server_cpu = None
+        if server is not None and server_before is not None:
+            server_after = server.cpu_seconds()
+            if server_after is not None:
+                server_cpu = (server_after - server_before) / seconds
+        return units, seconds, client_cpu, server_cpu
+
+    async def _measure(
+        self,
+        figure: Figure,
+        work: Callable[[], Awaitable[int]],
+        server: ServerProcess | None,
+        per: int = 1,
+    ) -> None:
+        """Run `work` --runs times; each run's value is units * per / second."""
+        profiler = cProfile.Profile() if self.args.profile is not None else None
+        for i in range(self.args.runs):
+            if profiler is not None:
+                profiler.enable()
+            units, seconds, client_cpu, server_cpu = await self._timed(work, server)
+            if profiler is not None:
+                profiler.disable()
+            run = Run(units * per / seconds, seconds, units, client_cpu, server_cpu)
+            figure.runs.append(run)
+            self.say(
+                f"  {figure.title} run {i + 1}/{self.args.runs}: {_fmt(run.value)} {figure.unit} "
+                f"({units} in {seconds:.2f} s, client CPU {_pct(client_cpu)}, "
+                f"server CPU {_pct(server_cpu)})"
+            )
+        if profiler is not None:
+            profiler.dump_stats(self.args.profile / f"client-{figure.key}.prof")
+
+    def _add(self, figure: Figure) -> Figure:
+        self.figures.append(figure)
+        return figure
+
+    # ------------------------------------------------------------------ produce
+    async def produce(self) -> None:
+        batches = wl.make_batches(self.args.messages)
+        warmup = batches[: max(wl.QUEUES, min(40, len(batches) // 10))]
+        for flush_mode in ("async", "sync"):
+            for in_flight in (1, 4):
+                key = f"produce.{flush_mode}.inflight{in_flight}"
+                figure = self._add(
+                    Figure(
+                        key,
+                        f"produce, {flush_mode} flush, {in_flight} in flight",
+                        "msg/s",
+                        {
+                            "api": "sdk.aio.Producer.send_batch",
+                            "flush_mode": flush_mode,
+                            "batches_in_flight": in_flight,
+                            "batch_messages": wl.BATCH,
+                            "body_bytes": wl.BODY_BYTES,
+                            "keys": wl.KEYS,
+                            "queues": wl.QUEUES,
+                            "messages_per_run": len(batches) * wl.BATCH,
+                        },
+                    )
+                )
+                self.say(f"{figure.title}: starting a broker")
+                with self._broker(key, flush_mode) as broker:
+                    await self._produce_figure(figure, broker, batches, warmup, in_flight)
+
+    async def _produce_figure(
+        self,
+        figure: Figure,
+        broker: ServerProcess,
+        batches: list[wl.Batch],
+        warmup: list[wl.Batch],
+        in_flight: int,
+    ) -> None:
+        topic = "bench-produce"
+        admin = BrokerClient(broker.address)
+        try:
+            await admin.create_topic(topic, wl.QUEUES)
+        finally:
+            await admin.close()
+        producer = Producer(broker.address)
+        await producer.start()
+        try:
+            queues = await producer.fetch_publish_message_queues(topic)
+            if len(queues) != wl.QUEUES:
+                raise RuntimeError(f"{topic} has {len(queues)} queues, not {wl.QUEUES}")
+            await wl.produce(producer, topic, warmup, in_flight)  # connect, route, warm up
+            await self._measure(
+                figure, lambda: wl.produce(producer, topic, batches, in_flight), broker
+            )
+        finally:
+            await producer.shutdown()
+
+    # ------------------------------------------------------------------ pull
+    async def pull(self) -> None:
+        topic = "bench-pull"
+        backlog = self.args.messages
+        params = {
+            "api": "BrokerClient.pull (decoded MessageExt)",
+            "backlog_messages": backlog,
+            "queues": wl.QUEUES,
+            "max_messages": wl.PULL_MAX_MESSAGES,
+            "max_bytes": wl.PULL_MAX_BYTES,
+            "body_bytes": wl.BODY_BYTES,
+        }
+        sequential = self._add(
+            Figure(
+                "pull.sequential",
+                "pull, 1 queue at a time, 1 in flight",
+                "msg/s",
+                {**params, "pulls_in_flight": 1},
+            )
+        )
+        prefetch = self._add(
+            Figure(
+                "pull.prefetch",
+                f"pull, {wl.QUEUES} queues at once, next prefetched",
+                "msg/s",
+                {**params, "pulls_in_flight": wl.QUEUES},
+            )
+        )
+        self.say("pull: starting a broker")
+        with self._broker("pull", "async") as broker:
+            started = time.perf_counter()
+            stored = await wl.fill_backlog(broker.address, topic, backlog)
+            self.facts["pull_backlog_fill_seconds"] = round(time.perf_counter() - started, 2)
+            self.say(
+                f"  backlog of {stored} messages stored in {time.perf_counter() - started:.1f} s"
+            )
+            queues = wl.queues_of(topic)
+            raw = await wl.raw_pull(broker.address, queues[0])
+            self.facts["pull_response_bytes"] = raw.ByteSize()
+            self.facts["pull_response_messages"] = raw.record_count
+            self.facts["pull_records"] = raw.records
+            client = BrokerClient(broker.address)
+            try:
+                await wl.pull_sequential(client, queues[:1])  # connect, warm up
+                await self._measure(sequential, lambda: wl.pull_sequential(client, queues), broker)
+                await self._measure(prefetch, lambda: wl.pull_prefetch(client, queues), broker)
+            finally:
+                await client.close()
+        for figure in (sequential, prefetch):
+            if any(r.units != stored for r in figure.runs):
+                raise RuntimeError(f"{figure.title}: read {figure.runs} of {stored} messages")
+
+    # ------------------------------------------------------------------ floor
+    async def floor(self) -> None:
+        send_request = wl.send_payload()
+        self.facts["send_request_bytes"] = len(send_request)
+        pull_bytes = self.facts.get("pull_response_bytes") or wl.pull_response_bytes()
+        pull_messages = self.facts.get("pull_response_messages") or wl.PULL_MAX_MESSAGES
+        send_calls = max(1, self.args.messages // wl.BATCH)
+        # Pull-shaped calls are fewer and longer: 5 per 1 000-message backlog slice, so
+        # that a run lasts long enough to time (one backlog read is only ~200 calls).
+        pull_calls = max(1, 5 * self.args.messages // pull_messages)
+        shapes = [
+            ("send", send_request, send_calls, (1, 4), len(send_request), 16, wl.BATCH),
+            ("pull", pull_bytes.to_bytes(8, "little"), pull_calls, (1, wl.QUEUES), 8,
+             pull_bytes, pull_messages),
+        ]  # fmt: skip
+        self.say("floor: starting the bare gRPC server")
+        with floor_process() as server:
+            async with grpc.aio.insecure_channel(
+                server.address, options=GRPC_CHANNEL_OPTIONS
+            ) as channel:
+                for shape, request, calls, in_flights, req_bytes, reply_bytes, msgs in shapes:
+                    method = f"/bench.Floor/{shape.capitalize()}"
+                    await wl.floor_calls(channel, method, request, 20, 2)  # connect, warm up
+                    for in_flight in in_flights:
+                        figure = self._add(
+                            Figure(
+                                f"floor.{shape}.inflight{in_flight}",
+                                f"grpc floor, {shape}-shaped, {in_flight} in flight",
+                                "payloads/s",
+                                {
+                                    "api": "grpc.aio unary, raw bytes, no work in the handler",
+                                    "request_bytes": req_bytes,
+                                    "reply_bytes": reply_bytes,
+                                    "messages_per_payload": msgs,
+                                    "calls_in_flight": in_flight,
+                                    "calls_per_run": calls,
+                                },
+                            )
+                        )
+                        await self._measure(
+                            figure,
+                            functools.partial(
+                                wl.floor_calls, channel, method, request, calls, in_flight
+                            ),
+                            server,
+                        )
+
+    # ------------------------------------------------------------------ micro
+    async def micro(self) -> None:
+        n = max(10_000, self.args.messages // 2)
+        records = self.facts.get("pull_records")
+        count = self.facts.get("pull_response_messages") or 0
+        cases: list[tuple[str, str, Callable[[], float]]] = [
+            (
+                "micro.message_build",
+                "sdk: Message() per message",
+                lambda: wl.micro_message_build(n),
+            ),
+            ("micro.encode", "sdk: encode_message per message", lambda: wl.micro_encode(n)),
+        ]
+        if records:
+            cases.append(
+                (
+                    "micro.decode",
+                    "sdk: decode_records per message",
+                    lambda: wl.micro_decode(records, count, n),
+                )
+            )
+        else:
+            self.say("micro: no pulled records to decode (run the pull group for that figure)")
+        for key, title, fn in cases:
+            figure = self._add(
+                Figure(key, title, "us/msg", {"messages": n, "in_process": True}, False)
+            )
+            fn()  # warm up
+            for _ in range(self.args.runs):
+                figure.runs.append(Run(fn(), 0.0, n))
+            self.say(f"  {title}: {', '.join(_fmt(v) for v in figure.values())} us")
+
+    # ------------------------------------------------------------------ all
+    async def run(self) -> None:
+        for group in self.args.only:
+            started = time.perf_counter()
+            await getattr(self, group)()
+            self.facts[f"{group}_seconds"] = round(time.perf_counter() - started, 1)
+
+
+# ---------------------------------------------------------------------- output
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.2f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.0f}%"
+
+
+def _cpu(share: float | None, per_unit: float | None, unit: str) -> str:
+    if share is None or per_unit is None:
+        return "-"
+    return f"{share * 100:.0f}% {_fmt(per_unit)} us/{unit.split('/')[0].removesuffix('s')}"
+
+
+def table(figures: list[Figure]) -> str:
+    """The results as a fixed-width text table (medians, min and max of the runs)."""
+    header = ("figure", "median", "min", "max", "unit", "client CPU", "server CPU")
+    rows = [header]
+    for f in figures:
+        s = f.summary()
+        if "median" not in s:
+            rows.append((f.title, "failed", "", "", f.unit, "", ""))
+            continue
+        rows.append(
+            (
+                f.title,
+                _fmt(s["median"]),
+                _fmt(s["min"]),
+                _fmt(s["max"]),
+                f.unit,
+                _cpu(s.get("client_cpu_median"), s.get("client_cpu_us_per_unit"), f.unit),
+                _cpu(s.get("server_cpu_median"), s.get("server_cpu_us_per_unit"), f.unit),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [
+            cell.ljust(widths[i]) if i in (0, 4) else cell.rjust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = None
+    cpu_model = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import google.protobuf
+
+    return {
+        "nproc": affinity or os.cpu_count(),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "loadavg": _loadavg(),
+        "grpcio": grpc.__version__,
+        "protobuf": google.protobuf.__version__,
+    }
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def git_revision() -> dict[str, Any]:
+    """The commit measured, and whether the work tree had changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "sdk", "mockbroker", "proto"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"commit": head or None, "dirty": bool(dirty)}
+
+
+# ---------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Measure ordermq's produce and pull throughput (see bench/README.md)."
+    )
+    p.add_argument("--runs", type=int, default=None, help="runs per figure (default 3)")
+    p.add_argument(
+        "--messages",
+        type=int,
+        default=None,
+        help="messages per produce run and pull backlog size (default 200000)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 20000 messages, 1 run, results/quick.json",
+    )
+    p.add_argument(
+        "--only",
+        default=",".join(GROUPS),
+        help=f"comma-separated groups to run, of {', '.join(GROUPS)} (default all)",
+    )
+    p.add_argument("--output", type=Path, default=None, help="JSON file to write")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="write cProfile stats of the client and the broker to this directory "
+        "(slows everything down; figures are then not comparable)",
+    )
+    p.add_argument("--quiet", action="store_true", help="print only the table")
+    a = p.parse_args(argv)
+    a.runs = a.runs if a.runs is not None else (1 if a.quick else 3)
+    a.messages = a.messages if a.messages is not None else (20_000 if a.quick else 200_000)
+    if a.output is None:
+        a.output = RESULTS / ("quick.json" if a.quick else "latest.json")
+    groups = [g.strip() for g in a.only.split(",") if g.strip()]
+    unknown = set(groups) - set(GROUPS)
+    if unknown or not groups:
+        p.error(f"--only takes groups of {', '.join(GROUPS)}; got {a.only!r}")
+    a.only = [g for g in GROUPS if g in groups]  # pull before floor: the floor uses its sizes
+    if a.runs < 1 or a.messages < wl.BATCH * wl.QUEUES:
+        p.error(f"--runs must be >= 1 and --messages >= {wl.BATCH * wl.QUEUES}")
+    if a.profile is not None:
+        a.profile.mkdir(parents=True, exist_ok=True)
+        a.profile = a.profile.resolve()
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    stamp = datetime.datetime.now(datetime.UTC)
+    load_before = _loadavg()
+    with tempfile.TemporaryDirectory(prefix="ordermq-bench-") as tmp:
+        bench = Bench(args, Path(tmp))
+        failure: BaseException | None = None
+        try:
+            asyncio.run(bench.run())
+        except Exception as exc:  # report what was measured, then fail
+            failure = exc
+    elapsed = time.perf_counter() - started
+    bench.facts.pop("pull_records", None)
+    host = machine()
+    host["loadavg_before"], host["loadavg_after"] = load_before, host.pop("loadavg")
+    report: dict[str, Any] = {
+        "schema": 1,
+        "timestamp": stamp.isoformat(timespec="seconds"),
+        "elapsed_seconds": round(elapsed, 1),
+        "machine": host,
+        "revision": git_revision(),
+        "options": {
+            "runs": args.runs,
+            "messages": args.messages,
+            "quick": args.quick,
+            "groups": args.only,
+            "profiled": args.profile is not None,
+        },
+        "facts": bench.facts,
+        "figures": [f.summary() for f in bench.figures],
+    }
+    if failure is not None:
+        report["error"] = f"{type(failure).__name__}: {failure}"
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    m = report["machine"]
+    print(
+        f"ordermq bench  {report['timestamp']}  {m['nproc']} cores  Python {m['python']}  "
+        f"grpcio {m['grpcio']}  runs {args.runs}  messages {args.messages:,}"
+    )
+    print(table(bench.figures))
+    print(
+        f"(medians of {args.runs} run(s); CPU: share of one core and CPU time per unit; "
+        f"{elapsed:.0f} s; written to {_shown(args.output)})"
+    )
+    if load_before is not None and load_before[0] >= 0.5:
+        print(
+            f"note: load average was {load_before[0]:.2f} before the run: other work on this "
+            f"machine skews the figures"
+        )
+    if failure is not None:
+        print(f"bench failed: {report['error']}", file=sys.stderr)
+        raise failure
+    return 0
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
