@@ -41,7 +41,7 @@ _SCHEDULE_AT = 24
 _SCHEDULE = struct.Struct("<qB")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CheckedFrame:
     """A valid frame: where it lies (minus its length prefix), tag hash, due time.
 

@@ -26,6 +26,7 @@ class Cluster:
         self.endpoints = split_endpoints(endpoints)
         self._clients: dict[str, BrokerClient] = {}
         self._routes: dict[str, list[QueueRoute]] = {}
+        self._writable: dict[str, list[MessageQueue]] = {}
         self._addresses: dict[MessageQueue, str] = {}
 
     def client(self, address: str) -> BrokerClient:
@@ -52,6 +53,9 @@ class Cluster:
         if routes is None:
             routes = await self._query_route(topic, create)
             self._routes[topic] = routes
+            self._writable[topic] = sorted(
+                (r.queue for r in routes if r.writable), key=lambda q: (q.broker_name, q.queue_id)
+            )
             for r in routes:
                 self._addresses[r.queue] = r.broker_address
         return routes
@@ -61,11 +65,11 @@ class Cluster:
         return sorted(r.queue for r in await self.routes(topic, refresh=refresh) if r.readable)
 
     async def writable_queues(self, topic: str) -> list[MessageQueue]:
-        """The queues producers may write, sorted by (broker, queue id)."""
-        routes = await self.routes(topic, create=True)
-        queues = sorted(
-            (r.queue for r in routes if r.writable), key=lambda q: (q.broker_name, q.queue_id)
-        )
+        """The queues producers may write, sorted by (broker, queue id); do not modify."""
+        queues = self._writable.get(topic)
+        if queues is None:
+            await self.routes(topic, create=True)
+            queues = self._writable[topic]
         if not queues:
             raise BrokerUnavailableError(f"topic {topic!r} has no writable queue")
         return queues

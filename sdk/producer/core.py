@@ -117,8 +117,11 @@ class ProducerCore:
             raise InvalidArgumentError("send_batch needs at least one message")
         groups: dict[tuple[MessageQueue, bool], list[int]] = {}
         keyless: dict[str, MessageQueue] = {}
+        by_topic: dict[str, list[MessageQueue]] = {}
         for i, m in enumerate(messages):
-            queues = await self.writable_queues(m.topic)
+            queues = by_topic.get(m.topic)
+            if queues is None:
+                queues = by_topic[m.topic] = await self.writable_queues(m.topic)
             if m.sharding_key is not None:
                 queue = queues[shard_index(m.sharding_key, len(queues))]
             else:
