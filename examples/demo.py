@@ -1,12 +1,14 @@
-"""ordermq demo: keyed order events through an embedded broker, read back in order.
+"""ordermq demo: order lifecycles processed strictly in order by two orderly consumers.
 
-What it shows: messages with the same sharding key (an order id) land on one queue and are
-read back in the order they were sent, while different orders spread over the queues.
+What it shows: every order's events (created -> paid -> shipped -> completed) share the
+order id as sharding key, so they land on one queue and an orderly listener sees them in
+order, while different orders are processed in parallel. Half-way through, one of the two
+consumers shuts down; the other takes over its queues (rebalance) and carries on from the
+committed offsets, without breaking any order's sequence.
 
-It starts a broker in a temporary directory, sends the lifecycle events of 2 500 orders
-(created -> paid -> shipped -> completed: 10 000 messages, interleaved across orders),
-reads every queue back, checks per-order and per-queue order, and prints a summary.
-Exit status 0 when everything is in order, 1 otherwise.
+It runs an embedded broker in a temporary directory, sends the events of 2 500 orders
+(10 000 messages, orders interleaved), shows live progress, and ends with a report.
+Exit status 0 when every order completed with no order violation, 1 otherwise.
 
 Run it:  make demo        (or: python examples/demo.py --orders 2500)
 """
@@ -14,20 +16,73 @@ Run it:  make demo        (or: python examples/demo.py --orders 2500)
 from __future__ import annotations
 
 import argparse
-import asyncio
 import random
 import sys
 import tempfile
+import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 from mockbroker import BrokerConfig, EmbeddedBroker
-from sdk import Message, MessageExt, MessageQueue, Producer
-from sdk._transport.broker_client import BrokerClient, PullStatus
+from sdk import (
+    ConsumeFromWhere,
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    Message,
+    MessageExt,
+    MessageListenerOrderly,
+    Producer,
+    PushConsumer,
+)
 
 STEPS = ("created", "paid", "shipped", "completed")
 TOPIC = "order-events"
+GROUP = "order-processor"
+
+
+class OrderBook:
+    """The 'database' the consumers update: each order's last step, checked on the way."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.step: dict[str, int] = {}
+        self.violations: list[str] = []
+        self.duplicates = 0
+        self.processed: Counter[str] = Counter()
+
+    def apply(self, consumer: str, order: str, step: int) -> None:
+        with self._lock:
+            last = self.step.get(order, -1)
+            if step <= last:
+                self.duplicates += 1  # a re-delivery after a hand-over: already applied
+            elif step != last + 1:
+                self.violations.append(
+                    f"{order}: {STEPS[step]} after {STEPS[last] if last >= 0 else 'nothing'}"
+                )
+            else:
+                self.step[order] = step
+            self.processed[consumer] += 1
+
+    def completed(self) -> int:
+        with self._lock:
+            return sum(1 for s in self.step.values() if s == len(STEPS) - 1)
+
+
+class OrderListener(MessageListenerOrderly):
+    """Applies each event to the order book."""
+
+    def __init__(self, name: str, book: OrderBook) -> None:
+        self.name = name
+        self.book = book
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        for m in msgs:
+            order, step = m.body.decode().split(":")
+            self.book.apply(self.name, order, int(step))
+        return ConsumeOrderlyStatus.SUCCESS
 
 
 def lifecycle_events(orders: int, rng: random.Random) -> list[Message]:
@@ -37,8 +92,7 @@ def lifecycle_events(orders: int, rng: random.Random) -> list[Message]:
     while pending:
         order = rng.choice(list(pending))
         step = pending[order]
-        body = f"{order}:{step}:{STEPS[step]}".encode()
-        out.append(Message(TOPIC, body, tags=STEPS[step], sharding_key=order))
+        out.append(Message(TOPIC, f"{order}:{step}".encode(), tags=STEPS[step], sharding_key=order))
         if step + 1 == len(STEPS):
             del pending[order]
         else:
@@ -46,43 +100,22 @@ def lifecycle_events(orders: int, rng: random.Random) -> list[Message]:
     return out
 
 
-async def read_back(
-    address: str, queues: list[MessageQueue]
-) -> dict[MessageQueue, list[MessageExt]]:
-    """Every message of every queue, pulled from offset 0 to the end."""
-    client = BrokerClient(address)
-    got: dict[MessageQueue, list[MessageExt]] = {}
-    try:
-        for queue in queues:
-            got[queue] = []
-            offset = 0
-            while True:
-                result = await client.pull("demo-readers", queue, offset, max_messages=1000)
-                if result.status is not PullStatus.FOUND:
-                    break
-                got[queue] += result.messages
-                offset = result.next_offset
-    finally:
-        await client.close()
-    return got
+def start_consumer(address: str, name: str, book: OrderBook) -> PushConsumer:
+    consumer = PushConsumer(GROUP, address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET)
+    consumer.subscribe(TOPIC)
+    consumer.register_message_listener(OrderListener(name, book))
+    consumer.start()
+    return consumer
 
 
-def check(got: dict[MessageQueue, list[MessageExt]]) -> tuple[int, int, Counter[str]]:
-    """(order violations, offset gaps, completed orders by count)."""
-    violations = gaps = 0
-    next_step: dict[str, int] = defaultdict(int)
-    for messages in got.values():
-        for expected_offset, m in enumerate(messages):
-            gaps += m.queue_offset != expected_offset
-            order, step, _ = m.body.decode().split(":")
-            if int(step) != next_step[order]:
-                violations += 1
-            next_step[order] = int(step) + 1
-    return (
-        violations,
-        gaps,
-        Counter("completed" if s == len(STEPS) else "open" for s in next_step.values()),
-    )
+def progress(book: OrderBook, total: int, started: float, note: str) -> None:
+    done = sum(book.processed.values())
+    rate = done / max(time.perf_counter() - started, 1e-9)
+    line = f"processed {done:>6}/{total}  {rate:>8,.0f} msg/s  {note}"
+    if sys.stdout.isatty():
+        print("\r" + line.ljust(78), end="", flush=True)
+    else:
+        print(line, flush=True)
 
 
 def main() -> int:
@@ -91,36 +124,57 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     events = lifecycle_events(args.orders, random.Random(args.seed))
+    total = len(events)
+    book = OrderBook()
 
-    with tempfile.TemporaryDirectory(prefix="ordermq-demo-") as tmp:
-        config = BrokerConfig(data_dir=Path(tmp), flush_mode="async")
-        with EmbeddedBroker(config) as broker, Producer(broker.address) as producer:
-            print(f"broker on {broker.address}, data in {tmp}")
-            started = time.perf_counter()
-            for i in range(0, len(events), 500):
-                producer.send_batch(events[i : i + 500])
-            send_seconds = time.perf_counter() - started
-            queues = producer.fetch_publish_message_queues(TOPIC)
-            started = time.perf_counter()
-            got = asyncio.run(read_back(broker.address, queues))
-            read_seconds = time.perf_counter() - started
+    with (
+        tempfile.TemporaryDirectory(prefix="ordermq-demo-") as tmp,
+        EmbeddedBroker(BrokerConfig(data_dir=Path(tmp))) as broker,
+        Producer(broker.address) as producer,
+    ):
+        print(f"broker on {broker.address}; sending {total} events for {args.orders} orders")
+        sent_at = time.perf_counter()
+        for i in range(0, total, 500):
+            producer.send_batch(events[i : i + 500])
+        send_seconds = time.perf_counter() - sent_at
 
-    received = sum(len(v) for v in got.values())
-    violations, gaps, states = check(got)
-    print(
-        f"\nsent {len(events)} events for {args.orders} orders "
-        f"in {send_seconds:.2f}s ({len(events) / send_seconds:,.0f} msg/s)"
-    )
-    print(f"read {received} back in {read_seconds:.2f}s ({received / read_seconds:,.0f} msg/s)")
-    print("\nqueue  messages  orders")
-    for queue, messages in sorted(got.items()):
-        orders = len({m.sharding_key for m in messages})
-        print(f"{queue.queue_id:>5}  {len(messages):>8}  {orders:>6}")
-    print(f"\norders completed: {states['completed']} of {args.orders}")
-    print(f"order violations: {violations}")
-    print(f"offset gaps:      {gaps}")
-    ok = received == len(events) and violations == 0 and gaps == 0
-    print("result:", "OK, every order read back in order" if ok else "FAILED")
+        started = time.perf_counter()
+        a = start_consumer(broker.address, "consumer-A", book)
+        b = start_consumer(broker.address, "consumer-B", book)
+        note = "consumers A and B"
+        b_stopped = False
+        deadline = time.monotonic() + 120
+        while (
+            sum(book.processed.values()) - book.duplicates < total and time.monotonic() < deadline
+        ):
+            if not b_stopped and sum(book.processed.values()) >= total // 2:
+                b.shutdown()  # graceful: finishes its calls, commits, unlocks, leaves
+                b_stopped, note = True, "consumer B stopped; A took over its queues"
+                if not sys.stdout.isatty():
+                    print(note, flush=True)
+            progress(book, total, started, note)
+            time.sleep(0.1)
+        consume_seconds = time.perf_counter() - started
+        progress(book, total, started, note)
+        if sys.stdout.isatty():
+            print()
+        a.shutdown()
+        if not b_stopped:
+            b.shutdown()
+
+    processed = sum(book.processed.values())
+    completed = book.completed()
+    print("\nreport")
+    print(f"  orders completed:   {completed} of {args.orders}")
+    print(f"  order violations:   {len(book.violations)}")
+    print(f"  duplicates:         {book.duplicates} (re-deliveries after the hand-over)")
+    print(f"  processed by A / B: {book.processed['consumer-A']} / {book.processed['consumer-B']}")
+    print(f"  send throughput:    {total / send_seconds:,.0f} msg/s")
+    print(f"  consume throughput: {processed / consume_seconds:,.0f} msg/s (two orderly consumers)")
+    for v in book.violations[:5]:
+        print("  violation:", v)
+    ok = completed == args.orders and not book.violations
+    print("result:", "OK, every order processed in order" if ok else "FAILED")
     return 0 if ok else 1
 
 

@@ -23,12 +23,12 @@ def run_example(name: str, *args: str) -> str:
     return proc.stdout
 
 
-def test_demo_reads_every_order_back_in_order() -> None:
+def test_demo_processes_every_order_in_order_across_a_hand_over() -> None:
     out = run_example("demo.py", "--orders", "500")
-    assert "sent 2000 events for 500 orders" in out
-    assert "read 2000 back" in out
-    assert "orders completed: 500 of 500" in out
-    assert "order violations: 0" in out
+    assert "sending 2000 events for 500 orders" in out
+    assert "consumer B stopped; A took over its queues" in out
+    assert "orders completed:   500 of 500" in out
+    assert "order violations:   0" in out
     assert "result: OK" in out
 
 
