@@ -1,0 +1,532 @@
+"""What every consumer does in the background, shared by push and lite pull consumers.
+
+All on one event loop:
+- heartbeats to every broker, and a membership watch that triggers rebalances;
+- the rebalancer (at start, periodically, on membership change), or a fixed assignment;
+- one long-polling pull loop per held queue, with flow control;
+- with locks (orderly): lock renewal of every held queue, fenced by epochs;
+- periodic offset persistence.
+What happens to pulled messages is the subclass's business (`_deliver`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Collection
+from datetime import datetime
+from typing import Any
+
+from sdk._transport.broker_client import GroupInfo, PullStatus
+from sdk._transport.cluster import Cluster
+from sdk._validation import check_group, check_topic
+from sdk.clock import Clock, SystemClock, sleep_for
+from sdk.consumer.allocate import AllocateMessageQueueAveragely, AllocateMessageQueueStrategy
+from sdk.consumer.config import ConsumeFromWhere
+from sdk.consumer.offset_store import RemoteOffsetStore
+from sdk.consumer.process_queue import ProcessQueue
+from sdk.consumer.rebalance import Rebalancer
+from sdk.errors import (
+    ClientStateError,
+    InvalidArgumentError,
+    InvalidTagExpressionError,
+    OrderMQError,
+)
+from sdk.message import MessageExt, MessageQueue
+
+log = logging.getLogger("ordermq.consumer")
+
+RETRY_PREFIX = "%RETRY%"
+#: RocketMQ: drop a queue even without its consume lock after trying this long.
+FORCE_RELEASE_AFTER = 20.0
+#: RocketMQ: how long rebalance tries for a queue's consume lock before it gives up.
+CONSUME_LOCK_WAIT = 0.5
+#: Rebalance again this soon after a round that could not finish.
+REBALANCE_RETRY = 0.5
+FIRST_LOCK_RENEWAL = 1.0
+
+QueueHook = Callable[[list[MessageQueue]], Awaitable[None] | None]
+
+
+def new_client_id() -> str:
+    """host@pid@random: unique per client instance."""
+    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
+
+
+def parse_expression(expression: str) -> str:
+    """Check a tag expression ('*' or 'A || B'); InvalidTagExpressionError if malformed."""
+    text = expression.strip()
+    if text in ("", "*"):
+        return "*"
+    tags = [t.strip() for t in text.split("||")]
+    if any(not t or "*" in t for t in tags):
+        raise InvalidTagExpressionError(
+            f"tag expression {expression!r} must be '*' or tags joined by '||'"
+        )
+    return " || ".join(tags)
+
+
+class PullSettings:
+    """The pull-loop knobs both consumer kinds have (seconds, counts, bytes)."""
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        max_bytes: int,
+        suspend: float,
+        timeout: float,
+        error_backoff: float,
+        flow_control_backoff: float,
+        threshold_for_queue: int,
+        threshold_bytes_for_queue: int,
+        threshold_for_all: int,
+    ) -> None:
+        self.batch_size = batch_size
+        self.max_bytes = max_bytes
+        self.suspend = suspend
+        self.timeout = timeout
+        self.error_backoff = error_backoff
+        self.flow_control_backoff = flow_control_backoff
+        self.threshold_for_queue = threshold_for_queue
+        self.threshold_bytes_for_queue = threshold_bytes_for_queue
+        self.threshold_for_all = threshold_for_all  # -1: off
+
+
+class ConsumerCore:
+    """Group membership, queue ownership, pulling and offsets; subclasses consume."""
+
+    consume_type = "CONSUME_POLL"
+
+    def __init__(
+        self,
+        group: str,
+        endpoints: str | list[str],
+        *,
+        pull: PullSettings,
+        locks: bool,
+        consume_from_where: ConsumeFromWhere,
+        consume_timestamp: datetime | float | None,
+        allocate_strategy: AllocateMessageQueueStrategy | None,
+        on_queues_assigned: QueueHook | None,
+        on_queues_revoked: QueueHook | None,
+        clock: Clock | None,
+        lock_renew_interval: float = 20.0,
+        lock_lease: float = 30.0,
+        rebalance_interval: float = 20.0,
+        heartbeat_interval: float = 10.0,
+        persist_interval: float = 5.0,
+    ) -> None:
+        self.group = check_group(group)
+        self._cluster = Cluster(endpoints)
+        if not isinstance(consume_from_where, ConsumeFromWhere):
+            raise InvalidArgumentError("consume_from_where must be a ConsumeFromWhere")
+        if consume_from_where is ConsumeFromWhere.TIMESTAMP and consume_timestamp is None:
+            raise InvalidArgumentError("ConsumeFromWhere.TIMESTAMP needs consume_timestamp")
+        self._from_where = consume_from_where
+        if isinstance(consume_timestamp, datetime):
+            consume_timestamp = consume_timestamp.timestamp()
+        self._from_timestamp = consume_timestamp
+        self._pull_settings = pull
+        self.uses_locks = locks
+        self._on_assigned = on_queues_assigned
+        self._on_revoked = on_queues_revoked
+        self._clock: Clock = clock or SystemClock()
+        self._lock_renew_interval = lock_renew_interval
+        self.lock_lease = lock_lease
+        self._rebalance_interval = rebalance_interval
+        self._heartbeat_interval = heartbeat_interval
+        self._persist_interval = persist_interval
+        self.client_id = new_client_id()
+        self._subscriptions: dict[str, str] = {}
+        self._assigned: list[MessageQueue] | None = None  # fixed assignment instead
+        self._state = "new"
+        self._queues: dict[MessageQueue, ProcessQueue] = {}
+        self._pulls: dict[MessageQueue, asyncio.Task[None]] = {}
+        self._releasing_since: dict[MessageQueue, float] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._rebalance_now = asyncio.Event()
+        self.offsets = RemoteOffsetStore(self._cluster, self.group, self.client_id)
+        self._rebalancer = Rebalancer(
+            self._cluster,
+            self.group,
+            self.client_id,
+            allocate_strategy or AllocateMessageQueueAveragely(),
+            self,
+        )
+
+    # ------------------------------------------------------------------ setup
+    def _check_new(self, call: str) -> None:
+        if self._state != "new":
+            raise ClientStateError(f"{call} must come before start()")
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        """Consume `topic`'s messages whose tag matches `expression` ('*' or 'A || B').
+
+        The group's members share the topic's queues.
+        """
+        self._check_new("subscribe()")
+        if self._assigned is not None:
+            raise ClientStateError("subscribe() and assign() are exclusive: this consumer assigns")
+        self._subscriptions[check_topic(topic)] = parse_expression(expression)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def _start_core(self) -> None:
+        """Join the group and take the queues (by rebalance or assignment)."""
+        if not self._subscriptions and self._assigned is None:
+            raise ClientStateError("subscribe to a topic (or assign queues) before start()")
+        self._state = "starting"
+        for topic in list(self._subscriptions):
+            if not topic.startswith(RETRY_PREFIX):
+                await self._cluster.readable_queues(topic)  # fails fast on an unknown topic
+        if self._assigned is not None:
+            for topic in {q.topic for q in self._assigned}:
+                await self._cluster.readable_queues(topic)
+        self._rebalancer.topics = list(self._subscriptions)
+        await self._heartbeat()
+        self._state = "running"
+        self._tasks = [
+            asyncio.create_task(self._every(self._heartbeat, self._heartbeat_interval)),
+            asyncio.create_task(self._every(self._persist, self._persist_interval)),
+        ]
+        if self._assigned is None:
+            self._tasks += [
+                asyncio.create_task(self._rebalance_loop()),
+                asyncio.create_task(self._watch_membership()),
+            ]
+        else:
+            await self.acquire(list(self._assigned))
+        if self.uses_locks:
+            self._tasks.append(asyncio.create_task(self._lock_renewal_loop()))
+
+    async def _stop_pulling(self) -> list[MessageQueue]:
+        """Stop the background tasks and every pull loop; the queues still held."""
+        self._state = "stopping"
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for pq in self._queues.values():
+            pq.dropped = True
+        await self._cancel_pulls(list(self._pulls))
+        return list(self._queues)
+
+    async def _leave(self, held: list[MessageQueue]) -> None:
+        """Persist offsets, call the revoke hook, unlock, leave the group, close."""
+        await self.offsets.persist(held)
+        if held:
+            await self._call_hook(self._on_revoked, held)
+        if self.uses_locks and held:
+            await self._unlock(held)
+        for client in self._cluster.brokers():
+            with contextlib.suppress(OrderMQError):
+                await client.unregister(self.client_id)
+        await self._cluster.close()
+        self._state = "shut down"
+
+    # ------------------------------------------------------------------ subclass hooks
+    def _deliver(self, queue: MessageQueue, pq: ProcessQueue) -> None:
+        """Messages were added to `pq`."""
+        raise NotImplementedError
+
+    def _may_pull(self, queue: MessageQueue, pq: ProcessQueue) -> bool:
+        """False to hold back pulling `queue` for now (paused)."""
+        return True
+
+    async def _starting_offset(self, queue: MessageQueue, offset: int) -> None:
+        """A queue starts (again) at `offset`."""
+
+    # ------------------------------------------------------------------ rebalance host
+    def held(self) -> Collection[MessageQueue]:
+        """Queues held now, including ones being released."""
+        return list(self._queues)
+
+    async def acquire(self, queues: list[MessageQueue]) -> list[MessageQueue]:
+        """Lock (if need be), find the start offset, and start pulling each queue."""
+        epochs: dict[MessageQueue, int] = {}
+        if self.uses_locks:
+            epochs = await self._lock(queues)
+            queues = [q for q in queues if q in epochs]
+        taken: list[MessageQueue] = []
+        for queue in queues:
+            try:
+                offset = await self._start_offset(queue)
+            except OrderMQError as exc:
+                log.warning("cannot take %s yet: %s", queue, exc)
+                continue
+            pq = ProcessQueue()
+            pq.next_offset = offset
+            if queue in epochs:
+                pq.locked, pq.lock_epoch, pq.last_lock_time = True, epochs[queue], self._clock.now()
+                self.offsets.set_epoch(queue, epochs[queue])
+            self.offsets.update(queue, offset, increase_only=False)
+            self._queues[queue] = pq
+            await self._starting_offset(queue, offset)
+            taken.append(queue)
+        if taken:
+            await self._call_hook(self._on_assigned, taken)
+            for queue in taken:
+                self._start_pulling(queue, self._queues[queue])
+        return taken
+
+    async def release(self, queues: list[MessageQueue]) -> list[MessageQueue]:
+        """Stop queues; persist their offsets and (with locks) unlock them.
+
+        A locked queue whose listener call does not end within CONSUME_LOCK_WAIT stays
+        held until a later round (forced after FORCE_RELEASE_AFTER).
+        """
+        now = self._clock.now()
+        ready: list[MessageQueue] = []
+        for queue in queues:
+            pq = self._queues[queue]
+            pq.dropped = True
+            self._releasing_since.setdefault(queue, now)
+            if not self.uses_locks:
+                ready.append(queue)
+                continue
+            try:
+                await asyncio.wait_for(pq.consume_lock.acquire(), CONSUME_LOCK_WAIT)
+            except TimeoutError:
+                if now - self._releasing_since[queue] < FORCE_RELEASE_AFTER:
+                    continue
+                log.warning("forcing the release of %s: its listener call is still running", queue)
+            else:
+                pq.consume_lock.release()
+            ready.append(queue)
+        if not ready:
+            return []
+        await self._cancel_pulls(ready)
+        await self.offsets.persist(ready)
+        await self._call_hook(self._on_revoked, ready)
+        if self.uses_locks:
+            await self._unlock(ready)
+        for queue in ready:
+            self._queues.pop(queue, None)
+            self._releasing_since.pop(queue, None)
+            self.offsets.remove(queue)
+        return ready
+
+    async def relock(self, queue: MessageQueue, pq: ProcessQueue) -> bool:
+        """Try to lock one queue again now."""
+        epochs = await self._lock([queue])
+        if queue in epochs:
+            await self._apply_lock(queue, pq, epochs[queue])
+            return True
+        return False
+
+    # ------------------------------------------------------------------ loops
+    async def _every(self, step: Callable[[], Awaitable[None]], seconds: float) -> None:
+        while True:
+            await sleep_for(self._clock, seconds)
+            try:
+                await step()
+            except OrderMQError as exc:
+                log.warning("%s failed: %s", step.__name__, exc)
+
+    async def _heartbeat(self) -> None:
+        info = GroupInfo(
+            self.group, self.consume_type, "CLUSTERING", tuple(self._subscriptions.items())
+        )
+        for client in self._cluster.brokers():
+            await client.heartbeat(self.client_id, [info])
+
+    async def _persist(self) -> None:
+        await self.offsets.persist(list(self._queues))
+
+    async def _rebalance_loop(self) -> None:
+        delay = 0.0
+        while True:
+            if delay:
+                await self._wait_for_rebalance(delay)
+            self._rebalance_now.clear()
+            complete = await self._rebalancer.rebalance()
+            delay = self._rebalance_interval if complete else REBALANCE_RETRY
+
+    async def _wait_for_rebalance(self, delay: float) -> None:
+        sleeper = asyncio.ensure_future(sleep_for(self._clock, delay))
+        trigger = asyncio.ensure_future(self._rebalance_now.wait())
+        try:
+            await asyncio.wait((sleeper, trigger), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            trigger.cancel()
+
+    async def _watch_membership(self) -> None:
+        known = 0
+        while True:
+            try:
+                client = self._cluster.brokers()[0]
+                async for version, _members in client.watch_membership(self.group, known):
+                    known = version
+                    self._rebalance_now.set()
+            except OrderMQError as exc:
+                log.debug("membership watch interrupted: %s", exc)
+            await sleep_for(self._clock, self._pull_settings.error_backoff)
+
+    async def _lock_renewal_loop(self) -> None:
+        await sleep_for(self._clock, FIRST_LOCK_RENEWAL)
+        while True:
+            try:
+                await self._renew_locks()
+            except OrderMQError as exc:
+                log.warning("lock renewal failed: %s", exc)
+            await sleep_for(self._clock, self._lock_renew_interval)
+
+    async def _renew_locks(self) -> None:
+        held = {q: pq for q, pq in self._queues.items() if not pq.dropped}
+        if not held:
+            return
+        epochs = await self._lock(list(held))
+        for queue, pq in held.items():
+            if queue in epochs:
+                await self._apply_lock(queue, pq, epochs[queue])
+            elif pq.locked:
+                log.warning("lost the lock of %s", queue)
+                pq.locked = False
+
+    async def _apply_lock(self, queue: MessageQueue, pq: ProcessQueue, epoch: int) -> None:
+        if pq.lock_epoch and epoch != pq.lock_epoch:
+            # The lock passed through another owner: what we buffered, and where we
+            # were, may be stale. Start again from the committed offset.
+            log.warning("%s changed owner while we were away; re-reading its offset", queue)
+            async with pq.object_lock:
+                pq.clear()
+                committed = await self.offsets.fetch(queue)
+                if committed is not None:
+                    pq.next_offset = committed
+                    self.offsets.update(queue, committed, increase_only=False)
+                    await self._starting_offset(queue, committed)
+        pq.locked, pq.lock_epoch, pq.last_lock_time = True, epoch, self._clock.now()
+        self.offsets.set_epoch(queue, epoch)
+
+    # ------------------------------------------------------------------ pulling
+    def _start_pulling(self, queue: MessageQueue, pq: ProcessQueue) -> None:
+        self._pulls[queue] = asyncio.create_task(self._pull_loop(queue, pq))
+
+    async def _pull_loop(self, queue: MessageQueue, pq: ProcessQueue) -> None:
+        settings = self._pull_settings
+        expression = self._subscriptions.get(queue.topic, "*")
+        while not pq.dropped:
+            if self._over_threshold(pq) or not self._may_pull(queue, pq):
+                await sleep_for(self._clock, settings.flow_control_backoff)
+                continue
+            if self.uses_locks and not pq.locked:
+                await sleep_for(self._clock, 1.0)
+                continue
+            try:
+                result = await self._cluster.client_for(queue).pull(
+                    self.group,
+                    queue,
+                    pq.next_offset,
+                    max_messages=settings.batch_size,
+                    max_bytes=settings.max_bytes,
+                    tag_expression=expression,
+                    suspend_timeout=settings.suspend,
+                    timeout=settings.timeout,
+                )
+            except OrderMQError as exc:
+                log.warning("pull of %s failed: %s", queue, exc)
+                await sleep_for(self._clock, settings.error_backoff)
+                continue
+            if pq.dropped:
+                return
+            if result.status is PullStatus.FOUND:
+                if queue.topic.startswith(RETRY_PREFIX):
+                    _restore_origin(result.messages)
+                pq.put(result.messages)
+                pq.next_offset = result.next_offset
+                self._deliver(queue, pq)
+            elif result.status is PullStatus.OFFSET_ILLEGAL:
+                log.warning(
+                    "%s: offset %d is outside [%d, %d]; continuing at %d",
+                    queue, pq.next_offset, result.min_offset, result.max_offset, result.next_offset,
+                )  # fmt: skip
+                pq.next_offset = result.next_offset
+                self.offsets.update(queue, result.next_offset, increase_only=False)
+                await self._starting_offset(queue, result.next_offset)
+            else:
+                pq.next_offset = result.next_offset
+                if pq.count == 0:  # skipped only non-matching messages: move past them
+                    self._skipped_to(queue, result.next_offset)
+
+    def _skipped_to(self, queue: MessageQueue, offset: int) -> None:
+        """Nothing buffered, and the broker skipped to `offset` (filtered messages)."""
+        self.offsets.update(queue, offset)
+
+    def _over_threshold(self, pq: ProcessQueue) -> bool:
+        s = self._pull_settings
+        limit = s.threshold_for_queue
+        if s.threshold_for_all > 0 and self._queues:
+            limit = min(limit, max(1, s.threshold_for_all // len(self._queues)))
+        return pq.count >= limit or pq.size >= s.threshold_bytes_for_queue
+
+    async def _cancel_pulls(self, queues: list[MessageQueue]) -> None:
+        tasks = [t for q in queues if (t := self._pulls.pop(q, None)) is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ helpers
+    async def _start_offset(self, queue: MessageQueue) -> int:
+        committed = await self.offsets.fetch(queue)
+        if committed is not None:
+            return committed
+        low, high, at_time = await self._cluster.client_for(queue).queue_offsets(
+            queue,
+            int((self._from_timestamp or 0) * 1000)
+            if self._from_where is ConsumeFromWhere.TIMESTAMP
+            else 0,
+        )
+        if (
+            queue.topic.startswith(RETRY_PREFIX)
+            or self._from_where is ConsumeFromWhere.FIRST_OFFSET
+        ):
+            return low
+        if self._from_where is ConsumeFromWhere.TIMESTAMP:
+            return at_time
+        return high
+
+    def _by_broker(self, queues: list[MessageQueue]) -> dict[str, list[MessageQueue]]:
+        out: dict[str, list[MessageQueue]] = {}
+        for q in queues:
+            out.setdefault(self._cluster.client_for(q).address, []).append(q)
+        return out
+
+    async def _lock(self, queues: list[MessageQueue]) -> dict[MessageQueue, int]:
+        epochs: dict[MessageQueue, int] = {}
+        for address, group in self._by_broker(queues).items():
+            try:
+                client = self._cluster.client(address)
+                epochs.update(await client.lock_batch(self.group, self.client_id, group))
+            except OrderMQError as exc:
+                log.warning("locking %d queues at %s failed: %s", len(group), address, exc)
+        return epochs
+
+    async def _unlock(self, queues: list[MessageQueue]) -> None:
+        for address, group in self._by_broker(queues).items():
+            try:
+                await self._cluster.client(address).unlock_batch(self.group, self.client_id, group)
+            except OrderMQError as exc:
+                log.warning("unlocking %d queues at %s failed: %s", len(group), address, exc)
+
+    async def _call_hook(self, hook: QueueHook | None, queues: list[MessageQueue]) -> None:
+        if hook is None:
+            return
+        try:
+            result: Any = hook(sorted(queues))
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("rebalance hook %s raised", getattr(hook, "__name__", hook))
+
+
+def _restore_origin(messages: list[MessageExt]) -> None:
+    """Messages read from a retry topic show the topic they were first sent to."""
+    for m in messages:
+        origin = m.properties.get("ORIGIN_TOPIC")
+        if origin:
+            m.topic = origin
