@@ -12,7 +12,12 @@ from sdk.consumer.allocate import (
     AllocateMessageQueueConsistentHash,
     AllocateMessageQueueStrategy,
 )
-from sdk.consumer.config import ConsumeFromWhere, MessageModel, PushConsumerConfig
+from sdk.consumer.config import (
+    ConsumeFromWhere,
+    LitePullConsumerConfig,
+    MessageModel,
+    PushConsumerConfig,
+)
 from sdk.consumer.listener import (
     ConsumeConcurrentlyContext,
     ConsumeConcurrentlyStatus,
@@ -21,6 +26,7 @@ from sdk.consumer.listener import (
     MessageListenerConcurrently,
     MessageListenerOrderly,
 )
+from sdk.consumer.lite_pull import LitePullConsumer
 from sdk.consumer.push import PushConsumer
 from sdk.errors import OrderMQError
 from sdk.message import Message, MessageExt, MessageQueue, SendResult, SendStatus
@@ -43,6 +49,8 @@ __all__ = [
     "ConsumeFromWhere",
     "ConsumeOrderlyContext",
     "ConsumeOrderlyStatus",
+    "LitePullConsumer",
+    "LitePullConsumerConfig",
     "Message",
     "MessageExt",
     "MessageListenerConcurrently",

@@ -1,6 +1,7 @@
 """The asyncio face of ordermq's clients; same core as the blocking ones."""
 
+from sdk.aio.lite_pull_consumer import LitePullConsumer
 from sdk.aio.producer import Producer
 from sdk.aio.push_consumer import PushConsumer
 
-__all__ = ["Producer", "PushConsumer"]
+__all__ = ["LitePullConsumer", "Producer", "PushConsumer"]

@@ -112,3 +112,56 @@ class PushConsumerConfig:
         need(
             self.lock_lease > self.lock_renew_interval, "lock_lease must exceed lock_renew_interval"
         )
+
+
+@dataclass(frozen=True)
+class LitePullConsumerConfig:
+    """Tuning of a lite pull consumer; every duration is in seconds.
+
+    Attributes:
+        pull_batch_size: Most messages one broker pull asks for, and one poll() returns.
+            Larger than RocketMQ's 10: a pull costs a round trip.
+        pull_max_bytes: Most bytes one pull asks for.
+        pull_threshold_for_all: Messages cached over all queues before pulling pauses.
+        pull_threshold_for_queue: ... and per queue.
+        pull_threshold_bytes_for_queue: ... and body bytes per queue.
+        auto_commit_interval: With auto commit, poll() commits at most this often (>= 1).
+        pull_suspend: How long the broker holds a pull that finds nothing.
+        pull_timeout: The deadline of a pull call.
+        pull_error_backoff: Wait after a failed pull.
+        flow_control_backoff: Wait while the cache is full or a queue is paused.
+        rebalance_interval, lock_renew_interval, lock_lease, persist_interval,
+        heartbeat_interval: As for PushConsumerConfig.
+    """
+
+    pull_batch_size: int = 512
+    pull_max_bytes: int = 4 * MIB
+    pull_threshold_for_all: int = 10_000
+    pull_threshold_for_queue: int = 1000
+    pull_threshold_bytes_for_queue: int = 100 * MIB
+    auto_commit_interval: float = 5.0
+    pull_suspend: float = 20.0
+    pull_timeout: float = 30.0
+    pull_error_backoff: float = 3.0
+    flow_control_backoff: float = 0.05
+    rebalance_interval: float = 20.0
+    lock_renew_interval: float = 20.0
+    lock_lease: float = 30.0
+    persist_interval: float = 5.0
+    heartbeat_interval: float = 10.0
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise InvalidArgumentError(what)
+
+        need(1 <= self.pull_batch_size <= 10_000, "pull_batch_size must be within 1..10000")
+        need(1024 <= self.pull_max_bytes <= 32 * MIB, "pull_max_bytes: 1 KiB..32 MiB")
+        need(self.pull_threshold_for_all >= 1, "pull_threshold_for_all must be at least 1")
+        need(1 <= self.pull_threshold_for_queue <= 65535, "pull_threshold_for_queue: 1..65535")
+        need(self.pull_threshold_bytes_for_queue >= MIB, "pull_threshold_bytes_for_queue >= 1 MiB")
+        need(self.auto_commit_interval >= 1.0, "auto_commit_interval must be at least 1 second")
+        need(self.pull_timeout > self.pull_suspend >= 0, "pull_timeout must exceed pull_suspend")
+        need(
+            self.lock_lease > self.lock_renew_interval, "lock_lease must exceed lock_renew_interval"
+        )

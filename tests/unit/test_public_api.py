@@ -16,7 +16,8 @@ def test_sdk_exports_exactly_the_public_names() -> None:
             "AllocateMessageQueueAveragely", "AllocateMessageQueueAveragelyByCircle",
             "AllocateMessageQueueConsistentHash", "AllocateMessageQueueStrategy",
             "ConsumeConcurrentlyContext", "ConsumeConcurrentlyStatus", "ConsumeFromWhere",
-            "ConsumeOrderlyContext", "ConsumeOrderlyStatus", "Message", "MessageExt",
+            "ConsumeOrderlyContext", "ConsumeOrderlyStatus", "LitePullConsumer",
+            "LitePullConsumerConfig", "Message", "MessageExt",
             "MessageListenerConcurrently", "MessageListenerOrderly", "MessageModel",
             "MessageQueue", "MessageQueueSelector", "OrderMQError", "PartialBatchError",
             "Producer", "PushConsumer", "PushConsumerConfig", "RoundRobinSelector",
@@ -24,7 +25,7 @@ def test_sdk_exports_exactly_the_public_names() -> None:
             "SendStatus", "shard_index",
         ]
     )  # fmt: skip
-    assert sorted(sdk.aio.__all__) == ["Producer", "PushConsumer"]
+    assert sorted(sdk.aio.__all__) == ["LitePullConsumer", "Producer", "PushConsumer"]
     assert sorted(mockbroker.__all__) == ["Broker", "BrokerConfig", "EmbeddedBroker", "FlushMode"]
 
 

@@ -1,0 +1,175 @@
+"""sdk.LitePullConsumer: the blocking poll-loop consumer for batch jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from types import TracebackType
+
+from sdk._loop import LoopThread
+from sdk.clock import Clock
+from sdk.consumer.allocate import AllocateMessageQueueStrategy
+from sdk.consumer.config import ConsumeFromWhere, LitePullConsumerConfig
+from sdk.consumer.core import QueueHook
+from sdk.consumer.lite_pull_core import LitePullConsumerCore
+from sdk.errors import ClientStateError
+from sdk.message import MessageExt, MessageQueue
+
+#: RocketMQ's default poll timeout.
+DEFAULT_POLL_TIMEOUT = 5.0
+
+
+class LitePullConsumer:
+    """Pull messages in your own loop: `poll()`, process, `commit()`.
+
+    Args:
+        group: Consumer group (for offsets, and for sharing queues when subscribing).
+        endpoints: One broker "host:port" or several.
+        auto_commit: Commit what poll() returned every `config.auto_commit_interval`
+            seconds (checked in poll) and at shutdown. Off: call commit() yourself.
+        orderly: Hold the broker lock of every queue this consumer polls, so two workers
+            of the group never process one queue at the same time; a worker that lost
+            its lock gets StaleEpochError / LockNotHeldError from commit().
+        consume_from_where, consume_timestamp, allocate_strategy, on_queues_assigned,
+        on_queues_revoked, clock: As for PushConsumer.
+        config: LitePullConsumerConfig.
+
+    Example::
+
+        consumer = LitePullConsumer("nightly-export", "127.0.0.1:8081", auto_commit=False)
+        consumer.subscribe("orders")
+        with consumer:
+            while batch := consumer.poll(timeout=1.0):
+                export(batch)
+                consumer.commit()
+    """
+
+    def __init__(
+        self,
+        group: str,
+        endpoints: str | list[str],
+        *,
+        auto_commit: bool = True,
+        orderly: bool = False,
+        consume_from_where: ConsumeFromWhere = ConsumeFromWhere.LAST_OFFSET,
+        consume_timestamp: datetime | float | None = None,
+        allocate_strategy: AllocateMessageQueueStrategy | None = None,
+        config: LitePullConsumerConfig | None = None,
+        on_queues_assigned: QueueHook | None = None,
+        on_queues_revoked: QueueHook | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self._core = LitePullConsumerCore(
+            group,
+            endpoints,
+            auto_commit=auto_commit,
+            orderly=orderly,
+            consume_from_where=consume_from_where,
+            consume_timestamp=consume_timestamp,
+            allocate_strategy=allocate_strategy,
+            config=config,
+            on_queues_assigned=on_queues_assigned,
+            on_queues_revoked=on_queues_revoked,
+            clock=clock,
+        )
+        self._loop: LoopThread | None = None
+
+    @property
+    def client_id(self) -> str:
+        """The member id this consumer has in its group."""
+        return self._core.client_id
+
+    def _running(self) -> LoopThread:
+        if self._loop is None:
+            raise ClientStateError("the consumer is not started; call start() first")
+        return self._loop
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        """Share `topic`'s queues with the group (exclusive with assign)."""
+        self._core.subscribe(topic, expression)
+
+    def assign(self, queues: list[MessageQueue]) -> None:
+        """Consume exactly these queues (exclusive with subscribe)."""
+        self._core.assign(queues)
+
+    def start(self) -> None:
+        """Join the group and start pulling in the background."""
+        if self._loop is not None:
+            raise ClientStateError("consumer already started")
+        self._loop = LoopThread(f"ordermq-pull-{self._core.group}")
+        try:
+            self._loop.run(self._core.start())
+        except BaseException:
+            self._loop.stop()
+            self._loop = None
+            raise
+
+    def shutdown(self) -> None:
+        """Commit what was consumed (auto commit), release locks, leave the group."""
+        if self._loop is None:
+            return
+        try:
+            self._loop.run(self._core.shutdown())
+        finally:
+            self._loop.stop()
+
+    def poll(self, timeout: float = DEFAULT_POLL_TIMEOUT) -> list[MessageExt]:
+        """Messages of one queue in order, or [] if none arrive within `timeout` seconds."""
+        return self._running().run(self._core.poll(timeout))
+
+    def commit(self, offsets: dict[MessageQueue, int] | None = None, persist: bool = True) -> None:
+        """Commit what poll() returned, or `offsets` (the next offset to consume)."""
+        self._running().run(self._core.commit(offsets, persist=persist))
+
+    def committed(self, mq: MessageQueue) -> int:
+        """The group's committed offset of `mq` at the broker; -1 if none."""
+        return self._running().run(self._core.committed(mq))
+
+    def seek(self, mq: MessageQueue, offset: int) -> None:
+        """Continue `mq` at `offset`, which must be within [min, max]."""
+        self._running().run(self._core.seek(mq, offset))
+
+    def seek_to_begin(self, mq: MessageQueue) -> None:
+        """Continue `mq` at its min offset."""
+        self._running().run(self._core.seek_to_begin(mq))
+
+    def seek_to_end(self, mq: MessageQueue) -> None:
+        """Continue `mq` at its max offset."""
+        self._running().run(self._core.seek_to_end(mq))
+
+    def pause(self, queues: list[MessageQueue]) -> None:
+        """Hold these queues back from poll() until resume()."""
+        self._running().run(_call(self._core.pause, queues))
+
+    def resume(self, queues: list[MessageQueue]) -> None:
+        """Let paused queues be polled again."""
+        self._running().run(_call(self._core.resume, queues))
+
+    def assignment(self) -> set[MessageQueue]:
+        """The queues held now."""
+        return self._core.assignment()
+
+    def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
+        """Every readable queue of `topic`."""
+        return self._running().run(self._core.fetch_message_queues(topic))
+
+    def offsets_for_timestamp(self, mq: MessageQueue, timestamp: float) -> int:
+        """The first offset of `mq` stored at or after `timestamp` (epoch seconds)."""
+        return self._running().run(self._core.offsets_for_timestamp(mq, timestamp))
+
+    def __enter__(self) -> LitePullConsumer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+
+async def _call(fn: Callable[[list[MessageQueue]], None], queues: list[MessageQueue]) -> None:
+    """Run a state change on the consumer's loop (its event is not thread-safe)."""
+    fn(queues)

@@ -1,0 +1,297 @@
+"""The lite pull consumer's async core: background pulls into a bounded cache, poll().
+
+Offsets: poll() records how far each queue has been handed out ("consumed"); commit()
+makes that the group's offset and sends it to the broker. With auto commit, poll()
+commits at most every `auto_commit_interval`, and shutdown commits what was consumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime
+
+from sdk.clock import Clock
+from sdk.consumer.allocate import AllocateMessageQueueStrategy
+from sdk.consumer.config import ConsumeFromWhere, LitePullConsumerConfig
+from sdk.consumer.core import ConsumerCore, PullSettings, QueueHook
+from sdk.consumer.process_queue import ProcessQueue
+from sdk.errors import ClientStateError, InvalidArgumentError, InvalidOffsetError
+from sdk.message import MessageExt, MessageQueue
+
+log = logging.getLogger("ordermq.consumer")
+
+
+class LitePullConsumerCore(ConsumerCore):
+    """Subscribe or assign, then poll."""
+
+    consume_type = "CONSUME_POLL"
+
+    def __init__(
+        self,
+        group: str,
+        endpoints: str | list[str],
+        *,
+        auto_commit: bool = True,
+        orderly: bool = False,
+        consume_from_where: ConsumeFromWhere = ConsumeFromWhere.LAST_OFFSET,
+        consume_timestamp: datetime | float | None = None,
+        allocate_strategy: AllocateMessageQueueStrategy | None = None,
+        config: LitePullConsumerConfig | None = None,
+        on_queues_assigned: QueueHook | None = None,
+        on_queues_revoked: QueueHook | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.config = c = config or LitePullConsumerConfig()
+        super().__init__(
+            group,
+            endpoints,
+            pull=PullSettings(
+                batch_size=c.pull_batch_size,
+                max_bytes=c.pull_max_bytes,
+                suspend=c.pull_suspend,
+                timeout=c.pull_timeout,
+                error_backoff=c.pull_error_backoff,
+                flow_control_backoff=c.flow_control_backoff,
+                threshold_for_queue=c.pull_threshold_for_queue,
+                threshold_bytes_for_queue=c.pull_threshold_bytes_for_queue,
+                threshold_for_all=-1,  # the cache limit below is a total, not a share
+            ),
+            locks=orderly,
+            consume_from_where=consume_from_where,
+            consume_timestamp=consume_timestamp,
+            allocate_strategy=allocate_strategy,
+            on_queues_assigned=on_queues_assigned,
+            on_queues_revoked=on_queues_revoked,
+            clock=clock,
+            lock_renew_interval=c.lock_renew_interval,
+            lock_lease=c.lock_lease,
+            rebalance_interval=c.rebalance_interval,
+            heartbeat_interval=c.heartbeat_interval,
+            persist_interval=c.persist_interval,
+        )
+        self.auto_commit = auto_commit
+        self._consumed: dict[MessageQueue, int] = {}
+        self._paused: set[MessageQueue] = set()
+        self._ready = asyncio.Event()
+        self._turn = 0
+        self._last_commit = 0.0
+        # Orderly: the queue whose batch the caller is processing keeps its consume lock
+        # until the next poll(), so rebalance cannot unlock it under the caller's feet.
+        self._in_hand: ProcessQueue | None = None
+
+    # ------------------------------------------------------------------ setup
+    def assign(self, queues: list[MessageQueue]) -> None:
+        """Consume exactly these queues (no group rebalance)."""
+        self._check_new("assign()")
+        if self._subscriptions:
+            raise ClientStateError(
+                "subscribe() and assign() are exclusive: this consumer subscribes"
+            )
+        if not queues:
+            raise InvalidArgumentError("assign() needs at least one queue")
+        self._assigned = sorted(set(queues))
+
+    async def start(self) -> None:
+        """Join the group and start pulling in the background."""
+        if self._state != "new":
+            raise ClientStateError(f"consumer cannot start: it is {self._state}")
+        self._last_commit = self._clock.now()
+        try:
+            await self._start_core()
+        except BaseException:
+            await self._cluster.close()
+            self._state = "shut down"
+            raise
+
+    async def shutdown(self) -> None:
+        """Commit what was consumed (with auto commit), unlock, leave the group."""
+        if self._state in ("new", "shut down"):
+            self._state = "shut down"
+            return
+        self._put_down()
+        held = await self._stop_pulling()
+        if self.auto_commit:
+            self._take_consumed(held)
+        self._ready.set()
+        await self._leave(held)
+
+    @property
+    def running(self) -> bool:
+        """True between start() and shutdown()."""
+        return self._state == "running"
+
+    def _running(self) -> None:
+        if self._state != "running":
+            raise ClientStateError(f"the consumer is {self._state}; poll after start()")
+
+    # ------------------------------------------------------------------ poll
+    async def poll(self, timeout: float) -> list[MessageExt]:
+        """Messages of one queue in order, or [] when none arrive within `timeout` s."""
+        if timeout < 0:
+            raise InvalidArgumentError(f"poll timeout must not be negative, not {timeout}")
+        self._running()
+        self._put_down()
+        if self.auto_commit and self._clock.now() - self._last_commit >= (
+            self.config.auto_commit_interval
+        ):
+            await self.commit()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            batch = await self._take()
+            if batch or self._state != "running":
+                return batch
+            self._ready.clear()
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return []
+            try:
+                await asyncio.wait_for(self._ready.wait(), remaining)
+            except TimeoutError:
+                return []
+
+    async def _take(self) -> list[MessageExt]:
+        queues = list(self._queues)
+        for i in range(len(queues)):
+            queue = queues[(self._turn + i) % len(queues)]
+            pq = self._queues[queue]
+            if pq.dropped or queue in self._paused or not pq.buffered:
+                continue
+            if self.uses_locks:
+                if not self._lease_valid(pq) or pq.consume_lock.locked():
+                    continue  # expired, or being released
+                await pq.consume_lock.acquire()  # free: this does not wait
+                self._in_hand = pq
+            batch = pq.take(self.config.pull_batch_size)
+            self._consumed[queue] = pq.commit()
+            self._turn = (self._turn + i + 1) % len(queues)
+            return batch
+        return []
+
+    def _put_down(self) -> None:
+        """The caller is done with the last batch it polled."""
+        if self._in_hand is not None:
+            self._in_hand.consume_lock.release()
+            self._in_hand = None
+
+    def _lease_valid(self, pq: ProcessQueue) -> bool:
+        return pq.locked and self._clock.now() - pq.last_lock_time <= self.lock_lease
+
+    # ------------------------------------------------------------------ offsets
+    def _take_consumed(self, queues: list[MessageQueue]) -> None:
+        for queue in queues:
+            if queue in self._consumed and queue in self._queues:
+                self.offsets.update(queue, self._consumed[queue])
+
+    async def commit(
+        self, offsets: dict[MessageQueue, int] | None = None, *, persist: bool = True
+    ) -> None:
+        """Commit what poll() returned so far, or the given offsets (next to consume)."""
+        self._running()
+        self._put_down()
+        if offsets is None:
+            queues = list(self._consumed)
+            self._take_consumed(queues)
+        else:
+            for queue, offset in offsets.items():
+                self._check_assigned(queue)
+                low, high, _ = await self._cluster.client_for(queue).queue_offsets(queue)
+                if not low <= offset <= high:
+                    raise InvalidOffsetError(
+                        f"offset {offset} for {queue} is outside [{low}, {high}]"
+                    )
+            for queue, offset in offsets.items():
+                self.offsets.update(queue, offset, increase_only=False)
+                self._consumed[queue] = offset
+            queues = list(offsets)
+        self._last_commit = self._clock.now()
+        if persist:
+            await self.offsets.persist(queues)
+
+    async def committed(self, queue: MessageQueue) -> int:
+        """The group's committed offset of `queue` at the broker; -1 if it has none."""
+        await self._cluster.readable_queues(queue.topic)
+        offset = await self.offsets.fetch(queue)
+        return -1 if offset is None else offset
+
+    async def _starting_offset(self, queue: MessageQueue, offset: int) -> None:
+        self._consumed[queue] = offset
+
+    def _skipped_to(self, queue: MessageQueue, offset: int) -> None:
+        self._consumed[queue] = max(self._consumed.get(queue, offset), offset)
+
+    def _deliver(self, queue: MessageQueue, pq: ProcessQueue) -> None:
+        self._ready.set()
+
+    def _may_pull(self, queue: MessageQueue, pq: ProcessQueue) -> bool:
+        total = sum(p.count for p in self._queues.values())
+        return queue not in self._paused and total < self.config.pull_threshold_for_all
+
+    async def release(self, queues: list[MessageQueue]) -> list[MessageQueue]:
+        """Commit what was polled from queues being taken away (auto commit), then release."""
+        if self.auto_commit:
+            self._take_consumed(queues)
+        released = await super().release(queues)
+        for queue in released:
+            self._consumed.pop(queue, None)
+        return released
+
+    # ------------------------------------------------------------------ positioning
+    def _check_assigned(self, queue: MessageQueue) -> ProcessQueue:
+        pq = self._queues.get(queue)
+        if pq is None:
+            raise InvalidArgumentError(f"{queue} is not assigned to this consumer")
+        return pq
+
+    async def seek(self, queue: MessageQueue, offset: int) -> None:
+        """Continue `queue` at `offset` (within [min, max]); drops what was cached."""
+        self._running()
+        pq = self._check_assigned(queue)
+        low, high, _ = await self._cluster.client_for(queue).queue_offsets(queue)
+        if not low <= offset <= high:
+            raise InvalidOffsetError(
+                f"cannot seek {queue} to {offset}: it must be within [{low}, {high}] (min, max)"
+            )
+        await self._cancel_pulls([queue])
+        pq.clear()
+        pq.next_offset = offset
+        self._consumed[queue] = offset
+        self.offsets.update(queue, offset, increase_only=False)
+        self._start_pulling(queue, pq)
+
+    async def seek_to_begin(self, queue: MessageQueue) -> None:
+        """Continue `queue` at its min offset."""
+        self._check_assigned(queue)
+        low, _high, _ = await self._cluster.client_for(queue).queue_offsets(queue)
+        await self.seek(queue, low)
+
+    async def seek_to_end(self, queue: MessageQueue) -> None:
+        """Continue `queue` at its max offset (only new messages)."""
+        self._check_assigned(queue)
+        _low, high, _ = await self._cluster.client_for(queue).queue_offsets(queue)
+        await self.seek(queue, high)
+
+    def pause(self, queues: list[MessageQueue]) -> None:
+        """poll() returns nothing of these queues, and they are not pulled, until resumed."""
+        self._paused.update(queues)
+
+    def resume(self, queues: list[MessageQueue]) -> None:
+        """Undo pause()."""
+        self._paused.difference_update(queues)
+        self._ready.set()
+
+    def assignment(self) -> set[MessageQueue]:
+        """The queues this consumer holds now."""
+        return set(self._queues)
+
+    async def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
+        """Every readable queue of `topic`."""
+        return await self._cluster.readable_queues(topic)
+
+    async def offsets_for_timestamp(self, queue: MessageQueue, timestamp: float) -> int:
+        """The first offset of `queue` stored at or after `timestamp` (epoch seconds)."""
+        await self._cluster.readable_queues(queue.topic)
+        _low, _high, at = await self._cluster.client_for(queue).queue_offsets(
+            queue, int(timestamp * 1000)
+        )
+        return at
