@@ -165,10 +165,12 @@ def test_consume_from_where_for_a_new_group(
         p.send(Message("orders", b"old", sharding_key="k"))
         clock.advance(60)
         listener = Recorder()
+        assigned = threading.Event()
         c = consumer(broker, listener, consume_from_where=where,
-                     consume_timestamp=clock.now() - 1)  # fmt: skip
+                     consume_timestamp=clock.now() - 1,
+                     on_queues_assigned=lambda queues: assigned.set())  # fmt: skip
         with c:
-            wait_until(lambda: bool(lock_owners(broker)), 20)
+            assert assigned.wait(20), "the start offsets are fixed before this hook runs"
             p.send(Message("orders", b"new", sharding_key="k"))
             wait_until(lambda: b"new" in listener.bodies(), 20)
         assert listener.bodies() == expected
