@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +32,8 @@ class BrokerProcess:
         self.extra_args = extra_args
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
+        # stderr goes to a file: a pipe nobody reads would block a chatty broker.
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives as long as the process)
 
     def start(self, timeout: float = 30.0) -> str:
         """Start the broker and return its address once it prints its ready line."""
@@ -41,16 +45,18 @@ class BrokerProcess:
             *self.extra_args,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
         assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        line = self.proc.stdout.readline()
-        if not line.startswith("mockbroker listening on ") or time.monotonic() > deadline:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line.startswith("mockbroker listening on "):
             self.proc.kill()
-            _, err = self.proc.communicate()
-            raise AssertionError(f"broker did not start: {line!r}\n{err}")
+            self.proc.wait()
+            raise AssertionError(
+                f"broker did not start within {timeout}s: {line!r}\n{self.stderr()}"
+            )
         self.address = line.split()[-1]
         return self.address
 
@@ -67,6 +73,7 @@ class BrokerProcess:
         return self.proc.wait(timeout)
 
     def stderr(self) -> str:
-        """What the (exited) broker wrote to stderr."""
-        assert self.proc is not None and self.proc.stderr is not None
-        return self.proc.stderr.read()
+        """What the broker has written to stderr so far."""
+        self._stderr.flush()
+        self._stderr.seek(0)
+        return self._stderr.read()

@@ -74,6 +74,7 @@ def recover(
     commitlog: CommitLog, queues: QueueLookup, existing: list[ConsumeQueue], start: int
 ) -> RecoveryReport:
     """Rebuild the consume queues from commit log position `start` onwards."""
+    start = _record_boundary(commitlog, existing, start)
     report = RecoveryReport(crashed=True, replayed_from=start)
     for cq in existing:
         cq.truncate(cq.count_before(start))
@@ -109,6 +110,35 @@ def recover(
                 return report
             pos += at
     return report
+
+
+def _record_boundary(commitlog: CommitLog, existing: list[ConsumeQueue], start: int) -> int:
+    """`start`, or the start of a record that is indexed below `start` but reaches past it.
+
+    The checkpoint is a record boundary of the log as it was written. When the log is found
+    shorter than that (a torn write the disk did not keep), the replay starts at the log's
+    end, which may lie inside a record: its index entry would survive the replay and point
+    past the end. Replaying from that record's start checks it, and cuts it off as torn.
+    """
+    boundary = start
+    for cq in existing:
+        below = cq.count_before(start)
+        if not below:
+            continue
+        position, entry_size, _ = cq.entry(below - 1)
+        size: int | None = entry_size
+        if entry_size == CORRUPT_SIZE:  # recovery skipped it by the size in its header
+            size = _header_size(commitlog, position)
+        if size is None or position + size > start:
+            boundary = min(boundary, position)
+    return boundary
+
+
+def _header_size(commitlog: CommitLog, position: int) -> int | None:
+    """The size field of the record at `position`, or None when the log ends first."""
+    if position + RECORD.size > commitlog.end:
+        return None
+    return int(RECORD.unpack(commitlog.read(position, RECORD.size))[0])
 
 
 def _valid_follows(commitlog: CommitLog, position: int) -> bool:

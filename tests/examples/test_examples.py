@@ -43,3 +43,9 @@ def test_bench_quick_run_measures_every_figure(tmp_path: Path) -> None:
     figures = json.loads(out.read_text())["figures"]
     produce = [f for f in figures if f["title"].startswith("produce")]
     assert len(produce) == 4 and all(f["median"] > 0 for f in produce)
+
+
+def test_batch_export_drains_the_backlog_once_and_resumes_from_commits() -> None:
+    out = run_example("batch_export.py", "--messages", "3000")
+    assert "first run: 3000, second run: 0, distinct lines: 3000" in out
+    assert "result: OK" in out
