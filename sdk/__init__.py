@@ -31,6 +31,7 @@ from sdk.consumer.push import PushConsumer
 from sdk.errors import OrderMQError
 from sdk.message import Message, MessageExt, MessageQueue, SendResult, SendStatus
 from sdk.producer import PartialBatchError, Producer
+from sdk.producer.config import AccumulatorConfig, ProducerConfig
 from sdk.selector import (
     MessageQueueSelector,
     RoundRobinSelector,
@@ -40,6 +41,7 @@ from sdk.selector import (
 )
 
 __all__ = [
+    "AccumulatorConfig",
     "AllocateMessageQueueAveragely",
     "AllocateMessageQueueAveragelyByCircle",
     "AllocateMessageQueueConsistentHash",
@@ -61,6 +63,7 @@ __all__ = [
     "OrderMQError",
     "PartialBatchError",
     "Producer",
+    "ProducerConfig",
     "PushConsumer",
     "PushConsumerConfig",
     "RoundRobinSelector",

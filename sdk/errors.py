@@ -20,6 +20,7 @@
     ├── FlushTimeoutError                   sync flush did not finish in time
     ├── NotSupportedError                   the broker does not serve this yet
     ├── ClientStateError                    used before start() or after shutdown()
+    ├── BufferFullError                     the producer's send buffer is full (retriable)
     └── BrokerError                         any other refusal, with the broker's status
         ├── BrokerUnavailableError          retriable
         ├── BrokerBusyError                 retriable
@@ -119,6 +120,12 @@ class NotSupportedError(OrderMQError):
 
 class ClientStateError(OrderMQError):
     """A client used before start() or after shutdown()."""
+
+
+class BufferFullError(OrderMQError):
+    """The producer's send buffer is full: the broker is slow or unreachable."""
+
+    retriable = True
 
 
 class BrokerError(OrderMQError):

@@ -158,6 +158,9 @@ class SendStatus(enum.Enum):
 
     SEND_OK = "SEND_OK"
     FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    #: Accepted into the producer's local spool; delivered to the broker in the
+    #: background (the queue is chosen then: `queue.queue_id` is -1 until it is).
+    SPOOLED = "SPOOLED"
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +168,7 @@ class SendResult:
     """Where a sent message was stored.
 
     A delayed message gets its queue offset when it falls due: until then `queue_offset`
-    is -1 (use `msg_id` to cancel it).
+    is -1 (use `msg_id` to cancel it). So does a spooled one (status SPOOLED).
     """
 
     status: SendStatus

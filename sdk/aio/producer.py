@@ -10,7 +10,8 @@ from typing import Any
 
 from sdk.clock import Clock
 from sdk.message import Message, MessageQueue, SendResult
-from sdk.producer.core import DEFAULT_SEND_TIMEOUT_SECONDS, ProducerCore
+from sdk.producer.config import ProducerConfig
+from sdk.producer.core import ProducerCore
 from sdk.selector import MessageQueueSelector
 
 log = logging.getLogger("ordermq.producer")
@@ -30,10 +31,10 @@ class Producer:
         endpoints: str | Sequence[str],
         *,
         group: str | None = None,
-        send_timeout: float = DEFAULT_SEND_TIMEOUT_SECONDS,
+        config: ProducerConfig | None = None,
         clock: Clock | None = None,
     ) -> None:
-        self._core = ProducerCore(endpoints, group=group, send_timeout=send_timeout, clock=clock)
+        self._core = ProducerCore(endpoints, group=group, config=config, clock=clock)
         self._oneway: set[asyncio.Task[SendResult]] = set()
 
     async def start(self) -> None:
@@ -73,6 +74,10 @@ class Producer:
         self._oneway.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("one-way send failed: %s", task.exception())
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until every accepted message reached the broker (accumulator, spool)."""
+        await self._core.flush(timeout)
 
     async def cancel(self, msg_id: str) -> bool:
         """Cancel a delayed message before it is due; False if it was already delivered."""

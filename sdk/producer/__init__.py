@@ -12,12 +12,13 @@ from sdk._loop import LoopThread
 from sdk.clock import Clock
 from sdk.errors import ClientStateError
 from sdk.message import Message, MessageQueue, SendResult
-from sdk.producer.core import DEFAULT_SEND_TIMEOUT_SECONDS, PartialBatchError, ProducerCore
+from sdk.producer.config import ProducerConfig
+from sdk.producer.core import PartialBatchError, ProducerCore
 from sdk.selector import MessageQueueSelector
 
 log = logging.getLogger("ordermq.producer")
 
-__all__ = ["PartialBatchError", "Producer"]
+__all__ = ["PartialBatchError", "Producer", "ProducerConfig"]
 
 
 class Producer:
@@ -27,7 +28,7 @@ class Producer:
         endpoints: One broker "host:port" or several ("h1:p1;h2:p2" or a list); any of
             them answers route queries.
         group: Producer group name (informational for now).
-        send_timeout: Default deadline of a send, in seconds.
+        config: ProducerConfig: deadlines, retries, accumulator, spool.
 
     Use it as a context manager, or call start() and shutdown()::
 
@@ -40,10 +41,10 @@ class Producer:
         endpoints: str | Sequence[str],
         *,
         group: str | None = None,
-        send_timeout: float = DEFAULT_SEND_TIMEOUT_SECONDS,
+        config: ProducerConfig | None = None,
         clock: Clock | None = None,
     ) -> None:
-        self._core = ProducerCore(endpoints, group=group, send_timeout=send_timeout, clock=clock)
+        self._core = ProducerCore(endpoints, group=group, config=config, clock=clock)
         self._loop: LoopThread | None = None
 
     def start(self) -> None:
@@ -100,6 +101,13 @@ class Producer:
         """Send without waiting for or reporting the outcome (failures are only logged)."""
         future = self.send_async(message)
         future.add_done_callback(_log_oneway_failure)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every accepted message reached the broker (accumulator, spool).
+
+        Raises TimeoutError when `timeout` seconds pass first.
+        """
+        self._running().run(self._core.flush(timeout))
 
     def cancel(self, msg_id: str) -> bool:
         """Cancel a delayed message before it is due; False if it was already delivered.

@@ -1,8 +1,15 @@
-"""The producer's async core, shared by the blocking and the asyncio faces."""
+"""The producer's async core, shared by the blocking and the asyncio faces.
+
+Three ways a message can go, chosen by the configuration:
+- direct: one request per send (or per queue of a send_batch), retried per policy;
+- accumulator: grouped per queue into batch requests;
+- spool: written to a local file first, delivered from it in the background.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -11,22 +18,27 @@ from sdk._transport.cluster import Cluster
 from sdk._transport.codec import MessageIdGenerator, encode_message
 from sdk._validation import check_group, check_topic
 from sdk._wire import MAX_SEND_BYTES
-from sdk.clock import Clock, SystemClock
+from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.errors import (
+    BrokerUnavailableError,
     ClientStateError,
     FlushTimeoutError,
     InvalidArgumentError,
     MessageNotFoundError,
     OrderMQError,
+    TopicNotFoundError,
 )
 from sdk.message import Message, MessageQueue, SendResult, SendStatus
+from sdk.producer.accumulator import Accumulator
+from sdk.producer.config import ProducerConfig
+from sdk.producer.retry import with_retries
+from sdk.producer.spool import Spool, Spooled
 from sdk.selector import MessageQueueSelector, RoundRobinSelector, shard_index
 
 log = logging.getLogger("ordermq.producer")
 
-#: Longer than the broker's default sync-flush wait (5 s), so that a flush timeout is
-#: reported by the broker rather than hidden behind a client deadline.
-DEFAULT_SEND_TIMEOUT_SECONDS = 10.0
+#: Messages delivered from the spool per round.
+SPOOL_BATCH = 1000
 
 
 class PartialBatchError(OrderMQError):
@@ -53,31 +65,69 @@ class ProducerCore:
         endpoints: str | Sequence[str],
         *,
         group: str | None = None,
-        send_timeout: float = DEFAULT_SEND_TIMEOUT_SECONDS,
+        config: ProducerConfig | None = None,
         clock: Clock | None = None,
     ) -> None:
         self._cluster = Cluster(endpoints)
         self.group = check_group(group) if group is not None else None
-        if send_timeout <= 0:
-            raise InvalidArgumentError("send_timeout must be positive")
-        self._send_timeout = send_timeout
+        self.config = config or ProducerConfig()
+        if self.config.spool_dir is not None and self.config.accumulator is not None:
+            raise InvalidArgumentError("spool_dir and accumulator are exclusive: the spool batches")
         self._clock: Clock = clock or SystemClock()
         self._ids = MessageIdGenerator()
         self._round_robin = RoundRobinSelector()
+        self._refreshed: dict[str, float] = {}
+        self._accumulator: Accumulator | None = None
+        self._spool: Spool | None = None
+        self._spool_task: asyncio.Task[None] | None = None
         self._state = "new"
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Open a channel to the configured brokers."""
+        """Open channels, and the spool (re-delivering what it still holds)."""
         if self._state != "new":
             raise ClientStateError(f"producer cannot start: it is {self._state}")
         self._cluster.brokers()  # open the channels
+        if self.config.accumulator is not None:
+            self._accumulator = Accumulator(self.config.accumulator, self._send_batch, self._clock)
+        if self.config.spool_dir is not None:
+            self._spool = Spool(self.config.spool_dir)
+            await asyncio.to_thread(self._spool.open)
+            self._spool.start()
+            if self._spool.recovered:
+                log.info("spool: %d messages to deliver from an earlier run", self._spool.recovered)
+            self._spool_task = asyncio.create_task(self._deliver_spool(), name="spool-delivery")
         self._state = "running"
 
     async def shutdown(self) -> None:
-        """Close every channel."""
+        """Send what is buffered, give the spool `send_timeout` to drain, close."""
+        if self._state != "running":
+            self._state = "shut down"
+            return
+        self._state = "stopping"
+        if self._accumulator is not None:
+            await self._accumulator.close()
+        if self._spool is not None:
+            with contextlib.suppress(TimeoutError):
+                await self.flush(self.config.send_timeout)
+            if self._spool_task is not None:
+                self._spool_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._spool_task
+            await self._spool.close()
         self._state = "shut down"
         await self._cluster.close()
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until everything accepted has reached the broker (TimeoutError if not)."""
+
+        async def drained() -> None:
+            while (self._accumulator is not None and self._accumulator.pending) or (
+                self._spool is not None and self._spool.pending
+            ):
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(drained(), timeout)
 
     def _check_running(self) -> None:
         if self._state != "running":
@@ -85,9 +135,22 @@ class ProducerCore:
 
     # ------------------------------------------------------------------ routes
     async def writable_queues(self, topic: str) -> list[MessageQueue]:
-        """The topic's writable queues sorted by (broker, queue id); cached."""
+        """The topic's writable queues sorted by (broker, queue id); refreshed periodically."""
+        now = self._clock.now()
+        last = self._refreshed.get(topic)
+        if last is not None and now - last >= self.config.route_refresh_interval:
+            await self._cluster.routes(topic, create=True, refresh=True)
+            last = None
+        queues = await self._cluster.writable_queues(topic)
+        if last is None:
+            self._refreshed[topic] = now
+        return queues
+
+    async def fetch_publish_message_queues(self, topic: str) -> list[MessageQueue]:
+        """The queues `send` chooses among for `topic`."""
         self._check_running()
-        return await self._cluster.writable_queues(topic)
+        check_topic(topic)
+        return list(await self.writable_queues(topic))
 
     # ------------------------------------------------------------------ send
     async def send(
@@ -98,12 +161,20 @@ class ProducerCore:
         arg: Any = None,
         timeout: float | None = None,
     ) -> SendResult:
-        """Send one message and return where it was stored."""
-        queues = await self.writable_queues(message.topic)
-        queue = self._select(queues, message, selector, arg)
+        """Send one message and return where it was stored (or that it was spooled)."""
+        self._check_running()
         msg_id = self._ids.next()
         frame = encode_message(message, msg_id, self._clock.now())
-        return (await self._send_frames(queue, [frame], [msg_id], timeout))[0]
+        if self._spool is not None:
+            if selector is not None:
+                raise InvalidArgumentError("a spooling producer routes by sharding key only")
+            return (await self._spool_messages([message], [frame], [msg_id]))[0]
+        queues = await self.writable_queues(message.topic)
+        queue = self._select(queues, message, selector, arg)
+        if self._accumulator is not None and timeout is None and not _delayed(message):
+            return await self._accumulator.add(queue, frame, msg_id)
+        movable = selector is None and message.sharding_key is None
+        return (await self._send_batch(queue, [frame], [msg_id], timeout, movable))[0]
 
     async def send_batch(
         self, messages: Sequence[Message], *, timeout: float | None = None
@@ -113,8 +184,14 @@ class ProducerCore:
         Keyed messages go to their key's queue; the keyless ones of the batch share one
         queue chosen round robin.
         """
+        self._check_running()
         if not messages:
             raise InvalidArgumentError("send_batch needs at least one message")
+        ids = [self._ids.next() for _ in messages]
+        now = self._clock.now()
+        frames = [encode_message(m, ids[i], now) for i, m in enumerate(messages)]
+        if self._spool is not None:
+            return await self._spool_messages(list(messages), frames, ids)
         groups: dict[tuple[MessageQueue, bool], list[int]] = {}
         keyless: dict[str, MessageQueue] = {}
         by_topic: dict[str, list[MessageQueue]] = {}
@@ -127,15 +204,13 @@ class ProducerCore:
             else:
                 queue = keyless.get(m.topic) or self._round_robin(queues, m, None)
                 keyless[m.topic] = queue
-            delayed = m.delay_seconds is not None or m.deliver_at is not None
-            groups.setdefault((queue, delayed), []).append(i)
-        ids = [self._ids.next() for _ in messages]
-        frames = [encode_message(m, ids[i], self._clock.now()) for i, m in enumerate(messages)]
+            groups.setdefault((queue, _delayed(m)), []).append(i)
         calls = []
         for (queue, _), indexes in groups.items():
+            movable = all(messages[i].sharding_key is None for i in indexes)
             for chunk in _chunks_by_size(indexes, frames):
-                calls.append((chunk, self._send_frames(
-                    queue, [frames[i] for i in chunk], [ids[i] for i in chunk], timeout
+                calls.append((chunk, self._send_batch(
+                    queue, [frames[i] for i in chunk], [ids[i] for i in chunk], timeout, movable
                 )))  # fmt: skip
         outcomes = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
         results: list[SendResult | None] = [None] * len(messages)
@@ -154,10 +229,17 @@ class ProducerCore:
             raise PartialBatchError(results, errors)
         return [r for r in results if r is not None]
 
-    async def fetch_publish_message_queues(self, topic: str) -> list[MessageQueue]:
-        """The queues `send` chooses among for `topic`."""
-        check_topic(topic)
-        return list(await self.writable_queues(topic))
+    async def cancel(self, msg_id: str) -> bool:
+        """Cancel a scheduled message; False if it was already delivered."""
+        self._check_running()
+        last: OrderMQError | None = None
+        for client in self._cluster.brokers():
+            try:
+                return await client.cancel_scheduled("", msg_id)
+            except MessageNotFoundError as exc:
+                last = exc  # another broker may hold it
+        assert last is not None
+        raise last
 
     def _select(
         self,
@@ -175,44 +257,135 @@ class ProducerCore:
             return queues[shard_index(message.sharding_key, len(queues))]
         return self._round_robin(queues, message, arg)
 
-    async def _send_frames(
-        self, queue: MessageQueue, frames: list[bytes], ids: list[bytes], timeout: float | None
+    async def _send_batch(
+        self,
+        queue: MessageQueue,
+        frames: list[bytes],
+        ids: list[bytes],
+        timeout: float | None = None,
+        movable: bool = False,
     ) -> list[SendResult]:
-        appended = await self._cluster.client_for(queue).send(
-            queue.topic,
-            queue.queue_id,
-            b"".join(frames),
-            timeout=timeout if timeout is not None else self._send_timeout,
+        """One request for one queue, retried per policy; keyed sends keep their queue."""
+        payload = b"".join(frames)
+        deadline = timeout if timeout is not None else self.config.send_timeout
+        target = [queue]
+
+        async def attempt(n: int) -> list[SendResult]:
+            q = target[0]
+            appended = await self._cluster.client_for(q).send(
+                q.topic, q.queue_id, payload, timeout=deadline
+            )
+            if not appended.durable:
+                raise FlushTimeoutError(
+                    f"{q.topic} queue {q.queue_id}: the broker stored {appended.count} "
+                    f"message(s) from offset {appended.first_offset} but its sync flush timed "
+                    f"out; they may not survive a power loss (a resend may duplicate them)",
+                    code="OK",
+                    reason="FLUSH_DISK_TIMEOUT",
+                )
+            return [
+                SendResult(
+                    SendStatus.SEND_OK,
+                    msg_id.hex().upper(),
+                    q,
+                    -1 if appended.scheduled else appended.first_offset + i,
+                )
+                for i, msg_id in enumerate(ids)
+            ]
+
+        async def before_retry(exc: BaseException) -> None:
+            log.info("send to %s failed (%s); retrying", target[0], exc)
+            self._refreshed.pop(queue.topic, None)
+            with contextlib.suppress(OrderMQError):
+                await self._cluster.routes(queue.topic, create=True, refresh=True)
+            if movable:  # keyless: another queue will do
+                queues = await self._cluster.writable_queues(queue.topic)
+                target[0] = (
+                    queues[(queues.index(target[0]) + 1) % len(queues)]
+                    if (target[0] in queues)
+                    else queues[0]
+                )
+
+        return await with_retries(
+            attempt,
+            retry_times=self.config.retry_times,
+            backoff=self.config.retry_backoff,
+            backoff_max=self.config.retry_backoff_max,
+            before_retry=before_retry,
         )
-        if not appended.durable:
-            raise FlushTimeoutError(
-                f"{queue.topic} queue {queue.queue_id}: the broker stored {appended.count} "
-                f"message(s) from offset {appended.first_offset} but its sync flush timed "
-                f"out; they may not survive a power loss (a resend may duplicate them)",
-                code="OK",
-                reason="FLUSH_DISK_TIMEOUT",
-            )
+
+    # ------------------------------------------------------------------ spool
+    async def _spool_messages(
+        self, messages: list[Message], frames: list[bytes], ids: list[bytes]
+    ) -> list[SendResult]:
+        assert self._spool is not None
+        await self._spool.append(
+            [(m.topic, m.sharding_key, f[4:]) for m, f in zip(messages, frames, strict=True)]
+        )
         return [
-            SendResult(
-                SendStatus.SEND_OK,
-                msg_id.hex().upper(),
-                queue,
-                -1 if appended.scheduled else appended.first_offset + i,
-            )
-            for i, msg_id in enumerate(ids)
+            SendResult(SendStatus.SPOOLED, msg_id.hex().upper(), MessageQueue(m.topic, "", -1), -1)
+            for m, msg_id in zip(messages, ids, strict=True)
         ]
 
-    async def cancel(self, msg_id: str) -> bool:
-        """Cancel a scheduled message; False if it was already delivered."""
-        self._check_running()
-        last: OrderMQError | None = None
-        for client in self._cluster.brokers():
+    async def _deliver_spool(self) -> None:
+        """Deliver spooled messages in acceptance order per queue, forever."""
+        spool = self._spool
+        assert spool is not None
+        backoff = self.config.retry_backoff or 0.05
+        while True:
+            batch = spool.take(SPOOL_BATCH)
+            if not batch:
+                await spool.wait_for_new()
+                continue
+            failed = await self._deliver_round(batch)
+            if failed:
+                spool.give_back(failed)
+                await sleep_for(self._clock, backoff)
+                backoff = min(backoff * 2, self.config.retry_backoff_max)
+            else:
+                backoff = self.config.retry_backoff or 0.05
+
+    async def _deliver_round(self, batch: list[Spooled]) -> list[Spooled]:
+        """Send one round; the messages that could not be delivered."""
+        spool = self._spool
+        assert spool is not None
+        groups: dict[MessageQueue, list[Spooled]] = {}
+        undeliverable: list[Spooled] = []
+        for m in batch:
             try:
-                return await client.cancel_scheduled("", msg_id)
-            except MessageNotFoundError as exc:
-                last = exc  # another broker may hold it
-        assert last is not None
-        raise last
+                queues = await self.writable_queues(m.topic)
+            except (BrokerUnavailableError, TopicNotFoundError) as exc:
+                log.debug("spool: no route for %s yet: %s", m.topic, exc)
+                undeliverable.append(m)
+                continue
+            except OrderMQError as exc:
+                log.warning("spool: %s", exc)
+                undeliverable.append(m)
+                continue
+            if m.sharding_key is not None:
+                queue = queues[shard_index(m.sharding_key, len(queues))]
+            else:
+                queue = queues[m.seq % len(queues)]
+            groups.setdefault(queue, []).append(m)
+
+        async def deliver(queue: MessageQueue, items: list[Spooled]) -> list[Spooled]:
+            frames = [len(s.frame).to_bytes(4, "little") + s.frame for s in items]
+            try:
+                await self._send_batch(queue, frames, [s.frame[:16] for s in items])
+            except FlushTimeoutError:
+                pass  # stored; its fsync is unconfirmed, and a resend would duplicate it
+            except OrderMQError as exc:
+                log.debug("spool: delivery to %s failed: %s", queue, exc)
+                return items
+            await spool.ack([s.seq for s in items])
+            return []
+
+        outcomes = await asyncio.gather(*(deliver(q, items) for q, items in groups.items()))
+        return undeliverable + [m for failed in outcomes for m in failed]
+
+
+def _delayed(message: Message) -> bool:
+    return message.delay_seconds is not None or message.deliver_at is not None
 
 
 def _chunks_by_size(indexes: list[int], frames: list[bytes]) -> list[list[int]]:

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import sdk.aio
-from sdk import Message, MessageExt, SendResult, shard_index
+from sdk import Message, MessageExt, ProducerConfig, SendResult, shard_index
 from sdk._transport.broker_client import BrokerClient, PullStatus
 from sdk.errors import OrderMQError, TopicNotFoundError
 from tests.support import BrokerProcess, wait_until
@@ -121,7 +121,7 @@ def run_producer(
 
     async def main() -> None:
         rng = random.Random(seed)
-        producer = sdk.aio.Producer(address, send_timeout=10)
+        producer = sdk.aio.Producer(address, config=ProducerConfig(send_timeout=10, retry_times=0))
         await producer.start()
         try:
             await asyncio.gather(

@@ -13,14 +13,16 @@ import sdk.errors
 def test_sdk_exports_exactly_the_public_names() -> None:
     assert sorted(sdk.__all__) == sorted(
         [
-            "AllocateMessageQueueAveragely", "AllocateMessageQueueAveragelyByCircle",
+            "AccumulatorConfig", "AllocateMessageQueueAveragely",
+            "AllocateMessageQueueAveragelyByCircle",
             "AllocateMessageQueueConsistentHash", "AllocateMessageQueueStrategy",
             "ConsumeConcurrentlyContext", "ConsumeConcurrentlyStatus", "ConsumeFromWhere",
             "ConsumeOrderlyContext", "ConsumeOrderlyStatus", "LitePullConsumer",
             "LitePullConsumerConfig", "Message", "MessageExt",
             "MessageListenerConcurrently", "MessageListenerOrderly", "MessageModel",
             "MessageQueue", "MessageQueueSelector", "OrderMQError", "PartialBatchError",
-            "Producer", "PushConsumer", "PushConsumerConfig", "RoundRobinSelector",
+            "Producer", "ProducerConfig", "PushConsumer", "PushConsumerConfig",
+            "RoundRobinSelector",
             "SelectMessageQueueByHash", "SelectMessageQueueByRandom", "SendResult",
             "SendStatus", "shard_index",
         ]

@@ -1,0 +1,152 @@
+"""The accumulator: messages grouped per queue into batch sends.
+
+Each queue has its own buffer and at most one batch in flight, so messages of one queue
+(and so of one sharding key) reach the broker in the order they were accepted. A batch
+leaves when it is full (messages or bytes) or its first message has waited `linger`.
+The buffer over all queues is bounded: a send into a full buffer waits for room (up to
+`block_timeout`) or fails at once with BufferFullError, as configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from sdk.clock import Clock
+from sdk.errors import BufferFullError
+from sdk.message import MessageQueue, SendResult
+from sdk.producer.config import AccumulatorConfig
+
+SendBatch = Callable[[MessageQueue, list[bytes], list[bytes]], Awaitable[list[SendResult]]]
+
+
+@dataclass
+class _Pending:
+    frame: bytes
+    msg_id: bytes
+    future: asyncio.Future[SendResult]
+    since: float
+
+
+class _QueueBuffer:
+    def __init__(self) -> None:
+        self.items: deque[_Pending] = deque()
+        self.bytes = 0
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+
+class Accumulator:
+    """Per-queue batching in front of a batch-send function."""
+
+    def __init__(self, config: AccumulatorConfig, send: SendBatch, clock: Clock) -> None:
+        self._config = config
+        self._send = send
+        self._clock = clock
+        self._queues: dict[MessageQueue, _QueueBuffer] = {}
+        self._pending = 0
+        self._room = asyncio.Condition()
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        """Messages accepted and not yet answered by the broker."""
+        return self._pending
+
+    async def add(self, queue: MessageQueue, frame: bytes, msg_id: bytes) -> SendResult:
+        """Queue one message; returns its SendResult once its batch is stored."""
+        await self._wait_for_room()
+        buffer = self._queues.get(queue)
+        if buffer is None:
+            buffer = self._queues[queue] = _QueueBuffer()
+            buffer.task = asyncio.create_task(self._drain(queue, buffer))
+        future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        buffer.items.append(_Pending(frame, msg_id, future, self._clock.now()))
+        buffer.bytes += len(frame)
+        self._pending += 1
+        buffer.wake.set()
+        return await future
+
+    async def _wait_for_room(self) -> None:
+        limit = self._config.buffer_max_messages
+        if self._pending < limit:
+            return
+        if self._config.when_full == "fail":
+            raise BufferFullError(f"{self._pending} messages wait to be sent (limit {limit})")
+        async with self._room:
+            try:
+                await asyncio.wait_for(
+                    self._room.wait_for(lambda: self._pending < limit), self._config.block_timeout
+                )
+            except TimeoutError:
+                raise BufferFullError(
+                    f"no room in the send buffer within {self._config.block_timeout}s "
+                    f"({self._pending} messages wait; limit {limit})"
+                ) from None
+
+    async def _drain(self, queue: MessageQueue, buffer: _QueueBuffer) -> None:
+        config = self._config
+        while True:
+            if not buffer.items:
+                buffer.wake.clear()
+                await buffer.wake.wait()
+                continue
+            full = len(buffer.items) >= config.batch_max_messages or (
+                buffer.bytes >= config.batch_max_bytes
+            )
+            if not full and not self._closed:
+                deadline = buffer.items[0].since + config.linger
+                if self._clock.now() < deadline:
+                    buffer.wake.clear()
+                    await self._sleep_or_wake(deadline, buffer.wake)
+                    continue
+            batch: list[_Pending] = []
+            size = 0
+            while buffer.items and len(batch) < config.batch_max_messages:
+                if batch and size + len(buffer.items[0].frame) > config.batch_max_bytes:
+                    break
+                item = buffer.items.popleft()
+                batch.append(item)
+                size += len(item.frame)
+            buffer.bytes -= size
+            try:
+                results = await self._send(
+                    queue, [p.frame for p in batch], [p.msg_id for p in batch]
+                )
+            except Exception as exc:
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+            else:
+                for p, result in zip(batch, results, strict=True):
+                    if not p.future.done():
+                        p.future.set_result(result)
+            self._pending -= len(batch)
+            async with self._room:
+                self._room.notify_all()
+
+    async def _sleep_or_wake(self, deadline: float, wake: asyncio.Event) -> None:
+        sleeper = asyncio.ensure_future(self._clock.sleep_until(deadline))
+        waker = asyncio.ensure_future(wake.wait())
+        try:
+            await asyncio.wait((sleeper, waker), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            waker.cancel()
+
+    async def close(self) -> None:
+        """Send what is buffered (no more lingering), then stop the senders."""
+        self._closed = True
+        for buffer in self._queues.values():
+            buffer.wake.set()
+        pending = [p.future for b in self._queues.values() for p in b.items]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        for buffer in self._queues.values():
+            if buffer.task is not None:
+                buffer.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await buffer.task

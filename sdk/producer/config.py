@@ -1,0 +1,87 @@
+"""Producer settings: deadlines, retries, and the optional accumulator and spool."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from sdk.errors import InvalidArgumentError
+
+#: Longer than the broker's default sync-flush wait (5 s), so that a flush timeout is
+#: reported by the broker rather than hidden behind a client deadline.
+DEFAULT_SEND_TIMEOUT_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class AccumulatorConfig:
+    """Group messages per queue into batch sends (opt-in).
+
+    Attributes:
+        batch_max_messages: A batch is sent once it holds this many messages...
+        batch_max_bytes: ... or this many bytes of frames...
+        linger: ... or its first message has waited this long (seconds).
+        buffer_max_messages: Messages accepted but not yet sent, over all queues.
+        when_full: "block" waits up to `block_timeout` for room; "fail" raises
+            BufferFullError at once.
+        block_timeout: Longest a send waits for room when the buffer is full.
+    """
+
+    batch_max_messages: int = 500
+    batch_max_bytes: int = 1024 * 1024
+    linger: float = 0.005
+    buffer_max_messages: int = 100_000
+    when_full: Literal["block", "fail"] = "block"
+    block_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.batch_max_messages <= 10_000:
+            raise InvalidArgumentError("batch_max_messages must be within 1..10000")
+        if not 1024 <= self.batch_max_bytes <= 16 * 1024 * 1024:
+            raise InvalidArgumentError("batch_max_bytes must be within 1 KiB..16 MiB")
+        if not 0 <= self.linger <= 10:
+            raise InvalidArgumentError("linger must be within 0..10 seconds")
+        if self.buffer_max_messages < self.batch_max_messages:
+            raise InvalidArgumentError("buffer_max_messages must be at least batch_max_messages")
+        if self.when_full not in ("block", "fail"):
+            raise InvalidArgumentError("when_full must be 'block' or 'fail'")
+        if self.block_timeout < 0:
+            raise InvalidArgumentError("block_timeout must not be negative")
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    """Tuning of a producer; every duration is in seconds.
+
+    Attributes:
+        send_timeout: Deadline of one send attempt.
+        retry_times: Extra attempts after a retriable failure (unavailable, deadline
+            exceeded, busy). RocketMQ's default is 2. Invalid input is never retried.
+        retry_backoff: First wait between attempts; doubles, with jitter.
+        retry_backoff_max: Longest wait between attempts.
+        route_refresh_interval: Routes are re-read this often, and after routing errors.
+        accumulator: Batch messages per queue (None: every send is its own request).
+        spool_dir: Keep accepted messages in an fsync-ed file here until the broker has
+            them: sends return once spooled, and survive a broker outage or a producer
+            crash (None: no spool).
+    """
+
+    send_timeout: float = DEFAULT_SEND_TIMEOUT_SECONDS
+    retry_times: int = 2
+    retry_backoff: float = 0.05
+    retry_backoff_max: float = 2.0
+    route_refresh_interval: float = 30.0
+    accumulator: AccumulatorConfig | None = None
+    spool_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.send_timeout <= 0:
+            raise InvalidArgumentError("send_timeout must be positive")
+        if not 0 <= self.retry_times <= 16:
+            raise InvalidArgumentError("retry_times must be within 0..16")
+        if self.retry_backoff < 0 or self.retry_backoff_max < self.retry_backoff:
+            raise InvalidArgumentError("retry_backoff must be >= 0 and <= retry_backoff_max")
+        if self.route_refresh_interval <= 0:
+            raise InvalidArgumentError("route_refresh_interval must be positive")
+        if self.spool_dir is not None:
+            object.__setattr__(self, "spool_dir", Path(self.spool_dir))
