@@ -23,6 +23,14 @@ GRPC_CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
 )
+#: Clients reconnect to a restarted broker within seconds (gRPC's default backoff grows
+#: to 120 s).
+GRPC_CLIENT_CHANNEL_OPTIONS = (
+    *GRPC_CHANNEL_OPTIONS,
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
 
 # Frame: u32 length of what follows, then the fields below, then the variable parts in
 # this order: tags, sharding key, keys (joined by NUL), properties, body.

@@ -13,7 +13,7 @@ from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.codec import decode_records
 from sdk._transport.status import to_ordermq_error
-from sdk._wire import GRPC_CHANNEL_OPTIONS
+from sdk._wire import GRPC_CLIENT_CHANNEL_OPTIONS
 from sdk.message import MessageExt, MessageQueue
 
 T = TypeVar("T")
@@ -83,7 +83,7 @@ class BrokerClient:
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, options=GRPC_CHANNEL_OPTIONS)
+        self._channel = grpc.aio.insecure_channel(address, options=GRPC_CLIENT_CHANNEL_OPTIONS)
         self._messaging = pb_grpc.MessagingServiceStub(self._channel)
         self._admin = pb_grpc.AdminServiceStub(self._channel)
 

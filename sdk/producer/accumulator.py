@@ -56,8 +56,10 @@ class Accumulator:
         """Messages accepted and not yet answered by the broker."""
         return self._pending
 
-    async def add(self, queue: MessageQueue, frame: bytes, msg_id: bytes) -> SendResult:
-        """Queue one message; returns its SendResult once its batch is stored."""
+    async def enqueue(
+        self, queue: MessageQueue, frame: bytes, msg_id: bytes
+    ) -> asyncio.Future[SendResult]:
+        """Queue one message (waiting for room); the future of its SendResult."""
         await self._wait_for_room()
         buffer = self._queues.get(queue)
         if buffer is None:
@@ -68,7 +70,7 @@ class Accumulator:
         buffer.bytes += len(frame)
         self._pending += 1
         buffer.wake.set()
-        return await future
+        return future
 
     async def _wait_for_room(self) -> None:
         limit = self._config.buffer_max_messages

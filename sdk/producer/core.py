@@ -80,6 +80,8 @@ class ProducerCore:
         self._accumulator: Accumulator | None = None
         self._spool: Spool | None = None
         self._spool_task: asyncio.Task[None] | None = None
+        self._admission = asyncio.Lock()
+        self._accepting = 0  # sends on their way into the accumulator
         self._state = "new"
 
     # ------------------------------------------------------------------ lifecycle
@@ -122,8 +124,10 @@ class ProducerCore:
         """Wait until everything accepted has reached the broker (TimeoutError if not)."""
 
         async def drained() -> None:
-            while (self._accumulator is not None and self._accumulator.pending) or (
-                self._spool is not None and self._spool.pending
+            while (
+                self._accepting
+                or (self._accumulator is not None and self._accumulator.pending)
+                or (self._spool is not None and self._spool.pending)
             ):
                 await asyncio.sleep(0.01)
 
@@ -169,10 +173,20 @@ class ProducerCore:
             if selector is not None:
                 raise InvalidArgumentError("a spooling producer routes by sharding key only")
             return (await self._spool_messages([message], [frame], [msg_id]))[0]
+        if self._accumulator is not None and timeout is None and not _delayed(message):
+            # Admission in call order (asyncio locks are FIFO), so the per-queue buffers
+            # see messages in the order the caller sent them.
+            self._accepting += 1
+            try:
+                async with self._admission:
+                    queues = await self.writable_queues(message.topic)
+                    queue = self._select(queues, message, selector, arg)
+                    future = await self._accumulator.enqueue(queue, frame, msg_id)
+            finally:
+                self._accepting -= 1
+            return await future
         queues = await self.writable_queues(message.topic)
         queue = self._select(queues, message, selector, arg)
-        if self._accumulator is not None and timeout is None and not _delayed(message):
-            return await self._accumulator.add(queue, frame, msg_id)
         movable = selector is None and message.sharding_key is None
         return (await self._send_batch(queue, [frame], [msg_id], timeout, movable))[0]
 

@@ -1,0 +1,205 @@
+"""Producer: retries across a broker restart, the accumulator, back-pressure, the spool."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections import defaultdict
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+
+from mockbroker import BrokerConfig, EmbeddedBroker
+from sdk import (
+    AccumulatorConfig,
+    Message,
+    MessageExt,
+    MessageQueue,
+    Producer,
+    ProducerConfig,
+    SendResult,
+    SendStatus,
+    shard_index,
+)
+from sdk.errors import BufferFullError, InvalidArgumentError
+from tests.component.pulling import read_queue
+from tests.support import wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Restartable:
+    """An embedded broker that can be stopped and started again on the same port."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.config = BrokerConfig(data_dir=data_dir, port=free_port())
+        self.address = f"127.0.0.1:{self.config.port}"
+        self.broker: EmbeddedBroker | None = None
+
+    def start(self) -> None:
+        self.broker = EmbeddedBroker(self.config)
+        self.broker.start()
+
+    def stop(self) -> None:
+        assert self.broker is not None
+        self.broker.stop()
+        self.broker = None
+
+
+@pytest.fixture
+def restartable(tmp_path: Path) -> Restartable:
+    r = Restartable(tmp_path / "broker")
+    r.start()
+    yield r  # type: ignore[misc]
+    if r.broker is not None:
+        r.stop()
+
+
+def everything(address: str, topic: str = "orders") -> list[MessageExt]:
+    return [m for q in range(8) for m in read_queue(address, MessageQueue(topic, "broker-a", q))]
+
+
+def assert_key_order(messages: list[MessageExt]) -> None:
+    """No key ever shows sequence n + 1 before n (duplicates of earlier ones allowed)."""
+    seen: dict[str, int] = defaultdict(lambda: -1)
+    for m in messages:
+        key, seq = m.body.decode().split(":")
+        assert int(seq) <= seen[key] + 1, f"{key}: {seq} after {seen[key]}"
+        seen[key] = max(seen[key], int(seq))
+
+
+def test_a_keyed_send_retries_its_own_queue_across_a_broker_restart(
+    restartable: Restartable, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "ordermq.producer")
+    config = ProducerConfig(
+        retry_times=16, retry_backoff=0.05, retry_backoff_max=0.3, send_timeout=2
+    )
+    with Producer(restartable.address, config=config) as producer:
+        producer.send(Message("orders", b"before", sharding_key="order-7"))
+        restartable.stop()
+        outcome: Future[SendResult] = producer.send_async(
+            Message("orders", b"after", sharding_key="order-7")
+        )
+        wait_until(lambda: "retrying" in caplog.text, 10, "a failed attempt")
+        restartable.start()
+        result = outcome.result(timeout=30)
+    assert result.queue.queue_id == shard_index("order-7", 8)
+    assert [m.body for m in read_queue(restartable.address, result.queue)] == [b"before", b"after"]
+
+
+def test_invalid_input_is_never_retried(restartable: Restartable) -> None:
+    with Producer(restartable.address) as producer, pytest.raises(InvalidArgumentError):
+        producer.send(Message("orders", b"x"), selector=lambda qs, m, a: MessageQueue("x", "y", 9))
+
+
+def test_the_accumulator_batches_and_keeps_each_keys_order(restartable: Restartable) -> None:
+    config = ProducerConfig(accumulator=AccumulatorConfig(batch_max_messages=100, linger=0.01))
+    with Producer(restartable.address, config=config) as producer:
+        futures = [
+            producer.send_async(Message("orders", f"k{i % 13}:{i // 13}".encode(),
+                                        sharding_key=f"k{i % 13}"))
+            for i in range(2600)
+        ]  # fmt: skip
+        results = [f.result(timeout=30) for f in futures]
+    assert len({(r.queue, r.queue_offset) for r in results}) == 2600
+    messages = everything(restartable.address)
+    assert len(messages) == 2600
+    assert_key_order(messages)
+
+
+@pytest.mark.parametrize("when_full", ["fail", "block"])
+def test_a_full_buffer_applies_back_pressure(restartable: Restartable, when_full: str) -> None:
+    accumulator = AccumulatorConfig(
+        batch_max_messages=10, buffer_max_messages=20, linger=0,
+        when_full=when_full, block_timeout=0.2,  # type: ignore[arg-type]
+    )  # fmt: skip
+    config = ProducerConfig(
+        accumulator=accumulator, retry_times=16, retry_backoff=1, retry_backoff_max=2
+    )
+    with Producer(restartable.address, config=config) as producer:
+        producer.fetch_publish_message_queues("orders")
+        restartable.stop()  # the broker is gone: batches stay in flight, retrying
+        accepted = [
+            producer.send_async(Message("orders", b"m", sharding_key="k")) for _ in range(20)
+        ]
+        overflow = producer.send_async(Message("orders", b"one too many", sharding_key="k"))
+        with pytest.raises(BufferFullError, match="limit 20"):
+            overflow.result(timeout=10)
+        restartable.start()
+        assert all(f.result(timeout=60).status is SendStatus.SEND_OK for f in accepted)
+
+
+def test_the_spool_keeps_what_it_accepted_through_a_broker_outage(
+    restartable: Restartable, tmp_path: Path
+) -> None:
+    config = ProducerConfig(spool_dir=tmp_path / "spool", retry_times=0, send_timeout=2)
+    with Producer(restartable.address, config=config) as producer:
+        for i in range(300):
+            if i == 100:
+                restartable.stop()
+            if i == 200:
+                restartable.start()
+            result = producer.send(Message("orders", f"k{i % 7}:{i // 7}".encode(),
+                                           sharding_key=f"k{i % 7}"))  # fmt: skip
+            assert result.status is SendStatus.SPOOLED
+        producer.flush(timeout=60)
+    messages = everything(restartable.address)
+    assert {m.body for m in messages} == {f"k{i % 7}:{i // 7}".encode() for i in range(300)}
+    assert_key_order(messages)
+    for m in messages:
+        assert m.queue.queue_id == shard_index(m.sharding_key or "", 8)
+
+
+def test_a_spool_delivers_messages_left_by_an_earlier_producer(
+    restartable: Restartable, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    restartable.stop()
+    # shutdown gives the spool send_timeout to drain; the broker is down, so keep it short
+    with Producer(
+        restartable.address, config=ProducerConfig(spool_dir=spool, send_timeout=0.5)
+    ) as first:
+        for i in range(50):
+            first.send(Message("orders", f"k{i % 5}:{i // 5}".encode(), sharding_key=f"k{i % 5}"))
+    # the broker was down the whole time: everything is still in the spool file
+    restartable.start()
+    with Producer(restartable.address, config=ProducerConfig(spool_dir=spool)) as second:
+        second.flush(timeout=60)
+    messages = everything(restartable.address)
+    assert len(messages) == 50
+    assert_key_order(messages)
+
+
+def test_spool_and_accumulator_are_exclusive_and_a_spool_routes_by_key_only(
+    restartable: Restartable, tmp_path: Path
+) -> None:
+    with pytest.raises(InvalidArgumentError, match="exclusive"):
+        Producer("127.0.0.1:1", config=ProducerConfig(
+            spool_dir=tmp_path, accumulator=AccumulatorConfig()))  # fmt: skip
+    config = ProducerConfig(spool_dir=tmp_path / "spool")
+    with (
+        Producer(restartable.address, config=config) as producer,
+        pytest.raises(InvalidArgumentError, match="sharding key only"),
+    ):
+        producer.send(Message("orders", b"x"), selector=lambda qs, m, a: qs[0])
+
+
+def test_asyncio_producer_flushes_its_accumulator(restartable: Restartable) -> None:
+    import sdk.aio
+
+    async def main() -> int:
+        config = ProducerConfig(accumulator=AccumulatorConfig(linger=0.05))
+        async with sdk.aio.Producer(restartable.address, config=config) as producer:
+            tasks = [asyncio.create_task(producer.send(Message("orders", b"%d" % i)))
+                     for i in range(100)]  # fmt: skip
+            await producer.flush(10)
+            return sum(t.done() for t in tasks)
+
+    assert asyncio.run(main()) == 100

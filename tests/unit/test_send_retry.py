@@ -1,0 +1,73 @@
+"""The send retry policy, per kind of failure (no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sdk.errors import (
+    BrokerBusyError,
+    BrokerUnavailableError,
+    FlushFailedError,
+    FlushTimeoutError,
+    InvalidMessageError,
+    OrderMQError,
+    RequestTimeoutError,
+    TopicNotFoundError,
+)
+from sdk.producer.retry import with_retries
+
+
+def run(failures: list[OrderMQError], retry_times: int = 2) -> tuple[int, str | Exception]:
+    calls = 0
+    retried: list[str] = []
+
+    async def attempt(n: int) -> str:
+        nonlocal calls
+        assert n == calls
+        calls += 1
+        if failures:
+            raise failures.pop(0)
+        return "stored"
+
+    async def before_retry(exc: BaseException) -> None:
+        retried.append(type(exc).__name__)
+
+    async def main() -> str:
+        return await with_retries(
+            attempt, retry_times=retry_times, backoff=0.001, backoff_max=0.002,
+            before_retry=before_retry,
+        )  # fmt: skip
+
+    outcome: str | Exception
+    try:
+        outcome = asyncio.run(main())
+    except OrderMQError as exc:
+        outcome = exc
+    return calls, outcome
+
+
+@pytest.mark.parametrize("error", [BrokerUnavailableError, RequestTimeoutError, BrokerBusyError])
+def test_retriable_failures_are_retried(error: type[OrderMQError]) -> None:
+    calls, outcome = run([error("x"), error("y")])
+    assert (calls, outcome) == (3, "stored")
+
+
+@pytest.mark.parametrize(
+    "error", [InvalidMessageError, FlushFailedError, FlushTimeoutError, TopicNotFoundError]
+)
+def test_other_failures_are_raised_at_once(error: type[OrderMQError]) -> None:
+    calls, outcome = run([error("no")])
+    assert calls == 1 and isinstance(outcome, error)
+
+
+def test_retries_stop_after_retry_times_and_raise_the_last_failure() -> None:
+    calls, outcome = run([BrokerUnavailableError(f"down {i}") for i in range(5)], retry_times=2)
+    assert calls == 3
+    assert isinstance(outcome, BrokerUnavailableError) and str(outcome) == "down 2"
+
+
+def test_no_retries_when_told_so() -> None:
+    calls, outcome = run([BrokerUnavailableError("down")], retry_times=0)
+    assert calls == 1 and isinstance(outcome, BrokerUnavailableError)
