@@ -58,6 +58,9 @@ class RebalanceLockManager:
         self._clock = clock
         self.lease_seconds = lease_seconds
         self._table: dict[str, dict[QueueKey, LockEntry]] = {}
+        # The last epoch granted per queue outlives the lock itself, so a former owner's
+        # late commit is refused even after the queue was unlocked or expired.
+        self._granted: dict[str, dict[QueueKey, int]] = {}
         self._global = threading.Lock()
         self._next_epoch = int(clock.now() * 1000) * 1000 + 1
 
@@ -76,6 +79,7 @@ class RebalanceLockManager:
         epoch = self._next_epoch
         self._next_epoch += 1
         queues[queue] = LockEntry(client_id, now, epoch)
+        self._granted.setdefault(group, {})[queue] = epoch
         return epoch
 
     def try_lock(self, group: str, queue: QueueKey, client_id: str) -> int | None:
@@ -122,13 +126,22 @@ class RebalanceLockManager:
                 self._table.pop(group, None)
 
     def check_commit(self, group: str, queue: QueueKey, client_id: str, epoch: int) -> None:
-        """Refuse a commit for `queue` unless it has no live lock or the caller owns it.
+        """Refuse a commit for `queue` from anyone but its owner at the current epoch.
 
-        The owner must also commit at the lock's current epoch.
+        Without a live lock, commits without an epoch (concurrent consumers) pass, and so
+        do commits at the latest epoch granted; older epochs are refused.
         """
         with self._global:
             entry = self._table.get(group, {}).get(queue)
             if entry is None or not self._live(entry, self._clock.now()):
+                last = self._granted.get(group, {}).get(queue)
+                if epoch and last is not None and epoch < last:
+                    raise BrokerError(
+                        StatusCode.FAILED_PRECONDITION,
+                        "STALE_EPOCH",
+                        f"{queue[0]} queue {queue[1]}: commit carries epoch {epoch}, but "
+                        f"epoch {last} has been granted since",
+                    )
                 return
             if entry.client_id != client_id:
                 raise lock_not_held(

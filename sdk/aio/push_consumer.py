@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from types import TracebackType
 
 from sdk.clock import Clock
@@ -32,6 +33,8 @@ class PushConsumer:
         on_queues_assigned: QueueHook | None = None,
         on_queues_revoked: QueueHook | None = None,
         clock: Clock | None = None,
+        offset_dir: Path | None = None,
+        instance_name: str = "DEFAULT",
     ) -> None:
         self._core = PushConsumerCore(
             group,
@@ -44,6 +47,8 @@ class PushConsumer:
             on_queues_assigned=on_queues_assigned,
             on_queues_revoked=on_queues_revoked,
             clock=clock,
+            offset_dir=offset_dir,
+            instance_name=instance_name,
         )
 
     @property

@@ -58,8 +58,11 @@ class ConsumeOrderlyService:
         executor: Executor,
         clock: Clock,
         config: PushConsumerConfig,
+        *,
+        locks: bool = True,
     ) -> None:
         self._listener = listener
+        self._locks = locks  # broadcasting members take none: order is per member
         self._host = host
         self._executor = executor
         self._clock = clock
@@ -92,6 +95,8 @@ class ConsumeOrderlyService:
 
     def lease_valid(self, pq: ProcessQueue) -> bool:
         """True when the queue's broker lock is held and was renewed within the lease."""
+        if not self._locks:
+            return True
         return pq.locked and self._clock.now() - pq.last_lock_time <= self._config.lock_lease
 
     async def _consume(self, queue: MessageQueue, pq: ProcessQueue) -> float | None:

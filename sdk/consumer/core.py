@@ -20,6 +20,7 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from sdk._transport.broker_client import GroupInfo, PullStatus
@@ -28,6 +29,7 @@ from sdk._validation import check_group, check_topic
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.consumer.allocate import AllocateMessageQueueAveragely, AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere
+from sdk.consumer.local_offsets import LocalFileOffsetStore, default_offset_dir
 from sdk.consumer.offset_store import RemoteOffsetStore
 from sdk.consumer.process_queue import ProcessQueue
 from sdk.consumer.rebalance import Rebalancer
@@ -121,6 +123,9 @@ class ConsumerCore:
         rebalance_interval: float = 20.0,
         heartbeat_interval: float = 10.0,
         persist_interval: float = 5.0,
+        broadcasting: bool = False,
+        offset_dir: Path | None = None,
+        instance_name: str = "DEFAULT",
     ) -> None:
         self.group = check_group(group)
         self._cluster = Cluster(endpoints)
@@ -143,6 +148,7 @@ class ConsumerCore:
         self._heartbeat_interval = heartbeat_interval
         self._persist_interval = persist_interval
         self.client_id = new_client_id()
+        self.broadcasting = broadcasting
         self._subscriptions: dict[str, str] = {}
         self._assigned: list[MessageQueue] | None = None  # fixed assignment instead
         self._state = "new"
@@ -151,13 +157,20 @@ class ConsumerCore:
         self._releasing_since: dict[MessageQueue, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._rebalance_now = asyncio.Event()
-        self.offsets = RemoteOffsetStore(self._cluster, self.group, self.client_id)
+        self.offsets: RemoteOffsetStore | LocalFileOffsetStore
+        if broadcasting:
+            self.offsets = LocalFileOffsetStore(
+                offset_dir or default_offset_dir(self.group, instance_name)
+            )
+        else:
+            self.offsets = RemoteOffsetStore(self._cluster, self.group, self.client_id)
         self._rebalancer = Rebalancer(
             self._cluster,
             self.group,
             self.client_id,
             allocate_strategy or AllocateMessageQueueAveragely(),
             self,
+            broadcasting=broadcasting,
         )
 
     # ------------------------------------------------------------------ setup
@@ -328,14 +341,16 @@ class ConsumerCore:
                 log.warning("%s failed: %s", step.__name__, exc)
 
     async def _heartbeat(self) -> None:
-        info = GroupInfo(
-            self.group, self.consume_type, "CLUSTERING", tuple(self._subscriptions.items())
-        )
+        model = "BROADCASTING" if self.broadcasting else "CLUSTERING"
+        info = GroupInfo(self.group, self.consume_type, model, tuple(self._subscriptions.items()))
         for client in self._cluster.brokers():
             await client.heartbeat(self.client_id, [info])
 
     async def _persist(self) -> None:
-        await self.offsets.persist(list(self._queues))
+        # A queue whose lock was lost is not ours to commit until it is locked again.
+        await self.offsets.persist(
+            [q for q, pq in self._queues.items() if pq.locked or not self.uses_locks]
+        )
 
     async def _rebalance_loop(self) -> None:
         delay = 0.0

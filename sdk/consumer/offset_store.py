@@ -94,8 +94,11 @@ class RemoteOffsetStore:
             )
             self._persisted[queue] = offset
         except (LockNotHeldError, StaleEpochError) as exc:
+            # Someone else owns (or owned) the queue since: this offset must never be sent
+            # again, or a later attempt could rewind the new owner's progress.
             log.warning(
                 "offset %d for %s refused, the queue has a new owner: %s", offset, queue, exc
             )
+            self.remove(queue)
         except OrderMQError as exc:
             log.warning("offset %d for %s not persisted (will retry): %s", offset, queue, exc)

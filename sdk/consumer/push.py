@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from types import TracebackType
 
 from sdk._loop import LoopThread
@@ -23,11 +24,16 @@ class PushConsumer:
         consume_from_where: Where to start on a queue the group never committed.
         consume_timestamp: For ConsumeFromWhere.TIMESTAMP: a datetime or epoch seconds.
         allocate_strategy: How queues are split among members (default: averagely).
-        message_model: MessageModel.CLUSTERING (each message to one member).
+        message_model: MessageModel.CLUSTERING (each message to one member), or
+            BROADCASTING (every member gets every message; no locks, no retries; each
+            member keeps its offsets in `offset_dir`).
         config: Thresholds, batch sizes, intervals (PushConsumerConfig).
         on_queues_assigned: Called with the queues taken, after their locks are granted.
         on_queues_revoked: Called with the queues given up, before they are unlocked.
         clock: Time source (sdk.testing.FakeClock in tests).
+        offset_dir: Broadcasting: where this member's offsets file lives (default
+            ~/.ordermq/offsets/<group>/<instance_name>).
+        instance_name: Broadcasting: tells apart members of one group on one host.
 
     Listeners that are plain functions run on a pool of `config.consume_threads` threads;
     `async def` listeners need sdk.aio.PushConsumer.
@@ -54,6 +60,8 @@ class PushConsumer:
         on_queues_assigned: QueueHook | None = None,
         on_queues_revoked: QueueHook | None = None,
         clock: Clock | None = None,
+        offset_dir: Path | None = None,
+        instance_name: str = "DEFAULT",
     ) -> None:
         self._core = PushConsumerCore(
             group,
@@ -66,6 +74,8 @@ class PushConsumer:
             on_queues_assigned=on_queues_assigned,
             on_queues_revoked=on_queues_revoked,
             clock=clock,
+            offset_dir=offset_dir,
+            instance_name=instance_name,
         )
         self._loop: LoopThread | None = None
 

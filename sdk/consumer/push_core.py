@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from pathlib import Path
 
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
@@ -42,9 +43,9 @@ class PushConsumerCore(ConsumerCore):
         on_queues_assigned: QueueHook | None = None,
         on_queues_revoked: QueueHook | None = None,
         clock: Clock | None = None,
+        offset_dir: Path | None = None,
+        instance_name: str = "DEFAULT",
     ) -> None:
-        if message_model is MessageModel.BROADCASTING:
-            raise InvalidArgumentError("broadcasting consumers are not supported yet")
         self.config = c = config or PushConsumerConfig()
         super().__init__(
             group,
@@ -72,6 +73,9 @@ class PushConsumerCore(ConsumerCore):
             rebalance_interval=c.rebalance_interval,
             heartbeat_interval=c.heartbeat_interval,
             persist_interval=c.persist_interval,
+            broadcasting=message_model is MessageModel.BROADCASTING,
+            offset_dir=offset_dir,
+            instance_name=instance_name,
         )
         self._listener: MessageListenerOrderly | MessageListenerConcurrently | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -93,7 +97,7 @@ class PushConsumerCore(ConsumerCore):
                 f"not {type(listener).__name__}"
             )
         self._listener = listener
-        self.uses_locks = self.orderly
+        self.uses_locks = self.orderly and not self.broadcasting  # members share no queues
         self.consume_type = "CONSUME_ORDERLY" if self.orderly else "CONSUME_CONCURRENTLY"
 
     async def start(self) -> None:
@@ -102,14 +106,19 @@ class PushConsumerCore(ConsumerCore):
             raise ClientStateError(f"consumer cannot start: it is {self._state}")
         if self._listener is None:
             raise ClientStateError("register a message listener before start()")
-        if self._subscriptions and not self.orderly:
+        if self._subscriptions and not self.orderly and not self.broadcasting:
             self._subscriptions[RETRY_PREFIX + self.group] = "*"
         self._executor = ThreadPoolExecutor(
             self.config.consume_threads, thread_name_prefix=f"ordermq-{self.group}"
         )
         if isinstance(self._listener, MessageListenerOrderly):
             self._service = ConsumeOrderlyService(
-                self._listener, self, self._executor, self._clock, self.config
+                self._listener,
+                self,
+                self._executor,
+                self._clock,
+                self.config,
+                locks=self.uses_locks,
             )
         else:
             self._service = ConsumeConcurrentlyService(
@@ -165,7 +174,13 @@ class PushConsumerCore(ConsumerCore):
         return sent.dead_letter
 
     async def send_back(self, message: MessageExt, delay_level: int, max_times: int) -> bool:
-        """Return a failed message for a retry through the broker (concurrent consumers)."""
+        """Return a failed message for a retry through the broker (concurrent consumers).
+
+        Broadcasting members do not retry (as in RocketMQ): the failure is logged.
+        """
+        if self.broadcasting:
+            log.warning("broadcast message %s failed and is dropped", message.msg_id)
+            return True
         try:
             await self._cluster.client_for(message.queue).send_back(
                 self.group,

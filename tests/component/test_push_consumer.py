@@ -21,6 +21,7 @@ from sdk import (
     MessageExt,
     MessageListenerConcurrently,
     MessageListenerOrderly,
+    MessageModel,
     MessageQueue,
     Producer,
     PushConsumer,
@@ -289,3 +290,34 @@ def test_bad_input_is_refused_at_the_call(broker: EmbeddedBroker) -> None:
     started = consumer(broker, Recorder())
     with started, pytest.raises(ClientStateError, match="before start"):
         started.subscribe("other")
+
+
+def test_broadcasting_members_each_get_every_message_and_keep_their_own_offsets(
+    broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    send_keyed(broker, 300)
+    listeners = [Recorder(), Recorder()]
+
+    def member(i: int, listener: Recorder) -> PushConsumer:
+        c = PushConsumer("fanout", broker.address, message_model=MessageModel.BROADCASTING,
+                         consume_from_where=ConsumeFromWhere.FIRST_OFFSET, config=FAST,
+                         offset_dir=tmp_path / f"member-{i}")  # fmt: skip
+        c.subscribe("orders")
+        c.register_message_listener(listener)
+        return c
+
+    members = [member(i, lst) for i, lst in enumerate(listeners)]
+    for c in members:
+        c.start()
+    try:
+        wait_until(lambda: all(len(lst.seen) == 300 for lst in listeners), 20)
+    finally:
+        for c in members:
+            c.shutdown()
+    assert lock_owners(broker, "fanout") == {}, "broadcasting members take no locks"
+    assert (tmp_path / "member-0" / "offsets.json").exists()
+    send_keyed(broker, 20)
+    again = Recorder()
+    with member(0, again):
+        wait_until(lambda: len(again.seen) == 20, 20)
+    assert len(again.seen) == 20, "the restarted member resumed from its own offsets"

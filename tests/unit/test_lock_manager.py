@@ -126,6 +126,21 @@ def test_commits_are_fenced_by_owner_and_epoch(
     locks.check_commit("g", Q0, "a", again)
 
 
+def test_a_former_owner_cannot_commit_after_the_queue_was_released(
+    locks: RebalanceLockManager, clock: FakeClock
+) -> None:
+    old = locks.try_lock("g", Q0, "a")
+    clock.advance(61)  # a is paused; b takes the queue, works, and lets it go
+    new = locks.try_lock("g", Q0, "b")
+    locks.unlock_batch("g", "b", [Q0])
+    assert old is not None and new is not None
+    with pytest.raises(BrokerError) as stale:
+        locks.check_commit("g", Q0, "a", old)  # no live lock now, but a's epoch is old
+    assert stale.value.reason == "STALE_EPOCH"
+    locks.check_commit("g", Q0, "b", new)  # the latest owner may still commit
+    locks.check_commit("g", Q0, "concurrent-consumer", 0)  # no epoch: no fencing
+
+
 def test_lock_all_expired(locks: RebalanceLockManager, clock: FakeClock) -> None:
     assert locks.is_lock_all_expired("g")
     locks.lock_batch("g", "a", [Q0])
