@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,21 @@ def test_batch_export_drains_the_backlog_once_and_resumes_from_commits() -> None
     out = run_example("batch_export.py", "--messages", "3000")
     assert "first run: 3000, second run: 0, distinct lines: 3000" in out
     assert "result: OK" in out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_the_service_example_stops_cleanly_on_a_signal(sig: signal.Signals) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples" / "orderly_service.py")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        assert "Ctrl+C to stop" in proc.stdout.readline()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "stopped cleanly after applying" in out
+    assert "Traceback" not in err
