@@ -12,13 +12,13 @@ and not older than the client's lease; otherwise the task stops and asks to re-l
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from concurrent.futures import Executor
 from typing import Protocol
 
 from sdk.clock import Clock, sleep_for
 from sdk.consumer.config import PushConsumerConfig
-from sdk.consumer.invoke import call_listener
 from sdk.consumer.listener import (
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
@@ -33,6 +33,9 @@ log = logging.getLogger("ordermq.consumer")
 #: lock, moments after a successful one).
 RELOCK_FAILED_DELAY = 3.0
 RELOCK_OK_DELAY = 0.01
+#: Consecutive calls of a plain listener made in one thread-pool hop.
+CALLS_PER_HOP = 32
+_STOPPED = object()  # a check before a call failed: the queue was dropped or its lease ran out
 
 
 class OrderlyHost(Protocol):
@@ -68,16 +71,17 @@ class ConsumeOrderlyService:
         self._clock = clock
         self._config = config
         self._max_reconsume = config.max_reconsume_times  # None: unlimited
-        self._tasks: dict[MessageQueue, asyncio.Task[None]] = {}
+        self._tasks: dict[MessageQueue, tuple[asyncio.Task[None], ProcessQueue]] = {}
+        self._async_listener = inspect.iscoroutinefunction(listener.consume_message)
         self.listener_calls = 0
 
     def submit(self, queue: MessageQueue, pq: ProcessQueue, delay: float = 0.0) -> None:
         """Make sure a consume task runs for `queue` (at most one per queue)."""
-        task = self._tasks.get(queue)
-        if task is not None and not task.done():
+        running = self._tasks.get(queue)
+        if running is not None and not running[0].done():
             pq.more = True
             return
-        self._tasks[queue] = asyncio.create_task(self._run(queue, pq, delay))
+        self._tasks[queue] = (asyncio.create_task(self._run(queue, pq, delay)), pq)
 
     async def _run(self, queue: MessageQueue, pq: ProcessQueue, delay: float) -> None:
         if delay:
@@ -101,6 +105,10 @@ class ConsumeOrderlyService:
 
     async def _consume(self, queue: MessageQueue, pq: ProcessQueue) -> float | None:
         """Consume until the buffer is empty; the delay before the next run, or None."""
+        size = self._config.consume_message_batch_max_size
+        # A plain listener gets several consecutive calls per thread-pool hop (a hop
+        # costs more than a small listener call); each call keeps its own checks.
+        calls = 1 if self._async_listener else CALLS_PER_HOP
         async with pq.object_lock:
             started = self._clock.now()
             while True:
@@ -112,47 +120,83 @@ class ConsumeOrderlyService:
                     return RELOCK_OK_DELAY if ok else RELOCK_FAILED_DELAY
                 if self._clock.now() - started > self._config.max_continuous_consume:
                     return RELOCK_OK_DELAY  # let the other queues have the threads
-                batch = pq.take(self._config.consume_message_batch_max_size)
-                if not batch:
+                taken = pq.take(size * calls)
+                if not taken:
                     return None
-                context = ConsumeOrderlyContext(queue, self._config.suspend_current_queue_time)
-                status = await self._call(pq, batch, context)
-                if status is ConsumeOrderlyStatus.SUCCESS:
-                    self._host.commit(queue, pq.commit())
-                    continue
-                for m in batch:
+                batches = [taken[i : i + size] for i in range(0, len(taken), size)]
+                contexts = [
+                    ConsumeOrderlyContext(queue, self._config.suspend_current_queue_time)
+                    for _ in batches
+                ]
+                done, status = await self._call(pq, batches, contexts)
+                offset = pq.settle(sum(len(b) for b in batches[:done]))
+                if offset >= 0:
+                    self._host.commit(queue, offset)
+                if done == len(batches) or status is _STOPPED:
+                    continue  # all consumed, or a check failed: the loop top handles it
+                failed = batches[done]
+                for m in failed:
                     m.reconsume_times += 1
                 exhausted = [
                     m
-                    for m in batch
+                    for m in failed
                     if self._max_reconsume is not None and m.reconsume_times >= self._max_reconsume
                 ]
                 if exhausted and await self._dead_letter(exhausted):
+                    pq.take(len(failed))
                     self._host.commit(queue, pq.commit())
                     continue
-                pq.rollback()
-                return max(0.01, min(30.0, context.suspend_current_queue_time))
+                suspend = contexts[done].suspend_current_queue_time
+                return max(0.01, min(30.0, suspend))
 
     async def _call(
-        self, pq: ProcessQueue, batch: list[MessageExt], context: ConsumeOrderlyContext
-    ) -> ConsumeOrderlyStatus | None:
+        self,
+        pq: ProcessQueue,
+        batches: list[list[MessageExt]],
+        contexts: list[ConsumeOrderlyContext],
+    ) -> tuple[int, object]:
+        """Call the listener batch by batch: (how many said SUCCESS, why it stopped)."""
         async with pq.consume_lock:
-            if pq.dropped:  # rebalance released it while we waited
-                return None
-            self.listener_calls += 1
+            if self._async_listener:
+                if not self._may_call(pq):
+                    return 0, _STOPPED
+                self.listener_calls += 1
+                try:
+                    result = await self._listener.consume_message(batches[0], contexts[0])  # type: ignore[misc]
+                except Exception:
+                    log.exception("orderly listener raised on %s; retrying it", batches[0][0].queue)
+                    return 0, None
+                return (1, result) if result is ConsumeOrderlyStatus.SUCCESS else (0, result)
+            loop = asyncio.get_running_loop()
+            done, status = await loop.run_in_executor(
+                self._executor, self._call_in_thread, pq, batches, contexts
+            )
+            self.listener_calls += done + (status is not _STOPPED and done < len(batches))
+            return done, status
+
+    def _call_in_thread(
+        self,
+        pq: ProcessQueue,
+        batches: list[list[MessageExt]],
+        contexts: list[ConsumeOrderlyContext],
+    ) -> tuple[int, object]:
+        for i, (batch, context) in enumerate(zip(batches, contexts, strict=True)):
+            if not self._may_call(pq):
+                return i, _STOPPED
             try:
-                result = await call_listener(
-                    self._listener.consume_message, self._executor, batch, context
-                )
+                result = self._listener.consume_message(batch, context)
             except Exception:
-                log.exception(
-                    "orderly listener raised on %s; the batch will be retried", batch[0].queue
-                )
-                return None
-        if result is not None and not isinstance(result, ConsumeOrderlyStatus):
-            log.error("orderly listener returned %r, not a ConsumeOrderlyStatus", result)
-            return None
-        return result
+                log.exception("orderly listener raised on %s; retrying it", batch[0].queue)
+                return i, None
+            if result is not ConsumeOrderlyStatus.SUCCESS:
+                if result is not None and not isinstance(result, ConsumeOrderlyStatus):
+                    log.error("orderly listener returned %r, not a ConsumeOrderlyStatus", result)
+                return i, result
+        return len(batches), ConsumeOrderlyStatus.SUCCESS
+
+    def _may_call(self, pq: ProcessQueue) -> bool:
+        """Checked before every listener call (also from the worker thread)."""
+        return not pq.dropped and self.lease_valid(pq)
 
     async def _dead_letter(self, batch: list[MessageExt]) -> bool:
         for m in batch:
@@ -161,10 +205,17 @@ class ConsumeOrderlyService:
         return True
 
     async def shutdown(self, timeout: float) -> None:
-        """Wait (up to `timeout` seconds of real time) for running consume tasks."""
-        tasks = [t for t in self._tasks.values() if not t.done()]
-        if tasks:
-            _done, pending = await asyncio.wait(tasks, timeout=timeout)
-            for t in pending:
-                t.cancel()
+        """Let listener calls in flight finish (up to `timeout` seconds); stop the rest."""
+        calling = []
+        for task, pq in self._tasks.values():
+            if task.done():
+                continue
+            if pq.consume_lock.locked():
+                calling.append(task)
+            else:
+                task.cancel()  # waiting to retry, or between calls: nothing to finish
+        if calling:
+            _done, pending = await asyncio.wait(calling, timeout=timeout)
+            for task in pending:
+                task.cancel()
         self._tasks.clear()

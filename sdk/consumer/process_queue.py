@@ -77,6 +77,19 @@ class ProcessQueue:
         self._consuming = []
         return offset
 
+    def settle(self, done: int) -> int:
+        """Commit the first `done` messages taken; put the rest back in front.
+
+        Returns the offset to commit next (-1: nothing committed).
+        """
+        finished, rest = self._consuming[:done], self._consuming[done:]
+        self._buffer.extendleft(reversed(rest))
+        self._consuming = []
+        if not finished:
+            return -1
+        self._forget(finished)
+        return finished[-1].queue_offset + 1
+
     def rollback(self) -> None:
         """Put the consuming batch back in front, to be taken again."""
         self._buffer.extendleft(reversed(self._consuming))

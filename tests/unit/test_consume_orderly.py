@@ -108,7 +108,7 @@ def test_messages_reach_the_listener_one_at_a_time_in_order_and_commit() -> None
 
     run_service(test, listener, host)
     assert listener.seen == [(0,), (1,), (2,), (3,), (4,)]
-    assert host.commits == [1, 2, 3, 4, 5]
+    assert host.commits[-1] == 5 and host.commits == sorted(host.commits)
     assert listener.max_running == 1
 
 
@@ -213,3 +213,44 @@ def test_async_listeners_run_on_the_loop() -> None:
 
     run_service(test, AsyncListener(), host)
     assert seen == [0, 1]
+
+
+def test_a_failure_in_the_middle_of_a_hop_commits_what_came_before_it() -> None:
+    listener, host = Scripted([OK, OK, SUSPEND]), Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq.put([msg(i) for i in range(5)])
+        service.submit(Q, pq)
+        await until(lambda: host.commits == [2] and clock.sleepers == 1)
+        assert listener.seen == [(0,), (1,), (2,)], "no call after the failing one"
+        clock.advance(1.01)
+        await until(lambda: host.commits[-1:] == [5])
+
+    run_service(test, listener, host)
+    assert listener.seen == [(0,), (1,), (2,), (2,), (3,), (4,)]
+
+
+def test_a_lease_that_runs_out_mid_hop_stops_before_the_next_call() -> None:
+    calls: list[int] = []
+    clock_holder: list[FakeClock] = []
+
+    class ExpiresTheLease(MessageListenerOrderly):
+        def consume_message(
+            self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+        ) -> ConsumeOrderlyStatus:
+            calls.append(msgs[0].queue_offset)
+            if msgs[0].queue_offset == 1:
+                clock_holder[0].advance(31)  # the renewal is late while this call runs
+            return OK
+
+    host = Host(relock_ok=False)
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        clock_holder.append(clock)
+        pq.put([msg(i) for i in range(5)])
+        service.submit(Q, pq)
+        await until(lambda: host.relocks == 1)
+
+    run_service(test, ExpiresTheLease(), host)
+    assert calls == [0, 1]
+    assert host.commits == [2]
