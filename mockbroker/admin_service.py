@@ -52,6 +52,31 @@ class AdminService(pb_grpc.AdminServiceServicer):
         return pb.DescribeTopicResponse(topic=self._info(topic, describe=True))
 
     @answers_errors
+    async def ListGroups(
+        self, request: pb.ListGroupsRequest, context: Context
+    ) -> pb.ListGroupsResponse:
+        """Every group with members now or committed offsets."""
+        groups, offsets = self._s.groups, self._s.offsets
+        names = {g for g in groups.groups() if groups.members(g)} | offsets.groups()
+        out = pb.ListGroupsResponse()
+        for name in sorted(names):
+            members = groups.membership(name)
+            first = next(iter(members.values()), None)
+            topics = {t for (g, t, _q) in offsets.committed() if g == name}
+            for m in members.values():
+                topics |= {t for t, _ in m.subscriptions}
+            out.groups.append(
+                pb.GroupSummary(
+                    group=name,
+                    members=len(members),
+                    consume_type=first.consume_type if first else "",
+                    message_model=first.message_model if first else "",
+                    topics=sorted(topics),
+                )
+            )
+        return out
+
+    @answers_errors
     async def ConsumerProgress(
         self, request: pb.ConsumerProgressRequest, context: Context
     ) -> pb.ConsumerProgressResponse:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import json_format
 
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
@@ -287,6 +288,19 @@ class BrokerClient:
     async def broker_status(self) -> pb.BrokerStatusResponse:
         """The broker's status (protobuf; for tools and tests)."""
         return await self._call(lambda: self._admin.BrokerStatus(pb.BrokerStatusRequest()))
+
+    # Admin answers as plain dicts (field names as in the protocol), for the CLI.
+    async def admin(self, method: str, **fields: Any) -> dict[str, Any]:
+        """Call an AdminService method by name; the answer as a dict."""
+        request_type = getattr(pb, f"{method}Request")
+        call = getattr(self._admin, method)
+        response = await self._call(lambda: call(request_type(**fields)))
+        return json_format.MessageToDict(
+            response,
+            always_print_fields_with_no_presence=True,
+            preserving_proto_field_name=True,
+            unquote_int64_if_possible=True,
+        )
 
 
 def _queues(queues: Sequence[MessageQueue]) -> list[pb.MessageQueue]:

@@ -1464,6 +1464,77 @@ class QueueProgress(_message.Message):
 Global___QueueProgress: _TypeAlias = QueueProgress  # noqa: Y015
 
 @_typing.final
+class ListGroupsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGroupsRequest: _TypeAlias = ListGroupsRequest  # noqa: Y015
+
+@_typing.final
+class GroupSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    CONSUME_TYPE_FIELD_NUMBER: _builtins.int
+    MESSAGE_MODEL_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    members: _builtins.int
+    consume_type: _builtins.str
+    """of the members, e.g. "CONSUME_ORDERLY"; empty without members"""
+    message_model: _builtins.str
+    """"CLUSTERING" or "BROADCASTING"; empty without members"""
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """subscribed, or with committed offsets"""
+
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        members: _builtins.int = ...,
+        consume_type: _builtins.str = ...,
+        message_model: _builtins.str = ...,
+        topics: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consume_type", b"consume_type", "group", b"group", "members", b"members", "message_model", b"message_model", "topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupSummary: _TypeAlias = GroupSummary  # noqa: Y015
+
+@_typing.final
+class ListGroupsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUPS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupSummary]: ...
+    def __init__(
+        self,
+        *,
+        groups: _abc.Iterable[Global___GroupSummary] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGroupsResponse: _TypeAlias = ListGroupsResponse  # noqa: Y015
+
+@_typing.final
 class ConsumerProgressRequest(_message.Message):
     """Errors: INVALID_ARGUMENT (INVALID_GROUP), NOT_FOUND (GROUP_NOT_FOUND)."""
 

@@ -677,6 +677,11 @@ class AdminServiceStub:
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.ListTopicsRequest.SerializeToString,
                 response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ListTopicsResponse.FromString,
                 _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/ordermq.v1.AdminService/ListGroups',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
         self.DescribeTopic = channel.unary_unary(
                 '/ordermq.v1.AdminService/DescribeTopic',
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.DescribeTopicRequest.SerializeToString,
@@ -719,6 +724,12 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListTopics(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGroups(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -772,6 +783,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListTopics,
                     request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ListTopicsRequest.FromString,
                     response_serializer=ordermq_dot_v1_dot_ordermq__pb2.ListTopicsResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ListGroupsRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.ListGroupsResponse.SerializeToString,
             ),
             'DescribeTopic': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeTopic,
@@ -858,6 +874,33 @@ class AdminService:
             '/ordermq.v1.AdminService/ListTopics',
             ordermq_dot_v1_dot_ordermq__pb2.ListTopicsRequest.SerializeToString,
             ordermq_dot_v1_dot_ordermq__pb2.ListTopicsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.AdminService/ListGroups',
+            ordermq_dot_v1_dot_ordermq__pb2.ListGroupsRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.ListGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,

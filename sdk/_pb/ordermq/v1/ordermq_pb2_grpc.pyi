@@ -193,6 +193,7 @@ class AdminServiceStub:
     def __new__(cls, channel: _aio.Channel) -> AdminServiceAsyncStub: ...
     CreateTopic: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.CreateTopicRequest, _ordermq_pb2.CreateTopicResponse]
     ListTopics: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.ListTopicsRequest, _ordermq_pb2.ListTopicsResponse]
+    ListGroups: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.ListGroupsRequest, _ordermq_pb2.ListGroupsResponse]
     DescribeTopic: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.DescribeTopicRequest, _ordermq_pb2.DescribeTopicResponse]
     ConsumerProgress: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.ConsumerProgressRequest, _ordermq_pb2.ConsumerProgressResponse]
     ResetOffset: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.ResetOffsetRequest, _ordermq_pb2.ResetOffsetResponse]
@@ -205,6 +206,7 @@ class AdminServiceAsyncStub(AdminServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateTopic: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.CreateTopicRequest, _ordermq_pb2.CreateTopicResponse]  # type: ignore[assignment]
     ListTopics: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.ListTopicsRequest, _ordermq_pb2.ListTopicsResponse]  # type: ignore[assignment]
+    ListGroups: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.ListGroupsRequest, _ordermq_pb2.ListGroupsResponse]  # type: ignore[assignment]
     DescribeTopic: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.DescribeTopicRequest, _ordermq_pb2.DescribeTopicResponse]  # type: ignore[assignment]
     ConsumerProgress: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.ConsumerProgressRequest, _ordermq_pb2.ConsumerProgressResponse]  # type: ignore[assignment]
     ResetOffset: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.ResetOffsetRequest, _ordermq_pb2.ResetOffsetResponse]  # type: ignore[assignment]
@@ -226,6 +228,13 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _ordermq_pb2.ListTopicsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ordermq_pb2.ListTopicsResponse, _abc.Awaitable[_ordermq_pb2.ListTopicsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListGroups(
+        self,
+        request: _ordermq_pb2.ListGroupsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.ListGroupsResponse, _abc.Awaitable[_ordermq_pb2.ListGroupsResponse]]: ...
 
     @_abc_1.abstractmethod
     def DescribeTopic(

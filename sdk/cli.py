@@ -1,0 +1,377 @@
+"""`ordermq`: the admin command for an ordermq broker.
+
+    ordermq [--broker HOST:PORT] [--json] topics list | create | describe
+    ordermq groups list | describe GROUP
+    ordermq offsets reset GROUP --topic T (--earliest | --latest | --timestamp T | --offset N)
+    ordermq messages tail TOPIC
+    ordermq dlq list GROUP | resend GROUP
+    ordermq broker status
+
+Text output is for people (tables); --json is for scripts. An error is one line on
+stderr and exit status 1 (2 for bad usage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from sdk._transport.broker_client import BrokerClient, GroupInfo, PullStatus
+from sdk.errors import OrderMQError
+from sdk.message import Message, MessageExt, MessageQueue
+from sdk.producer import Producer
+
+T = TypeVar("T")
+DEFAULT_BROKER = "127.0.0.1:8081"
+ORIGIN_PROPERTIES = ("ORIGIN_TOPIC", "ORIGIN_QUEUE_ID", "ORIGIN_QUEUE_OFFSET")
+
+
+class Context:
+    """What every command gets: where the broker is and how to print."""
+
+    def __init__(self, broker: str, as_json: bool) -> None:
+        self.broker = broker
+        self.as_json = as_json
+        self.console = Console(highlight=False, soft_wrap=True)
+
+    def call(self, body: Callable[[BrokerClient], Awaitable[T]]) -> T:
+        """Run `body` with a client of the broker; OrderMQError ends the command."""
+
+        async def main() -> T:
+            client = BrokerClient(self.broker)
+            try:
+                return await body(client)
+            finally:
+                await client.close()
+
+        try:
+            return asyncio.run(main())
+        except OrderMQError as exc:
+            raise click.ClickException(f"{exc.reason or exc.code or 'error'}: {exc}") from None
+
+    def emit(self, data: Any, table: Table | str | None = None) -> None:
+        """Print `data` as JSON with --json, else the table (or text)."""
+        if self.as_json:
+            click.echo(json.dumps(data, indent=2, default=str))
+        elif table is not None:
+            self.console.print(table)
+
+
+def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for c in columns:
+        table.add_column(c)
+    for row in rows:
+        table.add_row(*(str(v) for v in row))
+    return table
+
+
+def _ms(value: Any) -> str:
+    ms = int(value or 0)
+    return datetime.fromtimestamp(ms / 1000).isoformat(timespec="seconds") if ms else "-"
+
+
+@click.group()
+@click.option("--broker", "-b", default=DEFAULT_BROKER, show_default=True, envvar="ORDERMQ_BROKER",
+              help="host:port of a broker (or ORDERMQ_BROKER)")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def cli(ctx: click.Context, broker: str, as_json: bool) -> None:
+    """Administer an ordermq broker."""
+    ctx.obj = Context(broker, as_json)
+
+
+# ---------------------------------------------------------------------- topics
+@cli.group()
+def topics() -> None:
+    """Create, list and describe topics."""
+
+
+@topics.command("list")
+@click.option("--system", is_flag=True, help="include the broker's own topics")
+@click.pass_obj
+def topics_list(c: Context, system: bool) -> None:
+    """Every topic and its queue count."""
+    data = c.call(lambda b: b.admin("ListTopics", include_system=system))["topics"]
+    rows = [[t["topic"], t["queue_count"], t["broker_name"]] for t in data]
+    c.emit(data, _table("topics", ["topic", "queues", "broker"], rows))
+
+
+@topics.command("create")
+@click.argument("topic")
+@click.option("--queues", type=int, default=8, show_default=True)
+@click.pass_obj
+def topics_create(c: Context, topic: str, queues: int) -> None:
+    """Create TOPIC with a number of queues (nothing happens if it exists alike)."""
+    data = c.call(lambda b: b.admin("CreateTopic", topic=topic, queue_count=queues))
+    text = f"created {topic} with {queues} queues" if data["created"] else f"{topic} exists"
+    c.emit(data, text)
+
+
+@topics.command("describe")
+@click.argument("topic")
+@click.pass_obj
+def topics_describe(c: Context, topic: str) -> None:
+    """Min and max offset, and the newest message's time, of every queue of TOPIC."""
+    data = c.call(lambda b: b.admin("DescribeTopic", topic=topic))["topic"]
+    rows = [
+        [q["queue_id"], q["min_offset"], q["max_offset"], _ms(q["last_store_timestamp_ms"])]
+        for q in data["queues"]
+    ]
+    c.emit(data, _table(f"topic {topic}", ["queue", "min", "max", "last stored"], rows))
+
+
+# ---------------------------------------------------------------------- groups
+@cli.group()
+def groups() -> None:
+    """Consumer groups: members, locks, lag."""
+
+
+@groups.command("list")
+@click.pass_obj
+def groups_list(c: Context) -> None:
+    """Every group with members or committed offsets."""
+    data = c.call(lambda b: b.admin("ListGroups"))["groups"]
+    rows = [
+        [g["group"], g["members"], g["consume_type"] or "-", g["message_model"] or "-",
+         ", ".join(g["topics"])]
+        for g in data
+    ]  # fmt: skip
+    c.emit(data, _table("groups", ["group", "members", "type", "model", "topics"], rows))
+
+
+@groups.command("describe")
+@click.argument("group")
+@click.option("--topic", default="", help="only this topic")
+@click.pass_obj
+def groups_describe(c: Context, group: str, topic: str) -> None:
+    """Members, and per queue: committed offset, lag, lock owner and epoch."""
+    data = c.call(lambda b: b.admin("ConsumerProgress", group=group, topic=topic))
+    rows = [
+        [q["queue"]["topic"], q["queue"]["queue_id"], q["broker_max_offset"],
+         q["consumer_offset"], q["lag"], q["lock_owner"] or "-", q["lock_epoch"] or "-"]
+        for q in data["queues"]
+    ]  # fmt: skip
+    members = ", ".join(data["client_ids"]) or "none"
+    columns = ["topic", "queue", "max", "committed", "lag", "lock owner", "epoch"]
+    table = _table(f"group {group} (members: {members})", columns, rows)
+    c.emit(data, table)
+
+
+# ---------------------------------------------------------------------- offsets
+@cli.group()
+def offsets() -> None:
+    """Move a group's offsets."""
+
+
+@offsets.command("reset")
+@click.argument("group")
+@click.option("--topic", required=True)
+@click.option("--queue", "queue_id", type=int, default=-1, help="one queue (default: all)")
+@click.option("--earliest", is_flag=True, help="to each queue's min offset")
+@click.option("--latest", is_flag=True, help="to each queue's max offset (skip everything)")
+@click.option("--timestamp", help="to the first message stored at or after this ISO time")
+@click.option("--offset", type=int, help="to this offset")
+@click.option("--force", is_flag=True, help="even while the group has live members")
+@click.pass_obj
+def offsets_reset(
+    c: Context,
+    group: str,
+    topic: str,
+    queue_id: int,
+    earliest: bool,
+    latest: bool,
+    timestamp: str | None,
+    offset: int | None,
+    force: bool,
+) -> None:
+    """Reset GROUP's offsets of --topic (stop the group first, or --force)."""
+    chosen = [earliest, latest, timestamp is not None, offset is not None]
+    if sum(chosen) != 1:
+        raise click.UsageError("give exactly one of --earliest, --latest, --timestamp, --offset")
+    target: dict[str, Any]
+    if earliest:
+        target = {"earliest": True}
+    elif latest:
+        target = {"latest": True}
+    elif timestamp is not None:
+        try:
+            when = datetime.fromisoformat(timestamp)
+        except ValueError:
+            raise click.UsageError(f"--timestamp {timestamp!r} is not an ISO time") from None
+        target = {"timestamp_ms": int(when.timestamp() * 1000)}
+    else:
+        target = {"offset": offset}
+    data = c.call(lambda b: b.admin(
+        "ResetOffset", group=group, topic=topic, queue_id=queue_id, force=force, **target
+    ))  # fmt: skip
+    rows = [[o["topic"], o["queue_id"], o["offset"]] for o in data["offsets"]]
+    c.emit(data, _table(f"offsets of {group} now", ["topic", "queue", "offset"], rows))
+
+
+# ---------------------------------------------------------------------- messages
+@cli.group()
+def messages() -> None:
+    """Read messages."""
+
+
+async def _read(
+    client: BrokerClient, queues: list[MessageQueue], starts: dict[MessageQueue, int], limit: int
+) -> list[MessageExt]:
+    out: list[MessageExt] = []
+    for queue in queues:
+        offset = starts[queue]
+        while len(out) < limit:
+            r = await client.pull("ordermq-cli", queue, offset, max_messages=min(1000, limit))
+            if r.status is not PullStatus.FOUND:
+                break
+            out += r.messages
+            offset = r.next_offset
+    return out[:limit]
+
+
+def _message_row(m: MessageExt) -> dict[str, Any]:
+    return {
+        "topic": m.topic, "queue": m.queue.queue_id, "offset": m.queue_offset,
+        "msg_id": m.msg_id, "tags": m.tags, "keys": list(m.keys),
+        "sharding_key": m.sharding_key, "properties": m.properties,
+        "reconsume_times": m.reconsume_times, "stored": _ms(m.store_timestamp),
+        "body": m.body.decode(errors="replace"),
+    }  # fmt: skip
+
+
+@messages.command("tail")
+@click.argument("topic")
+@click.option("--count", "-n", type=int, default=20, show_default=True,
+              help="how many of the newest messages per queue")  # fmt: skip
+@click.option("--follow", "-f", is_flag=True, help="then keep printing new ones (Ctrl+C stops)")
+@click.pass_obj
+def messages_tail(c: Context, topic: str, count: int, follow: bool) -> None:
+    """The newest messages of TOPIC, oldest first per queue."""
+
+    async def body(b: BrokerClient) -> None:
+        queues = [r.queue for r in await b.query_route(topic)]
+        starts = {}
+        for q in queues:
+            low, high, _ = await b.queue_offsets(q)
+            starts[q] = max(low, high - count)
+        for m in await _read(b, queues, starts, count * len(queues)):
+            _print_message(c, m)
+            starts[m.queue] = m.queue_offset + 1
+        while follow:
+            pulls = [b.pull("ordermq-cli", q, starts[q], suspend_timeout=15, timeout=30)
+                     for q in queues]  # fmt: skip
+            for result in await asyncio.gather(*pulls):
+                for m in result.messages:
+                    _print_message(c, m)
+                    starts[m.queue] = m.queue_offset + 1
+
+    with contextlib.suppress(KeyboardInterrupt):
+        c.call(body)
+
+
+def _print_message(c: Context, m: MessageExt) -> None:
+    if c.as_json:
+        click.echo(json.dumps(_message_row(m)))
+    else:
+        key = f" key={m.sharding_key}" if m.sharding_key else ""
+        tags = f" tags={m.tags}" if m.tags else ""
+        click.echo(f"{m.topic}/{m.queue.queue_id}@{m.queue_offset}{key}{tags} "
+                   f"{m.body.decode(errors='replace')}")  # fmt: skip
+
+
+# ---------------------------------------------------------------------- dlq
+@cli.group()
+def dlq() -> None:
+    """A group's dead-letter queue."""
+
+
+def _dlq_messages(c: Context, group: str, limit: int) -> list[MessageExt]:
+    queue = MessageQueue(f"%DLQ%{group}", "", 0)
+
+    async def body(b: BrokerClient) -> list[MessageExt]:
+        routes = await b.query_route(queue.topic)
+        q = routes[0].queue
+        low, _high, _ = await b.queue_offsets(q)
+        committed = await b.query_offset(f"{group}-dlq-resend", q)
+        return await _read(b, [q], {q: max(low, committed or 0)}, limit)
+
+    return c.call(body)
+
+
+@dlq.command("list")
+@click.argument("group")
+@click.option("--limit", type=int, default=100, show_default=True)
+@click.pass_obj
+def dlq_list(c: Context, group: str, limit: int) -> None:
+    """Dead letters of GROUP not resent yet."""
+    found = _dlq_messages(c, group, limit)
+    rows = [_message_row(m) for m in found]
+    table = _table(f"dead letters of {group}", ["offset", "origin", "key", "tries", "body"], [
+        [r["offset"], r["properties"].get("ORIGIN_TOPIC", "?"), r["sharding_key"] or "-",
+         r["reconsume_times"], r["body"][:60]] for r in rows
+    ])  # fmt: skip
+    c.emit(rows, table)
+
+
+@dlq.command("resend")
+@click.argument("group")
+@click.option("--limit", type=int, default=1000, show_default=True)
+@click.pass_obj
+def dlq_resend(c: Context, group: str, limit: int) -> None:
+    """Send GROUP's dead letters back to their original topics (each once)."""
+    found = _dlq_messages(c, group, limit)
+    with Producer(c.broker) as producer:
+        for m in found:
+            producer.send(Message(
+                m.properties.get("ORIGIN_TOPIC", m.topic), m.body, tags=m.tags, keys=m.keys,
+                sharding_key=m.sharding_key,
+                properties={k: v for k, v in m.properties.items() if k not in ORIGIN_PROPERTIES},
+            ))  # fmt: skip
+    if found:
+        last = found[-1]
+
+        async def remember(b: BrokerClient) -> None:
+            marker = f"{group}-dlq-resend"
+            await b.heartbeat(marker, [_poll_group(marker)])
+            await b.commit_offsets(marker, marker, [(last.queue, last.queue_offset + 1, 0)])
+            await b.unregister(marker)
+
+        c.call(remember)
+    c.emit({"resent": len(found)}, f"resent {len(found)} message(s) of {group}")
+
+
+def _poll_group(name: str) -> GroupInfo:
+    return GroupInfo(name, "CONSUME_POLL")
+
+
+# ---------------------------------------------------------------------- broker
+@cli.group()
+def broker() -> None:
+    """The broker itself."""
+
+
+@broker.command("status")
+@click.pass_obj
+def broker_status(c: Context) -> None:
+    """Uptime, disk use, counters and what recovery found."""
+    data = c.call(lambda b: b.admin("BrokerStatus"))
+    rows = [[k, v] for k, v in data.items()]
+    c.emit(data, _table(f"broker {data['broker_name']} at {c.broker}", ["", ""], rows))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="ordermq")
+
+
+if __name__ == "__main__":
+    main()
