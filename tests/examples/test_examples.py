@@ -68,3 +68,11 @@ def test_the_service_example_stops_cleanly_on_a_signal(sig: signal.Signals) -> N
     assert proc.returncode == 0, err
     assert "stopped cleanly after applying" in out
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["delayed_and_cancel.py", "retry_and_dlq.py", "broadcasting.py", "asyncio_consumer.py"],
+)
+def test_scenario_examples_succeed(name: str) -> None:
+    assert "result: OK" in run_example(name)
