@@ -106,6 +106,23 @@ class ServerProcess:
         self.stop()
 
 
+def machine_busy_seconds() -> float | None:
+    """CPU seconds every process on the machine used so far, summed over the cores.
+
+    From the first line of /proc/stat: user, nice, system, irq, softirq and steal (time
+    the hypervisor gave to other machines); None where /proc is missing.
+    """
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / _TICKS
+
+
 def broker_process(data_dir: Path, flush_mode: str, profile: Path | None = None) -> ServerProcess:
     """`python -m mockbroker` on a free loopback port with its data in `data_dir`."""
     runner = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []

@@ -1,4 +1,4 @@
-"""`make bench`: ordermq's throughput figures, printed as a table and written as JSON.
+"""`make bench`: ordermq's throughput and latency figures, as a table and as JSON.
 
 Figures (see bench/README.md for what each one measures and how to read it):
 
@@ -6,13 +6,18 @@ Figures (see bench/README.md for what each one measures and how to read it):
   for one of 8 queues, 1 or 4 batches in flight, broker in async or sync flush mode;
 - pull: reading a backlog of 200 000 messages back with the SDK's pull, decode included,
   one pull at a time or with every queue's next pull in flight;
+- consume: one sdk.aio.PushConsumer reading a 200 000-message backlog with a no-op
+  listener (orderly async at batch 1 and 32, orderly on the thread pool, concurrent);
+- latency: how fast a held (long-polling) pull wakes when a message arrives, and the
+  end-to-end latency of single messages sent at 500 and 2 000 msg/s to an orderly push
+  consumer;
 - floor: a bare grpc.aio server/client pair moving the same bytes (what gRPC alone costs);
 - micro: per-message SDK costs measured in-process (build, encode, decode).
 
 Servers run as separate processes; the client is this process. Every figure is the median
 of --runs runs. Usage:
 
-    python bench/run.py                   # the full run (about 3-4 minutes on 2 cores)
+    python bench/run.py                   # the full run (about 2-3 minutes on 2 cores)
     python bench/run.py --quick           # a smoke run (seconds; writes results/quick.json)
     python bench/run.py --only pull --runs 5 --messages 50000
 """
@@ -39,27 +44,77 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import consuming as cw
 import grpc
 import workloads as wl
-from procs import ROOT, ServerProcess, broker_process, floor_process
+from procs import ROOT, ServerProcess, broker_process, floor_process, machine_busy_seconds
 
+from sdk import ConsumeFromWhere, MessageQueue
 from sdk._transport.broker_client import BrokerClient
 from sdk._wire import GRPC_CHANNEL_OPTIONS
-from sdk.aio import Producer
+from sdk.aio import Producer, PushConsumer
 
-GROUPS = ("produce", "pull", "floor", "micro")
+GROUPS = ("produce", "pull", "consume", "latency", "floor", "micro")
+#: Other processes using this much of a core during a figure get it named in a note.
+OTHERS_NOTICEABLE = 0.25
+#: latency: wake-ups per run (sequential); the end-to-end send rates (msg/s), seconds per
+#: run, and the most sends the paced producer lets overlap.
+LONGPOLL_WAKEUPS = 200
+LONGPOLL_SUSPEND = 10.0
+E2E_RATES = (500, 2000)
+E2E_SECONDS = 5.0
+E2E_QUICK_SECONDS = 1.0
+E2E_SENDS_IN_FLIGHT = 64
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @dataclass
 class Run:
-    """One timed run: `units` done in `seconds`; CPU as fractions of one core."""
+    """One timed run: `units` done in `seconds`; CPU as fractions of one core.
+
+    `rate` is units per second when `value` is not (latency figures); `detail` holds
+    what else a run measured (e.g. the maximum latency).
+    """
 
     value: float
     seconds: float
     units: int
     client_cpu: float | None = None
     server_cpu: float | None = None
+    rate: float | None = None
+    detail: dict[str, float] | None = None
+    other_cpu: float | None = None  # what other processes used meanwhile (cores)
+
+
+@dataclass
+class Timing:
+    """What _timed measured: units, seconds, CPU shares (client, server, everything else)."""
+
+    units: int
+    seconds: float
+    client_cpu: float
+    server_cpu: float | None
+    other_cpu: float | None
+
+    def run(
+        self, value: float, rate: float | None = None, detail: dict[str, float] | None = None
+    ) -> Run:
+        return Run(
+            value,
+            self.seconds,
+            self.units,
+            self.client_cpu,
+            self.server_cpu,
+            rate,
+            detail,
+            self.other_cpu,
+        )
+
+    def cpu_text(self) -> str:
+        return (
+            f"client CPU {_pct(self.client_cpu)}, server CPU {_pct(self.server_cpu)}, "
+            f"other processes {_pct(self.other_cpu)}"
+        )
 
 
 @dataclass
@@ -72,6 +127,15 @@ class Figure:
     params: dict[str, Any]
     higher_is_better: bool = True
     runs: list[Run] = field(default_factory=list)
+    per: str = ""  # what CPU time is counted per (default: "msg" for "msg/s" or "us/msg")
+
+    @property
+    def per_label(self) -> str:
+        if self.per:
+            return self.per
+        if self.unit.endswith("/s"):
+            return self.unit.removesuffix("/s").removesuffix("s")  # "msg/s" -> "msg"
+        return self.unit.split("/")[-1]
 
     def values(self) -> list[float]:
         return [r.value for r in self.runs]
@@ -84,18 +148,21 @@ class Figure:
             "unit": self.unit,
             "higher_is_better": self.higher_is_better,
             "params": self.params,
+            "cpu_per": self.per_label,
             "runs": [asdict(r) for r in self.runs],
         }
         if values:
             out.update(median=statistics.median(values), min=min(values), max=max(values))
+            other = [r.other_cpu for r in self.runs if r.other_cpu is not None]
+            out["other_cpu_median"] = statistics.median(other) if other else None
             for side in ("client_cpu", "server_cpu"):
                 cpu = [getattr(r, side) for r in self.runs if getattr(r, side) is not None]
                 out[f"{side}_median"] = statistics.median(cpu) if cpu else None
                 # CPU seconds per unit, in microseconds: steadier than throughput under noise.
                 per = [
-                    getattr(r, side) / r.value * 1e6
+                    getattr(r, side) / (r.rate or r.value) * 1e6
                     for r in self.runs
-                    if getattr(r, side) is not None and r.value
+                    if getattr(r, side) is not None and (r.rate or r.value)
                 ]
                 out[f"{side}_us_per_unit"] = statistics.median(per) if per else None
         return out
@@ -137,20 +204,26 @@ class Bench:
 
     async def _timed(
         self, work: Callable[[], Awaitable[int]], server: ServerProcess | None
-    ) -> tuple[int, float, float | None, float | None]:
-        """(units, seconds, client CPU, server CPU) of one run of `work`."""
+    ) -> Timing:
+        """Units, seconds and CPU shares of one run of `work`."""
         server_before = server.cpu_seconds() if server is not None else None
+        busy_before = machine_busy_seconds()
         cpu_before = time.process_time()
         start = time.perf_counter()
         units = await work()
         seconds = time.perf_counter() - start
         client_cpu = (time.process_time() - cpu_before) / seconds
+        busy_after = machine_busy_seconds()
         server_cpu = None
         if server is not None and server_before is not None:
             server_after = server.cpu_seconds()
             if server_after is not None:
                 server_cpu = (server_after - server_before) / seconds
-        return units, seconds, client_cpu, server_cpu
+        other_cpu = None
+        if busy_before is not None and busy_after is not None:
+            other = (busy_after - busy_before) / seconds - client_cpu - (server_cpu or 0.0)
+            other_cpu = max(0.0, other)
+        return Timing(units, seconds, client_cpu, server_cpu, other_cpu)
 
     async def _measure(
         self,
@@ -158,24 +231,78 @@ class Bench:
         work: Callable[[], Awaitable[int]],
         server: ServerProcess | None,
         per: int = 1,
+        setup: Callable[[], Awaitable[None]] | None = None,
+        teardown: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """Run `work` --runs times; each run's value is units * per / second."""
+        """Run `work` --runs times; each run's value is units * per / second.
+
+        `setup` and `teardown`, when given, run before and after each run, untimed.
+        """
         profiler = cProfile.Profile() if self.args.profile is not None else None
         for i in range(self.args.runs):
-            if profiler is not None:
-                profiler.enable()
-            units, seconds, client_cpu, server_cpu = await self._timed(work, server)
-            if profiler is not None:
-                profiler.disable()
-            run = Run(units * per / seconds, seconds, units, client_cpu, server_cpu)
+            if setup is not None:
+                await setup()
+            try:
+                if profiler is not None:
+                    profiler.enable()
+                t = await self._timed(work, server)
+            finally:
+                if profiler is not None:
+                    profiler.disable()
+                if teardown is not None:
+                    await teardown()
+            run = t.run(t.units * per / t.seconds)
             figure.runs.append(run)
             self.say(
                 f"  {figure.title} run {i + 1}/{self.args.runs}: {_fmt(run.value)} {figure.unit} "
-                f"({units} in {seconds:.2f} s, client CPU {_pct(client_cpu)}, "
-                f"server CPU {_pct(server_cpu)})"
+                f"({t.units} in {t.seconds:.2f} s, {t.cpu_text()})"
             )
         if profiler is not None:
             profiler.dump_stats(self.args.profile / f"client-{figure.key}.prof")
+
+    async def _measure_latency(
+        self,
+        p50: Figure,
+        p99: Figure,
+        work: Callable[[], Awaitable[tuple[list[float], dict[str, float]]]],
+        server: ServerProcess | None,
+        sent: Figure | None = None,
+    ) -> None:
+        """Run `work` --runs times; each run's samples (ms) give one p50 and one p99 run.
+
+        `sent`, if given, gets each run's `detail["sent_rate"]` (msg/s) as its value.
+        """
+        profiler = cProfile.Profile() if self.args.profile is not None else None
+        got: list[tuple[list[float], dict[str, float]]] = []
+
+        async def one() -> int:
+            got.append(await work())
+            return len(got[-1][0])
+
+        for i in range(self.args.runs):
+            if profiler is not None:
+                profiler.enable()
+            try:
+                t = await self._timed(one, server)
+            finally:
+                if profiler is not None:
+                    profiler.disable()
+            samples, detail = got[-1]
+            rounded = {k: round(v, 3) for k, v in detail.items()}
+            rate = t.units / t.seconds
+            for figure, q in ((p50, 50), (p99, 99)):
+                figure.runs.append(t.run(cw.percentile(samples, q), rate, rounded))
+            if sent is not None:
+                sent.runs.append(t.run(detail["sent_rate"], rate))
+            self.say(
+                f"  {p50.title.removesuffix(' p50')} run {i + 1}/{self.args.runs}: "
+                f"p50 {cw.percentile(samples, 50):.3f} ms, p99 {cw.percentile(samples, 99):.3f} ms"
+                f", max {max(samples):.3f} ms ({t.units} in {t.seconds:.2f} s, {t.cpu_text()}; "
+                + ", ".join(f"{k} {v:.3g}" for k, v in detail.items() if k != "max_ms")
+                + ")"
+            )
+        if profiler is not None:
+            profiler.dump_stats(self.args.profile / f"client-{p50.key}.prof")
 
     def _add(self, figure: Figure) -> Figure:
         self.figures.append(figure)
@@ -288,6 +415,183 @@ class Bench:
             if any(r.units != stored for r in figure.runs):
                 raise RuntimeError(f"{figure.title}: read {figure.runs} of {stored} messages")
 
+    # ------------------------------------------------------------------ consume
+    async def consume(self) -> None:
+        topic = "bench-consume"
+        backlog = self.args.messages
+        params = {
+            "api": "sdk.aio.PushConsumer",
+            "backlog_messages": backlog,
+            "queues": wl.QUEUES,
+            "keys": wl.KEYS,
+            "body_bytes": wl.BODY_BYTES,
+            "consume_from_where": "FIRST_OFFSET",
+            "consumers": 1,
+        }
+        cases = [
+            ("orderly.async.batch1", "consume orderly, async listener, batch 1",
+             "orderly-async", 1),
+            ("orderly.async.batch32", "consume orderly, async listener, batch 32",
+             "orderly-async", 32),
+            ("orderly.threads.batch32", "consume orderly, thread-pool listener, batch 32",
+             "orderly-sync", 32),
+            ("concurrent.async.batch32", "consume concurrently, async listener, batch 32",
+             "concurrent-async", 32),
+        ]  # fmt: skip
+        figures = [
+            self._add(
+                Figure(
+                    f"consume.{key}",
+                    title,
+                    "msg/s",
+                    {
+                        **params,
+                        "listener": {
+                            "orderly-async": "MessageListenerOrderly, async def, no-op",
+                            "orderly-sync": "MessageListenerOrderly, plain def on the "
+                            "consumer's thread pool, no-op",
+                            "concurrent-async": "MessageListenerConcurrently, async def, no-op",
+                        }[listener],
+                        "consume_message_batch_max_size": batch,
+                    },
+                )
+            )
+            for key, title, listener, batch in cases
+        ]
+        self.say("consume: starting a broker")
+        with self._broker("consume", "async") as broker:
+            started = time.perf_counter()
+            stored = await wl.fill_backlog(broker.address, topic, backlog)
+            self.facts["consume_backlog_fill_seconds"] = round(time.perf_counter() - started, 2)
+            self.say(
+                f"  backlog of {stored} messages stored in {time.perf_counter() - started:.1f} s"
+            )
+            # Warm up: a consumer that stops after a tenth of the backlog.
+            warm = cw.ConsumeTrial(broker.address, topic, max(1, stored // 10), "orderly-async", 32)
+            await warm.prepare()
+            try:
+                await warm.run()
+            finally:
+                await warm.close()
+            for figure, (_key, _title, listener, batch) in zip(figures, cases, strict=True):
+                trial = cw.ConsumeTrial(broker.address, topic, stored, listener, batch)
+                await self._measure(
+                    figure, trial.run, broker, setup=trial.prepare, teardown=trial.close
+                )
+                if any(r.units != stored for r in figure.runs):
+                    raise RuntimeError(
+                        f"{figure.title}: listener saw {[r.units for r in figure.runs]} "
+                        f"of {stored} messages"
+                    )
+
+    # ------------------------------------------------------------------ latency
+    async def latency(self) -> None:
+        quick = self.args.quick
+        wakeups = LONGPOLL_WAKEUPS // 4 if quick else LONGPOLL_WAKEUPS
+        e2e_seconds = E2E_QUICK_SECONDS if quick else E2E_SECONDS
+        lp_params = {
+            "api": "BrokerClient.pull(suspend_timeout) woken by sdk.aio.Producer.send",
+            "suspend_seconds": LONGPOLL_SUSPEND,
+            "wakeups_per_run": wakeups,
+            "body_bytes": wl.BODY_BYTES,
+            "from": "just before send()",
+            "to": "the held pull returned (decoded)",
+        }
+        lp = [
+            self._add(
+                Figure(
+                    f"latency.longpoll.{name}",
+                    f"long-poll wake-up {name}",
+                    "ms",
+                    {**lp_params, "percentile": q},
+                    higher_is_better=False,
+                    per="wake-up",
+                )
+            )
+            for name, q in (("p50", 50), ("p99", 99))
+        ]
+        e2e: list[tuple[int, Figure, Figure, Figure]] = []
+        for rate in E2E_RATES:
+            params = {
+                "api": "sdk.aio.Producer.send per message -> sdk.aio.PushConsumer, orderly, "
+                "async def no-op listener",
+                "rate_msg_per_s": rate,
+                "seconds_per_run": e2e_seconds,
+                "messages_per_run": int(rate * e2e_seconds),
+                "max_sends_in_flight": E2E_SENDS_IN_FLIGHT,
+                "consume_message_batch_max_size": 1,
+                "queues": wl.QUEUES,
+                "keys": wl.KEYS,
+                "body_bytes": wl.BODY_BYTES,
+                "same_process": "producer and consumer share the client process and event loop",
+            }
+            p50, p99 = (
+                self._add(
+                    Figure(
+                        f"latency.e2e.rate{rate}.{name}",
+                        f"e2e latency at {rate:,} msg/s {name}",
+                        "ms",
+                        {**params, "percentile": q},
+                        higher_is_better=False,
+                        per="msg",
+                    )
+                )
+                for name, q in (("p50", 50), ("p99", 99))
+            )
+            sent = self._add(
+                Figure(
+                    f"latency.e2e.rate{rate}.sent",
+                    f"e2e latency at {rate:,} msg/s: rate sent",
+                    "msg/s",
+                    {**params, "what": "messages sent / time from the first to the last send"},
+                )
+            )
+            e2e.append((rate, p50, p99, sent))
+        self.say("latency: starting a broker")
+        with self._broker("latency", "async") as broker:
+            admin = BrokerClient(broker.address)
+            producer = Producer(broker.address)
+            consumer: PushConsumer | None = None
+            try:
+                await admin.create_topic("bench-longpoll", wl.QUEUES)
+                await admin.create_topic("bench-e2e", wl.QUEUES)
+                await producer.start()
+                queue = MessageQueue("bench-longpoll", "broker-a", 0)
+                key = wl.keys_by_queue(wl.make_keys())[0][0]
+
+                def wake(n: int) -> Awaitable[tuple[list[float], dict[str, float]]]:
+                    return cw.longpoll_wakeups(admin, producer, queue, key, n, LONGPOLL_SUSPEND)
+
+                await wake(10)  # connect, warm up
+                await self._measure_latency(lp[0], lp[1], lambda: wake(wakeups), broker)
+
+                recorder = cw.LatencyRecorder()
+                consumer = PushConsumer(
+                    "bench-e2e", broker.address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET
+                )
+                consumer.subscribe("bench-e2e")
+                consumer.register_message_listener(recorder)
+                await consumer.start()
+                await cw.until_held(admin, wl.QUEUES)  # every queue's pull is waiting
+                keys = wl.make_keys()
+                for rate, p50, p99, sent in e2e:
+
+                    def send(n: int, rate: int = rate) -> Awaitable[Any]:
+                        return cw.e2e_latency(
+                            producer, recorder, "bench-e2e", keys, rate, n, E2E_SENDS_IN_FLIGHT
+                        )
+
+                    await send(rate // 2)  # warm up: half a second
+                    count = int(rate * e2e_seconds)
+                    await self._measure_latency(
+                        p50, p99, lambda send=send, count=count: send(count), broker, sent
+                    )
+            finally:
+                if consumer is not None:
+                    await consumer.shutdown()
+                await producer.shutdown()
+                await admin.close()
+
     # ------------------------------------------------------------------ floor
     async def floor(self) -> None:
         send_request = wl.send_payload()
@@ -388,20 +692,20 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.0f}%"
 
 
-def _cpu(share: float | None, per_unit: float | None, unit: str) -> str:
+def _cpu(share: float | None, per_unit: float | None, per: str) -> str:
     if share is None or per_unit is None:
         return "-"
-    return f"{share * 100:.0f}% {_fmt(per_unit)} us/{unit.split('/')[0].removesuffix('s')}"
+    return f"{share * 100:.0f}% {_fmt(per_unit)} us/{per}"
 
 
 def table(figures: list[Figure]) -> str:
     """The results as a fixed-width text table (medians, min and max of the runs)."""
-    header = ("figure", "median", "min", "max", "unit", "client CPU", "server CPU")
+    header = ("figure", "median", "min", "max", "unit", "client CPU", "server CPU", "others")
     rows = [header]
     for f in figures:
         s = f.summary()
         if "median" not in s:
-            rows.append((f.title, "failed", "", "", f.unit, "", ""))
+            rows.append((f.title, "failed", "", "", f.unit, "", "", ""))
             continue
         rows.append(
             (
@@ -410,8 +714,9 @@ def table(figures: list[Figure]) -> str:
                 _fmt(s["min"]),
                 _fmt(s["max"]),
                 f.unit,
-                _cpu(s.get("client_cpu_median"), s.get("client_cpu_us_per_unit"), f.unit),
-                _cpu(s.get("server_cpu_median"), s.get("server_cpu_us_per_unit"), f.unit),
+                _cpu(s.get("client_cpu_median"), s.get("client_cpu_us_per_unit"), f.per_label),
+                _cpu(s.get("server_cpu_median"), s.get("server_cpu_us_per_unit"), f.per_label),
+                _pct(s.get("other_cpu_median")),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -484,19 +789,19 @@ def git_revision() -> dict[str, Any]:
 # ---------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description="Measure ordermq's produce and pull throughput (see bench/README.md)."
+        description="Measure ordermq's throughput and latency (see bench/README.md)."
     )
     p.add_argument("--runs", type=int, default=None, help="runs per figure (default 3)")
     p.add_argument(
         "--messages",
         type=int,
         default=None,
-        help="messages per produce run and pull backlog size (default 200000)",
+        help="messages per produce run, and size of the pull and consume backlogs (default 200000)",
     )
     p.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: 20000 messages, 1 run, results/quick.json",
+        help="smoke run: 20000 messages, 1 run, shorter latency runs, results/quick.json",
     )
     p.add_argument(
         "--only",
@@ -574,12 +879,23 @@ def main(argv: list[str] | None = None) -> int:
     print(table(bench.figures))
     print(
         f"(medians of {args.runs} run(s); CPU: share of one core and CPU time per unit; "
+        f"others: CPU share of every other process on the machine meanwhile; "
         f"{elapsed:.0f} s; written to {_shown(args.output)})"
     )
     if load_before is not None and load_before[0] >= 0.5:
         print(
             f"note: load average was {load_before[0]:.2f} before the run: other work on this "
             f"machine skews the figures"
+        )
+    busy = [
+        f["title"]
+        for f in report["figures"]
+        if (f.get("other_cpu_median") or 0.0) >= OTHERS_NOTICEABLE
+    ]
+    if busy:
+        print(
+            f"note: other processes used {OTHERS_NOTICEABLE:.0%} of a core or more during "
+            f"{len(busy)} figure(s) (column others): {', '.join(busy)}"
         )
     if failure is not None:
         print(f"bench failed: {report['error']}", file=sys.stderr)
