@@ -6,13 +6,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINTED := sdk mockbroker
 
-.PHONY: help setup proto proto-check lint typecheck test test-fast demo bench clean
+.PHONY: help setup proto proto-check docs docs-check lint typecheck test test-fast demo bench bench-peers clean
 
 help:
 	@echo "make demo    run the main job on an embedded broker"
 	@echo "make test    lint, type-check and run every test tier"
 	@echo "make bench   measure throughput (writes bench/results/latest.json)"
 	@echo "make proto   regenerate sdk/_pb from proto/"
+	@echo "make docs    regenerate docs/configuration.md from the config classes"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +29,12 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(PY) tools/gen_proto.py --check
 
+docs: $(STAMP)
+	$(PY) tools/gen_config_docs.py
+
+docs-check: $(STAMP)
+	$(PY) tools/gen_config_docs.py --check
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED) tests examples bench tools
 	$(VENV)/bin/ruff format --check $(LINTED) tests examples bench tools
@@ -35,7 +42,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy $(LINTED)
 
-test: proto-check lint typecheck
+test: proto-check docs-check lint typecheck
 	$(PY) -m pytest -q
 
 # Unit and component tiers only, for a quick loop while editing.
@@ -47,6 +54,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run.py
+
+# The same workload on Redis Streams, RabbitMQ and NATS JetStream (installs them if missing).
+bench-peers: $(STAMP)
+	$(PY) bench/peers/run.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache bench/results

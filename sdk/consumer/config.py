@@ -130,8 +130,11 @@ class LitePullConsumerConfig:
         pull_timeout: The deadline of a pull call.
         pull_error_backoff: Wait after a failed pull.
         flow_control_backoff: Wait while the cache is full or a queue is paused.
-        rebalance_interval, lock_renew_interval, lock_lease, persist_interval,
-        heartbeat_interval: As for PushConsumerConfig.
+        rebalance_interval: Periodic rebalance (also on start and membership change).
+        lock_renew_interval: Orderly: re-lock every held queue this often.
+        lock_lease: Orderly: the client's own view of how long a lock lives unrenewed.
+        persist_interval: How often committed offsets are sent to the broker.
+        heartbeat_interval: How often the client tells the broker it is alive.
     """
 
     pull_batch_size: int = 512
