@@ -36,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         action="store_true",
         help="refuse sends to topics that were not created explicitly",
     )
+    p.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
+    )
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     logging.basicConfig(
@@ -55,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             broker_name=a.broker_name,
             segment_bytes=a.segment_bytes,
             client_timeout_seconds=a.client_timeout_seconds,
+            metrics_port=a.metrics_port,
         )
     except ValueError as exc:
         p.error(str(exc))

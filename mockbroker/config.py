@@ -30,6 +30,8 @@ class BrokerConfig:
             answering FLUSH_DISK_TIMEOUT.
         client_timeout_seconds: A client not heard from for this long leaves its groups
             and loses its locks.
+        metrics_port: Serve Prometheus metrics at http://host:PORT/metrics (None: off;
+            0 picks a free port).
     """
 
     host: str = "127.0.0.1"
@@ -44,6 +46,7 @@ class BrokerConfig:
     flush_interval_seconds: float = 0.5
     sync_flush_timeout_seconds: float = 5.0
     client_timeout_seconds: float = 120.0
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):

@@ -13,6 +13,7 @@ from mockbroker.config import BrokerConfig
 from mockbroker.groups import ConsumerGroups
 from mockbroker.lock_manager import RebalanceLockManager
 from mockbroker.long_polling import PullHolder
+from mockbroker.metrics import MetricsServer
 from mockbroker.offsets import ConsumerOffsets
 from mockbroker.retry import RetryService
 from mockbroker.schedule import Scheduler
@@ -48,7 +49,13 @@ class Broker:
         self.state: BrokerState | None = None
         self._server: grpc.aio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._metrics: MetricsServer | None = None
         self.port = 0
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port /metrics is served on, when enabled."""
+        return self._metrics.port if self._metrics is not None else None
 
     @property
     def address(self) -> str:
@@ -96,6 +103,9 @@ class Broker:
         await server.start()
         scheduler.start()
         self._sweeper = asyncio.create_task(self._expire_clients(state), name="client-expiry")
+        if self.config.metrics_port is not None:
+            self._metrics = MetricsServer(state, self.config.host, self.config.metrics_port)
+            log.info("metrics on http://%s:%d/metrics", self.config.host, self._metrics.port)
         self.state, self._server = state, server
         log.info("broker %s serving on %s", self.config.broker_name, self.address)
 
@@ -108,6 +118,9 @@ class Broker:
 
     async def stop(self, grace_seconds: float = 5.0) -> None:
         """Answer held pulls, stop serving (running calls get a bounded grace), close."""
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
         if self.state is not None:
             self.state.holder.close()
             self.state.groups.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -47,6 +48,8 @@ class Flusher:
         self._tasks: list[asyncio.Task[None]] = []
         self.failure: OSError | None = None
         self._checkpointed = -1
+        self.flushes = 0
+        self.flush_seconds = 0.0  # total time spent in fsync
 
     def start(self) -> None:
         """Start the periodic and the group-commit loops."""
@@ -90,6 +93,7 @@ class Flusher:
                 for q in dirty:
                     q.dirty = False
                 plan.fds += [q.fileno() for q in dirty]
+            started = time.perf_counter()
             try:
                 await asyncio.to_thread(self._execute, plan.target if checkpoint else None, plan)
             except OSError as exc:
@@ -97,6 +101,8 @@ class Flusher:
                 log.critical("fsync failed; the store now refuses writes: %s", exc)
                 self._fail_waiters()
                 raise FlushFailedError(str(exc)) from exc
+            self.flushes += 1
+            self.flush_seconds += time.perf_counter() - started
             self._log.complete_flush(plan)
             if checkpoint:
                 self._checkpointed = plan.target

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpc import StatusCode
@@ -63,6 +63,8 @@ class StoreStats:
     messages_stored: int = 0
     messages_served: int = 0
     corrupt_records_detected: int = 0
+    stored_by_topic: dict[str, int] = field(default_factory=dict)
+    served_by_topic: dict[str, int] = field(default_factory=dict)
 
 
 class MessageStore:
@@ -139,6 +141,11 @@ class MessageStore:
             interval_seconds=self._flush_interval,
         )
         self._flusher.start()
+
+    @property
+    def flusher(self) -> Flusher | None:
+        """The flusher (for its counters), once started."""
+        return self._flusher
 
     async def close(self) -> None:
         """Flush, checkpoint, mark a clean shutdown and close the files."""
@@ -224,6 +231,8 @@ class MessageStore:
                 StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", f"write failed: {exc}"
             ) from exc
         self.stats.messages_stored += len(checked)
+        by_topic = self.stats.stored_by_topic
+        by_topic[index_topic.name] = by_topic.get(index_topic.name, 0) + len(checked)
         if self.on_append is not None:
             self.on_append(index_topic.name, index_queue)
         durable = True
@@ -318,6 +327,8 @@ class MessageStore:
         if not served:
             return GetResult("NO_MATCHED_MESSAGE", next_offset, lo, hi)
         self.stats.messages_served += served
+        by_topic = self.stats.served_by_topic
+        by_topic[topic.name] = by_topic.get(topic.name, 0) + served
         return GetResult("FOUND", next_offset, lo, hi, records, served)
 
     def _read_records(
