@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mockbroker.config import BrokerConfig
 from mockbroker.server import Broker
+from sdk.log import JsonFormatter
 
 
 def parse_args(argv: list[str] | None = None) -> BrokerConfig:
@@ -40,12 +41,17 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
     )
     p.add_argument("--log-level", default="INFO")
-    a = p.parse_args(argv)
-    logging.basicConfig(
-        level=a.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    p.add_argument(
+        "--log-format", choices=["text", "json"], default="text", help="json: one object a line"
     )
+    a = p.parse_args(argv)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter()
+        if a.log_format == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+    )
+    logging.basicConfig(level=a.log_level.upper(), handlers=[handler])
     try:
         return BrokerConfig(
             host=a.host,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 
 from mockbroker.errors import BrokerError, invalid, not_implemented, out_of_range
@@ -10,8 +12,10 @@ from mockbroker.state import BrokerState
 from mockbroker.topics import Topic, check_any_topic, check_group, check_user_topic, is_system_topic
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
+from sdk.log import log_event
 
 VERSION = "0.1.0"
+log = logging.getLogger("mockbroker.admin")
 
 
 class AdminService(pb_grpc.AdminServiceServicer):
@@ -141,6 +145,10 @@ class AdminService(pb_grpc.AdminServiceServicer):
             for qid in queues
         }
         await self._s.offsets.commit(updates)
+        log_event(log, logging.WARNING, "offset.reset",
+                  f"offsets of {request.group} on {topic.name} reset ({target})",
+                  group=request.group, topic=topic.name,
+                  offsets={q: o for (_, _, q), o in updates.items()})  # fmt: skip
         return pb.ResetOffsetResponse(
             offsets=[
                 pb.OffsetCommit(topic=t, queue_id=q, offset=o) for (_, t, q), o in updates.items()

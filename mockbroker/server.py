@@ -23,6 +23,7 @@ from mockbroker.store.message_store import MessageStore
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.clock import Clock, SystemClock, sleep_for
+from sdk.log import log_event
 
 log = logging.getLogger("mockbroker")
 
@@ -114,7 +115,9 @@ class Broker:
             await sleep_for(self.clock, _EXPIRY_SWEEP_SECONDS)
             for client_id in state.groups.expire():
                 dropped = state.locks.release_client(client_id)
-                log.info("client %s expired; %d lock(s) released", client_id, dropped)
+                log_event(log, logging.WARNING, "client.expired",
+                          f"client {client_id} went silent; {dropped} lock(s) released",
+                          client_id=client_id, locks_released=dropped)  # fmt: skip
 
     async def stop(self, grace_seconds: float = 5.0) -> None:
         """Answer held pulls, stop serving (running calls get a bounded grace), close."""

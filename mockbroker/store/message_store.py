@@ -26,6 +26,7 @@ from mockbroker.store.recovery import RecoveryReport, recover
 from mockbroker.topics import Topic, TopicRegistry
 from sdk._wire import FRAME_FIELDS, RECORD
 from sdk.clock import Clock, SystemClock
+from sdk.log import log_event
 
 log = logging.getLogger("mockbroker.store")
 
@@ -125,12 +126,14 @@ class MessageStore:
                 self.commitlog, self._lookup, list(self._queues.values()), start
             )
             self.stats.corrupt_records_detected += self.recovery.corrupt_records
-            log.warning(
-                "recovery done: %d records replayed, %d bytes truncated, %d corrupt",
-                self.recovery.records_replayed,
-                self.recovery.truncated_bytes,
-                self.recovery.corrupt_records,
-            )
+            r = self.recovery
+            log_event(
+                log, logging.WARNING, "recovery",
+                f"recovery done: {r.records_replayed} records replayed, "
+                f"{r.truncated_bytes} bytes truncated, {r.corrupt_records} corrupt",
+                replayed_from=r.replayed_from, records=r.records_replayed,
+                truncated_bytes=r.truncated_bytes, corrupt_records=r.corrupt_records,
+            )  # fmt: skip
 
     async def start(self) -> None:
         """Start background flushing (call on the loop that will serve requests)."""

@@ -39,6 +39,7 @@ from sdk.errors import (
     InvalidTagExpressionError,
     OrderMQError,
 )
+from sdk.log import log_event
 from sdk.message import MessageExt, MessageQueue
 
 log = logging.getLogger("ordermq.consumer")
@@ -235,6 +236,9 @@ class ConsumerCore:
             await self._call_hook(self._on_revoked, held)
         if self.uses_locks and held:
             await self._unlock(held)
+        for queue in held:
+            log_event(log, logging.INFO, "queue.removed", f"gave up {queue} (shutdown)",
+                      group=self.group, topic=queue.topic, queue=queue.queue_id)  # fmt: skip
         for client in self._cluster.brokers():
             with contextlib.suppress(OrderMQError):
                 await client.unregister(self.client_id)
@@ -280,6 +284,11 @@ class ConsumerCore:
             self._queues[queue] = pq
             await self._starting_offset(queue, offset)
             taken.append(queue)
+        for queue in taken:
+            pq = self._queues[queue]
+            log_event(log, logging.INFO, "queue.added", f"took {queue}", group=self.group,
+                      topic=queue.topic, queue=queue.queue_id, offset=pq.next_offset,
+                      epoch=pq.lock_epoch)  # fmt: skip
         if taken:
             await self._call_hook(self._on_assigned, taken)
             for queue in taken:
@@ -321,6 +330,8 @@ class ConsumerCore:
             self._queues.pop(queue, None)
             self._releasing_since.pop(queue, None)
             self.offsets.remove(queue)
+            log_event(log, logging.INFO, "queue.removed", f"gave up {queue}", group=self.group,
+                      topic=queue.topic, queue=queue.queue_id)  # fmt: skip
         return ready
 
     async def relock(self, queue: MessageQueue, pq: ProcessQueue) -> bool:
@@ -400,7 +411,8 @@ class ConsumerCore:
             if queue in epochs:
                 await self._apply_lock(queue, pq, epochs[queue])
             elif pq.locked:
-                log.warning("lost the lock of %s", queue)
+                log_event(log, logging.WARNING, "lock.lost", f"lost the lock of {queue}",
+                          group=self.group, topic=queue.topic, queue=queue.queue_id)  # fmt: skip
                 pq.locked = False
 
     async def _apply_lock(self, queue: MessageQueue, pq: ProcessQueue, epoch: int) -> None:

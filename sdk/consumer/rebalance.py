@@ -14,6 +14,7 @@ from typing import Protocol
 from sdk._transport.cluster import Cluster
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.errors import OrderMQError, TopicNotFoundError
+from sdk.log import log_event
 from sdk.message import MessageQueue
 
 log = logging.getLogger("ordermq.rebalance")
@@ -90,8 +91,10 @@ class Rebalancer:
         released = await self._host.release(to_release) if to_release else []
         acquired = await self._host.acquire(to_acquire) if to_acquire else []
         if to_release or to_acquire:
-            log.info(
-                "rebalance of group %s: +%d -%d queues (%d wanted)",
-                self._group, len(acquired), len(released), len(wanted),
+            log_event(
+                log, logging.INFO, "rebalance",
+                f"rebalance of group {self._group}: +{len(acquired)} -{len(released)} queues "
+                f"({len(wanted)} wanted)",
+                group=self._group, added=len(acquired), removed=len(released), held=len(wanted),
             )  # fmt: skip
         return len(released) == len(to_release) and len(acquired) == len(to_acquire)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -321,3 +322,14 @@ def test_broadcasting_members_each_get_every_message_and_keep_their_own_offsets(
     with member(0, again):
         wait_until(lambda: len(again.seen) == 20, 20)
     assert len(again.seen) == 20, "the restarted member resumed from its own offsets"
+
+
+def test_consumers_log_stable_events(
+    broker: EmbeddedBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "ordermq")
+    send_keyed(broker, 10)
+    with consumer(broker, Recorder()):
+        wait_until(lambda: any(getattr(r, "event", "") == "queue.added" for r in caplog.records))
+    events = {getattr(r, "event", None) for r in caplog.records}
+    assert {"queue.added", "rebalance", "queue.removed"} <= events
