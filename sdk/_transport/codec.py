@@ -5,7 +5,13 @@ from __future__ import annotations
 import itertools
 import os
 
-from sdk._wire import decode_properties, encode_frame, iter_records
+from sdk._wire import (
+    MAX_PROPERTIES_BYTES,
+    decode_properties,
+    encode_frame,
+    encode_properties,
+    iter_records,
+)
 from sdk.message import Message, MessageExt, MessageQueue
 
 
@@ -21,8 +27,18 @@ class MessageIdGenerator:
         return self._prefix + next(self._counter).to_bytes(8, "big")
 
 
-def encode_message(message: Message, msg_id: bytes, now_s: float) -> bytes:
-    """The frame for `message` sent at `now_s`, with delays turned into an absolute time."""
+def encode_message(
+    message: Message, msg_id: bytes, now_s: float, extra_properties: dict[str, str] | None = None
+) -> bytes:
+    """The frame for `message` sent at `now_s`, with delays turned into an absolute time.
+
+    `extra_properties` (a trace context) are added unless they would break the limit.
+    """
+    properties = message.encoded_properties
+    if extra_properties:
+        merged = encode_properties({**message.properties, **extra_properties})
+        if len(merged) <= MAX_PROPERTIES_BYTES:
+            properties = merged
     deliver_at_ms = 0
     if message.delay_seconds is not None:
         deliver_at_ms = int((now_s + message.delay_seconds) * 1000)
@@ -35,7 +51,7 @@ def encode_message(message: Message, msg_id: bytes, now_s: float) -> bytes:
         tags=message.tags.encode() if message.tags else b"",
         sharding_key=message.sharding_key.encode() if message.sharding_key else b"",
         keys=[k.encode() for k in message.keys],
-        properties=message.encoded_properties,
+        properties=properties,
         deliver_at_ms=deliver_at_ms,
     )
 

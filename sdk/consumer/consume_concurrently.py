@@ -12,6 +12,7 @@ import logging
 from concurrent.futures import Executor
 from typing import Protocol
 
+from sdk import tracing
 from sdk.clock import Clock, sleep_for
 from sdk.consumer.config import PushConsumerConfig
 from sdk.consumer.invoke import call_listener
@@ -51,7 +52,10 @@ class ConsumeConcurrentlyService:
         executor: Executor,
         clock: Clock,
         config: PushConsumerConfig,
+        *,
+        group: str = "",
     ) -> None:
+        self._group = group
         self._listener = listener
         self._host = host
         self._executor = executor
@@ -79,9 +83,10 @@ class ConsumeConcurrentlyService:
             context = ConsumeConcurrentlyContext(queue)
             self.listener_calls += 1
             try:
-                status = await call_listener(
-                    self._listener.consume_message, self._executor, batch, context
-                )
+                with tracing.consume_span(self._group, batch):
+                    status = await call_listener(
+                        self._listener.consume_message, self._executor, batch, context
+                    )
             except Exception:
                 log.exception("listener raised on %s; the batch will be retried", queue)
                 status = None

@@ -17,6 +17,7 @@ import logging
 from concurrent.futures import Executor
 from typing import Protocol
 
+from sdk import tracing
 from sdk.clock import Clock, sleep_for
 from sdk.consumer.config import PushConsumerConfig
 from sdk.consumer.listener import (
@@ -63,7 +64,9 @@ class ConsumeOrderlyService:
         config: PushConsumerConfig,
         *,
         locks: bool = True,
+        group: str = "",
     ) -> None:
+        self._group = group
         self._listener = listener
         self._locks = locks  # broadcasting members take none: order is per member
         self._host = host
@@ -162,7 +165,8 @@ class ConsumeOrderlyService:
                     return 0, _STOPPED
                 self.listener_calls += 1
                 try:
-                    result = await self._listener.consume_message(batches[0], contexts[0])  # type: ignore[misc]
+                    with tracing.consume_span(self._group, batches[0]):
+                        result = await self._listener.consume_message(batches[0], contexts[0])  # type: ignore[misc]
                 except Exception:
                     log.exception("orderly listener raised on %s; retrying it", batches[0][0].queue)
                     return 0, None
@@ -184,7 +188,8 @@ class ConsumeOrderlyService:
             if not self._may_call(pq):
                 return i, _STOPPED
             try:
-                result = self._listener.consume_message(batch, context)
+                with tracing.consume_span(self._group, batch):
+                    result = self._listener.consume_message(batch, context)
             except Exception:
                 log.exception("orderly listener raised on %s; retrying it", batch[0].queue)
                 return i, None

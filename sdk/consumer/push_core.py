@@ -119,10 +119,11 @@ class PushConsumerCore(ConsumerCore):
                 self._clock,
                 self.config,
                 locks=self.uses_locks,
+                group=self.group,
             )
         else:
             self._service = ConsumeConcurrentlyService(
-                self._listener, self, self._executor, self._clock, self.config
+                self._listener, self, self._executor, self._clock, self.config, group=self.group
             )
         try:
             await self._start_core()

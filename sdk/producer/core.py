@@ -14,6 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from sdk import tracing
 from sdk._transport.cluster import Cluster
 from sdk._transport.codec import MessageIdGenerator, encode_message
 from sdk._validation import check_group, check_topic
@@ -168,7 +169,28 @@ class ProducerCore:
         """Send one message and return where it was stored (or that it was spooled)."""
         self._check_running()
         msg_id = self._ids.next()
+        if tracing.enabled():
+            span, carrier = tracing.start_send_span(message.topic, msg_id.hex().upper())
+            try:
+                frame = encode_message(message, msg_id, self._clock.now(), carrier)
+                return await self._send_frame(message, frame, msg_id, selector, arg, timeout)
+            except BaseException as exc:
+                span.record_exception(exc)
+                raise
+            finally:
+                span.end()
         frame = encode_message(message, msg_id, self._clock.now())
+        return await self._send_frame(message, frame, msg_id, selector, arg, timeout)
+
+    async def _send_frame(
+        self,
+        message: Message,
+        frame: bytes,
+        msg_id: bytes,
+        selector: MessageQueueSelector | None,
+        arg: Any,
+        timeout: float | None,
+    ) -> SendResult:
         if self._spool is not None:
             if selector is not None:
                 raise InvalidArgumentError("a spooling producer routes by sharding key only")
@@ -203,7 +225,28 @@ class ProducerCore:
             raise InvalidArgumentError("send_batch needs at least one message")
         ids = [self._ids.next() for _ in messages]
         now = self._clock.now()
-        frames = [encode_message(m, ids[i], now) for i, m in enumerate(messages)]
+        spans: list[Any] = []
+        if tracing.enabled():
+            frames = []
+            for m, msg_id in zip(messages, ids, strict=True):
+                span, carrier = tracing.start_send_span(m.topic, msg_id.hex().upper())
+                spans.append(span)
+                frames.append(encode_message(m, msg_id, now, carrier))
+        else:
+            frames = [encode_message(m, ids[i], now) for i, m in enumerate(messages)]
+        try:
+            return await self._send_frames(messages, frames, ids, timeout)
+        finally:
+            for span in spans:
+                span.end()
+
+    async def _send_frames(
+        self,
+        messages: Sequence[Message],
+        frames: list[bytes],
+        ids: list[bytes],
+        timeout: float | None,
+    ) -> list[SendResult]:
         if self._spool is not None:
             return await self._spool_messages(list(messages), frames, ids)
         groups: dict[tuple[MessageQueue, bool], list[int]] = {}
