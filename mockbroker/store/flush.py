@@ -94,8 +94,18 @@ class Flusher:
                     q.dirty = False
                 plan.fds += [q.fileno() for q in dirty]
             started = time.perf_counter()
+            work = asyncio.ensure_future(
+                asyncio.to_thread(self._execute, plan.target if checkpoint else None, plan)
+            )
             try:
-                await asyncio.to_thread(self._execute, plan.target if checkpoint else None, plan)
+                await asyncio.shield(work)
+            except asyncio.CancelledError:
+                # The fsync goes on in its thread: keep the lock until it is done, or the
+                # next flush would write the checkpoint file at the same time.
+                await asyncio.wait([work])
+                if not work.cancelled() and isinstance(work.exception(), OSError):
+                    self.failure = work.exception()  # type: ignore[assignment]
+                raise
             except OSError as exc:
                 self.failure = exc
                 log.critical("fsync failed; the store now refuses writes: %s", exc)
