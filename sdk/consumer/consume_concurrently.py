@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import Executor
 from typing import Protocol
 
-from sdk import tracing
+from sdk import metrics, tracing
 from sdk.clock import Clock, sleep_for
 from sdk.consumer.config import PushConsumerConfig
 from sdk.consumer.invoke import call_listener
@@ -82,11 +83,13 @@ class ConsumeConcurrentlyService:
                 return
             context = ConsumeConcurrentlyContext(queue)
             self.listener_calls += 1
+            started = time.perf_counter()
             try:
                 with tracing.consume_span(self._group, batch):
                     status = await call_listener(
                         self._listener.consume_message, self._executor, batch, context
                     )
+                metrics.observe_consume(self._group, queue.topic, time.perf_counter() - started)
             except Exception:
                 log.exception("listener raised on %s; the batch will be retried", queue)
                 status = None

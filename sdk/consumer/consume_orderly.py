@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from concurrent.futures import Executor
 from typing import Protocol
 
-from sdk import tracing
+from sdk import metrics, tracing
 from sdk.clock import Clock, sleep_for
 from sdk.consumer.config import PushConsumerConfig
 from sdk.consumer.listener import (
@@ -164,12 +165,16 @@ class ConsumeOrderlyService:
                 if not self._may_call(pq):
                     return 0, _STOPPED
                 self.listener_calls += 1
+                started = time.perf_counter()
                 try:
                     with tracing.consume_span(self._group, batches[0]):
                         result = await self._listener.consume_message(batches[0], contexts[0])  # type: ignore[misc]
                 except Exception:
                     log.exception("orderly listener raised on %s; retrying it", batches[0][0].queue)
                     return 0, None
+                finally:
+                    elapsed = time.perf_counter() - started
+                    metrics.observe_consume(self._group, batches[0][0].topic, elapsed)
                 return (1, result) if result is ConsumeOrderlyStatus.SUCCESS else (0, result)
             loop = asyncio.get_running_loop()
             done, status = await loop.run_in_executor(
@@ -187,12 +192,15 @@ class ConsumeOrderlyService:
         for i, (batch, context) in enumerate(zip(batches, contexts, strict=True)):
             if not self._may_call(pq):
                 return i, _STOPPED
+            started = time.perf_counter()
             try:
                 with tracing.consume_span(self._group, batch):
                     result = self._listener.consume_message(batch, context)
             except Exception:
                 log.exception("orderly listener raised on %s; retrying it", batch[0].queue)
                 return i, None
+            finally:
+                metrics.observe_consume(self._group, batch[0].topic, time.perf_counter() - started)
             if result is not ConsumeOrderlyStatus.SUCCESS:
                 if result is not None and not isinstance(result, ConsumeOrderlyStatus):
                     log.error("orderly listener returned %r, not a ConsumeOrderlyStatus", result)

@@ -23,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sdk import metrics
 from sdk._transport.broker_client import GroupInfo, PullStatus
 from sdk._transport.cluster import Cluster
 from sdk._validation import check_group, check_topic
@@ -165,6 +166,7 @@ class ConsumerCore:
             )
         else:
             self.offsets = RemoteOffsetStore(self._cluster, self.group, self.client_id)
+        metrics.track(self)
         self._rebalancer = Rebalancer(
             self._cluster,
             self.group,

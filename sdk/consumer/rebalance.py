@@ -11,6 +11,7 @@ import logging
 from collections.abc import Collection
 from typing import Protocol
 
+from sdk import metrics
 from sdk._transport.cluster import Cluster
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.errors import OrderMQError, TopicNotFoundError
@@ -91,6 +92,7 @@ class Rebalancer:
         released = await self._host.release(to_release) if to_release else []
         acquired = await self._host.acquire(to_acquire) if to_acquire else []
         if to_release or to_acquire:
+            metrics.rebalanced(self._group)
             log_event(
                 log, logging.INFO, "rebalance",
                 f"rebalance of group {self._group}: +{len(acquired)} -{len(released)} queues "

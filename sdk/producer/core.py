@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from sdk import tracing
+from sdk import metrics, tracing
 from sdk._transport.cluster import Cluster
 from sdk._transport.codec import MessageIdGenerator, encode_message
 from sdk._validation import check_group, check_topic
@@ -329,9 +330,11 @@ class ProducerCore:
 
         async def attempt(n: int) -> list[SendResult]:
             q = target[0]
+            started = time.perf_counter()
             appended = await self._cluster.client_for(q).send(
                 q.topic, q.queue_id, payload, timeout=deadline
             )
+            metrics.observe_send(q.topic, time.perf_counter() - started)
             if not appended.durable:
                 raise FlushTimeoutError(
                     f"{q.topic} queue {q.queue_id}: the broker stored {appended.count} "

@@ -7,7 +7,12 @@ import inspect
 import mockbroker
 import sdk
 import sdk.aio
+import sdk.clock
 import sdk.errors
+import sdk.log
+import sdk.metrics
+import sdk.testing
+import sdk.tracing
 
 
 def test_sdk_exports_exactly_the_public_names() -> None:
@@ -40,8 +45,14 @@ def test_no_generated_protobuf_type_leaks_into_the_public_api() -> None:
 
 def test_every_public_name_and_method_has_a_docstring() -> None:
     missing = []
-    for module in (sdk, sdk.aio, sdk.errors, mockbroker):
-        names = getattr(module, "__all__", [n for n in vars(module) if not n.startswith("_")])
+    for module in (sdk, sdk.aio, sdk.errors, sdk.clock, sdk.testing, sdk.log, sdk.metrics,
+                   sdk.tracing, mockbroker):  # fmt: skip
+        defined_here = [
+            n
+            for n, v in vars(module).items()
+            if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        ]
+        names = getattr(module, "__all__", defined_here)
         for name in names:
             obj = getattr(module, name)
             if not (inspect.isclass(obj) or inspect.isfunction(obj)):

@@ -1,0 +1,118 @@
+"""Client metrics in a prometheus-client registry that the application exposes.
+
+Off until enabled::
+
+    from prometheus_client import REGISTRY, start_http_server
+    import sdk.metrics
+    sdk.metrics.enable(REGISTRY)
+    start_http_server(9100)
+
+Series: ordermq_client_send_seconds{topic} (per send request), ordermq_client_consume_seconds
+{group,topic} (per listener call), ordermq_client_rebalances_total{group}, and
+ordermq_client_cached_messages{group,topic,queue} (pulled, not yet consumed).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from sdk.consumer.process_queue import ProcessQueue
+    from sdk.message import MessageQueue
+
+_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class _HasQueues(Protocol):
+    group: str
+    _queues: dict[MessageQueue, ProcessQueue]
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.send = Histogram(
+            "ordermq_client_send_seconds", "Send request latency", ["topic"],
+            registry=registry, buckets=_BUCKETS,
+        )  # fmt: skip
+        self.consume = Histogram(
+            "ordermq_client_consume_seconds", "Listener call latency", ["group", "topic"],
+            registry=registry, buckets=_BUCKETS,
+        )  # fmt: skip
+        self.rebalances = Counter(
+            "ordermq_client_rebalances", "Rebalances that moved queues", ["group"],
+            registry=registry,
+        )  # fmt: skip
+        self.collector = _CacheCollector()
+        registry.register(self.collector)
+
+
+class _CacheCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "ordermq_client_cached_messages",
+            "Messages pulled and not yet consumed",
+            labels=["group", "topic", "queue"],
+        )
+        for consumer in list(_consumers):
+            for _attempt in range(3):  # the consumer's loop may change the table meanwhile
+                try:
+                    items = list(consumer._queues.items())
+                    break
+                except RuntimeError:
+                    continue
+            else:
+                continue
+            for queue, pq in items:
+                family.add_metric([consumer.group, queue.topic, str(queue.queue_id)], pq.count)
+        yield family
+
+
+_active: _Metrics | None = None
+_consumers: weakref.WeakSet[_HasQueues] = weakref.WeakSet()
+
+
+def enable(registry: CollectorRegistry | None = None) -> CollectorRegistry:
+    """Start recording into `registry` (a new one if None); returns it."""
+    global _active
+    disable()
+    _active = _Metrics(registry if registry is not None else CollectorRegistry())
+    return _active.registry
+
+
+def disable() -> None:
+    """Stop recording and unregister the series."""
+    global _active
+    if _active is not None:
+        for collector in (_active.send, _active.consume, _active.rebalances, _active.collector):
+            _active.registry.unregister(collector)
+    _active = None
+
+
+def observe_send(topic: str, seconds: float) -> None:
+    """A send request to `topic` took `seconds`."""
+    if _active is not None:
+        _active.send.labels(topic).observe(seconds)
+
+
+def observe_consume(group: str, topic: str, seconds: float) -> None:
+    """A listener call took `seconds`."""
+    if _active is not None:
+        _active.consume.labels(group, topic).observe(seconds)
+
+
+def rebalanced(group: str) -> None:
+    """A rebalance of `group` moved queues."""
+    if _active is not None:
+        _active.rebalances.labels(group).inc()
+
+
+def track(consumer: _HasQueues) -> None:
+    """Report `consumer`'s cached messages (held weakly)."""
+    _consumers.add(consumer)
