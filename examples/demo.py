@@ -100,8 +100,15 @@ def lifecycle_events(orders: int, rng: random.Random) -> list[Message]:
     return out
 
 
-def start_consumer(address: str, name: str, book: OrderBook) -> PushConsumer:
-    consumer = PushConsumer(GROUP, address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET)
+def start_consumer(
+    address: str, name: str, book: OrderBook, assigned: threading.Event
+) -> PushConsumer:
+    consumer = PushConsumer(
+        GROUP,
+        address,
+        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+        on_queues_assigned=lambda queues: assigned.set(),
+    )
     consumer.subscribe(TOPIC)
     consumer.register_message_listener(OrderListener(name, book))
     consumer.start()
@@ -132,15 +139,19 @@ def main() -> int:
         EmbeddedBroker(BrokerConfig(data_dir=Path(tmp))) as broker,
         Producer(broker.address) as producer,
     ):
-        print(f"broker on {broker.address}; sending {total} events for {args.orders} orders")
-        sent_at = time.perf_counter()
+        producer.fetch_publish_message_queues(TOPIC)  # create the topic
+        print(f"broker on {broker.address}; two orderly consumers share {TOPIC}'s queues")
+        a_ready, b_ready = threading.Event(), threading.Event()
+        a = start_consumer(broker.address, "consumer-A", book, a_ready)
+        b = start_consumer(broker.address, "consumer-B", book, b_ready)
+        if not (a_ready.wait(30) and b_ready.wait(30)):
+            print("the consumers did not get their queues")
+            return 1
+        print(f"sending {total} events for {args.orders} orders")
+        started = sent_at = time.perf_counter()
         for i in range(0, total, 500):
             producer.send_batch(events[i : i + 500])
         send_seconds = time.perf_counter() - sent_at
-
-        started = time.perf_counter()
-        a = start_consumer(broker.address, "consumer-A", book)
-        b = start_consumer(broker.address, "consumer-B", book)
         note = "consumers A and B"
         b_stopped = False
         deadline = time.monotonic() + 120
