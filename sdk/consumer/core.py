@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sdk import metrics
 from sdk._transport.broker_client import GroupInfo, PullStatus
@@ -75,31 +75,50 @@ def parse_expression(expression: str) -> str:
     return " || ".join(tags)
 
 
-class PullSettings:
-    """The pull-loop knobs both consumer kinds have (seconds, counts, bytes)."""
+class ConsumerTuning(Protocol):
+    """The settings every consumer kind has (PushConsumerConfig, LitePullConsumerConfig).
 
-    def __init__(
-        self,
-        *,
-        batch_size: int,
-        max_bytes: int,
-        suspend: float,
-        timeout: float,
-        error_backoff: float,
-        flow_control_backoff: float,
-        threshold_for_queue: int,
-        threshold_bytes_for_queue: int,
-        threshold_for_all: int,
-    ) -> None:
-        self.batch_size = batch_size
-        self.max_bytes = max_bytes
-        self.suspend = suspend
-        self.timeout = timeout
-        self.error_backoff = error_backoff
-        self.flow_control_backoff = flow_control_backoff
-        self.threshold_for_queue = threshold_for_queue
-        self.threshold_bytes_for_queue = threshold_bytes_for_queue
-        self.threshold_for_all = threshold_for_all  # -1: off
+    See those classes for what each means.
+    """
+
+    @property
+    def pull_batch_size(self) -> int: ...  # noqa: D102
+
+    @property
+    def pull_max_bytes(self) -> int: ...  # noqa: D102
+
+    @property
+    def pull_suspend(self) -> float: ...  # noqa: D102
+
+    @property
+    def pull_timeout(self) -> float: ...  # noqa: D102
+
+    @property
+    def pull_error_backoff(self) -> float: ...  # noqa: D102
+
+    @property
+    def flow_control_backoff(self) -> float: ...  # noqa: D102
+
+    @property
+    def pull_threshold_for_queue(self) -> int: ...  # noqa: D102
+
+    @property
+    def pull_threshold_bytes_for_queue(self) -> int: ...  # noqa: D102
+
+    @property
+    def rebalance_interval(self) -> float: ...  # noqa: D102
+
+    @property
+    def lock_renew_interval(self) -> float: ...  # noqa: D102
+
+    @property
+    def lock_lease(self) -> float: ...  # noqa: D102
+
+    @property
+    def persist_interval(self) -> float: ...  # noqa: D102
+
+    @property
+    def heartbeat_interval(self) -> float: ...  # noqa: D102
 
 
 class ConsumerCore:
@@ -112,7 +131,8 @@ class ConsumerCore:
         group: str,
         endpoints: str | list[str],
         *,
-        pull: PullSettings,
+        tuning: ConsumerTuning,
+        threshold_for_all: int,
         locks: bool,
         consume_from_where: ConsumeFromWhere,
         consume_timestamp: datetime | float | None,
@@ -120,11 +140,6 @@ class ConsumerCore:
         on_queues_assigned: QueueHook | None,
         on_queues_revoked: QueueHook | None,
         clock: Clock | None,
-        lock_renew_interval: float = 20.0,
-        lock_lease: float = 30.0,
-        rebalance_interval: float = 20.0,
-        heartbeat_interval: float = 10.0,
-        persist_interval: float = 5.0,
         broadcasting: bool = False,
         offset_dir: Path | None = None,
         instance_name: str = "DEFAULT",
@@ -139,16 +154,13 @@ class ConsumerCore:
         if isinstance(consume_timestamp, datetime):
             consume_timestamp = consume_timestamp.timestamp()
         self._from_timestamp = consume_timestamp
-        self._pull_settings = pull
+        self._tuning = tuning
+        self._threshold_for_all = threshold_for_all  # -1: off
         self.uses_locks = locks
         self._on_assigned = on_queues_assigned
         self._on_revoked = on_queues_revoked
         self._clock: Clock = clock or SystemClock()
-        self._lock_renew_interval = lock_renew_interval
-        self.lock_lease = lock_lease
-        self._rebalance_interval = rebalance_interval
-        self._heartbeat_interval = heartbeat_interval
-        self._persist_interval = persist_interval
+        self.lock_lease = tuning.lock_lease
         self.client_id = new_client_id()
         self.broadcasting = broadcasting
         self._subscriptions: dict[str, str] = {}
@@ -207,8 +219,8 @@ class ConsumerCore:
         await self._heartbeat()
         self._state = "running"
         self._tasks = [
-            asyncio.create_task(self._every(self._heartbeat, self._heartbeat_interval)),
-            asyncio.create_task(self._every(self._persist, self._persist_interval)),
+            asyncio.create_task(self._every(self._heartbeat, self._tuning.heartbeat_interval)),
+            asyncio.create_task(self._every(self._persist, self._tuning.persist_interval)),
         ]
         if self._assigned is None:
             self._tasks += [
@@ -372,7 +384,7 @@ class ConsumerCore:
                 await self._wait_for_rebalance(delay)
             self._rebalance_now.clear()
             complete = await self._rebalancer.rebalance()
-            delay = self._rebalance_interval if complete else REBALANCE_RETRY
+            delay = self._tuning.rebalance_interval if complete else REBALANCE_RETRY
 
     async def _wait_for_rebalance(self, delay: float) -> None:
         sleeper = asyncio.ensure_future(sleep_for(self._clock, delay))
@@ -393,7 +405,7 @@ class ConsumerCore:
                     self._rebalance_now.set()
             except OrderMQError as exc:
                 log.debug("membership watch interrupted: %s", exc)
-            await sleep_for(self._clock, self._pull_settings.error_backoff)
+            await sleep_for(self._clock, self._tuning.pull_error_backoff)
 
     async def _lock_renewal_loop(self) -> None:
         await sleep_for(self._clock, FIRST_LOCK_RENEWAL)
@@ -402,7 +414,7 @@ class ConsumerCore:
                 await self._renew_locks()
             except OrderMQError as exc:
                 log.warning("lock renewal failed: %s", exc)
-            await sleep_for(self._clock, self._lock_renew_interval)
+            await sleep_for(self._clock, self._tuning.lock_renew_interval)
 
     async def _renew_locks(self) -> None:
         held = {q: pq for q, pq in self._queues.items() if not pq.dropped}
@@ -437,11 +449,11 @@ class ConsumerCore:
         self._pulls[queue] = asyncio.create_task(self._pull_loop(queue, pq))
 
     async def _pull_loop(self, queue: MessageQueue, pq: ProcessQueue) -> None:
-        settings = self._pull_settings
+        t = self._tuning
         expression = self._subscriptions.get(queue.topic, "*")
         while not pq.dropped:
             if self._over_threshold(pq) or not self._may_pull(queue, pq):
-                await sleep_for(self._clock, settings.flow_control_backoff)
+                await sleep_for(self._clock, t.flow_control_backoff)
                 continue
             if self.uses_locks and not pq.locked:
                 await sleep_for(self._clock, 1.0)
@@ -451,15 +463,15 @@ class ConsumerCore:
                     self.group,
                     queue,
                     pq.next_offset,
-                    max_messages=settings.batch_size,
-                    max_bytes=settings.max_bytes,
+                    max_messages=t.pull_batch_size,
+                    max_bytes=t.pull_max_bytes,
                     tag_expression=expression,
-                    suspend_timeout=settings.suspend,
-                    timeout=settings.timeout,
+                    suspend_timeout=t.pull_suspend,
+                    timeout=t.pull_timeout,
                 )
             except OrderMQError as exc:
                 log.warning("pull of %s failed: %s", queue, exc)
-                await sleep_for(self._clock, settings.error_backoff)
+                await sleep_for(self._clock, t.pull_error_backoff)
                 continue
             if pq.dropped:
                 return
@@ -487,11 +499,11 @@ class ConsumerCore:
         self.offsets.update(queue, offset)
 
     def _over_threshold(self, pq: ProcessQueue) -> bool:
-        s = self._pull_settings
-        limit = s.threshold_for_queue
-        if s.threshold_for_all > 0 and self._queues:
-            limit = min(limit, max(1, s.threshold_for_all // len(self._queues)))
-        return pq.count >= limit or pq.size >= s.threshold_bytes_for_queue
+        t = self._tuning
+        limit = t.pull_threshold_for_queue
+        if self._threshold_for_all > 0 and self._queues:
+            limit = min(limit, max(1, self._threshold_for_all // len(self._queues)))
+        return pq.count >= limit or pq.size >= t.pull_threshold_bytes_for_queue
 
     async def _cancel_pulls(self, queues: list[MessageQueue]) -> None:
         tasks = [t for q in queues if (t := self._pulls.pop(q, None)) is not None]

@@ -14,7 +14,7 @@ from datetime import datetime
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, LitePullConsumerConfig
-from sdk.consumer.core import ConsumerCore, PullSettings, QueueHook
+from sdk.consumer.core import ConsumerCore, QueueHook
 from sdk.consumer.process_queue import ProcessQueue
 from sdk.errors import ClientStateError, InvalidArgumentError, InvalidOffsetError
 from sdk.message import MessageExt, MessageQueue
@@ -46,17 +46,8 @@ class LitePullConsumerCore(ConsumerCore):
         super().__init__(
             group,
             endpoints,
-            pull=PullSettings(
-                batch_size=c.pull_batch_size,
-                max_bytes=c.pull_max_bytes,
-                suspend=c.pull_suspend,
-                timeout=c.pull_timeout,
-                error_backoff=c.pull_error_backoff,
-                flow_control_backoff=c.flow_control_backoff,
-                threshold_for_queue=c.pull_threshold_for_queue,
-                threshold_bytes_for_queue=c.pull_threshold_bytes_for_queue,
-                threshold_for_all=-1,  # the cache limit below is a total, not a share
-            ),
+            tuning=c,
+            threshold_for_all=-1,  # the cache limit below is a total, not a share
             locks=orderly,
             consume_from_where=consume_from_where,
             consume_timestamp=consume_timestamp,
@@ -64,11 +55,6 @@ class LitePullConsumerCore(ConsumerCore):
             on_queues_assigned=on_queues_assigned,
             on_queues_revoked=on_queues_revoked,
             clock=clock,
-            lock_renew_interval=c.lock_renew_interval,
-            lock_lease=c.lock_lease,
-            rebalance_interval=c.rebalance_interval,
-            heartbeat_interval=c.heartbeat_interval,
-            persist_interval=c.persist_interval,
         )
         self.auto_commit = auto_commit
         self._consumed: dict[MessageQueue, int] = {}

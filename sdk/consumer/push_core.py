@@ -16,7 +16,7 @@ from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, MessageModel, PushConsumerConfig
 from sdk.consumer.consume_concurrently import ConsumeConcurrentlyService
 from sdk.consumer.consume_orderly import ConsumeOrderlyService
-from sdk.consumer.core import RETRY_PREFIX, ConsumerCore, PullSettings, QueueHook
+from sdk.consumer.core import RETRY_PREFIX, ConsumerCore, QueueHook
 from sdk.consumer.listener import MessageListenerConcurrently, MessageListenerOrderly
 from sdk.consumer.process_queue import ProcessQueue
 from sdk.errors import ClientStateError, InvalidArgumentError, OrderMQError
@@ -50,17 +50,8 @@ class PushConsumerCore(ConsumerCore):
         super().__init__(
             group,
             endpoints,
-            pull=PullSettings(
-                batch_size=c.pull_batch_size,
-                max_bytes=c.pull_max_bytes,
-                suspend=c.pull_suspend,
-                timeout=c.pull_timeout,
-                error_backoff=c.pull_error_backoff,
-                flow_control_backoff=c.flow_control_backoff,
-                threshold_for_queue=c.pull_threshold_for_queue,
-                threshold_bytes_for_queue=c.pull_threshold_bytes_for_queue,
-                threshold_for_all=c.pull_threshold_for_topic,
-            ),
+            tuning=c,
+            threshold_for_all=c.pull_threshold_for_topic,
             locks=False,  # decided by the listener, at registration
             consume_from_where=consume_from_where,
             consume_timestamp=consume_timestamp,
@@ -68,11 +59,6 @@ class PushConsumerCore(ConsumerCore):
             on_queues_assigned=on_queues_assigned,
             on_queues_revoked=on_queues_revoked,
             clock=clock,
-            lock_renew_interval=c.lock_renew_interval,
-            lock_lease=c.lock_lease,
-            rebalance_interval=c.rebalance_interval,
-            heartbeat_interval=c.heartbeat_interval,
-            persist_interval=c.persist_interval,
             broadcasting=message_model is MessageModel.BROADCASTING,
             offset_dir=offset_dir,
             instance_name=instance_name,

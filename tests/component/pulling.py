@@ -39,3 +39,14 @@ def pull_once(address: str, queue: MessageQueue, offset: int, **kw: object) -> P
             await client.close()
 
     return asyncio.run(run())
+
+
+def read_topic(
+    address: str, topic: str, queue_count: int = 8, broker_name: str = "broker-a"
+) -> list[MessageExt]:
+    """Every message of every queue of `topic`, queue by queue."""
+    return [
+        m
+        for q in range(queue_count)
+        for m in read_queue(address, MessageQueue(topic, broker_name, q))
+    ]

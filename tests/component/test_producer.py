@@ -24,7 +24,7 @@ from sdk import (
     shard_index,
 )
 from sdk.errors import BufferFullError, InvalidArgumentError
-from tests.component.pulling import read_queue
+from tests.component.pulling import read_queue, read_topic
 from tests.support import wait_until
 
 
@@ -59,10 +59,6 @@ def restartable(tmp_path: Path) -> Restartable:
     yield r  # type: ignore[misc]
     if r.broker is not None:
         r.stop()
-
-
-def everything(address: str, topic: str = "orders") -> list[MessageExt]:
-    return [m for q in range(8) for m in read_queue(address, MessageQueue(topic, "broker-a", q))]
 
 
 def assert_key_order(messages: list[MessageExt]) -> None:
@@ -109,7 +105,7 @@ def test_the_accumulator_batches_and_keeps_each_keys_order(restartable: Restarta
         ]  # fmt: skip
         results = [f.result(timeout=30) for f in futures]
     assert len({(r.queue, r.queue_offset) for r in results}) == 2600
-    messages = everything(restartable.address)
+    messages = read_topic(restartable.address, "orders")
     assert len(messages) == 2600
     assert_key_order(messages)
 
@@ -150,7 +146,7 @@ def test_the_spool_keeps_what_it_accepted_through_a_broker_outage(
                                            sharding_key=f"k{i % 7}"))  # fmt: skip
             assert result.status is SendStatus.SPOOLED
         producer.flush(timeout=60)
-    messages = everything(restartable.address)
+    messages = read_topic(restartable.address, "orders")
     assert {m.body for m in messages} == {f"k{i % 7}:{i // 7}".encode() for i in range(300)}
     assert_key_order(messages)
     for m in messages:
@@ -172,7 +168,7 @@ def test_a_spool_delivers_messages_left_by_an_earlier_producer(
     restartable.start()
     with Producer(restartable.address, config=ProducerConfig(spool_dir=spool)) as second:
         second.flush(timeout=60)
-    messages = everything(restartable.address)
+    messages = read_topic(restartable.address, "orders")
     assert len(messages) == 50
     assert_key_order(messages)
 

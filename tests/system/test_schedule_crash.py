@@ -2,38 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from pathlib import Path
 
 import pytest
 
-from sdk import Message, MessageExt, Producer
-from sdk._transport.broker_client import BrokerClient, PullStatus
+from sdk import Message, Producer
+from tests.component.pulling import read_topic
 from tests.support import BrokerProcess, wait_until
 
 pytestmark = pytest.mark.system
-
-
-def read_all(address: str, queues: list) -> list[MessageExt]:  # type: ignore[type-arg]
-    async def run() -> list[MessageExt]:
-        client = BrokerClient(address)
-        out: list[MessageExt] = []
-        try:
-            for queue in queues:
-                offset = 0
-                while True:
-                    r = await client.pull("checker", queue, offset, max_messages=1000)
-                    if r.status is not PullStatus.FOUND:
-                        break
-                    out += r.messages
-                    offset = r.next_offset
-        finally:
-            await client.close()
-        return out
-
-    return asyncio.run(run())
 
 
 def test_a_thousand_pending_delayed_messages_survive_kill_9(tmp_path: Path) -> None:
@@ -43,7 +22,7 @@ def test_a_thousand_pending_delayed_messages_survive_kill_9(tmp_path: Path) -> N
     address = broker.start()
     due_ms: dict[str, int] = {}
     with Producer(address) as producer:
-        queues = producer.fetch_publish_message_queues("later")
+        producer.fetch_publish_message_queues("later")
         for start in range(0, 1000, 100):
             delays = [rng.uniform(2.0, 4.0) for _ in range(100)]
             now = time.time()
@@ -60,10 +39,10 @@ def test_a_thousand_pending_delayed_messages_survive_kill_9(tmp_path: Path) -> N
     restarted = BrokerProcess(tmp_path)
     address = restarted.start()
     try:
-        early = [m for m in read_all(address, queues) if m.store_timestamp < due_ms[m.msg_id]]
+        early = [m for m in read_topic(address, "later") if m.store_timestamp < due_ms[m.msg_id]]
         assert not early, f"seed {seed}: delivered before due: {early[:3]}"
-        wait_until(lambda: len(read_all(address, queues)) >= 1000, timeout=30, what="deliveries")
-        got = read_all(address, queues)
+        wait_until(lambda: len(read_topic(address, "later")) >= 1000, timeout=30, what="deliveries")
+        got = read_topic(address, "later")
         ids = [m.msg_id for m in got]
         assert len(ids) == len(set(ids)) == 1000, f"seed {seed}: {len(ids)} delivered"
         assert set(ids) == set(due_ms)

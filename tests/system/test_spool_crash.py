@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from collections import defaultdict
@@ -10,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sdk import MessageExt, MessageQueue
-from sdk._transport.broker_client import BrokerClient, PullStatus
+from tests.component.pulling import read_topic
 from tests.support import ROOT, BrokerProcess
 
 pytestmark = pytest.mark.system
@@ -25,26 +23,6 @@ def producer(broker: str, spool: Path, *args: str) -> subprocess.Popen[str]:
         [sys.executable, SCRIPT, "--broker", broker, "--spool", str(spool), *args],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-
-
-def read_topic(address: str) -> list[MessageExt]:
-    async def run() -> list[MessageExt]:
-        client = BrokerClient(address)
-        out: list[MessageExt] = []
-        try:
-            for q in range(8):
-                queue, offset = MessageQueue("spooled", "broker-a", q), 0
-                while True:
-                    r = await client.pull("checker", queue, offset, max_messages=1000)
-                    if r.status is not PullStatus.FOUND:
-                        break
-                    out += r.messages
-                    offset = r.next_offset
-        finally:
-            await client.close()
-        return out
-
-    return asyncio.run(run())
 
 
 @pytest.mark.parametrize("broker_up_before_the_kill", [False, True])
@@ -70,7 +48,7 @@ def test_a_restarted_producer_delivers_what_its_killed_predecessor_spooled(
         second = producer(address, spool, "--drain")
         out, err = second.communicate(timeout=120)
         assert second.returncode == 0 and "drained" in out, err
-        messages = read_topic(address)
+        messages = read_topic(address, "spooled")
     finally:
         broker.terminate()
     bodies = [m.body.decode() for m in messages]
