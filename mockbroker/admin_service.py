@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import grpc
 
-from mockbroker.errors import BrokerError, invalid, not_implemented, out_of_range
+from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
 from mockbroker.grpc_errors import Context, answers_errors
 from mockbroker.state import BrokerState
 from mockbroker.topics import Topic, check_any_topic, check_group, check_user_topic, is_system_topic
@@ -177,15 +178,36 @@ class AdminService(pb_grpc.AdminServiceServicer):
     async def QueryMessageById(
         self, request: pb.QueryMessageByIdRequest, context: Context
     ) -> pb.QueryMessagesResponse:
-        """Not served yet: needs a message-id index."""
-        raise not_implemented("QueryMessageById is not served by this broker version yet")
+        """The stored copies of a message (original, retries, dead letter), newest first."""
+        try:
+            msg_id = bytes.fromhex(request.msg_id)
+        except ValueError:
+            msg_id = b""
+        if len(msg_id) != 16:
+            raise invalid(
+                "INVALID_ARGUMENT", f"msg_id {request.msg_id!r} is not 32 hexadecimal digits"
+            )
+        records = await asyncio.to_thread(self._s.store.find_by_id, msg_id)
+        if not records:
+            raise not_found("MESSAGE_NOT_FOUND", f"no stored message {request.msg_id.upper()}")
+        return pb.QueryMessagesResponse(records=b"".join(records), record_count=len(records))
 
     @answers_errors
     async def QueryMessagesByKey(
         self, request: pb.QueryMessagesByKeyRequest, context: Context
     ) -> pb.QueryMessagesResponse:
-        """Not served yet: needs a message-key index."""
-        raise not_implemented("QueryMessagesByKey is not served by this broker version yet")
+        """Messages of a topic carrying a key, newest first (at most max_messages, 1..1000)."""
+        check_any_topic(request.topic)
+        self._s.store.topics.get(request.topic)
+        if not request.key:
+            raise invalid("INVALID_ARGUMENT", "key is empty")
+        limit = request.max_messages or 32
+        if not 1 <= limit <= 1000:
+            raise invalid("INVALID_ARGUMENT", f"max_messages {limit} is outside 1..1000")
+        records = await asyncio.to_thread(
+            self._s.store.find_by_key, request.topic, request.key, limit
+        )
+        return pb.QueryMessagesResponse(records=b"".join(records), record_count=len(records))
 
     @answers_errors
     async def BrokerStatus(
@@ -193,7 +215,10 @@ class AdminService(pb_grpc.AdminServiceServicer):
     ) -> pb.BrokerStatusResponse:
         """Uptime, sizes, counters and what recovery found."""
         store = self._s.store
+        rate_in, rate_out = self._s.rates.rates()
         return pb.BrokerStatusResponse(
+            messages_in_per_second=rate_in,
+            messages_out_per_second=rate_out,
             broker_name=self._s.config.broker_name,
             version=VERSION,
             uptime_ms=int((self._s.clock.now() - self._s.started) * 1000),

@@ -113,6 +113,8 @@ class Broker:
     async def _expire_clients(self, state: BrokerState) -> None:
         while True:
             await sleep_for(self.clock, _EXPIRY_SWEEP_SECONDS)
+            stats = state.store.stats
+            state.rates.sample(self.clock.now(), stats.messages_stored, stats.messages_served)
             for client_id in state.groups.expire():
                 dropped = state.locks.release_client(client_id)
                 log_event(log, logging.WARNING, "client.expired",

@@ -5,7 +5,8 @@ Store, offsets, locks, groups, held pulls, scheduler and retry.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from mockbroker.config import BrokerConfig
 from mockbroker.errors import invalid, not_found
@@ -18,6 +19,28 @@ from mockbroker.schedule import Scheduler
 from mockbroker.store.message_store import MessageStore
 from mockbroker.topics import Topic, check_any_topic, check_group
 from sdk.clock import Clock
+
+
+class RateMeter:
+    """Messages in and out per second over a sliding window of samples."""
+
+    def __init__(self, window_seconds: float = 60.0) -> None:
+        self._window = window_seconds
+        self._samples: deque[tuple[float, int, int]] = deque()
+
+    def sample(self, now: float, stored: int, served: int) -> None:
+        """Record the counters at `now`."""
+        self._samples.append((now, stored, served))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self._window:
+            self._samples.popleft()
+
+    def rates(self) -> tuple[float, float]:
+        """(in, out) per second over the window; 0 until two samples exist."""
+        if len(self._samples) < 2:
+            return 0.0, 0.0
+        (t0, in0, out0), (t1, in1, out1) = self._samples[0], self._samples[-1]
+        elapsed = t1 - t0
+        return ((in1 - in0) / elapsed, (out1 - out0) / elapsed) if elapsed > 0 else (0.0, 0.0)
 
 
 @dataclass
@@ -35,6 +58,7 @@ class BrokerState:
     retry: RetryService
     started: float = 0.0
     address: str = ""
+    rates: RateMeter = field(default_factory=RateMeter)
 
     def topic_queue(self, topic: str, queue_id: int) -> Topic:
         """The existing topic, checked to have `queue_id` (TOPIC_NOT_FOUND, INVALID_QUEUE)."""

@@ -3,7 +3,7 @@
     ordermq [--broker HOST:PORT] [--json] topics list | create | describe
     ordermq groups list | describe GROUP
     ordermq offsets reset GROUP --topic T (--earliest | --latest | --timestamp T | --offset N)
-    ordermq messages tail TOPIC
+    ordermq messages get MSG_ID | find TOPIC KEY | tail TOPIC
     ordermq dlq list GROUP | resend GROUP
     ordermq broker status
 
@@ -246,6 +246,36 @@ def _message_row(m: MessageExt) -> dict[str, Any]:
         "reconsume_times": m.reconsume_times, "stored": _ms(m.store_timestamp),
         "body": m.body.decode(errors="replace"),
     }  # fmt: skip
+
+
+@messages.command("get")
+@click.argument("msg_id")
+@click.pass_obj
+def messages_get(c: Context, msg_id: str) -> None:
+    """Every stored copy of message MSG_ID (original, retries, dead letter), newest first."""
+    found = c.call(lambda b: b.query_message_by_id(msg_id))
+    _print_messages(c, found)
+
+
+@messages.command("find")
+@click.argument("topic")
+@click.argument("key")
+@click.option("--limit", type=int, default=32, show_default=True)
+@click.pass_obj
+def messages_find(c: Context, topic: str, key: str, limit: int) -> None:
+    """Messages of TOPIC carrying KEY, newest first."""
+    found = c.call(lambda b: b.query_messages_by_key(topic, key, limit))
+    _print_messages(c, found)
+
+
+def _print_messages(c: Context, found: list[MessageExt]) -> None:
+    if c.as_json:
+        click.echo(json.dumps([_message_row(m) for m in found], indent=2))
+        return
+    if not found:
+        click.echo("no message found")
+    for m in found:
+        _print_message(c, m)
 
 
 @messages.command("tail")

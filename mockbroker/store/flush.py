@@ -36,7 +36,9 @@ class Flusher:
         checkpoint_path: Path,
         *,
         interval_seconds: float,
+        extra_fds: Callable[[], list[int]] = list,
     ) -> None:
+        self._extra_fds = extra_fds
         self._log = commitlog
         self._queues = queues
         self._checkpoint_path = checkpoint_path
@@ -93,6 +95,7 @@ class Flusher:
                 for q in dirty:
                     q.dirty = False
                 plan.fds += [q.fileno() for q in dirty]
+                plan.fds += self._extra_fds()
             started = time.perf_counter()
             work = asyncio.ensure_future(
                 asyncio.to_thread(self._execute, plan.target if checkpoint else None, plan)

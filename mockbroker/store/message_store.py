@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,10 +21,11 @@ from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import CORRUPT_SIZE, ConsumeQueue
 from mockbroker.store.files import DirectoryLock
 from mockbroker.store.flush import Flusher, FlushFailedError
+from mockbroker.store.message_index import MessageIndex
 from mockbroker.store.records import CheckedFrame, build_records, check_frames
 from mockbroker.store.recovery import RecoveryReport, recover
-from mockbroker.topics import Topic, TopicRegistry
-from sdk._wire import FRAME_FIELDS, RECORD
+from mockbroker.topics import SYSTEM_PREFIX, Topic, TopicRegistry
+from sdk._wire import FRAME_FIELDS, RECORD, RecordFormatError, StoredRecord, iter_records
 from sdk.clock import Clock, SystemClock
 from sdk.log import log_event
 
@@ -97,6 +98,7 @@ class MessageStore:
         self.recovery = RecoveryReport()
         self._closed = False
         self._dir_lock = DirectoryLock(data_dir)
+        self._index: MessageIndex | None = None
         #: Called with (topic, queue id) after every append (long polling's wake-up).
         self.on_append: Callable[[str, int], None] | None = None
 
@@ -113,6 +115,7 @@ class MessageStore:
         return self.recovery
 
     def _load(self) -> None:
+        self._index = MessageIndex(self.data_dir / "index")
         self.topics.load()
         self.commitlog.open()
         for topic in self.topics.all():
@@ -142,6 +145,7 @@ class MessageStore:
             lambda: self._queues.values(),
             self._checkpoint,
             interval_seconds=self._flush_interval,
+            extra_fds=self._index.fds if self._index is not None else list,
         )
         self._flusher.start()
 
@@ -164,6 +168,8 @@ class MessageStore:
         for cq in self._queues.values():
             cq.close()
         self.commitlog.close()
+        if self._index is not None:
+            self._index.close()
         self._dir_lock.release()
 
     # ------------------------------------------------------------------ topics
@@ -227,6 +233,8 @@ class MessageStore:
             )
             self.commitlog.append(records)
             cq.append(entries)
+            if self._index is not None and not topic.name.startswith(SYSTEM_PREFIX):
+                self._index_batch(topic.name, frames, checked, position, RECORD.size + len(name))
         except OSError as exc:
             flusher.failure = exc
             log.critical("write failed; the store now refuses writes: %s", exc)
@@ -242,6 +250,57 @@ class MessageStore:
         if self.sync_flush:
             durable = await self._await_flush(flusher, self.commitlog.end)
         return PutResult(first, len(checked), store_ts, durable)
+
+    def _index_batch(
+        self, topic: str, frames: bytes, checked: list[CheckedFrame], position: int, overhead: int
+    ) -> None:
+        assert self._index is not None
+        positions, ids, keys = [], [], []
+        for f in checked:
+            positions.append(position)
+            ids.append(frames[f.start : f.start + 16])
+            keys.append(frames[f.keys_at : f.keys_at + f.keys_len] if f.keys_len else b"")
+            position += overhead + f.end - f.start
+        self._index.add(topic, positions, ids, keys)
+
+    def find_by_id(self, msg_id: bytes, limit: int = 32) -> list[bytes]:
+        """Stored records with this message id (original, retries, dead letter), newest first."""
+        assert self._index is not None
+        return self._verified(self._index.positions_of_id(msg_id), limit,
+                              lambda r: r.msg_id == msg_id)  # fmt: skip
+
+    def find_by_key(self, topic: str, key: str, limit: int = 32) -> list[bytes]:
+        """Stored records of `topic` carrying `key`, newest first."""
+        assert self._index is not None
+        raw = key.encode()
+
+        def carries_key(r: StoredRecord) -> bool:
+            return r.topic == topic and raw in r.keys.split(b"\0")
+
+        return self._verified(self._index.positions_of_key(topic, raw), limit, carries_key)
+
+    def _verified(
+        self, positions: Iterator[int], limit: int, match: Callable[[StoredRecord], bool]
+    ) -> list[bytes]:
+        out: list[bytes] = []
+        seen: set[int] = set()
+        for position in positions:
+            if position in seen or position + RECORD.size > self.commitlog.end:
+                continue
+            seen.add(position)
+            size = RECORD.unpack(self.commitlog.read(position, RECORD.size))[0]
+            if position + size > self.commitlog.end:
+                continue
+            record = self.commitlog.read(position, size)
+            try:
+                [parsed] = list(iter_records(record))
+            except RecordFormatError:
+                continue  # a stale entry, or a corrupt record: never answered
+            if match(parsed):
+                out.append(record)
+                if len(out) >= limit:
+                    break
+        return out
 
     def read_record(self, topic: Topic, queue_id: int, offset: int) -> bytes:
         """The stored record at `offset` of a queue, its CRC verified."""

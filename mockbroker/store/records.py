@@ -52,6 +52,8 @@ class CheckedFrame:
     end: int
     tag_hash: int
     due_ms: int = 0
+    keys_at: int = 0  # where the frame's keys (joined by NUL) lie in the request
+    keys_len: int = 0
 
 
 def due_time_ms(deliver_at_ms: int, delay_level: int, stored_ms: int) -> int:
@@ -111,7 +113,7 @@ def check_frames(frames: bytes, now_ms: int) -> list[CheckedFrame]:
                 decode_properties(memoryview(frames)[p + tl + sl + kl : p + tl + sl + kl + pl])
             except ValueError as exc:
                 raise invalid("MALFORMED_FRAME", f"frame {index}: properties: {exc}") from None
-        out.append(CheckedFrame(start, stop, tag_hash(tags), due))
+        out.append(CheckedFrame(start, stop, tag_hash(tags), due, p + tl + sl, kl))
         pos = stop
         index += 1
     return out

@@ -289,6 +289,20 @@ class BrokerClient:
         """The broker's status (protobuf; for tools and tests)."""
         return await self._call(lambda: self._admin.BrokerStatus(pb.BrokerStatusRequest()))
 
+    async def query_message_by_id(self, msg_id: str) -> list[MessageExt]:
+        """Every stored copy of a message (original, retries, dead letter), newest first."""
+        request = pb.QueryMessageByIdRequest(msg_id=msg_id)
+        r = await self._call(lambda: self._admin.QueryMessageById(request))
+        return decode_records(r.records, "")
+
+    async def query_messages_by_key(
+        self, topic: str, key: str, max_messages: int = 32
+    ) -> list[MessageExt]:
+        """Messages of `topic` carrying `key`, newest first."""
+        request = pb.QueryMessagesByKeyRequest(topic=topic, key=key, max_messages=max_messages)
+        r = await self._call(lambda: self._admin.QueryMessagesByKey(request))
+        return decode_records(r.records, "")
+
     # Admin answers as plain dicts (field names as in the protocol), for the CLI.
     async def admin(self, method: str, **fields: Any) -> dict[str, Any]:
         """Call an AdminService method by name; the answer as a dict."""

@@ -135,9 +135,49 @@ def test_dlq_list_and_resend_each_message_once(loaded: EmbeddedBroker) -> None:
 def test_broker_status_and_errors(loaded: EmbeddedBroker) -> None:
     status = run_json(loaded, "broker", "status")
     assert status["messages_stored"] == 40 and status["flush_mode"] == "async"
+    assert {"messages_in_per_second", "messages_out_per_second", "uptime_ms"} <= set(status)
     assert "messages_stored" in run(loaded, "broker", "status").output
     missing = run(loaded, "topics", "describe", "nosuch")
     assert missing.exit_code == 1
     assert missing.output.strip().splitlines() == [
         "Error: TOPIC_NOT_FOUND: topic 'nosuch' does not exist"
     ]
+
+
+def test_messages_get_by_id_and_find_by_key(broker: EmbeddedBroker) -> None:
+    with Producer(broker.address) as p:
+        first = p.send(Message("orders", b"first", keys=["order-7", "cust-1"]))
+        p.send(Message("orders", b"second", keys="order-7"))
+        p.send(Message("orders", b"other", keys="order-8"))
+        p.send(Message("audit", b"same key, other topic", keys="order-7"))
+    [got] = run_json(broker, "messages", "get", first.msg_id)
+    assert (got["body"], got["msg_id"], got["keys"]) == (
+        "first",
+        first.msg_id,
+        ["order-7", "cust-1"],
+    )
+    assert "first" in run(broker, "messages", "get", first.msg_id).output
+    found = run_json(broker, "messages", "find", "orders", "order-7")
+    assert [m["body"] for m in found] == ["second", "first"], "newest first, this topic only"
+    assert [m["body"] for m in run_json(broker, "messages", "find", "orders", "cust-1")] == [
+        "first"
+    ]
+    assert run_json(broker, "messages", "find", "orders", "nobody") == []
+    missing = run(broker, "messages", "get", "AB" * 16)
+    assert missing.exit_code == 1 and "MESSAGE_NOT_FOUND" in missing.output
+    bad = run(broker, "messages", "get", "xyz")
+    assert bad.exit_code == 1 and "hexadecimal" in bad.output
+
+
+def test_get_by_id_shows_a_message_and_its_dead_letter_copy(broker: EmbeddedBroker) -> None:
+    with Producer(broker.address) as p:
+        sent = p.send(Message("orders", b"poison", keys="k"))
+
+    async def dead_letter(c: BrokerClient) -> None:
+        await c.heartbeat("w", [GroupInfo("g", "CONSUME_ORDERLY")])
+        await c.send_back("g", sent.queue, sent.queue_offset, max_reconsume_times=1,
+                          reconsume_times=1)  # fmt: skip
+
+    client(broker, dead_letter)
+    copies = run_json(broker, "messages", "get", sent.msg_id)
+    assert [m["topic"] for m in copies] == ["%DLQ%g", "orders"]

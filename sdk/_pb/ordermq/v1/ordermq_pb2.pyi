@@ -1754,6 +1754,8 @@ class BrokerStatusResponse(_message.Message):
     CORRUPT_RECORDS_DETECTED_FIELD_NUMBER: _builtins.int
     TOPIC_COUNT_FIELD_NUMBER: _builtins.int
     HELD_PULLS_FIELD_NUMBER: _builtins.int
+    MESSAGES_IN_PER_SECOND_FIELD_NUMBER: _builtins.int
+    MESSAGES_OUT_PER_SECOND_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
     version: _builtins.str
     uptime_ms: _builtins.int
@@ -1771,6 +1773,10 @@ class BrokerStatusResponse(_message.Message):
     corrupt_records_detected: _builtins.int
     topic_count: _builtins.int
     held_pulls: _builtins.int
+    messages_in_per_second: _builtins.float
+    """over the last minute"""
+    messages_out_per_second: _builtins.float
+    """over the last minute"""
     def __init__(
         self,
         *,
@@ -1787,10 +1793,12 @@ class BrokerStatusResponse(_message.Message):
         corrupt_records_detected: _builtins.int = ...,
         topic_count: _builtins.int = ...,
         held_pulls: _builtins.int = ...,
+        messages_in_per_second: _builtins.float = ...,
+        messages_out_per_second: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "commit_log_bytes", b"commit_log_bytes", "corrupt_records_detected", b"corrupt_records_detected", "disk_bytes", b"disk_bytes", "flush_mode", b"flush_mode", "held_pulls", b"held_pulls", "messages_served", b"messages_served", "messages_stored", b"messages_stored", "recovered_from_crash", b"recovered_from_crash", "topic_count", b"topic_count", "truncated_bytes_at_recovery", b"truncated_bytes_at_recovery", "uptime_ms", b"uptime_ms", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "commit_log_bytes", b"commit_log_bytes", "corrupt_records_detected", b"corrupt_records_detected", "disk_bytes", b"disk_bytes", "flush_mode", b"flush_mode", "held_pulls", b"held_pulls", "messages_in_per_second", b"messages_in_per_second", "messages_out_per_second", b"messages_out_per_second", "messages_served", b"messages_served", "messages_stored", b"messages_stored", "recovered_from_crash", b"recovered_from_crash", "topic_count", b"topic_count", "truncated_bytes_at_recovery", b"truncated_bytes_at_recovery", "uptime_ms", b"uptime_ms", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

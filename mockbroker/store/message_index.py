@@ -1,0 +1,79 @@
+"""Lookup of stored messages by id and by key, for operators (not the hot read path).
+
+Two append-only files of fixed-size entries, written a batch at a time with the commit
+log: `index/ids` maps a message id to a commit-log position, `index/keys` maps an 8-byte
+hash of (topic, key) to one. Lookups scan newest first and every hit is checked against
+the record itself, so a stale or duplicated entry (after a crash, recovery appends the
+replayed records again) can never answer with a wrong message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+_ID_ENTRY = struct.Struct("<16sq")
+_KEY_ENTRY = struct.Struct("<8sq")
+_CHUNK_ENTRIES = 16384
+
+
+def key_hash(topic: str, key: bytes) -> bytes:
+    """The 8-byte digest a key is indexed under."""
+    return hashlib.blake2b(topic.encode() + b"\0" + key, digest_size=8).digest()
+
+
+class MessageIndex:
+    """The id and key index files of one store."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self._ids = os.open(directory / "ids", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._keys = os.open(directory / "keys", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def add(
+        self, topic: str, positions: list[int], msg_ids: list[bytes], keys: list[bytes]
+    ) -> None:
+        """Index a batch: `keys[i]` holds message i's keys joined by NUL (b"" for none)."""
+        os.write(self._ids, b"".join(map(_ID_ENTRY.pack, msg_ids, positions)))
+        key_entries = [
+            _KEY_ENTRY.pack(key_hash(topic, k), position)
+            for position, joined in zip(positions, keys, strict=True)
+            if joined
+            for k in joined.split(b"\0")
+        ]
+        if key_entries:
+            os.write(self._keys, b"".join(key_entries))
+
+    def positions_of_id(self, msg_id: bytes) -> Iterator[int]:
+        """Commit-log positions indexed under `msg_id`, newest first."""
+        for entry_id, position in self._scan(self._ids, _ID_ENTRY):
+            if entry_id == msg_id:
+                yield position
+
+    def positions_of_key(self, topic: str, key: bytes) -> Iterator[int]:
+        """Commit-log positions indexed under (topic, key), newest first."""
+        wanted = key_hash(topic, key)
+        for digest, position in self._scan(self._keys, _KEY_ENTRY):
+            if digest == wanted:
+                yield position
+
+    @staticmethod
+    def _scan(fd: int, entry: struct.Struct) -> Iterator[tuple[bytes, int]]:
+        end = os.fstat(fd).st_size // entry.size
+        while end > 0:
+            start = max(0, end - _CHUNK_ENTRIES)
+            data = os.pread(fd, (end - start) * entry.size, start * entry.size)
+            yield from reversed(list(entry.iter_unpack(data)))
+            end = start
+
+    def fds(self) -> list[int]:
+        """The index files' descriptors, synced with each checkpoint."""
+        return [self._ids, self._keys]
+
+    def close(self) -> None:
+        """Close the index files."""
+        os.close(self._ids)
+        os.close(self._keys)
