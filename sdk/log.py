@@ -18,6 +18,7 @@ EVENTS = {
     "queue.added": "a consumer took a queue (after its lock, for orderly consumers)",
     "queue.removed": "a consumer gave a queue up (offset persisted, lock released)",
     "rebalance": "a consumer's queue assignment changed",
+    "lock.granted": "a consumer was granted a queue's lock (with its fencing epoch)",
     "lock.lost": "a consumer found it no longer holds a queue's lock",
     "offset.reset": "an operator moved a group's offsets",
     "client.expired": "the broker dropped a client that went silent, with its locks",

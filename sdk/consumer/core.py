@@ -282,6 +282,9 @@ class ConsumerCore:
         if self.uses_locks:
             epochs = await self._lock(queues)
             queues = [q for q in queues if q in epochs]
+            for queue in queues:
+                log_event(log, logging.INFO, "lock.granted", f"locked {queue}", group=self.group,
+                          topic=queue.topic, queue=queue.queue_id, epoch=epochs[queue])  # fmt: skip
         taken: list[MessageQueue] = []
         for queue in queues:
             try:
@@ -430,6 +433,9 @@ class ConsumerCore:
                 pq.locked = False
 
     async def _apply_lock(self, queue: MessageQueue, pq: ProcessQueue, epoch: int) -> None:
+        if epoch != pq.lock_epoch:
+            log_event(log, logging.INFO, "lock.granted", f"locked {queue} again", group=self.group,
+                      topic=queue.topic, queue=queue.queue_id, epoch=epoch)  # fmt: skip
         if pq.lock_epoch and epoch != pq.lock_epoch:
             # The lock passed through another owner: what we buffered, and where we
             # were, may be stale. Start again from the committed offset.

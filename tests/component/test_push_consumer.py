@@ -332,4 +332,4 @@ def test_consumers_log_stable_events(
     with consumer(broker, Recorder()):
         wait_until(lambda: any(getattr(r, "event", "") == "queue.added" for r in caplog.records))
     events = {getattr(r, "event", None) for r in caplog.records}
-    assert {"queue.added", "rebalance", "queue.removed"} <= events
+    assert {"lock.granted", "queue.added", "rebalance", "queue.removed"} <= events
