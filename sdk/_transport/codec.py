@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import itertools
 import os
+import zlib
 
 from sdk._wire import (
+    FRAME_FIELDS,
     MAX_PROPERTIES_BYTES,
+    RECORD,
+    RECORD_MAGIC,
+    RecordFormatError,
     decode_properties,
     encode_frame,
     encode_properties,
-    iter_records,
 )
 from sdk.message import Message, MessageExt, MessageQueue
 
@@ -57,28 +61,56 @@ def encode_message(
 
 
 def decode_records(records: bytes, broker_name: str) -> list[MessageExt]:
-    """Stored records (as a pull returns them) -> MessageExt, in order."""
+    """Stored records (as a pull returns them) -> MessageExt, in order, CRCs checked.
+
+    One pass straight into MessageExt: this runs for every consumed message.
+    """
     out: list[MessageExt] = []
     queues: dict[tuple[str, int], MessageQueue] = {}
-    for r in iter_records(records):
-        queue = queues.get((r.topic, r.queue_id))
+    topics: dict[bytes, str] = {}
+    view = memoryview(records)
+    unpack_record = RECORD.unpack_from
+    unpack_fields = FRAME_FIELDS.unpack_from
+    rec_size, fields_size = RECORD.size, FRAME_FIELDS.size
+    crc32 = zlib.crc32
+    pos, end = 0, len(records)
+    while pos < end:
+        if pos + rec_size > end:
+            raise RecordFormatError(f"record header truncated at byte {pos}")
+        size, crc, magic, queue_id, queue_offset, store_ts, reconsume, topic_len = unpack_record(
+            records, pos
+        )
+        stop = pos + size
+        if magic != RECORD_MAGIC or size < rec_size + topic_len + fields_size or stop > end:
+            raise RecordFormatError(f"malformed record at byte {pos}")
+        if crc32(view[pos + 8 : stop]) != crc:
+            raise RecordFormatError(f"record at byte {pos} fails its CRC check")
+        p = pos + rec_size
+        raw_topic = records[p : p + topic_len]
+        topic = topics.get(raw_topic)
+        if topic is None:
+            topic = topics[raw_topic] = raw_topic.decode()
+        p += topic_len
+        msg_id, born, deliver_at, _level, tl, sl, kl, pl, bl = unpack_fields(records, p)
+        p += fields_size
+        if p + tl + sl + kl + pl + bl != stop:
+            raise RecordFormatError(f"record at byte {pos} has inconsistent lengths")
+        queue = queues.get((topic, queue_id))
         if queue is None:
-            queue = queues[(r.topic, r.queue_id)] = MessageQueue(r.topic, broker_name, r.queue_id)
+            queue = queues[(topic, queue_id)] = MessageQueue(topic, broker_name, queue_id)
+        tags = records[p : p + tl].decode() if tl else None
+        p += tl
+        sharding = records[p : p + sl].decode() if sl else None
+        p += sl
+        keys = tuple(records[p : p + kl].decode().split("\0")) if kl else ()
+        p += kl
+        props = decode_properties(view[p : p + pl]) if pl else {}
+        p += pl
         out.append(
             MessageExt(
-                topic=r.topic,
-                body=r.body,
-                tags=r.tags.decode() if r.tags else None,
-                keys=tuple(k.decode() for k in r.keys.split(b"\x00")) if r.keys else (),
-                properties=decode_properties(r.properties) if r.properties else {},
-                sharding_key=r.sharding_key.decode() if r.sharding_key else None,
-                msg_id=r.msg_id.hex().upper(),
-                queue=queue,
-                queue_offset=r.queue_offset,
-                reconsume_times=r.reconsume_times,
-                born_timestamp=r.born_timestamp_ms,
-                store_timestamp=r.store_timestamp_ms,
-                deliver_at=r.deliver_at_ms,
+                topic, records[p : p + bl], tags, keys, props, sharding, msg_id.hex().upper(),
+                queue, queue_offset, reconsume, born, store_ts, deliver_at,
             )
-        )
+        )  # fmt: skip
+        pos = stop
     return out
