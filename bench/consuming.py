@@ -2,6 +2,8 @@
 
 - consume: one sdk.aio.PushConsumer (a fresh group per run) reading a stored backlog with
   a no-op listener that only counts (ConsumeTrial);
+- poll: one lite pull consumer (sdk.aio or blocking) draining a stored backlog with a
+  plain `while batch := poll(timeout)` loop (PollTrial);
 - long-poll wake-up: a pull held on a caught-up queue, woken by one send
   (longpoll_wakeups);
 - end-to-end latency: single messages sent on a fixed schedule, each carrying its send
@@ -28,6 +30,7 @@ from sdk import (
     ConsumeFromWhere,
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
+    LitePullConsumer,
     Message,
     MessageExt,
     MessageListenerConcurrently,
@@ -173,6 +176,77 @@ class ConsumeTrial:
     async def close(self) -> None:
         consumer, self.consumer = self.consumer, None
         if consumer is not None:
+            await consumer.shutdown()
+
+
+# ---------------------------------------------------------------------- poll
+#: poll(timeout): how long one poll may wait; a poll that returns nothing before the
+#: whole backlog was read is a stall and fails the run.
+POLL_TIMEOUT_SECONDS = 5.0
+
+
+class PollTrial:
+    """Poll-loop runs over one backlog: each run is one fresh lite pull consumer.
+
+    `blocking` False: `sdk.aio.LitePullConsumer` polled from this event loop; True:
+    `sdk.LitePullConsumer` (its own loop thread) polled from a worker thread, as a plain
+    blocking program would. Either way `auto_commit` is on and the consumer starts at
+    ConsumeFromWhere.FIRST_OFFSET in a group of its own. `prepare` (untimed) builds and
+    subscribes it; `run` (timed) starts it and runs
+    `while batch := poll(POLL_TIMEOUT_SECONDS)`, counting, until `expected` messages
+    came back (so the final empty poll's wait is not timed); `close` (untimed) shuts it
+    down, which commits.
+    """
+
+    def __init__(self, address: str, topic: str, expected: int, blocking: bool) -> None:
+        self.address = address
+        self.topic = topic
+        self.expected = expected
+        self.blocking = blocking
+        self.consumer: sdk.aio.LitePullConsumer | LitePullConsumer | None = None
+
+    async def prepare(self) -> None:
+        cls = LitePullConsumer if self.blocking else sdk.aio.LitePullConsumer
+        consumer = cls(
+            f"bench-poll-{next(_consumer_groups)}",
+            self.address,
+            auto_commit=True,
+            consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+        )
+        consumer.subscribe(self.topic)
+        self.consumer = consumer
+
+    async def run(self) -> int:
+        consumer = self.consumer
+        if isinstance(consumer, LitePullConsumer):
+            return await asyncio.to_thread(self._blocking_loop, consumer)
+        assert consumer is not None
+        await consumer.start()
+        seen = 0
+        while seen < self.expected and (batch := await consumer.poll(POLL_TIMEOUT_SECONDS)):
+            seen += len(batch)
+        return self._check(seen)
+
+    def _blocking_loop(self, consumer: LitePullConsumer) -> int:
+        consumer.start()
+        seen = 0
+        while seen < self.expected and (batch := consumer.poll(POLL_TIMEOUT_SECONDS)):
+            seen += len(batch)
+        return self._check(seen)
+
+    def _check(self, seen: int) -> int:
+        if seen < self.expected:
+            raise RuntimeError(
+                f"poll() returned nothing for {POLL_TIMEOUT_SECONDS:.0f} s after "
+                f"{seen} of {self.expected} messages"
+            )
+        return seen
+
+    async def close(self) -> None:
+        consumer, self.consumer = self.consumer, None
+        if isinstance(consumer, LitePullConsumer):
+            await asyncio.to_thread(consumer.shutdown)
+        elif consumer is not None:
             await consumer.shutdown()
 
 

@@ -4,10 +4,14 @@ Figures (see bench/README.md for what each one measures and how to read it):
 
 - produce: sdk.aio.Producer.send_batch, batches of 100 keyed 100-byte messages, each batch
   for one of 8 queues, 1 or 4 batches in flight, broker in async or sync flush mode;
+- send: sdk.aio.Producer.send of single messages, one at a time, 64 send tasks in flight,
+  and through the accumulator (64 or 1 000 in flight), against send_batch above;
 - pull: reading a backlog of 200 000 messages back with the SDK's pull, decode included,
   one pull at a time or with every queue's next pull in flight;
 - consume: one sdk.aio.PushConsumer reading a 200 000-message backlog with a no-op
   listener (orderly async at batch 1 and 32, orderly on the thread pool, concurrent);
+- poll: one lite pull consumer (sdk.aio and blocking) draining the same backlog with a
+  plain `while batch := poll(timeout)` loop;
 - latency: how fast a held (long-polling) pull wakes when a message arrives, and the
   end-to-end latency of single messages sent at 500 and 2 000 msg/s to an orderly push
   consumer;
@@ -17,7 +21,7 @@ Figures (see bench/README.md for what each one measures and how to read it):
 Servers run as separate processes; the client is this process. Every figure is the median
 of --runs runs. Usage:
 
-    python bench/run.py                   # the full run (about 2-3 minutes on 2 cores)
+    python bench/run.py                   # the full run (about 4-5 minutes on 2 cores)
     python bench/run.py --quick           # a smoke run (seconds; writes results/quick.json)
     python bench/run.py --only pull --runs 5 --messages 50000
 """
@@ -49,12 +53,12 @@ import grpc
 import workloads as wl
 from procs import ROOT, ServerProcess, broker_process, floor_process, machine_busy_seconds
 
-from sdk import ConsumeFromWhere, MessageQueue
+from sdk import AccumulatorConfig, ConsumeFromWhere, MessageQueue, ProducerConfig
 from sdk._transport.broker_client import BrokerClient
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.aio import Producer, PushConsumer
 
-GROUPS = ("produce", "pull", "consume", "latency", "floor", "micro")
+GROUPS = ("produce", "send", "pull", "consume", "poll", "latency", "floor", "micro")
 #: Other processes using this much of a core during a figure get it named in a note.
 OTHERS_NOTICEABLE = 0.25
 #: latency: wake-ups per run (sequential); the end-to-end send rates (msg/s), seconds per
@@ -65,6 +69,13 @@ E2E_RATES = (500, 2000)
 E2E_SECONDS = 5.0
 E2E_QUICK_SECONDS = 1.0
 E2E_SENDS_IN_FLIGHT = 64
+#: send: messages per run of the one-at-a-time and the concurrent single sends (full and
+#: --quick; they are slow), most messages per accumulator run, and sends in flight.
+SEND_SEQUENTIAL, SEND_SEQUENTIAL_QUICK = 20_000, 2_000
+SEND_CONCURRENT, SEND_CONCURRENT_QUICK = 20_000, 2_000
+SEND_ACCUMULATOR, SEND_ACCUMULATOR_QUICK = 100_000, 5_000
+SEND_IN_FLIGHT = 64
+SEND_ACCUMULATOR_IN_FLIGHT = 1000
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -363,6 +374,78 @@ class Bench:
         finally:
             await producer.shutdown()
 
+    # ------------------------------------------------------------------ send
+    async def send(self) -> None:
+        """Single-message sends (issue 4); compare with "produce, async flush, 1 in flight"."""
+        quick = self.args.quick
+        sequential = SEND_SEQUENTIAL_QUICK if quick else SEND_SEQUENTIAL
+        concurrent = SEND_CONCURRENT_QUICK if quick else SEND_CONCURRENT
+        accumulated = min(self.args.messages, SEND_ACCUMULATOR_QUICK if quick else SEND_ACCUMULATOR)
+        cases = [
+            ("send.sequential", "send: await send(), 1 at a time", 1, False, sequential),
+            (f"send.tasks{SEND_IN_FLIGHT}", f"send: send() tasks, {SEND_IN_FLIGHT} in flight",
+             SEND_IN_FLIGHT, False, concurrent),
+            (f"send.accumulator.tasks{SEND_IN_FLIGHT}",
+             f"send: accumulator, send() tasks, {SEND_IN_FLIGHT} in flight",
+             SEND_IN_FLIGHT, True, accumulated),
+            (f"send.accumulator.tasks{SEND_ACCUMULATOR_IN_FLIGHT}",
+             f"send: accumulator, send() tasks, {SEND_ACCUMULATOR_IN_FLIGHT:,} in flight",
+             SEND_ACCUMULATOR_IN_FLIGHT, True, accumulated),
+        ]  # fmt: skip
+        for key, title, in_flight, accumulator, count in cases:
+            acc = AccumulatorConfig()
+            config = ProducerConfig(accumulator=acc) if accumulator else None
+            figure = self._add(
+                Figure(
+                    key,
+                    title,
+                    "msg/s",
+                    {
+                        "api": "sdk.aio.Producer.send, one message per call",
+                        "flush_mode": "async",
+                        "sends_in_flight": in_flight,
+                        "task_per_send": in_flight > 1,
+                        "accumulator": (
+                            {
+                                "batch_max_messages": acc.batch_max_messages,
+                                "batch_max_bytes": acc.batch_max_bytes,
+                                "linger_seconds": acc.linger,
+                            }
+                            if accumulator
+                            else None
+                        ),
+                        "body_bytes": wl.BODY_BYTES,
+                        "keys": wl.KEYS,
+                        "queues": wl.QUEUES,
+                        "messages_per_run": count,
+                        "compare_with": "produce.async.inflight1 (send_batch of 100)",
+                    },
+                )
+            )
+            singles = wl.make_singles(count)
+            warmup = wl.make_singles(max(wl.QUEUES * 10, min(2000, count // 10)))
+            self.say(f"{figure.title}: starting a broker")
+            with self._broker(key, "async") as broker:
+                topic = "bench-send"
+                admin = BrokerClient(broker.address)
+                try:
+                    await admin.create_topic(topic, wl.QUEUES)
+                finally:
+                    await admin.close()
+                producer = Producer(broker.address, config=config)
+                await producer.start()
+                try:
+                    await wl.send_singles(producer, topic, warmup, in_flight)  # connect, warm up
+                    await self._measure(
+                        figure,
+                        functools.partial(wl.send_singles, producer, topic, singles, in_flight),
+                        broker,
+                    )
+                finally:
+                    await producer.shutdown()
+            if any(r.units != count for r in figure.runs):
+                raise RuntimeError(f"{figure.title}: sent {[r.units for r in figure.runs]}")
+
     # ------------------------------------------------------------------ pull
     async def pull(self) -> None:
         topic = "bench-pull"
@@ -481,6 +564,57 @@ class Bench:
                 if any(r.units != stored for r in figure.runs):
                     raise RuntimeError(
                         f"{figure.title}: listener saw {[r.units for r in figure.runs]} "
+                        f"of {stored} messages"
+                    )
+
+    # ------------------------------------------------------------------ poll
+    async def poll(self) -> None:
+        """Lite pull consumers draining a backlog with a plain poll loop (issue 6)."""
+        topic = "bench-poll"
+        backlog = self.args.messages
+        params = {
+            "backlog_messages": backlog,
+            "queues": wl.QUEUES,
+            "keys": wl.KEYS,
+            "body_bytes": wl.BODY_BYTES,
+            "consume_from_where": "FIRST_OFFSET",
+            "auto_commit": True,
+            "poll_timeout_seconds": cw.POLL_TIMEOUT_SECONDS,
+            "config": "LitePullConsumerConfig defaults",
+            "consumers": 1,
+        }
+        cases = [
+            ("poll.aio", "poll loop, sdk.aio.LitePullConsumer", False,
+             "sdk.aio.LitePullConsumer, `while batch := await c.poll(timeout)`"),
+            ("poll.blocking", "poll loop, blocking sdk.LitePullConsumer", True,
+             "sdk.LitePullConsumer, `while batch := c.poll(timeout)` in a thread"),
+        ]  # fmt: skip
+        figures = [
+            self._add(Figure(key, title, "msg/s", {**params, "api": api}))
+            for key, title, _blocking, api in cases
+        ]
+        self.say("poll: starting a broker")
+        with self._broker("poll", "async") as broker:
+            started = time.perf_counter()
+            stored = await wl.fill_backlog(broker.address, topic, backlog)
+            self.facts["poll_backlog_fill_seconds"] = round(time.perf_counter() - started, 2)
+            self.say(
+                f"  backlog of {stored} messages stored in {time.perf_counter() - started:.1f} s"
+            )
+            warm = cw.PollTrial(broker.address, topic, max(1, stored // 10), False)
+            await warm.prepare()
+            try:
+                await warm.run()
+            finally:
+                await warm.close()
+            for figure, (_key, _title, blocking, _api) in zip(figures, cases, strict=True):
+                trial = cw.PollTrial(broker.address, topic, stored, blocking)
+                await self._measure(
+                    figure, trial.run, broker, setup=trial.prepare, teardown=trial.close
+                )
+                if any(r.units != stored for r in figure.runs):
+                    raise RuntimeError(
+                        f"{figure.title}: polled {[r.units for r in figure.runs]} "
                         f"of {stored} messages"
                     )
 
@@ -732,6 +866,21 @@ def table(figures: list[Figure]) -> str:
     return "\n".join(lines)
 
 
+def send_comparison(figures: list[Figure]) -> str:
+    """A line setting the single-send figures against send_batch of 100 (if both ran)."""
+    medians = {f.key: statistics.median(f.values()) for f in figures if f.values()}
+    batch = medians.get("produce.async.inflight1")
+    singles = [(f.title.removeprefix("send: "), medians[f.key]) for f in figures
+               if f.key.startswith("send.") and f.key in medians]  # fmt: skip
+    if not batch or not singles:
+        return ""
+    parts = ", ".join(f"{title} {_fmt(v)} ({v / batch:.0%})" for title, v in singles)
+    return (
+        f"send vs send_batch: send_batch of {wl.BATCH}, 1 in flight (produce, async flush, "
+        f"1 in flight) {_fmt(batch)} msg/s; single sends: {parts}"
+    )
+
+
 def machine() -> dict[str, Any]:
     """What the figures were measured on."""
     try:
@@ -796,12 +945,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--messages",
         type=int,
         default=None,
-        help="messages per produce run, and size of the pull and consume backlogs (default 200000)",
+        help="messages per produce run, and size of the pull, consume and poll backlogs "
+        "(default 200000)",
     )
     p.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: 20000 messages, 1 run, shorter latency runs, results/quick.json",
+        help="smoke run: 20000 messages, 1 run, shorter latency runs, fewer single sends, "
+        "results/quick.json",
     )
     p.add_argument(
         "--only",
@@ -897,6 +1048,9 @@ def main(argv: list[str] | None = None) -> int:
             f"note: other processes used {OTHERS_NOTICEABLE:.0%} of a core or more during "
             f"{len(busy)} figure(s) (column others): {', '.join(busy)}"
         )
+    comparison = send_comparison(bench.figures)
+    if comparison:
+        print(comparison)
     if failure is not None:
         print(f"bench failed: {report['error']}", file=sys.stderr)
         raise failure

@@ -115,6 +115,65 @@ async def produce(producer: Producer, topic: str, batches: list[Batch], in_fligh
     return sent
 
 
+@dataclass(frozen=True)
+class Singles:
+    """Inputs of single-message sends: message i has key keys[i % KEYS], body bodies[i % KEYS]."""
+
+    count: int
+    keys: list[str]
+    bodies: list[bytes]
+
+
+def make_singles(count: int, seed: int = 1) -> Singles:
+    """`count` single sends whose keys go round robin over the KEYS keys (all QUEUES queues)."""
+    return Singles(count, make_keys(), make_bodies(KEYS, seed))
+
+
+async def send_singles(producer: Producer, topic: str, singles: Singles, in_flight: int) -> int:
+    """Send every message with its own `await producer.send(message)`.
+
+    in_flight 1: one after another, the next built and sent when the previous returned.
+    Otherwise each send runs in a task of its own (as `sdk.Producer.send_async` submits
+    one per call), at most `in_flight` outstanding: the sender waits for a free slot
+    (a semaphore) before building and starting the next. Keys go round robin over KEYS
+    keys, so with in_flight <= KEYS two sends of one key never overlap.
+    """
+    keys, bodies = singles.keys, singles.bodies
+    n = len(keys)
+    if in_flight == 1:
+        for i in range(singles.count):
+            await producer.send(Message(topic, bodies[i % n], sharding_key=keys[i % n]))
+        return singles.count
+    slots = asyncio.Semaphore(in_flight)
+    tasks: set[asyncio.Task[object]] = set()
+    errors: list[BaseException] = []
+    sent = 0
+
+    def finished(task: asyncio.Task[object]) -> None:
+        nonlocal sent
+        tasks.discard(task)
+        slots.release()
+        if task.cancelled() or task.exception() is not None:
+            errors.append(task.exception() or asyncio.CancelledError())
+        else:
+            sent += 1
+
+    loop = asyncio.get_running_loop()
+    for i in range(singles.count):
+        await slots.acquire()
+        if errors:
+            break
+        message = Message(topic, bodies[i % n], sharding_key=keys[i % n])
+        task: asyncio.Task[object] = loop.create_task(producer.send(message))
+        tasks.add(task)
+        task.add_done_callback(finished)
+    if tasks:
+        await asyncio.wait(set(tasks))
+    if errors:
+        raise errors[0]
+    return sent
+
+
 # ---------------------------------------------------------------------- pull
 async def fill_backlog(address: str, topic: str, messages: int, in_flight: int = 4) -> int:
     """Store `messages` keyed messages evenly over the topic's QUEUES queues (untimed)."""
