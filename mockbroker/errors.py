@@ -32,8 +32,3 @@ def out_of_range(reason: str, message: str) -> BrokerError:
 def not_found(reason: str, message: str) -> BrokerError:
     """A NOT_FOUND refusal."""
     return BrokerError(StatusCode.NOT_FOUND, reason, message)
-
-
-def not_implemented(message: str) -> BrokerError:
-    """A protocol feature this broker build does not serve yet."""
-    return BrokerError(StatusCode.UNIMPLEMENTED, "NOT_IMPLEMENTED", message)

@@ -133,11 +133,6 @@ class RecordFormatError(ValueError):
     """A stored record that does not parse or fails its CRC."""
 
 
-def record_crc(record: bytes | memoryview) -> int:
-    """CRC32 over everything after the size and CRC fields."""
-    return zlib.crc32(memoryview(record)[8:])
-
-
 def iter_records(data: bytes, *, verify_crc: bool = True) -> Iterator[StoredRecord]:
     """Decode concatenated stored records, as a pull or message query returns them."""
     view = memoryview(data)

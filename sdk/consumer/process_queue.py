@@ -90,11 +90,6 @@ class ProcessQueue:
         self._forget(finished)
         return finished[-1].queue_offset + 1
 
-    def rollback(self) -> None:
-        """Put the consuming batch back in front, to be taken again."""
-        self._buffer.extendleft(reversed(self._consuming))
-        self._consuming = []
-
     # ------------------------------------------------------------------ concurrent
     def take_all(self, n: int) -> list[MessageExt]:
         """Hand out up to `n` buffered messages to run in parallel."""

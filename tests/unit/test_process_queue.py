@@ -1,4 +1,4 @@
-"""ProcessQueue accounting: counts, bytes, take / commit / rollback, concurrent finish."""
+"""ProcessQueue accounting: counts, bytes, take / commit / settle, concurrent finish."""
 
 from __future__ import annotations
 
@@ -19,12 +19,14 @@ def test_put_counts_messages_and_bytes_and_ignores_repeats() -> None:
     assert (pq.count, pq.size, pq.max_offset_pulled) == (3, 40, 2)
 
 
-def test_orderly_take_commit_and_rollback() -> None:
+def test_orderly_take_commit_and_settle() -> None:
     pq = ProcessQueue()
     pq.put([msg(i) for i in range(5)])
     assert [m.queue_offset for m in pq.take(2)] == [0, 1]
-    pq.rollback()
+    assert pq.settle(0) == -1, "nothing done: all of it goes back"
     assert [m.queue_offset for m in pq.take(3)] == [0, 1, 2], "rolled back in front, in order"
+    assert pq.settle(2) == 2, "the first two done, offset 2 goes back in front"
+    assert [m.queue_offset for m in pq.take(1)] == [2]
     assert pq.commit() == 3
     assert (pq.count, pq.size, pq.buffered) == (2, 20, 2)
     assert pq.commit() == -1, "nothing taken, nothing to commit"
