@@ -57,6 +57,7 @@ bench: $(STAMP)
 
 # The same workload on Redis Streams, RabbitMQ and NATS JetStream (installs them if missing).
 bench-peers: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) bench/peers/run.py
 
 clean:

@@ -66,6 +66,23 @@ class ServerProcess:
         fields = stat.rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
 
+    def peak_rss_mb(self) -> float | None:
+        """Peak resident set size of the process so far (VmHWM), in MB (10^6 bytes).
+
+        None where /proc is missing or the process is gone. Measured as bench/peers does
+        for the peer servers, so the two are comparable.
+        """
+        if self.proc is None:
+            return None
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return None
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / 1e6  # kB
+        return None
+
     def stop(self, grace: float = 30.0) -> int | None:
         """SIGTERM the process (SIGKILL after `grace` seconds) and reap it."""
         proc = self.proc

@@ -188,6 +188,9 @@ class Bench:
         self.figures: list[Figure] = []
         self.facts: dict[str, Any] = {}
         self._serial = 0
+        #: Peak RSS (MB) of the broker of each backlog group ("pull", "consume"), read
+        #: just before that broker is stopped.
+        self.backlog_rss_mb: dict[str, float] = {}
 
     # ------------------------------------------------------------------ helpers
     def say(self, text: str) -> None:
@@ -494,6 +497,7 @@ class Bench:
                 await self._measure(prefetch, lambda: wl.pull_prefetch(client, queues), broker)
             finally:
                 await client.close()
+            self._note_rss("pull", broker)
         for figure in (sequential, prefetch):
             if any(r.units != stored for r in figure.runs):
                 raise RuntimeError(f"{figure.title}: read {figure.runs} of {stored} messages")
@@ -566,6 +570,48 @@ class Bench:
                         f"{figure.title}: listener saw {[r.units for r in figure.runs]} "
                         f"of {stored} messages"
                     )
+            self._note_rss("consume", broker)
+
+    # ------------------------------------------------------------------ broker memory
+    def _note_rss(self, group: str, broker: ServerProcess) -> None:
+        """Keep the peak RSS of a backlog group's broker (lifetime: filling the backlog and
+        every run reading it)."""
+        rss = broker.peak_rss_mb()
+        if rss is not None:
+            self.backlog_rss_mb[group] = rss
+            self.facts[f"{group}_broker_peak_rss_mb"] = round(rss, 1)
+            self.say(f"  {group} broker peak RSS {rss:.1f} MB")
+
+    def rss_figure(self) -> None:
+        """One figure: the larger peak RSS of the pull and consume brokers (issue 7).
+
+        Each of those brokers stored the whole backlog and served every run reading it, so
+        its VmHWM is comparable with the peers' (bench/peers: VmHWM after producing and
+        consuming the same backlog). Peak RSS is per process lifetime, so there is one
+        value, not one per run.
+        """
+        if not self.backlog_rss_mb:
+            return
+        backlog = self.args.messages
+        group, rss = max(self.backlog_rss_mb.items(), key=lambda kv: kv[1])
+        figure = self._add(
+            Figure(
+                "broker.rss.backlog",
+                "broker peak RSS, " + f"{backlog:,}".replace(",", " ") + "-message backlog",
+                "MB",
+                {
+                    "what": "VmHWM of the broker process (/proc/PID/status), MB = 10^6 bytes",
+                    "brokers": sorted(self.backlog_rss_mb),
+                    "value_from": group,
+                    "backlog_messages": backlog,
+                    "body_bytes": wl.BODY_BYTES,
+                    "queues": wl.QUEUES,
+                },
+                higher_is_better=False,
+            )
+        )
+        detail = {f"{g}_mb": round(v, 1) for g, v in self.backlog_rss_mb.items()}
+        figure.runs.append(Run(rss, 0.0, backlog, detail=detail))
 
     # ------------------------------------------------------------------ poll
     async def poll(self) -> None:
@@ -807,10 +853,13 @@ class Bench:
 
     # ------------------------------------------------------------------ all
     async def run(self) -> None:
+        backlog_groups = [g for g in self.args.only if g in ("pull", "consume")]
         for group in self.args.only:
             started = time.perf_counter()
             await getattr(self, group)()
             self.facts[f"{group}_seconds"] = round(time.perf_counter() - started, 1)
+            if backlog_groups and group == backlog_groups[-1]:
+                self.rss_figure()
 
 
 # ---------------------------------------------------------------------- output

@@ -15,6 +15,8 @@ the processes it started). Every figure is the median of --runs runs.
     python bench/peers/run.py                      # full: 200 000 messages, 3 runs
     python bench/peers/run.py --quick              # smoke: 20 000 messages, 1 run
     python bench/peers/run.py --only redis-everysec nats --runs 5
+
+At the end it runs bench/compare.py (ordermq against these figures; --no-compare skips it).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +41,7 @@ import servers
 import workload as wl
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
+COMPARE = Path(__file__).resolve().parent.parent / "compare.py"
 
 #: Figures measured before on this kind of machine (one Python producer, one consumer,
 #: median of 3), shown beside ours: msgs/s and MB.
@@ -238,6 +242,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--latency-rate", type=float, default=2000.0, help="msg/s (default 2000)")
     ap.add_argument("--latency-seconds", type=float, help="seconds per run (default 5; quick 1)")
     ap.add_argument("--out", type=Path, help="JSON file (default bench/results/peers.json)")
+    ap.add_argument(
+        "--no-compare", action="store_true", help="do not run bench/compare.py at the end"
+    )
     args = ap.parse_args(argv)
     args.messages = args.messages or (20_000 if args.quick else 200_000)
     args.runs = args.runs or (1 if args.quick else 3)
@@ -339,7 +346,22 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.out}")
+    if not args.no_compare:
+        compare_with_ordermq(args)
     return 0 if any(p.runs for p in chosen) else 1
+
+
+def compare_with_ordermq(args: argparse.Namespace) -> None:
+    """Run bench/compare.py on these results and ordermq's (`make bench`) of the same kind
+    (quick.json for --quick); a missing or failing comparison does not fail the run."""
+    ordermq = RESULTS / ("quick.json" if args.quick else "latest.json")
+    out = RESULTS / ("comparison-quick.json" if args.quick else "comparison.json")
+    cmd = [sys.executable, str(COMPARE), "--ordermq", str(ordermq), "--peers", str(args.out)]
+    print(f"\n$ bench/compare.py --ordermq {ordermq.name} --peers {args.out.name}", flush=True)
+    try:
+        subprocess.run([*cmd, "--out", str(out)], check=False, timeout=300)
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"comparison failed: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

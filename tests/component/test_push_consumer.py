@@ -237,6 +237,10 @@ def test_concurrent_listener_retries_through_the_retry_topic(tmp_path: Path) -> 
             p.send_batch([Message("orders", b"fine"), Message("orders", b"flaky")])
         with consumer(broker, Flaky()):
             wait_until(lambda: attempts[b"flaky"] == 1 and attempts[b"fine"] == 1, 20)
+            state = broker.broker.state
+            assert state is not None
+            # the consumer's send-back must have reached the broker before time moves on
+            wait_until(lambda: state.scheduler.pending == 1, 20, "the scheduled retry")
             clock.advance(10.1)  # the retry's delay level 3: 10 s on the broker clock
             wait_until(lambda: attempts[b"flaky"] == 2, 20)
     assert dict(attempts) == {b"fine": 1, b"flaky": 2}
