@@ -4,22 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from types import TracebackType
 
-from sdk._loop import LoopThread
+from sdk._blocking import BlockingClient
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, LitePullConsumerConfig
 from sdk.consumer.core import QueueHook
 from sdk.consumer.lite_pull_core import LitePullConsumerCore
-from sdk.errors import ClientStateError
 from sdk.message import MessageExt, MessageQueue
 
 #: RocketMQ's default poll timeout.
 DEFAULT_POLL_TIMEOUT = 5.0
 
 
-class LitePullConsumer:
+class LitePullConsumer(BlockingClient):
     """Pull messages in your own loop: `poll()`, process, `commit()`.
 
     Args:
@@ -72,17 +70,12 @@ class LitePullConsumer:
             on_queues_revoked=on_queues_revoked,
             clock=clock,
         )
-        self._loop: LoopThread | None = None
+        super().__init__(self._core, f"ordermq-pull-{group}")
 
     @property
     def client_id(self) -> str:
         """The member id this consumer has in its group."""
         return self._core.client_id
-
-    def _running(self) -> LoopThread:
-        if self._loop is None:
-            raise ClientStateError("the consumer is not started; call start() first")
-        return self._loop
 
     def subscribe(self, topic: str, expression: str = "*") -> None:
         """Share `topic`'s queues with the group (exclusive with assign)."""
@@ -92,58 +85,41 @@ class LitePullConsumer:
         """Consume exactly these queues (exclusive with subscribe)."""
         self._core.assign(queues)
 
-    def start(self) -> None:
-        """Join the group and start pulling in the background."""
-        if self._loop is not None:
-            raise ClientStateError("consumer already started")
-        self._loop = LoopThread(f"ordermq-pull-{self._core.group}")
-        try:
-            self._loop.run(self._core.start())
-        except BaseException:
-            self._loop.stop()
-            self._loop = None
-            raise
-
     def shutdown(self) -> None:
         """Commit what was consumed (auto commit), release locks, leave the group."""
-        if self._loop is None:
-            return
-        try:
-            self._loop.run(self._core.shutdown())
-        finally:
-            self._loop.stop()
+        super().shutdown()
 
     def poll(self, timeout: float = DEFAULT_POLL_TIMEOUT) -> list[MessageExt]:
         """Messages of one queue in order, or [] if none arrive within `timeout` seconds."""
-        return self._running().run(self._core.poll(timeout))
+        return self._run(self._core.poll(timeout))
 
     def commit(self, offsets: dict[MessageQueue, int] | None = None, persist: bool = True) -> None:
         """Commit what poll() returned, or `offsets` (the next offset to consume)."""
-        self._running().run(self._core.commit(offsets, persist=persist))
+        self._run(self._core.commit(offsets, persist=persist))
 
     def committed(self, mq: MessageQueue) -> int:
         """The group's committed offset of `mq` at the broker; -1 if none."""
-        return self._running().run(self._core.committed(mq))
+        return self._run(self._core.committed(mq))
 
     def seek(self, mq: MessageQueue, offset: int) -> None:
         """Continue `mq` at `offset`, which must be within [min, max]."""
-        self._running().run(self._core.seek(mq, offset))
+        self._run(self._core.seek(mq, offset))
 
     def seek_to_begin(self, mq: MessageQueue) -> None:
         """Continue `mq` at its min offset."""
-        self._running().run(self._core.seek_to_begin(mq))
+        self._run(self._core.seek_to_begin(mq))
 
     def seek_to_end(self, mq: MessageQueue) -> None:
         """Continue `mq` at its max offset."""
-        self._running().run(self._core.seek_to_end(mq))
+        self._run(self._core.seek_to_end(mq))
 
     def pause(self, queues: list[MessageQueue]) -> None:
         """Hold these queues back from poll() until resume()."""
-        self._running().run(_call(self._core.pause, queues))
+        self._run(_call(self._core.pause, queues))
 
     def resume(self, queues: list[MessageQueue]) -> None:
         """Let paused queues be polled again."""
-        self._running().run(_call(self._core.resume, queues))
+        self._run(_call(self._core.resume, queues))
 
     def assignment(self) -> set[MessageQueue]:
         """The queues held now."""
@@ -151,23 +127,11 @@ class LitePullConsumer:
 
     def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
         """Every readable queue of `topic`."""
-        return self._running().run(self._core.fetch_message_queues(topic))
+        return self._run(self._core.fetch_message_queues(topic))
 
     def offsets_for_timestamp(self, mq: MessageQueue, timestamp: float) -> int:
         """The first offset of `mq` stored at or after `timestamp` (epoch seconds)."""
-        return self._running().run(self._core.offsets_for_timestamp(mq, timestamp))
-
-    def __enter__(self) -> LitePullConsumer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.shutdown()
+        return self._run(self._core.offsets_for_timestamp(mq, timestamp))
 
 
 async def _call(fn: Callable[[list[MessageQueue]], None], queues: list[MessageQueue]) -> None:

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
 
-from sdk._loop import LoopThread
+from sdk._blocking import BlockingClient
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, MessageModel, PushConsumerConfig
 from sdk.consumer.listener import MessageListenerConcurrently, MessageListenerOrderly
 from sdk.consumer.push_core import PushConsumerCore, QueueHook
-from sdk.errors import ClientStateError
 
 
-class PushConsumer:
+class PushConsumer(BlockingClient):
     """Receive messages through a listener; messages of one queue stay in order.
 
     Args:
@@ -77,7 +75,7 @@ class PushConsumer:
             offset_dir=offset_dir,
             instance_name=instance_name,
         )
-        self._loop: LoopThread | None = None
+        super().__init__(self._core, f"ordermq-consumer-{group}")
 
     @property
     def client_id(self) -> str:
@@ -94,35 +92,6 @@ class PushConsumer:
         """Set the listener: a MessageListenerOrderly or a MessageListenerConcurrently."""
         self._core.register_message_listener(listener)
 
-    def start(self) -> None:
-        """Join the group and start consuming in the background."""
-        if self._loop is not None:
-            raise ClientStateError("consumer already started")
-        self._loop = LoopThread(f"ordermq-consumer-{self._core.group}")
-        try:
-            self._loop.run(self._core.start())
-        except BaseException:
-            self._loop.stop()
-            self._loop = None
-            raise
-
     def shutdown(self) -> None:
         """Stop: finish listener calls in flight, persist offsets, unlock, leave."""
-        if self._loop is None:
-            return
-        try:
-            self._loop.run(self._core.shutdown())
-        finally:
-            self._loop.stop()
-
-    def __enter__(self) -> PushConsumer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.shutdown()
+        super().shutdown()

@@ -5,12 +5,10 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any
 
-from sdk._loop import LoopThread
+from sdk._blocking import BlockingClient
 from sdk.clock import Clock
-from sdk.errors import ClientStateError
 from sdk.message import Message, MessageQueue, SendResult
 from sdk.producer.config import ProducerConfig
 from sdk.producer.core import PartialBatchError, ProducerCore
@@ -21,7 +19,7 @@ log = logging.getLogger("ordermq.producer")
 __all__ = ["PartialBatchError", "Producer", "ProducerConfig"]
 
 
-class Producer:
+class Producer(BlockingClient):
     """Send messages; blocking calls, safe to use from many threads.
 
     Args:
@@ -45,32 +43,11 @@ class Producer:
         clock: Clock | None = None,
     ) -> None:
         self._core = ProducerCore(endpoints, group=group, config=config, clock=clock)
-        self._loop: LoopThread | None = None
-
-    def start(self) -> None:
-        """Connect; sends are possible afterwards."""
-        if self._loop is not None:
-            raise ClientStateError("producer already started")
-        self._loop = LoopThread("ordermq-producer")
-        try:
-            self._loop.run(self._core.start())
-        except BaseException:
-            self._loop.stop()
-            raise
+        super().__init__(self._core, "ordermq-producer")
 
     def shutdown(self) -> None:
-        """Close the connections; sends already returned are unaffected."""
-        if self._loop is None:
-            return
-        try:
-            self._loop.run(self._core.shutdown())
-        finally:
-            self._loop.stop()
-
-    def _running(self) -> LoopThread:
-        if self._loop is None:
-            raise ClientStateError("producer is not started; call start() first")
-        return self._loop
+        """Send what is buffered, give a spool time to drain, close the connections."""
+        super().shutdown()
 
     def send(
         self,
@@ -81,21 +58,19 @@ class Producer:
         timeout: float | None = None,
     ) -> SendResult:
         """Send one message; returns once the broker stored it (per its flush mode)."""
-        return self._running().run(
-            self._core.send(message, selector=selector, arg=arg, timeout=timeout)
-        )
+        return self._run(self._core.send(message, selector=selector, arg=arg, timeout=timeout))
 
     def send_batch(
         self, messages: Sequence[Message], *, timeout: float | None = None
     ) -> list[SendResult]:
         """Send many messages with one request per queue; results in input order."""
-        return self._running().run(self._core.send_batch(messages, timeout=timeout))
+        return self._run(self._core.send_batch(messages, timeout=timeout))
 
     def send_async(
         self, message: Message, *, selector: MessageQueueSelector | None = None, arg: Any = None
     ) -> concurrent.futures.Future[SendResult]:
         """Start a send and return at once; the future resolves to its SendResult."""
-        return self._running().submit(self._core.send(message, selector=selector, arg=arg))
+        return self._submit(self._core.send(message, selector=selector, arg=arg))
 
     def send_oneway(self, message: Message) -> None:
         """Send without waiting for or reporting the outcome (failures are only logged)."""
@@ -107,30 +82,18 @@ class Producer:
 
         Raises TimeoutError when `timeout` seconds pass first.
         """
-        self._running().run(self._core.flush(timeout))
+        self._run(self._core.flush(timeout))
 
     def cancel(self, msg_id: str) -> bool:
         """Cancel a delayed message before it is due; False if it was already delivered.
 
         Raises MessageNotFoundError for an id no broker scheduled.
         """
-        return self._running().run(self._core.cancel(msg_id))
+        return self._run(self._core.cancel(msg_id))
 
     def fetch_publish_message_queues(self, topic: str) -> list[MessageQueue]:
         """The queues of `topic` that sends choose among."""
-        return self._running().run(self._core.fetch_publish_message_queues(topic))
-
-    def __enter__(self) -> Producer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.shutdown()
+        return self._run(self._core.fetch_publish_message_queues(topic))
 
 
 def _log_oneway_failure(future: concurrent.futures.Future[SendResult]) -> None:
