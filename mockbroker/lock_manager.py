@@ -63,6 +63,8 @@ class RebalanceLockManager:
         self._granted: dict[str, dict[QueueKey, int]] = {}
         self._global = threading.Lock()
         self._next_epoch = int(clock.now() * 1000) * 1000 + 1
+        # Every epoch granted before this broker started is below this one.
+        self._first_epoch = self._next_epoch
 
     def _live(self, entry: LockEntry, now: float) -> bool:
         # RocketMQ: expired when now - last_update > lease; exactly at the lease it lives.
@@ -134,13 +136,13 @@ class RebalanceLockManager:
         with self._global:
             entry = self._table.get(group, {}).get(queue)
             if entry is None or not self._live(entry, self._clock.now()):
-                last = self._granted.get(group, {}).get(queue)
-                if epoch and last is not None and epoch < last:
+                last = self._granted.get(group, {}).get(queue, self._first_epoch)
+                if epoch and epoch < last:
                     raise BrokerError(
                         StatusCode.FAILED_PRECONDITION,
                         "STALE_EPOCH",
-                        f"{queue[0]} queue {queue[1]}: commit carries epoch {epoch}, but "
-                        f"epoch {last} has been granted since",
+                        f"{queue[0]} queue {queue[1]}: commit carries epoch {epoch}, granted "
+                        f"before epoch {last} (a later owner, or a broker restart)",
                     )
                 return
             if entry.client_id != client_id:

@@ -141,6 +141,20 @@ def test_a_former_owner_cannot_commit_after_the_queue_was_released(
     locks.check_commit("g", Q0, "concurrent-consumer", 0)  # no epoch: no fencing
 
 
+def test_an_epoch_from_before_a_broker_restart_is_stale(clock: FakeClock) -> None:
+    before = RebalanceLockManager(clock).try_lock("g", Q0, "a")
+    assert before is not None
+    clock.advance(5)  # the broker restarts: its lock table (and granted epochs) start empty
+    after = RebalanceLockManager(clock)
+    with pytest.raises(BrokerError) as stale:
+        after.check_commit("g", Q0, "a", before)
+    assert stale.value.reason == "STALE_EPOCH" and "restart" in stale.value.message
+    again = after.try_lock("g", Q0, "a")  # the owner re-locks, and may commit again
+    assert again is not None
+    after.check_commit("g", Q0, "a", again)
+    after.check_commit("g", Q1, "concurrent-consumer", 0)  # no lock, no epoch: allowed
+
+
 def test_lock_all_expired(locks: RebalanceLockManager, clock: FakeClock) -> None:
     assert locks.is_lock_all_expired("g")
     locks.lock_batch("g", "a", [Q0])
