@@ -267,7 +267,9 @@ def test_async_listeners_on_the_asyncio_consumer(broker: EmbeddedBroker) -> None
         c.subscribe("orders")
         c.register_message_listener(listener)
         async with c:
-            while len(listener.seen) < 100:
+            for _ in range(2000):  # at most 20 s
+                if len(listener.seen) >= 100:
+                    break
                 await asyncio.sleep(0.01)
         return listener.seen
 

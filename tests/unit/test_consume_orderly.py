@@ -133,8 +133,8 @@ def test_suspend_exception_and_none_retry_the_same_batch_after_the_suspend_time(
         for tries in (1, 2, 3):
             await until(lambda n=tries: len(listener.seen) == n and clock.sleepers == 1)  # type: ignore[misc]
             clock.advance(0.99)
-            await asyncio.sleep(0.01)
-            assert len(listener.seen) == tries, "retried before the suspend time"
+            assert clock.sleepers == 1, "the retry timer fired before the suspend time"
+            assert len(listener.seen) == tries
             clock.advance(0.02)
         await until(lambda: host.commits[-1:] == [2])
 
@@ -185,9 +185,9 @@ def test_a_dropped_queue_gets_no_further_listener_calls() -> None:
         pq.put([msg(0), msg(1), msg(2)])
         async with pq.consume_lock:  # as rebalance does before it drops a queue
             service.submit(Q, pq)
-            await asyncio.sleep(0.01)
+            await until(lambda: pq.object_lock.locked(), "the consume task to start")
             pq.dropped = True
-        await asyncio.sleep(0.01)
+        await until(lambda: not pq.object_lock.locked(), "the consume task to finish")
 
     run_service(test, listener, host)
     assert listener.seen == [] and host.commits == []
