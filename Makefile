@@ -6,12 +6,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINTED := sdk mockbroker
 
-.PHONY: help setup proto proto-check docs docs-check lint typecheck test test-fast demo bench bench-peers clean
+.PHONY: help setup proto proto-check docs docs-check lint typecheck test test-fast demo bench bench-backlog bench-peers clean
 
 help:
 	@echo "make demo    run the main job on an embedded broker"
 	@echo "make test    lint, type-check and run every test tier"
 	@echo "make bench   measure throughput (writes bench/results/latest.json)"
+	@echo "make bench-backlog   broker memory with a 10-million-message backlog (2.3 GB disk)"
+	@echo "make bench-peers     the same workload on Redis, RabbitMQ and NATS, and ratios"
 	@echo "make proto   regenerate sdk/_pb from proto/"
 	@echo "make docs    regenerate docs/configuration.md from the config classes"
 
@@ -56,6 +58,9 @@ bench: $(STAMP)
 	$(PY) bench/run.py
 
 # The same workload on Redis Streams, RabbitMQ and NATS JetStream (installs them if missing).
+bench-backlog: $(STAMP)
+	$(PY) bench/run.py --only backlog --output bench/results/backlog.json
+
 bench-peers: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) bench/peers/run.py

@@ -97,10 +97,23 @@ class ServerProcess:
                 proc.wait()
         if proc.returncode not in (0, -signal.SIGTERM):
             print(f"warning: {self.name} exited with {proc.returncode}: {self.stderr()[-500:]}")
-        if proc.stdout is not None:
-            proc.stdout.close()
-        self._stderr.close()
+        self._close()
         return proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the process and reap it (a crash, as recovery must survive one)."""
+        proc = self.proc
+        if proc is None or self._stderr.closed:
+            return
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self._close()
+
+    def _close(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._stderr.close()
 
     def stderr(self) -> str:
         """What the process wrote to stderr so far."""

@@ -16,7 +16,9 @@ Figures (see bench/README.md for what each one measures and how to read it):
   end-to-end latency of single messages sent at 500 and 2 000 msg/s to an orderly push
   consumer;
 - floor: a bare grpc.aio server/client pair moving the same bytes (what gRPC alone costs);
-- micro: per-message SDK costs measured in-process (build, encode, decode).
+- micro: per-message SDK costs measured in-process (build, encode, decode);
+- backlog (only when named in --only; make bench-backlog): the broker's peak RSS with a
+  10-million-message backlog, its recovery time after kill -9, and reading it all back.
 
 Servers run as separate processes; the client is this process. Every figure is the median
 of --runs runs. Usage:
@@ -44,13 +46,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import big_backlog
 import consuming as cw
 import grpc
 import workloads as wl
+from figures import Figure, Run, Timing, fmt, table
 from procs import ROOT, ServerProcess, broker_process, floor_process, machine_busy_seconds
 
 from sdk import AccumulatorConfig, ConsumeFromWhere, MessageQueue, ProducerConfig
@@ -59,6 +62,8 @@ from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.aio import Producer, PushConsumer
 
 GROUPS = ("produce", "send", "pull", "consume", "poll", "latency", "floor", "micro")
+#: Groups run only when --only names them (make bench-backlog): they take minutes and GBs.
+EXTRA_GROUPS = ("backlog",)
 #: Other processes using this much of a core during a figure get it named in a note.
 OTHERS_NOTICEABLE = 0.25
 #: latency: wake-ups per run (sequential); the end-to-end send rates (msg/s), seconds per
@@ -77,106 +82,6 @@ SEND_ACCUMULATOR, SEND_ACCUMULATOR_QUICK = 100_000, 5_000
 SEND_IN_FLIGHT = 64
 SEND_ACCUMULATOR_IN_FLIGHT = 1000
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-@dataclass
-class Run:
-    """One timed run: `units` done in `seconds`; CPU as fractions of one core.
-
-    `rate` is units per second when `value` is not (latency figures); `detail` holds
-    what else a run measured (e.g. the maximum latency).
-    """
-
-    value: float
-    seconds: float
-    units: int
-    client_cpu: float | None = None
-    server_cpu: float | None = None
-    rate: float | None = None
-    detail: dict[str, float] | None = None
-    other_cpu: float | None = None  # what other processes used meanwhile (cores)
-
-
-@dataclass
-class Timing:
-    """What _timed measured: units, seconds, CPU shares (client, server, everything else)."""
-
-    units: int
-    seconds: float
-    client_cpu: float
-    server_cpu: float | None
-    other_cpu: float | None
-
-    def run(
-        self, value: float, rate: float | None = None, detail: dict[str, float] | None = None
-    ) -> Run:
-        return Run(
-            value,
-            self.seconds,
-            self.units,
-            self.client_cpu,
-            self.server_cpu,
-            rate,
-            detail,
-            self.other_cpu,
-        )
-
-    def cpu_text(self) -> str:
-        return (
-            f"client CPU {_pct(self.client_cpu)}, server CPU {_pct(self.server_cpu)}, "
-            f"other processes {_pct(self.other_cpu)}"
-        )
-
-
-@dataclass
-class Figure:
-    """One line of the table: the runs of one workload and their summary."""
-
-    key: str
-    title: str
-    unit: str
-    params: dict[str, Any]
-    higher_is_better: bool = True
-    runs: list[Run] = field(default_factory=list)
-    per: str = ""  # what CPU time is counted per (default: "msg" for "msg/s" or "us/msg")
-
-    @property
-    def per_label(self) -> str:
-        if self.per:
-            return self.per
-        if self.unit.endswith("/s"):
-            return self.unit.removesuffix("/s").removesuffix("s")  # "msg/s" -> "msg"
-        return self.unit.split("/")[-1]
-
-    def values(self) -> list[float]:
-        return [r.value for r in self.runs]
-
-    def summary(self) -> dict[str, Any]:
-        values = self.values()
-        out: dict[str, Any] = {
-            "key": self.key,
-            "title": self.title,
-            "unit": self.unit,
-            "higher_is_better": self.higher_is_better,
-            "params": self.params,
-            "cpu_per": self.per_label,
-            "runs": [asdict(r) for r in self.runs],
-        }
-        if values:
-            out.update(median=statistics.median(values), min=min(values), max=max(values))
-            other = [r.other_cpu for r in self.runs if r.other_cpu is not None]
-            out["other_cpu_median"] = statistics.median(other) if other else None
-            for side in ("client_cpu", "server_cpu"):
-                cpu = [getattr(r, side) for r in self.runs if getattr(r, side) is not None]
-                out[f"{side}_median"] = statistics.median(cpu) if cpu else None
-                # CPU seconds per unit, in microseconds: steadier than throughput under noise.
-                per = [
-                    getattr(r, side) / (r.rate or r.value) * 1e6
-                    for r in self.runs
-                    if getattr(r, side) is not None and (r.rate or r.value)
-                ]
-                out[f"{side}_us_per_unit"] = statistics.median(per) if per else None
-        return out
 
 
 class Bench:
@@ -268,7 +173,7 @@ class Bench:
             run = t.run(t.units * per / t.seconds)
             figure.runs.append(run)
             self.say(
-                f"  {figure.title} run {i + 1}/{self.args.runs}: {_fmt(run.value)} {figure.unit} "
+                f"  {figure.title} run {i + 1}/{self.args.runs}: {fmt(run.value)} {figure.unit} "
                 f"({t.units} in {t.seconds:.2f} s, {t.cpu_text()})"
             )
         if profiler is not None:
@@ -849,7 +754,14 @@ class Bench:
             fn()  # warm up
             for _ in range(self.args.runs):
                 figure.runs.append(Run(fn(), 0.0, n))
-            self.say(f"  {title}: {', '.join(_fmt(v) for v in figure.values())} us")
+            self.say(f"  {title}: {', '.join(fmt(v) for v in figure.values())} us")
+
+    # ------------------------------------------------------------------ backlog
+    async def backlog(self) -> None:
+        size = self.args.backlog_messages
+        if size is None:
+            size = big_backlog.QUICK_MESSAGES if self.args.quick else big_backlog.MESSAGES
+        self.facts.update(await big_backlog.measure(size, self.tmp, self._add, self.say))
 
     # ------------------------------------------------------------------ all
     async def run(self) -> None:
@@ -863,58 +775,6 @@ class Bench:
 
 
 # ---------------------------------------------------------------------- output
-def _fmt(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.2f}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.0f}%"
-
-
-def _cpu(share: float | None, per_unit: float | None, per: str) -> str:
-    if share is None or per_unit is None:
-        return "-"
-    return f"{share * 100:.0f}% {_fmt(per_unit)} us/{per}"
-
-
-def table(figures: list[Figure]) -> str:
-    """The results as a fixed-width text table (medians, min and max of the runs)."""
-    header = ("figure", "median", "min", "max", "unit", "client CPU", "server CPU", "others")
-    rows = [header]
-    for f in figures:
-        s = f.summary()
-        if "median" not in s:
-            rows.append((f.title, "failed", "", "", f.unit, "", "", ""))
-            continue
-        rows.append(
-            (
-                f.title,
-                _fmt(s["median"]),
-                _fmt(s["min"]),
-                _fmt(s["max"]),
-                f.unit,
-                _cpu(s.get("client_cpu_median"), s.get("client_cpu_us_per_unit"), f.per_label),
-                _cpu(s.get("server_cpu_median"), s.get("server_cpu_us_per_unit"), f.per_label),
-                _pct(s.get("other_cpu_median")),
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = []
-    for n, row in enumerate(rows):
-        cells = [
-            cell.ljust(widths[i]) if i in (0, 4) else cell.rjust(widths[i])
-            for i, cell in enumerate(row)
-        ]
-        lines.append("  ".join(cells).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def send_comparison(figures: list[Figure]) -> str:
     """A line setting the single-send figures against send_batch of 100 (if both ran)."""
     medians = {f.key: statistics.median(f.values()) for f in figures if f.values()}
@@ -923,10 +783,10 @@ def send_comparison(figures: list[Figure]) -> str:
                if f.key.startswith("send.") and f.key in medians]  # fmt: skip
     if not batch or not singles:
         return ""
-    parts = ", ".join(f"{title} {_fmt(v)} ({v / batch:.0%})" for title, v in singles)
+    parts = ", ".join(f"{title} {fmt(v)} ({v / batch:.0%})" for title, v in singles)
     return (
         f"send vs send_batch: send_batch of {wl.BATCH}, 1 in flight (produce, async flush, "
-        f"1 in flight) {_fmt(batch)} msg/s; single sends: {parts}"
+        f"1 in flight) {fmt(batch)} msg/s; single sends: {parts}"
     )
 
 
@@ -1006,7 +866,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--only",
         default=",".join(GROUPS),
-        help=f"comma-separated groups to run, of {', '.join(GROUPS)} (default all)",
+        help=f"comma-separated groups to run, of {', '.join(GROUPS + EXTRA_GROUPS)} "
+        f"(default all but {', '.join(EXTRA_GROUPS)})",
+    )
+    p.add_argument(
+        "--backlog-messages",
+        type=int,
+        default=None,
+        help="size of the backlog group's backlog (default 10000000; --quick: 1000000)",
     )
     p.add_argument("--output", type=Path, default=None, help="JSON file to write")
     p.add_argument(
@@ -1023,10 +890,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.output is None:
         a.output = RESULTS / ("quick.json" if a.quick else "latest.json")
     groups = [g.strip() for g in a.only.split(",") if g.strip()]
-    unknown = set(groups) - set(GROUPS)
+    unknown = set(groups) - set(GROUPS + EXTRA_GROUPS)
     if unknown or not groups:
-        p.error(f"--only takes groups of {', '.join(GROUPS)}; got {a.only!r}")
-    a.only = [g for g in GROUPS if g in groups]  # pull before floor: the floor uses its sizes
+        p.error(f"--only takes groups of {', '.join(GROUPS + EXTRA_GROUPS)}; got {a.only!r}")
+    # pull before floor: the floor uses its sizes
+    a.only = [g for g in GROUPS + EXTRA_GROUPS if g in groups]
     if a.runs < 1 or a.messages < wl.BATCH * wl.QUEUES:
         p.error(f"--runs must be >= 1 and --messages >= {wl.BATCH * wl.QUEUES}")
     if a.profile is not None:

@@ -69,19 +69,22 @@ def make_batches(messages: int, batch: int = BATCH, seed: int = 1) -> list[Batch
     Keys are taken round robin from that queue's keys, so each key's messages are spread
     over the run; bodies come from a pool of KEYS distinct bodies.
     """
+    return list(iter_batches(messages, batch, seed))
+
+
+def iter_batches(messages: int, batch: int = BATCH, seed: int = 1) -> Iterator[Batch]:
+    """make_batches one at a time, for backlogs too large to hold as a list."""
     by_queue = keys_by_queue(make_keys())
     bodies = make_bodies(KEYS, seed)
     cursors = [0] * QUEUES
-    out: list[Batch] = []
     body_at = 0
     for i in range(max(1, messages // batch)):
         q = i % QUEUES
         keys = by_queue[q]
         picked = [keys[(cursors[q] + j) % len(keys)] for j in range(batch)]
         cursors[q] += batch
-        out.append(Batch(q, picked, [bodies[(body_at + j) % KEYS] for j in range(batch)]))
+        yield Batch(q, picked, [bodies[(body_at + j) % KEYS] for j in range(batch)])
         body_at += batch
-    return out
 
 
 def queues_of(topic: str, broker_name: str = "broker-a") -> list[MessageQueue]:
@@ -182,15 +185,17 @@ async def fill_backlog(address: str, topic: str, messages: int, in_flight: int =
         await client.create_topic(topic, QUEUES)
         ids = MessageIdGenerator()
         now = time.time()
-        requests: list[tuple[int, bytes]] = []
-        chunk = 1000
-        for batch in make_batches(messages, batch=chunk, seed=2):
-            frames = b"".join(
-                encode_message(Message(topic, body, sharding_key=key), ids.next(), now)
-                for key, body in zip(batch.keys, batch.bodies, strict=True)
+        # Built as the workers take them: a 10-million-message backlog would not fit.
+        todo = (
+            (
+                batch.queue_id,
+                b"".join(
+                    encode_message(Message(topic, body, sharding_key=key), ids.next(), now)
+                    for key, body in zip(batch.keys, batch.bodies, strict=True)
+                ),
             )
-            requests.append((batch.queue_id, frames))
-        todo = iter(requests)
+            for batch in iter_batches(messages, batch=1000, seed=2)
+        )
         stored = 0
 
         async def worker() -> None:

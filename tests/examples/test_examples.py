@@ -46,6 +46,25 @@ def test_bench_quick_run_measures_every_figure(tmp_path: Path) -> None:
     assert len(produce) == 4 and all(f["median"] > 0 for f in produce)
 
 
+def test_bench_backlog_group_recovers_and_reads_back_the_whole_backlog(tmp_path: Path) -> None:
+    out = tmp_path / "backlog.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--only", "backlog",
+         "--backlog-messages", "16000", "--quiet", "--output", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    figures = {f["key"]: f for f in report["figures"]}
+    stored = figures["backlog.fill"]["runs"][0]["units"]
+    assert stored == 16000
+    assert figures["backlog.read"]["runs"][0]["units"] == stored  # every message came back
+    assert figures["backlog.recovery"]["median"] > 0
+    for key in ("broker.rss.bigbacklog.fill", "broker.rss.bigbacklog"):
+        assert 10 < figures[key]["median"] < 1000, figures[key]
+    assert report["facts"]["backlog_disk_bytes"] > stored * 100
+
+
 def test_batch_export_drains_the_backlog_once_and_resumes_from_commits() -> None:
     out = run_example("batch_export.py", "--messages", "3000")
     assert "first run: 3000, second run: 0, distinct lines: 3000" in out
