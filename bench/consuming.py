@@ -341,14 +341,38 @@ class LatencyRecorder(MessageListenerOrderly):
         self.expected = count
         self.done.clear()
 
+    def record(self, msgs: list[MessageExt]) -> bool:
+        """Note each message's latency; True once the expected count arrived."""
+        now = time.perf_counter_ns()
+        samples = self.samples
+        for m in msgs:
+            samples.append(now - int.from_bytes(m.body[:8], "little"))
+        return len(samples) >= self.expected
+
     async def consume_message(
         self, msgs: list[MessageExt], context: ConsumeOrderlyContext
     ) -> ConsumeOrderlyStatus:
-        now = time.perf_counter_ns()
-        for m in msgs:
-            self.samples.append(now - int.from_bytes(m.body[:8], "little"))
-        if len(self.samples) >= self.expected:
+        if self.record(msgs):
             self.done.set()
+        return ConsumeOrderlyStatus.SUCCESS
+
+
+class BlockingLatencyRecorder(MessageListenerOrderly):
+    """The plain `def` face of a LatencyRecorder, for the blocking sdk.PushConsumer.
+
+    It runs on the consumer's thread pool; build it on the loop that waits on the
+    recorder.
+    """
+
+    def __init__(self, recorder: LatencyRecorder) -> None:
+        self._recorder = recorder
+        self._loop = asyncio.get_running_loop()
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        if self._recorder.record(msgs):
+            self._loop.call_soon_threadsafe(self._recorder.done.set)
         return ConsumeOrderlyStatus.SUCCESS
 
 

@@ -57,6 +57,7 @@ from figures import Figure, Run, Timing, fmt, table
 from procs import ROOT, ServerProcess, broker_process, floor_process, machine_busy_seconds
 
 from sdk import AccumulatorConfig, ConsumeFromWhere, MessageQueue, ProducerConfig
+from sdk import PushConsumer as BlockingPushConsumer
 from sdk._transport.broker_client import BrokerClient
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.aio import Producer, PushConsumer
@@ -74,6 +75,8 @@ E2E_RATES = (500, 2000)
 E2E_SECONDS = 5.0
 E2E_QUICK_SECONDS = 1.0
 E2E_SENDS_IN_FLIGHT = 64
+#: The consumer faces the end-to-end figures are taken with ("blocking" is issue 7's).
+E2E_CONSUMERS = ("blocking", "aio")
 #: send: messages per run of the one-at-a-time and the concurrent single sends (full and
 #: --quick; they are slow), most messages per accumulator run, and sends in flight.
 SEND_SEQUENTIAL, SEND_SEQUENTIAL_QUICK = 20_000, 2_000
@@ -595,51 +598,12 @@ class Bench:
             )
             for name, q in (("p50", 50), ("p99", 99))
         ]
-        e2e: list[tuple[int, Figure, Figure, Figure]] = []
-        for rate in E2E_RATES:
-            params = {
-                "api": "sdk.aio.Producer.send per message -> sdk.aio.PushConsumer, orderly, "
-                "async def no-op listener",
-                "rate_msg_per_s": rate,
-                "seconds_per_run": e2e_seconds,
-                "messages_per_run": int(rate * e2e_seconds),
-                "max_sends_in_flight": E2E_SENDS_IN_FLIGHT,
-                "consume_message_batch_max_size": 1,
-                "queues": wl.QUEUES,
-                "keys": wl.KEYS,
-                "body_bytes": wl.BODY_BYTES,
-                "same_process": "producer and consumer share the client process and event loop",
-            }
-            p50, p99 = (
-                self._add(
-                    Figure(
-                        f"latency.e2e.rate{rate}.{name}",
-                        f"e2e latency at {rate:,} msg/s {name}",
-                        "ms",
-                        {**params, "percentile": q},
-                        higher_is_better=False,
-                        per="msg",
-                    )
-                )
-                for name, q in (("p50", 50), ("p99", 99))
-            )
-            sent = self._add(
-                Figure(
-                    f"latency.e2e.rate{rate}.sent",
-                    f"e2e latency at {rate:,} msg/s: rate sent",
-                    "msg/s",
-                    {**params, "what": "messages sent / time from the first to the last send"},
-                )
-            )
-            e2e.append((rate, p50, p99, sent))
         self.say("latency: starting a broker")
         with self._broker("latency", "async") as broker:
             admin = BrokerClient(broker.address)
             producer = Producer(broker.address)
-            consumer: PushConsumer | None = None
             try:
                 await admin.create_topic("bench-longpoll", wl.QUEUES)
-                await admin.create_topic("bench-e2e", wl.QUEUES)
                 await producer.start()
                 queue = MessageQueue("bench-longpoll", "broker-a", 0)
                 key = wl.keys_by_queue(wl.make_keys())[0][0]
@@ -649,33 +613,107 @@ class Bench:
 
                 await wake(10)  # connect, warm up
                 await self._measure_latency(lp[0], lp[1], lambda: wake(wakeups), broker)
-
-                recorder = cw.LatencyRecorder()
-                consumer = PushConsumer(
-                    "bench-e2e", broker.address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET
-                )
-                consumer.subscribe("bench-e2e")
-                consumer.register_message_listener(recorder)
-                await consumer.start()
-                await cw.until_held(admin, wl.QUEUES)  # every queue's pull is waiting
-                keys = wl.make_keys()
-                for rate, p50, p99, sent in e2e:
-
-                    def send(n: int, rate: int = rate) -> Awaitable[Any]:
-                        return cw.e2e_latency(
-                            producer, recorder, "bench-e2e", keys, rate, n, E2E_SENDS_IN_FLIGHT
-                        )
-
-                    await send(rate // 2)  # warm up: half a second
-                    count = int(rate * e2e_seconds)
-                    await self._measure_latency(
-                        p50, p99, lambda send=send, count=count: send(count), broker, sent
-                    )
+                for face in E2E_CONSUMERS:
+                    await self._e2e(face, e2e_seconds, admin, producer, broker)
             finally:
-                if consumer is not None:
-                    await consumer.shutdown()
                 await producer.shutdown()
                 await admin.close()
+
+    async def _e2e(
+        self,
+        face: str,
+        seconds: float,
+        admin: BrokerClient,
+        producer: Producer,
+        broker: ServerProcess,
+    ) -> None:
+        """End-to-end latency figures at each of E2E_RATES, through one consumer face.
+
+        face "blocking": sdk.PushConsumer with a plain `def` listener (its own loop thread,
+        listener on its thread pool), as a blocking service would run it; "aio":
+        sdk.aio.PushConsumer with an `async def` listener on the benchmark's own loop.
+        """
+        topic = f"bench-e2e-{face}"
+        api = {
+            "blocking": "sdk.PushConsumer (blocking), orderly, plain def no-op listener",
+            "aio": "sdk.aio.PushConsumer, orderly, async def no-op listener",
+        }[face]
+        figures: list[tuple[int, Figure, Figure, Figure]] = []
+        for rate in E2E_RATES:
+            params = {
+                "api": f"sdk.aio.Producer.send per message -> {api}",
+                "rate_msg_per_s": rate,
+                "seconds_per_run": seconds,
+                "messages_per_run": int(rate * seconds),
+                "max_sends_in_flight": E2E_SENDS_IN_FLIGHT,
+                "consume_message_batch_max_size": 1,
+                "queues": wl.QUEUES,
+                "keys": wl.KEYS,
+                "body_bytes": wl.BODY_BYTES,
+                "same_process": "producer and consumer share the client process",
+            }
+            name = f"latency.e2e.{face}.rate{rate}"
+            title = f"e2e latency at {rate:,} msg/s, {face} consumer"
+            p50, p99 = (
+                self._add(
+                    Figure(
+                        f"{name}.{q}",
+                        f"{title} {q}",
+                        "ms",
+                        {**params, "percentile": int(q[1:])},
+                        higher_is_better=False,
+                        per="msg",
+                    )
+                )
+                for q in ("p50", "p99")
+            )
+            sent = self._add(
+                Figure(
+                    f"{name}.sent",
+                    f"{title}: rate sent",
+                    "msg/s",
+                    {**params, "what": "messages sent / time from the first to the last send"},
+                )
+            )
+            figures.append((rate, p50, p99, sent))
+        await admin.create_topic(topic, wl.QUEUES)
+        recorder = cw.LatencyRecorder()
+        listener = recorder if face == "aio" else cw.BlockingLatencyRecorder(recorder)
+        consumer: PushConsumer | BlockingPushConsumer
+        if face == "aio":
+            consumer = PushConsumer(
+                f"{topic}-group", broker.address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET
+            )
+        else:
+            consumer = BlockingPushConsumer(
+                f"{topic}-group", broker.address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET
+            )
+        consumer.subscribe(topic)
+        consumer.register_message_listener(listener)
+        if isinstance(consumer, PushConsumer):
+            await consumer.start()
+        else:
+            await asyncio.to_thread(consumer.start)
+        try:
+            await cw.until_held(admin, wl.QUEUES)  # every queue's pull is waiting
+            keys = wl.make_keys()
+            for rate, p50, p99, sent in figures:
+
+                def send(n: int, rate: int = rate) -> Awaitable[Any]:
+                    return cw.e2e_latency(
+                        producer, recorder, topic, keys, rate, n, E2E_SENDS_IN_FLIGHT
+                    )
+
+                await send(rate // 2)  # warm up: half a second
+                count = int(rate * seconds)
+                await self._measure_latency(
+                    p50, p99, lambda send=send, count=count: send(count), broker, sent
+                )
+        finally:
+            if isinstance(consumer, PushConsumer):
+                await consumer.shutdown()
+            else:
+                await asyncio.to_thread(consumer.shutdown)
 
     # ------------------------------------------------------------------ floor
     async def floor(self) -> None:

@@ -237,7 +237,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--only", nargs="+", choices=names, metavar="PEER", help=f"of {names}")
     ap.add_argument("--no-install", action="store_true", help="skip peers that are missing")
     ap.add_argument(
-        "--latency", action="store_true", help="also end-to-end latency at --latency-rate"
+        "--no-latency",
+        dest="latency",
+        action="store_false",
+        help="skip the end-to-end latency runs at --latency-rate",
     )
     ap.add_argument("--latency-rate", type=float, default=2000.0, help="msg/s (default 2000)")
     ap.add_argument("--latency-seconds", type=float, help="seconds per run (default 5; quick 1)")
