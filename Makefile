@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINTED := sdk mockbroker
 
-.PHONY: help setup proto proto-check docs docs-check lint typecheck test test-fast demo bench bench-backlog bench-peers clean
+.PHONY: help setup proto proto-check docs docs-check lint typecheck test test-fast demo bench bench-backlog bench-profile bench-peers clean
 
 help:
 	@echo "make demo    run the main job on an embedded broker"
@@ -14,6 +14,7 @@ help:
 	@echo "make bench   measure throughput (writes bench/results/latest.json)"
 	@echo "make bench-backlog   broker memory with a 10-million-message backlog (2.3 GB disk)"
 	@echo "make bench-peers     the same workload on Redis, RabbitMQ and NATS, and ratios"
+	@echo "make bench-profile   where broker and client CPU goes (py-spy), as shares"
 	@echo "make proto   regenerate sdk/_pb from proto/"
 	@echo "make docs    regenerate docs/configuration.md from the config classes"
 
@@ -60,6 +61,10 @@ bench: $(STAMP)
 # The same workload on Redis Streams, RabbitMQ and NATS JetStream (installs them if missing).
 bench-backlog: $(STAMP)
 	$(PY) bench/run.py --only backlog --output bench/results/backlog.json
+
+bench-profile: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) bench/profile_shares.py
 
 bench-peers: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
