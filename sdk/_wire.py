@@ -36,6 +36,7 @@ GRPC_CLIENT_CHANNEL_OPTIONS = (
 # this order: tags, sharding key, keys (joined by NUL), properties, body.
 FRAME_LEN_PREFIX = struct.Struct("<I")
 FRAME_FIELDS = struct.Struct("<16sqqBHHHII")
+_FRAME_HEADER = struct.Struct("<I" + FRAME_FIELDS.format[1:])  # the prefix, then FRAME_FIELDS
 # Record: u32 total size, u32 CRC32 of bytes [8:size], u32 magic, queue id, queue offset,
 # store time, reconsume times, u16 topic length; then the topic, then the frame minus its
 # length prefix.
@@ -93,20 +94,33 @@ def encode_frame(
     delay_level: int = 0,
 ) -> bytes:
     """Lay out one message frame; the caller has validated every field."""
-    joined_keys = KEY_SEPARATOR.join(keys)
-    variable = len(tags) + len(sharding_key) + len(joined_keys) + len(properties) + len(body)
-    header = FRAME_LEN_PREFIX.pack(FRAME_FIELDS.size + variable) + FRAME_FIELDS.pack(
-        msg_id,
-        born_timestamp_ms,
-        deliver_at_ms,
-        delay_level,
-        len(tags),
-        len(sharding_key),
-        len(joined_keys),
-        len(properties),
-        len(body),
-    )
-    return b"".join((header, tags, sharding_key, joined_keys, properties, body))
+    return pack_frame(
+        msg_id, born_timestamp_ms, deliver_at_ms, delay_level, tags, sharding_key,
+        KEY_SEPARATOR.join(keys), properties, body,
+    )  # fmt: skip
+
+
+def pack_frame(
+    msg_id: bytes,
+    born_timestamp_ms: int,
+    deliver_at_ms: int,
+    delay_level: int,
+    tags: bytes,
+    sharding_key: bytes,
+    joined_keys: bytes,
+    properties: bytes,
+    body: bytes,
+) -> bytes:
+    """encode_frame with positional arguments and the keys already joined (the send path)."""
+    return b"".join((
+        _FRAME_HEADER.pack(
+            FRAME_FIELDS.size
+            + len(tags) + len(sharding_key) + len(joined_keys) + len(properties) + len(body),
+            msg_id, born_timestamp_ms, deliver_at_ms, delay_level,
+            len(tags), len(sharding_key), len(joined_keys), len(properties), len(body),
+        ),
+        tags, sharding_key, joined_keys, properties, body,
+    ))  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,9 +54,10 @@ class Message:
         deliver_at: datetime | float | None = None,
     ) -> None:
         self.topic = check_topic(topic)
-        if not isinstance(body, bytes | bytearray | memoryview):
-            raise InvalidMessageError(f"body must be bytes, not {type(body).__name__}")
-        body = bytes(body)
+        if type(body) is not bytes:
+            if not isinstance(body, bytes | bytearray | memoryview):
+                raise InvalidMessageError(f"body must be bytes, not {type(body).__name__}")
+            body = bytes(body)
         if not body:
             raise InvalidMessageError("body is empty")
         if len(body) > MAX_BODY_BYTES:
@@ -64,38 +65,49 @@ class Message:
                 f"body is {len(body)} bytes, over the limit of {MAX_BODY_BYTES}"
             )
         self.body = body
-        self.tags = _check_text("tags", tags)
-        if tags is not None and ("||" in tags or tags.strip() in ("", "*")):
-            raise InvalidMessageError(f"tags {tags!r} must be one tag, not an expression")
-        self.keys = (keys,) if isinstance(keys, str) else tuple(keys)
+        if tags is not None:
+            _check_text("tags", tags)
+            if "||" in tags or tags.strip() in ("", "*"):
+                raise InvalidMessageError(f"tags {tags!r} must be one tag, not an expression")
+        self.tags = tags
+        self.keys: tuple[str, ...] = (
+            keys if type(keys) is tuple else (keys,) if isinstance(keys, str) else tuple(keys)
+        )
         for key in self.keys:
             _check_text("key", key)
             if not key:
                 raise InvalidMessageError("keys must not be empty strings")
-        self.sharding_key = _check_text("sharding_key", sharding_key)
-        self.properties = dict(properties or {})
-        for k, v in self.properties.items():
-            if not isinstance(k, str) or not isinstance(v, str) or not k:
+        if sharding_key is not None:
+            _check_text("sharding_key", sharding_key)
+        self.sharding_key = sharding_key
+        if properties:
+            self.properties = dict(properties)
+            for k, v in self.properties.items():
+                if not isinstance(k, str) or not isinstance(v, str) or not k:
+                    raise InvalidMessageError(
+                        f"properties must map non-empty str to str; got {k!r}: {v!r}"
+                    )
+            self._encoded_properties = encode_properties(self.properties)
+            if len(self._encoded_properties) > MAX_PROPERTIES_BYTES:
                 raise InvalidMessageError(
-                    f"properties must map non-empty str to str; got {k!r}: {v!r}"
+                    f"properties are {len(self._encoded_properties)} bytes encoded, "
+                    f"over the limit of {MAX_PROPERTIES_BYTES}"
                 )
-        self._encoded_properties = encode_properties(self.properties) if self.properties else b""
-        if len(self._encoded_properties) > MAX_PROPERTIES_BYTES:
-            raise InvalidMessageError(
-                f"properties are {len(self._encoded_properties)} bytes encoded, "
-                f"over the limit of {MAX_PROPERTIES_BYTES}"
-            )
-        if delay_seconds is not None and deliver_at is not None:
-            raise InvalidMessageError("give delay_seconds or deliver_at, not both")
-        if delay_seconds is not None and not 0 < delay_seconds <= MAX_DELAY_SECONDS:
-            raise InvalidMessageError(
-                f"delay_seconds {delay_seconds} must be within (0, {MAX_DELAY_SECONDS}]"
-            )
+        else:
+            self.properties = {}
+            self._encoded_properties = b""
+        if delay_seconds is not None or deliver_at is not None:
+            if delay_seconds is not None and deliver_at is not None:
+                raise InvalidMessageError("give delay_seconds or deliver_at, not both")
+            if delay_seconds is not None and not 0 < delay_seconds <= MAX_DELAY_SECONDS:
+                raise InvalidMessageError(
+                    f"delay_seconds {delay_seconds} must be within (0, {MAX_DELAY_SECONDS}]"
+                )
+            if isinstance(deliver_at, datetime):
+                if deliver_at.tzinfo is None:
+                    raise InvalidMessageError("deliver_at must be a timezone-aware datetime")
+                deliver_at = deliver_at.timestamp()
         self.delay_seconds = delay_seconds
-        if isinstance(deliver_at, datetime):
-            if deliver_at.tzinfo is None:
-                raise InvalidMessageError("deliver_at must be a timezone-aware datetime")
-            deliver_at = deliver_at.timestamp()
         self.deliver_at = deliver_at
 
     @property
@@ -110,16 +122,18 @@ class Message:
         )
 
 
-def _check_text(what: str, value: str | None) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
+def _check_text(what: str, value: str) -> None:
+    # ASCII text is as many UTF-8 bytes as characters, and cannot hold a lone surrogate
+    # (which .encode() refuses): the common case needs no encoding to check.
+    if type(value) is str and value.isascii():
+        if len(value) <= 65535 and "\x00" not in value:
+            return
+    elif not isinstance(value, str):
         raise InvalidMessageError(f"{what} must be a str, not {type(value).__name__}")
     if "\x00" in value:
         raise InvalidMessageError(f"{what} must not contain NUL characters")
     if len(value.encode()) > 65535:
         raise InvalidMessageError(f"{what} is over 65535 bytes")
-    return value
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -175,3 +189,29 @@ class SendResult:
     msg_id: str
     queue: MessageQueue
     queue_offset: int
+
+
+_new_object = object.__new__
+_set_status, _set_msg_id, _set_queue, _set_queue_offset = (
+    SendResult.__dict__[name].__set__ for name in ("status", "msg_id", "queue", "queue_offset")
+)
+
+
+def build_send_results(
+    status: SendStatus, msg_ids: Iterable[bytes], queue: MessageQueue, offsets: Iterable[int]
+) -> list[SendResult]:
+    """`SendResult(status, msg_id.hex().upper(), queue, offset)` for each pair, faster.
+
+    For the send path: the frozen dataclass's constructor sets each field through
+    object.__setattr__; this sets the slots directly (same fields, so equal, hashable and
+    immutable alike).
+    """
+    results = []
+    for msg_id, offset in zip(msg_ids, offsets, strict=True):
+        result = _new_object(SendResult)
+        _set_status(result, status)
+        _set_msg_id(result, msg_id.hex().upper())
+        _set_queue(result, queue)
+        _set_queue_offset(result, offset)
+        results.append(result)
+    return results

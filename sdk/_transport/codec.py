@@ -8,13 +8,14 @@ import zlib
 
 from sdk._wire import (
     FRAME_FIELDS,
+    KEY_SEPARATOR,
     MAX_PROPERTIES_BYTES,
     RECORD,
     RECORD_MAGIC,
     RecordFormatError,
     decode_properties,
-    encode_frame,
     encode_properties,
+    pack_frame,
 )
 from sdk.message import Message, MessageExt, MessageQueue
 
@@ -23,12 +24,16 @@ class MessageIdGenerator:
     """Unique 16-byte message ids: 8 random bytes per generator, then a counter."""
 
     def __init__(self) -> None:
-        self._prefix = os.urandom(8)
-        self._counter = itertools.count()
+        # One integer, the prefix in its high 64 bits: an id is then a single to_bytes.
+        self._counter = itertools.count(int.from_bytes(os.urandom(8), "big") << 64)
 
     def next(self) -> bytes:
         """A new id."""
-        return self._prefix + next(self._counter).to_bytes(8, "big")
+        return next(self._counter).to_bytes(16, "big")
+
+    def take(self, n: int) -> list[bytes]:
+        """`n` new ids."""
+        return [i.to_bytes(16, "big") for i in itertools.islice(self._counter, n)]
 
 
 def encode_message(
@@ -48,15 +53,17 @@ def encode_message(
         deliver_at_ms = int((now_s + message.delay_seconds) * 1000)
     elif message.deliver_at is not None:
         deliver_at_ms = int(message.deliver_at * 1000)
-    return encode_frame(
-        msg_id=msg_id,
-        born_timestamp_ms=int(now_s * 1000),
-        body=message.body,
-        tags=message.tags.encode() if message.tags else b"",
-        sharding_key=message.sharding_key.encode() if message.sharding_key else b"",
-        keys=[k.encode() for k in message.keys],
-        properties=properties,
-        deliver_at_ms=deliver_at_ms,
+    keys = message.keys
+    return pack_frame(
+        msg_id,
+        int(now_s * 1000),
+        deliver_at_ms,
+        0,
+        message.tags.encode() if message.tags else b"",
+        message.sharding_key.encode() if message.sharding_key else b"",
+        KEY_SEPARATOR.join([k.encode() for k in keys]) if keys else b"",
+        properties,
+        message.body,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ from sdk.errors import (
     OrderMQError,
     TopicNotFoundError,
 )
-from sdk.message import Message, MessageQueue, SendResult, SendStatus
+from sdk.message import Message, MessageQueue, SendResult, SendStatus, build_send_results
 from sdk.producer.accumulator import Accumulator
 from sdk.producer.config import ProducerConfig
 from sdk.producer.retry import with_retries
@@ -224,7 +225,7 @@ class ProducerCore:
         self._check_running()
         if not messages:
             raise InvalidArgumentError("send_batch needs at least one message")
-        ids = [self._ids.next() for _ in messages]
+        ids = self._ids.take(len(messages))
         now = self._clock.now()
         spans: list[Any] = []
         if tracing.enabled():
@@ -250,26 +251,36 @@ class ProducerCore:
     ) -> list[SendResult]:
         if self._spool is not None:
             return await self._spool_messages(list(messages), frames, ids)
-        groups: dict[tuple[MessageQueue, bool], list[int]] = {}
-        keyless: dict[str, MessageQueue] = {}
+        # Keyed by (topic, queue index, delayed): a MessageQueue's dataclass __hash__ would
+        # run in Python for every message.
+        groups: dict[tuple[str, int, bool], list[int]] = {}
+        keyless: dict[str, int] = {}
         by_topic: dict[str, list[MessageQueue]] = {}
         for i, m in enumerate(messages):
-            queues = by_topic.get(m.topic)
+            topic = m.topic
+            queues = by_topic.get(topic)
             if queues is None:
-                queues = by_topic[m.topic] = await self.writable_queues(m.topic)
+                queues = by_topic[topic] = await self.writable_queues(topic)
             if m.sharding_key is not None:
-                queue = queues[shard_index(m.sharding_key, len(queues))]
+                index = shard_index(m.sharding_key, len(queues))
             else:
-                queue = keyless.get(m.topic) or self._round_robin(queues, m, None)
-                keyless[m.topic] = queue
-            groups.setdefault((queue, _delayed(m)), []).append(i)
+                index = keyless.get(topic, -1)
+                if index < 0:
+                    index = keyless[topic] = queues.index(self._round_robin(queues, m, None))
+            groups.setdefault((topic, index, _delayed(m)), []).append(i)
         calls = []
-        for (queue, _), indexes in groups.items():
+        for (topic, index, _), indexes in groups.items():
+            queue = by_topic[topic][index]
             movable = all(messages[i].sharding_key is None for i in indexes)
             for chunk in _chunks_by_size(indexes, frames):
+                if len(chunk) == len(messages):  # all of them, in order
+                    calls.append((chunk, self._send_batch(queue, frames, ids, timeout, movable)))
+                    continue
                 calls.append((chunk, self._send_batch(
                     queue, [frames[i] for i in chunk], [ids[i] for i in chunk], timeout, movable
                 )))  # fmt: skip
+        if len(calls) == 1:  # one request: its results are in input order, no task needed
+            return await calls[0][1]
         outcomes = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
         results: list[SendResult | None] = [None] * len(messages)
         errors: list[OrderMQError] = []
@@ -343,15 +354,12 @@ class ProducerCore:
                     code="OK",
                     reason="FLUSH_DISK_TIMEOUT",
                 )
-            return [
-                SendResult(
-                    SendStatus.SEND_OK,
-                    msg_id.hex().upper(),
-                    q,
-                    -1 if appended.scheduled else appended.first_offset + i,
-                )
-                for i, msg_id in enumerate(ids)
-            ]
+            offsets = (
+                itertools.repeat(-1, len(ids))
+                if appended.scheduled
+                else range(appended.first_offset, appended.first_offset + len(ids))
+            )
+            return build_send_results(SendStatus.SEND_OK, ids, q, offsets)
 
         async def before_retry(exc: BaseException) -> None:
             log.info("send to %s failed (%s); retrying", target[0], exc)
@@ -450,6 +458,8 @@ def _delayed(message: Message) -> bool:
 
 def _chunks_by_size(indexes: list[int], frames: list[bytes]) -> list[list[int]]:
     """Split a queue's messages into requests of at most MAX_SEND_BYTES each."""
+    if sum(map(len, map(frames.__getitem__, indexes))) <= MAX_SEND_BYTES:
+        return [indexes]
     chunks: list[list[int]] = [[]]
     size = 0
     for i in indexes:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 import pytest
 
-from sdk import Message, MessageQueue
-from sdk._wire import MAX_BODY_BYTES
+from sdk import Message, MessageQueue, _validation
+from sdk._validation import check_topic
+from sdk._wire import MAX_BODY_BYTES, encode_properties
 from sdk.errors import InvalidArgumentError, InvalidMessageError, InvalidTopicError
 
 
@@ -68,3 +70,113 @@ def test_message_queues_order_by_topic_broker_then_queue_id() -> None:
         MessageQueue("a", "x", 2), MessageQueue("a", "y", 1), MessageQueue("b", "x", 0),
     ]  # fmt: skip
     assert len({MessageQueue("a", "x", 1), MessageQueue("a", "x", 1)}) == 1
+
+
+def test_a_topic_checked_once_is_still_checked_as_a_name_after() -> None:
+    assert Message("cached-topic", b"x").topic == "cached-topic"
+    assert Message("cached-topic", b"y").topic == "cached-topic"
+    for bad in ("cached-topic ", "cached-topic.", "rmq_sys_cached-topic"):
+        with pytest.raises(InvalidTopicError):
+            Message(bad, b"x")
+
+
+@pytest.mark.parametrize("topic", [None, 5, b"orders", ["orders"]])
+def test_topics_that_are_not_str_are_refused_even_when_cached(topic: object) -> None:
+    Message("orders", b"x")
+    with pytest.raises(InvalidTopicError, match=re.escape(f"topic {topic!r} must match")):
+        Message(topic, b"x")  # type: ignore[arg-type]
+
+
+def test_a_str_subclass_topic_is_checked_and_kept_as_given() -> None:
+    class Name(str):
+        pass
+
+    Message("orders", b"x")
+    topic = Name("orders")
+    assert Message(topic, b"x").topic is topic
+    with pytest.raises(InvalidTopicError):
+        Message(Name("rmq_sys_x"), b"x")
+
+
+def test_the_cache_of_valid_topics_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_validation, "_VALID_TOPICS", set())
+    for i in range(_validation._VALID_TOPICS_MAX + 10):
+        assert check_topic(f"bounded-{i}") == f"bounded-{i}"
+    assert len(_validation._VALID_TOPICS) == _validation._VALID_TOPICS_MAX
+    assert check_topic("bounded-over") == "bounded-over"
+    with pytest.raises(InvalidTopicError):
+        check_topic("bounded over")
+
+
+@pytest.mark.parametrize("field", ["sharding_key", "tags", "keys"])
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ("x" * 65535, None),
+        ("x" * 65536, "is over 65535 bytes"),
+        ("é" * 32767, None),  # 2 bytes each: 65534
+        ("é" * 32768, "is over 65535 bytes"),
+        ("\U0001f600" * 16383, None),  # 4 bytes each: 65532
+        ("\U0001f600" * 16384, "is over 65535 bytes"),  # 65536 bytes in 16 384 characters
+        ("a\x00b", "must not contain NUL characters"),
+        ("é\x00", "must not contain NUL characters"),
+        (5, "must be a str, not int"),
+        (b"k", "must be a str, not bytes"),
+    ],
+)
+def test_text_fields_are_limited_to_65535_utf8_bytes_without_nul(
+    field: str, value: object, error: str | None
+) -> None:
+    what = "key" if field == "keys" else field
+    kwargs = {field: [value] if field == "keys" else value}
+    if error is None:
+        m = Message("orders", b"x", **kwargs)  # type: ignore[arg-type]
+        assert getattr(m, field) == ((value,) if field == "keys" else value)
+    else:
+        with pytest.raises(InvalidMessageError, match=f"^{what} {error}$"):
+            Message("orders", b"x", **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field", ["sharding_key", "tags", "keys"])
+def test_text_with_a_lone_surrogate_is_refused_as_utf8_refuses_it(field: str) -> None:
+    with pytest.raises(UnicodeEncodeError, match="surrogates not allowed"):
+        Message("orders", b"x", **{field: "ok\ud800"})  # type: ignore[arg-type]
+
+
+def test_str_subclasses_are_accepted_as_text() -> None:
+    class Text(str):
+        pass
+
+    m = Message("orders", b"x", sharding_key=Text("k"), tags=Text("t"), keys=[Text("a")])
+    assert (m.sharding_key, m.tags, m.keys) == ("k", "t", ("a",))
+    with pytest.raises(InvalidMessageError, match="NUL"):
+        Message("orders", b"x", sharding_key=Text("a\x00"))
+
+
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [((), ()), ("k", ("k",)), (["a", "b"], ("a", "b")), (("a",), ("a",)), (iter(["g"]), ("g",))],
+)
+def test_keys_become_a_tuple(keys: object, expected: tuple[str, ...]) -> None:
+    m = Message("orders", b"x", keys=keys)  # type: ignore[arg-type]
+    assert m.keys == expected and type(m.keys) is tuple
+
+
+def test_bodies_of_other_bytes_types_are_copied_to_bytes() -> None:
+    data = bytearray(b"ab")
+    m = Message("orders", data)  # type: ignore[arg-type]
+    data[0] = ord("z")
+    assert m.body == b"ab" and type(m.body) is bytes
+    assert Message("orders", memoryview(b"abcd")[::2]).body == b"ac"  # type: ignore[arg-type]
+
+
+def test_each_message_has_its_own_properties_dict() -> None:
+    given = {"k": "v"}
+    a, b = Message("orders", b"x", properties=given), Message("orders", b"x", properties=given)
+    c, d = Message("orders", b"x"), Message("orders", b"x")
+    assert a.properties is not given and a.properties is not b.properties
+    assert c.properties == {} and c.properties is not d.properties
+    c.properties["mine"] = "1"
+    given["k"] = "changed"
+    assert d.properties == {} and a.properties == {"k": "v"}
+    assert c.encoded_properties == b"" and a.encoded_properties == encode_properties({"k": "v"})

@@ -6,6 +6,8 @@ import pytest
 
 from mockbroker.errors import BrokerError
 from mockbroker.store.records import build_records, check_frames
+from sdk import Message
+from sdk._transport.codec import MessageIdGenerator, encode_message
 from sdk._wire import (
     MAX_BODY_BYTES,
     MAX_PROPERTIES_BYTES,
@@ -99,3 +101,78 @@ def test_bad_frames_are_refused_with_a_specific_reason(frames: bytes, reason: st
 def test_a_bad_frame_after_good_ones_is_named_by_its_index() -> None:
     with pytest.raises(BrokerError, match="frame 2"):
         check_frames(frame() + frame() + frame(b""), NOW_MS)
+
+
+@pytest.mark.parametrize(
+    ("message", "now_s", "fields"),
+    [
+        (Message("t", b"body"), 1.5, {"born_timestamp_ms": 1500}),
+        (
+            Message("t", b"b", sharding_key="o-1", tags="Tag", keys=["k1", "ключ"]),
+            2.0,
+            {
+                "born_timestamp_ms": 2000,
+                "sharding_key": b"o-1",
+                "tags": b"Tag",
+                "keys": [b"k1", "ключ".encode()],
+            },
+        ),
+        (
+            Message("t", b"b", keys="k", properties={"p": "v"}, delay_seconds=3),
+            10.0,
+            {
+                "born_timestamp_ms": 10_000,
+                "keys": [b"k"],
+                "properties": encode_properties({"p": "v"}),
+                "deliver_at_ms": 13_000,
+            },
+        ),
+        (
+            Message("t", b"b", deliver_at=20.25),
+            10.0,
+            {"born_timestamp_ms": 10_000, "deliver_at_ms": 20_250},
+        ),
+    ],
+)
+def test_encode_message_lays_out_the_frame_encode_frame_describes(
+    message: Message, now_s: float, fields: dict[str, object]
+) -> None:
+    expected = encode_frame(msg_id=MSG_ID, body=message.body, **fields)  # type: ignore[arg-type]
+    assert encode_message(message, MSG_ID, now_s) == expected
+
+
+def test_a_trace_context_joins_the_properties_unless_it_breaks_the_limit() -> None:
+    m = Message("t", b"b", properties={"p": "v"})
+    with_trace = encode_message(m, MSG_ID, 1.0, {"traceparent": "00-ab"})
+    assert with_trace == encode_frame(
+        msg_id=MSG_ID, born_timestamp_ms=1000, body=b"b",
+        properties=encode_properties({"p": "v", "traceparent": "00-ab"}),
+    )  # fmt: skip
+    full = Message("t", b"b", properties={"p": "v" * (MAX_PROPERTIES_BYTES - 10)})
+    assert encode_message(full, MSG_ID, 1.0, {"traceparent": "00-ab"}) == encode_message(
+        full, MSG_ID, 1.0
+    )
+
+
+def test_message_ids_share_a_random_prefix_and_count_from_zero() -> None:
+    a, b = MessageIdGenerator(), MessageIdGenerator()
+    first = [a.next(), a.next(), *a.take(3), a.next()]
+    assert all(len(i) == 16 and i[:8] == first[0][:8] for i in first)
+    assert [int.from_bytes(i[8:], "big") for i in first] == [0, 1, 2, 3, 4, 5]
+    assert a.take(0) == [] and b.next()[:8] != first[0][:8]
+
+
+def test_the_frame_of_a_full_message_is_byte_for_byte_the_documented_layout() -> None:
+    m = Message(
+        "t", b"body", tags="T", keys=["a", "b"], sharding_key="s", properties={"p": "v"},
+        delay_seconds=1,
+    )  # fmt: skip
+    assert encode_message(m, MSG_ID, 1.0) == bytes.fromhex(
+        "3e000000"  # length of what follows: 62
+        "000102030405060708090a0b0c0d0e0f"  # msg id
+        "e803000000000000"  # born 1000 ms
+        "d007000000000000"  # deliver at 2000 ms
+        "00"  # delay level
+        "0100" "0100" "0300" "06000000" "04000000"  # tags, key, keys, properties, body lengths
+        "54" "73" "610062" "010070010076" "626f6479"
+    )  # fmt: skip

@@ -1,0 +1,178 @@
+"""The producer's send path without a broker: grouping, results and the fast builders."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import pickle
+from collections.abc import Iterator
+
+import pytest
+
+from sdk import Message, MessageQueue, PartialBatchError, ProducerConfig, SendResult, SendStatus
+from sdk._transport.broker_client import Appended
+from sdk._transport.cluster import Cluster
+from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX
+from sdk.errors import TopicNotFoundError
+from sdk.message import build_send_results
+from sdk.producer import core
+from sdk.producer.core import ProducerCore
+from sdk.selector import shard_index
+
+QUEUES = 4
+
+
+def split(frames: bytes) -> Iterator[tuple[bytes, int]]:
+    """(msg id, deliver_at_ms) of each frame of a send request."""
+    pos = 0
+    while pos < len(frames):
+        (length,) = FRAME_LEN_PREFIX.unpack_from(frames, pos)
+        msg_id, _born, deliver_at, *_ = FRAME_FIELDS.unpack_from(frames, pos + 4)
+        yield msg_id, deliver_at
+        pos += 4 + length
+
+
+class FakeBroker:
+    """Appends to per-queue counters; a request of delayed messages is scheduled."""
+
+    def __init__(self, failing: set[int] | None = None) -> None:
+        self.requests: list[tuple[int, list[bytes]]] = []
+        self.next_offset = [100 * q for q in range(QUEUES)]
+        self.failing = failing or set()
+
+    async def send(
+        self, topic: str, queue_id: int, frames: bytes, *, timeout: float | None = None
+    ) -> Appended:
+        if queue_id in self.failing:
+            raise TopicNotFoundError(f"queue {queue_id} is gone")
+        parsed = list(split(frames))
+        self.requests.append((queue_id, [msg_id for msg_id, _ in parsed]))
+        first = self.next_offset[queue_id]
+        self.next_offset[queue_id] += len(parsed)
+        return Appended(True, first, len(parsed), scheduled=any(d for _, d in parsed))
+
+
+@pytest.fixture
+def broker(monkeypatch: pytest.MonkeyPatch) -> FakeBroker:
+    fake = FakeBroker()
+
+    async def writable_queues(self: Cluster, topic: str) -> list[MessageQueue]:
+        return [MessageQueue(topic, "broker-a", q) for q in range(QUEUES)]
+
+    monkeypatch.setattr(Cluster, "brokers", lambda self: [])
+    monkeypatch.setattr(Cluster, "writable_queues", writable_queues)
+    monkeypatch.setattr(Cluster, "client_for", lambda self, queue: fake)
+    return fake
+
+
+def send_batch(messages: list[Message]) -> list[SendResult]:
+    async def main() -> list[SendResult]:
+        producer = ProducerCore("127.0.0.1:1", config=ProducerConfig(retry_times=0))
+        await producer.start()
+        try:
+            return await producer.send_batch(messages)
+        finally:
+            await producer.shutdown()
+
+    return asyncio.run(main())
+
+
+def key_for(queue_id: int, n: int = 0) -> str:
+    """The n-th key "k<i>" that shards to `queue_id`."""
+    keys = (f"k{i}" for i in range(10_000) if shard_index(f"k{i}", QUEUES) == queue_id)
+    for _ in range(n):
+        next(keys)
+    return next(keys)
+
+
+def test_a_batch_for_one_queue_is_one_request_with_results_in_order(broker: FakeBroker) -> None:
+    messages = [Message("orders", b"x%d" % i, sharding_key=key_for(2, i % 3)) for i in range(5)]
+    results = send_batch(messages)
+    [(queue_id, ids)] = broker.requests
+    assert queue_id == 2
+    assert results == [
+        SendResult(SendStatus.SEND_OK, msg_id.hex().upper(), MessageQueue("orders", "broker-a", 2),
+                   200 + i)
+        for i, msg_id in enumerate(ids)
+    ]  # fmt: skip
+
+
+def test_a_mixed_batch_goes_one_request_per_queue_and_answers_in_input_order(
+    broker: FakeBroker,
+) -> None:
+    plan = [1, None, 3, 1, None, 0, 3, 1]  # queue of each keyed message; None: keyless
+    messages = [
+        Message("orders", b"x", sharding_key=None if q is None else key_for(q, i))
+        for i, q in enumerate(plan)
+    ]
+    results = send_batch(messages)
+    keyless_queue = results[1].queue.queue_id
+    assert results[4].queue.queue_id == keyless_queue
+    assert [r.queue.queue_id for r in results] == [keyless_queue if q is None else q for q in plan]
+    sent = {msg_id.hex().upper(): queue_id for queue_id, ids in broker.requests for msg_id in ids}
+    assert len(sent) == len(messages) and len({r.msg_id for r in results}) == len(messages)
+    assert all(sent[r.msg_id] == r.queue.queue_id for r in results)
+    assert len(broker.requests) == len({r.queue for r in results})
+    for queue_id in {r.queue.queue_id for r in results}:
+        offsets = [r.queue_offset for r in results if r.queue.queue_id == queue_id]
+        assert offsets == list(range(100 * queue_id, 100 * queue_id + len(offsets)))
+
+
+def test_delayed_messages_go_in_their_own_request_and_have_no_offset_yet(
+    broker: FakeBroker,
+) -> None:
+    key = key_for(1)
+    messages = [
+        Message("orders", b"now", sharding_key=key),
+        Message("orders", b"later", sharding_key=key, delay_seconds=60),
+        Message("orders", b"now again", sharding_key=key),
+    ]
+    results = send_batch(messages)
+    assert [queue_id for queue_id, _ in broker.requests] == [1, 1]
+    assert [r.queue_offset for r in results] == [100, -1, 101]
+
+
+def test_a_queue_over_the_request_size_limit_is_split_in_order(
+    broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(core, "MAX_SEND_BYTES", 400)  # two frames
+    messages = [Message("orders", bytes(100), sharding_key=key_for(0)) for _ in range(5)]
+    results = send_batch(messages)
+    assert [len(ids) for _, ids in broker.requests] == [2, 2, 1]
+    assert [r.queue_offset for r in results] == [0, 1, 2, 3, 4]
+
+
+def test_a_failed_single_request_raises_its_error(broker: FakeBroker) -> None:
+    broker.failing = {2}
+    with pytest.raises(TopicNotFoundError, match="queue 2 is gone"):
+        send_batch([Message("orders", b"x", sharding_key=key_for(2))])
+
+
+def test_a_failed_queue_among_several_is_a_partial_batch(broker: FakeBroker) -> None:
+    broker.failing = {2}
+    messages = [
+        Message("orders", b"x", sharding_key=key_for(1)),
+        Message("orders", b"x", sharding_key=key_for(2)),
+    ]
+    with pytest.raises(PartialBatchError) as info:
+        send_batch(messages)
+    stored, failed = info.value.results
+    assert stored is not None and stored.queue_offset == 100 and failed is None
+
+
+def test_built_send_results_are_the_same_as_constructed_ones() -> None:
+    queue = MessageQueue("orders", "broker-a", 3)
+    ids = [bytes(range(16)), bytes(range(1, 17))]
+    built = build_send_results(SendStatus.SEND_OK, ids, queue, range(7, 9))
+    made = [
+        SendResult(SendStatus.SEND_OK, "000102030405060708090A0B0C0D0E0F", queue, 7),
+        SendResult(SendStatus.SEND_OK, "0102030405060708090A0B0C0D0E0F10", queue, 8),
+    ]
+    assert built == made and [type(r) for r in built] == [SendResult, SendResult]
+    assert [hash(r) for r in built] == [hash(r) for r in made]
+    assert [repr(r) for r in built] == [repr(r) for r in made]
+    assert [pickle.loads(pickle.dumps(r)) for r in built] == made
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built[0].queue_offset = 1  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        build_send_results(SendStatus.SEND_OK, ids, queue, range(1))
