@@ -3,8 +3,9 @@
 Per queue there are two client-side locks on top of the broker's lease:
 - the object lock (`ProcessQueue.object_lock`): one consume task per queue at a time,
   covering take-messages, the listener call and the offset commit;
-- the consume lock (`ProcessQueue.consume_lock`): held around the listener call only;
-  rebalance takes it before it may drop a queue and unlock it at the broker.
+- the consume lock (`ProcessQueue.consume_lock`): held around the listener call (and the
+  checks just before it), never while waiting to retry or re-lock; rebalance takes it
+  before it may drop a queue and unlock it at the broker.
 Before each listener call the queue must not be dropped and its broker lock must be held
 and not older than the client's lease; otherwise the task stops and asks to re-lock.
 """
@@ -37,7 +38,9 @@ RELOCK_FAILED_DELAY = 3.0
 RELOCK_OK_DELAY = 0.01
 #: Consecutive calls of a plain listener made in one thread-pool hop.
 CALLS_PER_HOP = 32
-_STOPPED = object()  # a check before a call failed: the queue was dropped or its lease ran out
+#: Coroutine-listener calls between two checks whether tracing was switched on (the
+#: check costs about as much as a small listener call).
+TRACING_CHECK_CALLS = 32
 
 
 class OrderlyHost(Protocol):
@@ -73,7 +76,10 @@ class ConsumeOrderlyService:
         self._host = host
         self._executor = executor
         self._clock = clock
-        self._config = config
+        self._batch_size = config.consume_message_batch_max_size
+        self._lease = config.lock_lease
+        self._max_continuous = config.max_continuous_consume
+        self._suspend_time = config.suspend_current_queue_time
         self._max_reconsume = config.max_reconsume_times  # None: unlimited
         self._tasks: dict[MessageQueue, tuple[asyncio.Task[None], ProcessQueue]] = {}
         self._async_listener = inspect.iscoroutinefunction(listener.consume_message)
@@ -90,11 +96,12 @@ class ConsumeOrderlyService:
     async def _run(self, queue: MessageQueue, pq: ProcessQueue, delay: float) -> None:
         if delay:
             await sleep_for(self._clock, delay)
+        consume = self._consume_on_loop if self._async_listener else self._consume_in_threads
         try:
-            again = await self._consume(queue, pq)
+            again = await consume(queue, pq)
         except Exception:
             log.exception("orderly consume of %s failed", queue)
-            again = self._config.suspend_current_queue_time
+            again = self._suspend_time
         if pq.more and again is None:
             again = 0.0  # a submit came in after the last take
         if again is not None and not pq.dropped:
@@ -105,14 +112,75 @@ class ConsumeOrderlyService:
         """True when the queue's broker lock is held and was renewed within the lease."""
         if not self._locks:
             return True
-        return pq.locked and self._clock.now() - pq.last_lock_time <= self._config.lock_lease
+        return pq.locked and self._clock.now() - pq.last_lock_time <= self._lease
 
-    async def _consume(self, queue: MessageQueue, pq: ProcessQueue) -> float | None:
-        """Consume until the buffer is empty; the delay before the next run, or None."""
-        size = self._config.consume_message_batch_max_size
-        # A plain listener gets several consecutive calls per thread-pool hop (a hop
-        # costs more than a small listener call); each call keeps its own checks.
-        calls = 1 if self._async_listener else CALLS_PER_HOP
+    async def _consume_on_loop(self, queue: MessageQueue, pq: ProcessQueue) -> float | None:
+        """Consume with a coroutine listener until the buffer is empty.
+
+        Returns the delay before the next run, or None. One listener call per turn; its
+        checks run with the consume lock held, right before the call, on one clock read.
+        """
+        clock, listener, commit = self._clock, self._listener.consume_message, self._host.commit
+        group, size, suspend_time = self._group, self._batch_size, self._suspend_time
+        locks, lease, max_continuous = self._locks, self._lease, self._max_continuous
+        consume_lock = pq.consume_lock
+        traced, calls_until_check = False, 0
+        async with pq.object_lock:
+            started = clock.now()
+            while True:
+                pq.more = False
+                await consume_lock.acquire()  # not `async with`: that costs as much again
+                try:
+                    if pq.dropped:
+                        return None
+                    now = clock.now()
+                    expired = locks and not (pq.locked and now - pq.last_lock_time <= lease)
+                    if not expired:
+                        if now - started > max_continuous:
+                            return RELOCK_OK_DELAY  # let the other queues have the loop
+                        batch = pq.take(size)
+                        if not batch:
+                            return None
+                        if not calls_until_check:
+                            traced, calls_until_check = tracing.enabled(), TRACING_CHECK_CALLS
+                        calls_until_check -= 1
+                        context = ConsumeOrderlyContext(queue, suspend_time)
+                        self.listener_calls += 1
+                        started_call = time.perf_counter()
+                        try:
+                            if traced:
+                                with tracing.consume_span(group, batch):
+                                    status = await listener(batch, context)  # type: ignore[misc]
+                            else:
+                                status = await listener(batch, context)  # type: ignore[misc]
+                        except Exception:
+                            log.exception("orderly listener raised on %s; retrying it", queue)
+                            status = None
+                        finally:
+                            elapsed = time.perf_counter() - started_call
+                            metrics.observe_consume(group, batch[0].topic, elapsed)
+                        if status is ConsumeOrderlyStatus.SUCCESS:
+                            commit(queue, pq.commit())
+                            continue
+                        pq.settle(0)
+                finally:
+                    consume_lock.release()
+                if expired:  # re-lock without the consume lock: rebalance may need it
+                    ok = await self._host.relock(queue, pq)
+                    return RELOCK_OK_DELAY if ok else RELOCK_FAILED_DELAY
+                delay = await self._retry_later(queue, pq, batch, context)
+                if delay is not None:
+                    return delay
+
+    async def _consume_in_threads(self, queue: MessageQueue, pq: ProcessQueue) -> float | None:
+        """Consume with a plain listener until the buffer is empty.
+
+        Returns the delay before the next run, or None. A plain listener gets several
+        consecutive calls per thread-pool hop (a hop costs more than a small listener
+        call); each call keeps its own checks.
+        """
+        size = self._batch_size
+        loop = asyncio.get_running_loop()
         async with pq.object_lock:
             started = self._clock.now()
             while True:
@@ -122,94 +190,86 @@ class ConsumeOrderlyService:
                 if not self.lease_valid(pq):
                     ok = await self._host.relock(queue, pq)
                     return RELOCK_OK_DELAY if ok else RELOCK_FAILED_DELAY
-                if self._clock.now() - started > self._config.max_continuous_consume:
+                if self._clock.now() - started > self._max_continuous:
                     return RELOCK_OK_DELAY  # let the other queues have the threads
-                taken = pq.take(size * calls)
+                taken = pq.take(size * CALLS_PER_HOP)
                 if not taken:
                     return None
-                batches = [taken[i : i + size] for i in range(0, len(taken), size)]
-                contexts = [
-                    ConsumeOrderlyContext(queue, self._config.suspend_current_queue_time)
-                    for _ in batches
-                ]
-                done, status = await self._call(pq, batches, contexts)
-                offset = pq.settle(sum(len(b) for b in batches[:done]))
+                traced = tracing.enabled()
+                async with pq.consume_lock:
+                    done, context = await loop.run_in_executor(
+                        self._executor, self._call_in_thread, queue, pq, taken, traced
+                    )
+                self.listener_calls += done + (context is not None)
+                offset = pq.settle(done * size)
                 if offset >= 0:
                     self._host.commit(queue, offset)
-                if done == len(batches) or status is _STOPPED:
+                if context is None:
                     continue  # all consumed, or a check failed: the loop top handles it
-                failed = batches[done]
-                for m in failed:
-                    m.reconsume_times += 1
-                exhausted = [
-                    m
-                    for m in failed
-                    if self._max_reconsume is not None and m.reconsume_times >= self._max_reconsume
-                ]
-                if exhausted and await self._dead_letter(exhausted):
-                    pq.take(len(failed))
-                    self._host.commit(queue, pq.commit())
-                    continue
-                suspend = contexts[done].suspend_current_queue_time
-                return max(0.01, min(30.0, suspend))
-
-    async def _call(
-        self,
-        pq: ProcessQueue,
-        batches: list[list[MessageExt]],
-        contexts: list[ConsumeOrderlyContext],
-    ) -> tuple[int, object]:
-        """Call the listener batch by batch: (how many said SUCCESS, why it stopped)."""
-        async with pq.consume_lock:
-            if self._async_listener:
-                if not self._may_call(pq):
-                    return 0, _STOPPED
-                self.listener_calls += 1
-                started = time.perf_counter()
-                try:
-                    with tracing.consume_span(self._group, batches[0]):
-                        result = await self._listener.consume_message(batches[0], contexts[0])  # type: ignore[misc]
-                except Exception:
-                    log.exception("orderly listener raised on %s; retrying it", batches[0][0].queue)
-                    return 0, None
-                finally:
-                    elapsed = time.perf_counter() - started
-                    metrics.observe_consume(self._group, batches[0][0].topic, elapsed)
-                return (1, result) if result is ConsumeOrderlyStatus.SUCCESS else (0, result)
-            loop = asyncio.get_running_loop()
-            done, status = await loop.run_in_executor(
-                self._executor, self._call_in_thread, pq, batches, contexts
-            )
-            self.listener_calls += done + (status is not _STOPPED and done < len(batches))
-            return done, status
+                failed = taken[done * size : (done + 1) * size]
+                delay = await self._retry_later(queue, pq, failed, context)
+                if delay is not None:
+                    return delay
 
     def _call_in_thread(
-        self,
-        pq: ProcessQueue,
-        batches: list[list[MessageExt]],
-        contexts: list[ConsumeOrderlyContext],
-    ) -> tuple[int, object]:
-        for i, (batch, context) in enumerate(zip(batches, contexts, strict=True)):
+        self, queue: MessageQueue, pq: ProcessQueue, taken: list[MessageExt], traced: bool
+    ) -> tuple[int, ConsumeOrderlyContext | None]:
+        """Call the listener batch by batch.
+
+        Returns how many batches said SUCCESS and the context of the call that did not
+        (None when all did, or when a check before a call failed).
+        """
+        listener, group, size = self._listener.consume_message, self._group, self._batch_size
+        for done, i in enumerate(range(0, len(taken), size)):
             if not self._may_call(pq):
-                return i, _STOPPED
+                return done, None
+            batch = taken[i : i + size]
+            context = ConsumeOrderlyContext(queue, self._suspend_time)
             started = time.perf_counter()
             try:
-                with tracing.consume_span(self._group, batch):
-                    result = self._listener.consume_message(batch, context)
+                if traced:
+                    with tracing.consume_span(group, batch):
+                        result = listener(batch, context)
+                else:
+                    result = listener(batch, context)
             except Exception:
-                log.exception("orderly listener raised on %s; retrying it", batch[0].queue)
-                return i, None
+                log.exception("orderly listener raised on %s; retrying it", queue)
+                return done, context
             finally:
-                metrics.observe_consume(self._group, batch[0].topic, time.perf_counter() - started)
+                metrics.observe_consume(group, batch[0].topic, time.perf_counter() - started)
             if result is not ConsumeOrderlyStatus.SUCCESS:
                 if result is not None and not isinstance(result, ConsumeOrderlyStatus):
                     log.error("orderly listener returned %r, not a ConsumeOrderlyStatus", result)
-                return i, result
-        return len(batches), ConsumeOrderlyStatus.SUCCESS
+                return done, context
+        return -(-len(taken) // size), None
 
     def _may_call(self, pq: ProcessQueue) -> bool:
-        """Checked before every listener call (also from the worker thread)."""
+        """Checked before every plain listener call, in the worker thread."""
         return not pq.dropped and self.lease_valid(pq)
+
+    async def _retry_later(
+        self,
+        queue: MessageQueue,
+        pq: ProcessQueue,
+        failed: list[MessageExt],
+        context: ConsumeOrderlyContext,
+    ) -> float | None:
+        """After a failed call (its batch back in front): the wait before it is retried.
+
+        None when its exhausted messages went to the DLQ and the queue moves on.
+        """
+        for m in failed:
+            m.reconsume_times += 1
+        exhausted = [
+            m
+            for m in failed
+            if self._max_reconsume is not None and m.reconsume_times >= self._max_reconsume
+        ]
+        if exhausted and await self._dead_letter(exhausted):
+            pq.take(len(failed))
+            self._host.commit(queue, pq.commit())
+            return None
+        return max(0.01, min(30.0, context.suspend_current_queue_time))
 
     async def _dead_letter(self, batch: list[MessageExt]) -> bool:
         for m in batch:

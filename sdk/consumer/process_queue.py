@@ -64,7 +64,11 @@ class ProcessQueue:
     # ------------------------------------------------------------------ orderly
     def take(self, n: int) -> list[MessageExt]:
         """Move up to `n` of the oldest buffered messages into the consuming batch."""
-        batch = [self._buffer.popleft() for _ in range(min(n, len(self._buffer)))]
+        buffer = self._buffer
+        if n == 1:  # the default batch size: skip the comprehension
+            batch = [buffer.popleft()] if buffer else []
+        else:
+            batch = [buffer.popleft() for _ in range(min(n, len(buffer)))]
         self._consuming.extend(batch)
         return batch
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
+from sdk import tracing
 from sdk.consumer.config import PushConsumerConfig
-from sdk.consumer.consume_orderly import ConsumeOrderlyService
+from sdk.consumer.consume_orderly import TRACING_CHECK_CALLS, ConsumeOrderlyService
 from sdk.consumer.listener import (
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
@@ -254,3 +258,209 @@ def test_a_lease_that_runs_out_mid_hop_stops_before_the_next_call() -> None:
     run_service(test, ExpiresTheLease(), host)
     assert calls == [0, 1]
     assert host.commits == [2]
+
+
+def test_a_queue_dropped_during_a_call_mid_hop_gets_no_next_call() -> None:
+    calls: list[int] = []
+    pq_holder: list[ProcessQueue] = []
+
+    class DropsTheQueue(MessageListenerOrderly):
+        def consume_message(
+            self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+        ) -> ConsumeOrderlyStatus:
+            calls.append(msgs[0].queue_offset)
+            if msgs[0].queue_offset == 1:
+                pq_holder[0].dropped = True  # rebalance drops it while this call runs
+            return OK
+
+    host = Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq_holder.append(pq)
+        pq.put([msg(i) for i in range(5)])
+        service.submit(Q, pq)
+        await until(lambda: host.commits == [2], "the calls before the drop committed")
+        await until(lambda: not pq.object_lock.locked(), "the consume task to finish")
+
+    run_service(test, DropsTheQueue(), host)
+    assert calls == [0, 1]
+    assert host.commits == [2]
+
+
+class AsyncScripted(MessageListenerOrderly):
+    """A coroutine listener: answers from a script, then SUCCESS; records what it saw."""
+
+    def __init__(
+        self,
+        script: list[Any] | None = None,
+        during: Callable[[int, ConsumeOrderlyContext], None] | None = None,
+    ) -> None:
+        self.script = list(script or [])
+        self.during = during  # runs inside each call, with the first offset and the context
+        self.seen: list[tuple[int, ...]] = []
+        self.contexts: list[ConsumeOrderlyContext] = []
+        self.pq: ProcessQueue | None = None
+        self.lock_held: list[bool] = []
+
+    async def consume_message(  # type: ignore[override]
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus | None:
+        assert self.pq is not None
+        self.lock_held.append(self.pq.consume_lock.locked())
+        self.seen.append(tuple(m.queue_offset for m in msgs))
+        self.contexts.append(context)
+        if self.during is not None:
+            self.during(msgs[0].queue_offset, context)
+        await asyncio.sleep(0)
+        answer = self.script.pop(0) if self.script else OK
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+
+def test_async_calls_each_hold_the_consume_lock_get_a_fresh_context_and_commit() -> None:
+    def keep_a_long_suspend(offset: int, context: ConsumeOrderlyContext) -> None:
+        context.suspend_current_queue_time = 20.0  # must not leak into the next call
+
+    listener, host = AsyncScripted(during=keep_a_long_suspend), Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        listener.pq = pq
+        pq.put([msg(i) for i in range(5)])
+        service.submit(Q, pq)
+        await until(lambda: host.commits[-1:] == [5], "all committed")
+        assert service.listener_calls == 5
+
+    run_service(test, listener, host)
+    assert listener.seen == [(0,), (1,), (2,), (3,), (4,)]
+    assert host.commits == [1, 2, 3, 4, 5], "each call commits before the next one"
+    assert listener.lock_held == [True] * 5
+    assert len({id(c) for c in listener.contexts}) == 5, "a fresh context per call"
+
+
+def test_async_suspend_exception_and_a_changed_suspend_time_retry_the_same_batch() -> None:
+    def shorten(offset: int, context: ConsumeOrderlyContext) -> None:
+        context.suspend_current_queue_time = 0.5
+
+    listener, host = AsyncScripted([SUSPEND, RuntimeError("boom")], during=shorten), Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        listener.pq = pq
+        pq.put([msg(0), msg(1)])
+        service.submit(Q, pq)
+        for tries in (1, 2):
+            await until(lambda n=tries: len(listener.seen) == n and clock.sleepers == 1)  # type: ignore[misc]
+            clock.advance(0.49)
+            assert clock.sleepers == 1, "the retry timer fired before the suspend time"
+            clock.advance(0.02)
+        await until(lambda: host.commits[-1:] == [2])
+        assert pq.count == 0
+
+    run_service(test, listener, host, consume_message_batch_max_size=2)
+    assert listener.seen == [(0, 1), (0, 1), (0, 1)]
+    assert host.commits == [2]
+
+
+def test_async_a_message_failing_max_reconsume_times_goes_to_the_dlq() -> None:
+    listener, host = AsyncScripted([SUSPEND] * 2), Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        listener.pq = pq
+        pq.put([msg(0), msg(1)])
+        service.submit(Q, pq)
+        await until(lambda: clock.sleepers == 1)
+        clock.advance(1.01)
+        await until(lambda: host.commits[-1:] == [2])
+
+    run_service(test, listener, host, max_reconsume_times=2)
+    assert host.dead == [(0, 2)]
+    assert listener.seen == [(0,), (0,), (1,)]
+    assert host.commits == [1, 2]
+
+
+def test_async_a_lease_that_runs_out_during_a_call_stops_before_the_next_call() -> None:
+    clock_holder: list[FakeClock] = []
+
+    def late_renewal(offset: int, context: ConsumeOrderlyContext) -> None:
+        if offset == 1:
+            clock_holder[0].advance(31)
+
+    listener, host = AsyncScripted(during=late_renewal), Host(relock_ok=False)
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        clock_holder.append(clock)
+        listener.pq = pq
+        pq.put([msg(i) for i in range(5)])
+        service.submit(Q, pq)
+        await until(lambda: host.relocks == 1 and clock.sleepers == 1)
+        assert listener.seen == [(0,), (1,)]
+        assert not pq.consume_lock.locked(), "no consume lock held while waiting to re-lock"
+        pq.last_lock_time = clock.now()  # the renewal service got the lock back
+        clock.advance(3)
+        await until(lambda: host.commits[-1:] == [5])
+
+    run_service(test, listener, host)
+    assert listener.seen == [(0,), (1,), (2,), (3,), (4,)]
+    assert host.commits == [1, 2, 3, 4, 5]
+
+
+def test_async_rebalance_waiting_on_the_consume_lock_gets_it_before_the_next_call() -> None:
+    order: list[str] = []
+    pq_holder: list[ProcessQueue] = []
+    release_started = asyncio.Event()
+
+    async def release(pq: ProcessQueue) -> None:
+        pq.dropped = True  # as core.release does, then it waits for the call in flight
+        release_started.set()
+        async with pq.consume_lock:
+            order.append("rebalance")
+
+    def start_a_rebalance(offset: int, context: ConsumeOrderlyContext) -> None:
+        order.append(f"call {offset}")
+        if offset == 1:
+            asyncio.get_running_loop().create_task(release(pq_holder[0]))
+
+    listener, host = AsyncScripted(during=start_a_rebalance), Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq_holder.append(pq)
+        listener.pq = pq
+        pq.put([msg(i) for i in range(5)])
+        service.submit(Q, pq)
+        await release_started.wait()
+        await until(lambda: "rebalance" in order and not pq.object_lock.locked())
+
+    run_service(test, listener, host)
+    assert order == ["call 0", "call 1", "rebalance"]
+    assert host.commits == [1, 2], "the call in flight committed before rebalance went on"
+
+
+def test_async_tracing_switched_on_mid_run_is_picked_up_within_the_check_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    switched_on = [False]
+    spans: list[int] = []
+
+    @contextmanager
+    def consume_span(group: str, batch: list[MessageExt]) -> Iterator[None]:
+        spans.append(batch[0].queue_offset)
+        yield
+
+    monkeypatch.setattr(tracing, "enabled", lambda: switched_on[0])
+    monkeypatch.setattr(tracing, "consume_span", consume_span)
+
+    def switch_on(offset: int, context: ConsumeOrderlyContext) -> None:
+        if offset == 3:
+            switched_on[0] = True
+
+    listener, host = AsyncScripted(during=switch_on), Host()
+    total = 3 * TRACING_CHECK_CALLS
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        listener.pq = pq
+        pq.put([msg(i) for i in range(total)])
+        service.submit(Q, pq)
+        await until(lambda: host.commits[-1:] == [total])
+
+    run_service(test, listener, host)
+    assert spans == list(range(TRACING_CHECK_CALLS, total))

@@ -50,3 +50,16 @@ def test_clear_forgets_everything_for_a_seek() -> None:
     pq.clear()
     assert (pq.count, pq.size, pq.buffered, pq.max_offset_pulled) == (0, 0, 0, -1)
     assert pq.put([msg(5)]) == 1
+
+
+def test_orderly_take_one_at_a_time() -> None:
+    pq = ProcessQueue()
+    assert pq.take(1) == [], "nothing buffered"
+    pq.put([msg(0), msg(1)])
+    first = pq.take(1)
+    assert [m.queue_offset for m in first] == [0]
+    first.clear()  # the listener's list is its own: the taken batch is unchanged
+    assert pq.commit() == 1
+    assert [m.queue_offset for m in pq.take(1)] == [1]
+    assert pq.settle(0) == -1 and pq.buffered == 1
+    assert (pq.count, pq.size) == (1, 10)
