@@ -51,6 +51,7 @@ class Broker:
         self._server: grpc.aio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._metrics: MetricsServer | None = None
+        self._messaging: MessagingService | None = None
         self.port = 0
 
     @property
@@ -94,7 +95,8 @@ class Broker:
         )
         # Without so_reuseport=0 a second broker could bind the same port and share it.
         server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
-        pb_grpc.add_MessagingServiceServicer_to_server(MessagingService(state), server)
+        self._messaging = MessagingService(state)
+        pb_grpc.add_MessagingServiceServicer_to_server(self._messaging, server)
         pb_grpc.add_AdminServiceServicer_to_server(AdminService(state), server)
         try:
             self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
@@ -126,6 +128,8 @@ class Broker:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+        if self._messaging is not None:
+            self._messaging.exchanges.close()  # each ends once its requests are answered
         if self.state is not None:
             self.state.holder.close()
             self.state.groups.close()

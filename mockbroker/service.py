@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterable
 import grpc
 
 from mockbroker.errors import BrokerError, invalid, out_of_range
+from mockbroker.exchange import ExchangeStreams
 from mockbroker.groups import GroupMembership
 from mockbroker.grpc_errors import Context, abort, answers_errors
 from mockbroker.schedule import CANCELLED
@@ -30,6 +31,15 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
 
     def __init__(self, state: BrokerState) -> None:
         self._s = state
+        self.exchanges = ExchangeStreams(self.send, self.pull)
+
+    # ------------------------------------------------------------------ exchange
+    async def Exchange(
+        self, request_iterator: AsyncIterator[pb.ExchangeRequest], context: Context
+    ) -> AsyncIterator[pb.ExchangeResponse]:
+        """Send and Pull requests multiplexed on one stream (mockbroker/exchange.py)."""
+        async for answer in self.exchanges.serve(request_iterator):
+            yield answer
 
     # ------------------------------------------------------------------ routing, send
     @answers_errors
@@ -61,22 +71,30 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     @answers_errors
     async def Send(self, request: pb.SendRequest, context: Context) -> pb.SendResponse:
         """Append a batch of frames to one queue, or schedule it."""
-        check_user_topic(request.topic)
-        if len(request.frames) > MAX_SEND_BYTES:
+        return await self.send(request)
+
+    async def send(self, request: pb.SendRequest) -> pb.SendResponse:
+        """Send's work, for the unary RPC and the Exchange stream (raises BrokerError)."""
+        # Each read of a protobuf bytes field copies it: read the frames once.
+        frames = request.frames
+        topic_name = request.topic
+        queue_id = request.queue_id
+        check_user_topic(topic_name)
+        if len(frames) > MAX_SEND_BYTES:
             raise BrokerError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 "BATCH_TOO_LARGE",
-                f"the request carries {len(request.frames)} bytes of frames, "
+                f"the request carries {len(frames)} bytes of frames, "
                 f"over the limit of {MAX_SEND_BYTES}",
             )
         store = self._s.store
-        topic = store.topics.find(request.topic)
+        topic = store.topics.find(topic_name)
         if topic is None and self._s.config.auto_create_topics:
-            topic, _ = store.create_topic(request.topic, self._s.config.default_queues)
+            topic, _ = store.create_topic(topic_name, self._s.config.default_queues)
         if topic is None:
-            topic = store.topics.get(request.topic)
-        topic.check_queue(request.queue_id)
-        checked = store.check(request.frames)
+            topic = store.topics.get(topic_name)
+        topic.check_queue(queue_id)
+        checked = store.check(frames)
         scheduled = sum(1 for f in checked if f.due_ms)
         if scheduled and scheduled != len(checked):
             raise invalid(
@@ -84,21 +102,19 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                 "a batch is either all scheduled or all for now; send them separately",
             )
         if scheduled:
-            durable = await self._s.scheduler.schedule(
-                topic, request.queue_id, request.frames, checked
-            )
+            durable = await self._s.scheduler.schedule(topic, queue_id, frames, checked)
             return pb.SendResponse(
                 status=pb.SEND_OK if durable else pb.FLUSH_DISK_TIMEOUT,
-                queue_id=request.queue_id,
+                queue_id=queue_id,
                 first_queue_offset=-1,
                 count=len(checked),
                 store_timestamp_ms=int(self._s.clock.now() * 1000),
                 scheduled=True,
             )
-        result = await store.append(topic, request.queue_id, request.frames, checked)
+        result = await store.append(topic, queue_id, frames, checked)
         return pb.SendResponse(
             status=pb.SEND_OK if result.durable else pb.FLUSH_DISK_TIMEOUT,
-            queue_id=request.queue_id,
+            queue_id=queue_id,
             first_queue_offset=result.first_offset,
             count=result.count,
             store_timestamp_ms=result.store_timestamp_ms,
@@ -108,6 +124,10 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     @answers_errors
     async def Pull(self, request: pb.PullRequest, context: Context) -> pb.PullResponse:
         """Read from one queue by offset; hold the call while there is nothing to read."""
+        return await self.pull(request)
+
+    async def pull(self, request: pb.PullRequest) -> pb.PullResponse:
+        """Pull's work, for the unary RPC and the Exchange stream (raises BrokerError)."""
         check_group(request.group)
         if not 1 <= request.max_messages <= MAX_PULL_MESSAGES:
             raise invalid(

@@ -1234,6 +1234,134 @@ class CancelScheduledResponse(_message.Message):
 Global___CancelScheduledResponse: _TypeAlias = CancelScheduledResponse  # noqa: Y015
 
 @_typing.final
+class ExchangeRequest(_message.Message):
+    """---------------------------------------------------------------- exchange
+
+    One request carried by an Exchange stream: a Send or a Pull, exactly as the unary RPC
+    takes it, or the cancellation of an earlier request of the same stream.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    SEND_FIELD_NUMBER: _builtins.int
+    PULL_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Chosen by the client; unique among the stream's requests still in flight. A cancel
+    names the request it cancels by this id.
+    """
+    @_builtins.property
+    def send(self) -> Global___SendRequest: ...
+    @_builtins.property
+    def pull(self) -> Global___PullRequest: ...
+    @_builtins.property
+    def cancel(self) -> Global___ExchangeCancel: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        send: Global___SendRequest | None = ...,
+        pull: Global___PullRequest | None = ...,
+        cancel: Global___ExchangeCancel | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "cancel", b"cancel", "pull", b"pull", "send", b"send"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "cancel", b"cancel", "id", b"id", "pull", b"pull", "send", b"send"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["send", "pull", "cancel"]  # noqa: Y015
+    _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
+
+Global___ExchangeRequest: _TypeAlias = ExchangeRequest  # noqa: Y015
+
+@_typing.final
+class ExchangeCancel(_message.Message):
+    """Cancels the in-flight request with the same id (the client stopped waiting, e.g. its
+    deadline passed or a held pull is no longer wanted). Nothing is answered for a
+    cancelled request; a cancel for an id not in flight is ignored. A Send that was
+    already appended stays appended.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExchangeCancel: _TypeAlias = ExchangeCancel  # noqa: Y015
+
+@_typing.final
+class ExchangeResponse(_message.Message):
+    """The answer to one request of an Exchange stream, carrying the request's id."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    SEND_FIELD_NUMBER: _builtins.int
+    PULL_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    @_builtins.property
+    def send(self) -> Global___SendResponse: ...
+    @_builtins.property
+    def pull(self) -> Global___PullResponse: ...
+    @_builtins.property
+    def error(self) -> Global___ExchangeError: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        send: Global___SendResponse | None = ...,
+        pull: Global___PullResponse | None = ...,
+        error: Global___ExchangeError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "error", b"error", "pull", b"pull", "send", b"send"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "error", b"error", "id", b"id", "pull", b"pull", "send", b"send"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["send", "pull", "error"]  # noqa: Y015
+    _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
+
+Global___ExchangeResponse: _TypeAlias = ExchangeResponse  # noqa: Y015
+
+@_typing.final
+class ExchangeError(_message.Message):
+    """A request that failed: what the unary RPC would have ended with."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    code: _builtins.str
+    """gRPC status code name, e.g. "INVALID_ARGUMENT" """
+    reason: _builtins.str
+    """as the unary RPC's `ordermq-reason` trailing metadata"""
+    message: _builtins.str
+    """as the unary RPC's status details"""
+    def __init__(
+        self,
+        *,
+        code: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExchangeError: _TypeAlias = ExchangeError  # noqa: Y015
+
+@_typing.final
 class QueueStats(_message.Message):
     """---------------------------------------------------------------- admin"""
 

@@ -106,6 +106,11 @@ class MessagingServiceStub:
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.CancelScheduledRequest.SerializeToString,
                 response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.CancelScheduledResponse.FromString,
                 _registered_method=True)
+        self.Exchange = channel.stream_stream(
+                '/ordermq.v1.MessagingService/Exchange',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.ExchangeRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ExchangeResponse.FromString,
+                _registered_method=True)
 
 
 class MessagingServiceServicer:
@@ -195,6 +200,20 @@ class MessagingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Exchange(self, request_iterator, context):
+        """Send and Pull multiplexed on one long-lived stream: a request costs the broker and
+        the client about half of what a unary call does (see docs/wire-format.md). Requests
+        are handled concurrently (a held pull does not hold up the requests behind it), each
+        exactly as its unary RPC; Sends are appended in the order they arrive on the stream.
+        Answers come in completion order, matched by id. A request without a body, or with
+        the id of one still in flight, is answered with INVALID_ARGUMENT (INVALID_ARGUMENT).
+        When the client half-closes, the stream ends once every request is answered; when the
+        client cancels the call, its requests in flight are cancelled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MessagingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -267,6 +286,11 @@ def add_MessagingServiceServicer_to_server(servicer, server):
                     servicer.CancelScheduled,
                     request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.CancelScheduledRequest.FromString,
                     response_serializer=ordermq_dot_v1_dot_ordermq__pb2.CancelScheduledResponse.SerializeToString,
+            ),
+            'Exchange': grpc.stream_stream_rpc_method_handler(
+                    servicer.Exchange,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ExchangeRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.ExchangeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -647,6 +671,33 @@ class MessagingService:
             '/ordermq.v1.MessagingService/CancelScheduled',
             ordermq_dot_v1_dot_ordermq__pb2.CancelScheduledRequest.SerializeToString,
             ordermq_dot_v1_dot_ordermq__pb2.CancelScheduledResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Exchange(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/ordermq.v1.MessagingService/Exchange',
+            ordermq_dot_v1_dot_ordermq__pb2.ExchangeRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.ExchangeResponse.FromString,
             options,
             channel_credentials,
             insecure,

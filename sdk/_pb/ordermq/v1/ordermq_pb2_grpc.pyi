@@ -66,6 +66,16 @@ class MessagingServiceStub:
     CommitConsumerOffsets: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.CommitConsumerOffsetsRequest, _ordermq_pb2.CommitConsumerOffsetsResponse]
     SendBack: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.SendBackRequest, _ordermq_pb2.SendBackResponse]
     CancelScheduled: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.CancelScheduledRequest, _ordermq_pb2.CancelScheduledResponse]
+    Exchange: _grpc.StreamStreamMultiCallable[_ordermq_pb2.ExchangeRequest, _ordermq_pb2.ExchangeResponse]
+    """Send and Pull multiplexed on one long-lived stream: a request costs the broker and
+    the client about half of what a unary call does (see docs/wire-format.md). Requests
+    are handled concurrently (a held pull does not hold up the requests behind it), each
+    exactly as its unary RPC; Sends are appended in the order they arrive on the stream.
+    Answers come in completion order, matched by id. A request without a body, or with
+    the id of one still in flight, is answered with INVALID_ARGUMENT (INVALID_ARGUMENT).
+    When the client half-closes, the stream ends once every request is answered; when the
+    client cancels the call, its requests in flight are cancelled.
+    """
 
 @_typing.type_check_only
 class MessagingServiceAsyncStub(MessagingServiceStub):
@@ -84,6 +94,16 @@ class MessagingServiceAsyncStub(MessagingServiceStub):
     CommitConsumerOffsets: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.CommitConsumerOffsetsRequest, _ordermq_pb2.CommitConsumerOffsetsResponse]  # type: ignore[assignment]
     SendBack: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.SendBackRequest, _ordermq_pb2.SendBackResponse]  # type: ignore[assignment]
     CancelScheduled: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.CancelScheduledRequest, _ordermq_pb2.CancelScheduledResponse]  # type: ignore[assignment]
+    Exchange: _aio.StreamStreamMultiCallable[_ordermq_pb2.ExchangeRequest, _ordermq_pb2.ExchangeResponse]  # type: ignore[assignment]
+    """Send and Pull multiplexed on one long-lived stream: a request costs the broker and
+    the client about half of what a unary call does (see docs/wire-format.md). Requests
+    are handled concurrently (a held pull does not hold up the requests behind it), each
+    exactly as its unary RPC; Sends are appended in the order they arrive on the stream.
+    Answers come in completion order, matched by id. A request without a body, or with
+    the id of one still in flight, is answered with INVALID_ARGUMENT (INVALID_ARGUMENT).
+    When the client half-closes, the stream ends once every request is answered; when the
+    client cancels the call, its requests in flight are cancelled.
+    """
 
 class MessagingServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -183,6 +203,22 @@ class MessagingServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _ordermq_pb2.CancelScheduledRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ordermq_pb2.CancelScheduledResponse, _abc.Awaitable[_ordermq_pb2.CancelScheduledResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Exchange(
+        self,
+        request_iterator: _MaybeAsyncIterator[_ordermq_pb2.ExchangeRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_ordermq_pb2.ExchangeResponse], _abc.AsyncIterator[_ordermq_pb2.ExchangeResponse]]:
+        """Send and Pull multiplexed on one long-lived stream: a request costs the broker and
+        the client about half of what a unary call does (see docs/wire-format.md). Requests
+        are handled concurrently (a held pull does not hold up the requests behind it), each
+        exactly as its unary RPC; Sends are appended in the order they arrive on the stream.
+        Answers come in completion order, matched by id. A request without a body, or with
+        the id of one still in flight, is answered with INVALID_ARGUMENT (INVALID_ARGUMENT).
+        When the client half-closes, the stream ends once every request is answered; when the
+        client cancels the call, its requests in flight are cancelled.
+        """
 
 def add_MessagingServiceServicer_to_server(servicer: MessagingServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

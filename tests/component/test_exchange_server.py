@@ -1,0 +1,235 @@
+"""The broker's Exchange stream, spoken over raw gRPC: each request as its unary RPC would
+answer it, concurrently, matched by id; cancels, half-close and shutdown end it cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+
+from mockbroker import BrokerConfig, EmbeddedBroker
+from sdk import Message
+from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
+from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
+from sdk._transport.codec import MessageIdGenerator, encode_message
+from tests.support import wait_until
+
+T = TypeVar("T")
+TOPIC = "ex"
+IDS = MessageIdGenerator()
+
+
+def frame(body: bytes = b"x") -> bytes:
+    return encode_message(Message(TOPIC, body), IDS.next(), time.time())
+
+
+def send(rid: int, queue_id: int, frames: bytes) -> pb.ExchangeRequest:
+    return pb.ExchangeRequest(
+        id=rid, send=pb.SendRequest(topic=TOPIC, queue_id=queue_id, frames=frames)
+    )
+
+
+def pull(rid: int, queue_id: int, offset: int, suspend_ms: int = 0) -> pb.ExchangeRequest:
+    return pb.ExchangeRequest(
+        id=rid,
+        pull=pb.PullRequest(
+            group="g", topic=TOPIC, queue_id=queue_id, offset=offset, max_messages=32,
+            max_bytes=1 << 20, suspend_timeout_ms=suspend_ms, tag_expression="*",
+        ),
+    )  # fmt: skip
+
+
+def held(broker: EmbeddedBroker) -> int:
+    assert broker.broker.state is not None
+    return broker.broker.state.holder.held
+
+
+@pytest.fixture
+def exbroker(tmp_path: Path) -> Any:
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "b")) as b:
+
+        async def create() -> None:
+            async with grpc.aio.insecure_channel(b.address) as ch:
+                admin = pb_grpc.AdminServiceStub(ch)
+                await admin.CreateTopic(pb.CreateTopicRequest(topic=TOPIC, queue_count=4))
+
+        asyncio.run(create())
+        yield b
+
+
+def run(
+    broker: EmbeddedBroker,
+    body: Callable[[pb_grpc.MessagingServiceStub, Any], Awaitable[T]],
+) -> T:
+    """Run `body(stub, stream)` with one open Exchange stream."""
+
+    async def main() -> T:
+        async with grpc.aio.insecure_channel(broker.address) as ch:
+            stub = pb_grpc.MessagingServiceStub(ch)
+            return await body(stub, stub.Exchange())
+
+    return asyncio.run(main())
+
+
+async def answers(stream: Any, n: int) -> list[pb.ExchangeResponse]:
+    return [await stream.read() for _ in range(n)]
+
+
+async def until_eof(stream: Any) -> list[pb.ExchangeResponse]:
+    got = []
+    while (answer := await stream.read()) is not grpc.aio.EOF:
+        got.append(answer)
+    return got
+
+
+def test_a_held_pull_does_not_hold_up_the_send_behind_it(exbroker: EmbeddedBroker) -> None:
+    async def body(stub: Any, stream: Any) -> list[pb.ExchangeResponse]:
+        await stream.write(pull(1, 2, 0, suspend_ms=10_000))
+        await asyncio.to_thread(wait_until, lambda: held(exbroker) == 1)
+        await stream.write(send(2, 2, frame(b"wake")))
+        got = await answers(stream, 2)
+        await stream.done_writing()
+        return got
+
+    first, second = run(exbroker, body)
+    assert (first.id, first.WhichOneof("body")) == (2, "send")
+    assert (first.send.status, first.send.first_queue_offset, first.send.count) == (
+        pb.SEND_OK,
+        0,
+        1,
+    )
+    assert (second.id, second.pull.status, second.pull.record_count) == (1, pb.FOUND, 1)
+
+
+def test_pipelined_sends_are_stored_in_the_order_they_arrive(exbroker: EmbeddedBroker) -> None:
+    async def body(stub: Any, stream: Any) -> list[pb.ExchangeResponse]:
+        for rid in range(1, 201):
+            await stream.write(send(rid, 0, frame(rid.to_bytes(2, "big"))))
+        got = await answers(stream, 200)
+        await stream.done_writing()
+        return got
+
+    got = run(exbroker, body)
+    assert sorted((a.id, a.send.first_queue_offset) for a in got) == [
+        (rid, rid - 1) for rid in range(1, 201)
+    ]
+
+
+async def unary_error(call: Awaitable[Any]) -> tuple[str, str, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    reason = dict(info.value.trailing_metadata() or ()).get("ordermq-reason", "")
+    return info.value.code().name, str(reason), info.value.details() or ""
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        pb.SendRequest(topic=TOPIC, queue_id=9, frames=frame()),  # no such queue
+        pb.SendRequest(topic=TOPIC, queue_id=0, frames=b""),  # no frames
+        pb.SendRequest(topic="not a topic", queue_id=0, frames=frame()),
+        pb.PullRequest(group="g", topic=TOPIC, queue_id=0, max_messages=0, max_bytes=1),
+    ],
+)
+def test_a_refused_request_is_answered_as_its_unary_rpc_ends(
+    exbroker: EmbeddedBroker, request_: pb.SendRequest | pb.PullRequest
+) -> None:
+    kind = "send" if isinstance(request_, pb.SendRequest) else "pull"
+
+    async def body(stub: Any, stream: Any) -> tuple[tuple[str, str, str], pb.ExchangeResponse]:
+        unary = await unary_error((stub.Send if kind == "send" else stub.Pull)(request_))
+        await stream.write(pb.ExchangeRequest(id=7, **{kind: request_}))
+        got = await stream.read()
+        await stream.done_writing()
+        return unary, got
+
+    unary, got = run(exbroker, body)
+    assert got.id == 7 and got.WhichOneof("body") == "error"
+    assert (got.error.code, got.error.reason, got.error.message) == unary
+
+
+def test_requests_without_a_body_or_with_an_id_in_flight_are_refused(
+    exbroker: EmbeddedBroker,
+) -> None:
+    async def body(stub: Any, stream: Any) -> list[pb.ExchangeResponse]:
+        await stream.write(pull(5, 1, 0, suspend_ms=10_000))
+        await asyncio.to_thread(wait_until, lambda: held(exbroker) == 1)
+        await stream.write(pull(5, 1, 0))  # same id while the first is held
+        await stream.write(pb.ExchangeRequest(id=6))
+        got = await answers(stream, 2)
+        await stream.write(send(8, 1, frame()))  # wakes the held pull 5
+        got += await answers(stream, 2)
+        await stream.done_writing()
+        return got
+
+    dup, empty, *rest = run(exbroker, body)
+    assert (dup.id, dup.error.code, dup.error.reason) == (5, "INVALID_ARGUMENT", "INVALID_ARGUMENT")
+    assert "already in flight" in dup.error.message
+    assert (empty.id, empty.error.code) == (6, "INVALID_ARGUMENT")
+    assert "no send, pull or cancel" in empty.error.message
+    assert sorted((a.id, a.WhichOneof("body")) for a in rest) == [(5, "pull"), (8, "send")]
+
+
+def test_a_cancelled_pull_frees_its_slot_and_gets_no_answer(exbroker: EmbeddedBroker) -> None:
+    async def body(stub: Any, stream: Any) -> tuple[list[pb.ExchangeResponse], int]:
+        await stream.write(pull(1, 3, 0, suspend_ms=10_000))
+        await asyncio.to_thread(wait_until, lambda: held(exbroker) == 1)
+        await stream.write(pb.ExchangeRequest(id=1, cancel=pb.ExchangeCancel()))
+        await asyncio.to_thread(wait_until, lambda: held(exbroker) == 0)
+        await stream.write(pb.ExchangeRequest(id=99, cancel=pb.ExchangeCancel()))  # unknown
+        await stream.write(send(2, 3, frame()))
+        await stream.done_writing()
+        got = await until_eof(stream)
+        return got, (await stream.code()).value[0]
+
+    got, code = run(exbroker, body)
+    assert [(a.id, a.WhichOneof("body")) for a in got] == [(2, "send")]
+    assert code == grpc.StatusCode.OK.value[0]
+
+
+def test_half_close_ends_the_stream_once_every_request_is_answered(
+    exbroker: EmbeddedBroker,
+) -> None:
+    async def body(stub: Any, stream: Any) -> tuple[list[int], grpc.StatusCode]:
+        await stream.write(pull(1, 0, 0, suspend_ms=200))  # answered NO_NEW_MESSAGE later
+        await stream.done_writing()
+        ids = [a.id for a in await until_eof(stream)]
+        return ids, await stream.code()
+
+    assert run(exbroker, body) == ([1], grpc.StatusCode.OK)
+
+
+def test_broker_shutdown_answers_held_pulls_and_ends_streams_without_waiting_out_the_grace(
+    tmp_path: Path,
+) -> None:
+    broker = EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "b"))
+    broker.start()
+    stopped = False
+    try:
+
+        async def main() -> tuple[list[pb.ExchangeResponse], grpc.StatusCode]:
+            nonlocal stopped
+            async with grpc.aio.insecure_channel(broker.address) as ch:
+                stub = pb_grpc.MessagingServiceStub(ch)
+                stream = stub.Exchange()
+                await stream.write(send(1, 0, frame() + frame()))
+                await stream.read()
+                await stream.write(pull(2, 0, 2, suspend_ms=30_000))
+                await asyncio.to_thread(wait_until, lambda: held(broker) == 1)
+                await asyncio.to_thread(broker.stop)
+                stopped = True
+                got: list[pb.ExchangeResponse] = await until_eof(stream)
+                return got, await stream.code()
+
+        got, code = asyncio.run(main())
+    finally:
+        if not stopped:
+            broker.stop()
+    # Ended by the broker once the held pull was answered, not cancelled after the grace.
+    assert code == grpc.StatusCode.OK
+    assert [(a.id, a.pull.status) for a in got] == [(2, pb.NO_NEW_MESSAGE)]
