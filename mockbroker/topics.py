@@ -24,7 +24,7 @@ MAX_QUEUES = 1024
 
 def check_user_topic(name: str) -> None:
     """Raise INVALID_TOPIC unless `name` is a topic users may create and send to."""
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise invalid(
             "INVALID_TOPIC",
             f"topic {name!r} must match {NAME_RE.pattern} (letters, digits, _ | -; 1-127 chars)",
@@ -39,14 +39,14 @@ def check_any_topic(name: str) -> None:
         if name.startswith(prefix):
             check_group(name[len(prefix) :])
             return
-    if name.startswith(SYSTEM_PREFIX) and NAME_RE.match(name):
+    if name.startswith(SYSTEM_PREFIX) and NAME_RE.fullmatch(name):
         return
     check_user_topic(name)
 
 
 def check_group(name: str) -> None:
     """Raise INVALID_GROUP unless `name` is a valid consumer or producer group name."""
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise invalid("INVALID_GROUP", f"group {name!r} must match {NAME_RE.pattern}")
 
 

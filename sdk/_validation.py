@@ -19,7 +19,7 @@ def check_topic(topic: str) -> str:
     # Exact str only: a subclass could compare equal to a cached name yet behave otherwise.
     if type(topic) is str and topic in _VALID_TOPICS:
         return topic
-    if not isinstance(topic, str) or not NAME_RE.match(topic):
+    if not isinstance(topic, str) or not NAME_RE.fullmatch(topic):
         raise InvalidTopicError(
             f"topic {topic!r} must match {NAME_RE.pattern} (letters, digits, _ | -; 1-127 chars)"
         )
@@ -32,6 +32,6 @@ def check_topic(topic: str) -> str:
 
 def check_group(group: str) -> str:
     """Return `group` if it is a valid group name, else raise InvalidGroupError."""
-    if not isinstance(group, str) or not NAME_RE.match(group):
+    if not isinstance(group, str) or not NAME_RE.fullmatch(group):
         raise InvalidGroupError(f"group {group!r} must match {NAME_RE.pattern}")
     return group

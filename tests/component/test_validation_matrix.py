@@ -207,6 +207,8 @@ CASES: list[tuple[str, Callable[[Wire], Any], grpc.StatusCode, str, str]] = [
      "TOPIC_EXISTS", "4 queues"),
     ("create: bad name", create("a/b", 1), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_TOPIC",
      "a/b"),
+    ("create: name ending in a newline", create("fresh\n", 1), grpc.StatusCode.INVALID_ARGUMENT,
+     "INVALID_TOPIC", "must match"),
     ("lock: unknown group", lock("nobody", "matrix", ("orders", 0)), grpc.StatusCode.NOT_FOUND,
      "GROUP_NOT_FOUND", "heartbeat first"),
     ("lock: queue out of range", lock("g", "matrix", ("orders", 4)),

@@ -27,7 +27,8 @@ def test_a_single_key_string_is_one_key() -> None:
 
 
 @pytest.mark.parametrize(
-    "topic", ["", "has space", "a" * 128, "rmq_sys_x", "%RETRY%g", "tab\t", "dot.ted"]
+    "topic",
+    ["", "has space", "a" * 128, "rmq_sys_x", "%RETRY%g", "tab\t", "dot.ted", "newline\n"],
 )
 def test_bad_topics_are_refused(topic: str) -> None:
     with pytest.raises(InvalidTopicError):
