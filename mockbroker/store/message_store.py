@@ -255,13 +255,16 @@ class MessageStore:
         self, topic: str, frames: bytes, checked: list[CheckedFrame], position: int, overhead: int
     ) -> None:
         assert self._index is not None
-        positions, ids, keys = [], [], []
+        positions: list[int] = []
+        ids: list[bytes] = []
+        keyed: list[tuple[int, bytes]] = []
         for f in checked:
             positions.append(position)
             ids.append(frames[f.start : f.start + 16])
-            keys.append(frames[f.keys_at : f.keys_at + f.keys_len] if f.keys_len else b"")
+            if f.keys_len:
+                keyed.append((position, frames[f.keys_at : f.keys_at + f.keys_len]))
             position += overhead + f.end - f.start
-        self._index.add(topic, positions, ids, keys)
+        self._index.add(topic, positions, ids, keyed)
 
     def find_by_id(self, msg_id: bytes, limit: int = 32) -> list[bytes]:
         """Stored records with this message id (original, retries, dead letter), newest first."""

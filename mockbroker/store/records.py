@@ -7,6 +7,7 @@ with one bad frame stores nothing.
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from dataclasses import dataclass
@@ -27,6 +28,10 @@ from sdk._wire import (
 
 _PREFIX = FRAME_LEN_PREFIX.size
 _FIELDS = FRAME_FIELDS.size
+#: The length prefix and FRAME_FIELDS in one unpack, skipping the message id and born
+#: timestamp (the broker does not look at them): length, deliver-at, delay level, then the
+#: lengths of tags, sharding key, keys, properties and body.
+_HEADER = struct.Struct("<I24xqBHHHII")
 
 
 #: RocketMQ's delay levels (1-based), in seconds.
@@ -75,20 +80,20 @@ def tag_hash(tags: bytes) -> int:
 
 def check_frames(frames: bytes, now_ms: int) -> list[CheckedFrame]:
     """Parse and validate every frame; raise BrokerError naming the first bad one."""
-    out: list[CheckedFrame] = []
-    pos, end = 0, len(frames)
+    end = len(frames)
     if end == 0:
         raise invalid("MALFORMED_FRAME", "the request carries no message frames")
-    unpack_len = FRAME_LEN_PREFIX.unpack_from
-    unpack_fields = FRAME_FIELDS.unpack_from
-    index = 0
+    out: list[CheckedFrame] = []
+    append = out.append
+    unpack_header = _HEADER.unpack_from
+    view = memoryview(frames)
+    pos = index = 0
     while pos < end:
         if pos + _PREFIX + _FIELDS > end:
             raise invalid("MALFORMED_FRAME", f"frame {index}: header truncated at byte {pos}")
-        (length,) = unpack_len(frames, pos)
+        length, deliver_at, level, tl, sl, kl, pl, bl = unpack_header(frames, pos)
         start = pos + _PREFIX
         stop = start + length
-        _id, _born, deliver_at, level, tl, sl, kl, pl, bl = unpack_fields(frames, start)
         if length != _FIELDS + tl + sl + kl + pl + bl or stop > end:
             raise invalid("MALFORMED_FRAME", f"frame {index}: lengths do not add up")
         if bl == 0:
@@ -106,14 +111,21 @@ def check_frames(frames: bytes, now_ms: int) -> list[CheckedFrame]:
             )
         due = _check_schedule(deliver_at, level, now_ms, index) if deliver_at or level else 0
         p = start + _FIELDS
-        tags = frames[p : p + tl]
-        _check_text(frames, p, tl + sl + kl, index, "tags, sharding key or keys")
+        text = tl + sl + kl
+        if text:
+            try:
+                frames[p : p + text].decode()
+            except UnicodeDecodeError:
+                raise invalid(
+                    "MALFORMED_FRAME", f"frame {index}: tags, sharding key or keys are not UTF-8"
+                ) from None
         if pl:
             try:
-                decode_properties(memoryview(frames)[p + tl + sl + kl : p + tl + sl + kl + pl])
+                decode_properties(view[p + text : p + text + pl])
             except ValueError as exc:
                 raise invalid("MALFORMED_FRAME", f"frame {index}: properties: {exc}") from None
-        out.append(CheckedFrame(start, stop, tag_hash(tags), due, p + tl + sl, kl))
+        tags_hash = tag_hash(frames[p : p + tl]) if tl else 0
+        append(CheckedFrame(start, stop, tags_hash, due, p + tl + sl, kl))
         pos = stop
         index += 1
     return out
@@ -144,14 +156,6 @@ def _check_schedule(deliver_at: int, level: int, now_ms: int, index: int) -> int
     return max(deliver_at, now_ms)
 
 
-def _check_text(frames: bytes, start: int, length: int, index: int, what: str) -> None:
-    if length:
-        try:
-            frames[start : start + length].decode()
-        except UnicodeDecodeError:
-            raise invalid("MALFORMED_FRAME", f"frame {index}: {what} are not UTF-8") from None
-
-
 def build_records(
     frames: bytes,
     checked: list[CheckedFrame],
@@ -167,28 +171,37 @@ def build_records(
     parts: list[bytes | memoryview] = []
     entries: list[bytes] = []
     pack_head = RECORD_HEAD.pack
-    pack_tail = RECORD_TAIL.pack
+    pack_tail = _tail_with_topic(len(topic)).pack
     pack_entry = ENTRY.pack
     crc32 = zlib.crc32
     header_and_topic = RECORD.size + len(topic)
     position = base_position
+    offset = first_offset
     view = memoryview(frames)
-    for i, frame in enumerate(checked):
+    for frame in checked:
         body = view[frame.start : frame.end]
         size = header_and_topic + len(body)
         tail = pack_tail(
             RECORD_MAGIC,
             queue_id,
-            first_offset + i,
+            offset,
             store_timestamp_ms,
             reconsume_times,
             len(topic),
+            topic,
         )
-        crc = crc32(body, crc32(topic, crc32(tail)))
-        parts += (pack_head(size, crc), tail, topic, body)
+        # The CRC covers the tail and topic (one buffer here), then the frame.
+        parts += (pack_head(size, crc32(body, crc32(tail))), tail, body)
         entries.append(pack_entry(position, size, frame.tag_hash))
         position += size
+        offset += 1
     return b"".join(parts), b"".join(entries)
+
+
+@functools.lru_cache(maxsize=256)
+def _tail_with_topic(topic_len: int) -> struct.Struct:
+    """RECORD_TAIL followed by a topic of `topic_len` bytes."""
+    return struct.Struct(f"{RECORD_TAIL.format}{topic_len}s")
 
 
 __all__ = ["BrokerError", "CheckedFrame", "build_records", "check_frames", "tag_hash"]

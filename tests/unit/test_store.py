@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -196,4 +197,75 @@ def test_sync_mode_shares_one_fsync_among_concurrent_senders(
 
     loop.run_until_complete(burst())
     assert 1 <= len(calls) < 50 / 2, f"{len(calls)} fsyncs for 50 concurrent sends"
+    loop.run_until_complete(store.close())
+
+
+def test_a_batch_with_one_bad_frame_stores_nothing(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    store = opened(loop, tmp_path)
+    topic, _ = store.create_topic("t", 1)
+    good = [encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"x", keys=[b"k"])] * 100
+    bad = encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"x", tags=b"\xff")
+    end = store.commitlog.end
+    with pytest.raises(BrokerError) as info:
+        loop.run_until_complete(store.put(topic, 0, b"".join([*good[:57], bad, *good[58:]])))
+    assert info.value.message == "frame 57: tags, sharding key or keys are not UTF-8"
+    assert (store.commitlog.end, store.queue(topic, 0).count) == (end, 0)
+    assert [(tmp_path / "index" / f).stat().st_size for f in ("ids", "keys")] == [0, 0]
+    assert store.find_by_key("t", "k") == []
+    loop.run_until_complete(store.close())
+
+
+def test_one_batch_mixing_tagged_and_untagged_messages_filters_by_tag(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    store = opened(loop, tmp_path)
+    topic, _ = store.create_topic("t", 1)
+    tags = [b"A", b"", b"B", b"", b"A"]
+    batch = b"".join(
+        encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"%d" % i, tags=t)
+        for i, t in enumerate(tags)
+    )
+    loop.run_until_complete(store.put(topic, 0, batch))
+    hashes = [h for _, _, h in store.queue(topic, 0).read(0, 10)]
+    assert hashes == [zlib.crc32(t) if t else 0 for t in tags]
+    only_a = store.get(topic, 0, 0, max_messages=10, max_bytes=1 << 20, tags=frozenset([b"A"]))
+    assert bodies(only_a.records) == [b"0", b"4"]
+    loop.run_until_complete(store.close())
+
+
+def test_messages_are_found_by_id_and_by_each_of_their_keys(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    store = opened(loop, tmp_path)
+    orders, _ = store.create_topic("orders", 1)
+    other, _ = store.create_topic("other", 1)
+
+    def batch(keys: list[list[bytes]], first_id: int) -> bytes:
+        return b"".join(
+            encode_frame(
+                msg_id=(first_id + i).to_bytes(16, "big"),
+                born_timestamp_ms=1,
+                body=b"m%d" % (first_id + i),
+                keys=k,
+            )
+            for i, k in enumerate(keys)
+        )
+
+    loop.run_until_complete(store.put(orders, 0, batch([[b"a"], [], [b"b", b"a"], []], 0)))
+    loop.run_until_complete(store.put(other, 0, batch([[b"a"], [b"c"]], 10)))
+    loop.run_until_complete(store.put(orders, 0, batch([[], [b"a", b"c"]], 20)))
+
+    def found(records: list[bytes]) -> list[bytes]:
+        return [r.body for data in records for r in iter_records(data)]
+
+    assert found(store.find_by_key("orders", "a")) == [b"m21", b"m2", b"m0"]
+    assert found(store.find_by_key("orders", "b")) == [b"m2"]
+    assert found(store.find_by_key("orders", "c")) == [b"m21"]
+    assert found(store.find_by_key("other", "a")) == [b"m10"]
+    assert found(store.find_by_key("orders", "zz")) == []
+    for i in (0, 1, 3, 11, 20):
+        [record] = store.find_by_id(i.to_bytes(16, "big"))
+        assert found([record]) == [b"m%d" % i]
     loop.run_until_complete(store.close())

@@ -1,0 +1,177 @@
+"""check_frames and build_records against the documented layouts, batch by batch."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from mockbroker.errors import BrokerError
+from mockbroker.store.consumequeue import ENTRY
+from mockbroker.store.records import _HEADER, build_records, check_frames
+from sdk._wire import (
+    FRAME_FIELDS,
+    FRAME_LEN_PREFIX,
+    MAX_BODY_BYTES,
+    MAX_PROPERTIES_BYTES,
+    RECORD,
+    RECORD_MAGIC,
+    encode_frame,
+    encode_properties,
+    iter_records,
+)
+
+NOW_MS = 1_700_000_000_000
+
+
+def mixed(i: int) -> bytes:
+    """Frame i of a batch mixing tags, keys, sharding keys and properties."""
+    return encode_frame(
+        msg_id=i.to_bytes(16, "big"),
+        born_timestamp_ms=NOW_MS - i,
+        body=b"body-%d" % i * (1 + i % 4),
+        tags=(b"TagA", b"", "Tägé".encode())[i % 3],
+        sharding_key=b"key-%04d" % i if i % 2 else b"",
+        keys=[b"order-%d" % i, b"k2"][: i % 3],
+        properties=encode_properties({"p": str(i)}) if i % 5 == 0 else b"",
+    )
+
+
+def good(i: int) -> bytes:
+    return encode_frame(msg_id=i.to_bytes(16, "big"), born_timestamp_ms=NOW_MS, body=b"x" * 100)
+
+
+def test_the_header_unpack_is_the_prefix_then_frame_fields() -> None:
+    assert _HEADER.size == FRAME_LEN_PREFIX.size + FRAME_FIELDS.size
+    for i in range(30):
+        frame = mixed(i)
+        (length,) = FRAME_LEN_PREFIX.unpack_from(frame)
+        _id, _born, *rest = FRAME_FIELDS.unpack_from(frame, FRAME_LEN_PREFIX.size)
+        assert _HEADER.unpack_from(frame) == (length, *rest)
+
+
+def test_a_mixed_batch_gives_each_frame_its_own_tag_hash_and_keys() -> None:
+    frames = [mixed(i) for i in range(100)]
+    checked = check_frames(b"".join(frames), NOW_MS)
+    assert len(checked) == 100
+    joined = b"".join(frames)
+    pos = 0
+    for i, (frame, c) in enumerate(zip(frames, checked, strict=True)):
+        tags = (b"TagA", b"", "Tägé".encode())[i % 3]
+        keys = b"\0".join([b"order-%d" % i, b"k2"][: i % 3])
+        assert (c.start, c.end) == (pos + 4, pos + len(frame))
+        assert c.tag_hash == (zlib.crc32(tags) if tags else 0)
+        assert joined[c.keys_at : c.keys_at + c.keys_len] == keys
+        assert c.due_ms == 0
+        pos += len(frame)
+
+
+@pytest.mark.parametrize("topic", [b"t", b"orders", b"x" * 127, b"%RETRY%" + b"g" * 127])
+def test_records_and_entries_match_the_documented_layout(topic: bytes) -> None:
+    frames = [mixed(i) for i in range(100)]
+    joined = b"".join(frames)
+    checked = check_frames(joined, NOW_MS)
+    records, entries = build_records(
+        joined,
+        checked,
+        topic=topic,
+        queue_id=7,
+        first_offset=41,
+        store_timestamp_ms=NOW_MS + 5,
+        base_position=1000,
+        reconsume_times=2,
+    )
+    expected_records, expected_entries = [], []
+    position = 1000
+    for i, (frame, c) in enumerate(zip(frames, checked, strict=True)):
+        size = RECORD.size + len(topic) + len(frame) - 4
+        after_crc = RECORD.pack(size, 0, RECORD_MAGIC, 7, 41 + i, NOW_MS + 5, 2, len(topic))[8:]
+        after_crc += topic + frame[4:]
+        expected_records.append(RECORD.pack(size, zlib.crc32(after_crc), 0, 0, 0, 0, 0, 0)[:8])
+        expected_records.append(after_crc)
+        expected_entries.append(ENTRY.pack(position, size, c.tag_hash))
+        position += size
+    assert records == b"".join(expected_records)
+    assert entries == b"".join(expected_entries)
+    parsed = list(iter_records(records))  # verifies every CRC
+    assert [r.queue_offset for r in parsed] == list(range(41, 141))
+    assert [r.tags for r in parsed] == [(b"TagA", b"", "Tägé".encode())[i % 3] for i in range(100)]
+
+
+def lengths_off(frame: bytes) -> bytes:
+    return FRAME_LEN_PREFIX.pack(len(frame) - 3) + frame[4:]
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason", "message"),
+    [
+        (lengths_off(good(57)), "MALFORMED_FRAME", "frame 57: lengths do not add up"),
+        (
+            encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b""),
+            "EMPTY_BODY",
+            "frame 57: message body is empty",
+        ),
+        (
+            encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"b" * (MAX_BODY_BYTES + 1)),
+            "BODY_TOO_LARGE",
+            f"frame 57: body is {MAX_BODY_BYTES + 1} bytes, over the limit of {MAX_BODY_BYTES}",
+        ),
+        (
+            encode_frame(
+                msg_id=bytes(16),
+                born_timestamp_ms=1,
+                body=b"b",
+                tags=b"\xff",  # the size is checked before the text
+                properties=b"p" * (MAX_PROPERTIES_BYTES + 1),
+            ),
+            "PROPERTIES_TOO_LARGE",
+            f"frame 57: properties are {MAX_PROPERTIES_BYTES + 1} bytes, "
+            f"over the limit of {MAX_PROPERTIES_BYTES}",
+        ),
+        (
+            encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"b", delay_level=19),
+            "INVALID_DELIVERY_TIME",
+            "frame 57: delay level 19 is outside 1..18",
+        ),
+        (
+            encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"b", tags=b"T\xc3"),
+            "MALFORMED_FRAME",
+            "frame 57: tags, sharding key or keys are not UTF-8",
+        ),
+        (
+            encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"b", keys=[b"k", b"\xe2"]),
+            "MALFORMED_FRAME",
+            "frame 57: tags, sharding key or keys are not UTF-8",
+        ),
+        (
+            encode_frame(
+                msg_id=bytes(16), born_timestamp_ms=1, body=b"b", properties=b"\x05\x00ab"
+            ),
+            "MALFORMED_FRAME",
+            "frame 57: properties: properties truncated in a key",
+        ),
+    ],
+)
+def test_a_bad_frame_in_a_batch_is_named_by_its_index(
+    bad: bytes, reason: str, message: str
+) -> None:
+    frames = b"".join([*map(good, range(57)), bad, *map(good, range(58, 100))])
+    with pytest.raises(BrokerError) as info:
+        check_frames(frames, NOW_MS)
+    assert (info.value.reason, info.value.status.name) == (reason, "INVALID_ARGUMENT")
+    assert info.value.message == message
+
+
+def test_a_truncated_last_header_is_named_with_its_byte() -> None:
+    frames = b"".join(map(good, range(57)))
+    with pytest.raises(BrokerError) as info:
+        check_frames(frames + good(57)[:50], NOW_MS)
+    assert info.value.message == f"frame 57: header truncated at byte {len(frames)}"
+
+
+def test_text_is_checked_per_frame_not_across_frames() -> None:
+    # Each half of a two-byte character, in two frames, is invalid on its own.
+    first = encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"b", tags=b"\xc3")
+    second = encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"b", tags=b"\xa9")
+    with pytest.raises(BrokerError, match="frame 0: tags"):
+        check_frames(first + second, NOW_MS)
