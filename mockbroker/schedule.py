@@ -250,8 +250,10 @@ def _checked(frames: bytes) -> list[CheckedFrame]:
     while pos < len(frames):
         (length,) = FRAME_LEN_PREFIX.unpack_from(frames, pos)
         start = pos + FRAME_LEN_PREFIX.size
-        tl = FRAME_FIELDS.unpack_from(frames, start)[4]
+        tl, sl, kl = FRAME_FIELDS.unpack_from(frames, start)[4:7]
         tags_at = start + FRAME_FIELDS.size
-        out.append(CheckedFrame(start, start + length, tag_hash(frames[tags_at : tags_at + tl])))
+        tags = tag_hash(frames[tags_at : tags_at + tl])
+        # keys_at/keys_len: a delivered message is indexed by its keys like any other.
+        out.append(CheckedFrame(start, start + length, tags, 0, tags_at + tl + sl, kl))
         pos = start + length
     return out

@@ -127,6 +127,32 @@ def test_delayed_messages_arrive_when_due_on_their_keys_queue(
     assert all(m.store_timestamp >= int((start + 10) * 1000) for m in got[1:])
 
 
+def test_a_delivered_delayed_message_is_found_by_its_keys(
+    broker: EmbeddedBroker, clock: FakeClock
+) -> None:
+    with Producer(broker.address, clock=clock) as producer:
+        sent = producer.send(
+            Message("orders", b"later", keys=["order-9", "refund-3"], sharding_key="o-9",
+                    delay_seconds=5)
+        )  # fmt: skip
+    clock.advance(5.1)
+    queue = sent.queue
+    wait_until(lambda: bodies(broker, queue) == [b"later"])
+    [delivered] = read_queue(broker.address, queue)
+
+    async def found(c: BrokerClient) -> dict[str, set[tuple[str, int, int]]]:
+        return {
+            key: {(m.msg_id, m.queue_offset, m.store_timestamp)
+                  for m in await c.query_messages_by_key("orders", key)}
+            for key in ("order-9", "refund-3")
+        }  # fmt: skip
+
+    # Like a lookup by id, a lookup by key finds every stored copy: the scheduled one
+    # (found while it waits) and the one delivered to the queue.
+    copy = (sent.msg_id, delivered.queue_offset, delivered.store_timestamp)
+    assert all(copy in copies for copies in run(broker.address, found).values())
+
+
 def test_delay_levels_follow_rocketmq(broker: EmbeddedBroker, clock: FakeClock) -> None:
     from sdk._wire import encode_frame
 
