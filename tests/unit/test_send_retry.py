@@ -16,6 +16,7 @@ from sdk.errors import (
     RequestTimeoutError,
     TopicNotFoundError,
 )
+from sdk.producer import retry
 from sdk.producer.retry import with_retries
 
 
@@ -66,6 +67,27 @@ def test_retries_stop_after_retry_times_and_raise_the_last_failure() -> None:
     calls, outcome = run([BrokerUnavailableError(f"down {i}") for i in range(5)], retry_times=2)
     assert calls == 3
     assert isinstance(outcome, BrokerUnavailableError) and str(outcome) == "down 2"
+
+
+def test_waits_double_from_backoff_up_to_the_cap_plus_jitter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr(retry, "_sleep", sleep)
+    monkeypatch.setattr(retry.random, "uniform", lambda low, high: high)  # the most jitter
+
+    async def attempt(n: int) -> str:
+        if n < 5:
+            raise BrokerUnavailableError(f"down {n}")
+        return "stored"
+
+    got = asyncio.run(retry.with_retries(attempt, retry_times=5, backoff=0.1, backoff_max=0.5))
+    assert got == "stored"
+    assert waits == pytest.approx([0.1 + 0.1, 0.2 + 0.1, 0.4 + 0.1, 0.5 + 0.1, 0.5 + 0.1])
 
 
 def test_no_retries_when_told_so() -> None:
