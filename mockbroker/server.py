@@ -60,6 +60,11 @@ class Broker:
         return self._metrics.port if self._metrics is not None else None
 
     @property
+    def exchange_streams(self) -> int:
+        """How many clients' Exchange streams (their Send and Pull) are being served."""
+        return self._messaging.exchanges.open_streams if self._messaging is not None else 0
+
+    @property
     def address(self) -> str:
         """'host:port' clients connect to (loopback when listening on every interface)."""
         host = "127.0.0.1" if self.config.host in _WILDCARDS else self.config.host

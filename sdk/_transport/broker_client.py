@@ -13,6 +13,7 @@ from google.protobuf import json_format
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.codec import decode_records
+from sdk._transport.exchange import Exchange, ExchangeUnsupportedError
 from sdk._transport.status import to_ordermq_error
 from sdk._wire import GRPC_CLIENT_CHANNEL_OPTIONS
 from sdk.message import MessageExt, MessageQueue
@@ -80,16 +81,22 @@ class SentBack:
 
 
 class BrokerClient:
-    """One channel to one broker. Create and use it on one event loop."""
+    """One channel to one broker. Create and use it on one event loop.
+
+    Send and Pull travel on the channel's Exchange stream; with a broker that has none,
+    as unary calls.
+    """
 
     def __init__(self, address: str) -> None:
         self.address = address
         self._channel = grpc.aio.insecure_channel(address, options=GRPC_CLIENT_CHANNEL_OPTIONS)
         self._messaging = pb_grpc.MessagingServiceStub(self._channel)
         self._admin = pb_grpc.AdminServiceStub(self._channel)
+        self._exchange = Exchange(self._messaging.Exchange, address)
 
     async def close(self) -> None:
         """Close the channel; calls in flight are cancelled."""
+        await self._exchange.close()
         await self._channel.close(None)
 
     async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -97,6 +104,21 @@ class BrokerClient:
             return await call()
         except grpc.aio.AioRpcError as exc:
             raise to_ordermq_error(exc) from None
+
+    async def _request(
+        self, envelope: pb.ExchangeRequest, timeout: float | None
+    ) -> pb.ExchangeResponse:
+        """A Send or Pull on the Exchange stream, or as its unary call if the broker has none."""
+        if self._exchange.supported:
+            try:
+                return await self._exchange.call(envelope, timeout)
+            except ExchangeUnsupportedError:
+                pass  # the broker served nothing of it: go unary, now and from now on
+        if envelope.HasField("send"):
+            sent = await self._call(lambda: self._messaging.Send(envelope.send, timeout=timeout))
+            return pb.ExchangeResponse(send=sent)
+        pulled = await self._call(lambda: self._messaging.Pull(envelope.pull, timeout=timeout))
+        return pb.ExchangeResponse(pull=pulled)
 
     # ------------------------------------------------------------------ messaging
     async def query_route(
@@ -119,8 +141,13 @@ class BrokerClient:
         self, topic: str, queue_id: int, frames: bytes, *, timeout: float | None = None
     ) -> Appended:
         """Append frames to one queue."""
-        request = pb.SendRequest(topic=topic, queue_id=queue_id, frames=frames)
-        r = await self._call(lambda: self._messaging.Send(request, timeout=timeout))
+        # Filled in place: passing a SendRequest to the constructor would copy the frames.
+        envelope = pb.ExchangeRequest()
+        request = envelope.send
+        request.topic = topic
+        request.queue_id = queue_id
+        request.frames = frames
+        r = (await self._request(envelope, timeout)).send
         return Appended(r.status == pb.SEND_OK, r.first_queue_offset, r.count, r.scheduled)
 
     async def pull(
@@ -146,7 +173,7 @@ class BrokerClient:
             tag_expression=tag_expression,
             suspend_timeout_ms=int(suspend_timeout * 1000),
         )
-        r = await self._call(lambda: self._messaging.Pull(request, timeout=timeout))
+        r = (await self._request(pb.ExchangeRequest(pull=request), timeout)).pull
         return PullResult(
             PullStatus(pb.PullStatus.Name(r.status)),
             r.next_offset,

@@ -1,0 +1,368 @@
+"""The client side of the Exchange stream, against a scripted in-process gRPC server.
+
+The server is a bare grpc.aio server on loopback whose Exchange streams the test drives
+request by request: it sees what the client wrote and answers (or breaks) as told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
+from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
+from sdk._transport.broker_client import Appended, BrokerClient, PullStatus
+from sdk._transport.exchange import Exchange
+from sdk._transport.status import REASON_KEY, to_ordermq_error
+from sdk.errors import (
+    BrokerBusyError,
+    BrokerUnavailableError,
+    InvalidQueueError,
+    OrderMQError,
+    RequestTimeoutError,
+    TopicNotFoundError,
+)
+from sdk.message import MessageQueue
+
+SERVICE = "ordermq.v1.MessagingService"
+WAIT = 5.0  # seconds any awaited condition may take before the test fails
+
+
+class ScriptedStream:
+    """One Exchange call as the server sees it."""
+
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        self.context = context
+        self.requests: asyncio.Queue[pb.ExchangeRequest] = asyncio.Queue()
+        self.outcome: asyncio.Future[tuple[grpc.StatusCode, str] | None] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self.cancelled = asyncio.Event()
+
+    async def next_request(self) -> pb.ExchangeRequest:
+        return await asyncio.wait_for(self.requests.get(), WAIT)
+
+    async def answer(self, response: pb.ExchangeResponse) -> None:
+        await self.context.write(response)
+
+    def end(self, code: grpc.StatusCode | None = None, details: str = "") -> None:
+        """End the call: OK when `code` is None, else with that status."""
+        self.outcome.set_result(None if code is None else (code, details))
+
+
+class ScriptedBroker(grpc.GenericRpcHandler):  # type: ignore[type-arg]
+    """Serves Exchange as the test scripts it, and unary Send and Pull with fixed answers.
+
+    With exchange=False it has no Exchange method: the client gets UNIMPLEMENTED.
+    """
+
+    def __init__(self, *, exchange: bool = True) -> None:
+        self.exchange = exchange
+        self.methods: list[str] = []  # every method called, in order
+        self.unary_sends: list[pb.SendRequest] = []
+        self.unary_pulls: list[pb.PullRequest] = []
+        self.streams: asyncio.Queue[ScriptedStream] = asyncio.Queue()
+        self.server = grpc.aio.server()
+        self.server.add_generic_rpc_handlers((self,))
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+
+    def service(
+        self, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        method = handler_call_details.method
+        self.methods.append(method)
+        if method == f"/{SERVICE}/Exchange" and self.exchange:
+            return grpc.stream_stream_rpc_method_handler(
+                self._exchange,
+                request_deserializer=pb.ExchangeRequest.FromString,
+                response_serializer=pb.ExchangeResponse.SerializeToString,
+            )
+        if method == f"/{SERVICE}/Send":
+            return grpc.unary_unary_rpc_method_handler(
+                self._send,
+                request_deserializer=pb.SendRequest.FromString,
+                response_serializer=pb.SendResponse.SerializeToString,
+            )
+        if method == f"/{SERVICE}/Pull":
+            return grpc.unary_unary_rpc_method_handler(
+                self._pull,
+                request_deserializer=pb.PullRequest.FromString,
+                response_serializer=pb.PullResponse.SerializeToString,
+            )
+        return None
+
+    async def next_stream(self) -> ScriptedStream:
+        return await asyncio.wait_for(self.streams.get(), WAIT)
+
+    async def _exchange(self, _: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        stream = ScriptedStream(context)
+        self.streams.put_nowait(stream)
+
+        async def read() -> None:
+            while isinstance(request := await context.read(), pb.ExchangeRequest):
+                stream.requests.put_nowait(request)
+
+        reader = asyncio.create_task(read())
+        try:
+            outcome = await stream.outcome
+        except asyncio.CancelledError:
+            stream.cancelled.set()  # the client cancelled the call
+            raise
+        finally:
+            reader.cancel()
+        if outcome is not None:
+            await context.abort(*outcome)
+
+    async def _send(self, request: pb.SendRequest, _: object) -> pb.SendResponse:
+        self.unary_sends.append(request)
+        return pb.SendResponse(status=pb.SEND_OK, first_queue_offset=7, count=1)
+
+    async def _pull(self, request: pb.PullRequest, _: object) -> pb.PullResponse:
+        self.unary_pulls.append(request)
+        return pb.PullResponse(status=pb.NO_NEW_MESSAGE, next_offset=request.offset)
+
+
+@contextlib.asynccontextmanager
+async def scripted(exchange: bool = True) -> AsyncIterator[tuple[ScriptedBroker, Exchange]]:
+    """A scripted broker and an Exchange client of it, closed afterwards."""
+    broker = ScriptedBroker(exchange=exchange)
+    await broker.server.start()
+    channel = grpc.aio.insecure_channel(broker.address)
+    client = Exchange(pb_grpc.MessagingServiceStub(channel).Exchange, broker.address)
+    try:
+        yield broker, client
+    finally:
+        await client.close()
+        await channel.close(None)
+        await broker.server.stop(None)
+
+
+def send(queue_id: int = 0, frames: bytes = b"frame") -> pb.ExchangeRequest:
+    return pb.ExchangeRequest(send=pb.SendRequest(topic="t", queue_id=queue_id, frames=frames))
+
+
+def pull(offset: int = 0) -> pb.ExchangeRequest:
+    return pb.ExchangeRequest(
+        pull=pb.PullRequest(group="g", topic="t", queue_id=1, offset=offset, max_messages=1)
+    )
+
+
+def sent(rid: int, offset: int) -> pb.ExchangeResponse:
+    answer = pb.SendResponse(status=pb.SEND_OK, first_queue_offset=offset, count=1)
+    return pb.ExchangeResponse(id=rid, send=answer)
+
+
+def run(main: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(main(), 4 * WAIT))
+
+
+def unary_error(code: grpc.StatusCode, reason: str | None, details: str) -> OrderMQError:
+    """What the unary call raises for that status."""
+    trailing = grpc.aio.Metadata((REASON_KEY, reason)) if reason else grpc.aio.Metadata()
+    return to_ordermq_error(
+        grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details, None)
+    )
+
+
+def same_error(a: BaseException, b: BaseException) -> bool:
+    assert isinstance(a, OrderMQError) and isinstance(b, OrderMQError)
+    return (type(a), a.code, a.reason, a.message) == (type(b), b.code, b.reason, b.message)
+
+
+def test_requests_are_written_in_call_order_and_answers_matched_by_id() -> None:
+    async def main() -> None:
+        async with scripted() as (broker, client):
+            calls = [
+                asyncio.create_task(client.call(send(frames=b"a"))),
+                asyncio.create_task(client.call(pull(offset=5))),
+                asyncio.create_task(client.call(send(frames=b"c"))),
+            ]
+            stream = await broker.next_stream()
+            a, p, c = [await stream.next_request() for _ in calls]
+            assert (a.send.frames, p.pull.offset, c.send.frames) == (b"a", 5, b"c")
+            assert len({a.id, p.id, c.id}) == 3
+            # Answered in another order than asked.
+            await stream.answer(sent(c.id, 30))
+            await stream.answer(pb.ExchangeResponse(id=p.id, pull=pb.PullResponse(next_offset=6)))
+            await stream.answer(sent(a.id, 10))
+            got_a, got_p, got_c = await asyncio.gather(*calls)
+            assert got_a.send.first_queue_offset == 10
+            assert got_p.pull.next_offset == 6
+            assert got_c.send.first_queue_offset == 30
+
+    run(main)
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "message", "expected"),
+    [
+        ("NOT_FOUND", "TOPIC_NOT_FOUND", "topic 't' does not exist", TopicNotFoundError),
+        ("OUT_OF_RANGE", "INVALID_QUEUE", "queue 9 of 't' does not exist", InvalidQueueError),
+        ("RESOURCE_EXHAUSTED", "", "too busy", BrokerBusyError),  # no reason: by the code
+    ],
+)
+def test_an_error_answer_raises_what_the_unary_call_raises(
+    code: str, reason: str, message: str, expected: type[OrderMQError]
+) -> None:
+    async def main() -> None:
+        async with scripted() as (broker, client):
+            call = asyncio.create_task(client.call(send()))
+            stream = await broker.next_stream()
+            request = await stream.next_request()
+            error = pb.ExchangeError(code=code, reason=reason, message=message)
+            await stream.answer(pb.ExchangeResponse(id=request.id, error=error))
+            with pytest.raises(expected) as raised:
+                await call
+            unary = unary_error(grpc.StatusCode[code], reason, message)
+            assert same_error(raised.value, unary)
+            assert raised.value.message == message
+            # The stream carries on.
+            call = asyncio.create_task(client.call(send()))
+            request = await stream.next_request()
+            await stream.answer(sent(request.id, 1))
+            assert (await call).send.first_queue_offset == 1
+
+    run(main)
+
+
+def test_a_timeout_raises_the_deadline_error_and_cancels_the_request() -> None:
+    async def main() -> None:
+        async with scripted() as (broker, client):
+            call = asyncio.create_task(client.call(send(queue_id=3), timeout=0.05))
+            stream = await broker.next_stream()
+            request = await stream.next_request()  # and never answered
+            with pytest.raises(RequestTimeoutError) as raised:
+                await call
+            assert raised.value.code == "DEADLINE_EXCEEDED"
+            assert type(raised.value) is type(
+                unary_error(grpc.StatusCode.DEADLINE_EXCEEDED, None, "Deadline Exceeded")
+            )
+            assert "send to t queue 3" in raised.value.message
+            assert f"request {request.id}" in raised.value.message
+            cancel = await stream.next_request()
+            assert (cancel.WhichOneof("body"), cancel.id) == ("cancel", request.id)
+            # A late answer to the abandoned request is ignored; the stream carries on.
+            await stream.answer(sent(request.id, 0))
+            call = asyncio.create_task(client.call(send()))
+            request = await stream.next_request()
+            await stream.answer(sent(request.id, 1))
+            assert (await call).send.first_queue_offset == 1
+
+    run(main)
+
+
+def test_a_cancelled_caller_cancels_its_request_on_the_broker() -> None:
+    async def main() -> None:
+        async with scripted() as (broker, client):
+            call = asyncio.create_task(client.call(pull()))
+            stream = await broker.next_stream()
+            request = await stream.next_request()
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            cancel = await stream.next_request()
+            assert (cancel.WhichOneof("body"), cancel.id) == ("cancel", request.id)
+            assert not stream.cancelled.is_set()  # the stream itself stays open
+
+    run(main)
+
+
+@pytest.mark.parametrize("status", [grpc.StatusCode.UNAVAILABLE, None])
+def test_a_broken_stream_fails_every_pending_call_and_the_next_call_opens_a_new_one(
+    status: grpc.StatusCode | None,
+) -> None:
+    async def main() -> None:
+        async with scripted() as (broker, client):
+            calls = [asyncio.create_task(client.call(r)) for r in (send(), pull(), send())]
+            stream = await broker.next_stream()
+            for _ in calls:
+                await stream.next_request()
+            stream.end(status, "connection reset")  # None: ends without an error
+            for outcome in await asyncio.gather(*calls, return_exceptions=True):
+                assert isinstance(outcome, BrokerUnavailableError)
+                assert outcome.code == "UNAVAILABLE" and outcome.retriable
+                if status is None:
+                    assert "closed before answering" in outcome.message
+            call = asyncio.create_task(client.call(send()))
+            second = await broker.next_stream()
+            request = await second.next_request()
+            await second.answer(sent(request.id, 4))
+            assert (await call).send.first_queue_offset == 4
+
+    run(main)
+
+
+def test_close_fails_pending_calls_and_cancels_the_stream() -> None:
+    async def main() -> None:
+        async with scripted() as (broker, client):
+            call = asyncio.create_task(client.call(pull()))
+            stream = await broker.next_stream()
+            await stream.next_request()
+            await client.close()
+            with pytest.raises(BrokerUnavailableError, match="closed"):
+                await call
+            await asyncio.wait_for(stream.cancelled.wait(), WAIT)
+            with pytest.raises(BrokerUnavailableError, match="closed"):
+                await client.call(send())
+
+    run(main)
+
+
+def test_broker_client_sends_and_pulls_on_the_exchange() -> None:
+    async def main() -> None:
+        async with scripted() as (broker, _):
+            client = BrokerClient(broker.address)
+            appending = asyncio.create_task(client.send("t", 2, b"frames", timeout=5))
+            stream = await broker.next_stream()
+            request = await stream.next_request()
+            assert (request.send.topic, request.send.queue_id, request.send.frames) == (
+                "t", 2, b"frames",
+            )  # fmt: skip
+            await stream.answer(
+                pb.ExchangeResponse(
+                    id=request.id,
+                    send=pb.SendResponse(status=pb.SEND_OK, first_queue_offset=3, count=1),
+                )
+            )
+            assert await appending == Appended(True, 3, 1)
+            pulling = asyncio.create_task(
+                client.pull("g", MessageQueue("t", "b", 1), 9, suspend_timeout=2)
+            )
+            request = await stream.next_request()
+            assert (request.pull.offset, request.pull.suspend_timeout_ms) == (9, 2000)
+            answer = pb.PullResponse(status=pb.NO_NEW_MESSAGE, next_offset=9, max_offset=9)
+            await stream.answer(pb.ExchangeResponse(id=request.id, pull=answer))
+            result = await pulling
+            assert (result.status, result.next_offset, result.messages) == (
+                PullStatus.NO_NEW_MESSAGE, 9, [],
+            )  # fmt: skip
+            await client.close()
+            assert broker.unary_sends == broker.unary_pulls == []
+
+    run(main)
+
+
+def test_a_broker_without_exchange_gets_unary_send_and_pull() -> None:
+    async def main() -> None:
+        async with scripted(exchange=False) as (broker, _):
+            client = BrokerClient(broker.address)
+            assert await client.send("t", 2, b"one") == Appended(True, 7, 1)
+            assert await client.send("t", 2, b"two") == Appended(True, 7, 1)
+            result = await client.pull("g", MessageQueue("t", "b", 1), 4)
+            await client.close()
+            assert (result.status, result.next_offset) == (PullStatus.NO_NEW_MESSAGE, 4)
+            assert [r.frames for r in broker.unary_sends] == [b"one", b"two"]
+            assert [r.offset for r in broker.unary_pulls] == [4]
+            assert broker.methods == [
+                f"/{SERVICE}/Exchange",  # tried once: UNIMPLEMENTED
+                f"/{SERVICE}/Send",
+                f"/{SERVICE}/Send",
+                f"/{SERVICE}/Pull",
+            ]
+
+    run(main)
