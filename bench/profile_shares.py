@@ -52,11 +52,11 @@ IDLE_FRAMES = (
     "_queue_SimpleQueue_get", "PyThread_acquire_lock", "select_epoll_poll", "time_sleep",
     "lock_PyThread_acquire_lock", "gpr_cv_wait",
 )  # fmt: skip
-#: Parts a busy sample is counted in. A sample goes to the first project part (ordermq's
-#: own code, and fsync) found in its stack, read from the innermost frame outwards, so a
-#: hot function is named rather than its callers; a sample with none of them goes to the
-#: first runtime part found the same way.
-PROJECT_PARTS: list[tuple[str, tuple[str, ...]]] = [
+#: Parts a busy sample is counted in: the part of the innermost frame of its stack that
+#: belongs to one, so a hot function is named rather than its callers, and what our code
+#: calls into (gRPC, asyncio, protobuf) is counted there. Frames of no part (system calls,
+#: libc, zlib) count for their caller.
+PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("fsync", ("fdatasync", "os_fsync")),
     ("check frames (validation)", ("check_frames",)),
     ("build records (layout, CRC)", ("build_records",)),
@@ -74,17 +74,13 @@ PROJECT_PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("SDK transport", ("sdk/_transport/",)),
     ("other SDK code", ("sdk/",)),
     ("benchmark driver", ("bench/",)),
+    ("protobuf", ("protobuf", "upb")),
+    ("gRPC runtime (C core, cython, its system calls)", ("cygrpc", "grpc/")),
+    ("asyncio event loop", ("asyncio/", "_asynciomodule", "selectors.py")),
+    ("threads (pool, hand-offs)", ("threading.py", "concurrent/futures", "queue.py")),
 ]
 #: Outer frames every sample of a process has (its entry point): never a part.
 ENTRY_FRAMES = ("__main__.py", "mockbroker/server.py", "profile_shares.py", "runpy")
-RUNTIME_PARTS: list[tuple[str, tuple[str, ...]]] = [
-    ("protobuf", ("protobuf", "upb")),
-    ("gRPC: socket and wake-up syscalls", ("sendmsg", "recvmsg", "eventfd", "write (libc",
-                                           "read (libc", "recv (libc")),
-    ("gRPC runtime (C core, cython)", ("cygrpc", "grpc/")),
-    ("asyncio event loop", ("asyncio/", "_asynciomodule", "selectors.py")),
-    ("threads (pool, hand-offs)", ("threading.py", "concurrent/futures", "queue.py")),
-]  # fmt: skip
 
 
 @dataclass
@@ -130,12 +126,12 @@ def _waiting(frames: list[str]) -> bool:
 
 
 def _part(frames: list[str]) -> str:
-    inner = [f for f in frames if not any(e in f for e in ENTRY_FRAMES)]
-    for parts in (PROJECT_PARTS, RUNTIME_PARTS):
-        for frame in reversed(inner):
-            for name, markers in parts:
-                if any(m in frame for m in markers):
-                    return name
+    for frame in reversed(frames):
+        if any(e in frame for e in ENTRY_FRAMES):
+            continue
+        for name, markers in PARTS:
+            if any(m in frame for m in markers):
+                return name
     return "other"
 
 
