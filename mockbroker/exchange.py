@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -19,7 +20,8 @@ from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 
 log = logging.getLogger("ordermq.broker")
 
-#: Requests one stream may have in flight (held pulls included); more are refused.
+#: Requests one stream may have in flight (held pulls included); the stream reads no
+#: more until one is answered.
 MAX_IN_FLIGHT = 10_000
 
 SendHandler = Callable[[pb.SendRequest], Awaitable[pb.SendResponse]]
@@ -38,8 +40,11 @@ class ExchangeStream:
     def __init__(self, send: SendHandler, pull: PullHandler) -> None:
         self._send = send
         self._pull = pull
-        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._tasks: dict[int, asyncio.Task[bool]] = {}
         self._answers: asyncio.Queue[pb.ExchangeResponse | None] = asyncio.Queue()
+        # A request holds a slot from when it is read until its answer has been handed to
+        # gRPC: a client that sends faster than it reads is held back by flow control.
+        self._room = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._closing = False
 
     async def serve(
@@ -50,6 +55,7 @@ class ExchangeStream:
         try:
             while (answer := await self._answers.get()) is not None:
                 yield answer
+                self._room.release()
         finally:
             reader.cancel()
             for task in list(self._tasks.values()):
@@ -60,19 +66,27 @@ class ExchangeStream:
     def close(self) -> None:
         """Stop taking requests; end the stream once those in flight are answered."""
         self._closing = True
-        if not self._tasks:
-            self._answers.put_nowait(None)
+        self._end_if_idle()
 
     async def _read(self, requests: AsyncIterator[pb.ExchangeRequest]) -> None:
+        incoming = aiter(requests)
         try:
-            async for request in requests:
+            while not self._closing:
+                await self._room.acquire()
+                try:
+                    request = await anext(incoming)
+                except StopAsyncIteration:  # the client half-closed
+                    break
                 if self._closing:
                     break
                 self._dispatch(request)
         finally:
             self._closing = True
-            if not self._tasks:
-                self._answers.put_nowait(None)
+            self._end_if_idle()
+
+    def _end_if_idle(self) -> None:
+        if self._closing and not self._tasks:
+            self._answers.put_nowait(None)
 
     def _dispatch(self, request: pb.ExchangeRequest) -> None:
         rid = request.id
@@ -81,6 +95,7 @@ class ExchangeStream:
             task = self._tasks.get(rid)
             if task is not None:
                 task.cancel()
+            self._room.release()  # a cancel is never answered
             return
         if kind is None:
             self._answers.put_nowait(
@@ -94,16 +109,12 @@ class ExchangeStream:
                        f"request id {rid} is already in flight on this stream")
             )  # fmt: skip
             return
-        if len(self._tasks) >= MAX_IN_FLIGHT:
-            self._answers.put_nowait(
-                _error(rid, "RESOURCE_EXHAUSTED", "TOO_MANY_REQUESTS",
-                       f"this stream already has {MAX_IN_FLIGHT} requests in flight")
-            )  # fmt: skip
-            return
-        self._tasks[rid] = asyncio.create_task(self._run(rid, request))
+        task = asyncio.create_task(self._run(rid, request))
+        self._tasks[rid] = task
+        task.add_done_callback(functools.partial(self._finished, rid))
 
-    async def _run(self, rid: int, request: pb.ExchangeRequest) -> None:
-        answer: pb.ExchangeResponse | None = None
+    async def _run(self, rid: int, request: pb.ExchangeRequest) -> bool:
+        """Handle one request; True once its answer is queued (False: cancelled)."""
         try:
             if request.HasField("send"):
                 answer = pb.ExchangeResponse(id=rid, send=await self._send(request.send))
@@ -112,16 +123,22 @@ class ExchangeStream:
         except BrokerError as exc:
             answer = _error(rid, exc.status.name, exc.reason, exc.message)
         except asyncio.CancelledError:
-            pass  # cancelled by the client, or the stream is gone: nothing to answer
-        except Exception:
+            return False  # cancelled by the client, or the stream is gone: no answer
+        except Exception as exc:
             log.exception("exchange request %d failed", rid)
-            answer = _error(rid, "INTERNAL", "INTERNAL", f"request {rid} failed in the broker")
-        finally:
+            # What gRPC answers a unary call whose handler raised.
+            answer = _error(rid, "UNKNOWN", "", f"Unexpected {type(exc)}: {exc}")
+        self._answers.put_nowait(answer)
+        return True
+
+    def _finished(self, rid: int, task: asyncio.Task[bool]) -> None:
+        # A done callback, not a finally in _run: it runs even for a task cancelled
+        # before its first step.
+        if self._tasks.get(rid) is task:
             del self._tasks[rid]
-            if answer is not None:
-                self._answers.put_nowait(answer)
-            if self._closing and not self._tasks:
-                self._answers.put_nowait(None)
+        if task.cancelled() or not task.result():
+            self._room.release()  # no answer will free its slot
+        self._end_if_idle()
 
 
 class ExchangeStreams:

@@ -116,8 +116,25 @@ class Scheduler:
         *,
         reconsume_times: int = 0,
     ) -> bool:
-        """Store scheduled frames for (topic, queue_id); True when durable per flush mode."""
+        """Store scheduled frames for (topic, queue_id); True when durable per flush mode.
+
+        Once stored they are scheduled even if the caller is cancelled meanwhile (its
+        deadline passed, or it cancelled an Exchange request during the sync flush wait):
+        otherwise they would sit in the log, undelivered until a restart.
+        """
         topic.check_queue(queue_id)
+        return await asyncio.shield(
+            self._store_and_schedule(topic, queue_id, frames, checked, reconsume_times)
+        )
+
+    async def _store_and_schedule(
+        self,
+        topic: Topic,
+        queue_id: int,
+        frames: bytes,
+        checked: list[CheckedFrame],
+        reconsume_times: int,
+    ) -> bool:
         result = await self._store.append(
             topic,
             queue_id,

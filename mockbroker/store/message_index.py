@@ -20,9 +20,16 @@ _KEY_ENTRY = struct.Struct("<8sq")
 _CHUNK_ENTRIES = 16384
 
 
+def _key_hasher(topic: str) -> hashlib.blake2b:
+    """A hash of the topic's key prefix; update it with a key to get that key's digest."""
+    return hashlib.blake2b(topic.encode() + b"\0", digest_size=8)
+
+
 def key_hash(topic: str, key: bytes) -> bytes:
     """The 8-byte digest a key is indexed under."""
-    return hashlib.blake2b(topic.encode() + b"\0" + key, digest_size=8).digest()
+    h = _key_hasher(topic)
+    h.update(key)
+    return h.digest()
 
 
 class MessageIndex:
@@ -44,9 +51,9 @@ class MessageIndex:
         os.write(self._ids, b"".join(map(_ID_ENTRY.pack, msg_ids, positions)))
         if not keyed:
             return
-        # Hashing the "topic\0" prefix once and copying its state gives key_hash's digest
-        # at half the cost of a new hash per key.
-        prefix = hashlib.blake2b(topic.encode() + b"\0", digest_size=8)
+        # Hashing the prefix once and copying its state gives key_hash's digest at half
+        # the cost of a new hash per key.
+        prefix = _key_hasher(topic)
         pack = _KEY_ENTRY.pack
         entries: list[bytes] = []
         for position, joined in keyed:

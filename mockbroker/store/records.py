@@ -31,7 +31,8 @@ _FIELDS = FRAME_FIELDS.size
 #: The length prefix and FRAME_FIELDS in one unpack, skipping the message id and born
 #: timestamp (the broker does not look at them): length, deliver-at, delay level, then the
 #: lengths of tags, sharding key, keys, properties and body.
-_HEADER = struct.Struct("<I24xqBHHHII")
+_HEADER = struct.Struct("<I24x" + FRAME_FIELDS.format.removeprefix("<16sq"))
+assert _HEADER.size == _PREFIX + _FIELDS, "FRAME_FIELDS no longer starts with id, born"
 
 
 #: RocketMQ's delay levels (1-based), in seconds.

@@ -6,7 +6,12 @@ import asyncio
 from collections.abc import Sequence
 
 from sdk._transport.broker_client import BrokerClient, QueueRoute
-from sdk.errors import BrokerUnavailableError, InvalidArgumentError, OrderMQError
+from sdk.errors import (
+    BrokerUnavailableError,
+    ClientStateError,
+    InvalidArgumentError,
+    OrderMQError,
+)
 from sdk.message import MessageQueue
 
 
@@ -28,11 +33,14 @@ class Cluster:
         self._routes: dict[str, list[QueueRoute]] = {}
         self._writable: dict[str, list[MessageQueue]] = {}
         self._addresses: dict[MessageQueue, str] = {}
+        self._closed = False
 
     def client(self, address: str) -> BrokerClient:
-        """The channel to `address`, opened on first use."""
+        """The channel to `address`, opened on first use; ClientStateError once closed."""
         client = self._clients.get(address)
         if client is None:
+            if self._closed:
+                raise ClientStateError(f"the client is shut down; no channel to {address}")
             client = self._clients[address] = BrokerClient(address)
         return client
 
@@ -85,6 +93,7 @@ class Cluster:
         raise last
 
     async def close(self) -> None:
-        """Close every channel."""
+        """Close every channel; no new one is opened after this."""
+        self._closed = True
         clients, self._clients = self._clients, {}
         await asyncio.gather(*(c.close() for c in clients.values()))

@@ -17,14 +17,17 @@ from collections.abc import Callable
 import grpc
 
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
-from sdk._transport.status import to_ordermq_error
-from sdk.errors import BrokerError, error_from_status
+from sdk._wire import GRPC_MAX_MESSAGE_BYTES
+from sdk.errors import BrokerError, ClientStateError, error_from_status
 
 log = logging.getLogger("ordermq.transport")
 
 ExchangeCall = grpc.aio.StreamStreamCall[pb.ExchangeRequest, pb.ExchangeResponse]
 OpenExchange = grpc.aio.StreamStreamMultiCallable[pb.ExchangeRequest, pb.ExchangeResponse]
 ErrorFactory = Callable[[], Exception]
+#: Requests one stream carries at once; more wait here for a free slot (the broker reads
+#: no more than this many at once either).
+MAX_IN_FLIGHT = 10_000
 
 
 class ExchangeUnsupportedError(Exception):
@@ -45,6 +48,7 @@ class Exchange:
         self._last_id = 0
         self._supported = True
         self._closed = False
+        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
 
     @property
     def supported(self) -> bool:
@@ -61,8 +65,22 @@ class Exchange:
         when the stream breaks or the client is closed. ExchangeUnsupportedError when the
         broker has no Exchange.
         """
+        size = envelope.ByteSize()
+        if size > GRPC_MAX_MESSAGE_BYTES:  # as gRPC refuses such a unary call, locally
+            raise error_from_status(
+                "RESOURCE_EXHAUSTED",
+                None,
+                f"{_describe(envelope)}: the request is {size} bytes, over the limit of "
+                f"{GRPC_MAX_MESSAGE_BYTES}",
+            )
+        async with self._slots:
+            return await self._call(envelope, timeout)
+
+    async def _call(
+        self, envelope: pb.ExchangeRequest, timeout: float | None
+    ) -> pb.ExchangeResponse:
         if self._closed:
-            raise _unavailable(f"the client of {self._target} is closed")
+            raise ClientStateError(f"the client of {self._target} is closed")
         stream = self._stream
         if stream is None:
             stream = self._stream = _Stream(self._open_stream(None), self._target, self._ended)
@@ -73,7 +91,7 @@ class Exchange:
             async with asyncio.timeout(timeout):
                 answer = await future
         except TimeoutError:
-            stream.abandon(rid)
+            stream.abandon(rid, future)
             raise error_from_status(
                 "DEADLINE_EXCEEDED",
                 None,
@@ -81,7 +99,7 @@ class Exchange:
                 f"(request {rid} on the Exchange stream to {self._target})",
             ) from None
         except asyncio.CancelledError:
-            stream.abandon(rid)
+            stream.abandon(rid, future)
             raise
         kind = envelope.WhichOneof("body")
         if answer.WhichOneof("body") != kind:
@@ -93,12 +111,15 @@ class Exchange:
         return answer
 
     async def close(self) -> None:
-        """Cancel the stream; requests awaiting an answer fail with BrokerUnavailableError."""
+        """Cancel the stream; requests awaiting an answer fail with ClientStateError.
+
+        Not a retriable error: a request cut off by closing its client must not be resent.
+        """
         self._closed = True
         stream, self._stream = self._stream, None
         if stream is not None:
             await stream.close(
-                functools.partial(_unavailable, f"the client of {self._target} was closed")
+                functools.partial(ClientStateError, f"the client of {self._target} was closed")
             )
 
     def _ended(self, stream: _Stream, error: Exception) -> None:
@@ -120,6 +141,7 @@ class _Stream:
         self._on_end = on_end
         self._outbox: asyncio.Queue[pb.ExchangeRequest | None] = asyncio.Queue()
         self._pending: dict[int, asyncio.Future[pb.ExchangeResponse]] = {}
+        self._unwritten: set[int] = set()  # requests in the outbox, not yet written
         self._ended = False
         self._loop = asyncio.get_running_loop()
         self._writer = self._loop.create_task(self._write(), name=f"exchange-writer-{target}")
@@ -129,12 +151,23 @@ class _Stream:
         """Queue `envelope` for writing; the future of its answer."""
         future: asyncio.Future[pb.ExchangeResponse] = self._loop.create_future()
         self._pending[envelope.id] = future
+        self._unwritten.add(envelope.id)
         self._outbox.put_nowait(envelope)
         return future
 
-    def abandon(self, rid: int) -> None:
-        """Forget request `rid`; unless it was answered, tell the broker to drop it."""
-        if self._pending.pop(rid, None) is not None and not self._ended:
+    def abandon(self, rid: int, future: asyncio.Future[pb.ExchangeResponse]) -> None:
+        """Forget request `rid`, so that the broker does not act on it.
+
+        Not written yet, it never will be; written and unanswered, the broker is told to
+        drop it.
+        """
+        if future.done() and not future.cancelled():
+            future.exception()  # answered meanwhile: nobody will read it
+        if self._pending.pop(rid, None) is None or self._ended:
+            return
+        if rid in self._unwritten:
+            self._unwritten.discard(rid)  # the writer skips it
+        else:
             self._outbox.put_nowait(pb.ExchangeRequest(id=rid, cancel=pb.ExchangeCancel()))
 
     async def close(self, error: ErrorFactory) -> None:
@@ -158,13 +191,22 @@ class _Stream:
         self._on_end(self, error())
 
     async def _write(self) -> None:
+        error: ErrorFactory = functools.partial(
+            _unavailable, f"the Exchange stream to {self._target} stopped writing"
+        )
         try:
             while (envelope := await self._outbox.get()) is not None:
+                if not envelope.HasField("cancel"):
+                    if envelope.id not in self._unwritten:
+                        continue  # abandoned before it was written
+                    self._unwritten.discard(envelope.id)
                 await self._call.write(envelope)
         except grpc.aio.AioRpcError as exc:
-            self._end(self._failure(exc))
+            error = self._failure(exc)
         except asyncio.InvalidStateError:
             pass  # the call has ended: the reader sees how and ends the stream
+        finally:
+            self._end(error)
 
     async def _read(self) -> None:
         # Whatever stops the reader ends the stream, so that no request waits forever.
@@ -193,7 +235,12 @@ class _Stream:
             return functools.partial(
                 ExchangeUnsupportedError, f"the broker does not serve Exchange: {exc.details()}"
             )
-        return functools.partial(to_ordermq_error, exc)
+        # Whatever ended the stream, the requests on it were not refused one by one: they
+        # may be resent, as after a dropped connection.
+        return functools.partial(
+            _unavailable,
+            f"the Exchange stream to {self._target} ended: {exc.code().name} {exc.details()}",
+        )
 
 
 def _unavailable(message: str) -> Exception:

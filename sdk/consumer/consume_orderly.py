@@ -108,11 +108,16 @@ class ConsumeOrderlyService:
             self._tasks.pop(queue, None)
             self.submit(queue, pq, again)
 
-    def lease_valid(self, pq: ProcessQueue) -> bool:
-        """True when the queue's broker lock is held and was renewed within the lease."""
+    def lease_valid(self, pq: ProcessQueue, now: float | None = None) -> bool:
+        """True when the queue's broker lock is held and was renewed within the lease.
+
+        `now` is the clock's reading when the caller has just taken one.
+        """
         if not self._locks:
             return True
-        return pq.locked and self._clock.now() - pq.last_lock_time <= self._lease
+        if now is None:
+            now = self._clock.now()
+        return pq.locked and now - pq.last_lock_time <= self._lease
 
     async def _consume_on_loop(self, queue: MessageQueue, pq: ProcessQueue) -> float | None:
         """Consume with a coroutine listener until the buffer is empty.
@@ -122,7 +127,7 @@ class ConsumeOrderlyService:
         """
         clock, listener, commit = self._clock, self._listener.consume_message, self._host.commit
         group, size, suspend_time = self._group, self._batch_size, self._suspend_time
-        locks, lease, max_continuous = self._locks, self._lease, self._max_continuous
+        max_continuous = self._max_continuous
         consume_lock = pq.consume_lock
         traced, calls_until_check = False, 0
         async with pq.object_lock:
@@ -134,7 +139,7 @@ class ConsumeOrderlyService:
                     if pq.dropped:
                         return None
                     now = clock.now()
-                    expired = locks and not (pq.locked and now - pq.last_lock_time <= lease)
+                    expired = not self.lease_valid(pq, now)
                     if not expired:
                         if now - started > max_continuous:
                             return RELOCK_OK_DELAY  # let the other queues have the loop

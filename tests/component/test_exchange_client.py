@@ -117,7 +117,7 @@ def test_a_held_pull_its_caller_gave_up_on_frees_its_slot(
 ) -> None:
     async def main() -> None:
         client = BrokerClient(client_broker.address)
-        timeout = 0.3 if how == "timed out" else None
+        timeout = 2.0 if how == "timed out" else None  # long enough to see it held
         pull = asyncio.create_task(
             client.pull("g", mq("t", 4), 0, suspend_timeout=30, timeout=timeout)
         )

@@ -19,9 +19,11 @@ from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.broker_client import Appended, BrokerClient, PullStatus
 from sdk._transport.exchange import Exchange
 from sdk._transport.status import REASON_KEY, to_ordermq_error
+from sdk._wire import GRPC_MAX_MESSAGE_BYTES
 from sdk.errors import (
     BrokerBusyError,
     BrokerUnavailableError,
+    ClientStateError,
     InvalidQueueError,
     OrderMQError,
     RequestTimeoutError,
@@ -256,6 +258,43 @@ def test_a_timeout_raises_the_deadline_error_and_cancels_the_request() -> None:
     run(main)
 
 
+def test_a_request_abandoned_before_it_was_written_never_reaches_the_broker() -> None:
+    async def main() -> None:
+        async with scripted() as (broker, client):
+            # Nothing runs between these lines: both requests wait in the outbox.
+            held = asyncio.create_task(client.call(pull()))
+            late = asyncio.create_task(client.call(send(frames=b"late"), timeout=0))
+            with pytest.raises(RequestTimeoutError):
+                await late
+            after = asyncio.create_task(client.call(send(frames=b"after")))
+            stream = await broker.next_stream()
+            first, second = await stream.next_request(), await stream.next_request()
+            # The timed-out send was neither written nor cancelled: the broker never saw it.
+            assert (first.WhichOneof("body"), second.send.frames) == ("pull", b"after")
+            await stream.answer(sent(second.id, 0))
+            await after
+            held.cancel()
+
+    run(main)
+
+
+def test_a_request_over_the_message_size_limit_is_refused_before_it_is_written() -> None:
+    async def main() -> None:
+        async with scripted() as (broker, client):
+            huge = send(frames=bytes(GRPC_MAX_MESSAGE_BYTES))
+            with pytest.raises(BrokerBusyError, match="over the limit") as raised:
+                await client.call(huge)
+            assert raised.value.code == "RESOURCE_EXHAUSTED"
+            call = asyncio.create_task(client.call(send()))  # the stream is unharmed
+            stream = await broker.next_stream()
+            request = await stream.next_request()
+            assert request.send.frames == b"frame"
+            await stream.answer(sent(request.id, 2))
+            assert (await call).send.first_queue_offset == 2
+
+    run(main)
+
+
 def test_a_cancelled_caller_cancels_its_request_on_the_broker() -> None:
     async def main() -> None:
         async with scripted() as (broker, client):
@@ -272,7 +311,11 @@ def test_a_cancelled_caller_cancels_its_request_on_the_broker() -> None:
     run(main)
 
 
-@pytest.mark.parametrize("status", [grpc.StatusCode.UNAVAILABLE, None])
+@pytest.mark.parametrize(
+    "status",
+    [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNKNOWN,
+     None],
+)  # fmt: skip
 def test_a_broken_stream_fails_every_pending_call_and_the_next_call_opens_a_new_one(
     status: grpc.StatusCode | None,
 ) -> None:
@@ -288,6 +331,8 @@ def test_a_broken_stream_fails_every_pending_call_and_the_next_call_opens_a_new_
                 assert outcome.code == "UNAVAILABLE" and outcome.retriable
                 if status is None:
                     assert "closed before answering" in outcome.message
+                else:  # whatever ended the stream, its requests may be resent
+                    assert status.name in outcome.message
             call = asyncio.create_task(client.call(send()))
             second = await broker.next_stream()
             request = await second.next_request()
@@ -304,10 +349,12 @@ def test_close_fails_pending_calls_and_cancels_the_stream() -> None:
             stream = await broker.next_stream()
             await stream.next_request()
             await client.close()
-            with pytest.raises(BrokerUnavailableError, match="closed"):
+            # Not retriable: a send cut off by closing its producer must not be resent.
+            with pytest.raises(ClientStateError, match="closed") as raised:
                 await call
+            assert not raised.value.retriable
             await asyncio.wait_for(stream.cancelled.wait(), WAIT)
-            with pytest.raises(BrokerUnavailableError, match="closed"):
+            with pytest.raises(ClientStateError, match="closed"):
                 await client.call(send())
 
     run(main)

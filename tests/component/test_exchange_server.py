@@ -4,19 +4,22 @@ answer it, concurrently, matched by id; cancels, half-close and shutdown end it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 import pytest
 
-from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker import BrokerConfig, EmbeddedBroker, exchange
+from mockbroker.service import MessagingService
 from sdk import Message
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.codec import MessageIdGenerator, encode_message
+from sdk.testing import FakeClock
 from tests.support import wait_until
 
 T = TypeVar("T")
@@ -49,16 +52,22 @@ def held(broker: EmbeddedBroker) -> int:
     return broker.broker.state.holder.held
 
 
+@contextlib.contextmanager
+def grpc_topic(broker: EmbeddedBroker) -> Iterator[None]:
+    """Create TOPIC (4 queues) on `broker`."""
+
+    async def create() -> None:
+        async with grpc.aio.insecure_channel(broker.address) as ch:
+            admin = pb_grpc.AdminServiceStub(ch)
+            await admin.CreateTopic(pb.CreateTopicRequest(topic=TOPIC, queue_count=4))
+
+    asyncio.run(create())
+    yield
+
+
 @pytest.fixture
-def exbroker(tmp_path: Path) -> Any:
-    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "b")) as b:
-
-        async def create() -> None:
-            async with grpc.aio.insecure_channel(b.address) as ch:
-                admin = pb_grpc.AdminServiceStub(ch)
-                await admin.CreateTopic(pb.CreateTopicRequest(topic=TOPIC, queue_count=4))
-
-        asyncio.run(create())
+def exbroker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "b")) as b, grpc_topic(b):
         yield b
 
 
@@ -233,3 +242,49 @@ def test_broker_shutdown_answers_held_pulls_and_ends_streams_without_waiting_out
     # Ended by the broker once the held pull was answered, not cancelled after the grace.
     assert code == grpc.StatusCode.OK
     assert [(a.id, a.pull.status) for a in got] == [(2, pb.NO_NEW_MESSAGE)]
+
+
+def test_a_stream_reads_no_more_requests_than_it_may_have_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(exchange, "MAX_IN_FLIGHT", 2)
+    clock = FakeClock()
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "b"), clock=clock) as broker:
+
+        async def body(stub: Any, stream: Any) -> list[int]:
+            for rid in (1, 2, 3):  # held until the clock passes their 10 s
+                await stream.write(pull(rid, rid, 0, suspend_ms=10_000))
+            await asyncio.to_thread(wait_until, lambda: held(broker) == 2)
+            clock.advance(11)  # answers the two the broker took; only then is 3 read
+            first = await answers(stream, 2)
+            await asyncio.to_thread(wait_until, lambda: held(broker) == 1)
+            clock.advance(11)
+            [last] = await answers(stream, 1)
+            await stream.done_writing()
+            assert all(a.WhichOneof("body") == "pull" for a in [*first, last])
+            return [*sorted(a.id for a in first), last.id]
+
+        with grpc_topic(broker):
+            assert run(broker, body) == [1, 2, 3]
+
+
+def test_an_unexpected_failure_is_answered_as_grpc_answers_a_unary_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(self: MessagingService, request: pb.PullRequest) -> pb.PullResponse:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(MessagingService, "pull", broken)
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "b")) as broker:
+
+        async def body(stub: Any, stream: Any) -> tuple[tuple[str, str], pb.ExchangeResponse]:
+            code, _reason, message = await unary_error(stub.Pull(pull(1, 0, 0).pull))
+            await stream.write(pull(1, 0, 0))
+            got = await stream.read()
+            await stream.done_writing()
+            return (code, message), got
+
+        unary, got = run(broker, body)
+    assert (got.error.code, got.error.message) == unary == (
+        "UNKNOWN", "Unexpected <class 'RuntimeError'>: boom",
+    )  # fmt: skip

@@ -269,3 +269,32 @@ def test_messages_are_found_by_id_and_by_each_of_their_keys(
         [record] = store.find_by_id(i.to_bytes(16, "big"))
         assert found([record]) == [b"m%d" % i]
     loop.run_until_complete(store.close())
+
+
+def test_a_scheduled_send_cancelled_during_its_sync_flush_is_still_scheduled(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    from mockbroker.schedule import Scheduler
+
+    store = opened(loop, tmp_path, sync=True)
+    scheduler = Scheduler(store, FakeClock())
+    scheduler.load()
+    topic, _ = store.create_topic("t", 1)
+    data = encode_frame(msg_id=b"d" * 16, born_timestamp_ms=1, body=b"later", delay_level=1)
+
+    async def cancel_during_flush() -> int:
+        scheduling = asyncio.ensure_future(scheduler.schedule(topic, 0, data, store.check(data)))
+        await asyncio.sleep(0)  # it stored the record and now waits for the fsync
+        assert not scheduling.done()
+        scheduling.cancel()  # as a passed deadline or an Exchange cancel would
+        with pytest.raises(asyncio.CancelledError):
+            await scheduling
+        deadline = loop.time() + 5
+        while scheduler.pending == 0 and loop.time() < deadline:
+            await asyncio.sleep(0.001)  # the fsync completes in a worker thread
+        return scheduler.pending
+
+    try:
+        assert loop.run_until_complete(cancel_during_flush()) == 1
+    finally:
+        loop.run_until_complete(store.close())

@@ -208,7 +208,9 @@ class MessagingServiceServicer:
         Answers come in completion order, matched by id. A request without a body, or with
         the id of one still in flight, is answered with INVALID_ARGUMENT (INVALID_ARGUMENT).
         When the client half-closes, the stream ends once every request is answered; when the
-        client cancels the call, its requests in flight are cancelled.
+        client cancels the call, its requests in flight are cancelled. A stream has at most
+        10 000 requests in flight: the broker reads no more until one is answered. A request
+        that fails unexpectedly is answered UNKNOWN, as a unary call would be.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -74,7 +74,9 @@ class MessagingServiceStub:
     Answers come in completion order, matched by id. A request without a body, or with
     the id of one still in flight, is answered with INVALID_ARGUMENT (INVALID_ARGUMENT).
     When the client half-closes, the stream ends once every request is answered; when the
-    client cancels the call, its requests in flight are cancelled.
+    client cancels the call, its requests in flight are cancelled. A stream has at most
+    10 000 requests in flight: the broker reads no more until one is answered. A request
+    that fails unexpectedly is answered UNKNOWN, as a unary call would be.
     """
 
 @_typing.type_check_only
@@ -102,7 +104,9 @@ class MessagingServiceAsyncStub(MessagingServiceStub):
     Answers come in completion order, matched by id. A request without a body, or with
     the id of one still in flight, is answered with INVALID_ARGUMENT (INVALID_ARGUMENT).
     When the client half-closes, the stream ends once every request is answered; when the
-    client cancels the call, its requests in flight are cancelled.
+    client cancels the call, its requests in flight are cancelled. A stream has at most
+    10 000 requests in flight: the broker reads no more until one is answered. A request
+    that fails unexpectedly is answered UNKNOWN, as a unary call would be.
     """
 
 class MessagingServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -217,7 +221,9 @@ class MessagingServiceServicer(metaclass=_abc_1.ABCMeta):
         Answers come in completion order, matched by id. A request without a body, or with
         the id of one still in flight, is answered with INVALID_ARGUMENT (INVALID_ARGUMENT).
         When the client half-closes, the stream ends once every request is answered; when the
-        client cancels the call, its requests in flight are cancelled.
+        client cancels the call, its requests in flight are cancelled. A stream has at most
+        10 000 requests in flight: the broker reads no more until one is answered. A request
+        that fails unexpectedly is answered UNKNOWN, as a unary call would be.
         """
 
 def add_MessagingServiceServicer_to_server(servicer: MessagingServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
