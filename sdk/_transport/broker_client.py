@@ -95,7 +95,7 @@ class BrokerClient:
         self._exchange = Exchange(self._messaging.Exchange, address)
 
     async def close(self) -> None:
-        """Close the channel; calls in flight are cancelled."""
+        """Close the channel: calls in flight fail (ClientStateError on the Exchange stream)."""
         await self._exchange.close()
         await self._channel.close(None)
 
