@@ -7,11 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+#: How long stop() lets the loop's remaining tasks finish after cancelling them.
+DRAIN_SECONDS = 2.0
+
+
+async def _cancel_the_rest() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=DRAIN_SECONDS)
 
 
 class LoopThread:
@@ -38,9 +49,15 @@ class LoopThread:
         return self.submit(coro).result()
 
     def stop(self) -> None:
-        """Stop the loop and join its thread."""
+        """Cancel what still runs on the loop (as asyncio.run does), stop it, join it.
+
+        Tasks left pending would be destroyed with the loop, gRPC's own among them
+        ("Task was destroyed but it is pending!").
+        """
         if self._loop.is_closed():
             return
+        with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
+            self.submit(_cancel_the_rest()).result(DRAIN_SECONDS + 1)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
