@@ -138,22 +138,18 @@ def test_a_held_pull_its_caller_gave_up_on_frees_its_slot(
     run(main)
 
 
-async def unary_send(address: str, request: pb.SendRequest) -> OrderMQError:
+async def unary_error(address: str, request: pb.SendRequest | pb.PullRequest) -> OrderMQError:
+    """What the unary Send or Pull raises for `request` (through the SDK's mapping)."""
     async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.MessagingServiceStub(channel)
         try:
-            await pb_grpc.MessagingServiceStub(channel).Send(request)
+            if isinstance(request, pb.SendRequest):
+                await stub.Send(request)
+            else:
+                await stub.Pull(request)
         except grpc.aio.AioRpcError as exc:
             return to_ordermq_error(exc)
-    raise AssertionError("the unary Send succeeded")
-
-
-async def unary_pull(address: str, request: pb.PullRequest) -> OrderMQError:
-    async with grpc.aio.insecure_channel(address) as channel:
-        try:
-            await pb_grpc.MessagingServiceStub(channel).Pull(request)
-        except grpc.aio.AioRpcError as exc:
-            return to_ordermq_error(exc)
-    raise AssertionError("the unary Pull succeeded")
+    raise AssertionError(f"the unary call succeeded: {request}")
 
 
 @pytest.mark.parametrize(
@@ -175,7 +171,7 @@ def test_a_bad_send_raises_what_the_unary_send_raises(
         assert open_streams(client_broker) == 1
         await client.close()
         request = pb.SendRequest(topic=topic, queue_id=queue_id, frames=frames)
-        return raised.value, await unary_send(client_broker.address, request)
+        return raised.value, await unary_error(client_broker.address, request)
 
     streamed, unary = run(main)
     assert (type(streamed), streamed.code, streamed.reason, streamed.message) == (
@@ -200,7 +196,7 @@ def test_a_bad_pull_raises_what_the_unary_pull_raises(
             group="g", topic=topic, queue_id=0, max_messages=max_messages,
             max_bytes=4 * 1024 * 1024, tag_expression="*",
         )  # fmt: skip
-        return raised.value, await unary_pull(client_broker.address, request)
+        return raised.value, await unary_error(client_broker.address, request)
 
     streamed, unary = run(main)
     assert (type(streamed), streamed.code, streamed.reason, streamed.message) == (
