@@ -133,9 +133,11 @@ class MessageStore:
             log_event(
                 log, logging.WARNING, "recovery",
                 f"recovery done: {r.records_replayed} records replayed, "
-                f"{r.truncated_bytes} bytes truncated, {r.corrupt_records} corrupt",
+                f"{r.truncated_bytes} bytes truncated, {r.corrupt_records} corrupt, "
+                f"{r.skipped_bytes} damaged bytes skipped",
                 replayed_from=r.replayed_from, records=r.records_replayed,
                 truncated_bytes=r.truncated_bytes, corrupt_records=r.corrupt_records,
+                skipped_bytes=r.skipped_bytes,
             )  # fmt: skip
 
     async def start(self) -> None:
@@ -425,7 +427,11 @@ class MessageStore:
             for k in range(i, j):
                 q_offset, position, size = chosen[k]
                 record = stretch[position - start : position - start + size]
-                if zlib.crc32(record[8:]) != int.from_bytes(record[4:8], "little"):
+                # The CRC covers everything after the size and CRC fields; the size field
+                # must agree with the index, or a reader would cut the answer apart wrongly.
+                if zlib.crc32(record[8:]) != int.from_bytes(record[4:8], "little") or (
+                    int.from_bytes(record[:4], "little") != size
+                ):
                     self._corrupt(topic, queue_id, q_offset, position, served)
                     return b"".join(out), served, q_offset
                 if tags is not None and _record_tags(record) not in tags:
@@ -440,7 +446,7 @@ class MessageStore:
     ) -> None:
         self.stats.corrupt_records_detected += 1
         log.error(
-            "corrupt record: %s queue %d offset %d (commit log position %d) fails its CRC",
+            "corrupt record: %s queue %d offset %d (commit log position %d) fails its checks",
             topic.name, queue_id, offset, position,
         )  # fmt: skip
         if not served:

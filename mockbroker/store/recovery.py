@@ -1,9 +1,13 @@
 """Crash recovery: replay the commit log from the checkpoint into the consume queues.
 
-A record that fails its checks is one of two things. If a valid record follows it, it is
-corruption in the middle of the log (a flipped bit): it is indexed as corrupt, so that its
-queue offset is never served, and the scan goes on, because later records may have been
-acknowledged. Otherwise it is a torn tail (a write cut short by the crash): the log is
+A record that fails its checks is one of two things. If a valid record follows it
+anywhere later in the log, it is corruption in the middle of the log (flipped bits, in a
+body or in a header): the scan resumes at the nearest valid record after it, because later
+records may have been acknowledged. A damaged record whose own size still leads to that
+record is indexed as corrupt; when its size or magic cannot be trusted, the whole damaged
+stretch is skipped, and the queue offsets missing from it are marked corrupt when each
+queue's next record shows the gap. Either way a corrupt offset is never served. When no
+valid record follows, it is a torn tail (a write cut short by the crash): the log is
 truncated there. In sync flush mode nothing past a torn tail was ever acknowledged, since
 an acknowledgement waits for the fsync of everything before it.
 """
@@ -37,6 +41,7 @@ class RecoveryReport:
     records_replayed: int = 0
     truncated_bytes: int = 0
     corrupt_records: int = 0
+    skipped_bytes: int = 0  # damaged stretches no record header could be trusted in
 
 
 @dataclass(frozen=True)
@@ -78,37 +83,45 @@ def recover(
     report = RecoveryReport(crashed=True, replayed_from=start)
     for cq in existing:
         cq.truncate(cq.count_before(start))
-    for base, seg_size in list(commitlog.segment_ranges(start)):
-        pos = max(start, base)
-        seg_end = base + seg_size
-        while pos < seg_end:
-            window = commitlog.read(pos, min(_WINDOW, seg_end - pos))
-            at = 0
-            while at < len(window):
-                header, ok = _parse(window, at, len(window))
-                if header is None and len(window) == _WINDOW and at > 0:
-                    break  # the record continues past this window: read the next one
-                if header is not None and ok:
-                    _index(queues, header, pos + at, report)
-                    report.records_replayed += 1
-                    at += header.size
-                    continue
-                if header is not None and _valid_follows(commitlog, pos + at + header.size):
-                    log.error(
-                        "corrupt record at commit log position %d (%s queue %d offset %d)",
-                        pos + at, header.topic, header.queue_id, header.queue_offset,
-                    )  # fmt: skip
-                    report.corrupt_records += 1
-                    _index(queues, header, pos + at, report, corrupt=True)
-                    at += header.size
-                    continue
-                report.truncated_bytes = commitlog.truncate(pos + at)
+    pos = start
+    while pos < commitlog.end:
+        window = commitlog.read(pos, min(_WINDOW, commitlog.end - pos))
+        at = 0
+        while at < len(window):
+            header, ok = _parse(window, at, len(window))
+            if header is None and len(window) == _WINDOW and at > 0:
+                break  # the record continues past this window: read the next one
+            if header is not None and ok:
+                _index(queues, header, pos + at, report)
+                report.records_replayed += 1
+                at += header.size
+                continue
+            damaged = pos + at
+            resume = _next_valid(commitlog, damaged + 1)
+            if resume is None:
+                report.truncated_bytes = commitlog.truncate(damaged)
                 log.warning(
                     "torn tail at commit log position %d: %d bytes dropped",
-                    pos + at, report.truncated_bytes,
+                    damaged, report.truncated_bytes,
                 )  # fmt: skip
                 return report
-            pos += at
+            if header is not None and damaged + header.size == resume:
+                log.error(
+                    "corrupt record at commit log position %d (%s queue %d offset %d)",
+                    damaged, header.topic, header.queue_id, header.queue_offset,
+                )  # fmt: skip
+                report.corrupt_records += 1
+                _index(queues, header, damaged, report, corrupt=True)
+            else:
+                log.error(
+                    "damaged commit log at positions %d..%d: no record header there can be "
+                    "trusted; skipped (the queue offsets it held are marked corrupt)",
+                    damaged, resume - 1,
+                )  # fmt: skip
+                report.skipped_bytes += resume - damaged
+            at = resume - pos
+            break  # read on from the record found (it may lie in another window)
+        pos += at
     return report
 
 
@@ -139,6 +152,27 @@ def _header_size(commitlog: CommitLog, position: int) -> int | None:
     if position + RECORD.size > commitlog.end:
         return None
     return int(RECORD.unpack(commitlog.read(position, RECORD.size))[0])
+
+
+def _next_valid(commitlog: CommitLog, position: int) -> int | None:
+    """Where the first whole record with a good CRC at or after `position` starts, if any.
+
+    A record's magic number lies 8 bytes into it: each occurrence of it is a candidate.
+    """
+    magic = RECORD_MAGIC.to_bytes(4, "little")
+    end = commitlog.end
+    pos = position
+    while pos + RECORD.size <= end:
+        chunk = commitlog.read(pos, min(_WINDOW, end - pos))
+        hit = chunk.find(magic, 8)
+        while hit >= 0:
+            if _valid_follows(commitlog, pos + hit - 8):
+                return pos + hit - 8
+            hit = chunk.find(magic, hit + 1)
+        if len(chunk) < _WINDOW:
+            return None
+        pos += len(chunk) - 11  # a magic number across the chunk boundary is found next time
+    return None
 
 
 def _valid_follows(commitlog: CommitLog, position: int) -> bool:

@@ -313,36 +313,58 @@ def write_checkpoint(data: Path, position: int) -> None:
     (data / "checkpoint").write_bytes(head + struct.pack("<I", zlib.crc32(head)))
 
 
-def flip_a_bit(victim: Record, rng: random.Random) -> None:
-    at = victim.body_at + rng.randrange(victim.body_len)
+#: Where a flipped bit lands: in the body (the header still says where the next record
+#: is), in the size field or the magic number (it does not), or in the bodies of two
+#: records next to each other (the first one's neighbour is no help).
+DAMAGE = ["body", "size", "magic", "two adjacent"]
+
+
+def flip_a_bit(victim: Record, rng: random.Random, where: str = "body") -> None:
+    if where == "size":  # bytes 0-3; a low bit, so that the size stays plausible
+        at, bit = victim.at + rng.randrange(2), rng.randrange(8)
+    elif where == "magic":  # bytes 8-11
+        at, bit = victim.at + 8 + rng.randrange(4), rng.randrange(8)
+    else:
+        at, bit = victim.body_at + rng.randrange(victim.body_len), rng.randrange(8)
     with victim.segment.open("r+b") as f:
         f.seek(at)
         byte = f.read(1)[0]
         f.seek(at)
-        f.write(bytes([byte ^ (1 << rng.randrange(8))]))
+        f.write(bytes([byte ^ (1 << bit)]))
 
 
-def expect_corrupt_at(address: str, k: int, queue0: list[bytes], queue1: list[bytes]) -> None:
-    """Queue 0 serves up to offset k, reports k as corrupt, serves the rest after it."""
-    before = pull(address, 0, 0)
-    assert before.status is PullStatus.FOUND and before.next_offset == k
-    assert [m.body for m in before.messages] == queue0[:k]
-    with pytest.raises(CorruptRecordError) as caught:
-        pull(address, 0, k)
-    assert caught.value.code == "DATA_LOSS" and caught.value.reason == "CORRUPT_RECORD"
-    assert f"offset {k} " in caught.value.message, caught.value.message
-    expect_queue(address, 0, queue0[k + 1 :], offset=k + 1)
-    expect_queue(address, 1, queue1)
+def expect_corrupt(
+    address: str, bodies: dict[int, list[bytes]], corrupt: dict[int, set[int]]
+) -> None:
+    """Each queue serves its bodies in order, reporting exactly its corrupt offsets."""
+    for q, expected in bodies.items():
+        offset = 0
+        while offset < len(expected):
+            if offset in corrupt.get(q, set()):
+                with pytest.raises(CorruptRecordError) as caught:
+                    pull(address, q, offset)
+                assert caught.value.code == "DATA_LOSS"
+                assert caught.value.reason == "CORRUPT_RECORD"
+                assert f"offset {offset} " in caught.value.message, caught.value.message
+                offset += 1
+                continue
+            got = pull(address, q, offset)
+            assert got.status is PullStatus.FOUND, (q, offset, got.status)
+            assert [m.body for m in got.messages] == expected[offset : got.next_offset]
+            assert not corrupt.get(q, set()) & set(range(offset, got.next_offset))
+            offset = got.next_offset
+        assert pull(address, q, offset).status is PullStatus.NO_NEW_MESSAGE
     assert status(address).corrupt_records_detected >= 1
 
 
+@pytest.mark.parametrize("damage", DAMAGE)
 @pytest.mark.parametrize("case", FLIP_CASES)
 def test_a_flipped_bit_is_reported_at_its_offset_and_the_records_after_it_are_kept(
-    tmp_path: Path, start_broker: StartBroker, case: str
+    tmp_path: Path, start_broker: StartBroker, case: str, damage: str
 ) -> None:
-    seed = SEED + 100 + FLIP_CASES.index(case)
+    seed = SEED + 100 + FLIP_CASES.index(case) + 10 * DAMAGE.index(damage)
     rng = random.Random(seed)
-    context = f"seed={seed} case={case}"
+    context = f"seed={seed} case={case} damage={damage}"
     data = tmp_path / "broker"
     broker = start_broker(data, *BROKER_ARGS)
     sent = fill(broker.address, rng)
@@ -362,27 +384,32 @@ def test_a_flipped_bit_is_reported_at_its_offset_and_the_records_after_it_are_ke
         write_checkpoint(data, int(earlier.segment.name) + earlier.at)
     elif case == "kill-9-no-checkpoint":
         (data / "checkpoint").unlink()
-    flip_a_bit(victim, rng)
+    damaged = [victim]
+    if damage == "two adjacent":
+        damaged.append(records[records.index(victim) + 1])
+    for record in damaged:
+        flip_a_bit(record, rng, "body" if damage == "two adjacent" else damage)
     sizes = {seg: seg.stat().st_size for seg in segments(data)}
-    k = victim.queue_offset
-    queue0 = [body for (q, _), body in sorted(sent.items()) if q == 0]
-    queue1 = [body for (q, _), body in sorted(sent.items()) if q == 1]
+    corrupt: dict[int, set[int]] = {}
+    for record in damaged:
+        corrupt.setdefault(record.queue_id, set()).add(record.queue_offset)
+    bodies = {q: [body for (qq, _), body in sorted(sent.items()) if qq == q] for q in (0, 1)}
     try:
         broker = start_broker(data, *BROKER_ARGS)
         s = status(broker.address)
         assert s.recovered_from_crash == (case != "clean-shutdown")
         assert s.truncated_bytes_at_recovery == 0, "valid records after the flip were dropped"
         assert {seg: seg.stat().st_size for seg in segments(data)} == sizes
-        expect_corrupt_at(broker.address, k, queue0, queue1)
-        send_more_and_read_back(broker.address, {0: len(queue0), 1: len(queue1)})
+        expect_corrupt(broker.address, bodies, corrupt)
+        send_more_and_read_back(broker.address, {q: len(b) for q, b in bodies.items()})
         if case != "clean-shutdown":
             # Crash again and replay everything: the same verdict, the new sends kept.
             broker.kill9()
             (data / "checkpoint").unlink(missing_ok=True)
             broker = start_broker(data, *BROKER_ARGS)
-            queue0.append(b"after recovery to 0")
-            queue1.append(b"after recovery to 1")
-            expect_corrupt_at(broker.address, k, queue0, queue1)
+            for q in bodies:
+                bodies[q].append(f"after recovery to {q}".encode())
+            expect_corrupt(broker.address, bodies, corrupt)
         assert broker.terminate() == 0, broker.stderr()
     except AssertionError as exc:
         raise AssertionError(f"{context}: {exc}") from exc
