@@ -20,6 +20,11 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     p = argparse.ArgumentParser(prog="mockbroker", description="Run an ordermq broker.")
     p.add_argument("--host", default=d.host, help="interface to listen on (default %(default)s)")
     p.add_argument("--port", type=int, default=d.port, help="TCP port; 0 picks a free one")
+    p.add_argument(
+        "--advertised-host",
+        default=None,
+        help="host clients are told to connect to (default: --host, or 127.0.0.1 for 0.0.0.0)",
+    )
     p.add_argument("--data-dir", type=Path, required=True, help="where messages are stored")
     p.add_argument("--flush-mode", choices=["async", "sync"], default=d.flush_mode)
     p.add_argument("--lock-lease-seconds", type=float, default=d.lock_lease_seconds)
@@ -65,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             segment_bytes=a.segment_bytes,
             client_timeout_seconds=a.client_timeout_seconds,
             metrics_port=a.metrics_port,
+            advertised_host=a.advertised_host,
         )
     except ValueError as exc:
         p.error(str(exc))

@@ -32,6 +32,9 @@ class BrokerConfig:
             and loses its locks.
         metrics_port: Serve Prometheus metrics at http://host:PORT/metrics (None: off;
             0 picks a free port).
+        advertised_host: The host clients are told to connect to in topic routes (None:
+            `host`, or 127.0.0.1 when `host` is a wildcard such as 0.0.0.0). Set it when
+            clients on other machines use a broker listening on every interface.
     """
 
     host: str = "127.0.0.1"
@@ -47,6 +50,7 @@ class BrokerConfig:
     sync_flush_timeout_seconds: float = 5.0
     client_timeout_seconds: float = 120.0
     metrics_port: int | None = None
+    advertised_host: str | None = None
 
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):
@@ -68,4 +72,12 @@ class BrokerConfig:
             <= 0
         ):
             raise ValueError("flush intervals and timeouts must be positive")
+        if self.advertised_host is not None and (
+            self.advertised_host in ("", "0.0.0.0", "::", "[::]")
+            or any(c.isspace() or c == "/" for c in self.advertised_host)
+        ):
+            raise ValueError(
+                f"advertised_host {self.advertised_host!r} must be a host name or address "
+                "clients can connect to"
+            )
         object.__setattr__(self, "data_dir", Path(self.data_dir))

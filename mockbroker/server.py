@@ -66,8 +66,10 @@ class Broker:
 
     @property
     def address(self) -> str:
-        """'host:port' clients connect to (loopback when listening on every interface)."""
-        host = "127.0.0.1" if self.config.host in _WILDCARDS else self.config.host
+        """'host:port' clients connect to: advertised_host, else host (loopback for 0.0.0.0)."""
+        host = self.config.advertised_host
+        if host is None:
+            host = "127.0.0.1" if self.config.host in _WILDCARDS else self.config.host
         return f"{host}:{self.port}"
 
     async def start(self) -> None:

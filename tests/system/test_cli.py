@@ -6,6 +6,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ import pytest
 from sdk import Message, Producer
 from sdk._transport.broker_client import BrokerClient
 from tests.support import ROOT, BrokerProcess
+
+StartBroker = Callable[..., BrokerProcess]
+
 
 pytestmark = pytest.mark.system
 
@@ -81,6 +85,16 @@ def test_a_data_directory_in_use_is_a_clear_error(tmp_path: Path) -> None:
         first.terminate()
 
 
+def test_the_ready_line_and_routes_carry_the_advertised_host(
+    tmp_path: Path, start_broker: StartBroker
+) -> None:
+    broker = start_broker(tmp_path / "b", "--advertised-host", "localhost")
+    assert broker.address.startswith("localhost:")
+    with Producer(broker.address) as producer:  # routes say localhost; it resolves here
+        assert producer.send(Message("t", b"hello")).queue_offset == 0
+    assert broker.terminate() == 0, broker.stderr()
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [
@@ -89,6 +103,7 @@ def test_a_data_directory_in_use_is_a_clear_error(tmp_path: Path) -> None:
         (["--data-dir", "x", "--default-queues", "0"], "default_queues"),
         (["--data-dir", "x", "--port", "70000"], "port"),
         (["--data-dir", "x", "--lock-lease-seconds", "-1"], "lock_lease_seconds"),
+        (["--data-dir", "x", "--advertised-host", "0.0.0.0"], "advertised_host"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(tmp_path: Path, args: list[str], words: str) -> None:
