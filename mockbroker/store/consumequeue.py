@@ -70,9 +70,14 @@ class ConsumeQueue:
             self.count = count
             self.dirty = True
 
-    def count_before(self, position: int) -> int:
-        """How many entries point below commit log `position` (positions only grow)."""
-        lo, hi = 0, self.count
+    def count_before(self, position: int, lo: int = 0) -> int:
+        """How many entries point below commit log `position` (positions only grow).
+
+        The search starts at `lo`: an answer below `lo` comes back as `lo`.
+        """
+        hi = self.count
+        if hi > lo and self.entry(hi - 1)[0] < position:
+            return hi  # the common case: everything indexed is below it
         while lo < hi:
             mid = (lo + hi) // 2
             pos = self.entry(mid)[0]

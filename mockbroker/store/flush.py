@@ -37,8 +37,10 @@ class Flusher:
         *,
         interval_seconds: float,
         extra_fds: Callable[[], list[int]] = list,
+        on_flushed: Callable[[], None] | None = None,
     ) -> None:
         self._extra_fds = extra_fds
+        self._on_flushed = on_flushed
         self._log = commitlog
         self._queues = queues
         self._checkpoint_path = checkpoint_path
@@ -120,6 +122,8 @@ class Flusher:
             if checkpoint:
                 self._checkpointed = plan.target
             self._release_waiters()
+            if self._on_flushed is not None:
+                self._on_flushed()
 
     def _execute(self, checkpoint: int | None, plan: FlushPlan) -> None:
         CommitLog.execute_flush(plan)

@@ -101,6 +101,7 @@ class MessageStore:
         self._index: MessageIndex | None = None
         #: Called with (topic, queue id) after every append (long polling's wake-up).
         self.on_append: Callable[[str, int], None] | None = None
+        self._unannounced: set[tuple[str, int]] = set()  # sync mode: appended, not synced
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> RecoveryReport:
@@ -148,8 +149,16 @@ class MessageStore:
             self._checkpoint,
             interval_seconds=self._flush_interval,
             extra_fds=self._index.fds if self._index is not None else list,
+            on_flushed=self._announce_flushed if self.sync_flush else None,
         )
         self._flusher.start()
+
+    def _announce_flushed(self) -> None:
+        """Sync mode: what became readable with this fsync wakes its held pulls."""
+        queues, self._unannounced = self._unannounced, set()
+        if self.on_append is not None:
+            for topic, queue_id in queues:
+                self.on_append(topic, queue_id)
 
     @property
     def flusher(self) -> Flusher | None:
@@ -246,7 +255,9 @@ class MessageStore:
         self.stats.messages_stored += len(checked)
         by_topic = self.stats.stored_by_topic
         by_topic[index_topic.name] = by_topic.get(index_topic.name, 0) + len(checked)
-        if self.on_append is not None:
+        if self.sync_flush:
+            self._unannounced.add((index_topic.name, index_queue))  # readable once synced
+        elif self.on_append is not None:
             self.on_append(index_topic.name, index_queue)
         durable = True
         if self.sync_flush:
@@ -367,6 +378,10 @@ class MessageStore:
         """Read up to `max_messages` / `max_bytes` from `offset` (RocketMQ's pull rules)."""
         cq = self.queue(topic, queue_id)
         lo, hi = cq.min_offset, cq.max_offset
+        if self.sync_flush and lo <= offset < hi:
+            # Nothing is served before its fsync: a consumer could otherwise commit past a
+            # record that a crash then loses, and skip the one that takes its offset.
+            hi = cq.count_before(self.commitlog.flushed, lo=offset)
         if offset < lo:
             return GetResult("OFFSET_ILLEGAL", lo, lo, hi)
         if offset > hi:
@@ -375,7 +390,7 @@ class MessageStore:
             return GetResult("NO_NEW_MESSAGE", offset, lo, hi)
         hashes = None if tags is None else {zlib.crc32(t) if t else 0 for t in tags}
         scan = max_messages if hashes is None else min(max_messages * _SCAN_FACTOR, _MAX_SCAN)
-        entries = cq.read(offset, scan)
+        entries = cq.read(offset, min(scan, hi - offset))
         chosen: list[tuple[int, int, int]] = []  # (queue offset, position, size)
         next_offset = offset
         budget = max_bytes

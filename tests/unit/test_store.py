@@ -298,3 +298,33 @@ def test_a_scheduled_send_cancelled_during_its_sync_flush_is_still_scheduled(
         assert loop.run_until_complete(cancel_during_flush()) == 1
     finally:
         loop.run_until_complete(store.close())
+
+
+def test_sync_mode_serves_nothing_before_its_fsync(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    store = opened(loop, tmp_path, sync=True)
+    topic, _ = store.create_topic("t", 1)
+    woken: list[tuple[str, int]] = []
+    store.on_append = lambda name, queue_id: woken.append((name, queue_id))
+
+    def get(offset: int) -> tuple[str, int, int]:
+        got = store.get(topic, 0, offset, max_messages=10, max_bytes=1 << 20)
+        return got.status, got.next_offset, got.max_offset
+
+    async def scenario() -> None:
+        await store.append(topic, 0, frames(b"a"), store.check(frames(b"a")))
+        data = frames(b"b", b"c")
+        appending = asyncio.ensure_future(store.append(topic, 0, data, store.check(data)))
+        await asyncio.sleep(0)  # b and c are in the log; their fsync has not run yet
+        assert get(0) == ("FOUND", 1, 1), "only a is durable"
+        assert get(1) == ("NO_NEW_MESSAGE", 1, 1)
+        assert woken == [("t", 0)], "held pulls wake once b and c are synced, not before"
+        await appending
+        assert get(1) == ("FOUND", 3, 3)
+        assert woken == [("t", 0), ("t", 0)]
+
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.run_until_complete(store.close())
