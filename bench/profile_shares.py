@@ -206,6 +206,7 @@ async def e2e(address: str, seconds: float, rate: int) -> int:
 
 
 async def profile(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Shares]:
+    """Run workload `name` against a fresh broker; the broker's and the client's shares."""
     data_dir = Path(tempfile.mkdtemp(dir=tmp))
     with broker_process(data_dir, "async") as broker:
         assert broker.proc is not None
