@@ -38,8 +38,10 @@ class PushConsumerConfig:
             pull costs a round trip, so batches of hundreds keep a queue flowing.
         pull_max_bytes: Most bytes one pull asks for.
         consume_message_batch_max_size: Most messages handed to one listener call.
-        max_reconsume_times: Tries before a message goes to the dead-letter queue; None
-            means RocketMQ's default (orderly: unlimited; concurrent: 16).
+        max_reconsume_times: Retries after the first try before a message goes to the
+            dead-letter queue (so 1 + this many listener calls, RocketMQ's count, for
+            orderly and concurrent listeners alike); None means RocketMQ's default
+            (orderly: unlimited; concurrent: 16).
         suspend_current_queue_time: Orderly: wait before retrying a failed batch.
         pull_suspend: How long the broker holds a pull that finds nothing.
         pull_timeout: The deadline of a pull call (longer than pull_suspend).

@@ -1,13 +1,17 @@
 """Orderly consumption: each queue's messages reach the listener one batch at a time.
 
 Per queue there are two client-side locks on top of the broker's lease:
-- the object lock (`ProcessQueue.object_lock`): one consume task per queue at a time,
-  covering take-messages, the listener call and the offset commit;
-- the consume lock (`ProcessQueue.consume_lock`): held around the listener call (and the
-  checks just before it), never while waiting to retry or re-lock; rebalance takes it
+- the object lock (`ProcessQueue.object_lock`): one consume task per process queue at a
+  time, covering take-messages, the listener calls and the offset commit;
+- the consume lock (`ProcessQueue.consume_lock`): held around listener calls (and the
+  checks just before each), never while waiting to retry or re-lock; rebalance takes it
   before it may drop a queue and unlock it at the broker.
-Before each listener call the queue must not be dropped and its broker lock must be held
-and not older than the client's lease; otherwise the task stops and asks to re-lock.
+Before each listener call the queue must not be dropped or reset, its broker lock must be
+held and not older than the client's lease; otherwise the task stops, and re-locks (with
+neither lock held) when the lease was the reason.
+
+Plain listeners run on the thread pool, up to CALLS_PER_HOP calls per hop; coroutine
+listeners run on the loop, the same number of calls per turn. Both take one path.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import asyncio
 import inspect
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from typing import Protocol
+from typing import Protocol, cast
 
 from sdk import metrics, tracing
 from sdk.clock import Clock, sleep_for
@@ -36,11 +41,13 @@ log = logging.getLogger("ordermq.consumer")
 #: lock, moments after a successful one).
 RELOCK_FAILED_DELAY = 3.0
 RELOCK_OK_DELAY = 0.01
-#: Consecutive calls of a plain listener made in one thread-pool hop.
+#: Consecutive listener calls per turn: one thread-pool hop for a plain listener (a hop
+#: costs more than a small call), and the calls between two checks whether tracing was
+#: switched on (the check costs about as much as a small call).
 CALLS_PER_HOP = 32
-#: Coroutine-listener calls between two checks whether tracing was switched on (the
-#: check costs about as much as a small listener call).
-TRACING_CHECK_CALLS = 32
+TRACING_CHECK_CALLS = CALLS_PER_HOP
+#: What a consume turn answers when the lease ran out: re-lock, then go on.
+_RELOCK = -1.0
 
 
 class OrderlyHost(Protocol):
@@ -83,12 +90,19 @@ class ConsumeOrderlyService:
         self._max_reconsume = config.max_reconsume_times  # None: unlimited
         self._tasks: dict[MessageQueue, tuple[asyncio.Task[None], ProcessQueue]] = {}
         self._async_listener = inspect.iscoroutinefunction(listener.consume_message)
+        self._closed = False
         self.listener_calls = 0
 
     def submit(self, queue: MessageQueue, pq: ProcessQueue, delay: float = 0.0) -> None:
-        """Make sure a consume task runs for `queue` (at most one per queue)."""
+        """Make sure a consume task runs for `pq` (at most one per process queue).
+
+        A task still running for an earlier process queue of `queue` (released, and
+        stopping) does not stand in for this one.
+        """
+        if self._closed:
+            return
         running = self._tasks.get(queue)
-        if running is not None and not running[0].done():
+        if running is not None and not running[0].done() and running[1] is pq:
             pq.more = True
             return
         self._tasks[queue] = (asyncio.create_task(self._run(queue, pq, delay)), pq)
@@ -96,15 +110,19 @@ class ConsumeOrderlyService:
     async def _run(self, queue: MessageQueue, pq: ProcessQueue, delay: float) -> None:
         if delay:
             await sleep_for(self._clock, delay)
-        consume = self._consume_on_loop if self._async_listener else self._consume_in_threads
         try:
-            again = await consume(queue, pq)
+            again = await self._consume(queue, pq)
+            if again == _RELOCK:  # with neither lock held: rebalance may need them
+                again = (
+                    RELOCK_OK_DELAY if await self._host.relock(queue, pq) else RELOCK_FAILED_DELAY
+                )
         except Exception:
             log.exception("orderly consume of %s failed", queue)
             again = self._suspend_time
         if pq.more and again is None:
             again = 0.0  # a submit came in after the last take
-        if again is not None and not pq.dropped:
+        current = self._tasks.get(queue)
+        if again is not None and not pq.dropped and current is not None and current[1] is pq:
             self._tasks.pop(queue, None)
             self.submit(queue, pq, again)
 
@@ -119,96 +137,35 @@ class ConsumeOrderlyService:
             now = self._clock.now()
         return pq.locked and now - pq.last_lock_time <= self._lease
 
-    async def _consume_on_loop(self, queue: MessageQueue, pq: ProcessQueue) -> float | None:
-        """Consume with a coroutine listener until the buffer is empty.
+    async def _consume(self, queue: MessageQueue, pq: ProcessQueue) -> float | None:
+        """Consume until the buffer is empty or a check or a call fails.
 
-        Returns the delay before the next run, or None. One listener call per turn; its
-        checks run with the consume lock held, right before the call, on one clock read.
-        """
-        clock, listener, commit = self._clock, self._listener.consume_message, self._host.commit
-        group, size, suspend_time = self._group, self._batch_size, self._suspend_time
-        max_continuous = self._max_continuous
-        consume_lock = pq.consume_lock
-        traced, calls_until_check = False, 0
-        async with pq.object_lock:
-            started = clock.now()
-            while True:
-                pq.more = False
-                await consume_lock.acquire()  # not `async with`: that costs as much again
-                try:
-                    if pq.dropped:
-                        return None
-                    now = clock.now()
-                    expired = not self.lease_valid(pq, now)
-                    if not expired:
-                        if now - started > max_continuous:
-                            return RELOCK_OK_DELAY  # let the other queues have the loop
-                        batch = pq.take(size)
-                        if not batch:
-                            return None
-                        if not calls_until_check:
-                            traced, calls_until_check = tracing.enabled(), TRACING_CHECK_CALLS
-                        calls_until_check -= 1
-                        context = ConsumeOrderlyContext(queue, suspend_time)
-                        self.listener_calls += 1
-                        started_call = time.perf_counter()
-                        try:
-                            if traced:
-                                with tracing.consume_span(group, batch):
-                                    status = await listener(batch, context)  # type: ignore[misc]
-                            else:
-                                status = await listener(batch, context)  # type: ignore[misc]
-                        except Exception:
-                            log.exception("orderly listener raised on %s; retrying it", queue)
-                            status = None
-                        finally:
-                            elapsed = time.perf_counter() - started_call
-                            metrics.observe_consume(group, batch[0].topic, elapsed)
-                        if status is ConsumeOrderlyStatus.SUCCESS:
-                            commit(queue, pq.commit())
-                            continue
-                        pq.settle(0)
-                finally:
-                    consume_lock.release()
-                if expired:  # re-lock without the consume lock: rebalance may need it
-                    ok = await self._host.relock(queue, pq)
-                    return RELOCK_OK_DELAY if ok else RELOCK_FAILED_DELAY
-                delay = await self._retry_later(queue, pq, batch, context)
-                if delay is not None:
-                    return delay
-
-    async def _consume_in_threads(self, queue: MessageQueue, pq: ProcessQueue) -> float | None:
-        """Consume with a plain listener until the buffer is empty.
-
-        Returns the delay before the next run, or None. A plain listener gets several
-        consecutive calls per thread-pool hop (a hop costs more than a small listener
-        call); each call keeps its own checks.
+        Returns the delay before the next turn, _RELOCK, or None (nothing to do).
         """
         size = self._batch_size
-        loop = asyncio.get_running_loop()
         async with pq.object_lock:
             started = self._clock.now()
             while True:
                 pq.more = False
                 if pq.dropped:
                     return None
-                if not self.lease_valid(pq):
-                    ok = await self._host.relock(queue, pq)
-                    return RELOCK_OK_DELAY if ok else RELOCK_FAILED_DELAY
-                if self._clock.now() - started > self._max_continuous:
+                now = self._clock.now()
+                if not self.lease_valid(pq, now):
+                    return _RELOCK
+                if now - started > self._max_continuous:
                     return RELOCK_OK_DELAY  # let the other queues have the threads
                 taken = pq.take(size * CALLS_PER_HOP)
                 if not taken:
                     return None
-                traced = tracing.enabled()
-                async with pq.consume_lock:
-                    done, context = await loop.run_in_executor(
-                        self._executor, self._call_in_thread, queue, pq, taken, traced
-                    )
-                self.listener_calls += done + (context is not None)
-                offset = pq.settle(done * size)
-                if offset >= 0:
-                    self._host.commit(queue, offset)
+                generation = pq.generation
+                async with pq.consume_lock:  # released only once the calls are committed
+                    done, context = await self._call(queue, pq, taken, generation, started)
+                    self.listener_calls += done + (context is not None)
+                    if pq.generation != generation:
+                        continue  # reset during the calls: what they took is stale
+                    offset = pq.settle(done * size)
+                    if offset >= 0:
+                        self._host.commit(queue, offset)
                 if context is None:
                     continue  # all consumed, or a check failed: the loop top handles it
                 failed = taken[done * size : (done + 1) * size]
@@ -216,24 +173,68 @@ class ConsumeOrderlyService:
                 if delay is not None:
                     return delay
 
-    def _call_in_thread(
-        self, queue: MessageQueue, pq: ProcessQueue, taken: list[MessageExt], traced: bool
+    async def _call(
+        self,
+        queue: MessageQueue,
+        pq: ProcessQueue,
+        taken: list[MessageExt],
+        generation: int,
+        started: float,
     ) -> tuple[int, ConsumeOrderlyContext | None]:
-        """Call the listener batch by batch.
+        """Call the listener batch by batch over `taken`, checking before each call.
 
         Returns how many batches said SUCCESS and the context of the call that did not
         (None when all did, or when a check before a call failed).
         """
-        listener, group, size = self._listener.consume_message, self._group, self._batch_size
+        traced = tracing.enabled()
+        if not self._async_listener:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._calls_in_thread, queue, pq, taken, generation, started, traced
+            )
+        listener = cast(Callable[..., Awaitable[object]], self._listener.consume_message)
+        size = self._batch_size
         for done, i in enumerate(range(0, len(taken), size)):
-            if not self._may_call(pq):
+            if not self._may_call(pq, generation, started):
                 return done, None
             batch = taken[i : i + size]
             context = ConsumeOrderlyContext(queue, self._suspend_time)
-            started = time.perf_counter()
+            began = time.perf_counter()
             try:
                 if traced:
-                    with tracing.consume_span(group, batch):
+                    with tracing.consume_span(self._group, batch):
+                        result = await listener(batch, context)
+                else:
+                    result = await listener(batch, context)
+            except Exception:
+                log.exception("orderly listener raised on %s; retrying it", queue)
+                return done, context
+            finally:
+                metrics.observe_consume(self._group, batch[0].topic, time.perf_counter() - began)
+            if result is not ConsumeOrderlyStatus.SUCCESS:
+                _check_status(result)
+                return done, context
+        return -(-len(taken) // size), None
+
+    def _calls_in_thread(
+        self,
+        queue: MessageQueue,
+        pq: ProcessQueue,
+        taken: list[MessageExt],
+        generation: int,
+        started: float,
+        traced: bool,
+    ) -> tuple[int, ConsumeOrderlyContext | None]:
+        """`_call` for a plain listener, in a worker thread."""
+        listener, size = self._listener.consume_message, self._batch_size
+        for done, i in enumerate(range(0, len(taken), size)):
+            if not self._may_call(pq, generation, started):
+                return done, None
+            batch = taken[i : i + size]
+            context = ConsumeOrderlyContext(queue, self._suspend_time)
+            began = time.perf_counter()
+            try:
+                if traced:
+                    with tracing.consume_span(self._group, batch):
                         result = listener(batch, context)
                 else:
                     result = listener(batch, context)
@@ -241,16 +242,21 @@ class ConsumeOrderlyService:
                 log.exception("orderly listener raised on %s; retrying it", queue)
                 return done, context
             finally:
-                metrics.observe_consume(group, batch[0].topic, time.perf_counter() - started)
+                metrics.observe_consume(self._group, batch[0].topic, time.perf_counter() - began)
             if result is not ConsumeOrderlyStatus.SUCCESS:
-                if result is not None and not isinstance(result, ConsumeOrderlyStatus):
-                    log.error("orderly listener returned %r, not a ConsumeOrderlyStatus", result)
+                _check_status(result)
                 return done, context
         return -(-len(taken) // size), None
 
-    def _may_call(self, pq: ProcessQueue) -> bool:
-        """Checked before every plain listener call, in the worker thread."""
-        return not pq.dropped and self.lease_valid(pq)
+    def _may_call(self, pq: ProcessQueue, generation: int, started: float) -> bool:
+        """Checked right before every listener call (in the worker thread for plain ones)."""
+        now = self._clock.now()
+        return (
+            not pq.dropped
+            and pq.generation == generation
+            and self.lease_valid(pq, now)
+            and now - started <= self._max_continuous
+        )
 
     async def _retry_later(
         self,
@@ -261,29 +267,41 @@ class ConsumeOrderlyService:
     ) -> float | None:
         """After a failed call (its batch back in front): the wait before it is retried.
 
-        None when its exhausted messages went to the DLQ and the queue moves on.
+        RocketMQ's rule: a message is tried once, then retried up to max_reconsume_times
+        times. The batch is suspended while any of its messages has retries left; the
+        exhausted ones at its front go to the DLQ first and the queue commits past them
+        (never past a message that neither succeeded nor was dead-lettered). None when
+        the whole batch went to the DLQ and the queue moves on.
         """
-        for m in failed:
+        limit = self._max_reconsume
+        exhausted = 0
+        if limit is not None:
+            while exhausted < len(failed) and failed[exhausted].reconsume_times >= limit:
+                exhausted += 1
+        if exhausted:
+            moved = await self._dead_letter(failed[:exhausted])
+            if moved:
+                pq.take(moved)
+                self._host.commit(queue, pq.commit())
+            if moved == len(failed):
+                return None
+        for m in failed[exhausted:]:
             m.reconsume_times += 1
-        exhausted = [
-            m
-            for m in failed
-            if self._max_reconsume is not None and m.reconsume_times >= self._max_reconsume
-        ]
-        if exhausted and await self._dead_letter(exhausted):
-            pq.take(len(failed))
-            self._host.commit(queue, pq.commit())
-            return None
         return max(0.01, min(30.0, context.suspend_current_queue_time))
 
-    async def _dead_letter(self, batch: list[MessageExt]) -> bool:
-        for m in batch:
+    async def _dead_letter(self, batch: list[MessageExt]) -> int:
+        """Send messages to the DLQ in order; how many went before one failed."""
+        for sent, m in enumerate(batch):
             if not await self._host.send_to_dead_letter(m, m.reconsume_times):
-                return False
-        return True
+                return sent
+        return len(batch)
 
     async def shutdown(self, timeout: float) -> None:
-        """Let listener calls in flight finish (up to `timeout` seconds); stop the rest."""
+        """Let listener calls in flight finish (up to `timeout` seconds); stop the rest.
+
+        No consume task starts after this.
+        """
+        self._closed = True
         calling = []
         for task, pq in self._tasks.values():
             if task.done():
@@ -297,3 +315,9 @@ class ConsumeOrderlyService:
             for task in pending:
                 task.cancel()
         self._tasks.clear()
+
+
+def _check_status(result: object) -> None:
+    """Log a listener answer that is not a ConsumeOrderlyStatus (taken as a failure)."""
+    if result is not None and not isinstance(result, ConsumeOrderlyStatus):
+        log.error("orderly listener returned %r, not a ConsumeOrderlyStatus", result)

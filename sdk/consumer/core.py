@@ -169,6 +169,8 @@ class ConsumerCore:
         self._queues: dict[MessageQueue, ProcessQueue] = {}
         self._pulls: dict[MessageQueue, asyncio.Task[None]] = {}
         self._releasing_since: dict[MessageQueue, float] = {}
+        # Consume locks of queues released by force while their listener call ran.
+        self._calling: dict[MessageQueue, asyncio.Lock] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._rebalance_now = asyncio.Event()
         self.offsets: RemoteOffsetStore | LocalFileOffsetStore
@@ -276,6 +278,10 @@ class ConsumerCore:
         """Queues held now, including ones being released."""
         return list(self._queues)
 
+    def releasing(self) -> Collection[MessageQueue]:
+        """Queues whose release waits for a listener call to end."""
+        return list(self._releasing_since)
+
     async def acquire(self, queues: list[MessageQueue]) -> list[MessageQueue]:
         """Lock (if need be), find the start offset, and start pulling each queue."""
         epochs: dict[MessageQueue, int] = {}
@@ -292,7 +298,7 @@ class ConsumerCore:
             except OrderMQError as exc:
                 log.warning("cannot take %s yet: %s", queue, exc)
                 continue
-            pq = ProcessQueue()
+            pq = ProcessQueue(self._calling.pop(queue, None))
             pq.next_offset = offset
             if queue in epochs:
                 pq.locked, pq.lock_epoch, pq.last_lock_time = True, epochs[queue], self._clock.now()
@@ -327,14 +333,13 @@ class ConsumerCore:
             if not self.uses_locks:
                 ready.append(queue)
                 continue
-            try:
-                await asyncio.wait_for(pq.consume_lock.acquire(), CONSUME_LOCK_WAIT)
-            except TimeoutError:
+            if await self._acquire_within(pq.consume_lock, CONSUME_LOCK_WAIT):
+                pq.consume_lock.release()
+            else:
                 if now - self._releasing_since[queue] < FORCE_RELEASE_AFTER:
                     continue
                 log.warning("forcing the release of %s: its listener call is still running", queue)
-            else:
-                pq.consume_lock.release()
+                self._calling[queue] = pq.consume_lock  # if it comes back, it waits for the call
             ready.append(queue)
         if not ready:
             return []
@@ -389,6 +394,17 @@ class ConsumerCore:
             complete = await self._rebalancer.rebalance()
             delay = self._tuning.rebalance_interval if complete else REBALANCE_RETRY
 
+    async def _acquire_within(self, lock: asyncio.Lock, seconds: float) -> bool:
+        """Take `lock` if it comes free within `seconds` on the clock."""
+        acquire = asyncio.ensure_future(lock.acquire())
+        timer = asyncio.ensure_future(sleep_for(self._clock, seconds))
+        try:
+            await asyncio.wait((acquire, timer), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            acquire.cancel()  # no effect once it has the lock
+        return acquire.done() and not acquire.cancelled()
+
     async def _wait_for_rebalance(self, delay: float) -> None:
         sleeper = asyncio.ensure_future(sleep_for(self._clock, delay))
         trigger = asyncio.ensure_future(self._rebalance_now.wait())
@@ -420,11 +436,15 @@ class ConsumerCore:
             await sleep_for(self._clock, self._tuning.lock_renew_interval)
 
     async def _renew_locks(self) -> None:
-        held = {q: pq for q, pq in self._queues.items() if not pq.dropped}
+        # Queues being released are renewed too: their listener call still runs, and
+        # nobody else may call a listener on them until it ends.
+        held = dict(self._queues)
         if not held:
             return
         epochs = await self._lock(list(held))
         for queue, pq in held.items():
+            if pq.dropped:
+                continue
             if queue in epochs:
                 await self._apply_lock(queue, pq, epochs[queue])
             elif pq.locked:
@@ -438,15 +458,18 @@ class ConsumerCore:
                       topic=queue.topic, queue=queue.queue_id, epoch=epoch)  # fmt: skip
         if pq.lock_epoch and epoch != pq.lock_epoch:
             # The lock passed through another owner: what we buffered, and where we
-            # were, may be stale. Start again from the committed offset.
+            # were, may be stale. No listener call until we start again from the
+            # committed offset; a failed read leaves the old epoch, so the next renewal
+            # tries again. Pulls and batches of before the reset are dropped as stale.
             log.warning("%s changed owner while we were away; re-reading its offset", queue)
-            async with pq.object_lock:
-                pq.clear()
-                committed = await self.offsets.fetch(queue)
-                if committed is not None:
-                    pq.next_offset = committed
-                    self.offsets.update(queue, committed, increase_only=False)
-                    await self._starting_offset(queue, committed)
+            pq.locked = False
+            committed = await self.offsets.fetch(queue)
+            if pq.dropped:
+                return
+            if committed is not None:
+                pq.reset(committed)
+                self.offsets.update(queue, committed, increase_only=False)
+                await self._starting_offset(queue, committed)
         pq.locked, pq.lock_epoch, pq.last_lock_time = True, epoch, self._clock.now()
         self.offsets.set_epoch(queue, epoch)
 
@@ -464,6 +487,7 @@ class ConsumerCore:
             if self.uses_locks and not pq.locked:
                 await sleep_for(self._clock, 1.0)
                 continue
+            generation = pq.generation
             try:
                 result = await self._cluster.client_for(queue).pull(
                     self.group,
@@ -481,6 +505,8 @@ class ConsumerCore:
                 continue
             if pq.dropped:
                 return
+            if pq.generation != generation:
+                continue  # the queue was reset (seek, new owner) while this pull ran
             if result.status is PullStatus.FOUND:
                 if queue.topic.startswith(RETRY_PREFIX):
                     _restore_origin(result.messages)

@@ -33,6 +33,9 @@ class RebalanceHost(Protocol):
     async def release(self, queues: list[MessageQueue]) -> list[MessageQueue]:
         """Stop consuming `queues`; the ones actually released."""
 
+    def releasing(self) -> Collection[MessageQueue]:
+        """Queues whose release was postponed (a listener call still runs)."""
+
 
 class Rebalancer:
     """One group's queue assignment for one client."""
@@ -86,10 +89,11 @@ class Rebalancer:
         except OrderMQError as exc:
             log.warning("rebalance of group %s postponed: %s", self._group, exc)
             return False
-        held = set(self._host.held())
-        to_release = sorted(held - wanted)
-        to_acquire = sorted(wanted - held)
+        # A postponed release is finished first even when the queue is wanted again:
+        # its pull loop stopped, so it is taken back afresh once released.
+        to_release = sorted((set(self._host.held()) - wanted) | set(self._host.releasing()))
         released = await self._host.release(to_release) if to_release else []
+        to_acquire = sorted(wanted - set(self._host.held()))
         acquired = await self._host.acquire(to_acquire) if to_acquire else []
         if to_release or to_acquire:
             metrics.rebalanced(self._group)

@@ -148,19 +148,50 @@ def test_suspend_exception_and_none_retry_the_same_batch_after_the_suspend_time(
 
 
 def test_a_message_failing_max_reconsume_times_goes_to_the_dlq_and_the_queue_moves_on() -> None:
-    listener, host = Scripted([SUSPEND] * 3), Host()
+    """RocketMQ's count: one try and max_reconsume_times retries, then the DLQ."""
+    listener, host = Scripted([SUSPEND] * 4), Host()
 
     async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
         pq.put([msg(0), msg(1)])
         service.submit(Q, pq)
-        for _ in range(2):
+        for _ in range(3):
             await until(lambda: clock.sleepers == 1)
             clock.advance(1.01)
         await until(lambda: host.commits[-1:] == [2])
 
     run_service(test, listener, host, max_reconsume_times=3)
     assert host.dead == [(0, 3)]
-    assert listener.seen == [(0,), (0,), (0,), (1,)]
+    assert listener.seen == [(0,), (0,), (0,), (0,), (1,)]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_batch_that_grew_between_retries_dead_letters_only_its_exhausted_front(
+    asynchronous: bool,
+) -> None:
+    """Defect 2: messages that never succeeded are not committed with a dead-lettered one."""
+    answers = [SUSPEND, SUSPEND, OK]
+    listener: MessageListenerOrderly = AsyncScripted(answers) if asynchronous else Scripted(answers)
+    host = Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        if isinstance(listener, AsyncScripted):
+            listener.pq = pq
+        pq.put([msg(0)])
+        service.submit(Q, pq)
+        await until(lambda: clock.sleepers == 1)
+        pq.put([msg(1), msg(2), msg(3)])  # arrive while message 0 waits to be retried
+        clock.advance(1.01)
+        await until(lambda: clock.sleepers == 1 and len(seen()) == 2)
+        clock.advance(1.01)
+        await until(lambda: host.commits[-1:] == [4])
+
+    def seen() -> list[tuple[int, ...]]:
+        return listener.seen  # type: ignore[attr-defined, no-any-return]
+
+    run_service(test, listener, host, max_reconsume_times=1, consume_message_batch_max_size=4)
+    assert host.dead == [(0, 1)], "only message 0 used up its retries"
+    assert seen() == [(0,), (0, 1, 2, 3), (1, 2, 3)], "1-3 were retried, not skipped"
+    assert host.commits == [1, 4], "the commit passed 1-3 only once they succeeded"
 
 
 def test_an_expired_lease_stops_the_next_listener_call_until_relocked() -> None:
@@ -333,7 +364,7 @@ def test_async_calls_each_hold_the_consume_lock_get_a_fresh_context_and_commit()
 
     run_service(test, listener, host)
     assert listener.seen == [(0,), (1,), (2,), (3,), (4,)]
-    assert host.commits == [1, 2, 3, 4, 5], "each call commits before the next one"
+    assert host.commits == [5], "the calls of a turn commit once, before the lock is let go"
     assert listener.lock_held == [True] * 5
     assert len({id(c) for c in listener.contexts}) == 5, "a fresh context per call"
 
@@ -362,19 +393,20 @@ def test_async_suspend_exception_and_a_changed_suspend_time_retry_the_same_batch
 
 
 def test_async_a_message_failing_max_reconsume_times_goes_to_the_dlq() -> None:
-    listener, host = AsyncScripted([SUSPEND] * 2), Host()
+    listener, host = AsyncScripted([SUSPEND] * 3), Host()
 
     async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
         listener.pq = pq
         pq.put([msg(0), msg(1)])
         service.submit(Q, pq)
-        await until(lambda: clock.sleepers == 1)
-        clock.advance(1.01)
+        for _ in range(2):
+            await until(lambda: clock.sleepers == 1)
+            clock.advance(1.01)
         await until(lambda: host.commits[-1:] == [2])
 
     run_service(test, listener, host, max_reconsume_times=2)
     assert host.dead == [(0, 2)]
-    assert listener.seen == [(0,), (0,), (1,)]
+    assert listener.seen == [(0,), (0,), (0,), (1,)]
     assert host.commits == [1, 2]
 
 
@@ -401,7 +433,7 @@ def test_async_a_lease_that_runs_out_during_a_call_stops_before_the_next_call() 
 
     run_service(test, listener, host)
     assert listener.seen == [(0,), (1,), (2,), (3,), (4,)]
-    assert host.commits == [1, 2, 3, 4, 5]
+    assert host.commits == [2, 5], "the calls made before the lease ran out committed"
 
 
 def test_async_rebalance_waiting_on_the_consume_lock_gets_it_before_the_next_call() -> None:
@@ -413,7 +445,7 @@ def test_async_rebalance_waiting_on_the_consume_lock_gets_it_before_the_next_cal
         pq.dropped = True  # as core.release does, then it waits for the call in flight
         release_started.set()
         async with pq.consume_lock:
-            order.append("rebalance")
+            order.append(f"rebalance after commit {host.commits}")
 
     def start_a_rebalance(offset: int, context: ConsumeOrderlyContext) -> None:
         order.append(f"call {offset}")
@@ -428,11 +460,12 @@ def test_async_rebalance_waiting_on_the_consume_lock_gets_it_before_the_next_cal
         pq.put([msg(i) for i in range(5)])
         service.submit(Q, pq)
         await release_started.wait()
-        await until(lambda: "rebalance" in order and not pq.object_lock.locked())
+        await until(lambda: len(order) == 3 and not pq.object_lock.locked())
 
     run_service(test, listener, host)
-    assert order == ["call 0", "call 1", "rebalance"]
-    assert host.commits == [1, 2], "the call in flight committed before rebalance went on"
+    assert order == ["call 0", "call 1", "rebalance after commit [2]"], (
+        "the call in flight committed before rebalance went on"
+    )
 
 
 def test_async_tracing_switched_on_mid_run_is_picked_up_within_the_check_interval(

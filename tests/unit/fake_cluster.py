@@ -1,0 +1,243 @@
+"""An in-memory broker for consumer-core tests: no sockets, every timer on a FakeClock.
+
+It keeps messages per queue, committed offsets, group membership, and the broker's real
+RebalanceLockManager (so lock, renewal, expiry and fencing follow the broker's own
+rules). `FakeCluster` stands in for `sdk._transport.cluster.Cluster`; several consumer
+cores may share one `FakeBroker`. `restart()` forgets what a broker process keeps in
+memory, as a kill -9 does, and keeps what it stores on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, ClassVar
+
+from mockbroker.errors import BrokerError
+from mockbroker.lock_manager import RebalanceLockManager
+from sdk._transport.broker_client import GroupInfo, PullResult, PullStatus, SentBack
+from sdk.errors import BrokerUnavailableError, LockNotHeldError, StaleEpochError
+from sdk.message import MessageExt, MessageQueue
+from sdk.testing import FakeClock
+
+BROKER = "fake"
+ADDRESS = "fake:1"
+
+
+def fenced(exc: BrokerError) -> Exception:
+    """The SDK error the real client raises for the broker's fencing refusals."""
+    if exc.reason == "STALE_EPOCH":
+        return StaleEpochError(str(exc))
+    return LockNotHeldError(str(exc))
+
+
+class FakeBroker:
+    """One broker's state, shared by every client connected to it."""
+
+    def __init__(self, clock: FakeClock, *, queues: int = 2, topic: str = "orders") -> None:
+        self.clock = clock
+        self.topic = topic
+        self.queue_count = queues
+        self.messages: dict[int, list[MessageExt]] = {q: [] for q in range(queues)}
+        self.offsets: dict[tuple[str, int], int] = {}
+        self.members: dict[str, set[str]] = {}
+        self.membership_version = 0
+        self.locks = RebalanceLockManager(clock)
+        self.down = False
+        self.commits: list[tuple[str, int, int, int]] = []  # client, queue, offset, epoch
+        self.dead_letters: list[MessageExt] = []
+        self._arrived = asyncio.Event()
+        self._membership_changed = asyncio.Event()
+
+    def queues(self) -> list[MessageQueue]:
+        """The topic's queues, sorted."""
+        return [MessageQueue(self.topic, BROKER, q) for q in range(self.queue_count)]
+
+    def append(self, queue_id: int, keys: Sequence[str]) -> None:
+        """Store one message per key on `queue_id`; its body is 'key:offset'."""
+        stored = self.messages[queue_id]
+        for key in keys:
+            offset = len(stored)
+            queue = MessageQueue(self.topic, BROKER, queue_id)
+            body, msg_id = f"{key}:{offset}".encode(), f"{queue_id:04X}{offset:028X}"
+            stored.append(_message(self.topic, body, key, msg_id, queue, offset))
+        self._arrived.set()
+        self._arrived = asyncio.Event()
+
+    def restart(self, *, keep_members: bool = False) -> None:
+        """Lose what a broker keeps in memory (locks, members); keep messages and offsets.
+
+        With keep_members, every client's next heartbeat is taken to have landed already.
+        """
+        self.locks = RebalanceLockManager(self.clock)
+        if not keep_members:
+            self.members.clear()
+            self._change_membership()
+
+    def join(self, group: str, client_id: str) -> None:
+        """A member that takes part in the split but never pulls (another process)."""
+        self.members.setdefault(group, set()).add(client_id)
+        self._change_membership()
+
+    def leave(self, group: str, client_id: str) -> None:
+        """That member leaves."""
+        self.members.get(group, set()).discard(client_id)
+        self._change_membership()
+
+    def _change_membership(self) -> None:
+        self.membership_version += 1
+        self._membership_changed.set()
+        self._membership_changed = asyncio.Event()
+
+    def _check_up(self) -> None:
+        if self.down:
+            raise BrokerUnavailableError("the fake broker is down")
+
+
+class FakeClient:
+    """The calls a consumer core makes on a BrokerClient, served by a FakeBroker."""
+
+    address = ADDRESS
+
+    def __init__(self, broker: FakeBroker) -> None:
+        self.broker = broker
+
+    async def pull(
+        self, group: str, queue: MessageQueue, offset: int, *, max_messages: int = 32,
+        suspend_timeout: float = 0.0, **_: Any,
+    ) -> PullResult:  # fmt: skip
+        b = self.broker
+        deadline = b.clock.now() + suspend_timeout
+        while True:
+            b._check_up()
+            stored = b.messages[queue.queue_id]
+            if offset > len(stored):
+                return PullResult(PullStatus.OFFSET_ILLEGAL, len(stored), 0, len(stored), [])
+            if offset < len(stored):
+                found = stored[offset : offset + max_messages]
+                copies = [_copy(m) for m in found]
+                return PullResult(PullStatus.FOUND, offset + len(found), 0, len(stored), copies)
+            if b.clock.now() >= deadline:
+                return PullResult(PullStatus.NO_NEW_MESSAGE, offset, 0, len(stored), [])
+            arrived = asyncio.ensure_future(b._arrived.wait())
+            timer = asyncio.ensure_future(b.clock.sleep_until(deadline))
+            try:
+                await asyncio.wait((arrived, timer), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                arrived.cancel()
+                timer.cancel()
+
+    async def queue_offsets(
+        self, queue: MessageQueue, timestamp_ms: int = 0
+    ) -> tuple[int, int, int]:
+        self.broker._check_up()
+        high = len(self.broker.messages[queue.queue_id])
+        return 0, high, 0
+
+    async def query_offset(self, group: str, queue: MessageQueue) -> int | None:
+        self.broker._check_up()
+        return self.broker.offsets.get((group, queue.queue_id))
+
+    async def commit_offsets(
+        self, group: str, client_id: str, offsets: Sequence[tuple[MessageQueue, int, int]]
+    ) -> None:
+        b = self.broker
+        b._check_up()
+        try:
+            for q, _offset, epoch in offsets:
+                b.locks.check_commit(group, (q.topic, q.queue_id), client_id, epoch)
+        except BrokerError as exc:
+            raise fenced(exc) from None
+        for q, offset, epoch in offsets:
+            b.offsets[(group, q.queue_id)] = offset
+            b.commits.append((client_id, q.queue_id, offset, epoch))
+
+    async def heartbeat(self, client_id: str, groups: Sequence[GroupInfo]) -> dict[str, int]:
+        b = self.broker
+        b._check_up()
+        for g in groups:
+            members = b.members.setdefault(g.group, set())
+            if client_id not in members:
+                members.add(client_id)
+                b._change_membership()
+        return {g.group: b.membership_version for g in groups}
+
+    async def unregister(self, client_id: str) -> None:
+        b = self.broker
+        b._check_up()
+        for members in b.members.values():
+            members.discard(client_id)
+        b.locks.release_client(client_id)
+        b._change_membership()
+
+    async def consumer_list(self, group: str) -> tuple[list[str], int]:
+        self.broker._check_up()
+        return sorted(self.broker.members.get(group, ())), self.broker.membership_version
+
+    async def watch_membership(
+        self, group: str, known_version: int
+    ) -> AsyncIterator[tuple[int, list[str]]]:
+        b = self.broker
+        while True:
+            b._check_up()
+            if b.membership_version != known_version:
+                known_version = b.membership_version
+                yield known_version, sorted(b.members.get(group, ()))
+            await b._membership_changed.wait()
+
+    async def lock_batch(
+        self, group: str, client_id: str, queues: Sequence[MessageQueue]
+    ) -> dict[MessageQueue, int]:
+        self.broker._check_up()
+        keys = {(q.topic, q.queue_id): q for q in queues}
+        held = self.broker.locks.lock_batch(group, client_id, keys)
+        return {keys[k]: epoch for k, epoch in held.items()}
+
+    async def unlock_batch(
+        self, group: str, client_id: str, queues: Sequence[MessageQueue]
+    ) -> None:
+        self.broker._check_up()
+        self.broker.locks.unlock_batch(group, client_id, [(q.topic, q.queue_id) for q in queues])
+
+    async def send_back(
+        self, group: str, queue: MessageQueue, queue_offset: int, **_: Any
+    ) -> SentBack:
+        self.broker._check_up()
+        self.broker.dead_letters.append(self.broker.messages[queue.queue_id][queue_offset])
+        return SentBack(True, "%DLQ%" + group, 0)
+
+
+class FakeCluster:
+    """Stands in for Cluster: one FakeBroker behind every address."""
+
+    endpoints: ClassVar[list[str]] = [ADDRESS]
+
+    def __init__(self, broker: FakeBroker) -> None:
+        self._client = FakeClient(broker)
+
+    def client(self, address: str) -> FakeClient:
+        return self._client
+
+    def client_for(self, queue: MessageQueue) -> FakeClient:
+        return self._client
+
+    def brokers(self) -> list[FakeClient]:
+        return [self._client]
+
+    async def readable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+        self._client.broker._check_up()
+        return self._client.broker.queues()
+
+    async def close(self) -> None:
+        pass
+
+
+def _message(
+    topic: str, body: bytes, key: str | None, msg_id: str, queue: MessageQueue, offset: int
+) -> MessageExt:
+    return MessageExt(topic, body, None, (), {}, key, msg_id, queue, offset, 0, 0, 0)
+
+
+def _copy(m: MessageExt) -> MessageExt:
+    """Each pull decodes fresh objects, as the real client does."""
+    return _message(m.topic, m.body, m.sharding_key, m.msg_id, m.queue, m.queue_offset)

@@ -1,0 +1,229 @@
+"""The orderly push consumer's core against an in-memory broker, on a fake clock.
+
+Each test drives a failure path of issue 12 through the real PushConsumerCore: rebalance,
+lock renewal and fencing, pull loops and the orderly consume service, with the broker's
+own RebalanceLockManager behind a fake transport (tests/unit/fake_cluster.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from sdk.consumer.config import ConsumeFromWhere, PushConsumerConfig
+from sdk.consumer.listener import (
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    MessageListenerOrderly,
+)
+from sdk.consumer.push_core import PushConsumerCore
+from sdk.message import MessageExt
+from sdk.testing import FakeClock
+from tests.unit.fake_cluster import FakeBroker, FakeCluster
+
+OK = ConsumeOrderlyStatus.SUCCESS
+SUSPEND = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+GROUP = "g"
+
+
+class Recorder(MessageListenerOrderly):
+    """Records (queue, offset) per call; `gate` blocks calls while cleared."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.calls = 0
+        self.in_call = threading.Event()
+        self.answers: list[ConsumeOrderlyStatus] = []
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        self.calls += 1
+        self.in_call.set()
+        self.gate.wait(10)
+        self.in_call.clear()
+        answer = self.answers.pop(0) if self.answers else OK
+        if answer is OK:
+            self.seen.extend((m.queue.queue_id, m.queue_offset) for m in msgs)
+        return answer
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    """Wait (real time, the fake clock stands still) for `condition`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.002)
+
+
+def consumer(
+    broker: FakeBroker, listener: MessageListenerOrderly, **config: Any
+) -> PushConsumerCore:
+    core = PushConsumerCore(
+        GROUP,
+        "fake:1",
+        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+        config=PushConsumerConfig(**config),
+        clock=broker.clock,
+    )
+    fake = FakeCluster(broker)
+    core._cluster = fake  # type: ignore[assignment]
+    core._rebalancer._cluster = fake  # type: ignore[assignment]
+    core.offsets._cluster = fake  # type: ignore[union-attr]
+    core.subscribe(broker.topic)
+    core.register_message_listener(listener)
+    return core
+
+
+def run(test: Callable[[FakeBroker], Coroutine[Any, Any, None]], queues: int = 1) -> None:
+    async def main() -> None:
+        broker = FakeBroker(FakeClock(), queues=queues)
+        await test(broker)
+
+    asyncio.run(main())
+
+
+def test_a_lease_expiring_during_a_call_after_a_broker_restart_does_not_deadlock_the_queue() -> (
+    None
+):
+    """Defect 1: re-lock with a new epoch while the consume task holds the object lock."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        clock = broker.clock
+        core = consumer(broker, listener)
+        await core.start()
+        broker.append(0, ["a"] * 3)
+        await until(lambda: listener.seen == [(0, 0), (0, 1), (0, 2)], "the first messages")
+        listener.gate.clear()
+        broker.append(0, ["a"] * 2)
+        await until(listener.in_call.is_set, "a call in flight")
+        clock.advance(1)  # (a restarted broker's epochs start from its start time)
+        broker.restart(keep_members=True)  # locks forgotten: the next renewal gets a new epoch
+        clock.advance(20)  # the renewal runs while the call is in flight
+        await asyncio.sleep(0.05)
+        clock.advance(10)  # and the client-side lease runs out during the call
+        listener.gate.set()
+        await until(lambda: len(listener.seen) >= 4, "the call in flight to finish")
+        for _ in range(50):  # let re-lock, renewal and retries run their course
+            clock.advance(0.5)
+            await asyncio.sleep(0.01)
+            if len(listener.seen) >= 5 and listener.seen[-1] == (0, 4):
+                break
+        assert listener.seen[-1] == (0, 4), f"the queue is stuck: {listener.seen}"
+        broker.append(0, ["a"])
+        await until(lambda: listener.seen[-1] == (0, 5), "a message after the restart")
+        await core.shutdown()
+
+    run(test)
+
+
+def count_rounds(core: PushConsumerCore) -> list[bool]:
+    """The outcome of every rebalance round from now on (True: complete)."""
+    outcomes: list[bool] = []
+    rebalance = core._rebalancer.rebalance
+
+    async def counted() -> bool:
+        outcome = await rebalance()
+        outcomes.append(outcome)
+        return outcome
+
+    core._rebalancer.rebalance = counted  # type: ignore[method-assign]
+    return outcomes
+
+
+def assert_no_gap(offsets: list[int]) -> None:
+    """Per key (one key per queue here): never past a message not yet processed."""
+    highest = -1
+    for offset in offsets:
+        assert offset <= highest + 1, f"jumped from {highest} to {offset}: {offsets}"
+        highest = max(highest, offset)
+
+
+def test_a_pull_in_flight_when_the_queue_changes_owner_does_not_skip_messages() -> None:
+    """Defect 3: the reset after an epoch change races a pull issued from the old offset."""
+    listener = Recorder()
+    listener.answers = [OK, OK, OK, SUSPEND]
+
+    async def test(broker: FakeBroker) -> None:
+        clock = broker.clock
+        broker.offsets[(GROUP, 0)] = 0
+        core = consumer(
+            broker, listener, suspend_current_queue_time=30.0, persist_interval=1000,
+            pull_suspend=60.0, pull_timeout=90.0,
+        )  # fmt: skip
+        await core.start()
+        broker.append(0, ["a"] * 10)
+        await until(lambda: listener.calls == 4 and clock.sleepers >= 5, "message 3 suspended")
+        clock.advance(1)
+        broker.restart(keep_members=True)
+        clock.advance(20)  # the renewal gets a new epoch and resets to the committed 0
+        await until(lambda: core._queues[broker.queues()[0]].next_offset == 0, "the reset")
+        broker.append(0, ["a"])  # answers the pull that was waiting at offset 10
+        await asyncio.sleep(0.05)
+        clock.advance(30)  # the suspended retry
+        await until(lambda: (0, 10) in listener.seen, "message 10")
+        await core.shutdown()
+
+    run(test)
+    assert_no_gap([offset for _, offset in listener.seen])
+
+
+def test_a_queue_given_back_while_its_release_waits_for_a_call_is_consumed_again() -> None:
+    """Defect 4: released while the listener runs, then allocated back."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        clock = broker.clock
+        core = consumer(broker, listener)
+        await core.start()
+        broker.append(0, ["a"] * 2)
+        await until(lambda: len(listener.seen) == 2, "the first messages")
+        listener.gate.clear()
+        broker.append(0, ["a"])
+        await until(listener.in_call.is_set, "a call in flight")
+        rounds = count_rounds(core)
+        broker.join(GROUP, "0-another-member")  # sorts first: it gets the only queue
+        await until(lambda: bool(core._releasing_since), "a release waiting for the call")
+        clock.advance(0.5)  # the release gives up waiting for the call: postponed
+        await until(lambda: rounds[-1:] == [False], "the round that postponed it")
+        broker.leave(GROUP, "0-another-member")  # and the queue is ours again
+        listener.gate.set()
+        await until(lambda: len(rounds) == 2, "the next round")
+        await until(lambda: len(listener.seen) == 3, "the call in flight")
+        broker.append(0, ["a"])
+        for _ in range(60):
+            clock.advance(0.5)
+            await asyncio.sleep(0.01)
+            if len(listener.seen) >= 4:
+                break
+        assert listener.seen[-1] == (0, 3), f"the queue is dead: {listener.seen}"
+        assert broker.locks.is_locked_by(GROUP, ("orders", 0), core.client_id)
+        await core.shutdown()
+
+    run(test)
+
+
+def test_a_queue_taken_back_while_its_old_consume_task_sleeps_gets_a_consume_task() -> None:
+    """Defect 5: submit was keyed by queue, so the new process queue waited for the old."""
+    listener = Recorder()
+    listener.answers = [OK, SUSPEND]
+
+    async def test(broker: FakeBroker) -> None:
+        core = consumer(broker, listener, suspend_current_queue_time=30.0)
+        await core.start()
+        broker.append(0, ["a"] * 2)
+        await until(lambda: listener.calls == 2, "message 1 suspended for 30 s")
+        broker.join(GROUP, "0-another-member")
+        await until(lambda: not core.held(), "the queue released")
+        broker.leave(GROUP, "0-another-member")
+        await until(lambda: bool(core.held()), "the queue taken back")
+        await until(lambda: listener.seen[-1:] == [(0, 1)], "message 1, with no 30 s wait")
+        await core.shutdown()
+
+    run(test)
