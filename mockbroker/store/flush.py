@@ -3,7 +3,9 @@
 Async mode: every `interval` the commit log and the dirty consume queues are synced and a
 checkpoint is written. Sync mode does the same periodically and, in addition, a sender
 awaits `wait_durable(end)`: one fsync serves every sender waiting when it starts (group
-commit). After a failed fsync nothing is ever reported durable again: every waiter and
+commit); `on_flushed` is told the position each fsync made durable, which is not
+everything appended by then (appends made during the fsync wait for the next one). After a
+failed fsync nothing is ever reported durable again: every waiter and
 every later write is refused, because the kernel may have dropped the dirty pages.
 """
 
@@ -37,7 +39,7 @@ class Flusher:
         *,
         interval_seconds: float,
         extra_fds: Callable[[], list[int]] = list,
-        on_flushed: Callable[[], None] | None = None,
+        on_flushed: Callable[[int], None] | None = None,
     ) -> None:
         self._extra_fds = extra_fds
         self._on_flushed = on_flushed
@@ -123,7 +125,7 @@ class Flusher:
                 self._checkpointed = plan.target
             self._release_waiters()
             if self._on_flushed is not None:
-                self._on_flushed()
+                self._on_flushed(plan.target)
 
     def _execute(self, checkpoint: int | None, plan: FlushPlan) -> None:
         CommitLog.execute_flush(plan)

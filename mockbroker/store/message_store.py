@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,7 +102,9 @@ class MessageStore:
         self._index: MessageIndex | None = None
         #: Called with (topic, queue id) after every append (long polling's wake-up).
         self.on_append: Callable[[str, int], None] | None = None
-        self._unannounced: set[tuple[str, int]] = set()  # sync mode: appended, not synced
+        # Sync mode: (commit log end after an append, its queue), in append order, until an
+        # fsync covers that end and its held pulls are woken.
+        self._unannounced: deque[tuple[int, tuple[str, int]]] = deque()
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> RecoveryReport:
@@ -153,9 +156,16 @@ class MessageStore:
         )
         self._flusher.start()
 
-    def _announce_flushed(self) -> None:
-        """Sync mode: what became readable with this fsync wakes its held pulls."""
-        queues, self._unannounced = self._unannounced, set()
+    def _announce_flushed(self, flushed: int) -> None:
+        """Sync mode: the queues whose appends this fsync made readable wake their pulls.
+
+        An append made while the fsync ran lies beyond `flushed`: it stays for the fsync
+        that covers it, since a pull woken now would find nothing and wait out its deadline.
+        """
+        pending = self._unannounced
+        queues: dict[tuple[str, int], None] = {}
+        while pending and pending[0][0] <= flushed:
+            queues[pending.popleft()[1]] = None
         if self.on_append is not None:
             for topic, queue_id in queues:
                 self.on_append(topic, queue_id)
@@ -255,8 +265,8 @@ class MessageStore:
         self.stats.messages_stored += len(checked)
         by_topic = self.stats.stored_by_topic
         by_topic[index_topic.name] = by_topic.get(index_topic.name, 0) + len(checked)
-        if self.sync_flush:
-            self._unannounced.add((index_topic.name, index_queue))  # readable once synced
+        if self.sync_flush:  # readable once synced
+            self._unannounced.append((self.commitlog.end, (index_topic.name, index_queue)))
         elif self.on_append is not None:
             self.on_append(index_topic.name, index_queue)
         durable = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mockbroker.errors import BrokerError
+from mockbroker.long_polling import PullHolder
 from mockbroker.store.message_store import MessageStore, parse_tag_expression
 from mockbroker.topics import Topic
 from sdk._wire import encode_frame, iter_records
@@ -328,3 +330,67 @@ def test_sync_mode_serves_nothing_before_its_fsync(
         loop.run_until_complete(scenario())
     finally:
         loop.run_until_complete(store.close())
+
+
+def test_sync_mode_wakes_a_held_pull_once_its_message_is_synced_not_before(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only group commits flush: no periodic flush may cover the second append by chance.
+    store = MessageStore(
+        tmp_path,
+        sync_flush=True,
+        segment_bytes=1 << 20,
+        flush_interval_seconds=3600,
+        sync_flush_timeout_seconds=5,
+        clock=FakeClock(),
+    )
+    store.open()
+    loop.run_until_complete(store.start())
+    topic, _ = store.create_topic("t", 2)
+    clock = FakeClock()  # never advanced: a held pull ends only when woken
+    holder = PullHolder(clock)
+    wakes: list[tuple[int, str]] = []
+
+    def notify(name: str, queue_id: int) -> None:
+        got = store.get(topic, queue_id, 0, max_messages=10, max_bytes=1 << 20)
+        wakes.append((queue_id, got.status))
+        holder.notify(name, queue_id)
+
+    store.on_append = notify
+    in_fsync, release = threading.Event(), threading.Event()
+    real = os.fdatasync
+
+    def first_fsync_waits(fd: int) -> None:
+        if not in_fsync.is_set():
+            in_fsync.set()
+            release.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", first_fsync_waits)
+
+    async def held_pull(queue_id: int) -> str:
+        """The broker's pull loop: read, and while caught up, wait for a wake-up."""
+        while True:
+            got = store.get(topic, queue_id, 0, max_messages=10, max_bytes=1 << 20)
+            if got.status == "FOUND":
+                return got.status
+            await holder.wait(("t", queue_id), deadline=clock.now() + 30)
+
+    async def scenario() -> None:
+        pull = asyncio.ensure_future(held_pull(1))
+        first = asyncio.ensure_future(store.put(topic, 0, frames(b"a")))
+        while not in_fsync.is_set():  # the fsync covering a (only) has started
+            await asyncio.sleep(0.001)
+        second = asyncio.ensure_future(store.put(topic, 1, frames(b"b")))
+        await asyncio.sleep(0)  # b is in the log, after the running fsync's target
+        release.set()
+        await asyncio.gather(first, second)
+        assert await asyncio.wait_for(pull, 5) == "FOUND", "the pull must not wait for its deadline"
+
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        release.set()
+        loop.run_until_complete(store.close())
+    assert (1, "NO_NEW_MESSAGE") not in wakes, f"queue 1 was woken before b was synced: {wakes}"
+    assert (0, "FOUND") in wakes and (1, "FOUND") in wakes
