@@ -1,7 +1,9 @@
 """Clocks: where every lease, delay, timeout and expiry in ordermq gets its time.
 
 A clock tells the time and sleeps until a time, so that a fake clock (sdk.testing.FakeClock)
-can make every timer deterministic: tests advance it instead of sleeping.
+can make every timer deterministic: tests advance it instead of sleeping. Besides wall time
+it gives a monotonic reading, for durations that must not jump when the wall clock is set
+(lock leases).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ class Clock(Protocol):
         """Seconds since the epoch."""
         ...
 
+    def monotonic(self) -> float:
+        """Seconds since an arbitrary point; never goes backwards (for durations only)."""
+        ...
+
     async def sleep_until(self, deadline: float) -> None:
         """Return once now() >= deadline."""
         ...
@@ -29,6 +35,10 @@ class SystemClock:
     def now(self) -> float:
         """Seconds since the epoch."""
         return time.time()
+
+    def monotonic(self) -> float:
+        """time.monotonic(): unaffected by changes to the system clock."""
+        return time.monotonic()
 
     async def sleep_until(self, deadline: float) -> None:
         """Sleep until `deadline` (wall clock)."""

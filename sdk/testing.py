@@ -25,6 +25,7 @@ class FakeClock:
 
     def __init__(self, start: float = 1_700_000_000.0) -> None:
         self._now = start
+        self._monotonic = 0.0
         self._lock = threading.Lock()
         self._sleepers: list[_Sleeper] = []
         self._seq = 0
@@ -33,6 +34,11 @@ class FakeClock:
         """The fake time, in seconds since the epoch."""
         with self._lock:
             return self._now
+
+    def monotonic(self) -> float:
+        """Seconds advanced since the clock was made (moves with now())."""
+        with self._lock:
+            return self._monotonic
 
     async def sleep_until(self, deadline: float) -> None:
         """Wait until the clock is advanced to `deadline` or beyond."""
@@ -49,8 +55,19 @@ class FakeClock:
         """Move time forward and wake every sleeper whose deadline has come."""
         if seconds < 0:
             raise ValueError("a clock does not go backwards")
+        self._move(seconds, seconds)
+
+    def step_wall_clock(self, seconds: float) -> None:
+        """Set the wall clock forward or back by `seconds`, as an NTP step would.
+
+        monotonic() does not move; sleepers whose deadline has come wake.
+        """
+        self._move(seconds, 0.0)
+
+    def _move(self, wall: float, monotonic: float) -> None:
         with self._lock:
-            self._now += seconds
+            self._now += wall
+            self._monotonic += monotonic
             due = [s for s in self._sleepers if s.deadline <= self._now]
             self._sleepers = [s for s in self._sleepers if s.deadline > self._now]
         for sleeper in sorted(due):
