@@ -4,8 +4,8 @@ The table is consumer group -> queue -> lock entry (owner, last renewal, epoch).
 read-modify-write happens under one global lock, in plain synchronous methods: no I/O and
 no awaiting inside. The rules are RocketMQ's, with two improvements:
 
-- an unlock of a live lock owned by another client is refused with LOCK_NOT_HELD and
-  changes nothing (RocketMQ ignores it silently);
+- an unlock releases the caller's locks (and expired ones); a queue whose live lock is
+  another client's stays locked and is reported back (RocketMQ skips it silently);
 - every grant to a new owner carries a higher fencing epoch, and while a lock is live
   the broker refuses offset commits for its queue from anyone but the owner at the
   current epoch, so a paused former owner can never move the offset after losing it.
@@ -102,30 +102,28 @@ class RebalanceLockManager:
                     held[queue] = epoch
             return held
 
-    def unlock_batch(self, group: str, client_id: str, queues: Iterable[QueueKey]) -> None:
-        """Release the caller's locks.
+    def unlock_batch(
+        self, group: str, client_id: str, queues: Iterable[QueueKey]
+    ) -> dict[QueueKey, str]:
+        """Release the caller's locks, and expired ones, among `queues`.
 
-        Raises LOCK_NOT_HELD, releasing nothing, if any is live and owned by another client.
+        A live lock of another client stays; the answer maps each such queue to its owner.
         """
-        queues = list(queues)
         with self._global:
             now = self._clock.now()
             table = self._table.get(group, {})
+            refused: dict[QueueKey, str] = {}
             for queue in queues:
                 entry = table.get(queue)
-                if entry is not None and entry.client_id != client_id and self._live(entry, now):
-                    raise lock_not_held(
-                        f"{queue[0]} queue {queue[1]} of group {group!r} is locked by "
-                        f"{entry.client_id!r}, not {client_id!r}; nothing was unlocked"
-                    )
-            for queue in queues:
-                entry = table.get(queue)
-                if entry is not None and (
-                    entry.client_id == client_id or not self._live(entry, now)
-                ):
-                    del table[queue]
+                if entry is None:
+                    continue
+                if entry.client_id != client_id and self._live(entry, now):
+                    refused[queue] = entry.client_id
+                    continue
+                del table[queue]
             if not table:
                 self._table.pop(group, None)
+            return refused
 
     def check_commit(self, group: str, queue: QueueKey, client_id: str, epoch: int) -> None:
         """Refuse a commit for `queue` from anyone but its owner at the current epoch.

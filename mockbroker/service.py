@@ -204,10 +204,13 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     async def UnlockBatch(
         self, request: pb.UnlockBatchRequest, context: Context
     ) -> pb.UnlockBatchResponse:
-        """Release the caller's locks; refused whole if any is another client's."""
+        """Release the caller's locks; another client's live ones stay and are listed."""
         keys = self._lock_request(request.group, request.client_id, request.queues)
-        self._s.locks.unlock_batch(request.group, request.client_id, keys)
-        return pb.UnlockBatchResponse()
+        refused = self._s.locks.unlock_batch(request.group, request.client_id, keys)
+        broker = self._s.config.broker_name
+        return pb.UnlockBatchResponse(
+            not_held=[pb.MessageQueue(topic=t, broker_name=broker, queue_id=q) for t, q in refused]
+        )
 
     def _lock_request(
         self, group: str, client_id: str, queues: Iterable[pb.MessageQueue]

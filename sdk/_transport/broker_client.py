@@ -272,10 +272,11 @@ class BrokerClient:
 
     async def unlock_batch(
         self, group: str, client_id: str, queues: Sequence[MessageQueue]
-    ) -> None:
-        """Release locks the client holds."""
+    ) -> list[MessageQueue]:
+        """Release locks the client holds; the queues another client holds, left locked."""
         request = pb.UnlockBatchRequest(group=group, client_id=client_id, queues=_queues(queues))
-        await self._call(lambda: self._messaging.UnlockBatch(request))
+        r = await self._call(lambda: self._messaging.UnlockBatch(request))
+        return [MessageQueue(q.topic, q.broker_name, q.queue_id) for q in r.not_held]
 
     async def send_back(
         self,

@@ -217,8 +217,6 @@ CASES: list[tuple[str, Callable[[Wire], Any], grpc.StatusCode, str, str]] = [
      "TOPIC_NOT_FOUND", "nosuch"),
     ("lock: empty client id", lock("g", "", ("orders", 0)), grpc.StatusCode.INVALID_ARGUMENT,
      "INVALID_ARGUMENT", "client_id"),
-    ("unlock: another client's lock", unlock("intruder", ("orders", 1)),
-     grpc.StatusCode.FAILED_PRECONDITION, "LOCK_NOT_HELD", "locked by 'matrix'"),
     ("heartbeat: no consume type", heartbeat(consume_type=pb.CONSUME_TYPE_UNSPECIFIED),
      grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT", "consume_type"),
     ("heartbeat: bad group", heartbeat(group="a b"), grpc.StatusCode.INVALID_ARGUMENT,
@@ -273,6 +271,18 @@ def test_bad_input_is_refused_specifically_and_changes_nothing(
     assert {q: (v.client_id, v.live) for q, v in state.locks.locks("g").items()} == {
         ("orders", 1): ("matrix", True)
     }
+
+
+def test_an_unlock_of_another_clients_lock_leaves_it_and_says_so(
+    served: tuple[EmbeddedBroker, Wire],
+) -> None:
+    broker, wire = served
+    before = snapshot(broker.config.data_dir)
+    answer = unlock("intruder", ("orders", 1))(wire)
+    assert [(q.topic, q.queue_id) for q in answer.not_held] == [("orders", 1)]
+    assert snapshot(broker.config.data_dir) == before
+    state = broker.broker.state
+    assert state is not None and state.locks.is_locked_by("g", ("orders", 1), "matrix")
 
 
 def test_an_unknown_offset_is_not_found_never_zero(served: tuple[EmbeddedBroker, Wire]) -> None:

@@ -82,14 +82,16 @@ def test_unlock_releases_only_the_owners_locks(locks: RebalanceLockManager) -> N
     assert locks.try_lock("g", Q1, "b") is None
 
 
-def test_a_foreign_unlock_is_refused_and_changes_nothing(locks: RebalanceLockManager) -> None:
+def test_an_unlock_releases_the_callers_locks_and_reports_foreign_ones(
+    locks: RebalanceLockManager,
+) -> None:
     locks.lock_batch("g", "a", [Q0])
-    locks.lock_batch("g", "b", [Q1])
-    with pytest.raises(BrokerError) as info:
-        locks.unlock_batch("g", "b", [Q1, Q0])
-    assert (info.value.reason, info.value.status.name) == ("LOCK_NOT_HELD", "FAILED_PRECONDITION")
-    assert "'a'" in info.value.message
-    assert locks.is_locked_by("g", Q0, "a") and locks.is_locked_by("g", Q1, "b")
+    locks.lock_batch("g", "b", [Q1, Q2])
+    assert locks.unlock_batch("g", "b", [Q1, Q0, Q2]) == {Q0: "a"}
+    assert locks.is_locked_by("g", Q0, "a"), "a foreign lock stays"
+    assert locks.try_lock("g", Q1, "c") is not None, "b's own locks are released at once"
+    assert locks.try_lock("g", Q2, "c") is not None
+    assert locks.unlock_batch("g", "b", [Q0]) == {Q0: "a"}
 
 
 def test_an_expired_foreign_lock_may_be_cleared(

@@ -675,9 +675,10 @@ Global___LockBatchResponse: _TypeAlias = LockBatchResponse  # noqa: Y015
 
 @_typing.final
 class UnlockBatchRequest(_message.Message):
-    """Releases locks the caller owns.
-    Errors: as LockBatch, and FAILED_PRECONDITION (LOCK_NOT_HELD) when any queue is locked
-    by another client, in which case nothing is released.
+    """Releases the caller's locks among `queues` (and expired locks of others). A queue whose
+    live lock is another client's stays locked and is listed in the answer's `not_held`;
+    the rest are released all the same (RocketMQ skips such queues silently).
+    Errors: as LockBatch.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -708,12 +709,19 @@ Global___UnlockBatchRequest: _TypeAlias = UnlockBatchRequest  # noqa: Y015
 class UnlockBatchResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    NOT_HELD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def not_held(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessageQueue]:
+        """locked by another client: left as they were"""
+
     def __init__(
         self,
+        *,
+        not_held: _abc.Iterable[Global___MessageQueue] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["not_held", b"not_held"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
