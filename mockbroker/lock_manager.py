@@ -6,9 +6,17 @@ no awaiting inside. The rules are RocketMQ's, with two improvements:
 
 - an unlock releases the caller's locks (and expired ones); a queue whose live lock is
   another client's stays locked and is reported back (RocketMQ skips it silently);
-- every grant to a new owner carries a higher fencing epoch, and while a lock is live
-  the broker refuses offset commits for its queue from anyone but the owner at the
-  current epoch, so a paused former owner can never move the offset after losing it.
+- every grant to a new owner carries a higher fencing epoch, and commits are fenced
+  (`check_commit`):
+  * while a lock lives, only its owner may commit the queue's offset, at the lock's epoch;
+  * a queue that was ever locked in the group (it has a granted epoch) is consumed under
+    locks: without a live lock only its latest epoch may commit (its last owner finishing
+    up), and a commit without an epoch is refused (LOCK_NOT_HELD), for it could come from
+    a former owner fenced off since;
+  * a queue never locked in the group is a concurrent consumer's: commits carry no epoch,
+    and one carrying an epoch this broker never granted for it is refused (STALE_EPOCH).
+  Granted epochs are kept for good, so a group that consumed a queue orderly keeps
+  needing epochs for it: concurrent consumption of that queue needs another group name.
 
 Epochs start from the broker's start time in milliseconds times 1 000, so they keep
 growing across broker restarts (locks themselves do not survive a restart, as in RocketMQ).
@@ -51,6 +59,11 @@ def lock_not_held(message: str) -> BrokerError:
     return BrokerError(StatusCode.FAILED_PRECONDITION, "LOCK_NOT_HELD", message)
 
 
+def stale_epoch(message: str) -> BrokerError:
+    """FAILED_PRECONDITION / STALE_EPOCH."""
+    return BrokerError(StatusCode.FAILED_PRECONDITION, "STALE_EPOCH", message)
+
+
 class RebalanceLockManager:
     """Leases on (group, queue), renewed by their owner, expiring after `lease_seconds`."""
 
@@ -63,8 +76,6 @@ class RebalanceLockManager:
         self._granted: dict[str, dict[QueueKey, int]] = {}
         self._global = threading.Lock()
         self._next_epoch = int(clock.now() * 1000) * 1000 + 1
-        # Every epoch granted before this broker started is below this one.
-        self._first_epoch = self._next_epoch
 
     def _live(self, entry: LockEntry, now: float) -> bool:
         # RocketMQ: expired when now - last_update > lease; exactly at the lease it lives.
@@ -126,35 +137,39 @@ class RebalanceLockManager:
             return refused
 
     def check_commit(self, group: str, queue: QueueKey, client_id: str, epoch: int) -> None:
-        """Refuse a commit for `queue` from anyone but its owner at the current epoch.
-
-        Without a live lock, commits without an epoch (concurrent consumers) pass, and so
-        do commits at the latest epoch granted; older epochs are refused.
-        """
+        """Refuse a commit for `queue` that the module docstring's rules do not allow."""
+        name = f"{queue[0]} queue {queue[1]} of group {group!r}"
         with self._global:
             entry = self._table.get(group, {}).get(queue)
-            if entry is None or not self._live(entry, self._clock.now()):
-                last = self._granted.get(group, {}).get(queue, self._first_epoch)
-                if epoch and epoch < last:
-                    raise BrokerError(
-                        StatusCode.FAILED_PRECONDITION,
-                        "STALE_EPOCH",
-                        f"{queue[0]} queue {queue[1]}: commit carries epoch {epoch}, granted "
-                        f"before epoch {last} (a later owner, or a broker restart)",
+            if entry is not None and self._live(entry, self._clock.now()):
+                if entry.client_id != client_id:
+                    raise lock_not_held(
+                        f"{name} is locked by {entry.client_id!r}; "
+                        f"{client_id!r} may not commit its offset"
+                    )
+                if epoch != entry.epoch:
+                    raise stale_epoch(
+                        f"{name}: commit carries epoch {epoch}, the lock's epoch is {entry.epoch}"
                     )
                 return
-            if entry.client_id != client_id:
-                raise lock_not_held(
-                    f"{queue[0]} queue {queue[1]} of group {group!r} is locked by "
-                    f"{entry.client_id!r}; {client_id!r} may not commit its offset"
+            last = self._granted.get(group, {}).get(queue)
+        if last is None:
+            if epoch:
+                raise stale_epoch(
+                    f"{name}: commit carries epoch {epoch}, which this broker never granted "
+                    "for the queue (was its lock table lost?)"
                 )
-            if epoch != entry.epoch:
-                raise BrokerError(
-                    StatusCode.FAILED_PRECONDITION,
-                    "STALE_EPOCH",
-                    f"{queue[0]} queue {queue[1]}: commit carries epoch {epoch}, "
-                    f"the lock's epoch is {entry.epoch}",
-                )
+            return
+        if not epoch:
+            raise lock_not_held(
+                f"{name} is consumed under locks (latest epoch {last}); a commit without "
+                "the epoch of the client's lock is refused"
+            )
+        if epoch != last:
+            raise stale_epoch(
+                f"{name}: commit carries epoch {epoch}, the latest granted is {last} "
+                "(another client has owned the queue since)"
+            )
 
     def is_locked_by(self, group: str, queue: QueueKey, client_id: str) -> bool:
         """True when `client_id` holds a live lock on `queue`."""

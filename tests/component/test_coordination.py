@@ -92,7 +92,12 @@ def test_a_paused_former_owner_cannot_move_the_offset(
             await c.commit_offsets("g", "a", [(queue, 5, epoch_a)])
         with pytest.raises(StaleEpochError):
             await c.commit_offsets("g", "b", [(queue, 5, epoch_a)])
+        with pytest.raises(LockNotHeldError, match="locked by 'b'"):
+            await c.commit_offsets("g", "a", [(queue, 0, 0)])  # dropping the epoch
         await c.commit_offsets("g", "b", [(queue, 4, epoch_b)])
+        await c.unlock_batch("g", "b", [queue])
+        with pytest.raises(LockNotHeldError, match="without"):
+            await c.commit_offsets("g", "a", [(queue, 0, 0)])  # nor once nobody holds it
         assert await c.query_offset("g", queue) == 4
 
     run(broker.address, body)

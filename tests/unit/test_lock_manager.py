@@ -140,17 +140,37 @@ def test_a_former_owner_cannot_commit_after_the_queue_was_released(
         locks.check_commit("g", Q0, "a", old)  # no live lock now, but a's epoch is old
     assert stale.value.reason == "STALE_EPOCH"
     locks.check_commit("g", Q0, "b", new)  # the latest owner may still commit
-    locks.check_commit("g", Q0, "concurrent-consumer", 0)  # no epoch: no fencing
+    with pytest.raises(BrokerError) as no_epoch:
+        locks.check_commit("g", Q0, "a", 0)  # nor can a drop its epoch to get through
+    assert no_epoch.value.reason == "LOCK_NOT_HELD"
+
+
+def test_a_commit_without_an_epoch_is_refused_for_a_queue_locked_in_its_group(
+    locks: RebalanceLockManager, clock: FakeClock
+) -> None:
+    epoch = locks.try_lock("g", Q0, "a")
+    assert epoch is not None
+    for client in ("a", "b"):  # while the lock lives: neither owner nor anyone else
+        with pytest.raises(BrokerError) as live:
+            locks.check_commit("g", Q0, client, 0)
+        assert live.value.status.name == "FAILED_PRECONDITION"
+    clock.advance(61)  # the lock lapses: nobody holds the queue now
+    with pytest.raises(BrokerError) as lapsed:
+        locks.check_commit("g", Q0, "a", 0)
+    assert lapsed.value.reason == "LOCK_NOT_HELD" and "without" in lapsed.value.message
+    locks.check_commit("g", Q0, "a", epoch)  # its last owner, with its epoch, still may
+    locks.check_commit("g", Q1, "concurrent", 0)  # queues never locked in the group: free
+    locks.check_commit("other-group", Q0, "concurrent", 0)  # another group: free
 
 
 def test_an_epoch_from_before_a_broker_restart_is_stale(clock: FakeClock) -> None:
     before = RebalanceLockManager(clock).try_lock("g", Q0, "a")
     assert before is not None
-    clock.advance(5)  # the broker restarts: its lock table (and granted epochs) start empty
+    clock.advance(5)  # a broker without a lock file restarts: its table starts empty
     after = RebalanceLockManager(clock)
     with pytest.raises(BrokerError) as stale:
         after.check_commit("g", Q0, "a", before)
-    assert stale.value.reason == "STALE_EPOCH" and "restart" in stale.value.message
+    assert stale.value.reason == "STALE_EPOCH" and "never granted" in stale.value.message
     again = after.try_lock("g", Q0, "a")  # the owner re-locks, and may commit again
     assert again is not None
     after.check_commit("g", Q0, "a", again)

@@ -1057,7 +1057,9 @@ class OffsetCommit(_message.Message):
     queue_id: _builtins.int
     offset: _builtins.int
     lock_epoch: _builtins.int
-    """orderly groups: the epoch of the lock held; 0 otherwise"""
+    """The epoch of the lock held on the queue; 0 only for a queue never locked in the group
+    (concurrent consumers).
+    """
     def __init__(
         self,
         *,
