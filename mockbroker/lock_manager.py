@@ -2,12 +2,16 @@
 
 The table is consumer group -> queue -> lock entry (owner, last renewal, epoch). Every
 read-modify-write happens under one global lock, in plain synchronous methods: no I/O and
-no awaiting inside. The rules are RocketMQ's, with two improvements:
+no awaiting inside. The servicer then awaits `save()`, which writes what changed to disk,
+and only then answers. The rules are RocketMQ's, with these improvements:
 
-- an unlock releases the caller's locks (and expired ones); a queue whose live lock is
-  another client's stays locked and is reported back (RocketMQ skips it silently);
-- every grant to a new owner carries a higher fencing epoch, and commits are fenced
-  (`check_commit`):
+- Leases are measured on the monotonic clock: setting the wall clock neither expires nor
+  extends one. A lock lives while no more than `lease_seconds` passed since its renewal.
+- Every grant to a new owner carries a fencing epoch higher than every epoch granted
+  before on this data directory; a renewal by the owner keeps it.
+- An unlock releases the caller's locks (and expired ones); a queue whose live lock is
+  another client's stays locked and is reported back (RocketMQ skips it silently).
+- Commits are fenced (`check_commit`):
   * while a lock lives, only its owner may commit the queue's offset, at the lock's epoch;
   * a queue that was ever locked in the group (it has a granted epoch) is consumed under
     locks: without a live lock only its latest epoch may commit (its last owner finishing
@@ -18,27 +22,53 @@ no awaiting inside. The rules are RocketMQ's, with two improvements:
   Granted epochs are kept for good, so a group that consumed a queue orderly keeps
   needing epochs for it: concurrent consumption of that queue needs another group name.
 
-Epochs start from the broker's start time in milliseconds times 1 000, so they keep
-growing across broker restarts (locks themselves do not survive a restart, as in RocketMQ).
+What survives a restart (RocketMQ keeps locks in memory only): the lock table, each
+queue's latest granted epoch and the epoch counter are written to `locks.json` (atomic
+replace, fsync) before a grant to a new owner, an unlock or a release is answered;
+a renewal by the owner writes nothing. On start every loaded lock counts as renewed at
+that moment, so its owner renews it at the same epoch and nobody else can take it for one
+lease: a client's own view of its lease (30 s) is shorter than the broker's (60 s), so a
+restart never hands a queue to a second consumer while the first one still uses it.
+
+A table started afresh takes its first epoch from the wall clock (milliseconds x 1 000),
+so that epochs of a table that was lost stay below the new ones; after that epochs come
+from the persisted counter only. A missing file on a data directory without consumer
+offsets is a fresh start. A file that cannot be read is moved aside to
+`locks.json.corrupt`; it, or a missing file on a data directory that has consumer offsets
+(an upgrade from a broker that kept no lock file, or a deleted file), starts a fresh
+table that grants no lock for one lease, until every lease a client may hold has run out.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import math
+import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from grpc import StatusCode
 
 from mockbroker.errors import BrokerError
+from mockbroker.store.files import write_atomically
 from sdk.clock import Clock
 
+log = logging.getLogger("mockbroker.locks")
+
 QueueKey = tuple[str, int]  # topic, queue id
+#: The lock table's file in the data directory.
+LOCK_FILE = "locks.json"
+_FORMAT = 1
 
 
 @dataclass
 class LockEntry:
-    """Who holds a queue, since when it was last renewed, and the grant's epoch."""
+    """Who holds a queue, when (monotonic clock) it was last renewed, the grant's epoch."""
 
     client_id: str
     last_update: float
@@ -64,19 +94,139 @@ def stale_epoch(message: str) -> BrokerError:
     return BrokerError(StatusCode.FAILED_PRECONDITION, "STALE_EPOCH", message)
 
 
-class RebalanceLockManager:
-    """Leases on (group, queue), renewed by their owner, expiring after `lease_seconds`."""
+class LockFileError(ValueError):
+    """The lock file exists but does not hold a lock table."""
 
-    def __init__(self, clock: Clock, lease_seconds: float = 60.0) -> None:
+
+class RebalanceLockManager:
+    """Leases on (group, queue), renewed by their owner, expiring after `lease_seconds`.
+
+    With a `path`, the table is loaded by `load()` and kept there by `save()`; without
+    one it lives in memory only.
+    """
+
+    def __init__(self, clock: Clock, lease_seconds: float = 60.0, path: Path | None = None) -> None:
         self._clock = clock
         self.lease_seconds = lease_seconds
+        self._path = path
         self._table: dict[str, dict[QueueKey, LockEntry]] = {}
         # The last epoch granted per queue outlives the lock itself, so a former owner's
         # late commit is refused even after the queue was unlocked or expired.
         self._granted: dict[str, dict[QueueKey, int]] = {}
         self._global = threading.Lock()
         self._next_epoch = int(clock.now() * 1000) * 1000 + 1
+        self._quiet_until = -math.inf  # no grant before this (monotonic) time
+        self._version = 0  # changes made; `save()` writes them
+        self._saved_version = 0
+        self._save_lock = asyncio.Lock()
 
+    # ------------------------------------------------------------------ persistence
+    def load(self, *, previous_run: bool = False) -> None:
+        """Read the lock file at start, before serving (see the module docstring).
+
+        `previous_run`: the data directory shows a broker ran on it (it has consumer
+        offsets), so a missing file means the table was lost, not that there is none.
+        """
+        if self._path is None:
+            return
+        try:
+            raw = self._path.read_bytes()
+        except FileNotFoundError:
+            if previous_run:
+                self._hold_grants(f"{self._path} is missing but consumer offsets exist")
+            write_atomically(self._path, self._snapshot())
+            return
+        try:
+            self._restore(raw)
+        except LockFileError as exc:
+            aside = self._path.with_name(self._path.name + ".corrupt")
+            os.replace(self._path, aside)
+            self._hold_grants(f"{self._path} is unreadable ({exc}); moved to {aside}")
+            write_atomically(self._path, self._snapshot())
+
+    def _hold_grants(self, why: str) -> None:
+        self._quiet_until = self._clock.monotonic() + self.lease_seconds
+        log.error(
+            "%s: the lock table starts empty, and no lock is granted for %g s, until "
+            "every lease a client may still hold has run out",
+            why, self.lease_seconds,
+        )  # fmt: skip
+
+    def _restore(self, raw: bytes) -> None:
+        try:
+            data = json.loads(raw)
+            if data["format"] != _FORMAT:
+                raise LockFileError(f"format {data['format']!r}, not {_FORMAT}")
+            next_epoch = _positive(data["next_epoch"])
+            table: dict[str, dict[QueueKey, LockEntry]] = {}
+            granted: dict[str, dict[QueueKey, int]] = {}
+            renewed = self._clock.monotonic()  # every loaded lock is renewed at start
+            for group, entries in data["groups"].items():
+                _text(group)
+                for item in entries:
+                    queue = (_text(item["topic"]), _natural(item["queue"]))
+                    epoch = _positive(item["granted"])
+                    granted.setdefault(group, {})[queue] = epoch
+                    next_epoch = max(next_epoch, epoch + 1)
+                    if item["owner"] is not None:
+                        owner = _text(item["owner"])
+                        table.setdefault(group, {})[queue] = LockEntry(owner, renewed, epoch)
+        except LockFileError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise LockFileError(f"{type(exc).__name__}: {exc}") from exc
+        self._table, self._granted, self._next_epoch = table, granted, next_epoch
+
+    def _snapshot(self) -> bytes:
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for group, queues in sorted(self._granted.items()):
+            locks = self._table.get(group, {})
+            groups[group] = [
+                {
+                    "topic": topic,
+                    "queue": qid,
+                    "granted": epoch,
+                    "owner": locks[(topic, qid)].client_id if (topic, qid) in locks else None,
+                }
+                for (topic, qid), epoch in sorted(queues.items())
+            ]
+        data = {"format": _FORMAT, "next_epoch": self._next_epoch, "groups": groups}
+        return json.dumps(data, indent=1).encode()
+
+    async def save(self) -> None:
+        """Return once every change made so far is on disk; no I/O when none is pending.
+
+        Raises UNAVAILABLE (STORE_UNAVAILABLE) when the file cannot be written: the
+        change stays in memory, and the next save writes it.
+        """
+        with self._global:
+            target = self._version
+        if self._path is None or self._saved_version >= target:
+            return
+        async with self._save_lock:
+            if self._saved_version >= target:
+                return  # a save that started after our change covered it
+            with self._global:
+                version, data = self._version, self._snapshot()
+            work = asyncio.ensure_future(asyncio.to_thread(write_atomically, self._path, data))
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:
+                # The write goes on in its thread: hold the lock until it is done, or the
+                # next save would write the same temporary file at the same time.
+                await asyncio.wait([work])
+                if not work.cancelled() and work.exception() is None:
+                    self._saved_version = version
+                raise
+            except OSError as exc:
+                raise BrokerError(
+                    StatusCode.UNAVAILABLE,
+                    "STORE_UNAVAILABLE",
+                    f"the lock table could not be written to {self._path}: {exc}",
+                ) from exc
+            self._saved_version = version
+
+    # ------------------------------------------------------------------ locking
     def _live(self, entry: LockEntry, now: float) -> bool:
         # RocketMQ: expired when now - last_update > lease; exactly at the lease it lives.
         return now - entry.last_update <= self.lease_seconds
@@ -87,25 +237,28 @@ class RebalanceLockManager:
         if entry is not None and entry.client_id == client_id:
             entry.last_update = now
             return entry.epoch
-        if entry is not None and self._live(entry, now):
+        if (entry is not None and self._live(entry, now)) or now < self._quiet_until:
+            if not queues:
+                del self._table[group]
             return None
         epoch = self._next_epoch
         self._next_epoch += 1
         queues[queue] = LockEntry(client_id, now, epoch)
         self._granted.setdefault(group, {})[queue] = epoch
+        self._version += 1
         return epoch
 
     def try_lock(self, group: str, queue: QueueKey, client_id: str) -> int | None:
         """Take or renew one lock; the epoch when held, None when another client holds it."""
         with self._global:
-            return self._try_lock(group, queue, client_id, self._clock.now())
+            return self._try_lock(group, queue, client_id, self._clock.monotonic())
 
     def lock_batch(
         self, group: str, client_id: str, queues: Iterable[QueueKey]
     ) -> dict[QueueKey, int]:
         """Take or renew many locks; the ones the caller now holds, with their epochs."""
         with self._global:
-            now = self._clock.now()
+            now = self._clock.monotonic()
             held: dict[QueueKey, int] = {}
             for queue in queues:
                 epoch = self._try_lock(group, queue, client_id, now)
@@ -121,7 +274,7 @@ class RebalanceLockManager:
         A live lock of another client stays; the answer maps each such queue to its owner.
         """
         with self._global:
-            now = self._clock.now()
+            now = self._clock.monotonic()
             table = self._table.get(group, {})
             refused: dict[QueueKey, str] = {}
             for queue in queues:
@@ -132,6 +285,7 @@ class RebalanceLockManager:
                     refused[queue] = entry.client_id
                     continue
                 del table[queue]
+                self._version += 1
             if not table:
                 self._table.pop(group, None)
             return refused
@@ -141,7 +295,7 @@ class RebalanceLockManager:
         name = f"{queue[0]} queue {queue[1]} of group {group!r}"
         with self._global:
             entry = self._table.get(group, {}).get(queue)
-            if entry is not None and self._live(entry, self._clock.now()):
+            if entry is not None and self._live(entry, self._clock.monotonic()):
                 if entry.client_id != client_id:
                     raise lock_not_held(
                         f"{name} is locked by {entry.client_id!r}; "
@@ -178,14 +332,19 @@ class RebalanceLockManager:
             return (
                 entry is not None
                 and entry.client_id == client_id
-                and self._live(entry, self._clock.now())
+                and self._live(entry, self._clock.monotonic())
             )
 
     def is_lock_all_expired(self, group: str) -> bool:
         """True when no lock of `group` is live."""
         with self._global:
-            now = self._clock.now()
+            now = self._clock.monotonic()
             return not any(self._live(e, now) for e in self._table.get(group, {}).values())
+
+    def knows_group(self, group: str) -> bool:
+        """True when `group` has, or had, a lock here (it survives restarts, unlike members)."""
+        with self._global:
+            return group in self._granted
 
     def release_client(self, client_id: str) -> int:
         """Drop every lock `client_id` holds (it left or expired); how many were dropped."""
@@ -198,13 +357,33 @@ class RebalanceLockManager:
                     dropped += 1
                 if not table:
                     del self._table[group]
+            if dropped:
+                self._version += 1
             return dropped
 
     def locks(self, group: str) -> dict[QueueKey, LockView]:
         """The group's lock entries, live or not (for the admin API)."""
         with self._global:
-            now = self._clock.now()
+            now = self._clock.monotonic()
             return {
                 q: LockView(e.client_id, e.epoch, self._live(e, now))
                 for q, e in self._table.get(group, {}).items()
             }
+
+
+def _positive(value: object) -> int:
+    if type(value) is not int or value <= 0:
+        raise LockFileError(f"{value!r} is not a positive integer")
+    return value
+
+
+def _natural(value: object) -> int:
+    if type(value) is not int or value < 0:
+        raise LockFileError(f"{value!r} is not a queue id")
+    return value
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise LockFileError(f"{value!r} is not a name")
+    return value

@@ -10,8 +10,9 @@ import grpc
 
 from mockbroker.admin_service import AdminService
 from mockbroker.config import BrokerConfig
+from mockbroker.errors import BrokerError
 from mockbroker.groups import ConsumerGroups
-from mockbroker.lock_manager import RebalanceLockManager
+from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
 from mockbroker.long_polling import PullHolder
 from mockbroker.metrics import MetricsServer
 from mockbroker.offsets import ConsumerOffsets
@@ -83,6 +84,10 @@ class Broker:
 
     async def _start_serving(self) -> None:
         self.offsets.load()
+        locks = RebalanceLockManager(
+            self.clock, self.config.lock_lease_seconds, self.config.data_dir / LOCK_FILE
+        )
+        await asyncio.to_thread(locks.load, previous_run=bool(self.offsets.groups()))
         await self.store.start()
         scheduler = Scheduler(self.store, self.clock)
         scheduler.load()
@@ -93,7 +98,7 @@ class Broker:
             clock=self.clock,
             store=self.store,
             offsets=self.offsets,
-            locks=RebalanceLockManager(self.clock, self.config.lock_lease_seconds),
+            locks=locks,
             groups=ConsumerGroups(self.clock, self.config.client_timeout_seconds),
             holder=holder,
             scheduler=scheduler,
@@ -129,6 +134,10 @@ class Broker:
                 log_event(log, logging.WARNING, "client.expired",
                           f"client {client_id} went silent; {dropped} lock(s) released",
                           client_id=client_id, locks_released=dropped)  # fmt: skip
+            try:
+                await state.locks.save()
+            except BrokerError as exc:
+                log.error("%s (retried with the next change)", exc.message)
 
     async def stop(self, grace_seconds: float = 5.0) -> None:
         """Answer held pulls, stop serving (running calls get a bounded grace), close."""

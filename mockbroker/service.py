@@ -190,6 +190,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         """Take or renew rebalance locks; answers the queues the caller now holds."""
         keys = self._lock_request(request.group, request.client_id, request.queues)
         held = self._s.locks.lock_batch(request.group, request.client_id, keys)
+        await self._s.locks.save()  # a grant is answered once it would survive a crash
         broker = self._s.config.broker_name
         return pb.LockBatchResponse(
             locked=[
@@ -207,6 +208,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         """Release the caller's locks; another client's live ones stay and are listed."""
         keys = self._lock_request(request.group, request.client_id, request.queues)
         refused = self._s.locks.unlock_batch(request.group, request.client_id, keys)
+        await self._s.locks.save()
         broker = self._s.config.broker_name
         return pb.UnlockBatchResponse(
             not_held=[pb.MessageQueue(topic=t, broker_name=broker, queue_id=q) for t, q in refused]
@@ -264,6 +266,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         check_client_id(request.client_id)
         self._s.groups.unregister(request.client_id)
         self._s.locks.release_client(request.client_id)
+        await self._s.locks.save()
         return pb.UnregisterClientResponse()
 
     @answers_errors

@@ -68,9 +68,13 @@ class BrokerState:
         return found
 
     def known_group(self, group: str) -> None:
-        """GROUP_NOT_FOUND unless the group has members or committed offsets."""
+        """GROUP_NOT_FOUND unless the group has members, committed offsets or locks."""
         check_group(group)
-        if not self.groups.members(group) and group not in self.offsets.groups():
+        if (
+            not self.groups.members(group)
+            and group not in self.offsets.groups()
+            and not self.locks.knows_group(group)
+        ):
             raise not_found(
                 "GROUP_NOT_FOUND",
                 f"consumer group {group!r} has no members and no offsets; "

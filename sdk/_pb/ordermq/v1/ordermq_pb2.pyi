@@ -629,8 +629,9 @@ class LockedQueue(_message.Message):
     QUEUE_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
-    """Fencing epoch: grows every time the queue's lock passes to a new owner. Commits for
-    the queue carry it; the broker refuses a commit with an older epoch.
+    """Fencing epoch: grows every time the queue's lock passes to a new owner, also across
+    broker restarts. Commits for the queue carry it; the broker refuses a commit with an
+    older epoch, and one without an epoch once the queue has been locked in the group.
     """
     @_builtins.property
     def queue(self) -> Global___MessageQueue: ...
@@ -650,9 +651,12 @@ Global___LockedQueue: _TypeAlias = LockedQueue  # noqa: Y015
 
 @_typing.final
 class LockBatchResponse(_message.Message):
-    """Takes or renews locks; the answer lists only the queues the caller now holds.
+    """Takes or renews locks; the answer lists only the queues the caller now holds. A grant is
+    on disk before it is answered: after a broker restart its owner renews it at the same
+    epoch, and nobody else is granted it for one lease.
     Errors: INVALID_ARGUMENT (INVALID_GROUP, INVALID_ARGUMENT for an empty client id),
-    NOT_FOUND (TOPIC_NOT_FOUND), OUT_OF_RANGE (INVALID_QUEUE).
+    NOT_FOUND (TOPIC_NOT_FOUND), OUT_OF_RANGE (INVALID_QUEUE), UNAVAILABLE
+    (STORE_UNAVAILABLE: the lock table cannot be written).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -678,7 +682,8 @@ class UnlockBatchRequest(_message.Message):
     """Releases the caller's locks among `queues` (and expired locks of others). A queue whose
     live lock is another client's stays locked and is listed in the answer's `not_held`;
     the rest are released all the same (RocketMQ skips such queues silently).
-    Errors: as LockBatch.
+    Errors: as LockBatch, and UNAVAILABLE (STORE_UNAVAILABLE) when the lock table cannot be
+    written.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -1,0 +1,156 @@
+"""The lock table on disk: what a broker restart keeps, and a missing or corrupt file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from mockbroker.errors import BrokerError
+from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
+from sdk.testing import FakeClock
+
+Q0, Q1 = ("orders", 0), ("orders", 1)
+
+
+def started(path: Path, clock: FakeClock, *, previous_run: bool = False) -> RebalanceLockManager:
+    """A broker's lock manager after start: loaded from `path`."""
+    locks = RebalanceLockManager(clock, lease_seconds=60, path=path)
+    locks.load(previous_run=previous_run)
+    return locks
+
+
+def granted(
+    locks: RebalanceLockManager, group: str, client: str, *queues: tuple[str, int]
+) -> dict[tuple[str, int], int]:
+    """lock_batch, then save, as the servicer does before it answers."""
+    held = locks.lock_batch(group, client, queues)
+    asyncio.run(locks.save())
+    return held
+
+
+def test_a_restart_keeps_the_locks_their_epochs_and_the_epoch_counter(tmp_path: Path) -> None:
+    path = tmp_path / LOCK_FILE
+    before = started(path, FakeClock())
+    epochs = granted(before, "g", "a", Q0, Q1)
+    before.unlock_batch("g", "a", [Q1])
+    asyncio.run(before.save())
+    # The new broker's wall clock is an hour behind the old one's (a replaced machine, an
+    # NTP step): epochs must not depend on it.
+    clock = FakeClock(start=1_700_000_000.0 - 3600)
+    after = started(path, clock)
+    assert after.lock_batch("g", "b", [Q0, Q1]) == {Q1: max(epochs.values()) + 1}
+    assert after.lock_batch("g", "a", [Q0]) == {Q0: epochs[Q0]}, "renewed at the same epoch"
+    after.check_commit("g", Q0, "a", epochs[Q0])
+    with pytest.raises(BrokerError) as foreign:
+        after.check_commit("g", Q0, "b", 0)
+    assert foreign.value.reason == "LOCK_NOT_HELD"
+
+
+def test_a_loaded_lock_counts_as_renewed_at_start(tmp_path: Path) -> None:
+    path = tmp_path / LOCK_FILE
+    old = FakeClock()
+    epoch = granted(started(path, old), "g", "a", Q0)[Q0]
+    old.advance(59)  # the owner renewed 59 s before the crash; its lease is almost over
+    clock = FakeClock()
+    after = started(path, clock)
+    clock.advance(60)
+    assert after.try_lock("g", Q0, "b") is None, "nobody else for one lease after start"
+    clock.advance(0.001)
+    taken = after.try_lock("g", Q0, "b")
+    assert taken is not None and taken > epoch
+
+
+def test_epochs_keep_growing_over_many_restarts(tmp_path: Path) -> None:
+    path = tmp_path / LOCK_FILE
+    seen: list[int] = []
+    for i in range(4):
+        clock = FakeClock(start=1_700_000_000.0 - i)  # the wall clock even goes back
+        locks = started(path, clock)
+        clock.advance(61)  # the last owner's lease runs out: a new owner, a new epoch
+        seen.append(granted(locks, "g", f"client-{i}", Q0)[Q0])
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)
+
+
+def test_a_renewal_writes_nothing_and_a_grant_is_written_before_save_returns(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / LOCK_FILE
+    locks = started(path, FakeClock())
+    written = path.stat().st_ino
+    epoch = granted(locks, "g", "a", Q0)[Q0]
+    assert path.stat().st_ino != written, "the grant was written (atomic replace)"
+    owners = json.loads(path.read_text())["groups"]["g"]
+    assert owners == [{"topic": "orders", "queue": 0, "granted": epoch, "owner": "a"}]
+    written = path.stat().st_ino
+    assert granted(locks, "g", "a", Q0) == {Q0: epoch}
+    assert path.stat().st_ino == written, "a renewal by the owner costs no write"
+
+
+def test_a_release_is_written_too(tmp_path: Path) -> None:
+    path = tmp_path / LOCK_FILE
+    locks = started(path, FakeClock())
+    granted(locks, "g", "a", Q0)
+    assert locks.release_client("a") == 1
+    asyncio.run(locks.save())
+    after = started(path, FakeClock())
+    assert after.try_lock("g", Q0, "b") is not None, "the lock of a client that left is gone"
+
+
+def test_a_missing_file_on_a_fresh_data_directory_is_a_fresh_start(tmp_path: Path) -> None:
+    path = tmp_path / LOCK_FILE
+    locks = started(path, FakeClock())
+    assert path.exists(), "written at once, so that a later loss can be told apart"
+    assert locks.try_lock("g", Q0, "a") is not None
+
+
+def test_a_lost_table_grants_nothing_for_one_lease(tmp_path: Path) -> None:
+    path = tmp_path / LOCK_FILE
+    clock = FakeClock()
+    locks = started(path, clock, previous_run=True)  # offsets exist, the lock file does not
+    assert locks.try_lock("g", Q0, "a") is None
+    clock.advance(60.001)  # every lease a client could still believe in has run out
+    assert locks.try_lock("g", Q0, "a") is not None
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b'{"format": 99, "next_epoch": 1, "groups": {}}',
+        b'{"format": 1, "next_epoch": -5, "groups": {}}',
+        b'{"format": 1, "next_epoch": 5, "groups": {"g": [{"topic": "t", "queue": 0}]}}',
+        b'{"format": 1, "next_epoch": 5, "groups": {"g": [{"topic": "t", "queue": true, '
+        b'"granted": 3, "owner": null}]}}',
+        b"[]",
+    ],
+)
+def test_a_corrupt_file_is_moved_aside_and_nothing_is_granted_for_one_lease(
+    tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / LOCK_FILE
+    path.write_bytes(content)
+    clock = FakeClock()
+    locks = started(path, clock)
+    assert (tmp_path / (LOCK_FILE + ".corrupt")).read_bytes() == content
+    assert json.loads(path.read_text())["groups"] == {}
+    assert "unreadable" in caplog.text
+    assert locks.try_lock("g", Q0, "a") is None
+    clock.advance(60.001)
+    assert locks.try_lock("g", Q0, "a") is not None
+
+
+def test_a_lock_table_that_cannot_be_written_refuses_the_answer(tmp_path: Path) -> None:
+    path = tmp_path / LOCK_FILE
+    locks = started(path, FakeClock())
+    blocker = path.with_name(path.name + ".tmp")
+    blocker.mkdir()  # the temporary file cannot be created: the write fails
+    locks.lock_batch("g", "a", [Q0])
+    with pytest.raises(BrokerError) as info:
+        asyncio.run(locks.save())
+    blocker.rmdir()
+    assert (info.value.status.name, info.value.reason) == ("UNAVAILABLE", "STORE_UNAVAILABLE")
+    asyncio.run(locks.save())  # once the disk takes writes again, the change is written
+    assert json.loads(path.read_text())["groups"]["g"][0]["owner"] == "a"
