@@ -179,7 +179,9 @@ class ConsumerCore:
                 offset_dir or default_offset_dir(self.group, instance_name)
             )
         else:
-            self.offsets = RemoteOffsetStore(self._cluster, self.group, self.client_id)
+            self.offsets = RemoteOffsetStore(
+                self._cluster, self.group, self.client_id, on_fenced=self._fenced
+            )
         metrics.track(self)
         self._rebalancer = Rebalancer(
             self._cluster,
@@ -452,6 +454,18 @@ class ConsumerCore:
                           group=self.group, topic=queue.topic, queue=queue.queue_id)  # fmt: skip
                 pq.locked = False
 
+    def _fenced(self, queue: MessageQueue) -> None:
+        """The broker refused a commit of `queue`: another owner has (or had) it since.
+
+        No listener call until a fresh grant; it comes with a new epoch, so the queue
+        starts again from the committed offset.
+        """
+        pq = self._queues.get(queue)
+        if pq is not None and pq.locked:
+            log_event(log, logging.WARNING, "lock.lost", f"lost the lock of {queue} (fenced)",
+                      group=self.group, topic=queue.topic, queue=queue.queue_id)  # fmt: skip
+            pq.locked = False
+
     async def _apply_lock(self, queue: MessageQueue, pq: ProcessQueue, epoch: int) -> None:
         if epoch != pq.lock_epoch:
             log_event(log, logging.INFO, "lock.granted", f"locked {queue} again", group=self.group,
@@ -582,9 +596,13 @@ class ConsumerCore:
     async def _unlock(self, queues: list[MessageQueue]) -> None:
         for address, group in self._by_broker(queues).items():
             try:
-                await self._cluster.client(address).unlock_batch(self.group, self.client_id, group)
+                client = self._cluster.client(address)
+                kept = await client.unlock_batch(self.group, self.client_id, group)
             except OrderMQError as exc:
                 log.warning("unlocking %d queues at %s failed: %s", len(group), address, exc)
+                continue
+            for queue in kept:
+                log.info("%s was not unlocked: another client holds it now", queue)
 
     async def _call_hook(self, hook: QueueHook | None, queues: list[MessageQueue]) -> None:
         if hook is None:

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from mockbroker.errors import BrokerError
 from mockbroker.lock_manager import RebalanceLockManager
 from sdk._transport.broker_client import GroupInfo, PullResult, PullStatus, SentBack
+from sdk.consumer.core import ConsumerCore
 from sdk.errors import BrokerUnavailableError, LockNotHeldError, StaleEpochError
 from sdk.message import MessageExt, MessageQueue
 from sdk.testing import FakeClock
@@ -41,6 +42,8 @@ class FakeBroker:
         self.messages: dict[int, list[MessageExt]] = {q: [] for q in range(queues)}
         self.offsets: dict[tuple[str, int], int] = {}
         self.members: dict[str, set[str]] = {}
+        self.last_seen: dict[str, float] = {}
+        self.client_timeout = 120.0
         self.membership_version = 0
         self.locks = RebalanceLockManager(clock)
         self.down = False
@@ -65,11 +68,14 @@ class FakeBroker:
         self._arrived = asyncio.Event()
 
     def restart(self, *, keep_members: bool = False) -> None:
-        """Lose what a broker keeps in memory (locks, members); keep messages and offsets.
+        """Lose what a broker keeps in memory (members); keep messages, offsets and locks.
 
         With keep_members, every client's next heartbeat is taken to have landed already.
         """
-        self.locks = RebalanceLockManager(self.clock)
+        # The broker writes its lock table before it answers a grant or an unlock.
+        locks = RebalanceLockManager(self.clock)
+        locks._restore(self.locks._snapshot())
+        self.locks = locks
         if not keep_members:
             self.members.clear()
             self._change_membership()
@@ -92,10 +98,36 @@ class FakeBroker:
     def _check_up(self) -> None:
         if self.down:
             raise BrokerUnavailableError("the fake broker is down")
+        self._expire_silent_clients()
+
+    def _expire_silent_clients(self) -> None:
+        now = self.clock.now()
+        silent = [c for c, seen in self.last_seen.items() if now - seen > self.client_timeout]
+        for client_id in silent:
+            del self.last_seen[client_id]
+            for members in self.members.values():
+                members.discard(client_id)
+            self.locks.release_client(client_id)
+        if silent:
+            self._change_membership()
 
 
-class FakeClient:
-    """The calls a consumer core makes on a BrokerClient, served by a FakeBroker."""
+class _Partitionable:
+    broker: FakeBroker
+    partitioned = False
+
+    def _check_up(self) -> None:
+        """Raise as a client that cannot reach its broker would."""
+        if self.partitioned:
+            raise BrokerUnavailableError("the client is cut off from the fake broker")
+        self.broker._check_up()
+
+
+class FakeClient(_Partitionable):
+    """The calls a consumer core makes on a BrokerClient, served by a FakeBroker.
+
+    Set `partitioned` to cut this client (and only it) off from the broker.
+    """
 
     address = ADDRESS
 
@@ -109,7 +141,7 @@ class FakeClient:
         b = self.broker
         deadline = b.clock.now() + suspend_timeout
         while True:
-            b._check_up()
+            self._check_up()
             stored = b.messages[queue.queue_id]
             if offset > len(stored):
                 return PullResult(PullStatus.OFFSET_ILLEGAL, len(stored), 0, len(stored), [])
@@ -130,19 +162,19 @@ class FakeClient:
     async def queue_offsets(
         self, queue: MessageQueue, timestamp_ms: int = 0
     ) -> tuple[int, int, int]:
-        self.broker._check_up()
+        self._check_up()
         high = len(self.broker.messages[queue.queue_id])
         return 0, high, 0
 
     async def query_offset(self, group: str, queue: MessageQueue) -> int | None:
-        self.broker._check_up()
+        self._check_up()
         return self.broker.offsets.get((group, queue.queue_id))
 
     async def commit_offsets(
         self, group: str, client_id: str, offsets: Sequence[tuple[MessageQueue, int, int]]
     ) -> None:
         b = self.broker
-        b._check_up()
+        self._check_up()
         try:
             for q, _offset, epoch in offsets:
                 b.locks.check_commit(group, (q.topic, q.queue_id), client_id, epoch)
@@ -154,7 +186,8 @@ class FakeClient:
 
     async def heartbeat(self, client_id: str, groups: Sequence[GroupInfo]) -> dict[str, int]:
         b = self.broker
-        b._check_up()
+        self._check_up()
+        b.last_seen[client_id] = b.clock.now()
         for g in groups:
             members = b.members.setdefault(g.group, set())
             if client_id not in members:
@@ -164,14 +197,14 @@ class FakeClient:
 
     async def unregister(self, client_id: str) -> None:
         b = self.broker
-        b._check_up()
+        self._check_up()
         for members in b.members.values():
             members.discard(client_id)
         b.locks.release_client(client_id)
         b._change_membership()
 
     async def consumer_list(self, group: str) -> tuple[list[str], int]:
-        self.broker._check_up()
+        self._check_up()
         return sorted(self.broker.members.get(group, ())), self.broker.membership_version
 
     async def watch_membership(
@@ -179,7 +212,7 @@ class FakeClient:
     ) -> AsyncIterator[tuple[int, list[str]]]:
         b = self.broker
         while True:
-            b._check_up()
+            self._check_up()
             if b.membership_version != known_version:
                 known_version = b.membership_version
                 yield known_version, sorted(b.members.get(group, ()))
@@ -188,21 +221,22 @@ class FakeClient:
     async def lock_batch(
         self, group: str, client_id: str, queues: Sequence[MessageQueue]
     ) -> dict[MessageQueue, int]:
-        self.broker._check_up()
+        self._check_up()
         keys = {(q.topic, q.queue_id): q for q in queues}
         held = self.broker.locks.lock_batch(group, client_id, keys)
         return {keys[k]: epoch for k, epoch in held.items()}
 
     async def unlock_batch(
         self, group: str, client_id: str, queues: Sequence[MessageQueue]
-    ) -> None:
-        self.broker._check_up()
-        self.broker.locks.unlock_batch(group, client_id, [(q.topic, q.queue_id) for q in queues])
+    ) -> list[MessageQueue]:
+        self._check_up()
+        keys = {(q.topic, q.queue_id): q for q in queues}
+        return [keys[k] for k in self.broker.locks.unlock_batch(group, client_id, keys)]
 
     async def send_back(
         self, group: str, queue: MessageQueue, queue_offset: int, **_: Any
     ) -> SentBack:
-        self.broker._check_up()
+        self._check_up()
         self.broker.dead_letters.append(self.broker.messages[queue.queue_id][queue_offset])
         return SentBack(True, "%DLQ%" + group, 0)
 
@@ -214,6 +248,13 @@ class FakeCluster:
 
     def __init__(self, broker: FakeBroker) -> None:
         self._client = FakeClient(broker)
+        self.link = self._client  # its `partitioned` cuts this cluster's client off
+
+    def attach(self, core: ConsumerCore) -> None:
+        """Make a consumer core (not started yet) talk to the fake broker."""
+        core._cluster = self  # type: ignore[assignment]
+        core._rebalancer._cluster = self  # type: ignore[assignment]
+        core.offsets._cluster = self  # type: ignore[union-attr]
 
     def client(self, address: str) -> FakeClient:
         return self._client
@@ -225,7 +266,7 @@ class FakeCluster:
         return [self._client]
 
     async def readable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
-        self._client.broker._check_up()
+        self._client._check_up()
         return self._client.broker.queues()
 
     async def close(self) -> None:

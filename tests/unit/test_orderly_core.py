@@ -71,10 +71,7 @@ def consumer(
         config=PushConsumerConfig(**config),
         clock=broker.clock,
     )
-    fake = FakeCluster(broker)
-    core._cluster = fake  # type: ignore[assignment]
-    core._rebalancer._cluster = fake  # type: ignore[assignment]
-    core.offsets._cluster = fake  # type: ignore[union-attr]
+    FakeCluster(broker).attach(core)
     core.subscribe(broker.topic)
     core.register_message_listener(listener)
     return core
