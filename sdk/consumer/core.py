@@ -196,7 +196,12 @@ class ConsumerCore:
     def subscribe(self, topic: str, expression: str = "*") -> None:
         """Consume `topic`'s messages whose tag matches `expression` ('*' or 'A || B').
 
-        The group's members share the topic's queues.
+        The group's members share the topic's queues. The topic need not exist yet: start()
+        logs a warning, and the first rebalance round after a producer creates it (within
+        `rebalance_interval`) takes its queues. With ConsumeFromWhere.LAST_OFFSET they
+        start at their first message, not their end: every message of a topic created
+        after the consumer subscribed was sent since (RocketMQ, too, starts a new group at
+        0 on a queue whose min offset is 0).
         """
         self._check_new("subscribe()")
         if self._assigned is not None:
@@ -209,13 +214,15 @@ class ConsumerCore:
         if not self._subscriptions and self._assigned is None:
             raise ClientStateError("subscribe to a topic (or assign queues) before start()")
         self._state = "starting"
-        for topic in list(self._subscriptions):
+        self._rebalancer.topics = list(self._subscriptions)
+        for topic in self._rebalancer.topics:
             if not topic.startswith(RETRY_PREFIX):
-                await self._cluster.readable_queues(topic)  # fails fast on an unknown topic
+                # A topic that does not exist yet is only warned of: the rebalance takes
+                # its queues once a producer creates it. Other failures fail the start.
+                await self._rebalancer.topic_queues(topic)
         if self._assigned is not None:
             for topic in {q.topic for q in self._assigned}:
                 await self._cluster.readable_queues(topic)
-        self._rebalancer.topics = list(self._subscriptions)
         await self._heartbeat()
         self._state = "running"
         self._tasks = [
@@ -535,7 +542,9 @@ class ConsumerCore:
             return low
         if self._from_where is ConsumeFromWhere.TIMESTAMP:
             return at_time
-        return high
+        # A topic created after this client subscribed holds only messages sent since
+        # (RocketMQ: a queue whose min offset is 0 starts at 0 for a new group).
+        return low if queue.topic in self._rebalancer.created_later else high
 
     def _by_broker(self, queues: list[MessageQueue]) -> dict[str, list[MessageQueue]]:
         out: dict[str, list[MessageQueue]] = {}

@@ -55,17 +55,38 @@ class Rebalancer:
         self._broadcasting = broadcasting
         self.topics: list[str] = []
         self.rounds = 0
+        #: Subscribed topics that did not exist at their last lookup.
+        self.missing: set[str] = set()
+        #: Topics this client saw missing that exist now: each of their messages was sent
+        #: after this client subscribed.
+        self.created_later: set[str] = set()
+
+    async def topic_queues(self, topic: str) -> list[MessageQueue]:
+        """The readable queues of `topic` (route refreshed); [] while it does not exist."""
+        try:
+            queues = await self._cluster.readable_queues(topic, refresh=True)
+        except TopicNotFoundError as exc:
+            if topic not in self.missing:
+                self.missing.add(topic)
+                log.log(
+                    logging.DEBUG if topic.startswith("%") else logging.WARNING,
+                    "group %s: topic %r does not exist yet (%s); its queues are taken when "
+                    "it appears",
+                    self._group, topic, exc,
+                )  # fmt: skip
+            return []
+        if topic in self.missing:
+            self.missing.discard(topic)
+            self.created_later.add(topic)
+            log.info("group %s: topic %r exists now", self._group, topic)
+        return queues
 
     async def desired(self) -> set[MessageQueue]:
         """The queues this client should hold now."""
         wanted: set[MessageQueue] = set()
         members: list[str] | None = None
         for topic in self.topics:
-            try:
-                queues = await self._cluster.readable_queues(topic, refresh=True)
-            except TopicNotFoundError as exc:
-                log.warning("group %s: %s", self._group, exc)
-                continue
+            queues = await self.topic_queues(topic)
             if not queues:
                 continue
             if self._broadcasting:

@@ -73,7 +73,7 @@ def start_consumer(address: str) -> Callable[[], object]:
     return start
 
 
-@pytest.mark.parametrize("first_call", [start_producer])
+@pytest.mark.parametrize("first_call", [start_producer, start_consumer])
 def test_a_client_whose_broker_comes_up_within_its_deadline_succeeds(
     tmp_path: Path, first_call: Callable[[str], Callable[[], object]]
 ) -> None:
