@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from datetime import datetime
 from types import TracebackType
 
@@ -52,12 +52,18 @@ class LitePullConsumer:
         )
 
     def subscribe(self, topic: str, expression: str = "*") -> None:
-        """Share `topic`'s queues with the group (exclusive with assign)."""
+        """Share `topic`'s queues with the group (exclusive with assign); before start()."""
         self._core.subscribe(topic, expression)
 
-    def assign(self, queues: list[MessageQueue]) -> None:
-        """Consume exactly these queues (exclusive with subscribe)."""
-        self._core.assign(queues)
+    def assign(self, queues: list[MessageQueue]) -> Awaitable[None]:
+        """Consume exactly these queues (exclusive with subscribe), before or after start().
+
+        Before start() it only records them; awaiting is optional. After start(),
+        `await consumer.assign(queues)` returns once the queues are taken (the next
+        poll(), commit() or seek waits for that too, so the await may be left out) and
+        raises InvalidQueueError, changing nothing, for a queue its topic does not have.
+        """
+        return self._core.assign(queues)
 
     async def start(self) -> None:
         """Join the group and start pulling in the background."""

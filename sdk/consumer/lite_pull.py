@@ -78,12 +78,24 @@ class LitePullConsumer(BlockingClient):
         return self._core.client_id
 
     def subscribe(self, topic: str, expression: str = "*") -> None:
-        """Share `topic`'s queues with the group (exclusive with assign)."""
+        """Share `topic`'s queues with the group (exclusive with assign); before start().
+
+        The topic need not exist yet: its queues are taken once a producer creates it.
+        """
         self._core.subscribe(topic, expression)
 
     def assign(self, queues: list[MessageQueue]) -> None:
-        """Consume exactly these queues (exclusive with subscribe)."""
-        self._core.assign(queues)
+        """Consume exactly these queues (exclusive with subscribe), before or after start().
+
+        After start() it replaces the assignment and returns once the queues are taken
+        (RocketMQ's flow: start, fetch_message_queues, assign, poll); queues no longer
+        assigned are released. InvalidQueueError, changing nothing, unless every queue is
+        a readable queue of its topic.
+        """
+        if self._core.running:
+            self._run(_assign(self._core, queues))
+        else:
+            self._core.assign(queues)
 
     def shutdown(self) -> None:
         """Commit what was consumed (auto commit), release locks, leave the group."""
@@ -126,12 +138,16 @@ class LitePullConsumer(BlockingClient):
         return self._core.assignment()
 
     def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
-        """Every readable queue of `topic`."""
+        """Every readable queue of `topic` (after start(); for assign())."""
         return self._run(self._core.fetch_message_queues(topic))
 
     def offsets_for_timestamp(self, mq: MessageQueue, timestamp: float) -> int:
         """The first offset of `mq` stored at or after `timestamp` (epoch seconds)."""
         return self._run(self._core.offsets_for_timestamp(mq, timestamp))
+
+
+async def _assign(core: LitePullConsumerCore, queues: list[MessageQueue]) -> None:
+    await core.assign(queues)
 
 
 async def _call(fn: Callable[[list[MessageQueue]], None], queues: list[MessageQueue]) -> None:

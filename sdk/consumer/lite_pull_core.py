@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Generator
 from datetime import datetime
 
 from sdk.clock import Clock
@@ -26,6 +27,7 @@ class LitePullConsumerCore(ConsumerCore):
     """Subscribe or assign, then poll."""
 
     consume_type = "CONSUME_POLL"
+    needs_queues = False  # RocketMQ's assign flow: start, fetch_message_queues, assign
 
     def __init__(
         self,
@@ -65,21 +67,64 @@ class LitePullConsumerCore(ConsumerCore):
         # Orderly: the queue whose batch the caller is processing keeps its consume lock
         # until the next poll(), so rebalance cannot unlock it under the caller's feet.
         self._in_hand: ProcessQueue | None = None
+        self._assigning = asyncio.Lock()  # assign() calls after start() apply in call order
+        self._assignment: asyncio.Task[None] | None = None  # the latest of them
 
     # ------------------------------------------------------------------ setup
-    def assign(self, queues: list[MessageQueue]) -> None:
-        """Consume exactly these queues (no group rebalance)."""
-        self._check_new("assign()")
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        """As ConsumerCore.subscribe; before start() only (a started consumer assigns)."""
+        if self._state != "new":
+            raise ClientStateError(
+                "subscribe() must come before start(); a started lite pull consumer takes "
+                "queues with assign()"
+            )
+        super().subscribe(topic, expression)
+
+    def assign(self, queues: list[MessageQueue]) -> Awaitable[None]:
+        """Consume exactly these queues (no group rebalance); exclusive with subscribe().
+
+        Before start(), records them (start() checks them and takes them). After start(),
+        replaces the assignment: queues no longer assigned are released (committing
+        what earlier polls returned, with auto commit) and new ones taken. That happens
+        in the returned awaitable, which the next poll(), commit() or seek waits for too;
+        it raises InvalidQueueError, changing nothing, unless every queue is a readable
+        queue of its topic. With orderly, a queue whose lock another member holds is
+        taken once that member lets go.
+        """
+        if self._state not in ("new", "running"):
+            raise ClientStateError(f"cannot assign queues: the consumer is {self._state}")
         if self._subscriptions:
             raise ClientStateError(
                 "subscribe() and assign() are exclusive: this consumer subscribes"
             )
         if not queues:
             raise InvalidArgumentError("assign() needs at least one queue")
-        self._assigned = sorted(set(queues))
+        wanted = sorted(set(queues))
+        if self._state == "new":
+            self._rebalancer.assigned = wanted
+            return _DONE
+        task = asyncio.ensure_future(self._reassign(wanted))
+        task.add_done_callback(_log_failure)
+        self._assignment = task
+        return task
+
+    async def _reassign(self, queues: list[MessageQueue]) -> None:
+        async with self._assigning:
+            await self._check_queues(queues)
+            self._rebalancer.assigned = queues
+            await self._rebalancer.rebalance()
+
+    async def _assigned(self) -> None:
+        """Wait for the latest assign() (its error is its caller's, not ours)."""
+        if self._assignment is not None:
+            await asyncio.wait([self._assignment])
 
     async def start(self) -> None:
-        """Join the group and start pulling in the background."""
+        """Join the group and start pulling in the background.
+
+        Without subscribe() or assign() first, it starts with no queues: assign() them
+        later (RocketMQ's flow: start, fetch_message_queues, assign, poll).
+        """
         if self._state != "new":
             raise ClientStateError(f"consumer cannot start: it is {self._state}")
         self._last_commit = self._clock.now()
@@ -96,6 +141,9 @@ class LitePullConsumerCore(ConsumerCore):
             self._state = "shut down"
             return
         self._put_down()
+        if self._assignment is not None:
+            self._assignment.cancel()
+            await asyncio.wait([self._assignment])
         held = await self._stop_pulling()
         if self.auto_commit:
             self._take_consumed(held)
@@ -118,6 +166,7 @@ class LitePullConsumerCore(ConsumerCore):
             raise InvalidArgumentError(f"poll timeout must not be negative, not {timeout}")
         self._running()
         self._put_down()
+        await self._assigned()
         if self.auto_commit and self._clock.now() - self._last_commit >= (
             self.config.auto_commit_interval
         ):
@@ -175,6 +224,7 @@ class LitePullConsumerCore(ConsumerCore):
         """Commit what poll() returned so far, or the given offsets (next to consume)."""
         self._running()
         self._put_down()
+        await self._assigned()
         if offsets is None:
             queues = list(self._consumed)
             self._take_consumed(queues)
@@ -232,6 +282,7 @@ class LitePullConsumerCore(ConsumerCore):
     async def seek(self, queue: MessageQueue, offset: int) -> None:
         """Continue `queue` at `offset` (within [min, max]); drops what was cached."""
         self._running()
+        await self._assigned()
         pq = self._check_assigned(queue)
         low, high, _ = await self._cluster.client_for(queue).queue_offsets(queue)
         if not low <= offset <= high:
@@ -247,12 +298,14 @@ class LitePullConsumerCore(ConsumerCore):
 
     async def seek_to_begin(self, queue: MessageQueue) -> None:
         """Continue `queue` at its min offset."""
+        await self._assigned()
         self._check_assigned(queue)
         low, _high, _ = await self._cluster.client_for(queue).queue_offsets(queue)
         await self.seek(queue, low)
 
     async def seek_to_end(self, queue: MessageQueue) -> None:
         """Continue `queue` at its max offset (only new messages)."""
+        await self._assigned()
         self._check_assigned(queue)
         _low, high, _ = await self._cluster.client_for(queue).queue_offsets(queue)
         await self.seek(queue, high)
@@ -281,3 +334,19 @@ class LitePullConsumerCore(ConsumerCore):
             queue, int(timestamp * 1000)
         )
         return at
+
+
+class _Done:
+    """An awaitable that has nothing to wait for."""
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield from ()
+
+
+_DONE = _Done()
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    """An assign() nobody awaited must not fail unseen."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("assign() refused: %s", exc)

@@ -7,6 +7,7 @@ orderly members from overlapping while they disagree for a moment.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Collection
 from typing import Protocol
@@ -54,7 +55,10 @@ class Rebalancer:
         self._host = host
         self._broadcasting = broadcasting
         self.topics: list[str] = []
+        #: A fixed assignment (lite pull assign()) instead of the topics' share.
+        self.assigned: list[MessageQueue] | None = None
         self.rounds = 0
+        self._round = asyncio.Lock()  # one round at a time: the loop's, or an assign()'s
         #: Subscribed topics that did not exist at their last lookup.
         self.missing: set[str] = set()
         #: Topics this client saw missing that exist now: each of their messages was sent
@@ -83,6 +87,8 @@ class Rebalancer:
 
     async def desired(self) -> set[MessageQueue]:
         """The queues this client should hold now."""
+        if self.assigned is not None:
+            return set(self.assigned)
         wanted: set[MessageQueue] = set()
         members: list[str] | None = None
         for topic in self.topics:
@@ -100,7 +106,11 @@ class Rebalancer:
         return wanted
 
     async def rebalance(self) -> bool:
-        """One round; True when the client now holds exactly what it should."""
+        """One round (after the one under way); True when the client holds what it should."""
+        async with self._round:
+            return await self._rebalance()
+
+    async def _rebalance(self) -> bool:
         self.rounds += 1
         try:
             wanted = await self.desired()
