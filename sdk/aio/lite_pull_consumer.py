@@ -19,7 +19,8 @@ class LitePullConsumer:
     """The asyncio lite pull consumer; arguments as sdk.LitePullConsumer.
 
     Besides `await poll()`, `async for message in consumer` yields messages one by one
-    (in queue order) until the consumer is shut down.
+    (in queue order) until the consumer is shut down. Auto commit covers the messages it
+    yielded: leaving the loop mid-batch leaves the rest of the batch uncommitted.
     """
 
     def __init__(
@@ -70,7 +71,11 @@ class LitePullConsumer:
         await self._core.start()
 
     async def shutdown(self) -> None:
-        """Commit what was consumed (auto commit), release locks, leave the group."""
+        """Commit what poll() returned (auto commit), release locks, leave the group.
+
+        The last batch counts as processed; leaving an `async with` block by an exception
+        leaves it uncommitted instead.
+        """
         await self._core.shutdown()
 
     async def poll(self, timeout: float = DEFAULT_POLL_TIMEOUT) -> list[MessageExt]:
@@ -120,8 +125,11 @@ class LitePullConsumer:
         return await self._core.offsets_for_timestamp(mq, timestamp)
 
     async def __aiter__(self) -> AsyncIterator[MessageExt]:
+        # Only the messages yielded count as returned: leaving the loop mid-batch, the
+        # rest of the batch is not committed.
         while self._core.running:
             for message in await self._core.poll(DEFAULT_POLL_TIMEOUT):
+                self._core.handed_out(message)
                 yield message
 
     async def __aenter__(self) -> LitePullConsumer:
@@ -134,4 +142,6 @@ class LitePullConsumer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if exc_type is not None and self._core.running:
+            self._core.abandon_last_batch()
         await self.shutdown()

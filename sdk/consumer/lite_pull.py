@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from types import TracebackType
+from typing import Any
 
 from sdk._blocking import BlockingClient
 from sdk.clock import Clock
@@ -24,7 +26,11 @@ class LitePullConsumer(BlockingClient):
         group: Consumer group (for offsets, and for sharing queues when subscribing).
         endpoints: One broker "host:port" or several.
         auto_commit: Commit what poll() returned every `config.auto_commit_interval`
-            seconds (checked in poll) and at shutdown. Off: call commit() yourself.
+            seconds (checked in poll), when a rebalance takes a queue away, and at
+            shutdown. It commits a batch only once the caller is done with it: when it
+            calls poll() again (or commit(), or shutdown()). So a crash, or an exception
+            that leaves the `with` block, delivers the batch in hand again. Off: call
+            commit() yourself.
         orderly: Hold the broker lock of every queue this consumer polls, so two workers
             of the group never process one queue at the same time; a worker that lost
             its lock gets StaleEpochError / LockNotHeldError from commit().
@@ -98,8 +104,22 @@ class LitePullConsumer(BlockingClient):
             self._core.assign(queues)
 
     def shutdown(self) -> None:
-        """Commit what was consumed (auto commit), release locks, leave the group."""
+        """Commit what poll() returned (auto commit), release locks, leave the group.
+
+        The last batch counts as processed (as with Kafka's close()); leaving a `with`
+        block by an exception leaves it uncommitted instead.
+        """
         super().shutdown()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None and self._core.running:
+            self._run(_call(self._core.abandon_last_batch))
+        super().__exit__(exc_type, exc, tb)
 
     def poll(self, timeout: float = DEFAULT_POLL_TIMEOUT) -> list[MessageExt]:
         """Messages of one queue in order, or [] if none arrive within `timeout` seconds."""
@@ -150,6 +170,6 @@ async def _assign(core: LitePullConsumerCore, queues: list[MessageQueue]) -> Non
     await core.assign(queues)
 
 
-async def _call(fn: Callable[[list[MessageQueue]], None], queues: list[MessageQueue]) -> None:
-    """Run a state change on the consumer's loop (its event is not thread-safe)."""
-    fn(queues)
+async def _call(fn: Callable[..., None], *args: Any) -> None:
+    """Run a state change on the consumer's loop (its events and locks are not thread-safe)."""
+    fn(*args)

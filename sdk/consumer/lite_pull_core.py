@@ -1,8 +1,12 @@
 """The lite pull consumer's async core: background pulls into a bounded cache, poll().
 
-Offsets: poll() records how far each queue has been handed out ("consumed"); commit()
-makes that the group's offset and sends it to the broker. With auto commit, poll()
-commits at most every `auto_commit_interval`, and shutdown commits what was consumed.
+Offsets: a batch poll() returns is done when the caller calls poll() again (or commit(),
+or shutdown()); each queue's "consumed" offset is the end of its done batches. commit()
+makes that the group's offset and sends it to the broker. Auto commit covers only done
+batches, whenever it runs (in poll() every `auto_commit_interval`, when a rebalance
+takes a queue away, at shutdown), so a batch the caller holds is delivered again after
+a crash (Kafka's rule). shutdown() takes the last batch as done, as Kafka's close() does;
+leaving a `with` block by an exception does not.
 """
 
 from __future__ import annotations
@@ -59,7 +63,9 @@ class LitePullConsumerCore(ConsumerCore):
             clock=clock,
         )
         self.auto_commit = auto_commit
-        self._consumed: dict[MessageQueue, int] = {}
+        self._consumed: dict[MessageQueue, int] = {}  # the end of the done batches
+        # The queue of the batch the last poll() returned, and where that batch ends.
+        self._last: tuple[MessageQueue, int] | None = None
         self._paused: set[MessageQueue] = set()
         self._ready = asyncio.Event()
         self._turn = 0
@@ -136,7 +142,11 @@ class LitePullConsumerCore(ConsumerCore):
             raise
 
     async def shutdown(self) -> None:
-        """Commit what was consumed (with auto commit), unlock, leave the group."""
+        """Commit what poll() returned (with auto commit), unlock, leave the group.
+
+        The last batch counts as processed: shutting down says the caller is done with it
+        (call abandon_last_batch() first when it is not).
+        """
         if self._state in ("new", "shut down"):
             self._state = "shut down"
             return
@@ -198,16 +208,33 @@ class LitePullConsumerCore(ConsumerCore):
                 await pq.consume_lock.acquire()  # free: this does not wait
                 self._in_hand = pq
             batch = pq.take(self.config.pull_batch_size)
-            self._consumed[queue] = pq.commit()
+            self._last = (queue, pq.commit())
             self._turn = (self._turn + i + 1) % len(queues)
             return batch
         return []
 
-    def _put_down(self) -> None:
-        """The caller is done with the last batch it polled."""
+    def _put_down(self, done: bool = True) -> None:
+        """The caller is done with the last batch it polled (`done`), or gave up on it."""
+        if self._last is not None:
+            queue, end = self._last
+            self._last = None
+            if done:
+                self._consumed[queue] = end
         if self._in_hand is not None:
             self._in_hand.consume_lock.release()
             self._in_hand = None
+
+    def handed_out(self, message: MessageExt) -> None:
+        """The caller was given `message` of the last batch, and not yet what follows it."""
+        if self._last is not None and self._last[0] == message.queue:
+            self._last = (message.queue, message.queue_offset + 1)
+
+    def abandon_last_batch(self) -> None:
+        """The caller did not process the last batch poll() returned: no commit covers it.
+
+        Auto commit, shutdown included, then stops before it, so it is delivered again.
+        """
+        self._put_down(done=False)
 
     def _lease_valid(self, pq: ProcessQueue) -> bool:
         return pq.locked and self._clock.now() - pq.last_lock_time <= self.lock_lease
@@ -252,9 +279,14 @@ class LitePullConsumerCore(ConsumerCore):
 
     async def _starting_offset(self, queue: MessageQueue, offset: int) -> None:
         self._consumed[queue] = offset
+        if self._last is not None and self._last[0] == queue:
+            self._last = None  # the queue moved: the batch in hand no longer counts
 
     def _skipped_to(self, queue: MessageQueue, offset: int) -> None:
-        self._consumed[queue] = max(self._consumed.get(queue, offset), offset)
+        # Not while the caller holds a batch of the queue: the skip would cover it. The
+        # next pull that finds nothing to hand out reports the skip again.
+        if self._last is None or self._last[0] != queue:
+            self._consumed[queue] = max(self._consumed.get(queue, offset), offset)
 
     def _deliver(self, queue: MessageQueue, pq: ProcessQueue) -> None:
         self._ready.set()
@@ -264,12 +296,17 @@ class LitePullConsumerCore(ConsumerCore):
         return queue not in self._paused and total < self.config.pull_threshold_for_all
 
     async def release(self, queues: list[MessageQueue]) -> list[MessageQueue]:
-        """Commit what was polled from queues being taken away (auto commit), then release."""
+        """Commit the done batches of queues being taken away (auto commit), then release.
+
+        A batch the caller still holds is not committed: the next owner gets it again.
+        """
         if self.auto_commit:
             self._take_consumed(queues)
         released = await super().release(queues)
         for queue in released:
             self._consumed.pop(queue, None)
+            if self._last is not None and self._last[0] == queue:
+                self._last = None
         return released
 
     # ------------------------------------------------------------------ positioning
@@ -292,7 +329,7 @@ class LitePullConsumerCore(ConsumerCore):
         await self._cancel_pulls([queue])
         pq.clear()
         pq.next_offset = offset
-        self._consumed[queue] = offset
+        await self._starting_offset(queue, offset)
         self.offsets.update(queue, offset, increase_only=False)
         self._start_pulling(queue, pq)
 
