@@ -140,6 +140,11 @@ class Exchange:
                 f"{_describe(envelope)}: cannot reach the broker at {self._target} "
                 f"within {timeout:g}s (not sent)"
             ) from None
+        except Exception:
+            if not self._closed:
+                raise
+            # gRPC's own error for a channel closed under the wait.
+            raise ClientStateError(f"the client of {self._target} was closed") from None
 
     async def close(self) -> None:
         """Cancel the stream; requests awaiting an answer fail with ClientStateError.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -11,7 +12,8 @@ import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
 from sdk import ConsumeFromWhere, LitePullConsumer, Message, Producer, ProducerConfig
-from sdk.errors import OrderMQError
+from sdk._transport.broker_client import BrokerClient
+from sdk.errors import ClientStateError, OrderMQError
 from tests.component.test_producer import Restartable
 
 
@@ -89,3 +91,18 @@ def test_a_client_whose_broker_comes_up_within_its_deadline_succeeds(
         listener.close()
         with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "broker", port=port)):
             assert outcome.result(timeout=30)
+
+
+def test_closing_a_client_fails_a_request_waiting_for_its_broker_as_closed() -> None:
+    async def main() -> None:
+        with socket.socket() as listener:  # a port nobody serves gRPC on
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            client = BrokerClient(f"127.0.0.1:{listener.getsockname()[1]}")
+            waiting = asyncio.create_task(client.send("t", 0, b"frame", timeout=30))
+            await asyncio.to_thread(listener.accept)  # the request waits for a connection
+            await client.close()
+            with pytest.raises(ClientStateError, match="closed"):
+                await asyncio.wait_for(waiting, 10)
+
+    asyncio.run(main())
