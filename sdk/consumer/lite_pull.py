@@ -46,6 +46,12 @@ class LitePullConsumer(BlockingClient):
             while batch := consumer.poll(timeout=1.0):
                 export(batch)
                 consumer.commit()
+
+    Or with queues of your choosing (RocketMQ's assign flow)::
+
+        with LitePullConsumer("replay", "127.0.0.1:8081") as consumer:
+            consumer.assign(consumer.fetch_message_queues("orders")[:2])
+            batch = consumer.poll()
     """
 
     def __init__(
