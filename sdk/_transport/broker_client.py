@@ -16,9 +16,18 @@ from sdk._transport.codec import decode_records
 from sdk._transport.exchange import Exchange, ExchangeUnsupportedError
 from sdk._transport.status import to_ordermq_error
 from sdk._wire import GRPC_CLIENT_CHANNEL_OPTIONS
+from sdk.errors import BrokerUnavailableError
 from sdk.message import MessageExt, MessageQueue
 
 T = TypeVar("T")
+
+#: How long a route lookup or a heartbeat waits, unless given a deadline: it waits for a
+#: broker that is not reachable yet (starting, restarting) this long before it fails.
+CONNECT_TIMEOUT = 5.0
+#: Each channel keeps its own connections. gRPC otherwise shares them between channels to
+#: one address, and a new client would inherit another client's reconnect backoff from a
+#: broker that has restarted since, and fail its first calls.
+_CHANNEL_OPTIONS = (*GRPC_CLIENT_CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
 
 
 class PullStatus(enum.Enum):
@@ -84,25 +93,37 @@ class BrokerClient:
     """One channel to one broker. Create and use it on one event loop.
 
     Send and Pull travel on the channel's Exchange stream; with a broker that has none,
-    as unary calls.
+    as unary calls. A call with a deadline (every Send, Pull, route lookup and heartbeat)
+    waits within it for the broker to be reachable, so a client works at once when its
+    broker comes up or back within the deadline; a call without one fails at once while
+    the broker cannot be reached.
     """
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, options=GRPC_CLIENT_CHANNEL_OPTIONS)
+        self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._messaging = pb_grpc.MessagingServiceStub(self._channel)
         self._admin = pb_grpc.AdminServiceStub(self._channel)
-        self._exchange = Exchange(self._messaging.Exchange, address)
+        self._exchange = Exchange(self._messaging.Exchange, address, self._channel.channel_ready)
 
     async def close(self) -> None:
         """Close the channel: calls in flight fail (ClientStateError on the Exchange stream)."""
         await self._exchange.close()
         await self._channel.close(None)
 
-    async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, call: Callable[[], Awaitable[T]], waited: float | None = None) -> T:
+        """Run a call; `waited`: the deadline it waited for the broker to be reachable."""
         try:
             return await call()
         except grpc.aio.AioRpcError as exc:
+            if (
+                waited is not None
+                and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                and self._channel.get_state() != grpc.ChannelConnectivity.READY
+            ):
+                raise BrokerUnavailableError(
+                    f"cannot reach the broker at {self.address} within {waited:g}s"
+                ) from None
             raise to_ordermq_error(exc) from None
 
     async def _request(
@@ -114,19 +135,37 @@ class BrokerClient:
                 return await self._exchange.call(envelope, timeout)
             except ExchangeUnsupportedError:
                 pass  # the broker served nothing of it: go unary, now and from now on
+        wait = timeout is not None
         if envelope.HasField("send"):
-            sent = await self._call(lambda: self._messaging.Send(envelope.send, timeout=timeout))
+            sent = await self._call(
+                lambda: self._messaging.Send(envelope.send, timeout=timeout, wait_for_ready=wait),
+                timeout,
+            )
             return pb.ExchangeResponse(send=sent)
-        pulled = await self._call(lambda: self._messaging.Pull(envelope.pull, timeout=timeout))
+        pulled = await self._call(
+            lambda: self._messaging.Pull(envelope.pull, timeout=timeout, wait_for_ready=wait),
+            timeout,
+        )
         return pb.ExchangeResponse(pull=pulled)
 
     # ------------------------------------------------------------------ messaging
     async def query_route(
-        self, topic: str, *, create_if_missing: bool = False, timeout: float | None = None
+        self,
+        topic: str,
+        *,
+        create_if_missing: bool = False,
+        timeout: float = CONNECT_TIMEOUT,
+        wait: bool = True,
     ) -> list[QueueRoute]:
-        """The queues of `topic`, sorted by (broker name, queue id)."""
+        """The queues of `topic`, sorted by (broker name, queue id).
+
+        With `wait`, waits up to `timeout` for an unreachable broker; without, fails at once.
+        """
         request = pb.QueryRouteRequest(topic=topic, create_if_missing=create_if_missing)
-        response = await self._call(lambda: self._messaging.QueryRoute(request, timeout=timeout))
+        response = await self._call(
+            lambda: self._messaging.QueryRoute(request, timeout=timeout, wait_for_ready=wait),
+            timeout if wait else None,
+        )
         return [
             QueueRoute(
                 MessageQueue(r.queue.topic, r.queue.broker_name, r.queue.queue_id),
@@ -215,7 +254,9 @@ class BrokerClient:
         await self._call(lambda: self._messaging.CommitConsumerOffsets(request))
 
     # ------------------------------------------------------------------ coordination
-    async def heartbeat(self, client_id: str, groups: Sequence[GroupInfo]) -> dict[str, int]:
+    async def heartbeat(
+        self, client_id: str, groups: Sequence[GroupInfo], *, timeout: float = CONNECT_TIMEOUT
+    ) -> dict[str, int]:
         """Register as a member of exactly `groups`; their membership versions."""
         request = pb.HeartbeatRequest(
             client_id=client_id,
@@ -231,7 +272,10 @@ class BrokerClient:
                 for g in groups
             ],
         )
-        r = await self._call(lambda: self._messaging.Heartbeat(request))
+        r = await self._call(
+            lambda: self._messaging.Heartbeat(request, timeout=timeout, wait_for_ready=True),
+            timeout,
+        )
         return {v.group: v.membership_version for v in r.groups}
 
     async def unregister(self, client_id: str) -> None:

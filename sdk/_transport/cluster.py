@@ -11,6 +11,7 @@ from sdk.errors import (
     ClientStateError,
     InvalidArgumentError,
     OrderMQError,
+    RequestTimeoutError,
 )
 from sdk.message import MessageQueue
 
@@ -83,12 +84,19 @@ class Cluster:
         return queues
 
     async def _query_route(self, topic: str, create: bool) -> list[QueueRoute]:
+        """Ask the endpoints in turn; each waits up to CONNECT_TIMEOUT for its broker.
+
+        With several endpoints, a first pass skips those that cannot be reached now.
+        """
         last: OrderMQError | None = None
-        for address in self.endpoints:
-            try:
-                return await self.client(address).query_route(topic, create_if_missing=create)
-            except BrokerUnavailableError as exc:
-                last = exc
+        for wait in (False, True) if len(self.endpoints) > 1 else (True,):
+            for address in self.endpoints:
+                try:
+                    return await self.client(address).query_route(
+                        topic, create_if_missing=create, wait=wait
+                    )
+                except (BrokerUnavailableError, RequestTimeoutError) as exc:
+                    last = exc
         assert last is not None
         raise last
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -41,9 +41,16 @@ class Exchange:
     answer and is dropped; the next request opens a new one.
     """
 
-    def __init__(self, open_stream: OpenExchange, target: str) -> None:
+    def __init__(
+        self,
+        open_stream: OpenExchange,
+        target: str,
+        connected: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """`connected`: returns once the channel is connected (triggering a connection)."""
         self._open_stream = open_stream
         self._target = target
+        self._connected = connected
         self._stream: _Stream | None = None
         self._last_id = 0
         self._supported = True
@@ -62,8 +69,9 @@ class Exchange:
 
         Raises what the unary call would: the broker's error, RequestTimeoutError when
         `timeout` passes (the broker is told to drop the request), BrokerUnavailableError
-        when the stream breaks or the client is closed. ExchangeUnsupportedError when the
-        broker has no Exchange.
+        when the stream breaks or, with a timeout, when the broker cannot be reached within
+        it (without one, at once), ClientStateError when the client is closed.
+        ExchangeUnsupportedError when the broker has no Exchange.
         """
         size = envelope.ByteSize()
         if size > GRPC_MAX_MESSAGE_BYTES:  # as gRPC refuses such a unary call, locally
@@ -79,6 +87,11 @@ class Exchange:
     async def _call(
         self, envelope: pb.ExchangeRequest, timeout: float | None
     ) -> pb.ExchangeResponse:
+        if self._stream is None and timeout is not None and not self._closed:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            await self._connect(envelope, timeout)
+            timeout = max(0.0, timeout - (loop.time() - started))
         if self._closed:
             raise ClientStateError(f"the client of {self._target} is closed")
         stream = self._stream
@@ -109,6 +122,29 @@ class Exchange:
                 code="INTERNAL",
             )
         return answer
+
+    async def _connect(self, envelope: pb.ExchangeRequest, timeout: float) -> None:
+        """Wait up to `timeout` for the broker to be reachable before opening a stream.
+
+        A stream opened on an unconnected channel would fail at once (gRPC fails fast),
+        and one told to wait for the connection would carry requests written to it to the
+        broker when it comes up, after their callers gave up and maybe sent them again.
+        """
+        if self._connected is None:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self._connected()
+        except TimeoutError:
+            raise _unavailable(
+                f"{_describe(envelope)}: cannot reach the broker at {self._target} "
+                f"within {timeout:g}s (not sent)"
+            ) from None
+        except Exception:
+            if not self._closed:
+                raise
+            # gRPC's own error for a channel closed under the wait.
+            raise ClientStateError(f"the client of {self._target} was closed") from None
 
     async def close(self) -> None:
         """Cancel the stream; requests awaiting an answer fail with ClientStateError.

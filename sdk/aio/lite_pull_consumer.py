@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from datetime import datetime
 from types import TracebackType
 
@@ -19,7 +19,8 @@ class LitePullConsumer:
     """The asyncio lite pull consumer; arguments as sdk.LitePullConsumer.
 
     Besides `await poll()`, `async for message in consumer` yields messages one by one
-    (in queue order) until the consumer is shut down.
+    (in queue order) until the consumer is shut down. Auto commit covers the messages it
+    yielded: leaving the loop mid-batch leaves the rest of the batch uncommitted.
     """
 
     def __init__(
@@ -52,19 +53,29 @@ class LitePullConsumer:
         )
 
     def subscribe(self, topic: str, expression: str = "*") -> None:
-        """Share `topic`'s queues with the group (exclusive with assign)."""
+        """Share `topic`'s queues with the group (exclusive with assign); before start()."""
         self._core.subscribe(topic, expression)
 
-    def assign(self, queues: list[MessageQueue]) -> None:
-        """Consume exactly these queues (exclusive with subscribe)."""
-        self._core.assign(queues)
+    def assign(self, queues: list[MessageQueue]) -> Awaitable[None]:
+        """Consume exactly these queues (exclusive with subscribe), before or after start().
+
+        Before start() it only records them; awaiting is optional. After start(),
+        `await consumer.assign(queues)` returns once the queues are taken (the next
+        poll(), commit() or seek waits for that too, so the await may be left out) and
+        raises InvalidQueueError, changing nothing, for a queue its topic does not have.
+        """
+        return self._core.assign(queues)
 
     async def start(self) -> None:
         """Join the group and start pulling in the background."""
         await self._core.start()
 
     async def shutdown(self) -> None:
-        """Commit what was consumed (auto commit), release locks, leave the group."""
+        """Commit what poll() returned (auto commit), release locks, leave the group.
+
+        The last batch counts as processed; leaving an `async with` block by an exception
+        leaves it uncommitted instead.
+        """
         await self._core.shutdown()
 
     async def poll(self, timeout: float = DEFAULT_POLL_TIMEOUT) -> list[MessageExt]:
@@ -114,8 +125,11 @@ class LitePullConsumer:
         return await self._core.offsets_for_timestamp(mq, timestamp)
 
     async def __aiter__(self) -> AsyncIterator[MessageExt]:
+        # Only the messages yielded count as returned: leaving the loop mid-batch, the
+        # rest of the batch is not committed.
         while self._core.running:
             for message in await self._core.poll(DEFAULT_POLL_TIMEOUT):
+                self._core.handed_out(message)
                 yield message
 
     async def __aenter__(self) -> LitePullConsumer:
@@ -128,4 +142,6 @@ class LitePullConsumer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if exc_type is not None and self._core.running:
+            self._core.abandon_last_batch()
         await self.shutdown()

@@ -37,6 +37,7 @@ from sdk.consumer.rebalance import Rebalancer
 from sdk.errors import (
     ClientStateError,
     InvalidArgumentError,
+    InvalidQueueError,
     InvalidTagExpressionError,
     OrderMQError,
 )
@@ -125,6 +126,8 @@ class ConsumerCore:
     """Group membership, queue ownership, pulling and offsets; subclasses consume."""
 
     consume_type = "CONSUME_POLL"
+    #: Whether start() needs a subscription or an assignment first.
+    needs_queues = True
 
     def __init__(
         self,
@@ -164,7 +167,6 @@ class ConsumerCore:
         self.client_id = new_client_id()
         self.broadcasting = broadcasting
         self._subscriptions: dict[str, str] = {}
-        self._assigned: list[MessageQueue] | None = None  # fixed assignment instead
         self._state = "new"
         self._queues: dict[MessageQueue, ProcessQueue] = {}
         self._pulls: dict[MessageQueue, asyncio.Task[None]] = {}
@@ -200,39 +202,61 @@ class ConsumerCore:
     def subscribe(self, topic: str, expression: str = "*") -> None:
         """Consume `topic`'s messages whose tag matches `expression` ('*' or 'A || B').
 
-        The group's members share the topic's queues.
+        The group's members share the topic's queues. The topic need not exist yet: start()
+        logs a warning, and the first rebalance round after a producer creates it (within
+        `rebalance_interval`) takes its queues. With ConsumeFromWhere.LAST_OFFSET they
+        start at their first message, not their end: every message of a topic created
+        after the consumer subscribed was sent since (RocketMQ, too, starts a new group at
+        0 on a queue whose min offset is 0).
         """
         self._check_new("subscribe()")
-        if self._assigned is not None:
+        if self._rebalancer.assigned is not None:
             raise ClientStateError("subscribe() and assign() are exclusive: this consumer assigns")
         self._subscriptions[check_topic(topic)] = parse_expression(expression)
 
+    async def _check_queues(self, queues: list[MessageQueue]) -> None:
+        """InvalidQueueError unless every queue is a readable queue of its topic."""
+        for topic in sorted({q.topic for q in queues}):
+            readable = await self._cluster.readable_queues(topic)
+            for queue in sorted(q for q in queues if q.topic == topic):
+                if queue not in readable:
+                    raise InvalidQueueError(
+                        f"{queue} is not one of the {len(readable)} readable queues of "
+                        f"{topic!r} (see fetch_message_queues)"
+                    )
+
     # ------------------------------------------------------------------ lifecycle
     async def _start_core(self) -> None:
-        """Join the group and take the queues (by rebalance or assignment)."""
-        if not self._subscriptions and self._assigned is None:
+        """Join the group and take the queues (by rebalance or assignment).
+
+        An assignment's queues are held when this returns; a subscription's are taken by
+        the rebalance rounds that start here.
+        """
+        assigned = self._rebalancer.assigned
+        if self.needs_queues and not self._subscriptions and assigned is None:
             raise ClientStateError("subscribe to a topic (or assign queues) before start()")
         self._state = "starting"
-        for topic in list(self._subscriptions):
-            if not topic.startswith(RETRY_PREFIX):
-                await self._cluster.readable_queues(topic)  # fails fast on an unknown topic
-        if self._assigned is not None:
-            for topic in {q.topic for q in self._assigned}:
-                await self._cluster.readable_queues(topic)
         self._rebalancer.topics = list(self._subscriptions)
+        for topic in self._rebalancer.topics:
+            if not topic.startswith(RETRY_PREFIX):
+                # A topic that does not exist yet is only warned of: the rebalance takes
+                # its queues once a producer creates it. Other failures fail the start.
+                await self._rebalancer.topic_queues(topic)
+        if assigned is not None:
+            await self._check_queues(assigned)
         await self._heartbeat()
         self._state = "running"
+        if assigned is not None:
+            await self._rebalancer.rebalance()
         self._tasks = [
             asyncio.create_task(self._every(self._heartbeat, self._tuning.heartbeat_interval)),
             asyncio.create_task(self._every(self._persist, self._tuning.persist_interval)),
+            # With an assignment, rounds retry what could not be taken (a lock held by
+            # another member) and take a new assignment.
+            asyncio.create_task(self._rebalance_loop()),
         ]
-        if self._assigned is None:
-            self._tasks += [
-                asyncio.create_task(self._rebalance_loop()),
-                asyncio.create_task(self._watch_membership()),
-            ]
-        else:
-            await self.acquire(list(self._assigned))
+        if self._subscriptions:
+            self._tasks.append(asyncio.create_task(self._watch_membership()))
         if self.uses_locks:
             self._tasks.append(asyncio.create_task(self._lock_renewal_loop()))
 
@@ -575,7 +599,9 @@ class ConsumerCore:
             return low
         if self._from_where is ConsumeFromWhere.TIMESTAMP:
             return at_time
-        return high
+        # A topic created after this client subscribed holds only messages sent since
+        # (RocketMQ: a queue whose min offset is 0 starts at 0 for a new group).
+        return low if queue.topic in self._rebalancer.created_later else high
 
     def _by_broker(self, queues: list[MessageQueue]) -> dict[str, list[MessageQueue]]:
         out: dict[str, list[MessageQueue]] = {}

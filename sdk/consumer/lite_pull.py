@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from types import TracebackType
+from typing import Any
 
 from sdk._blocking import BlockingClient
 from sdk.clock import Clock
@@ -24,7 +26,11 @@ class LitePullConsumer(BlockingClient):
         group: Consumer group (for offsets, and for sharing queues when subscribing).
         endpoints: One broker "host:port" or several.
         auto_commit: Commit what poll() returned every `config.auto_commit_interval`
-            seconds (checked in poll) and at shutdown. Off: call commit() yourself.
+            seconds (checked in poll), when a rebalance takes a queue away, and at
+            shutdown. It commits a batch only once the caller is done with it: when it
+            calls poll() again (or commit(), or shutdown()). So a crash, or an exception
+            that leaves the `with` block, delivers the batch in hand again. Off: call
+            commit() yourself.
         orderly: Hold the broker lock of every queue this consumer polls, so two workers
             of the group never process one queue at the same time; a worker that lost
             its lock gets StaleEpochError / LockNotHeldError from commit().
@@ -40,6 +46,12 @@ class LitePullConsumer(BlockingClient):
             while batch := consumer.poll(timeout=1.0):
                 export(batch)
                 consumer.commit()
+
+    Or with queues of your choosing (RocketMQ's assign flow)::
+
+        with LitePullConsumer("replay", "127.0.0.1:8081") as consumer:
+            consumer.assign(consumer.fetch_message_queues("orders")[:2])
+            batch = consumer.poll()
     """
 
     def __init__(
@@ -78,16 +90,42 @@ class LitePullConsumer(BlockingClient):
         return self._core.client_id
 
     def subscribe(self, topic: str, expression: str = "*") -> None:
-        """Share `topic`'s queues with the group (exclusive with assign)."""
+        """Share `topic`'s queues with the group (exclusive with assign); before start().
+
+        The topic need not exist yet: its queues are taken once a producer creates it.
+        """
         self._core.subscribe(topic, expression)
 
     def assign(self, queues: list[MessageQueue]) -> None:
-        """Consume exactly these queues (exclusive with subscribe)."""
-        self._core.assign(queues)
+        """Consume exactly these queues (exclusive with subscribe), before or after start().
+
+        After start() it replaces the assignment and returns once the queues are taken
+        (RocketMQ's flow: start, fetch_message_queues, assign, poll); queues no longer
+        assigned are released. InvalidQueueError, changing nothing, unless every queue is
+        a readable queue of its topic.
+        """
+        if self._core.running:
+            self._run(_assign(self._core, queues))
+        else:
+            self._core.assign(queues)
 
     def shutdown(self) -> None:
-        """Commit what was consumed (auto commit), release locks, leave the group."""
+        """Commit what poll() returned (auto commit), release locks, leave the group.
+
+        The last batch counts as processed (as with Kafka's close()); leaving a `with`
+        block by an exception leaves it uncommitted instead.
+        """
         super().shutdown()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None and self._core.running:
+            self._run(_call(self._core.abandon_last_batch))
+        super().__exit__(exc_type, exc, tb)
 
     def poll(self, timeout: float = DEFAULT_POLL_TIMEOUT) -> list[MessageExt]:
         """Messages of one queue in order, or [] if none arrive within `timeout` seconds."""
@@ -126,7 +164,7 @@ class LitePullConsumer(BlockingClient):
         return self._core.assignment()
 
     def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
-        """Every readable queue of `topic`."""
+        """Every readable queue of `topic` (after start(); for assign())."""
         return self._run(self._core.fetch_message_queues(topic))
 
     def offsets_for_timestamp(self, mq: MessageQueue, timestamp: float) -> int:
@@ -134,6 +172,10 @@ class LitePullConsumer(BlockingClient):
         return self._run(self._core.offsets_for_timestamp(mq, timestamp))
 
 
-async def _call(fn: Callable[[list[MessageQueue]], None], queues: list[MessageQueue]) -> None:
-    """Run a state change on the consumer's loop (its event is not thread-safe)."""
-    fn(queues)
+async def _assign(core: LitePullConsumerCore, queues: list[MessageQueue]) -> None:
+    await core.assign(queues)
+
+
+async def _call(fn: Callable[..., None], *args: Any) -> None:
+    """Run a state change on the consumer's loop (its events and locks are not thread-safe)."""
+    fn(*args)

@@ -1,14 +1,19 @@
 """The lite pull consumer's async core: background pulls into a bounded cache, poll().
 
-Offsets: poll() records how far each queue has been handed out ("consumed"); commit()
-makes that the group's offset and sends it to the broker. With auto commit, poll()
-commits at most every `auto_commit_interval`, and shutdown commits what was consumed.
+Offsets: a batch poll() returns is done when the caller calls poll() again (or commit(),
+or shutdown()); each queue's "consumed" offset is the end of its done batches. commit()
+makes that the group's offset and sends it to the broker. Auto commit covers only done
+batches, whenever it runs (in poll() every `auto_commit_interval`, when a rebalance
+takes a queue away, at shutdown), so a batch the caller holds is delivered again after
+a crash (Kafka's rule). shutdown() takes the last batch as done, as Kafka's close() does;
+leaving a `with` block by an exception does not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Generator
 from datetime import datetime
 
 from sdk.clock import Clock
@@ -26,6 +31,7 @@ class LitePullConsumerCore(ConsumerCore):
     """Subscribe or assign, then poll."""
 
     consume_type = "CONSUME_POLL"
+    needs_queues = False  # RocketMQ's assign flow: start, fetch_message_queues, assign
 
     def __init__(
         self,
@@ -57,7 +63,9 @@ class LitePullConsumerCore(ConsumerCore):
             clock=clock,
         )
         self.auto_commit = auto_commit
-        self._consumed: dict[MessageQueue, int] = {}
+        self._consumed: dict[MessageQueue, int] = {}  # the end of the done batches
+        # The queue of the batch the last poll() returned, and where that batch ends.
+        self._last: tuple[MessageQueue, int] | None = None
         self._paused: set[MessageQueue] = set()
         self._ready = asyncio.Event()
         self._turn = 0
@@ -65,21 +73,64 @@ class LitePullConsumerCore(ConsumerCore):
         # Orderly: the queue whose batch the caller is processing keeps its consume lock
         # until the next poll(), so rebalance cannot unlock it under the caller's feet.
         self._in_hand: ProcessQueue | None = None
+        self._assigning = asyncio.Lock()  # assign() calls after start() apply in call order
+        self._assignment: asyncio.Task[None] | None = None  # the latest of them
 
     # ------------------------------------------------------------------ setup
-    def assign(self, queues: list[MessageQueue]) -> None:
-        """Consume exactly these queues (no group rebalance)."""
-        self._check_new("assign()")
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        """As ConsumerCore.subscribe; before start() only (a started consumer assigns)."""
+        if self._state != "new":
+            raise ClientStateError(
+                "subscribe() must come before start(); a started lite pull consumer takes "
+                "queues with assign()"
+            )
+        super().subscribe(topic, expression)
+
+    def assign(self, queues: list[MessageQueue]) -> Awaitable[None]:
+        """Consume exactly these queues (no group rebalance); exclusive with subscribe().
+
+        Before start(), records them (start() checks them and takes them). After start(),
+        replaces the assignment: queues no longer assigned are released (committing
+        what earlier polls returned, with auto commit) and new ones taken. That happens
+        in the returned awaitable, which the next poll(), commit() or seek waits for too;
+        it raises InvalidQueueError, changing nothing, unless every queue is a readable
+        queue of its topic. With orderly, a queue whose lock another member holds is
+        taken once that member lets go.
+        """
+        if self._state not in ("new", "running"):
+            raise ClientStateError(f"cannot assign queues: the consumer is {self._state}")
         if self._subscriptions:
             raise ClientStateError(
                 "subscribe() and assign() are exclusive: this consumer subscribes"
             )
         if not queues:
             raise InvalidArgumentError("assign() needs at least one queue")
-        self._assigned = sorted(set(queues))
+        wanted = sorted(set(queues))
+        if self._state == "new":
+            self._rebalancer.assigned = wanted
+            return _DONE
+        task = asyncio.ensure_future(self._reassign(wanted))
+        task.add_done_callback(_log_failure)
+        self._assignment = task
+        return task
+
+    async def _reassign(self, queues: list[MessageQueue]) -> None:
+        async with self._assigning:
+            await self._check_queues(queues)
+            self._rebalancer.assigned = queues
+            await self._rebalancer.rebalance()
+
+    async def _assigned(self) -> None:
+        """Wait for the latest assign() (its error is its caller's, not ours)."""
+        if self._assignment is not None:
+            await asyncio.wait([self._assignment])
 
     async def start(self) -> None:
-        """Join the group and start pulling in the background."""
+        """Join the group and start pulling in the background.
+
+        Without subscribe() or assign() first, it starts with no queues: assign() them
+        later (RocketMQ's flow: start, fetch_message_queues, assign, poll).
+        """
         if self._state != "new":
             raise ClientStateError(f"consumer cannot start: it is {self._state}")
         self._last_commit = self._clock.now()
@@ -91,11 +142,18 @@ class LitePullConsumerCore(ConsumerCore):
             raise
 
     async def shutdown(self) -> None:
-        """Commit what was consumed (with auto commit), unlock, leave the group."""
+        """Commit what poll() returned (with auto commit), unlock, leave the group.
+
+        The last batch counts as processed: shutting down says the caller is done with it
+        (call abandon_last_batch() first when it is not).
+        """
         if self._state in ("new", "shut down"):
             self._state = "shut down"
             return
         self._put_down()
+        if self._assignment is not None:
+            self._assignment.cancel()
+            await asyncio.wait([self._assignment])
         held = await self._stop_pulling()
         if self.auto_commit:
             self._take_consumed(held)
@@ -118,6 +176,7 @@ class LitePullConsumerCore(ConsumerCore):
             raise InvalidArgumentError(f"poll timeout must not be negative, not {timeout}")
         self._running()
         self._put_down()
+        await self._assigned()
         if self.auto_commit and self._clock.now() - self._last_commit >= (
             self.config.auto_commit_interval
         ):
@@ -149,16 +208,33 @@ class LitePullConsumerCore(ConsumerCore):
                 await pq.consume_lock.acquire()  # free: this does not wait
                 self._in_hand = pq
             batch = pq.take(self.config.pull_batch_size)
-            self._consumed[queue] = pq.commit()
+            self._last = (queue, pq.commit())
             self._turn = (self._turn + i + 1) % len(queues)
             return batch
         return []
 
-    def _put_down(self) -> None:
-        """The caller is done with the last batch it polled."""
+    def _put_down(self, done: bool = True) -> None:
+        """The caller is done with the last batch it polled (`done`), or gave up on it."""
+        if self._last is not None:
+            queue, end = self._last
+            self._last = None
+            if done:
+                self._consumed[queue] = end
         if self._in_hand is not None:
             self._in_hand.consume_lock.release()
             self._in_hand = None
+
+    def handed_out(self, message: MessageExt) -> None:
+        """The caller was given `message` of the last batch, and not yet what follows it."""
+        if self._last is not None and self._last[0] == message.queue:
+            self._last = (message.queue, message.queue_offset + 1)
+
+    def abandon_last_batch(self) -> None:
+        """The caller did not process the last batch poll() returned: no commit covers it.
+
+        Auto commit, shutdown included, then stops before it, so it is delivered again.
+        """
+        self._put_down(done=False)
 
     def _lease_valid(self, pq: ProcessQueue) -> bool:
         return pq.locked and self._clock.now() - pq.last_lock_time <= self.lock_lease
@@ -175,6 +251,7 @@ class LitePullConsumerCore(ConsumerCore):
         """Commit what poll() returned so far, or the given offsets (next to consume)."""
         self._running()
         self._put_down()
+        await self._assigned()
         if offsets is None:
             queues = list(self._consumed)
             self._take_consumed(queues)
@@ -202,9 +279,14 @@ class LitePullConsumerCore(ConsumerCore):
 
     async def _starting_offset(self, queue: MessageQueue, offset: int) -> None:
         self._consumed[queue] = offset
+        if self._last is not None and self._last[0] == queue:
+            self._last = None  # the queue moved: the batch in hand no longer counts
 
     def _skipped_to(self, queue: MessageQueue, offset: int) -> None:
-        self._consumed[queue] = max(self._consumed.get(queue, offset), offset)
+        # Not while the caller holds a batch of the queue: the skip would cover it. The
+        # next pull that finds nothing to hand out reports the skip again.
+        if self._last is None or self._last[0] != queue:
+            self._consumed[queue] = max(self._consumed.get(queue, offset), offset)
 
     def _deliver(self, queue: MessageQueue, pq: ProcessQueue) -> None:
         self._ready.set()
@@ -214,12 +296,17 @@ class LitePullConsumerCore(ConsumerCore):
         return queue not in self._paused and total < self.config.pull_threshold_for_all
 
     async def release(self, queues: list[MessageQueue]) -> list[MessageQueue]:
-        """Commit what was polled from queues being taken away (auto commit), then release."""
+        """Commit the done batches of queues being taken away (auto commit), then release.
+
+        A batch the caller still holds is not committed: the next owner gets it again.
+        """
         if self.auto_commit:
             self._take_consumed(queues)
         released = await super().release(queues)
         for queue in released:
             self._consumed.pop(queue, None)
+            if self._last is not None and self._last[0] == queue:
+                self._last = None
         return released
 
     # ------------------------------------------------------------------ positioning
@@ -232,6 +319,7 @@ class LitePullConsumerCore(ConsumerCore):
     async def seek(self, queue: MessageQueue, offset: int) -> None:
         """Continue `queue` at `offset` (within [min, max]); drops what was cached."""
         self._running()
+        await self._assigned()
         pq = self._check_assigned(queue)
         low, high, _ = await self._cluster.client_for(queue).queue_offsets(queue)
         if not low <= offset <= high:
@@ -241,18 +329,20 @@ class LitePullConsumerCore(ConsumerCore):
         await self._cancel_pulls([queue])
         pq.clear()
         pq.next_offset = offset
-        self._consumed[queue] = offset
+        await self._starting_offset(queue, offset)
         self.offsets.update(queue, offset, increase_only=False)
         self._start_pulling(queue, pq)
 
     async def seek_to_begin(self, queue: MessageQueue) -> None:
         """Continue `queue` at its min offset."""
+        await self._assigned()
         self._check_assigned(queue)
         low, _high, _ = await self._cluster.client_for(queue).queue_offsets(queue)
         await self.seek(queue, low)
 
     async def seek_to_end(self, queue: MessageQueue) -> None:
         """Continue `queue` at its max offset (only new messages)."""
+        await self._assigned()
         self._check_assigned(queue)
         _low, high, _ = await self._cluster.client_for(queue).queue_offsets(queue)
         await self.seek(queue, high)
@@ -281,3 +371,19 @@ class LitePullConsumerCore(ConsumerCore):
             queue, int(timestamp * 1000)
         )
         return at
+
+
+class _Done:
+    """An awaitable that has nothing to wait for."""
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield from ()
+
+
+_DONE = _Done()
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    """An assign() nobody awaited must not fail unseen."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("assign() refused: %s", exc)

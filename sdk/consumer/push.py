@@ -83,7 +83,10 @@ class PushConsumer(BlockingClient):
         return self._core.client_id
 
     def subscribe(self, topic: str, expression: str = "*") -> None:
-        """Consume `topic`'s messages whose tag matches `expression` ('*' or 'A || B')."""
+        """Consume `topic`'s messages whose tag matches `expression` ('*' or 'A || B').
+
+        The topic need not exist yet: its queues are taken once a producer creates it.
+        """
         self._core.subscribe(topic, expression)
 
     def register_message_listener(

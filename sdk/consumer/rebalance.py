@@ -7,6 +7,7 @@ orderly members from overlapping while they disagree for a moment.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Collection
 from typing import Protocol
@@ -57,18 +58,44 @@ class Rebalancer:
         self._host = host
         self._broadcasting = broadcasting
         self.topics: list[str] = []
+        #: A fixed assignment (lite pull assign()) instead of the topics' share.
+        self.assigned: list[MessageQueue] | None = None
         self.rounds = 0
+        self._round = asyncio.Lock()  # one round at a time: the loop's, or an assign()'s
+        #: Subscribed topics that did not exist at their last lookup.
+        self.missing: set[str] = set()
+        #: Topics this client saw missing that exist now: each of their messages was sent
+        #: after this client subscribed.
+        self.created_later: set[str] = set()
+
+    async def topic_queues(self, topic: str) -> list[MessageQueue]:
+        """The readable queues of `topic` (route refreshed); [] while it does not exist."""
+        try:
+            queues = await self._cluster.readable_queues(topic, refresh=True)
+        except TopicNotFoundError as exc:
+            if topic not in self.missing:
+                self.missing.add(topic)
+                log.log(
+                    logging.DEBUG if topic.startswith("%") else logging.WARNING,
+                    "group %s: topic %r does not exist yet (%s); its queues are taken when "
+                    "it appears",
+                    self._group, topic, exc,
+                )  # fmt: skip
+            return []
+        if topic in self.missing:
+            self.missing.discard(topic)
+            self.created_later.add(topic)
+            log.info("group %s: topic %r exists now", self._group, topic)
+        return queues
 
     async def desired(self) -> set[MessageQueue]:
         """The queues this client should hold now."""
+        if self.assigned is not None:
+            return set(self.assigned)
         wanted: set[MessageQueue] = set()
         members: list[str] | None = None
         for topic in self.topics:
-            try:
-                queues = await self._cluster.readable_queues(topic, refresh=True)
-            except TopicNotFoundError as exc:
-                log.warning("group %s: %s", self._group, exc)
-                continue
+            queues = await self.topic_queues(topic)
             if not queues:
                 continue
             if self._broadcasting:
@@ -82,7 +109,11 @@ class Rebalancer:
         return wanted
 
     async def rebalance(self) -> bool:
-        """One round; True when the client now holds exactly what it should."""
+        """One round (after the one under way); True when the client holds what it should."""
+        async with self._round:
+            return await self._rebalance()
+
+    async def _rebalance(self) -> bool:
         self.rounds += 1
         try:
             wanted = await self.desired()
