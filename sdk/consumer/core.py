@@ -285,6 +285,7 @@ class ConsumerCore:
             with contextlib.suppress(OrderMQError):
                 await client.unregister(self.client_id)
         await self._cluster.close()
+        self._queues.clear()
         self._state = "shut down"
 
     # ------------------------------------------------------------------ subclass hooks

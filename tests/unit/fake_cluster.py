@@ -231,7 +231,8 @@ class FakeClient(_Partitionable):
     ) -> list[MessageQueue]:
         self._check_up()
         keys = {(q.topic, q.queue_id): q for q in queues}
-        return [keys[k] for k in self.broker.locks.unlock_batch(group, client_id, keys)]
+        kept = self.broker.locks.unlock_batch(group, client_id, keys) or {}  # (None: before 9)
+        return [keys[k] for k in kept]
 
     async def send_back(
         self, group: str, queue: MessageQueue, queue_offset: int, **_: Any
