@@ -34,7 +34,7 @@ from sdk.errors import (
 from sdk.message import Message, MessageQueue, SendResult, SendStatus, build_send_results
 from sdk.producer.accumulator import Accumulator
 from sdk.producer.config import ProducerConfig
-from sdk.producer.retry import with_retries
+from sdk.producer.retry import EarlierSendFailedError, describe, holds_back, with_retries
 from sdk.producer.spool import Spool, Spooled
 from sdk.selector import MessageQueueSelector, RoundRobinSelector, shard_index
 
@@ -268,35 +268,63 @@ class ProducerCore:
                 if index < 0:
                     index = keyless[topic] = queues.index(self._round_robin(queues, m, None))
             groups.setdefault((topic, index, _delayed(m)), []).append(i)
-        calls = []
+        sends = []
         for (topic, index, _), indexes in groups.items():
             queue = by_topic[topic][index]
             movable = all(messages[i].sharding_key is None for i in indexes)
-            for chunk in _chunks_by_size(indexes, frames):
-                if len(chunk) == len(messages):  # all of them, in order
-                    calls.append((chunk, self._send_batch(queue, frames, ids, timeout, movable)))
-                    continue
-                calls.append((chunk, self._send_batch(
-                    queue, [frames[i] for i in chunk], [ids[i] for i in chunk], timeout, movable
-                )))  # fmt: skip
-        if len(calls) == 1:  # one request: its results are in input order, no task needed
-            return await calls[0][1]
-        outcomes = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
+            chunks = _chunks_by_size(indexes, frames)
+            if len(groups) == 1 and len(chunks) == 1:  # one request, results in input order
+                return await self._send_batch(queue, frames, ids, timeout, movable)
+            sends.append(self._send_in_order(queue, chunks, frames, ids, timeout, movable))
+        outcomes = await asyncio.gather(*sends, return_exceptions=True)
         results: list[SendResult | None] = [None] * len(messages)
         errors: list[OrderMQError] = []
-        for (chunk, _), outcome in zip(calls, outcomes, strict=True):
-            if isinstance(outcome, OrderMQError):
-                errors.append(outcome)
-            elif isinstance(outcome, BaseException):
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
                 raise outcome
-            else:
-                for i, result in zip(chunk, outcome, strict=True):
+            for chunk, sent in outcome:
+                if isinstance(sent, OrderMQError):
+                    errors.append(sent)
+                    continue
+                for i, result in zip(chunk, sent, strict=True):
                     results[i] = result
         if errors:
             if all(r is None for r in results):
                 raise errors[0]
             raise PartialBatchError(results, errors)
         return [r for r in results if r is not None]
+
+    async def _send_in_order(
+        self,
+        queue: MessageQueue,
+        chunks: list[list[int]],
+        frames: list[bytes],
+        ids: list[bytes],
+        timeout: float | None,
+        movable: bool,
+    ) -> list[tuple[list[int], list[SendResult] | OrderMQError]]:
+        """One queue's requests, one after another; each chunk's results or failure.
+
+        After a keyed request fails, the later ones are not sent (EarlierSendFailedError):
+        they would be stored ahead of the failed messages.
+        """
+        outcomes: list[tuple[list[int], list[SendResult] | OrderMQError]] = []
+        failure: OrderMQError | None = None
+        for chunk in chunks:
+            if failure is not None:
+                outcomes.append((chunk, EarlierSendFailedError(describe(queue), failure)))
+                continue
+            try:
+                sent = await self._send_batch(
+                    queue, [frames[i] for i in chunk], [ids[i] for i in chunk], timeout, movable
+                )
+            except OrderMQError as exc:
+                outcomes.append((chunk, exc))
+                if not movable and holds_back(exc):
+                    failure = exc
+                continue
+            outcomes.append((chunk, sent))
+        return outcomes
 
     async def cancel(self, msg_id: str) -> bool:
         """Cancel a scheduled message; False if it was already delivered."""

@@ -1,0 +1,267 @@
+"""Per-queue order when sends fail: the spool, the accumulator, send_batch, send_async.
+
+No sockets: a scripted broker stores what it is sent per queue and refuses what a test
+tells it to; routes come from a script too; backoffs run on a fake clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from sdk import Message, MessageQueue, PartialBatchError, ProducerConfig
+from sdk._transport.broker_client import Appended
+from sdk._transport.cluster import Cluster
+from sdk._transport.codec import MessageIdGenerator, encode_message
+from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX, MAX_SEND_BYTES
+from sdk.errors import (
+    BrokerUnavailableError,
+    InvalidMessageError,
+    OrderMQError,
+)
+from sdk.producer import EarlierSendFailedError, core
+from sdk.producer.core import ProducerCore
+from sdk.producer.spool import Spool
+from sdk.selector import shard_index
+from sdk.testing import FakeClock
+
+QUEUES = 4
+TOPIC = "orders"
+Refusal = Callable[[int, list[bytes]], OrderMQError | None]
+
+
+def split(frames: bytes) -> list[tuple[bytes, int]]:
+    """(body, deliver_at_ms) of each frame of a send request."""
+    out = []
+    pos = 0
+    while pos < len(frames):
+        (length,) = FRAME_LEN_PREFIX.unpack_from(frames, pos)
+        fields = FRAME_FIELDS.unpack_from(frames, pos + 4)
+        end = pos + 4 + length
+        out.append((frames[end - fields[-1] : end], fields[2]))
+        pos = end
+    return out
+
+
+class ScriptedBroker:
+    """Stores bodies per queue in arrival order; refuses what `refuse` returns an error for.
+
+    Like the real broker it refuses a request over the size limit and one that mixes
+    delayed and immediate messages. `gate`, when set, holds every request until it opens.
+    """
+
+    def __init__(self) -> None:
+        self.stored: dict[int, list[bytes]] = defaultdict(list)
+        self.requests: list[tuple[int, list[bytes]]] = []  # every request, refused or not
+        self.refuse: Refusal = lambda queue_id, bodies: None
+        self.gate: asyncio.Event | None = None
+        self.in_flight: dict[int, int] = defaultdict(int)
+        self.most_in_flight: dict[int, int] = defaultdict(int)
+        self.limit = MAX_SEND_BYTES
+
+    async def send(
+        self, topic: str, queue_id: int, frames: bytes, *, timeout: float | None = None
+    ) -> Appended:
+        parsed = split(frames)
+        bodies = [body for body, _ in parsed]
+        self.requests.append((queue_id, bodies))
+        self.in_flight[queue_id] += 1
+        self.most_in_flight[queue_id] = max(self.most_in_flight[queue_id], self.in_flight[queue_id])
+        try:
+            await asyncio.sleep(0)  # let any concurrent request of the same queue start
+            if self.gate is not None:
+                await self.gate.wait()
+            if len(frames) > self.limit:
+                raise OrderMQError("BATCH_TOO_LARGE", reason="BATCH_TOO_LARGE")
+            if len({deliver_at > 0 for _, deliver_at in parsed}) > 1:
+                raise InvalidMessageError("a batch is either all scheduled or all for now")
+            refusal = self.refuse(queue_id, bodies)
+            if refusal is not None:
+                raise refusal
+        finally:
+            self.in_flight[queue_id] -= 1
+        first = len(self.stored[queue_id])
+        self.stored[queue_id] += bodies
+        return Appended(True, first, len(bodies), scheduled=parsed[0][1] > 0)
+
+    def attempts(self, queue_id: int) -> int:
+        """Requests the queue received, refused or not."""
+        return sum(q == queue_id for q, _ in self.requests)
+
+    def count(self) -> int:
+        """Messages stored over all queues."""
+        return sum(map(len, self.stored.values()))
+
+
+class Routes:
+    """Route queries that fail (with `error`) while `down`, and for the next `failures` calls."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.failures = 0
+        self.calls = 0
+        self.error: OrderMQError = BrokerUnavailableError("failed to connect to all addresses")
+
+    async def writable_queues(self, topic: str) -> list[MessageQueue]:
+        self.calls += 1
+        await asyncio.sleep(0)  # a query: sends made meanwhile wait behind it
+        if self.down or self.failures > 0:
+            self.failures = max(0, self.failures - 1)
+            raise self.error
+        return [MessageQueue(topic, "broker-a", q) for q in range(QUEUES)]
+
+
+@pytest.fixture
+def broker() -> ScriptedBroker:
+    return ScriptedBroker()
+
+
+@pytest.fixture
+def routes(monkeypatch: pytest.MonkeyPatch, broker: ScriptedBroker) -> Routes:
+    script = Routes()
+
+    async def no_refresh(cluster: Cluster, topic: str, **kwargs: object) -> list[object]:
+        return []
+
+    monkeypatch.setattr(Cluster, "brokers", lambda self: [])
+    monkeypatch.setattr(Cluster, "routes", no_refresh)
+    monkeypatch.setattr(
+        Cluster, "writable_queues", lambda self, topic: script.writable_queues(topic)
+    )
+    monkeypatch.setattr(Cluster, "client_for", lambda self, queue: broker)
+    return script
+
+
+@contextlib.asynccontextmanager
+async def producer(config: ProducerConfig, clock: FakeClock) -> AsyncIterator[ProducerCore]:
+    core_ = ProducerCore("127.0.0.1:1", config=config, clock=clock)
+    await core_.start()
+    try:
+        yield core_
+    finally:
+        await core_.shutdown()
+
+
+async def until(condition: Callable[[], bool], clock: FakeClock, what: str) -> None:
+    """Poll `condition`, moving the fake clock past every backoff; fail after 10 s."""
+    deadline = time.monotonic() + 10
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        if clock.sleepers:
+            clock.advance(60)
+        await asyncio.sleep(0.001)
+
+
+def small_requests(monkeypatch: pytest.MonkeyPatch, broker: ScriptedBroker) -> None:
+    """Requests of at most 2000 bytes: three 500-byte messages."""
+    monkeypatch.setattr(core, "MAX_SEND_BYTES", 2000)
+    broker.limit = 2000
+
+
+def key_for(queue_id: int, n: int = 0) -> str:
+    """The n-th key "k<i>" that shards to `queue_id`."""
+    keys = [f"k{i}" for i in range(1000) if shard_index(f"k{i}", QUEUES) == queue_id]
+    return keys[n]
+
+
+def keyed(key: str, count: int, size: int = 0, delay_seconds: float | None = None) -> list[Message]:
+    """Messages "<key>:<n>" (padded to `size` bytes), n = 0 .. count - 1."""
+    return [
+        Message(TOPIC, f"{key}:{n}".encode().ljust(size, b"."), sharding_key=key,
+                delay_seconds=delay_seconds)
+        for n in range(count)
+    ]  # fmt: skip
+
+
+def by_key(broker: ScriptedBroker) -> dict[str, list[int]]:
+    """Each key's sequence numbers in the order its queue stored them."""
+    out: dict[str, list[int]] = defaultdict(list)
+    for queue_id, bodies in broker.stored.items():
+        for body in bodies:
+            key, n = body.rstrip(b".").decode().split(":")
+            assert shard_index(key, QUEUES) == queue_id
+            out[key].append(int(n))
+    return dict(out)
+
+
+async def leave_in_spool(directory: Path, messages: list[Message]) -> None:
+    """Spool messages as a producer that never reached a broker leaves them."""
+    spool = Spool(directory)
+    spool.open()
+    spool.start()
+    ids = MessageIdGenerator()
+    await spool.append(
+        [
+            (m.topic, m.sharding_key, encode_message(m, ids.next(), time.time())[4:])
+            for m in messages
+        ]
+    )
+    await spool.close()
+
+
+def spooling(directory: Path) -> ProducerConfig:
+    return ProducerConfig(spool_dir=directory, retry_times=0, send_timeout=1)
+
+
+# ---------------------------------------------------------------------------------- direct sends
+
+
+def test_send_batch_sends_one_queues_requests_one_after_another_and_stops_at_a_failure(
+    broker: ScriptedBroker, routes: Routes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue's requests went concurrently: later ones could be stored before, or
+    without, an earlier failed one."""
+    small_requests(monkeypatch, broker)
+    queue_id = shard_index("a", QUEUES)
+    other = key_for((queue_id + 1) % QUEUES)
+
+    def refuse(q: int, bodies: list[bytes]) -> OrderMQError | None:
+        if q == queue_id and broker.attempts(queue_id) == 2:
+            return InvalidMessageError("refused")
+        return None
+
+    broker.refuse = refuse
+
+    async def main() -> PartialBatchError:
+        async with producer(ProducerConfig(retry_times=0), FakeClock()) as p:
+            with pytest.raises(PartialBatchError) as caught:
+                await p.send_batch(keyed("a", 12, size=500) + keyed(other, 2))
+            return caught.value
+
+    error = asyncio.run(main())
+    assert by_key(broker) == {"a": [0, 1, 2], other: [0, 1]}
+    assert broker.most_in_flight[queue_id] == 1
+    assert broker.attempts(queue_id) == 2
+    assert [r is not None for r in error.results] == [True] * 3 + [False] * 9 + [True] * 2
+    refused, *later = error.errors
+    assert isinstance(refused, InvalidMessageError)
+    assert later and all(
+        isinstance(e, EarlierSendFailedError) and e.cause is refused for e in later
+    )
+
+
+def test_send_batch_keeps_sending_keyless_requests_after_one_fails(
+    broker: ScriptedBroker, routes: Routes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small_requests(monkeypatch, broker)
+    broker.refuse = lambda q, bodies: (
+        InvalidMessageError("refused") if bodies[0].startswith(b"m0:") else None
+    )
+    messages = [Message(TOPIC, f"m{n}:".encode().ljust(500, b".")) for n in range(9)]
+
+    async def main() -> PartialBatchError:
+        async with producer(ProducerConfig(retry_times=0), FakeClock()) as p:
+            with pytest.raises(PartialBatchError) as caught:
+                await p.send_batch(messages)
+            return caught.value
+
+    error = asyncio.run(main())
+    assert [r is not None for r in error.results] == [False] * 3 + [True] * 6
+    assert [type(e) for e in error.errors] == [InvalidMessageError]
