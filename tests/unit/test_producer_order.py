@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
@@ -24,6 +25,7 @@ from sdk.errors import (
     BrokerUnavailableError,
     InvalidMessageError,
     OrderMQError,
+    TopicNotFoundError,
 )
 from sdk.producer import EarlierSendFailedError, core
 from sdk.producer.core import ProducerCore
@@ -208,6 +210,202 @@ async def leave_in_spool(directory: Path, messages: list[Message]) -> None:
 
 def spooling(directory: Path) -> ProducerConfig:
     return ProducerConfig(spool_dir=directory, retry_times=0, send_timeout=1)
+
+
+# ---------------------------------------------------------------------------------- spool
+
+
+@pytest.mark.parametrize("fails", ["route", "send"])
+def test_a_spool_whose_first_round_fails_delivers_each_queue_in_acceptance_order(
+    broker: ScriptedBroker, routes: Routes, tmp_path: Path, fails: str
+) -> None:
+    """Issue 22: the first route query after a broker restart failed, the next ones did
+    not, and the messages routed by those were stored before the held-back earlier ones."""
+    keys = [f"k{i}" for i in range(5)]
+    messages = [m for n in range(10) for m in (keyed(k, 10)[n] for k in keys)]
+    clock = FakeClock()
+
+    async def main() -> None:
+        await leave_in_spool(tmp_path, messages)
+        if fails == "route":
+            routes.failures = 1
+        else:
+            refused = {shard_index("k0", QUEUES)}
+
+            def refuse_once(queue_id: int, bodies: list[bytes]) -> OrderMQError | None:
+                if queue_id in refused:
+                    refused.discard(queue_id)
+                    return BrokerUnavailableError("the broker restarts")
+                return None
+
+            broker.refuse = refuse_once
+        async with producer(spooling(tmp_path), clock) as p:
+            await until(lambda: broker.count() == 50, clock, "every spooled message stored")
+            await p.flush(5)
+
+    asyncio.run(main())
+    assert by_key(broker) == {k: list(range(10)) for k in keys}
+
+
+def test_a_spool_resolves_a_topics_route_once_per_round(
+    broker: ScriptedBroker, routes: Routes, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+
+    async def main() -> None:
+        await leave_in_spool(tmp_path, keyed("a", 20) + keyed("b", 20))
+        async with producer(spooling(tmp_path), clock) as p:
+            await p.flush(5)
+
+    asyncio.run(main())
+    assert routes.calls == 1
+    assert by_key(broker) == {"a": list(range(20)), "b": list(range(20))}
+
+
+def test_a_spool_round_over_the_request_limit_goes_in_requests_one_after_another(
+    broker: ScriptedBroker, routes: Routes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One request per queue and round was refused for good once it passed 32 MiB."""
+    small_requests(monkeypatch, broker)
+    queue_id = shard_index("a", QUEUES)
+    refused = [2]  # the second request of the queue fails once
+
+    def refuse(q: int, bodies: list[bytes]) -> OrderMQError | None:
+        if q == queue_id and broker.attempts(queue_id) in refused:
+            refused.clear()
+            return BrokerUnavailableError("the broker restarts")
+        return None
+
+    broker.refuse = refuse
+    clock = FakeClock()
+
+    async def main() -> None:
+        await leave_in_spool(tmp_path, keyed("a", 12, size=500))
+        async with producer(spooling(tmp_path), clock) as p:
+            await until(lambda: broker.count() == 12, clock, "every spooled message stored")
+            await p.flush(5)
+
+    asyncio.run(main())
+    assert by_key(broker) == {"a": list(range(12))}  # no duplicate: stored requests are acked
+    assert broker.most_in_flight[queue_id] == 1
+    # the round in which the second request failed sent no third one
+    assert [len(bodies) for _, bodies in broker.requests] == [3, 3, 3, 3, 3]
+
+
+def test_a_spool_sends_delayed_and_immediate_messages_of_a_queue_in_separate_requests(
+    broker: ScriptedBroker, routes: Routes, tmp_path: Path
+) -> None:
+    """The broker refuses a request that mixes them: the queue was stuck for good."""
+    clock = FakeClock()
+    messages = keyed("a", 2) + keyed("a", 2, delay_seconds=60) + keyed("a", 2)
+
+    async def main() -> None:
+        await leave_in_spool(tmp_path, messages)
+        async with producer(spooling(tmp_path), clock) as p:
+            await until(lambda: broker.count() == 6, clock, "every spooled message stored")
+            await p.flush(5)
+
+    asyncio.run(main())
+    assert [len(bodies) for _, bodies in broker.requests] == [2, 2, 2]
+    assert by_key(broker) == {"a": [0, 1, 0, 1, 0, 1]}
+
+
+def test_a_permanent_spool_failure_holds_its_queue_says_so_once_and_resumes_when_fixed(
+    broker: ScriptedBroker, routes: Routes, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "ordermq.producer")
+    stuck = shard_index("a", QUEUES)
+    other = key_for((stuck + 1) % QUEUES)
+    broker.refuse = lambda q, bodies: (
+        InvalidMessageError("body over the broker's limit") if q == stuck else None
+    )
+    clock = FakeClock()
+
+    async def main() -> None:
+        await leave_in_spool(tmp_path, keyed("a", 5) + keyed(other, 5))
+        async with producer(spooling(tmp_path), clock) as p:
+            await until(lambda: broker.attempts(stuck) >= 3, clock, "three failed rounds")
+            assert by_key(broker) == {other: list(range(5))}
+            with pytest.raises(TimeoutError, match="body over the broker's limit"):
+                await p.flush(0.01)
+            broker.refuse = lambda q, bodies: None
+            await until(lambda: broker.count() == 10, clock, "the held-back queue stored")
+            await p.flush(5)
+
+    asyncio.run(main())
+    assert by_key(broker) == {"a": list(range(5)), other: list(range(5))}
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert f"{TOPIC} queue {stuck}" in errors[0] and "body over the broker's limit" in errors[0]
+    assert any(f"{TOPIC} queue {stuck}" in r.getMessage() and "again" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.INFO)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("error", "level"),
+    [
+        (BrokerUnavailableError("failed to connect to all addresses"), logging.WARNING),
+        (TopicNotFoundError("no topic 'orders' and auto-create is off"), logging.ERROR),
+    ],
+)
+def test_a_spooled_topic_without_a_route_is_held_and_named(
+    broker: ScriptedBroker,
+    routes: Routes,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    error: OrderMQError,
+    level: int,
+) -> None:
+    routes.down = True
+    routes.error = error
+    clock = FakeClock()
+
+    async def main() -> None:
+        await leave_in_spool(tmp_path, keyed("a", 3))
+        async with producer(spooling(tmp_path), clock) as p:
+            await until(lambda: routes.calls >= 3, clock, "three failed rounds")
+            with pytest.raises(TimeoutError, match=f"topic '{TOPIC}'.*{error}"):
+                await p.flush(0.01)
+            routes.down = False
+            await until(lambda: broker.count() == 3, clock, "the held-back topic stored")
+            await p.flush(5)
+
+    asyncio.run(main())
+    assert by_key(broker) == {"a": [0, 1, 2]}
+    logged = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.levelno for r in logged] == [level]
+    assert f"topic '{TOPIC}'" in logged[0].getMessage() and str(error) in logged[0].getMessage()
+
+
+def test_a_spool_round_that_breaks_unexpectedly_is_retried_not_abandoned(
+    broker: ScriptedBroker,
+    routes: Routes,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error that was no OrderMQError (here the ack's write) ended delivery for good."""
+    ack = Spool.ack
+    failures = [OSError(28, "No space left on device")]
+
+    async def failing_ack(spool: Spool, seqs: list[int]) -> None:
+        if failures:
+            raise failures.pop()
+        await ack(spool, seqs)
+
+    monkeypatch.setattr(Spool, "ack", failing_ack)
+    clock = FakeClock()
+
+    async def main() -> None:
+        await leave_in_spool(tmp_path, keyed("a", 3))
+        async with producer(spooling(tmp_path), clock) as p:
+            await until(lambda: broker.count() == 6, clock, "the round delivered again")
+            await p.flush(5)
+
+    asyncio.run(main())
+    assert by_key(broker) == {"a": [0, 1, 2, 0, 1, 2]}  # at least once: not acked, resent
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "No space left on device" in errors[0].getMessage()
 
 
 # ---------------------------------------------------------------------------------- direct sends
