@@ -217,21 +217,39 @@ class ProducerCore:
                 raise InvalidArgumentError("a spooling producer routes by sharding key only")
             return (await self._spool_messages([message], [frame], [msg_id]))[0]
         if self._accumulator is not None and timeout is None and not _delayed(message):
-            # Admission in call order (asyncio locks are FIFO), so the per-queue buffers
-            # see messages in the order the caller sent them.
-            self._accepting += 1
-            try:
-                async with self._admission:
-                    queues = await self.writable_queues(message.topic)
-                    queue = self._select(queues, message, selector, arg)
-                    future = await self._accumulator.enqueue(queue, frame, msg_id)
-            finally:
-                self._accepting -= 1
-            return await future
+            return await self._accumulate(self._accumulator, message, frame, msg_id, selector, arg)
         queues = await self.writable_queues(message.topic)
         queue = self._select(queues, message, selector, arg)
         movable = selector is None and message.sharding_key is None
         return (await self._send_batch(queue, [frame], [msg_id], timeout, movable))[0]
+
+    async def _accumulate(
+        self,
+        accumulator: Accumulator,
+        message: Message,
+        frame: bytes,
+        msg_id: bytes,
+        selector: MessageQueueSelector | None,
+        arg: Any,
+    ) -> SendResult:
+        # Admission in call order (asyncio locks are FIFO), so the per-queue buffers see
+        # messages in the order the caller sent them.
+        ticket = accumulator.ticket()
+        self._accepting += 1
+        try:
+            async with self._admission:
+                try:
+                    queues = await self.writable_queues(message.topic)
+                    queue = self._select(queues, message, selector, arg)
+                    future = await accumulator.enqueue(queue, frame, msg_id, ticket)
+                except EarlierSendFailedError:
+                    raise
+                except OrderMQError as exc:  # the sends waiting behind this one must fail too
+                    accumulator.hold(message.topic, exc)
+                    raise
+        finally:
+            self._accepting -= 1
+        return await future
 
     async def send_batch(
         self, messages: Sequence[Message], *, timeout: float | None = None

@@ -16,18 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from sdk import Message, MessageQueue, PartialBatchError, ProducerConfig
+from sdk import AccumulatorConfig, Message, MessageQueue, PartialBatchError, ProducerConfig
 from sdk._transport.broker_client import Appended
 from sdk._transport.cluster import Cluster
 from sdk._transport.codec import MessageIdGenerator, encode_message
 from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX, MAX_SEND_BYTES
 from sdk.errors import (
     BrokerUnavailableError,
+    FlushTimeoutError,
     InvalidMessageError,
     OrderMQError,
     TopicNotFoundError,
 )
-from sdk.producer import EarlierSendFailedError, core
+from sdk.message import SendResult, SendStatus, build_send_results
+from sdk.producer import EarlierSendFailedError, core, retry
+from sdk.producer.accumulator import Accumulator
 from sdk.producer.core import ProducerCore
 from sdk.producer.spool import Spool
 from sdk.selector import shard_index
@@ -406,6 +409,160 @@ def test_a_spool_round_that_breaks_unexpectedly_is_retried_not_abandoned(
     assert by_key(broker) == {"a": [0, 1, 2, 0, 1, 2]}  # at least once: not acked, resent
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "No space left on device" in errors[0].getMessage()
+
+
+# ---------------------------------------------------------------------------------- accumulator
+
+
+def stored_results(queue: MessageQueue, ids: list[bytes]) -> list[SendResult]:
+    return build_send_results(SendStatus.SEND_OK, ids, queue, range(len(ids)))
+
+
+@pytest.mark.parametrize(
+    ("failure", "holds_back"),
+    [
+        (BrokerUnavailableError("retries exhausted"), True),
+        (InvalidMessageError("refused"), True),
+        (FlushTimeoutError("stored, fsync unconfirmed"), False),
+    ],
+)
+def test_a_failed_accumulator_batch_fails_the_messages_queued_behind_it_unsent(
+    failure: OrderMQError, holds_back: bool
+) -> None:
+    qa, qb = MessageQueue(TOPIC, "broker-a", 0), MessageQueue(TOPIC, "broker-a", 1)
+    sent: list[tuple[MessageQueue, bytes]] = []
+    gate = asyncio.Event()
+
+    async def send(queue: MessageQueue, frames: list[bytes], ids: list[bytes]) -> list[SendResult]:
+        sent.extend((queue, frame) for frame in frames)
+        if len(sent) == 1:  # the first batch waits, then fails
+            await gate.wait()
+            raise failure
+        return stored_results(queue, ids)
+
+    async def main() -> list[object]:
+        config = AccumulatorConfig(batch_max_messages=1, buffer_max_messages=10, linger=0)
+        acc = Accumulator(config, send, FakeClock())
+        f1 = await acc.enqueue(qa, b"a1", b"1", acc.ticket())
+        behind = [await acc.enqueue(qa, b"a%d" % n, b"%d" % n, acc.ticket()) for n in (2, 3)]
+        other = await acc.enqueue(qb, b"b1", b"4", acc.ticket())
+        await asyncio.wait_for(other, 5)  # another queue does not wait
+        gate.set()
+        outcomes: list[object] = list(await asyncio.gather(f1, *behind, return_exceptions=True))
+        after = await acc.enqueue(qa, b"a4", b"5", acc.ticket())  # made after the failure
+        outcomes.append(await asyncio.wait_for(after, 5))
+        assert acc.pending == 0
+        await acc.close()
+        return outcomes
+
+    first, second, third, later = asyncio.run(main())
+    assert first is failure
+    if holds_back:
+        for outcome in (second, third):
+            assert isinstance(outcome, EarlierSendFailedError)
+            assert outcome.cause is failure and str(failure) in str(outcome)
+            assert not outcome.retriable
+        assert [f for q, f in sent if q == qa] == [b"a1", b"a4"]
+    else:
+        assert [f for q, f in sent if q == qa] == [b"a1", b"a2", b"a3", b"a4"]
+    assert isinstance(later, SendResult)
+
+
+def test_a_send_that_waited_for_room_while_a_batch_of_its_queue_failed_fails_too() -> None:
+    queue = MessageQueue(TOPIC, "broker-a", 0)
+    gate = asyncio.Event()
+    sent: list[bytes] = []
+
+    async def send(q: MessageQueue, frames: list[bytes], ids: list[bytes]) -> list[SendResult]:
+        sent.extend(frames)
+        await gate.wait()
+        raise BrokerUnavailableError("retries exhausted")
+
+    async def main() -> list[object]:
+        config = AccumulatorConfig(batch_max_messages=1, buffer_max_messages=1, linger=0)
+        acc = Accumulator(config, send, FakeClock())
+        first = await acc.enqueue(queue, b"a1", b"1", acc.ticket())
+        second = asyncio.create_task(acc.enqueue(queue, b"a2", b"2", acc.ticket()))
+        await asyncio.sleep(0)  # it waits for room
+        assert not second.done()
+        gate.set()
+        with pytest.raises(BrokerUnavailableError):
+            await first
+        return list(await asyncio.wait_for(asyncio.gather(second, return_exceptions=True), 5))
+
+    [outcome] = asyncio.run(main())
+    assert isinstance(outcome, EarlierSendFailedError)
+    assert sent == [b"a1"]
+
+
+def test_sends_waiting_behind_one_whose_route_lookup_failed_fail_too(
+    broker: ScriptedBroker, routes: Routes
+) -> None:
+    """The issue's pattern in the accumulator: the first route lookup after a broker
+    restart failed, the next one did not, and the later send was stored."""
+    routes.failures = 1
+    config = ProducerConfig(accumulator=AccumulatorConfig(linger=0))
+
+    async def main() -> list[object]:
+        async with producer(config, FakeClock()) as p:
+            made = [asyncio.create_task(p.send(m)) for m in keyed("a", 3)]
+            outcomes: list[object] = list(await asyncio.gather(*made, return_exceptions=True))
+            outcomes.append(await p.send(Message(TOPIC, b"a:3", sharding_key="a")))
+            return outcomes
+
+    first, second, third, after = asyncio.run(main())
+    assert isinstance(first, BrokerUnavailableError)
+    for outcome in (second, third):
+        assert isinstance(outcome, EarlierSendFailedError) and outcome.cause is first
+        assert f"topic '{TOPIC}'" in str(outcome)
+    assert isinstance(after, SendResult)
+    assert by_key(broker) == {"a": [3]}
+
+
+@pytest.fixture
+def instant_retries(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Retry waits end when the returned event is set (set it at once for no wait)."""
+    resume = asyncio.Event()
+
+    async def wait(seconds: float) -> None:
+        await resume.wait()
+
+    monkeypatch.setattr(retry, "_sleep", wait)
+    return resume
+
+
+def first_request_refused(broker: ScriptedBroker) -> None:
+    refused = [True]
+
+    def refuse(queue_id: int, bodies: list[bytes]) -> OrderMQError | None:
+        if refused:
+            refused.clear()
+            return BrokerUnavailableError("the broker restarts")
+        return None
+
+    broker.refuse = refuse
+
+
+def test_the_accumulator_retries_a_batch_while_the_later_ones_of_its_queue_wait(
+    broker: ScriptedBroker, routes: Routes, instant_retries: asyncio.Event
+) -> None:
+    first_request_refused(broker)
+    config = ProducerConfig(
+        retry_times=2, accumulator=AccumulatorConfig(batch_max_messages=1, linger=0)
+    )
+
+    clock = FakeClock()
+
+    async def main() -> None:
+        async with producer(config, clock) as p:
+            sends = [asyncio.create_task(p.send(m)) for m in keyed("a", 5)]
+            await until(lambda: len(broker.requests) == 1, clock, "the failed attempt")
+            instant_retries.set()
+            await asyncio.wait_for(asyncio.gather(*sends), 5)
+
+    asyncio.run(main())
+    assert by_key(broker) == {"a": [0, 1, 2, 3, 4]}
+    assert broker.most_in_flight[shard_index("a", QUEUES)] == 1
 
 
 # ---------------------------------------------------------------------------------- direct sends
