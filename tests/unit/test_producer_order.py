@@ -568,6 +568,28 @@ def test_the_accumulator_retries_a_batch_while_the_later_ones_of_its_queue_wait(
 # ---------------------------------------------------------------------------------- direct sends
 
 
+def test_concurrent_keyed_sends_without_the_accumulator_may_overtake_a_retry(
+    broker: ScriptedBroker, routes: Routes, instant_retries: asyncio.Event
+) -> None:
+    """What the README says: each send is its own request with its own retries."""
+    first_request_refused(broker)
+    first, second = keyed("a", 2)
+
+    clock = FakeClock()
+
+    async def main() -> None:
+        async with producer(ProducerConfig(retry_times=2), clock) as p:
+            earlier = asyncio.create_task(p.send(first))
+            await until(lambda: len(broker.requests) == 1, clock, "the failed attempt")
+            await asyncio.wait_for(p.send(second), 5)  # while the first waits to retry
+            instant_retries.set()
+            await asyncio.wait_for(earlier, 5)
+            await p.send(Message(TOPIC, b"a:2", sharding_key="a"))  # after both returned
+
+    asyncio.run(main())
+    assert by_key(broker) == {"a": [1, 0, 2]}
+
+
 def test_send_batch_sends_one_queues_requests_one_after_another_and_stops_at_a_failure(
     broker: ScriptedBroker, routes: Routes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
