@@ -12,11 +12,12 @@ from sdk.clock import Clock
 from sdk.message import Message, MessageQueue, SendResult
 from sdk.producer.config import ProducerConfig
 from sdk.producer.core import PartialBatchError, ProducerCore
+from sdk.producer.retry import EarlierSendFailedError
 from sdk.selector import MessageQueueSelector
 
 log = logging.getLogger("ordermq.producer")
 
-__all__ = ["PartialBatchError", "Producer", "ProducerConfig"]
+__all__ = ["EarlierSendFailedError", "PartialBatchError", "Producer", "ProducerConfig"]
 
 
 class Producer(BlockingClient):

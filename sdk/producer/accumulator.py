@@ -5,6 +5,11 @@ Each queue has its own buffer and at most one batch in flight, so messages of on
 leaves when it is full (messages or bytes) or its first message has waited `linger`.
 The buffer over all queues is bounded: a send into a full buffer waits for room (up to
 `block_timeout`) or fails at once with BufferFullError, as configured.
+
+Sends are numbered (tickets) as they are made. When a batch fails, or a send fails before
+it was queued (no route, no room), the sends made until then that still wait to go to
+that queue (or topic) fail too, unsent, with EarlierSendFailedError: no message is stored
+after an earlier one of its queue that failed. Sends made after the failure go ahead.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from sdk.clock import Clock
 from sdk.errors import BufferFullError
 from sdk.message import MessageQueue, SendResult
 from sdk.producer.config import AccumulatorConfig
+from sdk.producer.retry import EarlierSendFailedError, describe, holds_back
 
 SendBatch = Callable[[MessageQueue, list[bytes], list[bytes]], Awaitable[list[SendResult]]]
 
@@ -29,6 +35,7 @@ class _Pending:
     msg_id: bytes
     future: asyncio.Future[SendResult]
     since: float
+    ticket: int
 
 
 class _QueueBuffer:
@@ -50,23 +57,50 @@ class Accumulator:
         self._pending = 0
         self._room = asyncio.Condition()
         self._closed = False
+        self._tickets = 0
+        # topic or queue -> (the last ticket issued when a send to it failed, the failure)
+        self._holds: dict[str | MessageQueue, tuple[int, BaseException]] = {}
 
     @property
     def pending(self) -> int:
         """Messages accepted and not yet answered by the broker."""
         return self._pending
 
+    def ticket(self) -> int:
+        """Number a send as it is made, before it waits for anything (see `hold`)."""
+        self._tickets += 1
+        return self._tickets
+
+    def hold(self, where: str | MessageQueue, failure: BaseException) -> None:
+        """Note that a send to `where` (a topic, or a queue) failed.
+
+        The sends made until now that have yet to go there fail with EarlierSendFailedError.
+        """
+        self._holds[where] = (self._tickets, failure)
+
+    def _check_holds(self, queue: MessageQueue, ticket: int) -> None:
+        for where in (queue.topic, queue):
+            held = self._holds.get(where)
+            if held is not None and ticket <= held[0]:
+                text = describe(queue) if where is queue else f"topic {queue.topic!r}"
+                raise EarlierSendFailedError(text, held[1])
+
     async def enqueue(
-        self, queue: MessageQueue, frame: bytes, msg_id: bytes
+        self, queue: MessageQueue, frame: bytes, msg_id: bytes, ticket: int
     ) -> asyncio.Future[SendResult]:
-        """Queue one message (waiting for room); the future of its SendResult."""
+        """Queue one message (waiting for room); the future of its SendResult.
+
+        EarlierSendFailedError when an earlier send to its topic or queue failed.
+        """
+        self._check_holds(queue, ticket)
         await self._wait_for_room()
+        self._check_holds(queue, ticket)  # a batch of its queue may have failed meanwhile
         buffer = self._queues.get(queue)
         if buffer is None:
             buffer = self._queues[queue] = _QueueBuffer()
             buffer.task = asyncio.create_task(self._drain(queue, buffer))
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
-        buffer.items.append(_Pending(frame, msg_id, future, self._clock.now()))
+        buffer.items.append(_Pending(frame, msg_id, future, self._clock.now(), ticket))
         buffer.bytes += len(frame)
         self._pending += 1
         buffer.wake.set()
@@ -119,9 +153,14 @@ class Accumulator:
                     queue, [p.frame for p in batch], [p.msg_id for p in batch]
                 )
             except Exception as exc:
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(exc)
+                _fail(batch, exc)
+                if holds_back(exc):  # every message waiting behind it was sent before now
+                    self.hold(queue, exc)
+                    behind = list(buffer.items)
+                    buffer.items.clear()
+                    buffer.bytes = 0
+                    _fail(behind, EarlierSendFailedError(describe(queue), exc))
+                    self._pending -= len(behind)
             else:
                 for p, result in zip(batch, results, strict=True):
                     if not p.future.done():
@@ -152,3 +191,9 @@ class Accumulator:
                 buffer.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await buffer.task
+
+
+def _fail(items: list[_Pending], exc: BaseException) -> None:
+    for p in items:
+        if not p.future.done():
+            p.future.set_exception(exc)

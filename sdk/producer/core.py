@@ -20,21 +20,25 @@ from sdk import metrics, tracing
 from sdk._transport.cluster import Cluster
 from sdk._transport.codec import MessageIdGenerator, encode_message
 from sdk._validation import check_group, check_topic
-from sdk._wire import MAX_SEND_BYTES
+from sdk._wire import FRAME_FIELDS, MAX_SEND_BYTES
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.errors import (
-    BrokerUnavailableError,
     ClientStateError,
     FlushTimeoutError,
     InvalidArgumentError,
     MessageNotFoundError,
     OrderMQError,
-    TopicNotFoundError,
 )
 from sdk.message import Message, MessageQueue, SendResult, SendStatus, build_send_results
 from sdk.producer.accumulator import Accumulator
 from sdk.producer.config import ProducerConfig
-from sdk.producer.retry import with_retries
+from sdk.producer.retry import (
+    EarlierSendFailedError,
+    describe,
+    holds_back,
+    is_retriable,
+    with_retries,
+)
 from sdk.producer.spool import Spool, Spooled
 from sdk.selector import MessageQueueSelector, RoundRobinSelector, shard_index
 
@@ -83,6 +87,7 @@ class ProducerCore:
         self._accumulator: Accumulator | None = None
         self._spool: Spool | None = None
         self._spool_task: asyncio.Task[None] | None = None
+        self._spool_holds = _SpoolHolds()
         self._admission = asyncio.Lock()
         self._accepting = 0  # sends on their way into the accumulator
         self._state = "new"
@@ -113,8 +118,10 @@ class ProducerCore:
         if self._accumulator is not None:
             await self._accumulator.close()
         if self._spool is not None:
-            with contextlib.suppress(TimeoutError):
+            try:
                 await self.flush(self.config.send_timeout)
+            except TimeoutError as exc:
+                log.warning("spool: %s; they stay in %s for the next start", exc, self._spool.path)
             if self._spool_task is not None:
                 self._spool_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -124,17 +131,29 @@ class ProducerCore:
         await self._cluster.close()
 
     async def flush(self, timeout: float | None = None) -> None:
-        """Wait until everything accepted has reached the broker (TimeoutError if not)."""
+        """Wait until everything accepted has reached the broker.
+
+        TimeoutError if not, naming what holds the spool back.
+        """
+
+        def waiting() -> int:
+            return (
+                self._accepting
+                + (self._accumulator.pending if self._accumulator is not None else 0)
+                + (self._spool.pending if self._spool is not None else 0)
+            )
 
         async def drained() -> None:
-            while (
-                self._accepting
-                or (self._accumulator is not None and self._accumulator.pending)
-                or (self._spool is not None and self._spool.pending)
-            ):
+            while waiting():
                 await asyncio.sleep(0.01)
 
-        await asyncio.wait_for(drained(), timeout)
+        try:
+            await asyncio.wait_for(drained(), timeout)
+        except TimeoutError:
+            text = f"{waiting()} accepted message(s) did not reach the broker within {timeout}s"
+            if self._spool_holds.causes:
+                text += f"; the spool holds back {self._spool_holds}"
+            raise TimeoutError(text) from None
 
     def _check_running(self) -> None:
         if self._state != "running":
@@ -198,21 +217,39 @@ class ProducerCore:
                 raise InvalidArgumentError("a spooling producer routes by sharding key only")
             return (await self._spool_messages([message], [frame], [msg_id]))[0]
         if self._accumulator is not None and timeout is None and not _delayed(message):
-            # Admission in call order (asyncio locks are FIFO), so the per-queue buffers
-            # see messages in the order the caller sent them.
-            self._accepting += 1
-            try:
-                async with self._admission:
-                    queues = await self.writable_queues(message.topic)
-                    queue = self._select(queues, message, selector, arg)
-                    future = await self._accumulator.enqueue(queue, frame, msg_id)
-            finally:
-                self._accepting -= 1
-            return await future
+            return await self._accumulate(self._accumulator, message, frame, msg_id, selector, arg)
         queues = await self.writable_queues(message.topic)
         queue = self._select(queues, message, selector, arg)
         movable = selector is None and message.sharding_key is None
         return (await self._send_batch(queue, [frame], [msg_id], timeout, movable))[0]
+
+    async def _accumulate(
+        self,
+        accumulator: Accumulator,
+        message: Message,
+        frame: bytes,
+        msg_id: bytes,
+        selector: MessageQueueSelector | None,
+        arg: Any,
+    ) -> SendResult:
+        # Admission in call order (asyncio locks are FIFO), so the per-queue buffers see
+        # messages in the order the caller sent them.
+        ticket = accumulator.ticket()
+        self._accepting += 1
+        try:
+            async with self._admission:
+                try:
+                    queues = await self.writable_queues(message.topic)
+                    queue = self._select(queues, message, selector, arg)
+                    future = await accumulator.enqueue(queue, frame, msg_id, ticket)
+                except EarlierSendFailedError:
+                    raise
+                except OrderMQError as exc:  # the sends waiting behind this one must fail too
+                    accumulator.hold(message.topic, exc)
+                    raise
+        finally:
+            self._accepting -= 1
+        return await future
 
     async def send_batch(
         self, messages: Sequence[Message], *, timeout: float | None = None
@@ -268,35 +305,63 @@ class ProducerCore:
                 if index < 0:
                     index = keyless[topic] = queues.index(self._round_robin(queues, m, None))
             groups.setdefault((topic, index, _delayed(m)), []).append(i)
-        calls = []
+        sends = []
         for (topic, index, _), indexes in groups.items():
             queue = by_topic[topic][index]
             movable = all(messages[i].sharding_key is None for i in indexes)
-            for chunk in _chunks_by_size(indexes, frames):
-                if len(chunk) == len(messages):  # all of them, in order
-                    calls.append((chunk, self._send_batch(queue, frames, ids, timeout, movable)))
-                    continue
-                calls.append((chunk, self._send_batch(
-                    queue, [frames[i] for i in chunk], [ids[i] for i in chunk], timeout, movable
-                )))  # fmt: skip
-        if len(calls) == 1:  # one request: its results are in input order, no task needed
-            return await calls[0][1]
-        outcomes = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
+            chunks = _chunks_by_size(indexes, frames)
+            if len(groups) == 1 and len(chunks) == 1:  # one request, results in input order
+                return await self._send_batch(queue, frames, ids, timeout, movable)
+            sends.append(self._send_in_order(queue, chunks, frames, ids, timeout, movable))
+        outcomes = await asyncio.gather(*sends, return_exceptions=True)
         results: list[SendResult | None] = [None] * len(messages)
         errors: list[OrderMQError] = []
-        for (chunk, _), outcome in zip(calls, outcomes, strict=True):
-            if isinstance(outcome, OrderMQError):
-                errors.append(outcome)
-            elif isinstance(outcome, BaseException):
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
                 raise outcome
-            else:
-                for i, result in zip(chunk, outcome, strict=True):
+            for chunk, sent in outcome:
+                if isinstance(sent, OrderMQError):
+                    errors.append(sent)
+                    continue
+                for i, result in zip(chunk, sent, strict=True):
                     results[i] = result
         if errors:
             if all(r is None for r in results):
                 raise errors[0]
             raise PartialBatchError(results, errors)
         return [r for r in results if r is not None]
+
+    async def _send_in_order(
+        self,
+        queue: MessageQueue,
+        chunks: list[list[int]],
+        frames: list[bytes],
+        ids: list[bytes],
+        timeout: float | None,
+        movable: bool,
+    ) -> list[tuple[list[int], list[SendResult] | OrderMQError]]:
+        """One queue's requests, one after another; each chunk's results or failure.
+
+        After a keyed request fails, the later ones are not sent (EarlierSendFailedError):
+        they would be stored ahead of the failed messages.
+        """
+        outcomes: list[tuple[list[int], list[SendResult] | OrderMQError]] = []
+        failure: OrderMQError | None = None
+        for chunk in chunks:
+            if failure is not None:
+                outcomes.append((chunk, EarlierSendFailedError(describe(queue), failure)))
+                continue
+            try:
+                sent = await self._send_batch(
+                    queue, [frames[i] for i in chunk], [ids[i] for i in chunk], timeout, movable
+                )
+            except OrderMQError as exc:
+                outcomes.append((chunk, exc))
+                if not movable and holds_back(exc):
+                    failure = exc
+                continue
+            outcomes.append((chunk, sent))
+        return outcomes
 
     async def cancel(self, msg_id: str) -> bool:
         """Cancel a scheduled message; False if it was already delivered."""
@@ -405,7 +470,13 @@ class ProducerCore:
             if not batch:
                 await spool.wait_for_new()
                 continue
-            failed = await self._deliver_round(batch)
+            try:
+                failed = await self._deliver_round(batch)
+            except Exception as exc:  # a spool write failed, or a bug: keep the messages
+                self._spool_holds.failed("every queue", exc)
+                failed = batch
+            else:
+                self._spool_holds.cleared("every queue")
             if failed:
                 spool.give_back(failed)
                 await sleep_for(self._clock, backoff)
@@ -414,42 +485,114 @@ class ProducerCore:
                 backoff = self.config.retry_backoff or 0.05
 
     async def _deliver_round(self, batch: list[Spooled]) -> list[Spooled]:
-        """Send one round; the messages that could not be delivered."""
-        spool = self._spool
-        assert spool is not None
+        """Send one round; the messages that could not be delivered.
+
+        A message goes out only if every earlier one of its queue did: a topic's route is
+        read once per round (without one, all its messages wait), and a queue's requests
+        go one after another, up to the first that fails.
+        """
+        routes: dict[str, list[MessageQueue] | None] = {}
         groups: dict[MessageQueue, list[Spooled]] = {}
-        undeliverable: list[Spooled] = []
+        held: list[Spooled] = []
         for m in batch:
-            try:
-                queues = await self.writable_queues(m.topic)
-            except (BrokerUnavailableError, TopicNotFoundError) as exc:
-                log.debug("spool: no route for %s yet: %s", m.topic, exc)
-                undeliverable.append(m)
-                continue
-            except OrderMQError as exc:
-                log.warning("spool: %s", exc)
-                undeliverable.append(m)
+            if m.topic not in routes:
+                routes[m.topic] = await self._spool_route(m.topic)
+            queues = routes[m.topic]
+            if queues is None:
+                held.append(m)
                 continue
             if m.sharding_key is not None:
                 queue = queues[shard_index(m.sharding_key, len(queues))]
             else:
                 queue = queues[m.seq % len(queues)]
             groups.setdefault(queue, []).append(m)
+        outcomes = await asyncio.gather(
+            *(self._deliver_queue(q, ms) for q, ms in groups.items()), return_exceptions=True
+        )
+        for outcome in outcomes:  # raised once every queue is done: none still delivers
+            if isinstance(outcome, BaseException):
+                raise outcome
+            held += outcome
+        return held
 
-        async def deliver(queue: MessageQueue, items: list[Spooled]) -> list[Spooled]:
-            frames = [len(s.frame).to_bytes(4, "little") + s.frame for s in items]
+    async def _spool_route(self, topic: str) -> list[MessageQueue] | None:
+        """The topic's queues, or None (noted in the holds) when they cannot be read."""
+        place = f"topic {topic!r}"
+        try:
+            queues = await self.writable_queues(topic)
+        except OrderMQError as exc:
+            self._spool_holds.failed(place, exc)
+            return None
+        self._spool_holds.cleared(place)
+        return queues
+
+    async def _deliver_queue(self, queue: MessageQueue, items: list[Spooled]) -> list[Spooled]:
+        """Deliver one queue's messages in order; those a failed request held back."""
+        spool = self._spool
+        assert spool is not None
+        place = describe(queue)
+        frames = [len(s.frame).to_bytes(4, "little") + s.frame for s in items]
+        for chunk in _spool_requests(items, frames):
             try:
-                await self._send_batch(queue, frames, [s.frame[:16] for s in items])
-            except FlushTimeoutError:
-                pass  # stored; its fsync is unconfirmed, and a resend would duplicate it
+                await self._send_batch(
+                    queue, [frames[i] for i in chunk], [items[i].frame[:16] for i in chunk]
+                )
             except OrderMQError as exc:
-                log.debug("spool: delivery to %s failed: %s", queue, exc)
-                return items
-            await spool.ack([s.seq for s in items])
-            return []
+                if holds_back(exc):  # else stored, fsync unconfirmed: a resend would duplicate
+                    self._spool_holds.failed(place, exc)
+                    return items[chunk[0] :]
+            await spool.ack([items[i].seq for i in chunk])
+        self._spool_holds.cleared(place)
+        return []
 
-        outcomes = await asyncio.gather(*(deliver(q, items) for q, items in groups.items()))
-        return undeliverable + [m for failed in outcomes for m in failed]
+
+class _SpoolHolds:
+    """What holds spooled messages back, by topic (no route) or queue (delivery fails).
+
+    Logged once per cause, as an error when retrying cannot fix it; flush names them.
+    """
+
+    def __init__(self) -> None:
+        self.causes: dict[str, Exception] = {}
+
+    def failed(self, place: str, exc: Exception) -> None:
+        before = self.causes.get(place)
+        self.causes[place] = exc
+        if type(before) is type(exc):  # the same trouble as last round: said already
+            return
+        if is_retriable(exc):
+            log.warning("spool: %s: delivery failed (%s); its messages wait, retrying", place, exc)
+        else:
+            log.error(
+                "spool: %s: delivery failed (%s), and retrying will not fix that: its "
+                "messages wait until the cause is fixed",
+                place,
+                exc,
+                exc_info=not isinstance(exc, OrderMQError),
+            )
+
+    def cleared(self, place: str) -> None:
+        if self.causes.pop(place, None) is not None:
+            log.info("spool: %s: delivering again", place)
+
+    def __str__(self) -> str:
+        return "; ".join(f"{place}: {exc}" for place, exc in self.causes.items())
+
+
+def _spool_requests(items: list[Spooled], frames: list[bytes]) -> list[list[int]]:
+    """One queue's spooled messages as requests the broker takes, in order.
+
+    Each is within MAX_SEND_BYTES, and either all delayed or all for now.
+    """
+    requests: list[list[int]] = []
+    for _, run in itertools.groupby(range(len(items)), lambda i: _deliver_at_ms(items[i]) > 0):
+        requests += _chunks_by_size(list(run), frames)
+    return requests
+
+
+def _deliver_at_ms(spooled: Spooled) -> int:
+    deliver_at: int = FRAME_FIELDS.unpack_from(spooled.frame)[2]
+    return deliver_at
 
 
 def _delayed(message: Message) -> bool:

@@ -3,6 +3,11 @@
 Only failures that say so (`OrderMQError.retriable`: unavailable, deadline exceeded, busy)
 are retried; bad input, flush failures and flush timeouts never are. Keyed (ordered)
 sends always retry the same queue; keyless ones may move to another.
+
+A failed request holds back the later messages of its queue: they are not sent after it
+(the spool keeps them until it succeeds; the accumulator and send_batch fail them with
+EarlierSendFailedError), so the broker never stores a later message of a queue while an
+earlier one is missing. A flush timeout holds nothing back: those messages are stored.
 """
 
 from __future__ import annotations
@@ -14,15 +19,44 @@ from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from sdk.errors import OrderMQError
+from sdk.errors import FlushTimeoutError, OrderMQError
+from sdk.message import MessageQueue
 
 T = TypeVar("T")
 _sleep = asyncio.sleep  # a module attribute, so that tests can record the waits
 
 
+class EarlierSendFailedError(OrderMQError):
+    """Not sent: an earlier message of the same queue failed, and this one would overtake it.
+
+    `cause` is the earlier failure. To keep the queue's order, send the earlier messages
+    again first, then these.
+    """
+
+    def __init__(self, where: str, cause: BaseException) -> None:
+        super().__init__(
+            f"not sent, to keep the order of {where}: an earlier message for it failed: {cause}"
+        )
+        self.cause = cause
+        self.__cause__ = cause
+
+
+def describe(queue: MessageQueue) -> str:
+    """'orders queue 3 on broker-a', for messages about a queue."""
+    return f"{queue.topic} queue {queue.queue_id} on {queue.broker_name}"
+
+
 def is_retriable(exc: BaseException) -> bool:
     """True for failures a second attempt may fix."""
     return isinstance(exc, OrderMQError) and exc.retriable
+
+
+def holds_back(exc: BaseException) -> bool:
+    """True when a failed request must keep the later messages of its queue from going out.
+
+    A flush timeout does not: the broker stored the messages (their fsync is unconfirmed).
+    """
+    return not isinstance(exc, FlushTimeoutError)
 
 
 async def with_retries(

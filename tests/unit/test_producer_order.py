@@ -1,0 +1,644 @@
+"""Per-queue order when sends fail: the spool, the accumulator, send_batch, send_async.
+
+No sockets: a scripted broker stores what it is sent per queue and refuses what a test
+tells it to; routes come from a script too; backoffs run on a fake clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from sdk import AccumulatorConfig, Message, MessageQueue, PartialBatchError, ProducerConfig
+from sdk._transport.broker_client import Appended
+from sdk._transport.cluster import Cluster
+from sdk._transport.codec import MessageIdGenerator, encode_message
+from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX, MAX_SEND_BYTES
+from sdk.errors import (
+    BrokerUnavailableError,
+    FlushTimeoutError,
+    InvalidMessageError,
+    OrderMQError,
+    TopicNotFoundError,
+)
+from sdk.message import SendResult, SendStatus, build_send_results
+from sdk.producer import EarlierSendFailedError, core, retry
+from sdk.producer.accumulator import Accumulator
+from sdk.producer.core import ProducerCore
+from sdk.producer.spool import Spool
+from sdk.selector import shard_index
+from sdk.testing import FakeClock
+
+QUEUES = 4
+TOPIC = "orders"
+Refusal = Callable[[int, list[bytes]], OrderMQError | None]
+
+
+def split(frames: bytes) -> list[tuple[bytes, int]]:
+    """(body, deliver_at_ms) of each frame of a send request."""
+    out = []
+    pos = 0
+    while pos < len(frames):
+        (length,) = FRAME_LEN_PREFIX.unpack_from(frames, pos)
+        fields = FRAME_FIELDS.unpack_from(frames, pos + 4)
+        end = pos + 4 + length
+        out.append((frames[end - fields[-1] : end], fields[2]))
+        pos = end
+    return out
+
+
+class ScriptedBroker:
+    """Stores bodies per queue in arrival order; refuses what `refuse` returns an error for.
+
+    Like the real broker it refuses a request over the size limit and one that mixes
+    delayed and immediate messages. `gate`, when set, holds every request until it opens.
+    """
+
+    def __init__(self) -> None:
+        self.stored: dict[int, list[bytes]] = defaultdict(list)
+        self.requests: list[tuple[int, list[bytes]]] = []  # every request, refused or not
+        self.refuse: Refusal = lambda queue_id, bodies: None
+        self.gate: asyncio.Event | None = None
+        self.in_flight: dict[int, int] = defaultdict(int)
+        self.most_in_flight: dict[int, int] = defaultdict(int)
+        self.limit = MAX_SEND_BYTES
+
+    async def send(
+        self, topic: str, queue_id: int, frames: bytes, *, timeout: float | None = None
+    ) -> Appended:
+        parsed = split(frames)
+        bodies = [body for body, _ in parsed]
+        self.requests.append((queue_id, bodies))
+        self.in_flight[queue_id] += 1
+        self.most_in_flight[queue_id] = max(self.most_in_flight[queue_id], self.in_flight[queue_id])
+        try:
+            await asyncio.sleep(0)  # let any concurrent request of the same queue start
+            if self.gate is not None:
+                await self.gate.wait()
+            if len(frames) > self.limit:
+                raise OrderMQError("BATCH_TOO_LARGE", reason="BATCH_TOO_LARGE")
+            if len({deliver_at > 0 for _, deliver_at in parsed}) > 1:
+                raise InvalidMessageError("a batch is either all scheduled or all for now")
+            refusal = self.refuse(queue_id, bodies)
+            if refusal is not None:
+                raise refusal
+        finally:
+            self.in_flight[queue_id] -= 1
+        first = len(self.stored[queue_id])
+        self.stored[queue_id] += bodies
+        return Appended(True, first, len(bodies), scheduled=parsed[0][1] > 0)
+
+    def attempts(self, queue_id: int) -> int:
+        """Requests the queue received, refused or not."""
+        return sum(q == queue_id for q, _ in self.requests)
+
+    def count(self) -> int:
+        """Messages stored over all queues."""
+        return sum(map(len, self.stored.values()))
+
+
+class Routes:
+    """Route queries that fail (with `error`) while `down`, and for the next `failures` calls."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.failures = 0
+        self.calls = 0
+        self.error: OrderMQError = BrokerUnavailableError("failed to connect to all addresses")
+
+    async def writable_queues(self, topic: str) -> list[MessageQueue]:
+        self.calls += 1
+        await asyncio.sleep(0)  # a query: sends made meanwhile wait behind it
+        if self.down or self.failures > 0:
+            self.failures = max(0, self.failures - 1)
+            raise self.error
+        return [MessageQueue(topic, "broker-a", q) for q in range(QUEUES)]
+
+
+@pytest.fixture
+def broker() -> ScriptedBroker:
+    return ScriptedBroker()
+
+
+@pytest.fixture
+def routes(monkeypatch: pytest.MonkeyPatch, broker: ScriptedBroker) -> Routes:
+    script = Routes()
+
+    async def no_refresh(cluster: Cluster, topic: str, **kwargs: object) -> list[object]:
+        return []
+
+    monkeypatch.setattr(Cluster, "brokers", lambda self: [])
+    monkeypatch.setattr(Cluster, "routes", no_refresh)
+    monkeypatch.setattr(
+        Cluster, "writable_queues", lambda self, topic: script.writable_queues(topic)
+    )
+    monkeypatch.setattr(Cluster, "client_for", lambda self, queue: broker)
+    return script
+
+
+@contextlib.asynccontextmanager
+async def producer(config: ProducerConfig, clock: FakeClock) -> AsyncIterator[ProducerCore]:
+    core_ = ProducerCore("127.0.0.1:1", config=config, clock=clock)
+    await core_.start()
+    try:
+        yield core_
+    finally:
+        await core_.shutdown()
+
+
+async def until(condition: Callable[[], bool], clock: FakeClock, what: str) -> None:
+    """Poll `condition`, moving the fake clock past every backoff; fail after 10 s."""
+    deadline = time.monotonic() + 10
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        if clock.sleepers:
+            clock.advance(60)
+        await asyncio.sleep(0.001)
+
+
+def small_requests(monkeypatch: pytest.MonkeyPatch, broker: ScriptedBroker) -> None:
+    """Requests of at most 2000 bytes: three 500-byte messages."""
+    monkeypatch.setattr(core, "MAX_SEND_BYTES", 2000)
+    broker.limit = 2000
+
+
+def key_for(queue_id: int, n: int = 0) -> str:
+    """The n-th key "k<i>" that shards to `queue_id`."""
+    keys = [f"k{i}" for i in range(1000) if shard_index(f"k{i}", QUEUES) == queue_id]
+    return keys[n]
+
+
+def keyed(key: str, count: int, size: int = 0, delay_seconds: float | None = None) -> list[Message]:
+    """Messages "<key>:<n>" (padded to `size` bytes), n = 0 .. count - 1."""
+    return [
+        Message(TOPIC, f"{key}:{n}".encode().ljust(size, b"."), sharding_key=key,
+                delay_seconds=delay_seconds)
+        for n in range(count)
+    ]  # fmt: skip
+
+
+def by_key(broker: ScriptedBroker) -> dict[str, list[int]]:
+    """Each key's sequence numbers in the order its queue stored them."""
+    out: dict[str, list[int]] = defaultdict(list)
+    for queue_id, bodies in broker.stored.items():
+        for body in bodies:
+            key, n = body.rstrip(b".").decode().split(":")
+            assert shard_index(key, QUEUES) == queue_id
+            out[key].append(int(n))
+    return dict(out)
+
+
+async def leave_in_spool(directory: Path, messages: list[Message]) -> None:
+    """Spool messages as a producer that never reached a broker leaves them."""
+    spool = Spool(directory)
+    spool.open()
+    spool.start()
+    ids = MessageIdGenerator()
+    await spool.append(
+        [
+            (m.topic, m.sharding_key, encode_message(m, ids.next(), time.time())[4:])
+            for m in messages
+        ]
+    )
+    await spool.close()
+
+
+def spooling(directory: Path) -> ProducerConfig:
+    return ProducerConfig(spool_dir=directory, retry_times=0, send_timeout=1)
+
+
+# ---------------------------------------------------------------------------------- spool
+
+
+@pytest.mark.parametrize("fails", ["route", "send"])
+def test_a_spool_whose_first_round_fails_delivers_each_queue_in_acceptance_order(
+    broker: ScriptedBroker, routes: Routes, tmp_path: Path, fails: str
+) -> None:
+    """Issue 22: the first route query after a broker restart failed, the next ones did
+    not, and the messages routed by those were stored before the held-back earlier ones."""
+    keys = [f"k{i}" for i in range(5)]
+    messages = [m for n in range(10) for m in (keyed(k, 10)[n] for k in keys)]
+    clock = FakeClock()
+
+    async def main() -> None:
+        await leave_in_spool(tmp_path, messages)
+        if fails == "route":
+            routes.failures = 1
+        else:
+            refused = {shard_index("k0", QUEUES)}
+
+            def refuse_once(queue_id: int, bodies: list[bytes]) -> OrderMQError | None:
+                if queue_id in refused:
+                    refused.discard(queue_id)
+                    return BrokerUnavailableError("the broker restarts")
+                return None
+
+            broker.refuse = refuse_once
+        async with producer(spooling(tmp_path), clock) as p:
+            await until(lambda: broker.count() == 50, clock, "every spooled message stored")
+            await p.flush(5)
+
+    asyncio.run(main())
+    assert by_key(broker) == {k: list(range(10)) for k in keys}
+
+
+def test_a_spool_resolves_a_topics_route_once_per_round(
+    broker: ScriptedBroker, routes: Routes, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+
+    async def main() -> None:
+        await leave_in_spool(tmp_path, keyed("a", 20) + keyed("b", 20))
+        async with producer(spooling(tmp_path), clock) as p:
+            await p.flush(5)
+
+    asyncio.run(main())
+    assert routes.calls == 1
+    assert by_key(broker) == {"a": list(range(20)), "b": list(range(20))}
+
+
+def test_a_spool_round_over_the_request_limit_goes_in_requests_one_after_another(
+    broker: ScriptedBroker, routes: Routes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One request per queue and round was refused for good once it passed 32 MiB."""
+    small_requests(monkeypatch, broker)
+    queue_id = shard_index("a", QUEUES)
+    refused = [2]  # the second request of the queue fails once
+
+    def refuse(q: int, bodies: list[bytes]) -> OrderMQError | None:
+        if q == queue_id and broker.attempts(queue_id) in refused:
+            refused.clear()
+            return BrokerUnavailableError("the broker restarts")
+        return None
+
+    broker.refuse = refuse
+    clock = FakeClock()
+
+    async def main() -> None:
+        await leave_in_spool(tmp_path, keyed("a", 12, size=500))
+        async with producer(spooling(tmp_path), clock) as p:
+            await until(lambda: broker.count() == 12, clock, "every spooled message stored")
+            await p.flush(5)
+
+    asyncio.run(main())
+    assert by_key(broker) == {"a": list(range(12))}  # no duplicate: stored requests are acked
+    assert broker.most_in_flight[queue_id] == 1
+    # the round in which the second request failed sent no third one
+    assert [len(bodies) for _, bodies in broker.requests] == [3, 3, 3, 3, 3]
+
+
+def test_a_spool_sends_delayed_and_immediate_messages_of_a_queue_in_separate_requests(
+    broker: ScriptedBroker, routes: Routes, tmp_path: Path
+) -> None:
+    """The broker refuses a request that mixes them: the queue was stuck for good."""
+    clock = FakeClock()
+    messages = keyed("a", 2) + keyed("a", 2, delay_seconds=60) + keyed("a", 2)
+
+    async def main() -> None:
+        await leave_in_spool(tmp_path, messages)
+        async with producer(spooling(tmp_path), clock) as p:
+            await until(lambda: broker.count() == 6, clock, "every spooled message stored")
+            await p.flush(5)
+
+    asyncio.run(main())
+    assert [len(bodies) for _, bodies in broker.requests] == [2, 2, 2]
+    assert by_key(broker) == {"a": [0, 1, 0, 1, 0, 1]}
+
+
+def test_a_permanent_spool_failure_holds_its_queue_says_so_once_and_resumes_when_fixed(
+    broker: ScriptedBroker, routes: Routes, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "ordermq.producer")
+    stuck = shard_index("a", QUEUES)
+    other = key_for((stuck + 1) % QUEUES)
+    broker.refuse = lambda q, bodies: (
+        InvalidMessageError("body over the broker's limit") if q == stuck else None
+    )
+    clock = FakeClock()
+
+    async def main() -> None:
+        await leave_in_spool(tmp_path, keyed("a", 5) + keyed(other, 5))
+        async with producer(spooling(tmp_path), clock) as p:
+            await until(lambda: broker.attempts(stuck) >= 3, clock, "three failed rounds")
+            assert by_key(broker) == {other: list(range(5))}
+            with pytest.raises(TimeoutError, match="body over the broker's limit"):
+                await p.flush(0.01)
+            broker.refuse = lambda q, bodies: None
+            await until(lambda: broker.count() == 10, clock, "the held-back queue stored")
+            await p.flush(5)
+
+    asyncio.run(main())
+    assert by_key(broker) == {"a": list(range(5)), other: list(range(5))}
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert f"{TOPIC} queue {stuck}" in errors[0] and "body over the broker's limit" in errors[0]
+    assert any(f"{TOPIC} queue {stuck}" in r.getMessage() and "again" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.INFO)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("error", "level"),
+    [
+        (BrokerUnavailableError("failed to connect to all addresses"), logging.WARNING),
+        (TopicNotFoundError("no topic 'orders' and auto-create is off"), logging.ERROR),
+    ],
+)
+def test_a_spooled_topic_without_a_route_is_held_and_named(
+    broker: ScriptedBroker,
+    routes: Routes,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    error: OrderMQError,
+    level: int,
+) -> None:
+    routes.down = True
+    routes.error = error
+    clock = FakeClock()
+
+    async def main() -> None:
+        await leave_in_spool(tmp_path, keyed("a", 3))
+        async with producer(spooling(tmp_path), clock) as p:
+            await until(lambda: routes.calls >= 3, clock, "three failed rounds")
+            with pytest.raises(TimeoutError, match=f"topic '{TOPIC}'.*{error}"):
+                await p.flush(0.01)
+            routes.down = False
+            await until(lambda: broker.count() == 3, clock, "the held-back topic stored")
+            await p.flush(5)
+
+    asyncio.run(main())
+    assert by_key(broker) == {"a": [0, 1, 2]}
+    logged = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.levelno for r in logged] == [level]
+    assert f"topic '{TOPIC}'" in logged[0].getMessage() and str(error) in logged[0].getMessage()
+
+
+def test_a_spool_round_that_breaks_unexpectedly_is_retried_not_abandoned(
+    broker: ScriptedBroker,
+    routes: Routes,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error that was no OrderMQError (here the ack's write) ended delivery for good."""
+    ack = Spool.ack
+    failures = [OSError(28, "No space left on device")]
+
+    async def failing_ack(spool: Spool, seqs: list[int]) -> None:
+        if failures:
+            raise failures.pop()
+        await ack(spool, seqs)
+
+    monkeypatch.setattr(Spool, "ack", failing_ack)
+    clock = FakeClock()
+
+    async def main() -> None:
+        await leave_in_spool(tmp_path, keyed("a", 3))
+        async with producer(spooling(tmp_path), clock) as p:
+            await until(lambda: broker.count() == 6, clock, "the round delivered again")
+            await p.flush(5)
+
+    asyncio.run(main())
+    assert by_key(broker) == {"a": [0, 1, 2, 0, 1, 2]}  # at least once: not acked, resent
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "No space left on device" in errors[0].getMessage()
+
+
+# ---------------------------------------------------------------------------------- accumulator
+
+
+def stored_results(queue: MessageQueue, ids: list[bytes]) -> list[SendResult]:
+    return build_send_results(SendStatus.SEND_OK, ids, queue, range(len(ids)))
+
+
+@pytest.mark.parametrize(
+    ("failure", "holds_back"),
+    [
+        (BrokerUnavailableError("retries exhausted"), True),
+        (InvalidMessageError("refused"), True),
+        (FlushTimeoutError("stored, fsync unconfirmed"), False),
+    ],
+)
+def test_a_failed_accumulator_batch_fails_the_messages_queued_behind_it_unsent(
+    failure: OrderMQError, holds_back: bool
+) -> None:
+    qa, qb = MessageQueue(TOPIC, "broker-a", 0), MessageQueue(TOPIC, "broker-a", 1)
+    sent: list[tuple[MessageQueue, bytes]] = []
+    gate = asyncio.Event()
+
+    async def send(queue: MessageQueue, frames: list[bytes], ids: list[bytes]) -> list[SendResult]:
+        sent.extend((queue, frame) for frame in frames)
+        if len(sent) == 1:  # the first batch waits, then fails
+            await gate.wait()
+            raise failure
+        return stored_results(queue, ids)
+
+    async def main() -> list[object]:
+        config = AccumulatorConfig(batch_max_messages=1, buffer_max_messages=10, linger=0)
+        acc = Accumulator(config, send, FakeClock())
+        f1 = await acc.enqueue(qa, b"a1", b"1", acc.ticket())
+        behind = [await acc.enqueue(qa, b"a%d" % n, b"%d" % n, acc.ticket()) for n in (2, 3)]
+        other = await acc.enqueue(qb, b"b1", b"4", acc.ticket())
+        await asyncio.wait_for(other, 5)  # another queue does not wait
+        gate.set()
+        outcomes: list[object] = list(await asyncio.gather(f1, *behind, return_exceptions=True))
+        after = await acc.enqueue(qa, b"a4", b"5", acc.ticket())  # made after the failure
+        outcomes.append(await asyncio.wait_for(after, 5))
+        assert acc.pending == 0
+        await acc.close()
+        return outcomes
+
+    first, second, third, later = asyncio.run(main())
+    assert first is failure
+    if holds_back:
+        for outcome in (second, third):
+            assert isinstance(outcome, EarlierSendFailedError)
+            assert outcome.cause is failure and str(failure) in str(outcome)
+            assert not outcome.retriable
+        assert [f for q, f in sent if q == qa] == [b"a1", b"a4"]
+    else:
+        assert [f for q, f in sent if q == qa] == [b"a1", b"a2", b"a3", b"a4"]
+    assert isinstance(later, SendResult)
+
+
+def test_a_send_that_waited_for_room_while_a_batch_of_its_queue_failed_fails_too() -> None:
+    queue = MessageQueue(TOPIC, "broker-a", 0)
+    gate = asyncio.Event()
+    sent: list[bytes] = []
+
+    async def send(q: MessageQueue, frames: list[bytes], ids: list[bytes]) -> list[SendResult]:
+        sent.extend(frames)
+        await gate.wait()
+        raise BrokerUnavailableError("retries exhausted")
+
+    async def main() -> list[object]:
+        config = AccumulatorConfig(batch_max_messages=1, buffer_max_messages=1, linger=0)
+        acc = Accumulator(config, send, FakeClock())
+        first = await acc.enqueue(queue, b"a1", b"1", acc.ticket())
+        second = asyncio.create_task(acc.enqueue(queue, b"a2", b"2", acc.ticket()))
+        await asyncio.sleep(0)  # it waits for room
+        assert not second.done()
+        gate.set()
+        with pytest.raises(BrokerUnavailableError):
+            await first
+        return list(await asyncio.wait_for(asyncio.gather(second, return_exceptions=True), 5))
+
+    [outcome] = asyncio.run(main())
+    assert isinstance(outcome, EarlierSendFailedError)
+    assert sent == [b"a1"]
+
+
+def test_sends_waiting_behind_one_whose_route_lookup_failed_fail_too(
+    broker: ScriptedBroker, routes: Routes
+) -> None:
+    """The issue's pattern in the accumulator: the first route lookup after a broker
+    restart failed, the next one did not, and the later send was stored."""
+    routes.failures = 1
+    config = ProducerConfig(accumulator=AccumulatorConfig(linger=0))
+
+    async def main() -> list[object]:
+        async with producer(config, FakeClock()) as p:
+            made = [asyncio.create_task(p.send(m)) for m in keyed("a", 3)]
+            outcomes: list[object] = list(await asyncio.gather(*made, return_exceptions=True))
+            outcomes.append(await p.send(Message(TOPIC, b"a:3", sharding_key="a")))
+            return outcomes
+
+    first, second, third, after = asyncio.run(main())
+    assert isinstance(first, BrokerUnavailableError)
+    for outcome in (second, third):
+        assert isinstance(outcome, EarlierSendFailedError) and outcome.cause is first
+        assert f"topic '{TOPIC}'" in str(outcome)
+    assert isinstance(after, SendResult)
+    assert by_key(broker) == {"a": [3]}
+
+
+@pytest.fixture
+def instant_retries(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Retry waits end when the returned event is set (set it at once for no wait)."""
+    resume = asyncio.Event()
+
+    async def wait(seconds: float) -> None:
+        await resume.wait()
+
+    monkeypatch.setattr(retry, "_sleep", wait)
+    return resume
+
+
+def first_request_refused(broker: ScriptedBroker) -> None:
+    refused = [True]
+
+    def refuse(queue_id: int, bodies: list[bytes]) -> OrderMQError | None:
+        if refused:
+            refused.clear()
+            return BrokerUnavailableError("the broker restarts")
+        return None
+
+    broker.refuse = refuse
+
+
+def test_the_accumulator_retries_a_batch_while_the_later_ones_of_its_queue_wait(
+    broker: ScriptedBroker, routes: Routes, instant_retries: asyncio.Event
+) -> None:
+    first_request_refused(broker)
+    config = ProducerConfig(
+        retry_times=2, accumulator=AccumulatorConfig(batch_max_messages=1, linger=0)
+    )
+
+    clock = FakeClock()
+
+    async def main() -> None:
+        async with producer(config, clock) as p:
+            sends = [asyncio.create_task(p.send(m)) for m in keyed("a", 5)]
+            await until(lambda: len(broker.requests) == 1, clock, "the failed attempt")
+            instant_retries.set()
+            await asyncio.wait_for(asyncio.gather(*sends), 5)
+
+    asyncio.run(main())
+    assert by_key(broker) == {"a": [0, 1, 2, 3, 4]}
+    assert broker.most_in_flight[shard_index("a", QUEUES)] == 1
+
+
+# ---------------------------------------------------------------------------------- direct sends
+
+
+def test_concurrent_keyed_sends_without_the_accumulator_may_overtake_a_retry(
+    broker: ScriptedBroker, routes: Routes, instant_retries: asyncio.Event
+) -> None:
+    """What the README says: each send is its own request with its own retries."""
+    first_request_refused(broker)
+    first, second = keyed("a", 2)
+
+    clock = FakeClock()
+
+    async def main() -> None:
+        async with producer(ProducerConfig(retry_times=2), clock) as p:
+            earlier = asyncio.create_task(p.send(first))
+            await until(lambda: len(broker.requests) == 1, clock, "the failed attempt")
+            await asyncio.wait_for(p.send(second), 5)  # while the first waits to retry
+            instant_retries.set()
+            await asyncio.wait_for(earlier, 5)
+            await p.send(Message(TOPIC, b"a:2", sharding_key="a"))  # after both returned
+
+    asyncio.run(main())
+    assert by_key(broker) == {"a": [1, 0, 2]}
+
+
+def test_send_batch_sends_one_queues_requests_one_after_another_and_stops_at_a_failure(
+    broker: ScriptedBroker, routes: Routes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue's requests went concurrently: later ones could be stored before, or
+    without, an earlier failed one."""
+    small_requests(monkeypatch, broker)
+    queue_id = shard_index("a", QUEUES)
+    other = key_for((queue_id + 1) % QUEUES)
+
+    def refuse(q: int, bodies: list[bytes]) -> OrderMQError | None:
+        if q == queue_id and broker.attempts(queue_id) == 2:
+            return InvalidMessageError("refused")
+        return None
+
+    broker.refuse = refuse
+
+    async def main() -> PartialBatchError:
+        async with producer(ProducerConfig(retry_times=0), FakeClock()) as p:
+            with pytest.raises(PartialBatchError) as caught:
+                await p.send_batch(keyed("a", 12, size=500) + keyed(other, 2))
+            return caught.value
+
+    error = asyncio.run(main())
+    assert by_key(broker) == {"a": [0, 1, 2], other: [0, 1]}
+    assert broker.most_in_flight[queue_id] == 1
+    assert broker.attempts(queue_id) == 2
+    assert [r is not None for r in error.results] == [True] * 3 + [False] * 9 + [True] * 2
+    refused, *later = error.errors
+    assert isinstance(refused, InvalidMessageError)
+    assert later and all(
+        isinstance(e, EarlierSendFailedError) and e.cause is refused for e in later
+    )
+
+
+def test_send_batch_keeps_sending_keyless_requests_after_one_fails(
+    broker: ScriptedBroker, routes: Routes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small_requests(monkeypatch, broker)
+    broker.refuse = lambda q, bodies: (
+        InvalidMessageError("refused") if bodies[0].startswith(b"m0:") else None
+    )
+    messages = [Message(TOPIC, f"m{n}:".encode().ljust(500, b".")) for n in range(9)]
+
+    async def main() -> PartialBatchError:
+        async with producer(ProducerConfig(retry_times=0), FakeClock()) as p:
+            with pytest.raises(PartialBatchError) as caught:
+                await p.send_batch(messages)
+            return caught.value
+
+    error = asyncio.run(main())
+    assert [r is not None for r in error.results] == [False] * 3 + [True] * 6
+    assert [type(e) for e in error.errors] == [InvalidMessageError]
