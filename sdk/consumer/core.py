@@ -452,6 +452,8 @@ class ConsumerCore:
             except OrderMQError as exc:
                 log.debug("membership watch interrupted: %s", exc)
             await sleep_for(self._clock, self._tuning.pull_error_backoff)
+            with contextlib.suppress(OrderMQError):
+                await self._heartbeat()  # a broker that restarted learns of us at once
 
     async def _lock_renewal_loop(self) -> None:
         await sleep_for(self._clock, FIRST_LOCK_RENEWAL)

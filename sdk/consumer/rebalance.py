@@ -22,6 +22,10 @@ from sdk.message import MessageQueue
 log = logging.getLogger("ordermq.rebalance")
 
 
+class NotAMemberYet(OrderMQError):
+    """The broker does not list this client in its group yet: the round waits."""
+
+
 class RebalanceHost(Protocol):
     """The consumer whose queues are being balanced."""
 
@@ -104,7 +108,11 @@ class Rebalancer:
             if members is None:
                 members, _version = await self._cluster.brokers()[0].consumer_list(self._group)
             if self._client_id not in members:
-                continue  # our heartbeat has not landed yet: take nothing rather than guess
+                # Our heartbeat has not landed yet (a broker that just restarted knows
+                # no member): keep what we hold rather than give everything up.
+                raise NotAMemberYet(
+                    f"client {self._client_id} is not yet a member of group {self._group}"
+                )
             wanted.update(self._strategy.allocate(self._group, self._client_id, queues, members))
         return wanted
 

@@ -221,3 +221,27 @@ def test_a_queue_taken_back_while_its_old_consume_task_sleeps_gets_a_consume_tas
         await core.shutdown()
 
     run(test)
+
+
+def test_a_broker_restart_that_forgets_the_members_does_not_make_consumers_give_up_queues() -> None:
+    """Until its heartbeat lands, a member missing from its group keeps what it holds."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        core = consumer(broker, listener)
+        await core.start()
+        broker.append(0, ["a"] * 2)
+        await until(lambda: len(listener.seen) == 2, "the first messages")
+        [(queue, pq)] = core._queues.items()
+        rounds = count_rounds(core)
+        broker.restart()  # members forgotten, and the watch sees a new membership
+        await until(lambda: bool(rounds), "the rebalance round the restart triggers")
+        assert core._queues.get(queue) is pq and not pq.dropped, "the queue was given up"
+        broker.clock.advance(10)  # the next heartbeat lands
+        await until(lambda: len(rounds) >= 2 and rounds[-1], "a complete round")
+        assert core._queues.get(queue) is pq and not pq.dropped
+        broker.append(0, ["a"])
+        await until(lambda: listener.seen[-1:] == [(0, 2)], "a message after the restart")
+        await core.shutdown()
+
+    run(test)
