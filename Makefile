@@ -6,11 +6,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINTED := sdk mockbroker
 
-.PHONY: help setup proto proto-check docs docs-check lint typecheck test test-fast demo bench bench-backlog bench-profile bench-peers clean
+.PHONY: help setup proto proto-check docs docs-check lint typecheck test test-fast test-stateful demo bench bench-backlog bench-profile bench-peers clean
 
 help:
 	@echo "make demo    run the main job on an embedded broker"
 	@echo "make test    lint, type-check and run every test tier"
+	@echo "make test-stateful   a long random search of the orderly-consumption state machine"
 	@echo "make bench   measure throughput (writes bench/results/latest.json)"
 	@echo "make bench-backlog   broker memory with a 10-million-message backlog (2.3 GB disk)"
 	@echo "make bench-peers     the same workload on Redis, RabbitMQ and NATS, and ratios"
@@ -51,6 +52,10 @@ test: proto-check docs-check lint typecheck
 # Unit and component tiers only, for a quick loop while editing.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not system and not example"
+
+# The property-based state machines with many more, random, examples than `make test` runs.
+test-stateful: $(STAMP)
+	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/unit/test_orderly_state_machine.py
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
