@@ -20,13 +20,14 @@ from sdk.consumer.listener import (
     MessageListenerOrderly,
 )
 from sdk.consumer.push_core import PushConsumerCore
-from sdk.message import MessageExt
+from sdk.message import MessageExt, MessageQueue
 from sdk.testing import FakeClock
 from tests.unit.fake_cluster import FakeBroker, FakeCluster
 
 OK = ConsumeOrderlyStatus.SUCCESS
 SUSPEND = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
 GROUP = "g"
+MQ = MessageQueue("orders", "fake", 0)
 
 
 class Recorder(MessageListenerOrderly):
@@ -242,6 +243,33 @@ def test_a_broker_restart_that_forgets_the_members_does_not_make_consumers_give_
         assert core._queues.get(queue) is pq and not pq.dropped
         broker.append(0, ["a"])
         await until(lambda: listener.seen[-1:] == [(0, 2)], "a message after the restart")
+        await core.shutdown()
+
+    run(test)
+
+
+def test_a_consumer_whose_commit_is_fenced_stops_calling_its_listener_at_once() -> None:
+    """Defect 7, the consumer's side: a refused commit means the queue is someone else's."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        clock = broker.clock
+        core = consumer(broker, listener, persist_interval=1.0)
+        await core.start()
+        broker.append(0, ["a"] * 2)
+        await until(lambda: len(listener.seen) == 2, "the first messages")
+        key = ("orders", 0)
+        broker.locks.release_client(core.client_id)  # it was expired while paused...
+        assert broker.locks.lock_batch(GROUP, "another", [key])  # ...and another took over
+        listener.gate.clear()  # (a call that starts now would show up as a call in flight)
+        broker.append(0, ["a"] * 2)
+        await until(lambda: listener.calls == 3, "the call that was under way")
+        clock.advance(1.0)  # the periodic commit, refused: LOCK_NOT_HELD
+        await until(lambda: not core._queues[MQ].locked, "the queue marked as not locked")
+        listener.gate.set()
+        await asyncio.sleep(0.05)
+        assert listener.calls == 3, "a listener call after the queue was fenced"
+        assert broker.offsets.get((GROUP, 0)) is None, "the fenced consumer moved the offset"
         await core.shutdown()
 
     run(test)
