@@ -254,7 +254,7 @@ def test_a_consumer_whose_commit_is_fenced_stops_calling_its_listener_at_once() 
 
     async def test(broker: FakeBroker) -> None:
         clock = broker.clock
-        core = consumer(broker, listener, persist_interval=1.0)
+        core = consumer(broker, listener, persist_interval=0.5)
         await core.start()
         broker.append(0, ["a"] * 2)
         await until(lambda: len(listener.seen) == 2, "the first messages")
@@ -264,7 +264,7 @@ def test_a_consumer_whose_commit_is_fenced_stops_calling_its_listener_at_once() 
         listener.gate.clear()  # (a call that starts now would show up as a call in flight)
         broker.append(0, ["a"] * 2)
         await until(lambda: listener.calls == 3, "the call that was under way")
-        clock.advance(1.0)  # the periodic commit, refused: LOCK_NOT_HELD
+        clock.advance(0.5)  # the periodic commit, refused (before any renewal): LOCK_NOT_HELD
         await until(lambda: not core._queues[MQ].locked, "the queue marked as not locked")
         listener.gate.set()
         await asyncio.sleep(0.05)
