@@ -6,6 +6,7 @@ were sent; different keys spread over the queues and run in parallel.
 The blocking clients are here; their asyncio twins are in `sdk.aio`.
 """
 
+from sdk._blocking import wait_for_shutdown_signal
 from sdk.consumer.allocate import (
     AllocateMessageQueueAveragely,
     AllocateMessageQueueAveragelyByCircle,
@@ -72,4 +73,5 @@ __all__ = [
     "SendResult",
     "SendStatus",
     "shard_index",
+    "wait_for_shutdown_signal",
 ]

@@ -1,16 +1,44 @@
-"""The common shape of the blocking clients: an async core run on a private loop thread."""
+"""The common shape of the blocking clients: an async core run on a private loop thread.
+
+Blocking clients that are still running when the process ends are shut down the way
+shutdown() does it, the last started first:
+
+- when the main thread ends (it returned, raised, or got Ctrl+C's KeyboardInterrupt):
+  before Python stops its thread pools, which would otherwise refuse the clients' work
+  ("cannot schedule new futures after shutdown") while their loops still run;
+- on SIGTERM, when the process had no SIGTERM handler of its own when a client started:
+  the handler shuts the clients down, then lets SIGTERM end the process as it would have
+  (exit status -15, no atexit callbacks, as without ordermq).
+
+A second Ctrl+C or SIGTERM while that shutdown runs ends the process at once.
+"""
 
 from __future__ import annotations
 
-import concurrent.futures
+import atexit
+import concurrent.futures.thread  # its exit hook must be registered before ours
+import logging
+import os
+import signal
+import threading
+import time
 from collections.abc import Coroutine
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
 from sdk._loop import LoopThread
-from sdk.errors import ClientStateError
+from sdk.errors import ClientStateError, InvalidArgumentError
 
 T = TypeVar("T")
+
+log = logging.getLogger("ordermq")
+
+# The running clients, in start order. Changed only under _registry_lock; the clients'
+# start() and shutdown() run outside it.
+_registry_lock = threading.Lock()
+_running: list[BlockingClient] = []
+_exit_hook_registered = False
+_terminating = False  # SIGTERM came: end the process once no client runs
 
 
 class AsyncCore(Protocol):
@@ -22,37 +50,62 @@ class AsyncCore(Protocol):
 
 
 class BlockingClient:
-    """start(), shutdown() and `with` for a core, on a loop thread of the client's own."""
+    """start(), shutdown() and `with` for a core, on a loop thread of the client's own.
+
+    A client still running when the process ends is shut down then (see the module).
+    """
 
     def __init__(self, core: AsyncCore, thread_name: str) -> None:
         self._async_core = core
         self._thread_name = thread_name
         self._loop: LoopThread | None = None
+        self._shut_down = False
+        self._lifecycle = threading.Lock()  # start() and shutdown() one at a time
+        self._lifecycle_thread: int | None = None  # the thread inside one of them
 
     def start(self) -> None:
         """Start the client; its background work runs until shutdown()."""
-        if self._loop is not None:
-            raise ClientStateError(f"{type(self).__name__} already started")
-        self._loop = LoopThread(self._thread_name)
-        try:
-            self._loop.run(self._async_core.start())
-        except BaseException:
-            self._loop.stop()
-            self._loop = None
-            raise
+        with self._lifecycle:
+            if self._shut_down:
+                raise ClientStateError(f"{type(self).__name__} was shut down; make a new one")
+            if self._loop is not None:
+                raise ClientStateError(f"{type(self).__name__} already started")
+            self._lifecycle_thread = threading.get_ident()
+            try:
+                self._loop = LoopThread(self._thread_name)
+                try:
+                    self._loop.run(self._async_core.start())
+                except BaseException:
+                    self._loop.stop()
+                    self._loop = None
+                    raise
+                _started(self)
+            finally:
+                self._lifecycle_thread = None
+        if _terminating:  # SIGTERM came while it started
+            self.shutdown()
 
     def shutdown(self) -> None:
         """Stop the client (see the subclass for what it finishes first)."""
-        if self._loop is None:
-            return
-        try:
-            self._loop.run(self._async_core.shutdown())
-        finally:
-            self._loop.stop()
+        with self._lifecycle:
+            loop = self._loop
+            if loop is None or self._shut_down:
+                return
+            self._shut_down = True
+            self._lifecycle_thread = threading.get_ident()
+            try:
+                loop.run(self._async_core.shutdown())
+            finally:
+                loop.stop()
+                self._lifecycle_thread = None
+                _stopped(self)
+        _end_if_terminating()
 
     def _running(self, coro: Coroutine[Any, Any, Any]) -> LoopThread:
-        if self._loop is None:
+        if self._loop is None or self._shut_down:
             coro.close()
+            if self._shut_down:
+                raise ClientStateError(f"{type(self).__name__} is shut down")
             raise ClientStateError(f"{type(self).__name__} is not started; call start() first")
         return self._loop
 
@@ -75,3 +128,165 @@ class BlockingClient:
         tb: TracebackType | None,
     ) -> None:
         self.shutdown()
+
+
+# ---------------------------------------------------------------------- the process's end
+def shutdown_running_clients() -> None:
+    """Shut down every blocking client still running, the last started first.
+
+    A client whose shutdown() another thread is running is waited for; one whose start()
+    or shutdown() this very thread was in (a signal handler interrupted it) is left to it.
+    """
+    me = threading.get_ident()
+    while True:
+        with _registry_lock:
+            waiting = [c for c in _running if c._lifecycle_thread != me]
+        if not waiting:
+            return
+        client = waiting[-1]
+        try:
+            client.shutdown()
+        except Exception:
+            log.exception("shutting down %s failed", type(client).__name__)
+            _stopped(client)
+
+
+def _started(client: BlockingClient) -> None:
+    global _exit_hook_registered
+    with _registry_lock:
+        _running.append(client)
+        register = not _exit_hook_registered
+        _exit_hook_registered = True
+    if register:
+        _register_exit_hook()
+    _handle_sigterm()
+
+
+def _stopped(client: BlockingClient) -> None:
+    with _registry_lock:
+        if client in _running:
+            _running.remove(client)
+        idle = not _running
+    if idle and not _terminating:
+        _release_sigterm()
+
+
+def _register_exit_hook() -> None:
+    # threading's exit hooks run when the main thread ends, before non-daemon threads are
+    # joined, newest first: ours, registered after concurrent.futures' own, runs before
+    # the thread pools stop taking work. atexit hooks would run only after that.
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is None:
+            raise RuntimeError("no threading._register_atexit")
+        register(shutdown_running_clients)
+    except RuntimeError:  # the interpreter is already exiting, or an unusual Python
+        atexit.register(shutdown_running_clients)
+
+
+def _handle_sigterm() -> None:
+    """Take SIGTERM where nothing else handles it (signal handlers: main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _release_sigterm() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return  # left in place: with no client running it does what SIG_DFL does
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    global _terminating
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+    _terminating = True
+    shutdown_running_clients()
+    _end_if_terminating()
+
+
+def _end_if_terminating() -> None:
+    """After SIGTERM, once no client runs any more: end the process by SIGTERM."""
+    with _registry_lock:
+        end = _terminating and not _running
+    if end:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _forget_clients_in_child() -> None:
+    # A forked child has none of the parent's loop threads: its copies of the running
+    # clients cannot be shut down, and must not be waited for at its exit.
+    global _terminating
+    _running.clear()
+    _terminating = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_clients_in_child)
+
+
+# ---------------------------------------------------------------------- waiting for a signal
+class _SignalReceived(BaseException):
+    """Raised by wait_for_shutdown_signal()'s handler to end its wait."""
+
+
+def wait_for_shutdown_signal(
+    signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM),
+) -> signal.Signals:
+    """Block until one of `signals` arrives (Ctrl+C or SIGTERM by default); return it.
+
+    While it waits, those signals only end the wait: no KeyboardInterrupt, no exit. Their
+    previous handlers are back when it returns, so shut down after it::
+
+        with consumer:
+            wait_for_shutdown_signal()
+        # consumer.shutdown() has run: listener calls finished, offsets committed,
+        # queues unlocked, group left
+
+    Python runs signal handlers in the main thread only: call it from there
+    (ClientStateError otherwise).
+    """
+    wanted = catchable_signals(signals)
+    if threading.current_thread() is not threading.main_thread():
+        raise ClientStateError(
+            "wait_for_shutdown_signal() must be called from the main thread: "
+            "Python delivers signals to no other"
+        )
+    received: list[signal.Signals] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if not received:  # a second signal while the handlers are restored: ignored
+            received.append(signal.Signals(signum))
+            raise _SignalReceived
+
+    previous: dict[signal.Signals, Any] = {}
+    try:
+        for sig in wanted:
+            previous[sig] = signal.signal(sig, handler)
+        while True:
+            time.sleep(3600)
+    except _SignalReceived:
+        pass
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    return received[0]
+
+
+def catchable_signals(signals: tuple[signal.Signals, ...]) -> list[signal.Signals]:
+    """`signals` as a list; InvalidArgumentError if one is no signal or cannot be caught."""
+    uncatchable = {getattr(signal, n) for n in ("SIGKILL", "SIGSTOP") if hasattr(signal, n)}
+    try:
+        wanted = [signal.Signals(s) for s in signals]
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"{signals!r} are not all signals: {exc}") from None
+    if not wanted:
+        raise InvalidArgumentError("wait_for_shutdown_signal() needs a signal to wait for")
+    caught = [s.name for s in wanted if s in uncatchable]
+    if caught:
+        raise InvalidArgumentError(
+            f"{', '.join(caught)} cannot be caught: a process cannot wait for it"
+        )
+    return wanted

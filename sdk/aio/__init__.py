@@ -3,5 +3,6 @@
 from sdk.aio.lite_pull_consumer import LitePullConsumer
 from sdk.aio.producer import Producer
 from sdk.aio.push_consumer import PushConsumer
+from sdk.aio.signals import wait_for_shutdown_signal
 
-__all__ = ["LitePullConsumer", "Producer", "PushConsumer"]
+__all__ = ["LitePullConsumer", "Producer", "PushConsumer", "wait_for_shutdown_signal"]

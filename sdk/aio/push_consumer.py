@@ -18,6 +18,12 @@ class PushConsumer:
 
     `async def consume_message` listeners run on the event loop; plain ones on the
     consumer's thread pool.
+
+    Shut it down before the loop ends, or it cannot commit, unlock and leave: asyncio.run
+    cancels the consumer's tasks when the main coroutine returns or gets Ctrl+C. So::
+
+        async with consumer:
+            await sdk.aio.wait_for_shutdown_signal()  # until Ctrl+C or SIGTERM
     """
 
     def __init__(

@@ -36,13 +36,28 @@ class PushConsumer(BlockingClient):
     Listeners that are plain functions run on a pool of `config.consume_threads` threads;
     `async def` listeners need sdk.aio.PushConsumer.
 
+    Stopping: shutdown(), or the end of a `with` block, stops pulling, lets listener calls
+    in flight finish (up to `config.shutdown_timeout`), commits the offsets, unlocks the
+    queues and leaves the group. A consumer still running when its process ends is shut
+    down the same way, the last client started first:
+
+    - when the main thread ends: it returned, raised, or got Ctrl+C (KeyboardInterrupt);
+    - on SIGTERM, if the program had no SIGTERM handler when the consumer started (on the
+      main thread): ordermq's handler shuts the clients down, then the process ends by
+      SIGTERM as it would have. A program with its own handler keeps it.
+
+    A second Ctrl+C or SIGTERM during that shutdown ends the process at once. To stop on a
+    signal and carry on afterwards, wait for it (`sdk.wait_for_shutdown_signal`).
+
     Example::
+
+        from sdk import PushConsumer, wait_for_shutdown_signal
 
         consumer = PushConsumer("billing", "127.0.0.1:8081")
         consumer.subscribe("orders", "paid || refunded")
         consumer.register_message_listener(MyOrderlyListener())
         with consumer:
-            wait_for_shutdown_signal()
+            wait_for_shutdown_signal()  # until Ctrl+C or SIGTERM
     """
 
     def __init__(

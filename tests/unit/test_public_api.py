@@ -29,10 +29,15 @@ def test_sdk_exports_exactly_the_public_names() -> None:
             "Producer", "ProducerConfig", "PushConsumer", "PushConsumerConfig",
             "RoundRobinSelector",
             "SelectMessageQueueByHash", "SelectMessageQueueByRandom", "SendResult",
-            "SendStatus", "shard_index",
+            "SendStatus", "shard_index", "wait_for_shutdown_signal",
         ]
     )  # fmt: skip
-    assert sorted(sdk.aio.__all__) == ["LitePullConsumer", "Producer", "PushConsumer"]
+    assert sorted(sdk.aio.__all__) == [
+        "LitePullConsumer",
+        "Producer",
+        "PushConsumer",
+        "wait_for_shutdown_signal",
+    ]
     assert sorted(mockbroker.__all__) == ["Broker", "BrokerConfig", "EmbeddedBroker", "FlushMode"]
 
 

@@ -1,0 +1,175 @@
+"""The blocking clients' lifecycle, what runs at the process's end, and waiting for a signal.
+
+The end of a real process (Ctrl+C, SIGTERM, the main thread returning) is in
+tests/system/test_consumer_signals.py; here are the pieces, with cores that do nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+import sdk.aio
+from sdk import wait_for_shutdown_signal
+from sdk._blocking import BlockingClient, shutdown_running_clients
+from sdk.errors import ClientStateError, InvalidArgumentError
+from tests.support import wait_until
+
+
+class Core:
+    """An async core that records its shutdown, and may fail it."""
+
+    def __init__(self, name: str, shut: list[str], fail: bool = False) -> None:
+        self.name, self.shut, self.fail = name, shut, fail
+
+    async def start(self) -> None:
+        pass
+
+    async def shutdown(self) -> None:
+        self.shut.append(self.name)
+        if self.fail:
+            raise RuntimeError(f"{self.name} failed to shut down")
+
+    async def echo(self, value: int) -> int:
+        return value
+
+
+class Client(BlockingClient):
+    """A blocking client around a Core."""
+
+    def __init__(self, core: Core) -> None:
+        super().__init__(core, f"test-{core.name}")
+        self.core = core
+
+    def echo(self, value: int) -> int:
+        return self._run(self.core.echo(value))
+
+
+@pytest.fixture
+def sigterm_default() -> Iterator[None]:
+    """SIGTERM at its default for the test, whatever it was before."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_running_clients_are_shut_down_last_started_first(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    shut: list[str] = []
+    producer, consumer, other = (
+        Client(Core("producer", shut)),
+        Client(Core("consumer", shut, fail=True)),
+        Client(Core("other", shut)),
+    )
+    for client in (producer, consumer, other):
+        client.start()
+    other.shutdown()
+    with caplog.at_level(logging.ERROR, "ordermq"):
+        shutdown_running_clients()
+    # The consumer goes first: its listener may still use the producer. Its failure is
+    # logged and does not keep the producer running.
+    assert shut == ["other", "consumer", "producer"]
+    assert "shutting down Client failed" in caplog.text
+    shutdown_running_clients()
+    assert shut == ["other", "consumer", "producer"]
+
+
+def test_a_shut_down_client_stays_shut_down() -> None:
+    shut: list[str] = []
+    client = Client(Core("c", shut))
+    with pytest.raises(ClientStateError, match="not started"):
+        client.echo(1)
+    with client:
+        assert client.echo(7) == 7
+    client.shutdown()
+    assert shut == ["c"]
+    with pytest.raises(ClientStateError, match="is shut down"):
+        client.echo(1)
+    with pytest.raises(ClientStateError, match="make a new one"):
+        client.start()
+
+
+@pytest.mark.usefixtures("sigterm_default")
+def test_a_started_client_takes_sigterm_only_while_nothing_else_does() -> None:
+    client = Client(Core("c", []))
+    client.start()
+    ours = signal.getsignal(signal.SIGTERM)
+    assert callable(ours)
+    client.shutdown()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+    def own(signum: int, frame: object) -> None:
+        pass
+
+    signal.signal(signal.SIGTERM, own)
+    with Client(Core("d", [])):
+        assert signal.getsignal(signal.SIGTERM) is own
+    assert signal.getsignal(signal.SIGTERM) is own
+
+
+def send_when_waiting(sig: signal.Signals, before: object) -> threading.Thread:
+    """Send `sig` to this process once its handler is no longer `before`."""
+
+    def send() -> None:
+        wait_until(lambda: signal.getsignal(sig) is not before, what="the wait's handler")
+        os.kill(os.getpid(), sig)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.usefixtures("sigterm_default")
+def test_wait_for_shutdown_signal_returns_the_signal_and_restores_the_handlers(
+    sig: signal.Signals,
+) -> None:
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    sender = send_when_waiting(sig, before[sig])
+    assert wait_for_shutdown_signal() is sig  # no KeyboardInterrupt, no exit
+    sender.join()
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_wait_for_shutdown_signal_refuses_what_it_cannot_do() -> None:
+    with pytest.raises(InvalidArgumentError, match="needs a signal"):
+        wait_for_shutdown_signal(())
+    with pytest.raises(InvalidArgumentError, match="SIGKILL cannot be caught"):
+        wait_for_shutdown_signal((signal.SIGKILL,))
+    with pytest.raises(InvalidArgumentError, match="not all signals"):
+        wait_for_shutdown_signal((12345,))  # type: ignore[arg-type]
+    raised: list[BaseException] = []
+
+    def elsewhere() -> None:
+        try:
+            wait_for_shutdown_signal()
+        except ClientStateError as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert "main thread" in str(raised[0])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.usefixtures("sigterm_default")
+def test_the_asyncio_wait_returns_the_signal_and_restores_the_handlers(
+    sig: signal.Signals,
+) -> None:
+    async def main() -> tuple[signal.Signals, bool]:
+        # asyncio.run has its own Ctrl+C handler: it must be back afterwards.
+        before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        sender = send_when_waiting(sig, before[sig])
+        got = await sdk.aio.wait_for_shutdown_signal()
+        await asyncio.to_thread(sender.join)
+        return got, {s: signal.getsignal(s) for s in before} == before
+
+    assert asyncio.run(main()) == (sig, True)
