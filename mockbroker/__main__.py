@@ -38,6 +38,13 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         help="a silent client leaves its groups after this long (default %(default)s)",
     )
     p.add_argument(
+        "--disconnect-grace-seconds",
+        type=float,
+        default=d.disconnect_grace_seconds,
+        help="a client whose connection closed leaves its groups and loses its locks after "
+        "this long without a heartbeat (default %(default)s)",
+    )
+    p.add_argument(
         "--no-auto-create-topics",
         action="store_true",
         help="refuse sends to topics that were not created explicitly",
@@ -69,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             broker_name=a.broker_name,
             segment_bytes=a.segment_bytes,
             client_timeout_seconds=a.client_timeout_seconds,
+            disconnect_grace_seconds=a.disconnect_grace_seconds,
             metrics_port=a.metrics_port,
             advertised_host=a.advertised_host,
         )

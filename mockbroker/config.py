@@ -30,6 +30,13 @@ class BrokerConfig:
             answering FLUSH_DISK_TIMEOUT.
         client_timeout_seconds: A client not heard from for this long leaves its groups
             and loses its locks.
+        disconnect_grace_seconds: A client whose connection closed (its process died:
+            the kernel closes the sockets of a killed process) and that has not
+            heartbeated again for this long leaves its groups and loses its locks, so
+            the other members take its queues. Keep it above the clients'
+            `heartbeat_interval` (a client that merely reconnected heartbeats within
+            it) and at least their `lock_lease` (a client cut off from the broker stops
+            consuming within its lease, before its queues are given away).
         metrics_port: Serve Prometheus metrics at http://host:PORT/metrics (None: off;
             0 picks a free port).
         advertised_host: The host clients are told to connect to in topic routes (None:
@@ -49,6 +56,7 @@ class BrokerConfig:
     flush_interval_seconds: float = 0.5
     sync_flush_timeout_seconds: float = 5.0
     client_timeout_seconds: float = 120.0
+    disconnect_grace_seconds: float = 30.0
     metrics_port: int | None = None
     advertised_host: str | None = None
 
@@ -68,6 +76,7 @@ class BrokerConfig:
                 self.flush_interval_seconds,
                 self.sync_flush_timeout_seconds,
                 self.client_timeout_seconds,
+                self.disconnect_grace_seconds,
             )
             <= 0
         ):

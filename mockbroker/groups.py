@@ -1,8 +1,18 @@
 """Consumer groups: who is in a group, what it subscribes to, and membership versions.
 
-Clients join by heartbeat and leave by unregistering or by silence: a client not heard
-from for `client_timeout_seconds` expires. Every join or leave raises the group's
-membership version and wakes its watchers, so rebalances follow within moments.
+Clients join by heartbeat and leave by unregistering, by silence, or by disconnecting:
+
+- a client not heard from for `client_timeout_seconds` expires;
+- a client whose connection closed expires once `disconnect_grace_seconds` pass without
+  a heartbeat from it. A connection is known by its peer address (host:port of the
+  client's end), the one its heartbeats came from, and counts as closed when the last
+  long-lived stream on it (membership watch, Exchange) ends: that happens at once when
+  the client's process dies, since its kernel closes its sockets. A process that is only
+  paused (SIGSTOP, a debugger) keeps its connection open, so it expires by silence only.
+  A client that shuts down cleanly unregisters before it closes its Exchange streams.
+
+Every join or leave raises the group's membership version and wakes its watchers, so
+rebalances follow within moments.
 """
 
 from __future__ import annotations
@@ -27,6 +37,8 @@ class GroupMembership:
 class _Client:
     last_seen: float
     groups: dict[str, GroupMembership] = field(default_factory=dict)
+    peer: str = ""  # where its last heartbeat came from
+    disconnected_at: float | None = None  # when that connection closed, if it did
 
 
 @dataclass
@@ -38,19 +50,32 @@ class _Group:
 class ConsumerGroups:
     """Membership of every consumer group on this broker."""
 
-    def __init__(self, clock: Clock, client_timeout_seconds: float = 120.0) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        client_timeout_seconds: float = 120.0,
+        disconnect_grace_seconds: float = 30.0,
+    ) -> None:
         self._clock = clock
         self.client_timeout_seconds = client_timeout_seconds
+        self.disconnect_grace_seconds = disconnect_grace_seconds
         self._clients: dict[str, _Client] = {}
         self._groups: dict[str, _Group] = {}
+        self._streams: dict[str, int] = {}  # peer -> long-lived streams open from it
         self._closed = False
 
-    def heartbeat(self, client_id: str, groups: dict[str, GroupMembership]) -> dict[str, int]:
-        """Record that `client_id` is alive and in exactly `groups`; their versions."""
+    def heartbeat(
+        self, client_id: str, groups: dict[str, GroupMembership], peer: str = ""
+    ) -> dict[str, int]:
+        """Record that `client_id` is alive, at `peer`, and in exactly `groups`.
+
+        Returns the groups' membership versions.
+        """
         client = self._clients.get(client_id)
         if client is None:
             client = self._clients[client_id] = _Client(self._clock.now())
         client.last_seen = self._clock.now()
+        client.peer, client.disconnected_at = peer, None
         for left in set(client.groups) - set(groups):
             self._changed(left)
         for joined in set(groups) - set(client.groups):
@@ -69,14 +94,45 @@ class ConsumerGroups:
             self._changed(group)
         return True
 
-    def expire(self) -> list[str]:
-        """Remove clients silent for longer than the timeout; their ids."""
+    def stream_opened(self, peer: str) -> None:
+        """A membership watch or an Exchange stream from `peer` began."""
+        if peer:
+            self._streams[peer] = self._streams.get(peer, 0) + 1
+
+    def stream_closed(self, peer: str) -> None:
+        """Such a stream ended; the last one from `peer` means its connection closed."""
+        left = self._streams.get(peer, 0) - 1
+        if left > 0:
+            self._streams[peer] = left
+            return
+        self._streams.pop(peer, None)
+        if not peer or self._closed:  # the broker itself is stopping
+            return
         now = self._clock.now()
-        gone = [
-            cid
-            for cid, c in self._clients.items()
-            if now - c.last_seen > self.client_timeout_seconds
-        ]
+        for client in self._clients.values():
+            if client.peer == peer and client.disconnected_at is None:
+                client.disconnected_at = now
+
+    def disconnected_since(self, client_id: str) -> float | None:
+        """When the connection `client_id` heartbeats on closed; None while it is open."""
+        client = self._clients.get(client_id)
+        return client.disconnected_at if client is not None else None
+
+    def expire(self) -> dict[str, str]:
+        """Remove clients silent for too long, or gone with their connection.
+
+        Returns the ids removed, each with the reason in words.
+        """
+        now = self._clock.now()
+        gone: dict[str, str] = {}
+        for cid, c in self._clients.items():
+            if now - c.last_seen > self.client_timeout_seconds:
+                gone[cid] = f"silent for {now - c.last_seen:.0f} s"
+            elif (
+                c.disconnected_at is not None
+                and now - c.disconnected_at > self.disconnect_grace_seconds
+            ):
+                gone[cid] = f"disconnected {now - c.disconnected_at:.0f} s ago, not back"
         for cid in gone:
             self.unregister(cid)
         return gone

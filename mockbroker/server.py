@@ -99,7 +99,11 @@ class Broker:
             store=self.store,
             offsets=self.offsets,
             locks=locks,
-            groups=ConsumerGroups(self.clock, self.config.client_timeout_seconds),
+            groups=ConsumerGroups(
+                self.clock,
+                self.config.client_timeout_seconds,
+                self.config.disconnect_grace_seconds,
+            ),
             holder=holder,
             scheduler=scheduler,
             retry=RetryService(self.store, scheduler, self.clock),
@@ -129,10 +133,10 @@ class Broker:
             await sleep_for(self.clock, _EXPIRY_SWEEP_SECONDS)
             stats = state.store.stats
             state.rates.sample(self.clock.now(), stats.messages_stored, stats.messages_served)
-            for client_id in state.groups.expire():
+            for client_id, why in state.groups.expire().items():
                 dropped = state.locks.release_client(client_id)
                 log_event(log, logging.WARNING, "client.expired",
-                          f"client {client_id} went silent; {dropped} lock(s) released",
+                          f"client {client_id} expired ({why}); {dropped} lock(s) released",
                           client_id=client_id, locks_released=dropped)  # fmt: skip
             try:
                 await state.locks.save()

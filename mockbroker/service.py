@@ -6,6 +6,7 @@ status.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterable
 
 import grpc
@@ -38,8 +39,9 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self, request_iterator: AsyncIterator[pb.ExchangeRequest], context: Context
     ) -> AsyncIterator[pb.ExchangeResponse]:
         """Send and Pull requests multiplexed on one stream (mockbroker/exchange.py)."""
-        async for answer in self.exchanges.serve(request_iterator):
-            yield answer
+        async with self._stream_of(context):
+            async for answer in self.exchanges.serve(request_iterator):
+                yield answer
 
     # ------------------------------------------------------------------ routing, send
     @answers_errors
@@ -252,7 +254,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             retry = RETRY_PREFIX + name
             if membership.consume_type == "CONSUME_CONCURRENTLY" and not store.topics.find(retry):
                 store.create_topic(retry, 1)  # concurrent members consume their retries
-        versions = self._s.groups.heartbeat(request.client_id, groups)
+        versions = self._s.groups.heartbeat(request.client_id, groups, context.peer())
         return pb.HeartbeatResponse(
             groups=[pb.GroupVersion(group=g, membership_version=v) for g, v in versions.items()],
             client_timeout_ms=int(self._s.groups.client_timeout_seconds * 1000),
@@ -289,10 +291,25 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         except BrokerError as exc:
             await abort(context, exc)
             return
-        async for version, members in self._s.groups.watch(request.group, request.known_version):
-            yield pb.MembershipChanged(
-                group=request.group, membership_version=version, client_ids=members
-            )
+        async with self._stream_of(context):
+            watch = self._s.groups.watch(request.group, request.known_version)
+            async for version, members in watch:
+                yield pb.MembershipChanged(
+                    group=request.group, membership_version=version, client_ids=members
+                )
+
+    @contextlib.asynccontextmanager
+    async def _stream_of(self, context: Context) -> AsyncIterator[None]:
+        """Count a long-lived stream against its connection while it is open.
+
+        The end of the last one tells ConsumerGroups that the connection closed.
+        """
+        peer = context.peer()
+        self._s.groups.stream_opened(peer)
+        try:
+            yield
+        finally:
+            self._s.groups.stream_closed(peer)
 
     # ------------------------------------------------------------------ offsets
     @answers_errors

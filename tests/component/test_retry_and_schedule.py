@@ -60,7 +60,10 @@ def test_failed_message_is_retried_later_then_dead_lettered(
     }
     assert (retried.keys, retried.sharding_key) == (("k1",), "o-1")
 
+    # A member heartbeats on a connection that stays open, or leaves its group once the
+    # connection closed and the broker's disconnect grace (30 s) passed: join again.
     async def again(c: BrokerClient) -> None:
+        await join(c, "client-1")
         second = await c.send_back("g", retry_q, 0, max_reconsume_times=2)
         assert (second.dead_letter, second.reconsume_times) == (False, 2)
 
@@ -69,6 +72,7 @@ def test_failed_message_is_retried_later_then_dead_lettered(
     wait_until(lambda: len(bodies(broker, retry_q)) == 2)
 
     async def last(c: BrokerClient) -> None:
+        await join(c, "client-1")
         third = await c.send_back("g", retry_q, 1, max_reconsume_times=2)
         assert (third.dead_letter, third.topic, third.reconsume_times) == (True, "%DLQ%g", 2)
 

@@ -8,6 +8,12 @@ shutdown() call), and judges the end by what the broker says afterwards (admin A
   with no traceback from ordermq; every message it processed is committed (the committed
   offset of each queue is one past the last offset it logged); it holds no lock and is no
   longer a member of the group.
+- kill -9: the broker sees the process's connections close; after its disconnect grace
+  (here 3 s) it removes the client and releases its locks, so a successor consumes every
+  queue long before the lock lease (60 s) or the client timeout (120 s) would allow.
+- SIGSTOP: a paused process keeps its connections, so it keeps its membership and its
+  locks (until the lease runs out, as in RocketMQ), however long the disconnect grace has
+  passed; resumed, it carries on.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ QUEUES = 8
 START_TIMEOUT = 60.0
 #: Shutting down: listener calls in flight finish (20 ms each), then commit, unlock, leave.
 EXIT_TIMEOUT = 60.0
+DISCONNECT_GRACE = 3.0
+#: Well under the 60 s lock lease: the grace, a sweep, a rebalance, and a busy machine.
+TAKEOVER_TIMEOUT = 20.0
 
 
 @dataclass
@@ -206,3 +215,59 @@ def test_a_main_thread_that_ends_shuts_the_consumer_down(
     assert consumer.stderr() == ""
     assert_left_cleanly(address, consumer)
 
+
+def test_the_queues_of_a_killed_consumer_move_on_after_the_disconnect_grace(
+    tmp_path: Path, start_broker: StartBroker, start_consumer: Callable[..., ConsumerProcess]
+) -> None:
+    broker = start_broker(tmp_path / "broker", "--disconnect-grace-seconds", str(DISCONNECT_GRACE))
+    send(broker.address, 4000)
+    a = start_consumer(broker.address, "a")
+    wait_until(lambda: len(a.queues_consumed()) == QUEUES, START_TIMEOUT, "a on every queue")
+    dead = a.client_id()
+    a.proc.kill()
+    a.proc.wait()
+    assert set(lock_owners(broker.address).values()) == {dead}  # nobody unlocked them
+
+    b = start_consumer(broker.address, "b")
+    send(broker.address, 800)  # work left on every queue, whatever a got through
+    wait_until(
+        lambda: len(b.queues_consumed()) == QUEUES, TAKEOVER_TIMEOUT, "b to take every queue"
+    )
+    assert progress(broker.address)["client_ids"] == [b.client_id()]
+    assert "disconnected" in broker.stderr()  # the broker says why a was expired
+
+
+def test_a_paused_consumer_keeps_its_queues_past_the_disconnect_grace(
+    tmp_path: Path, start_broker: StartBroker, start_consumer: Callable[..., ConsumerProcess]
+) -> None:
+    broker = start_broker(tmp_path / "broker", "--disconnect-grace-seconds", str(DISCONNECT_GRACE))
+    address = broker.address
+    send(address, 4000)
+    paused = start_consumer(address, "paused")
+    killed = start_consumer(address, "killed")
+    ids = {paused.client_id(), killed.client_id()}
+    wait_until(lambda: set(lock_owners(address).values()) == ids, TAKEOVER_TIMEOUT, "a split")
+    held = {q for q, owner in lock_owners(address).items() if owner == paused.client_id()}
+
+    paused.proc.send_signal(signal.SIGSTOP)
+    try:
+        killed.proc.kill()
+        killed.proc.wait()
+        # Once the killed one is expired, the paused one has been paused for longer
+        # than the grace too: it is still there, and so are its locks.
+        wait_until(
+            lambda: progress(address)["client_ids"] == [paused.client_id()],
+            TAKEOVER_TIMEOUT,
+            "the killed consumer to be expired",
+        )
+        owners = lock_owners(address)
+        assert {q for q, owner in owners.items() if owner == paused.client_id()} == held
+    finally:
+        paused.proc.send_signal(signal.SIGCONT)
+    # Resumed, it carries on, with the killed one's queues too.
+    wait_until(
+        lambda: len(paused.queues_consumed()) == QUEUES, TAKEOVER_TIMEOUT, "paused on all queues"
+    )
+    paused.proc.send_signal(signal.SIGTERM)
+    assert paused.proc.wait(EXIT_TIMEOUT) == -signal.SIGTERM, paused.stderr()
+    assert_left_cleanly(address, paused)
