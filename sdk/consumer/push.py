@@ -49,6 +49,14 @@ class PushConsumer(BlockingClient):
     A second Ctrl+C or SIGTERM during that shutdown ends the process at once. To stop on a
     signal and carry on afterwards, wait for it (`sdk.wait_for_shutdown_signal`).
 
+    A process that dies without shutting down (kill -9, a crash) cannot unlock its queues.
+    The broker sees its connection close; when no heartbeat from it follows within the
+    broker's `disconnect_grace_seconds` (30 s by default), it removes the client from its
+    groups and releases its locks, and the other members take its queues. A paused
+    process (SIGSTOP, a debugger) keeps its connection, since it may resume at any
+    moment: its queues stay with it until the broker expires it for silence
+    (`client_timeout_seconds`, 120 s by default; its locks' lease, 60 s, is over by then).
+
     Example::
 
         from sdk import PushConsumer, wait_for_shutdown_signal
