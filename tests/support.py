@@ -35,11 +35,11 @@ class BrokerProcess:
         # stderr goes to a file: a pipe nobody reads would block a chatty broker.
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives as long as the process)
 
-    def start(self, timeout: float = 30.0) -> str:
-        """Start the broker and return its address once it prints its ready line."""
+    def start(self, timeout: float = 30.0, port: int = 0) -> str:
+        """Start the broker on `port` (0: a free one); its address once it prints ready."""
         cmd = [
             sys.executable, "-m", "mockbroker",
-            "--host", "127.0.0.1", "--port", "0",
+            "--host", "127.0.0.1", "--port", str(port),
             "--data-dir", str(self.data_dir),
             "--log-level", "WARNING",
             *self.extra_args,
@@ -59,6 +59,14 @@ class BrokerProcess:
             )
         self.address = line.split()[-1]
         return self.address
+
+    def restart(self, timeout: float = 30.0) -> str:
+        """Start the stopped broker again on its port and data dir, so clients reconnect."""
+        assert self.proc is not None and self.proc.poll() is not None, "still running"
+        port = int(self.address.rsplit(":", 1)[1])
+        address = self.address
+        assert self.start(timeout, port) == address, f"restarted at {self.address}"
+        return address
 
     def kill9(self) -> None:
         """SIGKILL the broker and reap it."""
