@@ -119,6 +119,8 @@ class ConsumeOrderlyService:
         except Exception:
             log.exception("orderly consume of %s failed", queue)
             again = self._suspend_time
+        if self._closed:
+            return
         if pq.more and again is None:
             again = 0.0  # a submit came in after the last take
         current = self._tasks.get(queue)
@@ -147,7 +149,7 @@ class ConsumeOrderlyService:
             started = self._clock.now()
             while True:
                 pq.more = False
-                if pq.dropped:
+                if pq.dropped or self._closed:
                     return None
                 now = self._clock.now()
                 if not self.lease_valid(pq, now):
@@ -188,9 +190,17 @@ class ConsumeOrderlyService:
         """
         traced = tracing.enabled()
         if not self._async_listener:
-            return await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._calls_in_thread, queue, pq, taken, generation, started, traced
-            )
+            try:
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self._calls_in_thread, queue, pq, taken, generation, started,
+                    traced,
+                )  # fmt: skip
+            except RuntimeError:  # the pool was shut down under us: the consumer is ending
+                log.warning(
+                    "no listener calls on %s: the consumer's thread pool is shut down", queue
+                )
+                self._closed = True
+                return 0, None
         listener = cast(Callable[..., Awaitable[object]], self._listener.consume_message)
         size = self._batch_size
         for done, i in enumerate(range(0, len(taken), size)):

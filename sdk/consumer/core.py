@@ -470,10 +470,10 @@ class ConsumerCore:
         held = dict(self._queues)
         if not held:
             return
-        epochs = await self._lock(list(held))
+        epochs, unanswered = await self._lock_answers(list(held))
         for queue, pq in held.items():
-            if pq.dropped:
-                continue
+            if pq.dropped or queue in unanswered:
+                continue  # a broker that did not answer took nothing: the lease runs on
             if queue in epochs:
                 await self._apply_lock(queue, pq, epochs[queue])
             elif pq.locked:
@@ -613,14 +613,22 @@ class ConsumerCore:
         return out
 
     async def _lock(self, queues: list[MessageQueue]) -> dict[MessageQueue, int]:
+        return (await self._lock_answers(queues))[0]
+
+    async def _lock_answers(
+        self, queues: list[MessageQueue]
+    ) -> tuple[dict[MessageQueue, int], set[MessageQueue]]:
+        """The queues locked, with their epochs, and the queues whose broker did not answer."""
         epochs: dict[MessageQueue, int] = {}
+        unanswered: set[MessageQueue] = set()
         for address, group in self._by_broker(queues).items():
             try:
                 client = self._cluster.client(address)
                 epochs.update(await client.lock_batch(self.group, self.client_id, group))
             except OrderMQError as exc:
                 log.warning("locking %d queues at %s failed: %s", len(group), address, exc)
-        return epochs
+                unanswered.update(group)
+        return epochs, unanswered
 
     async def _unlock(self, queues: list[MessageQueue]) -> None:
         for address, group in self._by_broker(queues).items():

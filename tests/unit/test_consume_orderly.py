@@ -497,3 +497,26 @@ def test_async_tracing_switched_on_mid_run_is_picked_up_within_the_check_interva
 
     run_service(test, listener, host)
     assert spans == list(range(TRACING_CHECK_CALLS, total))
+
+
+def test_a_thread_pool_shut_down_under_the_service_stops_it_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    listener, host = Scripted(), Host()
+
+    async def main() -> None:
+        clock = FakeClock()
+        pool = ThreadPoolExecutor(1)
+        service = ConsumeOrderlyService(listener, host, pool, clock, PushConsumerConfig())
+        pq = ProcessQueue()
+        pq.locked, pq.last_lock_time = True, clock.now()
+        pool.shutdown()  # as interpreter exit does to every pool
+        pq.put([msg(0), msg(1)])
+        service.submit(Q, pq)
+        await until(lambda: service._tasks[Q][0].done(), "the consume task to end")
+        service.submit(Q, pq)  # no further task once the pool refused work
+        assert service._tasks[Q][0].done()
+
+    asyncio.run(main())
+    assert listener.seen == [] and host.commits == []
+    assert not [r for r in caplog.records if r.exc_info], "a traceback per attempt"

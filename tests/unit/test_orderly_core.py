@@ -273,3 +273,25 @@ def test_a_consumer_whose_commit_is_fenced_stops_calling_its_listener_at_once() 
         await core.shutdown()
 
     run(test)
+
+
+def test_a_renewal_that_cannot_reach_the_broker_leaves_the_lease_running() -> None:
+    """A broker that did not answer took nothing: consumption goes on within the lease."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        clock = broker.clock
+        core = consumer(broker, listener)
+        await core.start()
+        listener.gate.clear()
+        broker.append(0, ["a"] * 3)
+        await until(listener.in_call.is_set, "a call in flight, two more buffered")
+        broker.down = True  # a restart under way
+        clock.advance(20)  # the renewal fails: 20 s into a 30 s lease
+        await asyncio.sleep(0.05)
+        listener.gate.set()
+        await until(lambda: len(listener.seen) == 3, "the buffered messages, broker or not")
+        broker.down = False
+        await core.shutdown()
+
+    run(test)
