@@ -31,7 +31,7 @@ from sdk.consumer.lite_pull import LitePullConsumer
 from sdk.consumer.push import PushConsumer
 from sdk.errors import OrderMQError
 from sdk.message import Message, MessageExt, MessageQueue, SendResult, SendStatus
-from sdk.producer import PartialBatchError, Producer
+from sdk.producer import EarlierSendFailedError, PartialBatchError, Producer
 from sdk.producer.config import AccumulatorConfig, ProducerConfig
 from sdk.selector import (
     MessageQueueSelector,
@@ -52,6 +52,7 @@ __all__ = [
     "ConsumeFromWhere",
     "ConsumeOrderlyContext",
     "ConsumeOrderlyStatus",
+    "EarlierSendFailedError",
     "LitePullConsumer",
     "LitePullConsumerConfig",
     "Message",

@@ -49,6 +49,9 @@ GROUP = "g"
 QUEUES = 2
 CLIENTS = ("a", "b")
 LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
+#: Real seconds a step may take: far more than any step needs (the fake clock does not
+#: move within a step), so only a hang reaches it.
+STEP_LIMIT = 10.0
 
 
 @dataclass
@@ -120,7 +123,11 @@ class OrderlyConsumption(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ plumbing
     def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
-        return self.loop.run_until_complete(coroutine)
+        """Run a step; a step that hangs (on a clock that stands still) is a failure."""
+        try:
+            return self.loop.run_until_complete(asyncio.wait_for(coroutine, STEP_LIMIT))
+        except TimeoutError:
+            raise AssertionError(f"{coroutine.__qualname__} hung") from None
 
     def settle(self) -> None:
         """Let every task run until none is ready (the clock stands still)."""
