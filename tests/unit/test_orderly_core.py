@@ -244,6 +244,7 @@ def test_a_broker_restart_that_forgets_the_members_does_not_make_consumers_give_
         broker.append(0, ["a"])
         await until(lambda: listener.seen[-1:] == [(0, 2)], "a message after the restart")
         await core.shutdown()
+        assert not core.held(), "a shut-down consumer holds no queue"
 
     run(test)
 

@@ -250,7 +250,7 @@ class OrderlyConsumption(RuleBasedStateMachine):
         finally:
             for core in self.clients.values():
                 self.run(core.shutdown())
-            self.run(self._cancel_the_rest())
+            self.loop.run_until_complete(self._cancel_the_rest())
             self.loop.close()
             asyncio.set_event_loop(None)
 
