@@ -47,8 +47,8 @@ from sdk.message import MessageExt, MessageQueue
 log = logging.getLogger("ordermq.consumer")
 
 RETRY_PREFIX = "%RETRY%"
-#: RocketMQ: drop a queue even without its consume lock after trying this long.
-FORCE_RELEASE_AFTER = 20.0
+#: Warn about a queue whose release has waited this long for a listener call to return.
+SLOW_RELEASE_WARNING = 20.0
 #: RocketMQ: how long rebalance tries for a queue's consume lock before it gives up.
 CONSUME_LOCK_WAIT = 0.5
 #: Rebalance again this soon after a round that could not finish.
@@ -171,8 +171,6 @@ class ConsumerCore:
         self._queues: dict[MessageQueue, ProcessQueue] = {}
         self._pulls: dict[MessageQueue, asyncio.Task[None]] = {}
         self._releasing_since: dict[MessageQueue, float] = {}
-        # Consume locks of queues released by force while their listener call ran.
-        self._calling: dict[MessageQueue, asyncio.Lock] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._rebalance_now = asyncio.Event()
         self.offsets: RemoteOffsetStore | LocalFileOffsetStore
@@ -325,7 +323,7 @@ class ConsumerCore:
             except OrderMQError as exc:
                 log.warning("cannot take %s yet: %s", queue, exc)
                 continue
-            pq = ProcessQueue(self._calling.pop(queue, None))
+            pq = ProcessQueue()
             pq.next_offset = offset
             if queue in epochs:
                 pq.locked, pq.lock_epoch, pq.last_lock_time = True, epochs[queue], self._clock.now()
@@ -349,7 +347,9 @@ class ConsumerCore:
         """Stop queues; persist their offsets and (with locks) unlock them.
 
         A locked queue whose listener call does not end within CONSUME_LOCK_WAIT stays
-        held until a later round (forced after FORCE_RELEASE_AFTER).
+        held, its lock renewed, until a later round finds the call ended. RocketMQ gives
+        such a queue up after 20 s, and its next owner then calls its listener on the
+        queue while this call still runs; ordermq never does (it warns instead).
         """
         now = self._clock.now()
         ready: list[MessageQueue] = []
@@ -360,13 +360,13 @@ class ConsumerCore:
             if not self.uses_locks:
                 ready.append(queue)
                 continue
-            if await self._acquire_within(pq.consume_lock, CONSUME_LOCK_WAIT):
-                pq.consume_lock.release()
-            else:
-                if now - self._releasing_since[queue] < FORCE_RELEASE_AFTER:
-                    continue
-                log.warning("forcing the release of %s: its listener call is still running", queue)
-                self._calling[queue] = pq.consume_lock  # if it comes back, it waits for the call
+            if not await self._acquire_within(pq.consume_lock, CONSUME_LOCK_WAIT):
+                waited = now - self._releasing_since[queue]
+                if waited >= SLOW_RELEASE_WARNING:
+                    log.warning("%s cannot move to another consumer: its listener call has run "
+                                "for %.0f s and has not returned", queue, waited)  # fmt: skip
+                continue
+            pq.consume_lock.release()
             ready.append(queue)
         if not ready:
             return []

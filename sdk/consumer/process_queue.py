@@ -18,7 +18,7 @@ from sdk.message import MessageExt
 class ProcessQueue:
     """One queue's buffer and consumption state."""
 
-    def __init__(self, consume_lock: asyncio.Lock | None = None) -> None:
+    def __init__(self) -> None:
         self._buffer: deque[MessageExt] = deque()  # pulled, not yet taken; offset order
         self._consuming: list[MessageExt] = []  # taken by the listener, not yet committed
         self._inflight: dict[int, MessageExt] = {}  # concurrent mode: handed out, unfinished
@@ -30,9 +30,7 @@ class ProcessQueue:
         self.lock_epoch = 0
         self.last_lock_time = 0.0
         self.object_lock = asyncio.Lock()  # one consume task at a time (orderly)
-        # Held around a listener call (orderly). A queue taken back while an earlier
-        # holder's call still runs shares that holder's lock, so the calls never overlap.
-        self.consume_lock = consume_lock or asyncio.Lock()
+        self.consume_lock = asyncio.Lock()  # held around a listener call (orderly)
         self.generation = 0  # bumped by reset(): pulls and batches of an older one are stale
         self.more = False  # messages arrived while a consume task was running
         self.next_offset = 0  # where the next pull starts

@@ -296,3 +296,35 @@ def test_a_renewal_that_cannot_reach_the_broker_leaves_the_lease_running() -> No
         await core.shutdown()
 
     run(test)
+
+
+def test_a_queue_moves_only_once_its_listener_call_returns_however_long_it_takes() -> None:
+    """RocketMQ forces the release after 20 s, and two consumers then call on one queue."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        clock = broker.clock
+        core = consumer(broker, listener)
+        await core.start()
+        listener.gate.clear()
+        broker.append(0, ["a"])
+        await until(listener.in_call.is_set, "a call in flight")
+        rounds = count_rounds(core)
+        broker.join(GROUP, "0-another-member")  # sorts first: the queue is now its
+        deadline = time.monotonic() + 10
+        while len(rounds) < 30:  # 30 s and more of rounds that find the call still running
+            assert time.monotonic() < deadline, f"only {len(rounds)} rebalance rounds"
+            clock.advance(0.5)
+            await asyncio.sleep(0.005)
+        assert broker.locks.is_locked_by(GROUP, ("orders", 0), core.client_id)
+        assert MQ in core.held()
+        listener.gate.set()
+        await until(lambda: listener.seen == [(0, 0)], "the call to return")
+        while core.held():  # the next round releases it
+            assert time.monotonic() < deadline, "the queue was not released"
+            clock.advance(0.5)
+            await asyncio.sleep(0.005)
+        assert not broker.locks.is_locked_by(GROUP, ("orders", 0), core.client_id)
+        await core.shutdown()
+
+    run(test)
