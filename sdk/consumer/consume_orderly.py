@@ -20,7 +20,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
 from typing import Protocol, cast
 
@@ -202,12 +202,8 @@ class ConsumeOrderlyService:
                 self._closed = True
                 return 0, None
         listener = cast(Callable[..., Awaitable[object]], self._listener.consume_message)
-        size = self._batch_size
-        for done, i in enumerate(range(0, len(taken), size)):
-            if not self._may_call(pq, generation, started):
-                return done, None
-            batch = taken[i : i + size]
-            context = ConsumeOrderlyContext(queue, self._suspend_time)
+        done = 0
+        for batch, context in self._batches(queue, pq, taken, generation, started):
             began = time.perf_counter()
             try:
                 if traced:
@@ -217,13 +213,14 @@ class ConsumeOrderlyService:
                     result = await listener(batch, context)
             except Exception:
                 log.exception("orderly listener raised on %s; retrying it", queue)
-                return done, context
+                result = None
             finally:
                 metrics.observe_consume(self._group, batch[0].topic, time.perf_counter() - began)
             if result is not ConsumeOrderlyStatus.SUCCESS:
                 _check_status(result)
                 return done, context
-        return -(-len(taken) // size), None
+            done += 1
+        return done, None
 
     def _calls_in_thread(
         self,
@@ -235,12 +232,8 @@ class ConsumeOrderlyService:
         traced: bool,
     ) -> tuple[int, ConsumeOrderlyContext | None]:
         """`_call` for a plain listener, in a worker thread."""
-        listener, size = self._listener.consume_message, self._batch_size
-        for done, i in enumerate(range(0, len(taken), size)):
-            if not self._may_call(pq, generation, started):
-                return done, None
-            batch = taken[i : i + size]
-            context = ConsumeOrderlyContext(queue, self._suspend_time)
+        listener, done = self._listener.consume_message, 0
+        for batch, context in self._batches(queue, pq, taken, generation, started):
             began = time.perf_counter()
             try:
                 if traced:
@@ -250,13 +243,29 @@ class ConsumeOrderlyService:
                     result = listener(batch, context)
             except Exception:
                 log.exception("orderly listener raised on %s; retrying it", queue)
-                return done, context
+                result = None
             finally:
                 metrics.observe_consume(self._group, batch[0].topic, time.perf_counter() - began)
             if result is not ConsumeOrderlyStatus.SUCCESS:
                 _check_status(result)
                 return done, context
-        return -(-len(taken) // size), None
+            done += 1
+        return done, None
+
+    def _batches(
+        self,
+        queue: MessageQueue,
+        pq: ProcessQueue,
+        taken: list[MessageExt],
+        generation: int,
+        started: float,
+    ) -> Iterator[tuple[list[MessageExt], ConsumeOrderlyContext]]:
+        """`taken` batch by batch, each with a fresh context, while the checks pass."""
+        size = self._batch_size
+        for i in range(0, len(taken), size):
+            if not self._may_call(pq, generation, started):
+                return
+            yield taken[i : i + size], ConsumeOrderlyContext(queue, self._suspend_time)
 
     def _may_call(self, pq: ProcessQueue, generation: int, started: float) -> bool:
         """Checked right before every listener call (in the worker thread for plain ones)."""
