@@ -6,11 +6,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINTED := sdk mockbroker
 
-.PHONY: help setup proto proto-check docs docs-check lint typecheck test test-fast test-stateful demo bench bench-backlog bench-profile bench-peers clean
+.PHONY: help setup proto proto-check docs docs-check lint typecheck test test-fast test-stateful chaos demo bench bench-backlog bench-profile bench-peers clean
 
 help:
 	@echo "make demo    run the main job on an embedded broker"
 	@echo "make test    lint, type-check and run every test tier"
+	@echo "make chaos   the fault suite's long form, with its summary table"
 	@echo "make test-stateful   a long random search of the orderly-consumption state machine"
 	@echo "make bench   measure throughput (writes bench/results/latest.json)"
 	@echo "make bench-backlog   broker memory with a 10-million-message backlog (2.3 GB disk)"
@@ -56,6 +57,12 @@ test-fast: $(STAMP)
 # The property-based state machines with many more, random, examples than `make test` runs.
 test-stateful: $(STAMP)
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/unit/test_orderly_state_machine.py
+
+# The fault suite with many more rounds than `make test` runs; the table is also saved as JSON.
+chaos: $(STAMP)
+	mkdir -p bench/results
+	ORDERMQ_CHAOS=long ORDERMQ_CHAOS_REPORT=bench/results/chaos.json HYPOTHESIS_PROFILE=long \
+		$(PY) -m pytest -q -m chaos --timeout 3600
 
 demo: $(STAMP)
 	$(PY) examples/demo.py

@@ -1,11 +1,37 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
+from tests.chaos_report import REPORT_PATH_ENV, ChaosRecorder, ChaosReport
+
+_CHAOS = pytest.StashKey[ChaosReport]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_CHAOS] = ChaosReport()
+
+
+@pytest.fixture
+def chaos_report(request: pytest.FixtureRequest) -> ChaosRecorder:
+    """Records this fault test's row of the summary table (tests/chaos_report.py)."""
+    return ChaosRecorder(request.config.stash[_CHAOS], request.node.name)
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    report = config.stash[_CHAOS]
+    if not report.rows:
+        return
+    terminalreporter.section("fault suite summary")
+    terminalreporter.write_line(report.table())
+    if path := os.environ.get(REPORT_PATH_ENV):
+        report.write(Path(path))
 
 
 @pytest.fixture

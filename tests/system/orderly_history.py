@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sdk import Message, OrderMQError, PartialBatchError, Producer, shard_index
+from tests.chaos_report import ChaosRecorder
 from tests.support import ROOT, BrokerProcess, wait_until
 from tests.system.orderly_worker import CONFIG, TOPIC
 
@@ -148,6 +149,8 @@ class Report:
     lines: int
     distinct: int
     lines_by_worker: dict[str, int]
+    lost: int = 0  # messages sent (acknowledged) and never processed
+    order_violations: int = 0  # a key's seq processed before the one before it ever was
     copies: int = 0  # messages stored more than once (a send retried after its answer was lost)
     duplicates_by_worker: dict[str, int] = field(default_factory=dict)
     rewinds: int = 0  # times a worker went back to a seq at or below one it had processed
@@ -167,6 +170,18 @@ class Report:
             f"{self.copies} extra copies stored by retried sends; "
             f"lines by worker: {self.lines_by_worker}; {self.rewinds} rewinds; "
             f"deepest re-delivery {self.deepest[0]} seqs behind ({self.deepest[1]})"
+        )
+
+    def record(self, chaos_report: ChaosRecorder, fault: str, rounds: int, note: str) -> None:
+        """This run's row of the fault suite's summary table."""
+        chaos_report.record(
+            fault=fault,
+            rounds=rounds,
+            acked=self.distinct + self.lost,
+            lost=self.lost,
+            order_violations=self.order_violations,
+            duplicates=self.duplicates,
+            note=note,
         )
 
 
@@ -206,6 +221,7 @@ def verify(
     sent = {(k, s) for k in keys for s in range(rounds)}
     seen = {(e.key, e.seq) for e in entries}
     if missing := sorted(sent - seen):
+        report.lost = len(missing)
         errors.append(f"{len(missing)} messages never processed, e.g. {missing[:10]}")
     if unknown := sorted(seen - sent):
         errors.append(f"{len(unknown)} processed messages were never sent: {unknown[:10]}")
@@ -215,6 +231,7 @@ def verify(
     for e in timeline:
         best = top.get(e.key, -1)
         if e.seq > best + 1:
+            report.order_violations += 1
             errors.append(
                 f"{e.key}: {e} processed before seq {best + 1} ever was; "
                 f"history of the key: {key_history(timeline, e)}"

@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from sdk import shard_index
+from tests.chaos_report import ChaosRecorder
 from tests.support import wait_until
 from tests.system.orderly_history import (
     BROKER_LEASE,
@@ -51,7 +52,7 @@ from tests.system.orderly_history import (
 )
 from tests.system.orderly_worker import CONFIG
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.chaos]
 
 QUEUES = 8
 KEYS = [f"k{i:03d}" for i in range(160)]
@@ -200,8 +201,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestartRun]:
     yield result
 
 
-def test_every_acknowledged_message_in_order_through_broker_crashes(run: RestartRun) -> None:
+def test_every_acknowledged_message_in_order_through_broker_crashes(
+    run: RestartRun, chaos_report: ChaosRecorder
+) -> None:
     report = verify(run.entries, run.rounds, {}, KEYS, QUEUES, resends=True)
+    note = f"{len(run.outages)} restarts, {report.copies} copies from retried sends"
+    report.record(chaos_report, "broker kill -9 and restart", run.rounds, note)
     text = f"{report.summary()}; {run.failed_sends} failed sends retried\n{run.timeline}"
     print(text)
     assert not report.errors, f"{len(report.errors)} violations:\n" + (

@@ -44,6 +44,7 @@ from pathlib import Path
 import pytest
 
 from sdk import shard_index
+from tests.chaos_report import ChaosRecorder
 from tests.support import wait_until
 from tests.system.orderly_history import (
     BROKER_LEASE,
@@ -60,7 +61,7 @@ from tests.system.orderly_history import (
 )
 from tests.system.orderly_worker import CONFIG
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.chaos]
 
 QUEUES = 8
 KEYS = [f"k{i:03d}" for i in range(500)]
@@ -212,8 +213,11 @@ def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosRun]:
 
 
 # ---------------------------------------------------------------------------- the tests
-def test_every_key_in_order_nothing_lost_duplicates_counted(chaos: ChaosRun) -> None:
+def test_every_key_in_order_nothing_lost_duplicates_counted(
+    chaos: ChaosRun, chaos_report: ChaosRecorder
+) -> None:
     report = verify(chaos.entries, chaos.rounds, chaos.frozen, KEYS, QUEUES)
+    report.record(chaos_report, "consumers join, die (-9), freeze", chaos.rounds, "")
     text = f"{report.summary()}\n{chaos.timeline}"
     print(text)
     assert not report.errors, f"{len(report.errors)} violations:\n" + (
