@@ -7,6 +7,7 @@ The blocking clients are here; their asyncio twins are in `sdk.aio`.
 """
 
 from sdk._blocking import wait_for_shutdown_signal
+from sdk._version import __version__
 from sdk.consumer.allocate import (
     AllocateMessageQueueAveragely,
     AllocateMessageQueueAveragelyByCircle,
@@ -75,4 +76,5 @@ __all__ = [
     "SendStatus",
     "shard_index",
     "wait_for_shutdown_signal",
+    "__version__",
 ]
