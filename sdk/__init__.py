@@ -74,7 +74,7 @@ __all__ = [
     "SelectMessageQueueByRandom",
     "SendResult",
     "SendStatus",
+    "__version__",
     "shard_index",
     "wait_for_shutdown_signal",
-    "__version__",
 ]
