@@ -41,8 +41,8 @@ docs-check: $(STAMP)
 	$(PY) tools/gen_config_docs.py --check
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check $(LINTED) tests examples bench tools
-	$(VENV)/bin/ruff format --check $(LINTED) tests examples bench tools
+	$(VENV)/bin/ruff check $(LINTED) tests examples bench tools conftest.py
+	$(VENV)/bin/ruff format --check $(LINTED) tests examples bench tools conftest.py
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy $(LINTED)
@@ -50,9 +50,9 @@ typecheck: $(STAMP)
 test: proto-check docs-check lint typecheck
 	$(PY) -m pytest -q
 
-# Unit and component tiers only, for a quick loop while editing.
+# Unit and component tiers only, for a quick loop while editing (the docs' blocks: pytest README.md docs).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not system and not example"
+	$(PY) -m pytest -q -m "not system and not example and not docs"
 
 # The property-based state machines with many more, random, examples than `make test` runs.
 test-stateful: $(STAMP)
