@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINTED := sdk mockbroker
 
-.PHONY: help setup proto proto-check docs docs-check lint typecheck test test-fast test-stateful chaos demo bench bench-backlog bench-profile bench-peers clean
+PHONY_DOCS := docs-api test-docs
+.PHONY: help setup proto proto-check docs docs-check $(PHONY_DOCS) lint typecheck test test-fast test-stateful chaos demo bench bench-backlog bench-profile bench-peers clean
 
 help:
 	@echo "make demo    run the main job on an embedded broker"
@@ -19,6 +20,8 @@ help:
 	@echo "make bench-profile   where broker and client CPU goes (py-spy), as shares"
 	@echo "make proto   regenerate sdk/_pb from proto/"
 	@echo "make docs    regenerate docs/configuration.md from the config classes"
+	@echo "make docs-api        build the guides and the API reference into build/site (strict)"
+	@echo "make test-docs       run every code block of README.md and docs/, then make docs-api"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +43,15 @@ docs: $(STAMP)
 docs-check: $(STAMP)
 	$(PY) tools/gen_config_docs.py --check
 
+# The guides and the API reference (mkdocs + mkdocstrings, mkdocs.yml). --strict: a broken
+# link, an unresolved cross-reference or a docstring griffe cannot parse fails it.
+docs-api: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+# Every code block of README.md and docs/*.md (tests/docs_blocks.py), and the reference.
+test-docs: docs-api
+	$(PY) -m pytest -q README.md docs
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED) tests examples bench tools conftest.py
 	$(VENV)/bin/ruff format --check $(LINTED) tests examples bench tools conftest.py
@@ -47,10 +59,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy $(LINTED)
 
-test: proto-check docs-check lint typecheck
+test: proto-check docs-check docs-api lint typecheck
 	$(PY) -m pytest -q
 
-# Unit and component tiers only, for a quick loop while editing (the docs' blocks: pytest README.md docs).
+# Unit and component tiers only, for a quick loop while editing (make test-docs: the docs).
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not system and not example and not docs"
 
@@ -83,4 +95,4 @@ bench-peers: $(STAMP)
 	$(PY) bench/peers/run.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache bench/results
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache bench/results build/site

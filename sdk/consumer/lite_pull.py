@@ -34,8 +34,12 @@ class LitePullConsumer(BlockingClient):
         orderly: Hold the broker lock of every queue this consumer polls, so two workers
             of the group never process one queue at the same time; a worker that lost
             its lock gets StaleEpochError / LockNotHeldError from commit().
-        consume_from_where, consume_timestamp, allocate_strategy, on_queues_assigned,
-        on_queues_revoked, clock: As for PushConsumer.
+        consume_from_where: As for PushConsumer.
+        consume_timestamp: As for PushConsumer.
+        allocate_strategy: As for PushConsumer.
+        on_queues_assigned: As for PushConsumer.
+        on_queues_revoked: As for PushConsumer.
+        clock: As for PushConsumer.
         config: LitePullConsumerConfig.
 
     Example::
