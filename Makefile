@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINTED := sdk mockbroker
 
-PHONY_DOCS := docs-api test-docs
+PHONY_DOCS := docs-api test-docs bench-sizing
 .PHONY: help setup proto proto-check docs docs-check $(PHONY_DOCS) lint typecheck test test-fast test-stateful chaos demo bench bench-backlog bench-profile bench-peers clean
 
 help:
@@ -18,6 +18,7 @@ help:
 	@echo "make bench-backlog   broker memory with a 10-million-message backlog (2.3 GB disk)"
 	@echo "make bench-peers     the same workload on Redis, RabbitMQ and NATS, and ratios"
 	@echo "make bench-profile   where broker and client CPU goes (py-spy), as shares"
+	@echo "make bench-sizing    disk and broker memory per million messages (1 KB and 100 B)"
 	@echo "make proto   regenerate sdk/_pb from proto/"
 	@echo "make docs    regenerate docs/configuration.md from the config classes"
 	@echo "make docs-api        build the guides and the API reference into build/site (strict)"
@@ -85,6 +86,10 @@ bench: $(STAMP)
 # The same workload on Redis Streams, RabbitMQ and NATS JetStream (installs them if missing).
 bench-backlog: $(STAMP)
 	$(PY) bench/run.py --only backlog --output bench/results/backlog.json
+
+# Disk and broker RSS per million messages (about a minute, 1.7 GB of temporary disk).
+bench-sizing: $(STAMP)
+	$(PY) bench/sizing.py --output bench/results/sizing.json
 
 bench-profile: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'

@@ -1,6 +1,6 @@
-"""Every fenced code block in README.md and docs/*.md is a test, run by Sybil.
+"""Every fenced code block in README.md and docs/ is a test, run by Sybil.
 
-The repository's conftest.py hands README.md and docs/*.md to Sybil's pytest integration
+The repository's conftest.py hands README.md and docs/**.md to Sybil's pytest integration
 (pytest's `testpaths` names them), so each block is one test item, run in the order of its
 file, with the blocks above it in the same namespace: a later block may use what an
 earlier one defined, as a reader would.
@@ -60,7 +60,7 @@ from mockbroker import BrokerConfig, EmbeddedBroker
 from sdk._transport.broker_client import BrokerClient
 
 ROOT = Path(__file__).resolve().parent.parent
-DOC_PATTERNS = ("README.md", "docs/*.md")
+DOC_PATTERNS = ("README.md", "docs/*.md", "docs/*/*.md")
 BROKER_ADDRESSES = ("127.0.0.1:8081", "localhost:8081")
 METRICS_ADDRESSES = ("127.0.0.1:9108", "localhost:9108")
 PYTHON = {"python", "py", "python3"}

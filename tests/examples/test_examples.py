@@ -95,3 +95,25 @@ def test_the_service_example_stops_cleanly_on_a_signal(sig: signal.Signals) -> N
 )
 def test_scenario_examples_succeed(name: str) -> None:
     assert "result: OK" in run_example(name)
+
+
+def test_bench_sizing_reports_disk_and_memory_per_message(tmp_path: Path) -> None:
+    out = tmp_path / "sizing.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "sizing.py"), "--messages", "2000",
+         "--output", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = {r["shape"]: r for r in json.loads(out.read_text())["results"]}
+    big, small = results["1 KB body, sharding key"], results["100 B body, sharding key"]
+    for r in results.values():
+        assert r["messages"] == 2000
+        assert r["disk_bytes"]["total"] >= sum(
+            r["disk_bytes"][p] for p in ("commit log", "consume queues", "id/key index")
+        )
+        assert all(mb > 0 for mb in r["rss_mb"].values())
+    # The commit log holds each body once plus a fixed record overhead.
+    per_message = {n: r["disk_bytes"]["commit log"] / 2000 for n, r in results.items()}
+    assert per_message[big["shape"]] - per_message[small["shape"]] == 1024 - 100
+    assert "MB per million messages" in proc.stdout
