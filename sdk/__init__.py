@@ -74,7 +74,6 @@ __all__ = [
     "SelectMessageQueueByRandom",
     "SendResult",
     "SendStatus",
-    "__version__",
     "shard_index",
     "wait_for_shutdown_signal",
 ]
