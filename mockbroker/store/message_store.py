@@ -132,6 +132,8 @@ class MessageStore:
         #: scheduler's oldest pending message), or None; retention deletes nothing there.
         self.protected_position: Callable[[], int | None] | None = None
         self._first_ts: dict[int, int] = {}  # segment base -> its first record's store time
+        #: Called with (topic, queue id, old min offset, new min offset) after a deletion.
+        self.on_trim: Callable[[str, int, int, int], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> RecoveryReport:
@@ -650,10 +652,16 @@ class MessageStore:
 
     def _delete_below(self, floor: int, why: str) -> int:
         """Delete the segments below `floor` and trim everything derived from them."""
-        before = sum(cq.min_offset for cq in self._queues.values())
+        before = {key: cq.min_offset for key, cq in self._queues.items()}
         freed = self.commitlog.delete_below(floor)
         self._trim_to_log_start()
-        deleted = sum(cq.min_offset for cq in self._queues.values()) - before
+        deleted = 0
+        for key, cq in self._queues.items():
+            old_min = before.get(key, 0)
+            if cq.min_offset > old_min:
+                deleted += cq.min_offset - old_min
+                if self.on_trim is not None:
+                    self.on_trim(key[0], key[1], old_min, cq.min_offset)
         for base in [b for b in self._first_ts if b < floor]:
             del self._first_ts[base]
         stats = self.retention_stats

@@ -49,10 +49,10 @@ class RetentionPolicy:
 
     def __post_init__(self) -> None:
         if self.retention_seconds <= 0:
-            raise ValueError("retention must be positive")
+            raise ValueError("retention_hours must be positive")
         if not 0 < self.clean_ratio <= self.force_ratio <= self.refuse_ratio <= 1:
             raise ValueError(
-                "disk ratios must satisfy 0 < clean <= force <= refuse <= 1, not "
+                "disk ratios must satisfy 0 < high <= force <= refuse <= 1, not "
                 f"{self.clean_ratio}, {self.force_ratio}, {self.refuse_ratio}"
             )
 
