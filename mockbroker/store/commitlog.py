@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mockbroker.store.checkpoint import read_checkpoint, write_checkpoint
-from mockbroker.store.files import fsync_dir
+from mockbroker.store.files import fault_point, fsync_dir
 
 _NAME_DIGITS = 20
 _FLOOR_FILE = "floor"
@@ -163,6 +163,7 @@ class CommitLog:
         if floor not in self._bases[1:]:
             raise ValueError(f"retention floor {floor} is not the base of a later segment")
         write_checkpoint(self._dir / _FLOOR_FILE, floor)
+        fault_point("retention-floor-written")
         return self._unlink_below(floor)
 
     def _unlink_below(self, floor: int) -> int:
@@ -175,6 +176,7 @@ class CommitLog:
             os.close(seg.fd)
             seg.path.unlink(missing_ok=True)
             freed += seg.size
+            fault_point("retention-unlinked-one")
         fsync_dir(self._dir)
         return freed
 

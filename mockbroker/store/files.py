@@ -7,6 +7,7 @@ import ctypes.util
 import fcntl
 import logging
 import os
+import signal
 from pathlib import Path
 
 log = logging.getLogger("mockbroker.store")
@@ -87,3 +88,12 @@ def punch_hole(fd: int, length: int) -> None:
         _punch_supported = False
         log.warning("cannot free index space here (%s): trimmed index heads keep their blocks",
                     os.strerror(err))  # fmt: skip
+
+
+def fault_point(name: str) -> None:
+    """Kill this process here when the environment names this point (crash tests only).
+
+    `ORDERMQ_FAULT_POINT=<name>` makes the broker die as kill -9 would at that step.
+    """
+    if os.environ.get("ORDERMQ_FAULT_POINT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
