@@ -94,6 +94,50 @@ class BrokerCollector(Collector):
         yield locks
         yield members
         yield lag
+        yield from retention_metrics(s)
+
+
+def retention_metrics(s: BrokerState) -> Iterator[Metric]:
+    """Disk use, whether sends are refused, what retention kept and deleted."""
+    store = s.store
+    disk = store.disk
+    yield GaugeMetricFamily(
+        "ordermq_disk_used_ratio",
+        "Share of the data directory's disk in use, 0..1",
+        value=disk.ratio if disk is not None else 0.0,
+    )
+    yield GaugeMetricFamily(
+        "ordermq_sends_refused",
+        "1 while the disk is over the refuse ratio and sends get DISK_FULL",
+        value=int(store.refusing_sends),
+    )
+    yield GaugeMetricFamily(
+        "ordermq_retention_oldest_timestamp_seconds",
+        "When the oldest record retention kept was stored (0: none)",
+        value=store.oldest_timestamp_ms() / 1000,
+    )
+    yield CounterMetricFamily(
+        "ordermq_retention_deleted_messages",
+        "Messages deleted by retention since start",
+        value=store.retention_stats.messages_deleted,
+    )
+    oldest = GaugeMetricFamily(
+        "ordermq_queue_min_offset", "Oldest offset still stored", labels=["topic", "queue"]
+    )
+    for topic in store.topics.all():
+        for qid in range(topic.queue_count):
+            oldest.add_metric([topic.name, str(qid)], store.queue(topic, qid).min_offset)
+    yield oldest
+    skipped = CounterMetricFamily(
+        "ordermq_consumer_retention_skipped",
+        "Messages retention deleted before the group committed past them",
+        labels=["group", "topic", "queue"],
+    )
+    for group, topic_name, qid in sorted(s.offsets.committed()):
+        count = s.offsets.skipped(group, topic_name, qid)
+        if count:
+            skipped.add_metric([group, topic_name, str(qid)], count)
+    yield skipped
 
 
 class MetricsServer:

@@ -21,6 +21,7 @@ from mockbroker.schedule import Scheduler
 from mockbroker.service import MessagingService
 from mockbroker.state import BrokerState
 from mockbroker.store.message_store import MessageStore
+from mockbroker.store.retention import file_probe
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.clock import Clock, SystemClock, sleep_for
@@ -46,6 +47,13 @@ class Broker:
             flush_interval_seconds=config.flush_interval_seconds,
             sync_flush_timeout_seconds=config.sync_flush_timeout_seconds,
             clock=self.clock,
+            retention=config.retention_policy(),
+            disk_probe=(
+                file_probe(config.disk_usage_file, config.data_dir)
+                if config.disk_usage_file is not None
+                else None
+            ),
+            retention_check_seconds=config.disk_check_seconds,
         )
         self.offsets = ConsumerOffsets(config.data_dir / "offsets.json")
         self.state: BrokerState | None = None
@@ -93,6 +101,7 @@ class Broker:
         scheduler.load()
         holder = PullHolder(self.clock)
         self.store.on_append = holder.notify
+        self.store.on_trim = self.offsets.note_trimmed
         state = BrokerState(
             config=self.config,
             clock=self.clock,

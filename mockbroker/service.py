@@ -103,6 +103,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                 "INVALID_DELIVERY_TIME",
                 "a batch is either all scheduled or all for now; send them separately",
             )
+        store.check_accepting_sends()
         if scheduled:
             durable = await self._s.scheduler.schedule(topic, queue_id, frames, checked)
             return pb.SendResponse(

@@ -9,7 +9,9 @@ Off until enabled::
 
 Series: ordermq_client_send_seconds{topic} (per send request), ordermq_client_consume_seconds
 {group,topic} (per listener call), ordermq_client_rebalances_total{group}, and
-ordermq_client_cached_messages{group,topic,queue} (pulled, not yet consumed).
+ordermq_client_cached_messages{group,topic,queue} (pulled, not yet consumed) and
+ordermq_client_retention_skipped_total{group,topic} (messages the broker's retention
+deleted before the consumer reached them).
 """
 
 from __future__ import annotations
@@ -49,6 +51,12 @@ class _Metrics:
             "ordermq_client_rebalances", "Rebalances that moved queues", ["group"],
             registry=registry,
         )  # fmt: skip
+        self.retention_skipped = Counter(
+            "ordermq_client_retention_skipped",
+            "Messages deleted by the broker's retention before the consumer reached them",
+            ["group", "topic"],
+            registry=registry,
+        )
         self.collector = _CacheCollector()
         registry.register(self.collector)
 
@@ -90,7 +98,13 @@ def disable() -> None:
     """Stop recording and unregister the series."""
     global _active
     if _active is not None:
-        for collector in (_active.send, _active.consume, _active.rebalances, _active.collector):
+        for collector in (
+            _active.send,
+            _active.consume,
+            _active.rebalances,
+            _active.retention_skipped,
+            _active.collector,
+        ):
             _active.registry.unregister(collector)
     _active = None
 
@@ -111,6 +125,12 @@ def rebalanced(group: str) -> None:
     """A rebalance of `group` moved queues."""
     if _active is not None:
         _active.rebalances.labels(group).inc()
+
+
+def retention_skipped(group: str, topic: str, count: int) -> None:
+    """`group` moved past `count` messages of `topic` that retention had deleted."""
+    if _active is not None:
+        _active.retention_skipped.labels(group, topic).inc(count)
 
 
 def track(consumer: _HasQueues) -> None:

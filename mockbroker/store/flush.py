@@ -57,6 +57,11 @@ class Flusher:
         self.flushes = 0
         self.flush_seconds = 0.0  # total time spent in fsync
 
+    @property
+    def checkpointed(self) -> int:
+        """The position the last checkpoint recorded (0 before the first)."""
+        return max(self._checkpointed, 0)
+
     def start(self) -> None:
         """Start the periodic and the group-commit loops."""
         self._tasks = [
