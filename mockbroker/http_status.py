@@ -100,9 +100,11 @@ def readiness_on_loop(broker: Broker, loop: asyncio.AbstractEventLoop) -> Readin
         return broker.readiness()
 
     def readiness() -> str | None:
+        question = ask()
         try:
-            future = asyncio.run_coroutine_threadsafe(ask(), loop)
+            future = asyncio.run_coroutine_threadsafe(question, loop)
         except RuntimeError:  # the loop is closed
+            question.close()
             return "the broker is not running"
         try:
             return future.result(timeout=READINESS_TIMEOUT_SECONDS)
