@@ -25,6 +25,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
 
     def __init__(self, state: BrokerState) -> None:
         self._s = state
+        self.requests = state.requests
 
     @answers_errors
     async def CreateTopic(
@@ -63,9 +64,8 @@ class AdminService(pb_grpc.AdminServiceServicer):
     ) -> pb.ListGroupsResponse:
         """Every group with members now or committed offsets."""
         groups, offsets = self._s.groups, self._s.offsets
-        names = {g for g in groups.groups() if groups.members(g)} | offsets.groups()
         out = pb.ListGroupsResponse()
-        for name in sorted(names):
+        for name in sorted(self._s.existing_groups()):
             members = groups.membership(name)
             first = next(iter(members.values()), None)
             topics = {t for (g, t, _q) in offsets.committed() if g == name}

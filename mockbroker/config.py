@@ -39,8 +39,9 @@ class BrokerConfig:
             `heartbeat_interval` (a client that merely reconnected heartbeats within
             it) and at least their `lock_lease` (a client cut off from the broker stops
             consuming within its lease, before its queues are given away).
-        metrics_port: Serve Prometheus metrics at http://host:PORT/metrics (None: off;
-            0 picks a free port).
+        metrics_port: Serve Prometheus metrics at http://host:PORT/metrics, and health
+            checks at /healthz (liveness) and /readyz (readiness: 503 while starting or
+            recovering, or once the store refuses writes) (None: off; 0 picks a free port).
         advertised_host: The host clients are told to connect to in topic routes (None:
             `host`, or 127.0.0.1 when `host` is a wildcard such as 0.0.0.0). Set it when
             clients on other machines use a broker listening on every interface.

@@ -111,6 +111,8 @@ class MessageStore:
         self._flusher: Flusher | None = None
         self.stats = StoreStats()
         self.recovery = RecoveryReport()
+        #: True while open() replays the commit log after an unclean shutdown.
+        self.recovering = False
         self._closed = False
         self._dir_lock = DirectoryLock(data_dir)
         self._index: MessageIndex | None = None
@@ -159,9 +161,13 @@ class MessageStore:
             checkpoint = max(read_checkpoint(self._checkpoint), self.commitlog.start)
             start = min(checkpoint, self.commitlog.end)
             log.warning("unclean shutdown detected: replaying the commit log from %d", start)
-            self.recovery = recover(
-                self.commitlog, self._lookup, list(self._queues.values()), start
-            )
+            self.recovering = True
+            try:
+                self.recovery = recover(
+                    self.commitlog, self._lookup, list(self._queues.values()), start
+                )
+            finally:
+                self.recovering = False
             self.stats.corrupt_records_detected += self.recovery.corrupt_records
             r = self.recovery
             log_event(
@@ -414,17 +420,20 @@ class MessageStore:
         self._corrupt(topic, queue_id, offset, position, served=0)
         raise AssertionError("unreachable: _corrupt raises when nothing was served")
 
-    def _writable_flusher(self) -> Flusher:
+    def write_refusal(self) -> str | None:
+        """Why the store refuses writes now; None when it accepts them."""
         flusher = self._flusher
         if flusher is None or self._closed:
-            raise BrokerError(
-                StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", "the store is not running"
-            )
+            return "the store is not running"
         if flusher.failure is not None:
+            return f"the store refuses writes after a failed write or fsync: {flusher.failure}"
+        return None
+
+    def _writable_flusher(self) -> Flusher:
+        flusher = self._flusher
+        if flusher is None or self._closed or flusher.failure is not None:
             raise BrokerError(
-                StatusCode.UNAVAILABLE,
-                "STORE_UNAVAILABLE",
-                f"the store refuses writes after a failed flush: {flusher.failure}",
+                StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", f"{self.write_refusal()}"
             )
         return flusher
 
