@@ -52,6 +52,44 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     p.add_argument(
         "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
     )
+    p.add_argument(
+        "--retention-hours",
+        type=float,
+        default=d.retention_hours,
+        help="commit-log segments older than this are deleted (default %(default)s)",
+    )
+    p.add_argument(
+        "--disk-high-ratio",
+        type=float,
+        default=d.disk_high_ratio,
+        help="above this share of the disk in use, the oldest segments are deleted early "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--disk-force-ratio",
+        type=float,
+        default=d.disk_force_ratio,
+        help="above this share, as many as it takes at once (default %(default)s)",
+    )
+    p.add_argument(
+        "--disk-refuse-ratio",
+        type=float,
+        default=d.disk_refuse_ratio,
+        help="above this share, sends are refused (DISK_FULL) (default %(default)s)",
+    )
+    p.add_argument(
+        "--disk-check-seconds",
+        type=float,
+        default=d.disk_check_seconds,
+        help="how often disk use is checked and retention applied (default %(default)s)",
+    )
+    p.add_argument(
+        "--disk-usage-file",
+        type=Path,
+        default=None,
+        help="for tests: simulate the disk from this JSON file "
+        '({"total_bytes": N, "other_used_bytes": M})',
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument(
         "--log-format", choices=["text", "json"], default="text", help="json: one object a line"
@@ -79,6 +117,12 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             disconnect_grace_seconds=a.disconnect_grace_seconds,
             metrics_port=a.metrics_port,
             advertised_host=a.advertised_host,
+            retention_hours=a.retention_hours,
+            disk_high_ratio=a.disk_high_ratio,
+            disk_force_ratio=a.disk_force_ratio,
+            disk_refuse_ratio=a.disk_refuse_ratio,
+            disk_check_seconds=a.disk_check_seconds,
+            disk_usage_file=a.disk_usage_file,
         )
     except ValueError as exc:
         p.error(str(exc))

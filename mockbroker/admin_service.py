@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import grpc
 
@@ -24,6 +25,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
 
     def __init__(self, state: BrokerState) -> None:
         self._s = state
+        self.requests = state.requests
 
     @answers_errors
     async def CreateTopic(
@@ -62,9 +64,8 @@ class AdminService(pb_grpc.AdminServiceServicer):
     ) -> pb.ListGroupsResponse:
         """Every group with members now or committed offsets."""
         groups, offsets = self._s.groups, self._s.offsets
-        names = {g for g in groups.groups() if groups.members(g)} | offsets.groups()
         out = pb.ListGroupsResponse()
-        for name in sorted(names):
+        for name in sorted(self._s.existing_groups()):
             members = groups.membership(name)
             first = next(iter(members.values()), None)
             topics = {t for (g, t, _q) in offsets.committed() if g == name}
@@ -101,7 +102,8 @@ class AdminService(pb_grpc.AdminServiceServicer):
         broker = self._s.config.broker_name
         for topic in topics:
             for qid in range(topic.queue_count):
-                max_offset = store.queue(topic, qid).max_offset
+                cq = store.queue(topic, qid)
+                max_offset = cq.max_offset
                 committed = self._s.offsets.get(group, topic.name, qid)
                 lock = locks.get((topic.name, qid))
                 live = lock is not None and lock.live
@@ -110,9 +112,11 @@ class AdminService(pb_grpc.AdminServiceServicer):
                         queue=pb.MessageQueue(topic=topic.name, broker_name=broker, queue_id=qid),
                         broker_max_offset=max_offset,
                         consumer_offset=-1 if committed is None else committed,
-                        lag=max_offset - (committed or 0),
+                        lag=max_offset - max(committed or 0, cq.min_offset),
                         lock_owner=lock.client_id if lock is not None and live else "",
                         lock_epoch=lock.epoch if lock is not None and live else 0,
+                        broker_min_offset=cq.min_offset,
+                        skipped=self._s.offsets.skipped(group, topic.name, qid),
                     )
                 )
         return out
@@ -224,7 +228,9 @@ class AdminService(pb_grpc.AdminServiceServicer):
             uptime_ms=int((self._s.clock.now() - self._s.started) * 1000),
             flush_mode=self._s.config.flush_mode,
             commit_log_bytes=store.commitlog.total_bytes(),
-            disk_bytes=sum(p.stat().st_size for p in store.data_dir.rglob("*") if p.is_file()),
+            disk_bytes=sum(
+                p.stat().st_blocks * 512 for p in store.data_dir.rglob("*") if p.is_file()
+            ),
             messages_stored=store.stats.messages_stored,
             messages_served=store.stats.messages_served,
             recovered_from_crash=store.recovery.crashed,
@@ -232,7 +238,32 @@ class AdminService(pb_grpc.AdminServiceServicer):
             corrupt_records_detected=store.stats.corrupt_records_detected,
             topic_count=len(store.topics.all()),
             held_pulls=self._s.holder.held,
+            **self._retention_status(),
         )
+
+    def _retention_status(self) -> dict[str, Any]:
+        """BrokerStatus's disk and retention fields."""
+        store = self._s.store
+        disk = store.disk
+        return {
+            "disk_total_bytes": disk.total_bytes if disk is not None else 0,
+            "disk_free_bytes": disk.free_bytes if disk is not None else 0,
+            "disk_used_ratio": disk.ratio if disk is not None else 0.0,
+            "sends_refused": store.refusing_sends,
+            "retention_hours": self._s.config.retention_hours,
+            "oldest_stored_timestamp_ms": store.oldest_timestamp_ms(),
+            "retention_deleted_messages": store.retention_stats.messages_deleted,
+            "retention": [
+                pb.TopicRetention(
+                    topic=topic.name,
+                    min_offsets=[
+                        store.queue(topic, q).min_offset for q in range(topic.queue_count)
+                    ],
+                )
+                for topic in store.topics.all()
+                if not is_system_topic(topic.name)
+            ],
+        }
 
     def _info(self, topic: Topic, *, describe: bool) -> pb.TopicInfo:
         store = self._s.store

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from mockbroker.store.retention import RetentionPolicy
+
 FlushMode = Literal["async", "sync"]
 
 
@@ -37,11 +39,27 @@ class BrokerConfig:
             `heartbeat_interval` (a client that merely reconnected heartbeats within
             it) and at least their `lock_lease` (a client cut off from the broker stops
             consuming within its lease, before its queues are given away).
-        metrics_port: Serve Prometheus metrics at http://host:PORT/metrics (None: off;
-            0 picks a free port).
+        metrics_port: Serve Prometheus metrics at http://host:PORT/metrics, and health
+            checks at /healthz (liveness) and /readyz (readiness: 503 while starting or
+            recovering, or once the store refuses writes) (None: off; 0 picks a free port).
         advertised_host: The host clients are told to connect to in topic routes (None:
             `host`, or 127.0.0.1 when `host` is a wildcard such as 0.0.0.0). Set it when
             clients on other machines use a broker listening on every interface.
+        retention_hours: How long commit-log segments are kept after their last write
+            (RocketMQ's fileReservedTime); older ones are deleted, with the consume-queue
+            and index entries that point into them. Undelivered scheduled messages are
+            always kept.
+        disk_high_ratio: Above this share of the disk in use, the oldest segments are
+            deleted before their time, one per check (RocketMQ's diskMaxUsedSpaceRatio).
+        disk_force_ratio: Above this share, as many segments are deleted at once as it
+            takes to get back under `disk_high_ratio`.
+        disk_refuse_ratio: Above this share, sends are refused with UNAVAILABLE
+            (DISK_FULL, retriable) until space is freed; reads, offset commits and locks
+            keep working.
+        disk_check_seconds: How often disk use is checked and retention applied.
+        disk_usage_file: For tests: read the disk's size and what else uses it from this
+            JSON file (`{"total_bytes": N, "other_used_bytes": M}`) instead of the file
+            system; the data directory's files count as used on top (None: the real disk).
     """
 
     host: str = "127.0.0.1"
@@ -59,6 +77,12 @@ class BrokerConfig:
     disconnect_grace_seconds: float = 30.0
     metrics_port: int | None = None
     advertised_host: str | None = None
+    retention_hours: float = 72.0
+    disk_high_ratio: float = 0.75
+    disk_force_ratio: float = 0.85
+    disk_refuse_ratio: float = 0.90
+    disk_check_seconds: float = 1.0
+    disk_usage_file: Path | None = None
 
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):
@@ -89,4 +113,16 @@ class BrokerConfig:
                 f"advertised_host {self.advertised_host!r} must be a host name or address "
                 "clients can connect to"
             )
+        if self.disk_check_seconds <= 0:
+            raise ValueError("disk_check_seconds must be positive")
+        self.retention_policy()  # raises ValueError naming what is wrong
         object.__setattr__(self, "data_dir", Path(self.data_dir))
+
+    def retention_policy(self) -> RetentionPolicy:
+        """The retention settings as the store takes them."""
+        return RetentionPolicy(
+            retention_seconds=self.retention_hours * 3600,
+            clean_ratio=self.disk_high_ratio,
+            force_ratio=self.disk_force_ratio,
+            refuse_ratio=self.disk_refuse_ratio,
+        )

@@ -15,7 +15,8 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from mockbroker.errors import BrokerError
+from mockbroker.errors import BrokerError, invalid
+from mockbroker.request_stats import RequestStats
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 
 log = logging.getLogger("ordermq.broker")
@@ -28,18 +29,27 @@ SendHandler = Callable[[pb.SendRequest], Awaitable[pb.SendResponse]]
 PullHandler = Callable[[pb.PullRequest], Awaitable[pb.PullResponse]]
 
 
+#: The RPC a request on the stream does the work of, by its body's field name.
+_METHODS = {"send": "Send", "pull": "Pull"}
+
+
 def _error(request_id: int, code: str, reason: str, message: str) -> pb.ExchangeResponse:
     return pb.ExchangeResponse(
         id=request_id, error=pb.ExchangeError(code=code, reason=reason, message=message)
     )
 
 
+def _refusal(request_id: int, exc: BrokerError) -> pb.ExchangeResponse:
+    return _error(request_id, exc.status.name, exc.reason, exc.message)
+
+
 class ExchangeStream:
     """Serves one client's Exchange call."""
 
-    def __init__(self, send: SendHandler, pull: PullHandler) -> None:
+    def __init__(self, send: SendHandler, pull: PullHandler, stats: RequestStats) -> None:
         self._send = send
         self._pull = pull
+        self._stats = stats
         self._tasks: dict[int, asyncio.Task[bool]] = {}
         self._answers: asyncio.Queue[pb.ExchangeResponse | None] = asyncio.Queue()
         # A request holds a slot from when it is read until its answer has been handed to
@@ -98,36 +108,40 @@ class ExchangeStream:
             self._room.release()  # a cancel is never answered
             return
         if kind is None:
-            self._answers.put_nowait(
-                _error(rid, "INVALID_ARGUMENT", "INVALID_ARGUMENT",
-                       f"request {rid} carries no send, pull or cancel")
-            )  # fmt: skip
+            self._refuse(rid, f"request {rid} carries no send, pull or cancel")
             return
         if rid in self._tasks:
-            self._answers.put_nowait(
-                _error(rid, "INVALID_ARGUMENT", "INVALID_ARGUMENT",
-                       f"request id {rid} is already in flight on this stream")
-            )  # fmt: skip
+            self._refuse(rid, f"request id {rid} is already in flight on this stream")
             return
-        task = asyncio.create_task(self._run(rid, request))
+        task = asyncio.create_task(self._run(rid, request, _METHODS[kind]))
         self._tasks[rid] = task
         task.add_done_callback(functools.partial(self._finished, rid))
 
-    async def _run(self, rid: int, request: pb.ExchangeRequest) -> bool:
+    def _refuse(self, rid: int, message: str) -> None:
+        exc = invalid("INVALID_ARGUMENT", message)
+        self._stats.refused("Exchange", exc)
+        self._answers.put_nowait(_refusal(rid, exc))
+
+    async def _run(self, rid: int, request: pb.ExchangeRequest, method: str) -> bool:
         """Handle one request; True once its answer is queued (False: cancelled)."""
         try:
-            if request.HasField("send"):
+            if method == "Send":
                 answer = pb.ExchangeResponse(id=rid, send=await self._send(request.send))
             else:
                 answer = pb.ExchangeResponse(id=rid, pull=await self._pull(request.pull))
         except BrokerError as exc:
-            answer = _error(rid, exc.status.name, exc.reason, exc.message)
+            self._stats.refused(method, exc)
+            answer = _refusal(rid, exc)
         except asyncio.CancelledError:
+            self._stats.cancelled(method)
             return False  # cancelled by the client, or the stream is gone: no answer
         except Exception as exc:
+            self._stats.crashed(method)
             log.exception("exchange request %d failed", rid)
             # What gRPC answers a unary call whose handler raised.
             answer = _error(rid, "UNKNOWN", "", f"Unexpected {type(exc)}: {exc}")
+        else:
+            self._stats.answered(method)
         self._answers.put_nowait(answer)
         return True
 
@@ -144,9 +158,10 @@ class ExchangeStream:
 class ExchangeStreams:
     """Every open Exchange stream of a broker, so that shutdown can end them."""
 
-    def __init__(self, send: SendHandler, pull: PullHandler) -> None:
+    def __init__(self, send: SendHandler, pull: PullHandler, stats: RequestStats) -> None:
         self._send = send
         self._pull = pull
+        self._stats = stats
         self._open: set[ExchangeStream] = set()
         self._closed = False
 
@@ -154,7 +169,7 @@ class ExchangeStreams:
         self, requests: AsyncIterator[pb.ExchangeRequest]
     ) -> AsyncIterator[pb.ExchangeResponse]:
         """One stream's answers; see ExchangeStream.serve."""
-        stream = ExchangeStream(self._send, self._pull)
+        stream = ExchangeStream(self._send, self._pull, self._stats)
         if self._closed:
             stream.close()
         self._open.add(stream)

@@ -149,9 +149,9 @@ class ConsumerGroups:
         """The group's membership version."""
         return self._group(group).version
 
-    def groups(self) -> list[str]:
-        """Every group that has or had members since the broker started."""
-        return sorted(self._groups)
+    def active_groups(self) -> set[str]:
+        """Every group with at least one member now."""
+        return {group for client in self._clients.values() for group in client.groups}
 
     async def watch(self, group: str, known_version: int) -> AsyncIterator[tuple[int, list[str]]]:
         """Yield (version, members) now if `known_version` is behind, then on every change."""

@@ -1,111 +1,256 @@
 """Prometheus metrics of a broker, read from its state at scrape time.
 
-Served on `--metrics-port` (off by default). Nothing is counted on the per-message path
-but a per-batch, per-topic counter in the store.
+Served with the health checks by mockbroker.http_status on `--metrics-port` (off by
+default). The hot paths only count: a per-batch, per-topic counter in the store, and a
+counter update and a histogram observation per request (mockbroker/request_stats.py).
+Series of a group appear while the group exists (BrokerState.existing_groups) and go
+with it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import math
+import os
+import platform
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
-    SummaryMetricFamily,
 )
 from prometheus_client.registry import Collector
 
+from mockbroker.histogram import Histogram
+from sdk._version import __version__
+
 if TYPE_CHECKING:
+    from mockbroker.server import Broker
     from mockbroker.state import BrokerState
+
+#: How long a scrape waits for the broker's event loop to take its snapshot.
+SNAPSHOT_TIMEOUT_SECONDS = 10.0
 
 
 class BrokerCollector(Collector):
     """Turns the broker's counters and tables into metric families."""
 
-    def __init__(self, state: BrokerState, loop: asyncio.AbstractEventLoop) -> None:
-        self._state = state
+    def __init__(self, broker: Broker, loop: asyncio.AbstractEventLoop) -> None:
+        self._broker = broker
         self._loop = loop
 
     def collect(self) -> Iterator[Metric]:
         """One snapshot of every series, taken on the broker's loop.
 
-        The loop owns the state; scrapes arrive on the HTTP server's threads.
+        The loop owns the state; scrapes arrive on the HTTP server's threads. Build and
+        disk figures need no state and are read here.
         """
+        yield build_info()
+        yield from disk_space(self._broker.config.data_dir)
         future = asyncio.run_coroutine_threadsafe(self._snapshot(), self._loop)
-        yield from future.result(timeout=10)
+        yield from future.result(timeout=SNAPSHOT_TIMEOUT_SECONDS)
 
     async def _snapshot(self) -> list[Metric]:
-        return list(self._collect())
-
-    def _collect(self) -> Iterator[Metric]:
-        s = self._state
-        store = s.store
-        stored = CounterMetricFamily(
-            "ordermq_messages_in", "Messages stored, by topic", labels=["topic"]
-        )
-        for topic, n in sorted(store.stats.stored_by_topic.items()):
-            stored.add_metric([topic], n)
-        yield stored
-        served = CounterMetricFamily(
-            "ordermq_messages_out", "Messages served to pulls, by topic", labels=["topic"]
-        )
-        for topic, n in sorted(store.stats.served_by_topic.items()):
-            served.add_metric([topic], n)
-        yield served
-        yield GaugeMetricFamily("ordermq_held_pulls", "Pulls held waiting", value=s.holder.held)
-        yield GaugeMetricFamily(
-            "ordermq_scheduled_messages", "Delayed messages waiting", value=s.scheduler.pending
-        )
-        yield GaugeMetricFamily(
-            "ordermq_store_bytes", "Bytes in the commit log", value=store.commitlog.total_bytes()
-        )
-        yield CounterMetricFamily(
-            "ordermq_corrupt_records",
-            "Stored records found corrupt",
-            value=store.stats.corrupt_records_detected,
-        )
-        flusher = store.flusher
-        if flusher is not None:
-            flush = SummaryMetricFamily("ordermq_flush_seconds", "Time spent in fsync")
-            flush.add_metric([], count_value=flusher.flushes, sum_value=flusher.flush_seconds)
-            yield flush
-        locks = GaugeMetricFamily("ordermq_locks_held", "Live queue locks", labels=["group"])
-        lag = GaugeMetricFamily(
-            "ordermq_consumer_lag",
-            "Messages not yet committed, by group and queue",
-            labels=["group", "topic", "queue"],
-        )
-        members = GaugeMetricFamily("ordermq_group_members", "Group members", labels=["group"])
-        for group in sorted(set(s.groups.groups()) | s.offsets.groups()):
-            live = sum(1 for v in s.locks.locks(group).values() if v.live)
-            locks.add_metric([group], live)
-            members.add_metric([group], len(s.groups.members(group)))
-        for group, topic_name, qid in sorted(s.offsets.committed()):
-            found = store.topics.find(topic_name)
-            committed = s.offsets.get(group, topic_name, qid)
-            if found is None or committed is None or qid >= found.queue_count:
-                continue
-            max_offset = store.queue(found, qid).max_offset
-            lag.add_metric([group, topic_name, str(qid)], max_offset - committed)
-        yield locks
-        yield members
-        yield lag
+        ready = self._broker.readiness() is None
+        families: list[Metric] = [
+            GaugeMetricFamily(
+                "ordermq_ready",
+                "1 when the broker is ready (recovered, the store accepts writes), else 0",
+                value=int(ready),
+            )
+        ]
+        if self._broker.state is not None:
+            families += _state_families(self._broker.state)
+        return families
 
 
-class MetricsServer:
-    """The /metrics HTTP endpoint of one broker."""
+def build_info() -> Metric:
+    """ordermq_build_info{version, python} 1."""
+    info = GaugeMetricFamily(
+        "ordermq_build_info",
+        "Always 1; the labels name the ordermq version and the Python version",
+        labels=["version", "python"],
+    )
+    info.add_metric([__version__, platform.python_version()], 1)
+    return info
 
-    def __init__(self, state: BrokerState, host: str, port: int) -> None:
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(BrokerCollector(state, asyncio.get_running_loop()))
-        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
-        self.port = int(self._server.server_port)
 
-    def close(self) -> None:
-        """Stop serving."""
-        self._server.shutdown()
-        self._server.server_close()
+def disk_space(data_dir: Path) -> Iterator[Metric]:
+    """Free and total bytes of the filesystem holding `data_dir` (none before it exists)."""
+    try:
+        fs = os.statvfs(data_dir)
+    except OSError:
+        return
+    yield GaugeMetricFamily(
+        "ordermq_disk_free_bytes",
+        "Bytes the broker may still write on the filesystem of its data directory",
+        value=fs.f_bavail * fs.f_frsize,
+    )
+    yield GaugeMetricFamily(
+        "ordermq_disk_size_bytes",
+        "Size of the filesystem of the broker's data directory",
+        value=fs.f_blocks * fs.f_frsize,
+    )
+
+
+def _histogram(
+    name: str, documentation: str, labels: dict[str, str], histogram: Histogram
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, documentation, labels=list(labels))
+    buckets = [(_le(bound), n) for bound, n in histogram.cumulative()]
+    family.add_metric(list(labels.values()), buckets, sum_value=histogram.sum)
+    return family
+
+
+def _le(bound: float) -> str:
+    """A bucket bound as Prometheus clients write it: 0.005, 1.0, +Inf."""
+    return "+Inf" if math.isinf(bound) else repr(bound)
+
+
+def _counter(
+    name: str, documentation: str, labels: list[str], counts: Iterable[tuple[tuple[str, ...], int]]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=labels)
+    for key, n in sorted(counts):
+        family.add_metric(list(key), n)
+    return family
+
+
+def _state_families(s: BrokerState) -> Iterator[Metric]:
+    store = s.store
+    stats = store.stats
+    yield _counter(
+        "ordermq_messages_in", "Messages stored, by topic", ["topic"],
+        [((t,), n) for t, n in stats.stored_by_topic.items()],
+    )  # fmt: skip
+    yield _counter(
+        "ordermq_messages_out", "Messages served to pulls, by topic", ["topic"],
+        [((t,), n) for t, n in stats.served_by_topic.items()],
+    )  # fmt: skip
+    yield GaugeMetricFamily("ordermq_held_pulls", "Pulls held waiting", value=s.holder.held)
+    yield GaugeMetricFamily(
+        "ordermq_scheduled_messages", "Delayed messages waiting", value=s.scheduler.pending
+    )
+    yield GaugeMetricFamily(
+        "ordermq_store_bytes", "Bytes in the commit log", value=store.commitlog.total_bytes()
+    )
+    yield CounterMetricFamily(
+        "ordermq_corrupt_records",
+        "Stored records found corrupt",
+        value=stats.corrupt_records_detected,
+    )
+    if store.flusher is not None:
+        yield _histogram(
+            "ordermq_flush_seconds", "Duration of each flush (fsyncs and checkpoint write)",
+            {}, store.flusher.flush_seconds,
+        )  # fmt: skip
+    yield from _request_families(s)
+    yield from _group_families(s)
+    yield from retention_metrics(s)
+
+
+def _request_families(s: BrokerState) -> Iterator[Metric]:
+    requests = s.requests
+    yield _counter(
+        "ordermq_rpc_requests",
+        "Requests answered, by RPC and gRPC status code (Send and Pull include those on "
+        "Exchange streams; a stream counts when it ends)",
+        ["method", "code"], requests.by_code.items(),
+    )  # fmt: skip
+    yield _counter(
+        "ordermq_rpc_errors",
+        "Requests refused or failed, by RPC, gRPC status code and ordermq reason",
+        ["method", "code", "reason"], requests.errors.items(),
+    )  # fmt: skip
+    yield _histogram(
+        "ordermq_send_duration_seconds",
+        "Time from a send's arrival to its answer (in sync mode, its fsync included)",
+        {"flush_mode": s.config.flush_mode}, requests.send_seconds,
+    )  # fmt: skip
+
+
+def _group_families(s: BrokerState) -> Iterator[Metric]:
+    groups = sorted(s.existing_groups())
+    locks = GaugeMetricFamily("ordermq_locks_held", "Live queue locks", labels=["group"])
+    members = GaugeMetricFamily("ordermq_group_members", "Group members", labels=["group"])
+    for group in groups:
+        locks.add_metric([group], sum(1 for v in s.locks.locks(group).values() if v.live))
+        members.add_metric([group], len(s.groups.members(group)))
+    yield locks
+    yield members
+    retry = s.retry
+    yield _counter(
+        "ordermq_messages_retried",
+        "Failed messages sent back to the group's retry topic %RETRY%<group>",
+        ["group"], [((g,), retry.retried[g]) for g in groups if g in retry.retried],
+    )  # fmt: skip
+    yield _counter(
+        "ordermq_messages_dead_lettered",
+        "Failed messages moved to the group's dead-letter topic %DLQ%<group>",
+        ["group"], [((g,), retry.dead_lettered[g]) for g in groups if g in retry.dead_lettered],
+    )  # fmt: skip
+    yield _lag(s)
+
+
+def _lag(s: BrokerState) -> Metric:
+    store = s.store
+    lag = GaugeMetricFamily(
+        "ordermq_consumer_lag",
+        "Messages not yet committed, by group and queue",
+        labels=["group", "topic", "queue"],
+    )
+    for group, topic_name, qid in sorted(s.offsets.committed()):
+        found = store.topics.find(topic_name)
+        committed = s.offsets.get(group, topic_name, qid)
+        if found is None or committed is None or qid >= found.queue_count:
+            continue
+        max_offset = store.queue(found, qid).max_offset
+        lag.add_metric([group, topic_name, str(qid)], max_offset - committed)
+    return lag
+
+
+def retention_metrics(s: BrokerState) -> Iterator[Metric]:
+    """Disk use, whether sends are refused, what retention kept and deleted."""
+    store = s.store
+    disk = store.disk
+    yield GaugeMetricFamily(
+        "ordermq_disk_used_ratio",
+        "Share of the data directory's disk in use, 0..1",
+        value=disk.ratio if disk is not None else 0.0,
+    )
+    yield GaugeMetricFamily(
+        "ordermq_sends_refused",
+        "1 while the disk is over the refuse ratio and sends get DISK_FULL",
+        value=int(store.refusing_sends),
+    )
+    yield GaugeMetricFamily(
+        "ordermq_retention_oldest_timestamp_seconds",
+        "When the oldest record retention kept was stored (0: none)",
+        value=store.oldest_timestamp_ms() / 1000,
+    )
+    yield CounterMetricFamily(
+        "ordermq_retention_deleted_messages",
+        "Messages deleted by retention since start",
+        value=store.retention_stats.messages_deleted,
+    )
+    oldest = GaugeMetricFamily(
+        "ordermq_queue_min_offset", "Oldest offset still stored", labels=["topic", "queue"]
+    )
+    for topic in store.topics.all():
+        for qid in range(topic.queue_count):
+            oldest.add_metric([topic.name, str(qid)], store.queue(topic, qid).min_offset)
+    yield oldest
+    skipped = CounterMetricFamily(
+        "ordermq_consumer_retention_skipped",
+        "Messages retention deleted before the group committed past them",
+        labels=["group", "topic", "queue"],
+    )
+    for group, topic_name, qid in sorted(s.offsets.committed()):
+        count = s.offsets.skipped(group, topic_name, qid)
+        if count:
+            skipped.add_metric([group, topic_name, str(qid)], count)
+    yield skipped

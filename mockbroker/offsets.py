@@ -23,6 +23,7 @@ class ConsumerOffsets:
         self._path = path
         self._table: dict[OffsetKey, int] = {}
         self._groups: set[str] = set()
+        self._skipped: dict[OffsetKey, int] = {}
         self._version = 0
         self._saved_version = 0
         self._save_lock = asyncio.Lock()
@@ -35,6 +36,10 @@ class ConsumerOffsets:
                 for topic, queues in topics.items():
                     for qid, offset in queues.items():
                         self._table[(group, topic, int(qid))] = int(offset)
+            for group, topics in raw.get("skipped", {}).items():
+                for topic, queues in topics.items():
+                    for qid, count in queues.items():
+                        self._skipped[(group, topic, int(qid))] = int(count)
         self._groups = {g for g, _, _ in self._table}
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
@@ -48,6 +53,20 @@ class ConsumerOffsets:
     def groups(self) -> set[str]:
         """Every group with at least one committed offset."""
         return self._groups
+
+    def note_trimmed(self, topic: str, queue_id: int, old_min: int, new_min: int) -> None:
+        """Retention moved a queue's min offset: count what each group had not committed.
+
+        Saved with the next commit.
+        """
+        for key, committed in self._table.items():
+            if key[1] == topic and key[2] == queue_id and committed < new_min:
+                self._skipped[key] = self._skipped.get(key, 0) + new_min - max(committed, old_min)
+                self._version += 1
+
+    def skipped(self, group: str, topic: str, queue_id: int) -> int:
+        """Messages retention deleted before `group` committed past them."""
+        return self._skipped.get((group, topic, queue_id), 0)
 
     async def commit(self, updates: dict[OffsetKey, int]) -> None:
         """Apply `updates` and return once they are on disk."""
@@ -69,4 +88,7 @@ class ConsumerOffsets:
         nested: dict[str, dict[str, dict[str, int]]] = {}
         for (group, topic, qid), offset in sorted(self._table.items()):
             nested.setdefault(group, {}).setdefault(topic, {})[str(qid)] = offset
-        return json.dumps({"offsets": nested}, indent=1).encode()
+        skipped: dict[str, dict[str, dict[str, int]]] = {}
+        for (group, topic, qid), count in sorted(self._skipped.items()):
+            skipped.setdefault(group, {}).setdefault(topic, {})[str(qid)] = count
+        return json.dumps({"offsets": nested, "skipped": skipped}, indent=1).encode()

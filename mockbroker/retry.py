@@ -40,6 +40,9 @@ class RetryService:
         self._store = store
         self._scheduler = scheduler
         self._clock = clock
+        #: Messages stored in each group's retry topic, and in its dead-letter topic.
+        self.retried: dict[str, int] = {}
+        self.dead_lettered: dict[str, int] = {}
 
     async def send_back(
         self,
@@ -69,12 +72,14 @@ class RetryService:
             frame = _copy_frame(record, topic.name, queue_id, queue_offset, delay_level=0)
             checked = check_frames(frame, int(self._clock.now() * 1000))
             await self._store.append(dlq, 0, frame, checked, reconsume_times=times)
+            self.dead_lettered[group] = self.dead_lettered.get(group, 0) + 1
             return SentBack(True, dlq.name, times)
         retry = self._system_topic(RETRY_PREFIX + group)
         level = min(delay_level or 3 + times, len(DELAY_LEVEL_SECONDS))
         frame = _copy_frame(record, topic.name, queue_id, queue_offset, delay_level=level)
         checked = self._store.check(frame)
         await self._scheduler.schedule(retry, 0, frame, checked, reconsume_times=times + 1)
+        self.retried[group] = self.retried.get(group, 0) + 1
         return SentBack(False, retry.name, times + 1)
 
     def _system_topic(self, name: str) -> Topic:

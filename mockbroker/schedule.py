@@ -74,7 +74,7 @@ class Scheduler:
             self._store.topics.find(DONE_TOPIC) or (self._store.create_topic(DONE_TOPIC, 1)[0])
         )
         done: set[int] = set()
-        for record in self._records(self._done_topic):
+        for _, record in self._records(self._done_topic):
             if not record:
                 continue
             frame = frame_of(record)
@@ -82,7 +82,7 @@ class Scheduler:
             done.add(offset)
             msg_id = bytes(frame[:16])
             self._outcomes[msg_id] = (outcome, _record_topic(record))
-        for offset, record in enumerate(self._records(self._schedule_topic)):
+        for offset, record in self._records(self._schedule_topic):
             if offset in done or not record:
                 continue
             frame = frame_of(record)
@@ -92,6 +92,14 @@ class Scheduler:
             self._pending[msg_id] = _Scheduled(offset, _record_topic(record))
         if self._pending:
             log.info("%d scheduled messages pending", len(self._pending))
+        self._store.protected_position = self.oldest_pending_position
+
+    def oldest_pending_position(self) -> int | None:
+        """Where the oldest message still waiting lies in the commit log (retention keeps it)."""
+        if not self._pending:
+            return None
+        oldest = min(waiting.offset for waiting in self._pending.values())
+        return self._store.queue(self._schedule_topic, 0).entry(oldest)[0]
 
     def start(self) -> None:
         """Start delivering."""
@@ -243,15 +251,16 @@ class Scheduler:
             else:
                 await self._changed.wait()
 
-    def _records(self, topic: Topic) -> list[bytes]:
+    def _records(self, topic: Topic) -> list[tuple[int, bytes]]:
+        """(offset, record) of every record retention kept; b"" for an unreadable one."""
         cq = self._store.queue(topic, 0)
         out = []
-        for offset in range(cq.count):
+        for offset in range(cq.min_offset, cq.count):
             try:
-                out.append(self._store.read_record(topic, 0, offset))
+                out.append((offset, self._store.read_record(topic, 0, offset)))
             except BrokerError as exc:
                 log.error("%s offset %d is unreadable and skipped: %s", topic.name, offset, exc)
-                out.append(b"")
+                out.append((offset, b""))
         return out
 
 

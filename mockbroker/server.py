@@ -12,15 +12,16 @@ from mockbroker.admin_service import AdminService
 from mockbroker.config import BrokerConfig
 from mockbroker.errors import BrokerError
 from mockbroker.groups import ConsumerGroups
+from mockbroker.http_status import StatusServer
 from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
 from mockbroker.long_polling import PullHolder
-from mockbroker.metrics import MetricsServer
 from mockbroker.offsets import ConsumerOffsets
 from mockbroker.retry import RetryService
 from mockbroker.schedule import Scheduler
 from mockbroker.service import MessagingService
 from mockbroker.state import BrokerState
 from mockbroker.store.message_store import MessageStore
+from mockbroker.store.retention import file_probe
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.clock import Clock, SystemClock, sleep_for
@@ -46,19 +47,41 @@ class Broker:
             flush_interval_seconds=config.flush_interval_seconds,
             sync_flush_timeout_seconds=config.sync_flush_timeout_seconds,
             clock=self.clock,
+            retention=config.retention_policy(),
+            disk_probe=(
+                file_probe(config.disk_usage_file, config.data_dir)
+                if config.disk_usage_file is not None
+                else None
+            ),
+            retention_check_seconds=config.disk_check_seconds,
         )
         self.offsets = ConsumerOffsets(config.data_dir / "offsets.json")
         self.state: BrokerState | None = None
         self._server: grpc.aio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
-        self._metrics: MetricsServer | None = None
+        self._http: StatusServer | None = None
         self._messaging: MessagingService | None = None
+        self._stopping = False
         self.port = 0
 
     @property
     def metrics_port(self) -> int | None:
-        """The port /metrics is served on, when enabled."""
-        return self._metrics.port if self._metrics is not None else None
+        """The port /metrics, /healthz and /readyz are served on, when enabled."""
+        return self._http.port if self._http is not None else None
+
+    def readiness(self) -> str | None:
+        """Why the broker is not ready to serve now; None once it is.
+
+        Ready means recovered, serving, and with a store that accepts writes (a failed
+        write or fsync makes it refuse them for good).
+        """
+        if self._stopping:
+            return "the broker is stopping"
+        if self.state is None:
+            if self.store.recovering:
+                return "recovering the store after an unclean shutdown"
+            return "starting"
+        return self.store.write_refusal()
 
     @property
     def exchange_streams(self) -> int:
@@ -74,12 +97,24 @@ class Broker:
         return f"{host}:{self.port}"
 
     async def start(self) -> None:
-        """Open (and if need be recover) the store, then start serving."""
-        await asyncio.to_thread(self.store.open)  # raises OSError if the directory is in use
+        """Open (and if need be recover) the store, then start serving.
+
+        The HTTP endpoint (metrics and health checks), when enabled, serves from the
+        start: not ready until the store is recovered and requests are served.
+        """
+        if self.config.metrics_port is not None:
+            self._http = StatusServer(self, self.config.host, self.config.metrics_port)
+            log.info("metrics and health checks on http://%s:%d/", self.config.host,
+                     self._http.port)  # fmt: skip
         try:
-            await self._start_serving()
+            await asyncio.to_thread(self.store.open)  # OSError if the directory is in use
+            try:
+                await self._start_serving()
+            except BaseException:
+                await self.store.close()
+                raise
         except BaseException:
-            await self.store.close()
+            await self._close_http()
             raise
 
     async def _start_serving(self) -> None:
@@ -93,6 +128,7 @@ class Broker:
         scheduler.load()
         holder = PullHolder(self.clock)
         self.store.on_append = holder.notify
+        self.store.on_trim = self.offsets.note_trimmed
         state = BrokerState(
             config=self.config,
             clock=self.clock,
@@ -122,9 +158,6 @@ class Broker:
         await server.start()
         scheduler.start()
         self._sweeper = asyncio.create_task(self._expire_clients(state), name="client-expiry")
-        if self.config.metrics_port is not None:
-            self._metrics = MetricsServer(state, self.config.host, self.config.metrics_port)
-            log.info("metrics on http://%s:%d/metrics", self.config.host, self._metrics.port)
         self.state, self._server = state, server
         log.info("broker %s serving on %s", self.config.broker_name, self.address)
 
@@ -145,9 +178,7 @@ class Broker:
 
     async def stop(self, grace_seconds: float = 5.0) -> None:
         """Answer held pulls, stop serving (running calls get a bounded grace), close."""
-        if self._metrics is not None:
-            self._metrics.close()
-            self._metrics = None
+        self._stopping = True  # /readyz answers 503 from now on, /metrics still works
         if self._messaging is not None:
             self._messaging.exchanges.close()  # each ends once its requests are answered
         if self.state is not None:
@@ -161,5 +192,13 @@ class Broker:
         if self._server is not None:
             await self._server.stop(grace_seconds)
             self._server = None
+        await self._close_http()
         await self.store.close()
         log.info("broker %s stopped", self.config.broker_name)
+
+    async def _close_http(self) -> None:
+        if self._http is not None:
+            # In a thread: closing waits for the server's poll loop, and scrapes in
+            # flight need this loop to finish.
+            await asyncio.to_thread(self._http.close)
+            self._http = None

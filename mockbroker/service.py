@@ -6,7 +6,9 @@ status.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterable
 
 import grpc
@@ -32,14 +34,16 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
 
     def __init__(self, state: BrokerState) -> None:
         self._s = state
-        self.exchanges = ExchangeStreams(self.send, self.pull)
+        self.requests = state.requests
+        self._send_seconds = state.requests.send_seconds
+        self.exchanges = ExchangeStreams(self.send, self.pull, state.requests)
 
     # ------------------------------------------------------------------ exchange
     async def Exchange(
         self, request_iterator: AsyncIterator[pb.ExchangeRequest], context: Context
     ) -> AsyncIterator[pb.ExchangeResponse]:
         """Send and Pull requests multiplexed on one stream (mockbroker/exchange.py)."""
-        async with self._stream_of(context):
+        async with self._stream_of(context, "Exchange"):
             async for answer in self.exchanges.serve(request_iterator):
                 yield answer
 
@@ -77,6 +81,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
 
     async def send(self, request: pb.SendRequest) -> pb.SendResponse:
         """Send's work, for the unary RPC and the Exchange stream (raises BrokerError)."""
+        started = time.perf_counter()
         # Each read of a protobuf bytes field copies it: read the frames once.
         frames = request.frames
         topic_name = request.topic
@@ -103,9 +108,10 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                 "INVALID_DELIVERY_TIME",
                 "a batch is either all scheduled or all for now; send them separately",
             )
+        store.check_accepting_sends()
         if scheduled:
             durable = await self._s.scheduler.schedule(topic, queue_id, frames, checked)
-            return pb.SendResponse(
+            answer = pb.SendResponse(
                 status=pb.SEND_OK if durable else pb.FLUSH_DISK_TIMEOUT,
                 queue_id=queue_id,
                 first_queue_offset=-1,
@@ -113,14 +119,17 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                 store_timestamp_ms=int(self._s.clock.now() * 1000),
                 scheduled=True,
             )
-        result = await store.append(topic, queue_id, frames, checked)
-        return pb.SendResponse(
-            status=pb.SEND_OK if result.durable else pb.FLUSH_DISK_TIMEOUT,
-            queue_id=queue_id,
-            first_queue_offset=result.first_offset,
-            count=result.count,
-            store_timestamp_ms=result.store_timestamp_ms,
-        )
+        else:
+            result = await store.append(topic, queue_id, frames, checked)
+            answer = pb.SendResponse(
+                status=pb.SEND_OK if result.durable else pb.FLUSH_DISK_TIMEOUT,
+                queue_id=queue_id,
+                first_queue_offset=result.first_offset,
+                count=result.count,
+                store_timestamp_ms=result.store_timestamp_ms,
+            )
+        self._send_seconds.observe(time.perf_counter() - started)
+        return answer
 
     # ------------------------------------------------------------------ pull
     @answers_errors
@@ -289,9 +298,10 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         try:
             check_group(request.group)
         except BrokerError as exc:
+            self.requests.refused("WatchMembership", exc)
             await abort(context, exc)
             return
-        async with self._stream_of(context):
+        async with self._stream_of(context, "WatchMembership"):
             watch = self._s.groups.watch(request.group, request.known_version)
             async for version, members in watch:
                 yield pb.MembershipChanged(
@@ -299,15 +309,24 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                 )
 
     @contextlib.asynccontextmanager
-    async def _stream_of(self, context: Context) -> AsyncIterator[None]:
+    async def _stream_of(self, context: Context, method: str) -> AsyncIterator[None]:
         """Count a long-lived stream against its connection while it is open.
 
-        The end of the last one tells ConsumerGroups that the connection closed.
+        The end of the last one tells ConsumerGroups that the connection closed. The
+        stream's end counts as the answer of its RPC.
         """
         peer = context.peer()
         self._s.groups.stream_opened(peer)
         try:
             yield
+        except (asyncio.CancelledError, GeneratorExit):
+            self.requests.cancelled(method)
+            raise
+        except Exception:
+            self.requests.crashed(method)
+            raise
+        else:
+            self.requests.answered(method)
         finally:
             self._s.groups.stream_closed(peer)
 

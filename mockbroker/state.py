@@ -14,6 +14,7 @@ from mockbroker.groups import ConsumerGroups
 from mockbroker.lock_manager import RebalanceLockManager
 from mockbroker.long_polling import PullHolder
 from mockbroker.offsets import ConsumerOffsets
+from mockbroker.request_stats import RequestStats
 from mockbroker.retry import RetryService
 from mockbroker.schedule import Scheduler
 from mockbroker.store.message_store import MessageStore
@@ -59,6 +60,15 @@ class BrokerState:
     started: float = 0.0
     address: str = ""
     rates: RateMeter = field(default_factory=RateMeter)
+    requests: RequestStats = field(default_factory=RequestStats)
+
+    def existing_groups(self) -> set[str]:
+        """Groups that exist now: with members, or with committed offsets.
+
+        A group whose members all left and that never committed is gone (nothing of it
+        survives a restart); one with committed offsets stays, since it resumes from them.
+        """
+        return self.groups.active_groups() | self.offsets.groups()
 
     def topic_queue(self, topic: str, queue_id: int) -> Topic:
         """The existing topic, checked to have `queue_id` (TOPIC_NOT_FOUND, INVALID_QUEUE)."""

@@ -7,7 +7,7 @@ The blocking clients are here; their asyncio twins are in `sdk.aio`.
 """
 
 from sdk._blocking import wait_for_shutdown_signal
-from sdk._version import __version__
+from sdk._version import __version__ as __version__
 from sdk.consumer.allocate import (
     AllocateMessageQueueAveragely,
     AllocateMessageQueueAveragelyByCircle,
@@ -74,7 +74,6 @@ __all__ = [
     "SelectMessageQueueByRandom",
     "SendResult",
     "SendStatus",
-    "__version__",
     "shard_index",
     "wait_for_shutdown_signal",
 ]

@@ -153,15 +153,16 @@ def groups_list(c: Context) -> None:
 @click.option("--topic", default="", help="only this topic")
 @click.pass_obj
 def groups_describe(c: Context, group: str, topic: str) -> None:
-    """Members, and per queue: committed offset, lag, lock owner and epoch."""
+    """Members, and per queue: offsets, lag, messages retention skipped, lock owner, epoch."""
     data = c.call(lambda b: b.admin("ConsumerProgress", group=group, topic=topic))
     rows = [
         [q["queue"]["topic"], q["queue"]["queue_id"], q["broker_max_offset"],
-         q["consumer_offset"], q["lag"], q["lock_owner"] or "-", q["lock_epoch"] or "-"]
+         q["consumer_offset"], q["lag"], q["skipped"],
+         q["lock_owner"] or "-", q["lock_epoch"] or "-"]
         for q in data["queues"]
     ]  # fmt: skip
     members = ", ".join(data["client_ids"]) or "none"
-    columns = ["topic", "queue", "max", "committed", "lag", "lock owner", "epoch"]
+    columns = ["topic", "queue", "max", "committed", "lag", "skipped", "lock owner", "epoch"]
     table = _table(f"group {group} (members: {members})", columns, rows)
     c.emit(data, table)
 
@@ -392,9 +393,12 @@ def broker() -> None:
 @broker.command("status")
 @click.pass_obj
 def broker_status(c: Context) -> None:
-    """Uptime, disk use, counters and what recovery found."""
+    """Uptime, disk use, retention, counters and what recovery found."""
     data = c.call(lambda b: b.admin("BrokerStatus"))
-    rows = [[k, v] for k, v in data.items()]
+    rows = [[k, v] for k, v in data.items() if k != "retention"]
+    rows.append(["oldest stored", _ms(data.get("oldest_stored_timestamp_ms"))])
+    for t in data.get("retention", []):
+        rows.append([f"oldest offsets {t['topic']}", ", ".join(map(str, t["min_offsets"]))])
     c.emit(data, _table(f"broker {data['broker_name']} at {c.broker}", ["", ""], rows))
 
 

@@ -8,8 +8,13 @@ Off until enabled::
     start_http_server(9100)
 
 Series: ordermq_client_send_seconds{topic} (per send request), ordermq_client_consume_seconds
-{group,topic} (per listener call), ordermq_client_rebalances_total{group}, and
-ordermq_client_cached_messages{group,topic,queue} (pulled, not yet consumed).
+{group,topic} (per listener call), ordermq_client_rebalances_total{group},
+ordermq_client_messages_retried_total{group,via} (messages a listener failed that will be
+consumed again: via="broker" through the group's retry topic, via="local" in place, as
+orderly consumers retry), ordermq_client_messages_dead_lettered_total{group} (moved to the
+group's dead-letter topic), and ordermq_client_cached_messages{group,topic,queue} (pulled,
+not yet consumed) and ordermq_client_retention_skipped_total{group,topic} (messages the
+broker's retention deleted before the consumer reached them).
 """
 
 from __future__ import annotations
@@ -47,6 +52,22 @@ class _Metrics:
         )  # fmt: skip
         self.rebalances = Counter(
             "ordermq_client_rebalances", "Rebalances that moved queues", ["group"],
+            registry=registry,
+        )  # fmt: skip
+        self.retention_skipped = Counter(
+            "ordermq_client_retention_skipped",
+            "Messages deleted by the broker's retention before the consumer reached them",
+            ["group", "topic"],
+            registry=registry,
+        )
+        self.retried = Counter(
+            "ordermq_client_messages_retried",
+            "Failed messages to be consumed again, through the retry topic or in place",
+            ["group", "via"], registry=registry,
+        )  # fmt: skip
+        self.dead_lettered = Counter(
+            "ordermq_client_messages_dead_lettered",
+            "Failed messages moved to the group's dead-letter topic", ["group"],
             registry=registry,
         )  # fmt: skip
         self.collector = _CacheCollector()
@@ -90,7 +111,10 @@ def disable() -> None:
     """Stop recording and unregister the series."""
     global _active
     if _active is not None:
-        for collector in (_active.send, _active.consume, _active.rebalances, _active.collector):
+        for collector in (
+            _active.send, _active.consume, _active.rebalances, _active.retried,
+            _active.dead_lettered, _active.retention_skipped, _active.collector,
+        ):  # fmt: skip
             _active.registry.unregister(collector)
     _active = None
 
@@ -111,6 +135,28 @@ def rebalanced(group: str) -> None:
     """A rebalance of `group` moved queues."""
     if _active is not None:
         _active.rebalances.labels(group).inc()
+
+
+def retention_skipped(group: str, topic: str, count: int) -> None:
+    """`group` moved past `count` messages of `topic` that retention had deleted."""
+    if _active is not None:
+        _active.retention_skipped.labels(group, topic).inc(count)
+
+
+def retried(group: str, messages: int, *, local: bool) -> None:
+    """`messages` failed messages of `group` will be consumed again.
+
+    `local`: in place (an orderly retry, or a send-back the broker did not take); else
+    through the group's retry topic.
+    """
+    if _active is not None and messages:
+        _active.retried.labels(group, "local" if local else "broker").inc(messages)
+
+
+def dead_lettered(group: str) -> None:
+    """A failed message of `group` was moved to its dead-letter topic."""
+    if _active is not None:
+        _active.dead_lettered.labels(group).inc()
 
 
 def track(consumer: _HasQueues) -> None:

@@ -3,6 +3,10 @@
 Positions are global byte offsets. A segment file is named by the position of its first
 byte (20 digits) and is rolled before a write would take it past the segment size, so a
 write never spans two files and a position maps to one file by bisection.
+
+Retention deletes whole segments from the oldest on. The new start (the floor) is written
+to the file `floor` before any segment is unlinked, so a crash in the middle of a deletion
+leaves a floor whose segments below it `open` finishes deleting.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mockbroker.store.files import fsync_dir
+from mockbroker.store.checkpoint import read_checkpoint, write_checkpoint
+from mockbroker.store.files import fault_point, fsync_dir
 
 _NAME_DIGITS = 20
+_FLOOR_FILE = "floor"
 
 
 @dataclass
@@ -55,6 +61,9 @@ class CommitLog:
                 self._add(_Segment(int(path.name), path, fd, os.fstat(fd).st_size))
         if not self._segments:
             self._create(0)
+        floor = read_checkpoint(self._dir / _FLOOR_FILE)
+        if floor > self.start:
+            self._unlink_below(floor)  # a deletion the last run did not finish
         self.flushed = self.end
 
     def close(self) -> None:
@@ -96,8 +105,8 @@ class CommitLog:
         position = last.base + last.size
         view = memoryview(data)
         written = 0
-        # A failed write leaves garbage past `size`: the next append overwrites it, and
-        # recovery truncates it; it is never indexed.
+        # A failed write leaves garbage past `size`: it is never indexed, and the store
+        # truncates it (rolling the batch back), or recovery does.
         while written < len(data):
             written += os.pwrite(last.fd, view[written:], last.size + written)
         last.size += len(data)
@@ -140,6 +149,37 @@ class CommitLog:
             if seg.base + seg.size > start:
                 yield seg.base, seg.size
 
+    def segment_bases(self) -> list[int]:
+        """The first position of every segment, oldest first."""
+        return list(self._bases)
+
+    # ------------------------------------------------------------------ retention
+    def delete_below(self, floor: int) -> int:
+        """Delete every segment below `floor`, a segment base; return the bytes freed.
+
+        The floor is durable before the first unlink (see the module docstring). The
+        active (last) segment is never deleted.
+        """
+        if floor not in self._bases[1:]:
+            raise ValueError(f"retention floor {floor} is not the base of a later segment")
+        write_checkpoint(self._dir / _FLOOR_FILE, floor)
+        fault_point("retention-floor-written")
+        return self._unlink_below(floor)
+
+    def _unlink_below(self, floor: int) -> int:
+        freed = 0
+        while len(self._segments) > 1 and self._segments[1].base <= floor:
+            seg = self._segments.pop(0)
+            self._bases.pop(0)
+            if seg.fd in self._unsynced_rolled:
+                self._unsynced_rolled.remove(seg.fd)
+            os.close(seg.fd)
+            seg.path.unlink(missing_ok=True)
+            freed += seg.size
+            fault_point("retention-unlinked-one")
+        fsync_dir(self._dir)
+        return freed
+
     # ------------------------------------------------------------------ recovery
     def truncate(self, position: int) -> int:
         """Drop everything at and after `position`; return the number of bytes dropped."""
@@ -152,8 +192,8 @@ class CommitLog:
             seg.path.unlink()
         last = self._segments[-1]
         keep = max(position - last.base, 0)
-        if keep < last.size:
-            dropped += last.size - keep
+        if keep < last.size or os.fstat(last.fd).st_size > keep:  # or a failed write's bytes
+            dropped += max(last.size - keep, 0)
             os.ftruncate(last.fd, keep)
             os.fsync(last.fd)
             last.size = keep

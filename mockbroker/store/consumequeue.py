@@ -3,6 +3,9 @@
 Entry k describes the message at queue offset k: (commit log position, record size, tag
 hash). A size of CORRUPT_SIZE marks an offset whose record was found corrupt at recovery.
 Entries are read from the file on demand; none are kept in memory.
+
+Retention moves `min_offset`: the entries below it point into deleted commit-log segments
+and their blocks are freed (they read back as zeros, which keeps positions ascending).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
+
+from mockbroker.store.files import punch_hole
 
 ENTRY = struct.Struct("<qiq")
 CORRUPT_SIZE = -1
@@ -29,6 +34,7 @@ class ConsumeQueue:
             os.ftruncate(self._fd, size)
         self.count = size // ENTRY.size
         self.dirty = False
+        self._min = 0
 
     @property
     def max_offset(self) -> int:
@@ -37,8 +43,19 @@ class ConsumeQueue:
 
     @property
     def min_offset(self) -> int:
-        """The oldest queue offset still served (no retention yet: always 0)."""
-        return 0
+        """The oldest queue offset still served."""
+        return self._min
+
+    def trim_below(self, position: int) -> int:
+        """Drop the entries that point below commit-log `position`; the new min offset.
+
+        The min offset never moves backwards.
+        """
+        trimmed = max(self._min, self.count_before(position, lo=self._min))
+        if trimmed > self._min:
+            self._min = trimmed
+            punch_hole(self._fd, trimmed * ENTRY.size)
+        return self._min
 
     def append(self, packed_entries: bytes) -> None:
         """Append already-packed entries."""
@@ -64,10 +81,11 @@ class ConsumeQueue:
         return self.read(offset, 1)[0]
 
     def truncate(self, count: int) -> None:
-        """Keep only the first `count` entries."""
-        if count < self.count:
+        """Keep only the first `count` entries (and drop bytes a failed append left)."""
+        if count < self.count or os.fstat(self._fd).st_size > count * ENTRY.size:
             os.ftruncate(self._fd, count * ENTRY.size)
             self.count = count
+            self._min = min(self._min, count)
             self.dirty = True
 
     def count_before(self, position: int, lo: int = 0) -> int:

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import fcntl
+import logging
 import os
+import signal
 from pathlib import Path
+
+log = logging.getLogger("mockbroker.store")
+
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+_punch_supported = True
 
 
 class DirectoryLock:
@@ -58,3 +70,30 @@ def write_atomically(path: Path, data: bytes) -> None:
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def punch_hole(fd: int, length: int) -> None:
+    """Free the disk blocks of a file's first `length` bytes; they read back as zeros.
+
+    The file keeps its size and every later byte its offset, so an index of fixed-size
+    entries can drop its head in place. Where the file system cannot punch holes the
+    space is simply kept (logged once).
+    """
+    global _punch_supported
+    if length <= 0 or not _punch_supported:
+        return
+    mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
+    if _libc.fallocate(fd, mode, 0, length) != 0:
+        err = ctypes.get_errno()
+        _punch_supported = False
+        log.warning("cannot free index space here (%s): trimmed index heads keep their blocks",
+                    os.strerror(err))  # fmt: skip
+
+
+def fault_point(name: str) -> None:
+    """Kill this process here when the environment names this point (crash tests only).
+
+    `ORDERMQ_FAULT_POINT=<name>` makes the broker die as kill -9 would at that step.
+    """
+    if os.environ.get("ORDERMQ_FAULT_POINT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)

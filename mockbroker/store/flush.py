@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from mockbroker.histogram import Histogram
 from mockbroker.store.checkpoint import write_checkpoint
 from mockbroker.store.commitlog import CommitLog, FlushPlan
 from mockbroker.store.consumequeue import ConsumeQueue
@@ -54,8 +55,13 @@ class Flusher:
         self._tasks: list[asyncio.Task[None]] = []
         self.failure: OSError | None = None
         self._checkpointed = -1
-        self.flushes = 0
-        self.flush_seconds = 0.0  # total time spent in fsync
+        #: How long each flush's fsyncs (and checkpoint write) took, in seconds.
+        self.flush_seconds = Histogram()
+
+    @property
+    def checkpointed(self) -> int:
+        """The position the last checkpoint recorded (0 before the first)."""
+        return max(self._checkpointed, 0)
 
     def start(self) -> None:
         """Start the periodic and the group-commit loops."""
@@ -118,8 +124,7 @@ class Flusher:
                 log.critical("fsync failed; the store now refuses writes: %s", exc)
                 self._fail_waiters()
                 raise FlushFailedError(str(exc)) from exc
-            self.flushes += 1
-            self.flush_seconds += time.perf_counter() - started
+            self.flush_seconds.observe(time.perf_counter() - started)
             self._log.complete_flush(plan)
             if checkpoint:
                 self._checkpointed = plan.target

@@ -5,6 +5,10 @@ log: `index/ids` maps a message id to a commit-log position, `index/keys` maps a
 hash of (topic, key) to one. Lookups scan newest first and every hit is checked against
 the record itself, so a stale or duplicated entry (after a crash, recovery appends the
 replayed records again) can never answer with a wrong message.
+
+Retention trims both files to follow the commit log: the entries that point below its new
+start are no longer scanned and their blocks are freed. Positions grow along each file
+(bar the few a recovery repeats), so the cut is found by bisection.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+
+from mockbroker.store.files import punch_hole
 
 _ID_ENTRY = struct.Struct("<16sq")
 _KEY_ENTRY = struct.Struct("<8sq")
@@ -39,6 +45,8 @@ class MessageIndex:
         directory.mkdir(parents=True, exist_ok=True)
         self._ids = os.open(directory / "ids", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         self._keys = os.open(directory / "keys", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        #: Per file, the first entry still pointing into the commit log.
+        self._live_from: dict[int, int] = {self._ids: 0, self._keys: 0}
 
     def add(
         self,
@@ -76,14 +84,38 @@ class MessageIndex:
             if digest == wanted:
                 yield position
 
-    @staticmethod
-    def _scan(fd: int, entry: struct.Struct) -> Iterator[tuple[bytes, int]]:
+    def _scan(self, fd: int, entry: struct.Struct) -> Iterator[tuple[bytes, int]]:
         end = os.fstat(fd).st_size // entry.size
-        while end > 0:
-            start = max(0, end - _CHUNK_ENTRIES)
+        live_from = self._live_from[fd]
+        while end > live_from:
+            start = max(live_from, end - _CHUNK_ENTRIES)
             data = os.pread(fd, (end - start) * entry.size, start * entry.size)
             yield from reversed(list(entry.iter_unpack(data)))
             end = start
+
+    def sizes(self) -> tuple[int, int]:
+        """The byte sizes of the id and key files (to roll back a failed batch)."""
+        return os.fstat(self._ids).st_size, os.fstat(self._keys).st_size
+
+    def roll_back(self, sizes: tuple[int, int]) -> None:
+        """Cut both files back to `sizes` (entries of a batch that failed to be stored)."""
+        for fd, size in zip((self._ids, self._keys), sizes, strict=True):
+            if os.fstat(fd).st_size > size:
+                os.ftruncate(fd, size)
+
+    def trim_below(self, position: int) -> None:
+        """Stop scanning, and free, the entries that point below commit-log `position`."""
+        for fd, entry in ((self._ids, _ID_ENTRY), (self._keys, _KEY_ENTRY)):
+            lo, hi = self._live_from[fd], os.fstat(fd).st_size // entry.size
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if entry.unpack(os.pread(fd, entry.size, mid * entry.size))[1] < position:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo > self._live_from[fd]:
+                self._live_from[fd] = lo
+                punch_hole(fd, lo * entry.size)
 
     def fds(self) -> list[int]:
         """The index files' descriptors, synced with each checkpoint."""

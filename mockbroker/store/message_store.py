@@ -7,6 +7,8 @@ page cache made in the loop (a batch at a time); fsyncs run in worker threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
 import zlib
 from collections import deque
@@ -25,9 +27,18 @@ from mockbroker.store.flush import Flusher, FlushFailedError
 from mockbroker.store.message_index import MessageIndex
 from mockbroker.store.records import CheckedFrame, build_records, check_frames
 from mockbroker.store.recovery import RecoveryReport, recover
+from mockbroker.store.retention import (
+    DiskProbe,
+    DiskUsage,
+    RetentionPolicy,
+    RetentionStats,
+    age_floor,
+    next_floor,
+    statvfs_probe,
+)
 from mockbroker.topics import SYSTEM_PREFIX, Topic, TopicRegistry
 from sdk._wire import FRAME_FIELDS, RECORD, RecordFormatError, StoredRecord, iter_records
-from sdk.clock import Clock, SystemClock
+from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.log import log_event
 
 log = logging.getLogger("mockbroker.store")
@@ -82,6 +93,9 @@ class MessageStore:
         flush_interval_seconds: float,
         sync_flush_timeout_seconds: float,
         clock: Clock | None = None,
+        retention: RetentionPolicy | None = None,
+        disk_probe: DiskProbe | None = None,
+        retention_check_seconds: float = 1.0,
     ) -> None:
         self.data_dir = data_dir
         self.sync_flush = sync_flush
@@ -97,6 +111,8 @@ class MessageStore:
         self._flusher: Flusher | None = None
         self.stats = StoreStats()
         self.recovery = RecoveryReport()
+        #: True while open() replays the commit log after an unclean shutdown.
+        self.recovering = False
         self._closed = False
         self._dir_lock = DirectoryLock(data_dir)
         self._index: MessageIndex | None = None
@@ -105,6 +121,21 @@ class MessageStore:
         # Sync mode: (commit log end after an append, its queue), in append order, until an
         # fsync covers that end and its held pulls are woken.
         self._unannounced: deque[tuple[int, tuple[str, int]]] = deque()
+        self.retention = retention or RetentionPolicy()
+        self._probe: DiskProbe = disk_probe or statvfs_probe(data_dir)
+        self._retention_check = retention_check_seconds
+        self._retention_task: asyncio.Task[None] | None = None
+        self.retention_stats = RetentionStats()
+        #: The disk usage at the last check (None before the first).
+        self.disk: DiskUsage | None = None
+        #: True while the disk is over the refuse ratio: sends are refused.
+        self.refusing_sends = False
+        #: The lowest commit-log position something outside the store still needs (the
+        #: scheduler's oldest pending message), or None; retention deletes nothing there.
+        self.protected_position: Callable[[], int | None] | None = None
+        self._first_ts: dict[int, int] = {}  # segment base -> its first record's store time
+        #: Called with (topic, queue id, old min offset, new min offset) after a deletion.
+        self.on_trim: Callable[[str, int, int, int], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> RecoveryReport:
@@ -127,11 +158,16 @@ class MessageStore:
                 self._queue_for(topic, qid)
         crashed = mark_running(self._marker)
         if crashed:
-            start = min(read_checkpoint(self._checkpoint), self.commitlog.end)
+            checkpoint = max(read_checkpoint(self._checkpoint), self.commitlog.start)
+            start = min(checkpoint, self.commitlog.end)
             log.warning("unclean shutdown detected: replaying the commit log from %d", start)
-            self.recovery = recover(
-                self.commitlog, self._lookup, list(self._queues.values()), start
-            )
+            self.recovering = True
+            try:
+                self.recovery = recover(
+                    self.commitlog, self._lookup, list(self._queues.values()), start
+                )
+            finally:
+                self.recovering = False
             self.stats.corrupt_records_detected += self.recovery.corrupt_records
             r = self.recovery
             log_event(
@@ -143,6 +179,7 @@ class MessageStore:
                 truncated_bytes=r.truncated_bytes, corrupt_records=r.corrupt_records,
                 skipped_bytes=r.skipped_bytes,
             )  # fmt: skip
+        self._trim_to_log_start()
 
     async def start(self) -> None:
         """Start background flushing (call on the loop that will serve requests)."""
@@ -155,6 +192,8 @@ class MessageStore:
             on_flushed=self._announce_flushed if self.sync_flush else None,
         )
         self._flusher.start()
+        self.enforce_retention()
+        self._retention_task = asyncio.create_task(self._retain(), name="retention")
 
     def _announce_flushed(self, flushed: int) -> None:
         """Sync mode: the queues whose appends this fsync made readable wake their pulls.
@@ -180,6 +219,10 @@ class MessageStore:
         if self._closed:
             return
         self._closed = True
+        if self._retention_task is not None:
+            self._retention_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retention_task
         clean = True
         if self._flusher is not None:
             await self._flusher.stop()
@@ -240,6 +283,8 @@ class MessageStore:
         first = cq.count
         name = topic.name.encode()
         total = sum(f.end - f.start for f in checked) + len(checked) * (RECORD.size + len(name))
+        index_sizes = self._index.sizes() if self._index is not None else (0, 0)
+        position = self.commitlog.end
         try:
             position = self.commitlog.make_room(total)
             records, entries = build_records(
@@ -257,6 +302,13 @@ class MessageStore:
             if self._index is not None and not topic.name.startswith(SYSTEM_PREFIX):
                 self._index_batch(topic.name, frames, checked, position, RECORD.size + len(name))
         except OSError as exc:
+            if exc.errno == errno.ENOSPC and self._roll_back(position, cq, first, index_sizes):
+                self.refusing_sends = True  # until the next disk check says otherwise
+                raise BrokerError(
+                    StatusCode.UNAVAILABLE,
+                    "DISK_FULL",
+                    f"the disk is full: the batch was not stored ({exc}); retry later",
+                ) from exc
             flusher.failure = exc
             log.critical("write failed; the store now refuses writes: %s", exc)
             raise BrokerError(
@@ -273,6 +325,25 @@ class MessageStore:
         if self.sync_flush:
             durable = await self._await_flush(flusher, self.commitlog.end)
         return PutResult(first, len(checked), store_ts, durable)
+
+    def _roll_back(
+        self, position: int, cq: ConsumeQueue, first: int, index_sizes: tuple[int, int]
+    ) -> bool:
+        """Undo a batch cut short by a full disk, back to where it began; True on success.
+
+        Nothing of it was answered or served: its records, index entries and id/key
+        entries go, so the next batch takes the same position and offsets.
+        """
+        try:
+            cq.truncate(first)
+            if self._index is not None:
+                self._index.roll_back(index_sizes)
+            self.commitlog.truncate(position)
+        except OSError as exc:
+            log.critical("cannot roll back a batch the full disk cut short: %s", exc)
+            return False
+        log.error("disk full: the batch at commit-log position %d was rolled back", position)
+        return True
 
     def _index_batch(
         self, topic: str, frames: bytes, checked: list[CheckedFrame], position: int, overhead: int
@@ -311,7 +382,11 @@ class MessageStore:
         out: list[bytes] = []
         seen: set[int] = set()
         for position in positions:
-            if position in seen or position + RECORD.size > self.commitlog.end:
+            if (
+                position in seen
+                or position < self.commitlog.start
+                or position + RECORD.size > self.commitlog.end
+            ):
                 continue
             seen.add(position)
             size = RECORD.unpack(self.commitlog.read(position, RECORD.size))[0]
@@ -345,17 +420,20 @@ class MessageStore:
         self._corrupt(topic, queue_id, offset, position, served=0)
         raise AssertionError("unreachable: _corrupt raises when nothing was served")
 
-    def _writable_flusher(self) -> Flusher:
+    def write_refusal(self) -> str | None:
+        """Why the store refuses writes now; None when it accepts them."""
         flusher = self._flusher
         if flusher is None or self._closed:
-            raise BrokerError(
-                StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", "the store is not running"
-            )
+            return "the store is not running"
         if flusher.failure is not None:
+            return f"the store refuses writes after a failed write or fsync: {flusher.failure}"
+        return None
+
+    def _writable_flusher(self) -> Flusher:
+        flusher = self._flusher
+        if flusher is None or self._closed or flusher.failure is not None:
             raise BrokerError(
-                StatusCode.UNAVAILABLE,
-                "STORE_UNAVAILABLE",
-                f"the store refuses writes after a failed flush: {flusher.failure}",
+                StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", f"{self.write_refusal()}"
             )
         return flusher
 
@@ -504,7 +582,124 @@ class MessageStore:
     def last_store_timestamp_ms(self, topic: Topic, queue_id: int) -> int:
         """When the newest message of a queue was stored; 0 for an empty queue."""
         cq = self.queue(topic, queue_id)
-        return self._stored_at(cq, cq.count - 1) if cq.count else 0
+        return self._stored_at(cq, cq.count - 1) if cq.count > cq.min_offset else 0
+
+    # ------------------------------------------------------------------ retention
+    async def _retain(self) -> None:
+        while True:
+            await sleep_for(self._clock, self._retention_check)
+            try:
+                self.enforce_retention()
+            except OSError as exc:
+                log.error("retention check failed (retried at the next check): %s", exc)
+
+    def enforce_retention(self) -> int:
+        """Delete the segments past the age limit, and more while the disk is too full.
+
+        Updates the disk usage and whether sends are refused; returns the bytes deleted.
+        """
+        policy = self.retention
+        usage = self._probe()
+        limit = self._deletable_limit()
+        bases = self.commitlog.segment_bases()
+        horizon_ms = int((self._clock.now() - policy.retention_seconds) * 1000)
+        floor = age_floor(bases, self._first_timestamp_ms, horizon_ms, limit)
+        freed = self._delete_below(floor, "past the retention time") if floor > bases[0] else 0
+        if freed:
+            usage = self._probe()
+        while usage.ratio >= policy.clean_ratio:
+            floor_ = next_floor(self.commitlog.segment_bases(), self.commitlog.start, limit)
+            if floor_ is None:
+                break
+            freed += self._delete_below(floor_, f"disk {usage.ratio:.0%} used")
+            usage = self._probe()
+            if usage.ratio < policy.force_ratio:
+                break  # below the force ratio, one segment per check
+        self._set_disk(usage)
+        return freed
+
+    def check_accepting_sends(self) -> None:
+        """DISK_FULL (retriable) while the disk is over the refuse ratio."""
+        if self.refusing_sends:
+            self.retention_stats.sends_refused += 1
+            used = f"{self.disk.ratio:.1%}" if self.disk is not None else "100%"
+            raise BrokerError(
+                StatusCode.UNAVAILABLE,
+                "DISK_FULL",
+                f"the broker's disk is {used} full, over the limit of "
+                f"{self.retention.refuse_ratio:.0%}: sends are refused until space is freed "
+                "(reads, offset commits and locks still work); retry later",
+            )
+
+    def oldest_timestamp_ms(self) -> int:
+        """When the oldest record still stored was stored (0 when the log is empty)."""
+        start = self.commitlog.start
+        return self._first_timestamp_ms(start) if start < self.commitlog.end else 0
+
+    def _set_disk(self, usage: DiskUsage) -> None:
+        refusing = usage.ratio >= self.retention.refuse_ratio
+        if refusing != self.refusing_sends:
+            level, what = (
+                (logging.ERROR, "refused") if refusing else (logging.WARNING, "accepted again")
+            )
+            log_event(
+                log, level, "disk.sends_refused" if refusing else "disk.sends_resumed",
+                f"disk {usage.ratio:.1%} used ({usage.free_bytes} bytes free): sends {what}",
+                used_ratio=round(usage.ratio, 4), free_bytes=usage.free_bytes,
+            )  # fmt: skip
+        self.disk, self.refusing_sends = usage, refusing
+
+    def _deletable_limit(self) -> int:
+        """Nothing at or past this position may be deleted."""
+        flusher = self._flusher
+        limit = flusher.checkpointed if flusher is not None else 0
+        if self.protected_position is not None:
+            protected = self.protected_position()
+            if protected is not None:
+                limit = min(limit, protected)
+        return limit
+
+    def _delete_below(self, floor: int, why: str) -> int:
+        """Delete the segments below `floor` and trim everything derived from them."""
+        before = {key: cq.min_offset for key, cq in self._queues.items()}
+        freed = self.commitlog.delete_below(floor)
+        self._trim_to_log_start()
+        deleted = 0
+        for key, cq in self._queues.items():
+            old_min = before.get(key, 0)
+            if cq.min_offset > old_min:
+                deleted += cq.min_offset - old_min
+                if self.on_trim is not None:
+                    self.on_trim(key[0], key[1], old_min, cq.min_offset)
+        for base in [b for b in self._first_ts if b < floor]:
+            del self._first_ts[base]
+        stats = self.retention_stats
+        stats.segments_deleted += 1
+        stats.bytes_deleted += freed
+        stats.messages_deleted += deleted
+        log_event(
+            log, logging.INFO, "retention.deleted",
+            f"commit log now starts at {floor}: {freed} bytes, {deleted} messages deleted ({why})",
+            floor=floor, bytes=freed, messages=deleted,
+        )  # fmt: skip
+        return freed
+
+    def _trim_to_log_start(self) -> None:
+        start = self.commitlog.start
+        for cq in self._queues.values():
+            cq.trim_below(start)
+        if self._index is not None:
+            self._index.trim_below(start)
+
+    def _first_timestamp_ms(self, base: int) -> int:
+        """The store time of the first record at segment `base` (cached: it never changes)."""
+        ts = self._first_ts.get(base)
+        if ts is None:
+            if base + RECORD.size > self.commitlog.end:
+                return int(self._clock.now() * 1000)  # empty: as new as it gets
+            ts = int(RECORD.unpack(self.commitlog.read(base, RECORD.size))[5])
+            self._first_ts[base] = ts
+        return ts
 
     # ------------------------------------------------------------------ internals
     def _queue_for(self, topic: Topic, queue_id: int) -> ConsumeQueue:

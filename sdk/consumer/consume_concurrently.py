@@ -103,6 +103,7 @@ class ConsumeConcurrentlyService:
                 sent = await self._host.send_back(m, level, self._max_times)
                 (done if sent else failed).append(m)
             if failed:  # the broker would not take them back: retry here, later
+                metrics.retried(self._group, len(failed), local=True)
                 task = asyncio.create_task(self._retry_later(queue, pq, failed))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)

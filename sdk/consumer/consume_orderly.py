@@ -293,7 +293,7 @@ class ConsumeOrderlyService:
         the whole batch went to the DLQ and the queue moves on.
         """
         limit = self._max_reconsume
-        exhausted = 0
+        exhausted = moved = 0
         if limit is not None:
             while exhausted < len(failed) and failed[exhausted].reconsume_times >= limit:
                 exhausted += 1
@@ -306,6 +306,7 @@ class ConsumeOrderlyService:
                 return None
         for m in failed[exhausted:]:
             m.reconsume_times += 1
+        metrics.retried(self._group, len(failed) - moved, local=True)
         return max(0.01, min(30.0, context.suspend_current_queue_time))
 
     async def _dead_letter(self, batch: list[MessageExt]) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sdk import metrics
-from sdk._transport.broker_client import GroupInfo, PullStatus
+from sdk._transport.broker_client import GroupInfo, PullResult, PullStatus
 from sdk._transport.cluster import Cluster
 from sdk._validation import check_group, check_topic
 from sdk.clock import Clock, SystemClock, sleep_for
@@ -555,10 +555,7 @@ class ConsumerCore:
                 pq.next_offset = result.next_offset
                 self._deliver(queue, pq)
             elif result.status is PullStatus.OFFSET_ILLEGAL:
-                log.warning(
-                    "%s: offset %d is outside [%d, %d]; continuing at %d",
-                    queue, pq.next_offset, result.min_offset, result.max_offset, result.next_offset,
-                )  # fmt: skip
+                self._offset_illegal(queue, pq.next_offset, result)
                 pq.next_offset = result.next_offset
                 self.offsets.update(queue, result.next_offset, increase_only=False)
                 await self._starting_offset(queue, result.next_offset)
@@ -566,6 +563,22 @@ class ConsumerCore:
                 pq.next_offset = result.next_offset
                 if pq.count == 0:  # skipped only non-matching messages: move past them
                     self._skipped_to(queue, result.next_offset)
+
+    def _offset_illegal(self, queue: MessageQueue, offset: int, result: PullResult) -> None:
+        """Say why the pull's offset moves; count messages retention deleted (too small)."""
+        if offset < result.min_offset == result.next_offset:
+            skipped = result.min_offset - offset
+            metrics.retention_skipped(self.group, queue.topic, skipped)
+            log.warning(
+                "%s: offset %d is below the oldest stored %d: the broker's retention deleted "
+                "%d messages before they were consumed; continuing at %d",
+                queue, offset, result.min_offset, skipped, result.next_offset,
+            )  # fmt: skip
+            return
+        log.warning(
+            "%s: offset %d is outside [%d, %d]; continuing at %d",
+            queue, offset, result.min_offset, result.max_offset, result.next_offset,
+        )  # fmt: skip
 
     def _skipped_to(self, queue: MessageQueue, offset: int) -> None:
         """Nothing buffered, and the broker skipped to `offset` (filtered messages)."""

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
+from sdk import metrics
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, MessageModel, PushConsumerConfig
@@ -158,6 +159,8 @@ class PushConsumerCore(ConsumerCore):
         except OrderMQError as exc:
             log.warning("could not dead-letter %s: %s", message.msg_id, exc)
             return False
+        if sent.dead_letter:
+            metrics.dead_lettered(self.group)
         return sent.dead_letter
 
     async def send_back(self, message: MessageExt, delay_level: int, max_times: int) -> bool:
@@ -169,7 +172,7 @@ class PushConsumerCore(ConsumerCore):
             log.warning("broadcast message %s failed and is dropped", message.msg_id)
             return True
         try:
-            await self._cluster.client_for(message.queue).send_back(
+            sent = await self._cluster.client_for(message.queue).send_back(
                 self.group,
                 message.queue,
                 message.queue_offset,
@@ -180,4 +183,8 @@ class PushConsumerCore(ConsumerCore):
         except OrderMQError as exc:
             log.warning("could not send %s back for retry: %s", message.msg_id, exc)
             return False
+        if sent.dead_letter:
+            metrics.dead_lettered(self.group)
+        else:
+            metrics.retried(self.group, 1, local=False)
         return True

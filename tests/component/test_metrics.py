@@ -2,31 +2,53 @@
 
 from __future__ import annotations
 
-import asyncio
-import urllib.request
+import os
+import platform
+from collections.abc import Iterator
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
+import grpc
+import pytest
 
+import sdk
 from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker.config import FlushMode
+from mockbroker.histogram import DURATION_BUCKETS
 from sdk import Message, Producer
+from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
+from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.broker_client import BrokerClient, GroupInfo
+from sdk._wire import encode_frame
+from sdk.errors import InvalidQueueError
+from sdk.testing import FakeClock
+from tests.component.coordination import join, mq, run
 from tests.component.pulling import read_queue
+from tests.component.scraping import Samples, families, labelled, scrape, types
+from tests.support import wait_until
 
 
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+def metrics_port(broker: EmbeddedBroker) -> int:
+    port = broker.broker.metrics_port
+    assert port
+    return port
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def timed_broker(tmp_path: Path, clock: FakeClock) -> Iterator[EmbeddedBroker]:
+    """A broker serving metrics, on a fake clock."""
+    config = BrokerConfig(data_dir=tmp_path, metrics_port=0)
+    with EmbeddedBroker(config, clock=clock) as b:
+        yield b
 
 
 def test_key_series_have_the_right_values(tmp_path: Path) -> None:
     with EmbeddedBroker(BrokerConfig(data_dir=tmp_path, metrics_port=0)) as broker:
-        port = broker.broker.metrics_port
-        assert port
+        port = metrics_port(broker)
         with Producer(broker.address) as producer:
             results = producer.send_batch(
                 [Message("orders", b"x" * 10, sharding_key="k") for _ in range(30)]
@@ -40,14 +62,7 @@ def test_key_series_have_the_right_values(tmp_path: Path) -> None:
             epoch = (await c.lock_batch("billing", "w1", [queue]))[queue]
             await c.commit_offsets("billing", "w1", [(queue, 12, epoch)])
 
-        async def run() -> None:
-            c = BrokerClient(broker.address)
-            try:
-                await consume(c)
-            finally:
-                await c.close()
-
-        asyncio.run(run())
+        run(broker.address, consume)
         m = scrape(port)
     assert m[("ordermq_messages_in_total", (("topic", "orders"),))] == 30
     assert m[("ordermq_messages_in_total", (("topic", "audit"),))] == 1
@@ -63,3 +78,244 @@ def test_key_series_have_the_right_values(tmp_path: Path) -> None:
 
 def test_metrics_are_off_unless_asked_for(broker: EmbeddedBroker) -> None:
     assert broker.broker.metrics_port is None
+
+
+# ---------------------------------------------------------------------- groups that go
+def test_a_group_whose_members_left_has_no_series_at_the_next_scrape(
+    timed_broker: EmbeddedBroker,
+) -> None:
+    port = metrics_port(timed_broker)
+    with Producer(timed_broker.address) as producer:
+        queue = producer.send(Message("orders", b"x", sharding_key="k")).queue
+
+    async def take_a_lock(c: BrokerClient) -> None:
+        await join(c, "w1", group="short-lived")
+        await c.lock_batch("short-lived", "w1", [queue])
+
+    run(timed_broker.address, take_a_lock)
+    present = labelled(scrape(port), group="short-lived")
+    assert present[("ordermq_locks_held", (("group", "short-lived"),))] == 1
+    assert present[("ordermq_group_members", (("group", "short-lived"),))] == 1
+
+    run(timed_broker.address, lambda c: c.unregister("w1"))
+    assert labelled(scrape(port), group="short-lived") == {}
+
+
+def test_a_group_whose_members_expired_has_no_series_at_the_next_scrape(
+    timed_broker: EmbeddedBroker, clock: FakeClock
+) -> None:
+    port = metrics_port(timed_broker)
+    run(timed_broker.address, lambda c: join(c, "w1", group="silent"))
+    assert labelled(scrape(port), group="silent") != {}
+
+    clock.advance(BrokerConfig().client_timeout_seconds + 1)  # the sweep runs on this clock
+    wait_until(lambda: labelled(scrape(port), group="silent") == {}, what="series dropped")
+
+
+def test_a_group_with_committed_offsets_stays_with_no_members_and_its_lag(
+    timed_broker: EmbeddedBroker,
+) -> None:
+    """Its offsets keep it (it resumes from them): an offline group's lag is what to watch."""
+    port = metrics_port(timed_broker)
+    with Producer(timed_broker.address) as producer:
+        queue = producer.send_batch([Message("orders", b"x", sharding_key="k")] * 5)[0].queue
+
+    async def commit_and_leave(c: BrokerClient) -> None:
+        await join(c, "w1", group="offline")
+        epoch = (await c.lock_batch("offline", "w1", [queue]))[queue]
+        await c.commit_offsets("offline", "w1", [(queue, 2, epoch)])
+        await c.unregister("w1")
+
+    run(timed_broker.address, commit_and_leave)
+    group = labelled(scrape(port), group="offline")
+    assert group[("ordermq_group_members", (("group", "offline"),))] == 0
+    assert group[("ordermq_locks_held", (("group", "offline"),))] == 0
+    lag = ("ordermq_consumer_lag",
+           (("group", "offline"), ("queue", str(queue.queue_id)), ("topic", "orders")))  # fmt: skip
+    assert group[lag] == 5 - 2
+
+
+# ---------------------------------------------------------------------- flushes
+def bucket_bounds(samples: Samples, name: str, **labels: str) -> list[str]:
+    return [
+        dict(key)["le"]
+        for key, _ in sorted(
+            ((k[1], v) for k, v in labelled(samples, **labels).items() if k[0] == name),
+            key=lambda kv: float(dict(kv[0])["le"]),
+        )
+    ]
+
+
+def assert_histogram(samples: Samples, name: str, count: float, **labels: str) -> None:
+    """Buckets fit for fsync times, cumulative, +Inf equal to the count."""
+    expected = [*(repr(b) for b in DURATION_BUCKETS), "+Inf"]
+    assert bucket_bounds(samples, f"{name}_bucket", **labels) == expected
+    key = tuple(sorted(labels.items()))
+    values = [samples[(f"{name}_bucket", tuple(sorted({**labels, "le": le}.items())))]
+              for le in expected]  # fmt: skip
+    assert values == sorted(values), "buckets are cumulative"
+    assert values[-1] == samples[(f"{name}_count", key)] == count
+    assert samples[(f"{name}_sum", key)] > 0
+
+
+def test_flush_seconds_is_a_histogram_with_buckets_from_sub_millisecond_to_seconds(
+    tmp_path: Path,
+) -> None:
+    config = BrokerConfig(data_dir=tmp_path, metrics_port=0, flush_mode="sync")
+    with EmbeddedBroker(config) as broker:
+        port = metrics_port(broker)
+        assert types(port)["ordermq_flush_seconds"] == "histogram"
+        before = scrape(port)[("ordermq_flush_seconds_count", ())]
+        with Producer(broker.address) as producer:
+            producer.send(Message("orders", b"x"))  # answered once its fsync is done
+        after = scrape(port)
+    assert after[("ordermq_flush_seconds_count", ())] > before
+    assert_histogram(after, "ordermq_flush_seconds", after[("ordermq_flush_seconds_count", ())])
+
+
+# ---------------------------------------------------------------------- requests
+def unary_send(address: str, request: pb.SendRequest) -> grpc.StatusCode:
+    """Send `request` as a unary call; its status code."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            pb_grpc.MessagingServiceStub(channel).Send(request, timeout=10)
+        except grpc.RpcError as exc:
+            return exc.code()
+    return grpc.StatusCode.OK
+
+
+@pytest.mark.parametrize("flush_mode", ["async", "sync"])
+def test_a_send_counts_a_send_request_and_its_duration_in_its_flush_mode(
+    tmp_path: Path, flush_mode: FlushMode
+) -> None:
+    config = BrokerConfig(data_dir=tmp_path, metrics_port=0, flush_mode=flush_mode)
+    with EmbeddedBroker(config) as broker:
+        port = metrics_port(broker)
+        with Producer(broker.address) as producer:  # on the Exchange stream
+            queue = producer.send(Message("orders", b"x")).queue
+            producer.send_batch([Message("orders", b"y", sharding_key="k")] * 10)
+        m = scrape(port)
+        sends = ("ordermq_rpc_requests_total", (("code", "OK"), ("method", "Send")))
+        assert m[sends] == 2
+        assert_histogram(m, "ordermq_send_duration_seconds", 2, flush_mode=flush_mode)
+
+        frames = encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"z")
+        request = pb.SendRequest(topic="orders", queue_id=queue.queue_id, frames=frames)
+        assert unary_send(broker.address, request) == grpc.StatusCode.OK
+        m = scrape(port)
+    assert m[sends] == 3
+    assert m[("ordermq_send_duration_seconds_count", (("flush_mode", flush_mode),))] == 3
+    assert m[("ordermq_rpc_requests_total", (("code", "OK"), ("method", "QueryRoute")))] >= 1
+
+
+def test_a_refused_request_counts_an_error_with_its_code_and_reason(
+    timed_broker: EmbeddedBroker,
+) -> None:
+    port = metrics_port(timed_broker)
+    with Producer(timed_broker.address) as producer:
+        producer.send(Message("orders", b"x"))
+    durations = scrape(port)[("ordermq_send_duration_seconds_count", (("flush_mode", "async"),))]
+
+    async def bad_queue(c: BrokerClient) -> None:  # on the Exchange stream
+        with pytest.raises(InvalidQueueError):
+            await c.send("orders", 99, b"")
+
+    run(timed_broker.address, bad_queue)
+    bad = pb.SendRequest(topic="orders", queue_id=99)
+    assert unary_send(timed_broker.address, bad) == grpc.StatusCode.OUT_OF_RANGE
+    m = scrape(port)
+    error = ("code", "OUT_OF_RANGE"), ("method", "Send"), ("reason", "INVALID_QUEUE")
+    assert m[("ordermq_rpc_errors_total", error)] == 2
+    assert m[("ordermq_rpc_requests_total", (("code", "OUT_OF_RANGE"), ("method", "Send")))] == 2
+    assert m[("ordermq_rpc_requests_total", (("code", "OK"), ("method", "Send")))] == 1
+    assert m[("ordermq_send_duration_seconds_count", (("flush_mode", "async"),))] == durations
+
+
+# ---------------------------------------------------------------------- retry, DLQ
+def test_retries_and_dead_letters_are_counted_per_group(timed_broker: EmbeddedBroker) -> None:
+    port = metrics_port(timed_broker)
+    with Producer(timed_broker.address) as producer:
+        sent = producer.send(Message("orders", b"poison", sharding_key="o-1"))
+    retried = ("ordermq_messages_retried_total", (("group", "g"),))
+    dead = ("ordermq_messages_dead_lettered_total", (("group", "g"),))
+
+    async def retry(c: BrokerClient) -> None:
+        await join(c, "client-1")
+        back = await c.send_back("g", sent.queue, sent.queue_offset, max_reconsume_times=2)
+        assert back.topic == "%RETRY%g"
+
+    run(timed_broker.address, retry)
+    m = scrape(port)
+    assert (m[retried], m.get(dead, 0)) == (1, 0)
+
+    async def give_up(c: BrokerClient) -> None:
+        await join(c, "client-1")
+        back = await c.send_back("g", sent.queue, sent.queue_offset, max_reconsume_times=2,
+                                 reconsume_times=2)  # fmt: skip
+        assert back.dead_letter
+
+    run(timed_broker.address, give_up)
+    m = scrape(port)
+    assert (m[retried], m[dead]) == (1, 1)
+    assert read_queue(timed_broker.address, mq("%DLQ%g", 0))[0].body == b"poison"
+
+
+# ---------------------------------------------------------------------- build, disk
+def test_build_info_and_the_data_directory_disk_space(timed_broker: EmbeddedBroker) -> None:
+    m = scrape(metrics_port(timed_broker))
+    info = ("ordermq_build_info",
+            (("python", platform.python_version()), ("version", sdk.__version__)))  # fmt: skip
+    assert m[info] == 1
+    fs = os.statvfs(timed_broker.config.data_dir)
+    assert m[("ordermq_disk_size_bytes", ())] == fs.f_blocks * fs.f_frsize
+    assert 0 < m[("ordermq_disk_free_bytes", ())] <= m[("ordermq_disk_size_bytes", ())]
+    assert m[("ordermq_ready", ())] == 1
+
+
+#: Every series the broker exports, with its type (the list in the operator docs).
+DOCUMENTED = {
+    "ordermq_build_info": "gauge",
+    "ordermq_ready": "gauge",
+    "ordermq_disk_free_bytes": "gauge",
+    "ordermq_disk_size_bytes": "gauge",
+    "ordermq_messages_in": "counter",
+    "ordermq_messages_out": "counter",
+    "ordermq_held_pulls": "gauge",
+    "ordermq_scheduled_messages": "gauge",
+    "ordermq_store_bytes": "gauge",
+    "ordermq_corrupt_records": "counter",
+    "ordermq_flush_seconds": "histogram",
+    "ordermq_rpc_requests": "counter",
+    "ordermq_rpc_errors": "counter",
+    "ordermq_send_duration_seconds": "histogram",
+    "ordermq_locks_held": "gauge",
+    "ordermq_group_members": "gauge",
+    "ordermq_messages_retried": "counter",
+    "ordermq_messages_dead_lettered": "counter",
+    "ordermq_consumer_lag": "gauge",
+    "ordermq_disk_used_ratio": "gauge",
+    "ordermq_sends_refused": "gauge",
+    "ordermq_retention_oldest_timestamp_seconds": "gauge",
+    "ordermq_retention_deleted_messages": "counter",
+    "ordermq_queue_min_offset": "gauge",
+    "ordermq_consumer_retention_skipped": "counter",
+}
+
+
+def test_the_documented_series_are_exported_with_conventional_names(
+    timed_broker: EmbeddedBroker,
+) -> None:
+    """Counters end in _total, histograms in _seconds, sizes in _bytes."""
+    port = metrics_port(timed_broker)
+    with Producer(timed_broker.address) as producer:
+        producer.send(Message("orders", b"x"))
+    run(timed_broker.address, lambda c: join(c, "w1"))
+    exported = families(port)
+    assert {f.name: f.type for f in exported} == DOCUMENTED
+    for family in exported:
+        if family.type == "counter":
+            assert all(s.name.endswith("_total") for s in family.samples), family.samples
+        if family.type == "histogram":
+            assert family.name.endswith("_seconds"), family.name
+        if "bytes" in family.name:
+            assert family.name.endswith("_bytes"), family.name

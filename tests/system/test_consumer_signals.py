@@ -35,7 +35,7 @@ from sdk._transport.broker_client import BrokerClient
 from tests.support import ROOT, BrokerProcess, wait_until
 from tests.system.start_consumer import GROUP, TOPIC
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.chaos]
 
 StartBroker = Callable[..., BrokerProcess]
 

@@ -25,7 +25,7 @@ from sdk._wire import FRAME_FIELDS, RECORD, RECORD_MAGIC, iter_records
 from sdk.errors import CorruptRecordError
 from tests.support import BrokerProcess, wait_until
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.chaos]
 
 #: Fixed so that a failure names the seed to run again with; override with ORDERMQ_SEED.
 SEED = int(os.environ.get("ORDERMQ_SEED", "20240917"))

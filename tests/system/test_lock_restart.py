@@ -19,7 +19,7 @@ from sdk.errors import LockNotHeldError
 from sdk.message import MessageQueue
 from tests.support import BrokerProcess
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.chaos]
 
 StartBroker = Callable[..., BrokerProcess]
 T = TypeVar("T")

@@ -12,7 +12,7 @@ from sdk import Message, Producer
 from tests.component.pulling import read_topic
 from tests.support import BrokerProcess, wait_until
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.chaos]
 
 
 def test_a_thousand_pending_delayed_messages_survive_kill_9(tmp_path: Path) -> None:

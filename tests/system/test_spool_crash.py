@@ -12,7 +12,7 @@ import pytest
 from tests.component.pulling import read_topic
 from tests.support import ROOT, BrokerProcess
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.chaos]
 
 SCRIPT = str(ROOT / "tests" / "system" / "spool_producer.py")
 COUNT = 2000

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from unittest.mock import patch
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -49,6 +50,8 @@ GROUP = "g"
 QUEUES = 2
 CLIENTS = ("a", "b")
 LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
+#: `make chaos` runs the long search too.
+pytestmark = pytest.mark.chaos
 #: Real seconds a step may take: far more than any step needs (the fake clock does not
 #: move within a step), so only a hang reaches it.
 STEP_LIMIT = 10.0

@@ -91,6 +91,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """no such consumer group"""
     NOT_IMPLEMENTED: _ErrorReason.ValueType  # 22
     """a protocol feature this broker build does not serve yet"""
+    DISK_FULL: _ErrorReason.ValueType  # 23
+    """the broker's disk is over its refuse ratio (retriable)"""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed; sent as the `ordermq-reason` trailing metadata value."""
@@ -140,6 +142,8 @@ GROUP_NOT_FOUND: ErrorReason.ValueType  # 21
 """no such consumer group"""
 NOT_IMPLEMENTED: ErrorReason.ValueType  # 22
 """a protocol feature this broker build does not serve yet"""
+DISK_FULL: ErrorReason.ValueType  # 23
+"""the broker's disk is over its refuse ratio (retriable)"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 class _SendStatus:
@@ -180,7 +184,9 @@ class _PullStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PullStatus
     NO_MATCHED_MESSAGE: _PullStatus.ValueType  # 3
     """entries were scanned, none matched the tag expression"""
     OFFSET_ILLEGAL: _PullStatus.ValueType  # 4
-    """offset < min or > max; next_offset says where to go"""
+    """offset < min or > max; next_offset says where to go. Below min (RocketMQ's
+    OFFSET_TOO_SMALL: retention deleted those messages) next_offset is the min offset.
+    """
 
 class PullStatus(_PullStatus, metaclass=_PullStatusEnumTypeWrapper):
     """---------------------------------------------------------------- pull"""
@@ -193,7 +199,9 @@ NO_NEW_MESSAGE: PullStatus.ValueType  # 2
 NO_MATCHED_MESSAGE: PullStatus.ValueType  # 3
 """entries were scanned, none matched the tag expression"""
 OFFSET_ILLEGAL: PullStatus.ValueType  # 4
-"""offset < min or > max; next_offset says where to go"""
+"""offset < min or > max; next_offset says where to go. Below min (RocketMQ's
+OFFSET_TOO_SMALL: retention deleted those messages) next_offset is the min offset.
+"""
 Global___PullStatus: _TypeAlias = PullStatus  # noqa: Y015
 
 class _ConsumeType:
@@ -382,7 +390,8 @@ class SendRequest(_message.Message):
     a deliver-at time or a delay level are scheduled instead; a batch may not mix the two.
     Errors: INVALID_ARGUMENT (INVALID_TOPIC, EMPTY_BODY, BODY_TOO_LARGE, PROPERTIES_TOO_LARGE,
     MALFORMED_FRAME, INVALID_DELIVERY_TIME), NOT_FOUND (TOPIC_NOT_FOUND), OUT_OF_RANGE
-    (INVALID_QUEUE), RESOURCE_EXHAUSTED (BATCH_TOO_LARGE), UNAVAILABLE (STORE_UNAVAILABLE),
+    (INVALID_QUEUE), RESOURCE_EXHAUSTED (BATCH_TOO_LARGE), UNAVAILABLE (STORE_UNAVAILABLE;
+    DISK_FULL while the disk is over the broker's refuse ratio, or a write ran out of space),
     DATA_LOSS (FLUSH_FAILED). A rejected request stores nothing.
     """
 
@@ -1579,6 +1588,8 @@ class QueueProgress(_message.Message):
     LAG_FIELD_NUMBER: _builtins.int
     LOCK_OWNER_FIELD_NUMBER: _builtins.int
     LOCK_EPOCH_FIELD_NUMBER: _builtins.int
+    BROKER_MIN_OFFSET_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
     broker_max_offset: _builtins.int
     consumer_offset: _builtins.int
     """-1 when never committed"""
@@ -1586,6 +1597,12 @@ class QueueProgress(_message.Message):
     lock_owner: _builtins.str
     """empty when unlocked"""
     lock_epoch: _builtins.int
+    broker_min_offset: _builtins.int
+    """the oldest offset retention kept"""
+    skipped: _builtins.int
+    """Messages retention deleted before the group committed past them (counted at each
+    deletion from the committed offset; kept across restarts).
+    """
     @_builtins.property
     def queue(self) -> Global___MessageQueue: ...
     def __init__(
@@ -1597,10 +1614,12 @@ class QueueProgress(_message.Message):
         lag: _builtins.int = ...,
         lock_owner: _builtins.str = ...,
         lock_epoch: _builtins.int = ...,
+        broker_min_offset: _builtins.int = ...,
+        skipped: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_max_offset", b"broker_max_offset", "consumer_offset", b"consumer_offset", "lag", b"lag", "lock_epoch", b"lock_epoch", "lock_owner", b"lock_owner", "queue", b"queue"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_max_offset", b"broker_max_offset", "broker_min_offset", b"broker_min_offset", "consumer_offset", b"consumer_offset", "lag", b"lag", "lock_epoch", b"lock_epoch", "lock_owner", b"lock_owner", "queue", b"queue", "skipped", b"skipped"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1899,6 +1918,14 @@ class BrokerStatusResponse(_message.Message):
     HELD_PULLS_FIELD_NUMBER: _builtins.int
     MESSAGES_IN_PER_SECOND_FIELD_NUMBER: _builtins.int
     MESSAGES_OUT_PER_SECOND_FIELD_NUMBER: _builtins.int
+    DISK_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    DISK_FREE_BYTES_FIELD_NUMBER: _builtins.int
+    DISK_USED_RATIO_FIELD_NUMBER: _builtins.int
+    SENDS_REFUSED_FIELD_NUMBER: _builtins.int
+    RETENTION_HOURS_FIELD_NUMBER: _builtins.int
+    OLDEST_STORED_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    RETENTION_DELETED_MESSAGES_FIELD_NUMBER: _builtins.int
+    RETENTION_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
     version: _builtins.str
     uptime_ms: _builtins.int
@@ -1920,6 +1947,22 @@ class BrokerStatusResponse(_message.Message):
     """over the last minute"""
     messages_out_per_second: _builtins.float
     """over the last minute"""
+    disk_total_bytes: _builtins.int
+    """of the file system holding the data directory"""
+    disk_free_bytes: _builtins.int
+    disk_used_ratio: _builtins.float
+    """0..1"""
+    sends_refused: _builtins.bool
+    """the disk is over the refuse ratio: sends get DISK_FULL"""
+    retention_hours: _builtins.float
+    oldest_stored_timestamp_ms: _builtins.int
+    """the oldest record retention kept; 0 when none"""
+    retention_deleted_messages: _builtins.int
+    """since start"""
+    @_builtins.property
+    def retention(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicRetention]:
+        """user topics"""
+
     def __init__(
         self,
         *,
@@ -1938,11 +1981,46 @@ class BrokerStatusResponse(_message.Message):
         held_pulls: _builtins.int = ...,
         messages_in_per_second: _builtins.float = ...,
         messages_out_per_second: _builtins.float = ...,
+        disk_total_bytes: _builtins.int = ...,
+        disk_free_bytes: _builtins.int = ...,
+        disk_used_ratio: _builtins.float = ...,
+        sends_refused: _builtins.bool = ...,
+        retention_hours: _builtins.float = ...,
+        oldest_stored_timestamp_ms: _builtins.int = ...,
+        retention_deleted_messages: _builtins.int = ...,
+        retention: _abc.Iterable[Global___TopicRetention] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "commit_log_bytes", b"commit_log_bytes", "corrupt_records_detected", b"corrupt_records_detected", "disk_bytes", b"disk_bytes", "flush_mode", b"flush_mode", "held_pulls", b"held_pulls", "messages_in_per_second", b"messages_in_per_second", "messages_out_per_second", b"messages_out_per_second", "messages_served", b"messages_served", "messages_stored", b"messages_stored", "recovered_from_crash", b"recovered_from_crash", "topic_count", b"topic_count", "truncated_bytes_at_recovery", b"truncated_bytes_at_recovery", "uptime_ms", b"uptime_ms", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "commit_log_bytes", b"commit_log_bytes", "corrupt_records_detected", b"corrupt_records_detected", "disk_bytes", b"disk_bytes", "disk_free_bytes", b"disk_free_bytes", "disk_total_bytes", b"disk_total_bytes", "disk_used_ratio", b"disk_used_ratio", "flush_mode", b"flush_mode", "held_pulls", b"held_pulls", "messages_in_per_second", b"messages_in_per_second", "messages_out_per_second", b"messages_out_per_second", "messages_served", b"messages_served", "messages_stored", b"messages_stored", "oldest_stored_timestamp_ms", b"oldest_stored_timestamp_ms", "recovered_from_crash", b"recovered_from_crash", "retention", b"retention", "retention_deleted_messages", b"retention_deleted_messages", "retention_hours", b"retention_hours", "sends_refused", b"sends_refused", "topic_count", b"topic_count", "truncated_bytes_at_recovery", b"truncated_bytes_at_recovery", "uptime_ms", b"uptime_ms", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BrokerStatusResponse: _TypeAlias = BrokerStatusResponse  # noqa: Y015
+
+@_typing.final
+class TopicRetention(_message.Message):
+    """The oldest offset still stored in each queue of a topic."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    MIN_OFFSETS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    @_builtins.property
+    def min_offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """by queue id"""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        min_offsets: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["min_offsets", b"min_offsets", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TopicRetention: _TypeAlias = TopicRetention  # noqa: Y015

@@ -1,0 +1,119 @@
+"""Retention: which commit-log segments may go, and how full the disk is.
+
+RocketMQ's defaults: a segment is kept 72 hours after its last write; when the disk is more
+than 75 % used the oldest segments go earlier, one per check, and above 85 % as many as it
+takes to get back under 75 %; above 90 % sends are refused until space is freed. Whole
+segments go, oldest first, and never one that holds a record still needed (a scheduled
+message not yet delivered) or one not yet covered by a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class DiskUsage:
+    """What the file system holding the data directory reports."""
+
+    total_bytes: int
+    used_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        """Used share of the disk, 0..1 (0 when the size is unknown)."""
+        return self.used_bytes / self.total_bytes if self.total_bytes > 0 else 0.0
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes still free."""
+        return max(self.total_bytes - self.used_bytes, 0)
+
+
+#: Reports the disk usage now; injected (like the clock) so tests can set it.
+DiskProbe = Callable[[], DiskUsage]
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """How long segments are kept and the disk-use thresholds (shares of the disk)."""
+
+    retention_seconds: float = 72 * 3600.0
+    clean_ratio: float = 0.75
+    force_ratio: float = 0.85
+    refuse_ratio: float = 0.90
+
+    def __post_init__(self) -> None:
+        if self.retention_seconds <= 0:
+            raise ValueError("retention_hours must be positive")
+        if not 0 < self.clean_ratio <= self.force_ratio <= self.refuse_ratio <= 1:
+            raise ValueError(
+                "disk ratios must satisfy 0 < high <= force <= refuse <= 1, not "
+                f"{self.clean_ratio}, {self.force_ratio}, {self.refuse_ratio}"
+            )
+
+
+@dataclass
+class RetentionStats:
+    """What retention did since start."""
+
+    segments_deleted: int = 0
+    bytes_deleted: int = 0
+    messages_deleted: int = 0
+    sends_refused: int = 0
+
+
+def statvfs_probe(directory: Path) -> DiskProbe:
+    """The usage of the file system `directory` lives on."""
+
+    def probe() -> DiskUsage:
+        st = os.statvfs(directory)
+        total = st.f_blocks * st.f_frsize
+        return DiskUsage(total, total - st.f_bavail * st.f_frsize)
+
+    return probe
+
+
+def file_probe(settings: Path, directory: Path) -> DiskProbe:
+    """A simulated disk for tests: `settings` (JSON) gives its size and what else uses it.
+
+    `{"total_bytes": N, "other_used_bytes": M}`: used is M plus the bytes the files under
+    `directory` occupy, so deleting segments frees simulated space as it would real space.
+    The file is read at every probe; a test rewrites it to fill or free the disk.
+    """
+
+    def probe() -> DiskUsage:
+        conf = json.loads(settings.read_text())
+        used = sum(p.stat().st_blocks * 512 for p in directory.rglob("*") if p.is_file())
+        return DiskUsage(int(conf["total_bytes"]), int(conf["other_used_bytes"]) + used)
+
+    return probe
+
+
+def age_floor(
+    bases: list[int], first_timestamp_ms: Callable[[int], int], horizon_ms: int, limit: int
+) -> int:
+    """The new start of the log once every segment past the age limit is deleted.
+
+    Segment i holds nothing stored at or after `horizon_ms` when the first record of
+    segment i + 1 was stored before it. The last segment is never deleted, nor anything at
+    or after `limit`.
+    """
+    floor = bases[0]
+    for nxt in bases[1:]:
+        if nxt > limit or first_timestamp_ms(nxt) >= horizon_ms:
+            break
+        floor = nxt
+    return floor
+
+
+def next_floor(bases: list[int], start: int, limit: int) -> int | None:
+    """The start of the log once its oldest segment is deleted (None: none may go)."""
+    for nxt in bases:
+        if nxt > start:
+            return nxt if nxt <= limit else None
+    return None

@@ -1,0 +1,299 @@
+"""Retention on a fake clock and a fake disk: what is deleted, what is kept, a full disk."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mockbroker.errors import BrokerError
+from mockbroker.schedule import Scheduler
+from mockbroker.store import commitlog as commitlog_module
+from mockbroker.store.checkpoint import write_checkpoint
+from mockbroker.store.consumequeue import ENTRY, ConsumeQueue
+from mockbroker.store.message_store import MessageStore
+from mockbroker.store.retention import DiskUsage, RetentionPolicy
+from mockbroker.topics import Topic
+from sdk._wire import encode_frame, iter_records
+from sdk.testing import FakeClock
+
+HOUR = 3600.0
+SEGMENT = 4096
+BODY = b"x" * 400  # about 9 records a segment
+
+
+class FakeDisk:
+    """A disk-usage probe whose used share a test sets."""
+
+    def __init__(self) -> None:
+        self.ratio = 0.10
+
+    def __call__(self) -> DiskUsage:
+        return DiskUsage(1000, int(self.ratio * 1000))
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def open_store(
+    loop: asyncio.AbstractEventLoop, path: Path, clock: FakeClock, disk: FakeDisk
+) -> MessageStore:
+    store = MessageStore(
+        path,
+        sync_flush=False,
+        segment_bytes=SEGMENT,
+        flush_interval_seconds=3600,  # checkpoints are taken by the tests
+        sync_flush_timeout_seconds=5,
+        clock=clock,
+        retention=RetentionPolicy(retention_seconds=72 * HOUR),
+        disk_probe=disk,
+        retention_check_seconds=10**9,  # checks are run by the tests
+    )
+    store.open()
+    loop.run_until_complete(store.start())
+    return store
+
+
+def send(
+    loop: asyncio.AbstractEventLoop, store: MessageStore, topic: Topic, n: int, key: bytes = b"k"
+) -> None:
+    for i in range(n):
+        data = encode_frame(
+            msg_id=os.urandom(16), born_timestamp_ms=1, body=BODY, keys=[key + b"%d" % i]
+        )
+        loop.run_until_complete(store.put(topic, 0, data))
+
+
+def checkpoint(loop: asyncio.AbstractEventLoop, store: MessageStore) -> None:
+    assert store.flusher is not None
+    loop.run_until_complete(store.flusher.flush(checkpoint=True))
+
+
+def offsets_served(store: MessageStore, topic: Topic, offset: int) -> list[int]:
+    got = store.get(topic, 0, offset, max_messages=10_000, max_bytes=1 << 26)
+    return [r.queue_offset for r in iter_records(got.records)]
+
+
+def test_segments_past_the_age_limit_are_deleted_and_pulls_below_move_to_the_minimum(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    clock, disk = FakeClock(), FakeDisk()
+    store = open_store(loop, tmp_path, clock, disk)
+    topic, _ = store.create_topic("t", 1)
+    send(loop, store, topic, 30)  # old: about 3 segments
+    clock.advance(24 * HOUR)
+    send(loop, store, topic, 30, key=b"young")
+    checkpoint(loop, store)
+    cq = store.queue(topic, 0)
+    segments = len(store.commitlog.segment_bases())
+
+    clock.advance(48 * HOUR - 1)  # the old ones are 72 h old less a second: kept
+    assert store.enforce_retention() == 0 and cq.min_offset == 0
+
+    clock.advance(2)
+    assert store.enforce_retention() > 0
+    assert 20 <= cq.min_offset <= 30, "whole segments go: the one shared with young records stays"
+    assert len(store.commitlog.segment_bases()) < segments
+    assert store.retention_stats.messages_deleted == cq.min_offset
+    assert store.oldest_timestamp_ms() < int(clock.now() * 1000) - 48 * HOUR * 1000
+
+    below = store.get(topic, 0, 0, max_messages=10, max_bytes=1 << 20)
+    assert (below.status, below.next_offset, below.min_offset) == (
+        "OFFSET_ILLEGAL", cq.min_offset, cq.min_offset,
+    )  # fmt: skip
+    assert offsets_served(store, topic, cq.min_offset) == list(range(cq.min_offset, 60))
+    with pytest.raises(BrokerError) as deleted:
+        store.read_record(topic, 0, cq.min_offset - 1)
+    assert deleted.value.reason == "INVALID_OFFSET"
+    assert store.find_by_key("t", "k0") == [], "index entries of deleted records are not served"
+    assert len(store.find_by_key("t", "young0")) == 1, "the young batch is still there"
+
+    clock.advance(24 * HOUR)  # now everything is past the limit but the active segment
+    store.enforce_retention()
+    assert cq.min_offset > 30 and cq.max_offset == 60
+    loop.run_until_complete(store.close())
+
+
+def test_minimum_offsets_survive_a_restart_and_a_deletion_cut_short(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    clock, disk = FakeClock(), FakeDisk()
+    store = open_store(loop, tmp_path, clock, disk)
+    topic, _ = store.create_topic("t", 1)
+    send(loop, store, topic, 40)
+    checkpoint(loop, store)
+    clock.advance(73 * HOUR)
+    send(loop, store, topic, 1)
+    checkpoint(loop, store)
+    store.enforce_retention()
+    kept = store.queue(topic, 0).min_offset
+    assert kept > 0
+    loop.run_until_complete(store.close())
+
+    store = open_store(loop, tmp_path, clock, disk)
+    assert store.queue(topic, 0).min_offset == kept
+    bases = store.commitlog.segment_bases()
+    loop.run_until_complete(store.close())
+
+    # A crash after the new floor was written, before any segment was unlinked.
+    write_checkpoint(tmp_path / "commitlog" / "floor", bases[-1])
+    (tmp_path / "running").touch()
+    store = open_store(loop, tmp_path, clock, disk)
+    cq = store.queue(topic, 0)
+    assert store.commitlog.segment_bases() == [bases[-1]]
+    assert cq.min_offset == cq.count_before(bases[-1]) and cq.max_offset == 41
+    assert offsets_served(store, topic, cq.min_offset) == list(range(cq.min_offset, 41))
+    loop.run_until_complete(store.close())
+
+
+def test_a_consume_queue_frees_the_blocks_of_its_trimmed_head(tmp_path: Path) -> None:
+    cq = ConsumeQueue(tmp_path / "q")
+    cq.append(b"".join(ENTRY.pack(i, 100, 0) for i in range(100_000)))
+    before = os.stat(tmp_path / "q").st_blocks
+    assert cq.trim_below(90_000) == 90_000
+    assert os.stat(tmp_path / "q").st_blocks < before / 2
+    assert cq.read(90_000, 1)[0][0] == 90_000
+    assert cq.trim_below(10) == 90_000, "the minimum never moves back"
+    cq.close()
+
+
+def test_an_undelivered_scheduled_message_keeps_its_segment_until_delivered(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    clock, disk = FakeClock(), FakeDisk()
+    store = open_store(loop, tmp_path, clock, disk)
+    scheduler = Scheduler(store, clock)
+    scheduler.load()
+    topic, _ = store.create_topic("t", 1)
+    send(loop, store, topic, 20)
+    due = int((clock.now() + 100 * HOUR) * 1000)
+    later = encode_frame(msg_id=b"s" * 16, born_timestamp_ms=1, body=b"later", deliver_at_ms=due)
+    loop.run_until_complete(scheduler.schedule(topic, 0, later, store.check(later)))
+    send(loop, store, topic, 30)
+    checkpoint(loop, store)
+    scheduled_at = scheduler.oldest_pending_position()
+    assert scheduled_at is not None
+
+    clock.advance(80 * HOUR)
+    send(loop, store, topic, 1)
+    checkpoint(loop, store)
+    store.enforce_retention()
+    assert store.commitlog.start <= scheduled_at, "the pending message's segment is kept"
+    assert 0 < store.queue(topic, 0).min_offset <= 20, "older segments went"
+
+    clock.advance(21 * HOUR)
+    assert loop.run_until_complete(scheduler.deliver_due()) == 1
+    checkpoint(loop, store)
+    store.enforce_retention()
+    assert store.commitlog.start > scheduled_at, "delivered: its segment may go now"
+    cq = store.queue(topic, 0)
+    assert [
+        r.body
+        for r in iter_records(
+            store.get(topic, 0, cq.max_offset - 1, max_messages=1, max_bytes=1 << 20).records
+        )
+    ] == [b"later"]
+    loop.run_until_complete(store.close())
+
+    store = open_store(loop, tmp_path, clock, disk)  # the scheduler reloads from the minimum
+    scheduler = Scheduler(store, clock)
+    scheduler.load()
+    assert scheduler.pending == 0
+    loop.run_until_complete(store.close())
+
+
+def test_a_fuller_disk_deletes_young_segments_and_refuses_sends_above_the_limit(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    clock, disk = FakeClock(), FakeDisk()
+    store = open_store(loop, tmp_path, clock, disk)
+    topic, _ = store.create_topic("t", 1)
+    send(loop, store, topic, 60)
+    checkpoint(loop, store)
+    start = store.commitlog.start
+
+    disk.ratio = 0.80  # over the clean ratio: one segment a check, young or not
+    store.enforce_retention()
+    first = store.commitlog.start
+    assert first > start and not store.refusing_sends
+    disk.ratio = 0.92  # over the refuse ratio (and the force ratio: every segment allowed)
+    store.enforce_retention()
+    assert store.commitlog.segment_bases() == [store.commitlog.start]
+    assert store.refusing_sends
+    with pytest.raises(BrokerError) as refused:
+        store.check_accepting_sends()
+    assert (refused.value.reason, refused.value.status.name) == ("DISK_FULL", "UNAVAILABLE")
+    cq = store.queue(topic, 0)
+    assert offsets_served(store, topic, cq.min_offset) == list(range(cq.min_offset, 60))
+
+    disk.ratio = 0.50
+    store.enforce_retention()
+    store.check_accepting_sends()  # accepted again
+    send(loop, store, topic, 1)
+    assert cq.max_offset == 61
+    loop.run_until_complete(store.close())
+
+
+class FailingWrites:
+    """os.pwrite that writes half of the `fail_at`-th call's bytes, then fails ENOSPC."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.calls = 0
+        self.fail_at = fail_at
+        self.real = os.pwrite
+
+    def __call__(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            self.real(fd, bytes(data[: len(data) // 2]), offset)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.real(fd, data, offset)
+
+
+@pytest.mark.parametrize("fail_at", [1, 2], ids=["commit log write", "consume queue write"])
+@pytest.mark.parametrize("crash", [False, True], ids=["clean restart", "crash"])
+def test_a_batch_cut_short_by_a_full_disk_fails_whole_and_nothing_of_it_is_served(
+    loop: asyncio.AbstractEventLoop,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fail_at: int,
+    crash: bool,
+) -> None:
+    clock, disk = FakeClock(), FakeDisk()
+    store = open_store(loop, tmp_path, clock, disk)
+    topic, _ = store.create_topic("t", 1)
+    send(loop, store, topic, 3)
+    batch = b"".join(
+        encode_frame(msg_id=os.urandom(16), born_timestamp_ms=1, body=BODY) for _ in range(5)
+    )
+    failing = FailingWrites(fail_at)
+    monkeypatch.setattr(commitlog_module.os, "pwrite", failing)  # the os module: every write
+    with pytest.raises(BrokerError) as full:
+        loop.run_until_complete(store.put(topic, 0, batch))
+    monkeypatch.undo()
+    assert full.value.reason == "DISK_FULL"
+    assert store.queue(topic, 0).max_offset == 3
+    assert offsets_served(store, topic, 0) == [0, 1, 2]
+    assert store.refusing_sends, "refused until the next disk check"
+    store.enforce_retention()  # the disk has room again
+    send(loop, store, topic, 1)
+    assert offsets_served(store, topic, 0) == [0, 1, 2, 3]
+    checkpoint(loop, store)
+    if crash:
+        (tmp_path / "running").touch()  # not shut down cleanly: recovery replays
+    loop.run_until_complete(store.close())
+    if crash:
+        (tmp_path / "running").touch()
+
+    store = open_store(loop, tmp_path, clock, disk)
+    assert store.recovery.corrupt_records == 0 and store.recovery.truncated_bytes == 0
+    assert offsets_served(store, topic, 0) == [0, 1, 2, 3]
+    loop.run_until_complete(store.close())
