@@ -106,7 +106,6 @@ def test_the_command_serves_and_stops_cleanly_on_sigterm(
     assert "unclean" not in broker.stderr()
 
 
-@pytest.mark.xfail(strict=True, reason="/healthz and /readyz on the metrics port (metrics branch)")
 def test_the_health_check_urls_answer_as_health_checks(tmp_path: Path) -> None:
     paths = {
         urlsplit(u).path
