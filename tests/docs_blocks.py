@@ -67,7 +67,7 @@ PYTHON = {"python", "py", "python3"}
 SHELL = {"sh", "bash", "shell", "console"}
 MARKER = re.compile(r"<!--[ \t]*docs-test:[ \t]*(?P<verb>[-\w]+)[ \t]*(?P<arg>.*?)[ \t]*-->\s*\Z")
 PROGRAM_TIMEOUT = 60.0
-WAIT_TIMEOUT = 20.0  # what a check or the runner waits for must come by then
+WAIT_TIMEOUT = 10.0  # what a check or the runner waits for must come by then
 
 
 @dataclass(frozen=True)
