@@ -121,6 +121,9 @@ class ConsumerTuning(Protocol):
     @property
     def heartbeat_interval(self) -> float: ...  # noqa: D102
 
+    @property
+    def young_queue_max_messages(self) -> int: ...  # noqa: D102
+
 
 class ConsumerCore:
     """Group membership, queue ownership, pulling and offsets; subclasses consume."""
@@ -203,9 +206,8 @@ class ConsumerCore:
         The group's members share the topic's queues. The topic need not exist yet: start()
         logs a warning, and the first rebalance round after a producer creates it (within
         `rebalance_interval`) takes its queues. With ConsumeFromWhere.LAST_OFFSET they
-        start at their first message, not their end: every message of a topic created
-        after the consumer subscribed was sent since (RocketMQ, too, starts a new group at
-        0 on a queue whose min offset is 0).
+        start at their first message, not their end, however many it holds: every message
+        of a topic created after the consumer subscribed was sent since.
         """
         self._check_new("subscribe()")
         if self._rebalancer.assigned is not None:
@@ -602,9 +604,21 @@ class ConsumerCore:
             return low
         if self._from_where is ConsumeFromWhere.TIMESTAMP:
             return at_time
-        # A topic created after this client subscribed holds only messages sent since
-        # (RocketMQ: a queue whose min offset is 0 starts at 0 for a new group).
-        return low if queue.topic in self._rebalancer.created_later else high
+        # A topic created after this client subscribed holds only messages sent since.
+        if queue.topic in self._rebalancer.created_later or self._young(low, high):
+            return low
+        return high
+
+    def _young(self, low: int, high: int) -> bool:
+        """Whether a new group starts at 0 with LAST_OFFSET on a queue of these offsets.
+
+        RocketMQ's broker answers 0 for a group with no offset when the queue's min offset
+        is 0 and its first message is still in memory; ordermq has no page cache to ask,
+        so "small enough to replay" stands in: at most `young_queue_max_messages`.
+        Broadcasting members never ask the broker, in RocketMQ either.
+        """
+        limit = self._tuning.young_queue_max_messages
+        return not self.broadcasting and low == 0 and high <= limit
 
     def _by_broker(self, queues: list[MessageQueue]) -> dict[str, list[MessageQueue]]:
         out: dict[str, list[MessageQueue]] = {}
