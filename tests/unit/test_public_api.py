@@ -30,7 +30,7 @@ def test_sdk_exports_exactly_the_public_names() -> None:
             "Producer", "ProducerConfig", "PushConsumer", "PushConsumerConfig",
             "RoundRobinSelector",
             "SelectMessageQueueByHash", "SelectMessageQueueByRandom", "SendResult",
-            "SendStatus", "shard_index", "wait_for_shutdown_signal",
+            "SendStatus", "__version__", "shard_index", "wait_for_shutdown_signal",
         ]
     )  # fmt: skip
     assert sorted(sdk.aio.__all__) == [
