@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 
 import grpc
 
@@ -22,6 +23,7 @@ from mockbroker.service import MessagingService
 from mockbroker.state import BrokerState
 from mockbroker.store.message_store import MessageStore
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
+from sdk._version import __version__
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.log import log_event
@@ -31,6 +33,36 @@ log = logging.getLogger("mockbroker")
 _WILDCARDS = ("0.0.0.0", "::", "[::]", "")
 #: How often silent clients are looked for.
 _EXPIRY_SWEEP_SECONDS = 1.0
+
+
+def _check_listenable(host: str, port: int) -> None:
+    """OSError with the system's reason when no address of `host` can take `port`.
+
+    gRPC tells of a failed bind by writing its own log line to stderr before it raises;
+    asking the system first leaves the caller's message alone. Like gRPC (SO_REUSEADDR,
+    one bound address is enough), a port left in TIME_WAIT counts as free.
+    """
+    if port == 0:
+        return
+    name = host.strip("[]") or None
+    try:
+        addresses = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    failure: OSError | None = None
+    for family, kind, proto, _canonical, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                failure = failure or exc
+                continue
+        return
+    assert failure is not None  # getaddrinfo answers at least one address or raises
+    error = OSError(f"cannot listen on {host}:{port}: {failure.strerror}")
+    error.errno = failure.errno
+    raise error
 
 
 class Broker:
@@ -75,6 +107,7 @@ class Broker:
 
     async def start(self) -> None:
         """Open (and if need be recover) the store, then start serving."""
+        await asyncio.to_thread(_check_listenable, self.config.host, self.config.port)
         await asyncio.to_thread(self.store.open)  # raises OSError if the directory is in use
         try:
             await self._start_serving()
@@ -116,7 +149,7 @@ class Broker:
         pb_grpc.add_AdminServiceServicer_to_server(AdminService(state), server)
         try:
             self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
-        except RuntimeError as exc:
+        except RuntimeError as exc:  # taken since the check
             raise OSError(f"cannot listen on {self.config.host}:{self.config.port}: {exc}") from exc
         state.address = self.address
         await server.start()
@@ -126,7 +159,8 @@ class Broker:
             self._metrics = MetricsServer(state, self.config.host, self.config.metrics_port)
             log.info("metrics on http://%s:%d/metrics", self.config.host, self._metrics.port)
         self.state, self._server = state, server
-        log.info("broker %s serving on %s", self.config.broker_name, self.address)
+        log.info("broker %s (ordermq %s) serving on %s", self.config.broker_name, __version__,
+                 self.address)  # fmt: skip
 
     async def _expire_clients(self, state: BrokerState) -> None:
         while True:
