@@ -25,12 +25,14 @@ from rich.console import Console
 from rich.table import Table
 
 from sdk._transport.broker_client import BrokerClient, GroupInfo, PullStatus
+from sdk._version import __version__
+from sdk._wire import DEFAULT_PORT
 from sdk.errors import OrderMQError
 from sdk.message import Message, MessageExt, MessageQueue
 from sdk.producer import Producer
 
 T = TypeVar("T")
-DEFAULT_BROKER = "127.0.0.1:8081"
+DEFAULT_BROKER = f"127.0.0.1:{DEFAULT_PORT}"
 ORIGIN_PROPERTIES = ("ORIGIN_TOPIC", "ORIGIN_QUEUE_ID", "ORIGIN_QUEUE_OFFSET")
 
 
@@ -80,6 +82,7 @@ def _ms(value: Any) -> str:
 
 
 @click.group()
+@click.version_option(__version__, prog_name="ordermq", message="%(prog)s %(version)s")
 @click.option("--broker", "-b", default=DEFAULT_BROKER, show_default=True, envvar="ORDERMQ_BROKER",
               help="host:port of a broker (or ORDERMQ_BROKER)")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
@@ -107,7 +110,7 @@ def topics_list(c: Context, system: bool) -> None:
 
 @topics.command("create")
 @click.argument("topic")
-@click.option("--queues", type=int, default=8, show_default=True)
+@click.option("--queues", type=int, default=8, show_default=True, help="how many queues")
 @click.pass_obj
 def topics_create(c: Context, topic: str, queues: int) -> None:
     """Create TOPIC with a number of queues (nothing happens if it exists alike)."""
@@ -174,7 +177,7 @@ def offsets() -> None:
 
 @offsets.command("reset")
 @click.argument("group")
-@click.option("--topic", required=True)
+@click.option("--topic", required=True, help="the topic whose offsets move")
 @click.option("--queue", "queue_id", type=int, default=-1, help="one queue (default: all)")
 @click.option("--earliest", is_flag=True, help="to each queue's min offset")
 @click.option("--latest", is_flag=True, help="to each queue's max offset (skip everything)")
@@ -260,7 +263,8 @@ def messages_get(c: Context, msg_id: str) -> None:
 @messages.command("find")
 @click.argument("topic")
 @click.argument("key")
-@click.option("--limit", type=int, default=32, show_default=True)
+@click.option("--limit", type=int, default=32, show_default=True,
+              help="at most this many messages")  # fmt: skip
 @click.pass_obj
 def messages_find(c: Context, topic: str, key: str, limit: int) -> None:
     """Messages of TOPIC carrying KEY, newest first."""
@@ -339,7 +343,8 @@ def _dlq_messages(c: Context, group: str, limit: int) -> list[MessageExt]:
 
 @dlq.command("list")
 @click.argument("group")
-@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--limit", type=int, default=100, show_default=True,
+              help="at most this many dead letters")  # fmt: skip
 @click.pass_obj
 def dlq_list(c: Context, group: str, limit: int) -> None:
     """Dead letters of GROUP not resent yet."""
@@ -354,7 +359,8 @@ def dlq_list(c: Context, group: str, limit: int) -> None:
 
 @dlq.command("resend")
 @click.argument("group")
-@click.option("--limit", type=int, default=1000, show_default=True)
+@click.option("--limit", type=int, default=1000, show_default=True,
+              help="resend at most this many dead letters")  # fmt: skip
 @click.pass_obj
 def dlq_resend(c: Context, group: str, limit: int) -> None:
     """Send GROUP's dead letters back to their original topics (each once)."""
