@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from sdk import metrics
 from sdk._transport.broker_client import GroupInfo, PullStatus
 from sdk._transport.cluster import Cluster
-from sdk._validation import check_group, check_topic
+from sdk._validation import check_group, check_topic, split_tag_expression
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.consumer.allocate import AllocateMessageQueueAveragely, AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere
@@ -64,16 +64,16 @@ def new_client_id() -> str:
 
 
 def parse_expression(expression: str) -> str:
-    """Check a tag expression ('*' or 'A || B'); InvalidTagExpressionError if malformed."""
-    text = expression.strip()
-    if text in ("", "*"):
-        return "*"
-    tags = [t.strip() for t in text.split("||")]
-    if any(not t or "*" in t for t in tags):
+    """A tag expression in its plain form ('*' or 'A || B'); InvalidTagExpressionError."""
+    if not isinstance(expression, str):
         raise InvalidTagExpressionError(
-            f"tag expression {expression!r} must be '*' or tags joined by '||'"
+            f"a tag expression is a str, not {type(expression).__name__}"
         )
-    return " || ".join(tags)
+    try:
+        tags = split_tag_expression(expression)
+    except ValueError as exc:
+        raise InvalidTagExpressionError(str(exc)) from None
+    return "*" if tags is None else " || ".join(tags)
 
 
 class ConsumerTuning(Protocol):
