@@ -230,7 +230,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
             recovered_from_crash=store.recovery.crashed,
             truncated_bytes_at_recovery=store.recovery.truncated_bytes,
             corrupt_records_detected=store.stats.corrupt_records_detected,
-            topic_count=len(store.topics.all()),
+            topic_count=sum(not is_system_topic(t.name) for t in store.topics.all()),
             held_pulls=self._s.holder.held,
         )
 

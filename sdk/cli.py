@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -160,7 +161,9 @@ def groups_describe(c: Context, group: str, topic: str) -> None:
     data = c.call(lambda b: b.admin("ConsumerProgress", group=group, topic=topic))
     rows = [
         [q["queue"]["topic"], q["queue"]["queue_id"], q["broker_max_offset"],
-         q["consumer_offset"], q["lag"], q["lock_owner"] or "-", q["lock_epoch"] or "-"]
+         *((q["consumer_offset"], q["lag"]) if q["consumer_offset"] >= 0
+           else ("never committed", "-")),
+         q["lock_owner"] or "-", q["lock_epoch"] or "-"]
         for q in data["queues"]
     ]  # fmt: skip
     members = ", ".join(data["client_ids"]) or "none"
@@ -267,7 +270,11 @@ def messages_get(c: Context, msg_id: str) -> None:
               help="at most this many messages")  # fmt: skip
 @click.pass_obj
 def messages_find(c: Context, topic: str, key: str, limit: int) -> None:
-    """Messages of TOPIC carrying KEY, newest first."""
+    """Messages of TOPIC whose keys include KEY, newest first.
+
+    It searches the messages' keys (Message(keys=...), printed as keys=), not their
+    sharding key (printed as sharding_key=).
+    """
     found = c.call(lambda b: b.query_messages_by_key(topic, key, limit))
     _print_messages(c, found)
 
@@ -300,25 +307,39 @@ def messages_tail(c: Context, topic: str, count: int, follow: bool) -> None:
         for m in await _read(b, queues, starts, count * len(queues)):
             _print_message(c, m)
             starts[m.queue] = m.queue_offset + 1
-        while follow:
-            pulls = [b.pull("ordermq-cli", q, starts[q], suspend_timeout=15, timeout=30)
-                     for q in queues]  # fmt: skip
-            for result in await asyncio.gather(*pulls):
-                for m in result.messages:
-                    _print_message(c, m)
-                    starts[m.queue] = m.queue_offset + 1
+        if not follow:
+            return
+        # One long poll per queue, each printing what it gets at once: a message does not
+        # wait for the other queues' polls to end. The first failure ends them all.
+        polls = [asyncio.create_task(_follow(c, b, q, starts[q])) for q in queues]
+        try:
+            await asyncio.gather(*polls)
+        finally:
+            for poll in polls:
+                poll.cancel()
+            await asyncio.gather(*polls, return_exceptions=True)
 
     with contextlib.suppress(KeyboardInterrupt):
         c.call(body)
+
+
+async def _follow(c: Context, b: BrokerClient, queue: MessageQueue, offset: int) -> None:
+    """Print `queue`'s messages from `offset` on as they arrive, until cancelled."""
+    while True:
+        result = await b.pull("ordermq-cli", queue, offset, suspend_timeout=15, timeout=30)
+        for m in result.messages:
+            _print_message(c, m)
+        offset = result.next_offset
 
 
 def _print_message(c: Context, m: MessageExt) -> None:
     if c.as_json:
         click.echo(json.dumps(_message_row(m)))
     else:
-        key = f" key={m.sharding_key}" if m.sharding_key else ""
+        sharding = f" sharding_key={m.sharding_key}" if m.sharding_key else ""
+        keys = f" keys={','.join(m.keys)}" if m.keys else ""
         tags = f" tags={m.tags}" if m.tags else ""
-        click.echo(f"{m.topic}/{m.queue.queue_id}@{m.queue_offset}{key}{tags} "
+        click.echo(f"{m.topic}/{m.queue.queue_id}@{m.queue_offset}{sharding}{keys}{tags} "
                    f"{m.body.decode(errors='replace')}")  # fmt: skip
 
 
@@ -350,9 +371,10 @@ def dlq_list(c: Context, group: str, limit: int) -> None:
     """Dead letters of GROUP not resent yet."""
     found = _dlq_messages(c, group, limit)
     rows = [_message_row(m) for m in found]
-    table = _table(f"dead letters of {group}", ["offset", "origin", "key", "tries", "body"], [
+    columns = ["offset", "origin", "sharding key", "keys", "tries", "body"]
+    table = _table(f"dead letters of {group}", columns, [
         [r["offset"], r["properties"].get("ORIGIN_TOPIC", "?"), r["sharding_key"] or "-",
-         r["reconsume_times"], r["body"][:60]] for r in rows
+         ",".join(r["keys"]) or "-", r["reconsume_times"], r["body"][:60]] for r in rows
     ])  # fmt: skip
     c.emit(rows, table)
 
@@ -400,8 +422,62 @@ def broker() -> None:
 def broker_status(c: Context) -> None:
     """Uptime, disk use, counters and what recovery found."""
     data = c.call(lambda b: b.admin("BrokerStatus"))
-    rows = [[k, v] for k, v in data.items()]
-    c.emit(data, _table(f"broker {data['broker_name']} at {c.broker}", ["", ""], rows))
+    table = Table(title=f"broker {data['broker_name']} at {c.broker}", title_justify="left",
+                  show_header=False)  # fmt: skip
+    for label, value in _status_rows(data):
+        table.add_row(label, value)
+    c.emit(data, table)
+
+
+def _status_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """BrokerStatus in words and units; fields this version does not know, as they are."""
+    shown: dict[str, tuple[str, Callable[[Any], str]]] = {
+        "version": ("version", str),
+        "uptime_ms": ("uptime", lambda v: _duration(int(v) / 1000)),
+        "flush_mode": ("flush mode", str),
+        "topic_count": ("topics", str),
+        "messages_in_per_second": ("messages in", lambda v: f"{_rate(v)}/s (last minute)"),
+        "messages_out_per_second": ("messages out", lambda v: f"{_rate(v)}/s (last minute)"),
+        "messages_stored": ("messages stored since start", str),
+        "messages_served": ("messages served since start", str),
+        "held_pulls": ("pulls waiting for messages", str),
+        "commit_log_bytes": ("commit log", _bytes),
+        "disk_bytes": ("data directory", _bytes),
+        "recovered_from_crash": ("recovered from a crash", lambda v: "yes" if v else "no"),
+        "truncated_bytes_at_recovery": ("cut off at recovery", _bytes),
+        "corrupt_records_detected": ("corrupt records found", str),
+    }
+    rows = [(label, show(data[name])) for name, (label, show) in shown.items() if name in data]
+    rows += [
+        (name.replace("_", " "), str(value))
+        for name, value in data.items()
+        if name not in shown and name != "broker_name"
+    ]
+    return rows
+
+
+def _duration(seconds: float) -> str:
+    """The largest unit and the next: 5s, 3m 38s, 2h 0m, 4d 1h."""
+    left = int(seconds)
+    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+    for (unit, size), (small, small_size) in itertools.pairwise(units):
+        if left >= size:
+            return f"{left // size}{unit} {left % size // small_size}{small}"
+    return f"{left}s"
+
+
+def _rate(per_second: Any) -> str:
+    value = float(per_second)
+    return f"{value:.0f}" if value >= 10 or value == 0 else f"{value:.1f}"
+
+
+def _bytes(count: Any) -> str:
+    value, unit = float(count), "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 import sdk
 from mockbroker import BrokerConfig
 from mockbroker.__main__ import build_parser
-from sdk.cli import DEFAULT_BROKER, cli
+from sdk.cli import DEFAULT_BROKER, _bytes, _duration, _rate, cli
 
 
 def click_commands(group: click.Group, path: str = "ordermq") -> list[tuple[str, click.Command]]:
@@ -65,3 +65,13 @@ def test_both_commands_print_the_version(capsys: pytest.CaptureFixture[str]) -> 
         build_parser().parse_args(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out == f"mockbroker {sdk.__version__}\n"
+
+
+def test_broker_status_units_are_for_people() -> None:
+    assert [_duration(s) for s in (0, 5.9, 218.141, 3600, 7501, 90061)] == [
+        "0s", "5s", "3m 38s", "1h 0m", "2h 5m", "1d 1h"
+    ]  # fmt: skip
+    assert [_bytes(n) for n in (0, 1023, 1536, 5 * 2**20, 3 * 2**40)] == [
+        "0 B", "1023 B", "1.5 KiB", "5.0 MiB", "3.0 TiB"
+    ]  # fmt: skip
+    assert [_rate(r) for r in (0, 3.14159, 140.85678377749738)] == ["0", "3.1", "141"]
