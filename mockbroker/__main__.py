@@ -11,26 +11,60 @@ from pathlib import Path
 
 from mockbroker.config import BrokerConfig
 from mockbroker.server import Broker
+from sdk._version import __version__
+from sdk._wire import DEFAULT_PORT
 from sdk.log import JsonFormatter
 
 
-def parse_args(argv: list[str] | None = None) -> BrokerConfig:
-    """Build a BrokerConfig from command-line arguments."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's options; every one has help, defaults from BrokerConfig."""
     d = BrokerConfig()
     p = argparse.ArgumentParser(prog="mockbroker", description="Run an ordermq broker.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--host", default=d.host, help="interface to listen on (default %(default)s)")
-    p.add_argument("--port", type=int, default=d.port, help="TCP port; 0 picks a free one")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help="TCP port (default %(default)s, where the ordermq command looks); 0 picks a free one",
+    )
     p.add_argument(
         "--advertised-host",
         default=None,
         help="host clients are told to connect to (default: --host, or 127.0.0.1 for 0.0.0.0)",
     )
     p.add_argument("--data-dir", type=Path, required=True, help="where messages are stored")
-    p.add_argument("--flush-mode", choices=["async", "sync"], default=d.flush_mode)
-    p.add_argument("--lock-lease-seconds", type=float, default=d.lock_lease_seconds)
-    p.add_argument("--default-queues", type=int, default=d.default_queues)
-    p.add_argument("--broker-name", default=d.broker_name)
-    p.add_argument("--segment-bytes", type=int, default=d.segment_bytes)
+    p.add_argument(
+        "--flush-mode",
+        choices=["async", "sync"],
+        default=d.flush_mode,
+        help="async: answer sends before their fsync (at most every "
+        f"{d.flush_interval_seconds:g} s); sync: only after it (default %(default)s)",
+    )
+    p.add_argument(
+        "--lock-lease-seconds",
+        type=float,
+        default=d.lock_lease_seconds,
+        help="how long an orderly consumer's queue lock lives without renewal "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--default-queues",
+        type=int,
+        default=d.default_queues,
+        help="queue count of a topic created by its first send (default %(default)s)",
+    )
+    p.add_argument(
+        "--broker-name",
+        default=d.broker_name,
+        help="the name queues report as their broker (default %(default)s)",
+    )
+    p.add_argument(
+        "--segment-bytes",
+        type=int,
+        default=d.segment_bytes,
+        help="size in bytes at which the commit log rolls to a new file (default %(default)s)",
+    )
     p.add_argument(
         "--client-timeout-seconds",
         type=float,
@@ -50,7 +84,17 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         help="refuse sends to topics that were not created explicitly",
     )
     p.add_argument(
-        "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on this port (default: off; 0 picks a free one)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        help="least severe log records written to stderr (default %(default)s)",
     )
     p.add_argument(
         "--retention-hours",
@@ -90,10 +134,15 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         help="for tests: simulate the disk from this JSON file "
         '({"total_bytes": N, "other_used_bytes": M})',
     )
-    p.add_argument("--log-level", default="INFO")
     p.add_argument(
         "--log-format", choices=["text", "json"], default="text", help="json: one object a line"
     )
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> BrokerConfig:
+    """Build a BrokerConfig from command-line arguments (and set up logging)."""
+    p = build_parser()
     a = p.parse_args(argv)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
@@ -101,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         if a.log_format == "json"
         else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
     )
-    logging.basicConfig(level=a.log_level.upper(), handlers=[handler])
+    logging.basicConfig(level=a.log_level, handlers=[handler])
     try:
         return BrokerConfig(
             host=a.host,

@@ -14,9 +14,9 @@ from mockbroker.state import BrokerState
 from mockbroker.topics import Topic, check_any_topic, check_group, check_user_topic, is_system_topic
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
+from sdk._version import __version__
 from sdk.log import log_event
 
-VERSION = "0.1.0"
 log = logging.getLogger("mockbroker.admin")
 
 
@@ -224,7 +224,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
             messages_in_per_second=rate_in,
             messages_out_per_second=rate_out,
             broker_name=self._s.config.broker_name,
-            version=VERSION,
+            version=__version__,
             uptime_ms=int((self._s.clock.now() - self._s.started) * 1000),
             flush_mode=self._s.config.flush_mode,
             commit_log_bytes=store.commitlog.total_bytes(),
@@ -236,7 +236,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
             recovered_from_crash=store.recovery.crashed,
             truncated_bytes_at_recovery=store.recovery.truncated_bytes,
             corrupt_records_detected=store.stats.corrupt_records_detected,
-            topic_count=len(store.topics.all()),
+            topic_count=sum(not is_system_topic(t.name) for t in store.topics.all()),
             held_pulls=self._s.holder.held,
             **self._retention_status(),
         )

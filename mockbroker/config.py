@@ -17,7 +17,9 @@ class BrokerConfig:
 
     Attributes:
         host: Interface to listen on.
-        port: TCP port; 0 picks a free one (see `address` once started).
+        port: TCP port; 0 (the default for an embedded broker) picks a free one (see
+            `address` once started). `python -m mockbroker` listens on 8081 unless told
+            otherwise, where the `ordermq` command looks.
         data_dir: Where the commit log, indexes, topics and offsets live.
         flush_mode: "async" flushes at least every `flush_interval_seconds` and answers
             sends before their fsync; "sync" answers a send only after its fsync (group

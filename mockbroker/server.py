@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 
 import grpc
 
@@ -23,6 +24,7 @@ from mockbroker.state import BrokerState
 from mockbroker.store.message_store import MessageStore
 from mockbroker.store.retention import file_probe
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
+from sdk._version import __version__
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.log import log_event
@@ -32,6 +34,36 @@ log = logging.getLogger("mockbroker")
 _WILDCARDS = ("0.0.0.0", "::", "[::]", "")
 #: How often silent clients are looked for.
 _EXPIRY_SWEEP_SECONDS = 1.0
+
+
+def _check_listenable(host: str, port: int) -> None:
+    """OSError with the system's reason when no address of `host` can take `port`.
+
+    gRPC tells of a failed bind by writing its own log line to stderr before it raises;
+    asking the system first leaves the caller's message alone. Like gRPC (SO_REUSEADDR,
+    one bound address is enough), a port left in TIME_WAIT counts as free.
+    """
+    if port == 0:
+        return
+    name = host.strip("[]") or None
+    try:
+        addresses = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    failure: OSError | None = None
+    for family, kind, proto, _canonical, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                failure = failure or exc
+                continue
+        return
+    assert failure is not None  # getaddrinfo answers at least one address or raises
+    error = OSError(f"cannot listen on {host}:{port}: {failure.strerror}")
+    error.errno = failure.errno
+    raise error
 
 
 class Broker:
@@ -102,6 +134,7 @@ class Broker:
         The HTTP endpoint (metrics and health checks), when enabled, serves from the
         start: not ready until the store is recovered and requests are served.
         """
+        await asyncio.to_thread(_check_listenable, self.config.host, self.config.port)
         if self.config.metrics_port is not None:
             self._http = StatusServer(self, self.config.host, self.config.metrics_port)
             log.info("metrics and health checks on http://%s:%d/", self.config.host,
@@ -152,14 +185,15 @@ class Broker:
         pb_grpc.add_AdminServiceServicer_to_server(AdminService(state), server)
         try:
             self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
-        except RuntimeError as exc:
+        except RuntimeError as exc:  # taken since the check
             raise OSError(f"cannot listen on {self.config.host}:{self.config.port}: {exc}") from exc
         state.address = self.address
         await server.start()
         scheduler.start()
         self._sweeper = asyncio.create_task(self._expire_clients(state), name="client-expiry")
         self.state, self._server = state, server
-        log.info("broker %s serving on %s", self.config.broker_name, self.address)
+        log.info("broker %s (ordermq %s) serving on %s", self.config.broker_name, __version__,
+                 self.address)  # fmt: skip
 
     async def _expire_clients(self, state: BrokerState) -> None:
         while True:

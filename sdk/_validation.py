@@ -35,3 +35,42 @@ def check_group(group: str) -> str:
     if not isinstance(group, str) or not NAME_RE.fullmatch(group):
         raise InvalidGroupError(f"group {group!r} must match {NAME_RE.pattern}")
     return group
+
+
+def tag_problem(tag: str) -> str | None:
+    """What makes `tag` no message tag a subscription could name, or None if nothing.
+
+    A tag holds no '|' (subscriptions join tags with '||'), no ',' (a tag "A,B" was surely
+    meant as two) and no '*' ('*' alone subscribes to every tag), and no white space at
+    its ends (a subscription's tags are trimmed). Inner spaces are allowed, as in RocketMQ.
+    """
+    if not tag.strip():
+        return "is empty"
+    if tag != tag.strip():
+        return "starts or ends with white space"
+    bad = [c for c in "|,*" if c in tag]
+    if bad:
+        return "contains " + " and ".join(repr(c) for c in bad)
+    return None
+
+
+def split_tag_expression(expression: str) -> list[str] | None:
+    """The tags a subscription expression names; None for every tag ('*' or empty).
+
+    "TagA || TagB" (white space around the tags is ignored, as RocketMQ's FilterAPI
+    trims it) -> ["TagA", "TagB"]. Anything else, such as "TagA | TagB", "TagA,TagB" or
+    "TagA ||", raises ValueError saying which part is wrong: RocketMQ would take it as a
+    tag no message carries, or drop the empty part, and match less than was meant.
+    """
+    text = expression.strip()
+    if text in ("", "*"):
+        return None
+    tags = [t.strip() for t in text.split("||")]
+    for tag in tags:
+        problem = tag_problem(tag)
+        if problem is not None:
+            raise ValueError(
+                f"tag expression {expression!r} must be '*' or tags joined by '||' (like "
+                f"'TagA || TagB'): the tag {tag!r} {problem}"
+            )
+    return tags

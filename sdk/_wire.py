@@ -12,6 +12,8 @@ import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+#: Where `python -m mockbroker` listens and the `ordermq` command looks by default.
+DEFAULT_PORT = 8081
 MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_PROPERTIES_BYTES = 16 * 1024
 MAX_SEND_BYTES = 32 * 1024 * 1024

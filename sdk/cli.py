@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -25,12 +26,14 @@ from rich.console import Console
 from rich.table import Table
 
 from sdk._transport.broker_client import BrokerClient, GroupInfo, PullStatus
+from sdk._version import __version__
+from sdk._wire import DEFAULT_PORT
 from sdk.errors import OrderMQError
 from sdk.message import Message, MessageExt, MessageQueue
 from sdk.producer import Producer
 
 T = TypeVar("T")
-DEFAULT_BROKER = "127.0.0.1:8081"
+DEFAULT_BROKER = f"127.0.0.1:{DEFAULT_PORT}"
 ORIGIN_PROPERTIES = ("ORIGIN_TOPIC", "ORIGIN_QUEUE_ID", "ORIGIN_QUEUE_OFFSET")
 
 
@@ -80,6 +83,7 @@ def _ms(value: Any) -> str:
 
 
 @click.group()
+@click.version_option(__version__, prog_name="ordermq", message="%(prog)s %(version)s")
 @click.option("--broker", "-b", default=DEFAULT_BROKER, show_default=True, envvar="ORDERMQ_BROKER",
               help="host:port of a broker (or ORDERMQ_BROKER)")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
@@ -107,7 +111,7 @@ def topics_list(c: Context, system: bool) -> None:
 
 @topics.command("create")
 @click.argument("topic")
-@click.option("--queues", type=int, default=8, show_default=True)
+@click.option("--queues", type=int, default=8, show_default=True, help="how many queues")
 @click.pass_obj
 def topics_create(c: Context, topic: str, queues: int) -> None:
     """Create TOPIC with a number of queues (nothing happens if it exists alike)."""
@@ -157,7 +161,9 @@ def groups_describe(c: Context, group: str, topic: str) -> None:
     data = c.call(lambda b: b.admin("ConsumerProgress", group=group, topic=topic))
     rows = [
         [q["queue"]["topic"], q["queue"]["queue_id"], q["broker_max_offset"],
-         q["consumer_offset"], q["lag"], q["skipped"],
+         *((q["consumer_offset"], q["lag"]) if q["consumer_offset"] >= 0
+           else ("never", "-")),
+         q["skipped"],
          q["lock_owner"] or "-", q["lock_epoch"] or "-"]
         for q in data["queues"]
     ]  # fmt: skip
@@ -175,7 +181,7 @@ def offsets() -> None:
 
 @offsets.command("reset")
 @click.argument("group")
-@click.option("--topic", required=True)
+@click.option("--topic", required=True, help="the topic whose offsets move")
 @click.option("--queue", "queue_id", type=int, default=-1, help="one queue (default: all)")
 @click.option("--earliest", is_flag=True, help="to each queue's min offset")
 @click.option("--latest", is_flag=True, help="to each queue's max offset (skip everything)")
@@ -261,10 +267,15 @@ def messages_get(c: Context, msg_id: str) -> None:
 @messages.command("find")
 @click.argument("topic")
 @click.argument("key")
-@click.option("--limit", type=int, default=32, show_default=True)
+@click.option("--limit", type=int, default=32, show_default=True,
+              help="at most this many messages")  # fmt: skip
 @click.pass_obj
 def messages_find(c: Context, topic: str, key: str, limit: int) -> None:
-    """Messages of TOPIC carrying KEY, newest first."""
+    """Messages of TOPIC whose keys include KEY, newest first.
+
+    It searches the messages' keys (Message(keys=...), printed as keys=), not their
+    sharding key (printed as sharding_key=).
+    """
     found = c.call(lambda b: b.query_messages_by_key(topic, key, limit))
     _print_messages(c, found)
 
@@ -297,25 +308,39 @@ def messages_tail(c: Context, topic: str, count: int, follow: bool) -> None:
         for m in await _read(b, queues, starts, count * len(queues)):
             _print_message(c, m)
             starts[m.queue] = m.queue_offset + 1
-        while follow:
-            pulls = [b.pull("ordermq-cli", q, starts[q], suspend_timeout=15, timeout=30)
-                     for q in queues]  # fmt: skip
-            for result in await asyncio.gather(*pulls):
-                for m in result.messages:
-                    _print_message(c, m)
-                    starts[m.queue] = m.queue_offset + 1
+        if not follow:
+            return
+        # One long poll per queue, each printing what it gets at once: a message does not
+        # wait for the other queues' polls to end. The first failure ends them all.
+        polls = [asyncio.create_task(_follow(c, b, q, starts[q])) for q in queues]
+        try:
+            await asyncio.gather(*polls)
+        finally:
+            for poll in polls:
+                poll.cancel()
+            await asyncio.gather(*polls, return_exceptions=True)
 
     with contextlib.suppress(KeyboardInterrupt):
         c.call(body)
+
+
+async def _follow(c: Context, b: BrokerClient, queue: MessageQueue, offset: int) -> None:
+    """Print `queue`'s messages from `offset` on as they arrive, until cancelled."""
+    while True:
+        result = await b.pull("ordermq-cli", queue, offset, suspend_timeout=15, timeout=30)
+        for m in result.messages:
+            _print_message(c, m)
+        offset = result.next_offset
 
 
 def _print_message(c: Context, m: MessageExt) -> None:
     if c.as_json:
         click.echo(json.dumps(_message_row(m)))
     else:
-        key = f" key={m.sharding_key}" if m.sharding_key else ""
+        sharding = f" sharding_key={m.sharding_key}" if m.sharding_key else ""
+        keys = f" keys={','.join(m.keys)}" if m.keys else ""
         tags = f" tags={m.tags}" if m.tags else ""
-        click.echo(f"{m.topic}/{m.queue.queue_id}@{m.queue_offset}{key}{tags} "
+        click.echo(f"{m.topic}/{m.queue.queue_id}@{m.queue_offset}{sharding}{keys}{tags} "
                    f"{m.body.decode(errors='replace')}")  # fmt: skip
 
 
@@ -340,22 +365,25 @@ def _dlq_messages(c: Context, group: str, limit: int) -> list[MessageExt]:
 
 @dlq.command("list")
 @click.argument("group")
-@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--limit", type=int, default=100, show_default=True,
+              help="at most this many dead letters")  # fmt: skip
 @click.pass_obj
 def dlq_list(c: Context, group: str, limit: int) -> None:
     """Dead letters of GROUP not resent yet."""
     found = _dlq_messages(c, group, limit)
     rows = [_message_row(m) for m in found]
-    table = _table(f"dead letters of {group}", ["offset", "origin", "key", "tries", "body"], [
+    columns = ["offset", "origin", "sharding key", "keys", "tries", "body"]
+    table = _table(f"dead letters of {group}", columns, [
         [r["offset"], r["properties"].get("ORIGIN_TOPIC", "?"), r["sharding_key"] or "-",
-         r["reconsume_times"], r["body"][:60]] for r in rows
+         ",".join(r["keys"]) or "-", r["reconsume_times"], r["body"][:60]] for r in rows
     ])  # fmt: skip
     c.emit(rows, table)
 
 
 @dlq.command("resend")
 @click.argument("group")
-@click.option("--limit", type=int, default=1000, show_default=True)
+@click.option("--limit", type=int, default=1000, show_default=True,
+              help="resend at most this many dead letters")  # fmt: skip
 @click.pass_obj
 def dlq_resend(c: Context, group: str, limit: int) -> None:
     """Send GROUP's dead letters back to their original topics (each once)."""
@@ -395,11 +423,73 @@ def broker() -> None:
 def broker_status(c: Context) -> None:
     """Uptime, disk use, retention, counters and what recovery found."""
     data = c.call(lambda b: b.admin("BrokerStatus"))
-    rows = [[k, v] for k, v in data.items() if k != "retention"]
-    rows.append(["oldest stored", _ms(data.get("oldest_stored_timestamp_ms"))])
-    for t in data.get("retention", []):
-        rows.append([f"oldest offsets {t['topic']}", ", ".join(map(str, t["min_offsets"]))])
-    c.emit(data, _table(f"broker {data['broker_name']} at {c.broker}", ["", ""], rows))
+    table = Table(title=f"broker {data['broker_name']} at {c.broker}", title_justify="left",
+                  show_header=False)  # fmt: skip
+    for label, value in _status_rows(data):
+        table.add_row(label, value)
+    c.emit(data, table)
+
+
+def _status_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """BrokerStatus in words and units; fields this version does not know, as they are."""
+    shown: dict[str, tuple[str, Callable[[Any], str]]] = {
+        "version": ("version", str),
+        "uptime_ms": ("uptime", lambda v: _duration(int(v) / 1000)),
+        "flush_mode": ("flush mode", str),
+        "topic_count": ("topics", str),
+        "messages_in_per_second": ("messages in", lambda v: f"{_rate(v)}/s (last minute)"),
+        "messages_out_per_second": ("messages out", lambda v: f"{_rate(v)}/s (last minute)"),
+        "messages_stored": ("messages stored since start", str),
+        "messages_served": ("messages served since start", str),
+        "held_pulls": ("pulls waiting for messages", str),
+        "commit_log_bytes": ("commit log", _bytes),
+        "disk_bytes": ("data directory", _bytes),
+        "recovered_from_crash": ("recovered from a crash", lambda v: "yes" if v else "no"),
+        "truncated_bytes_at_recovery": ("cut off at recovery", _bytes),
+        "corrupt_records_detected": ("corrupt records found", str),
+        "disk_total_bytes": ("disk size", _bytes),
+        "disk_free_bytes": ("disk free", _bytes),
+        "disk_used_ratio": ("disk used", lambda v: f"{float(v):.0%}"),
+        "sends_refused": ("sends refused (disk full)", lambda v: "yes" if v else "no"),
+        "retention_hours": ("retention", lambda v: f"{float(v):g} h"),
+        "oldest_stored_timestamp_ms": ("oldest stored", _ms),
+        "retention_deleted_messages": ("deleted by retention since start", str),
+    }
+    rows = [(label, show(data[name])) for name, (label, show) in shown.items() if name in data]
+    rows += [
+        (name.replace("_", " "), str(value))
+        for name, value in data.items()
+        if name not in shown and name not in ("broker_name", "retention")
+    ]
+    rows += [
+        (f"oldest offsets {t['topic']}", ", ".join(map(str, t["min_offsets"])))
+        for t in data.get("retention", [])
+    ]
+    return rows
+
+
+def _duration(seconds: float) -> str:
+    """The largest unit and the next: 5s, 3m 38s, 2h 0m, 4d 1h."""
+    left = int(seconds)
+    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+    for (unit, size), (small, small_size) in itertools.pairwise(units):
+        if left >= size:
+            return f"{left // size}{unit} {left % size // small_size}{small}"
+    return f"{left}s"
+
+
+def _rate(per_second: Any) -> str:
+    value = float(per_second)
+    return f"{value:.0f}" if value >= 10 or value == 0 else f"{value:.1f}"
+
+
+def _bytes(count: Any) -> str:
+    value, unit = float(count), "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sdk._validation import check_topic
+from sdk._validation import check_topic, tag_problem
 from sdk._wire import MAX_BODY_BYTES, MAX_PROPERTIES_BYTES, encode_properties
 from sdk.errors import InvalidMessageError
 
@@ -67,8 +67,11 @@ class Message:
         self.body = body
         if tags is not None:
             _check_text("tags", tags)
-            if "||" in tags or tags.strip() in ("", "*"):
-                raise InvalidMessageError(f"tags {tags!r} must be one tag, not an expression")
+            problem = tag_problem(tags)
+            if problem is not None:
+                raise InvalidMessageError(
+                    f"tags {tags!r} must be one tag a subscription can name: it {problem}"
+                )
         self.tags = tags
         self.keys: tuple[str, ...] = (
             keys if type(keys) is tuple else (keys,) if isinstance(keys, str) else tuple(keys)

@@ -35,11 +35,14 @@ class BrokerProcess:
         # stderr goes to a file: a pipe nobody reads would block a chatty broker.
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives as long as the process)
 
-    def start(self, timeout: float = 30.0, port: int = 0) -> str:
-        """Start the broker on `port` (0: a free one); its address once it prints ready."""
+    def start(self, timeout: float = 30.0, port: int | None = 0) -> str:
+        """Start the broker on `port` (0: a free one; None: the command's default port).
+
+        Returns its address once it prints its ready line.
+        """
         cmd = [
             sys.executable, "-m", "mockbroker",
-            "--host", "127.0.0.1", "--port", str(port),
+            "--host", "127.0.0.1", *(["--port", str(port)] if port is not None else []),
             "--data-dir", str(self.data_dir),
             "--log-level", "WARNING",
             *self.extra_args,

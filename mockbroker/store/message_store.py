@@ -37,6 +37,7 @@ from mockbroker.store.retention import (
     statvfs_probe,
 )
 from mockbroker.topics import SYSTEM_PREFIX, Topic, TopicRegistry
+from sdk._validation import split_tag_expression
 from sdk._wire import FRAME_FIELDS, RECORD, RecordFormatError, StoredRecord, iter_records
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.log import log_event
@@ -727,13 +728,8 @@ def _record_tags(record: memoryview) -> bytes:
 
 def parse_tag_expression(expression: str) -> frozenset[bytes] | None:
     """`*` or empty -> None (everything); `A || B` -> {b"A", b"B"}; INVALID_TAG_EXPRESSION."""
-    text = expression.strip()
-    if text in ("", "*"):
-        return None
-    tags = [t.strip() for t in text.split("||")]
-    if any(not t or "*" in t for t in tags):
-        raise invalid(
-            "INVALID_TAG_EXPRESSION",
-            f"tag expression {expression!r} must be '*' or tags joined by '||'",
-        )
-    return frozenset(t.encode() for t in tags)
+    try:
+        tags = split_tag_expression(expression)
+    except ValueError as exc:
+        raise invalid("INVALID_TAG_EXPRESSION", str(exc)) from None
+    return None if tags is None else frozenset(t.encode() for t in tags)

@@ -10,8 +10,26 @@ from sdk.errors import InvalidArgumentError
 MIB = 1024 * 1024
 
 
+#: A queue whose first message (offset 0) is still stored and which holds at most this
+#: many messages is young: a new group starts there even with LAST_OFFSET.
+YOUNG_QUEUE_MAX_MESSAGES = 1000
+
+
 class ConsumeFromWhere(enum.Enum):
-    """Where a group with no committed offset for a queue starts reading it."""
+    """Where a group with no committed offset for a queue starts reading it.
+
+    LAST_OFFSET (the default): at the queue's end, except on a young queue (its first
+    message, offset 0, is still stored and it holds at most the consumer config's
+    `young_queue_max_messages`, 1000 by default), where it starts at offset 0, as
+    RocketMQ's broker starts a new group at 0 while a queue's first message is still in
+    memory. So a group started after its first messages were sent gets them, and one
+    added to a busy topic starts with what is sent from now on. A topic created after the
+    consumer subscribed is read from its start whatever its size. Broadcasting consumers
+    keep their offsets on their own host: like RocketMQ's, they start at the end of a
+    young queue too.
+    FIRST_OFFSET: at the oldest stored message. TIMESTAMP: at the first message stored
+    at or after `consume_timestamp`. A committed offset always wins over all three.
+    """
 
     LAST_OFFSET = "LAST_OFFSET"
     FIRST_OFFSET = "FIRST_OFFSET"
@@ -54,6 +72,11 @@ class PushConsumerConfig:
         persist_interval: How often offsets are sent to the broker.
         heartbeat_interval: How often the client tells the broker it is alive.
         shutdown_timeout: How long shutdown waits for listener calls in flight.
+        young_queue_max_messages: With ConsumeFromWhere.LAST_OFFSET, a queue the group
+            never committed starts at offset 0 instead of its end while its first message
+            is still stored and it holds at most this many messages (RocketMQ's broker
+            starts a new group at 0 while the queue's first message is in memory). 0: always
+            at the end.
     """
 
     consume_threads: int = 20
@@ -76,6 +99,7 @@ class PushConsumerConfig:
     persist_interval: float = 5.0
     heartbeat_interval: float = 10.0
     shutdown_timeout: float = 30.0
+    young_queue_max_messages: int = YOUNG_QUEUE_MAX_MESSAGES
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -106,6 +130,7 @@ class PushConsumerConfig:
             0.01 <= self.suspend_current_queue_time <= 30,
             "suspend_current_queue_time must be within 0.01..30 seconds",
         )
+        need(self.young_queue_max_messages >= 0, "young_queue_max_messages must not be negative")
         need(self.pull_timeout > self.pull_suspend >= 0, "pull_timeout must exceed pull_suspend")
         for f in fields(self):
             value = getattr(self, f.name)
@@ -137,6 +162,11 @@ class LitePullConsumerConfig:
         lock_lease: Orderly: the client's own view of how long a lock lives unrenewed.
         persist_interval: How often committed offsets are sent to the broker.
         heartbeat_interval: How often the client tells the broker it is alive.
+        young_queue_max_messages: With ConsumeFromWhere.LAST_OFFSET, a queue the group
+            never committed starts at offset 0 instead of its end while its first message
+            is still stored and it holds at most this many messages (RocketMQ's broker
+            starts a new group at 0 while the queue's first message is in memory). 0: always
+            at the end.
     """
 
     pull_batch_size: int = 512
@@ -154,6 +184,7 @@ class LitePullConsumerConfig:
     lock_lease: float = 30.0
     persist_interval: float = 5.0
     heartbeat_interval: float = 10.0
+    young_queue_max_messages: int = YOUNG_QUEUE_MAX_MESSAGES
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -166,6 +197,7 @@ class LitePullConsumerConfig:
         need(1 <= self.pull_threshold_for_queue <= 65535, "pull_threshold_for_queue: 1..65535")
         need(self.pull_threshold_bytes_for_queue >= MIB, "pull_threshold_bytes_for_queue >= 1 MiB")
         need(self.auto_commit_interval >= 1.0, "auto_commit_interval must be at least 1 second")
+        need(self.young_queue_max_messages >= 0, "young_queue_max_messages must not be negative")
         need(self.pull_timeout > self.pull_suspend >= 0, "pull_timeout must exceed pull_suspend")
         need(
             self.lock_lease > self.lock_renew_interval, "lock_lease must exceed lock_renew_interval"

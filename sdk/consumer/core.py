@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from sdk import metrics
 from sdk._transport.broker_client import GroupInfo, PullResult, PullStatus
 from sdk._transport.cluster import Cluster
-from sdk._validation import check_group, check_topic
+from sdk._validation import check_group, check_topic, split_tag_expression
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.consumer.allocate import AllocateMessageQueueAveragely, AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere
@@ -64,16 +64,16 @@ def new_client_id() -> str:
 
 
 def parse_expression(expression: str) -> str:
-    """Check a tag expression ('*' or 'A || B'); InvalidTagExpressionError if malformed."""
-    text = expression.strip()
-    if text in ("", "*"):
-        return "*"
-    tags = [t.strip() for t in text.split("||")]
-    if any(not t or "*" in t for t in tags):
+    """A tag expression in its plain form ('*' or 'A || B'); InvalidTagExpressionError."""
+    if not isinstance(expression, str):
         raise InvalidTagExpressionError(
-            f"tag expression {expression!r} must be '*' or tags joined by '||'"
+            f"a tag expression is a str, not {type(expression).__name__}"
         )
-    return " || ".join(tags)
+    try:
+        tags = split_tag_expression(expression)
+    except ValueError as exc:
+        raise InvalidTagExpressionError(str(exc)) from None
+    return "*" if tags is None else " || ".join(tags)
 
 
 class ConsumerTuning(Protocol):
@@ -120,6 +120,9 @@ class ConsumerTuning(Protocol):
 
     @property
     def heartbeat_interval(self) -> float: ...  # noqa: D102
+
+    @property
+    def young_queue_max_messages(self) -> int: ...  # noqa: D102
 
 
 class ConsumerCore:
@@ -203,9 +206,8 @@ class ConsumerCore:
         The group's members share the topic's queues. The topic need not exist yet: start()
         logs a warning, and the first rebalance round after a producer creates it (within
         `rebalance_interval`) takes its queues. With ConsumeFromWhere.LAST_OFFSET they
-        start at their first message, not their end: every message of a topic created
-        after the consumer subscribed was sent since (RocketMQ, too, starts a new group at
-        0 on a queue whose min offset is 0).
+        start at their first message, not their end, however many it holds: every message
+        of a topic created after the consumer subscribed was sent since.
         """
         self._check_new("subscribe()")
         if self._rebalancer.assigned is not None:
@@ -615,9 +617,21 @@ class ConsumerCore:
             return low
         if self._from_where is ConsumeFromWhere.TIMESTAMP:
             return at_time
-        # A topic created after this client subscribed holds only messages sent since
-        # (RocketMQ: a queue whose min offset is 0 starts at 0 for a new group).
-        return low if queue.topic in self._rebalancer.created_later else high
+        # A topic created after this client subscribed holds only messages sent since.
+        if queue.topic in self._rebalancer.created_later or self._young(low, high):
+            return low
+        return high
+
+    def _young(self, low: int, high: int) -> bool:
+        """Whether a new group starts at 0 with LAST_OFFSET on a queue of these offsets.
+
+        RocketMQ's broker answers 0 for a group with no offset when the queue's min offset
+        is 0 and its first message is still in memory; ordermq has no page cache to ask,
+        so "small enough to replay" stands in: at most `young_queue_max_messages`.
+        Broadcasting members never ask the broker, in RocketMQ either.
+        """
+        limit = self._tuning.young_queue_max_messages
+        return not self.broadcasting and low == 0 and high <= limit
 
     def _by_broker(self, queues: list[MessageQueue]) -> dict[str, list[MessageQueue]]:
         out: dict[str, list[MessageQueue]] = {}

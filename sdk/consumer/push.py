@@ -19,7 +19,9 @@ class PushConsumer(BlockingClient):
     Args:
         group: Consumer group; the group's members share the topic's queues.
         endpoints: One broker "host:port" or several ("h1:p1;h2:p2" or a list).
-        consume_from_where: Where to start on a queue the group never committed.
+        consume_from_where: Where to start on a queue the group never committed: with
+            the default LAST_OFFSET, at its end, or at 0 on a young queue (see
+            ConsumeFromWhere).
         consume_timestamp: For ConsumeFromWhere.TIMESTAMP: a datetime or epoch seconds.
         allocate_strategy: How queues are split among members (default: averagely).
         message_model: MessageModel.CLUSTERING (each message to one member), or

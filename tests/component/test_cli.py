@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
-from mockbroker import EmbeddedBroker
+import sdk
+from mockbroker import BrokerConfig, EmbeddedBroker
 from sdk import Message, MessageQueue, Producer
 from sdk._transport.broker_client import BrokerClient, GroupInfo
 from sdk.cli import cli
+from sdk.testing import FakeClock
 from tests.component.pulling import read_queue
+from tests.support import ROOT, wait_until
 
 
 def run(broker: EmbeddedBroker, *args: str) -> Result:
@@ -78,6 +88,10 @@ def test_groups_list_and_describe_show_members_locks_and_lag(loaded: EmbeddedBro
     assert row["lag"] == row["broker_max_offset"] - 1 and row["lock_epoch"] > 0
     text = run(loaded, "groups", "describe", "billing").output
     assert "worker-1" in text and "lock owner" in text
+    never = [q for q in progress["queues"] if q["queue"]["queue_id"] != busy]
+    assert never and all(q["consumer_offset"] == -1 for q in never), "--json keeps raw values"
+    assert text.count("never") == len(never)
+    assert not re.search(r"│\s*-1\s*│", text)
 
 
 def test_offsets_reset_refuses_a_live_group_unless_forced(loaded: EmbeddedBroker) -> None:
@@ -136,12 +150,44 @@ def test_broker_status_and_errors(loaded: EmbeddedBroker) -> None:
     status = run_json(loaded, "broker", "status")
     assert status["messages_stored"] == 40 and status["flush_mode"] == "async"
     assert {"messages_in_per_second", "messages_out_per_second", "uptime_ms"} <= set(status)
-    assert "messages_stored" in run(loaded, "broker", "status").output
+    assert "messages stored since start" in run(loaded, "broker", "status").output
     missing = run(loaded, "topics", "describe", "nosuch")
     assert missing.exit_code == 1
     assert missing.output.strip().splitlines() == [
         "Error: TOPIC_NOT_FOUND: topic 'nosuch' does not exist"
     ]
+
+
+def test_broker_status_speaks_in_words_and_units_and_json_keeps_raw_values(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path), clock=clock) as broker:
+        with Producer(broker.address) as p:
+            sent = p.send(Message("orders", b"x", sharding_key="k"))
+
+        async def dead_letter(c: BrokerClient) -> None:  # creates %RETRY%g and %DLQ%g
+            await c.heartbeat("w", [GroupInfo("g", "CONSUME_ORDERLY")])
+            await c.send_back("g", sent.queue, 0, max_reconsume_times=1, reconsume_times=1)
+
+        client(broker, dead_letter)
+        clock.advance(218.141)
+        text = run(broker, "broker", "status").output
+        status = run_json(broker, "broker", "status")
+        user_topics = run_json(broker, "topics", "list")
+        all_topics = run_json(broker, "topics", "list", "--system")
+    assert re.search(r"uptime\s+│ 3m 38s", text), text
+    assert re.search(r"version\s+│ " + re.escape(sdk.__version__), text), text
+    assert re.search(r"topics\s+│ 1\b", text), text
+    assert re.search(r"recovered from a crash\s+│ no", text), text
+    assert not re.search(r"\d\.\d{3,}", text), "rates and sizes are rounded"
+    assert "_" not in text.split("\n", 1)[1], "words, not field names"
+    assert not re.search(r"^[┃│](\s+[┃│])+\s*$", text, re.MULTILINE), "an empty header row"
+    # The same count as `topics list`: the broker's own topics are not counted.
+    assert status["topic_count"] == len(user_topics) == 1 < len(all_topics)
+    assert status["uptime_ms"] == 218141
+    assert isinstance(status["messages_in_per_second"], float)
+    assert status["version"] == sdk.__version__
 
 
 def test_messages_get_by_id_and_find_by_key(broker: EmbeddedBroker) -> None:
@@ -181,3 +227,59 @@ def test_get_by_id_shows_a_message_and_its_dead_letter_copy(broker: EmbeddedBrok
     client(broker, dead_letter)
     copies = run_json(broker, "messages", "get", sent.msg_id)
     assert [m["topic"] for m in copies] == ["%DLQ%g", "orders"]
+
+
+def test_message_lines_name_the_sharding_key_and_the_keys_differently(
+    broker: EmbeddedBroker,
+) -> None:
+    with Producer(broker.address) as p:
+        p.send(Message("orders", b"body", sharding_key="order-7", keys=["cust-1", "inv-9"]))
+    for args in (["messages", "tail", "orders"], ["messages", "find", "orders", "cust-1"]):
+        [line] = run(broker, *args).output.splitlines()
+        assert " sharding_key=order-7 keys=cust-1,inv-9 " in line, line
+        assert " key=" not in line
+    found = run_json(broker, "messages", "find", "orders", "cust-1")
+    assert [(m["sharding_key"], m["keys"]) for m in found] == [("order-7", ["cust-1", "inv-9"])]
+    assert run_json(broker, "messages", "find", "orders", "order-7") == [], (
+        "find searches keys, not the sharding key"
+    )
+
+
+@pytest.fixture
+def fake_clock_broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
+    """A broker whose clock never moves: a held pull ends only when a message arrives."""
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path), clock=FakeClock()) as broker:
+        yield broker
+
+
+def test_tail_follow_prints_a_message_while_the_other_queues_polls_are_held(
+    fake_clock_broker: EmbeddedBroker,
+) -> None:
+    broker = fake_clock_broker
+    assert run(broker, "topics", "create", "orders", "--queues", "4").exit_code == 0
+    state = broker.broker.state
+    assert state is not None
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "sdk.cli", "--broker", broker.address,
+         "messages", "tail", "orders", "-n", "0", "-f"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    printed: list[str] = []
+    assert tail.stdout is not None
+    reader = threading.Thread(target=lambda: printed.extend(tail.stdout or []), daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: state.holder.held == 4 or tail.poll() is not None, 60,
+                   "tail -f to hold a pull on each queue")  # fmt: skip
+        assert tail.poll() is None, tail.stderr.read() if tail.stderr else ""
+        with Producer(broker.address) as p:
+            p.send(Message("orders", b"arrived", sharding_key="k"))
+        # The broker's clock never moves: the other three polls end only with a message
+        # of their own (or their 30 s deadline, which ends the command with an error).
+        wait_until(lambda: bool(printed) or tail.poll() is not None, 60, "the message")
+        assert [line.split()[-1] for line in printed] == ["arrived"]
+        wait_until(lambda: state.holder.held == 4, 60, "tail -f to poll that queue again")
+    finally:
+        tail.terminate()
+        tail.wait(30)

@@ -151,11 +151,28 @@ def test_tag_filtering_delivers_only_matching_messages(broker: EmbeddedBroker) -
     assert listener.bodies() == [b"%d" % i for i in range(0, 30, 3)]
 
 
+def test_a_tag_expression_with_spaces_around_the_bars_matches_each_tag(
+    broker: EmbeddedBroker,
+) -> None:
+    tags = ["paid", "refunded", "created"]
+    with Producer(broker.address) as p:
+        p.send_batch([Message("orders", b"%d" % i, tags=tags[i % 3], sharding_key="k")
+                      for i in range(30)])  # fmt: skip
+    listener = Recorder()
+    c = PushConsumer("g", broker.address, config=FAST,
+                     consume_from_where=ConsumeFromWhere.FIRST_OFFSET)  # fmt: skip
+    c.subscribe("orders", "  paid ||refunded ")
+    c.register_message_listener(listener)
+    with c:
+        wait_until(lambda: len(listener.seen) >= 20, 20)
+    assert listener.bodies() == [b"%d" % i for i in range(30) if i % 3 != 2]
+
+
 @pytest.mark.parametrize(
     ("where", "expected"),
     [
         (ConsumeFromWhere.FIRST_OFFSET, [b"old", b"new"]),
-        (ConsumeFromWhere.LAST_OFFSET, [b"new"]),
+        (ConsumeFromWhere.LAST_OFFSET, [b"old", b"new"]),  # a young queue
         (ConsumeFromWhere.TIMESTAMP, [b"new"]),
     ],
 )

@@ -1,7 +1,7 @@
 """A consumer process written the way the README shows it: `start()`, and nothing else.
 
     python tests/system/start_consumer.py --broker HOST:PORT --log FILE [--delay-ms N]
-        [--exit-after N]
+        [--exit-after N | --wait-for-signal blocking|asyncio]
 
 An orderly PushConsumer of group "signals" on topic "signals", from the first offset. It
 installs no signal handler and never calls shutdown(). Every message it processes becomes
@@ -12,15 +12,23 @@ Prints `ready <client id>` once started and `consumed <queue ids>` the first tim
 processes a message of a queue. Then the main thread sleeps until the process is
 interrupted (Ctrl+C, SIGTERM, ...), or with --exit-after N returns once N messages were
 processed, leaving the consumer running.
+
+With --wait-for-signal it is written the way PushConsumer's docstrings recommend instead:
+`with consumer: wait_for_shutdown_signal()` (blocking), or `async with` an
+sdk.aio.PushConsumer and `await sdk.aio.wait_for_shutdown_signal()` (asyncio); it prints
+`signal <name>` when the wait returns and `stopped` once the consumer has shut down, then
+exits with status 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import threading
 import time
 
+import sdk.aio
 from sdk import (
     ConsumeFromWhere,
     ConsumeOrderlyContext,
@@ -29,6 +37,7 @@ from sdk import (
     MessageListenerOrderly,
     PushConsumer,
     PushConsumerConfig,
+    wait_for_shutdown_signal,
 )
 
 TOPIC = "signals"
@@ -70,17 +79,22 @@ def main() -> None:
     parser.add_argument("--log", required=True)
     parser.add_argument("--delay-ms", type=float, default=20.0)
     parser.add_argument("--exit-after", type=int, default=0)
+    parser.add_argument("--wait-for-signal", choices=["blocking", "asyncio"])
     args = parser.parse_args()
     listener = LoggingListener(args.log, args.delay_ms / 1000)
     listener.exit_after = args.exit_after
-    consumer = PushConsumer(
-        GROUP,
-        args.broker,
-        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-        config=PushConsumerConfig(consume_message_batch_max_size=1),
-    )
+    if args.wait_for_signal == "asyncio":
+        asyncio.run(until_signal_asyncio(args.broker, listener))
+        return
+    consumer = PushConsumer(GROUP, args.broker, consume_from_where=FROM, config=CONFIG)
     consumer.subscribe(TOPIC)
     consumer.register_message_listener(listener)
+    if args.wait_for_signal == "blocking":
+        with consumer:
+            print("ready", consumer.client_id, flush=True)
+            print("signal", wait_for_shutdown_signal().name, flush=True)
+        print("stopped", flush=True)
+        return
     consumer.start()
     print("ready", consumer.client_id, flush=True)
     if args.exit_after:
@@ -89,6 +103,21 @@ def main() -> None:
         return
     while True:
         time.sleep(1)
+
+
+FROM = ConsumeFromWhere.FIRST_OFFSET
+CONFIG = PushConsumerConfig(consume_message_batch_max_size=1)
+
+
+async def until_signal_asyncio(broker: str, listener: LoggingListener) -> None:
+    """The asyncio face: consume until Ctrl+C or SIGTERM, then shut down."""
+    consumer = sdk.aio.PushConsumer(GROUP, broker, consume_from_where=FROM, config=CONFIG)
+    consumer.subscribe(TOPIC)
+    consumer.register_message_listener(listener)
+    async with consumer:
+        print("ready", consumer.client_id, flush=True)
+        print("signal", (await sdk.aio.wait_for_shutdown_signal()).name, flush=True)
+    print("stopped", flush=True)
 
 
 if __name__ == "__main__":

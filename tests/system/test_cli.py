@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -11,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import sdk
 from sdk import Message, Producer
 from sdk._transport.broker_client import BrokerClient
 from tests.support import ROOT, BrokerProcess
@@ -55,7 +59,7 @@ def test_serves_until_signalled_then_stops_cleanly(tmp_path: Path, sig: signal.S
         again.terminate()
 
 
-def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+def test_a_port_in_use_is_a_clear_error_and_nothing_else(tmp_path: Path) -> None:
     first = BrokerProcess(tmp_path / "a")
     address = first.start()
     try:
@@ -65,9 +69,43 @@ def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
             cwd=ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert proc.returncode == 1
-        assert f"mockbroker: cannot listen on 127.0.0.1:{port}" in proc.stderr
+        # Only this: gRPC's own "E... add_port.cc ... Failed to add port" line used to
+        # come first.
+        assert (
+            proc.stderr
+            == f"mockbroker: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+        )
+        assert proc.stdout == ""
     finally:
         first.terminate()
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def test_the_broker_listens_where_the_ordermq_command_looks_by_default(tmp_path: Path) -> None:
+    if not port_is_free(8081):
+        pytest.skip("port 8081 is in use on this machine")
+    broker = BrokerProcess(tmp_path)
+    address = broker.start(port=None)  # no --port
+    try:
+        assert address == "127.0.0.1:8081"
+        env = {k: v for k, v in os.environ.items() if k != "ORDERMQ_BROKER"}
+        proc = subprocess.run(
+            [str(Path(sys.executable).parent / "ordermq"), "--json", "broker", "status"],
+            capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["version"] == sdk.__version__
+    finally:
+        broker.terminate()
 
 
 def test_a_data_directory_in_use_is_a_clear_error(tmp_path: Path) -> None:
@@ -113,6 +151,20 @@ def test_bad_arguments_exit_2_with_a_message(tmp_path: Path, args: list[str], wo
     )  # fmt: skip
     assert proc.returncode == 2
     assert words in proc.stderr
+
+
+def test_the_broker_prints_its_version_and_logs_it_when_it_starts(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mockbroker", "--version"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (proc.returncode, proc.stdout) == (0, f"mockbroker {sdk.__version__}\n")
+    broker = BrokerProcess(tmp_path, "--log-level", "INFO")
+    broker.start()
+    try:
+        assert f"broker broker-a (ordermq {sdk.__version__}) serving on" in broker.stderr()
+    finally:
+        broker.terminate()
 
 
 def test_the_console_script_is_installed() -> None:

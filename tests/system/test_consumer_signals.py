@@ -8,6 +8,10 @@ shutdown() call), and judges the end by what the broker says afterwards (admin A
   with no traceback from ordermq; every message it processed is committed (the committed
   offset of each queue is one past the last offset it logged); it holds no lock and is no
   longer a member of the group.
+- The same consumer written as PushConsumer's docstrings recommend, waiting with
+  `wait_for_shutdown_signal()` (blocking) or `sdk.aio.wait_for_shutdown_signal()`
+  (asyncio) inside its `with` block: Ctrl+C or SIGTERM ends the wait, the block shuts
+  the consumer down, and the program carries on to exit with status 0, as cleanly.
 - kill -9: the broker sees the process's connections close; after its disconnect grace
   (here 3 s) it removes the client and releases its locks, so a successor consumes every
   queue long before the lock lease (60 s) or the client timeout (120 s) would allow.
@@ -201,6 +205,26 @@ def test_a_signal_ends_a_started_consumer_cleanly(
     # Python reports Ctrl+C in the main thread; nothing else may complain.
     assert tracebacks(consumer.stderr()) == user_traceback, consumer.stderr()
     assert complaints(consumer.stderr()) == [], consumer.stderr()
+    assert_left_cleanly(address, consumer)
+
+
+@pytest.mark.parametrize("face", ["blocking", "asyncio"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_waiting_for_a_shutdown_signal_shuts_down_cleanly_and_carries_on(
+    tmp_path: Path,
+    start_broker: StartBroker,
+    start_consumer: Callable[..., ConsumerProcess],
+    face: str,
+    sig: signal.Signals,
+) -> None:
+    address = start_broker(tmp_path / "broker").address
+    send(address, 4000)
+    consumer = start_consumer(address, "a", "--wait-for-signal", face)
+    wait_until(lambda: len(consumer.queues_consumed()) == QUEUES, START_TIMEOUT, "all queues")
+    consumer.proc.send_signal(sig)
+    assert consumer.proc.wait(EXIT_TIMEOUT) == 0, consumer.stderr()
+    assert consumer.stdout().splitlines()[-2:] == [f"signal {sig.name}", "stopped"]
+    assert consumer.stderr() == ""
     assert_left_cleanly(address, consumer)
 
 

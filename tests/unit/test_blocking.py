@@ -173,3 +173,22 @@ def test_the_asyncio_wait_returns_the_signal_and_restores_the_handlers(
         return got, {s: signal.getsignal(s) for s in before} == before
 
     assert asyncio.run(main()) == (sig, True)
+
+
+def test_the_asyncio_wait_refuses_what_it_cannot_do() -> None:
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(InvalidArgumentError, match="SIGKILL cannot be caught"):
+        asyncio.run(sdk.aio.wait_for_shutdown_signal((signal.SIGKILL,)))
+    raised: list[BaseException] = []
+
+    def elsewhere() -> None:  # an event loop outside the main thread gets no signals
+        try:
+            asyncio.run(sdk.aio.wait_for_shutdown_signal())
+        except ClientStateError as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert "main thread" in str(raised[0])
+    assert {s: signal.getsignal(s) for s in before} == before

@@ -111,7 +111,7 @@ def test_tag_filtering_skips_without_losing_the_place(
     only_c = parse_tag_expression("C")
     found = store.get(topic, 0, 0, max_messages=10, max_bytes=1 << 20, tags=only_c)
     assert (found.status, bodies(found.records), found.next_offset) == ("FOUND", [b"4"], 4)
-    a_or_b = parse_tag_expression("A || B")
+    a_or_b = parse_tag_expression(" A||B ")
     got = store.get(topic, 0, 0, max_messages=2, max_bytes=1 << 20, tags=a_or_b)
     assert (bodies(got.records), got.next_offset) == ([b"1", b"2"], 2)
     none = store.get(
@@ -121,7 +121,9 @@ def test_tag_filtering_skips_without_losing_the_place(
     loop.run_until_complete(store.close())
 
 
-@pytest.mark.parametrize("expression", ["A ||", "|| B", "A || * ", "A||||B"])
+@pytest.mark.parametrize(
+    "expression", ["A ||", "|| B", "A || * ", "A||||B", "TagA | TagB", "TagA,TagB", "A|||B"]
+)
 def test_malformed_tag_expressions_are_refused(expression: str) -> None:
     with pytest.raises(BrokerError) as info:
         parse_tag_expression(expression)

@@ -1942,6 +1942,7 @@ class BrokerStatusResponse(_message.Message):
     truncated_bytes_at_recovery: _builtins.int
     corrupt_records_detected: _builtins.int
     topic_count: _builtins.int
+    """user topics, as ListTopics lists them by default"""
     held_pulls: _builtins.int
     messages_in_per_second: _builtins.float
     """over the last minute"""
