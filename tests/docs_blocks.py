@@ -14,7 +14,7 @@ markdown source (and hidden in the rendered page):
 | python, sh | `<!-- docs-test: xfail REASON -->` | runs it, expected to fail (strict) |
 | sh | `<!-- docs-test: run -->` | runs it with bash (-e, -o pipefail); exit status 0 |
 | sh | `<!-- docs-test: serve -->` | starts each command (a broker); once it serves, SIGTERM |
-| python | `<!-- docs-test: sigterm -->` | runs it; once it waits for SIGTERM, sends it one |
+| python | `<!-- docs-test: sigterm [after "TEXT"] -->` | runs it; SIGTERM once it waits for one |
 | any | `<!-- docs-test: same-as PATH -->` | its text equals the repository's file PATH |
 | any | `<!-- docs-test: skip REASON -->` | not run, and says why (the reason is required) |
 | any other | none | fails, naming the block: mark it |
@@ -343,17 +343,33 @@ async def _broker_status(address: str) -> None:
 def run_until_sigterm(example: Example) -> str | None:
     """Run the block; once it waits for SIGTERM (its handler is in place), send it one.
 
-    Until then the runner's own handler takes SIGTERM, so neither the default action nor
-    ordermq's exit handler can end the test process.
+    With `sigterm after "TEXT"`, only once the block has also printed TEXT (a listener
+    got its messages); after WAIT_TIMEOUT without it, SIGTERM ends the wait anyway and the
+    test fails. Until the block's handler is in place the runner's own takes SIGTERM, so
+    neither the default action nor ordermq's exit handler can end the test process.
     """
+    docs_test = _docs_test(example)
+    block: Block = example.parsed
+    after = re.fullmatch(r"(?:after\s+\"(?P<text>.*)\")?", block.arg)
+    if after is None:
+        return f'{_where(example)}: sigterm takes `after "TEXT"`, not {block.arg!r}'
     early: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: early.append(signum))
     ours = signal.getsignal(signal.SIGTERM)
     done = threading.Event()
+    missing: list[str] = []
+
+    def printed() -> bool:
+        return after["text"] is None or any(after["text"] in line for line in docs_test.printed)
 
     def send_once_waiting() -> None:
+        deadline = time.monotonic() + WAIT_TIMEOUT
         while not done.wait(0.01):
-            if signal.getsignal(signal.SIGTERM) is not ours:
+            if signal.getsignal(signal.SIGTERM) is ours:
+                continue
+            if printed() or time.monotonic() > deadline:
+                if not printed():
+                    missing.append(after["text"])
                 signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
                 return
 
@@ -365,7 +381,11 @@ def run_until_sigterm(example: Example) -> str | None:
         done.set()
         sender.join()
         signal.signal(signal.SIGTERM, previous)
-    return f"{_where(example)}: SIGTERM came before the block waited for it" if early else None
+    if early:
+        return f"{_where(example)}: SIGTERM came before the block waited for it"
+    if missing:
+        return f"{_where(example)}: the block never printed {missing[0]!r}"
+    return None
 
 
 # ---------------------------------------------------------------------------- pytest
