@@ -14,6 +14,12 @@ above it lies at or above the second in the outcome queue. It is written (atomic
 once the commit log is durable past everything it covers, so a crash leaves an older mark,
 never one that skips a pending message. `load` starts both scans there; outcomes below the
 mark are dropped from memory (a cancel of such a message is answered from the id index).
+
+A message waiting longer than retention keeps would pin every later segment (retention
+never deletes a pending message). Once it was stored half the retention time ago it is
+copied to the end of the log, due at the same absolute time, and its old record gets the
+outcome MOVED: the copy first, so a crash in between leaves two records of one message
+id, of which only one is ever delivered (the pending set is keyed by message id).
 """
 
 from __future__ import annotations
@@ -32,7 +38,13 @@ from mockbroker.store.consumequeue import ConsumeQueue
 from mockbroker.store.files import fault_point
 from mockbroker.store.flush import FlushFailedError
 from mockbroker.store.message_store import MessageStore
-from mockbroker.store.records import CheckedFrame, due_time_ms, tag_hash, unscheduled
+from mockbroker.store.records import (
+    CheckedFrame,
+    due_time_ms,
+    rescheduled,
+    tag_hash,
+    unscheduled,
+)
 from mockbroker.topics import SCHEDULE_DONE_TOPIC as DONE_TOPIC
 from mockbroker.topics import SCHEDULE_TOPIC, Topic
 from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX, RECORD, encode_frame, iter_records
@@ -40,12 +52,14 @@ from sdk.clock import Clock
 
 log = logging.getLogger("mockbroker.schedule")
 
-DELIVERED, CANCELLED = 1, 2
+DELIVERED, CANCELLED, MOVED = 1, 2, 3
 _DONE_BODY = struct.Struct("<qB")  # schedule-queue offset, outcome
 _BATCH = 1000  # due messages delivered per round
 MARK_FILE = "schedule-mark"
 #: At most one mark write (and the flush it waits for) per this many seconds.
 MARK_EVERY_SECONDS = 1.0
+#: How often pending messages are looked at for copying forward.
+MOVE_EVERY_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,7 @@ class Scheduler:
         self._mark = (0, 0)  # (schedule offset, outcome offset) as last written
         self._mark_saved_at = float("-inf")
         self._settled_since_mark = False  # an outcome was recorded since the mark was written
+        self._moved_at = float("-inf")
         #: Records `load` read (the start-up cost: the live span, not the history).
         self.records_loaded = 0
 
@@ -360,6 +375,71 @@ class Scheduler:
             count += len(items)
         return count
 
+    # ------------------------------------------------------------------ copying forward
+    async def move_forward(self) -> int:
+        """Copy the messages waiting since half the retention time to the log's end.
+
+        Returns how many were copied; their old records may then be deleted.
+        """
+        self._moved_at = self._clock.now()
+        stored_before = int((self._moved_at - self._store.retention.retention_seconds / 2) * 1000)
+        groups: dict[tuple[str, int, int], list[tuple[int, bytes, bytes, int]]] = {}
+        for waiting in sorted(self._pending.values(), key=lambda w: w.offset):
+            try:
+                record = self._store.read_record(self._schedule_topic, 0, waiting.offset)
+            except BrokerError as exc:
+                log.error("scheduled message at offset %d cannot be copied: %s", waiting.offset,
+                          exc)  # fmt: skip
+                continue
+            _size, _crc, _magic, queue_id, _qo, stored_ms, reconsume, _tl = RECORD.unpack_from(
+                record
+            )
+            if stored_ms >= stored_before:
+                break  # offsets follow store times: the rest are younger
+            frame = frame_of(record)
+            msg_id, _born, deliver_at, level = FRAME_FIELDS.unpack_from(frame)[:4]
+            due = due_time_ms(deliver_at, level, stored_ms)
+            groups.setdefault((waiting.topic, queue_id, reconsume), []).append(
+                (waiting.offset, msg_id, rescheduled(frame, due), due)
+            )
+        moved = 0
+        for (topic_name, queue_id, reconsume), items in groups.items():
+            moved += await self._copy(topic_name, queue_id, reconsume, items)
+        if moved:
+            log.info("%d long-waiting scheduled messages copied forward", moved)
+        return moved
+
+    async def _copy(
+        self,
+        topic_name: str,
+        queue_id: int,
+        reconsume: int,
+        items: list[tuple[int, bytes, bytes, int]],
+    ) -> int:
+        frames = b"".join(FRAME_LEN_PREFIX.pack(len(f)) + f for _, _, f, _ in items)
+        with self._writing():
+            result = await self._store.append(
+                self._store.topics.get(topic_name), queue_id, frames, _checked(frames),
+                index_into=(self._schedule_topic, 0), reconsume_times=reconsume,
+            )  # fmt: skip
+        moved: list[tuple[int, bytes]] = []
+        orphans: list[tuple[int, bytes]] = []  # cancelled while being copied
+        for i, (offset, msg_id, _, due) in enumerate(items):
+            copy = result.first_offset + i
+            waiting = self._pending.get(msg_id)
+            if waiting is None or waiting.offset != offset:
+                orphans.append((copy, msg_id))
+                continue
+            self._pending[msg_id] = _Scheduled(copy, topic_name)
+            heapq.heappush(self._heap, (due, copy))  # the old heap entry is skipped
+            moved.append((offset, msg_id))
+        if moved:
+            await self._record_outcomes(moved, MOVED)
+        if orphans:
+            await self._record_outcomes(orphans, CANCELLED)
+        self._changed.set()
+        return len(moved)
+
     async def _record_outcomes(self, items: list[tuple[int, bytes]], outcome: int) -> int:
         """Append the outcome records; the outcome-queue offset of the first."""
         frames = b"".join(
@@ -380,12 +460,19 @@ class Scheduler:
                 log.error("scheduled delivery failed, retrying: %s", exc)
                 await self._clock.sleep_until(self._clock.now() + 1)
                 continue
+            move_due = self._moved_at + MOVE_EVERY_SECONDS if self._pending else None
+            if move_due is not None and move_due <= self._clock.now():
+                try:
+                    await self.move_forward()
+                except BrokerError as exc:
+                    log.error("copying scheduled messages forward failed (retried): %s", exc)
+                move_due = self._moved_at + MOVE_EVERY_SECONDS
             mark_due = self._mark_due_at()
             if mark_due is not None and mark_due <= self._clock.now():
                 await self.save_mark()
                 mark_due = None
-            wake_at = [t for t in (mark_due, self._heap[0][0] / 1000 if self._heap else None)
-                       if t is not None]  # fmt: skip
+            due = self._heap[0][0] / 1000 if self._heap else None
+            wake_at = [t for t in (mark_due, move_due, due) if t is not None]
             if wake_at:
                 sleeper = asyncio.ensure_future(self._clock.sleep_until(min(wake_at)))
                 changed = asyncio.ensure_future(self._changed.wait())

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from mockbroker.errors import BrokerError
-from mockbroker.schedule import CANCELLED, DELIVERED, MARK_FILE, Scheduler
+from mockbroker.schedule import CANCELLED, DELIVERED, MARK_FILE, MOVED, Scheduler
 from mockbroker.store.checkpoint import write_positions
 from mockbroker.store.message_store import MessageStore
 from mockbroker.topics import Topic
 from sdk._wire import encode_frame, iter_records
 from sdk.testing import FakeClock
-from tests.unit.test_retention import HOUR, FakeDisk, open_store
+from tests.unit.test_retention import HOUR, FakeDisk, checkpoint, open_store, send
 
 SHORT, LONG = 1 * HOUR, 100 * HOUR
 
@@ -197,4 +197,78 @@ def test_a_mark_ahead_of_the_stored_queues_is_not_trusted(
     scheduler = Scheduler(store, clock)
     scheduler.load()
     assert scheduler.pending == 5
+    loop.run_until_complete(store.close())
+
+
+def test_a_40_day_delay_is_copied_forward_and_does_not_pin_later_segments(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    clock, disk = FakeClock(), FakeDisk()
+    store = open_store(loop, tmp_path, clock, disk)  # 72 h retention
+    scheduler = Scheduler(store, clock)
+    scheduler.load()
+    topic, _ = store.create_topic("t", 1)
+    far = msg_ids(b"F", 1)
+    due = clock.now() + 40 * 24 * HOUR
+    schedule(loop, scheduler, store, clock, topic, far, 40 * 24 * HOUR)
+    for day in range(39):  # a day of traffic at a time, retention and copying as it runs
+        send(loop, store, topic, 20)
+        clock.advance(24 * HOUR)
+        loop.run_until_complete(scheduler.move_forward())
+        checkpoint(loop, store)
+        store.enforce_retention()
+        oldest = (clock.now() * 1000 - store.oldest_timestamp_ms()) / 1000 / HOUR
+        assert oldest <= 72 + 36 + 24, f"day {day}: the log keeps {oldest:.0f} h"
+        if day == 20:  # a restart in the middle finds it pending once
+            loop.run_until_complete(scheduler.save_mark())
+            loop.run_until_complete(store.close())
+            store = open_store(loop, tmp_path, clock, disk)
+            scheduler = Scheduler(store, clock)
+            scheduler.load()
+            assert scheduler.pending == 1
+    assert loop.run_until_complete(scheduler.deliver_due()) == 0, "not before it is due"
+    clock.advance(due - clock.now())
+    assert loop.run_until_complete(scheduler.deliver_due()) == 1
+    cq = store.queue(topic, 0)
+    got = store.get(topic, 0, cq.max_offset - 1, max_messages=1, max_bytes=1 << 20).records
+    [record] = list(iter_records(got))
+    assert record.msg_id == far[0] and record.body == b"b" + far[0]
+    assert record.deliver_at_ms == 0 and record.delay_level == 0
+    assert record.store_timestamp_ms >= int(due * 1000)
+    assert loop.run_until_complete(scheduler.cancel(None, far[0])) == DELIVERED
+    loop.run_until_complete(store.close())
+
+
+def test_a_crash_between_the_copy_and_its_moved_outcome_delivers_the_message_once(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    clock, disk = FakeClock(), FakeDisk()
+    live, crashed = tmp_path / "live", tmp_path / "crashed"
+    store = open_store(loop, live, clock, disk)
+    scheduler = Scheduler(store, clock)
+    scheduler.load()
+    topic, _ = store.create_topic("t", 1)
+    far = msg_ids(b"F", 3)
+    schedule(loop, scheduler, store, clock, topic, far, 10 * 24 * HOUR)
+    record_outcomes = scheduler._record_outcomes
+
+    async def crash_before_moved(items: list[tuple[int, bytes]], outcome: int) -> int:
+        if outcome == MOVED:
+            shutil.copytree(live, crashed)  # kill -9 here: the copies are written, no outcome
+        return await record_outcomes(items, outcome)
+
+    scheduler._record_outcomes = crash_before_moved  # type: ignore[method-assign]
+    clock.advance(40 * HOUR)
+    assert loop.run_until_complete(scheduler.move_forward()) == 3
+    loop.run_until_complete(store.close())
+
+    (crashed / "lock").unlink()
+    store = open_store(loop, crashed, clock, disk)
+    scheduler = Scheduler(store, clock)
+    scheduler.load()
+    assert scheduler.pending == 3
+    clock.advance(10 * 24 * HOUR)
+    assert loop.run_until_complete(scheduler.deliver_due()) == 3
+    ids = delivered_ids(store, topic)
+    assert sorted(ids) == sorted(far), "each once"
     loop.run_until_complete(store.close())
