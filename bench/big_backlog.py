@@ -7,12 +7,22 @@ directory and serves every message of it back through the SDK's pull (each queue
 pull in flight). Figures: each broker's peak RSS (VmHWM), the fill rate, the time from
 starting the second broker to its ready line (recovery included), and the read rate.
 
-The backlog is stored once, so each figure has one run. It needs about 230 bytes of disk
-per message (2.3 GB for 10 million) and a couple of minutes; `make bench-backlog`.
+Start-up after retention (issue 14): the backlog is stored in two parts, the first nine
+tenths, then (after a pause of PAUSE_SECONDS) the last tenth. Once read back, the data
+directory is started cleanly STARTS times as it is (nothing deleted), then a broker whose
+--retention-hours puts the retention horizon in the middle of the pause deletes the older
+nine tenths (whole segments: the one holding both parts stays), and the directory is started
+STARTS times again. Figures: the medians of the time from starting the process to its
+ready line, with none deleted and with nine tenths deleted.
+
+The backlog is stored once, so each other figure has one run. It needs about 230 bytes of
+disk per message (2.3 GB for 10 million) and several minutes; `make bench-backlog`
+(`--backlog-messages N` for a smaller backlog).
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 import time
@@ -31,6 +41,22 @@ TOPIC = "bench-big-backlog"
 MESSAGES, QUICK_MESSAGES = 10_000_000, 1_000_000
 #: Seconds a broker may take to recover the backlog and print its ready line.
 RECOVERY_TIMEOUT = 600.0
+#: Clean starts timed before and after the deletion (their median is the figure).
+STARTS = 3
+#: Seconds between storing the old nine tenths and the last tenth: the retention horizon
+#: is put in the middle, so the deleting broker has PAUSE_SECONDS / 2 to delete them.
+PAUSE_SECONDS = 30.0
+#: Seconds the deleting broker may take to delete the old part.
+DELETION_TIMEOUT = 300.0
+#: Disk bytes a stored message takes (about), and the broker's default segment size.
+BYTES_PER_MESSAGE, SEGMENT_BYTES = 230, 64 * 1024 * 1024
+
+
+def segment_option(messages: int) -> tuple[str, ...]:
+    """The broker's default 64 MiB segments, smaller for a small backlog (--backlog-messages)
+    so that it still fills 32 of them: retention deletes whole segments."""
+    size = min(SEGMENT_BYTES, max(1 << 20, messages * BYTES_PER_MESSAGE // 32))
+    return ("--segment-bytes", str(size))
 
 
 async def measure(
@@ -60,21 +86,27 @@ async def measure(
     data_dir = Path(tempfile.mkdtemp(prefix="big-backlog-", dir=tmp))
     facts: dict[str, Any] = {}
     try:
-        first = broker_process(data_dir, "async")
+        segments = segment_option(messages)
+        first = broker_process(data_dir, "async", extra=segments)
         first.start()
         try:
-            say(f"backlog: storing {messages:,} messages")
+            old_part = messages - messages // 10
+            say(f"backlog: storing {messages:,} messages ({old_part:,}, a pause, the rest)")
             started = time.perf_counter()
-            stored = await wl.fill_backlog(first.address, TOPIC, messages)
+            stored = await wl.fill_backlog(first.address, TOPIC, old_part)
             seconds = time.perf_counter() - started
+            old_stored_by = time.time()
+            await asyncio.sleep(PAUSE_SECONDS)
+            horizon = old_stored_by + PAUSE_SECONDS / 2
+            started = time.perf_counter()
+            stored += await wl.fill_backlog(first.address, TOPIC, messages - old_part)
+            seconds += time.perf_counter() - started
             fill.runs.append(Run(stored / seconds, seconds, stored))
             fill_rss.runs.append(Run(_rss(first.peak_rss_mb()), 0.0, stored))
         finally:
             first.kill()  # recovery must not rely on a clean shutdown
-        facts["backlog_disk_bytes"] = sum(
-            p.stat().st_size for p in data_dir.rglob("*") if p.is_file()
-        )
-        second = broker_process(data_dir, "async")
+        facts["backlog_disk_bytes"] = _disk_bytes(data_dir)
+        second = broker_process(data_dir, "async", extra=segments)
         started = time.perf_counter()
         second.start(timeout=RECOVERY_TIMEOUT)
         try:
@@ -94,9 +126,86 @@ async def measure(
             read_rss.runs.append(Run(_rss(second.peak_rss_mb()), 0.0, got))
         finally:
             second.stop()
+        await _measure_starts(data_dir, stored, horizon, segments, params, add, say, facts)
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
     return facts
+
+
+async def _measure_starts(
+    data_dir: Path,
+    stored: int,
+    horizon: float,
+    segments: tuple[str, ...],
+    params: dict[str, Any],
+    add: Callable[[Figure], Figure],
+    say: Callable[[str], None],
+    facts: dict[str, Any],
+) -> None:
+    """Clean starts with none deleted, the deletion of the old part, clean starts again."""
+    span = {"from": "process start", "to": "ready line", "shutdown": "clean"}
+    full = add(
+        Figure("backlog.start.full", "big backlog: clean start, none deleted", "s",
+               {**params, **span, "stored_messages": stored}, higher_is_better=False,
+               per="start")
+    )  # fmt: skip
+    say(f"  clean starts with all {stored:,} messages stored")
+    full.runs += [_start(data_dir, segments) for _ in range(STARTS)]
+    facts["backlog_allocated_bytes_before_deletion"] = _allocated_bytes(data_dir)
+    deleted = await _delete_older_than(data_dir, horizon, segments)
+    facts["backlog_allocated_bytes_after_deletion"] = _allocated_bytes(data_dir)
+    facts["backlog_deleted_messages"] = deleted
+    trimmed = add(
+        Figure("backlog.start.trimmed", "big backlog: clean start, 9/10 past retention", "s",
+               {**params, **span, "stored_messages": stored - deleted,
+                "deleted_messages": deleted}, higher_is_better=False, per="start")
+    )  # fmt: skip
+    say(f"  {deleted:,} deleted; clean starts with {stored - deleted:,} left")
+    trimmed.runs += [_start(data_dir, segments) for _ in range(STARTS)]
+
+
+def _start(data_dir: Path, segments: tuple[str, ...]) -> Run:
+    """Start a broker on `data_dir`, time it to its ready line, and stop it cleanly."""
+    broker = broker_process(data_dir, "async", extra=segments)
+    started = time.perf_counter()
+    broker.start(timeout=RECOVERY_TIMEOUT)
+    seconds = time.perf_counter() - started
+    broker.stop()
+    return Run(seconds, seconds, 1)
+
+
+async def _delete_older_than(data_dir: Path, horizon: float, segments: tuple[str, ...]) -> int:
+    """Run a broker whose retention horizon is `horizon` (a time) until it deleted what
+    lies before; the number of messages it deleted."""
+    hours = (time.time() - horizon) / 3600
+    broker = broker_process(
+        data_dir, "async", extra=(*segments, "--retention-hours", f"{hours:.6f}",
+                                  "--disk-check-seconds", "0.2")
+    )  # fmt: skip
+    broker.start(timeout=RECOVERY_TIMEOUT)
+    client = BrokerClient(broker.address)
+    try:
+        deadline = time.monotonic() + DELETION_TIMEOUT
+        last = -1
+        while time.monotonic() < deadline:
+            deleted = int((await client.admin("BrokerStatus"))["retention_deleted_messages"])
+            if deleted and deleted == last:
+                return deleted  # nothing more went in a second: the old part is gone
+            last = deleted
+            await asyncio.sleep(1.0)
+        raise RuntimeError(f"big backlog: the old part was not deleted (deleted {last})")
+    finally:
+        await client.close()
+        broker.stop()
+
+
+def _disk_bytes(data_dir: Path) -> int:
+    return sum(p.stat().st_size for p in data_dir.rglob("*") if p.is_file())
+
+
+def _allocated_bytes(data_dir: Path) -> int:
+    """Disk blocks in use (the trimmed index heads are holes: their size stays)."""
+    return sum(p.stat().st_blocks * 512 for p in data_dir.rglob("*") if p.is_file())
 
 
 def _rss(value: float | None) -> float:

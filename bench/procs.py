@@ -153,8 +153,13 @@ def machine_busy_seconds() -> float | None:
     return (user + nice + system + irq + softirq + steal) / _TICKS
 
 
-def broker_process(data_dir: Path, flush_mode: str, profile: Path | None = None) -> ServerProcess:
-    """`python -m mockbroker` on a free loopback port with its data in `data_dir`."""
+def broker_process(
+    data_dir: Path, flush_mode: str, profile: Path | None = None, extra: tuple[str, ...] = ()
+) -> ServerProcess:
+    """`python -m mockbroker` on a free loopback port with its data in `data_dir`.
+
+    `extra`: more broker options (e.g. a retention setting).
+    """
     runner = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
     cmd = [
         sys.executable, *runner, "-m", "mockbroker",
@@ -162,6 +167,7 @@ def broker_process(data_dir: Path, flush_mode: str, profile: Path | None = None)
         "--data-dir", str(data_dir),
         "--flush-mode", flush_mode,
         "--log-level", "WARNING",
+        *extra,
     ]  # fmt: skip
     return ServerProcess(f"mockbroker ({flush_mode} flush)", cmd, "mockbroker listening on ")
 

@@ -14,27 +14,37 @@ from pathlib import Path
 
 from mockbroker.store.files import fsync_dir, write_atomically
 
-_CHECKPOINT = struct.Struct("<QI")
+
+def read_positions(path: Path, count: int) -> tuple[int, ...] | None:
+    """The `count` positions recorded in `path`, or None when missing or unreadable."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    layout = struct.Struct(f"<{count}QI")
+    if len(data) != layout.size:
+        return None
+    *positions, crc = layout.unpack(data)
+    if zlib.crc32(data[: 8 * count]) != crc:
+        return None
+    return tuple(int(p) for p in positions)
+
+
+def write_positions(path: Path, positions: tuple[int, ...]) -> None:
+    """Durably record `positions` (crash-safe: the old or the new content survives)."""
+    head = struct.pack(f"<{len(positions)}Q", *positions)
+    write_atomically(path, head + struct.pack("<I", zlib.crc32(head)))
 
 
 def read_checkpoint(path: Path) -> int:
     """The recorded position, or 0 when missing or unreadable (replay everything)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return 0
-    if len(data) != _CHECKPOINT.size:
-        return 0
-    position, crc = _CHECKPOINT.unpack(data)
-    if zlib.crc32(data[:8]) != crc:
-        return 0
-    return int(position)
+    positions = read_positions(path, 1)
+    return positions[0] if positions is not None else 0
 
 
 def write_checkpoint(path: Path, position: int) -> None:
     """Durably record `position`."""
-    head = struct.pack("<Q", position)
-    write_atomically(path, head + struct.pack("<I", zlib.crc32(head)))
+    write_positions(path, (position,))
 
 
 def mark_running(marker: Path) -> bool:

@@ -66,6 +66,9 @@ def write_atomically(path: Path, data: bytes) -> None:
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk: give back what the partial copy took
+        raise
     finally:
         os.close(fd)
     os.replace(tmp, path)

@@ -7,11 +7,16 @@ commit); `on_flushed` is told the position each fsync made durable, which is not
 everything appended by then (appends made during the fsync wait for the next one). After a
 failed fsync nothing is ever reported durable again: every waiter and
 every later write is refused, because the kernel may have dropped the dirty pages.
+
+A checkpoint that cannot be written for want of space (ENOSPC) is not such a failure: the
+data is synced, only the shortcut for recovery is older (it replays from the previous
+checkpoint), and the next checkpoint is tried at the next flush.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -55,6 +60,7 @@ class Flusher:
         self._tasks: list[asyncio.Task[None]] = []
         self.failure: OSError | None = None
         self._checkpointed = -1
+        self._checkpoint_failing = False  # the last checkpoint write met a full disk
         #: How long each flush's fsyncs (and checkpoint write) took, in seconds.
         self.flush_seconds = Histogram()
 
@@ -126,16 +132,31 @@ class Flusher:
                 raise FlushFailedError(str(exc)) from exc
             self.flush_seconds.observe(time.perf_counter() - started)
             self._log.complete_flush(plan)
-            if checkpoint:
+            if checkpoint and work.result():
                 self._checkpointed = plan.target
             self._release_waiters()
             if self._on_flushed is not None:
                 self._on_flushed(plan.target)
 
-    def _execute(self, checkpoint: int | None, plan: FlushPlan) -> None:
+    def _execute(self, checkpoint: int | None, plan: FlushPlan) -> bool:
+        """Sync the plan, then write the checkpoint; False when the disk had no room for it."""
         CommitLog.execute_flush(plan)
-        if checkpoint is not None:
+        if checkpoint is None:
+            return True
+        try:
             write_checkpoint(self._checkpoint_path, checkpoint)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            if not self._checkpoint_failing:
+                log.error("cannot write the checkpoint (%s): recovery after a crash would "
+                          "replay from the previous one; retried at every flush", exc)  # fmt: skip
+            self._checkpoint_failing = True
+            return False
+        if self._checkpoint_failing:
+            log.warning("checkpoint written again")
+            self._checkpoint_failing = False
+        return True
 
     async def _periodic(self) -> None:
         while not self._stopping:

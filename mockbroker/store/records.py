@@ -71,7 +71,14 @@ def due_time_ms(deliver_at_ms: int, delay_level: int, stored_ms: int) -> int:
 
 def unscheduled(frame: bytes | memoryview) -> bytes:
     """A frame (without prefix) with its deliver-at time and delay level cleared."""
-    return b"".join((frame[:_SCHEDULE_AT], _SCHEDULE.pack(0, 0), frame[_SCHEDULE_AT + 9 :]))
+    return rescheduled(frame, 0)
+
+
+def rescheduled(frame: bytes | memoryview, deliver_at_ms: int) -> bytes:
+    """A frame (without prefix) due at `deliver_at_ms` (0: now), with no delay level."""
+    return b"".join(
+        (frame[:_SCHEDULE_AT], _SCHEDULE.pack(deliver_at_ms, 0), frame[_SCHEDULE_AT + 9 :])
+    )
 
 
 def tag_hash(tags: bytes) -> int:

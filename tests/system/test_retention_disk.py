@@ -19,7 +19,7 @@ from sdk.errors import BrokerUnavailableError
 from sdk.message import MessageExt, MessageQueue
 from tests.support import BrokerProcess, wait_until
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.chaos]
 
 TOTAL = 64 << 20
 BODY = 20_000

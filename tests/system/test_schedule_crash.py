@@ -50,3 +50,33 @@ def test_a_thousand_pending_delayed_messages_survive_kill_9(tmp_path: Path) -> N
         assert not late, f"seed {seed}: early deliveries {late[:3]}"
     finally:
         restarted.terminate()
+
+
+def test_kill_9_right_after_the_start_up_mark_is_written_loses_and_repeats_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The broker dies as kill -9 would just after its first schedule-mark write, which
+    # follows the first deliveries; the rest are delivered after the restart, once each.
+    monkeypatch.setenv("ORDERMQ_FAULT_POINT", "schedule-mark-written")
+    broker = BrokerProcess(tmp_path)
+    address = broker.start()
+    sent: set[str] = set()
+    with Producer(address) as producer:
+        producer.fetch_publish_message_queues("later")
+        for delay in (0.5, 3.0, 6.0):
+            batch = [Message("later", b"m%d" % i, delay_seconds=delay) for i in range(100)]
+            sent.update(r.msg_id for r in producer.send_batch(batch))
+    assert broker.proc is not None
+    wait_until(lambda: broker.proc is not None and broker.proc.poll() is not None, 60,
+               "the broker to die after writing the mark")  # fmt: skip
+    assert broker.proc.returncode == -9
+    assert (tmp_path / "schedule-mark").exists()
+    monkeypatch.delenv("ORDERMQ_FAULT_POINT")
+    address = broker.restart()
+    try:
+        wait_until(lambda: len(read_topic(address, "later")) >= 300, timeout=60, what="deliveries")
+        ids = [m.msg_id for m in read_topic(address, "later")]
+        assert len(ids) == len(set(ids)), "none delivered twice"
+        assert set(ids) == sent, "none lost"
+    finally:
+        assert broker.terminate() == 0, broker.stderr()
