@@ -178,14 +178,18 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
 
 
 async def serve(config: BrokerConfig) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down cleanly."""
-    broker = Broker(config)
-    await broker.start()
-    print(f"mockbroker listening on {broker.address}", flush=True)
+    """Serve until SIGTERM or SIGINT, then shut down cleanly.
+
+    The handlers are in place before the store opens: a signal during recovery, or right
+    after the ready line, stops the broker cleanly once it has started.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    broker = Broker(config)
+    await broker.start()
+    print(f"mockbroker listening on {broker.address}", flush=True)
     await stop.wait()
     await broker.stop()
 

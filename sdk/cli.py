@@ -28,7 +28,7 @@ from rich.table import Table
 from sdk._transport.broker_client import BrokerClient, GroupInfo, PullStatus
 from sdk._version import __version__
 from sdk._wire import DEFAULT_PORT
-from sdk.errors import OrderMQError
+from sdk.errors import OrderMQError, TopicNotFoundError
 from sdk.message import Message, MessageExt, MessageQueue
 from sdk.producer import Producer
 
@@ -354,7 +354,10 @@ def _dlq_messages(c: Context, group: str, limit: int) -> list[MessageExt]:
     queue = MessageQueue(f"%DLQ%{group}", "", 0)
 
     async def body(b: BrokerClient) -> list[MessageExt]:
-        routes = await b.query_route(queue.topic)
+        try:
+            routes = await b.query_route(queue.topic)
+        except TopicNotFoundError:
+            return []  # the broker creates the topic with the group's first dead letter
         q = routes[0].queue
         low, _high, _ = await b.queue_offsets(q)
         committed = await b.query_offset(f"{group}-dlq-resend", q)

@@ -120,6 +120,13 @@ def test_messages_tail_prints_the_newest(loaded: EmbeddedBroker) -> None:
     assert "order" in run(loaded, "messages", "tail", "orders", "-n", "1").output
 
 
+def test_a_group_with_no_dead_letters_lists_and_resends_none(loaded: EmbeddedBroker) -> None:
+    assert run_json(loaded, "dlq", "list", "billing") == []
+    listed = run(loaded, "dlq", "list", "billing")
+    assert listed.exit_code == 0 and "dead letters of billing" in listed.output
+    assert run_json(loaded, "dlq", "resend", "billing") == {"resent": 0}
+
+
 def test_dlq_list_and_resend_each_message_once(loaded: EmbeddedBroker) -> None:
     async def dead_letter(c: BrokerClient) -> None:
         await c.heartbeat("w", [GroupInfo("billing", "CONSUME_ORDERLY")])

@@ -59,6 +59,35 @@ def test_serves_until_signalled_then_stops_cleanly(tmp_path: Path, sig: signal.S
         again.terminate()
 
 
+#: Runs the broker's entry point with a SIGTERM sent to itself the moment it is ready: the
+#: signal a supervisor sends right after the ready line (or during a long recovery).
+SIGTERM_WHEN_READY = """
+import os, signal, sys
+import mockbroker.__main__ as entry
+from mockbroker.server import Broker
+
+started = Broker.start
+
+async def start_then_sigterm(self):
+    await started(self)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+Broker.start = start_then_sigterm
+entry.main(sys.argv[1:])
+"""
+
+
+def test_a_sigterm_as_soon_as_it_is_ready_stops_it_cleanly(tmp_path: Path) -> None:
+    args = ["--data-dir", str(tmp_path), "--port", "0"]
+    done = subprocess.run(
+        [sys.executable, "-c", SIGTERM_WHEN_READY, *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "listening on" in done.stdout
+    assert not (tmp_path / "running").exists(), "a clean stop removes the crash marker"
+
+
 def test_a_port_in_use_is_a_clear_error_and_nothing_else(tmp_path: Path) -> None:
     first = BrokerProcess(tmp_path / "a")
     address = first.start()
