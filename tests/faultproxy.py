@@ -324,12 +324,16 @@ class FaultProxy:
         if direction in ("down", "both"):
             yield self._down
 
-    def reset(self, count: int | None = None) -> int:
-        """Reset `count` connections picked at random (None: all); how many were reset."""
-        return self._loop.run(self._reset(count))
+    def reset(self, count: int | None = None, *, busy: bool = False) -> int:
+        """Reset `count` connections picked at random (None: all); how many were reset.
 
-    async def _reset(self, count: int | None) -> int:
-        conns = list(self._connections)
+        With `busy`, only connections with bytes on their way (so a request or an answer
+        is cut off, not an idle connection) are picked.
+        """
+        return self._loop.run(self._reset(count, busy))
+
+    async def _reset(self, count: int | None, busy: bool) -> int:
+        conns = [c for c in self._connections if c.held() or not busy]
         if count is not None:
             conns = self._rng.sample(conns, min(count, len(conns)))
         for conn in conns:

@@ -130,6 +130,24 @@ def test_a_reset_closes_both_sides_with_an_rst(proxy: FaultProxy, echo: str) -> 
         assert proxy.stats().resets == 1
 
 
+def test_a_busy_reset_picks_a_connection_that_carries_something(
+    proxy: FaultProxy, echo: str
+) -> None:
+    with connect(proxy, echo) as idle, connect(proxy, echo) as busy:
+        assert proxy.reset(busy=True) == 0, "an idle connection was reset"
+        busy.sendall(b"ping\n")  # once answered, both its pipes wait in a read
+        read_until(busy, b"\n")
+        proxy.partition()
+        busy.sendall(b"held\n")
+        wait_until(lambda: proxy.stats().held == 5, 10, "the proxy to hold the bytes")
+        assert proxy.reset(busy=True) == 1
+        with pytest.raises(ConnectionResetError):
+            busy.recv(1024)
+        proxy.heal()
+        idle.sendall(b"still here\n")
+        assert read_until(idle, b"\n") == b"still here\n"
+
+
 def test_a_slow_link_still_delivers_everything_in_order(proxy: FaultProxy, echo: str) -> None:
     proxy.set(LinkFaults(delay=0.005, jitter=0.005, rate=2_000_000))
     payload = bytes(range(256)) * 4000 + b"\n"  # 1 MB: many chunks, all delayed
