@@ -312,8 +312,9 @@ class ConsumerCore:
     async def acquire(self, queues: list[MessageQueue]) -> list[MessageQueue]:
         """Lock (if need be), find the start offset, and start pulling each queue."""
         epochs: dict[MessageQueue, int] = {}
+        asked = 0.0
         if self.uses_locks:
-            epochs = await self._lock(queues)
+            epochs, asked = await self._lock(queues)
             queues = [q for q in queues if q in epochs]
             for queue in queues:
                 log_event(log, logging.INFO, "lock.granted", f"locked {queue}", group=self.group,
@@ -328,7 +329,7 @@ class ConsumerCore:
             pq = ProcessQueue()
             pq.next_offset = offset
             if queue in epochs:
-                pq.locked, pq.lock_epoch, pq.last_lock_time = True, epochs[queue], self._clock.now()
+                pq.locked, pq.lock_epoch, pq.last_lock_time = True, epochs[queue], asked
                 self.offsets.set_epoch(queue, epochs[queue])
             self.offsets.update(queue, offset, increase_only=False)
             self._queues[queue] = pq
@@ -387,9 +388,9 @@ class ConsumerCore:
 
     async def relock(self, queue: MessageQueue, pq: ProcessQueue) -> bool:
         """Try to lock one queue again now."""
-        epochs = await self._lock([queue])
+        epochs, asked = await self._lock([queue])
         if queue in epochs:
-            await self._apply_lock(queue, pq, epochs[queue])
+            await self._apply_lock(queue, pq, epochs[queue], asked)
             return True
         return False
 
@@ -472,12 +473,12 @@ class ConsumerCore:
         held = dict(self._queues)
         if not held:
             return
-        epochs, unanswered = await self._lock_answers(list(held))
+        epochs, unanswered, asked = await self._lock_answers(list(held))
         for queue, pq in held.items():
             if pq.dropped or queue in unanswered:
                 continue  # a broker that did not answer took nothing: the lease runs on
             if queue in epochs:
-                await self._apply_lock(queue, pq, epochs[queue])
+                await self._apply_lock(queue, pq, epochs[queue], asked)
             elif pq.locked:
                 log_event(log, logging.WARNING, "lock.lost", f"lost the lock of {queue}",
                           group=self.group, topic=queue.topic, queue=queue.queue_id)  # fmt: skip
@@ -495,7 +496,17 @@ class ConsumerCore:
                       group=self.group, topic=queue.topic, queue=queue.queue_id)  # fmt: skip
             pq.locked = False
 
-    async def _apply_lock(self, queue: MessageQueue, pq: ProcessQueue, epoch: int) -> None:
+    async def _apply_lock(
+        self, queue: MessageQueue, pq: ProcessQueue, epoch: int, asked: float
+    ) -> None:
+        """Take a grant of `queue`'s lock at `epoch`, asked for at `asked` (clock time).
+
+        The client's lease runs from when the lock was asked for, not from when the
+        answer came: the broker renewed it at some moment in between, so the client's
+        view ends before the broker's. Counted from the answer, a grant whose answer
+        was held up (a partition that cut the way back first) would give a fresh lease
+        to a client the broker has since expired, while another client has the queue.
+        """
         if epoch != pq.lock_epoch:
             log_event(log, logging.INFO, "lock.granted", f"locked {queue} again", group=self.group,
                       topic=queue.topic, queue=queue.queue_id, epoch=epoch)  # fmt: skip
@@ -513,7 +524,9 @@ class ConsumerCore:
                 pq.reset(committed)
                 self.offsets.update(queue, committed, increase_only=False)
                 await self._starting_offset(queue, committed)
-        pq.locked, pq.lock_epoch, pq.last_lock_time = True, epoch, self._clock.now()
+        if epoch == pq.lock_epoch:  # no other owner since: a later grant's time stands
+            asked = max(asked, pq.last_lock_time)
+        pq.locked, pq.lock_epoch, pq.last_lock_time = True, epoch, asked
         self.offsets.set_epoch(queue, epoch)
 
     # ------------------------------------------------------------------ pulling
@@ -639,15 +652,21 @@ class ConsumerCore:
             out.setdefault(self._cluster.client_for(q).address, []).append(q)
         return out
 
-    async def _lock(self, queues: list[MessageQueue]) -> dict[MessageQueue, int]:
-        return (await self._lock_answers(queues))[0]
+    async def _lock(self, queues: list[MessageQueue]) -> tuple[dict[MessageQueue, int], float]:
+        """The queues locked, with their epochs, and when they were asked for."""
+        epochs, _unanswered, asked = await self._lock_answers(queues)
+        return epochs, asked
 
     async def _lock_answers(
         self, queues: list[MessageQueue]
-    ) -> tuple[dict[MessageQueue, int], set[MessageQueue]]:
-        """The queues locked, with their epochs, and the queues whose broker did not answer."""
+    ) -> tuple[dict[MessageQueue, int], set[MessageQueue], float]:
+        """The locks: granted (with epochs), unanswered, and when they were asked for.
+
+        The time is the clock's before the first request: each lease counts from it.
+        """
         epochs: dict[MessageQueue, int] = {}
         unanswered: set[MessageQueue] = set()
+        asked = self._clock.now()
         for address, group in self._by_broker(queues).items():
             try:
                 client = self._cluster.client(address)
@@ -655,7 +674,7 @@ class ConsumerCore:
             except OrderMQError as exc:
                 log.warning("locking %d queues at %s failed: %s", len(group), address, exc)
                 unanswered.update(group)
-        return epochs, unanswered
+        return epochs, unanswered, asked
 
     async def _unlock(self, queues: list[MessageQueue]) -> None:
         for address, group in self._by_broker(queues).items():

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sdk import Message, OrderMQError, PartialBatchError, Producer, shard_index
+from sdk import Message, OrderMQError, PartialBatchError, Producer, ProducerConfig, shard_index
 from tests.chaos_report import ChaosRecorder
 from tests.support import ROOT, BrokerProcess, wait_until
 from tests.system.orderly_worker import CONFIG, TOPIC
@@ -365,12 +365,14 @@ class PacedProducer(threading.Thread):
     """Sends round after round (seq = round number, one message per key) until halted.
 
     The first `backlog` rounds go out at once, the others one per `interval`. A send waits
-    up to its deadline for an unreachable broker. Without `retry_for` a failed send ends the
-    thread (`error`). With it, the messages of a round that were not acknowledged (the
-    broker was down too long, or died while answering) are sent again until they are, for
-    up to `retry_for` seconds, before the next round: so every round counted in `rounds` is
+    up to its deadline for an unreachable broker (`config`: the producer's settings).
+    Without `retry_for` a failed send ends the thread (`error`). With it, the messages of a
+    round that were not acknowledged (the broker was down too long, or died while
+    answering, or the network lost the answer) are sent again until they are, for up to
+    `retry_for` seconds, before the next round: so every round counted in `rounds` is
     acknowledged as a whole, and a key's messages are stored in seq order (a retried one
-    possibly twice, when the broker stored it but its answer was lost).
+    possibly twice, when the broker stored it but its answer was lost). `failures` keeps
+    what the failed sends raised.
     """
 
     def __init__(
@@ -381,6 +383,7 @@ class PacedProducer(threading.Thread):
         *,
         backlog: int = 0,
         retry_for: float = 0.0,
+        config: ProducerConfig | None = None,
     ) -> None:
         super().__init__(name="orderly-producer", daemon=True)
         self._address = address
@@ -388,16 +391,18 @@ class PacedProducer(threading.Thread):
         self._interval = interval
         self._backlog = backlog
         self._retry_for = retry_for
+        self._config = config
         self._halt = threading.Event()
         self.rounds = 0  # rounds fully acknowledged
         self.sends = 0  # send_batch calls begun
         self.sending = False  # one is under way
         self.failed_sends = 0  # send_batch calls that failed (and were retried)
+        self.failures: list[OrderMQError] = []  # what they raised
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            with Producer(self._address) as producer:
+            with Producer(self._address, config=self._config) as producer:
                 while not self._halt.is_set():
                     seq = self.rounds
                     self._send_round(producer, seq)
@@ -420,6 +425,7 @@ class PacedProducer(threading.Thread):
                 if time.monotonic() > deadline:
                     raise
                 self.failed_sends += 1
+                self.failures.append(exc)
                 if isinstance(exc, PartialBatchError):
                     messages = [m for m, r in zip(messages, exc.results, strict=True) if r is None]
                 time.sleep(0.1)  # a retry's back-off while the broker restarts
@@ -462,12 +468,18 @@ class Worker:
         return found
 
 
-def start_worker(name: str, address: str, directory: Path, *args: str) -> Worker:
-    """Start orderly_worker.py (extra `args`, such as --delay-ms) and wait for its ready line."""
+def start_worker(
+    name: str, address: str, directory: Path, *args: str, env: dict[str, str] | None = None
+) -> Worker:
+    """Start orderly_worker.py (extra `args`, such as --delay-ms) and wait for its ready line.
+
+    `env`: its environment (default: this process's).
+    """
     log, out = directory / f"{name}.log", directory / f"{name}.out"
+    base = os.environ if env is None else env
     env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        **base,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), base.get("PYTHONPATH")])),
         "PYTHONUNBUFFERED": "1",
     }
     with out.open("wb") as sink:
@@ -505,9 +517,9 @@ class Scene:
         self.events.append((what, now))
         return now
 
-    def spawn(self, name: str, *args: str) -> None:
-        """Start a worker and follow its log."""
-        self.workers[name] = start_worker(name, self.broker.address, self.directory, *args)
+    def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
+        """Start a worker (`env`: its environment) and follow its log."""
+        self.workers[name] = start_worker(name, self.broker.address, self.directory, *args, env=env)
         self.history.add(name, self.workers[name].log)
         self.mark(f"{name} ready")
 

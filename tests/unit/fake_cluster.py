@@ -126,13 +126,29 @@ class _Partitionable:
 class FakeClient(_Partitionable):
     """The calls a consumer core makes on a BrokerClient, served by a FakeBroker.
 
-    Set `partitioned` to cut this client (and only it) off from the broker.
+    Set `partitioned` to cut this client (and only it) off from the broker. While
+    `lock_answers_held` is set, lock calls reach the broker and take effect there, but
+    their answers wait until it is cleared (the way back is cut, then heals).
     """
 
     address = ADDRESS
 
     def __init__(self, broker: FakeBroker) -> None:
         self.broker = broker
+        self._answers = asyncio.Event()
+        self._answers.set()
+        self.answers_waiting = 0
+
+    @property
+    def lock_answers_held(self) -> bool:
+        return not self._answers.is_set()
+
+    @lock_answers_held.setter
+    def lock_answers_held(self, held: bool) -> None:
+        if held:
+            self._answers.clear()
+        else:
+            self._answers.set()
 
     async def pull(
         self, group: str, queue: MessageQueue, offset: int, *, max_messages: int = 32,
@@ -224,6 +240,11 @@ class FakeClient(_Partitionable):
         self._check_up()
         keys = {(q.topic, q.queue_id): q for q in queues}
         held = self.broker.locks.lock_batch(group, client_id, keys)
+        self.answers_waiting += 1
+        try:
+            await self._answers.wait()
+        finally:
+            self.answers_waiting -= 1
         return {keys[k]: epoch for k, epoch in held.items()}
 
     async def unlock_batch(

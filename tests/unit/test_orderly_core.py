@@ -328,3 +328,44 @@ def test_a_queue_moves_only_once_its_listener_call_returns_however_long_it_takes
         await core.shutdown()
 
     run(test)
+
+
+def test_a_lock_answer_that_arrives_late_does_not_extend_the_clients_lease() -> None:
+    """A lease starts when its request was sent, not when its answer arrived.
+
+    A partition that cuts the way back first: a renewal reaches the broker and its answer
+    waits out the partition, during which the broker expires the client and another one
+    takes the queue. The answer, arriving at the heal, must not count as a fresh lease.
+    """
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        clock = broker.clock
+        core = consumer(broker, listener)
+        cluster = core._cluster
+        assert isinstance(cluster, FakeCluster)
+        await core.start()
+        broker.append(0, ["a"] * 2)
+        await until(lambda: len(listener.seen) == 2, "the first messages")
+        clock.advance(1)  # the first renewal
+        await asyncio.sleep(0.05)
+        cluster.link.lock_answers_held = True  # the way back is cut...
+        clock.advance(20)  # ...as the next renewal reaches the broker
+        await until(lambda: cluster.link.answers_waiting == 1, "the renewal to be held")
+        cluster.link.partitioned = True  # then the way there
+        clock.advance(61)  # beyond both leases: the broker expires the client
+        await asyncio.sleep(0.05)
+        key = (broker.topic, 0)
+        broker.locks.release_client(core.client_id)
+        assert broker.locks.lock_batch(GROUP, "another", [key])  # which takes the queue
+        cluster.link.partitioned = False  # the heal: the held answer arrives
+        cluster.link.lock_answers_held = False
+        await asyncio.sleep(0.05)
+        broker.append(0, ["a"])  # a message for the queue's new owner
+        for _ in range(20):  # pulls, re-lock attempts: a few seconds, not a renewal period
+            clock.advance(0.5)
+            await asyncio.sleep(0.01)
+        assert listener.seen == [(0, 0), (0, 1)], "a listener call on another's queue"
+        await core.shutdown()
+
+    run(test)
