@@ -73,7 +73,7 @@ class PowerGrid:
         rebuilt = snap.parent / "rebuilt"
         stats = rebuild(snap, journal, rebuilt, mode, rng)
         shutil.rmtree(self.data)
-        rebuilt.rename(self.data)
+        shutil.copytree(rebuilt, self.data)  # the cut's result stays for a post-mortem
         self.cuts += 1
         return stats
 

@@ -22,8 +22,9 @@ The model, that is, what the disk and file system are assumed to guarantee and n
    - "synced": nothing (the least a disk keeps);
    - "prefix": per file, a random prefix of its unsynced writes and truncations, in the
      order they were made, the last kept write possibly cut at a 512-byte sector;
-   - "reorder": per file, each 4 KiB page of each unsynced write, and each unsynced
-     truncation, kept or lost independently (a disk writes dirty pages back in any order);
+   - "reorder": per file, each 4 KiB page as it was after a random prefix of the unsynced
+     changes that touched it, and the size after another (the kernel writes dirty pages
+     back in any order, each page whole, holding every write made to it before);
    and in the two last modes, per directory, a random prefix of its unsynced name changes
    (journaling file systems commit metadata in order).
 4. Never-written bytes below a file's size read as zeros (a hole).
@@ -381,15 +382,7 @@ class _Survivor:
             if n < len(pending) and isinstance(torn := pending[n][1], Write):
                 kept += self._torn(data, torn)
         elif self.mode == "reorder":
-            for _, op in pending:
-                if isinstance(op, Truncate):
-                    if self.rng.random() < 0.5:
-                        _apply(data, op)
-                    continue
-                for piece in _pages(op):
-                    if self.rng.random() < 0.5:
-                        _apply(data, piece)
-                        kept += len(piece.data)
+            data, kept = _written_back(data, [op for _, op in pending], self.rng)
         self.stats.unsynced_bytes_lost += sum(_size(op) for _, op in pending) - kept
         return bytes(data)
 
@@ -416,13 +409,46 @@ def _size(op: Op) -> int:
     return len(op.data) if isinstance(op, Write) else 0
 
 
-def _pages(op: Write) -> Iterator[Write]:
-    """The write cut at 4 KiB page boundaries of the file."""
-    at = 0
-    while at < len(op.data):
-        end = min(len(op.data), (op.offset + at) // _PAGE * _PAGE + _PAGE - op.offset)
-        yield Write(op.offset + at, op.data[at:end])
-        at = end
+def _touched(op: Op, size: int) -> range:
+    """The pages whose content `op` changes, on a file of `size` bytes."""
+    if isinstance(op, Write):
+        return range(op.offset // _PAGE, -(-(op.offset + len(op.data)) // _PAGE))
+    return range(op.length // _PAGE, -(-size // _PAGE)) if op.length < size else range(0)
+
+
+def _written_back(base: bytearray, ops: list[Op], rng: random.Random) -> tuple[bytearray, int]:
+    """The file after page-sized write-back in any order; (content, written bytes kept).
+
+    Each 4 KiB page holds what it held after a random prefix of the ops that changed it
+    (the page was written back then, or never); the size is that after a random prefix of
+    all ops (it is written back on its own).
+    """
+    touches: dict[int, list[int]] = {}
+    sizes = [len(base)]
+    for i, op in enumerate(ops):
+        for page in _touched(op, sizes[-1]):
+            touches.setdefault(page, []).append(i)
+        end = op.offset + len(op.data) if isinstance(op, Write) else 0
+        sizes.append(max(sizes[-1], end) if isinstance(op, Write) else op.length)
+    upto = {p: i[k - 1] + 1 if (k := rng.randint(0, len(i))) else 0 for p, i in touches.items()}
+    pages = {p: bytearray(base[p * _PAGE : (p + 1) * _PAGE].ljust(_PAGE, b"\0")) for p in upto}
+    kept = 0
+    for i, op in enumerate(ops):
+        for page in (p for p in _touched(op, sizes[i]) if i < upto[p]):
+            lo = page * _PAGE
+            buf = pages[page]
+            if isinstance(op, Write):
+                start, end = max(lo, op.offset), min(lo + _PAGE, op.offset + len(op.data))
+                buf[start - lo : end - lo] = op.data[start - op.offset : end - op.offset]
+                kept += end - start
+            else:  # bytes past a truncation read as zeros if the file grows again
+                start = max(lo, op.length) - lo
+                buf[start:] = bytes(_PAGE - start)
+    size = sizes[rng.randint(0, len(ops))]
+    data = bytearray(base).ljust(max([size, len(base)] + [(p + 1) * _PAGE for p in pages]), b"\0")
+    for page, buf in pages.items():
+        data[page * _PAGE : (page + 1) * _PAGE] = buf
+    return data[:size].ljust(size, b"\0"), kept
 
 
 def rebuild(snap: Path, journal: Path, out: Path, mode: str, rng: random.Random) -> Rebuilt:
