@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mockbroker.store.files import fsync_dir
+from mockbroker.store.files import fsync_dir, make_dirs
 
 _NAME_DIGITS = 20
+_PAGE = 4096
+_ZERO_PAGE = bytes(_PAGE)
 
 
 @dataclass
@@ -48,7 +50,7 @@ class CommitLog:
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
         """Open the existing segments, or create the first one."""
-        self._dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self._dir)
         for path in sorted(self._dir.iterdir()):
             if path.name.isdigit() and len(path.name) == _NAME_DIGITS:
                 fd = os.open(path, os.O_RDWR)

@@ -11,6 +11,8 @@ import os
 import struct
 from pathlib import Path
 
+from mockbroker.store.files import open_durably
+
 ENTRY = struct.Struct("<qiq")
 CORRUPT_SIZE = -1
 
@@ -20,8 +22,7 @@ class ConsumeQueue:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = open_durably(path, os.O_RDWR)
         size = os.fstat(self._fd).st_size
         if size % ENTRY.size:
             # A torn entry from a crash: the commit log replay writes it again.

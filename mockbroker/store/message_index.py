@@ -15,6 +15,8 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+from mockbroker.store.files import open_durably
+
 _ID_ENTRY = struct.Struct("<16sq")
 _KEY_ENTRY = struct.Struct("<8sq")
 _CHUNK_ENTRIES = 16384
@@ -36,9 +38,8 @@ class MessageIndex:
     """The id and key index files of one store."""
 
     def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self._ids = os.open(directory / "ids", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        self._keys = os.open(directory / "keys", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._ids = open_durably(directory / "ids", os.O_RDWR | os.O_APPEND)
+        self._keys = open_durably(directory / "keys", os.O_RDWR | os.O_APPEND)
 
     def add(
         self,

@@ -20,7 +20,7 @@ from mockbroker.errors import BrokerError, invalid, out_of_range
 from mockbroker.store.checkpoint import mark_clean_shutdown, mark_running, read_checkpoint
 from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import CORRUPT_SIZE, ConsumeQueue
-from mockbroker.store.files import DirectoryLock
+from mockbroker.store.files import DirectoryLock, make_dirs
 from mockbroker.store.flush import Flusher, FlushFailedError
 from mockbroker.store.message_index import MessageIndex
 from mockbroker.store.records import CheckedFrame, build_records, check_frames
@@ -109,7 +109,7 @@ class MessageStore:
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> RecoveryReport:
         """Load everything from disk, recovering from a crash if the last run had one."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.data_dir)
         self._dir_lock.acquire()
         try:
             self._load()
