@@ -32,6 +32,11 @@ class ConsumeQueue:
         self.dirty = False
 
     @property
+    def name(self) -> str:
+        """The queue's name in a checkpoint: "topic/queue id"."""
+        return f"{self.path.parent.name}/{self.path.name}"
+
+    @property
     def max_offset(self) -> int:
         """The queue offset the next message will take."""
         return self.count
@@ -71,12 +76,13 @@ class ConsumeQueue:
             self.count = count
             self.dirty = True
 
-    def count_before(self, position: int, lo: int = 0) -> int:
+    def count_before(self, position: int, lo: int = 0, hi: int | None = None) -> int:
         """How many entries point below commit log `position` (positions only grow).
 
-        The search starts at `lo`: an answer below `lo` comes back as `lo`.
+        The search covers entries `lo` to `hi` (default: all): an answer below `lo` comes
+        back as `lo`, and none is above `hi`.
         """
-        hi = self.count
+        hi = self.count if hi is None else hi
         if hi > lo and self.entry(hi - 1)[0] < position:
             return hi  # the common case: everything indexed is below it
         while lo < hi:

@@ -127,11 +127,13 @@ class MessageStore:
                 self._queue_for(topic, qid)
         crashed = mark_running(self._marker)
         if crashed:
-            start = min(read_checkpoint(self._checkpoint), self.commitlog.end)
+            checkpoint = read_checkpoint(self._checkpoint)
+            start = min(checkpoint.position, self.commitlog.end)
             log.warning("unclean shutdown detected: replaying the commit log from %d", start)
             self.recovery = recover(
-                self.commitlog, self._lookup, list(self._queues.values()), start
-            )
+                self.commitlog, self._lookup, list(self._queues.values()), start,
+                checkpoint.counts,
+            )  # fmt: skip
             self.stats.corrupt_records_detected += self.recovery.corrupt_records
             r = self.recovery
             log_event(

@@ -76,13 +76,23 @@ def _parse(window: bytes, at: int, limit: int) -> tuple[_Header | None, bool]:
 
 
 def recover(
-    commitlog: CommitLog, queues: QueueLookup, existing: list[ConsumeQueue], start: int
+    commitlog: CommitLog,
+    queues: QueueLookup,
+    existing: list[ConsumeQueue],
+    start: int,
+    counts: dict[str, int] | None = None,
 ) -> RecoveryReport:
-    """Rebuild the consume queues from commit log position `start` onwards."""
-    start = _record_boundary(commitlog, existing, start)
+    """Rebuild the consume queues from commit log position `start` onwards.
+
+    `counts`: the checkpoint's entry count of each queue (mockbroker/store/checkpoint.py);
+    the entries past them are dropped unread. Without counts (an older checkpoint) a
+    queue keeps the entries that point below `start`.
+    """
+    durable = [(cq, _durable_entries(cq, start, counts)) for cq in existing]
+    start = _record_boundary(commitlog, durable, start)
     report = RecoveryReport(crashed=True, replayed_from=start)
-    for cq in existing:
-        cq.truncate(cq.count_before(start))
+    for cq, count in durable:
+        cq.truncate(cq.count_before(start, hi=count))
     pos = start
     while pos < commitlog.end:
         window = commitlog.read(pos, min(_WINDOW, commitlog.end - pos))
@@ -125,7 +135,15 @@ def recover(
     return report
 
 
-def _record_boundary(commitlog: CommitLog, existing: list[ConsumeQueue], start: int) -> int:
+def _durable_entries(cq: ConsumeQueue, start: int, counts: dict[str, int] | None) -> int:
+    if counts is None:
+        return cq.count_before(start)
+    return min(counts.get(cq.name, 0), cq.count)
+
+
+def _record_boundary(
+    commitlog: CommitLog, durable: list[tuple[ConsumeQueue, int]], start: int
+) -> int:
     """`start`, or the start of a record that is indexed below `start` but reaches past it.
 
     The checkpoint is a record boundary of the log as it was written. When the log is found
@@ -134,8 +152,8 @@ def _record_boundary(commitlog: CommitLog, existing: list[ConsumeQueue], start: 
     past the end. Replaying from that record's start checks it, and cuts it off as torn.
     """
     boundary = start
-    for cq in existing:
-        below = cq.count_before(start)
+    for cq, count in durable:
+        below = cq.count_before(start, hi=count)
         if not below:
             continue
         position, entry_size, _ = cq.entry(below - 1)

@@ -41,7 +41,7 @@ def test_a_new_topics_queues_survive_a_power_cut_after_a_checkpoint(
     with Producer(broker.address, config=ProducerConfig(retry_times=0)) as producer:
         sent = [producer.send(Message(TOPIC, f"m{i}".encode(), keys=f"m{i}")) for i in range(8)]
     checkpoint = grid.data / "checkpoint"
-    wait_until(lambda: read_checkpoint(checkpoint) > 0, 10, "a checkpoint after the sends")
+    wait_until(lambda: read_checkpoint(checkpoint).position > 0, 10, "a checkpoint after the sends")
     grid.cut(broker, "synced", random.Random(0))
     broker = start_broker(grid.data, *args)
     queues, recovered = read_topic(broker.address)
