@@ -340,9 +340,9 @@ class MessageStore:
                 f"[{cq.min_offset}, {cq.max_offset})",
             )
         position, size, _ = cq.entry(offset)
-        if size != CORRUPT_SIZE:
+        if size >= RECORD.size:
             record = self.commitlog.read(position, size)
-            if zlib.crc32(memoryview(record)[8:]) == int.from_bytes(record[4:8], "little"):
+            if _intact(memoryview(record), size):
                 return record
         self._corrupt(topic, queue_id, offset, position, served=0)
         raise AssertionError("unreachable: _corrupt raises when nothing was served")
@@ -454,11 +454,7 @@ class MessageStore:
             for k in range(i, j):
                 q_offset, position, size = chosen[k]
                 record = stretch[position - start : position - start + size]
-                # The CRC covers everything after the size and CRC fields; the size field
-                # must agree with the index, or a reader would cut the answer apart wrongly.
-                if zlib.crc32(record[8:]) != int.from_bytes(record[4:8], "little") or (
-                    int.from_bytes(record[:4], "little") != size
-                ):
+                if not _intact(record, size):
                     self._corrupt(topic, queue_id, q_offset, position, served)
                     return b"".join(out), served, q_offset
                 if tags is not None and _record_tags(record) not in tags:
@@ -522,6 +518,20 @@ class MessageStore:
         if topic is None or not 0 <= queue_id < topic.queue_count:
             return None
         return self._queue_for(topic, queue_id)
+
+
+def _intact(record: memoryview, size: int) -> bool:
+    """The record an index entry of `size` points at passes its checks.
+
+    The CRC covers everything after the size and CRC fields; the size field must agree with
+    the index, or a reader would cut the answer apart wrongly. An entry too small for a
+    record (a hole a power cut left in the index reads as zeros) would pass both.
+    """
+    return (
+        size >= RECORD.size
+        and zlib.crc32(record[8:]) == int.from_bytes(record[4:8], "little")
+        and int.from_bytes(record[:4], "little") == size
+    )
 
 
 def _record_tags(record: memoryview) -> bytes:

@@ -446,6 +446,27 @@ def test_recovery_keeps_only_the_index_entries_its_checkpoint_covers(
     loop.run_until_complete(again.close())
 
 
+def test_an_index_entry_of_size_zero_is_corrupt_not_an_empty_message(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    store = opened(loop, tmp_path)
+    topic, _ = store.create_topic("t", 1)
+    loop.run_until_complete(store.put(topic, 0, frames(b"a", b"b", b"c")))
+    loop.run_until_complete(store.close())
+    zero_entries(tmp_path / "consumequeue" / "t" / "0", 1, 1)
+
+    again = opened(loop, tmp_path)
+    topic = again.topics.get("t")
+    got = again.get(topic, 0, 0, max_messages=10, max_bytes=1 << 20)
+    assert (bodies(got.records), got.next_offset) == ([b"a"], 1), "served up to the damage"
+    with pytest.raises(BrokerError) as info:
+        again.get(topic, 0, 1, max_messages=10, max_bytes=1 << 20)
+    assert info.value.reason == "CORRUPT_RECORD"
+    with pytest.raises(BrokerError):
+        again.read_record(topic, 0, 1)
+    loop.run_until_complete(again.close())
+
+
 def test_a_checkpoint_holds_each_queues_entry_count_and_older_ones_still_read(
     tmp_path: Path,
 ) -> None:
