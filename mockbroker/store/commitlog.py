@@ -136,6 +136,32 @@ class CommitLog:
             size -= n
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def zeros_to_page_end(self, position: int) -> bool:
+        """True when the bytes from `position` to the end of its 4 KiB page are all zeros.
+
+        After a power cut that is the part of a page written after the last fsync that
+        was never written back (see `holds_zero_page`); no record starts with a zero size.
+        """
+        seg = self._segment_at(position)
+        offset = position - seg.base
+        end = min(offset // _PAGE * _PAGE + _PAGE, seg.size)
+        return end > offset and os.pread(seg.fd, end - offset, offset) == bytes(end - offset)
+
+    def holds_zero_page(self, start: int, end: int) -> bool:
+        """True when a whole 4 KiB page of a segment file between `start` and `end` is zeros.
+
+        After a power cut that is a page written after the last fsync and never written
+        back: the kernel writes dirty pages back in any order, and a lost one reads as zeros.
+        """
+        for seg in self._segments:
+            lo, hi = max(start, seg.base) - seg.base, min(end, seg.base + seg.size) - seg.base
+            page = -(-lo // _PAGE) * _PAGE  # the first page boundary at or after lo
+            while page + _PAGE <= hi:
+                if os.pread(seg.fd, _PAGE, page) == _ZERO_PAGE:
+                    return True
+                page += _PAGE
+        return False
+
     def segment_ranges(self, start: int) -> Iterator[tuple[int, int]]:
         """(base, size) of each segment holding bytes at or after `start`."""
         for seg in self._segments:
