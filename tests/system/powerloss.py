@@ -45,11 +45,13 @@ class PowerGrid:
     """One broker data directory through a series of power cuts.
 
     Before each traced run `arm()` snapshots the directory (the durable state the run
-    starts from) and gives the environment that journals the run; `cut()` ends it.
+    starts from) and gives the environment that journals the run; `cut()` ends it. With
+    `sync_delay_ms`, each fsync of the traced broker takes that much longer.
     """
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, sync_delay_ms: float = 0.0) -> None:
         self.library = library()
+        self.sync_delay_ms = sync_delay_ms
         self.work = work
         self.data = work / "broker"
         self.data.mkdir(parents=True)
@@ -62,7 +64,7 @@ class PowerGrid:
         snap, journal = run / "snapshot", run / "journal"
         snapshot(self.data, snap)
         self._armed = (snap, journal)
-        return environment(self.library, self.data, journal)
+        return environment(self.library, self.data, journal, self.sync_delay_ms)
 
     def cut(self, broker: BrokerProcess, mode: str, rng: random.Random) -> Rebuilt:
         """Cut the power of `broker`: SIGKILL, then only what the disk kept survives."""

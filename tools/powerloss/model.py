@@ -58,6 +58,7 @@ SOURCE = Path(__file__).with_name("powerloss.c")
 MODES = ("synced", "prefix", "reorder")
 DIR_ENV = "ORDERMQ_POWERLOSS_DIR"
 JOURNAL_ENV = "ORDERMQ_POWERLOSS_JOURNAL"
+SYNC_DELAY_ENV = "ORDERMQ_POWERLOSS_SYNC_US"
 _MANIFEST = "inodes.json"
 _TREE = "tree"
 _SECTOR = 512
@@ -100,12 +101,18 @@ def build(cache: Path | None = None) -> Path:
     return library
 
 
-def environment(library: Path, directory: Path, journal: Path) -> dict[str, str]:
-    """The environment variables that trace a process's changes under `directory`."""
+def environment(
+    library: Path, directory: Path, journal: Path, sync_delay_ms: float = 0.0
+) -> dict[str, str]:
+    """The environment variables that trace a process's changes under `directory`.
+
+    `sync_delay_ms`: each fsync of a traced file takes that much longer, as on a slow disk.
+    """
     return {
         "LD_PRELOAD": str(library),
         DIR_ENV: os.path.realpath(directory),
         JOURNAL_ENV: str(journal),
+        SYNC_DELAY_ENV: str(round(sync_delay_ms * 1000)),
     }
 
 

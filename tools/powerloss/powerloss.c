@@ -4,6 +4,9 @@
  *
  * ORDERMQ_POWERLOSS_DIR      the watched directory (absolute, no symlinks in it)
  * ORDERMQ_POWERLOSS_JOURNAL  the journal file to append records to
+ * ORDERMQ_POWERLOSS_SYNC_US  optional: each fsync of a watched file first sleeps this many
+ *                            microseconds, as a slow disk would take (widens the windows
+ *                            in which a program may act on data not yet durable)
  *
  * Without both variables every call passes straight through. With them, each change of a
  * file or directory under the watched one is appended to the journal after the real call
@@ -68,6 +71,7 @@ static int journal = -1;
 static int active;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int64_t tokens;
+static useconds_t sync_delay;
 static unsigned char watched[MAX_FDS];
 
 /* The next definition of `name` (libc's), looked up once per call site. */
@@ -94,6 +98,8 @@ __attribute__((constructor)) static void init(void) {
     const char *path = getenv("ORDERMQ_POWERLOSS_JOURNAL");
     unsetenv("LD_PRELOAD");
     if (dir == NULL || path == NULL || dir[0] != '/' || strlen(dir) >= sizeof root) return;
+    const char *delay = getenv("ORDERMQ_POWERLOSS_SYNC_US");
+    sync_delay = delay == NULL ? 0 : (useconds_t)strtoul(delay, NULL, 10);
     strcpy(root, dir);
     root_len = strlen(root);
     while (root_len > 1 && root[root_len - 1] == '/') root[--root_len] = '\0';
@@ -465,6 +471,7 @@ static int traced_sync(int fd, int (*real)(int)) {
     if (!is_watched(fd)) return real(fd);
     int64_t token = __atomic_add_fetch(&tokens, 1, __ATOMIC_RELAXED);
     emit(REC_SYNC_BEGIN, 0, fd, token, 0, NULL, 0, NULL, 0);
+    if (sync_delay) usleep(sync_delay);
     int rc = real(fd);
     if (rc == 0) emit(REC_SYNC_END, 0, fd, token, 0, NULL, 0, NULL, 0);
     return rc;
