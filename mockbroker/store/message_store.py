@@ -340,7 +340,7 @@ class MessageStore:
                 f"[{cq.min_offset}, {cq.max_offset})",
             )
         position, size, _ = cq.entry(offset)
-        if size >= RECORD.size:
+        if self._readable(position, size):
             record = self.commitlog.read(position, size)
             if _intact(memoryview(record), size):
                 return record
@@ -442,11 +442,11 @@ class MessageStore:
             while (
                 j < len(chosen)
                 and chosen[j][1] == chosen[j - 1][1] + chosen[j - 1][2]
-                and (chosen[j][2] != CORRUPT_SIZE)
+                and self._readable(chosen[j][1], chosen[j][2])
             ):
                 j += 1
-            first_offset, start, _ = chosen[i]
-            if chosen[i][2] == CORRUPT_SIZE:
+            first_offset, start, size = chosen[i]
+            if not self._readable(start, size):
                 self._corrupt(topic, queue_id, first_offset, start, served)
                 return b"".join(out), served, first_offset
             end = chosen[j - 1][1] + chosen[j - 1][2]
@@ -463,6 +463,16 @@ class MessageStore:
                 served += 1
             i = j
         return b"".join(out), served, next_offset
+
+    def _readable(self, position: int, size: int) -> bool:
+        """True for an index entry that can point at a record, false for a damaged one.
+
+        Not marked corrupt, not too small for a record (a hole a power cut or damage left in
+        an index reads as zeros, and an empty record would pass the checks), and within the
+        commit log.
+        """
+        log = self.commitlog
+        return size >= RECORD.size and log.start <= position and position + size <= log.end
 
     def _corrupt(
         self, topic: Topic, queue_id: int, offset: int, position: int, served: int
@@ -524,13 +534,10 @@ def _intact(record: memoryview, size: int) -> bool:
     """The record an index entry of `size` points at passes its checks.
 
     The CRC covers everything after the size and CRC fields; the size field must agree with
-    the index, or a reader would cut the answer apart wrongly. An entry too small for a
-    record (a hole a power cut left in the index reads as zeros) would pass both.
+    the index, or a reader would cut the answer apart wrongly.
     """
-    return (
-        size >= RECORD.size
-        and zlib.crc32(record[8:]) == int.from_bytes(record[4:8], "little")
-        and int.from_bytes(record[:4], "little") == size
+    return zlib.crc32(record[8:]) == int.from_bytes(record[4:8], "little") and (
+        int.from_bytes(record[:4], "little") == size
     )
 
 

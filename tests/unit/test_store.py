@@ -446,14 +446,21 @@ def test_recovery_keeps_only_the_index_entries_its_checkpoint_covers(
     loop.run_until_complete(again.close())
 
 
-def test_an_index_entry_of_size_zero_is_corrupt_not_an_empty_message(
-    loop: asyncio.AbstractEventLoop, tmp_path: Path
+@pytest.mark.parametrize("damage", ["zeros", "past the log's end"])
+def test_a_damaged_index_entry_is_corrupt_not_an_empty_message_or_a_crash(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, damage: str
 ) -> None:
     store = opened(loop, tmp_path)
     topic, _ = store.create_topic("t", 1)
     loop.run_until_complete(store.put(topic, 0, frames(b"a", b"b", b"c")))
     loop.run_until_complete(store.close())
-    zero_entries(tmp_path / "consumequeue" / "t" / "0", 1, 1)
+    index = tmp_path / "consumequeue" / "t" / "0"
+    if damage == "zeros":
+        zero_entries(index, 1, 1)
+    else:
+        with index.open("r+b") as f:
+            f.seek(ENTRY.size)
+            f.write(struct.pack("<q", 1 << 40))
 
     again = opened(loop, tmp_path)
     topic = again.topics.get("t")
