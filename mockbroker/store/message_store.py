@@ -330,6 +330,17 @@ class MessageStore:
                     break
         return out
 
+    def end_offset(self, topic: Topic, queue_id: int) -> int:
+        """The offset after the last message a reader can get; in sync mode, the last synced.
+
+        A message past it is not served yet, and a power cut may lose it and give its
+        offset to another: no consumer may start, and no offset may be committed, past it.
+        """
+        cq = self.queue(topic, queue_id)
+        if not self.sync_flush:
+            return cq.max_offset
+        return cq.count_before(self.commitlog.flushed, lo=cq.min_offset)
+
     def read_record(self, topic: Topic, queue_id: int, offset: int) -> bytes:
         """The stored record at `offset` of a queue, its CRC verified."""
         cq = self.queue(topic, queue_id)
