@@ -14,6 +14,7 @@ import functools
 import random
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,7 @@ class PowerGrid:
         self.data = work / "broker"
         self.data.mkdir(parents=True)
         self.cuts = 0
+        self.cut_at = 0.0  # time.monotonic() once the last cut's broker was dead
         self._armed: tuple[Path, Path] | None = None
 
     def arm(self) -> dict[str, str]:
@@ -72,6 +74,8 @@ class PowerGrid:
         snap, journal = self._armed
         self._armed = None
         broker.kill9()
+        self.cut_at = time.monotonic()
+        assert journal.exists(), f"the broker ran untraced (LD_PRELOAD of {self.library} failed?)"
         rebuilt = snap.parent / "rebuilt"
         stats = rebuild(snap, journal, rebuilt, mode, rng)
         shutil.rmtree(self.data)

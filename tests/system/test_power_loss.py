@@ -100,7 +100,7 @@ def produce_then_cut(
     also: Callable[[], bool] = lambda: True,
 ) -> float:
     """Send until the power goes, at a random moment after the first acknowledgements (and
-    once `also` holds); the time.monotonic() of the cut."""
+    once `also` holds); the time.monotonic() when the broker was dead."""
     ledger.acked_this_round = ledger.failed_this_round = 0
     stop = threading.Event()
     join = run_producer(broker.address, ledger, rng.randrange(1 << 30), round_no, stop)
@@ -112,13 +112,12 @@ def produce_then_cut(
         )
         # The chaos, not a synchronisation: the power goes somewhere in the sending.
         time.sleep(rng.uniform(0.1, 0.5))
-        cut_at = time.monotonic()
         grid.cut(broker, MODES[round_no % len(MODES)], rng)
     finally:
         stop.set()
         crash = join()
     assert crash is None, f"the producer crashed: {crash!r}"
-    return cut_at
+    return grid.cut_at
 
 
 def context(round_no: int, broker: BrokerProcess) -> Callable[[BaseException], AssertionError]:
