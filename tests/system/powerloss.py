@@ -54,8 +54,9 @@ class PowerGrid:
         self.library = library()
         self.sync_delay_ms = sync_delay_ms
         self.work = work
-        self.data = work / "broker"
-        self.data.mkdir(parents=True)
+        (work / "broker").mkdir(parents=True)
+        # The preload matches paths under the real path: no symlink may lead to it.
+        self.data = (work / "broker").resolve()
         self.cuts = 0
         self.cut_at = 0.0  # time.monotonic() once the last cut's broker was dead
         self._armed: tuple[Path, Path] | None = None

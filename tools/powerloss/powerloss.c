@@ -307,12 +307,14 @@ int close(int fd) {
     return REAL(close)(fd);
 }
 
+#ifdef CLOSE_RANGE_CLOEXEC /* glibc 2.34 and later */
 int close_range(unsigned int first, unsigned int last, int flags) {
     if (!(flags & CLOSE_RANGE_CLOEXEC)) {
         for (unsigned int fd = first; fd <= last && fd < MAX_FDS; fd++) forget((int)fd);
     }
     return REAL(close_range)(first, last, flags);
 }
+#endif
 
 int dup(int fd) {
     if (is_watched(fd)) unsupported("dup", "of a watched descriptor");
