@@ -163,18 +163,18 @@ class AdminService(pb_grpc.AdminServiceServicer):
     def _target_offset(
         self, topic: Topic, qid: int, request: pb.ResetOffsetRequest, target: str
     ) -> int:
-        cq = self._s.store.queue(topic, qid)
+        store = self._s.store
+        low, high = store.queue(topic, qid).min_offset, store.end_offset(topic, qid)
         if target == "earliest":
-            return cq.min_offset
+            return low
         if target == "latest":
-            return cq.max_offset
+            return high
         if target == "timestamp_ms":
-            return self._s.store.offset_for_timestamp(topic, qid, request.timestamp_ms)
-        if not cq.min_offset <= request.offset <= cq.max_offset:
+            return min(store.offset_for_timestamp(topic, qid, request.timestamp_ms), high)
+        if not low <= request.offset <= high:
             raise out_of_range(
                 "INVALID_OFFSET",
-                f"offset {request.offset} for {topic.name} queue {qid} is outside "
-                f"[{cq.min_offset}, {cq.max_offset}]",
+                f"offset {request.offset} for {topic.name} queue {qid} is outside [{low}, {high}]",
             )
         return request.offset
 

@@ -180,17 +180,22 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     async def QueryQueueOffsets(
         self, request: pb.QueryQueueOffsetsRequest, context: Context
     ) -> pb.QueryQueueOffsetsResponse:
-        """A queue's min and max offsets, and the offset at a time if asked."""
+        """A queue's min and max offsets, and the offset at a time if asked.
+
+        The max offset is the end of what can be read (in sync mode, of what is synced).
+        """
         topic = self._s.topic_queue(request.topic, request.queue_id)
         store = self._s.store
-        cq = store.queue(topic, request.queue_id)
+        end = store.end_offset(topic, request.queue_id)
         at_time = (
-            store.offset_for_timestamp(topic, request.queue_id, request.timestamp_ms)
+            min(store.offset_for_timestamp(topic, request.queue_id, request.timestamp_ms), end)
             if request.timestamp_ms
             else 0
         )
         return pb.QueryQueueOffsetsResponse(
-            min_offset=cq.min_offset, max_offset=cq.max_offset, offset_at_time=at_time
+            min_offset=store.queue(topic, request.queue_id).min_offset,
+            max_offset=end,
+            offset_at_time=at_time,
         )
 
     # ------------------------------------------------------------------ locks
@@ -353,12 +358,13 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         updates: dict[tuple[str, str, int], int] = {}
         for item in request.offsets:
             topic = self._s.topic_queue(item.topic, item.queue_id)
-            cq = store.queue(topic, item.queue_id)
-            if not cq.min_offset <= item.offset <= cq.max_offset:
+            low = store.queue(topic, item.queue_id).min_offset
+            high = store.end_offset(topic, item.queue_id)
+            if not low <= item.offset <= high:
                 raise out_of_range(
                     "INVALID_OFFSET",
                     f"offset {item.offset} for {item.topic} queue {item.queue_id} is outside "
-                    f"[{cq.min_offset}, {cq.max_offset}]",
+                    f"[{low}, {high}]",
                 )
             self._s.locks.check_commit(
                 request.group, (item.topic, item.queue_id), request.client_id, item.lock_epoch

@@ -27,9 +27,11 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str =
 class BrokerProcess:
     """`python -m mockbroker` in a child process, started and waited for by its ready line."""
 
-    def __init__(self, data_dir: Path, *extra_args: str) -> None:
+    def __init__(self, data_dir: Path, *extra_args: str, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.extra_args = extra_args
+        #: Variables added to this process's environment at every start.
+        self.env = dict(env or {})
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
         # stderr goes to a file: a pipe nobody reads would block a chatty broker.
@@ -49,7 +51,7 @@ class BrokerProcess:
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )  # fmt: skip
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)

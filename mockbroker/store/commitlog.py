@@ -17,11 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mockbroker.store.checkpoint import read_checkpoint, write_checkpoint
-from mockbroker.store.files import fault_point, fsync_dir
+from mockbroker.store.checkpoint import read_positions, write_positions
+from mockbroker.store.files import fault_point, fsync_dir, make_dirs
 
 _NAME_DIGITS = 20
 _FLOOR_FILE = "floor"
+_PAGE = 4096
+_ZERO_PAGE = bytes(_PAGE)
 
 
 @dataclass
@@ -54,14 +56,14 @@ class CommitLog:
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
         """Open the existing segments, or create the first one."""
-        self._dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self._dir)
         for path in sorted(self._dir.iterdir()):
             if path.name.isdigit() and len(path.name) == _NAME_DIGITS:
                 fd = os.open(path, os.O_RDWR)
                 self._add(_Segment(int(path.name), path, fd, os.fstat(fd).st_size))
         if not self._segments:
             self._create(0)
-        floor = read_checkpoint(self._dir / _FLOOR_FILE)
+        floor = (read_positions(self._dir / _FLOOR_FILE, 1) or (0,))[0]
         if floor > self.start:
             self._unlink_below(floor)  # a deletion the last run did not finish
         self.flushed = self.end
@@ -143,6 +145,32 @@ class CommitLog:
             size -= n
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def zeros_to_page_end(self, position: int) -> bool:
+        """True when the bytes from `position` to the end of its 4 KiB page are all zeros.
+
+        After a power cut that is the part of a page written after the last fsync that
+        was never written back (see `holds_zero_page`); no record starts with a zero size.
+        """
+        seg = self._segment_at(position)
+        offset = position - seg.base
+        end = min(offset // _PAGE * _PAGE + _PAGE, seg.size)
+        return end > offset and os.pread(seg.fd, end - offset, offset) == bytes(end - offset)
+
+    def holds_zero_page(self, start: int, end: int) -> bool:
+        """True when a whole 4 KiB page of a segment file between `start` and `end` is zeros.
+
+        After a power cut that is a page written after the last fsync and never written
+        back: the kernel writes dirty pages back in any order, and a lost one reads as zeros.
+        """
+        for seg in self._segments:
+            lo, hi = max(start, seg.base) - seg.base, min(end, seg.base + seg.size) - seg.base
+            page = -(-lo // _PAGE) * _PAGE  # the first page boundary at or after lo
+            while page + _PAGE <= hi:
+                if os.pread(seg.fd, _PAGE, page) == _ZERO_PAGE:
+                    return True
+                page += _PAGE
+        return False
+
     def segment_ranges(self, start: int) -> Iterator[tuple[int, int]]:
         """(base, size) of each segment holding bytes at or after `start`."""
         for seg in self._segments:
@@ -162,7 +190,7 @@ class CommitLog:
         """
         if floor not in self._bases[1:]:
             raise ValueError(f"retention floor {floor} is not the base of a later segment")
-        write_checkpoint(self._dir / _FLOOR_FILE, floor)
+        write_positions(self._dir / _FLOOR_FILE, (floor,))
         fault_point("retention-floor-written")
         return self._unlink_below(floor)
 

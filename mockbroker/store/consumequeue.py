@@ -14,7 +14,7 @@ import os
 import struct
 from pathlib import Path
 
-from mockbroker.store.files import punch_hole
+from mockbroker.store.files import open_durably, punch_hole
 
 ENTRY = struct.Struct("<qiq")
 CORRUPT_SIZE = -1
@@ -25,8 +25,7 @@ class ConsumeQueue:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = open_durably(path, os.O_RDWR)
         size = os.fstat(self._fd).st_size
         if size % ENTRY.size:
             # A torn entry from a crash: the commit log replay writes it again.
@@ -35,6 +34,11 @@ class ConsumeQueue:
         self.count = size // ENTRY.size
         self.dirty = False
         self._min = 0
+
+    @property
+    def name(self) -> str:
+        """The queue's name in a checkpoint: "topic/queue id"."""
+        return f"{self.path.parent.name}/{self.path.name}"
 
     @property
     def max_offset(self) -> int:
@@ -88,12 +92,13 @@ class ConsumeQueue:
             self._min = min(self._min, count)
             self.dirty = True
 
-    def count_before(self, position: int, lo: int = 0) -> int:
+    def count_before(self, position: int, lo: int = 0, hi: int | None = None) -> int:
         """How many entries point below commit log `position` (positions only grow).
 
-        The search starts at `lo`: an answer below `lo` comes back as `lo`.
+        The search covers entries `lo` to `hi` (default: all): an answer below `lo` comes
+        back as `lo`, and none is above `hi`.
         """
-        hi = self.count
+        hi = self.count if hi is None else hi
         if hi > lo and self.entry(hi - 1)[0] < position:
             return hi  # the common case: everything indexed is below it
         while lo < hi:

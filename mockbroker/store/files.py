@@ -57,6 +57,37 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def make_dirs(directory: Path) -> None:
+    """Create `directory` and its missing parents, each one's name made durable."""
+    if directory.is_dir():
+        return
+    make_dirs(directory.parent)
+    try:
+        directory.mkdir()
+    except FileExistsError:
+        return
+    fsync_dir(directory.parent)
+
+
+def open_durably(path: Path, flags: int) -> int:
+    """`os.open` with O_CREAT whose new file keeps its name through a power cut.
+
+    Syncing a file's data does not make its name durable: its directory must be synced
+    after it was created (and so must its parents', when they are new).
+    """
+    make_dirs(path.parent)
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return os.open(path, flags)
+    try:
+        fsync_dir(path.parent)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     """Replace `path` with `data` so that a crash leaves either the old or the new content."""
     tmp = path.with_name(path.name + ".tmp")

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from mockbroker.histogram import Histogram
-from mockbroker.store.checkpoint import write_checkpoint
+from mockbroker.store.checkpoint import Checkpoint, write_checkpoint
 from mockbroker.store.commitlog import CommitLog, FlushPlan
 from mockbroker.store.consumequeue import ConsumeQueue
 
@@ -106,16 +106,18 @@ class Flusher:
             if checkpoint and self._checkpointed == self._log.end == self._log.flushed:
                 return  # idle: nothing appended since the last checkpoint
             plan = self._log.begin_flush()
+            record: Checkpoint | None = None
             if checkpoint:
-                dirty = [q for q in self._queues() if q.dirty]
+                # Taken with the log's end: the counts cover exactly the entries below it.
+                queues = list(self._queues())
+                record = Checkpoint(plan.target, {q.name: q.count for q in queues})
+                dirty = [q for q in queues if q.dirty]
                 for q in dirty:
                     q.dirty = False
                 plan.fds += [q.fileno() for q in dirty]
                 plan.fds += self._extra_fds()
             started = time.perf_counter()
-            work = asyncio.ensure_future(
-                asyncio.to_thread(self._execute, plan.target if checkpoint else None, plan)
-            )
+            work = asyncio.ensure_future(asyncio.to_thread(self._execute, record, plan))
             try:
                 await asyncio.shield(work)
             except asyncio.CancelledError:
@@ -138,7 +140,7 @@ class Flusher:
             if self._on_flushed is not None:
                 self._on_flushed(plan.target)
 
-    def _execute(self, checkpoint: int | None, plan: FlushPlan) -> bool:
+    def _execute(self, checkpoint: Checkpoint | None, plan: FlushPlan) -> bool:
         """Sync the plan, then write the checkpoint; False when the disk had no room for it."""
         CommitLog.execute_flush(plan)
         if checkpoint is None:

@@ -19,7 +19,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
-from mockbroker.store.files import punch_hole
+from mockbroker.store.files import open_durably, punch_hole
 
 _ID_ENTRY = struct.Struct("<16sq")
 _KEY_ENTRY = struct.Struct("<8sq")
@@ -42,9 +42,8 @@ class MessageIndex:
     """The id and key index files of one store."""
 
     def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self._ids = os.open(directory / "ids", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        self._keys = os.open(directory / "keys", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._ids = open_durably(directory / "ids", os.O_RDWR | os.O_APPEND)
+        self._keys = open_durably(directory / "keys", os.O_RDWR | os.O_APPEND)
         #: Per file, the first entry still pointing into the commit log.
         self._live_from: dict[int, int] = {self._ids: 0, self._keys: 0}
 

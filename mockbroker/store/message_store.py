@@ -19,10 +19,15 @@ from pathlib import Path
 from grpc import StatusCode
 
 from mockbroker.errors import BrokerError, invalid, out_of_range
-from mockbroker.store.checkpoint import mark_clean_shutdown, mark_running, read_checkpoint
+from mockbroker.store.checkpoint import (
+    Checkpoint,
+    mark_clean_shutdown,
+    mark_running,
+    read_checkpoint,
+)
 from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import CORRUPT_SIZE, ConsumeQueue
-from mockbroker.store.files import DirectoryLock
+from mockbroker.store.files import DirectoryLock, make_dirs
 from mockbroker.store.flush import Flusher, FlushFailedError
 from mockbroker.store.message_index import MessageIndex
 from mockbroker.store.records import CheckedFrame, build_records, check_frames
@@ -141,7 +146,7 @@ class MessageStore:
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> RecoveryReport:
         """Load everything from disk, recovering from a crash if the last run had one."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.data_dir)
         self._dir_lock.acquire()
         try:
             self._load()
@@ -159,13 +164,17 @@ class MessageStore:
                 self._queue_for(topic, qid)
         crashed = mark_running(self._marker)
         if crashed:
-            checkpoint = max(read_checkpoint(self._checkpoint), self.commitlog.start)
-            start = min(checkpoint, self.commitlog.end)
+            checkpoint = read_checkpoint(self._checkpoint)
+            counts = checkpoint.counts
+            if checkpoint.position < self.commitlog.start:
+                # Unreadable (or older than retention's floor): replay all that is kept.
+                checkpoint, counts = Checkpoint(self.commitlog.start, None), None
+            start = min(checkpoint.position, self.commitlog.end)
             log.warning("unclean shutdown detected: replaying the commit log from %d", start)
             self.recovering = True
             try:
                 self.recovery = recover(
-                    self.commitlog, self._lookup, list(self._queues.values()), start
+                    self.commitlog, self._lookup, list(self._queues.values()), start, counts
                 )
             finally:
                 self.recovering = False
@@ -404,6 +413,17 @@ class MessageStore:
                     break
         return out
 
+    def end_offset(self, topic: Topic, queue_id: int) -> int:
+        """The offset after the last message a reader can get; in sync mode, the last synced.
+
+        A message past it is not served yet, and a power cut may lose it and give its
+        offset to another: no consumer may start, and no offset may be committed, past it.
+        """
+        cq = self.queue(topic, queue_id)
+        if not self.sync_flush:
+            return cq.max_offset
+        return cq.count_before(self.commitlog.flushed, lo=cq.min_offset)
+
     def read_record(self, topic: Topic, queue_id: int, offset: int) -> bytes:
         """The stored record at `offset` of a queue, its CRC verified."""
         cq = self.queue(topic, queue_id)
@@ -414,9 +434,9 @@ class MessageStore:
                 f"[{cq.min_offset}, {cq.max_offset})",
             )
         position, size, _ = cq.entry(offset)
-        if size != CORRUPT_SIZE:
+        if self._readable(position, size):
             record = self.commitlog.read(position, size)
-            if zlib.crc32(memoryview(record)[8:]) == int.from_bytes(record[4:8], "little"):
+            if _intact(memoryview(record), size):
                 return record
         self._corrupt(topic, queue_id, offset, position, served=0)
         raise AssertionError("unreachable: _corrupt raises when nothing was served")
@@ -519,11 +539,11 @@ class MessageStore:
             while (
                 j < len(chosen)
                 and chosen[j][1] == chosen[j - 1][1] + chosen[j - 1][2]
-                and (chosen[j][2] != CORRUPT_SIZE)
+                and self._readable(chosen[j][1], chosen[j][2])
             ):
                 j += 1
-            first_offset, start, _ = chosen[i]
-            if chosen[i][2] == CORRUPT_SIZE:
+            first_offset, start, size = chosen[i]
+            if not self._readable(start, size):
                 self._corrupt(topic, queue_id, first_offset, start, served)
                 return b"".join(out), served, first_offset
             end = chosen[j - 1][1] + chosen[j - 1][2]
@@ -531,11 +551,7 @@ class MessageStore:
             for k in range(i, j):
                 q_offset, position, size = chosen[k]
                 record = stretch[position - start : position - start + size]
-                # The CRC covers everything after the size and CRC fields; the size field
-                # must agree with the index, or a reader would cut the answer apart wrongly.
-                if zlib.crc32(record[8:]) != int.from_bytes(record[4:8], "little") or (
-                    int.from_bytes(record[:4], "little") != size
-                ):
+                if not _intact(record, size):
                     self._corrupt(topic, queue_id, q_offset, position, served)
                     return b"".join(out), served, q_offset
                 if tags is not None and _record_tags(record) not in tags:
@@ -544,6 +560,16 @@ class MessageStore:
                 served += 1
             i = j
         return b"".join(out), served, next_offset
+
+    def _readable(self, position: int, size: int) -> bool:
+        """True for an index entry that can point at a record, false for a damaged one.
+
+        Not marked corrupt, not too small for a record (a hole a power cut or damage left in
+        an index reads as zeros, and an empty record would pass the checks), and within the
+        commit log.
+        """
+        log = self.commitlog
+        return size >= RECORD.size and log.start <= position and position + size <= log.end
 
     def _corrupt(
         self, topic: Topic, queue_id: int, offset: int, position: int, served: int
@@ -716,6 +742,17 @@ class MessageStore:
         if topic is None or not 0 <= queue_id < topic.queue_count:
             return None
         return self._queue_for(topic, queue_id)
+
+
+def _intact(record: memoryview, size: int) -> bool:
+    """The record an index entry of `size` points at passes its checks.
+
+    The CRC covers everything after the size and CRC fields; the size field must agree with
+    the index, or a reader would cut the answer apart wrongly.
+    """
+    return zlib.crc32(record[8:]) == int.from_bytes(record[4:8], "little") and (
+        int.from_bytes(record[:4], "little") == size
+    )
 
 
 def _record_tags(record: memoryview) -> bytes:

@@ -10,6 +10,16 @@ queue's next record shows the gap. Either way a corrupt offset is never served. 
 valid record follows, it is a torn tail (a write cut short by the crash): the log is
 truncated there. In sync flush mode nothing past a torn tail was ever acknowledged, since
 an acknowledgement waits for the fsync of everything before it.
+
+A hole of zeros is the other trace a power cut leaves: the kernel wrote back a later page
+of the unsynced tail and the power went before an earlier one. Nothing past such a hole was
+synced, so it ends the log like a torn tail; calling it corruption would keep records no
+sync covered behind offsets marked corrupt, which stop every consumer of those queues. A
+damaged stretch is such a hole when zeros run from where a record should start to the end
+of its 4 KiB page (no record starts with a zero size), or when a whole page of it is zeros,
+unless the damaged record's header is intact and leads to the next valid record: then a
+zero page in it may be its own body's, and it is corruption (corrupting a record whose
+body holds a page of zeros can still be taken for a hole, past the checkpoint only).
 """
 
 from __future__ import annotations
@@ -76,13 +86,23 @@ def _parse(window: bytes, at: int, limit: int) -> tuple[_Header | None, bool]:
 
 
 def recover(
-    commitlog: CommitLog, queues: QueueLookup, existing: list[ConsumeQueue], start: int
+    commitlog: CommitLog,
+    queues: QueueLookup,
+    existing: list[ConsumeQueue],
+    start: int,
+    counts: dict[str, int] | None = None,
 ) -> RecoveryReport:
-    """Rebuild the consume queues from commit log position `start` onwards."""
-    start = _record_boundary(commitlog, existing, start)
+    """Rebuild the consume queues from commit log position `start` onwards.
+
+    `counts`: the checkpoint's entry count of each queue (mockbroker/store/checkpoint.py);
+    the entries past them are dropped unread. Without counts (an older checkpoint) a
+    queue keeps the entries that point below `start`.
+    """
+    durable = [(cq, _durable_entries(cq, start, counts)) for cq in existing]
+    start = _record_boundary(commitlog, durable, start)
     report = RecoveryReport(crashed=True, replayed_from=start)
-    for cq in existing:
-        cq.truncate(cq.count_before(start))
+    for cq, count in durable:
+        cq.truncate(cq.count_before(start, hi=count))
     pos = start
     while pos < commitlog.end:
         window = commitlog.read(pos, min(_WINDOW, commitlog.end - pos))
@@ -98,10 +118,11 @@ def recover(
                 continue
             damaged = pos + at
             resume = _next_valid(commitlog, damaged + 1)
-            if resume is None:
+            if resume is None or _power_cut_hole(commitlog, header, damaged, resume):
                 report.truncated_bytes = commitlog.truncate(damaged)
                 log.warning(
-                    "torn tail at commit log position %d: %d bytes dropped",
+                    "%s at commit log position %d: %d bytes dropped",
+                    "torn tail" if resume is None else "pages lost by a power cut",
                     damaged, report.truncated_bytes,
                 )  # fmt: skip
                 return report
@@ -125,7 +146,25 @@ def recover(
     return report
 
 
-def _record_boundary(commitlog: CommitLog, existing: list[ConsumeQueue], start: int) -> int:
+def _durable_entries(cq: ConsumeQueue, start: int, counts: dict[str, int] | None) -> int:
+    if counts is None:
+        return cq.count_before(start)
+    return min(counts.get(cq.name, 0), cq.count)
+
+
+def _power_cut_hole(
+    commitlog: CommitLog, header: _Header | None, damaged: int, resume: int
+) -> bool:
+    """The damage from `damaged` to the valid record at `resume` is pages a power cut lost."""
+    if commitlog.zeros_to_page_end(damaged):
+        return True
+    body_only = header is not None and damaged + header.size == resume
+    return not body_only and commitlog.holds_zero_page(damaged, resume)
+
+
+def _record_boundary(
+    commitlog: CommitLog, durable: list[tuple[ConsumeQueue, int]], start: int
+) -> int:
     """`start`, or the start of a record that is indexed below `start` but reaches past it.
 
     The checkpoint is a record boundary of the log as it was written. When the log is found
@@ -134,8 +173,8 @@ def _record_boundary(commitlog: CommitLog, existing: list[ConsumeQueue], start: 
     past the end. Replaying from that record's start checks it, and cuts it off as torn.
     """
     boundary = start
-    for cq in existing:
-        below = cq.count_before(start)
+    for cq, count in durable:
+        below = cq.count_before(start, hi=count)
         if not below:
             continue
         position, entry_size, _ = cq.entry(below - 1)

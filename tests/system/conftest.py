@@ -19,15 +19,15 @@ START_TIMEOUT_SECONDS = 30.0
 
 @pytest.fixture
 def start_broker() -> Iterator[StartBroker]:
-    """`start_broker(data_dir, *args)` starts `python -m mockbroker` and waits until ready.
+    """`start_broker(data_dir, *args, env=None)` starts `python -m mockbroker`, waits until ready.
 
     Whatever is still running when the test ends is killed, so a failing test leaves no
     broker process (and no data directory lock) behind.
     """
     started: list[BrokerProcess] = []
 
-    def start(data_dir: Path, *args: str) -> BrokerProcess:
-        broker = BrokerProcess(data_dir, *args)
+    def start(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> BrokerProcess:
+        broker = BrokerProcess(data_dir, *args, env=env)
         started.append(broker)
 
         def give_up() -> None:

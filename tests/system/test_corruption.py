@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from mockbroker.store.checkpoint import read_checkpoint
 from sdk import Message, MessageExt, MessageQueue, Producer
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._transport.broker_client import BrokerClient, PullResult, PullStatus
@@ -81,11 +82,8 @@ def walk(data: Path) -> list[Record]:
 
 
 def checkpoint_of(data: Path) -> int:
-    try:
-        raw = (data / "checkpoint").read_bytes()
-    except FileNotFoundError:
-        return -1
-    return int(struct.unpack_from("<Q", raw)[0]) if len(raw) == 12 else -1
+    path = data / "checkpoint"
+    return read_checkpoint(path).position if path.exists() else -1
 
 
 def commit_log_end(data: Path) -> int:
@@ -309,6 +307,7 @@ FLIP_CASES = [
 
 
 def write_checkpoint(data: Path, position: int) -> None:
+    """A checkpoint at `position` in the older format (no entry counts), still read."""
     head = struct.pack("<Q", position)
     (data / "checkpoint").write_bytes(head + struct.pack("<I", zlib.crc32(head)))
 

@@ -57,6 +57,7 @@ class Attempt:
     body: bytes
     tags: str
     result: SendResult | None = None
+    acked_at: float = 0.0  # time.monotonic() when its send returned
 
 
 class Ledger:
@@ -109,8 +110,10 @@ async def send_key(
         except OrderMQError:
             ledger.failed_this_round += 1
             return  # the broker is gone: these are unacknowledged, maybe stored
+        acked_at = time.monotonic()
         for attempt, result in zip(batch, results, strict=True):
             attempt.result = result
+            attempt.acked_at = acked_at
         ledger.acked_this_round += len(batch)
 
 

@@ -13,7 +13,7 @@ import pytest
 from mockbroker.errors import BrokerError
 from mockbroker.schedule import Scheduler
 from mockbroker.store import commitlog as commitlog_module
-from mockbroker.store.checkpoint import write_checkpoint
+from mockbroker.store.checkpoint import write_positions
 from mockbroker.store.consumequeue import ENTRY, ConsumeQueue
 from mockbroker.store.message_store import MessageStore
 from mockbroker.store.retention import DiskUsage, RetentionPolicy
@@ -144,7 +144,7 @@ def test_minimum_offsets_survive_a_restart_and_a_deletion_cut_short(
     loop.run_until_complete(store.close())
 
     # A crash after the new floor was written, before any segment was unlinked.
-    write_checkpoint(tmp_path / "commitlog" / "floor", bases[-1])
+    write_positions(tmp_path / "commitlog" / "floor", (bases[-1],))
     (tmp_path / "running").touch()
     store = open_store(loop, tmp_path, clock, disk)
     cq = store.queue(topic, 0)

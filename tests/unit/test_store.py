@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import struct
 import threading
 import zlib
 from collections.abc import Iterator
@@ -13,6 +14,8 @@ import pytest
 
 from mockbroker.errors import BrokerError
 from mockbroker.long_polling import PullHolder
+from mockbroker.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from mockbroker.store.consumequeue import ENTRY
 from mockbroker.store.message_store import MessageStore, parse_tag_expression
 from mockbroker.topics import Topic
 from sdk._wire import encode_frame, iter_records
@@ -396,3 +399,138 @@ def test_sync_mode_wakes_a_held_pull_once_its_message_is_synced_not_before(
         loop.run_until_complete(store.close())
     assert (1, "NO_NEW_MESSAGE") not in wakes, f"queue 1 was woken before b was synced: {wakes}"
     assert (0, "FOUND") in wakes and (1, "FOUND") in wakes
+
+
+# ---------------------------------------------------------------------- power cuts
+def zero_entries(path: Path, first: int, last: int) -> None:
+    """A hole where a power cut lost the pages of index entries first..last."""
+    with path.open("r+b") as f:
+        f.seek(first * ENTRY.size)
+        f.write(bytes((last + 1 - first) * ENTRY.size))
+
+
+def test_recovery_keeps_only_the_index_entries_its_checkpoint_covers(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    # A power cut keeps any subset of the index pages written after the last checkpoint:
+    # holes of zeros, and entries torn at a page boundary (here the low bytes of a position
+    # lost, so that it points below the checkpoint). None of them may be served.
+    store = opened(loop, tmp_path)
+    topic, _ = store.create_topic("t", 1)
+    sent = [f"m{i}".encode() for i in range(60)]
+    for body in sent[:40]:
+        loop.run_until_complete(store.put(topic, 0, frames(body)))
+    assert store.flusher is not None
+    loop.run_until_complete(store.flusher.flush(checkpoint=True))
+    checkpoint = (tmp_path / "checkpoint").read_bytes()
+    for body in sent[40:]:
+        loop.run_until_complete(store.put(topic, 0, frames(body)))
+    later, _ = store.create_topic("u", 1)  # after the checkpoint: its index is all unsynced
+    for body in sent[:5]:
+        loop.run_until_complete(store.put(later, 0, frames(body)))
+    loop.run_until_complete(store.close())
+    # What the cut left: the older checkpoint, and damaged index entries past it.
+    (tmp_path / "checkpoint").write_bytes(checkpoint)
+    (tmp_path / "running").touch()
+    index = tmp_path / "consumequeue" / "t" / "0"
+    zero_entries(index, 44, 49)
+    with index.open("r+b") as f:
+        f.seek(52 * ENTRY.size)
+        f.write(bytes(3))
+    zero_entries(tmp_path / "consumequeue" / "u" / "0", 0, 4)
+
+    again = opened(loop, tmp_path)
+    assert again.recovery.crashed and again.recovery.corrupt_records == 0
+    got = again.get(again.topics.get("t"), 0, 0, max_messages=100, max_bytes=1 << 20)
+    assert bodies(got.records) == sent
+    got = again.get(again.topics.get("u"), 0, 0, max_messages=100, max_bytes=1 << 20)
+    assert bodies(got.records) == sent[:5]
+    loop.run_until_complete(again.close())
+
+
+@pytest.mark.parametrize("damage", ["zeros", "past the log's end"])
+def test_a_damaged_index_entry_is_corrupt_not_an_empty_message_or_a_crash(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, damage: str
+) -> None:
+    store = opened(loop, tmp_path)
+    topic, _ = store.create_topic("t", 1)
+    loop.run_until_complete(store.put(topic, 0, frames(b"a", b"b", b"c")))
+    loop.run_until_complete(store.close())
+    index = tmp_path / "consumequeue" / "t" / "0"
+    if damage == "zeros":
+        zero_entries(index, 1, 1)
+    else:
+        with index.open("r+b") as f:
+            f.seek(ENTRY.size)
+            f.write(struct.pack("<q", 1 << 40))
+
+    again = opened(loop, tmp_path)
+    topic = again.topics.get("t")
+    got = again.get(topic, 0, 0, max_messages=10, max_bytes=1 << 20)
+    assert (bodies(got.records), got.next_offset) == ([b"a"], 1), "served up to the damage"
+    with pytest.raises(BrokerError) as info:
+        again.get(topic, 0, 1, max_messages=10, max_bytes=1 << 20)
+    assert info.value.reason == "CORRUPT_RECORD"
+    with pytest.raises(BrokerError):
+        again.read_record(topic, 0, 1)
+    loop.run_until_complete(again.close())
+
+
+def test_a_checkpoint_holds_each_queues_entry_count_and_older_ones_still_read(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "checkpoint"
+    write_checkpoint(path, Checkpoint(1234, {"t/0": 7, "t/1": 0, "orders-é/15": 99}))
+    assert read_checkpoint(path) == Checkpoint(1234, {"t/0": 7, "t/1": 0, "orders-é/15": 99})
+    data = bytearray(path.read_bytes())
+    data[10] ^= 1
+    path.write_bytes(bytes(data))
+    assert read_checkpoint(path) == Checkpoint(0, None), "a damaged one: replay everything"
+    head = struct.pack("<Q", 555)
+    path.write_bytes(head + struct.pack("<I", zlib.crc32(head)))  # before entry counts
+    assert read_checkpoint(path) == Checkpoint(555, None)
+    path.unlink()
+    assert read_checkpoint(path) == Checkpoint(0, None)
+
+
+@pytest.mark.parametrize("hole", ["a whole page", "the rest of a page"])
+def test_pages_a_power_cut_lost_end_the_log_like_a_torn_tail(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, hole: str
+) -> None:
+    # Past the last fsync a disk may keep a later page and lose an earlier one: the lost
+    # one reads as zeros. What follows it was never acknowledged in sync mode (nor synced
+    # in async mode): recovery cuts the log at the hole rather than calling it corruption.
+    store = opened(loop, tmp_path)
+    topic, _ = store.create_topic("t", 1)
+    sent = [f"m{i}|".encode() + bytes([65 + i % 26]) * 400 for i in range(60)]
+    for body in sent[:10]:
+        loop.run_until_complete(store.put(topic, 0, frames(body)))
+    assert store.flusher is not None
+    loop.run_until_complete(store.flusher.flush(checkpoint=True))
+    checkpoint = (tmp_path / "checkpoint").read_bytes()
+    ends = []
+    for body in sent[10:]:
+        loop.run_until_complete(store.put(topic, 0, frames(body)))
+        ends.append(store.commitlog.end)
+    loop.run_until_complete(store.close())
+    (tmp_path / "checkpoint").write_bytes(checkpoint)
+    (tmp_path / "running").touch()
+    # Zeros from the hole to the end of page 3; the pages after it were written back.
+    start = 3 * 4096 if hole == "a whole page" else min(e for e in ends if e > 3 * 4096)
+    segment = tmp_path / "commitlog" / f"{0:020d}"
+    with segment.open("r+b") as f:
+        f.seek(start)
+        f.write(bytes(4 * 4096 - start))
+    before_hole = [end for end in ends if end <= start]
+    whole = 10 + len(before_hole)  # the records before the hole
+
+    again = opened(loop, tmp_path)
+    report = again.recovery
+    assert (report.corrupt_records, report.skipped_bytes) == (0, 0)
+    assert report.truncated_bytes == ends[-1] - before_hole[-1]
+    topic = again.topics.get("t")
+    got = again.get(topic, 0, 0, max_messages=100, max_bytes=1 << 20)
+    assert bodies(got.records) == sent[:whole]
+    result = loop.run_until_complete(again.put(topic, 0, frames(b"next")))
+    assert result.first_offset == whole
+    loop.run_until_complete(again.close())
