@@ -35,6 +35,9 @@ _HEADER = struct.Struct("<I24x" + FRAME_FIELDS.format.removeprefix("<16sq"))
 assert _HEADER.size == _PREFIX + _FIELDS, "FRAME_FIELDS no longer starts with id, born"
 
 
+#: The smallest stored record: a header, a 1-byte topic, the frame fields and a 1-byte body.
+MIN_RECORD_SIZE = RECORD.size + 1 + FRAME_FIELDS.size + 1
+
 #: RocketMQ's delay levels (1-based), in seconds.
 DELAY_LEVEL_SECONDS = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600,
                        1200, 1800, 3600, 7200)  # fmt: skip
@@ -121,12 +124,7 @@ def check_frames(frames: bytes, now_ms: int) -> list[CheckedFrame]:
         p = start + _FIELDS
         text = tl + sl + kl
         if text:
-            try:
-                frames[p : p + text].decode()
-            except UnicodeDecodeError:
-                raise invalid(
-                    "MALFORMED_FRAME", f"frame {index}: tags, sharding key or keys are not UTF-8"
-                ) from None
+            _check_text(frames, p, (tl, sl, kl), index)
         if pl:
             try:
                 decode_properties(view[p + text : p + text + pl])
@@ -137,6 +135,23 @@ def check_frames(frames: bytes, now_ms: int) -> list[CheckedFrame]:
         pos = stop
         index += 1
     return out
+
+
+_TEXT_PARTS = ("tags are", "sharding key is", "keys are")
+
+
+def _check_text(frames: bytes, at: int, lengths: tuple[int, int, int], index: int) -> None:
+    """Tags, sharding key and keys must each be UTF-8 on its own: consumers decode them apart.
+
+    Together they may be UTF-8 when a character is split across two of them.
+    """
+    for name, length in zip(_TEXT_PARTS, lengths, strict=True):
+        if length:
+            try:
+                frames[at : at + length].decode()
+            except UnicodeDecodeError:
+                raise invalid("MALFORMED_FRAME", f"frame {index}: {name} not UTF-8") from None
+        at += length
 
 
 def _check_schedule(deliver_at: int, level: int, now_ms: int, index: int) -> int:
@@ -212,4 +227,11 @@ def _tail_with_topic(topic_len: int) -> struct.Struct:
     return struct.Struct(f"{RECORD_TAIL.format}{topic_len}s")
 
 
-__all__ = ["BrokerError", "CheckedFrame", "build_records", "check_frames", "tag_hash"]
+__all__ = [
+    "MIN_RECORD_SIZE",
+    "BrokerError",
+    "CheckedFrame",
+    "build_records",
+    "check_frames",
+    "tag_hash",
+]

@@ -136,12 +136,21 @@ def lengths_off(frame: bytes) -> bytes:
         (
             encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"b", tags=b"T\xc3"),
             "MALFORMED_FRAME",
-            "frame 57: tags, sharding key or keys are not UTF-8",
+            "frame 57: tags are not UTF-8",
         ),
         (
             encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"b", keys=[b"k", b"\xe2"]),
             "MALFORMED_FRAME",
-            "frame 57: tags, sharding key or keys are not UTF-8",
+            "frame 57: keys are not UTF-8",
+        ),
+        (
+            # UTF-8 only together ("é" split across tags and sharding key): consumers
+            # decode each apart, and failed on every pull of the queue.
+            encode_frame(
+                msg_id=bytes(16), born_timestamp_ms=1, body=b"b", tags=b"\xc3", sharding_key=b"\xa9"
+            ),
+            "MALFORMED_FRAME",
+            "frame 57: tags are not UTF-8",
         ),
         (
             encode_frame(

@@ -217,7 +217,7 @@ def test_a_batch_with_one_bad_frame_stores_nothing(
     end = store.commitlog.end
     with pytest.raises(BrokerError) as info:
         loop.run_until_complete(store.put(topic, 0, b"".join([*good[:57], bad, *good[58:]])))
-    assert info.value.message == "frame 57: tags, sharding key or keys are not UTF-8"
+    assert info.value.message == "frame 57: tags are not UTF-8"
     assert (store.commitlog.end, store.queue(topic, 0).count) == (end, 0)
     assert [(tmp_path / "index" / f).stat().st_size for f in ("ids", "keys")] == [0, 0]
     assert store.find_by_key("t", "k") == []
