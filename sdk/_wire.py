@@ -12,6 +12,8 @@ import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from sdk.errors import CorruptRecordError
+
 #: Where `python -m mockbroker` listens and the `ordermq` command looks by default.
 DEFAULT_PORT = 8081
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -145,7 +147,7 @@ class StoredRecord:
     body: bytes
 
 
-class RecordFormatError(ValueError):
+class RecordFormatError(CorruptRecordError, ValueError):
     """A stored record that does not parse or fails its CRC."""
 
 
@@ -165,7 +167,10 @@ def iter_records(data: bytes, *, verify_crc: bool = True) -> Iterator[StoredReco
         if verify_crc and zlib.crc32(view[pos + 8 : pos + size]) != crc:
             raise RecordFormatError(f"record at byte {pos} fails its CRC check")
         p = pos + rec_size
-        topic = bytes(view[p : p + topic_len]).decode()
+        try:
+            topic = bytes(view[p : p + topic_len]).decode()
+        except UnicodeDecodeError:
+            raise RecordFormatError(f"record at byte {pos}: its topic is not UTF-8") from None
         p += topic_len
         (msg_id, born, deliver_at, level, tl, sl, kl, pl, bl) = FRAME_FIELDS.unpack_from(data, p)
         p += frame_size

@@ -81,43 +81,48 @@ def decode_records(records: bytes, broker_name: str) -> list[MessageExt]:
     rec_size, fields_size = RECORD.size, FRAME_FIELDS.size
     crc32 = zlib.crc32
     pos, end = 0, len(records)
-    while pos < end:
-        if pos + rec_size > end:
-            raise RecordFormatError(f"record header truncated at byte {pos}")
-        size, crc, magic, queue_id, queue_offset, store_ts, reconsume, topic_len = unpack_record(
-            records, pos
-        )
-        stop = pos + size
-        if magic != RECORD_MAGIC or size < rec_size + topic_len + fields_size or stop > end:
-            raise RecordFormatError(f"malformed record at byte {pos}")
-        if crc32(view[pos + 8 : stop]) != crc:
-            raise RecordFormatError(f"record at byte {pos} fails its CRC check")
-        p = pos + rec_size
-        raw_topic = records[p : p + topic_len]
-        topic = topics.get(raw_topic)
-        if topic is None:
-            topic = topics[raw_topic] = raw_topic.decode()
-        p += topic_len
-        msg_id, born, deliver_at, _level, tl, sl, kl, pl, bl = unpack_fields(records, p)
-        p += fields_size
-        if p + tl + sl + kl + pl + bl != stop:
-            raise RecordFormatError(f"record at byte {pos} has inconsistent lengths")
-        queue = queues.get((topic, queue_id))
-        if queue is None:
-            queue = queues[(topic, queue_id)] = MessageQueue(topic, broker_name, queue_id)
-        tags = records[p : p + tl].decode() if tl else None
-        p += tl
-        sharding = records[p : p + sl].decode() if sl else None
-        p += sl
-        keys = tuple(records[p : p + kl].decode().split("\0")) if kl else ()
-        p += kl
-        props = decode_properties(view[p : p + pl]) if pl else {}
-        p += pl
-        out.append(
-            MessageExt(
-                topic, records[p : p + bl], tags, keys, props, sharding, msg_id.hex().upper(),
-                queue, queue_offset, reconsume, born, store_ts, deliver_at,
+    try:
+        while pos < end:
+            if pos + rec_size > end:
+                raise RecordFormatError(f"record header truncated at byte {pos}")
+            size, crc, magic, queue_id, queue_offset, store_ts, reconsume, topic_len = (
+                unpack_record(records, pos)
             )
-        )  # fmt: skip
-        pos = stop
+            stop = pos + size
+            if magic != RECORD_MAGIC or size < rec_size + topic_len + fields_size or stop > end:
+                raise RecordFormatError(f"malformed record at byte {pos}")
+            if crc32(view[pos + 8 : stop]) != crc:
+                raise RecordFormatError(f"record at byte {pos} fails its CRC check")
+            p = pos + rec_size
+            raw_topic = records[p : p + topic_len]
+            topic = topics.get(raw_topic)
+            if topic is None:
+                topic = topics[raw_topic] = raw_topic.decode()
+            p += topic_len
+            msg_id, born, deliver_at, _level, tl, sl, kl, pl, bl = unpack_fields(records, p)
+            p += fields_size
+            if p + tl + sl + kl + pl + bl != stop:
+                raise RecordFormatError(f"record at byte {pos} has inconsistent lengths")
+            queue = queues.get((topic, queue_id))
+            if queue is None:
+                queue = queues[(topic, queue_id)] = MessageQueue(topic, broker_name, queue_id)
+            tags = records[p : p + tl].decode() if tl else None
+            p += tl
+            sharding = records[p : p + sl].decode() if sl else None
+            p += sl
+            keys = tuple(records[p : p + kl].decode().split("\0")) if kl else ()
+            p += kl
+            props = decode_properties(view[p : p + pl]) if pl else {}
+            p += pl
+            out.append(
+                MessageExt(
+                    topic, records[p : p + bl], tags, keys, props, sharding, msg_id.hex().upper(),
+                    queue, queue_offset, reconsume, born, store_ts, deliver_at,
+                )
+            )  # fmt: skip
+            pos = stop
+    except RecordFormatError:
+        raise
+    except ValueError as exc:  # text that is not UTF-8, properties that do not parse
+        raise RecordFormatError(f"record at byte {pos} does not decode: {exc}") from None
     return out
