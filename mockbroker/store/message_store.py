@@ -26,11 +26,11 @@ from mockbroker.store.checkpoint import (
     read_checkpoint,
 )
 from mockbroker.store.commitlog import CommitLog
-from mockbroker.store.consumequeue import CORRUPT_SIZE, ConsumeQueue
+from mockbroker.store.consumequeue import ConsumeQueue
 from mockbroker.store.files import DirectoryLock, make_dirs
 from mockbroker.store.flush import Flusher, FlushFailedError
 from mockbroker.store.message_index import MessageIndex
-from mockbroker.store.records import CheckedFrame, build_records, check_frames
+from mockbroker.store.records import MIN_RECORD_SIZE, CheckedFrame, build_records, check_frames
 from mockbroker.store.recovery import RecoveryReport, recover
 from mockbroker.store.retention import (
     DiskProbe,
@@ -392,15 +392,11 @@ class MessageStore:
         out: list[bytes] = []
         seen: set[int] = set()
         for position in positions:
-            if (
-                position in seen
-                or position < self.commitlog.start
-                or position + RECORD.size > self.commitlog.end
-            ):
+            if position in seen or not self._readable(position, MIN_RECORD_SIZE):
                 continue
             seen.add(position)
             size = RECORD.unpack(self.commitlog.read(position, RECORD.size))[0]
-            if position + size > self.commitlog.end:
+            if not self._readable(position, size):
                 continue
             record = self.commitlog.read(position, size)
             try:
@@ -504,7 +500,7 @@ class MessageStore:
         next_offset = offset
         budget = max_bytes
         for i, (position, size, tag_hash) in enumerate(entries):
-            if hashes is not None and size != CORRUPT_SIZE and tag_hash not in hashes:
+            if hashes is not None and size >= MIN_RECORD_SIZE and tag_hash not in hashes:
                 next_offset = offset + i + 1
                 continue
             if chosen and (len(chosen) >= max_messages or size > budget):
@@ -533,20 +529,22 @@ class MessageStore:
         """Read the chosen records with one pread per contiguous stretch; verify each CRC."""
         out: list[bytes] = []
         served = 0
+        log_end = self.commitlog.end
         i = 0
         while i < len(chosen):
+            first_offset, start, first_size = chosen[i]
+            if not self._readable(start, first_size):
+                self._corrupt(topic, queue_id, first_offset, start, served)
+                return b"".join(out), served, first_offset
+            end = start + first_size
             j = i + 1
             while (
                 j < len(chosen)
-                and chosen[j][1] == chosen[j - 1][1] + chosen[j - 1][2]
-                and self._readable(chosen[j][1], chosen[j][2])
+                and chosen[j][1] == end
+                and MIN_RECORD_SIZE <= chosen[j][2] <= log_end - end
             ):
+                end += chosen[j][2]
                 j += 1
-            first_offset, start, size = chosen[i]
-            if not self._readable(start, size):
-                self._corrupt(topic, queue_id, first_offset, start, served)
-                return b"".join(out), served, first_offset
-            end = chosen[j - 1][1] + chosen[j - 1][2]
             stretch = memoryview(self.commitlog.read(start, end - start))
             for k in range(i, j):
                 q_offset, position, size = chosen[k]
@@ -554,8 +552,13 @@ class MessageStore:
                 if not _intact(record, size):
                     self._corrupt(topic, queue_id, q_offset, position, served)
                     return b"".join(out), served, q_offset
-                if tags is not None and _record_tags(record) not in tags:
-                    continue
+                if tags is not None:
+                    record_tags = _record_tags(record)
+                    if record_tags is None:  # a good CRC over lengths that do not add up
+                        self._corrupt(topic, queue_id, q_offset, position, served)
+                        return b"".join(out), served, q_offset
+                    if record_tags not in tags:
+                        continue
                 out.append(bytes(record))
                 served += 1
             i = j
@@ -569,7 +572,7 @@ class MessageStore:
         commit log.
         """
         log = self.commitlog
-        return size >= RECORD.size and log.start <= position and position + size <= log.end
+        return size >= MIN_RECORD_SIZE and log.start <= position and position + size <= log.end
 
     def _corrupt(
         self, topic: Topic, queue_id: int, offset: int, position: int, served: int
@@ -601,10 +604,12 @@ class MessageStore:
         return lo
 
     def _stored_at(self, cq: ConsumeQueue, offset: int) -> int:
-        position, size, _ = cq.entry(offset)
-        if size == CORRUPT_SIZE:  # its neighbours bound it; the one before is as good
-            return self._stored_at(cq, offset - 1) if offset > cq.min_offset else 0
-        return int(RECORD.unpack(self.commitlog.read(position, RECORD.size))[5])
+        while offset >= cq.min_offset:
+            position, size, _ = cq.entry(offset)
+            if self._readable(position, size):
+                return int(RECORD.unpack(self.commitlog.read(position, RECORD.size))[5])
+            offset -= 1  # a corrupt one: its neighbours bound it, the one before is as good
+        return 0
 
     def last_store_timestamp_ms(self, topic: Topic, queue_id: int) -> int:
         """When the newest message of a queue was stored; 0 for an empty queue."""
@@ -755,12 +760,15 @@ def _intact(record: memoryview, size: int) -> bool:
     )
 
 
-def _record_tags(record: memoryview) -> bytes:
+def _record_tags(record: memoryview) -> bytes | None:
+    """The record's tags; None when its lengths do not fit in it."""
     topic_len = int.from_bytes(record[RECORD.size - 2 : RECORD.size], "little")
     at = RECORD.size + topic_len
+    if at + FRAME_FIELDS.size > len(record):
+        return None
     tl = FRAME_FIELDS.unpack_from(record, at)[4]
     start = at + FRAME_FIELDS.size
-    return bytes(record[start : start + tl])
+    return bytes(record[start : start + tl]) if start + tl <= len(record) else None
 
 
 def parse_tag_expression(expression: str) -> frozenset[bytes] | None:

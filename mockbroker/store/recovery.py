@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import CORRUPT_SIZE, ENTRY, ConsumeQueue
-from mockbroker.store.records import tag_hash
+from mockbroker.store.records import MIN_RECORD_SIZE, tag_hash
 from mockbroker.topics import SCHEDULE_TOPIC
 from sdk._wire import FRAME_FIELDS, RECORD, RECORD_MAGIC
 
@@ -245,6 +245,16 @@ def _index(
         return
     if corrupt and header.queue_offset != cq.count:
         return  # its header is not to be trusted either; the next record fills the gap
+    if header.queue_offset > position // MIN_RECORD_SIZE:
+        # Each earlier offset of the queue has a record before this one: a CRC-valid header
+        # claiming more is not marked as a gap (it could be one of 2**63 offsets).
+        log.error(
+            "record at %d claims %s/%d offset %d, more records than the log before it holds; "
+            "not indexed",
+            position, header.topic, header.queue_id, header.queue_offset,
+        )  # fmt: skip
+        report.corrupt_records += 1
+        return
     if header.queue_offset < cq.count:
         log.error(
             "record at %d repeats %s/%d offset %d; keeping the first",
