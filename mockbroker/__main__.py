@@ -13,6 +13,7 @@ from mockbroker.config import BrokerConfig
 from mockbroker.server import Broker
 from sdk._version import __version__
 from sdk._wire import DEFAULT_PORT
+from sdk.errors import CorruptFileError
 from sdk.log import JsonFormatter
 
 
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     try:
         asyncio.run(serve(config))
-    except OSError as exc:
+    except (OSError, CorruptFileError) as exc:  # in use, no room, a data file unreadable
         print(f"mockbroker: {exc}", file=sys.stderr)
         raise SystemExit(1) from exc
 

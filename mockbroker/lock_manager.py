@@ -56,11 +56,14 @@ from grpc import StatusCode
 
 from mockbroker.errors import BrokerError
 from mockbroker.store.files import write_atomically
+from sdk._files import parse_json
 from sdk.clock import Clock
+from sdk.errors import CorruptFileError
 
 log = logging.getLogger("mockbroker.locks")
 
 QueueKey = tuple[str, int]  # topic, queue id
+Granted = dict[str, dict[QueueKey, int]]  # group -> queue -> latest epoch granted
 #: The lock table's file in the data directory.
 LOCK_FILE = "locks.json"
 _FORMAT = 1
@@ -138,10 +141,10 @@ class RebalanceLockManager:
             return
         try:
             self._restore(raw)
-        except LockFileError as exc:
+        except CorruptFileError as exc:
             aside = self._path.with_name(self._path.name + ".corrupt")
             os.replace(self._path, aside)
-            self._hold_grants(f"{self._path} is unreadable ({exc}); moved to {aside}")
+            self._hold_grants(f"{exc}; moved to {aside}")
             write_atomically(self._path, self._snapshot())
 
     def _hold_grants(self, why: str) -> None:
@@ -153,29 +156,27 @@ class RebalanceLockManager:
         )  # fmt: skip
 
     def _restore(self, raw: bytes) -> None:
-        try:
-            data = json.loads(raw)
-            if data["format"] != _FORMAT:
-                raise LockFileError(f"format {data['format']!r}, not {_FORMAT}")
-            next_epoch = _positive(data["next_epoch"])
-            table: dict[str, dict[QueueKey, LockEntry]] = {}
-            granted: dict[str, dict[QueueKey, int]] = {}
-            renewed = self._clock.monotonic()  # every loaded lock is renewed at start
-            for group, entries in data["groups"].items():
-                _text(group)
-                for item in entries:
-                    queue = (_text(item["topic"]), _natural(item["queue"]))
-                    epoch = _positive(item["granted"])
-                    granted.setdefault(group, {})[queue] = epoch
-                    next_epoch = max(next_epoch, epoch + 1)
-                    if item["owner"] is not None:
-                        owner = _text(item["owner"])
-                        table.setdefault(group, {})[queue] = LockEntry(owner, renewed, epoch)
-        except LockFileError:
-            raise
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise LockFileError(f"{type(exc).__name__}: {exc}") from exc
-        self._table, self._granted, self._next_epoch = table, granted, next_epoch
+        path = self._path or Path(LOCK_FILE)
+        self._table, self._granted, self._next_epoch = parse_json(raw, self._parse, path)
+
+    def _parse(self, data: Any) -> tuple[dict[str, dict[QueueKey, LockEntry]], Granted, int]:
+        if data["format"] != _FORMAT:
+            raise LockFileError(f"format {data['format']!r}, not {_FORMAT}")
+        next_epoch = _positive(data["next_epoch"])
+        table: dict[str, dict[QueueKey, LockEntry]] = {}
+        granted: Granted = {}
+        renewed = self._clock.monotonic()  # every loaded lock is renewed at start
+        for group, entries in data["groups"].items():
+            _text(group)
+            for item in entries:
+                queue = (_text(item["topic"]), _natural(item["queue"]))
+                epoch = _positive(item["granted"])
+                granted.setdefault(group, {})[queue] = epoch
+                next_epoch = max(next_epoch, epoch + 1)
+                if item["owner"] is not None:
+                    owner = _text(item["owner"])
+                    table.setdefault(group, {})[queue] = LockEntry(owner, renewed, epoch)
+        return table, granted, next_epoch
 
     def _snapshot(self) -> bytes:
         groups: dict[str, list[dict[str, Any]]] = {}

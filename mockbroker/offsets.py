@@ -10,8 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 from mockbroker.store.files import write_atomically
+from mockbroker.topics import check_any_topic, check_group, name_checked
+from sdk._files import read_json
 
 OffsetKey = tuple[str, str, int]  # group, topic, queue id
 
@@ -29,17 +32,13 @@ class ConsumerOffsets:
         self._save_lock = asyncio.Lock()
 
     def load(self) -> None:
-        """Read the table file, if any."""
+        """Read the table file, if any.
+
+        CorruptFileError when it cannot be read: the broker does not start, for committed
+        offsets are not to be guessed.
+        """
         if self._path.exists():
-            raw = json.loads(self._path.read_text())
-            for group, topics in raw["offsets"].items():
-                for topic, queues in topics.items():
-                    for qid, offset in queues.items():
-                        self._table[(group, topic, int(qid))] = int(offset)
-            for group, topics in raw.get("skipped", {}).items():
-                for topic, queues in topics.items():
-                    for qid, count in queues.items():
-                        self._skipped[(group, topic, int(qid))] = int(count)
+            self._table, self._skipped = read_json(self._path, _parse)
         self._groups = {g for g, _, _ in self._table}
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
@@ -92,3 +91,21 @@ class ConsumerOffsets:
         for (group, topic, qid), count in sorted(self._skipped.items()):
             skipped.setdefault(group, {}).setdefault(topic, {})[str(qid)] = count
         return json.dumps({"offsets": nested, "skipped": skipped}, indent=1).encode()
+
+
+def _parse(raw: dict[str, Any]) -> tuple[dict[OffsetKey, int], dict[OffsetKey, int]]:
+    return _table(raw["offsets"]), _table(raw.get("skipped", {}))
+
+
+def _table(nested: dict[str, Any]) -> dict[OffsetKey, int]:
+    """group -> topic -> queue id -> a natural number, flattened."""
+    table: dict[OffsetKey, int] = {}
+    for group, topics in nested.items():
+        name_checked(check_group, group)
+        for topic, queues in topics.items():
+            name_checked(check_any_topic, topic)
+            for qid, value in queues.items():
+                if not (qid.isascii() and qid.isdigit()) or type(value) is not int or value < 0:
+                    raise ValueError(f"{group}/{topic} queue {qid!r}: {value!r}")
+                table[(group, topic, int(qid))] = value
+    return table

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from grpc import StatusCode
 
 from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
 from mockbroker.store.files import write_atomically
+from sdk._files import read_json
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_|-]{1,127}$")
 RETRY_PREFIX = "%RETRY%"
@@ -50,6 +53,17 @@ def check_group(name: str) -> None:
         raise invalid("INVALID_GROUP", f"group {name!r} must match {NAME_RE.pattern}")
 
 
+def name_checked(check: Callable[[str], None], name: object) -> str:
+    """`name` if `check` accepts it, else ValueError (for names read from files)."""
+    if not isinstance(name, str):
+        raise ValueError(f"{name!r} is not a name")
+    try:
+        check(name)
+    except BrokerError as exc:
+        raise ValueError(exc.message) from None
+    return name
+
+
 def is_system_topic(name: str) -> bool:
     """True for the broker's own topics (retry, dead letter, rmq_sys_)."""
     return name.startswith((RETRY_PREFIX, DLQ_PREFIX, SYSTEM_PREFIX))
@@ -80,10 +94,9 @@ class TopicRegistry:
         self._topics: dict[str, Topic] = {}
 
     def load(self) -> None:
-        """Read the registry file, if any."""
+        """Read the registry file, if any; CorruptFileError when it cannot be read."""
         if self._path.exists():
-            raw = json.loads(self._path.read_text())
-            self._topics = {name: Topic(name, int(n)) for name, n in raw["topics"].items()}
+            self._topics = read_json(self._path, _parse)
 
     def get(self, name: str) -> Topic:
         """The topic, or TOPIC_NOT_FOUND."""
@@ -123,3 +136,13 @@ class TopicRegistry:
     def _persist(self) -> None:
         data = {"topics": {t.name: t.queue_count for t in self.all()}}
         write_atomically(self._path, json.dumps(data, indent=1).encode())
+
+
+def _parse(raw: dict[str, Any]) -> dict[str, Topic]:
+    topics: dict[str, Topic] = {}
+    for name, count in raw["topics"].items():
+        name_checked(check_any_topic, name)
+        if type(count) is not int or not 1 <= count <= MAX_QUEUES:
+            raise ValueError(f"topic {name!r}: queue count {count!r} is outside 1..{MAX_QUEUES}")
+        topics[name] = Topic(name, count)
+    return topics

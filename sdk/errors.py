@@ -16,6 +16,7 @@
     ├── LockNotHeldError
     ├── StaleEpochError
     ├── CorruptRecordError
+    ├── CorruptFileError                    a file kept on disk does not hold what it should
     ├── FlushFailedError                    fsync failed: the send is not acknowledged
     ├── FlushTimeoutError                   sync flush did not finish in time
     ├── NotSupportedError                   the broker does not serve this yet
@@ -104,6 +105,14 @@ class StaleEpochError(OrderMQError):
 
 class CorruptRecordError(OrderMQError):
     """A stored record failed its CRC check; the broker does not serve it."""
+
+
+class CorruptFileError(OrderMQError):
+    """A file kept on disk does not hold what it should; nothing was loaded from it.
+
+    A broadcasting consumer's offsets, the broker's topics or offsets. The message names
+    the file and the fault.
+    """
 
 
 class FlushFailedError(OrderMQError):

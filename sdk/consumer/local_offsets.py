@@ -10,7 +10,9 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any
 
+from sdk._files import read_json
 from sdk.message import MessageQueue
 
 
@@ -20,16 +22,18 @@ def default_offset_dir(group: str, instance_name: str) -> Path:
 
 
 class LocalFileOffsetStore:
-    """Offsets in memory, persisted to `directory/offsets.json`."""
+    """Offsets in memory, persisted to `directory/offsets.json`.
+
+    A file that cannot be read raises CorruptFileError: the member does not guess where
+    to continue (move the file aside to start from its consume-from-where).
+    """
 
     def __init__(self, directory: Path) -> None:
         self.path = Path(directory) / "offsets.json"
         self._offsets: dict[MessageQueue, int] = {}
         self._stored: dict[MessageQueue, int] = {}
         if self.path.exists():
-            for item in json.loads(self.path.read_text())["offsets"]:
-                queue = MessageQueue(item["topic"], item["broker"], item["queue_id"])
-                self._stored[queue] = int(item["offset"])
+            self._stored = read_json(self.path, _parse)
 
     def update(self, queue: MessageQueue, offset: int, *, increase_only: bool = True) -> None:
         """Record the next offset to consume; with increase_only, never move it back."""
@@ -75,3 +79,15 @@ class LocalFileOffsetStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+
+
+def _parse(raw: dict[str, Any]) -> dict[MessageQueue, int]:
+    stored: dict[MessageQueue, int] = {}
+    for item in raw["offsets"]:
+        topic, broker, qid, offset = (item[k] for k in ("topic", "broker", "queue_id", "offset"))
+        if not (type(topic) is str and type(broker) is str):
+            raise ValueError(f"topic {topic!r} or broker {broker!r} is not a name")
+        if not (type(qid) is int and type(offset) is int and qid >= 0 and offset >= 0):
+            raise ValueError(f"queue id {qid!r} or offset {offset!r} is not a natural number")
+        stored[MessageQueue(topic, broker, qid)] = offset
+    return stored
