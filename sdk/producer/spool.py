@@ -69,12 +69,14 @@ class Spool:
             payload = data[pos + _HEAD.size : pos + _HEAD.size + size]
             if len(payload) < size or zlib.crc32(payload) != crc:
                 break
-            if payload[0] == _MESSAGE_KIND:
-                m = _decode_message(payload)
-                self._messages[m.seq] = m
-                self._next_seq = max(self._next_seq, m.seq + 1)
+            record = _decode(payload)
+            if record is None:
+                break  # e.g. zeros a file system left after a crash (empty, CRC 0): torn
+            if isinstance(record, Spooled):
+                self._messages[record.seq] = record
+                self._next_seq = max(self._next_seq, record.seq + 1)
             else:
-                acked.update(struct.unpack_from(f"<{(size - 1) // 8}q", payload, 1))
+                acked.update(record)
             pos += _HEAD.size + size
         if pos < len(data):
             os.ftruncate(self._fd, pos)
@@ -206,13 +208,20 @@ def _frame(payload: bytes) -> bytes:
     return _HEAD.pack(len(payload), zlib.crc32(payload)) + payload
 
 
-def _decode_message(payload: bytes) -> Spooled:
+def _decode(payload: bytes) -> Spooled | tuple[int, ...] | None:
+    """A message record, an ack record's sequence numbers, or None when it does not parse."""
+    if payload[:1] == bytes((_ACK_KIND,)) and len(payload) % 8 == 1:
+        return struct.unpack_from(f"<{len(payload) // 8}q", payload, 1)
+    if payload[:1] != bytes((_MESSAGE_KIND,)) or len(payload) < _MESSAGE.size:
+        return None
     _kind, seq, tl, kl = _MESSAGE.unpack_from(payload)
     p = _MESSAGE.size
-    topic = payload[p : p + tl].decode()
-    p += tl
-    key: str | None = None
-    if kl != 0xFFFF:
-        key = payload[p : p + kl].decode()
-        p += kl
-    return Spooled(seq, topic, key, payload[p:])
+    end = p + tl + (kl if kl != 0xFFFF else 0)
+    if end > len(payload):
+        return None
+    try:
+        topic = payload[p : p + tl].decode()
+        key = payload[p + tl : end].decode() if kl != 0xFFFF else None
+    except UnicodeDecodeError:
+        return None
+    return Spooled(seq, topic, key, payload[end:])
