@@ -16,6 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from mockbroker.errors import BrokerError, invalid
+from mockbroker.grpc_errors import MalformedRequest
 from mockbroker.request_stats import RequestStats
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 
@@ -25,6 +26,7 @@ log = logging.getLogger("ordermq.broker")
 #: more until one is answered.
 MAX_IN_FLIGHT = 10_000
 
+Incoming = pb.ExchangeRequest | MalformedRequest
 SendHandler = Callable[[pb.SendRequest], Awaitable[pb.SendResponse]]
 PullHandler = Callable[[pb.PullRequest], Awaitable[pb.PullResponse]]
 
@@ -56,16 +58,21 @@ class ExchangeStream:
         # gRPC: a client that sends faster than it reads is held back by flow control.
         self._room = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._closing = False
+        self._malformed: MalformedRequest | None = None
 
-    async def serve(
-        self, requests: AsyncIterator[pb.ExchangeRequest]
-    ) -> AsyncIterator[pb.ExchangeResponse]:
-        """Answer `requests` until the client half-closes (and all are answered)."""
+    async def serve(self, requests: AsyncIterator[Incoming]) -> AsyncIterator[pb.ExchangeResponse]:
+        """Answer `requests` until the client half-closes (and all are answered).
+
+        A request that does not parse is read as the stream's last: once the requests
+        before it are answered, serve raises its BrokerError (INVALID_ARGUMENT).
+        """
         reader = asyncio.create_task(self._read(requests))
         try:
             while (answer := await self._answers.get()) is not None:
                 yield answer
                 self._room.release()
+            if self._malformed is not None:
+                raise self._malformed.error
         finally:
             reader.cancel()
             for task in list(self._tasks.values()):
@@ -78,7 +85,7 @@ class ExchangeStream:
         self._closing = True
         self._end_if_idle()
 
-    async def _read(self, requests: AsyncIterator[pb.ExchangeRequest]) -> None:
+    async def _read(self, requests: AsyncIterator[Incoming]) -> None:
         incoming = aiter(requests)
         try:
             while not self._closing:
@@ -88,6 +95,10 @@ class ExchangeStream:
                 except StopAsyncIteration:  # the client half-closed
                     break
                 if self._closing:
+                    break
+                if isinstance(request, MalformedRequest):
+                    self._stats.refused("Exchange", request.error)
+                    self._malformed = request  # its id is unknown: nothing can answer it
                     break
                 self._dispatch(request)
         finally:
@@ -165,9 +176,7 @@ class ExchangeStreams:
         self._open: set[ExchangeStream] = set()
         self._closed = False
 
-    async def serve(
-        self, requests: AsyncIterator[pb.ExchangeRequest]
-    ) -> AsyncIterator[pb.ExchangeResponse]:
+    async def serve(self, requests: AsyncIterator[Incoming]) -> AsyncIterator[pb.ExchangeResponse]:
         """One stream's answers; see ExchangeStream.serve."""
         stream = ExchangeStream(self._send, self._pull, self._stats)
         if self._closed:

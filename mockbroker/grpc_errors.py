@@ -1,4 +1,9 @@
-"""BrokerError -> gRPC status plus the `ordermq-reason` trailing metadata."""
+"""BrokerError -> gRPC status plus the `ordermq-reason` trailing metadata.
+
+Also the registration of the services: a request that does not parse reaches its handler
+as a MalformedRequest and is answered INVALID_ARGUMENT (a raising deserializer would make
+gRPC answer UNKNOWN and log a traceback).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.message_factory import GetMessageClass
 
-from mockbroker.errors import BrokerError
+from mockbroker.errors import BrokerError, invalid
 from mockbroker.request_stats import RequestStats
 
 REASON_KEY = "ordermq-reason"
@@ -28,6 +36,25 @@ Context = grpc.aio.ServicerContext[Any, Any]
 Handler = Callable[[S, Req, Context], Awaitable[Resp]]
 
 
+class MalformedRequest:
+    """A request whose bytes do not parse as its message type, as it reaches the handler.
+
+    Malformed protobuf, or a string field that is not UTF-8.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BrokerError) -> None:
+        self.error = error
+
+
+def parsed(request: Req | MalformedRequest) -> Req:
+    """`request`, or its INVALID_ARGUMENT when it did not parse."""
+    if isinstance(request, MalformedRequest):
+        raise request.error
+    return request
+
+
 async def abort(context: Context, exc: BrokerError) -> None:
     """End the call with the error's status, message and reason."""
     context.set_trailing_metadata(((REASON_KEY, exc.reason),))
@@ -35,13 +62,16 @@ async def abort(context: Context, exc: BrokerError) -> None:
 
 
 def answers_errors(handler: Handler[S, Req, Resp]) -> Handler[S, Req, Resp]:
-    """Turn a BrokerError raised by a unary handler into its status; count every answer."""
+    """Turn a BrokerError raised by a unary handler, or a malformed request, into its status.
+
+    Every answer is counted.
+    """
     method = handler.__name__
 
     @functools.wraps(handler)
     async def wrapper(self: S, request: Req, context: Context) -> Resp:
         try:
-            answer = await handler(self, request, context)
+            answer = await handler(self, parsed(request), context)
         except BrokerError as exc:
             self.requests.refused(method, exc)
             await abort(context, exc)
@@ -56,3 +86,46 @@ def answers_errors(handler: Handler[S, Req, Resp]) -> Handler[S, Req, Resp]:
         return answer
 
     return wrapper
+
+
+def _deserializer(cls: type[Message]) -> Callable[[bytes], Message | MalformedRequest]:
+    parse = cls.FromString
+
+    def deserialize(data: bytes) -> Message | MalformedRequest:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            return MalformedRequest(
+                invalid("INVALID_ARGUMENT", f"the request does not parse: {exc}")
+            )
+
+    return deserialize
+
+
+_HANDLER_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler[Any, Any]]] = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def add_service(server: grpc.aio.Server, service: ServiceDescriptor, servicer: object) -> None:
+    """Serve every RPC of `service` by the servicer's method of the same name.
+
+    What the generated add_*Servicer_to_server does, with a deserializer that hands a
+    request that does not parse to the handler as a MalformedRequest.
+    """
+    handlers = {
+        method.name: _HANDLER_KINDS[(method.client_streaming, method.server_streaming)](
+            getattr(servicer, method.name),
+            request_deserializer=_deserializer(GetMessageClass(method.input_type)),
+            response_serializer=GetMessageClass(method.output_type).SerializeToString,
+        )
+        for method in service.methods
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )
+    # grpc-stubs predates the registered handlers (a faster dispatch than the generic one).
+    server.add_registered_method_handlers(service.full_name, handlers)  # type: ignore[attr-defined]

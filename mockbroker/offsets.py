@@ -98,7 +98,7 @@ def _parse(raw: dict[str, Any]) -> tuple[dict[OffsetKey, int], dict[OffsetKey, i
 
 
 def _table(nested: dict[str, Any]) -> dict[OffsetKey, int]:
-    """group -> topic -> queue id -> a natural number, flattened."""
+    """A table of group -> topic -> queue id -> a natural number, flattened."""
     table: dict[OffsetKey, int] = {}
     for group, topics in nested.items():
         name_checked(check_group, group)

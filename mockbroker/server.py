@@ -13,6 +13,7 @@ from mockbroker.admin_service import AdminService
 from mockbroker.config import BrokerConfig
 from mockbroker.errors import BrokerError
 from mockbroker.groups import ConsumerGroups
+from mockbroker.grpc_errors import add_service
 from mockbroker.http_status import StatusServer
 from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
 from mockbroker.long_polling import PullHolder
@@ -23,7 +24,7 @@ from mockbroker.service import MessagingService
 from mockbroker.state import BrokerState
 from mockbroker.store.message_store import MessageStore
 from mockbroker.store.retention import file_probe
-from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
+from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._version import __version__
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.clock import Clock, SystemClock, sleep_for
@@ -181,8 +182,9 @@ class Broker:
         # Without so_reuseport=0 a second broker could bind the same port and share it.
         server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
         self._messaging = MessagingService(state)
-        pb_grpc.add_MessagingServiceServicer_to_server(self._messaging, server)
-        pb_grpc.add_AdminServiceServicer_to_server(AdminService(state), server)
+        services = pb.DESCRIPTOR.services_by_name
+        add_service(server, services["MessagingService"], self._messaging)
+        add_service(server, services["AdminService"], AdminService(state))
         try:
             self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         except RuntimeError as exc:  # taken since the check

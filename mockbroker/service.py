@@ -16,7 +16,7 @@ import grpc
 from mockbroker.errors import BrokerError, invalid, out_of_range
 from mockbroker.exchange import ExchangeStreams
 from mockbroker.groups import GroupMembership
-from mockbroker.grpc_errors import Context, abort, answers_errors
+from mockbroker.grpc_errors import Context, MalformedRequest, abort, answers_errors, parsed
 from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState, check_client_id
 from mockbroker.store.message_store import GetResult, parse_tag_expression
@@ -40,12 +40,17 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
 
     # ------------------------------------------------------------------ exchange
     async def Exchange(
-        self, request_iterator: AsyncIterator[pb.ExchangeRequest], context: Context
+        self,
+        request_iterator: AsyncIterator[pb.ExchangeRequest | MalformedRequest],
+        context: Context,
     ) -> AsyncIterator[pb.ExchangeResponse]:
         """Send and Pull requests multiplexed on one stream (mockbroker/exchange.py)."""
         async with self._stream_of(context, "Exchange"):
-            async for answer in self.exchanges.serve(request_iterator):
-                yield answer
+            try:
+                async for answer in self.exchanges.serve(request_iterator):
+                    yield answer
+            except BrokerError as exc:  # a request that did not parse ends the stream
+                await abort(context, exc)
 
     # ------------------------------------------------------------------ routing, send
     @answers_errors
@@ -297,10 +302,11 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         )
 
     async def WatchMembership(
-        self, request: pb.WatchMembershipRequest, context: Context
+        self, request: pb.WatchMembershipRequest | MalformedRequest, context: Context
     ) -> AsyncIterator[pb.MembershipChanged]:
         """Stream the group's membership on every change."""
         try:
+            request = parsed(request)
             check_group(request.group)
         except BrokerError as exc:
             self.requests.refused("WatchMembership", exc)
