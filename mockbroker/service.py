@@ -254,10 +254,16 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         groups: dict[str, GroupMembership] = {}
         for g in request.consumer_groups:
             check_group(g.group)
-            if g.consume_type == pb.CONSUME_TYPE_UNSPECIFIED:
-                raise invalid("INVALID_ARGUMENT", f"group {g.group!r}: consume_type is missing")
-            if g.message_model == pb.MESSAGE_MODEL_UNSPECIFIED:
-                raise invalid("INVALID_ARGUMENT", f"group {g.group!r}: message_model is missing")
+            for name, enum, value in (
+                ("consume_type", pb.ConsumeType, g.consume_type),
+                ("message_model", pb.MessageModel, g.message_model),
+            ):
+                if not value:
+                    raise invalid("INVALID_ARGUMENT", f"group {g.group!r}: {name} is missing")
+                if value not in enum.values():  # proto3 enums take any number
+                    raise invalid(
+                        "INVALID_ARGUMENT", f"group {g.group!r}: {name} {value} is not defined"
+                    )
             for sub in g.subscriptions:
                 check_any_topic(sub.topic)
                 parse_tag_expression(sub.expression)
