@@ -20,7 +20,13 @@ from mockbroker.grpc_errors import Context, MalformedRequest, abort, answers_err
 from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState, check_client_id
 from mockbroker.store.message_store import GetResult, parse_tag_expression
-from mockbroker.topics import RETRY_PREFIX, check_any_topic, check_group, check_user_topic
+from mockbroker.topics import (
+    RETRY_PREFIX,
+    Topic,
+    check_any_topic,
+    check_group,
+    check_user_topic,
+)
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._wire import MAX_PULL_BYTES, MAX_PULL_MESSAGES, MAX_SEND_BYTES
@@ -100,12 +106,6 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                 f"over the limit of {MAX_SEND_BYTES}",
             )
         store = self._s.store
-        topic = store.topics.find(topic_name)
-        if topic is None and self._s.config.auto_create_topics:
-            topic, _ = store.create_topic(topic_name, self._s.config.default_queues)
-        if topic is None:
-            topic = store.topics.get(topic_name)
-        topic.check_queue(queue_id)
         checked = store.check(frames)
         scheduled = sum(1 for f in checked if f.due_ms)
         if scheduled and scheduled != len(checked):
@@ -114,6 +114,14 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                 "a batch is either all scheduled or all for now; send them separately",
             )
         store.check_accepting_sends()
+        topic = store.topics.find(topic_name)
+        if topic is None and self._s.config.auto_create_topics:
+            # Only a send that is otherwise good creates its topic: a refusal changes nothing.
+            Topic(topic_name, self._s.config.default_queues).check_queue(queue_id)
+            topic, _ = store.create_topic(topic_name, self._s.config.default_queues)
+        if topic is None:
+            topic = store.topics.get(topic_name)
+        topic.check_queue(queue_id)
         if scheduled:
             durable = await self._s.scheduler.schedule(topic, queue_id, frames, checked)
             answer = pb.SendResponse(
