@@ -18,7 +18,7 @@ rebalances follow within moments.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from sdk.clock import Clock
@@ -45,6 +45,7 @@ class _Client:
 class _Group:
     version: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    watchers: int = 0
 
 
 class ConsumerGroups:
@@ -146,23 +147,34 @@ class ConsumerGroups:
         return {cid: c.groups[group] for cid, c in self._clients.items() if group in c.groups}
 
     def version(self, group: str) -> int:
-        """The group's membership version."""
-        return self._group(group).version
+        """The group's membership version (0 for a group nobody joined)."""
+        state = self._groups.get(group)
+        return state.version if state is not None else 0
 
     def active_groups(self) -> set[str]:
         """Every group with at least one member now."""
         return {group for client in self._clients.values() for group in client.groups}
 
-    async def watch(self, group: str, known_version: int) -> AsyncIterator[tuple[int, list[str]]]:
+    async def watch(
+        self, group: str, known_version: int
+    ) -> AsyncGenerator[tuple[int, list[str]], None]:
         """Yield (version, members) now if `known_version` is behind, then on every change."""
         state = self._group(group)
-        while not self._closed:
-            event = state.changed  # taken before the check, so no change slips between
-            if state.version != known_version:
-                known_version = state.version
-                yield known_version, self.members(group)
-                continue
-            await event.wait()
+        state.watchers += 1
+        try:
+            while not self._closed:
+                event = state.changed  # taken before the check, so no change slips between
+                if state.version != known_version:
+                    known_version = state.version
+                    yield known_version, self.members(group)
+                    continue
+                await event.wait()
+        finally:
+            state.watchers -= 1
+            # A watch of a group nobody ever joined leaves nothing behind (any name can be
+            # watched: the registry would grow with each).
+            if not state.watchers and not state.version and self._groups.get(group) is state:
+                del self._groups[group]
 
     def close(self) -> None:
         """End every watch (the broker is stopping)."""

@@ -326,8 +326,9 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             self.requests.refused("WatchMembership", exc)
             await abort(context, exc)
             return
-        async with self._stream_of(context, "WatchMembership"):
-            watch = self._s.groups.watch(request.group, request.known_version)
+        watch = self._s.groups.watch(request.group, request.known_version)
+        # aclosing: the watch ends with the call, not whenever its generator is collected.
+        async with self._stream_of(context, "WatchMembership"), contextlib.aclosing(watch):
             async for version, members in watch:
                 yield pb.MembershipChanged(
                     group=request.group, membership_version=version, client_ids=members
