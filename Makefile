@@ -7,13 +7,15 @@ STAMP := $(VENV)/.installed
 LINTED := sdk mockbroker
 
 PHONY_DOCS := docs-api test-docs bench-sizing
-.PHONY: help setup proto proto-check docs docs-check $(PHONY_DOCS) lint typecheck test test-fast test-stateful chaos demo bench bench-backlog bench-profile bench-peers clean
+.PHONY: help setup proto proto-check docs docs-check $(PHONY_DOCS) lint typecheck test test-fast test-stateful chaos fuzz fuzz-atheris demo bench bench-backlog bench-profile bench-peers clean
 
 help:
 	@echo "make demo    run the main job on an embedded broker"
 	@echo "make test    lint, type-check and run every test tier"
 	@echo "make chaos   the fault suite's long form, with its summary table"
 	@echo "make test-stateful   a long random search of the orderly-consumption state machine"
+	@echo "make fuzz    a long random search of every RPC and every decoder (part of make chaos)"
+	@echo "make fuzz-atheris    coverage-guided fuzzing of the decoders (installs atheris)"
 	@echo "make bench   measure throughput (writes bench/results/latest.json)"
 	@echo "make bench-backlog   broker memory with a 10-million-message backlog (2.3 GB disk)"
 	@echo "make bench-peers     the same workload on Redis, RabbitMQ and NATS, and ratios"
@@ -76,6 +78,22 @@ chaos: $(STAMP)
 	mkdir -p bench/results
 	ORDERMQ_CHAOS=long ORDERMQ_CHAOS_REPORT=bench/results/chaos.json HYPOTHESIS_PROFILE=long \
 		$(PY) -m pytest -q -m chaos --timeout 3600
+
+# The fuzz tier of the fault suite alone, long: every RPC and every decoder of bytes.
+fuzz: $(STAMP)
+	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/unit/test_fuzz_decoders.py \
+		tests/component/test_fuzz_rpc.py --timeout 3600
+
+# libFuzzer on the decoders, FUZZ_SECONDS per target; findings are saved in FUZZ_ARTIFACTS.
+FUZZ_SECONDS ?= 60
+FUZZ_ARTIFACTS ?= bench/results/fuzz
+fuzz-atheris: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,fuzz]'
+	mkdir -p $(FUZZ_ARTIFACTS)
+	for target in frames records properties locks.json offsets.json topics.json; do \
+		$(PY) -m tests.atheris_decoders $$target -max_total_time=$(FUZZ_SECONDS) \
+			-artifact_prefix=$(FUZZ_ARTIFACTS)/$$target- || exit 1; \
+	done
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
