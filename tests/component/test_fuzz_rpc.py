@@ -224,9 +224,9 @@ def snapshot(broker: Broker) -> dict[str, Any]:
         "commit log": store.commitlog.end,
         "offsets": {k: state.offsets.get(*k) for k in state.offsets.committed()},
         "locks": state.locks._snapshot(),
-        "groups": {g: (groups.version(g), groups.members(g)) for g in groups.groups()},
-        "clients": {g: sorted(m.items()) for g in groups.groups()
-                    for m in [groups.membership(g)]},
+        # The registry itself: every group name the broker keeps something for.
+        "groups": {g: (groups.version(g), groups.members(g)) for g in sorted(groups._groups)},
+        "clients": {g: sorted(groups.membership(g).items()) for g in groups.active_groups()},
         "scheduled": state.scheduler.pending,
     }  # fmt: skip
 
