@@ -106,6 +106,11 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                 f"over the limit of {MAX_SEND_BYTES}",
             )
         store = self._s.store
+        queues = self._s.config.default_queues
+        topic = store.topics.find(topic_name)
+        if topic is None and not self._s.config.auto_create_topics:
+            topic = store.topics.get(topic_name)  # TOPIC_NOT_FOUND
+        (topic or Topic(topic_name, queues)).check_queue(queue_id)
         checked = store.check(frames)
         scheduled = sum(1 for f in checked if f.due_ms)
         if scheduled and scheduled != len(checked):
@@ -114,14 +119,8 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                 "a batch is either all scheduled or all for now; send them separately",
             )
         store.check_accepting_sends()
-        topic = store.topics.find(topic_name)
-        if topic is None and self._s.config.auto_create_topics:
-            # Only a send that is otherwise good creates its topic: a refusal changes nothing.
-            Topic(topic_name, self._s.config.default_queues).check_queue(queue_id)
-            topic, _ = store.create_topic(topic_name, self._s.config.default_queues)
-        if topic is None:
-            topic = store.topics.get(topic_name)
-        topic.check_queue(queue_id)
+        if topic is None:  # created by a send that passed every check: a refusal changes nothing
+            topic, _ = store.create_topic(topic_name, queues)
         if scheduled:
             durable = await self._s.scheduler.schedule(topic, queue_id, frames, checked)
             answer = pb.SendResponse(
