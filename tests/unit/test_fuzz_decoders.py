@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from mockbroker.errors import BrokerError
 from mockbroker.lock_manager import RebalanceLockManager
 from mockbroker.offsets import ConsumerOffsets
-from mockbroker.store.checkpoint import read_checkpoint, write_checkpoint
+from mockbroker.store.checkpoint import read_checkpoint, read_positions, write_positions
 from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import ENTRY, ConsumeQueue
 from mockbroker.store.message_store import MessageStore, parse_tag_expression
@@ -459,23 +459,30 @@ def test_recovery_of_a_damaged_log_never_indexes_more_than_the_log_holds(
     log.close()
 
 
-def test_a_checkpoint_of_any_content_reads_as_a_position_or_zero(
-    tmp_path: Path, chaos_report: ChaosRecorder
+@pytest.mark.parametrize("count", [1, 2], ids=["checkpoint, floor", "schedule-mark"])
+def test_a_positions_file_of_any_content_reads_as_its_positions_or_none(
+    tmp_path: Path, count: int, chaos_report: ChaosRecorder
 ) -> None:
+    """The checkpoint and commitlog/floor (one position), the schedule-mark (two)."""
     seen: Counter[str] = Counter()
-    path = tmp_path / "checkpoint"
-    write_checkpoint(path, 123_456)
+    path = tmp_path / "positions"
+    write_positions(path, (123_456, 7)[:count])
     valid = path.read_bytes()
 
     @fuzz_settings(100, 5000)
-    @given(st.one_of(st.just(valid).flatmap(mutated), st.binary(max_size=20)))
+    @given(st.one_of(st.just(valid).flatmap(mutated), st.binary(max_size=30)))
     def run(data: bytes) -> None:
         seen["examples"] += 1
         path.write_bytes(data)
+        positions = read_positions(path, count)
+        assert positions is None or (
+            len(positions) == count and all(0 <= p < 2**64 for p in positions)
+        )
         assert 0 <= read_checkpoint(path) < 2**64
 
     run()
-    record_row(chaos_report, "fuzz: checkpoint", seen["examples"], "no crash")
+    name = "checkpoint, commitlog/floor" if count == 1 else "schedule-mark"
+    record_row(chaos_report, f"fuzz: {name}", seen["examples"], "no crash")
 
 
 # ---------------------------------------------------------------------------- JSON files
