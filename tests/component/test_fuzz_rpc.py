@@ -57,9 +57,10 @@ SERVICES = [pb.DESCRIPTOR.services_by_name[name] for name in sorted(pb.DESCRIPTO
 METHODS = [m for service in SERVICES for m in service.methods]
 #: Longest any call may take to be answered (generous: the machine may be busy).
 DEADLINE = 60.0
-#: Statuses a refusal may carry; UNKNOWN or INTERNAL mean a handler raised.
+#: Statuses a refusal may carry (UNAVAILABLE: DISK_FULL on a machine whose disk is nearly
+#: full); UNKNOWN or INTERNAL mean a handler raised.
 REFUSALS = {"INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE", "ALREADY_EXISTS",
-            "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED"}  # fmt: skip
+            "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "UNAVAILABLE"}  # fmt: skip
 REASONS = set(pb.ErrorReason.keys()) - {"ERROR_REASON_UNSPECIFIED"}
 #: RPCs that only read: they change nothing even when they succeed.
 READ_ONLY = {"Pull", "QueryQueueOffsets", "GetConsumerList", "WatchMembership",
