@@ -21,6 +21,7 @@ import shutil
 import struct
 import tempfile
 import tracemalloc
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,7 +34,13 @@ from hypothesis import strategies as st
 from mockbroker.errors import BrokerError
 from mockbroker.lock_manager import RebalanceLockManager
 from mockbroker.offsets import ConsumerOffsets
-from mockbroker.store.checkpoint import read_checkpoint, read_positions, write_positions
+from mockbroker.store.checkpoint import (
+    Checkpoint,
+    read_checkpoint,
+    read_positions,
+    write_checkpoint,
+    write_positions,
+)
 from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import ENTRY, ConsumeQueue
 from mockbroker.store.message_store import MessageStore, parse_tag_expression
@@ -459,11 +466,40 @@ def test_recovery_of_a_damaged_log_never_indexes_more_than_the_log_holds(
     log.close()
 
 
-@pytest.mark.parametrize("count", [1, 2], ids=["checkpoint, floor", "schedule-mark"])
+def crc_at_end(data: bytes) -> bytes:
+    """`data` with its last 4 bytes replaced by the CRC32 of the rest (past the check)."""
+    return data[:-4] + struct.pack("<I", zlib.crc32(data[:-4])) if len(data) >= 4 else data
+
+
+def test_a_checkpoint_of_any_content_reads_as_a_checkpoint_or_position_zero(
+    tmp_path: Path, chaos_report: ChaosRecorder
+) -> None:
+    seen: Counter[str] = Counter()
+    path = tmp_path / "checkpoint"
+    write_checkpoint(path, Checkpoint(123_456, {"orders/0": 3, "orders/1": 0, "%RETRY%g/0": 9}))
+    valid = path.read_bytes()
+    mutations = st.just(valid).flatmap(mutated)
+
+    @fuzz_settings(150, 8000)
+    @given(st.one_of(mutations, mutations.map(crc_at_end), st.binary(max_size=40)))
+    def run(data: bytes) -> None:
+        seen["examples"] += 1
+        path.write_bytes(data)
+        checkpoint = read_checkpoint(path)
+        assert 0 <= checkpoint.position < 2**64
+        counts = checkpoint.counts or {}
+        assert all(isinstance(q, str) and 0 <= n < 2**64 for q, n in counts.items())
+        assert len(counts) <= len(data) // 10  # each takes 10 bytes or more in the file
+
+    run()
+    record_row(chaos_report, "fuzz: checkpoint", seen["examples"], "no crash")
+
+
+@pytest.mark.parametrize("count", [1, 2], ids=["floor", "schedule-mark"])
 def test_a_positions_file_of_any_content_reads_as_its_positions_or_none(
     tmp_path: Path, count: int, chaos_report: ChaosRecorder
 ) -> None:
-    """The checkpoint and commitlog/floor (one position), the schedule-mark (two)."""
+    """commitlog/floor holds one position, the schedule-mark two."""
     seen: Counter[str] = Counter()
     path = tmp_path / "positions"
     write_positions(path, (123_456, 7)[:count])
@@ -478,10 +514,9 @@ def test_a_positions_file_of_any_content_reads_as_its_positions_or_none(
         assert positions is None or (
             len(positions) == count and all(0 <= p < 2**64 for p in positions)
         )
-        assert 0 <= read_checkpoint(path) < 2**64
 
     run()
-    name = "checkpoint, commitlog/floor" if count == 1 else "schedule-mark"
+    name = "commitlog/floor" if count == 1 else "schedule-mark"
     record_row(chaos_report, f"fuzz: {name}", seen["examples"], "no crash")
 
 
