@@ -64,7 +64,8 @@ def make_bodies(count: int, seed: int = 1) -> list[bytes]:
 
 
 def make_batches(messages: int, batch: int = BATCH, seed: int = 1) -> list[Batch]:
-    """Batches for `messages` messages: batch i goes to queue i % QUEUES.
+    """Batches for `messages` messages: batch i goes to queue i % QUEUES (the last one
+    smaller when `messages` is not a multiple of `batch`).
 
     Keys are taken round robin from that queue's keys, so each key's messages are spread
     over the run; bodies come from a pool of KEYS distinct bodies.
@@ -78,13 +79,14 @@ def iter_batches(messages: int, batch: int = BATCH, seed: int = 1) -> Iterator[B
     bodies = make_bodies(KEYS, seed)
     cursors = [0] * QUEUES
     body_at = 0
-    for i in range(max(1, messages // batch)):
+    sizes = [batch] * (messages // batch) + ([messages % batch] if messages % batch else [])
+    for i, size in enumerate(sizes or [batch]):
         q = i % QUEUES
         keys = by_queue[q]
-        picked = [keys[(cursors[q] + j) % len(keys)] for j in range(batch)]
-        cursors[q] += batch
-        yield Batch(q, picked, [bodies[(body_at + j) % KEYS] for j in range(batch)])
-        body_at += batch
+        picked = [keys[(cursors[q] + j) % len(keys)] for j in range(size)]
+        cursors[q] += size
+        yield Batch(q, picked, [bodies[(body_at + j) % KEYS] for j in range(size)])
+        body_at += size
 
 
 def queues_of(topic: str, broker_name: str = "broker-a") -> list[MessageQueue]:
