@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -81,12 +82,17 @@ def test_a_client_whose_broker_comes_up_within_its_deadline_succeeds(
 ) -> None:
     with socket.socket() as listener, ThreadPoolExecutor(1) as pool:
         # A listener that refuses gRPC holds the port until the client has tried it.
+        # SO_REUSEADDR, and an abortive close of the attempt: no TIME_WAIT left on the
+        # port may keep the broker from binding it (it did on a busy machine, when the
+        # attempt was closed before the client had sent anything).
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         listener.settimeout(10)
         port = listener.getsockname()[1]
         outcome: Future[object] = pool.submit(first_call(f"127.0.0.1:{port}"))
         attempt, _ = listener.accept()
+        attempt.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         attempt.close()
         listener.close()
         with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "broker", port=port)):
