@@ -35,6 +35,19 @@ BROKER_LEASE = 4.0
 CLIENT_TIMEOUT = 6.0
 #: How often mockbroker looks for clients that went silent (server._EXPIRY_SWEEP_SECONDS).
 EXPIRY_SWEEP = 1.0
+#: Leeway for a loaded two-core machine on top of the protocol's own delays.
+SLACK = 10.0
+#: A killed, frozen or cut-off worker's queues move once the broker expired it
+#: (CLIENT_TIMEOUT of silence, seen by a sweep); the others then rebalance on the
+#: membership change (or at their periodic round), lock the queues and go on.
+TAKEOVER_TIMEOUT = (
+    CONFIG.heartbeat_interval + CLIENT_TIMEOUT + EXPIRY_SWEEP + 2 * CONFIG.rebalance_interval
+) + SLACK
+#: A new (or returning) worker heartbeats; the others release queues at their rebalance,
+#: and it locks them at its next renewal or rebalance.
+REJOIN_TIMEOUT = (
+    CONFIG.heartbeat_interval + 2 * CONFIG.rebalance_interval + 2 * CONFIG.lock_renew_interval
+) + SLACK
 
 
 def orderly_broker(data_dir: Path, queues: int) -> BrokerProcess:

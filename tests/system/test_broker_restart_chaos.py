@@ -41,6 +41,8 @@ from tests.system.orderly_history import (
     BROKER_LEASE,
     CLIENT_TIMEOUT,
     EXPIRY_SWEEP,
+    REJOIN_TIMEOUT,
+    SLACK,
     Entry,
     History,
     PacedProducer,
@@ -69,7 +71,6 @@ LONG_OUTAGE = BROKER_LEASE + CONFIG.lock_renew_interval
 RETRY_FOR = 60.0
 #: The clients' longest reconnect back-off (sdk/_wire.py GRPC_CLIENT_CHANNEL_OPTIONS).
 RECONNECT_BACKOFF = 2.0
-SLACK = 10.0
 #: After a restart, each owner reconnects and renews its lock (kept on disk) or retakes it
 #: at a rebalance; at worst a queue moves once the broker expired its silent owner.
 RESUME_TIMEOUT = (
@@ -78,10 +79,6 @@ RESUME_TIMEOUT = (
     + CLIENT_TIMEOUT
     + EXPIRY_SWEEP
     + 2 * CONFIG.rebalance_interval
-) + SLACK
-#: A new worker heartbeats; the others release queues at their rebalance, it locks them.
-REJOIN_TIMEOUT = (
-    CONFIG.heartbeat_interval + 2 * CONFIG.rebalance_interval + 2 * CONFIG.lock_renew_interval
 ) + SLACK
 DRAIN_TIMEOUT = 60.0
 

@@ -62,8 +62,9 @@ from tests.faultproxy import NO_PROXY_VARIABLES, FaultProxy, LinkFaults, proxy_e
 from tests.support import ROOT
 from tests.system.orderly_history import (
     BROKER_LEASE,
-    CLIENT_TIMEOUT,
-    EXPIRY_SWEEP,
+    REJOIN_TIMEOUT,
+    SLACK,
+    TAKEOVER_TIMEOUT,
     Entry,
     History,
     PacedProducer,
@@ -84,18 +85,6 @@ ROUND_INTERVAL = 0.5
 MIN_ROUNDS = scaled(16, 240)
 #: Rounds sent while a fault lasts, where its length is counted in rounds.
 FAULT_ROUNDS = scaled(16, 240)
-SLACK = 10.0
-#: A silent or cut-off member's queues move once the broker expired it (CLIENT_TIMEOUT of
-#: silence, seen by a sweep); the others rebalance on the membership change (or at their
-#: periodic round), lock the queues and go on.
-TAKEOVER_TIMEOUT = (
-    CONFIG.heartbeat_interval + CLIENT_TIMEOUT + EXPIRY_SWEEP + 2 * CONFIG.rebalance_interval
-) + SLACK
-#: A new (or returning) worker heartbeats; the others release queues at their rebalance,
-#: and it locks them at its next renewal or rebalance.
-REJOIN_TIMEOUT = (
-    CONFIG.heartbeat_interval + 2 * CONFIG.rebalance_interval + 2 * CONFIG.lock_renew_interval
-) + SLACK
 DRAIN_TIMEOUT = 60.0
 #: How long the producer retries a round that failed.
 RETRY_FOR = 60.0

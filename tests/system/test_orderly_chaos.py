@@ -48,8 +48,8 @@ from tests.chaos_report import ChaosRecorder
 from tests.support import wait_until
 from tests.system.orderly_history import (
     BROKER_LEASE,
-    CLIENT_TIMEOUT,
-    EXPIRY_SWEEP,
+    REJOIN_TIMEOUT,
+    TAKEOVER_TIMEOUT,
     Entry,
     History,
     PacedProducer,
@@ -59,7 +59,6 @@ from tests.system.orderly_history import (
     verify,
     verify_handovers,
 )
-from tests.system.orderly_worker import CONFIG
 
 pytestmark = [pytest.mark.system, pytest.mark.chaos]
 
@@ -71,19 +70,6 @@ MIN_ROUNDS = 40
 #: workers to keep up, so every chaos step meets messages still arriving.
 ROUND_INTERVAL = 0.5
 
-#: Leeway for a loaded two-core machine on top of the protocol's own delays.
-SLACK = 10.0
-#: Queues of a killed or frozen worker move once the broker expired it (CLIENT_TIMEOUT after
-#: its last heartbeat, seen by a sweep); the others then rebalance on the membership change
-#: (or at their periodic rebalance), lock the queues and work off the backlog.
-TAKEOVER_TIMEOUT = (
-    CONFIG.heartbeat_interval + CLIENT_TIMEOUT + EXPIRY_SWEEP + 2 * CONFIG.rebalance_interval
-) + SLACK
-#: A resumed worker heartbeats and rejoins; the others release its queues at their
-#: rebalance, and it locks them at its next renewal or rebalance.
-REJOIN_TIMEOUT = (
-    CONFIG.heartbeat_interval + 2 * CONFIG.rebalance_interval + 2 * CONFIG.lock_renew_interval
-) + SLACK
 DRAIN_TIMEOUT = 60.0
 
 
