@@ -42,6 +42,21 @@ class BrokerConfig:
         advertised_host: The host clients are told to connect to in topic routes (None:
             `host`, or 127.0.0.1 when `host` is a wildcard such as 0.0.0.0). Set it when
             clients on other machines use a broker listening on every interface.
+        fair_scheduling: Serve clients' sends and pulls in turns, so that one client
+            flooding the broker does not starve the others (mockbroker/fairness.py):
+            store work runs in slices of at most `fair_slice_messages` messages and
+            `fair_slice_bytes` bytes; while several clients wait, they get a slice each
+            in turn, and the loop reads sockets and answers between slices. Off: each
+            request's store work runs whole, in order of arrival.
+        fair_slice_messages: Most messages one slice of store work appends or reads.
+        fair_slice_bytes: Most bytes one slice appends or reads (a slice holds at least
+            one message, however large).
+        fair_turn_ms: Store work the broker does, while nobody waits, before it lets its
+            event loop go round (read sockets, answer, see who else waits).
+        client_max_in_flight_bytes: Bytes of one client's requests (sends' messages)
+            and answers (pulls' messages) the broker holds at once; past it, the broker
+            reads no more of that client's requests until some are answered (the client
+            waits, held back by flow control). One request is always taken, however large.
     """
 
     host: str = "127.0.0.1"
@@ -59,6 +74,11 @@ class BrokerConfig:
     disconnect_grace_seconds: float = 30.0
     metrics_port: int | None = None
     advertised_host: str | None = None
+    fair_scheduling: bool = True
+    fair_slice_messages: int = 256
+    fair_slice_bytes: int = 256 * 1024
+    fair_turn_ms: float = 0.5
+    client_max_in_flight_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):
@@ -81,6 +101,12 @@ class BrokerConfig:
             <= 0
         ):
             raise ValueError("flush intervals and timeouts must be positive")
+        if self.fair_slice_messages < 1 or self.fair_slice_bytes < 1:
+            raise ValueError("fair_slice_messages and fair_slice_bytes must be positive")
+        if self.fair_turn_ms <= 0:
+            raise ValueError("fair_turn_ms must be positive")
+        if self.client_max_in_flight_bytes < 1:
+            raise ValueError("client_max_in_flight_bytes must be positive")
         if self.advertised_host is not None and (
             self.advertised_host in ("", "0.0.0.0", "::", "[::]")
             or any(c.isspace() or c == "/" for c in self.advertised_host)

@@ -4,7 +4,14 @@ A unary call costs the broker a few hundred microseconds of CPU whatever it carr
 request on an open stream costs about half. Each request runs as a task of its own, so a
 held pull does not hold up the requests behind it, and is answered (by id) when it
 completes. Sends are appended in the order they arrive: their tasks start in creation
-order and a send appends before its first await (only its flush wait comes after).
+order and a send appends before its first await (only its flush wait comes after), or,
+with fair scheduling, holds its queue from its first step (mockbroker/fair_store.py).
+
+A client's sends' messages count against its limit (mockbroker/limits.py) from when they
+are read until they are stored, its pulls' answers until they are handed to gRPC; past
+the limit the stream reads no more requests until some are answered, so a client that
+sends faster than the broker stores waits, held back by gRPC's flow control, instead of
+filling the broker's memory.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from mockbroker.errors import BrokerError
+from mockbroker.limits import ClientLimits
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 
 log = logging.getLogger("ordermq.broker")
@@ -24,8 +32,9 @@ log = logging.getLogger("ordermq.broker")
 #: more until one is answered.
 MAX_IN_FLIGHT = 10_000
 
-SendHandler = Callable[[pb.SendRequest], Awaitable[pb.SendResponse]]
-PullHandler = Callable[[pb.PullRequest], Awaitable[pb.PullResponse]]
+#: The handlers get the request and the client (its connection's peer).
+SendHandler = Callable[[pb.SendRequest, str], Awaitable[pb.SendResponse]]
+PullHandler = Callable[[pb.PullRequest, str], Awaitable[pb.PullResponse]]
 
 
 def _error(request_id: int, code: str, reason: str, message: str) -> pb.ExchangeResponse:
@@ -37,15 +46,23 @@ def _error(request_id: int, code: str, reason: str, message: str) -> pb.Exchange
 class ExchangeStream:
     """Serves one client's Exchange call."""
 
-    def __init__(self, send: SendHandler, pull: PullHandler) -> None:
+    def __init__(
+        self, send: SendHandler, pull: PullHandler, client: str, limits: ClientLimits
+    ) -> None:
         self._send = send
         self._pull = pull
+        self._client = client
         self._tasks: dict[int, asyncio.Task[bool]] = {}
-        self._answers: asyncio.Queue[pb.ExchangeResponse | None] = asyncio.Queue()
+        self._answers: asyncio.Queue[tuple[pb.ExchangeResponse, int] | None] = asyncio.Queue()
         # A request holds a slot from when it is read until its answer has been handed to
         # gRPC: a client that sends faster than it reads is held back by flow control.
         self._room = asyncio.Semaphore(MAX_IN_FLIGHT)
+        # So do the bytes of its messages, in requests and in answers not yet handed on.
+        self._limits = limits
         self._closing = False
+
+    def _hold(self, n: int) -> None:
+        self._limits.hold(self._client, n)
 
     async def serve(
         self, requests: AsyncIterator[pb.ExchangeRequest]
@@ -53,8 +70,10 @@ class ExchangeStream:
         """Answer `requests` until the client half-closes (and all are answered)."""
         reader = asyncio.create_task(self._read(requests))
         try:
-            while (answer := await self._answers.get()) is not None:
+            while (item := await self._answers.get()) is not None:
+                answer, size = item
                 yield answer
+                self._hold(-size)
                 self._room.release()
         finally:
             reader.cancel()
@@ -73,6 +92,7 @@ class ExchangeStream:
         try:
             while not self._closing:
                 await self._room.acquire()
+                await self._limits.room(self._client)
                 try:
                     request = await anext(incoming)
                 except StopAsyncIteration:  # the client half-closed
@@ -98,38 +118,50 @@ class ExchangeStream:
             self._room.release()  # a cancel is never answered
             return
         if kind is None:
-            self._answers.put_nowait(
+            self._answer(
                 _error(rid, "INVALID_ARGUMENT", "INVALID_ARGUMENT",
                        f"request {rid} carries no send, pull or cancel")
             )  # fmt: skip
             return
         if rid in self._tasks:
-            self._answers.put_nowait(
+            self._answer(
                 _error(rid, "INVALID_ARGUMENT", "INVALID_ARGUMENT",
                        f"request id {rid} is already in flight on this stream")
             )  # fmt: skip
             return
-        task = asyncio.create_task(self._run(rid, request))
+        size = request.ByteSize() if kind == "send" else 0
+        self._hold(size)
+        task = asyncio.create_task(self._run(rid, request, size))
         self._tasks[rid] = task
         task.add_done_callback(functools.partial(self._finished, rid))
 
-    async def _run(self, rid: int, request: pb.ExchangeRequest) -> bool:
+    async def _run(self, rid: int, request: pb.ExchangeRequest, size: int) -> bool:
         """Handle one request; True once its answer is queued (False: cancelled)."""
         try:
             if request.HasField("send"):
-                answer = pb.ExchangeResponse(id=rid, send=await self._send(request.send))
+                sent = await self._send(request.send, self._client)
+                answer = pb.ExchangeResponse(id=rid, send=sent)
             else:
-                answer = pb.ExchangeResponse(id=rid, pull=await self._pull(request.pull))
+                pulled = await self._pull(request.pull, self._client)
+                answer = pb.ExchangeResponse(id=rid, pull=pulled)
         except BrokerError as exc:
             answer = _error(rid, exc.status.name, exc.reason, exc.message)
         except asyncio.CancelledError:
+            self._hold(-size)
             return False  # cancelled by the client, or the stream is gone: no answer
         except Exception as exc:
             log.exception("exchange request %d failed", rid)
             # What gRPC answers a unary call whose handler raised.
             answer = _error(rid, "UNKNOWN", "", f"Unexpected {type(exc)}: {exc}")
-        self._answers.put_nowait(answer)
+        self._hold(-size)
+        self._answer(answer)
         return True
+
+    def _answer(self, answer: pb.ExchangeResponse) -> None:
+        """Queue an answer for the client; its pulled messages count until handed on."""
+        size = answer.pull.ByteSize() if answer.HasField("pull") else 0
+        self._hold(size)
+        self._answers.put_nowait((answer, size))
 
     def _finished(self, rid: int, task: asyncio.Task[bool]) -> None:
         # A done callback, not a finally in _run: it runs even for a task cancelled
@@ -144,17 +176,18 @@ class ExchangeStream:
 class ExchangeStreams:
     """Every open Exchange stream of a broker, so that shutdown can end them."""
 
-    def __init__(self, send: SendHandler, pull: PullHandler) -> None:
+    def __init__(self, send: SendHandler, pull: PullHandler, limits: ClientLimits) -> None:
         self._send = send
         self._pull = pull
+        self._limits = limits
         self._open: set[ExchangeStream] = set()
         self._closed = False
 
     async def serve(
-        self, requests: AsyncIterator[pb.ExchangeRequest]
+        self, requests: AsyncIterator[pb.ExchangeRequest], client: str
     ) -> AsyncIterator[pb.ExchangeResponse]:
-        """One stream's answers; see ExchangeStream.serve."""
-        stream = ExchangeStream(self._send, self._pull)
+        """One stream's answers; see ExchangeStream.serve. `client`: its connection's peer."""
+        stream = ExchangeStream(self._send, self._pull, client, self._limits)
         if self._closed:
             stream.close()
         self._open.add(stream)

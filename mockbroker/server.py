@@ -11,7 +11,10 @@ import grpc
 from mockbroker.admin_service import AdminService
 from mockbroker.config import BrokerConfig
 from mockbroker.errors import BrokerError
+from mockbroker.fair_store import SlicedStore
+from mockbroker.fairness import FairScheduler
 from mockbroker.groups import ConsumerGroups
+from mockbroker.limits import ClientLimits
 from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
 from mockbroker.long_polling import PullHolder
 from mockbroker.metrics import MetricsServer
@@ -108,6 +111,8 @@ class Broker:
             scheduler=scheduler,
             retry=RetryService(self.store, scheduler, self.clock),
             started=self.clock.now(),
+            sliced=self._sliced_store(),
+            limits=ClientLimits(self.config.client_max_in_flight_bytes),
         )
         # Without so_reuseport=0 a second broker could bind the same port and share it.
         server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
@@ -127,6 +132,20 @@ class Broker:
             log.info("metrics on http://%s:%d/metrics", self.config.host, self._metrics.port)
         self.state, self._server = state, server
         log.info("broker %s serving on %s", self.config.broker_name, self.address)
+
+    def _sliced_store(self) -> SlicedStore | None:
+        config = self.config
+        if not config.fair_scheduling:
+            return None
+        scheduler = FairScheduler(
+            turn_seconds=config.fair_turn_ms / 1000, timer=self.clock.monotonic
+        )
+        return SlicedStore(
+            self.store,
+            scheduler,
+            slice_messages=config.fair_slice_messages,
+            slice_bytes=config.fair_slice_bytes,
+        )
 
     async def _expire_clients(self, state: BrokerState) -> None:
         while True:

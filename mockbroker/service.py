@@ -7,7 +7,8 @@ status.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import grpc
 
@@ -17,8 +18,15 @@ from mockbroker.groups import GroupMembership
 from mockbroker.grpc_errors import Context, abort, answers_errors
 from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState, check_client_id
-from mockbroker.store.message_store import GetResult, parse_tag_expression
-from mockbroker.topics import RETRY_PREFIX, check_any_topic, check_group, check_user_topic
+from mockbroker.store.message_store import GetResult, PutResult, parse_tag_expression
+from mockbroker.store.records import CheckedFrame
+from mockbroker.topics import (
+    RETRY_PREFIX,
+    Topic,
+    check_any_topic,
+    check_group,
+    check_user_topic,
+)
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._wire import MAX_PULL_BYTES, MAX_PULL_MESSAGES, MAX_SEND_BYTES
@@ -32,7 +40,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
 
     def __init__(self, state: BrokerState) -> None:
         self._s = state
-        self.exchanges = ExchangeStreams(self.send, self.pull)
+        self.exchanges = ExchangeStreams(self.send, self.pull, state.limits)
 
     # ------------------------------------------------------------------ exchange
     async def Exchange(
@@ -40,7 +48,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     ) -> AsyncIterator[pb.ExchangeResponse]:
         """Send and Pull requests multiplexed on one stream (mockbroker/exchange.py)."""
         async with self._stream_of(context):
-            async for answer in self.exchanges.serve(request_iterator):
+            async for answer in self.exchanges.serve(request_iterator, context.peer()):
                 yield answer
 
     # ------------------------------------------------------------------ routing, send
@@ -73,10 +81,15 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     @answers_errors
     async def Send(self, request: pb.SendRequest, context: Context) -> pb.SendResponse:
         """Append a batch of frames to one queue, or schedule it."""
-        return await self.send(request)
+        client = context.peer()
+        with self._s.limits.unary(client, request.ByteSize()):
+            return await self.send(request, client)
 
-    async def send(self, request: pb.SendRequest) -> pb.SendResponse:
-        """Send's work, for the unary RPC and the Exchange stream (raises BrokerError)."""
+    async def send(self, request: pb.SendRequest, client: str) -> pb.SendResponse:
+        """Send's work, for the unary RPC and the Exchange stream (raises BrokerError).
+
+        `client` names the connection it came on (fairness between clients).
+        """
         # Each read of a protobuf bytes field copies it: read the frames once.
         frames = request.frames
         topic_name = request.topic
@@ -96,7 +109,25 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         if topic is None:
             topic = store.topics.get(topic_name)
         topic.check_queue(queue_id)
-        checked = store.check(frames)
+        sliced = self._s.sliced
+        if sliced is None:
+            return await self._store_send(
+                topic, queue_id, frames, store.check(frames), store.append
+            )
+        async with sliced.in_order((topic.name, queue_id)):
+            checked = await sliced.check(client, frames)
+            return await self._store_send(
+                topic, queue_id, frames, checked, functools.partial(sliced.append, client)
+            )
+
+    async def _store_send(
+        self,
+        topic: Topic,
+        queue_id: int,
+        frames: bytes,
+        checked: list[CheckedFrame],
+        append: Callable[[Topic, int, bytes, list[CheckedFrame]], Awaitable[PutResult]],
+    ) -> pb.SendResponse:
         scheduled = sum(1 for f in checked if f.due_ms)
         if scheduled and scheduled != len(checked):
             raise invalid(
@@ -113,7 +144,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                 store_timestamp_ms=int(self._s.clock.now() * 1000),
                 scheduled=True,
             )
-        result = await store.append(topic, queue_id, frames, checked)
+        result = await append(topic, queue_id, frames, checked)
         return pb.SendResponse(
             status=pb.SEND_OK if result.durable else pb.FLUSH_DISK_TIMEOUT,
             queue_id=queue_id,
@@ -126,10 +157,13 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     @answers_errors
     async def Pull(self, request: pb.PullRequest, context: Context) -> pb.PullResponse:
         """Read from one queue by offset; hold the call while there is nothing to read."""
-        return await self.pull(request)
+        return await self.pull(request, context.peer())
 
-    async def pull(self, request: pb.PullRequest) -> pb.PullResponse:
-        """Pull's work, for the unary RPC and the Exchange stream (raises BrokerError)."""
+    async def pull(self, request: pb.PullRequest, client: str) -> pb.PullResponse:
+        """Pull's work, for the unary RPC and the Exchange stream (raises BrokerError).
+
+        `client` names the connection it came on (fairness between clients).
+        """
         check_group(request.group)
         if not 1 <= request.max_messages <= MAX_PULL_MESSAGES:
             raise invalid(
@@ -149,15 +183,28 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         topic = self._s.topic_queue(request.topic, request.queue_id)
         deadline = self._s.clock.now() + request.suspend_timeout_ms / 1000
         offset = request.offset
+        sliced = self._s.sliced
         while True:
-            got = self._s.store.get(
-                topic,
-                request.queue_id,
-                offset,
-                max_messages=request.max_messages,
-                max_bytes=request.max_bytes,
-                tags=tags,
-            )
+            await self._s.limits.room(client)
+            if sliced is None:
+                got = self._s.store.get(
+                    topic,
+                    request.queue_id,
+                    offset,
+                    max_messages=request.max_messages,
+                    max_bytes=request.max_bytes,
+                    tags=tags,
+                )
+            else:
+                got = await sliced.get(
+                    client,
+                    topic,
+                    request.queue_id,
+                    offset,
+                    max_messages=request.max_messages,
+                    max_bytes=request.max_bytes,
+                    tags=tags,
+                )
             caught_up = got.status == "NO_NEW_MESSAGE" or (
                 got.status == "NO_MATCHED_MESSAGE" and got.next_offset == got.max_offset
             )

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 
 from mockbroker.config import BrokerConfig
 from mockbroker.errors import invalid, not_found
+from mockbroker.fair_store import SlicedStore
 from mockbroker.groups import ConsumerGroups
+from mockbroker.limits import ClientLimits
 from mockbroker.lock_manager import RebalanceLockManager
 from mockbroker.long_polling import PullHolder
 from mockbroker.offsets import ConsumerOffsets
@@ -56,9 +58,13 @@ class BrokerState:
     holder: PullHolder
     scheduler: Scheduler
     retry: RetryService
+    #: What each client has the broker hold (config.client_max_in_flight_bytes).
+    limits: ClientLimits
     started: float = 0.0
     address: str = ""
     rates: RateMeter = field(default_factory=RateMeter)
+    #: Sends and pulls go through it when config.fair_scheduling is on.
+    sliced: SlicedStore | None = None
 
     def topic_queue(self, topic: str, queue_id: int) -> Topic:
         """The existing topic, checked to have `queue_id` (TOPIC_NOT_FOUND, INVALID_QUEUE)."""

@@ -174,6 +174,7 @@ ERRORS_BY_REASON: dict[str, type[OrderMQError]] = {
     "MESSAGE_NOT_FOUND": MessageNotFoundError,
     "GROUP_NOT_FOUND": GroupNotFoundError,
     "NOT_IMPLEMENTED": NotSupportedError,
+    "CLIENT_OVER_LIMIT": BrokerBusyError,
 }
 
 #: gRPC status names -> exception classes, for statuses that carry no reason.

@@ -91,6 +91,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """no such consumer group"""
     NOT_IMPLEMENTED: _ErrorReason.ValueType  # 22
     """a protocol feature this broker build does not serve yet"""
+    CLIENT_OVER_LIMIT: _ErrorReason.ValueType  # 23
+    """the client has too much in flight: retry after a back-off"""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed; sent as the `ordermq-reason` trailing metadata value."""
@@ -140,6 +142,8 @@ GROUP_NOT_FOUND: ErrorReason.ValueType  # 21
 """no such consumer group"""
 NOT_IMPLEMENTED: ErrorReason.ValueType  # 22
 """a protocol feature this broker build does not serve yet"""
+CLIENT_OVER_LIMIT: ErrorReason.ValueType  # 23
+"""the client has too much in flight: retry after a back-off"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 class _SendStatus:

@@ -1,0 +1,181 @@
+"""Sends and pulls against the store in slices, each slice taking its turn (fairness.py).
+
+A send's frames are checked, then appended, at most `slice_messages` messages and
+`slice_bytes` bytes at a time; a pull's answer is read the same way. What a client sees is
+unchanged: a batch is still checked whole before any of it is stored and gets consecutive
+offsets in its queue (sends to one queue keep their order of arrival: the next one starts
+once the previous one is stored), and a pull answers what one read would have, at most
+what it asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Hashable
+
+from mockbroker.errors import BrokerError
+from mockbroker.fairness import FairScheduler, slices
+from mockbroker.store.message_store import GetResult, MessageStore, PutResult, Written
+from mockbroker.store.records import CheckedFrame
+from mockbroker.topics import Topic
+
+
+class SlicedStore:
+    """The store's send and pull work, sliced and scheduled fairly between clients."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        scheduler: FairScheduler,
+        *,
+        slice_messages: int,
+        slice_bytes: int,
+    ) -> None:
+        self._store = store
+        self.scheduler = scheduler
+        self._messages = slice_messages
+        self._bytes = slice_bytes
+        # Per queue: a lock and how many sends hold or wait for it (to drop it when unused).
+        self._queues: dict[tuple[str, int], tuple[asyncio.Lock, list[int]]] = {}
+
+    @contextlib.asynccontextmanager
+    async def in_order(self, queue: tuple[str, int]) -> AsyncIterator[None]:
+        """Hold `queue` for one send: sends to a queue are stored in their order of arrival.
+
+        Enter it before the first await of the send: a free queue is taken at once.
+        """
+        entry = self._queues.get(queue)
+        if entry is None:
+            entry = self._queues[queue] = (asyncio.Lock(), [0])
+        lock, users = entry
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._queues[queue]
+
+    async def check(self, client: Hashable, frames: bytes) -> list[CheckedFrame]:
+        """Every frame checked (store.check), a slice per turn."""
+        checked: list[CheckedFrame] = []
+        start = 0
+        while start < len(frames) or not checked:
+            async with self.scheduler.turn(client):
+                part = self._store.check(
+                    frames,
+                    start=start,
+                    first_index=len(checked),
+                    max_frames=self._messages,
+                    max_bytes=self._bytes,
+                )
+            checked += part
+            start = part[-1].end
+        return checked
+
+    async def append(
+        self,
+        client: Hashable,
+        topic: Topic,
+        queue_id: int,
+        frames: bytes,
+        checked: list[CheckedFrame],
+    ) -> PutResult:
+        """store.append, a slice per turn. Hold the queue (`in_order`) around it.
+
+        Once its first slice is written the batch is written whole, even if the request is
+        cancelled meanwhile: a client never finds part of a batch stored.
+        """
+        runs = list(slices(checked, _frame_size, self._messages, self._bytes))
+        if len(runs) == 1:
+            async with self.scheduler.turn(client):
+                written = self._store.write(topic, queue_id, frames, checked)
+            durable = await self._store.durable(written.end)
+            return PutResult(
+                written.first_offset, written.count, written.store_timestamp_ms, durable
+            )
+        task = asyncio.ensure_future(self._append_runs(client, topic, queue_id, frames, runs))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait([task])  # the queue stays held until the batch is whole
+            raise
+
+    async def _append_runs(
+        self,
+        client: Hashable,
+        topic: Topic,
+        queue_id: int,
+        frames: bytes,
+        runs: list[list[CheckedFrame]],
+    ) -> PutResult:
+        first: Written | None = None
+        end = 0
+        for run in runs:
+            async with self.scheduler.turn(client):
+                written = self._store.write(topic, queue_id, frames, run)
+            first = first or written
+            end = written.end
+        assert first is not None
+        durable = await self._store.durable(end)
+        count = sum(len(run) for run in runs)
+        return PutResult(first.first_offset, count, first.store_timestamp_ms, durable)
+
+    async def get(
+        self,
+        client: Hashable,
+        topic: Topic,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int,
+        max_bytes: int,
+        tags: frozenset[bytes] | None,
+    ) -> GetResult:
+        """store.get, a slice per turn; the slices' records joined into one answer."""
+        parts: list[bytes] = []
+        count = taken = 0
+        last: GetResult | None = None  # the last slice that found something
+        while True:
+            try:
+                async with self.scheduler.turn(client):
+                    got = self._store.get(
+                        topic,
+                        queue_id,
+                        offset,
+                        max_messages=min(max_messages - count, self._messages),
+                        max_bytes=max_bytes - taken,
+                        tags=tags,
+                        slice_bytes=self._bytes,
+                        first_over_budget=last is None,
+                    )
+            except BrokerError as exc:
+                if last is None or exc.reason != "CORRUPT_RECORD":
+                    raise
+                return _joined(parts, count, offset, last)  # the next pull meets the corruption
+            if got.status != "FOUND":
+                if last is None:
+                    return got
+                if got.status == "NO_MATCHED_MESSAGE":
+                    offset = got.next_offset  # what it looked at matched nothing: skip it
+                return _joined(parts, count, offset, got)
+            parts.append(got.records)
+            count += got.count
+            taken += len(got.records)
+            offset = got.next_offset
+            last = got
+            if got.corrupt or count >= max_messages or taken >= max_bytes:
+                return _joined(parts, count, offset, got)
+            if offset >= got.max_offset:
+                return _joined(parts, count, offset, got)
+
+
+def _joined(parts: list[bytes], count: int, next_offset: int, last: GetResult) -> GetResult:
+    """One FOUND answer of the slices read (the queue's bounds as the last read saw them)."""
+    return GetResult("FOUND", next_offset, last.min_offset, last.max_offset, b"".join(parts), count)
+
+
+def _frame_size(frame: CheckedFrame) -> int:
+    return frame.end - frame.start

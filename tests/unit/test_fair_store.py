@@ -1,0 +1,271 @@
+"""SlicedStore on a temporary directory: slices change nothing a client sees.
+
+Sends and pulls cut into slices (each taking a turn) store and answer exactly what the
+store's own append and get do: a batch is checked whole before any of it is stored, gets
+consecutive offsets, keeps its order against other sends to its queue and is stored whole
+even when its request is cancelled halfway; a pull answers what one read would have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from mockbroker.errors import BrokerError
+from mockbroker.fair_store import SlicedStore
+from mockbroker.fairness import FairScheduler
+from mockbroker.store.message_store import GetResult, MessageStore, PutResult
+from mockbroker.topics import Topic
+from sdk._wire import encode_frame, iter_records
+from sdk.testing import FakeClock
+
+T = TypeVar("T")
+SLICE_MESSAGES = 16
+SLICE_BYTES = 4096
+
+
+class TickingTimer:
+    """Every reading is 1 ms after the last: each slice costs more than the turn budget."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+def frames(bodies: list[bytes], tags: list[bytes] | None = None) -> bytes:
+    return b"".join(
+        encode_frame(msg_id=i.to_bytes(16, "big"), born_timestamp_ms=1, body=body,
+                     tags=tags[i] if tags else b"")
+        for i, body in enumerate(bodies)
+    )  # fmt: skip
+
+
+def bodies_of(data: bytes) -> list[bytes]:
+    return [r.body for r in iter_records(data)]
+
+
+def numbered(count: int, size: int = 100, prefix: bytes = b"m") -> list[bytes]:
+    return [prefix + str(i).encode().rjust(size - len(prefix), b".") for i in range(count)]
+
+
+def run(tmp_path: Path, body: Callable[[MessageStore, SlicedStore, Topic], Awaitable[T]]) -> T:
+    """`body(store, sliced, topic)` on a fresh store whose topic "t" has 4 queues."""
+
+    async def main() -> T:
+        store = MessageStore(
+            tmp_path / "store",
+            sync_flush=False,
+            segment_bytes=1 << 24,
+            flush_interval_seconds=60,
+            sync_flush_timeout_seconds=5,
+            clock=FakeClock(),
+        )
+        store.open()
+        await store.start()
+        try:
+            topic, _ = store.create_topic("t", 4)
+            scheduler = FairScheduler(turn_seconds=0.0005, timer=TickingTimer())
+            sliced = SlicedStore(
+                store, scheduler, slice_messages=SLICE_MESSAGES, slice_bytes=SLICE_BYTES
+            )
+            return await body(store, sliced, topic)
+        finally:
+            await store.close()
+
+    return asyncio.run(main())
+
+
+async def send(
+    sliced: SlicedStore, client: str, topic: Topic, queue_id: int, data: bytes
+) -> PutResult:
+    """What MessagingService.send does with a SlicedStore (messages due now)."""
+    async with sliced.in_order((topic.name, queue_id)):
+        checked = await sliced.check(client, data)
+        return await sliced.append(client, topic, queue_id, data, checked)
+
+
+def read_all(store: MessageStore, topic: Topic, queue_id: int) -> list[bytes]:
+    got = store.get(topic, queue_id, 0, max_messages=10_000, max_bytes=1 << 30)
+    return bodies_of(got.records)
+
+
+def test_a_batch_stored_in_slices_gets_consecutive_offsets_and_every_message(
+    tmp_path: Path,
+) -> None:
+    bodies = numbered(200)
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> PutResult:
+        first = await send(sliced, "a", topic, 0, frames(bodies[:50]))
+        assert (first.first_offset, first.count) == (0, 50)
+        second = await send(sliced, "a", topic, 0, frames(bodies[50:]))
+        assert read_all(store, topic, 0) == bodies
+        assert sliced.scheduler.slices > 2 * 200 // SLICE_MESSAGES, "it was cut into slices"
+        return second
+
+    result = run(tmp_path, body)
+    assert (result.first_offset, result.count, result.durable) == (50, 150, True)
+
+
+def test_sends_to_one_queue_keep_their_order_of_arrival_whatever_their_size(
+    tmp_path: Path,
+) -> None:
+    big, small = numbered(300, prefix=b"big"), numbered(1, prefix=b"small")
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[bytes]:
+        # The big one arrives first; the small one, from another client, would be checked
+        # and written long before it if it did not wait for its queue.
+        first = asyncio.create_task(send(sliced, "a", topic, 0, frames(big)))
+        second = asyncio.create_task(send(sliced, "b", topic, 0, frames(small)))
+        other_queue = asyncio.create_task(send(sliced, "c", topic, 1, frames(small)))
+        a, b, c = await asyncio.gather(first, second, other_queue)
+        assert (a.first_offset, b.first_offset, c.first_offset) == (0, 300, 0)
+        return read_all(store, topic, 0)
+
+    assert run(tmp_path, body) == big + small
+
+
+def test_batches_of_two_clients_to_two_queues_are_interleaved_slice_by_slice(
+    tmp_path: Path,
+) -> None:
+    async def body(
+        store: MessageStore, sliced: SlicedStore, topic: Topic
+    ) -> tuple[list[bytes], list[bytes], list[int]]:
+        order: list[int] = []
+        store.on_append = lambda _topic, queue_id: order.append(queue_id)
+        a = numbered(5 * SLICE_MESSAGES, prefix=b"a")
+        b = numbered(5 * SLICE_MESSAGES, prefix=b"b")
+        await asyncio.gather(
+            send(sliced, "a", topic, 0, frames(a)), send(sliced, "b", topic, 1, frames(b))
+        )
+        assert read_all(store, topic, 0) == a and read_all(store, topic, 1) == b
+        return a, b, order
+
+    _a, _b, order = run(tmp_path, body)
+    assert len(order) == 10 and order != sorted(order), "the two batches took turns"
+
+
+def test_a_bad_frame_in_a_later_slice_stores_nothing_of_the_batch(tmp_path: Path) -> None:
+    good = frames(numbered(5 * SLICE_MESSAGES))
+    empty = encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"")
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> int:
+        with pytest.raises(BrokerError) as caught:
+            await send(sliced, "a", topic, 0, good + empty)
+        assert caught.value.reason == "EMPTY_BODY"
+        assert f"frame {5 * SLICE_MESSAGES}" in caught.value.message, "numbered as one batch"
+        return store.queue(topic, 0).count
+
+    assert run(tmp_path, body) == 0
+
+
+def test_a_batch_whose_request_is_cancelled_halfway_is_stored_whole(tmp_path: Path) -> None:
+    bodies = numbered(10 * SLICE_MESSAGES)
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[bytes]:
+        task = asyncio.create_task(send(sliced, "a", topic, 0, frames(bodies)))
+        while store.queue(topic, 0).count == 0:  # until its first slice is written
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        after = asyncio.create_task(send(sliced, "b", topic, 0, frames([b"after"])))
+        assert (await after).first_offset == len(bodies), "the queue waited for the batch"
+        return read_all(store, topic, 0)
+
+    assert run(tmp_path, body) == [*bodies, b"after"]
+
+
+# ---------------------------------------------------------------------- pulls
+SIZES = [100, 3000, 100, 100, 9000, 100] * 20  # some larger than a slice's bytes
+
+
+@pytest.mark.parametrize(
+    ("offset", "max_messages", "max_bytes"),
+    [
+        (0, 1000, 1 << 30),  # everything
+        (0, 50, 1 << 30),  # cut by count
+        (3, 1000, 40_000),  # cut by bytes, mid-way
+        (4, 1000, 5_000),  # the first message alone is over max_bytes: served anyway
+        (0, 1, 1 << 30),
+        (110, 1000, 1 << 30),  # up to the end of the queue
+    ],
+)
+def test_a_pull_read_in_slices_answers_what_one_read_would(
+    tmp_path: Path, offset: int, max_messages: int, max_bytes: int
+) -> None:
+    bodies = [str(i).encode().ljust(size, b"x") for i, size in enumerate(SIZES)]
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> None:
+        store.write(topic, 0, data := frames(bodies), store.check(data))
+        whole = store.get(topic, 0, offset, max_messages=max_messages, max_bytes=max_bytes)
+        got = await sliced.get(
+            "a", topic, 0, offset, max_messages=max_messages, max_bytes=max_bytes, tags=None
+        )
+        assert same(got, whole)
+        if max_bytes < 1 << 30 and got.count > 1:
+            assert len(got.records) <= max_bytes, "never more than asked"
+
+    run(tmp_path, body)
+
+
+def test_a_tag_filtered_pull_read_in_slices_answers_what_one_read_would(
+    tmp_path: Path,
+) -> None:
+    bodies = numbered(100)
+    tags = [b"even" if i % 2 == 0 else b"odd" for i in range(100)]
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> None:
+        store.write(topic, 0, data := frames(bodies, tags), store.check(data))
+        for offset in (0, 1, 57):
+            whole = store.get(
+                topic, 0, offset, max_messages=40, max_bytes=1 << 30, tags=frozenset({b"odd"})
+            )
+            got = await sliced.get(
+                "a", topic, 0, offset, max_messages=40, max_bytes=1 << 30,
+                tags=frozenset({b"odd"}),
+            )  # fmt: skip
+            assert same(got, whole)
+
+    run(tmp_path, body)
+
+
+def test_a_pull_read_in_slices_stops_before_a_corrupt_record(tmp_path: Path) -> None:
+    bodies = numbered(5 * SLICE_MESSAGES)
+    bad = 2 * SLICE_MESSAGES  # the first message of the third slice
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> None:
+        store.write(topic, 0, data := frames(bodies), store.check(data))
+        position, size, _ = store.queue(topic, 0).entry(bad)
+        segment = next((store.data_dir / "commitlog").iterdir())
+        fd = os.open(segment, os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"\xff", position + size - 1)  # the last body byte: CRC fails
+        finally:
+            os.close(fd)
+        got = await sliced.get("a", topic, 0, 0, max_messages=1000, max_bytes=1 << 30, tags=None)
+        assert (got.status, got.count, got.next_offset) == ("FOUND", bad, bad)
+        assert bodies_of(got.records) == bodies[:bad]
+        with pytest.raises(BrokerError) as caught:
+            await sliced.get("a", topic, 0, bad, max_messages=1000, max_bytes=1 << 30, tags=None)
+        assert caught.value.reason == "CORRUPT_RECORD"
+
+    run(tmp_path, body)
+
+
+def same(a: GetResult, b: GetResult) -> bool:
+    return (a.status, a.next_offset, a.min_offset, a.max_offset, a.records, a.count) == (
+        b.status,
+        b.next_offset,
+        b.min_offset,
+        b.max_offset,
+        b.records,
+        b.count,
+    )
