@@ -40,10 +40,12 @@ class SlicedStore:
         self._queues: dict[tuple[str, int], tuple[asyncio.Lock, list[int]]] = {}
 
     @contextlib.asynccontextmanager
-    async def in_order(self, queue: tuple[str, int]) -> AsyncIterator[None]:
+    async def in_order(self, queue: tuple[str, int]) -> AsyncIterator[QueueHold]:
         """Hold `queue` for one send: sends to a queue are stored in their order of arrival.
 
-        Enter it before the first await of the send: a free queue is taken at once.
+        Enter it before the first await of the send: a free queue is taken at once. It is
+        let go on leaving, or as soon as the send's records are written (`append`), so
+        that the next send's records do not wait for this one's fsync.
         """
         entry = self._queues.get(queue)
         if entry is None:
@@ -51,8 +53,12 @@ class SlicedStore:
         lock, users = entry
         users[0] += 1
         try:
-            async with lock:
-                yield
+            await lock.acquire()
+            hold = QueueHold(lock)
+            try:
+                yield hold
+            finally:
+                hold.release()
         finally:
             users[0] -= 1
             if not users[0]:
@@ -78,12 +84,13 @@ class SlicedStore:
     async def append(
         self,
         client: Hashable,
+        hold: QueueHold,
         topic: Topic,
         queue_id: int,
         frames: bytes,
         checked: list[CheckedFrame],
     ) -> PutResult:
-        """store.append, a slice per turn. Hold the queue (`in_order`) around it.
+        """store.append, a slice per turn, within the queue's `hold` (see in_order).
 
         Once its first slice is written the batch is written whole, even if the request is
         cancelled meanwhile: a client never finds part of a batch stored.
@@ -92,11 +99,12 @@ class SlicedStore:
         if len(runs) == 1:
             async with self.scheduler.turn(client):
                 written = self._store.write(topic, queue_id, frames, checked)
+            hold.release()
             durable = await self._store.durable(written.end)
             return PutResult(
                 written.first_offset, written.count, written.store_timestamp_ms, durable
             )
-        task = asyncio.ensure_future(self._append_runs(client, topic, queue_id, frames, runs))
+        task = asyncio.ensure_future(self._append_runs(client, hold, topic, queue_id, frames, runs))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -106,6 +114,7 @@ class SlicedStore:
     async def _append_runs(
         self,
         client: Hashable,
+        hold: QueueHold,
         topic: Topic,
         queue_id: int,
         frames: bytes,
@@ -119,6 +128,7 @@ class SlicedStore:
             first = first or written
             end = written.end
         assert first is not None
+        hold.release()
         durable = await self._store.durable(end)
         count = sum(len(run) for run in runs)
         return PutResult(first.first_offset, count, first.store_timestamp_ms, durable)
@@ -170,6 +180,21 @@ class SlicedStore:
                 return _joined(parts, count, offset, got)
             if offset >= got.max_offset:
                 return _joined(parts, count, offset, got)
+
+
+class QueueHold:
+    """A send's hold on its queue (SlicedStore.in_order)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: asyncio.Lock) -> None:
+        self._lock: asyncio.Lock | None = lock
+
+    def release(self) -> None:
+        """Let the next send to the queue go (once; later calls do nothing)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
 def _joined(parts: list[bytes], count: int, next_offset: int, last: GetResult) -> GetResult:

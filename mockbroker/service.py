@@ -114,10 +114,10 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             return await self._store_send(
                 topic, queue_id, frames, store.check(frames), store.append
             )
-        async with sliced.in_order((topic.name, queue_id)):
+        async with sliced.in_order((topic.name, queue_id)) as hold:
             checked = await sliced.check(client, frames)
             return await self._store_send(
-                topic, queue_id, frames, checked, functools.partial(sliced.append, client)
+                topic, queue_id, frames, checked, functools.partial(sliced.append, client, hold)
             )
 
     async def _store_send(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -19,6 +20,7 @@ import pytest
 from mockbroker.errors import BrokerError
 from mockbroker.fair_store import SlicedStore
 from mockbroker.fairness import FairScheduler
+from mockbroker.store.commitlog import CommitLog, FlushPlan
 from mockbroker.store.message_store import GetResult, MessageStore, PutResult
 from mockbroker.topics import Topic
 from sdk._wire import encode_frame, iter_records
@@ -56,13 +58,18 @@ def numbered(count: int, size: int = 100, prefix: bytes = b"m") -> list[bytes]:
     return [prefix + str(i).encode().rjust(size - len(prefix), b".") for i in range(count)]
 
 
-def run(tmp_path: Path, body: Callable[[MessageStore, SlicedStore, Topic], Awaitable[T]]) -> T:
+def run(
+    tmp_path: Path,
+    body: Callable[[MessageStore, SlicedStore, Topic], Awaitable[T]],
+    *,
+    sync: bool = False,
+) -> T:
     """`body(store, sliced, topic)` on a fresh store whose topic "t" has 4 queues."""
 
     async def main() -> T:
         store = MessageStore(
             tmp_path / "store",
-            sync_flush=False,
+            sync_flush=sync,
             segment_bytes=1 << 24,
             flush_interval_seconds=60,
             sync_flush_timeout_seconds=5,
@@ -87,9 +94,9 @@ async def send(
     sliced: SlicedStore, client: str, topic: Topic, queue_id: int, data: bytes
 ) -> PutResult:
     """What MessagingService.send does with a SlicedStore (messages due now)."""
-    async with sliced.in_order((topic.name, queue_id)):
+    async with sliced.in_order((topic.name, queue_id)) as hold:
         checked = await sliced.check(client, data)
-        return await sliced.append(client, topic, queue_id, data, checked)
+        return await sliced.append(client, hold, topic, queue_id, data, checked)
 
 
 def read_all(store: MessageStore, topic: Topic, queue_id: int) -> list[bytes]:
@@ -181,6 +188,34 @@ def test_a_batch_whose_request_is_cancelled_halfway_is_stored_whole(tmp_path: Pa
         return read_all(store, topic, 0)
 
     assert run(tmp_path, body) == [*bodies, b"after"]
+
+
+def test_a_send_waiting_for_its_fsync_does_not_hold_its_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fsync = threading.Event()
+    execute = CommitLog.execute_flush
+
+    def held_back(plan: FlushPlan) -> None:
+        fsync.wait(10)
+        execute(plan)
+
+    monkeypatch.setattr(CommitLog, "execute_flush", staticmethod(held_back))
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[bool]:
+        first = asyncio.create_task(send(sliced, "a", topic, 0, frames(numbered(3))))
+        second = asyncio.create_task(send(sliced, "b", topic, 0, frames(numbered(40))))
+        for _ in range(1000):  # loop passes, not time: the fsync is held back throughout
+            if store.queue(topic, 0).count == 43:
+                break
+            await asyncio.sleep(0)
+        written_during_the_fsync = store.queue(topic, 0).count
+        fsync.set()
+        results = await asyncio.gather(first, second)
+        assert written_during_the_fsync == 43, "the second send waited for the first's fsync"
+        return [r.durable for r in results]
+
+    assert run(tmp_path, body, sync=True) == [True, True]
 
 
 # ---------------------------------------------------------------------- pulls
