@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -153,8 +154,13 @@ def machine_busy_seconds() -> float | None:
     return (user + nice + system + irq + softirq + steal) / _TICKS
 
 
-def broker_process(data_dir: Path, flush_mode: str, profile: Path | None = None) -> ServerProcess:
-    """`python -m mockbroker` on a free loopback port with its data in `data_dir`."""
+def broker_process(
+    data_dir: Path, flush_mode: str, profile: Path | None = None, extra: Sequence[str] = ()
+) -> ServerProcess:
+    """`python -m mockbroker` on a free loopback port with its data in `data_dir`.
+
+    `extra`: more command-line arguments (the flood figures compare configurations).
+    """
     runner = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
     cmd = [
         sys.executable, *runner, "-m", "mockbroker",
@@ -162,6 +168,7 @@ def broker_process(data_dir: Path, flush_mode: str, profile: Path | None = None)
         "--data-dir", str(data_dir),
         "--flush-mode", flush_mode,
         "--log-level", "WARNING",
+        *extra,
     ]  # fmt: skip
     return ServerProcess(f"mockbroker ({flush_mode} flush)", cmd, "mockbroker listening on ")
 
