@@ -32,9 +32,10 @@ log = logging.getLogger("ordermq.broker")
 #: more until one is answered.
 MAX_IN_FLIGHT = 10_000
 
-#: The handlers get the request and the client (its connection's peer).
+#: The handlers get the request and the client (its connection's peer); the pull handler
+#: fills the answer it is given (the one inside the stream's envelope).
 SendHandler = Callable[[pb.SendRequest, str], Awaitable[pb.SendResponse]]
-PullHandler = Callable[[pb.PullRequest, str], Awaitable[pb.PullResponse]]
+PullHandler = Callable[[pb.PullRequest, str, pb.PullResponse], Awaitable[pb.PullResponse]]
 
 
 def _error(request_id: int, code: str, reason: str, message: str) -> pb.ExchangeResponse:
@@ -142,8 +143,8 @@ class ExchangeStream:
                 sent = await self._send(request.send, self._client)
                 answer = pb.ExchangeResponse(id=rid, send=sent)
             else:
-                pulled = await self._pull(request.pull, self._client)
-                answer = pb.ExchangeResponse(id=rid, pull=pulled)
+                answer = pb.ExchangeResponse(id=rid)
+                await self._pull(request.pull, self._client, answer.pull)
         except BrokerError as exc:
             answer = _error(rid, exc.status.name, exc.reason, exc.message)
         except asyncio.CancelledError:

@@ -272,7 +272,10 @@ def test_an_unexpected_failure_is_answered_as_grpc_answers_a_unary_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def broken(
-        self: MessagingService, request: pb.PullRequest, client: str
+        self: MessagingService,
+        request: pb.PullRequest,
+        client: str,
+        answer: pb.PullResponse | None = None,
     ) -> pb.PullResponse:
         raise RuntimeError("boom")
 

@@ -58,10 +58,14 @@ class Handlers:
         await self.gate.wait()
         return pb.SendResponse(count=1)
 
-    async def pull(self, request: pb.PullRequest, client: str) -> pb.PullResponse:
+    async def pull(
+        self, request: pb.PullRequest, client: str, answer: pb.PullResponse
+    ) -> pb.PullResponse:
         self.clients.add(client)
         await self.gate.wait()
-        return pb.PullResponse(records=bytes(self.pulled), record_count=1)
+        answer.records = bytes(self.pulled)
+        answer.record_count = 1
+        return answer
 
 
 async def settle() -> None:
