@@ -73,6 +73,23 @@ class BrokerCollector(Collector):
             flush = SummaryMetricFamily("ordermq_flush_seconds", "Time spent in fsync")
             flush.add_metric([], count_value=flusher.flushes, sum_value=flusher.flush_seconds)
             yield flush
+        if s.sliced is not None:
+            fair = s.sliced.scheduler
+            yield CounterMetricFamily(
+                "ordermq_fair_slices",
+                "Slices of store work run (fair scheduling)",
+                value=fair.slices,
+            )
+            yield CounterMetricFamily(
+                "ordermq_fair_slices_waited",
+                "Slices of store work that waited for their turn behind other clients' work",
+                value=fair.waited,
+            )
+        yield CounterMetricFamily(
+            "ordermq_client_limit_refusals",
+            "Unary sends refused: their client had client_max_in_flight_bytes in flight",
+            value=s.limits.refused,
+        )
         locks = GaugeMetricFamily("ordermq_locks_held", "Live queue locks", labels=["group"])
         lag = GaugeMetricFamily(
             "ordermq_consumer_lag",
