@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
 
 from mockbroker.errors import BrokerError
 from mockbroker.fairness import FairScheduler, slices
@@ -64,8 +64,17 @@ class SlicedStore:
             if not users[0]:
                 del self._queues[queue]
 
-    async def check(self, client: Hashable, frames: bytes) -> list[CheckedFrame]:
-        """Every frame checked (store.check), a slice per turn."""
+    async def check(
+        self,
+        client: Hashable,
+        frames: bytes,
+        then: Callable[[list[CheckedFrame]], Written | None],
+    ) -> tuple[list[CheckedFrame], Written | None]:
+        """Every frame checked (store.check), a slice per turn: (checked, what `then` wrote).
+
+        A batch checked whole in one slice goes on to `then` in the same turn (which may
+        write it); a larger one is written with `append`, and `then` is not called.
+        """
         checked: list[CheckedFrame] = []
         start = 0
         while start < len(frames) or not checked:
@@ -77,9 +86,11 @@ class SlicedStore:
                     max_frames=self._messages,
                     max_bytes=self._bytes,
                 )
+                if not checked and part[-1].end == len(frames):
+                    return part, then(part)
             checked += part
             start = part[-1].end
-        return checked
+        return checked, None
 
     async def append(
         self,

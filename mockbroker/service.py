@@ -18,7 +18,7 @@ from mockbroker.groups import GroupMembership
 from mockbroker.grpc_errors import Context, abort, answers_errors
 from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState, check_client_id
-from mockbroker.store.message_store import GetResult, PutResult, parse_tag_expression
+from mockbroker.store.message_store import GetResult, PutResult, Written, parse_tag_expression
 from mockbroker.store.records import CheckedFrame
 from mockbroker.topics import (
     RETRY_PREFIX,
@@ -114,11 +114,21 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             return await self._store_send(
                 topic, queue_id, frames, store.check(frames), store.append
             )
+
+        def write_now(checked: list[CheckedFrame]) -> Written | None:
+            return None if _scheduled(checked) else store.write(topic, queue_id, frames, checked)
+
         async with sliced.in_order((topic.name, queue_id)) as hold:
-            checked = await sliced.check(client, frames)
-            return await self._store_send(
-                topic, queue_id, frames, checked, functools.partial(sliced.append, client, hold)
-            )
+            checked, written = await sliced.check(client, frames, write_now)
+            if written is None:
+                return await self._store_send(
+                    topic, queue_id, frames, checked, functools.partial(sliced.append, client, hold)
+                )
+        durable = await store.durable(written.end)
+        return _send_response(
+            queue_id,
+            PutResult(written.first_offset, written.count, written.store_timestamp_ms, durable),
+        )
 
     async def _store_send(
         self,
@@ -128,13 +138,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         checked: list[CheckedFrame],
         append: Callable[[Topic, int, bytes, list[CheckedFrame]], Awaitable[PutResult]],
     ) -> pb.SendResponse:
-        scheduled = sum(1 for f in checked if f.due_ms)
-        if scheduled and scheduled != len(checked):
-            raise invalid(
-                "INVALID_DELIVERY_TIME",
-                "a batch is either all scheduled or all for now; send them separately",
-            )
-        if scheduled:
+        if _scheduled(checked):
             durable = await self._s.scheduler.schedule(topic, queue_id, frames, checked)
             return pb.SendResponse(
                 status=pb.SEND_OK if durable else pb.FLUSH_DISK_TIMEOUT,
@@ -144,14 +148,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                 store_timestamp_ms=int(self._s.clock.now() * 1000),
                 scheduled=True,
             )
-        result = await append(topic, queue_id, frames, checked)
-        return pb.SendResponse(
-            status=pb.SEND_OK if result.durable else pb.FLUSH_DISK_TIMEOUT,
-            queue_id=queue_id,
-            first_queue_offset=result.first_offset,
-            count=result.count,
-            store_timestamp_ms=result.store_timestamp_ms,
-        )
+        return _send_response(queue_id, await append(topic, queue_id, frames, checked))
 
     # ------------------------------------------------------------------ pull
     @answers_errors
@@ -441,6 +438,27 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         return pb.CancelScheduledResponse(
             result=pb.CANCELLED if outcome == CANCELLED else pb.ALREADY_DELIVERED
         )
+
+
+def _scheduled(checked: list[CheckedFrame]) -> bool:
+    """True for a batch of scheduled messages; INVALID_DELIVERY_TIME for a mixed one."""
+    scheduled = sum(1 for f in checked if f.due_ms)
+    if scheduled and scheduled != len(checked):
+        raise invalid(
+            "INVALID_DELIVERY_TIME",
+            "a batch is either all scheduled or all for now; send them separately",
+        )
+    return bool(scheduled)
+
+
+def _send_response(queue_id: int, result: PutResult) -> pb.SendResponse:
+    return pb.SendResponse(
+        status=pb.SEND_OK if result.durable else pb.FLUSH_DISK_TIMEOUT,
+        queue_id=queue_id,
+        first_queue_offset=result.first_offset,
+        count=result.count,
+        store_timestamp_ms=result.store_timestamp_ms,
+    )
 
 
 def _pull_response(got: GetResult, answer: pb.PullResponse | None) -> pb.PullResponse:

@@ -21,7 +21,8 @@ from mockbroker.errors import BrokerError
 from mockbroker.fair_store import SlicedStore
 from mockbroker.fairness import FairScheduler
 from mockbroker.store.commitlog import CommitLog, FlushPlan
-from mockbroker.store.message_store import GetResult, MessageStore, PutResult
+from mockbroker.store.message_store import GetResult, MessageStore, PutResult, Written
+from mockbroker.store.records import CheckedFrame
 from mockbroker.topics import Topic
 from sdk._wire import encode_frame, iter_records
 from sdk.testing import FakeClock
@@ -95,7 +96,7 @@ async def send(
 ) -> PutResult:
     """What MessagingService.send does with a SlicedStore (messages due now)."""
     async with sliced.in_order((topic.name, queue_id)) as hold:
-        checked = await sliced.check(client, data)
+        checked, _ = await sliced.check(client, data, lambda _checked: None)
         return await sliced.append(client, hold, topic, queue_id, data, checked)
 
 
@@ -157,6 +158,32 @@ def test_batches_of_two_clients_to_two_queues_are_interleaved_slice_by_slice(
 
     _a, _b, order = run(tmp_path, body)
     assert len(order) == 10 and order != sorted(order), "the two batches took turns"
+
+
+def test_a_batch_checked_in_one_slice_goes_on_in_the_same_turn_a_larger_one_does_not(
+    tmp_path: Path,
+) -> None:
+    async def body(
+        store: MessageStore, sliced: SlicedStore, topic: Topic
+    ) -> tuple[list[int], list[int], int]:
+        calls: list[int] = []
+
+        def then(checked: list[CheckedFrame]) -> Written:
+            calls.append(len(checked))
+            return store.write(topic, 0, small, checked)
+
+        small = frames(numbered(SLICE_MESSAGES))
+        checked, written = await sliced.check("a", small, then)
+        assert written is not None and written.count == len(checked) == SLICE_MESSAGES
+        one_turn = sliced.scheduler.slices
+        large = frames(numbered(SLICE_MESSAGES + 1))
+        _checked, not_written = await sliced.check("a", large, then)
+        assert not_written is None
+        return calls, [one_turn], sliced.scheduler.slices
+
+    calls, one_turn, turns = run(tmp_path, body)
+    assert calls == [SLICE_MESSAGES], "only the batch checked in one slice went on"
+    assert one_turn == [1] and turns == 3
 
 
 def test_a_bad_frame_in_a_later_slice_stores_nothing_of_the_batch(tmp_path: Path) -> None:
