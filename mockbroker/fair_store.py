@@ -5,7 +5,9 @@ A send's frames are checked, then appended, at most `slice_messages` messages an
 unchanged: a batch is still checked whole before any of it is stored and gets consecutive
 offsets in its queue (sends to one queue keep their order of arrival: the next one starts
 once the previous one is stored), and a pull answers what one read would have, at most
-what it asked for.
+what it asked for. Only while other clients are active (FairScheduler.others_active)
+does a pull answer less: one slice, so that no client's answer holds the loop up for
+long while it is copied into its message and onto the socket.
 """
 
 from __future__ import annotations
@@ -189,7 +191,7 @@ class SlicedStore:
             last = got
             if got.corrupt or count >= max_messages or taken >= max_bytes:
                 return _joined(parts, count, offset, got)
-            if offset >= got.max_offset:
+            if offset >= got.max_offset or self.scheduler.others_active(client):
                 return _joined(parts, count, offset, got)
 
 

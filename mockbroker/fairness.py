@@ -19,6 +19,10 @@ messages and `slice_bytes` bytes; see `slices`) and each slice takes a turn here
 
 A client is a connection (its gRPC peer): the Exchange stream and the unary calls of one
 channel are one client. A client's own slices keep their order.
+
+The scheduler also tells whether clients other than a given one used the store lately
+(`others_active`): a pull then answers one slice at most (fair_store.py), since copying a
+large answer into its message and onto the socket is work of its own that no turn covers.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from types import TracebackType
 from typing import TypeVar
 
 T = TypeVar("T")
+
+#: A client that took a turn this recently (seconds, on the scheduler's timer) is active.
+ACTIVE_SECONDS = 1.0
 
 
 class FairScheduler:
@@ -45,6 +52,8 @@ class FairScheduler:
         self._holder: Hashable | None = None  # whose granted slice holds it
         self._spent = 0.0  # seconds of store work since the loop last went round
         self._round_scheduled = False
+        # The two clients that took a turn last, and when: (client, time), latest first.
+        self._recent: list[tuple[Hashable, float]] = []
         #: Counters: slices run, and those that had to wait for their turn.
         self.slices = 0
         self.waited = 0
@@ -57,6 +66,19 @@ class FairScheduler:
     def turn(self, client: Hashable) -> Turn:
         """`async with scheduler.turn(client):` around one slice of store work."""
         return Turn(self, client)
+
+    def others_active(self, client: Hashable) -> bool:
+        """True when another client took a turn in the last ACTIVE_SECONDS."""
+        now = self._timer()
+        return any(c != client and now - at <= ACTIVE_SECONDS for c, at in self._recent)
+
+    def _note(self, client: Hashable, at: float) -> None:
+        recent = self._recent
+        if recent and recent[0][0] == client:
+            recent[0] = (client, at)
+        else:
+            recent.insert(0, (client, at))
+            del recent[2:]
 
     # ------------------------------------------------------------------ internals
     def _free(self) -> bool:
@@ -159,7 +181,9 @@ class Turn:
         tb: TracebackType | None,
     ) -> None:
         s = self._scheduler
-        s._finished(s._timer() - self._started)
+        now = s._timer()
+        s._note(self._client, now)
+        s._finished(now - self._started)
 
 
 def slices(

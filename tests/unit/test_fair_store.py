@@ -278,6 +278,21 @@ def test_a_pull_read_in_slices_answers_what_one_read_would(
     run(tmp_path, body)
 
 
+def test_while_another_client_is_active_a_pull_answers_one_slice(tmp_path: Path) -> None:
+    bodies = numbered(5 * SLICE_MESSAGES)
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[int]:
+        store.write(topic, 0, data := frames(bodies), store.check(data))
+        alone = await sliced.get("a", topic, 0, 0, max_messages=1000, max_bytes=1 << 30, tags=None)
+        await send(sliced, "b", topic, 1, frames([b"another client's send"]))
+        shared = await sliced.get("a", topic, 0, 0, max_messages=1000, max_bytes=1 << 30, tags=None)
+        assert bodies_of(shared.records) == bodies[:SLICE_MESSAGES]
+        assert shared.next_offset == SLICE_MESSAGES, "the next pull goes on from there"
+        return [alone.count, shared.count]
+
+    assert run(tmp_path, body) == [5 * SLICE_MESSAGES, SLICE_MESSAGES]
+
+
 def test_a_tag_filtered_pull_read_in_slices_answers_what_one_read_would(
     tmp_path: Path,
 ) -> None:

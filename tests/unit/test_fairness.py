@@ -11,7 +11,7 @@ from collections.abc import Hashable
 
 import pytest
 
-from mockbroker.fairness import FairScheduler, slices
+from mockbroker.fairness import ACTIVE_SECONDS, FairScheduler, slices
 
 #: What one slice of the flooder's work costs on the fake timer (four times the budget).
 SLICE = 0.002
@@ -168,3 +168,19 @@ def test_slices_cut_by_count_and_by_size_keeping_at_least_one_item() -> None:
     assert cut == [[0, 1, 2], [3], [4, 5, 6], [7]]
     assert list(slices([0], lambda i: 100, max_items=3, max_bytes=30)) == [[0]]
     assert list(slices([], lambda i: 1, max_items=3, max_bytes=30)) == []
+
+
+def test_others_are_active_for_a_second_after_their_last_turn() -> None:
+    async def main() -> list[bool]:
+        b = Bench()
+        s = b.scheduler
+        seen = [s.others_active("a")]  # nobody took a turn yet
+        await b.work("a", 0, cost=0.0)
+        seen += [s.others_active("a"), s.others_active("b")]
+        await b.work("b", 0, cost=0.0)
+        seen += [s.others_active("a")]
+        b.timer.now += ACTIVE_SECONDS + 0.001
+        seen += [s.others_active("a"), s.others_active("c")]
+        return seen
+
+    assert asyncio.run(main()) == [False, False, True, True, False, False]
