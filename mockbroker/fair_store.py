@@ -3,11 +3,12 @@
 A send's frames are checked, then appended, at most `slice_messages` messages and
 `slice_bytes` bytes at a time; a pull's answer is read the same way. What a client sees is
 unchanged: a batch is still checked whole before any of it is stored and gets consecutive
-offsets in its queue (sends to one queue keep their order of arrival: the next one starts
-once the previous one is stored), and a pull answers what one read would have, at most
-what it asked for. Only while other clients are active (FairScheduler.others_active)
-does a pull answer less: one slice, so that no client's answer holds the loop up for
-long while it is copied into its message and onto the socket.
+offsets in its queue (nothing is written to its queue between its slices), a client's
+sends to a queue are stored in the order they arrived (the next starts once the previous
+one is stored), and a pull answers what one read would have, at most what it asked for.
+Only while other clients are active (FairScheduler.others_active) does a pull answer
+less: one slice, so that no client's answer holds the loop up for long while it is
+copied into its message and onto the socket.
 """
 
 from __future__ import annotations
@@ -38,33 +39,28 @@ class SlicedStore:
         self.scheduler = scheduler
         self._messages = slice_messages
         self._bytes = slice_bytes
-        # Per queue: a lock and how many sends hold or wait for it (to drop it when unused).
-        self._queues: dict[tuple[str, int], tuple[asyncio.Lock, list[int]]] = {}
+        self._orders = _Locks()  # (client, queue): a client's sends to a queue, in order
+        self._writes = _Locks()  # queue: a batch written there in slices, until whole
 
     @contextlib.asynccontextmanager
-    async def in_order(self, queue: tuple[str, int]) -> AsyncIterator[QueueHold]:
-        """Hold `queue` for one send: sends to a queue are stored in their order of arrival.
+    async def in_order(self, client: Hashable, queue: tuple[str, int]) -> AsyncIterator[QueueHold]:
+        """Hold `queue` for one send of `client`: its sends to a queue are stored in order.
 
         Enter it before the first await of the send: a free queue is taken at once. It is
         let go on leaving, or as soon as the send's records are written (`append`), so
-        that the next send's records do not wait for this one's fsync.
+        that the next send's records do not wait for this one's fsync. Other clients'
+        sends to the queue do not wait for it (concurrent sends of two clients have no
+        order between them).
         """
-        entry = self._queues.get(queue)
-        if entry is None:
-            entry = self._queues[queue] = (asyncio.Lock(), [0])
-        lock, users = entry
-        users[0] += 1
+        hold = await self._orders.acquire((client, queue))
         try:
-            await lock.acquire()
-            hold = QueueHold(lock)
-            try:
-                yield hold
-            finally:
-                hold.release()
+            yield hold
         finally:
-            users[0] -= 1
-            if not users[0]:
-                del self._queues[queue]
+            hold.release()
+
+    def writing(self, queue: tuple[str, int]) -> bool:
+        """True while a batch is written to `queue` slice by slice (nothing may come between)."""
+        return self._writes.locked(queue)
 
     async def check(
         self,
@@ -110,8 +106,12 @@ class SlicedStore:
         """
         runs = list(slices(checked, _frame_size, self._messages, self._bytes))
         if len(runs) == 1:
-            async with self.scheduler.turn(client):
-                written = self._store.write(topic, queue_id, frames, checked)
+            whole = await self._writes.acquire((topic.name, queue_id))
+            try:
+                async with self.scheduler.turn(client):
+                    written = self._store.write(topic, queue_id, frames, checked)
+            finally:
+                whole.release()
             hold.release()
             durable = await self._store.durable(written.end)
             return PutResult(
@@ -135,11 +135,15 @@ class SlicedStore:
     ) -> PutResult:
         first: Written | None = None
         end = 0
-        for run in runs:
-            async with self.scheduler.turn(client):
-                written = self._store.write(topic, queue_id, frames, run)
-            first = first or written
-            end = written.end
+        whole = await self._writes.acquire((topic.name, queue_id))
+        try:
+            for run in runs:
+                async with self.scheduler.turn(client):
+                    written = self._store.write(topic, queue_id, frames, run)
+                first = first or written
+                end = written.end
+        finally:
+            whole.release()
         assert first is not None
         hold.release()
         durable = await self._store.durable(end)
@@ -196,18 +200,53 @@ class SlicedStore:
 
 
 class QueueHold:
-    """A send's hold on its queue (SlicedStore.in_order)."""
+    """A hold on a lock of _Locks (see SlicedStore.in_order)."""
 
-    __slots__ = ("_lock",)
+    __slots__ = ("_release",)
 
-    def __init__(self, lock: asyncio.Lock) -> None:
-        self._lock: asyncio.Lock | None = lock
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release: Callable[[], None] | None = release
 
     def release(self) -> None:
-        """Let the next send to the queue go (once; later calls do nothing)."""
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+        """Let the next one go (once; later calls do nothing)."""
+        if self._release is not None:
+            release, self._release = self._release, None
+            release()
+
+
+class _Locks:
+    """asyncio locks by key, each dropped once nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[Hashable, tuple[asyncio.Lock, list[int]]] = {}
+
+    def locked(self, key: Hashable) -> bool:
+        entry = self._locks.get(key)
+        return entry is not None and entry[0].locked()
+
+    async def acquire(self, key: Hashable) -> QueueHold:
+        """The lock of `key`, held (taken at once when free: no await then)."""
+        entry = self._locks.get(key)
+        if entry is None:
+            entry = self._locks[key] = (asyncio.Lock(), [0])
+        lock, users = entry
+        users[0] += 1
+        try:
+            await lock.acquire()
+        except BaseException:
+            self._left(key, users)
+            raise
+
+        def release() -> None:
+            lock.release()
+            self._left(key, users)
+
+        return QueueHold(release)
+
+    def _left(self, key: Hashable, users: list[int]) -> None:
+        users[0] -= 1
+        if not users[0]:
+            del self._locks[key]
 
 
 def _joined(parts: list[bytes], count: int, next_offset: int, last: GetResult) -> GetResult:

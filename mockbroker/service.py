@@ -115,10 +115,14 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                 topic, queue_id, frames, store.check(frames), store.append
             )
 
-        def write_now(checked: list[CheckedFrame]) -> Written | None:
-            return None if _scheduled(checked) else store.write(topic, queue_id, frames, checked)
+        queue = (topic.name, queue_id)
 
-        async with sliced.in_order((topic.name, queue_id)) as hold:
+        def write_now(checked: list[CheckedFrame]) -> Written | None:
+            if _scheduled(checked) or sliced.writing(queue):
+                return None  # append writes it, once the batch being written is whole
+            return store.write(topic, queue_id, frames, checked)
+
+        async with sliced.in_order(client, queue) as hold:
             checked, written = await sliced.check(client, frames, write_now)
             if written is None:
                 return await self._store_send(

@@ -11,6 +11,7 @@ commit log, never how long anything took.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from mockbroker.service import MessagingService
 from sdk import Message
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._transport.codec import MessageIdGenerator, encode_message
+from sdk._wire import iter_records
 from sdk.testing import FakeClock
 
 T = TypeVar("T")
@@ -143,3 +145,33 @@ def test_a_unary_send_past_the_clients_limit_is_refused_and_stores_nothing(
     assert refusal.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert ("ordermq-reason", "CLIENT_OVER_LIMIT") in context.trailing
     assert "client_max_in_flight_bytes" in str(refusal)
+
+
+def test_another_clients_sends_to_a_flooded_queue_never_split_its_batches(
+    tmp_path: Path,
+) -> None:
+    async def body(broker: Broker, service: MessagingService) -> list[pb.SendResponse]:
+        flood = [
+            asyncio.create_task(service.send(request("shared", 0, 1000), "flooder"))
+            for _ in range(10)
+        ]
+        singles = []
+        while not all(task.done() for task in flood):  # one more at each pass of the loop
+            singles.append(asyncio.create_task(service.send(request("shared", 0, 1), "normal")))
+            await asyncio.sleep(0)
+        answers = await asyncio.gather(*flood)
+        assert sum(s.count for s in await asyncio.gather(*singles)) == len(singles)
+        store = broker.store
+        topic = store.topics.get("shared")
+        assert store.queue(topic, 0).count == 10 * 1000 + len(singles)
+        for a in answers:  # each batch's 1 000 consecutive offsets hold its messages, in order
+            got = store.get(topic, 0, a.first_queue_offset, max_messages=1000, max_bytes=1 << 30)
+            assert [r.body for r in iter_records(got.records)] == [
+                f"shared-0-{i}".encode() for i in range(1000)
+            ], f"the batch at {a.first_queue_offset} was split"
+        return answers
+
+    answers = serve(tmp_path, {}, body)
+    starts = sorted(a.first_queue_offset for a in answers)
+    assert all(a.count == 1000 for a in answers)
+    assert all(b - a >= 1000 for a, b in itertools.pairwise(starts))

@@ -92,11 +92,18 @@ def run(
 
 
 async def send(
-    sliced: SlicedStore, client: str, topic: Topic, queue_id: int, data: bytes
+    store: MessageStore, sliced: SlicedStore, client: str, topic: Topic, queue_id: int, data: bytes
 ) -> PutResult:
     """What MessagingService.send does with a SlicedStore (messages due now)."""
-    async with sliced.in_order((topic.name, queue_id)) as hold:
-        checked, _ = await sliced.check(client, data, lambda _checked: None)
+    queue = (topic.name, queue_id)
+
+    def write_now(checked: list[CheckedFrame]) -> Written | None:
+        return None if sliced.writing(queue) else store.write(topic, queue_id, data, checked)
+
+    async with sliced.in_order(client, queue) as hold:
+        checked, written = await sliced.check(client, data, write_now)
+        if written is not None:
+            return PutResult(written.first_offset, written.count, 0, True)
         return await sliced.append(client, hold, topic, queue_id, data, checked)
 
 
@@ -111,9 +118,9 @@ def test_a_batch_stored_in_slices_gets_consecutive_offsets_and_every_message(
     bodies = numbered(200)
 
     async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> PutResult:
-        first = await send(sliced, "a", topic, 0, frames(bodies[:50]))
+        first = await send(store, sliced, "a", topic, 0, frames(bodies[:50]))
         assert (first.first_offset, first.count) == (0, 50)
-        second = await send(sliced, "a", topic, 0, frames(bodies[50:]))
+        second = await send(store, sliced, "a", topic, 0, frames(bodies[50:]))
         assert read_all(store, topic, 0) == bodies
         assert sliced.scheduler.slices > 2 * 200 // SLICE_MESSAGES, "it was cut into slices"
         return second
@@ -122,22 +129,47 @@ def test_a_batch_stored_in_slices_gets_consecutive_offsets_and_every_message(
     assert (result.first_offset, result.count, result.durable) == (50, 150, True)
 
 
-def test_sends_to_one_queue_keep_their_order_of_arrival_whatever_their_size(
+def test_a_clients_sends_to_one_queue_keep_their_order_whatever_their_size(
     tmp_path: Path,
 ) -> None:
     big, small = numbered(300, prefix=b"big"), numbered(1, prefix=b"small")
 
     async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[bytes]:
-        # The big one arrives first; the small one, from another client, would be checked
-        # and written long before it if it did not wait for its queue.
-        first = asyncio.create_task(send(sliced, "a", topic, 0, frames(big)))
-        second = asyncio.create_task(send(sliced, "b", topic, 0, frames(small)))
-        other_queue = asyncio.create_task(send(sliced, "c", topic, 1, frames(small)))
-        a, b, c = await asyncio.gather(first, second, other_queue)
-        assert (a.first_offset, b.first_offset, c.first_offset) == (0, 300, 0)
+        # The small one would be checked and written long before the big one if it did
+        # not wait for its client's earlier send to the queue.
+        first = asyncio.create_task(send(store, sliced, "a", topic, 0, frames(big)))
+        second = asyncio.create_task(send(store, sliced, "a", topic, 0, frames(small)))
+        a, b = await asyncio.gather(first, second)
+        assert (a.first_offset, b.first_offset) == (0, 300)
         return read_all(store, topic, 0)
 
     assert run(tmp_path, body) == big + small
+
+
+def test_nothing_comes_between_the_slices_of_a_batch_being_written(tmp_path: Path) -> None:
+    big, small = numbered(300, prefix=b"big"), numbered(1, prefix=b"small")
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[bytes]:
+        first = asyncio.create_task(send(store, sliced, "a", topic, 0, frames(big)))
+        while store.queue(topic, 0).count == 0:  # until its first slice is written
+            await asyncio.sleep(0)
+        second = await send(store, sliced, "b", topic, 0, frames(small))
+        assert second.first_offset == 300, "written after the whole batch"
+        await first
+        return read_all(store, topic, 0)
+
+    assert run(tmp_path, body) == big + small
+
+
+def test_a_send_waiting_for_its_turn_does_not_hold_up_other_clients_sends_to_its_queue(
+    tmp_path: Path,
+) -> None:
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> int:
+        async with sliced.in_order("a", (topic.name, 0)):  # a's send, not yet written
+            other = await asyncio.wait_for(send(store, sliced, "b", topic, 0, frames([b"b"])), 10)
+            return other.count
+
+    assert run(tmp_path, body) == 1
 
 
 def test_batches_of_two_clients_to_two_queues_are_interleaved_slice_by_slice(
@@ -151,7 +183,8 @@ def test_batches_of_two_clients_to_two_queues_are_interleaved_slice_by_slice(
         a = numbered(5 * SLICE_MESSAGES, prefix=b"a")
         b = numbered(5 * SLICE_MESSAGES, prefix=b"b")
         await asyncio.gather(
-            send(sliced, "a", topic, 0, frames(a)), send(sliced, "b", topic, 1, frames(b))
+            send(store, sliced, "a", topic, 0, frames(a)),
+            send(store, sliced, "b", topic, 1, frames(b)),
         )
         assert read_all(store, topic, 0) == a and read_all(store, topic, 1) == b
         return a, b, order
@@ -192,7 +225,7 @@ def test_a_bad_frame_in_a_later_slice_stores_nothing_of_the_batch(tmp_path: Path
 
     async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> int:
         with pytest.raises(BrokerError) as caught:
-            await send(sliced, "a", topic, 0, good + empty)
+            await send(store, sliced, "a", topic, 0, good + empty)
         assert caught.value.reason == "EMPTY_BODY"
         assert f"frame {5 * SLICE_MESSAGES}" in caught.value.message, "numbered as one batch"
         return store.queue(topic, 0).count
@@ -204,13 +237,13 @@ def test_a_batch_whose_request_is_cancelled_halfway_is_stored_whole(tmp_path: Pa
     bodies = numbered(10 * SLICE_MESSAGES)
 
     async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[bytes]:
-        task = asyncio.create_task(send(sliced, "a", topic, 0, frames(bodies)))
+        task = asyncio.create_task(send(store, sliced, "a", topic, 0, frames(bodies)))
         while store.queue(topic, 0).count == 0:  # until its first slice is written
             await asyncio.sleep(0)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        after = asyncio.create_task(send(sliced, "b", topic, 0, frames([b"after"])))
+        after = asyncio.create_task(send(store, sliced, "b", topic, 0, frames([b"after"])))
         assert (await after).first_offset == len(bodies), "the queue waited for the batch"
         return read_all(store, topic, 0)
 
@@ -230,8 +263,8 @@ def test_a_send_waiting_for_its_fsync_does_not_hold_its_queue(
     monkeypatch.setattr(CommitLog, "execute_flush", staticmethod(held_back))
 
     async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[bool]:
-        first = asyncio.create_task(send(sliced, "a", topic, 0, frames(numbered(3))))
-        second = asyncio.create_task(send(sliced, "b", topic, 0, frames(numbered(40))))
+        first = asyncio.create_task(send(store, sliced, "a", topic, 0, frames(numbered(3))))
+        second = asyncio.create_task(send(store, sliced, "b", topic, 0, frames(numbered(40))))
         for _ in range(1000):  # loop passes, not time: the fsync is held back throughout
             if store.queue(topic, 0).count == 43:
                 break
@@ -284,7 +317,7 @@ def test_while_another_client_is_active_a_pull_answers_one_slice(tmp_path: Path)
     async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[int]:
         store.write(topic, 0, data := frames(bodies), store.check(data))
         alone = await sliced.get("a", topic, 0, 0, max_messages=1000, max_bytes=1 << 30, tags=None)
-        await send(sliced, "b", topic, 1, frames([b"another client's send"]))
+        await send(store, sliced, "b", topic, 1, frames([b"another client's send"]))
         shared = await sliced.get("a", topic, 0, 0, max_messages=1000, max_bytes=1 << 30, tags=None)
         assert bodies_of(shared.records) == bodies[:SLICE_MESSAGES]
         assert shared.next_offset == SLICE_MESSAGES, "the next pull goes on from there"
