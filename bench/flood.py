@@ -73,6 +73,9 @@ class Sample:
     seconds: float
     sent_rate: float
     server_cpu: float | None
+    #: How late (ms) a 1 ms timer of this process fired, p99: above a few ms, the normal
+    #: clients themselves were held up (other processes on the machine), not the broker.
+    client_stall_p99_ms: float
     flooder: dict[str, Any] = field(default_factory=dict)
 
 
@@ -224,13 +227,27 @@ async def _phase(load: NormalLoad, broker: ServerProcess, phase: str, seconds: f
             await asyncio.sleep(FLOOD_SETTLE_SECONDS)
         cpu_before = broker.cpu_seconds()
         started = time.perf_counter()
-        sends, e2e, rate = await load.run(seconds)
+        stalls: list[float] = []
+        watch = asyncio.create_task(_timer_lateness(stalls))
+        try:
+            sends, e2e, rate = await load.run(seconds)
+        finally:
+            watch.cancel()
         elapsed = time.perf_counter() - started
         cpu_after = broker.cpu_seconds()
     server_cpu = None
     if cpu_before is not None and cpu_after is not None:
         server_cpu = (cpu_after - cpu_before) / elapsed
-    return Sample(sends, e2e, elapsed, rate, server_cpu, stats)
+    stall = cw.percentile(stalls, 99) if stalls else 0.0
+    return Sample(sends, e2e, elapsed, rate, server_cpu, stall, stats)
+
+
+async def _timer_lateness(out: list[float]) -> None:
+    """How late (ms) a 1 ms sleep of this process wakes, again and again."""
+    while True:
+        started = time.perf_counter()
+        await asyncio.sleep(0.001)
+        out.append((time.perf_counter() - started - 0.001) * 1000)
 
 
 def _describe(s: Sample) -> str:
@@ -240,6 +257,7 @@ def _describe(s: Sample) -> str:
         f"e2e p50 {p(s.e2e_ms, 50):.2f} p99 {p(s.e2e_ms, 99):.2f} ms, "
         f"sent {s.sent_rate:.0f} msg/s, broker CPU "
         + ("-" if s.server_cpu is None else f"{s.server_cpu * 100:.0f}%")
+        + f", client stalls p99 {s.client_stall_p99_ms:.1f} ms"
     )
     if s.flooder:
         text += (
@@ -283,7 +301,8 @@ def _figures(
                 for s in samples[phase]:
                     figure.runs.append(
                         Run(cw.percentile(pick(s), q), s.seconds, len(pick(s)),
-                            server_cpu=s.server_cpu, rate=s.sent_rate)
+                            server_cpu=s.server_cpu, rate=s.sent_rate,
+                            detail={"client_stall_p99_ms": round(s.client_stall_p99_ms, 3)})
                     )  # fmt: skip
         if phase == "baseline":
             continue

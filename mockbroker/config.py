@@ -75,8 +75,8 @@ class BrokerConfig:
     metrics_port: int | None = None
     advertised_host: str | None = None
     fair_scheduling: bool = True
-    fair_slice_messages: int = 256
-    fair_slice_bytes: int = 256 * 1024
+    fair_slice_messages: int = 128
+    fair_slice_bytes: int = 128 * 1024
     fair_turn_ms: float = 0.5
     client_max_in_flight_bytes: int = 64 * 1024 * 1024
 
