@@ -14,8 +14,9 @@ copied into its message and onto the socket.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections import deque
+from collections.abc import Callable, Hashable
+from types import TracebackType
 
 from mockbroker.errors import BrokerError
 from mockbroker.fairness import FairScheduler, slices
@@ -42,8 +43,7 @@ class SlicedStore:
         self._orders = _Locks()  # (client, queue): a client's sends to a queue, in order
         self._writes = _Locks()  # queue: a batch written there in slices, until whole
 
-    @contextlib.asynccontextmanager
-    async def in_order(self, client: Hashable, queue: tuple[str, int]) -> AsyncIterator[QueueHold]:
+    def in_order(self, client: Hashable, queue: tuple[str, int]) -> InOrder:
         """Hold `queue` for one send of `client`: its sends to a queue are stored in order.
 
         Enter it before the first await of the send: a free queue is taken at once. It is
@@ -52,11 +52,7 @@ class SlicedStore:
         sends to the queue do not wait for it (concurrent sends of two clients have no
         order between them).
         """
-        hold = await self._orders.acquire((client, queue))
-        try:
-            yield hold
-        finally:
-            hold.release()
+        return InOrder(self._orders, (client, queue))
 
     def writing(self, queue: tuple[str, int]) -> bool:
         """True while a batch is written to `queue` slice by slice (nothing may come between)."""
@@ -200,53 +196,83 @@ class SlicedStore:
 
 
 class QueueHold:
-    """A hold on a lock of _Locks (see SlicedStore.in_order)."""
+    """A hold on a key of _Locks (see SlicedStore.in_order)."""
 
-    __slots__ = ("_release",)
+    __slots__ = ("_key", "_locks")
 
-    def __init__(self, release: Callable[[], None]) -> None:
-        self._release: Callable[[], None] | None = release
+    def __init__(self, locks: _Locks, key: Hashable) -> None:
+        self._locks: _Locks | None = locks
+        self._key = key
 
     def release(self) -> None:
         """Let the next one go (once; later calls do nothing)."""
-        if self._release is not None:
-            release, self._release = self._release, None
-            release()
+        if self._locks is not None:
+            locks, self._locks = self._locks, None
+            locks.release(self._key)
+
+
+class InOrder:
+    """`async with sliced.in_order(client, queue) as hold:` (see SlicedStore.in_order)."""
+
+    __slots__ = ("_hold", "_key", "_locks")
+
+    def __init__(self, locks: _Locks, key: Hashable) -> None:
+        self._locks = locks
+        self._key = key
+        self._hold: QueueHold | None = None
+
+    async def __aenter__(self) -> QueueHold:
+        self._hold = await self._locks.acquire(self._key)
+        return self._hold
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._hold is not None:
+            self._hold.release()
 
 
 class _Locks:
-    """asyncio locks by key, each dropped once nobody holds or waits for it."""
+    """Exclusive holds by key, handed on in the order they were asked for.
+
+    A key is held while it is in `_waiting` (with those waiting for it); taking a free
+    one costs no await, and nothing is kept for a key nobody holds.
+    """
 
     def __init__(self) -> None:
-        self._locks: dict[Hashable, tuple[asyncio.Lock, list[int]]] = {}
+        self._waiting: dict[Hashable, deque[asyncio.Future[None]]] = {}
 
     def locked(self, key: Hashable) -> bool:
-        entry = self._locks.get(key)
-        return entry is not None and entry[0].locked()
+        return key in self._waiting
 
     async def acquire(self, key: Hashable) -> QueueHold:
-        """The lock of `key`, held (taken at once when free: no await then)."""
-        entry = self._locks.get(key)
-        if entry is None:
-            entry = self._locks[key] = (asyncio.Lock(), [0])
-        lock, users = entry
-        users[0] += 1
+        waiting = self._waiting.get(key)
+        if waiting is None:
+            self._waiting[key] = deque()
+            return QueueHold(self, key)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting.append(future)
         try:
-            await lock.acquire()
-        except BaseException:
-            self._left(key, users)
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release(key)  # it was handed over, but will not be used: pass it on
+            else:
+                waiting.remove(future)
             raise
+        return QueueHold(self, key)
 
-        def release() -> None:
-            lock.release()
-            self._left(key, users)
-
-        return QueueHold(release)
-
-    def _left(self, key: Hashable, users: list[int]) -> None:
-        users[0] -= 1
-        if not users[0]:
-            del self._locks[key]
+    def release(self, key: Hashable) -> None:
+        waiting = self._waiting[key]
+        while waiting:
+            future = waiting.popleft()
+            if not future.done():
+                future.set_result(None)  # handed over: still held
+                return
+        del self._waiting[key]
 
 
 def _joined(parts: list[bytes], count: int, next_offset: int, last: GetResult) -> GetResult:

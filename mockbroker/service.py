@@ -191,7 +191,8 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         offset = request.offset
         sliced = self._s.sliced
         while True:
-            await self._s.limits.room(client)
+            if self._s.limits.over(client):
+                await self._s.limits.room(client)
             if sliced is None:
                 got = self._s.store.get(
                     topic,

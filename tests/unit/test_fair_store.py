@@ -379,3 +379,29 @@ def same(a: GetResult, b: GetResult) -> bool:
         b.records,
         b.count,
     )
+
+
+def test_a_queue_handed_to_a_send_cancelled_meanwhile_goes_on_to_the_next(
+    tmp_path: Path,
+) -> None:
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[str]:
+        got: list[str] = []
+
+        async def take(name: str) -> None:
+            async with sliced.in_order("a", (topic.name, 0)):
+                got.append(name)
+
+        first = sliced.in_order("a", (topic.name, 0))
+        hold = await first.__aenter__()
+        second = asyncio.create_task(take("second"))
+        third = asyncio.create_task(take("third"))
+        await asyncio.sleep(0)  # both wait
+        hold.release()  # handed to the second, which is cancelled before it runs
+        second.cancel()
+        await asyncio.wait_for(third, 10)
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        assert not sliced.writing((topic.name, 0))
+        return got
+
+    assert run(tmp_path, body) == ["third"]
