@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -154,11 +155,11 @@ def machine_busy_seconds() -> float | None:
 
 
 def broker_process(
-    data_dir: Path, flush_mode: str, profile: Path | None = None, extra: tuple[str, ...] = ()
+    data_dir: Path, flush_mode: str, profile: Path | None = None, extra: Sequence[str] = ()
 ) -> ServerProcess:
     """`python -m mockbroker` on a free loopback port with its data in `data_dir`.
 
-    `extra`: more broker options (e.g. a retention setting).
+    `extra`: more command-line arguments (the flood figures compare configurations).
     """
     runner = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
     cmd = [

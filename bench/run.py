@@ -51,6 +51,7 @@ from typing import Any
 
 import big_backlog
 import consuming as cw
+import flood
 import grpc
 import workloads as wl
 from figures import Figure, Run, Timing, fmt, table
@@ -64,7 +65,7 @@ from sdk.aio import Producer, PushConsumer
 
 GROUPS = ("produce", "send", "pull", "consume", "poll", "latency", "floor", "micro")
 #: Groups run only when --only names them (make bench-backlog): they take minutes and GBs.
-EXTRA_GROUPS = ("backlog",)
+EXTRA_GROUPS = ("backlog", "flood")
 #: Other processes using this much of a core during a figure get it named in a note.
 OTHERS_NOTICEABLE = 0.25
 #: latency: wake-ups per run (sequential); the end-to-end send rates (msg/s), seconds per
@@ -801,6 +802,11 @@ class Bench:
             size = big_backlog.QUICK_MESSAGES if self.args.quick else big_backlog.MESSAGES
         self.facts.update(await big_backlog.measure(size, self.tmp, self._add, self.say))
 
+    # ------------------------------------------------------------------ flood
+    async def flood(self) -> None:
+        """Normal clients' latency alone and next to one flooding client (issue 21)."""
+        self.facts.update(await flood.measure(self.args, self.tmp, self._add, self.say))
+
     # ------------------------------------------------------------------ all
     async def run(self) -> None:
         backlog_groups = [g for g in self.args.only if g in ("pull", "consume")]
@@ -1006,6 +1012,9 @@ def main(argv: list[str] | None = None) -> int:
     comparison = send_comparison(bench.figures)
     if comparison:
         print(comparison)
+    floods = flood.summary(bench.figures)
+    if floods:
+        print(floods)
     if failure is not None:
         print(f"bench failed: {report['error']}", file=sys.stderr)
         raise failure

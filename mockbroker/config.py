@@ -62,6 +62,22 @@ class BrokerConfig:
         disk_usage_file: For tests: read the disk's size and what else uses it from this
             JSON file (`{"total_bytes": N, "other_used_bytes": M}`) instead of the file
             system; the data directory's files count as used on top (None: the real disk).
+        fair_scheduling: Serve clients' sends and pulls in turns, so that one client
+            flooding the broker does not starve the others (mockbroker/fairness.py):
+            checking a send's messages and reading a pull's run in slices of at most
+            `fair_slice_messages` messages and `fair_slice_bytes` bytes; while several
+            clients wait, they get a slice each in turn, and the loop reads sockets and
+            answers between slices. A batch is written in one piece (all or nothing).
+            Off: each request's store work runs whole, in order of arrival.
+        fair_slice_messages: Most messages one slice of store work checks or reads.
+        fair_slice_bytes: Most bytes one slice checks or reads (a slice holds at least
+            one message, however large).
+        fair_turn_ms: Store work the broker does, while nobody waits, before it lets its
+            event loop go round (read sockets, answer, see who else waits).
+        client_max_in_flight_bytes: Bytes of one client's requests (sends' messages)
+            and answers (pulls' messages) the broker holds at once; past it, the broker
+            reads no more of that client's requests until some are answered (the client
+            waits, held back by flow control). One request is always taken, however large.
     """
 
     host: str = "127.0.0.1"
@@ -85,6 +101,11 @@ class BrokerConfig:
     disk_refuse_ratio: float = 0.90
     disk_check_seconds: float = 1.0
     disk_usage_file: Path | None = None
+    fair_scheduling: bool = True
+    fair_slice_messages: int = 128
+    fair_slice_bytes: int = 128 * 1024
+    fair_turn_ms: float = 0.5
+    client_max_in_flight_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):
@@ -107,6 +128,12 @@ class BrokerConfig:
             <= 0
         ):
             raise ValueError("flush intervals and timeouts must be positive")
+        if self.fair_slice_messages < 1 or self.fair_slice_bytes < 1:
+            raise ValueError("fair_slice_messages and fair_slice_bytes must be positive")
+        if self.fair_turn_ms <= 0:
+            raise ValueError("fair_turn_ms must be positive")
+        if self.client_max_in_flight_bytes < 1:
+            raise ValueError("client_max_in_flight_bytes must be positive")
         if self.advertised_host is not None and (
             self.advertised_host in ("", "0.0.0.0", "::", "[::]")
             or any(c.isspace() or c == "/" for c in self.advertised_host)

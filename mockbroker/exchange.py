@@ -4,7 +4,14 @@ A unary call costs the broker a few hundred microseconds of CPU whatever it carr
 request on an open stream costs about half. Each request runs as a task of its own, so a
 held pull does not hold up the requests behind it, and is answered (by id) when it
 completes. Sends are appended in the order they arrive: their tasks start in creation
-order and a send appends before its first await (only its flush wait comes after).
+order and a send appends before its first await (only its flush wait comes after), or,
+with fair scheduling, holds its queue from its first step (mockbroker/fair_store.py).
+
+A client's sends' messages count against its limit (mockbroker/limits.py) from when they
+are read until they are stored, its pulls' answers until they are handed to gRPC; past
+the limit the stream reads no more requests until some are answered, so a client that
+sends faster than the broker stores waits, held back by gRPC's flow control, instead of
+filling the broker's memory.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.grpc_errors import MalformedRequest
+from mockbroker.limits import ClientLimits
 from mockbroker.request_stats import RequestStats
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 
@@ -27,8 +35,10 @@ log = logging.getLogger("ordermq.broker")
 MAX_IN_FLIGHT = 10_000
 
 Incoming = pb.ExchangeRequest | MalformedRequest
-SendHandler = Callable[[pb.SendRequest], Awaitable[pb.SendResponse]]
-PullHandler = Callable[[pb.PullRequest], Awaitable[pb.PullResponse]]
+#: The handlers get the request and the client (its connection's peer); the pull handler
+#: fills the answer it is given (the one inside the stream's envelope).
+SendHandler = Callable[[pb.SendRequest, str], Awaitable[pb.SendResponse]]
+PullHandler = Callable[[pb.PullRequest, str, pb.PullResponse], Awaitable[pb.PullResponse]]
 
 
 #: The RPC a request on the stream does the work of, by its body's field name.
@@ -48,17 +58,30 @@ def _refusal(request_id: int, exc: BrokerError) -> pb.ExchangeResponse:
 class ExchangeStream:
     """Serves one client's Exchange call."""
 
-    def __init__(self, send: SendHandler, pull: PullHandler, stats: RequestStats) -> None:
+    def __init__(
+        self,
+        send: SendHandler,
+        pull: PullHandler,
+        stats: RequestStats,
+        client: str,
+        limits: ClientLimits,
+    ) -> None:
         self._send = send
         self._pull = pull
         self._stats = stats
+        self._client = client
         self._tasks: dict[int, asyncio.Task[bool]] = {}
-        self._answers: asyncio.Queue[pb.ExchangeResponse | None] = asyncio.Queue()
+        self._answers: asyncio.Queue[tuple[pb.ExchangeResponse, int] | None] = asyncio.Queue()
         # A request holds a slot from when it is read until its answer has been handed to
         # gRPC: a client that sends faster than it reads is held back by flow control.
         self._room = asyncio.Semaphore(MAX_IN_FLIGHT)
+        # So do the bytes of its messages, in requests and in answers not yet handed on.
+        self._limits = limits
         self._closing = False
         self._malformed: MalformedRequest | None = None
+
+    def _hold(self, n: int) -> None:
+        self._limits.hold(self._client, n)
 
     async def serve(self, requests: AsyncIterator[Incoming]) -> AsyncIterator[pb.ExchangeResponse]:
         """Answer `requests` until the client half-closes (and all are answered).
@@ -68,8 +91,10 @@ class ExchangeStream:
         """
         reader = asyncio.create_task(self._read(requests))
         try:
-            while (answer := await self._answers.get()) is not None:
+            while (item := await self._answers.get()) is not None:
+                answer, size = item
                 yield answer
+                self._hold(-size)
                 self._room.release()
             if self._malformed is not None:
                 raise self._malformed.error
@@ -90,6 +115,7 @@ class ExchangeStream:
         try:
             while not self._closing:
                 await self._room.acquire()
+                await self._limits.room(self._client)
                 try:
                     request = await anext(incoming)
                 except StopAsyncIteration:  # the client half-closed
@@ -124,27 +150,33 @@ class ExchangeStream:
         if rid in self._tasks:
             self._refuse(rid, f"request id {rid} is already in flight on this stream")
             return
-        task = asyncio.create_task(self._run(rid, request, _METHODS[kind]))
+        size = request.ByteSize() if kind == "send" else 0
+        self._hold(size)
+        task = asyncio.create_task(self._run(rid, request, _METHODS[kind], size))
         self._tasks[rid] = task
         task.add_done_callback(functools.partial(self._finished, rid))
 
     def _refuse(self, rid: int, message: str) -> None:
         exc = invalid("INVALID_ARGUMENT", message)
         self._stats.refused("Exchange", exc)
-        self._answers.put_nowait(_refusal(rid, exc))
+        self._answer(_refusal(rid, exc))
 
-    async def _run(self, rid: int, request: pb.ExchangeRequest, method: str) -> bool:
+    async def _run(self, rid: int, request: pb.ExchangeRequest, method: str, size: int) -> bool:
         """Handle one request; True once its answer is queued (False: cancelled)."""
         try:
             if method == "Send":
-                answer = pb.ExchangeResponse(id=rid, send=await self._send(request.send))
+                answer = pb.ExchangeResponse(
+                    id=rid, send=await self._send(request.send, self._client)
+                )
             else:
-                answer = pb.ExchangeResponse(id=rid, pull=await self._pull(request.pull))
+                answer = pb.ExchangeResponse(id=rid)
+                await self._pull(request.pull, self._client, answer.pull)
         except BrokerError as exc:
             self._stats.refused(method, exc)
             answer = _refusal(rid, exc)
         except asyncio.CancelledError:
             self._stats.cancelled(method)
+            self._hold(-size)
             return False  # cancelled by the client, or the stream is gone: no answer
         except Exception as exc:
             self._stats.crashed(method)
@@ -153,8 +185,15 @@ class ExchangeStream:
             answer = _error(rid, "UNKNOWN", "", f"Unexpected {type(exc)}: {exc}")
         else:
             self._stats.answered(method)
-        self._answers.put_nowait(answer)
+        self._hold(-size)
+        self._answer(answer)
         return True
+
+    def _answer(self, answer: pb.ExchangeResponse) -> None:
+        """Queue an answer for the client; its pulled messages count until handed on."""
+        size = answer.pull.ByteSize() if answer.HasField("pull") else 0
+        self._hold(size)
+        self._answers.put_nowait((answer, size))
 
     def _finished(self, rid: int, task: asyncio.Task[bool]) -> None:
         # A done callback, not a finally in _run: it runs even for a task cancelled
@@ -169,16 +208,21 @@ class ExchangeStream:
 class ExchangeStreams:
     """Every open Exchange stream of a broker, so that shutdown can end them."""
 
-    def __init__(self, send: SendHandler, pull: PullHandler, stats: RequestStats) -> None:
+    def __init__(
+        self, send: SendHandler, pull: PullHandler, stats: RequestStats, limits: ClientLimits
+    ) -> None:
         self._send = send
         self._pull = pull
         self._stats = stats
+        self._limits = limits
         self._open: set[ExchangeStream] = set()
         self._closed = False
 
-    async def serve(self, requests: AsyncIterator[Incoming]) -> AsyncIterator[pb.ExchangeResponse]:
-        """One stream's answers; see ExchangeStream.serve."""
-        stream = ExchangeStream(self._send, self._pull, self._stats)
+    async def serve(
+        self, requests: AsyncIterator[Incoming], client: str
+    ) -> AsyncIterator[pb.ExchangeResponse]:
+        """One stream's answers; see ExchangeStream.serve. `client`: its connection's peer."""
+        stream = ExchangeStream(self._send, self._pull, self._stats, client, self._limits)
         if self._closed:
             stream.close()
         self._open.add(stream)

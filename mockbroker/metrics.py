@@ -148,9 +148,28 @@ def _state_families(s: BrokerState) -> Iterator[Metric]:
             "ordermq_flush_seconds", "Duration of each flush (fsyncs and checkpoint write)",
             {}, store.flusher.flush_seconds,
         )  # fmt: skip
+    yield from _fairness_families(s)
     yield from _request_families(s)
     yield from _group_families(s)
     yield from retention_metrics(s)
+
+
+def _fairness_families(s: BrokerState) -> Iterator[Metric]:
+    if s.sliced is not None:
+        fair = s.sliced.scheduler
+        yield CounterMetricFamily(
+            "ordermq_fair_slices", "Slices of store work run (fair scheduling)", value=fair.slices
+        )
+        yield CounterMetricFamily(
+            "ordermq_fair_slices_waited",
+            "Slices of store work that waited for their turn behind other clients' work",
+            value=fair.waited,
+        )
+    yield CounterMetricFamily(
+        "ordermq_client_limit_refusals",
+        "Unary sends refused: their client had client_max_in_flight_bytes in flight",
+        value=s.limits.refused,
+    )
 
 
 def _request_families(s: BrokerState) -> Iterator[Metric]:

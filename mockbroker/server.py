@@ -12,9 +12,12 @@ import grpc
 from mockbroker.admin_service import AdminService
 from mockbroker.config import BrokerConfig
 from mockbroker.errors import BrokerError
+from mockbroker.fair_store import SlicedStore
+from mockbroker.fairness import FairScheduler
 from mockbroker.groups import ConsumerGroups
 from mockbroker.grpc_errors import add_service
 from mockbroker.http_status import StatusServer
+from mockbroker.limits import ClientLimits
 from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
 from mockbroker.long_polling import PullHolder
 from mockbroker.offsets import ConsumerOffsets
@@ -178,6 +181,8 @@ class Broker:
             scheduler=scheduler,
             retry=RetryService(self.store, scheduler, self.clock),
             started=self.clock.now(),
+            sliced=self._sliced_store(),
+            limits=ClientLimits(self.config.client_max_in_flight_bytes),
         )
         # Without so_reuseport=0 a second broker could bind the same port and share it.
         server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
@@ -196,6 +201,20 @@ class Broker:
         self.state, self._server = state, server
         log.info("broker %s (ordermq %s) serving on %s", self.config.broker_name, __version__,
                  self.address)  # fmt: skip
+
+    def _sliced_store(self) -> SlicedStore | None:
+        config = self.config
+        if not config.fair_scheduling:
+            return None
+        scheduler = FairScheduler(
+            turn_seconds=config.fair_turn_ms / 1000, timer=self.clock.monotonic
+        )
+        return SlicedStore(
+            self.store,
+            scheduler,
+            slice_messages=config.fair_slice_messages,
+            slice_bytes=config.fair_slice_bytes,
+        )
 
     async def _expire_clients(self, state: BrokerState) -> None:
         while True:

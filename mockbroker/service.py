@@ -8,31 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Iterable
 
-import grpc
-
+from mockbroker.delivery import Delivery
 from mockbroker.errors import BrokerError, invalid, out_of_range
 from mockbroker.exchange import ExchangeStreams
 from mockbroker.groups import GroupMembership
 from mockbroker.grpc_errors import Context, MalformedRequest, abort, answers_errors, parsed
 from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState, check_client_id
-from mockbroker.store.message_store import GetResult, parse_tag_expression
+from mockbroker.store.message_store import parse_tag_expression
 from mockbroker.topics import (
     RETRY_PREFIX,
-    Topic,
     check_any_topic,
     check_group,
     check_user_topic,
 )
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
-from sdk._wire import MAX_PULL_BYTES, MAX_PULL_MESSAGES, MAX_SEND_BYTES
-
-#: Longest a pull may be held (RocketMQ clients wait 30 s for a pull's answer).
-MAX_SUSPEND_MS = 60_000
 
 
 class MessagingService(pb_grpc.MessagingServiceServicer):
@@ -41,8 +34,8 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     def __init__(self, state: BrokerState) -> None:
         self._s = state
         self.requests = state.requests
-        self._send_seconds = state.requests.send_seconds
-        self.exchanges = ExchangeStreams(self.send, self.pull, state.requests)
+        self._delivery = Delivery(state)
+        self.exchanges = ExchangeStreams(self.send, self.pull, state.requests, state.limits)
 
     # ------------------------------------------------------------------ exchange
     async def Exchange(
@@ -53,7 +46,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         """Send and Pull requests multiplexed on one stream (mockbroker/exchange.py)."""
         async with self._stream_of(context, "Exchange"):
             try:
-                async for answer in self.exchanges.serve(request_iterator):
+                async for answer in self.exchanges.serve(request_iterator, context.peer()):
                     yield answer
             except BrokerError as exc:  # a request that did not parse ends the stream
                 await abort(context, exc)
@@ -88,105 +81,62 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     @answers_errors
     async def Send(self, request: pb.SendRequest, context: Context) -> pb.SendResponse:
         """Append a batch of frames to one queue, or schedule it."""
-        return await self.send(request)
+        client = context.peer()
+        with self._s.limits.unary(client, request.ByteSize()):
+            return await self.send(request, client)
 
-    async def send(self, request: pb.SendRequest) -> pb.SendResponse:
-        """Send's work, for the unary RPC and the Exchange stream (raises BrokerError)."""
-        started = time.perf_counter()
+    async def send(self, request: pb.SendRequest, client: str) -> pb.SendResponse:
+        """Send's work, for the unary RPC and the Exchange stream (raises BrokerError).
+
+        `client` names the connection it came on (fairness between clients).
+        """
         # Each read of a protobuf bytes field copies it: read the frames once.
-        frames = request.frames
-        topic_name = request.topic
-        queue_id = request.queue_id
-        check_user_topic(topic_name)
-        if len(frames) > MAX_SEND_BYTES:
-            raise BrokerError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                "BATCH_TOO_LARGE",
-                f"the request carries {len(frames)} bytes of frames, "
-                f"over the limit of {MAX_SEND_BYTES}",
-            )
-        store = self._s.store
-        queues = self._s.config.default_queues
-        topic = store.topics.find(topic_name)
-        if topic is None and not self._s.config.auto_create_topics:
-            topic = store.topics.get(topic_name)  # TOPIC_NOT_FOUND
-        (topic or Topic(topic_name, queues)).check_queue(queue_id)
-        checked = store.check(frames)
-        scheduled = sum(1 for f in checked if f.due_ms)
-        if scheduled and scheduled != len(checked):
-            raise invalid(
-                "INVALID_DELIVERY_TIME",
-                "a batch is either all scheduled or all for now; send them separately",
-            )
-        store.check_accepting_sends()
-        if topic is None:  # created by a send that passed every check: a refusal changes nothing
-            topic, _ = store.create_topic(topic_name, queues)
-        if scheduled:
-            durable = await self._s.scheduler.schedule(topic, queue_id, frames, checked)
-            answer = pb.SendResponse(
-                status=pb.SEND_OK if durable else pb.FLUSH_DISK_TIMEOUT,
-                queue_id=queue_id,
-                first_queue_offset=-1,
-                count=len(checked),
-                store_timestamp_ms=int(self._s.clock.now() * 1000),
-                scheduled=True,
-            )
-        else:
-            result = await store.append(topic, queue_id, frames, checked)
-            answer = pb.SendResponse(
-                status=pb.SEND_OK if result.durable else pb.FLUSH_DISK_TIMEOUT,
-                queue_id=queue_id,
-                first_queue_offset=result.first_offset,
-                count=result.count,
-                store_timestamp_ms=result.store_timestamp_ms,
-            )
-        self._send_seconds.observe(time.perf_counter() - started)
-        return answer
+        sent = await self._delivery.send(client, request.topic, request.queue_id, request.frames)
+        return pb.SendResponse(
+            status=pb.SEND_OK if sent.durable else pb.FLUSH_DISK_TIMEOUT,
+            queue_id=request.queue_id,
+            first_queue_offset=sent.first_offset,
+            count=sent.count,
+            store_timestamp_ms=sent.store_timestamp_ms,
+            scheduled=sent.scheduled,
+        )
 
     # ------------------------------------------------------------------ pull
     @answers_errors
     async def Pull(self, request: pb.PullRequest, context: Context) -> pb.PullResponse:
         """Read from one queue by offset; hold the call while there is nothing to read."""
-        return await self.pull(request)
+        return await self.pull(request, context.peer())
 
-    async def pull(self, request: pb.PullRequest) -> pb.PullResponse:
-        """Pull's work, for the unary RPC and the Exchange stream (raises BrokerError)."""
-        check_group(request.group)
-        if not 1 <= request.max_messages <= MAX_PULL_MESSAGES:
-            raise invalid(
-                "INVALID_ARGUMENT",
-                f"max_messages {request.max_messages} is outside 1..{MAX_PULL_MESSAGES}",
-            )
-        if not 1 <= request.max_bytes <= MAX_PULL_BYTES:
-            raise invalid(
-                "INVALID_ARGUMENT", f"max_bytes {request.max_bytes} is outside 1..{MAX_PULL_BYTES}"
-            )
-        if not 0 <= request.suspend_timeout_ms <= MAX_SUSPEND_MS:
-            raise invalid(
-                "INVALID_ARGUMENT",
-                f"suspend_timeout_ms {request.suspend_timeout_ms} is outside 0..{MAX_SUSPEND_MS}",
-            )
-        tags = parse_tag_expression(request.tag_expression)
-        topic = self._s.topic_queue(request.topic, request.queue_id)
-        deadline = self._s.clock.now() + request.suspend_timeout_ms / 1000
-        offset = request.offset
-        while True:
-            got = self._s.store.get(
-                topic,
-                request.queue_id,
-                offset,
-                max_messages=request.max_messages,
-                max_bytes=request.max_bytes,
-                tags=tags,
-            )
-            caught_up = got.status == "NO_NEW_MESSAGE" or (
-                got.status == "NO_MATCHED_MESSAGE" and got.next_offset == got.max_offset
-            )
-            if not caught_up or not request.suspend_timeout_ms:
-                return _pull_response(got)
-            offset = got.next_offset
-            if not await self._s.holder.wait((topic.name, request.queue_id), deadline):
-                return _pull_response(got)
+    async def pull(
+        self, request: pb.PullRequest, client: str, answer: pb.PullResponse | None = None
+    ) -> pb.PullResponse:
+        """Pull's work, for the unary RPC and the Exchange stream (raises BrokerError).
+
+        `client` names the connection it came on (fairness between clients). The answer
+        is filled into `answer` when given: the Exchange stream passes the one inside its
+        envelope, since copying megabytes of records into another message would hold the
+        loop up for a millisecond or more.
+        """
+        got = await self._delivery.pull(
+            client,
+            group=request.group,
+            topic_name=request.topic,
+            queue_id=request.queue_id,
+            offset=request.offset,
+            max_messages=request.max_messages,
+            max_bytes=request.max_bytes,
+            tags=parse_tag_expression(request.tag_expression),
+            suspend_ms=request.suspend_timeout_ms,
+        )
+        if answer is None:
+            answer = pb.PullResponse()
+        answer.status = pb.PullStatus.Value(got.status)
+        answer.next_offset = got.next_offset
+        answer.min_offset = got.min_offset
+        answer.max_offset = got.max_offset
+        answer.records = got.records
+        answer.record_count = got.count
+        return answer
 
     @answers_errors
     async def QueryQueueOffsets(
@@ -434,14 +384,3 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         return pb.CancelScheduledResponse(
             result=pb.CANCELLED if outcome == CANCELLED else pb.ALREADY_DELIVERED
         )
-
-
-def _pull_response(got: GetResult) -> pb.PullResponse:
-    return pb.PullResponse(
-        status=pb.PullStatus.Value(got.status),
-        next_offset=got.next_offset,
-        min_offset=got.min_offset,
-        max_offset=got.max_offset,
-        records=got.records,
-        record_count=got.count,
-    )

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 
 from mockbroker.config import BrokerConfig
 from mockbroker.errors import invalid, not_found
+from mockbroker.fair_store import SlicedStore
 from mockbroker.groups import ConsumerGroups
+from mockbroker.limits import ClientLimits
 from mockbroker.lock_manager import RebalanceLockManager
 from mockbroker.long_polling import PullHolder
 from mockbroker.offsets import ConsumerOffsets
@@ -57,10 +59,14 @@ class BrokerState:
     holder: PullHolder
     scheduler: Scheduler
     retry: RetryService
+    #: What each client has the broker hold (config.client_max_in_flight_bytes).
+    limits: ClientLimits
     started: float = 0.0
     address: str = ""
     rates: RateMeter = field(default_factory=RateMeter)
     requests: RequestStats = field(default_factory=RequestStats)
+    #: Sends and pulls go through it when config.fair_scheduling is on.
+    sliced: SlicedStore | None = None
 
     def existing_groups(self) -> set[str]:
         """Groups that exist now: with members, or with committed offsets.

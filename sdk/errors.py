@@ -184,6 +184,7 @@ ERRORS_BY_REASON: dict[str, type[OrderMQError]] = {
     "GROUP_NOT_FOUND": GroupNotFoundError,
     "NOT_IMPLEMENTED": NotSupportedError,
     "DISK_FULL": BrokerUnavailableError,  # retriable: sends resume once space is freed
+    "CLIENT_OVER_LIMIT": BrokerBusyError,
 }
 
 #: gRPC status names -> exception classes, for statuses that carry no reason.

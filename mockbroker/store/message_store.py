@@ -65,6 +65,16 @@ class PutResult:
 
 
 @dataclass(frozen=True)
+class Written:
+    """Records written to the commit log and indexed, not necessarily synced yet."""
+
+    first_offset: int
+    count: int
+    store_timestamp_ms: int
+    end: int  # the commit log's end after them: synced up to here, they are durable
+
+
+@dataclass(frozen=True)
 class GetResult:
     """What a read by offset found; `status` is a PullStatus name."""
 
@@ -74,6 +84,8 @@ class GetResult:
     max_offset: int
     records: bytes = b""
     count: int = 0
+    #: The read stopped at a corrupt record (at `next_offset`), after `count` good ones.
+    corrupt: bool = False
 
 
 @dataclass
@@ -260,9 +272,27 @@ class MessageStore:
         return self._queue_for(topic, queue_id)
 
     # ------------------------------------------------------------------ writing
-    def check(self, frames: bytes) -> list[CheckedFrame]:
-        """Validate a request's frames against the limits and the broker's clock."""
-        return check_frames(frames, int(self._clock.now() * 1000))
+    def check(
+        self,
+        frames: bytes,
+        *,
+        start: int = 0,
+        first_index: int = 0,
+        max_frames: int | None = None,
+        max_bytes: int | None = None,
+    ) -> list[CheckedFrame]:
+        """Validate a request's frames against the limits and the broker's clock.
+
+        In parts, if asked (see records.check_frames).
+        """
+        return check_frames(
+            frames,
+            int(self._clock.now() * 1000),
+            start=start,
+            first_index=first_index,
+            max_frames=max_frames,
+            max_bytes=max_bytes,
+        )
 
     async def put(self, topic: Topic, queue_id: int, frames: bytes) -> PutResult:
         """Validate and append a batch of frames that are due now."""
@@ -284,6 +314,31 @@ class MessageStore:
         """Append checked frames as records of (topic, queue_id); durable per flush mode.
 
         They are indexed in that queue, or in `index_into` (for scheduled records).
+        """
+        written = self.write(
+            topic,
+            queue_id,
+            frames,
+            checked,
+            index_into=index_into,
+            reconsume_times=reconsume_times,
+        )
+        durable = await self.durable(written.end)
+        return PutResult(written.first_offset, written.count, written.store_timestamp_ms, durable)
+
+    def write(
+        self,
+        topic: Topic,
+        queue_id: int,
+        frames: bytes,
+        checked: list[CheckedFrame],
+        *,
+        index_into: tuple[Topic, int] | None = None,
+        reconsume_times: int = 0,
+    ) -> Written:
+        """The synchronous part of `append`: write and index the records (`durable` is the rest).
+
+        Several writes to one queue in a row give it consecutive offsets.
         """
         index_topic, index_queue = index_into or (topic, queue_id)
         topic.check_queue(queue_id)
@@ -331,10 +386,16 @@ class MessageStore:
             self._unannounced.append((self.commitlog.end, (index_topic.name, index_queue)))
         elif self.on_append is not None:
             self.on_append(index_topic.name, index_queue)
-        durable = True
-        if self.sync_flush:
-            durable = await self._await_flush(flusher, self.commitlog.end)
-        return PutResult(first, len(checked), store_ts, durable)
+        return Written(first, len(checked), store_ts, self.commitlog.end)
+
+    async def durable(self, end: int) -> bool:
+        """Sync mode: wait until the commit log is synced up to `end` (False: that timed out).
+
+        Async mode: True at once (the periodic flush syncs it).
+        """
+        if not self.sync_flush:
+            return True
+        return await self._await_flush(self._writable_flusher(), end)
 
     def _roll_back(
         self, position: int, cq: ConsumeQueue, first: int, index_sizes: tuple[int, int]
@@ -479,8 +540,15 @@ class MessageStore:
         max_messages: int,
         max_bytes: int,
         tags: frozenset[bytes] | None = None,
+        slice_bytes: int | None = None,
+        first_over_budget: bool = True,
     ) -> GetResult:
-        """Read up to `max_messages` / `max_bytes` from `offset` (RocketMQ's pull rules)."""
+        """Read up to `max_messages` / `max_bytes` from `offset` (RocketMQ's pull rules).
+
+        The first message is served even when it is larger than `max_bytes`, unless
+        `first_over_budget` is False. With `slice_bytes`, no more messages are added once
+        that many bytes were chosen (a slice of a larger read: mockbroker/fairness.py).
+        """
         cq = self.queue(topic, queue_id)
         lo, hi = cq.min_offset, cq.max_offset
         if self.sync_flush and lo <= offset < hi:
@@ -499,24 +567,25 @@ class MessageStore:
         chosen: list[tuple[int, int, int]] = []  # (queue offset, position, size)
         next_offset = offset
         budget = max_bytes
+        enough = max_bytes - slice_bytes if slice_bytes is not None else -1
         for i, (position, size, tag_hash) in enumerate(entries):
             if hashes is not None and size >= MIN_RECORD_SIZE and tag_hash not in hashes:
                 next_offset = offset + i + 1
                 continue
-            if chosen and (len(chosen) >= max_messages or size > budget):
+            if chosen and (len(chosen) >= max_messages or size > budget or budget <= enough):
+                break
+            if not chosen and not first_over_budget and size > budget:
                 break
             chosen.append((offset + i, position, size))
             budget -= size
             next_offset = offset + i + 1
-        records, served, next_offset = self._read_records(
-            topic, queue_id, chosen, tags, next_offset
-        )
+        records, served, read_to = self._read_records(topic, queue_id, chosen, tags, next_offset)
         if not served:
-            return GetResult("NO_MATCHED_MESSAGE", next_offset, lo, hi)
+            return GetResult("NO_MATCHED_MESSAGE", read_to, lo, hi)
         self.stats.messages_served += served
         by_topic = self.stats.served_by_topic
         by_topic[topic.name] = by_topic.get(topic.name, 0) + served
-        return GetResult("FOUND", next_offset, lo, hi, records, served)
+        return GetResult("FOUND", read_to, lo, hi, records, served, corrupt=read_to < next_offset)
 
     def _read_records(
         self,

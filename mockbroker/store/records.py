@@ -89,8 +89,21 @@ def tag_hash(tags: bytes) -> int:
     return zlib.crc32(tags) if tags else 0
 
 
-def check_frames(frames: bytes, now_ms: int) -> list[CheckedFrame]:
-    """Parse and validate every frame; raise BrokerError naming the first bad one."""
+def check_frames(
+    frames: bytes,
+    now_ms: int,
+    *,
+    start: int = 0,
+    first_index: int = 0,
+    max_frames: int | None = None,
+    max_bytes: int | None = None,
+) -> list[CheckedFrame]:
+    """Parse and validate every frame; raise BrokerError naming the first bad one.
+
+    In parts: from byte `start` (where frame number `first_index` begins), stopping after
+    `max_frames` frames or once `max_bytes` bytes were checked (at least one frame); the
+    next part starts at the last frame's `end`.
+    """
     end = len(frames)
     if end == 0:
         raise invalid("MALFORMED_FRAME", "the request carries no message frames")
@@ -98,8 +111,10 @@ def check_frames(frames: bytes, now_ms: int) -> list[CheckedFrame]:
     append = out.append
     unpack_header = _HEADER.unpack_from
     view = memoryview(frames)
-    pos = index = 0
-    while pos < end:
+    pos, index = start, first_index
+    last_index = end if max_frames is None else first_index + max_frames
+    stop_at = end if max_bytes is None else min(end, start + max_bytes)
+    while pos < stop_at and index < last_index:
         if pos + _PREFIX + _FIELDS > end:
             raise invalid("MALFORMED_FRAME", f"frame {index}: header truncated at byte {pos}")
         length, deliver_at, level, tl, sl, kl, pl, bl = unpack_header(frames, pos)

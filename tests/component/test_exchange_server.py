@@ -271,7 +271,12 @@ def test_a_stream_reads_no_more_requests_than_it_may_have_in_flight(
 def test_an_unexpected_failure_is_answered_as_grpc_answers_a_unary_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def broken(self: MessagingService, request: pb.PullRequest) -> pb.PullResponse:
+    async def broken(
+        self: MessagingService,
+        request: pb.PullRequest,
+        client: str,
+        answer: pb.PullResponse | None = None,
+    ) -> pb.PullResponse:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(MessagingService, "pull", broken)

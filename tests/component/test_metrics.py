@@ -73,6 +73,10 @@ def test_key_series_have_the_right_values(tmp_path: Path) -> None:
     assert m[("ordermq_consumer_lag", lag_key)] == 30 - 12
     assert m[("ordermq_held_pulls", ())] == 0
     assert m[("ordermq_store_bytes", ())] > 31 * 10
+    # Two sends and a pull, at least, took their turns.
+    assert m[("ordermq_fair_slices_total", ())] >= 3
+    assert 0 <= m[("ordermq_fair_slices_waited_total", ())] <= m[("ordermq_fair_slices_total", ())]
+    assert m[("ordermq_client_limit_refusals_total", ())] == 0
     assert ("ordermq_flush_seconds_count", ()) in m
 
 
@@ -285,6 +289,9 @@ DOCUMENTED = {
     "ordermq_store_bytes": "gauge",
     "ordermq_corrupt_records": "counter",
     "ordermq_flush_seconds": "histogram",
+    "ordermq_fair_slices": "counter",
+    "ordermq_fair_slices_waited": "counter",
+    "ordermq_client_limit_refusals": "counter",
     "ordermq_rpc_requests": "counter",
     "ordermq_rpc_errors": "counter",
     "ordermq_send_duration_seconds": "histogram",

@@ -35,6 +35,7 @@ def test_every_exception_derives_from_the_root() -> None:
         ("UNAVAILABLE", None, errors.BrokerUnavailableError),
         ("DEADLINE_EXCEEDED", None, errors.RequestTimeoutError),
         ("INTERNAL", None, errors.BrokerError),
+        ("RESOURCE_EXHAUSTED", "CLIENT_OVER_LIMIT", errors.BrokerBusyError),
     ],
 )
 def test_status_and_reason_pick_the_class_and_keep_the_broker_words(
@@ -48,4 +49,5 @@ def test_status_and_reason_pick_the_class_and_keep_the_broker_words(
 def test_bad_input_errors_are_value_errors_and_transport_errors_are_retriable() -> None:
     assert issubclass(errors.InvalidTopicError, ValueError)
     assert errors.BrokerUnavailableError.retriable
+    assert errors.error_from_status("RESOURCE_EXHAUSTED", "CLIENT_OVER_LIMIT", "busy").retriable
     assert not errors.InvalidMessageError.retriable

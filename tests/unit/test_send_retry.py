@@ -15,6 +15,7 @@ from sdk.errors import (
     OrderMQError,
     RequestTimeoutError,
     TopicNotFoundError,
+    error_from_status,
 )
 from sdk.producer import retry
 from sdk.producer.retry import with_retries
@@ -88,6 +89,27 @@ def test_waits_double_from_backoff_up_to_the_cap_plus_jitter(
     got = asyncio.run(retry.with_retries(attempt, retry_times=5, backoff=0.1, backoff_max=0.5))
     assert got == "stored"
     assert waits == pytest.approx([0.1 + 0.1, 0.2 + 0.1, 0.4 + 0.1, 0.5 + 0.1, 0.5 + 0.1])
+
+
+def test_a_send_refused_for_the_clients_in_flight_limit_is_retried_after_a_back_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr(retry, "_sleep", sleep)
+    refused = "this client already has 70000000 bytes of requests in flight"
+
+    async def attempt(n: int) -> str:
+        if n < 2:
+            raise error_from_status("RESOURCE_EXHAUSTED", "CLIENT_OVER_LIMIT", refused)
+        return "stored"
+
+    got = asyncio.run(retry.with_retries(attempt, retry_times=2, backoff=0.1, backoff_max=0.5))
+    assert got == "stored"
+    assert len(waits) == 2 and waits[0] >= 0.1 and waits[1] >= 0.2
 
 
 def test_no_retries_when_told_so() -> None:

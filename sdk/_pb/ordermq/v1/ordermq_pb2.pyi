@@ -93,6 +93,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """a protocol feature this broker build does not serve yet"""
     DISK_FULL: _ErrorReason.ValueType  # 23
     """the broker's disk is over its refuse ratio (retriable)"""
+    CLIENT_OVER_LIMIT: _ErrorReason.ValueType  # 24
+    """the client has too much in flight: retry after a back-off"""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed; sent as the `ordermq-reason` trailing metadata value."""
@@ -144,6 +146,8 @@ NOT_IMPLEMENTED: ErrorReason.ValueType  # 22
 """a protocol feature this broker build does not serve yet"""
 DISK_FULL: ErrorReason.ValueType  # 23
 """the broker's disk is over its refuse ratio (retriable)"""
+CLIENT_OVER_LIMIT: ErrorReason.ValueType  # 24
+"""the client has too much in flight: retry after a back-off"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 class _SendStatus:

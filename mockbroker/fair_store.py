@@ -1,0 +1,249 @@
+"""Sends and pulls against the store in slices, each slice taking its turn (fairness.py).
+
+A send's frames are checked at most `slice_messages` messages and `slice_bytes` bytes at
+a time, then written in one turn (one store.write: a batch is all or nothing); a pull's
+answer is read in slices too. What a client sees is unchanged: a batch is still checked
+whole before any of it is stored and gets consecutive offsets in its queue, a client's
+sends to a queue are stored in the order they arrived (the next starts once the previous
+one is stored), and a pull answers what one read would have, at most what it asked for.
+Only while other clients are active (FairScheduler.others_active) does a pull answer
+less: one slice, so that no client's answer holds the loop up for long while it is
+copied into its message and onto the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Hashable
+from types import TracebackType
+
+from mockbroker.errors import BrokerError
+from mockbroker.fairness import FairScheduler
+from mockbroker.store.message_store import GetResult, MessageStore, PutResult, Written
+from mockbroker.store.records import CheckedFrame
+from mockbroker.topics import Topic
+
+
+class SlicedStore:
+    """The store's send and pull work, sliced and scheduled fairly between clients."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        scheduler: FairScheduler,
+        *,
+        slice_messages: int,
+        slice_bytes: int,
+    ) -> None:
+        self._store = store
+        self.scheduler = scheduler
+        self._messages = slice_messages
+        self._bytes = slice_bytes
+        self._orders = _Locks()  # (client, queue): a client's sends to a queue, in order
+        self._writes = _Locks()  # queue: a batch written there in slices, until whole
+
+    def in_order(self, client: Hashable, queue: tuple[str, int]) -> InOrder:
+        """Hold `queue` for one send of `client`: its sends to a queue are stored in order.
+
+        Enter it before the first await of the send: a free queue is taken at once. It is
+        let go on leaving, or as soon as the send's records are written (`append`), so
+        that the next send's records do not wait for this one's fsync. Other clients'
+        sends to the queue do not wait for it (concurrent sends of two clients have no
+        order between them).
+        """
+        return InOrder(self._orders, (client, queue))
+
+    def writing(self, queue: tuple[str, int]) -> bool:
+        """True while a batch is written to `queue` slice by slice (nothing may come between)."""
+        return self._writes.locked(queue)
+
+    async def check(
+        self,
+        client: Hashable,
+        frames: bytes,
+        then: Callable[[list[CheckedFrame]], Written | None],
+    ) -> tuple[list[CheckedFrame], Written | None]:
+        """Every frame checked (store.check), a slice per turn: (checked, what `then` wrote).
+
+        A batch checked whole in one slice goes on to `then` in the same turn (which may
+        write it); a larger one is written with `append`, and `then` is not called.
+        """
+        checked: list[CheckedFrame] = []
+        start = 0
+        while start < len(frames) or not checked:
+            async with self.scheduler.turn(client):
+                part = self._store.check(
+                    frames,
+                    start=start,
+                    first_index=len(checked),
+                    max_frames=self._messages,
+                    max_bytes=self._bytes,
+                )
+                if not checked and part[-1].end == len(frames):
+                    return part, then(part)
+            checked += part
+            start = part[-1].end
+        return checked, None
+
+    async def append(
+        self,
+        client: Hashable,
+        hold: QueueHold,
+        topic: Topic,
+        queue_id: int,
+        frames: bytes,
+        checked: list[CheckedFrame],
+    ) -> PutResult:
+        """store.append in one turn, within the queue's `hold` (see in_order).
+
+        The write is not sliced: one store.write is what makes a batch all-or-nothing (a
+        full disk rolls back that write whole, and readers never see part of a batch).
+        Its cost is bounded by the request size limit (MAX_SEND_BYTES).
+        """
+        whole = await self._writes.acquire((topic.name, queue_id))
+        try:
+            async with self.scheduler.turn(client):
+                written = self._store.write(topic, queue_id, frames, checked)
+        finally:
+            whole.release()
+        hold.release()
+        durable = await self._store.durable(written.end)
+        return PutResult(written.first_offset, written.count, written.store_timestamp_ms, durable)
+
+    async def get(
+        self,
+        client: Hashable,
+        topic: Topic,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int,
+        max_bytes: int,
+        tags: frozenset[bytes] | None,
+    ) -> GetResult:
+        """store.get, a slice per turn; the slices' records joined into one answer."""
+        parts: list[bytes] = []
+        count = taken = 0
+        last: GetResult | None = None  # the last slice that found something
+        while True:
+            try:
+                async with self.scheduler.turn(client):
+                    got = self._store.get(
+                        topic,
+                        queue_id,
+                        offset,
+                        max_messages=min(max_messages - count, self._messages),
+                        max_bytes=max_bytes - taken,
+                        tags=tags,
+                        slice_bytes=self._bytes,
+                        first_over_budget=last is None,
+                    )
+            except BrokerError as exc:
+                if last is None or exc.reason != "CORRUPT_RECORD":
+                    raise
+                return _joined(parts, count, offset, last)  # the next pull meets the corruption
+            if got.status != "FOUND":
+                if last is None:
+                    return got
+                if got.status == "NO_MATCHED_MESSAGE":
+                    offset = got.next_offset  # what it looked at matched nothing: skip it
+                return _joined(parts, count, offset, got)
+            parts.append(got.records)
+            count += got.count
+            taken += len(got.records)
+            offset = got.next_offset
+            last = got
+            if got.corrupt or count >= max_messages or taken >= max_bytes:
+                return _joined(parts, count, offset, got)
+            if offset >= got.max_offset or self.scheduler.others_active(client):
+                return _joined(parts, count, offset, got)
+
+
+class QueueHold:
+    """A hold on a key of _Locks (see SlicedStore.in_order)."""
+
+    __slots__ = ("_key", "_locks")
+
+    def __init__(self, locks: _Locks, key: Hashable) -> None:
+        self._locks: _Locks | None = locks
+        self._key = key
+
+    def release(self) -> None:
+        """Let the next one go (once; later calls do nothing)."""
+        if self._locks is not None:
+            locks, self._locks = self._locks, None
+            locks.release(self._key)
+
+
+class InOrder:
+    """`async with sliced.in_order(client, queue) as hold:` (see SlicedStore.in_order)."""
+
+    __slots__ = ("_hold", "_key", "_locks")
+
+    def __init__(self, locks: _Locks, key: Hashable) -> None:
+        self._locks = locks
+        self._key = key
+        self._hold: QueueHold | None = None
+
+    async def __aenter__(self) -> QueueHold:
+        self._hold = await self._locks.acquire(self._key)
+        return self._hold
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._hold is not None:
+            self._hold.release()
+
+
+class _Locks:
+    """Exclusive holds by key, handed on in the order they were asked for.
+
+    A key is held while it is in `_waiting` (with those waiting for it); taking a free
+    one costs no await, and nothing is kept for a key nobody holds.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: dict[Hashable, deque[asyncio.Future[None]]] = {}
+
+    def locked(self, key: Hashable) -> bool:
+        return key in self._waiting
+
+    async def acquire(self, key: Hashable) -> QueueHold:
+        waiting = self._waiting.get(key)
+        if waiting is None:
+            self._waiting[key] = deque()
+            return QueueHold(self, key)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting.append(future)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release(key)  # it was handed over, but will not be used: pass it on
+            else:
+                waiting.remove(future)
+            raise
+        return QueueHold(self, key)
+
+    def release(self, key: Hashable) -> None:
+        waiting = self._waiting[key]
+        while waiting:
+            future = waiting.popleft()
+            if not future.done():
+                future.set_result(None)  # handed over: still held
+                return
+        del self._waiting[key]
+
+
+def _joined(parts: list[bytes], count: int, next_offset: int, last: GetResult) -> GetResult:
+    """One FOUND answer of the slices read (the queue's bounds as the last read saw them)."""
+    return GetResult("FOUND", next_offset, last.min_offset, last.max_offset, b"".join(parts), count)
+
+
+def _frame_size(frame: CheckedFrame) -> int:
+    return frame.end - frame.start

@@ -1,0 +1,437 @@
+"""SlicedStore on a temporary directory: slices change nothing a client sees.
+
+Sends and pulls cut into slices (each taking a turn) store and answer exactly what the
+store's own append and get do: a batch is checked whole before any of it is stored, gets
+consecutive offsets, keeps its order against other sends to its queue and is stored whole
+even when its request is cancelled halfway; a pull answers what one read would have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from mockbroker.errors import BrokerError
+from mockbroker.fair_store import SlicedStore
+from mockbroker.fairness import FairScheduler
+from mockbroker.store import commitlog as commitlog_module
+from mockbroker.store.commitlog import CommitLog, FlushPlan
+from mockbroker.store.message_store import GetResult, MessageStore, PutResult, Written
+from mockbroker.store.records import CheckedFrame
+from mockbroker.topics import Topic
+from sdk._wire import encode_frame, iter_records
+from sdk.testing import FakeClock
+
+T = TypeVar("T")
+SLICE_MESSAGES = 16
+SLICE_BYTES = 4096
+
+
+class TickingTimer:
+    """Every reading is 1 ms after the last: each slice costs more than the turn budget."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+def frames(bodies: list[bytes], tags: list[bytes] | None = None) -> bytes:
+    return b"".join(
+        encode_frame(msg_id=i.to_bytes(16, "big"), born_timestamp_ms=1, body=body,
+                     tags=tags[i] if tags else b"")
+        for i, body in enumerate(bodies)
+    )  # fmt: skip
+
+
+def bodies_of(data: bytes) -> list[bytes]:
+    return [r.body for r in iter_records(data)]
+
+
+def numbered(count: int, size: int = 100, prefix: bytes = b"m") -> list[bytes]:
+    return [prefix + str(i).encode().rjust(size - len(prefix), b".") for i in range(count)]
+
+
+def run(
+    tmp_path: Path,
+    body: Callable[[MessageStore, SlicedStore, Topic], Awaitable[T]],
+    *,
+    sync: bool = False,
+) -> T:
+    """`body(store, sliced, topic)` on a fresh store whose topic "t" has 4 queues."""
+
+    async def main() -> T:
+        store = MessageStore(
+            tmp_path / "store",
+            sync_flush=sync,
+            segment_bytes=1 << 24,
+            flush_interval_seconds=60,
+            sync_flush_timeout_seconds=5,
+            clock=FakeClock(),
+        )
+        store.open()
+        await store.start()
+        try:
+            topic, _ = store.create_topic("t", 4)
+            scheduler = FairScheduler(turn_seconds=0.0005, timer=TickingTimer())
+            sliced = SlicedStore(
+                store, scheduler, slice_messages=SLICE_MESSAGES, slice_bytes=SLICE_BYTES
+            )
+            return await body(store, sliced, topic)
+        finally:
+            await store.close()
+
+    return asyncio.run(main())
+
+
+async def send(
+    store: MessageStore, sliced: SlicedStore, client: str, topic: Topic, queue_id: int, data: bytes
+) -> PutResult:
+    """What MessagingService.send does with a SlicedStore (messages due now)."""
+    queue = (topic.name, queue_id)
+
+    def write_now(checked: list[CheckedFrame]) -> Written | None:
+        return None if sliced.writing(queue) else store.write(topic, queue_id, data, checked)
+
+    async with sliced.in_order(client, queue) as hold:
+        checked, written = await sliced.check(client, data, write_now)
+        if written is not None:
+            return PutResult(written.first_offset, written.count, 0, True)
+        return await sliced.append(client, hold, topic, queue_id, data, checked)
+
+
+def read_all(store: MessageStore, topic: Topic, queue_id: int) -> list[bytes]:
+    got = store.get(topic, queue_id, 0, max_messages=10_000, max_bytes=1 << 30)
+    return bodies_of(got.records)
+
+
+def test_a_batch_stored_in_slices_gets_consecutive_offsets_and_every_message(
+    tmp_path: Path,
+) -> None:
+    bodies = numbered(200)
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> PutResult:
+        first = await send(store, sliced, "a", topic, 0, frames(bodies[:50]))
+        assert (first.first_offset, first.count) == (0, 50)
+        second = await send(store, sliced, "a", topic, 0, frames(bodies[50:]))
+        assert read_all(store, topic, 0) == bodies
+        assert sliced.scheduler.slices > 200 // SLICE_MESSAGES, "it was checked in slices"
+        return second
+
+    result = run(tmp_path, body)
+    assert (result.first_offset, result.count, result.durable) == (50, 150, True)
+
+
+def test_a_clients_sends_to_one_queue_keep_their_order_whatever_their_size(
+    tmp_path: Path,
+) -> None:
+    big, small = numbered(300, prefix=b"big"), numbered(1, prefix=b"small")
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[bytes]:
+        # The small one would be checked and written long before the big one if it did
+        # not wait for its client's earlier send to the queue.
+        first = asyncio.create_task(send(store, sliced, "a", topic, 0, frames(big)))
+        second = asyncio.create_task(send(store, sliced, "a", topic, 0, frames(small)))
+        a, b = await asyncio.gather(first, second)
+        assert (a.first_offset, b.first_offset) == (0, 300)
+        return read_all(store, topic, 0)
+
+    assert run(tmp_path, body) == big + small
+
+
+def test_nothing_comes_between_the_slices_of_a_batch_being_written(tmp_path: Path) -> None:
+    big, small = numbered(300, prefix=b"big"), numbered(1, prefix=b"small")
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[bytes]:
+        first = asyncio.create_task(send(store, sliced, "a", topic, 0, frames(big)))
+        while store.queue(topic, 0).count == 0:  # until its first slice is written
+            await asyncio.sleep(0)
+        second = await send(store, sliced, "b", topic, 0, frames(small))
+        assert second.first_offset == 300, "written after the whole batch"
+        await first
+        return read_all(store, topic, 0)
+
+    assert run(tmp_path, body) == big + small
+
+
+def test_a_send_waiting_for_its_turn_does_not_hold_up_other_clients_sends_to_its_queue(
+    tmp_path: Path,
+) -> None:
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> int:
+        async with sliced.in_order("a", (topic.name, 0)):  # a's send, not yet written
+            other = await asyncio.wait_for(send(store, sliced, "b", topic, 0, frames([b"b"])), 10)
+            return other.count
+
+    assert run(tmp_path, body) == 1
+
+
+def test_batches_of_two_clients_to_two_queues_take_turns_and_are_each_written_whole(
+    tmp_path: Path,
+) -> None:
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> tuple[list[int], int]:
+        order: list[int] = []
+        store.on_append = lambda _topic, queue_id: order.append(queue_id)
+        a = numbered(5 * SLICE_MESSAGES, prefix=b"a")
+        b = numbered(5 * SLICE_MESSAGES, prefix=b"b")
+        await asyncio.gather(
+            send(store, sliced, "a", topic, 0, frames(a)),
+            send(store, sliced, "b", topic, 1, frames(b)),
+        )
+        assert read_all(store, topic, 0) == a and read_all(store, topic, 1) == b
+        return order, sliced.scheduler.waited
+
+    order, waited = run(tmp_path, body)
+    assert sorted(order) == [0, 1], "each batch was written in one piece"
+    assert waited > 0, "their checks took turns"
+
+
+def test_a_batch_checked_in_one_slice_goes_on_in_the_same_turn_a_larger_one_does_not(
+    tmp_path: Path,
+) -> None:
+    async def body(
+        store: MessageStore, sliced: SlicedStore, topic: Topic
+    ) -> tuple[list[int], list[int], int]:
+        calls: list[int] = []
+
+        def then(checked: list[CheckedFrame]) -> Written:
+            calls.append(len(checked))
+            return store.write(topic, 0, small, checked)
+
+        small = frames(numbered(SLICE_MESSAGES))
+        checked, written = await sliced.check("a", small, then)
+        assert written is not None and written.count == len(checked) == SLICE_MESSAGES
+        one_turn = sliced.scheduler.slices
+        large = frames(numbered(SLICE_MESSAGES + 1))
+        _checked, not_written = await sliced.check("a", large, then)
+        assert not_written is None
+        return calls, [one_turn], sliced.scheduler.slices
+
+    calls, one_turn, turns = run(tmp_path, body)
+    assert calls == [SLICE_MESSAGES], "only the batch checked in one slice went on"
+    assert one_turn == [1] and turns == 3
+
+
+def test_a_bad_frame_in_a_later_slice_stores_nothing_of_the_batch(tmp_path: Path) -> None:
+    good = frames(numbered(5 * SLICE_MESSAGES))
+    empty = encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"")
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> int:
+        with pytest.raises(BrokerError) as caught:
+            await send(store, sliced, "a", topic, 0, good + empty)
+        assert caught.value.reason == "EMPTY_BODY"
+        assert f"frame {5 * SLICE_MESSAGES}" in caught.value.message, "numbered as one batch"
+        return store.queue(topic, 0).count
+
+    assert run(tmp_path, body) == 0
+
+
+def test_a_batch_whose_request_is_cancelled_while_it_is_checked_stores_nothing(
+    tmp_path: Path,
+) -> None:
+    bodies = numbered(10 * SLICE_MESSAGES)
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[bytes]:
+        task = asyncio.create_task(send(store, sliced, "a", topic, 0, frames(bodies)))
+        while sliced.scheduler.slices < 2:  # until it is part-way through its checks
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        after = asyncio.create_task(send(store, sliced, "b", topic, 0, frames([b"after"])))
+        assert (await after).first_offset == 0, "nothing of the batch took an offset"
+        return read_all(store, topic, 0)
+
+    assert run(tmp_path, body) == [b"after"]
+
+
+def test_a_send_waiting_for_its_fsync_does_not_hold_its_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fsync = threading.Event()
+    execute = CommitLog.execute_flush
+
+    def held_back(plan: FlushPlan) -> None:
+        fsync.wait(10)
+        execute(plan)
+
+    monkeypatch.setattr(CommitLog, "execute_flush", staticmethod(held_back))
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[bool]:
+        first = asyncio.create_task(send(store, sliced, "a", topic, 0, frames(numbered(3))))
+        second = asyncio.create_task(send(store, sliced, "b", topic, 0, frames(numbered(40))))
+        for _ in range(1000):  # loop passes, not time: the fsync is held back throughout
+            if store.queue(topic, 0).count == 43:
+                break
+            await asyncio.sleep(0)
+        written_during_the_fsync = store.queue(topic, 0).count
+        fsync.set()
+        results = await asyncio.gather(first, second)
+        assert written_during_the_fsync == 43, "the second send waited for the first's fsync"
+        return [r.durable for r in results]
+
+    assert run(tmp_path, body, sync=True) == [True, True]
+
+
+# ---------------------------------------------------------------------- pulls
+SIZES = [100, 3000, 100, 100, 9000, 100] * 20  # some larger than a slice's bytes
+
+
+@pytest.mark.parametrize(
+    ("offset", "max_messages", "max_bytes"),
+    [
+        (0, 1000, 1 << 30),  # everything
+        (0, 50, 1 << 30),  # cut by count
+        (3, 1000, 40_000),  # cut by bytes, mid-way
+        (4, 1000, 5_000),  # the first message alone is over max_bytes: served anyway
+        (0, 1, 1 << 30),
+        (110, 1000, 1 << 30),  # up to the end of the queue
+    ],
+)
+def test_a_pull_read_in_slices_answers_what_one_read_would(
+    tmp_path: Path, offset: int, max_messages: int, max_bytes: int
+) -> None:
+    bodies = [str(i).encode().ljust(size, b"x") for i, size in enumerate(SIZES)]
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> None:
+        store.write(topic, 0, data := frames(bodies), store.check(data))
+        whole = store.get(topic, 0, offset, max_messages=max_messages, max_bytes=max_bytes)
+        got = await sliced.get(
+            "a", topic, 0, offset, max_messages=max_messages, max_bytes=max_bytes, tags=None
+        )
+        assert same(got, whole)
+        if max_bytes < 1 << 30 and got.count > 1:
+            assert len(got.records) <= max_bytes, "never more than asked"
+
+    run(tmp_path, body)
+
+
+def test_while_another_client_is_active_a_pull_answers_one_slice(tmp_path: Path) -> None:
+    bodies = numbered(5 * SLICE_MESSAGES)
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[int]:
+        store.write(topic, 0, data := frames(bodies), store.check(data))
+        alone = await sliced.get("a", topic, 0, 0, max_messages=1000, max_bytes=1 << 30, tags=None)
+        await send(store, sliced, "b", topic, 1, frames([b"another client's send"]))
+        shared = await sliced.get("a", topic, 0, 0, max_messages=1000, max_bytes=1 << 30, tags=None)
+        assert bodies_of(shared.records) == bodies[:SLICE_MESSAGES]
+        assert shared.next_offset == SLICE_MESSAGES, "the next pull goes on from there"
+        return [alone.count, shared.count]
+
+    assert run(tmp_path, body) == [5 * SLICE_MESSAGES, SLICE_MESSAGES]
+
+
+def test_a_tag_filtered_pull_read_in_slices_answers_what_one_read_would(
+    tmp_path: Path,
+) -> None:
+    bodies = numbered(100)
+    tags = [b"even" if i % 2 == 0 else b"odd" for i in range(100)]
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> None:
+        store.write(topic, 0, data := frames(bodies, tags), store.check(data))
+        for offset in (0, 1, 57):
+            whole = store.get(
+                topic, 0, offset, max_messages=40, max_bytes=1 << 30, tags=frozenset({b"odd"})
+            )
+            got = await sliced.get(
+                "a", topic, 0, offset, max_messages=40, max_bytes=1 << 30,
+                tags=frozenset({b"odd"}),
+            )  # fmt: skip
+            assert same(got, whole)
+
+    run(tmp_path, body)
+
+
+def test_a_pull_read_in_slices_stops_before_a_corrupt_record(tmp_path: Path) -> None:
+    bodies = numbered(5 * SLICE_MESSAGES)
+    bad = 2 * SLICE_MESSAGES  # the first message of the third slice
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> None:
+        store.write(topic, 0, data := frames(bodies), store.check(data))
+        position, size, _ = store.queue(topic, 0).entry(bad)
+        segment = next((store.data_dir / "commitlog").iterdir())
+        fd = os.open(segment, os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"\xff", position + size - 1)  # the last body byte: CRC fails
+        finally:
+            os.close(fd)
+        got = await sliced.get("a", topic, 0, 0, max_messages=1000, max_bytes=1 << 30, tags=None)
+        assert (got.status, got.count, got.next_offset) == ("FOUND", bad, bad)
+        assert bodies_of(got.records) == bodies[:bad]
+        with pytest.raises(BrokerError) as caught:
+            await sliced.get("a", topic, 0, bad, max_messages=1000, max_bytes=1 << 30, tags=None)
+        assert caught.value.reason == "CORRUPT_RECORD"
+
+    run(tmp_path, body)
+
+
+def same(a: GetResult, b: GetResult) -> bool:
+    return (a.status, a.next_offset, a.min_offset, a.max_offset, a.records, a.count) == (
+        b.status,
+        b.next_offset,
+        b.min_offset,
+        b.max_offset,
+        b.records,
+        b.count,
+    )
+
+
+def test_a_queue_handed_to_a_send_cancelled_meanwhile_goes_on_to_the_next(
+    tmp_path: Path,
+) -> None:
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[str]:
+        got: list[str] = []
+
+        async def take(name: str) -> None:
+            async with sliced.in_order("a", (topic.name, 0)):
+                got.append(name)
+
+        first = sliced.in_order("a", (topic.name, 0))
+        hold = await first.__aenter__()
+        second = asyncio.create_task(take("second"))
+        third = asyncio.create_task(take("third"))
+        await asyncio.sleep(0)  # both wait
+        hold.release()  # handed to the second, which is cancelled before it runs
+        second.cancel()
+        await asyncio.wait_for(third, 10)
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        assert not sliced.writing((topic.name, 0))
+        return got
+
+    assert run(tmp_path, body) == ["third"]
+
+
+def test_a_full_disk_in_the_middle_of_a_large_batch_stores_nothing_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bodies = numbered(5 * SLICE_MESSAGES)
+    real_pwrite = os.pwrite
+
+    def half_then_full(fd: int, data: bytes | memoryview, offset: int) -> int:
+        if len(data) > 2 * SLICE_BYTES:  # the batch's records: cut short half-way
+            real_pwrite(fd, bytes(data[: len(data) // 2]), offset)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[bytes]:
+        await send(store, sliced, "a", topic, 0, frames([b"before"]))
+        with monkeypatch.context() as patched:
+            patched.setattr(commitlog_module.os, "pwrite", half_then_full)
+            with pytest.raises(BrokerError) as full:
+                await send(store, sliced, "a", topic, 0, frames(bodies))
+        assert full.value.reason == "DISK_FULL"
+        store.refusing_sends = False  # the next disk check would say so
+        after = await send(store, sliced, "a", topic, 0, frames([b"after"]))
+        assert after.first_offset == 1, "the batch's offsets were given back"
+        return read_all(store, topic, 0)
+
+    assert run(tmp_path, body) == [b"before", b"after"]
