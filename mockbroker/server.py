@@ -9,13 +9,14 @@ import socket
 
 import grpc
 
-from mockbroker.admin_service import AdminService
 from mockbroker.config import BrokerConfig
 from mockbroker.errors import BrokerError
 from mockbroker.fair_store import SlicedStore
 from mockbroker.fairness import FairScheduler
+from mockbroker.fronts.grpc.admin_service import AdminService
+from mockbroker.fronts.grpc.grpc_errors import add_service
+from mockbroker.fronts.grpc.service import MessagingService
 from mockbroker.groups import ConsumerGroups
-from mockbroker.grpc_errors import add_service
 from mockbroker.http_status import StatusServer
 from mockbroker.limits import ClientLimits
 from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
@@ -23,7 +24,6 @@ from mockbroker.long_polling import PullHolder
 from mockbroker.offsets import ConsumerOffsets
 from mockbroker.retry import RetryService
 from mockbroker.schedule import Scheduler
-from mockbroker.service import MessagingService
 from mockbroker.state import BrokerState
 from mockbroker.store.message_store import MessageStore
 from mockbroker.store.retention import file_probe

@@ -13,8 +13,9 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
-from mockbroker import BrokerConfig, EmbeddedBroker, exchange
-from mockbroker.service import MessagingService
+from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker.fronts.grpc import exchange
+from mockbroker.fronts.grpc.service import MessagingService
 from sdk import Message
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc

@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from mockbroker import Broker, BrokerConfig
-from mockbroker.service import MessagingService
+from mockbroker.fronts.grpc.service import MessagingService
 from sdk import Message
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._transport.codec import MessageIdGenerator, encode_message

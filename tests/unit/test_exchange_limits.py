@@ -15,7 +15,7 @@ import pytest
 from grpc import StatusCode
 
 from mockbroker.errors import BrokerError
-from mockbroker.exchange import ExchangeStream
+from mockbroker.fronts.grpc.exchange import ExchangeStream
 from mockbroker.limits import ClientLimits
 from mockbroker.request_stats import RequestStats
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb

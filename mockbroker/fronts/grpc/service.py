@@ -12,9 +12,15 @@ from collections.abc import AsyncIterator, Iterable
 
 from mockbroker.delivery import Delivery
 from mockbroker.errors import BrokerError, invalid, out_of_range
-from mockbroker.exchange import ExchangeStreams
+from mockbroker.fronts.grpc.exchange import ExchangeStreams
+from mockbroker.fronts.grpc.grpc_errors import (
+    Context,
+    MalformedRequest,
+    abort,
+    answers_errors,
+    parsed,
+)
 from mockbroker.groups import GroupMembership
-from mockbroker.grpc_errors import Context, MalformedRequest, abort, answers_errors, parsed
 from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState, check_client_id
 from mockbroker.store.message_store import parse_tag_expression
@@ -43,7 +49,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         request_iterator: AsyncIterator[pb.ExchangeRequest | MalformedRequest],
         context: Context,
     ) -> AsyncIterator[pb.ExchangeResponse]:
-        """Send and Pull requests multiplexed on one stream (mockbroker/exchange.py)."""
+        """Send and Pull requests multiplexed on one stream (mockbroker/fronts/grpc/exchange.py)."""
         async with self._stream_of(context, "Exchange"):
             try:
                 async for answer in self.exchanges.serve(request_iterator, context.peer()):

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
-from mockbroker.grpc_errors import Context, answers_errors
+from mockbroker.fronts.grpc.grpc_errors import Context, answers_errors
 from mockbroker.state import BrokerState
 from mockbroker.topics import Topic, check_any_topic, check_group, check_user_topic, is_system_topic
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
