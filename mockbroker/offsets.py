@@ -2,16 +2,22 @@
 
 The table is one JSON file replaced atomically. Concurrent commits share one write: a
 commit waits for a save that started after its change (group commit), so a burst of
-commits costs one file write rather than one each.
+commits costs one file write rather than one each. Queries see only what is saved: a
+commit whose save fails (a full disk) is refused and leaves the offsets as they were, so
+that a restart never finds an offset older than one a query answered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 from pathlib import Path
 from typing import Any
 
+from grpc import StatusCode
+
+from mockbroker.errors import BrokerError
 from mockbroker.store.files import write_atomically
 from mockbroker.topics import check_any_topic, check_group, name_checked
 from sdk._files import read_json
@@ -24,7 +30,8 @@ class ConsumerOffsets:
 
     def __init__(self, path: Path) -> None:
         self._path = path
-        self._table: dict[OffsetKey, int] = {}
+        self._table: dict[OffsetKey, int] = {}  # what the next save writes
+        self._saved: dict[OffsetKey, int] = {}  # what is on disk: what queries answer
         self._groups: set[str] = set()
         self._skipped: dict[OffsetKey, int] = {}
         self._version = 0
@@ -39,15 +46,16 @@ class ConsumerOffsets:
         """
         if self._path.exists():
             self._table, self._skipped = read_json(self._path, _parse)
+        self._saved = dict(self._table)
         self._groups = {g for g, _, _ in self._table}
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
         """The committed offset, or None when the group never committed this queue."""
-        return self._table.get((group, topic, queue_id))
+        return self._saved.get((group, topic, queue_id))
 
     def committed(self) -> list[OffsetKey]:
         """Every (group, topic, queue) with a committed offset."""
-        return list(self._table)
+        return list(self._saved)
 
     def groups(self) -> set[str]:
         """Every group with at least one committed offset."""
@@ -68,24 +76,44 @@ class ConsumerOffsets:
         return self._skipped.get((group, topic, queue_id), 0)
 
     async def commit(self, updates: dict[OffsetKey, int]) -> None:
-        """Apply `updates` and return once they are on disk."""
+        """Apply `updates` and return once they are on disk.
+
+        A save that fails raises BrokerError UNAVAILABLE (DISK_FULL or STORE_UNAVAILABLE,
+        retriable) and takes back those of `updates` that no later commit replaced.
+        """
         self._table.update(updates)
-        self._groups.update(g for g, _, _ in updates)
         self._version += 1
-        await self._save(self._version)
+        try:
+            await self._save(self._version)
+        except OSError as exc:
+            for key, value in updates.items():
+                if self._table.get(key) == value:
+                    if key in self._saved:
+                        self._table[key] = self._saved[key]
+                    else:
+                        del self._table[key]
+            full = exc.errno == errno.ENOSPC
+            raise BrokerError(
+                StatusCode.UNAVAILABLE,
+                "DISK_FULL" if full else "STORE_UNAVAILABLE",
+                f"the offsets were not committed: saving them failed ({exc}); retry later",
+            ) from exc
+        self._groups.update(g for g, _, _ in updates)
 
     async def _save(self, version: int) -> None:
         async with self._save_lock:
             if self._saved_version >= version:
                 return  # a save that started after our change already covered it
             current = self._version
-            snapshot = self._snapshot()
+            table = dict(self._table)
+            snapshot = self._snapshot(table)
             await asyncio.to_thread(write_atomically, self._path, snapshot)
             self._saved_version = current
+            self._saved = table
 
-    def _snapshot(self) -> bytes:
+    def _snapshot(self, table: dict[OffsetKey, int]) -> bytes:
         nested: dict[str, dict[str, dict[str, int]]] = {}
-        for (group, topic, qid), offset in sorted(self._table.items()):
+        for (group, topic, qid), offset in sorted(table.items()):
             nested.setdefault(group, {}).setdefault(topic, {})[str(qid)] = offset
         skipped: dict[str, dict[str, dict[str, int]]] = {}
         for (group, topic, qid), count in sorted(self._skipped.items()):
