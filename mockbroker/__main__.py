@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -238,9 +239,30 @@ async def serve(config: BrokerConfig) -> None:
     await broker.stop()
 
 
+def raise_open_files_limit() -> None:
+    """Raise the soft open-files limit to the hard one.
+
+    Every queue keeps its index file open: a broker with a few hundred queues would hit
+    the usual soft limit of 1 024 (servers such as Kafka and RocketMQ ask for the same).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            logging.getLogger("ordermq.broker").warning(
+                "open-files limit stays at %d (cannot raise it to %d: %s)", soft, hard, exc
+            )
+            return
+        logging.getLogger("ordermq.broker").info(
+            "open-files limit raised from %d to %d", soft, hard
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     config = parse_args(argv)
+    raise_open_files_limit()
     try:
         asyncio.run(serve(config))
     except (OSError, CorruptFileError) as exc:  # in use, no room, a data file unreadable

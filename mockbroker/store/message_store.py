@@ -41,7 +41,7 @@ from mockbroker.store.retention import (
     next_floor,
     statvfs_probe,
 )
-from mockbroker.topics import SYSTEM_PREFIX, Topic, TopicRegistry
+from mockbroker.topics import MAX_QUEUES, SYSTEM_PREFIX, Topic, TopicRegistry
 from sdk._validation import split_tag_expression
 from sdk._wire import FRAME_FIELDS, RECORD, RecordFormatError, StoredRecord, iter_records
 from sdk.clock import Clock, SystemClock, sleep_for
@@ -260,7 +260,22 @@ class MessageStore:
 
     # ------------------------------------------------------------------ topics
     def create_topic(self, name: str, queue_count: int) -> tuple[Topic, bool]:
-        """Create a topic (idempotent for the same queue count)."""
+        """Create a topic (idempotent for the same queue count).
+
+        Its queue files are opened before it is registered: a topic the process has no
+        file descriptors left for is refused whole (TOO_MANY_OPEN_FILES).
+        """
+        if self.topics.find(name) is None and 1 <= queue_count <= MAX_QUEUES:
+            opened: list[tuple[str, int]] = []
+            try:
+                for qid in range(queue_count):
+                    if (name, qid) not in self._queues:
+                        self._queue_for(Topic(name, queue_count), qid)
+                        opened.append((name, qid))
+            except BrokerError:
+                for key in opened:
+                    self._queues.pop(key).close()
+                raise
         topic, created = self.topics.create(name, queue_count)
         for qid in range(topic.queue_count):
             self._queue_for(topic, qid)
@@ -807,7 +822,18 @@ class MessageStore:
         key = (topic.name, queue_id)
         cq = self._queues.get(key)
         if cq is None:
-            cq = ConsumeQueue(self._cq_dir / topic.name / str(queue_id))
+            try:
+                cq = ConsumeQueue(self._cq_dir / topic.name / str(queue_id))
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise
+                raise BrokerError(
+                    StatusCode.RESOURCE_EXHAUSTED,
+                    "TOO_MANY_OPEN_FILES",
+                    f"cannot open the files of {topic.name} queue {queue_id}: {exc.strerror}; "
+                    "each queue keeps a file open: raise the broker's open-files limit "
+                    "(ulimit -n, systemd LimitNOFILE=)",
+                ) from exc
             self._queues[key] = cq
         return cq
 

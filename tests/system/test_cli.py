@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -200,3 +201,22 @@ def test_the_console_script_is_installed() -> None:
     script = Path(sys.executable).parent / "mockbroker"
     proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "--flush-mode" in proc.stdout
+
+
+def test_the_broker_raises_its_open_files_limit_to_the_hard_limit(tmp_path: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard <= 256:
+        pytest.skip(f"the hard open-files limit ({hard}) leaves nothing to raise")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # the child starts with 256
+    try:
+        broker = BrokerProcess(tmp_path)
+        broker.start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        assert broker.proc is not None
+        limits = Path(f"/proc/{broker.proc.pid}/limits").read_text()
+        line = next(x for x in limits.splitlines() if x.startswith("Max open files"))
+        assert line.split()[3:5] == [str(hard), str(hard)], line
+    finally:
+        broker.terminate()

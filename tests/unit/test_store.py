@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import struct
 import threading
@@ -14,6 +15,7 @@ import pytest
 
 from mockbroker.errors import BrokerError
 from mockbroker.long_polling import PullHolder
+from mockbroker.store import consumequeue as consumequeue_module
 from mockbroker.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from mockbroker.store.consumequeue import ENTRY
 from mockbroker.store.message_store import MessageStore, parse_tag_expression
@@ -534,3 +536,34 @@ def test_pages_a_power_cut_lost_end_the_log_like_a_torn_tail(
     result = loop.run_until_complete(again.put(topic, 0, frames(b"next")))
     assert result.first_offset == whole
     loop.run_until_complete(again.close())
+
+
+def test_a_topic_that_runs_out_of_file_descriptors_is_refused_whole_and_clearly(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = opened(loop, tmp_path)
+    real_open = consumequeue_module.open_durably
+    opened_files: list[Path] = []
+
+    def third_fails(path: Path, flags: int) -> int:
+        if len(opened_files) == 2:
+            raise OSError(errno.EMFILE, "Too many open files")
+        opened_files.append(path)
+        return real_open(path, flags)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(consumequeue_module, "open_durably", third_fails)
+        with pytest.raises(BrokerError) as refused:
+            store.create_topic("many", 4)
+    assert (refused.value.status.name, refused.value.reason) == (
+        "RESOURCE_EXHAUSTED",
+        "TOO_MANY_OPEN_FILES",
+    )
+    assert "ulimit -n" in refused.value.message
+    assert store.topics.find("many") is None, "nothing of the topic remains"
+    topic, created = store.create_topic("many", 4)  # once descriptors are free again
+    assert created and topic.queue_count == 4
+    loop.run_until_complete(store.close())
+    reopened = opened(loop, tmp_path)
+    assert reopened.topics.find("many") == topic
+    loop.run_until_complete(reopened.close())
