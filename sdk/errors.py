@@ -185,6 +185,7 @@ ERRORS_BY_REASON: dict[str, type[OrderMQError]] = {
     "NOT_IMPLEMENTED": NotSupportedError,
     "DISK_FULL": BrokerUnavailableError,  # retriable: sends resume once space is freed
     "CLIENT_OVER_LIMIT": BrokerBusyError,
+    "TOO_MANY_OPEN_FILES": BrokerUnavailableError,  # an operator must raise the limit
 }
 
 #: gRPC status names -> exception classes, for statuses that carry no reason.

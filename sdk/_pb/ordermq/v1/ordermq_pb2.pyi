@@ -95,6 +95,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """the broker's disk is over its refuse ratio (retriable)"""
     CLIENT_OVER_LIMIT: _ErrorReason.ValueType  # 24
     """the client has too much in flight: retry after a back-off"""
+    TOO_MANY_OPEN_FILES: _ErrorReason.ValueType  # 25
+    """the broker process has no file descriptors left (raise its limit)"""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed; sent as the `ordermq-reason` trailing metadata value."""
@@ -148,6 +150,8 @@ DISK_FULL: ErrorReason.ValueType  # 23
 """the broker's disk is over its refuse ratio (retriable)"""
 CLIENT_OVER_LIMIT: ErrorReason.ValueType  # 24
 """the client has too much in flight: retry after a back-off"""
+TOO_MANY_OPEN_FILES: ErrorReason.ValueType  # 25
+"""the broker process has no file descriptors left (raise its limit)"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 class _SendStatus:
