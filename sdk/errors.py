@@ -115,6 +115,13 @@ class CorruptFileError(OrderMQError):
     """
 
 
+class DataFormatError(CorruptFileError):
+    """A data directory is in a format this version does not read (a newer one wrote it).
+
+    Nothing in it was read or changed; the message names the formats.
+    """
+
+
 class FlushFailedError(OrderMQError):
     """The broker's fsync failed: the message is not acknowledged."""
 

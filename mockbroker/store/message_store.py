@@ -27,6 +27,7 @@ from mockbroker.store.checkpoint import (
 )
 from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import ConsumeQueue
+from mockbroker.store.data_format import check_data_format
 from mockbroker.store.files import DirectoryLock, make_dirs
 from mockbroker.store.flush import Flusher, FlushFailedError
 from mockbroker.store.message_index import MessageIndex
@@ -168,6 +169,7 @@ class MessageStore:
         return self.recovery
 
     def _load(self) -> None:
+        check_data_format(self.data_dir)
         self._index = MessageIndex(self.data_dir / "index")
         self.topics.load()
         self.commitlog.open()

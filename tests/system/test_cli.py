@@ -153,6 +153,17 @@ def test_a_data_directory_in_use_is_a_clear_error(tmp_path: Path) -> None:
         first.terminate()
 
 
+def test_a_data_directory_in_a_newer_format_is_a_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "FORMAT").write_text('{"format": 2, "written_by": "9.0.0"}')
+    proc = subprocess.run(
+        [sys.executable, "-m", "mockbroker", "--port", "0", "--data-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("mockbroker: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "data format 2" in proc.stderr and proc.stdout == ""
+
+
 def test_the_ready_line_and_routes_carry_the_advertised_host(
     tmp_path: Path, start_broker: StartBroker
 ) -> None:
