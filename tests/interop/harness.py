@@ -9,6 +9,7 @@ remoting ports, ready once its gRPC ready line came and both ports accept connec
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import os
@@ -18,14 +19,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from sdk import MessageQueue
+from sdk._transport.broker_client import BrokerClient
 from tests.interop.provision import Client
 from tests.support import ROOT, BrokerProcess
 
 Event = dict[str, Any]
+T = TypeVar("T")
 #: A driver that is up: its client started (and, for consumers, found the topic's route).
 START_TIMEOUT = 60.0
 #: A consumer's shutdown: persist offsets, unlock its queues, unregister.
@@ -110,6 +114,11 @@ class Driver:
                     )
                 self._changed.wait(min(left, 0.5))  # also notices an exit without output
 
+    def check(self, what: str) -> None:
+        """Fail if the driver reported an error or exited (it should be running)."""
+        if self.of("error") or self.proc.poll() is not None:
+            raise AssertionError(f"{self.name} ended while waiting for {what}: {self.describe()}")
+
     def wait_event(self, kind: str, timeout: float = START_TIMEOUT) -> Event:
         """Wait for the first event of `kind` and return it."""
         self.wait_for(lambda evs: any(e.get("event") == kind for e in evs), timeout, kind)
@@ -139,6 +148,20 @@ class Driver:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def wait_across(
+    running: list[Driver], condition: Callable[[], bool], timeout: float, what: str
+) -> None:
+    """Wait until `condition()` holds, failing fast if one of `running` ends meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        for driver in running:
+            driver.check(what)
+        if time.monotonic() > deadline:
+            states = "\n".join(d.describe() for d in running)
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}:\n{states}")
+        time.sleep(0.05)  # polling a condition with a deadline
 
 
 # ---------------------------------------------------------------------------- the broker
@@ -218,3 +241,52 @@ class RemotingBroker:
             self.process.terminate(30)
         except subprocess.TimeoutExpired:
             self.process.kill9()
+
+
+# ---------------------------------------------------------------------------- over gRPC
+class GrpcView:
+    """The same broker seen through ordermq's gRPC (one truth: topics, offsets, groups)."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def _call(self, work: Callable[[BrokerClient], Awaitable[T]]) -> T:
+        async def run() -> T:
+            client = BrokerClient(self.address)
+            try:
+                return await work(client)
+            finally:
+                await client.close()
+
+        return asyncio.run(run())
+
+    def create_topic(self, topic: str, queues: int) -> None:
+        """Create `topic` with `queues` queues (before any client uses it)."""
+        self._call(lambda c: c.create_topic(topic, queues))
+
+    def queues(self, topic: str) -> list[MessageQueue]:
+        """The topic's queues, by queue id."""
+        routes = self._call(lambda c: c.query_route(topic))
+        return sorted((r.queue for r in routes), key=lambda q: q.queue_id)
+
+    def max_offsets(self, topic: str) -> dict[int, int]:
+        """Queue id -> the offset the next message will get."""
+
+        async def work(c: BrokerClient) -> dict[int, int]:
+            routes = await c.query_route(topic)
+            return {r.queue.queue_id: (await c.queue_offsets(r.queue))[1] for r in routes}
+
+        return self._call(work)
+
+    def committed(self, group: str, topic: str) -> dict[int, int | None]:
+        """Queue id -> the group's committed offset (None: never committed)."""
+
+        async def work(c: BrokerClient) -> dict[int, int | None]:
+            routes = await c.query_route(topic)
+            return {r.queue.queue_id: await c.query_offset(group, r.queue) for r in routes}
+
+        return self._call(work)
+
+    def members(self, group: str) -> list[str]:
+        """The client ids of the group's members."""
+        return self._call(lambda c: c.consumer_list(group))[0]
