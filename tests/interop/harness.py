@@ -10,6 +10,7 @@ remoting ports, ready once its gRPC ready line came and both ports accept connec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -150,6 +151,23 @@ class Driver:
             self.proc.wait()
 
 
+@contextlib.contextmanager
+def drivers(client: Client, workdir: Path) -> Iterator[Callable[..., Driver]]:
+    """`start(name, *args)` starts a driver of `client`; all of them are killed at the end."""
+    started: list[Driver] = []
+
+    def start(name: str, *args: str) -> Driver:
+        driver = Driver(name, client, list(args), workdir)
+        started.append(driver)
+        return driver
+
+    try:
+        yield start
+    finally:
+        for driver in started:
+            driver.close()
+
+
 def wait_across(
     running: list[Driver], condition: Callable[[], bool], timeout: float, what: str
 ) -> None:
@@ -179,6 +197,30 @@ def remoting_support() -> str:
             "remoting front (issue 23) is not part of this build"
         )
     return ""
+
+
+@contextlib.contextmanager
+def brokers(workdir: Path) -> Iterator[Callable[..., RemotingBroker]]:
+    """`start(*args)` starts a RemotingBroker; all are stopped at the end.
+
+    Skips the calling test when this mockbroker has no remoting front.
+    """
+    import pytest
+
+    if reason := remoting_support():
+        pytest.skip(reason)
+    started: list[RemotingBroker] = []
+
+    def start(*args: str) -> RemotingBroker:
+        broker = RemotingBroker(workdir / f"broker{len(started)}", *args)
+        started.append(broker)
+        return broker.start()
+
+    try:
+        yield start
+    finally:
+        for broker in started:
+            broker.stop()
 
 
 def free_port() -> int:

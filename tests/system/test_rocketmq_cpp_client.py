@@ -42,8 +42,9 @@ from tests.interop.harness import (
     Event,
     GrpcView,
     RemotingBroker,
+    brokers,
+    drivers,
     free_port,
-    remoting_support,
     wait_across,
 )
 from tests.interop.provision import Client, require
@@ -79,33 +80,15 @@ def cpp() -> Client:
 @pytest.fixture
 def run(cpp: Client, tmp_path: Path) -> Iterator[Callable[..., Driver]]:
     """`run(name, *args)` starts cpp_driver.py; whatever still runs is killed at the end."""
-    started: list[Driver] = []
-
-    def start(name: str, *args: str) -> Driver:
-        driver = Driver(name, cpp, list(args), tmp_path / "drivers")
-        started.append(driver)
-        return driver
-
-    yield start
-    for driver in started:
-        driver.close()
+    with drivers(cpp, tmp_path / "drivers") as start:
+        yield start
 
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[Callable[..., RemotingBroker]]:
     """`broker(*args)` starts a remoting broker (skips when this build has none)."""
-    if reason := remoting_support():
-        pytest.skip(reason)
-    started: list[RemotingBroker] = []
-
-    def start(*args: str) -> RemotingBroker:
-        b = RemotingBroker(tmp_path / f"broker{len(started)}", *args).start()
-        started.append(b)
-        return b
-
-    yield start
-    for b in started:
-        b.stop()
+    with brokers(tmp_path) as start:
+        yield start
 
 
 # ---------------------------------------------------------------------------- helpers
