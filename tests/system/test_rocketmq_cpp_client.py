@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,10 +46,11 @@ from tests.interop.harness import (
     brokers,
     drivers,
     free_port,
+    remoting_support,
     wait_across,
 )
 from tests.interop.provision import Client, require
-from tests.support import wait_until
+from tests.support import ROOT, wait_until
 from tests.system.orderly_history import Entry, verify
 
 pytestmark = [pytest.mark.system, pytest.mark.interop]
@@ -436,3 +438,23 @@ def test_the_pull_consumer_reads_every_message_where_the_producer_was_told(
         offsets = [e["offset"] for e in pulled if e["queue"] == q]
         assert offsets == list(range(end)), f"queue {q}: {offsets[:10]}... of {end}"
         assert (done[q]["next_offset"], done[q]["max_offset"]) == (end, end), done[q]
+
+
+# ---------------------------------------------------------------------------- bench
+def test_the_bench_remoting_group_measures_sends_and_pulls(cpp: Client, tmp_path: Path) -> None:
+    out = tmp_path / "remoting.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--only", "remoting", "--quick",
+         "--messages", "4000", "--quiet", "--output", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    if reason := report["facts"].get("remoting_skipped"):
+        assert reason == remoting_support()  # the client is there: only the front may lack
+        pytest.skip(reason)
+    figures = {f["key"]: f for f in report["figures"]}
+    assert sorted(figures) == ["remoting.pull", "remoting.send.orderly", "remoting.send.sync"]
+    assert all(f["median"] > 0 for f in figures.values()), figures
+    assert figures["remoting.pull"]["runs"][0]["units"] == 4000
+    assert figures["remoting.send.sync"]["runs"][0]["units"] == 2000
