@@ -27,12 +27,13 @@ Events:
   rate, cpu_seconds}.
 
 The C++ client's quirks this copes with: it logs to $HOME/logs/rocketmq-cpp/ (set HOME;
-SetProducerLogPath has no effect once a client exists); with no name server listening it
+SetProducerLogPath has no effect once a client exists). With no name server listening it
 starts anyway and fails later (a send: "No route info"; a consumer: silently idle), so the
 consumers first wait up to --route-timeout for the topic's route, asked through a
-PullConsumer of group "<group>_ROUTE_PROBE"; with a name server that accepts connections and
-never answers, a send takes 60 s to fail and a push consumer's start 10 s, which --deadline
-bounds.
+PullConsumer of group "<group>_ROUTE_PROBE" (client id <pid>-<ip>@DEFAULT; a push
+consumer's instance name is PUSH unless --instance says otherwise, so the ids differ).
+With a name server that accepts connections and never answers, a send takes 60 s to fail,
+a push consumer's start 10 s and a route request 5 s: --deadline bounds them all.
 """
 
 from __future__ import annotations
@@ -250,8 +251,10 @@ def push(a: argparse.Namespace) -> None:
     quiet_logs(dll.SetPushConsumerLogLevel, dll.SetPushConsumerLogFileNumAndSize,
                consumer._handle, a.log_level)  # fmt: skip
     consumer.set_namesrv_addr(a.namesrv)
-    if a.instance:
-        consumer.set_instance_name(a.instance)
+    # Not the probe's client id (<pid>-<ip>@DEFAULT: a PullConsumer's instance name cannot
+    # be set): a broker that sees the probe's connection close late must not take it for
+    # this consumer's.
+    consumer.set_instance_name(a.instance or "PUSH")
     if a.threads:
         consumer.set_thread_count(a.threads)
 
@@ -390,7 +393,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c = common("push", "a PushConsumer printing every message it is given")
     c.add_argument("--orderly", action="store_true", help="orderly listener (queue locks)")
     c.add_argument("--expression", default="*", help="tag expression (default *)")
-    c.add_argument("--instance", default="", help="client instance name")
+    c.add_argument(
+        "--instance",
+        default="",
+        help="client instance name (default PUSH: its client id "
+        "is <pid>-<ip>@PUSH, not the route probe's <pid>-<ip>@DEFAULT)",
+    )
     c.add_argument("--threads", type=int, default=0, help="consume threads (default: client's)")
     c.add_argument(
         "--route-timeout",
