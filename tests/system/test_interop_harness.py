@@ -15,7 +15,7 @@ import pytest
 from tests.interop.harness import Driver, drivers, wait_across
 from tests.interop.provision import Client
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.interop]
 
 STAND_IN = """
 import json, os, signal, sys, threading
