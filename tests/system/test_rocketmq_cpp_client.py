@@ -203,19 +203,19 @@ def test_without_a_name_server_each_driver_ends_at_once_with_a_clear_error(
 ) -> None:
     namesrv = f"127.0.0.1:{free_port()}"  # nothing listens there
     common = ["--namesrv", namesrv, "--topic", "nowhere", "--group", "g", "--deadline", "60"]
-    drivers = {
+    started = {
         "produce": run("producer", "produce", *common),
         "push": run("push", "push", *common, "--orderly", "--route-timeout", "2"),
         "pull": run("pull", "pull", *common, "--route-timeout", "2"),
     }
-    for driver in drivers.values():
+    for driver in started.values():
         assert driver.finish(60) == 2, driver.describe()
-    assert "No route info of this topic" in drivers["produce"].of("error")[0]["message"]
-    assert drivers["produce"].of("started"), "the producer starts without a name server"
+    assert "No route info of this topic" in started["produce"].of("error")[0]["message"]
+    assert started["produce"].of("started"), "the producer starts without a name server"
     for name in ("push", "pull"):
-        error = drivers[name].of("error")[0]["message"]
+        error = started[name].of("error")[0]["message"]
         assert f"no route for topic nowhere from the name server at {namesrv} within 2 s" in error
-        assert not drivers[name].of("started")
+        assert not started[name].of("started")
 
 
 def test_a_silent_name_server_ends_the_drivers_within_their_bounds(
@@ -276,6 +276,7 @@ def orderly_scene(
     return c1, c2, handed_over(c1, c2, before, committed)
 
 
+@pytest.mark.chaos
 def test_orderly_consumers_keep_each_keys_order_through_a_stop_and_a_restart(
     run: Callable[..., Driver],
     broker: Callable[..., RemotingBroker],
