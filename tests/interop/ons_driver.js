@@ -163,7 +163,9 @@ async function produce(a) {
       sent++;
       emit('sent', {
         key, seq, status: result.sendStatus, msg_id: result.msgId,
-        queue: result.messageQueue && result.messageQueue.queueId, offset: result.queueOffset,
+        // queueId comes back as the reply's extFields value: a string
+        queue: result.messageQueue ? Number(result.messageQueue.queueId) : null,
+        offset: result.queueOffset,
       });
     }
   }
