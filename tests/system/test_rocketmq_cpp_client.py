@@ -398,6 +398,8 @@ def test_what_the_cpp_client_sends_the_sdk_reads_and_the_other_way_round(
         for key in keys:
             sdk_producer.send(Message(topic, f"{key}:2".encode(), tags="FromSdk", keys=key,
                                       sharding_key=key))  # fmt: skip
+    # A new group: the broker answers QUERY_CONSUMER_OFFSET with 0 while the queue still
+    # holds its first message (the Java broker's rule), so the consumer reads from the start.
     consumer = run("cpp-consumer", *push_args(b, topic, "cpp-one-truth-group"))
     wait_across([consumer], lambda: distinct([consumer]) >= 3 * len(keys), CONSUME_TIMEOUT,
                 "the C++ consumer reading both producers' messages")  # fmt: skip
