@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 LINTED := sdk mockbroker
 
 PHONY_DOCS := docs-api test-docs bench-sizing
-.PHONY: help setup proto proto-check docs docs-check $(PHONY_DOCS) lint typecheck test test-fast test-stateful chaos fuzz fuzz-atheris demo bench bench-backlog bench-profile bench-peers clean
+.PHONY: help setup proto proto-check docs docs-check $(PHONY_DOCS) lint typecheck test test-fast test-stateful chaos fuzz fuzz-atheris demo bench bench-backlog bench-profile bench-peers interop-setup interop clean
 
 help:
 	@echo "make demo    run the main job on an embedded broker"
@@ -21,6 +21,8 @@ help:
 	@echo "make bench-peers     the same workload on Redis, RabbitMQ and NATS, and ratios"
 	@echo "make bench-profile   where broker and client CPU goes (py-spy), as shares"
 	@echo "make bench-sizing    disk and broker memory per million messages (1 KB and 100 B)"
+	@echo "make interop-setup   install the RocketMQ clients of others into .cache/interop"
+	@echo "make interop RocketMQ's C++ and Node.js clients against mockbroker (remoting)"
 	@echo "make proto   regenerate sdk/_pb from proto/"
 	@echo "make docs    regenerate docs/configuration.md from the config classes"
 	@echo "make docs-api        build the guides and the API reference into build/site (strict)"
@@ -94,6 +96,16 @@ fuzz-atheris: $(STAMP)
 		$(PY) -m tests.atheris_decoders $$target -max_total_time=$(FUZZ_SECONDS) \
 			-artifact_prefix=$(FUZZ_ARTIFACTS)/$$target- || exit 1; \
 	done
+
+# Clients written by others (PyPI rocketmq 0.4.4, i.e. rocketmq-client-cpp 1.2.3; npm ali-ons
+# 3.12.0), each in its own environment under .cache/interop, never in .venv; the interop
+# tests install them on first use as well, and skip with the reason when they cannot;
+# interop-setup fails when one of them cannot be installed.
+interop-setup: $(STAMP)
+	$(PY) -m tests.interop.provision
+
+interop: $(STAMP)
+	$(PY) -m pytest -q -m interop
 
 demo: $(STAMP)
 	$(PY) examples/demo.py

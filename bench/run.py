@@ -17,6 +17,10 @@ Figures (see bench/README.md for what each one measures and how to read it):
   consumer;
 - floor: a bare grpc.aio server/client pair moving the same bytes (what gRPC alone costs);
 - micro: per-message SDK costs measured in-process (build, encode, decode);
+- remoting: RocketMQ's C++ client (rocketmq-client-cpp 1.2.3, PyPI rocketmq 0.4.4) over
+  mockbroker's remoting front: single sends (send_sync, send_orderly) and a PullConsumer
+  reading a backlog, next to the gRPC figures of the same shape (bench/remoting.py; skipped,
+  with the reason, while the broker has no remoting front or the client cannot install);
 - backlog (only when named in --only; make bench-backlog): the broker's peak RSS with a
   10-million-message backlog, its recovery time after kill -9, and reading it all back.
 
@@ -53,6 +57,7 @@ import big_backlog
 import consuming as cw
 import flood
 import grpc
+import remoting as rm
 import workloads as wl
 from figures import Figure, Run, Timing, fmt, table
 from procs import ROOT, ServerProcess, broker_process, floor_process, machine_busy_seconds
@@ -63,7 +68,7 @@ from sdk._transport.broker_client import BrokerClient
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.aio import Producer, PushConsumer
 
-GROUPS = ("produce", "send", "pull", "consume", "poll", "latency", "floor", "micro")
+GROUPS = ("produce", "send", "pull", "consume", "poll", "latency", "floor", "micro", "remoting")
 #: Groups run only when --only names them (make bench-backlog): they take minutes and GBs.
 EXTRA_GROUPS = ("backlog", "flood")
 #: Other processes using this much of a core during a figure get it named in a note.
@@ -113,14 +118,19 @@ class Bench:
         return path
 
     @contextlib.contextmanager
-    def _broker(self, name: str, flush_mode: str) -> Iterator[ServerProcess]:
-        """A fresh broker process with its own data directory, removed afterwards."""
+    def _broker(
+        self, name: str, flush_mode: str, extra: tuple[str, ...] = ()
+    ) -> Iterator[ServerProcess]:
+        """A fresh broker process with its own data directory, removed afterwards.
+
+        `extra`: more broker options.
+        """
         profile = None
         if self.args.profile is not None:
             profile = self.args.profile / f"broker-{name}.prof"
         data_dir = self._data_dir(name)
         try:
-            with broker_process(data_dir, flush_mode, profile) as broker:
+            with broker_process(data_dir, flush_mode, profile, extra) as broker:
                 yield broker
         finally:
             shutil.rmtree(data_dir, ignore_errors=True)
@@ -795,6 +805,122 @@ class Bench:
                 figure.runs.append(Run(fn(), 0.0, n))
             self.say(f"  {title}: {', '.join(fmt(v) for v in figure.values())} us")
 
+    # ------------------------------------------------------------------ remoting
+    async def remoting(self) -> None:
+        """RocketMQ's C++ client over the remoting front (bench/remoting.py)."""
+        if reason := rm.unavailable():
+            self.say(f"remoting: skipped: {reason}")
+            self.facts["remoting_skipped"] = reason
+            return
+        client = rm.cpp_client()
+        self.facts["remoting_client"] = dict(client.detail)
+        home = self.tmp / "cpp-home"  # the C++ client's logs
+        rounds = max(1, (SEND_SEQUENTIAL_QUICK if self.args.quick else SEND_SEQUENTIAL) // wl.KEYS)
+        common = {
+            "client": "rocketmq-client-cpp 1.2.3 (PyPI rocketmq 0.4.4), a process of its own",
+            "flush_mode": "async",
+            "body_bytes": wl.BODY_BYTES,
+            "queues": wl.QUEUES,
+        }
+        sends = [
+            ("sync", "remoting send: C++ send_sync, 1 at a time", "SEND_MESSAGE, queues in turn"),
+            ("orderly", "remoting send: C++ send_orderly, 1 at a time",
+             "SEND_MESSAGE, the queue picked by sharding key"),
+        ]  # fmt: skip
+        for mode, title, api in sends:
+            figure = self._add(
+                Figure(
+                    f"remoting.send.{mode}",
+                    title,
+                    "msg/s",
+                    {
+                        **common,
+                        "api": api,
+                        "keys": wl.KEYS,
+                        "messages_per_run": rounds * wl.KEYS,
+                        "compare_with": "send.sequential",
+                    },
+                )
+            )
+            args = rm.produce_args(rm.TOPIC, mode, wl.KEYS, rounds, wl.BODY_BYTES)
+            warmup = rm.produce_args(rm.TOPIC, mode, wl.KEYS, 1, wl.BODY_BYTES)
+            await self._remoting_figure(figure, client, home, args, "sent", warmup=warmup)
+        backlog = self.args.messages
+        figure = self._add(
+            Figure(
+                "remoting.pull",
+                f"remoting pull: C++ PullConsumer, 1 queue at a time, {rm.PULL_MAX_NUM} a pull",
+                "msg/s",
+                {
+                    **common,
+                    "api": "PULL_MESSAGE without suspend, decode included",
+                    "backlog_messages": backlog,
+                    "max_messages": rm.PULL_MAX_NUM,
+                    "backlog_sent_with": "the ordermq SDK over gRPC",
+                    "compare_with": "pull.sequential",
+                },
+            )
+        )
+        args = rm.pull_args(rm.TOPIC)
+        await self._remoting_figure(figure, client, home, args, "messages", backlog=backlog)
+        if any(r.units != backlog for r in figure.runs):
+            raise RuntimeError(f"{figure.title}: read {[r.units for r in figure.runs]}")
+
+    async def _remoting_figure(
+        self,
+        figure: Figure,
+        client: rm.Client,
+        home: Path,
+        args: list[str],
+        counted: str,
+        *,
+        warmup: list[str] | None = None,
+        backlog: int = 0,
+    ) -> None:
+        """A fresh broker with the remoting front; the driver run with `args`, --runs times.
+
+        The driver times itself: the rate and the client's CPU are its own figures; the
+        broker's CPU seconds over the whole driver run are set against the driver's time.
+        """
+        extra, namesrv = rm.broker_options()
+        self.say(f"{figure.title}: starting a broker")
+        with self._broker(figure.key, "async", extra) as broker:
+            await rm.wait_ports(namesrv)
+            if backlog:
+                stored = await wl.fill_backlog(broker.address, rm.TOPIC, backlog)
+                self.say(f"  backlog of {stored} messages stored over gRPC")
+            else:
+                admin = BrokerClient(broker.address)
+                try:
+                    await admin.create_topic(rm.TOPIC, wl.QUEUES)
+                finally:
+                    await admin.close()
+            if warmup:  # connect, route, warm the server up
+                await rm.drive(client, home, namesrv, warmup)
+            done: dict[str, Any] = {}  # the last run's "done" event
+
+            async def one() -> int:
+                done.update(await rm.drive(client, home, namesrv, args))
+                return int(done[counted])
+
+            for i in range(self.args.runs):
+                t = await self._timed(one, broker)
+                seconds = float(done["seconds"])
+                driver_cpu = float(done["cpu_seconds"])
+                server = None if t.server_cpu is None else t.server_cpu * t.seconds / seconds
+                other = None
+                if t.other_cpu is not None:  # the driver was one of the "other" processes
+                    other = max(0.0, t.other_cpu - driver_cpu / t.seconds)
+                run = Run(t.units / seconds, seconds, t.units, driver_cpu / seconds, server,
+                          None, None, other)  # fmt: skip
+                figure.runs.append(run)
+                self.say(
+                    f"  {figure.title} run {i + 1}/{self.args.runs}: {fmt(run.value)} "
+                    f"{figure.unit} ({t.units} in {seconds:.2f} s; driver CPU "
+                    f"{driver_cpu / seconds:.0%}, broker CPU "
+                    f"{'-' if server is None else f'{server:.0%}'})"
+                )
+
     # ------------------------------------------------------------------ backlog
     async def backlog(self) -> None:
         size = self.args.backlog_messages
@@ -1009,6 +1135,8 @@ def main(argv: list[str] | None = None) -> int:
             f"note: other processes used {OTHERS_NOTICEABLE:.0%} of a core or more during "
             f"{len(busy)} figure(s) (column others): {', '.join(busy)}"
         )
+    if "remoting_skipped" in bench.facts:
+        print(f"note: the remoting figures were skipped: {bench.facts['remoting_skipped']}")
     comparison = send_comparison(bench.figures)
     if comparison:
         print(comparison)
