@@ -30,8 +30,8 @@ WAIT=true (every Java message)         dropped, as RocketMQ 4.9's broker drops i
 WAIT=false, and every other property   the property, verbatim (user properties and
   (user or system: RETRY_TOPIC,          RocketMQ system properties alike)
   MAX_RECONSUME_TIMES, CLUSTER, ...)
-RETRY_TOPIC of a %RETRY% message       also ORIGIN_TOPIC (what ordermq's consumers read),
-                                         and the other way round when serving
+RETRY_TOPIC of a %RETRY% or %DLQ%      also ORIGIN_TOPIC (what ordermq's consumers read),
+  message                                and the other way round when serving
 reconsumeTimes header                  reconsume_times
 queue id, queue offset, store time     the record's
 physical offset                        the record's commit-log position
@@ -72,7 +72,7 @@ from mockbroker.fronts.remoting.properties import (
     representable,
 )
 from mockbroker.store.records import DELAY_LEVEL_SECONDS
-from mockbroker.topics import RETRY_PREFIX
+from mockbroker.topics import DLQ_PREFIX, RETRY_PREFIX
 from sdk._wire import (
     KEY_SEPARATOR,
     MAX_BODY_BYTES,
@@ -111,6 +111,8 @@ FIELD_PROPERTIES = frozenset(
 )
 MAX_DELAY_LEVEL = len(DELAY_LEVEL_SECONDS)
 
+#: Topics whose messages name the topic they first failed in.
+_RETRIED = (RETRY_PREFIX, DLQ_PREFIX)
 _NATIVE_UNIQ_KEY = re.compile(r"[0-9A-F]{32}")
 _KEY_SEPARATOR = " "
 
@@ -177,7 +179,7 @@ def to_frame(
         props[UNIQ_KEY] = uniq
     if props.get(WAIT) == "true":
         del props[WAIT]
-    if message.topic.startswith(RETRY_PREFIX) and RETRY_TOPIC in props:
+    if message.topic.startswith(_RETRIED) and RETRY_TOPIC in props:
         props.setdefault(ORIGIN_TOPIC, props[RETRY_TOPIC])
     if message.flag:
         props[FLAG_PROPERTY] = str(message.flag)
@@ -263,7 +265,7 @@ def to_record(
         first.append((DELAY, str(record.delay_level)))
     if record.deliver_at_ms:
         first.append((TIMER_DELIVER_MS, str(record.deliver_at_ms)))
-    if record.topic.startswith(RETRY_PREFIX) and ORIGIN_TOPIC in props:
+    if record.topic.startswith(_RETRIED) and ORIGIN_TOPIC in props:
         props.setdefault(RETRY_TOPIC, props[ORIGIN_TOPIC])
     return MessageRecord(
         topic=record.topic,

@@ -269,6 +269,10 @@ def test_retry_topics_carry_both_origin_names() -> None:
     sent = java_message(topic="%RETRY%g", properties={"RETRY_TOPIC": "orders"})
     record = stored(frame_of(sent), topic="%RETRY%g")
     assert decode_properties(record.properties)["ORIGIN_TOPIC"] == "orders"
+    dead = stored(frame_of(java_message(topic="%DLQ%g", properties=sent.properties)), "%DLQ%g")
+    assert decode_properties(dead.properties)["ORIGIN_TOPIC"] == "orders"
+    plain = stored(frame_of(java_message(properties={"RETRY_TOPIC": "orders"})))
+    assert "ORIGIN_TOPIC" not in decode_properties(plain.properties)
     ordermq_retry = grpc_record({"ORIGIN_TOPIC": "orders"})
     retried = stored(
         encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"b",
