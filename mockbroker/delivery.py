@@ -30,13 +30,17 @@ _Append = Callable[[Topic, int, bytes, list[CheckedFrame]], Awaitable[PutResult]
 
 @dataclass(frozen=True, slots=True)
 class SendOutcome:
-    """What a send stored: its first offset (-1 when scheduled), count, time, durability."""
+    """What a send stored: its first offset (-1 when scheduled), count, time, durability.
+
+    A scheduled batch waits in the schedule queue from `schedule_offset` on.
+    """
 
     first_offset: int
     count: int
     store_timestamp_ms: int
     durable: bool
     scheduled: bool = False
+    schedule_offset: int = -1
 
 
 class Delivery:
@@ -114,9 +118,9 @@ class Delivery:
         append: _Append,
     ) -> SendOutcome:
         if _scheduled(checked):
-            durable = await self._s.scheduler.schedule(topic, queue_id, frames, checked)
+            put = await self._s.scheduler.schedule_stored(topic, queue_id, frames, checked)
             now_ms = int(self._s.clock.now() * 1000)
-            return SendOutcome(-1, len(checked), now_ms, durable, scheduled=True)
+            return SendOutcome(-1, len(checked), now_ms, put.durable, True, put.first_offset)
         result = await append(topic, queue_id, frames, checked)
         return SendOutcome(
             result.first_offset, result.count, result.store_timestamp_ms, result.durable

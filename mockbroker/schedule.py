@@ -37,7 +37,7 @@ from mockbroker.store.checkpoint import read_positions, write_positions
 from mockbroker.store.consumequeue import ConsumeQueue
 from mockbroker.store.files import fault_point
 from mockbroker.store.flush import FlushFailedError
-from mockbroker.store.message_store import MessageStore
+from mockbroker.store.message_store import MessageStore, PutResult
 from mockbroker.store.records import (
     CheckedFrame,
     due_time_ms,
@@ -261,6 +261,25 @@ class Scheduler:
         deadline passed, or it cancelled an Exchange request during the sync flush wait):
         otherwise they would sit in the log, undelivered until a restart.
         """
+        stored = await self.schedule_stored(
+            topic, queue_id, frames, checked, reconsume_times=reconsume_times
+        )
+        return stored.durable
+
+    async def schedule_stored(
+        self,
+        topic: Topic,
+        queue_id: int,
+        frames: bytes,
+        checked: list[CheckedFrame],
+        *,
+        reconsume_times: int = 0,
+    ) -> PutResult:
+        """`schedule`, answering where the frames were stored.
+
+        Their offsets are those of the schedule queue (a RocketMQ send reply names them,
+        as RocketMQ's broker does).
+        """
         topic.check_queue(queue_id)
         return await asyncio.shield(
             self._store_and_schedule(topic, queue_id, frames, checked, reconsume_times)
@@ -273,7 +292,7 @@ class Scheduler:
         frames: bytes,
         checked: list[CheckedFrame],
         reconsume_times: int,
-    ) -> bool:
+    ) -> PutResult:
         with self._writing():
             result = await self._store.append(
                 topic,
@@ -291,7 +310,7 @@ class Scheduler:
                 offset, topic.name
             )
         self._changed.set()
-        return result.durable
+        return result
 
     async def cancel(self, topic: str | None, msg_id: bytes) -> int:
         """Cancel a pending message: CANCELLED, or DELIVERED if it was already delivered.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import itertools
 import logging
 import zlib
 from collections import deque
@@ -44,7 +45,14 @@ from mockbroker.store.retention import (
 )
 from mockbroker.topics import MAX_QUEUES, SYSTEM_PREFIX, Topic, TopicRegistry
 from sdk._validation import split_tag_expression
-from sdk._wire import FRAME_FIELDS, RECORD, RecordFormatError, StoredRecord, iter_records
+from sdk._wire import (
+    FRAME_FIELDS,
+    RECORD,
+    RECORD_MAGIC,
+    RecordFormatError,
+    StoredRecord,
+    iter_records,
+)
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.log import log_event
 
@@ -450,24 +458,30 @@ class MessageStore:
 
     def find_by_id(self, msg_id: bytes, limit: int = 32) -> list[bytes]:
         """Stored records with this message id (original, retries, dead letter), newest first."""
-        assert self._index is not None
-        return self._verified(self._index.positions_of_id(msg_id), limit,
-                              lambda r: r.msg_id == msg_id)  # fmt: skip
+        return [record for _, record in itertools.islice(self.records_by_id(msg_id), limit)]
 
     def find_by_key(self, topic: str, key: str, limit: int = 32) -> list[bytes]:
         """Stored records of `topic` carrying `key`, newest first."""
+        return [record for _, record in itertools.islice(self.records_by_key(topic, key), limit)]
+
+    def records_by_id(self, msg_id: bytes) -> Iterator[tuple[int, bytes]]:
+        """(commit-log position, record) of each record with this message id, newest first."""
+        assert self._index is not None
+        return self._verified(self._index.positions_of_id(msg_id), lambda r: r.msg_id == msg_id)
+
+    def records_by_key(self, topic: str, key: str) -> Iterator[tuple[int, bytes]]:
+        """(commit-log position, record) of each record of `topic` carrying `key`, newest first."""
         assert self._index is not None
         raw = key.encode()
 
         def carries_key(r: StoredRecord) -> bool:
             return r.topic == topic and raw in r.keys.split(b"\0")
 
-        return self._verified(self._index.positions_of_key(topic, raw), limit, carries_key)
+        return self._verified(self._index.positions_of_key(topic, raw), carries_key)
 
     def _verified(
-        self, positions: Iterator[int], limit: int, match: Callable[[StoredRecord], bool]
-    ) -> list[bytes]:
-        out: list[bytes] = []
+        self, positions: Iterator[int], match: Callable[[StoredRecord], bool]
+    ) -> Iterator[tuple[int, bytes]]:
         seen: set[int] = set()
         for position in positions:
             if position in seen or not self._readable(position, MIN_RECORD_SIZE):
@@ -482,10 +496,37 @@ class MessageStore:
             except RecordFormatError:
                 continue  # a stale entry, or a corrupt record: never answered
             if match(parsed):
-                out.append(record)
-                if len(out) >= limit:
-                    break
-        return out
+                yield position, record
+
+    def read_at(self, position: int) -> bytes | None:
+        """The record of a message stored at commit-log `position`; None if none starts there.
+
+        Only a record its queue's index points at is answered (so bytes inside a message
+        body that look like a record are never taken for one), and in sync mode only once
+        it is flushed. A scheduled message still waiting is indexed in the schedule queue,
+        not its own, and is not found here.
+        """
+        if not self._readable(position, MIN_RECORD_SIZE):
+            return None
+        size, _crc, magic, queue_id, queue_offset, _ts, _times, topic_len = RECORD.unpack(
+            self.commitlog.read(position, RECORD.size)
+        )
+        if magic != RECORD_MAGIC or not self._readable(position, size):
+            return None
+        if self.sync_flush and position + size > self.commitlog.flushed:
+            return None
+        record = self.commitlog.read(position, size)
+        if not _intact(memoryview(record), size):
+            return None
+        try:
+            topic = record[RECORD.size : RECORD.size + topic_len].decode()
+        except UnicodeDecodeError:
+            return None
+        cq = self._lookup(topic, queue_id)
+        if cq is None or not cq.min_offset <= queue_offset < cq.count:
+            return None
+        indexed_at, indexed_size, _ = cq.entry(queue_offset)
+        return record if (indexed_at, indexed_size) == (position, size) else None
 
     def end_offset(self, topic: Topic, queue_id: int) -> int:
         """The offset after the last message a reader can get; in sync mode, the last synced.

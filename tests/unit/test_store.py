@@ -567,3 +567,79 @@ def test_a_topic_that_runs_out_of_file_descriptors_is_refused_whole_and_clearly(
     reopened = opened(loop, tmp_path)
     assert reopened.topics.find("many") == topic
     loop.run_until_complete(reopened.close())
+
+
+def test_read_at_finds_only_records_their_queue_points_at(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    from mockbroker.store.records import build_records, check_frames
+
+    store = opened(loop, tmp_path)
+    topic, _ = store.create_topic("t", 1)
+    # A message whose body is a well-formed record of t queue 0 offset 0, CRC and all.
+    forged, _ = build_records(
+        frames(b"forged"), check_frames(frames(b"forged"), 0), topic=b"t", queue_id=0,
+        first_offset=0, store_timestamp_ms=1, base_position=0,
+    )  # fmt: skip
+    loop.run_until_complete(store.put(topic, 0, frames(forged)))
+    position = store.queue(topic, 0).entry(0)[0]
+    real = store.read_at(position)
+    assert real is not None and bodies(real) == [forged]
+    inside = position + len(real) - len(forged)
+    assert store.commitlog.read(inside, len(forged)) == forged
+    assert store.read_at(inside) is None, "a record inside a body is not a stored message"
+    for nowhere in (-1, position + 1, store.commitlog.end, 1 << 40):
+        assert store.read_at(nowhere) is None
+    loop.run_until_complete(store.close())
+
+
+def test_read_at_hides_a_waiting_scheduled_message_and_an_unsynced_one(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    from mockbroker.schedule import Scheduler
+
+    store = opened(loop, tmp_path, sync=True)
+    scheduler = Scheduler(store, FakeClock())
+    scheduler.load()
+    topic, _ = store.create_topic("t", 1)
+    later = encode_frame(msg_id=b"d" * 16, born_timestamp_ms=1, body=b"later", delay_level=1)
+
+    async def scenario() -> None:
+        put = await scheduler.schedule_stored(topic, 0, later, store.check(later))
+        schedule_queue = store.queue(store.topics.get("rmq_sys_SCHEDULE"), 0)
+        assert (put.first_offset, put.count) == (schedule_queue.count - 1, 1)
+        waiting_at = schedule_queue.entry(put.first_offset)[0]
+        assert store.read_at(waiting_at) is None, "indexed in the schedule queue, not t"
+        await store.append(topic, 0, frames(b"a"), store.check(frames(b"a")))
+        data = frames(b"b")
+        appending = asyncio.ensure_future(store.append(topic, 0, data, store.check(data)))
+        await asyncio.sleep(0)  # b is in the log; its fsync has not run yet
+        b_at = store.queue(topic, 0).entry(1)[0]
+        assert store.read_at(b_at) is None, "not served before its fsync"
+        await appending
+        assert bodies(store.read_at(b_at) or b"") == [b"b"]
+
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.run_until_complete(store.close())
+
+
+def test_lookups_by_id_and_key_answer_positions(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    store = opened(loop, tmp_path)
+    topic, _ = store.create_topic("orders", 1)
+    data = b"".join(
+        encode_frame(msg_id=bytes([i]) * 16, born_timestamp_ms=1, body=b"m%d" % i, keys=[b"k"])
+        for i in range(3)
+    )
+    loop.run_until_complete(store.put(topic, 0, data))
+    by_key = list(store.records_by_key("orders", "k"))
+    assert [p for p, _ in by_key] == [e[0] for e in reversed(store.queue(topic, 0).read(0, 3))]
+    for position, record in by_key:
+        assert store.read_at(position) == record
+    [(position, record)] = store.records_by_id(bytes([1]) * 16)
+    assert bodies(record) == [b"m1"] and store.read_at(position) == record
+    assert store.find_by_key("orders", "k", limit=2) == [r for _, r in by_key[:2]]
+    loop.run_until_complete(store.close())
