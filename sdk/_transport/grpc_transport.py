@@ -7,8 +7,8 @@ Messages travel as ordermq's message frames (sdk/_wire.py), built once per messa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from sdk._transport.broker_client import BrokerClient, QueueRoute
 from sdk._transport.codec import encode_message
@@ -132,13 +132,17 @@ class GrpcTransport:
         """The spool keeps frames without their length prefix: put it back."""
         return FRAME_LEN_PREFIX.pack(len(record)) + record
 
-    async def send(
+    def send(
         self, queue: MessageQueue, prepared: Sequence[bytes], *, timeout: float | None = None
-    ) -> Appended:
-        """Append frames to one queue, in one Send request."""
-        return await self.client_for(queue).send(
-            queue.topic, queue.queue_id, b"".join(prepared), timeout=timeout
-        )
+    ) -> Coroutine[Any, Any, Appended]:
+        """Append frames to one queue, in one Send request.
+
+        The broker client's coroutine itself, not one awaiting it, and its client found
+        inline: this runs for every request (as pull does).
+        """
+        address = self._addresses[queue]
+        client = self._clients.get(address) or self.client(address)
+        return client.send(queue.topic, queue.queue_id, b"".join(prepared), timeout=timeout)
 
     async def cancel_scheduled(self, msg_id: str) -> bool:
         """Ask each broker in turn: the one that scheduled the message answers."""
@@ -152,7 +156,7 @@ class GrpcTransport:
         raise last
 
     # ------------------------------------------------------------------ consuming
-    async def pull(
+    def pull(
         self,
         group: str,
         queue: MessageQueue,
@@ -163,9 +167,11 @@ class GrpcTransport:
         tag_expression: str = "*",
         suspend_timeout: float = 0.0,
         timeout: float | None = None,
-    ) -> PullResult:
-        """Read `queue` from `offset` at its broker."""
-        return await self.client_for(queue).pull(
+    ) -> Coroutine[Any, Any, PullResult]:
+        """Read `queue` from `offset` at its broker (its coroutine, as for send)."""
+        address = self._addresses[queue]
+        client = self._clients.get(address) or self.client(address)
+        return client.pull(
             group,
             queue,
             offset,

@@ -85,6 +85,7 @@ class ProducerCore:
         clock: Clock | None = None,
     ) -> None:
         self._transport = transport
+        self._prepare = transport.prepare  # per message: one lookup fewer
         self.group = check_group(group) if group is not None else None
         self.config = config or ProducerConfig()
         if self.config.spool_dir is not None and self.config.accumulator is not None:
@@ -172,9 +173,12 @@ class ProducerCore:
         """The topic's writable queues sorted by (broker, queue id); refreshed periodically."""
         now = self._clock.now()
         last = self._refreshed.get(topic)
-        refresh = last is not None and now - last >= self.config.route_refresh_interval
-        queues = await self._transport.writable_queues(topic, refresh=refresh)
-        if last is None or refresh:
+        if last is not None and now - last >= self.config.route_refresh_interval:
+            queues = await self._transport.writable_queues(topic, refresh=True)
+            self._refreshed[topic] = now
+            return queues
+        queues = await self._transport.writable_queues(topic)
+        if last is None:
             self._refreshed[topic] = now
         return queues
 
@@ -222,7 +226,7 @@ class ProducerCore:
                 raise InvalidArgumentError("a spooling producer routes by sharding key only")
             frame = spool_frame(message, msg_id, now, carrier)
             return (await self._spool_messages([message], [frame], [msg_id]))[0]
-        prepared = self._transport.prepare(message, msg_id, now, carrier)
+        prepared = self._prepare(message, msg_id, now, carrier)
         if self._accumulator is not None and timeout is None and not _delayed(message):
             return await self._accumulate(
                 self._accumulator, message, prepared, msg_id, selector, arg
@@ -274,7 +278,7 @@ class ProducerCore:
         ids = self._ids.take(len(messages))
         now = self._clock.now()
         # Spooled, a message is kept as the spool keeps it, and sent from there later.
-        encode = spool_frame if self._spool is not None else self._transport.prepare
+        encode = spool_frame if self._spool is not None else self._prepare
         spans: list[Any] = []
         if tracing.enabled():
             encoded = []
