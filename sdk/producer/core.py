@@ -277,7 +277,8 @@ class ProducerCore:
             raise InvalidArgumentError("send_batch needs at least one message")
         ids = self._ids.take(len(messages))
         now = self._clock.now()
-        # Spooled, a message is kept as the spool keeps it, and sent from there later.
+        # A spooling producer keeps messages in the spool's layout; they are prepared
+        # for the transport when the spool delivers them.
         encode = spool_frame if self._spool is not None else self._prepare
         spans: list[Any] = []
         if tracing.enabled():
