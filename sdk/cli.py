@@ -25,10 +25,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from sdk._transport import Transport, connect
 from sdk._transport.broker_client import BrokerClient, GroupInfo, PullStatus
+from sdk._transport.grpc_transport import GrpcTransport
 from sdk._version import __version__
 from sdk._wire import DEFAULT_PORT
-from sdk.errors import OrderMQError, TopicNotFoundError
+from sdk.errors import NotSupportedError, OrderMQError, TopicNotFoundError
 from sdk.message import Message, MessageExt, MessageQueue
 from sdk.producer import Producer
 
@@ -49,11 +51,11 @@ class Context:
         """Run `body` with a client of the broker; OrderMQError ends the command."""
 
         async def main() -> T:
-            client = BrokerClient(self.broker)
+            transport = connect(self.broker)
             try:
-                return await body(client)
+                return await body(_admin_client(transport))
             finally:
-                await client.close()
+                await transport.close()
 
         try:
             return asyncio.run(main())
@@ -66,6 +68,18 @@ class Context:
             click.echo(json.dumps(data, indent=2, default=str))
         elif table is not None:
             self.console.print(table)
+
+
+def _admin_client(transport: Transport) -> BrokerClient:
+    """The connection to the broker the commands administer (the first endpoint).
+
+    The commands use ordermq's AdminService: they need an ordermq broker, over gRPC.
+    """
+    if not isinstance(transport, GrpcTransport):
+        raise NotSupportedError(
+            f"the ordermq command administers ordermq brokers over gRPC, not {transport!r}"
+        )
+    return transport.client(transport.endpoints[0])
 
 
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import itertools
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -137,6 +139,22 @@ def _check_text(what: str, value: str) -> None:
         raise InvalidMessageError(f"{what} must not contain NUL characters")
     if len(value.encode()) > 65535:
         raise InvalidMessageError(f"{what} is over 65535 bytes")
+
+
+class MessageIdGenerator:
+    """Unique 16-byte message ids: 8 random bytes per generator, then a counter."""
+
+    def __init__(self) -> None:
+        # One integer, the prefix in its high 64 bits: an id is then a single to_bytes.
+        self._counter = itertools.count(int.from_bytes(os.urandom(8), "big") << 64)
+
+    def next(self) -> bytes:
+        """A new id."""
+        return next(self._counter).to_bytes(16, "big")
+
+    def take(self, n: int) -> list[bytes]:
+        """`n` new ids."""
+        return [i.to_bytes(16, "big") for i in itertools.islice(self._counter, n)]
 
 
 @dataclass(frozen=True, order=True, slots=True)

@@ -1,8 +1,11 @@
-"""BrokerClient: typed async calls to one broker, errors already translated."""
+"""BrokerClient: typed async calls to one broker over gRPC, errors already translated.
+
+The result types come from sdk._transport.protocol; they are importable from here too
+(tools, benchmarks and tests that talk to one broker use this client directly).
+"""
 
 from __future__ import annotations
 
-import enum
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -14,10 +17,22 @@ from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.codec import decode_records
 from sdk._transport.exchange import Exchange, ExchangeUnsupportedError
+from sdk._transport.protocol import Appended, GroupInfo, PullResult, PullStatus, SentBack
 from sdk._transport.status import to_ordermq_error
 from sdk._wire import GRPC_CLIENT_CHANNEL_OPTIONS
 from sdk.errors import BrokerUnavailableError
 from sdk.message import MessageExt, MessageQueue
+
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "Appended",
+    "BrokerClient",
+    "GroupInfo",
+    "PullResult",
+    "PullStatus",
+    "QueueRoute",
+    "SentBack",
+]
 
 T = TypeVar("T")
 
@@ -30,26 +45,6 @@ CONNECT_TIMEOUT = 5.0
 _CHANNEL_OPTIONS = (*GRPC_CLIENT_CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
 
 
-class PullStatus(enum.Enum):
-    """What a pull found (RocketMQ's PullStatus)."""
-
-    FOUND = "FOUND"
-    NO_NEW_MESSAGE = "NO_NEW_MESSAGE"
-    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
-    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
-
-
-@dataclass(frozen=True, slots=True)
-class PullResult:
-    """A pull's answer, messages decoded."""
-
-    status: PullStatus
-    next_offset: int
-    min_offset: int
-    max_offset: int
-    messages: list[MessageExt]
-
-
 @dataclass(frozen=True, slots=True)
 class QueueRoute:
     """A queue, the broker that serves it, and its permissions."""
@@ -58,35 +53,6 @@ class QueueRoute:
     broker_address: str
     readable: bool
     writable: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Appended:
-    """Where a batch went: offsets [first_offset, first_offset + count), or scheduled."""
-
-    durable: bool
-    first_offset: int
-    count: int
-    scheduled: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class GroupInfo:
-    """What a client tells the broker about one of its consumer groups."""
-
-    group: str
-    consume_type: str  # "CONSUME_ORDERLY", "CONSUME_CONCURRENTLY" or "CONSUME_POLL"
-    message_model: str = "CLUSTERING"
-    subscriptions: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class SentBack:
-    """Where a send-back put the message."""
-
-    dead_letter: bool
-    topic: str
-    reconsume_times: int
 
 
 class BrokerClient:

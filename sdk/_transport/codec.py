@@ -1,9 +1,11 @@
-"""Domain objects <-> the wire: messages to frames, stored records to MessageExt."""
+"""ordermq's message layouts <-> domain objects: messages to frames, records to MessageExt.
+
+The gRPC transport's wire, and the producer spool's file format (a spooled message is a
+frame): the one place either is built or read.
+"""
 
 from __future__ import annotations
 
-import itertools
-import os
 import zlib
 
 from sdk._wire import (
@@ -18,22 +20,7 @@ from sdk._wire import (
     pack_frame,
 )
 from sdk.message import Message, MessageExt, MessageQueue
-
-
-class MessageIdGenerator:
-    """Unique 16-byte message ids: 8 random bytes per generator, then a counter."""
-
-    def __init__(self) -> None:
-        # One integer, the prefix in its high 64 bits: an id is then a single to_bytes.
-        self._counter = itertools.count(int.from_bytes(os.urandom(8), "big") << 64)
-
-    def next(self) -> bytes:
-        """A new id."""
-        return next(self._counter).to_bytes(16, "big")
-
-    def take(self, n: int) -> list[bytes]:
-        """`n` new ids."""
-        return [i.to_bytes(16, "big") for i in itertools.islice(self._counter, n)]
+from sdk.message import MessageIdGenerator as MessageIdGenerator  # where tools look for it
 
 
 def encode_message(

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Awaitable
 from datetime import datetime
 from types import TracebackType
 
+from sdk._transport import connect
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, LitePullConsumerConfig
@@ -40,7 +41,7 @@ class LitePullConsumer:
     ) -> None:
         self._core = LitePullConsumerCore(
             group,
-            endpoints,
+            connect(endpoints),
             auto_commit=auto_commit,
             orderly=orderly,
             consume_from_where=consume_from_where,

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
+from sdk._transport import connect
 from sdk.clock import Clock
 from sdk.message import Message, MessageQueue, SendResult
 from sdk.producer.config import ProducerConfig
@@ -34,7 +35,7 @@ class Producer:
         config: ProducerConfig | None = None,
         clock: Clock | None = None,
     ) -> None:
-        self._core = ProducerCore(endpoints, group=group, config=config, clock=clock)
+        self._core = ProducerCore(connect(endpoints), group=group, config=config, clock=clock)
         self._oneway: set[asyncio.Task[SendResult]] = set()
 
     async def start(self) -> None:

@@ -6,6 +6,7 @@ from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 
+from sdk._transport import connect
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, MessageModel, PushConsumerConfig
@@ -44,7 +45,7 @@ class PushConsumer:
     ) -> None:
         self._core = PushConsumerCore(
             group,
-            endpoints,
+            connect(endpoints),
             consume_from_where=consume_from_where,
             consume_timestamp=consume_timestamp,
             allocate_strategy=allocate_strategy,

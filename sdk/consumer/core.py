@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sdk import metrics
-from sdk._transport.broker_client import GroupInfo, PullResult, PullStatus
-from sdk._transport.cluster import Cluster
+from sdk._transport.protocol import GroupInfo, PullResult, PullStatus, Transport
 from sdk._validation import check_group, check_topic, split_tag_expression
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.consumer.allocate import AllocateMessageQueueAveragely, AllocateMessageQueueStrategy
@@ -126,7 +125,10 @@ class ConsumerTuning(Protocol):
 
 
 class ConsumerCore:
-    """Group membership, queue ownership, pulling and offsets; subclasses consume."""
+    """Group membership, queue ownership, pulling and offsets; subclasses consume.
+
+    `transport`: how it reaches the brokers (sdk._transport.connect); closed at shutdown.
+    """
 
     consume_type = "CONSUME_POLL"
     #: Whether start() needs a subscription or an assignment first.
@@ -135,7 +137,7 @@ class ConsumerCore:
     def __init__(
         self,
         group: str,
-        endpoints: str | list[str],
+        transport: Transport,
         *,
         tuning: ConsumerTuning,
         threshold_for_all: int,
@@ -151,7 +153,7 @@ class ConsumerCore:
         instance_name: str = "DEFAULT",
     ) -> None:
         self.group = check_group(group)
-        self._cluster = Cluster(endpoints)
+        self._transport = transport
         if not isinstance(consume_from_where, ConsumeFromWhere):
             raise InvalidArgumentError("consume_from_where must be a ConsumeFromWhere")
         if consume_from_where is ConsumeFromWhere.TIMESTAMP and consume_timestamp is None:
@@ -183,11 +185,11 @@ class ConsumerCore:
             )
         else:
             self.offsets = RemoteOffsetStore(
-                self._cluster, self.group, self.client_id, on_fenced=self._fenced
+                self._transport, self.group, self.client_id, on_fenced=self._fenced
             )
         metrics.track(self)
         self._rebalancer = Rebalancer(
-            self._cluster,
+            self._transport,
             self.group,
             self.client_id,
             allocate_strategy or AllocateMessageQueueAveragely(),
@@ -217,7 +219,7 @@ class ConsumerCore:
     async def _check_queues(self, queues: list[MessageQueue]) -> None:
         """InvalidQueueError unless every queue is a readable queue of its topic."""
         for topic in sorted({q.topic for q in queues}):
-            readable = await self._cluster.readable_queues(topic)
+            readable = await self._transport.readable_queues(topic)
             for queue in sorted(q for q in queues if q.topic == topic):
                 if queue not in readable:
                     raise InvalidQueueError(
@@ -281,10 +283,9 @@ class ConsumerCore:
         for queue in held:
             log_event(log, logging.INFO, "queue.removed", f"gave up {queue} (shutdown)",
                       group=self.group, topic=queue.topic, queue=queue.queue_id)  # fmt: skip
-        for client in self._cluster.brokers():
-            with contextlib.suppress(OrderMQError):
-                await client.unregister(self.client_id)
-        await self._cluster.close()
+        with contextlib.suppress(OrderMQError):
+            await self._transport.unregister(self.client_id)
+        await self._transport.close()
         self._queues.clear()
         self._state = "shut down"
 
@@ -406,8 +407,7 @@ class ConsumerCore:
     async def _heartbeat(self) -> None:
         model = "BROADCASTING" if self.broadcasting else "CLUSTERING"
         info = GroupInfo(self.group, self.consume_type, model, tuple(self._subscriptions.items()))
-        for client in self._cluster.brokers():
-            await client.heartbeat(self.client_id, [info])
+        await self._transport.heartbeat(self.client_id, [info])
 
     async def _persist(self) -> None:
         # A queue whose lock was lost is not ours to commit until it is locked again.
@@ -448,8 +448,7 @@ class ConsumerCore:
         known = 0
         while True:
             try:
-                client = self._cluster.brokers()[0]
-                async for version, _members in client.watch_membership(self.group, known):
+                async for version in self._transport.watch_membership(self.group, known):
                     known = version
                     self._rebalance_now.set()
             except OrderMQError as exc:
@@ -545,7 +544,7 @@ class ConsumerCore:
                 continue
             generation = pq.generation
             try:
-                result = await self._cluster.client_for(queue).pull(
+                result = await self._transport.pull(
                     self.group,
                     queue,
                     pq.next_offset,
@@ -617,7 +616,7 @@ class ConsumerCore:
         committed = await self.offsets.fetch(queue)
         if committed is not None:
             return committed
-        low, high, at_time = await self._cluster.client_for(queue).queue_offsets(
+        low, high, at_time = await self._transport.queue_offsets(
             queue,
             int((self._from_timestamp or 0) * 1000)
             if self._from_where is ConsumeFromWhere.TIMESTAMP
@@ -646,12 +645,6 @@ class ConsumerCore:
         limit = self._tuning.young_queue_max_messages
         return not self.broadcasting and low == 0 and high <= limit
 
-    def _by_broker(self, queues: list[MessageQueue]) -> dict[str, list[MessageQueue]]:
-        out: dict[str, list[MessageQueue]] = {}
-        for q in queues:
-            out.setdefault(self._cluster.client_for(q).address, []).append(q)
-        return out
-
     async def _lock(self, queues: list[MessageQueue]) -> tuple[dict[MessageQueue, int], float]:
         """The queues locked, with their epochs, and when they were asked for."""
         epochs, _unanswered, asked = await self._lock_answers(queues)
@@ -664,28 +657,22 @@ class ConsumerCore:
 
         The time is the clock's before the first request: each lease counts from it.
         """
-        epochs: dict[MessageQueue, int] = {}
-        unanswered: set[MessageQueue] = set()
         asked = self._clock.now()
-        for address, group in self._by_broker(queues).items():
-            try:
-                client = self._cluster.client(address)
-                epochs.update(await client.lock_batch(self.group, self.client_id, group))
-            except OrderMQError as exc:
-                log.warning("locking %d queues at %s failed: %s", len(group), address, exc)
-                unanswered.update(group)
-        return epochs, unanswered, asked
+        answer = await self._transport.lock_batch(self.group, self.client_id, queues)
+        unanswered: set[MessageQueue] = set()
+        for part in answer.unanswered:
+            log.warning("locking %d queues at %s failed: %s", len(part.queues), part.broker,
+                        part.error)  # fmt: skip
+            unanswered.update(part.queues)
+        return answer.locked, unanswered, asked
 
     async def _unlock(self, queues: list[MessageQueue]) -> None:
-        for address, group in self._by_broker(queues).items():
-            try:
-                client = self._cluster.client(address)
-                kept = await client.unlock_batch(self.group, self.client_id, group)
-            except OrderMQError as exc:
-                log.warning("unlocking %d queues at %s failed: %s", len(group), address, exc)
-                continue
-            for queue in kept:
-                log.info("%s was not unlocked: another client holds it now", queue)
+        answer = await self._transport.unlock_batch(self.group, self.client_id, queues)
+        for part in answer.unanswered:
+            log.warning("unlocking %d queues at %s failed: %s", len(part.queues), part.broker,
+                        part.error)  # fmt: skip
+        for queue in answer.not_held:
+            log.info("%s was not unlocked: another client holds it now", queue)
 
     async def _call_hook(self, hook: QueueHook | None, queues: list[MessageQueue]) -> None:
         if hook is None:

@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import Any
 
 from sdk._blocking import BlockingClient
+from sdk._transport import connect
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, LitePullConsumerConfig
@@ -75,7 +76,7 @@ class LitePullConsumer(BlockingClient):
     ) -> None:
         self._core = LitePullConsumerCore(
             group,
-            endpoints,
+            connect(endpoints),
             auto_commit=auto_commit,
             orderly=orderly,
             consume_from_where=consume_from_where,

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Generator
 from datetime import datetime
 
+from sdk._transport.protocol import Transport
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, LitePullConsumerConfig
@@ -36,7 +37,7 @@ class LitePullConsumerCore(ConsumerCore):
     def __init__(
         self,
         group: str,
-        endpoints: str | list[str],
+        transport: Transport,
         *,
         auto_commit: bool = True,
         orderly: bool = False,
@@ -51,7 +52,7 @@ class LitePullConsumerCore(ConsumerCore):
         self.config = c = config or LitePullConsumerConfig()
         super().__init__(
             group,
-            endpoints,
+            transport,
             tuning=c,
             threshold_for_all=-1,  # the cache limit below is a total, not a share
             locks=orderly,
@@ -137,7 +138,7 @@ class LitePullConsumerCore(ConsumerCore):
         try:
             await self._start_core()
         except BaseException:
-            await self._cluster.close()
+            await self._transport.close()
             self._state = "shut down"
             raise
 
@@ -258,7 +259,7 @@ class LitePullConsumerCore(ConsumerCore):
         else:
             for queue, offset in offsets.items():
                 self._check_assigned(queue)
-                low, high, _ = await self._cluster.client_for(queue).queue_offsets(queue)
+                low, high, _ = await self._transport.queue_offsets(queue)
                 if not low <= offset <= high:
                     raise InvalidOffsetError(
                         f"offset {offset} for {queue} is outside [{low}, {high}]"
@@ -273,7 +274,7 @@ class LitePullConsumerCore(ConsumerCore):
 
     async def committed(self, queue: MessageQueue) -> int:
         """The group's committed offset of `queue` at the broker; -1 if it has none."""
-        await self._cluster.readable_queues(queue.topic)
+        await self._transport.readable_queues(queue.topic)
         offset = await self.offsets.fetch(queue)
         return -1 if offset is None else offset
 
@@ -321,7 +322,7 @@ class LitePullConsumerCore(ConsumerCore):
         self._running()
         await self._assigned()
         pq = self._check_assigned(queue)
-        low, high, _ = await self._cluster.client_for(queue).queue_offsets(queue)
+        low, high, _ = await self._transport.queue_offsets(queue)
         if not low <= offset <= high:
             raise InvalidOffsetError(
                 f"cannot seek {queue} to {offset}: it must be within [{low}, {high}] (min, max)"
@@ -337,14 +338,14 @@ class LitePullConsumerCore(ConsumerCore):
         """Continue `queue` at its min offset."""
         await self._assigned()
         self._check_assigned(queue)
-        low, _high, _ = await self._cluster.client_for(queue).queue_offsets(queue)
+        low, _high, _ = await self._transport.queue_offsets(queue)
         await self.seek(queue, low)
 
     async def seek_to_end(self, queue: MessageQueue) -> None:
         """Continue `queue` at its max offset (only new messages)."""
         await self._assigned()
         self._check_assigned(queue)
-        _low, high, _ = await self._cluster.client_for(queue).queue_offsets(queue)
+        _low, high, _ = await self._transport.queue_offsets(queue)
         await self.seek(queue, high)
 
     def pause(self, queues: list[MessageQueue]) -> None:
@@ -362,14 +363,12 @@ class LitePullConsumerCore(ConsumerCore):
 
     async def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
         """Every readable queue of `topic`."""
-        return await self._cluster.readable_queues(topic)
+        return await self._transport.readable_queues(topic)
 
     async def offsets_for_timestamp(self, queue: MessageQueue, timestamp: float) -> int:
         """The first offset of `queue` stored at or after `timestamp` (epoch seconds)."""
-        await self._cluster.readable_queues(queue.topic)
-        _low, _high, at = await self._cluster.client_for(queue).queue_offsets(
-            queue, int(timestamp * 1000)
-        )
+        await self._transport.readable_queues(queue.topic)
+        _low, _high, at = await self._transport.queue_offsets(queue, int(timestamp * 1000))
         return at
 
 

@@ -25,7 +25,7 @@ from tenacity import (
     wait_random,
 )
 
-from sdk._transport.cluster import Cluster
+from sdk._transport.protocol import Transport
 from sdk.errors import LockNotHeldError, OrderMQError, StaleEpochError
 from sdk.message import MessageQueue
 
@@ -41,7 +41,7 @@ class RemoteOffsetStore:
 
     def __init__(
         self,
-        cluster: Cluster,
+        transport: Transport,
         group: str,
         client_id: str,
         *,
@@ -49,7 +49,7 @@ class RemoteOffsetStore:
         on_fenced: Callable[[MessageQueue], None] | None = None,
     ):
         """`on_fenced(queue)`: the broker refused a commit of `queue` for fencing."""
-        self._cluster = cluster
+        self._transport = transport
         self._group = group
         self._client_id = client_id
         self._read_attempts = read_attempts
@@ -109,7 +109,7 @@ class RemoteOffsetStore:
             reraise=True,
         ):
             with attempt:
-                return await self._cluster.client_for(queue).query_offset(self._group, queue)
+                return await self._transport.query_offset(self._group, queue)
         raise AssertionError("unreachable: tenacity reraises")
 
     async def persist(self, queues: list[MessageQueue] | None = None) -> None:
@@ -131,7 +131,7 @@ class RemoteOffsetStore:
         offset = self._offsets[queue]
         epoch = self._epochs.get(queue, 0)
         try:
-            await self._cluster.client_for(queue).commit_offsets(
+            await self._transport.commit_offsets(
                 self._group, self._client_id, [(queue, offset, epoch)]
             )
             self._persisted[queue] = offset

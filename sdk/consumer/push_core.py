@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from sdk import metrics
+from sdk._transport.protocol import Transport
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, MessageModel, PushConsumerConfig
@@ -34,7 +35,7 @@ class PushConsumerCore(ConsumerCore):
     def __init__(
         self,
         group: str,
-        endpoints: str | list[str],
+        transport: Transport,
         *,
         consume_from_where: ConsumeFromWhere = ConsumeFromWhere.LAST_OFFSET,
         consume_timestamp: datetime | float | None = None,
@@ -50,7 +51,7 @@ class PushConsumerCore(ConsumerCore):
         self.config = c = config or PushConsumerConfig()
         super().__init__(
             group,
-            endpoints,
+            transport,
             tuning=c,
             threshold_for_all=c.pull_threshold_for_topic,
             locks=False,  # decided by the listener, at registration
@@ -116,7 +117,7 @@ class PushConsumerCore(ConsumerCore):
             await self._start_core()
         except BaseException:
             self._executor.shutdown(wait=False)
-            await self._cluster.close()
+            await self._transport.close()
             self._state = "shut down"
             raise
 
@@ -149,10 +150,9 @@ class PushConsumerCore(ConsumerCore):
     async def send_to_dead_letter(self, message: MessageExt, reconsume_times: int) -> bool:
         """Move a message to the group's dead-letter queue."""
         try:
-            sent = await self._cluster.client_for(message.queue).send_back(
+            sent = await self._transport.send_back(
                 self.group,
-                message.queue,
-                message.queue_offset,
+                message,
                 max_reconsume_times=reconsume_times,
                 reconsume_times=reconsume_times,
             )
@@ -172,10 +172,9 @@ class PushConsumerCore(ConsumerCore):
             log.warning("broadcast message %s failed and is dropped", message.msg_id)
             return True
         try:
-            sent = await self._cluster.client_for(message.queue).send_back(
+            sent = await self._transport.send_back(
                 self.group,
-                message.queue,
-                message.queue_offset,
+                message,
                 delay_level=delay_level,
                 max_reconsume_times=max_times,
                 reconsume_times=message.reconsume_times,

@@ -13,7 +13,7 @@ from collections.abc import Collection
 from typing import Protocol
 
 from sdk import metrics
-from sdk._transport.cluster import Cluster
+from sdk._transport.protocol import Transport
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.errors import OrderMQError, TopicNotFoundError
 from sdk.log import log_event
@@ -47,7 +47,7 @@ class Rebalancer:
 
     def __init__(
         self,
-        cluster: Cluster,
+        transport: Transport,
         group: str,
         client_id: str,
         strategy: AllocateMessageQueueStrategy,
@@ -55,7 +55,7 @@ class Rebalancer:
         *,
         broadcasting: bool = False,
     ) -> None:
-        self._cluster = cluster
+        self._transport = transport
         self._group = group
         self._client_id = client_id
         self._strategy = strategy
@@ -75,7 +75,7 @@ class Rebalancer:
     async def topic_queues(self, topic: str) -> list[MessageQueue]:
         """The readable queues of `topic` (route refreshed); [] while it does not exist."""
         try:
-            queues = await self._cluster.readable_queues(topic, refresh=True)
+            queues = await self._transport.readable_queues(topic, refresh=True)
         except TopicNotFoundError as exc:
             if topic not in self.missing:
                 self.missing.add(topic)
@@ -106,7 +106,7 @@ class Rebalancer:
                 wanted.update(queues)
                 continue
             if members is None:
-                members, _version = await self._cluster.brokers()[0].consumer_list(self._group)
+                members = await self._transport.consumer_list(self._group, topic)
             if self._client_id not in members:
                 # Our heartbeat has not landed yet (a broker that just restarted knows
                 # no member): keep what we hold rather than give everything up.

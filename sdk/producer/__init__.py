@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sdk._blocking import BlockingClient
+from sdk._transport import connect
 from sdk.clock import Clock
 from sdk.message import Message, MessageQueue, SendResult
 from sdk.producer.config import ProducerConfig
@@ -43,7 +44,7 @@ class Producer(BlockingClient):
         config: ProducerConfig | None = None,
         clock: Clock | None = None,
     ) -> None:
-        self._core = ProducerCore(endpoints, group=group, config=config, clock=clock)
+        self._core = ProducerCore(connect(endpoints), group=group, config=config, clock=clock)
         super().__init__(self._core, "ordermq-producer")
 
     def shutdown(self) -> None:

@@ -26,12 +26,13 @@ from sdk.message import MessageQueue, SendResult
 from sdk.producer.config import AccumulatorConfig
 from sdk.producer.retry import EarlierSendFailedError, describe, holds_back
 
+#: Sends (queue, prepared messages, their ids): one request; the results in order.
 SendBatch = Callable[[MessageQueue, list[bytes], list[bytes]], Awaitable[list[SendResult]]]
 
 
 @dataclass
 class _Pending:
-    frame: bytes
+    prepared: bytes  # as the transport prepared it
     msg_id: bytes
     future: asyncio.Future[SendResult]
     since: float
@@ -86,9 +87,9 @@ class Accumulator:
                 raise EarlierSendFailedError(text, held[1])
 
     async def enqueue(
-        self, queue: MessageQueue, frame: bytes, msg_id: bytes, ticket: int
+        self, queue: MessageQueue, prepared: bytes, msg_id: bytes, ticket: int
     ) -> asyncio.Future[SendResult]:
-        """Queue one message (waiting for room); the future of its SendResult.
+        """Queue one prepared message (waiting for room); the future of its SendResult.
 
         EarlierSendFailedError when an earlier send to its topic or queue failed.
         """
@@ -100,8 +101,8 @@ class Accumulator:
             buffer = self._queues[queue] = _QueueBuffer()
             buffer.task = asyncio.create_task(self._drain(queue, buffer))
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
-        buffer.items.append(_Pending(frame, msg_id, future, self._clock.now(), ticket))
-        buffer.bytes += len(frame)
+        buffer.items.append(_Pending(prepared, msg_id, future, self._clock.now(), ticket))
+        buffer.bytes += len(prepared)
         self._pending += 1
         buffer.wake.set()
         return future
@@ -142,15 +143,15 @@ class Accumulator:
             batch: list[_Pending] = []
             size = 0
             while buffer.items and len(batch) < config.batch_max_messages:
-                if batch and size + len(buffer.items[0].frame) > config.batch_max_bytes:
+                if batch and size + len(buffer.items[0].prepared) > config.batch_max_bytes:
                     break
                 item = buffer.items.popleft()
                 batch.append(item)
-                size += len(item.frame)
+                size += len(item.prepared)
             buffer.bytes -= size
             try:
                 results = await self._send(
-                    queue, [p.frame for p in batch], [p.msg_id for p in batch]
+                    queue, [p.prepared for p in batch], [p.msg_id for p in batch]
                 )
             except Exception as exc:
                 _fail(batch, exc)

@@ -1,5 +1,7 @@
 """The producer's async core, shared by the blocking and the asyncio faces.
 
+Messages reach the brokers through a Transport (sdk/_transport/protocol.py), which
+encodes each one once (`prepare`) and sends them; this module never sees a wire layout.
 Three ways a message can go, chosen by the configuration:
 - direct: one request per send (or per queue of a send_batch), retried per policy;
 - accumulator: grouped per queue into batch requests;
@@ -17,19 +19,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from sdk import metrics, tracing
-from sdk._transport.cluster import Cluster
-from sdk._transport.codec import MessageIdGenerator, encode_message
+from sdk._transport.protocol import Transport
 from sdk._validation import check_group, check_topic
-from sdk._wire import FRAME_FIELDS, MAX_SEND_BYTES
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.errors import (
     ClientStateError,
     FlushTimeoutError,
     InvalidArgumentError,
-    MessageNotFoundError,
     OrderMQError,
 )
-from sdk.message import Message, MessageQueue, SendResult, SendStatus, build_send_results
+from sdk.message import (
+    Message,
+    MessageIdGenerator,
+    MessageQueue,
+    SendResult,
+    SendStatus,
+    build_send_results,
+)
 from sdk.producer.accumulator import Accumulator
 from sdk.producer.config import ProducerConfig
 from sdk.producer.retry import (
@@ -39,7 +45,7 @@ from sdk.producer.retry import (
     is_retriable,
     with_retries,
 )
-from sdk.producer.spool import Spool, Spooled
+from sdk.producer.spool import Spool, Spooled, spool_frame
 from sdk.selector import MessageQueueSelector, RoundRobinSelector, shard_index
 
 log = logging.getLogger("ordermq.producer")
@@ -65,17 +71,21 @@ class PartialBatchError(OrderMQError):
 
 
 class ProducerCore:
-    """Routes, queue selection, encoding and sends; runs on one event loop."""
+    """Queue selection, batching, retries and the spool; runs on one event loop.
+
+    `transport`: how it reaches the brokers (sdk._transport.connect); closed at shutdown.
+    """
 
     def __init__(
         self,
-        endpoints: str | Sequence[str],
+        transport: Transport,
         *,
         group: str | None = None,
         config: ProducerConfig | None = None,
         clock: Clock | None = None,
     ) -> None:
-        self._cluster = Cluster(endpoints)
+        self._transport = transport
+        self._prepare = transport.prepare  # per message: one lookup fewer
         self.group = check_group(group) if group is not None else None
         self.config = config or ProducerConfig()
         if self.config.spool_dir is not None and self.config.accumulator is not None:
@@ -94,10 +104,9 @@ class ProducerCore:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Open channels, and the spool (re-delivering what it still holds)."""
+        """Open the spool (re-delivering what it still holds); connections open on use."""
         if self._state != "new":
             raise ClientStateError(f"producer cannot start: it is {self._state}")
-        self._cluster.brokers()  # open the channels
         if self.config.accumulator is not None:
             self._accumulator = Accumulator(self.config.accumulator, self._send_batch, self._clock)
         if self.config.spool_dir is not None:
@@ -128,7 +137,7 @@ class ProducerCore:
                     await self._spool_task
             await self._spool.close()
         self._state = "shut down"
-        await self._cluster.close()
+        await self._transport.close()
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until everything accepted has reached the broker.
@@ -165,9 +174,10 @@ class ProducerCore:
         now = self._clock.now()
         last = self._refreshed.get(topic)
         if last is not None and now - last >= self.config.route_refresh_interval:
-            await self._cluster.routes(topic, create=True, refresh=True)
-            last = None
-        queues = await self._cluster.writable_queues(topic)
+            queues = await self._transport.writable_queues(topic, refresh=True)
+            self._refreshed[topic] = now
+            return queues
+        queues = await self._transport.writable_queues(topic)
         if last is None:
             self._refreshed[topic] = now
         return queues
@@ -193,41 +203,44 @@ class ProducerCore:
         if tracing.enabled():
             span, carrier = tracing.start_send_span(message.topic, msg_id.hex().upper())
             try:
-                frame = encode_message(message, msg_id, self._clock.now(), carrier)
-                return await self._send_frame(message, frame, msg_id, selector, arg, timeout)
+                return await self._send_one(message, msg_id, carrier, selector, arg, timeout)
             except BaseException as exc:
                 span.record_exception(exc)
                 raise
             finally:
                 span.end()
-        frame = encode_message(message, msg_id, self._clock.now())
-        return await self._send_frame(message, frame, msg_id, selector, arg, timeout)
+        return await self._send_one(message, msg_id, None, selector, arg, timeout)
 
-    async def _send_frame(
+    async def _send_one(
         self,
         message: Message,
-        frame: bytes,
         msg_id: bytes,
+        carrier: dict[str, str] | None,
         selector: MessageQueueSelector | None,
         arg: Any,
         timeout: float | None,
     ) -> SendResult:
+        now = self._clock.now()
         if self._spool is not None:
             if selector is not None:
                 raise InvalidArgumentError("a spooling producer routes by sharding key only")
+            frame = spool_frame(message, msg_id, now, carrier)
             return (await self._spool_messages([message], [frame], [msg_id]))[0]
+        prepared = self._prepare(message, msg_id, now, carrier)
         if self._accumulator is not None and timeout is None and not _delayed(message):
-            return await self._accumulate(self._accumulator, message, frame, msg_id, selector, arg)
+            return await self._accumulate(
+                self._accumulator, message, prepared, msg_id, selector, arg
+            )
         queues = await self.writable_queues(message.topic)
         queue = self._select(queues, message, selector, arg)
         movable = selector is None and message.sharding_key is None
-        return (await self._send_batch(queue, [frame], [msg_id], timeout, movable))[0]
+        return (await self._send_batch(queue, [prepared], [msg_id], timeout, movable))[0]
 
     async def _accumulate(
         self,
         accumulator: Accumulator,
         message: Message,
-        frame: bytes,
+        prepared: bytes,
         msg_id: bytes,
         selector: MessageQueueSelector | None,
         arg: Any,
@@ -241,7 +254,7 @@ class ProducerCore:
                 try:
                     queues = await self.writable_queues(message.topic)
                     queue = self._select(queues, message, selector, arg)
-                    future = await accumulator.enqueue(queue, frame, msg_id, ticket)
+                    future = await accumulator.enqueue(queue, prepared, msg_id, ticket)
                 except EarlierSendFailedError:
                     raise
                 except OrderMQError as exc:  # the sends waiting behind this one must fail too
@@ -264,30 +277,33 @@ class ProducerCore:
             raise InvalidArgumentError("send_batch needs at least one message")
         ids = self._ids.take(len(messages))
         now = self._clock.now()
+        # A spooling producer keeps messages in the spool's layout; they are prepared
+        # for the transport when the spool delivers them.
+        encode = spool_frame if self._spool is not None else self._prepare
         spans: list[Any] = []
         if tracing.enabled():
-            frames = []
+            encoded = []
             for m, msg_id in zip(messages, ids, strict=True):
                 span, carrier = tracing.start_send_span(m.topic, msg_id.hex().upper())
                 spans.append(span)
-                frames.append(encode_message(m, msg_id, now, carrier))
+                encoded.append(encode(m, msg_id, now, carrier))
         else:
-            frames = [encode_message(m, ids[i], now) for i, m in enumerate(messages)]
+            encoded = [encode(m, ids[i], now) for i, m in enumerate(messages)]
         try:
-            return await self._send_frames(messages, frames, ids, timeout)
+            if self._spool is not None:
+                return await self._spool_messages(list(messages), encoded, ids)
+            return await self._send_prepared(messages, encoded, ids, timeout)
         finally:
             for span in spans:
                 span.end()
 
-    async def _send_frames(
+    async def _send_prepared(
         self,
         messages: Sequence[Message],
-        frames: list[bytes],
+        prepared: list[bytes],
         ids: list[bytes],
         timeout: float | None,
     ) -> list[SendResult]:
-        if self._spool is not None:
-            return await self._spool_messages(list(messages), frames, ids)
         # Keyed by (topic, queue index, delayed): a MessageQueue's dataclass __hash__ would
         # run in Python for every message.
         groups: dict[tuple[str, int, bool], list[int]] = {}
@@ -309,10 +325,10 @@ class ProducerCore:
         for (topic, index, _), indexes in groups.items():
             queue = by_topic[topic][index]
             movable = all(messages[i].sharding_key is None for i in indexes)
-            chunks = _chunks_by_size(indexes, frames)
+            chunks = _chunks_by_size(indexes, prepared, self._transport.max_send_bytes)
             if len(groups) == 1 and len(chunks) == 1:  # one request, results in input order
-                return await self._send_batch(queue, frames, ids, timeout, movable)
-            sends.append(self._send_in_order(queue, chunks, frames, ids, timeout, movable))
+                return await self._send_batch(queue, prepared, ids, timeout, movable)
+            sends.append(self._send_in_order(queue, chunks, prepared, ids, timeout, movable))
         outcomes = await asyncio.gather(*sends, return_exceptions=True)
         results: list[SendResult | None] = [None] * len(messages)
         errors: list[OrderMQError] = []
@@ -335,7 +351,7 @@ class ProducerCore:
         self,
         queue: MessageQueue,
         chunks: list[list[int]],
-        frames: list[bytes],
+        prepared: list[bytes],
         ids: list[bytes],
         timeout: float | None,
         movable: bool,
@@ -353,7 +369,7 @@ class ProducerCore:
                 continue
             try:
                 sent = await self._send_batch(
-                    queue, [frames[i] for i in chunk], [ids[i] for i in chunk], timeout, movable
+                    queue, [prepared[i] for i in chunk], [ids[i] for i in chunk], timeout, movable
                 )
             except OrderMQError as exc:
                 outcomes.append((chunk, exc))
@@ -366,14 +382,7 @@ class ProducerCore:
     async def cancel(self, msg_id: str) -> bool:
         """Cancel a scheduled message; False if it was already delivered."""
         self._check_running()
-        last: OrderMQError | None = None
-        for client in self._cluster.brokers():
-            try:
-                return await client.cancel_scheduled("", msg_id)
-            except MessageNotFoundError as exc:
-                last = exc  # another broker may hold it
-        assert last is not None
-        raise last
+        return await self._transport.cancel_scheduled(msg_id)
 
     def _select(
         self,
@@ -394,22 +403,20 @@ class ProducerCore:
     async def _send_batch(
         self,
         queue: MessageQueue,
-        frames: list[bytes],
+        prepared: list[bytes],
         ids: list[bytes],
         timeout: float | None = None,
         movable: bool = False,
     ) -> list[SendResult]:
         """One request for one queue, retried per policy; keyed sends keep their queue."""
-        payload = b"".join(frames)
+        send = self._transport.send
         deadline = timeout if timeout is not None else self.config.send_timeout
         target = [queue]
 
         async def attempt(n: int) -> list[SendResult]:
             q = target[0]
             started = time.perf_counter()
-            appended = await self._cluster.client_for(q).send(
-                q.topic, q.queue_id, payload, timeout=deadline
-            )
+            appended = await send(q, prepared, timeout=deadline)
             metrics.observe_send(q.topic, time.perf_counter() - started)
             if not appended.durable:
                 raise FlushTimeoutError(
@@ -430,9 +437,9 @@ class ProducerCore:
             log.info("send to %s failed (%s); retrying", target[0], exc)
             self._refreshed.pop(queue.topic, None)
             with contextlib.suppress(OrderMQError):
-                await self._cluster.routes(queue.topic, create=True, refresh=True)
+                await self._transport.writable_queues(queue.topic, refresh=True)
             if movable:  # keyless: another queue will do
-                queues = await self._cluster.writable_queues(queue.topic)
+                queues = await self._transport.writable_queues(queue.topic)
                 target[0] = (
                     queues[(queues.index(target[0]) + 1) % len(queues)]
                     if (target[0] in queues)
@@ -451,9 +458,10 @@ class ProducerCore:
     async def _spool_messages(
         self, messages: list[Message], frames: list[bytes], ids: list[bytes]
     ) -> list[SendResult]:
+        """Keep messages (`frames`: as spool_frame made them) in the spool, to send later."""
         assert self._spool is not None
         await self._spool.append(
-            [(m.topic, m.sharding_key, f[4:]) for m, f in zip(messages, frames, strict=True)]
+            [(m.topic, m.sharding_key, f) for m, f in zip(messages, frames, strict=True)]
         )
         return [
             SendResult(SendStatus.SPOOLED, msg_id.hex().upper(), MessageQueue(m.topic, "", -1), -1)
@@ -531,11 +539,13 @@ class ProducerCore:
         spool = self._spool
         assert spool is not None
         place = describe(queue)
-        frames = [len(s.frame).to_bytes(4, "little") + s.frame for s in items]
-        for chunk in _spool_requests(items, frames):
+        prepare = self._transport.prepare_spooled
+        prepared = [prepare(s.frame) for s in items]
+        limit = self._transport.max_send_bytes
+        for chunk in _spool_requests(items, prepared, limit):
             try:
                 await self._send_batch(
-                    queue, [frames[i] for i in chunk], [items[i].frame[:16] for i in chunk]
+                    queue, [prepared[i] for i in chunk], [items[i].msg_id for i in chunk]
                 )
             except OrderMQError as exc:
                 if holds_back(exc):  # else stored, fsync unconfirmed: a resend would duplicate
@@ -579,35 +589,30 @@ class _SpoolHolds:
         return "; ".join(f"{place}: {exc}" for place, exc in self.causes.items())
 
 
-def _spool_requests(items: list[Spooled], frames: list[bytes]) -> list[list[int]]:
+def _spool_requests(items: list[Spooled], prepared: list[bytes], limit: int) -> list[list[int]]:
     """One queue's spooled messages as requests the broker takes, in order.
 
-    Each is within MAX_SEND_BYTES, and either all delayed or all for now.
+    Each is within `limit` bytes, and either all delayed or all for now.
     """
     requests: list[list[int]] = []
-    for _, run in itertools.groupby(range(len(items)), lambda i: _deliver_at_ms(items[i]) > 0):
-        requests += _chunks_by_size(list(run), frames)
+    for _, run in itertools.groupby(range(len(items)), lambda i: items[i].deliver_at_ms > 0):
+        requests += _chunks_by_size(list(run), prepared, limit)
     return requests
-
-
-def _deliver_at_ms(spooled: Spooled) -> int:
-    deliver_at: int = FRAME_FIELDS.unpack_from(spooled.frame)[2]
-    return deliver_at
 
 
 def _delayed(message: Message) -> bool:
     return message.delay_seconds is not None or message.deliver_at is not None
 
 
-def _chunks_by_size(indexes: list[int], frames: list[bytes]) -> list[list[int]]:
-    """Split a queue's messages into requests of at most MAX_SEND_BYTES each."""
-    if sum(map(len, map(frames.__getitem__, indexes))) <= MAX_SEND_BYTES:
+def _chunks_by_size(indexes: list[int], prepared: list[bytes], limit: int) -> list[list[int]]:
+    """Split a queue's messages into requests of at most `limit` bytes each."""
+    if sum(map(len, map(prepared.__getitem__, indexes))) <= limit:
         return [indexes]
     chunks: list[list[int]] = [[]]
     size = 0
     for i in indexes:
-        n = len(frames[i])
-        if chunks[-1] and size + n > MAX_SEND_BYTES:
+        n = len(prepared[i])
+        if chunks[-1] and size + n > limit:
             chunks.append([])
             size = 0
         chunks[-1].append(i)

@@ -1,7 +1,9 @@
 """The producer's local spool: accepted messages kept on disk until the broker has them.
 
 One append-only file of CRC-guarded records: a *message* record (sequence number, topic,
-sharding key, frame) when a message is accepted, an *ack* record (sequence numbers) once
+sharding key, frame) when a message is accepted (the frame is the message in ordermq's
+message layout, sdk/_wire.py, without its length prefix: whatever transport delivers
+it, the file holds the same), an *ack* record (sequence numbers) once
 the broker stored it. Appends are fsync-ed before the sender hears "accepted", and
 concurrent appends share one fsync. On open, a torn tail is cut off and the messages
 without an ack are pending again, in the order they were accepted. When everything is
@@ -20,6 +22,10 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from sdk._transport.codec import encode_message
+from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX
+from sdk.message import Message
+
 _HEAD = struct.Struct("<II")  # payload size, CRC32 of the payload
 _MESSAGE = struct.Struct("<BqHH")  # kind, seq, topic length, sharding key length
 _ACK_KIND = 2
@@ -36,6 +42,24 @@ class Spooled:
     topic: str
     sharding_key: str | None
     frame: bytes
+
+    @property
+    def msg_id(self) -> bytes:
+        """The message's id."""
+        return self.frame[:16]
+
+    @property
+    def deliver_at_ms(self) -> int:
+        """When the message is due (epoch ms); 0: now."""
+        deliver_at: int = FRAME_FIELDS.unpack_from(self.frame)[2]
+        return deliver_at
+
+
+def spool_frame(
+    message: Message, msg_id: bytes, now_s: float, extra_properties: dict[str, str] | None = None
+) -> bytes:
+    """How the spool keeps `message` sent at `now_s`: the `frame` of its Spooled."""
+    return encode_message(message, msg_id, now_s, extra_properties)[FRAME_LEN_PREFIX.size :]
 
 
 class Spool:

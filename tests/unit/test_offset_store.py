@@ -15,7 +15,7 @@ Q = MessageQueue("t", "b", 0)
 
 
 class FakeBroker:
-    """Answers query_offset from a script and records commits."""
+    """The offset calls of a Transport: query_offset from a script; commits recorded."""
 
     def __init__(self, answers: list[Any]) -> None:
         self.answers = answers
@@ -36,16 +36,8 @@ class FakeBroker:
         self.commits += [(offset, epoch) for _q, offset, epoch in items]
 
 
-class FakeCluster:
-    def __init__(self, broker: FakeBroker) -> None:
-        self.broker = broker
-
-    def client_for(self, queue: MessageQueue) -> FakeBroker:
-        return self.broker
-
-
 def store(broker: FakeBroker) -> RemoteOffsetStore:
-    return RemoteOffsetStore(FakeCluster(broker), "g", "me", read_attempts=3)  # type: ignore[arg-type]
+    return RemoteOffsetStore(broker, "g", "me", read_attempts=3)  # type: ignore[arg-type]
 
 
 def test_a_failed_read_is_retried_and_then_raised_never_taken_as_zero() -> None:
@@ -99,7 +91,7 @@ def test_an_offset_refused_for_a_new_owner_is_dropped_and_never_resent() -> None
 def test_a_fenced_queue_commits_nothing_until_a_fresh_grant_gives_a_new_epoch() -> None:
     broker = FakeBroker([])
     fenced: list[MessageQueue] = []
-    s = RemoteOffsetStore(FakeCluster(broker), "g", "me", on_fenced=fenced.append)  # type: ignore[arg-type]
+    s = RemoteOffsetStore(broker, "g", "me", on_fenced=fenced.append)  # type: ignore[arg-type]
     s.set_epoch(Q, 7)
     s.update(Q, 5)
     broker.commit_error = LockNotHeldError("t queue 0 is locked by 'other'")
@@ -146,7 +138,7 @@ def test_a_refusal_crossed_by_a_fresh_grant_does_not_fence_the_queue() -> None:
     async def scenario() -> list[tuple[int, int]]:
         broker = SlowBroker()
         fenced: list[MessageQueue] = []
-        s = RemoteOffsetStore(FakeCluster(broker), "g", "me", on_fenced=fenced.append)  # type: ignore[arg-type]
+        s = RemoteOffsetStore(broker, "g", "me", on_fenced=fenced.append)  # type: ignore[arg-type]
         s.set_epoch(Q, 7)
         s.update(Q, 5)
         broker.commit_error = StaleEpochError("epoch 7 is stale")

@@ -2,7 +2,7 @@
 
 Each test drives a failure path of issue 12 through the real PushConsumerCore: rebalance,
 lock renewal and fencing, pull loops and the orderly consume service, with the broker's
-own RebalanceLockManager behind a fake transport (tests/unit/fake_cluster.py).
+own RebalanceLockManager behind a fake transport (tests/unit/fake_transport.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from sdk.consumer.listener import (
 from sdk.consumer.push_core import PushConsumerCore
 from sdk.message import MessageExt, MessageQueue
 from sdk.testing import FakeClock
-from tests.unit.fake_cluster import FakeBroker, FakeCluster
+from tests.unit.fake_transport import FakeBroker, FakeTransport
 
 OK = ConsumeOrderlyStatus.SUCCESS
 SUSPEND = ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
@@ -67,12 +67,11 @@ def consumer(
 ) -> PushConsumerCore:
     core = PushConsumerCore(
         GROUP,
-        "fake:1",
+        FakeTransport(broker),
         consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
         config=PushConsumerConfig(**config),
         clock=broker.clock,
     )
-    FakeCluster(broker).attach(core)
     core.subscribe(broker.topic)
     core.register_message_listener(listener)
     return core
@@ -342,24 +341,24 @@ def test_a_lock_answer_that_arrives_late_does_not_extend_the_clients_lease() -> 
     async def test(broker: FakeBroker) -> None:
         clock = broker.clock
         core = consumer(broker, listener)
-        cluster = core._cluster
-        assert isinstance(cluster, FakeCluster)
+        link = core._transport
+        assert isinstance(link, FakeTransport)
         await core.start()
         broker.append(0, ["a"] * 2)
         await until(lambda: len(listener.seen) == 2, "the first messages")
         clock.advance(1)  # the first renewal
         await asyncio.sleep(0.05)
-        cluster.link.lock_answers_held = True  # the way back is cut...
+        link.lock_answers_held = True  # the way back is cut...
         clock.advance(20)  # ...as the next renewal reaches the broker
-        await until(lambda: cluster.link.answers_waiting == 1, "the renewal to be held")
-        cluster.link.partitioned = True  # then the way there
+        await until(lambda: link.answers_waiting == 1, "the renewal to be held")
+        link.partitioned = True  # then the way there
         clock.advance(61)  # beyond both leases: the broker expires the client
         await asyncio.sleep(0.05)
         key = (broker.topic, 0)
         broker.locks.release_client(core.client_id)
         assert broker.locks.lock_batch(GROUP, "another", [key])  # which takes the queue
-        cluster.link.partitioned = False  # the heal: the held answer arrives
-        cluster.link.lock_answers_held = False
+        link.partitioned = False  # the heal: the held answer arrives
+        link.lock_answers_held = False
         await asyncio.sleep(0.05)
         broker.append(0, ["a"])  # a message for the queue's new owner
         for _ in range(20):  # pulls, re-lock attempts: a few seconds, not a renewal period

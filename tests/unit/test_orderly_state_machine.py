@@ -44,7 +44,7 @@ from sdk.consumer.listener import (
 from sdk.consumer.push_core import PushConsumerCore
 from sdk.message import MessageExt
 from sdk.testing import FakeClock
-from tests.unit.fake_cluster import FakeBroker, FakeCluster
+from tests.unit.fake_transport import FakeBroker, FakeTransport
 
 GROUP = "g"
 QUEUES = 2
@@ -121,7 +121,7 @@ class OrderlyConsumption(RuleBasedStateMachine):
         self.broker: FakeBroker
         self.world = World()
         self.clients: dict[str, PushConsumerCore] = {}
-        self.clusters: dict[str, FakeCluster] = {}
+        self.transports: dict[str, FakeTransport] = {}
         self.generation = 0
 
     # ------------------------------------------------------------------ plumbing
@@ -144,19 +144,18 @@ class OrderlyConsumption(RuleBasedStateMachine):
     async def start_client(self, name: str) -> None:
         self.generation += 1
         with patch("sdk.consumer.core.new_client_id", lambda: f"{name}-{self.generation}"):
+            transport = FakeTransport(self.broker)
             core = PushConsumerCore(  # client ids that sort the same way in every replay
                 GROUP,
-                "fake:1",
+                transport,
                 consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
                 config=PushConsumerConfig(shutdown_timeout=0.0, pull_batch_size=4),
                 clock=self.clock,
             )
-        cluster = FakeCluster(self.broker)
-        cluster.attach(core)
         core.offsets._read_attempts = 1  # type: ignore[union-attr]  # no real-time retry waits
         core.subscribe(self.broker.topic)
         core.register_message_listener(GatedListener(self.world, name))
-        self.clients[name], self.clusters[name] = core, cluster
+        self.clients[name], self.transports[name] = core, transport
         await core.start()
 
     # ------------------------------------------------------------------ rules
@@ -210,12 +209,12 @@ class OrderlyConsumption(RuleBasedStateMachine):
         # lock (RocketMQ and Kafka alike): only a call-free client is cut off here.
         if any(c.client == name for c in self.world.calls):
             return
-        self.clusters[name].link.partitioned = True
+        self.transports[name].partitioned = True
         self.settle()
 
     @rule(name=st.sampled_from(CLIENTS))
     def heal(self, name: str) -> None:
-        self.clusters[name].link.partitioned = False
+        self.transports[name].partitioned = False
         self.settle()
 
     @rule(name=st.sampled_from(CLIENTS))
@@ -226,7 +225,7 @@ class OrderlyConsumption(RuleBasedStateMachine):
         self.settle()
 
     def _links(self) -> list[Any]:
-        return [c.link for c in self.clusters.values()]
+        return list(self.transports.values())
 
     # ------------------------------------------------------------------ invariants
     @invariant()

@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 from sdk import AccumulatorConfig, Message, MessageQueue, PartialBatchError, ProducerConfig
-from sdk._transport.broker_client import Appended
-from sdk._transport.cluster import Cluster
 from sdk._transport.codec import MessageIdGenerator, encode_message
+from sdk._transport.protocol import Appended
 from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX, MAX_SEND_BYTES
 from sdk.errors import (
     BrokerUnavailableError,
@@ -29,12 +28,13 @@ from sdk.errors import (
     TopicNotFoundError,
 )
 from sdk.message import SendResult, SendStatus, build_send_results
-from sdk.producer import EarlierSendFailedError, core, retry
+from sdk.producer import EarlierSendFailedError, retry
 from sdk.producer.accumulator import Accumulator
 from sdk.producer.core import ProducerCore
 from sdk.producer.spool import Spool
 from sdk.selector import shard_index
 from sdk.testing import FakeClock
+from tests.unit.fake_transport import FramesTransport
 
 QUEUES = 4
 TOPIC = "orders"
@@ -112,6 +112,7 @@ class Routes:
         self.failures = 0
         self.calls = 0
         self.error: OrderMQError = BrokerUnavailableError("failed to connect to all addresses")
+        self.transport: FramesTransport
 
     async def writable_queues(self, topic: str) -> list[MessageQueue]:
         self.calls += 1
@@ -128,24 +129,18 @@ def broker() -> ScriptedBroker:
 
 
 @pytest.fixture
-def routes(monkeypatch: pytest.MonkeyPatch, broker: ScriptedBroker) -> Routes:
+def routes(broker: ScriptedBroker) -> Routes:
     script = Routes()
-
-    async def no_refresh(cluster: Cluster, topic: str, **kwargs: object) -> list[object]:
-        return []
-
-    monkeypatch.setattr(Cluster, "brokers", lambda self: [])
-    monkeypatch.setattr(Cluster, "routes", no_refresh)
-    monkeypatch.setattr(
-        Cluster, "writable_queues", lambda self, topic: script.writable_queues(topic)
-    )
-    monkeypatch.setattr(Cluster, "client_for", lambda self, queue: broker)
+    script.transport = FramesTransport(broker, script.writable_queues)
     return script
 
 
 @contextlib.asynccontextmanager
-async def producer(config: ProducerConfig, clock: FakeClock) -> AsyncIterator[ProducerCore]:
-    core_ = ProducerCore("127.0.0.1:1", config=config, clock=clock)
+async def producer(
+    routes: Routes, config: ProducerConfig, clock: FakeClock
+) -> AsyncIterator[ProducerCore]:
+    """A producer core whose transport sends to the broker fixture, routes by `routes`."""
+    core_ = ProducerCore(routes.transport, config=config, clock=clock)
     await core_.start()
     try:
         yield core_
@@ -164,9 +159,9 @@ async def until(condition: Callable[[], bool], clock: FakeClock, what: str) -> N
         await asyncio.sleep(0.001)
 
 
-def small_requests(monkeypatch: pytest.MonkeyPatch, broker: ScriptedBroker) -> None:
+def small_requests(routes: Routes, broker: ScriptedBroker) -> None:
     """Requests of at most 2000 bytes: three 500-byte messages."""
-    monkeypatch.setattr(core, "MAX_SEND_BYTES", 2000)
+    routes.transport.max_send_bytes = 2000
     broker.limit = 2000
 
 
@@ -242,7 +237,7 @@ def test_a_spool_whose_first_round_fails_delivers_each_queue_in_acceptance_order
                 return None
 
             broker.refuse = refuse_once
-        async with producer(spooling(tmp_path), clock) as p:
+        async with producer(routes, spooling(tmp_path), clock) as p:
             await until(lambda: broker.count() == 50, clock, "every spooled message stored")
             await p.flush(5)
 
@@ -257,7 +252,7 @@ def test_a_spool_resolves_a_topics_route_once_per_round(
 
     async def main() -> None:
         await leave_in_spool(tmp_path, keyed("a", 20) + keyed("b", 20))
-        async with producer(spooling(tmp_path), clock) as p:
+        async with producer(routes, spooling(tmp_path), clock) as p:
             await p.flush(5)
 
     asyncio.run(main())
@@ -269,7 +264,7 @@ def test_a_spool_round_over_the_request_limit_goes_in_requests_one_after_another
     broker: ScriptedBroker, routes: Routes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One request per queue and round was refused for good once it passed 32 MiB."""
-    small_requests(monkeypatch, broker)
+    small_requests(routes, broker)
     queue_id = shard_index("a", QUEUES)
     refused = [2]  # the second request of the queue fails once
 
@@ -284,7 +279,7 @@ def test_a_spool_round_over_the_request_limit_goes_in_requests_one_after_another
 
     async def main() -> None:
         await leave_in_spool(tmp_path, keyed("a", 12, size=500))
-        async with producer(spooling(tmp_path), clock) as p:
+        async with producer(routes, spooling(tmp_path), clock) as p:
             await until(lambda: broker.count() == 12, clock, "every spooled message stored")
             await p.flush(5)
 
@@ -304,7 +299,7 @@ def test_a_spool_sends_delayed_and_immediate_messages_of_a_queue_in_separate_req
 
     async def main() -> None:
         await leave_in_spool(tmp_path, messages)
-        async with producer(spooling(tmp_path), clock) as p:
+        async with producer(routes, spooling(tmp_path), clock) as p:
             await until(lambda: broker.count() == 6, clock, "every spooled message stored")
             await p.flush(5)
 
@@ -326,7 +321,7 @@ def test_a_permanent_spool_failure_holds_its_queue_says_so_once_and_resumes_when
 
     async def main() -> None:
         await leave_in_spool(tmp_path, keyed("a", 5) + keyed(other, 5))
-        async with producer(spooling(tmp_path), clock) as p:
+        async with producer(routes, spooling(tmp_path), clock) as p:
             await until(lambda: broker.attempts(stuck) >= 3, clock, "three failed rounds")
             assert by_key(broker) == {other: list(range(5))}
             with pytest.raises(TimeoutError, match="body over the broker's limit"):
@@ -365,7 +360,7 @@ def test_a_spooled_topic_without_a_route_is_held_and_named(
 
     async def main() -> None:
         await leave_in_spool(tmp_path, keyed("a", 3))
-        async with producer(spooling(tmp_path), clock) as p:
+        async with producer(routes, spooling(tmp_path), clock) as p:
             await until(lambda: routes.calls >= 3, clock, "three failed rounds")
             with pytest.raises(TimeoutError, match=f"topic '{TOPIC}'.*{error}"):
                 await p.flush(0.01)
@@ -401,7 +396,7 @@ def test_a_spool_round_that_breaks_unexpectedly_is_retried_not_abandoned(
 
     async def main() -> None:
         await leave_in_spool(tmp_path, keyed("a", 3))
-        async with producer(spooling(tmp_path), clock) as p:
+        async with producer(routes, spooling(tmp_path), clock) as p:
             await until(lambda: broker.count() == 6, clock, "the round delivered again")
             await p.flush(5)
 
@@ -504,7 +499,7 @@ def test_sends_waiting_behind_one_whose_route_lookup_failed_fail_too(
     config = ProducerConfig(accumulator=AccumulatorConfig(linger=0))
 
     async def main() -> list[object]:
-        async with producer(config, FakeClock()) as p:
+        async with producer(routes, config, FakeClock()) as p:
             made = [asyncio.create_task(p.send(m)) for m in keyed("a", 3)]
             outcomes: list[object] = list(await asyncio.gather(*made, return_exceptions=True))
             outcomes.append(await p.send(Message(TOPIC, b"a:3", sharding_key="a")))
@@ -554,7 +549,7 @@ def test_the_accumulator_retries_a_batch_while_the_later_ones_of_its_queue_wait(
     clock = FakeClock()
 
     async def main() -> None:
-        async with producer(config, clock) as p:
+        async with producer(routes, config, clock) as p:
             sends = [asyncio.create_task(p.send(m)) for m in keyed("a", 5)]
             await until(lambda: len(broker.requests) == 1, clock, "the failed attempt")
             instant_retries.set()
@@ -578,7 +573,7 @@ def test_concurrent_keyed_sends_without_the_accumulator_may_overtake_a_retry(
     clock = FakeClock()
 
     async def main() -> None:
-        async with producer(ProducerConfig(retry_times=2), clock) as p:
+        async with producer(routes, ProducerConfig(retry_times=2), clock) as p:
             earlier = asyncio.create_task(p.send(first))
             await until(lambda: len(broker.requests) == 1, clock, "the failed attempt")
             await asyncio.wait_for(p.send(second), 5)  # while the first waits to retry
@@ -595,7 +590,7 @@ def test_send_batch_sends_one_queues_requests_one_after_another_and_stops_at_a_f
 ) -> None:
     """A queue's requests went concurrently: later ones could be stored before, or
     without, an earlier failed one."""
-    small_requests(monkeypatch, broker)
+    small_requests(routes, broker)
     queue_id = shard_index("a", QUEUES)
     other = key_for((queue_id + 1) % QUEUES)
 
@@ -607,7 +602,7 @@ def test_send_batch_sends_one_queues_requests_one_after_another_and_stops_at_a_f
     broker.refuse = refuse
 
     async def main() -> PartialBatchError:
-        async with producer(ProducerConfig(retry_times=0), FakeClock()) as p:
+        async with producer(routes, ProducerConfig(retry_times=0), FakeClock()) as p:
             with pytest.raises(PartialBatchError) as caught:
                 await p.send_batch(keyed("a", 12, size=500) + keyed(other, 2))
             return caught.value
@@ -627,14 +622,14 @@ def test_send_batch_sends_one_queues_requests_one_after_another_and_stops_at_a_f
 def test_send_batch_keeps_sending_keyless_requests_after_one_fails(
     broker: ScriptedBroker, routes: Routes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    small_requests(monkeypatch, broker)
+    small_requests(routes, broker)
     broker.refuse = lambda q, bodies: (
         InvalidMessageError("refused") if bodies[0].startswith(b"m0:") else None
     )
     messages = [Message(TOPIC, f"m{n}:".encode().ljust(500, b".")) for n in range(9)]
 
     async def main() -> PartialBatchError:
-        async with producer(ProducerConfig(retry_times=0), FakeClock()) as p:
+        async with producer(routes, ProducerConfig(retry_times=0), FakeClock()) as p:
             with pytest.raises(PartialBatchError) as caught:
                 await p.send_batch(messages)
             return caught.value

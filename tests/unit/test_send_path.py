@@ -10,14 +10,13 @@ from collections.abc import Iterator
 import pytest
 
 from sdk import Message, MessageQueue, PartialBatchError, ProducerConfig, SendResult, SendStatus
-from sdk._transport.broker_client import Appended
-from sdk._transport.cluster import Cluster
+from sdk._transport.protocol import Appended
 from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX
 from sdk.errors import TopicNotFoundError
 from sdk.message import build_send_results
-from sdk.producer import core
 from sdk.producer.core import ProducerCore
 from sdk.selector import shard_index
+from tests.unit.fake_transport import FramesTransport
 
 QUEUES = 4
 
@@ -52,22 +51,24 @@ class FakeBroker:
         return Appended(True, first, len(parsed), scheduled=any(d for _, d in parsed))
 
 
+async def writable_queues(topic: str) -> list[MessageQueue]:
+    return [MessageQueue(topic, "broker-a", q) for q in range(QUEUES)]
+
+
 @pytest.fixture
-def broker(monkeypatch: pytest.MonkeyPatch) -> FakeBroker:
-    fake = FakeBroker()
-
-    async def writable_queues(self: Cluster, topic: str) -> list[MessageQueue]:
-        return [MessageQueue(topic, "broker-a", q) for q in range(QUEUES)]
-
-    monkeypatch.setattr(Cluster, "brokers", lambda self: [])
-    monkeypatch.setattr(Cluster, "writable_queues", writable_queues)
-    monkeypatch.setattr(Cluster, "client_for", lambda self, queue: fake)
-    return fake
+def broker() -> FakeBroker:
+    return FakeBroker()
 
 
-def send_batch(messages: list[Message]) -> list[SendResult]:
+def send_batch(
+    broker: FakeBroker, messages: list[Message], max_send_bytes: int | None = None
+) -> list[SendResult]:
+    transport = FramesTransport(broker, writable_queues)
+    if max_send_bytes is not None:
+        transport.max_send_bytes = max_send_bytes
+
     async def main() -> list[SendResult]:
-        producer = ProducerCore("127.0.0.1:1", config=ProducerConfig(retry_times=0))
+        producer = ProducerCore(transport, config=ProducerConfig(retry_times=0))
         await producer.start()
         try:
             return await producer.send_batch(messages)
@@ -87,7 +88,7 @@ def key_for(queue_id: int, n: int = 0) -> str:
 
 def test_a_batch_for_one_queue_is_one_request_with_results_in_order(broker: FakeBroker) -> None:
     messages = [Message("orders", b"x%d" % i, sharding_key=key_for(2, i % 3)) for i in range(5)]
-    results = send_batch(messages)
+    results = send_batch(broker, messages)
     [(queue_id, ids)] = broker.requests
     assert queue_id == 2
     assert results == [
@@ -105,7 +106,7 @@ def test_a_mixed_batch_goes_one_request_per_queue_and_answers_in_input_order(
         Message("orders", b"x", sharding_key=None if q is None else key_for(q, i))
         for i, q in enumerate(plan)
     ]
-    results = send_batch(messages)
+    results = send_batch(broker, messages)
     keyless_queue = results[1].queue.queue_id
     assert results[4].queue.queue_id == keyless_queue
     assert [r.queue.queue_id for r in results] == [keyless_queue if q is None else q for q in plan]
@@ -127,17 +128,16 @@ def test_delayed_messages_go_in_their_own_request_and_have_no_offset_yet(
         Message("orders", b"later", sharding_key=key, delay_seconds=60),
         Message("orders", b"now again", sharding_key=key),
     ]
-    results = send_batch(messages)
+    results = send_batch(broker, messages)
     assert [queue_id for queue_id, _ in broker.requests] == [1, 1]
     assert [r.queue_offset for r in results] == [100, -1, 101]
 
 
 def test_a_queue_over_the_request_size_limit_is_split_in_order(
-    broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+    broker: FakeBroker,
 ) -> None:
-    monkeypatch.setattr(core, "MAX_SEND_BYTES", 400)  # two frames
     messages = [Message("orders", bytes(100), sharding_key=key_for(0)) for _ in range(5)]
-    results = send_batch(messages)
+    results = send_batch(broker, messages, max_send_bytes=400)  # two frames
     assert [len(ids) for _, ids in broker.requests] == [2, 2, 1]
     assert [r.queue_offset for r in results] == [0, 1, 2, 3, 4]
 
@@ -145,7 +145,7 @@ def test_a_queue_over_the_request_size_limit_is_split_in_order(
 def test_a_failed_single_request_raises_its_error(broker: FakeBroker) -> None:
     broker.failing = {2}
     with pytest.raises(TopicNotFoundError, match="queue 2 is gone"):
-        send_batch([Message("orders", b"x", sharding_key=key_for(2))])
+        send_batch(broker, [Message("orders", b"x", sharding_key=key_for(2))])
 
 
 def test_a_failed_queue_among_several_is_a_partial_batch(broker: FakeBroker) -> None:
@@ -155,7 +155,7 @@ def test_a_failed_queue_among_several_is_a_partial_batch(broker: FakeBroker) -> 
         Message("orders", b"x", sharding_key=key_for(2)),
     ]
     with pytest.raises(PartialBatchError) as info:
-        send_batch(messages)
+        send_batch(broker, messages)
     stored, failed = info.value.results
     assert stored is not None and stored.queue_offset == 100 and failed is None
 

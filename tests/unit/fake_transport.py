@@ -2,23 +2,43 @@
 
 It keeps messages per queue, committed offsets, group membership, and the broker's real
 RebalanceLockManager (so lock, renewal, expiry and fencing follow the broker's own
-rules). `FakeCluster` stands in for `sdk._transport.cluster.Cluster`; several consumer
-cores may share one `FakeBroker`. `restart()` forgets what a broker process keeps in
+rules). `FakeTransport` implements the cores' Transport over it; several cores (consumers
+and producers) may share one `FakeBroker`. `restart()` forgets what a broker process keeps in
 memory, as a kill -9 does, and keeps what it stores on disk.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, ClassVar
+import dataclasses
+import pickle
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 from mockbroker.errors import BrokerError
 from mockbroker.lock_manager import RebalanceLockManager
-from sdk._transport.broker_client import GroupInfo, PullResult, PullStatus, SentBack
-from sdk.consumer.core import ConsumerCore
-from sdk.errors import BrokerUnavailableError, LockNotHeldError, StaleEpochError
-from sdk.message import MessageExt, MessageQueue
+from sdk._transport.codec import encode_message
+from sdk._transport.grpc_transport import GrpcTransport
+from sdk._transport.protocol import (
+    Appended,
+    GroupInfo,
+    LockResult,
+    PullResult,
+    PullStatus,
+    SentBack,
+    Unanswered,
+    UnlockResult,
+)
+from sdk._wire import FRAME_FIELDS, MAX_SEND_BYTES, decode_properties
+from sdk.errors import (
+    BrokerUnavailableError,
+    ClientStateError,
+    LockNotHeldError,
+    MessageNotFoundError,
+    OrderMQError,
+    StaleEpochError,
+)
+from sdk.message import Message, MessageExt, MessageQueue
 from sdk.testing import FakeClock
 
 BROKER = "fake"
@@ -49,6 +69,7 @@ class FakeBroker:
         self.down = False
         self.commits: list[tuple[str, int, int, int]] = []  # client, queue, offset, epoch
         self.dead_letters: list[MessageExt] = []
+        self.scheduled: dict[str, MessageExt] = {}  # by msg id
         self._arrived = asyncio.Event()
         self._membership_changed = asyncio.Event()
 
@@ -112,32 +133,34 @@ class FakeBroker:
             self._change_membership()
 
 
-class _Partitionable:
-    broker: FakeBroker
-    partitioned = False
+class FakeTransport:
+    """A Transport (sdk/_transport/protocol.py) served by a FakeBroker: no sockets.
 
-    def _check_up(self) -> None:
-        """Raise as a client that cannot reach its broker would."""
-        if self.partitioned:
-            raise BrokerUnavailableError("the client is cut off from the fake broker")
-        self.broker._check_up()
-
-
-class FakeClient(_Partitionable):
-    """The calls a consumer core makes on a BrokerClient, served by a FakeBroker.
-
-    Set `partitioned` to cut this client (and only it) off from the broker. While
+    Set `partitioned` to cut this transport (and only it) off from the broker. While
     `lock_answers_held` is set, lock calls reach the broker and take effect there, but
     their answers wait until it is cleared (the way back is cut, then heals).
+
+    Producers' messages are prepared in a layout of its own (pickled fields, not
+    ordermq's frames): a core that peeked into them would not work with it.
     """
 
-    address = ADDRESS
+    max_send_bytes = 1024 * 1024
 
     def __init__(self, broker: FakeBroker) -> None:
         self.broker = broker
+        self.partitioned = False
+        self.closed = False
         self._answers = asyncio.Event()
         self._answers.set()
         self.answers_waiting = 0
+
+    def _check_up(self) -> None:
+        """Raise as a transport that cannot reach its broker would."""
+        if self.closed:
+            raise ClientStateError("the transport is closed")
+        if self.partitioned:
+            raise BrokerUnavailableError("the client is cut off from the fake broker")
+        self.broker._check_up()
 
     @property
     def lock_answers_held(self) -> bool:
@@ -150,6 +173,77 @@ class FakeClient(_Partitionable):
         else:
             self._answers.set()
 
+    # ------------------------------------------------------------------ routes
+    async def readable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+        self._check_up()
+        return self.broker.queues()
+
+    async def writable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+        self._check_up()
+        return self.broker.queues()
+
+    # ------------------------------------------------------------------ producing
+    def prepare(
+        self,
+        message: Message,
+        msg_id: bytes,
+        now_s: float,
+        extra_properties: dict[str, str] | None = None,
+    ) -> bytes:
+        deliver_at = 0.0
+        if message.delay_seconds is not None:
+            deliver_at = now_s + message.delay_seconds
+        elif message.deliver_at is not None:
+            deliver_at = message.deliver_at
+        properties = {**message.properties, **(extra_properties or {})}
+        fields = (message.body, message.tags, message.keys, properties, message.sharding_key,
+                  msg_id, int(now_s * 1000), int(deliver_at * 1000))  # fmt: skip
+        return pickle.dumps(fields)
+
+    def prepare_spooled(self, record: bytes) -> bytes:
+        """What a transport of another layout does: read the spool's frame, prepare anew."""
+        msg_id, born, deliver_at, _level, tl, sl, kl, pl, bl = FRAME_FIELDS.unpack_from(record)
+        parts, p = [], FRAME_FIELDS.size
+        for length in (tl, sl, kl, pl, bl):
+            parts.append(record[p : p + length])
+            p += length
+        tags, sharding, keys, props, body = parts
+        fields = (body, tags.decode() or None,
+                  tuple(keys.decode().split("\0")) if keys else (), decode_properties(props),
+                  sharding.decode() or None, msg_id, born, deliver_at)  # fmt: skip
+        return pickle.dumps(fields)
+
+    async def send(
+        self, queue: MessageQueue, prepared: Sequence[bytes], *, timeout: float | None = None
+    ) -> Appended:
+        self._check_up()
+        b = self.broker
+        messages = [pickle.loads(p) for p in prepared]
+        if any(m[-1] for m in messages):
+            for body, tags, keys, props, key, msg_id, born, deliver_at in messages:
+                b.scheduled[msg_id.hex().upper()] = MessageExt(
+                    queue.topic, body, tags, keys, props, key, msg_id.hex().upper(), queue, -1, 0,
+                    born, 0, deliver_at,
+                )  # fmt: skip
+            return Appended(True, -1, len(messages), scheduled=True)
+        stored = b.messages[queue.queue_id]
+        first = len(stored)
+        for body, tags, keys, props, key, msg_id, born, _ in messages:
+            stored.append(
+                MessageExt(queue.topic, body, tags, keys, props, key, msg_id.hex().upper(), queue,
+                           len(stored), 0, born, int(b.clock.now() * 1000))
+            )  # fmt: skip
+        b._arrived.set()
+        b._arrived = asyncio.Event()
+        return Appended(True, first, len(messages))
+
+    async def cancel_scheduled(self, msg_id: str) -> bool:
+        self._check_up()
+        if self.broker.scheduled.pop(msg_id, None) is None:
+            raise MessageNotFoundError(f"no scheduled message {msg_id}")
+        return True
+
+    # ------------------------------------------------------------------ consuming
     async def pull(
         self, group: str, queue: MessageQueue, offset: int, *, max_messages: int = 32,
         suspend_timeout: float = 0.0, **_: Any,
@@ -200,7 +294,14 @@ class FakeClient(_Partitionable):
             b.offsets[(group, q.queue_id)] = offset
             b.commits.append((client_id, q.queue_id, offset, epoch))
 
-    async def heartbeat(self, client_id: str, groups: Sequence[GroupInfo]) -> dict[str, int]:
+    async def send_back(self, group: str, message: MessageExt, **_: Any) -> SentBack:
+        self._check_up()
+        stored = self.broker.messages[message.queue.queue_id][message.queue_offset]
+        self.broker.dead_letters.append(stored)
+        return SentBack(True, "%DLQ%" + group, 0)
+
+    # ------------------------------------------------------------------ membership
+    async def heartbeat(self, client_id: str, groups: Sequence[GroupInfo]) -> None:
         b = self.broker
         self._check_up()
         b.last_seen[client_id] = b.clock.now()
@@ -209,7 +310,6 @@ class FakeClient(_Partitionable):
             if client_id not in members:
                 members.add(client_id)
                 b._change_membership()
-        return {g.group: b.membership_version for g in groups}
 
     async def unregister(self, client_id: str) -> None:
         b = self.broker
@@ -219,25 +319,27 @@ class FakeClient(_Partitionable):
         b.locks.release_client(client_id)
         b._change_membership()
 
-    async def consumer_list(self, group: str) -> tuple[list[str], int]:
+    async def consumer_list(self, group: str, topic: str) -> list[str]:
         self._check_up()
-        return sorted(self.broker.members.get(group, ())), self.broker.membership_version
+        return sorted(self.broker.members.get(group, ()))
 
-    async def watch_membership(
-        self, group: str, known_version: int
-    ) -> AsyncIterator[tuple[int, list[str]]]:
+    async def watch_membership(self, group: str, known_version: int) -> AsyncIterator[int]:
         b = self.broker
         while True:
             self._check_up()
             if b.membership_version != known_version:
                 known_version = b.membership_version
-                yield known_version, sorted(b.members.get(group, ()))
+                yield known_version
             await b._membership_changed.wait()
 
+    # ------------------------------------------------------------------ locks
     async def lock_batch(
         self, group: str, client_id: str, queues: Sequence[MessageQueue]
-    ) -> dict[MessageQueue, int]:
-        self._check_up()
+    ) -> LockResult:
+        try:
+            self._check_up()
+        except OrderMQError as exc:
+            return LockResult({}, [Unanswered(ADDRESS, list(queues), exc)])
         keys = {(q.topic, q.queue_id): q for q in queues}
         held = self.broker.locks.lock_batch(group, client_id, keys)
         self.answers_waiting += 1
@@ -245,54 +347,21 @@ class FakeClient(_Partitionable):
             await self._answers.wait()
         finally:
             self.answers_waiting -= 1
-        return {keys[k]: epoch for k, epoch in held.items()}
+        return LockResult({keys[k]: epoch for k, epoch in held.items()}, [])
 
     async def unlock_batch(
         self, group: str, client_id: str, queues: Sequence[MessageQueue]
-    ) -> list[MessageQueue]:
-        self._check_up()
+    ) -> UnlockResult:
+        try:
+            self._check_up()
+        except OrderMQError as exc:
+            return UnlockResult([], [Unanswered(ADDRESS, list(queues), exc)])
         keys = {(q.topic, q.queue_id): q for q in queues}
         kept = self.broker.locks.unlock_batch(group, client_id, keys) or {}  # (None: before 9)
-        return [keys[k] for k in kept]
-
-    async def send_back(
-        self, group: str, queue: MessageQueue, queue_offset: int, **_: Any
-    ) -> SentBack:
-        self._check_up()
-        self.broker.dead_letters.append(self.broker.messages[queue.queue_id][queue_offset])
-        return SentBack(True, "%DLQ%" + group, 0)
-
-
-class FakeCluster:
-    """Stands in for Cluster: one FakeBroker behind every address."""
-
-    endpoints: ClassVar[list[str]] = [ADDRESS]
-
-    def __init__(self, broker: FakeBroker) -> None:
-        self._client = FakeClient(broker)
-        self.link = self._client  # its `partitioned` cuts this cluster's client off
-
-    def attach(self, core: ConsumerCore) -> None:
-        """Make a consumer core (not started yet) talk to the fake broker."""
-        core._cluster = self  # type: ignore[assignment]
-        core._rebalancer._cluster = self  # type: ignore[assignment]
-        core.offsets._cluster = self  # type: ignore[union-attr]
-
-    def client(self, address: str) -> FakeClient:
-        return self._client
-
-    def client_for(self, queue: MessageQueue) -> FakeClient:
-        return self._client
-
-    def brokers(self) -> list[FakeClient]:
-        return [self._client]
-
-    async def readable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
-        self._client._check_up()
-        return self._client.broker.queues()
+        return UnlockResult([keys[k] for k in kept], [])
 
     async def close(self) -> None:
-        pass
+        self.closed = True
 
 
 def _message(
@@ -303,4 +372,46 @@ def _message(
 
 def _copy(m: MessageExt) -> MessageExt:
     """Each pull decodes fresh objects, as the real client does."""
-    return _message(m.topic, m.body, m.sharding_key, m.msg_id, m.queue, m.queue_offset)
+    return dataclasses.replace(m, properties=dict(m.properties))
+
+
+class FrameSender(Protocol):
+    """A scripted broker that takes a Send request's frames."""
+
+    async def send(
+        self, topic: str, queue_id: int, frames: bytes, *, timeout: float | None = None
+    ) -> Appended: ...
+
+
+class FramesTransport:
+    """A producer's Transport that prepares ordermq's frames, as the gRPC transport does.
+
+    Sends go to a scripted broker as one request's frames; routes come from
+    `writable_queues(topic)`, asked on every call (a refresh asks it too).
+    """
+
+    prepare = staticmethod(encode_message)
+    prepare_spooled = staticmethod(GrpcTransport.prepare_spooled)
+
+    def __init__(
+        self,
+        broker: FrameSender,
+        writable_queues: Callable[[str], Awaitable[list[MessageQueue]]],
+        max_send_bytes: int = MAX_SEND_BYTES,
+    ) -> None:
+        self.broker = broker
+        self._writable_queues = writable_queues
+        self.max_send_bytes = max_send_bytes
+
+    async def writable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+        return await self._writable_queues(topic)
+
+    async def send(
+        self, queue: MessageQueue, prepared: Sequence[bytes], *, timeout: float | None = None
+    ) -> Appended:
+        return await self.broker.send(
+            queue.topic, queue.queue_id, b"".join(prepared), timeout=timeout
+        )
+
+    async def close(self) -> None:
+        pass

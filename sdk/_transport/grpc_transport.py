@@ -1,0 +1,293 @@
+"""The Transport over ordermq's gRPC protocol: a channel per broker, and cached routes.
+
+Messages travel as ordermq's message frames (sdk/_wire.py), built once per message by
+`prepare`; the spool keeps the same layout, so a spooled message is sent as it was kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from sdk._transport.broker_client import BrokerClient, QueueRoute
+from sdk._transport.codec import encode_message
+from sdk._transport.protocol import (
+    Appended,
+    GroupInfo,
+    LockResult,
+    PullResult,
+    SentBack,
+    Unanswered,
+    UnlockResult,
+)
+from sdk._wire import FRAME_LEN_PREFIX, MAX_SEND_BYTES
+from sdk.errors import (
+    BrokerUnavailableError,
+    ClientStateError,
+    MessageNotFoundError,
+    OrderMQError,
+    RequestTimeoutError,
+)
+from sdk.message import MessageExt, MessageQueue
+
+T = TypeVar("T")
+
+
+class GrpcTransport:
+    """Channels by broker address and routes by topic; use on one event loop.
+
+    `endpoints`: the brokers asked for routes ("host:port" each); the routes name the
+    brokers that serve each queue.
+    """
+
+    #: The most frame bytes one Send request carries (the broker's limit).
+    max_send_bytes = MAX_SEND_BYTES
+    #: A message's frame (see Transport.prepare).
+    prepare = staticmethod(encode_message)
+
+    def __init__(self, endpoints: Sequence[str]) -> None:
+        self.endpoints = list(endpoints)
+        self._clients: dict[str, BrokerClient] = {}
+        self._routes: dict[str, list[QueueRoute]] = {}
+        self._writable: dict[str, list[MessageQueue]] = {}
+        self._addresses: dict[MessageQueue, str] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ channels
+    def client(self, address: str) -> BrokerClient:
+        """The channel to `address`, opened on first use; ClientStateError once closed."""
+        client = self._clients.get(address)
+        if client is None:
+            if self._closed:
+                raise ClientStateError(f"the client is shut down; no channel to {address}")
+            client = self._clients[address] = BrokerClient(address)
+        return client
+
+    def client_for(self, queue: MessageQueue) -> BrokerClient:
+        """The channel to the broker serving `queue` (its route must be known)."""
+        return self.client(self._addresses[queue])
+
+    def brokers(self) -> list[BrokerClient]:
+        """A channel to every known broker, endpoints first."""
+        addresses = dict.fromkeys([*self.endpoints, *self._addresses.values()])
+        return [self.client(a) for a in addresses]
+
+    async def close(self) -> None:
+        """Close every channel; no new one is opened after this."""
+        self._closed = True
+        clients, self._clients = self._clients, {}
+        await asyncio.gather(*(c.close() for c in clients.values()))
+
+    # ------------------------------------------------------------------ routes
+    async def routes(
+        self, topic: str, *, create: bool = False, refresh: bool = False
+    ) -> list[QueueRoute]:
+        """The topic's queues, sorted by (broker, queue id); cached until refreshed."""
+        routes = None if refresh else self._routes.get(topic)
+        if routes is None:
+            routes = await self._query_route(topic, create)
+            self._routes[topic] = routes
+            self._writable[topic] = sorted(
+                (r.queue for r in routes if r.writable), key=lambda q: (q.broker_name, q.queue_id)
+            )
+            for r in routes:
+                self._addresses[r.queue] = r.broker_address
+        return routes
+
+    async def readable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+        """The queues consumers may read, sorted."""
+        return sorted(r.queue for r in await self.routes(topic, refresh=refresh) if r.readable)
+
+    async def writable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+        """The queues producers may write, sorted by (broker, queue id); do not modify."""
+        queues = None if refresh else self._writable.get(topic)
+        if queues is None:
+            await self.routes(topic, create=True, refresh=refresh)
+            queues = self._writable[topic]
+        if not queues:
+            raise BrokerUnavailableError(f"topic {topic!r} has no writable queue")
+        return queues
+
+    async def _query_route(self, topic: str, create: bool) -> list[QueueRoute]:
+        """Ask the endpoints in turn; each waits up to CONNECT_TIMEOUT for its broker.
+
+        With several endpoints, a first pass skips those that cannot be reached now.
+        """
+        last: OrderMQError | None = None
+        for wait in (False, True) if len(self.endpoints) > 1 else (True,):
+            for address in self.endpoints:
+                try:
+                    return await self.client(address).query_route(
+                        topic, create_if_missing=create, wait=wait
+                    )
+                except (BrokerUnavailableError, RequestTimeoutError) as exc:
+                    last = exc
+        assert last is not None
+        raise last
+
+    # ------------------------------------------------------------------ producing
+    @staticmethod
+    def prepare_spooled(record: bytes) -> bytes:
+        """The spool keeps frames without their length prefix: put it back."""
+        return FRAME_LEN_PREFIX.pack(len(record)) + record
+
+    def send(
+        self, queue: MessageQueue, prepared: Sequence[bytes], *, timeout: float | None = None
+    ) -> Coroutine[Any, Any, Appended]:
+        """Append frames to one queue, in one Send request.
+
+        The broker client's coroutine itself, not one awaiting it, and its client found
+        inline: this runs for every request (as pull does).
+        """
+        address = self._addresses[queue]
+        client = self._clients.get(address) or self.client(address)
+        return client.send(queue.topic, queue.queue_id, b"".join(prepared), timeout=timeout)
+
+    async def cancel_scheduled(self, msg_id: str) -> bool:
+        """Ask each broker in turn: the one that scheduled the message answers."""
+        last: OrderMQError | None = None
+        for client in self.brokers():
+            try:
+                return await client.cancel_scheduled("", msg_id)
+            except MessageNotFoundError as exc:
+                last = exc  # another broker may hold it
+        assert last is not None
+        raise last
+
+    # ------------------------------------------------------------------ consuming
+    def pull(
+        self,
+        group: str,
+        queue: MessageQueue,
+        offset: int,
+        *,
+        max_messages: int = 1000,
+        max_bytes: int = 4 * 1024 * 1024,
+        tag_expression: str = "*",
+        suspend_timeout: float = 0.0,
+        timeout: float | None = None,
+    ) -> Coroutine[Any, Any, PullResult]:
+        """Read `queue` from `offset` at its broker (its coroutine, as for send)."""
+        address = self._addresses[queue]
+        client = self._clients.get(address) or self.client(address)
+        return client.pull(
+            group,
+            queue,
+            offset,
+            max_messages=max_messages,
+            max_bytes=max_bytes,
+            tag_expression=tag_expression,
+            suspend_timeout=suspend_timeout,
+            timeout=timeout,
+        )
+
+    async def queue_offsets(
+        self, queue: MessageQueue, timestamp_ms: int = 0
+    ) -> tuple[int, int, int]:
+        """(min offset, max offset, first offset stored at or after timestamp_ms)."""
+        return await self.client_for(queue).queue_offsets(queue, timestamp_ms)
+
+    async def query_offset(self, group: str, queue: MessageQueue) -> int | None:
+        """The group's committed offset for `queue`, or None if it never committed."""
+        return await self.client_for(queue).query_offset(group, queue)
+
+    async def commit_offsets(
+        self, group: str, client_id: str, offsets: Sequence[tuple[MessageQueue, int, int]]
+    ) -> None:
+        """Commit at each queue's broker (all or nothing per broker)."""
+        for address, part in self._by_broker(offsets, lambda o: o[0]).items():
+            await self.client(address).commit_offsets(group, client_id, part)
+
+    async def send_back(
+        self,
+        group: str,
+        message: MessageExt,
+        *,
+        delay_level: int = 0,
+        max_reconsume_times: int = 0,
+        reconsume_times: int = 0,
+    ) -> SentBack:
+        """Send-back by the message's queue and offset, at the broker that stores it."""
+        return await self.client_for(message.queue).send_back(
+            group,
+            message.queue,
+            message.queue_offset,
+            delay_level=delay_level,
+            max_reconsume_times=max_reconsume_times,
+            reconsume_times=reconsume_times,
+        )
+
+    # ------------------------------------------------------------------ membership
+    async def heartbeat(self, client_id: str, groups: Sequence[GroupInfo]) -> None:
+        """Heartbeat every known broker in turn; the first failure stops it."""
+        for client in self.brokers():
+            await client.heartbeat(client_id, groups)
+
+    async def unregister(self, client_id: str) -> None:
+        """Unregister at every known broker; the first failure is raised at the end."""
+        first: OrderMQError | None = None
+        for client in self.brokers():
+            try:
+                await client.unregister(client_id)
+            except OrderMQError as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    async def consumer_list(self, group: str, topic: str) -> list[str]:
+        """The group's members as the first endpoint knows them (brokers share no state)."""
+        members, _version = await self.brokers()[0].consumer_list(group)
+        return members
+
+    async def watch_membership(self, group: str, known_version: int) -> AsyncIterator[int]:
+        """The first endpoint's membership versions of `group`."""
+        async for version, _members in self.brokers()[0].watch_membership(group, known_version):
+            yield version
+
+    # ------------------------------------------------------------------ locks
+    async def lock_batch(
+        self, group: str, client_id: str, queues: Sequence[MessageQueue]
+    ) -> LockResult:
+        """One LockBatch per broker, in turn."""
+        locked: dict[MessageQueue, int] = {}
+        unanswered = await self._per_broker(
+            queues, lambda client, part: client.lock_batch(group, client_id, part), locked.update
+        )
+        return LockResult(locked, unanswered)
+
+    async def unlock_batch(
+        self, group: str, client_id: str, queues: Sequence[MessageQueue]
+    ) -> UnlockResult:
+        """One UnlockBatch per broker, in turn."""
+        not_held: list[MessageQueue] = []
+        unanswered = await self._per_broker(
+            queues,
+            lambda client, part: client.unlock_batch(group, client_id, part),
+            not_held.extend,
+        )
+        return UnlockResult(not_held, unanswered)
+
+    async def _per_broker(
+        self,
+        queues: Sequence[MessageQueue],
+        call: Callable[[BrokerClient, list[MessageQueue]], Awaitable[T]],
+        take: Callable[[T], object],
+    ) -> list[Unanswered]:
+        """`call` each broker with its queues and `take` its answer; the brokers that failed."""
+        unanswered: list[Unanswered] = []
+        for address, part in self._by_broker(queues, lambda q: q).items():
+            try:
+                take(await call(self.client(address), part))
+            except OrderMQError as exc:
+                unanswered.append(Unanswered(address, part, exc))
+        return unanswered
+
+    def _by_broker(
+        self, items: Sequence[T], queue_of: Callable[[T], MessageQueue]
+    ) -> dict[str, list[T]]:
+        """`items` grouped by the address of their queue's broker, in order."""
+        out: dict[str, list[T]] = {}
+        for item in items:
+            out.setdefault(self._addresses[queue_of(item)], []).append(item)
+        return out

@@ -1,0 +1,247 @@
+"""The one interface the clients' cores talk to, whatever carries it to the brokers.
+
+A `Transport` is a client's view of a whole cluster: it finds the brokers of a queue,
+keeps their connections, and turns each call into its protocol's requests. The cores
+(sdk/producer, sdk/consumer) know only this module: they pass domain values (messages,
+queues, offsets, group names) and get domain values back, and never see an address, a
+protocol buffer or a wire layout. `sdk._transport.connect` picks the implementation from
+the endpoint; sdk/_transport/grpc_transport.py is the one for ordermq's gRPC protocol.
+
+Errors are OrderMQError subclasses (sdk.errors), already translated by the transport.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sdk.errors import OrderMQError
+from sdk.message import Message, MessageExt, MessageQueue
+
+
+class PullStatus(enum.Enum):
+    """What a pull found (RocketMQ's PullStatus)."""
+
+    FOUND = "FOUND"
+    NO_NEW_MESSAGE = "NO_NEW_MESSAGE"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    """A pull's answer, messages decoded."""
+
+    status: PullStatus
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[MessageExt]
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Where a batch went: offsets [first_offset, first_offset + count), or scheduled."""
+
+    durable: bool
+    first_offset: int
+    count: int
+    scheduled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """What a client tells the brokers about one of its consumer groups."""
+
+    group: str
+    consume_type: str  # "CONSUME_ORDERLY", "CONSUME_CONCURRENTLY" or "CONSUME_POLL"
+    message_model: str = "CLUSTERING"
+    subscriptions: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SentBack:
+    """Where a send-back put the message."""
+
+    dead_letter: bool
+    topic: str
+    reconsume_times: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unanswered:
+    """The part of a batch call one broker did not answer: it did nothing of it."""
+
+    broker: str  # for messages: the broker's address or name
+    queues: list[MessageQueue]
+    error: OrderMQError
+
+
+@dataclass(frozen=True, slots=True)
+class LockResult:
+    """A lock_batch's answer: the queues held now, and the brokers that did not answer."""
+
+    #: Each queue held, with its fencing epoch (0 where the protocol has none).
+    locked: dict[MessageQueue, int]
+    unanswered: list[Unanswered]
+
+
+@dataclass(frozen=True, slots=True)
+class UnlockResult:
+    """An unlock_batch's answer: queues another client holds, and unanswered brokers."""
+
+    not_held: list[MessageQueue]
+    unanswered: list[Unanswered]
+
+
+class Transport(Protocol):
+    """A client's connections to a cluster; create it anywhere, use it on one event loop.
+
+    Connections open on first use. Calls with a `timeout` wait within it for a broker
+    that cannot be reached yet; the others fail at once while it cannot be.
+    """
+
+    # ------------------------------------------------------------------ routes
+    async def writable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+        """The queues producers may write, sorted by (broker, queue id); do not modify.
+
+        Creates the topic when it does not exist. Cached until `refresh`;
+        BrokerUnavailableError when the topic has no writable queue.
+        """
+        ...
+
+    async def readable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+        """The queues consumers may read, sorted; cached until `refresh`.
+
+        TopicNotFoundError when the topic does not exist.
+        """
+        ...
+
+    # ------------------------------------------------------------------ producing
+    @property
+    def max_send_bytes(self) -> int:
+        """The most bytes of prepared messages one `send` takes."""
+        ...
+
+    def prepare(
+        self,
+        message: Message,
+        msg_id: bytes,
+        now_s: float,
+        extra_properties: dict[str, str] | None = None,
+    ) -> bytes:
+        """`message` sent at `now_s` with id `msg_id`, encoded for `send`: opaque bytes.
+
+        Its length is what counts against `max_send_bytes`. A delay is resolved against
+        `now_s`; `extra_properties` (a trace context) are added unless they would break
+        the protocol's limit. Called once per message: a retry sends the same bytes.
+        """
+        ...
+
+    def prepare_spooled(self, record: bytes) -> bytes:
+        """A message the producer's spool kept (see sdk/producer/spool.py), for `send`."""
+        ...
+
+    async def send(
+        self, queue: MessageQueue, prepared: Sequence[bytes], *, timeout: float | None = None
+    ) -> Appended:
+        """Append prepared messages to `queue`, in order, in one request."""
+        ...
+
+    async def cancel_scheduled(self, msg_id: str) -> bool:
+        """Cancel a scheduled message; False when it was delivered already.
+
+        MessageNotFoundError when no broker scheduled it.
+        """
+        ...
+
+    # ------------------------------------------------------------------ consuming
+    async def pull(
+        self,
+        group: str,
+        queue: MessageQueue,
+        offset: int,
+        *,
+        max_messages: int = 1000,
+        max_bytes: int = 4 * 1024 * 1024,
+        tag_expression: str = "*",
+        suspend_timeout: float = 0.0,
+        timeout: float | None = None,
+    ) -> PullResult:
+        """Read `queue` from `offset`; with `suspend_timeout`, wait that long for a message."""
+        ...
+
+    async def queue_offsets(
+        self, queue: MessageQueue, timestamp_ms: int = 0
+    ) -> tuple[int, int, int]:
+        """(min offset, max offset, first offset stored at or after timestamp_ms)."""
+        ...
+
+    async def query_offset(self, group: str, queue: MessageQueue) -> int | None:
+        """The group's committed offset for `queue`, or None if it never committed."""
+        ...
+
+    async def commit_offsets(
+        self, group: str, client_id: str, offsets: Sequence[tuple[MessageQueue, int, int]]
+    ) -> None:
+        """Commit (queue, offset, lock epoch) triples durably; epoch 0: not fenced.
+
+        LockNotHeldError or StaleEpochError when the lock's owner or epoch changed.
+        """
+        ...
+
+    async def send_back(
+        self,
+        group: str,
+        message: MessageExt,
+        *,
+        delay_level: int = 0,
+        max_reconsume_times: int = 0,
+        reconsume_times: int = 0,
+    ) -> SentBack:
+        """Return a message the group failed to consume, for a later retry or dead letter."""
+        ...
+
+    # ------------------------------------------------------------------ membership
+    async def heartbeat(self, client_id: str, groups: Sequence[GroupInfo]) -> None:
+        """Tell every broker the client is a member of exactly `groups`."""
+        ...
+
+    async def unregister(self, client_id: str) -> None:
+        """Leave every group and release every lock, on every broker.
+
+        Tries every broker; raises the first failure once it has.
+        """
+        ...
+
+    async def consumer_list(self, group: str, topic: str) -> list[str]:
+        """The sorted member ids of `group`, as a broker serving `topic` knows them."""
+        ...
+
+    def watch_membership(self, group: str, known_version: int) -> AsyncIterator[int]:
+        """Yield a new version each time `group`'s membership changes, until it fails.
+
+        `known_version`: the last one seen (0: none); a change since then is yielded at
+        once. The versions mean nothing but "changed".
+        """
+        ...
+
+    # ------------------------------------------------------------------ locks
+    async def lock_batch(
+        self, group: str, client_id: str, queues: Sequence[MessageQueue]
+    ) -> LockResult:
+        """Take or renew the locks of `queues` for `client_id`, at each queue's broker."""
+        ...
+
+    async def unlock_batch(
+        self, group: str, client_id: str, queues: Sequence[MessageQueue]
+    ) -> UnlockResult:
+        """Release the locks of `queues` the client holds."""
+        ...
+
+    # ------------------------------------------------------------------ lifecycle
+    async def close(self) -> None:
+        """Close every connection: calls in flight fail, and no new one is opened."""
+        ...
