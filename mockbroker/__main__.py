@@ -87,6 +87,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse sends to topics that were not created explicitly",
     )
     p.add_argument(
+        "--remoting-port",
+        type=int,
+        default=None,
+        help="serve RocketMQ 4.x remoting, for RocketMQ's own clients, on this port "
+        "(default: off; 0 picks a free one; RocketMQ uses 10911)",
+    )
+    p.add_argument(
+        "--namesrv-port",
+        type=int,
+        default=None,
+        help="serve a RocketMQ name server routing to the remoting port "
+        "(default: off; needs --remoting-port; RocketMQ uses 9876)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -200,6 +214,8 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             client_timeout_seconds=a.client_timeout_seconds,
             disconnect_grace_seconds=a.disconnect_grace_seconds,
             metrics_port=a.metrics_port,
+            remoting_port=a.remoting_port,
+            namesrv_port=a.namesrv_port,
             advertised_host=a.advertised_host,
             retention_hours=a.retention_hours,
             disk_high_ratio=a.disk_high_ratio,

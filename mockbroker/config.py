@@ -78,6 +78,12 @@ class BrokerConfig:
             and answers (pulls' messages) the broker holds at once; past it, the broker
             reads no more of that client's requests until some are answered (the client
             waits, held back by flow control). One request is always taken, however large.
+        remoting_port: Serve RocketMQ 4.x remoting (RocketMQ's own clients' broker
+            protocol) on this port, on the same store, groups, locks and offsets as gRPC
+            (None: off; 0 picks a free port; RocketMQ's default is 10911).
+        namesrv_port: Serve a RocketMQ name server on this port, whose routes name this
+            broker's remoting port (None: off; 0 picks a free port; RocketMQ's default is
+            9876). Needs `remoting_port`.
     """
 
     host: str = "127.0.0.1"
@@ -106,12 +112,21 @@ class BrokerConfig:
     fair_slice_bytes: int = 128 * 1024
     fair_turn_ms: float = 0.5
     client_max_in_flight_bytes: int = 64 * 1024 * 1024
+    remoting_port: int | None = None
+    namesrv_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):
             raise ValueError(f"flush_mode must be 'async' or 'sync', not {self.flush_mode!r}")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port {self.port} is outside 0..65535")
+        for name in ("port", "remoting_port", "namesrv_port"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 65535:
+                raise ValueError(f"{name} {value} is outside 0..65535")
+        if self.namesrv_port is not None and self.remoting_port is None:
+            raise ValueError(
+                "namesrv_port needs remoting_port: the name server's routes point at the "
+                "broker's remoting port"
+            )
         if not 1 <= self.default_queues <= 1024:
             raise ValueError(f"default_queues {self.default_queues} is outside 1..1024")
         if self.lock_lease_seconds <= 0:

@@ -34,6 +34,18 @@ class EmbeddedBroker:
         return self._broker.address
 
     @property
+    def remoting_address(self) -> str | None:
+        """'host:port' of the RocketMQ remoting port (None when off)."""
+        remoting = self._broker.remoting
+        return None if remoting is None else remoting.broker_address
+
+    @property
+    def namesrv_address(self) -> str | None:
+        """'host:port' of the RocketMQ name server (None when off)."""
+        remoting = self._broker.remoting
+        return None if remoting is None else remoting.namesrv_address
+
+    @property
     def broker(self) -> Broker:
         """The broker itself (its store and counters, for inspection)."""
         return self._broker

@@ -16,6 +16,7 @@ from mockbroker.fairness import FairScheduler
 from mockbroker.fronts.grpc.admin_service import AdminService
 from mockbroker.fronts.grpc.grpc_errors import add_service
 from mockbroker.fronts.grpc.service import MessagingService
+from mockbroker.fronts.remoting.front import RemotingFront
 from mockbroker.groups import ConsumerGroups
 from mockbroker.http_status import StatusServer
 from mockbroker.limits import ClientLimits
@@ -97,6 +98,8 @@ class Broker:
         self._sweeper: asyncio.Task[None] | None = None
         self._http: StatusServer | None = None
         self._messaging: MessagingService | None = None
+        #: RocketMQ remoting and its name server (None while not serving).
+        self.remoting: RemotingFront | None = None
         self._stopping = False
         self.port = 0
 
@@ -199,6 +202,13 @@ class Broker:
         scheduler.start()
         self._sweeper = asyncio.create_task(self._expire_clients(state), name="client-expiry")
         self.state, self._server = state, server
+        if self.config.remoting_port is not None:
+            self.remoting = RemotingFront(state, self.address.rsplit(":", 1)[0])
+            await self.remoting.start(
+                self.config.host, self.config.remoting_port, self.config.namesrv_port
+            )
+            log.info("RocketMQ remoting on %s, name server on %s",
+                     self.remoting.broker_address, self.remoting.namesrv_address)  # fmt: skip
         log.info("broker %s (ordermq %s) serving on %s", self.config.broker_name, __version__,
                  self.address)  # fmt: skip
 
@@ -240,6 +250,9 @@ class Broker:
             self.state.holder.close()
             self.state.groups.close()
             await self.state.scheduler.stop()
+        if self.remoting is not None:
+            await asyncio.sleep(0)  # the pulls the holder just answered write their answers
+            await self.remoting.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -738,6 +738,10 @@ class MessageStore:
             offset -= 1  # a corrupt one: its neighbours bound it, the one before is as good
         return 0
 
+    def offset_store_timestamp_ms(self, topic: Topic, queue_id: int, offset: int) -> int:
+        """When the message at `offset` of a queue was stored (0 below the min offset)."""
+        return self._stored_at(self.queue(topic, queue_id), offset)
+
     def last_store_timestamp_ms(self, topic: Topic, queue_id: int) -> int:
         """When the newest message of a queue was stored; 0 for an empty queue."""
         cq = self.queue(topic, queue_id)

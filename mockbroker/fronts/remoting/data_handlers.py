@@ -49,8 +49,6 @@ import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from grpc import StatusCode
-
 from mockbroker.delivery import MAX_SUSPEND_MS, Delivery
 from mockbroker.errors import BrokerError
 from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
@@ -61,6 +59,7 @@ from mockbroker.fronts.remoting.command import (
     RemotingCommand,
     RemotingError,
 )
+from mockbroker.fronts.remoting.errors import refusal
 from mockbroker.fronts.remoting.message_ids import (
     SocketAddress,
     UniqKeyGenerator,
@@ -128,28 +127,8 @@ V2_FIELDS = {
     "n": "brokerName",
 }  # fmt: skip
 
-#: Core refusals by reason, as RocketMQ's codes; others by status (see refusal()).
-_CODES_BY_REASON = {
-    "MALFORMED_FRAME": ResponseCode.MESSAGE_ILLEGAL,
-    "EMPTY_BODY": ResponseCode.MESSAGE_ILLEGAL,
-    "BODY_TOO_LARGE": ResponseCode.MESSAGE_ILLEGAL,
-    "PROPERTIES_TOO_LARGE": ResponseCode.MESSAGE_ILLEGAL,
-    "INVALID_DELIVERY_TIME": ResponseCode.MESSAGE_ILLEGAL,
-    "TOPIC_NOT_FOUND": ResponseCode.TOPIC_NOT_EXIST,
-    "DISK_FULL": ResponseCode.SERVICE_NOT_AVAILABLE,
-    "STORE_UNAVAILABLE": ResponseCode.SERVICE_NOT_AVAILABLE,
-}
 #: Java's String.trim: every character up to U+0020.
 _JAVA_TRIM = "".join(map(chr, range(33)))
-
-
-def refusal(exc: BrokerError) -> RemotingError:
-    """The RocketMQ answer to a refusal of the core, its remark the core's reason."""
-    code = _CODES_BY_REASON.get(exc.reason)
-    if code is None:
-        unavailable = exc.status == StatusCode.UNAVAILABLE
-        code = ResponseCode.SERVICE_NOT_AVAILABLE if unavailable else ResponseCode.SYSTEM_ERROR
-    return RemotingError(code, exc.message)
 
 
 def parse_subscription(expression: str | None) -> frozenset[bytes] | None:
@@ -680,5 +659,4 @@ __all__ = [
     "SendHeader",
     "data_handlers",
     "parse_subscription",
-    "refusal",
 ]

@@ -9,12 +9,8 @@ from grpc import StatusCode
 from mockbroker.errors import BrokerError
 from mockbroker.fronts.remoting.codes import ResponseCode
 from mockbroker.fronts.remoting.command import Fields, RemotingError
-from mockbroker.fronts.remoting.data_handlers import (
-    V2_FIELDS,
-    SendHeader,
-    parse_subscription,
-    refusal,
-)
+from mockbroker.fronts.remoting.data_handlers import V2_FIELDS, SendHeader, parse_subscription
+from mockbroker.fronts.remoting.errors import refusal
 
 
 @pytest.mark.parametrize(

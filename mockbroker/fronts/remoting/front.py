@@ -1,0 +1,63 @@
+"""The remoting front: a name server and a broker port, both over the broker's core."""
+
+from __future__ import annotations
+
+from mockbroker.fronts.remoting.command import Handler
+from mockbroker.fronts.remoting.data_handlers import data_handlers
+from mockbroker.fronts.remoting.namesrv import namesrv_handlers
+from mockbroker.fronts.remoting.offset_handlers import offset_handlers
+from mockbroker.fronts.remoting.server import RemotingServer
+from mockbroker.state import BrokerState
+
+
+class RemotingFront:
+    """RocketMQ 4.x remoting for one broker: its name server and its broker port.
+
+    Either may be off (port None); 0 picks a free port.
+    """
+
+    def __init__(self, state: BrokerState, advertised_host: str) -> None:
+        self._state = state
+        self._host = advertised_host
+        self.broker: RemotingServer | None = None
+        self.namesrv: RemotingServer | None = None
+
+    @property
+    def broker_address(self) -> str | None:
+        """host:port of the broker port, as routes name it (None when off)."""
+        return None if self.broker is None else f"{self._host}:{self.broker.port}"
+
+    @property
+    def namesrv_address(self) -> str | None:
+        """host:port of the name server (None when off)."""
+        return None if self.namesrv is None else f"{self._host}:{self.namesrv.port}"
+
+    def broker_handlers(self) -> dict[int, Handler]:
+        """Every request code the broker port serves."""
+        state = self._state
+        return {
+            **data_handlers(state, store_host=self._store_host),
+            **offset_handlers(state),
+        }
+
+    async def start(
+        self, listen_host: str, broker_port: int | None, namesrv_port: int | None
+    ) -> None:
+        """Start the ports that are on."""
+        state = self._state
+        if broker_port is not None:
+            self.broker = RemotingServer("broker", self.broker_handlers(), state.clock)
+            await self.broker.start(listen_host, broker_port)
+        if namesrv_port is not None:
+            handlers = namesrv_handlers(state, self._store_host)
+            self.namesrv = RemotingServer("namesrv", handlers, state.clock)
+            await self.namesrv.start(listen_host, namesrv_port)
+
+    async def stop(self) -> None:
+        """Close both ports and every connection."""
+        for server in (self.namesrv, self.broker):
+            if server is not None:
+                await server.stop()
+
+    def _store_host(self) -> str:
+        return self.broker_address or self._state.address

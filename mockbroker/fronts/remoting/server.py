@@ -1,0 +1,220 @@
+"""The remoting server: asyncio streams in the broker's event loop, one task per request.
+
+Each connection reads frames in order and hands every request to its handler in a task of
+its own, so a pull held by long polling does not hold up the heartbeats and sends behind
+it on the same connection; answers go out as they are ready, matched by `opaque`. A code
+with no handler is answered REQUEST_CODE_NOT_SUPPORTED, a RemotingError with its code,
+any other failure SYSTEM_ERROR, as RocketMQ's NettyRemotingAbstract does. A frame that
+does not parse closes its connection only. A connection with no traffic for
+`idle_seconds` (RocketMQ: 120 s) is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import socket
+from collections.abc import Callable, Mapping
+
+from mockbroker.errors import BrokerError
+from mockbroker.fronts.remoting.codec import MAX_FRAME_BYTES, FrameError, encode, read_command
+from mockbroker.fronts.remoting.codes import ResponseCode
+from mockbroker.fronts.remoting.command import (
+    FLAG_ONEWAY,
+    Handler,
+    RemotingCommand,
+    RemotingError,
+)
+from mockbroker.fronts.remoting.errors import refusal
+from sdk.clock import Clock, sleep_for
+
+log = logging.getLogger("ordermq.broker.remoting")
+
+#: RocketMQ closes a channel after this long without reads or writes.
+IDLE_SECONDS = 120.0
+
+
+class Connection:
+    """One client connection: the ClientChannel handlers see."""
+
+    def __init__(
+        self,
+        server: RemotingServer,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self._server = server
+        self._reader = reader
+        self._writer = writer
+        peer = writer.get_extra_info("peername")
+        self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._closed = False
+        self._write_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.last_active = server.clock.monotonic()
+
+    @property
+    def peer(self) -> str:
+        """The remote address, "host:port"."""
+        return self._peer
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection is gone."""
+        return self._closed
+
+    async def send_oneway(self, command: RemotingCommand) -> None:
+        """Send a broker-to-client oneway request; dropped if the connection is gone."""
+        command.opaque = next(self._server.opaques)
+        command.flag |= FLAG_ONEWAY
+        await self._write(command)
+
+    async def serve(self) -> None:
+        """Read and dispatch requests until the peer closes or sends a bad frame."""
+        try:
+            while True:
+                try:
+                    command = await read_command(self._reader, self._server.max_frame_bytes)
+                except FrameError as exc:
+                    log.warning("remoting %s: closing the connection: %s", self._peer, exc)
+                    self._server.malformed_frames += 1
+                    return
+                except (ConnectionError, OSError):
+                    return
+                if command is None:
+                    return
+                self.last_active = self._server.clock.monotonic()
+                if command.is_response:
+                    continue  # the broker's own requests are oneway: nothing waits for it
+                task = asyncio.create_task(self._handle(command))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Close the connection and cancel the requests still being handled."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        self._writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self._writer.wait_closed()
+        self._server.closed(self)
+
+    async def _handle(self, request: RemotingCommand) -> None:
+        answer = await self._server.answer(request, self)
+        if answer is not None and not request.is_oneway:
+            await self._write(answer)
+
+    async def _write(self, command: RemotingCommand) -> None:
+        if self._closed:
+            return
+        data = encode(command)
+        try:
+            async with self._write_lock:
+                self._writer.write(data)
+                await self._writer.drain()
+        except (ConnectionError, OSError):
+            await self.close()
+            return
+        self.last_active = self._server.clock.monotonic()
+
+
+class RemotingServer:
+    """A remoting listener serving one handler table."""
+
+    def __init__(
+        self,
+        name: str,
+        handlers: Mapping[int, Handler],
+        clock: Clock,
+        *,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        idle_seconds: float = IDLE_SECONDS,
+        on_close: Callable[[Connection], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.handlers = dict(handlers)
+        self.clock = clock
+        self.max_frame_bytes = max_frame_bytes
+        self.idle_seconds = idle_seconds
+        self._on_close = on_close
+        self.opaques = itertools.count(1)
+        self.connections: set[Connection] = set()
+        self.malformed_frames = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._idle_task: asyncio.Task[None] | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on host:port (0: a free port); the port bound."""
+        self._server = await asyncio.start_server(self._accept, host, port)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        self._idle_task = asyncio.create_task(self._close_idle(), name=f"{self.name}-idle")
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop listening, close every connection, cancel the requests in flight."""
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            await connection.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def answer(self, request: RemotingCommand, channel: Connection) -> RemotingCommand | None:
+        """The response to `request` (None: a oneway request its handler did not answer)."""
+        handler = self.handlers.get(request.code)
+        if handler is None:
+            return request.response(
+                ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                remark=f" request type {request.code} not supported",
+            )
+        try:
+            return await handler(request, channel)
+        except RemotingError as exc:
+            return request.response(exc.code, remark=exc.remark)
+        except BrokerError as exc:
+            refused = refusal(exc)
+            return request.response(refused.code, remark=refused.remark)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("remoting %s: request code %d failed", self.name, request.code)
+            return request.response(
+                ResponseCode.SYSTEM_ERROR, remark=f"{type(exc).__name__}: {exc}"
+            )
+
+    def closed(self, connection: Connection) -> None:
+        """A connection ended (called once per connection)."""
+        self.connections.discard(connection)
+        if self._on_close is not None:
+            self._on_close(connection)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        connection = Connection(self, reader, writer)
+        self.connections.add(connection)
+        await connection.serve()
+
+    async def _close_idle(self) -> None:
+        while True:
+            now = self.clock.monotonic()
+            oldest = min((c.last_active for c in self.connections), default=now)
+            # The next moment a connection can have been idle for idle_seconds.
+            await sleep_for(self.clock, max(oldest + self.idle_seconds - now, 0.001))
+            now = self.clock.monotonic()
+            for connection in list(self.connections):
+                if now - connection.last_active >= self.idle_seconds:
+                    log.info("remoting %s: closing idle connection %s", self.name, connection.peer)
+                    await connection.close()

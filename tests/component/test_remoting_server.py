@@ -1,0 +1,300 @@
+"""mockbroker's RocketMQ remoting port and name server, over real sockets.
+
+The broker runs embedded with both ports on; tests speak remoting through
+tests/remoting_client.py and check what the core holds through the gRPC SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker.fronts.remoting.codec import ROCKETMQ
+from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
+from mockbroker.fronts.remoting.command import RemotingCommand
+from sdk import LitePullConsumer, Message, MessageQueue, Producer
+from sdk.testing import FakeClock
+from tests.remoting_client import RemotingClient
+
+T = TypeVar("T")
+
+
+@pytest.fixture
+def rocketmq(tmp_path: Path) -> Iterator[EmbeddedBroker]:
+    config = BrokerConfig(data_dir=tmp_path / "broker", remoting_port=0, namesrv_port=0)
+    with EmbeddedBroker(config) as broker:
+        yield broker
+
+
+def run(body: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(body())
+
+
+def address(broker: EmbeddedBroker, which: str) -> str:
+    found = broker.remoting_address if which == "broker" else broker.namesrv_address
+    assert found is not None
+    return found
+
+
+async def ask(where: str, code: int, **fields: str) -> RemotingCommand:
+    client = await RemotingClient.connect(where)
+    try:
+        return await client.request(RemotingCommand(code, ext_fields=fields))
+    finally:
+        await client.close()
+
+
+def stored_messages(broker: EmbeddedBroker) -> int:
+    assert broker.broker.state is not None
+    return broker.broker.state.store.stats.messages_stored
+
+
+def test_both_ports_are_off_unless_asked(broker: EmbeddedBroker) -> None:
+    assert (broker.remoting_address, broker.namesrv_address) == (None, None)
+
+
+def test_the_name_server_routes_a_topic_to_the_remoting_port(rocketmq: EmbeddedBroker) -> None:
+    with Producer(rocketmq.address) as producer:
+        producer.send(Message("orders", b"x", sharding_key="k"))
+    namesrv = address(rocketmq, "namesrv")
+    answer = run(lambda: ask(namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, topic="orders"))
+    assert answer.code == ResponseCode.SUCCESS and answer.is_response
+    route = json.loads(answer.body)
+    assert route["brokerDatas"] == [
+        {"brokerAddrs": {"0": address(rocketmq, "broker")}, "brokerName": "broker-a",
+         "cluster": "DefaultCluster"}
+    ]  # fmt: skip
+    assert route["queueDatas"] == [
+        {"brokerName": "broker-a", "perm": 6, "readQueueNums": 8, "topicSysFlag": 0,
+         "writeQueueNums": 8}
+    ]  # fmt: skip
+    assert route["orderTopicConf"] == "broker-a:8"
+
+
+def test_unknown_topics_have_no_route_but_the_default_and_retry_topics_do(
+    rocketmq: EmbeddedBroker,
+) -> None:
+    namesrv = address(rocketmq, "namesrv")
+
+    async def main() -> list[RemotingCommand]:
+        return [
+            await ask(namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, topic=topic)
+            for topic in ("nowhere", "TBW102", "%RETRY%readers")
+        ]
+
+    unknown, default, retry = run(main)
+    assert unknown.code == ResponseCode.TOPIC_NOT_EXIST
+    assert unknown.remark == "No topic route info in name server for the topic: nowhere"
+    assert json.loads(default.body)["queueDatas"][0]["writeQueueNums"] == 8
+    assert json.loads(retry.body)["queueDatas"][0]["readQueueNums"] == 1
+
+
+def test_cluster_info_names_the_one_broker(rocketmq: EmbeddedBroker) -> None:
+    answer = run(lambda: ask(address(rocketmq, "namesrv"), RequestCode.GET_BROKER_CLUSTER_INFO))
+    info = json.loads(answer.body)
+    assert info["clusterAddrTable"] == {"DefaultCluster": ["broker-a"]}
+    assert info["brokerAddrTable"]["broker-a"]["brokerAddrs"] == {"0": address(rocketmq, "broker")}
+
+
+def test_offset_queries_answer_as_rocketmqs_broker(rocketmq: EmbeddedBroker) -> None:
+    with Producer(rocketmq.address) as producer:
+        sent = [producer.send(Message("orders", b"x", sharding_key="k")) for _ in range(3)]
+    queue = str(sent[0].queue.queue_id)
+    where = address(rocketmq, "broker")
+
+    async def main() -> list[RemotingCommand]:
+        return [
+            await ask(where, RequestCode.GET_MAX_OFFSET, topic="orders", queueId=queue),
+            await ask(where, RequestCode.GET_MIN_OFFSET, topic="orders", queueId=queue),
+            await ask(where, RequestCode.GET_EARLIEST_MSG_STORETIME, topic="orders",
+                      queueId=queue),
+            await ask(where, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, topic="orders",
+                      queueId=queue, timestamp="0"),
+            await ask(where, RequestCode.GET_MAX_OFFSET, topic="nowhere", queueId="0"),
+            await ask(where, RequestCode.GET_EARLIEST_MSG_STORETIME, topic="nowhere",
+                      queueId="0"),
+        ]  # fmt: skip
+
+    answers = run(main)
+    assert [a.code for a in answers] == [ResponseCode.SUCCESS] * 6
+    fields = [a.ext_fields for a in answers]
+    assert fields[0] == {"offset": "3"} and fields[1] == {"offset": "0"}
+    assert fields[2] is not None and int(fields[2]["timestamp"]) > 0
+    assert fields[3] == {"offset": "0"}
+    assert fields[4] == {"offset": "0"} and fields[5] == {"timestamp": "-1"}
+
+
+def test_an_unknown_code_is_not_supported_and_a_binary_request_is_answered_in_binary(
+    rocketmq: EmbeddedBroker,
+) -> None:
+    where = address(rocketmq, "broker")
+
+    async def main() -> tuple[RemotingCommand, RemotingCommand]:
+        client = await RemotingClient.connect(where)
+        try:
+            unknown = await client.request(RemotingCommand(9999))
+            binary = await client.request(
+                RemotingCommand(
+                    RequestCode.GET_MAX_OFFSET,
+                    ext_fields={"topic": "nowhere", "queueId": "0"},
+                    serialize_type=ROCKETMQ,
+                )
+            )
+            return unknown, binary
+        finally:
+            await client.close()
+
+    unknown, binary = run(main)
+    assert unknown.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+    assert unknown.remark == " request type 9999 not supported"
+    assert (binary.serialize_type, binary.ext_fields) == (ROCKETMQ, {"offset": "0"})
+
+
+def test_a_held_pull_does_not_hold_up_the_requests_behind_it_on_its_connection(
+    rocketmq: EmbeddedBroker,
+) -> None:
+    with Producer(rocketmq.address) as producer:
+        producer.send(Message("orders", b"first", sharding_key="k"))
+        queue = producer.send(Message("orders", b"second", sharding_key="k")).queue
+    where = address(rocketmq, "broker")
+
+    async def main() -> tuple[RemotingCommand, RemotingCommand]:
+        client = await RemotingClient.connect(where)
+        try:
+            pull = asyncio.ensure_future(
+                client.request(
+                    RemotingCommand(
+                        RequestCode.PULL_MESSAGE,
+                        ext_fields={
+                            "consumerGroup": "readers", "topic": "orders",
+                            "queueId": str(queue.queue_id), "queueOffset": "2",
+                            "maxMsgNums": "32", "sysFlag": "2", "commitOffset": "0",
+                            "suspendTimeoutMillis": "20000", "subVersion": "0",
+                        },
+                    )
+                )
+            )  # fmt: skip
+            offsets = await client.request(
+                RemotingCommand(
+                    RequestCode.GET_MAX_OFFSET,
+                    ext_fields={"topic": "orders", "queueId": str(queue.queue_id)},
+                )
+            )
+            assert not pull.done(), "the pull is held: nothing is past offset 2"
+            await asyncio.to_thread(send_third, rocketmq, queue.queue_id)
+            return offsets, await pull
+        finally:
+            await client.close()
+
+    offsets, pulled = run(main)
+    assert offsets.ext_fields == {"offset": "2"}
+    assert pulled.code == ResponseCode.SUCCESS
+    assert pulled.ext_fields is not None and pulled.ext_fields["nextBeginOffset"] == "3"
+
+
+def send_third(broker: EmbeddedBroker, queue_id: int) -> None:
+    with Producer(broker.address) as producer:
+        sent = producer.send(Message("orders", b"third", sharding_key="k"))
+    assert sent.queue.queue_id == queue_id
+
+
+BAD_INPUT = {
+    "garbage": b"GET / HTTP/1.1\r\n\r\n",
+    "a frame announcing 2 GB": (2**31).to_bytes(4, "big") + b"\x00\x00\x00\x02{}",
+    "a header that is not JSON": (12).to_bytes(4, "big") + (8).to_bytes(4, "big") + b"not json",
+    "a binary header with bad lengths": (25).to_bytes(4, "big")
+    + b"\x01\x00\x00\x15"
+    + bytes(13)
+    + b"\x7f\xff\xff\xff"
+    + bytes(4),
+    "a truncated frame, then the end": (100).to_bytes(4, "big") + b'{"code":10',
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_INPUT), ids=list(BAD_INPUT))
+def test_bad_input_closes_that_connection_only_and_stores_nothing(
+    rocketmq: EmbeddedBroker, bad: str
+) -> None:
+    where = address(rocketmq, "broker")
+    stored = stored_messages(rocketmq)
+
+    async def main() -> RemotingCommand:
+        other = await RemotingClient.connect(where)
+        bad_client = await RemotingClient.connect(where)
+        try:
+            await bad_client.send_raw(BAD_INPUT[bad])
+            if bad.endswith("then the end"):
+                bad_client._writer.write_eof()
+            await asyncio.wait_for(bad_client.closed.wait(), 30)
+            return await other.request(
+                RemotingCommand(
+                    RequestCode.GET_MAX_OFFSET, ext_fields={"topic": "t", "queueId": "0"}
+                )
+            )
+        finally:
+            await bad_client.close()
+            await other.close()
+
+    answer = run(main)
+    assert answer.code == ResponseCode.SUCCESS, "the other connection is still served"
+    assert stored_messages(rocketmq) == stored
+    assert rocketmq.broker.remoting is not None
+    assert rocketmq.broker.remoting.broker is not None
+    assert rocketmq.broker.remoting.broker.malformed_frames == 1
+
+
+def test_a_message_sent_over_remoting_is_read_over_grpc(rocketmq: EmbeddedBroker) -> None:
+    where = address(rocketmq, "broker")
+    send = RemotingCommand(
+        RequestCode.SEND_MESSAGE_V2,
+        ext_fields={
+            "a": "producers", "b": "orders", "c": "TBW102", "d": "4", "e": "1", "f": "0",
+            "g": "1700000000000", "h": "0", "i": "KEYS\x01order-1\x02TAGS\x01paid\x02",
+            "j": "0", "k": "false", "m": "false",
+        },
+        body=b"order 1 paid",
+    )  # fmt: skip
+    answer = run(lambda: ask_command(where, send))
+    assert answer.code == ResponseCode.SUCCESS, answer.remark
+    assert answer.ext_fields is not None and answer.ext_fields["queueOffset"] == "0"
+    with LitePullConsumer("readers", rocketmq.address) as consumer:
+        consumer.assign([MessageQueue("orders", "broker-a", 1)])
+        consumer.seek(MessageQueue("orders", "broker-a", 1), 0)
+        got = consumer.poll(timeout=10)
+    assert [(m.body, m.tags, m.keys) for m in got] == [(b"order 1 paid", "paid", ("order-1",))]
+
+
+async def ask_command(where: str, command: RemotingCommand) -> RemotingCommand:
+    client = await RemotingClient.connect(where)
+    try:
+        return await client.request(command)
+    finally:
+        await client.close()
+
+
+def test_a_connection_silent_for_two_minutes_is_closed(tmp_path: Path) -> None:
+    clock = FakeClock()
+    config = BrokerConfig(data_dir=tmp_path / "broker", remoting_port=0)
+    with EmbeddedBroker(config, clock=clock) as broker:
+        where = address(broker, "broker")
+
+        async def main() -> bool:
+            client = await RemotingClient.connect(where)
+            try:
+                await client.request(RemotingCommand(9999))
+                for _ in range(2):  # 119 s of silence, then a request: the count restarts
+                    clock.advance(119)
+                    await client.request(RemotingCommand(9999))
+                clock.advance(120)
+                await asyncio.wait_for(client.closed.wait(), 30)
+                return client.closed.is_set()
+            finally:
+                await client.close()
+
+        assert run(main)
