@@ -122,16 +122,14 @@ class Fields:
             ) from None
 
     def boolean(self, name: str, default: bool = False) -> bool:
-        """A boolean field ("true"/"false", any case), `default` when absent."""
+        """A boolean field, `default` when absent; read as Java's Boolean.parseBoolean.
+
+        "true" in any case is true, anything else false (the C++ client sends "0").
+        """
         value = self.values.get(name)
         if value is None:
             return default
-        lowered = value.strip().lower()
-        if lowered not in ("true", "false"):
-            raise RemotingError(
-                ResponseCode.SYSTEM_ERROR, f"the field {name!r} is not a boolean: {value!r}"
-            )
-        return lowered == "true"
+        return value.strip().lower() == "true"
 
 
 class ClientChannel(Protocol):
