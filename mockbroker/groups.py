@@ -138,6 +138,11 @@ class ConsumerGroups:
             self.unregister(cid)
         return gone
 
+    def groups_of(self, client_id: str) -> dict[str, GroupMembership]:
+        """The groups `client_id` is in now (empty for a client not known)."""
+        client = self._clients.get(client_id)
+        return dict(client.groups) if client is not None else {}
+
     def members(self, group: str) -> list[str]:
         """Client ids of the group, sorted as strings."""
         return sorted(cid for cid, c in self._clients.items() if group in c.groups)

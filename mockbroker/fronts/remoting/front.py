@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mockbroker.fronts.remoting.command import Handler
+from mockbroker.fronts.remoting.coordination import RemotingClients, coordination_handlers
 from mockbroker.fronts.remoting.data_handlers import data_handlers
 from mockbroker.fronts.remoting.namesrv import namesrv_handlers
 from mockbroker.fronts.remoting.offset_handlers import offset_handlers
@@ -19,6 +20,7 @@ class RemotingFront:
     def __init__(self, state: BrokerState, advertised_host: str) -> None:
         self._state = state
         self._host = advertised_host
+        self.clients = RemotingClients(state)
         self.broker: RemotingServer | None = None
         self.namesrv: RemotingServer | None = None
 
@@ -38,6 +40,7 @@ class RemotingFront:
         return {
             **data_handlers(state, store_host=self._store_host),
             **offset_handlers(state),
+            **coordination_handlers(state, self.clients),
         }
 
     async def start(
@@ -46,7 +49,10 @@ class RemotingFront:
         """Start the ports that are on."""
         state = self._state
         if broker_port is not None:
-            self.broker = RemotingServer("broker", self.broker_handlers(), state.clock)
+            self.broker = RemotingServer(
+                "broker", self.broker_handlers(), state.clock,
+                on_close=self.clients.connection_closed,
+            )  # fmt: skip
             await self.broker.start(listen_host, broker_port)
         if namesrv_port is not None:
             handlers = namesrv_handlers(state, self._store_host)
@@ -55,6 +61,7 @@ class RemotingFront:
 
     async def stop(self) -> None:
         """Close both ports and every connection."""
+        self.clients.close()
         for server in (self.namesrv, self.broker):
             if server is not None:
                 await server.stop()

@@ -1,0 +1,342 @@
+"""Consumer coordination over remoting: heartbeats, groups, queue locks, offsets, send-back.
+
+On the same objects the gRPC front uses, so that RocketMQ clients and ordermq clients of
+one group see each other: GET_CONSUMER_LIST_BY_GROUP lists both, both take their queue
+locks from the one RebalanceLockManager, both commit into the one offset table.
+
+- A remoting connection counts as a long-lived stream of its client (ConsumerGroups): a
+  client whose connection closes (its process died) leaves its groups after
+  `disconnect_grace_seconds`, as a gRPC client does.
+- Every membership change of a group with remoting members is told to each of them with
+  NOTIFY_CONSUMER_IDS_CHANGED (oneway), which makes RocketMQ clients rebalance at once.
+- Locks follow RocketMQ's broker: a lease of `lock_lease_seconds` (60 s), renewed by the
+  holder locking again, granted for what can be granted. ordermq's fencing epochs stay on
+  the gRPC side: a RocketMQ client's lock excludes gRPC clients of the group and the other
+  way round, but its offset commits are not fenced (RocketMQ has no such check).
+- QUERY_CONSUMER_OFFSET for a queue the group never committed answers 0 while the queue
+  still holds its first message (RocketMQ's broker rule, so a consumer started after the
+  producer reads from the start), else QUERY_NOT_FOUND (the client then starts where its
+  consumeFromWhere says). UPDATE_CONSUMER_OFFSET sets the offset, backwards too (that is
+  how RocketMQ's tools reset a group), within the queue's [min, max].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from mockbroker.errors import BrokerError
+from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
+from mockbroker.fronts.remoting.command import (
+    ClientChannel,
+    Fields,
+    Handler,
+    RemotingCommand,
+    RemotingError,
+)
+from mockbroker.groups import GroupMembership
+from mockbroker.retry import DEFAULT_MAX_RECONSUME_TIMES
+from mockbroker.state import BrokerState
+from mockbroker.store.message_store import parse_tag_expression
+from mockbroker.topics import RETRY_PREFIX, Topic, check_any_topic, check_group
+from sdk._wire import RECORD
+
+log = logging.getLogger("ordermq.broker.remoting")
+
+#: ConsumeType and MessageModel by their ordinal (the C++ client sends numbers).
+_CONSUME_TYPES = ("CONSUME_ACTIVELY", "CONSUME_PASSIVELY")
+_MESSAGE_MODELS = ("BROADCASTING", "CLUSTERING")
+
+
+class RemotingClients:
+    """The connections of remoting clients, by client id, and their groups' watchers."""
+
+    def __init__(self, state: BrokerState) -> None:
+        self._state = state
+        self._channels: dict[str, set[ClientChannel]] = {}
+        self._clients_on: dict[ClientChannel, set[str]] = {}
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+
+    def seen(self, client_id: str, channel: ClientChannel) -> None:
+        """`client_id` spoke on `channel`."""
+        if channel not in self._clients_on:
+            self._clients_on[channel] = set()
+            self._state.groups.stream_opened(channel.peer)
+        self._clients_on[channel].add(client_id)
+        self._channels.setdefault(client_id, set()).add(channel)
+
+    def connection_closed(self, channel: ClientChannel) -> None:
+        """A remoting connection ended (the server calls this once per connection)."""
+        for client_id in self._clients_on.pop(channel, set()):
+            channels = self._channels.get(client_id)
+            if channels is not None:
+                channels.discard(channel)
+                if not channels:
+                    del self._channels[client_id]
+            self._state.groups.stream_closed(channel.peer)
+
+    def watch(self, group: str) -> None:
+        """Tell the group's remoting members of every change of its membership."""
+        task = self._watchers.get(group)
+        if task is None or task.done():
+            self._watchers[group] = asyncio.create_task(
+                self._notify_changes(group), name=f"remoting-notify-{group}"
+            )
+
+    def close(self) -> None:
+        """Stop the watchers (the broker is stopping)."""
+        for task in self._watchers.values():
+            task.cancel()
+
+    async def _notify_changes(self, group: str) -> None:
+        groups = self._state.groups
+        watch = groups.watch(group, groups.version(group))
+        async with contextlib.aclosing(watch):
+            async for _version, members in watch:
+                channels = {c for m in members for c in self._channels.get(m, ())}
+                if not channels:
+                    return  # no remoting member left: the next one to join starts a watch
+                for channel in channels:
+                    await channel.send_oneway(
+                        RemotingCommand(
+                            RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+                            ext_fields={"consumerGroup": group},
+                        )
+                    )
+
+
+def coordination_handlers(state: BrokerState, clients: RemotingClients) -> dict[int, Handler]:
+    """The handlers of consumer coordination's request codes."""
+    handlers = _Coordination(state, clients)
+    return {
+        RequestCode.HEART_BEAT: handlers.heartbeat,
+        RequestCode.UNREGISTER_CLIENT: handlers.unregister,
+        RequestCode.GET_CONSUMER_LIST_BY_GROUP: handlers.consumer_list,
+        RequestCode.LOCK_BATCH_MQ: handlers.lock_batch,
+        RequestCode.UNLOCK_BATCH_MQ: handlers.unlock_batch,
+        RequestCode.QUERY_CONSUMER_OFFSET: handlers.query_offset,
+        RequestCode.UPDATE_CONSUMER_OFFSET: handlers.update_offset,
+        RequestCode.CONSUMER_SEND_MSG_BACK: handlers.send_back,
+    }
+
+
+class _Coordination:
+    def __init__(self, state: BrokerState, clients: RemotingClients) -> None:
+        self._s = state
+        self._clients = clients
+
+    async def heartbeat(self, request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
+        data = _json_body(request, "HeartbeatData")
+        client_id = _text(data, "clientID")
+        consumers = data.get("consumerDataSet") or []
+        if not isinstance(consumers, list):
+            raise RemotingError(ResponseCode.SYSTEM_ERROR, "consumerDataSet is not a list")
+        groups = self._s.groups
+        joined = {g: m for g, m in (_membership(c) for c in consumers)}
+        self._clients.seen(client_id, channel)
+        if not joined:  # a producer's heartbeat: the client's consumer groups stay as they are
+            joined = groups.groups_of(client_id)
+        for group in joined:
+            retry = self._s.store.topics.find(RETRY_PREFIX + group)
+            if retry is None:  # RocketMQ's broker creates it at the first heartbeat
+                self._s.store.create_topic(RETRY_PREFIX + group, 1)
+        groups.heartbeat(client_id, joined, channel.peer)
+        for group in joined:
+            self._clients.watch(group)
+        return request.response()
+
+    async def unregister(self, request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
+        fields = Fields.of(request)
+        client_id = fields.string("clientID")
+        group = fields.optional_string("consumerGroup")
+        groups, locks = self._s.groups, self._s.locks
+        if group:
+            left = groups.groups_of(client_id)
+            if group in left:
+                del left[group]
+                groups.heartbeat(client_id, left, channel.peer)
+                own = [q for q, view in locks.locks(group).items() if view.client_id == client_id]
+                locks.unlock_batch(group, client_id, own)
+        elif fields.optional_string("producerGroup") is None:
+            groups.unregister(client_id)
+            locks.release_client(client_id)
+        await self._save_locks()
+        return request.response()
+
+    async def consumer_list(
+        self, request: RemotingCommand, channel: ClientChannel
+    ) -> RemotingCommand:
+        group = Fields.of(request).string("consumerGroup")
+        members = self._s.groups.members(group)
+        if not members:
+            raise RemotingError(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
+        return request.response(body=_json({"consumerIdList": members}))
+
+    async def lock_batch(self, request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
+        group, client_id, queues = _lock_body(request)
+        self._clients.seen(client_id, channel)
+        held = self._s.locks.lock_batch(group, client_id, [(t, q) for t, _b, q in queues])
+        await self._save_locks()  # a grant is answered once it would survive a crash
+        granted = [
+            {"brokerName": broker, "queueId": q, "topic": t}
+            for t, broker, q in queues
+            if (t, q) in held
+        ]
+        return request.response(body=_json({"lockOKMQSet": granted}))
+
+    async def unlock_batch(
+        self, request: RemotingCommand, channel: ClientChannel
+    ) -> RemotingCommand:
+        group, client_id, queues = _lock_body(request)
+        self._s.locks.unlock_batch(group, client_id, [(t, q) for t, _b, q in queues])
+        await self._save_locks()
+        return request.response()
+
+    async def query_offset(
+        self, request: RemotingCommand, channel: ClientChannel
+    ) -> RemotingCommand:
+        group, topic, queue_id = self._offset_key(request)
+        offset = self._s.offsets.get(group, topic.name, queue_id)
+        if offset is None:
+            if self._s.store.queue(topic, queue_id).min_offset != 0:
+                raise RemotingError(
+                    ResponseCode.QUERY_NOT_FOUND, "Not found, V3_0_6_SNAPSHOT maybe this group"
+                )
+            offset = 0  # the queue still holds its first message: read it all
+        return request.response(ext_fields={"offset": str(offset)})
+
+    async def update_offset(
+        self, request: RemotingCommand, channel: ClientChannel
+    ) -> RemotingCommand:
+        group, topic, queue_id = self._offset_key(request)
+        offset = Fields.of(request).integer("commitOffset")
+        low = self._s.store.queue(topic, queue_id).min_offset
+        high = self._s.store.end_offset(topic, queue_id)
+        if not low <= offset <= high:
+            raise RemotingError(
+                ResponseCode.SYSTEM_ERROR,
+                f"offset {offset} for {topic.name} queue {queue_id} is outside [{low}, {high}]",
+            )
+        if self._s.offsets.get(group, topic.name, queue_id) != offset:
+            await self._s.offsets.commit({(group, topic.name, queue_id): offset})
+        return request.response()
+
+    async def send_back(self, request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
+        fields = Fields.of(request)
+        group = fields.string("group")
+        position = fields.integer("offset")
+        delay_level = fields.integer("delayLevel", 0)
+        max_times = fields.integer("maxReconsumeTimes", DEFAULT_MAX_RECONSUME_TIMES)
+        _check(check_group, group)
+        record = await asyncio.to_thread(self._s.store.read_at, position)
+        if record is None:
+            raise RemotingError(
+                ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {position}"
+            )
+        _size, _crc, _magic, queue_id, queue_offset, _ts, times, topic_len = RECORD.unpack_from(
+            record
+        )
+        topic_name = record[RECORD.size : RECORD.size + topic_len].decode()
+        topic = self._s.topic_queue(topic_name, queue_id)
+        limit = max_times if max_times > 0 else DEFAULT_MAX_RECONSUME_TIMES
+        # delayLevel < 0: straight to the dead-letter topic, as RocketMQ does.
+        await self._s.retry.send_back(
+            group, topic, queue_id, queue_offset,
+            delay_level=max(delay_level, 0), max_reconsume_times=limit,
+            reconsume_times=limit if delay_level < 0 else times,
+        )  # fmt: skip
+        return request.response()
+
+    def _offset_key(self, request: RemotingCommand) -> tuple[str, Topic, int]:
+        fields = Fields.of(request)
+        group, topic_name = fields.string("consumerGroup"), fields.string("topic")
+        queue_id = fields.integer("queueId")
+        _check(check_group, group)
+        topic = self._s.store.topics.find(topic_name)
+        if topic is None:
+            raise RemotingError(
+                ResponseCode.QUERY_NOT_FOUND, f"topic {topic_name!r} does not exist"
+            )
+        if not 0 <= queue_id < topic.queue_count:
+            raise RemotingError(
+                ResponseCode.SYSTEM_ERROR,
+                f"queueId {queue_id} is illegal: {topic_name!r} has {topic.queue_count} queues",
+            )
+        return group, topic, queue_id
+
+    async def _save_locks(self) -> None:
+        try:
+            await self._s.locks.save()
+        except BrokerError as exc:
+            raise RemotingError(ResponseCode.SYSTEM_ERROR, exc.message) from None
+
+
+def _membership(data: Any) -> tuple[str, GroupMembership]:
+    if not isinstance(data, dict):
+        raise RemotingError(ResponseCode.SYSTEM_ERROR, "a ConsumerData is not an object")
+    group = _text(data, "groupName")
+    _check(check_group, group)
+    subscriptions = []
+    for sub in data.get("subscriptionDataSet") or []:
+        topic = _text(sub, "topic") if isinstance(sub, dict) else ""
+        expression = sub.get("subString") or "*"
+        _check(check_any_topic, topic)
+        if sub.get("expressionType", "TAG") == "TAG":
+            _check(parse_tag_expression, expression)
+        subscriptions.append((topic, expression))
+    return group, GroupMembership(
+        _enum(data.get("consumeType"), _CONSUME_TYPES, "consumeType"),
+        _enum(data.get("messageModel"), _MESSAGE_MODELS, "messageModel"),
+        tuple(subscriptions),
+    )
+
+
+def _enum(value: Any, names: tuple[str, ...], what: str) -> str:
+    if isinstance(value, str) and value in names:
+        return value
+    if type(value) is int and 0 <= value < len(names):
+        return names[value]
+    raise RemotingError(ResponseCode.SYSTEM_ERROR, f"{what} {value!r} is not one of {names}")
+
+
+def _lock_body(request: RemotingCommand) -> tuple[str, str, list[tuple[str, str, int]]]:
+    data = _json_body(request, "the lock batch")
+    group, client_id = _text(data, "consumerGroup"), _text(data, "clientId")
+    _check(check_group, group)
+    queues = []
+    for mq in data.get("mqSet") or []:
+        if not isinstance(mq, dict) or type(mq.get("queueId")) is not int:
+            raise RemotingError(ResponseCode.SYSTEM_ERROR, f"mqSet holds {mq!r}")
+        queues.append((_text(mq, "topic"), str(mq.get("brokerName") or ""), mq["queueId"]))
+    return group, client_id, queues
+
+
+def _json_body(request: RemotingCommand, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(request.body)
+    except (ValueError, RecursionError) as exc:
+        raise RemotingError(ResponseCode.SYSTEM_ERROR, f"{what} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise RemotingError(ResponseCode.SYSTEM_ERROR, f"{what} is not a JSON object")
+    return data
+
+
+def _text(data: dict[str, Any], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value:
+        raise RemotingError(ResponseCode.SYSTEM_ERROR, f"{key} is missing or not a string")
+    return value
+
+
+def _check(check: Any, value: str) -> None:
+    try:
+        check(value)
+    except BrokerError as exc:
+        raise RemotingError(ResponseCode.SYSTEM_ERROR, exc.message) from None
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
