@@ -1,0 +1,270 @@
+"""Consumer coordination over remoting, on the groups, locks and offsets gRPC clients use.
+
+Spoken through real sockets (tests/remoting_client.py) to an embedded broker on a fake
+clock, so that leases and the disconnect grace pass when the test says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
+from mockbroker.fronts.remoting.command import RemotingCommand
+from mockbroker.fronts.remoting.message_ids import decode_offset_msg_id
+from sdk import Message, Producer
+from sdk.testing import FakeClock
+from tests.remoting_client import RemotingClient
+from tests.support import wait_until
+
+T = TypeVar("T")
+GROUP = "readers"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def rocketmq(tmp_path: Path, clock: FakeClock) -> Iterator[EmbeddedBroker]:
+    config = BrokerConfig(
+        data_dir=tmp_path / "broker", remoting_port=0, disconnect_grace_seconds=30
+    )
+    with EmbeddedBroker(config, clock=clock) as broker:
+        yield broker
+
+
+def run(body: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(body())
+
+
+def java_heartbeat(client_id: str, *groups: str) -> bytes:
+    return json.dumps({
+        "clientID": client_id,
+        "producerDataSet": [{"groupName": "CLIENT_INNER_PRODUCER"}],
+        "consumerDataSet": [
+            {"groupName": g, "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+             "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "unitMode": False,
+             "subscriptionDataSet": [{"topic": "orders", "subString": "*", "tagsSet": [],
+                                      "codeSet": [], "subVersion": 1, "expressionType": "TAG",
+                                      "classFilterMode": False}]}
+            for g in groups
+        ],
+    }).encode()  # fmt: skip
+
+
+def cpp_heartbeat(client_id: str, group: str) -> bytes:
+    return json.dumps({
+        "clientID": client_id,
+        "consumerDataSet": [
+            {"groupName": group, "consumeType": 1, "messageModel": 1, "consumeFromWhere": 0,
+             "subscriptionDataSet": [{"topic": "orders", "subString": "A || B",
+                                      "codeSet": [0, 0], "subVersion": 1}]}
+        ],
+    }).encode()  # fmt: skip
+
+
+class Client:
+    """A remoting connection speaking as one RocketMQ client id."""
+
+    def __init__(self, connection: RemotingClient, client_id: str) -> None:
+        self.connection, self.client_id = connection, client_id
+
+    @classmethod
+    async def open(cls, broker: EmbeddedBroker, client_id: str) -> Client:
+        assert broker.remoting_address is not None
+        return cls(await RemotingClient.connect(broker.remoting_address), client_id)
+
+    async def call(self, code: int, body: bytes = b"", **fields: str) -> RemotingCommand:
+        return await self.connection.request(
+            RemotingCommand(code, ext_fields=fields or None, body=body)
+        )
+
+    async def heartbeat(self, *groups: str) -> RemotingCommand:
+        return await self.call(RequestCode.HEART_BEAT, java_heartbeat(self.client_id, *groups))
+
+    async def members(self, group: str = GROUP) -> list[str]:
+        answer = await self.call(RequestCode.GET_CONSUMER_LIST_BY_GROUP, consumerGroup=group)
+        return list(json.loads(answer.body)["consumerIdList"]) if answer.body else []
+
+    async def lock(self, *queues: int, code: int = RequestCode.LOCK_BATCH_MQ) -> set[int]:
+        body = {"consumerGroup": GROUP, "clientId": self.client_id,
+                "mqSet": [{"topic": "orders", "brokerName": "broker-a", "queueId": q}
+                          for q in queues]}  # fmt: skip
+        answer = await self.call(code, json.dumps(body).encode())
+        assert answer.code == ResponseCode.SUCCESS, answer.remark
+        if code != RequestCode.LOCK_BATCH_MQ:
+            return set()
+        return {mq["queueId"] for mq in json.loads(answer.body)["lockOKMQSet"]}
+
+    async def close(self) -> None:
+        await self.connection.close()
+
+
+def send_orders(broker: EmbeddedBroker, count: int) -> list[str]:
+    with Producer(broker.address) as producer:
+        return [
+            producer.send(Message("orders", f"m{i}".encode(), sharding_key="k")).msg_id
+            for i in range(count)
+        ]
+
+
+def test_java_and_cpp_heartbeats_join_groups_that_grpc_clients_see(
+    rocketmq: EmbeddedBroker,
+) -> None:
+    async def main() -> tuple[list[str], RemotingCommand, RemotingCommand]:
+        java, cpp = await Client.open(rocketmq, "10.0.0.1@1"), await Client.open(rocketmq, "7-c")
+        try:
+            assert (await java.heartbeat(GROUP)).code == ResponseCode.SUCCESS
+            cpp_answer = await cpp.call(RequestCode.HEART_BEAT, cpp_heartbeat("7-c", GROUP))
+            assert cpp_answer.code == ResponseCode.SUCCESS
+            members = await java.members()
+            bad = await cpp.call(RequestCode.HEART_BEAT, b"not json")
+            return members, bad, await cpp.call(RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                                                consumerGroup="nobody")  # fmt: skip
+        finally:
+            await java.close()
+            await cpp.close()
+
+    members, bad, nobody = run(main)
+    assert members == ["10.0.0.1@1", "7-c"]
+    state = rocketmq.broker.state
+    assert state is not None and state.groups.members(GROUP) == members
+    assert state.groups.membership(GROUP)["7-c"].subscriptions == (("orders", "A || B"),)
+    assert state.store.topics.find("%RETRY%readers") is not None, "created at the heartbeat"
+    assert bad.code == ResponseCode.SYSTEM_ERROR and "not JSON" in (bad.remark or "")
+    assert (nobody.code, nobody.remark) == (ResponseCode.SYSTEM_ERROR,
+                                            "no consumer for this group, nobody")  # fmt: skip
+
+
+def test_members_are_told_of_every_change_and_a_closed_connection_leaves_after_the_grace(
+    rocketmq: EmbeddedBroker, clock: FakeClock
+) -> None:
+    async def main() -> tuple[dict[str, Any] | None, list[str]]:
+        first, second = await Client.open(rocketmq, "a@1"), await Client.open(rocketmq, "b@1")
+        try:
+            await first.heartbeat(GROUP)
+            await second.heartbeat(GROUP)
+            notice = await asyncio.wait_for(first.connection.requests.get(), 30)
+            await second.close()  # its process died: the kernel closed the socket
+            state = rocketmq.broker.state
+            assert state is not None
+            clock.advance(31)
+            await asyncio.to_thread(
+                wait_until, lambda: state.groups.members(GROUP) == ["a@1"], 30, "b's expiry"
+            )
+            second_notice = await asyncio.wait_for(first.connection.requests.get(), 30)
+            assert second_notice.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED
+            return notice.ext_fields, await first.members()
+        finally:
+            await first.close()
+
+    fields, members = run(main)
+    assert fields == {"consumerGroup": GROUP}
+    assert members == ["a@1"]
+
+
+def test_queue_locks_are_granted_renewed_refused_and_expire_as_rocketmqs(
+    rocketmq: EmbeddedBroker, clock: FakeClock
+) -> None:
+    send_orders(rocketmq, 1)
+
+    async def main() -> list[set[int]]:
+        a, b = await Client.open(rocketmq, "a@1"), await Client.open(rocketmq, "b@1")
+        try:
+            await a.heartbeat(GROUP)
+            await b.heartbeat(GROUP)
+            got = [await a.lock(0, 1), await b.lock(1, 2)]
+            clock.advance(40)
+            got.append(await a.lock(0))  # a renews queue 0 only
+            clock.advance(30)  # queue 1's lease (60 s) is over, queue 0's is not
+            got.append(await b.lock(0, 1))
+            await a.lock(0, code=RequestCode.UNLOCK_BATCH_MQ)
+            got.append(await b.lock(0))
+            return got
+        finally:
+            await a.close()
+            await b.close()
+
+    assert run(main) == [{0, 1}, {2}, {0}, {1}, {0}]
+
+
+def test_offsets_start_at_zero_while_the_first_message_is_kept_and_update_as_told(
+    rocketmq: EmbeddedBroker,
+) -> None:
+    send_orders(rocketmq, 3)
+    state = rocketmq.broker.state
+    assert state is not None
+    queue = next(
+        str(q) for q in range(8) if state.store.end_offset(state.store.topics.get("orders"), q)
+    )
+
+    async def main() -> list[RemotingCommand]:
+        c = await Client.open(rocketmq, "a@1")
+        key = {"consumerGroup": GROUP, "topic": "orders", "queueId": queue}
+        try:
+            return [
+                await c.call(RequestCode.QUERY_CONSUMER_OFFSET, **key),
+                await c.call(RequestCode.UPDATE_CONSUMER_OFFSET, **key, commitOffset="2"),
+                await c.call(RequestCode.QUERY_CONSUMER_OFFSET, **key),
+                await c.call(RequestCode.UPDATE_CONSUMER_OFFSET, **key, commitOffset="-1"),
+                await c.call(RequestCode.UPDATE_CONSUMER_OFFSET, **key, commitOffset="1"),
+                await c.call(RequestCode.QUERY_CONSUMER_OFFSET, **key),
+                await c.call(RequestCode.QUERY_CONSUMER_OFFSET, **{**key, "topic": "nowhere"}),
+            ]
+        finally:
+            await c.close()
+
+    first, update, after, negative, back, reset, unknown = run(main)
+    assert first.ext_fields == {"offset": "0"}, "young queue: from its first message"
+    assert update.code == ResponseCode.SUCCESS and after.ext_fields == {"offset": "2"}
+    assert negative.code == ResponseCode.SYSTEM_ERROR and "outside [0, 3]" in (
+        negative.remark or ""
+    )
+    assert back.code == ResponseCode.SUCCESS and reset.ext_fields == {"offset": "1"}
+    assert state.offsets.get(GROUP, "orders", int(queue)) == 1
+    assert unknown.code == ResponseCode.QUERY_NOT_FOUND
+
+
+def test_a_message_sent_back_goes_to_the_retry_topic_or_straight_to_the_dead_letters(
+    rocketmq: EmbeddedBroker,
+) -> None:
+    state = rocketmq.broker.state
+    assert state is not None
+
+    async def main() -> list[RemotingCommand]:
+        c = await Client.open(rocketmq, "a@1")
+        await c.heartbeat(GROUP)
+        send = await c.call(
+            RequestCode.SEND_MESSAGE_V2,
+            body=b"poison",
+            a="p", b="orders", c="TBW102", d="8", e="0", f="0", g="1", h="0", i="", j="0",
+        )  # fmt: skip
+        assert send.ext_fields is not None
+        _host, position = decode_offset_msg_id(send.ext_fields["msgId"])
+        try:
+            return [
+                await c.call(RequestCode.CONSUMER_SEND_MSG_BACK, group=GROUP,
+                             offset=str(position), delayLevel="0"),
+                await c.call(RequestCode.CONSUMER_SEND_MSG_BACK, group=GROUP,
+                             offset=str(position), delayLevel="-1"),
+                await c.call(RequestCode.CONSUMER_SEND_MSG_BACK, group=GROUP,
+                             offset=str(position + 1), delayLevel="0"),
+            ]  # fmt: skip
+        finally:
+            await c.close()
+
+    retried, dead, nowhere = run(main)
+    assert (retried.code, dead.code) == (ResponseCode.SUCCESS, ResponseCode.SUCCESS)
+    assert state.retry.retried[GROUP] == 1 and state.retry.dead_lettered[GROUP] == 1
+    dlq = state.store.topics.get("%DLQ%readers")
+    assert state.store.end_offset(dlq, 0) == 1
+    assert nowhere.code == ResponseCode.SYSTEM_ERROR
+    assert "look message by offset failed" in (nowhere.remark or "")
