@@ -268,3 +268,26 @@ def test_a_message_sent_back_goes_to_the_retry_topic_or_straight_to_the_dead_let
     assert state.store.end_offset(dlq, 0) == 1
     assert nowhere.code == ResponseCode.SYSTEM_ERROR
     assert "look message by offset failed" in (nowhere.remark or "")
+
+
+def test_an_offset_update_sent_just_before_the_client_closes_is_stored(
+    rocketmq: EmbeddedBroker,
+) -> None:
+    send_orders(rocketmq, 3)
+    state = rocketmq.broker.state
+    assert state is not None
+    queue = next(q for q in range(8) if state.store.end_offset(state.store.topics.get("orders"), q))
+
+    async def main() -> None:
+        c = await Client.open(rocketmq, "a@1")
+        await c.connection.oneway(
+            RemotingCommand(
+                RequestCode.UPDATE_CONSUMER_OFFSET,
+                ext_fields={"consumerGroup": GROUP, "topic": "orders", "queueId": str(queue),
+                            "commitOffset": "3"},
+            )
+        )  # fmt: skip
+        await c.close()  # as a client shutting down: persist, then close at once
+
+    run(main)
+    wait_until(lambda: state.offsets.get(GROUP, "orders", queue) == 3, 30, "the commit")

@@ -28,7 +28,7 @@ from mockbroker.fronts.remoting.command import (
     RemotingError,
 )
 from mockbroker.fronts.remoting.errors import refusal
-from sdk.clock import Clock, sleep_for
+from sdk.clock import Clock
 
 log = logging.getLogger("ordermq.broker.remoting")
 
@@ -53,7 +53,7 @@ class Connection:
         self._closed = False
         self._write_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.last_active = server.clock.monotonic()
+        self.last_active = server.clock.now()
 
     @property
     def peer(self) -> str:
@@ -85,22 +85,25 @@ class Connection:
                     return
                 if command is None:
                     return
-                self.last_active = self._server.clock.monotonic()
+                self.last_active = self._server.clock.now()
                 if command.is_response:
                     continue  # the broker's own requests are oneway: nothing waits for it
                 task = asyncio.create_task(self._handle(command))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         finally:
-            await self.close()
+            # Requests already read finish (an offset commit sent just before the client
+            # closed its end is still stored); their answers have nowhere to go.
+            await self.close(cancel_requests=False)
 
-    async def close(self) -> None:
-        """Close the connection and cancel the requests still being handled."""
+    async def close(self, *, cancel_requests: bool = True) -> None:
+        """Close the connection; cancel the requests still being handled unless told not to."""
         if self._closed:
             return
         self._closed = True
-        for task in list(self._tasks):
-            task.cancel()
+        if cancel_requests:
+            for task in list(self._tasks):
+                task.cancel()
         self._writer.close()
         with contextlib.suppress(ConnectionError, OSError):
             await self._writer.wait_closed()
@@ -117,12 +120,11 @@ class Connection:
         data = encode(command)
         try:
             async with self._write_lock:
+                self.last_active = self._server.clock.now()  # before the peer can see it
                 self._writer.write(data)
                 await self._writer.drain()
         except (ConnectionError, OSError):
-            await self.close()
-            return
-        self.last_active = self._server.clock.monotonic()
+            await self.close(cancel_requests=False)
 
 
 class RemotingServer:
@@ -208,12 +210,13 @@ class RemotingServer:
         await connection.serve()
 
     async def _close_idle(self) -> None:
+        # On the wall clock, the one sleep_until takes: the deadline is read once, so a
+        # clock that moves meanwhile cannot push it out of reach.
         while True:
-            now = self.clock.monotonic()
+            now = self.clock.now()
             oldest = min((c.last_active for c in self.connections), default=now)
-            # The next moment a connection can have been idle for idle_seconds.
-            await sleep_for(self.clock, max(oldest + self.idle_seconds - now, 0.001))
-            now = self.clock.monotonic()
+            await self.clock.sleep_until(oldest + self.idle_seconds)
+            now = self.clock.now()
             for connection in list(self.connections):
                 if now - connection.last_active >= self.idle_seconds:
                     log.info("remoting %s: closing idle connection %s", self.name, connection.peer)
