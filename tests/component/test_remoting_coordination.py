@@ -156,6 +156,10 @@ def test_members_are_told_of_every_change_and_a_closed_connection_leaves_after_t
             await second.close()  # its process died: the kernel closed the socket
             state = rocketmq.broker.state
             assert state is not None
+            await asyncio.to_thread(
+                wait_until, lambda: state.groups.disconnected_since("b@1") is not None, 30,
+                "the broker to see b's connection close",
+            )  # fmt: skip
             clock.advance(31)
             await asyncio.to_thread(
                 wait_until, lambda: state.groups.members(GROUP) == ["a@1"], 30, "b's expiry"
