@@ -23,7 +23,7 @@ help:
 	@echo "make bench-sizing    disk and broker memory per million messages (1 KB and 100 B)"
 	@echo "make interop-setup   install the RocketMQ clients of others into .cache/interop"
 	@echo "make interop RocketMQ's C++ and Node.js clients against mockbroker (remoting)"
-	@echo "make proto   regenerate sdk/_pb from proto/"
+	@echo "make proto   regenerate sdk/_pb and mockbroker/_pb_v2 from proto/"
 	@echo "make docs    regenerate docs/configuration.md from the config classes"
 	@echo "make docs-api        build the guides and the API reference into build/site (strict)"
 	@echo "make test-docs       run every code block of README.md and docs/, then make docs-api"
