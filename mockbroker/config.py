@@ -74,6 +74,10 @@ class BrokerConfig:
             one message, however large).
         fair_turn_ms: Store work the broker does, while nobody waits, before it lets its
             event loop go round (read sockets, answer, see who else waits).
+        v2_port: Also serve RocketMQ 5's gRPC API (apache.rocketmq.v2.MessagingService, for
+            RocketMQ 5's official clients) on this port (None: off; 0 picks a free one, see
+            `v2_address` once started). Producers, routes, heartbeats and settings work
+            on the same store as ordermq's clients; receiving needs the pop core.
         client_max_in_flight_bytes: Bytes of one client's requests (sends' messages)
             and answers (pulls' messages) the broker holds at once; past it, the broker
             reads no more of that client's requests until some are answered (the client
@@ -106,12 +110,17 @@ class BrokerConfig:
     fair_slice_bytes: int = 128 * 1024
     fair_turn_ms: float = 0.5
     client_max_in_flight_bytes: int = 64 * 1024 * 1024
+    v2_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):
             raise ValueError(f"flush_mode must be 'async' or 'sync', not {self.flush_mode!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is outside 0..65535")
+        if self.v2_port is not None and not 0 <= self.v2_port <= 65535:
+            raise ValueError(f"v2_port {self.v2_port} is outside 0..65535")
+        if self.v2_port is not None and self.v2_port == self.port != 0:
+            raise ValueError(f"v2_port and port are both {self.port}: give each its own")
         if not 1 <= self.default_queues <= 1024:
             raise ValueError(f"default_queues {self.default_queues} is outside 1..1024")
         if self.lock_lease_seconds <= 0:
