@@ -242,9 +242,9 @@ async def serve(config: BrokerConfig) -> None:
     # clients send: a flood triggers them several times a second).
     gc.collect()
     gc.freeze()
+    print(f"mockbroker listening on {broker.address}", flush=True)  # the ready line: first
     if broker.v2_address is not None:
         print(f"mockbroker serving RocketMQ 5 clients on {broker.v2_address}", flush=True)
-    print(f"mockbroker listening on {broker.address}", flush=True)
     await stop.wait()
     await broker.stop()
 

@@ -55,9 +55,9 @@ def message(**system: object) -> v2.Message:
     user = props.pop("user", {"color": "red"})
     return v2.Message(
         topic=v2.Resource(name="orders"),
-        user_properties=user,  # type: ignore[arg-type]
-        system_properties=v2.SystemProperties(**{k: v for k, v in props.items() if v is not None}),  # type: ignore[arg-type]
-        body=body,  # type: ignore[arg-type]
+        user_properties=user,
+        system_properties=v2.SystemProperties(**{k: v for k, v in props.items() if v is not None}),
+        body=body,
     )
 
 

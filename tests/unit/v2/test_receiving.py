@@ -188,7 +188,7 @@ def test_tag_expressions_are_read_as_rocketmq_reads_them(expression: str, tags: 
         core,
         receive_request(filter_expression=v2.FilterExpression(type=v2.TAG, expression=expression)),
     )
-    assert core.calls[0][1]["tags"] == (None if tags is None else frozenset(tags))  # type: ignore[arg-type]
+    assert core.calls[0][1]["tags"] == (None if tags is None else frozenset(tags))
 
 
 @pytest.mark.parametrize(

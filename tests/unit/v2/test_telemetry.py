@@ -32,7 +32,7 @@ def producer_settings() -> v2.Settings:
 
 def consumer_settings(group: str = "workers", kind: int = v2.PUSH_CONSUMER) -> v2.Settings:
     return v2.Settings(
-        client_type=kind,  # type: ignore[arg-type]
+        client_type=kind,
         request_timeout=Duration(seconds=3),
         subscription=v2.Subscription(
             group=v2.Resource(name=group),
@@ -59,8 +59,8 @@ def settle(settings: v2.Settings, sessions: Sessions | None = None, client: str 
 
 def test_a_producer_gets_the_send_backoff_and_the_body_limit() -> None:
     answer = settle(producer_settings())
-    assert answer.status.code == v2.OK  # type: ignore[attr-defined]
-    s = answer.settings  # type: ignore[attr-defined]
+    assert answer.status.code == v2.OK
+    s = answer.settings
     assert s.client_type == v2.PRODUCER and s.user_agent.version == "5.1.2"  # echoed
     assert s.backoff_policy.max_attempts == 3
     backoff = s.backoff_policy.exponential_backoff
@@ -76,7 +76,7 @@ def test_a_producer_gets_the_send_backoff_and_the_body_limit() -> None:
 def test_a_consumer_gets_its_groups_policy_and_the_redelivery_backoff(
     group: str, fifo: bool
 ) -> None:
-    s = settle(consumer_settings(group)).settings  # type: ignore[attr-defined]
+    s = settle(consumer_settings(group)).settings
     assert s.subscription.fifo is fifo
     assert s.subscription.receive_batch_size == 32
     assert s.subscription.long_polling_timeout == Duration(seconds=30)
@@ -113,7 +113,7 @@ def test_settings_written_after_the_last_stream_closed_are_not_kept() -> None:
     ("settings", "code", "words"),
     [
         (v2.Settings(), v2.UNRECOGNIZED_CLIENT_TYPE, "no client_type"),
-        (v2.Settings(client_type=99), v2.UNRECOGNIZED_CLIENT_TYPE, "99"),  # type: ignore[arg-type]
+        (v2.Settings(client_type=99), v2.UNRECOGNIZED_CLIENT_TYPE, "99"),
         (v2.Settings(client_type=v2.PULL_CONSUMER), v2.UNSUPPORTED, "PULL_CONSUMER"),
         (v2.Settings(client_type=v2.LITE_PUSH_CONSUMER), v2.UNSUPPORTED, "LITE_PUSH_CONSUMER"),
         (v2.Settings(client_type=v2.PUSH_CONSUMER), v2.ILLEGAL_CONSUMER_GROUP, "no group"),
@@ -125,8 +125,8 @@ def test_settings_that_cannot_be_served_are_answered_with_why(
 ) -> None:
     sessions = Sessions()
     answer = settle(settings, sessions)
-    assert answer.status.code == code and words in answer.status.message  # type: ignore[attr-defined]
-    assert not answer.HasField("settings")  # type: ignore[attr-defined]
+    assert answer.status.code == code and words in answer.status.message
+    assert not answer.HasField("settings")
     assert sessions.get("c1") is None
 
 
@@ -134,7 +134,7 @@ def test_a_sql_subscription_is_refused() -> None:
     settings = consumer_settings()
     settings.subscription.subscriptions[0].expression.type = v2.SQL
     answer = settle(settings)
-    assert answer.status.code == v2.ILLEGAL_FILTER_EXPRESSION  # type: ignore[attr-defined]
+    assert answer.status.code == v2.ILLEGAL_FILTER_EXPRESSION
 
 
 @pytest.mark.parametrize(
