@@ -60,7 +60,7 @@ from mockbroker.fronts.v2.telemetry import (
 from mockbroker.groups import GroupMembership
 from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState
-from mockbroker.topics import Topic, check_user_topic, is_system_topic
+from mockbroker.topics import check_user_topic, is_system_topic
 from sdk.selector import shard_index
 
 #: What every topic accepts (ordermq's topics have no message type: the proxy's MIXED).
@@ -317,13 +317,16 @@ class RocketMQ5Service:
         )
 
     def _queue_for(self, name: str, message: Outgoing) -> int:
-        topic = self._s.store.topics.find(name) or Topic(name, self._s.config.default_queues)
+        topic = self._s.store.topics.find(name)
+        count = topic.queue_count if topic is not None else self._s.config.default_queues
         if message.message_group:
-            return shard_index(message.message_group, topic.queue_count)
+            return shard_index(message.message_group, count)
+        if topic is None:
+            return 0  # the send creates the topic (or is refused): its turns start after
         turn = self._turns.get(name)
         if turn is None:
-            turn = self._turns[name] = itertools.count()
-        return next(turn) % topic.queue_count
+            turn = self._turns[name] = itertools.count(1)
+        return next(turn) % count
 
     @_answers(svc.RecallMessageResponse)
     async def RecallMessage(
@@ -442,20 +445,22 @@ T = TypeVar("T")
 async def _until(closing: asyncio.Event, items: AsyncIterator[T]) -> AsyncIterator[T]:
     """The items of `items` until it ends or `closing` is set, whichever comes first."""
     ended = asyncio.ensure_future(closing.wait())
+    following: asyncio.Future[T] | None = None
     try:
         while True:
             following = asyncio.ensure_future(anext(items))
             await asyncio.wait({following, ended}, return_when=asyncio.FIRST_COMPLETED)
             if not following.done():
-                following.cancel()
                 return
             try:
                 item = following.result()
             except StopAsyncIteration:
                 return
             yield item
-    finally:
+    finally:  # also when the call is cancelled while waiting
         ended.cancel()
+        if following is not None:
+            following.cancel()
 
 
 def add_to(server: grpc.aio.Server, service: RocketMQ5Service) -> None:
