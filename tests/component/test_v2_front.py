@@ -115,6 +115,8 @@ def test_a_v2_send_is_read_over_ordermqs_grpc_with_its_fields(broker: EmbeddedBr
     assert read.properties["color"] == "red"
     assert read.properties["UNIQ_KEY"] == entry.message_id
     assert read.queue_offset == entry.offset
+    state = broker.broker.state
+    assert state is not None and state.requests.by_code[("v2.SendMessage", "OK")] == 1
 
 
 def test_normal_sends_take_the_queues_in_turn(broker: EmbeddedBroker) -> None:
@@ -183,6 +185,10 @@ def test_a_refused_send_stores_nothing(
     assert answer.status.code == code, answer.status
     assert [e.status.code for e in answer.entries] == [code]
     assert broker.broker.store.topics.find("orders") is None
+    name = v2.Code.Name(code)  # counted apart from ordermq's RPCs
+    state = broker.broker.state
+    assert state is not None
+    assert state.requests.errors[("v2.SendMessage", name, name)] == 1
 
 
 def test_an_empty_body_and_a_mixed_batch_are_refused(broker: EmbeddedBroker) -> None:

@@ -67,6 +67,9 @@ from sdk.selector import shard_index
 ACCEPTED_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION)
 #: How v2 consumers appear in their group (RocketMQ's ConsumeType for pop consumers).
 CONSUME_POP = "CONSUME_POP"
+#: The method label of this front's requests in the broker's metrics ("v2.SendMessage"):
+#: apart from ordermq's RPCs of the same names (QueryRoute, Heartbeat).
+METRIC_PREFIX = "v2."
 _MAX_RECALL_HANDLE = 255
 Resp = TypeVar("Resp", bound=Any)
 Handler = Callable[["RocketMQ5Service", Any, Context], Awaitable[Resp]]
@@ -80,7 +83,7 @@ def _answers(response: type[Resp]) -> Callable[[Handler[Resp]], Handler[Resp]]:
     """
 
     def wrap(handler: Handler[Resp]) -> Handler[Resp]:
-        method = handler.__name__
+        method = METRIC_PREFIX + handler.__name__
 
         @functools.wraps(handler)
         async def wrapper(self: RocketMQ5Service, request: Any, context: Context) -> Resp:
@@ -231,7 +234,7 @@ class RocketMQ5Service:
         try:
             cid = client_id(context.invocation_metadata())
         except V2Error as exc:
-            self._count("Telemetry", exc.status())
+            self._count(METRIC_PREFIX + "Telemetry", exc.status())
             yield command(exc.status())
             return
         peer = context.peer()
@@ -245,7 +248,7 @@ class RocketMQ5Service:
                     answer = self._sessions.settle(cid, received.settings, self._policy)
                 else:
                     continue  # answers to commands this server never sends
-                self._count("Telemetry", answer.status)
+                self._count(METRIC_PREFIX + "Telemetry", answer.status)
                 yield answer
         finally:
             self._sessions.closed(cid)
@@ -379,9 +382,9 @@ class RocketMQ5Service:
                     request, time_remaining=context.time_remaining()
                 )
             except asyncio.CancelledError:
-                self.requests.cancelled("ReceiveMessage")
+                self.requests.cancelled(METRIC_PREFIX + "ReceiveMessage")
                 raise
-        self._count("ReceiveMessage", answer[0].status)
+        self._count(METRIC_PREFIX + "ReceiveMessage", answer[0].status)
         for element in answer:
             yield element
 
@@ -431,7 +434,9 @@ class RocketMQ5Service:
 
 
 async def _unimplemented(service: RocketMQ5Service, method: str, context: Context) -> None:
-    service.requests.failed(method, StatusCode.UNIMPLEMENTED.name, "NOT_IMPLEMENTED")
+    service.requests.failed(
+        METRIC_PREFIX + method, StatusCode.UNIMPLEMENTED.name, "NOT_IMPLEMENTED"
+    )
     await context.abort(
         StatusCode.UNIMPLEMENTED,
         f"{method} is not served, as the Apache RocketMQ proxy does not serve it "
