@@ -140,7 +140,7 @@ class RocketMQ5Service:
     @property
     def sessions(self) -> int:
         """Clients with a Telemetry stream and settings."""
-        return len(self._sessions)
+        return self._sessions.count
 
     def _now_ms(self) -> int:
         return int(self._s.clock.now() * 1000)

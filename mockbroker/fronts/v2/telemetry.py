@@ -166,7 +166,9 @@ class Sessions:
         """Forget the client's session (it terminated)."""
         self._sessions.pop(client_id, None)
 
-    def __len__(self) -> int:
+    @property
+    def count(self) -> int:
+        """How many clients have a session."""
         return len(self._sessions)
 
 

@@ -99,7 +99,7 @@ def test_a_session_keeps_a_consumers_group_and_subscriptions_while_a_stream_is_o
     sessions.closed("c1")
     assert sessions.get("c1") is not None
     sessions.closed("c1")
-    assert sessions.get("c1") is None and len(sessions) == 0
+    assert sessions.get("c1") is None and sessions.count == 0
 
 
 def test_settings_written_after_the_last_stream_closed_are_not_kept() -> None:
