@@ -22,8 +22,8 @@ help:
 	@echo "make bench-profile   where broker and client CPU goes (py-spy), as shares"
 	@echo "make bench-sizing    disk and broker memory per million messages (1 KB and 100 B)"
 	@echo "make interop-setup   install the RocketMQ clients of others into .cache/interop"
-	@echo "make interop RocketMQ's C++ and Node.js clients against mockbroker (remoting)"
-	@echo "make proto   regenerate sdk/_pb from proto/"
+	@echo "make interop RocketMQ's own clients (C++, Node.js; RocketMQ 5's Python and Node.js) against mockbroker"
+	@echo "make proto   regenerate sdk/_pb and mockbroker/_pb_v2 from proto/"
 	@echo "make docs    regenerate docs/configuration.md from the config classes"
 	@echo "make docs-api        build the guides and the API reference into build/site (strict)"
 	@echo "make test-docs       run every code block of README.md and docs/, then make docs-api"
@@ -98,7 +98,8 @@ fuzz-atheris: $(STAMP)
 	done
 
 # Clients written by others (PyPI rocketmq 0.4.4, i.e. rocketmq-client-cpp 1.2.3; npm ali-ons
-# 3.12.0), each in its own environment under .cache/interop, never in .venv; the interop
+# 3.12.0; RocketMQ 5's PyPI rocketmq-python-client 5.1.2 and npm rocketmq-client-nodejs
+# 1.0.8), each in its own environment under .cache/interop, never in .venv; the interop
 # tests install them on first use as well, and skip with the reason when they cannot;
 # interop-setup fails when one of them cannot be installed.
 interop-setup: $(STAMP)

@@ -107,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on this port (default: off; 0 picks a free one)",
     )
     p.add_argument(
+        "--v2-port",
+        type=int,
+        default=None,
+        help="also serve RocketMQ 5's gRPC API (apache.rocketmq.v2, the official RocketMQ 5 "
+        "clients) on this port (default: off; 0 picks a free one)",
+    )
+    p.add_argument(
         "--log-level",
         default="INFO",
         type=str.upper,
@@ -228,6 +235,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             fair_slice_bytes=a.fair_slice_bytes,
             fair_turn_ms=a.fair_turn_ms,
             client_max_in_flight_bytes=a.client_max_in_flight_bytes,
+            v2_port=a.v2_port,
         )
     except ValueError as exc:
         p.error(str(exc))
@@ -250,7 +258,9 @@ async def serve(config: BrokerConfig) -> None:
     # clients send: a flood triggers them several times a second).
     gc.collect()
     gc.freeze()
-    print(f"mockbroker listening on {broker.address}", flush=True)
+    print(f"mockbroker listening on {broker.address}", flush=True)  # the ready line: first
+    if broker.v2_address is not None:
+        print(f"mockbroker serving RocketMQ 5 clients on {broker.v2_address}", flush=True)
     await stop.wait()
     await broker.stop()
 

@@ -74,6 +74,10 @@ class BrokerConfig:
             one message, however large).
         fair_turn_ms: Store work the broker does, while nobody waits, before it lets its
             event loop go round (read sockets, answer, see who else waits).
+        v2_port: Also serve RocketMQ 5's gRPC API (apache.rocketmq.v2.MessagingService, for
+            RocketMQ 5's official clients) on this port (None: off; 0 picks a free one, see
+            `v2_address` once started). Producers, routes, heartbeats and settings work
+            on the same store as ordermq's clients; receiving needs the pop core.
         client_max_in_flight_bytes: Bytes of one client's requests (sends' messages)
             and answers (pulls' messages) the broker holds at once; past it, the broker
             reads no more of that client's requests until some are answered (the client
@@ -114,11 +118,12 @@ class BrokerConfig:
     client_max_in_flight_bytes: int = 64 * 1024 * 1024
     remoting_port: int | None = None
     namesrv_port: int | None = None
+    v2_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):
             raise ValueError(f"flush_mode must be 'async' or 'sync', not {self.flush_mode!r}")
-        for name in ("port", "remoting_port", "namesrv_port"):
+        for name in ("port", "remoting_port", "namesrv_port", "v2_port"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 65535:
                 raise ValueError(f"{name} {value} is outside 0..65535")
@@ -127,6 +132,8 @@ class BrokerConfig:
                 "namesrv_port needs remoting_port: the name server's routes point at the "
                 "broker's remoting port"
             )
+        if self.v2_port is not None and self.v2_port == self.port != 0:
+            raise ValueError(f"v2_port and port are both {self.port}: give each its own")
         if not 1 <= self.default_queues <= 1024:
             raise ValueError(f"default_queues {self.default_queues} is outside 1..1024")
         if self.lock_lease_seconds <= 0:

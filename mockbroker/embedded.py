@@ -46,6 +46,18 @@ class EmbeddedBroker:
         return None if remoting is None else remoting.namesrv_address
 
     @property
+    def v2_address(self) -> str:
+        """'host:port' of the RocketMQ 5 front (config.v2_port), for RocketMQ 5 clients."""
+        address = self._broker.v2_address if self._thread is not None else None
+        if address is None:
+            raise RuntimeError(
+                "the embedded broker is not running"
+                if self._thread is None
+                else "the RocketMQ 5 front is off (BrokerConfig.v2_port is None)"
+            )
+        return address
+
+    @property
     def broker(self) -> Broker:
         """The broker itself (its store and counters, for inspection)."""
         return self._broker

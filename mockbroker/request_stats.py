@@ -45,6 +45,14 @@ class RequestStats:
         """A request of `method` was refused with `exc`."""
         self._error(method, exc.status.name, exc.reason)
 
+    def failed(self, method: str, code: str, reason: str) -> None:
+        """A request of `method` was answered with a protocol's own error code.
+
+        RocketMQ 5's API answers gRPC OK with the outcome inside the response: `code` is
+        that outcome's name (TOPIC_NOT_FOUND, BAD_REQUEST, ...).
+        """
+        self._error(method, code, reason)
+
     def crashed(self, method: str) -> None:
         """A request of `method` failed with an unexpected exception (answered UNKNOWN)."""
         self._error(method, UNKNOWN, UNEXPECTED)

@@ -17,6 +17,7 @@ from mockbroker.fronts.grpc.admin_service import AdminService
 from mockbroker.fronts.grpc.grpc_errors import add_service
 from mockbroker.fronts.grpc.service import MessagingService
 from mockbroker.fronts.remoting.front import RemotingFront
+from mockbroker.fronts.v2.front import V2Front
 from mockbroker.groups import ConsumerGroups
 from mockbroker.http_status import StatusServer
 from mockbroker.limits import ClientLimits
@@ -100,6 +101,7 @@ class Broker:
         self._messaging: MessagingService | None = None
         #: RocketMQ remoting and its name server (None while not serving).
         self.remoting: RemotingFront | None = None
+        self._v2: V2Front | None = None
         self._stopping = False
         self.port = 0
 
@@ -130,10 +132,18 @@ class Broker:
     @property
     def address(self) -> str:
         """'host:port' clients connect to: advertised_host, else host (loopback for 0.0.0.0)."""
+        return f"{self._client_host()}:{self.port}"
+
+    @property
+    def v2_address(self) -> str | None:
+        """'host:port' of the RocketMQ 5 (apache.rocketmq.v2) front, when it is on."""
+        return f"{self._client_host()}:{self._v2.port}" if self._v2 is not None else None
+
+    def _client_host(self) -> str:
         host = self.config.advertised_host
         if host is None:
             host = "127.0.0.1" if self.config.host in _WILDCARDS else self.config.host
-        return f"{host}:{self.port}"
+        return host
 
     async def start(self) -> None:
         """Open (and if need be recover) the store, then start serving.
@@ -142,6 +152,8 @@ class Broker:
         start: not ready until the store is recovered and requests are served.
         """
         await asyncio.to_thread(_check_listenable, self.config.host, self.config.port)
+        if self.config.v2_port is not None:
+            await asyncio.to_thread(_check_listenable, self.config.host, self.config.v2_port)
         if self.config.metrics_port is not None:
             self._http = StatusServer(self, self.config.host, self.config.metrics_port)
             log.info("metrics and health checks on http://%s:%d/", self.config.host,
@@ -198,12 +210,21 @@ class Broker:
         except RuntimeError as exc:  # taken since the check
             raise OSError(f"cannot listen on {self.config.host}:{self.config.port}: {exc}") from exc
         state.address = self.address
+        if self.config.v2_port is not None:
+            v2 = V2Front(state)  # the pop core (ReceiveMessage, acks) is given here
+            try:
+                await v2.start(self.config.host, self.config.v2_port, self._client_host())
+            except BaseException:
+                await server.stop(None)
+                raise
+            self._v2 = v2
+            log.info("RocketMQ 5 (apache.rocketmq.v2) clients served on %s", self.v2_address)
         await server.start()
         scheduler.start()
         self._sweeper = asyncio.create_task(self._expire_clients(state), name="client-expiry")
         self.state, self._server = state, server
         if self.config.remoting_port is not None:
-            self.remoting = RemotingFront(state, self.address.rsplit(":", 1)[0])
+            self.remoting = RemotingFront(state, self._client_host())
             await self.remoting.start(
                 self.config.host, self.config.remoting_port, self.config.namesrv_port
             )
@@ -246,6 +267,8 @@ class Broker:
         self._stopping = True  # /readyz answers 503 from now on, /metrics still works
         if self._messaging is not None:
             self._messaging.exchanges.close()  # each ends once its requests are answered
+        if self._v2 is not None:
+            self._v2.close()  # Telemetry streams end
         if self.state is not None:
             self.state.holder.close()
             self.state.groups.close()
@@ -257,6 +280,9 @@ class Broker:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+        if self._v2 is not None:
+            await self._v2.stop(grace_seconds)
+            self._v2 = None
         if self._server is not None:
             await self._server.stop(grace_seconds)
             self._server = None

@@ -1,9 +1,12 @@
-"""RocketMQ clients written by others, run against mockbroker's remoting front (issue 23).
+"""RocketMQ clients written by others, run against mockbroker's RocketMQ fronts.
 
-- provision.py: installs PyPI `rocketmq` 0.4.4 (rocketmq-client-cpp 1.2.3) into its own
-  virtualenv and npm `ali-ons` 3.12.0 into its own node_modules, under .cache/interop/
+- provision.py: installs PyPI `rocketmq` 0.4.4 (rocketmq-client-cpp 1.2.3) and
+  `rocketmq-python-client` 5.1.2 into virtualenvs of their own, npm `ali-ons` 3.12.0 and
+  `rocketmq-client-nodejs` 1.0.8 into node_modules of their own, under .cache/interop/
   (`make interop-setup`); tests skip with the reason when a client cannot be installed;
-- cpp_driver.py, ons_driver.js: the programs that run those clients, one JSON line per event;
-- harness.py: driver processes and the remoting broker, for the tests in tests/system/
-  (test_rocketmq_cpp_client.py, test_rocketmq_node_client.py) and the bench.
+- cpp_driver.py, ons_driver.js (RocketMQ 4 remoting, issue 23), rmq5_driver.py,
+  rmq5_driver.js (RocketMQ 5's gRPC API, issue 18): the programs that run those clients,
+  one JSON line per event;
+- harness.py: driver processes and the brokers, for the tests in tests/system/
+  (test_rocketmq_*_client.py, test_rocketmq5_*_client.py) and the bench.
 """

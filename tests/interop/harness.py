@@ -1,10 +1,11 @@
-"""What the interop tests run: driver processes read line by line, and a remoting broker.
+"""What the interop tests run: driver processes read line by line, and the brokers.
 
-`Driver` runs a driver program (cpp_driver.py, ons_driver.js) as a child process and reads
-its JSON lines on a thread as they come, so a test waits on lines (`wait_for`), never on
-time; a driver that exits while a test waits on it fails the wait at once, with its
-output. `RemotingBroker` is `python -m mockbroker` with its RocketMQ name server and
-remoting ports, ready once its gRPC ready line came and both ports accept connections.
+`Driver` runs a driver program (cpp_driver.py, ons_driver.js, rmq5_driver.*) as a child
+process and reads its JSON lines on a thread as they come, so a test waits on lines
+(`wait_for`), never on time; a driver that exits while a test waits on it fails the wait
+at once, with its output. `RemotingBroker` is `python -m mockbroker` with its RocketMQ
+name server and remoting ports, ready once its gRPC ready line came and both ports accept
+connections; `V2Broker` the same with its RocketMQ 5 (apache.rocketmq.v2) port.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from google.protobuf.duration_pb2 import Duration
+
 from sdk import MessageQueue
-from sdk._transport.broker_client import BrokerClient
+from sdk._transport.broker_client import BrokerClient, PullStatus
+from sdk.message import MessageExt
 from tests.interop.provision import Client
 from tests.support import ROOT, BrokerProcess
 
@@ -276,13 +280,124 @@ class RemotingBroker:
 
     def stop(self) -> None:
         """SIGTERM it (kill -9 if it does not go) and reap it."""
-        proc = self.process.proc
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            self.process.terminate(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill9()
+        stop_broker(self.process)
+
+
+def stop_broker(process: BrokerProcess) -> None:
+    """SIGTERM a broker process (kill -9 if it does not go) and reap it."""
+    proc = process.proc
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        process.terminate(30)
+    except subprocess.TimeoutExpired:
+        process.kill9()
+
+
+class V2Broker:
+    """`python -m mockbroker` serving ordermq's gRPC and RocketMQ 5's (apache.rocketmq.v2)."""
+
+    def __init__(self, data_dir: Path, *extra_args: str) -> None:
+        self.v2_port = free_port()
+        self.process = BrokerProcess(data_dir, "--v2-port", str(self.v2_port), *extra_args)
+
+    @property
+    def endpoints(self) -> str:
+        """The address RocketMQ 5 clients are given."""
+        return f"127.0.0.1:{self.v2_port}"
+
+    @property
+    def address(self) -> str:
+        """The gRPC address, for the ordermq SDK."""
+        return self.process.address
+
+    def start(self, timeout: float = 30.0) -> V2Broker:
+        """Start it and wait until both ports accept connections."""
+        self.process.start(timeout)
+        deadline = time.monotonic() + timeout
+        while not accepts(self.v2_port):
+            proc = self.process.proc
+            if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"the broker's RocketMQ 5 port ({self.v2_port}) did not open: "
+                    f"{self.process.stderr()[-2000:]}"
+                )
+            time.sleep(0.05)  # polling a port with a deadline
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM it (kill -9 if it does not go) and reap it."""
+        stop_broker(self.process)
+
+
+@contextlib.contextmanager
+def v2_brokers(workdir: Path) -> Iterator[Callable[..., V2Broker]]:
+    """`start(*args)` starts a V2Broker; all are stopped at the end."""
+    started: list[V2Broker] = []
+
+    def start(*args: str) -> V2Broker:
+        broker = V2Broker(workdir / f"broker{len(started)}", *args)
+        started.append(broker)
+        return broker.start()
+
+    try:
+        yield start
+    finally:
+        for broker in started:
+            broker.stop()
+
+
+def receive_unavailable(endpoints: str) -> str:
+    """Why RocketMQ 5 consumers cannot receive from the broker at `endpoints` ("" if they can).
+
+    Asks for a receive the way a client does (on this process's own copy of the protos):
+    a broker without its pop core answers NOT_IMPLEMENTED, with the reason.
+    """
+    import grpc
+
+    from mockbroker._pb_v2.apache.rocketmq.v2 import definition_pb2 as v2
+    from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2 as svc
+    from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2_grpc as svc_grpc
+
+    request = svc.ReceiveMessageRequest(
+        group=v2.Resource(name="probe-group"),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name="probe-topic"), id=-1),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+        batch_size=1,
+        invisible_duration=Duration(seconds=30),
+        long_polling_timeout=Duration(seconds=0),
+    )
+    with grpc.insecure_channel(endpoints) as channel:
+        stub = svc_grpc.MessagingServiceStub(channel)
+        answer = list(stub.ReceiveMessage(request, metadata=(("x-mq-client-id", "probe"),),
+                                          timeout=60))  # fmt: skip
+    statuses = [r.status for r in answer if r.HasField("status")]
+    if statuses and statuses[0].code == v2.NOT_IMPLEMENTED:
+        return f"the broker answers ReceiveMessage NOT_IMPLEMENTED: {statuses[0].message}"
+    return ""
+
+
+def group_is_fifo(endpoints: str, group: str) -> bool:
+    """What the broker tells a consumer of `group` in its settings: FIFO or not."""
+    import grpc
+
+    from mockbroker._pb_v2.apache.rocketmq.v2 import definition_pb2 as v2
+    from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2 as svc
+    from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2_grpc as svc_grpc
+
+    settings = svc.TelemetryCommand(
+        settings=v2.Settings(
+            client_type=v2.PUSH_CONSUMER,
+            subscription=v2.Subscription(group=v2.Resource(name=group)),
+        )
+    )
+    with grpc.insecure_channel(endpoints) as channel:
+        stub = svc_grpc.MessagingServiceStub(channel)
+        answers = stub.Telemetry(iter([settings]), metadata=(("x-mq-client-id", "probe"),),
+                                 timeout=60)  # fmt: skip
+        first = next(answers)
+        answers.cancel()
+    return bool(first.settings.subscription.fifo)
 
 
 # ---------------------------------------------------------------------------- over gRPC
@@ -332,3 +447,20 @@ class GrpcView:
     def members(self, group: str) -> list[str]:
         """The client ids of the group's members."""
         return self._call(lambda c: c.consumer_list(group))[0]
+
+    def messages(self, topic: str) -> list[MessageExt]:
+        """Every message of the topic now, queue by queue, each queue in order."""
+
+        async def work(c: BrokerClient) -> list[MessageExt]:
+            out: list[MessageExt] = []
+            for route in sorted(await c.query_route(topic), key=lambda r: r.queue.queue_id):
+                offset = 0
+                while True:
+                    got = await c.pull("interop-readers", route.queue, offset, max_messages=500)
+                    if got.status is not PullStatus.FOUND:
+                        break
+                    out += got.messages
+                    offset = got.next_offset
+            return out
+
+        return self._call(work)

@@ -3,7 +3,12 @@
 - `cpp`: PyPI `rocketmq` 0.4.4, a ctypes wrapper whose manylinux1 x86-64 wheel bundles
   Apache rocketmq-client-cpp 1.2.3 (`librocketmq.so`), in a virtualenv of its own;
 - `node`: npm `ali-ons` 3.12.0, a RocketMQ remoting client in plain JavaScript, in a
-  node_modules of its own, when Node.js and npm are on PATH.
+  node_modules of its own, when Node.js and npm are on PATH;
+- `python5`: PyPI `rocketmq-python-client` 5.1.2, Apache RocketMQ's Python client of
+  RocketMQ 5's gRPC API, in a virtualenv of its own (it registers RocketMQ 5's protos
+  under the names mockbroker/_pb_v2 uses: it can never share a process with ordermq);
+- `node5`: npm `rocketmq-client-nodejs` 1.0.8, Apache RocketMQ's Node.js client of the
+  same API, in a node_modules of its own.
 
 Both go to `.cache/interop/` (ORDERMQ_INTEROP_CACHE overrides it). Provisioning is
 idempotent (a stamp file is written last, after the client passed its self-check: the
@@ -12,7 +17,7 @@ driver imports the client and starts and stops it), and safe when several proces
 machine without network does not pay pip's time-outs in every test module; `--force`
 retries at once. Used by the interop tests (`require`) and by `make interop-setup`:
 
-    python -m tests.interop.provision [cpp] [node] [--force]
+    python -m tests.interop.provision [cpp] [node] [python5] [node5] [--force]
 """
 
 from __future__ import annotations
@@ -36,11 +41,18 @@ HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("ORDERMQ_INTEROP_CACHE", ROOT / ".cache" / "interop"))
 CPP_DRIVER = HERE / "cpp_driver.py"
 NODE_DRIVER = HERE / "ons_driver.js"
+PYTHON5_DRIVER = HERE / "rmq5_driver.py"
+NODE5_DRIVER = HERE / "rmq5_driver.js"
 
 ROCKETMQ_PYPI = "rocketmq==0.4.4"
 ALI_ONS_NPM = "ali-ons@3.12.0"
+#: The newest release (the notes on the v2 API were made with it too).
+ROCKETMQ5_PYPI = "rocketmq-python-client==5.1.2"
+ROCKETMQ5_NPM = "rocketmq-client-nodejs@1.0.8"
 #: Node.js versions ali-ons 3.12 runs on (package.json: ">= 8.0.0"; async/await needs 8).
 NODE_MIN_MAJOR = 8
+#: rocketmq-client-nodejs's README: Node.js 16.19 at least.
+NODE5_MIN_MAJOR = 16
 #: A recorded failure is reused for this long (seconds) before provisioning is tried again.
 FAILURE_TTL = float(os.environ.get("ORDERMQ_INTEROP_FAILURE_TTL", "600"))
 #: Bounds on the installers, so that a machine without network gives up in tens of seconds.
@@ -196,24 +208,33 @@ def _provision(
 
 
 # ---------------------------------------------------------------------------- the clients
+def _venv_client(name: str, requirement: str, driver: Path, log: Path) -> Client:
+    """`requirement` in a new virtualenv `<name>-venv`, checked by `driver selfcheck`."""
+    venv = CACHE / f"{name}-venv"
+    shutil.rmtree(venv, ignore_errors=True)
+    _run([sys.executable, "-m", "venv", str(venv)], log, "creating the virtualenv")
+    python = venv / "bin" / "python"
+    _run([str(python), "-m", "pip", "install", *PIP_FLAGS, requirement], log,
+         f"pip install {requirement}")  # fmt: skip
+    home = CACHE / f"{name}-home"  # the clients log under $HOME/logs
+    home.mkdir(exist_ok=True)
+    detail = _self_check(
+        [str(python), str(driver), "selfcheck"], log, env={**os.environ, "HOME": str(home)}
+    )
+    return Client(name, True, "", str(python), str(driver), (), tuple(detail.items()))
+
+
 def _install_cpp(log: Path) -> Client:
     if sys.platform != "linux" or platform.machine() != "x86_64":
         raise ProvisionError(
             f"the {ROCKETMQ_PYPI} wheel is manylinux1 x86_64 only; this is "
             f"{sys.platform} {platform.machine()}"
         )
-    venv = CACHE / "cpp-venv"
-    shutil.rmtree(venv, ignore_errors=True)
-    _run([sys.executable, "-m", "venv", str(venv)], log, "creating the virtualenv")
-    python = venv / "bin" / "python"
-    _run([str(python), "-m", "pip", "install", *PIP_FLAGS, ROCKETMQ_PYPI], log,
-         f"pip install {ROCKETMQ_PYPI}")  # fmt: skip
-    home = CACHE / "cpp-home"  # the C++ client logs to $HOME/logs/rocketmq-cpp
-    home.mkdir(exist_ok=True)
-    detail = _self_check(
-        [str(python), str(CPP_DRIVER), "selfcheck"], log, env={**os.environ, "HOME": str(home)}
-    )
-    return Client("cpp", True, "", str(python), str(CPP_DRIVER), (), tuple(detail.items()))
+    return _venv_client("cpp", ROCKETMQ_PYPI, CPP_DRIVER, log)
+
+
+def _install_python5(log: Path) -> Client:
+    return _venv_client("python5", ROCKETMQ5_PYPI, PYTHON5_DRIVER, log)
 
 
 def _node_major(node: str) -> int:
@@ -224,28 +245,48 @@ def _node_major(node: str) -> int:
         return 0
 
 
-def _install_node(log: Path) -> Client:
+def _npm_client(name: str, package: str, min_major: int, driver: Path, log: Path) -> Client:
+    """npm `package` in a node_modules of its own (CACHE/<name>), checked by its driver."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         raise ProvisionError("Node.js is not installed here (node and npm must be on PATH)")
-    if (major := _node_major(node)) < NODE_MIN_MAJOR:
-        raise ProvisionError(f"ali-ons needs Node.js {NODE_MIN_MAJOR} or newer; this is {major}")
-    prefix = CACHE / "node"
+    if (major := _node_major(node)) < min_major:
+        raise ProvisionError(
+            f"{package.split('@')[0]} needs Node.js {min_major} or newer; this is {major}"
+        )
+    prefix = CACHE / name
     shutil.rmtree(prefix, ignore_errors=True)
     prefix.mkdir(parents=True)
     (prefix / "package.json").write_text('{"private": true, "name": "ordermq-interop"}\n')
-    _run([npm, "install", *NPM_FLAGS, ALI_ONS_NPM], log, f"npm install {ALI_ONS_NPM}", cwd=prefix)
+    _run([npm, "install", *NPM_FLAGS, package], log, f"npm install {package}", cwd=prefix)
     env = (("NODE_PATH", str(prefix / "node_modules")),)
-    detail = _self_check([node, str(NODE_DRIVER), "selfcheck"], log, {**os.environ, **dict(env)})
-    return Client("node", True, "", node, str(NODE_DRIVER), env, tuple(detail.items()))
+    home = CACHE / f"{name}-home"  # rocketmq-client-nodejs logs under $HOME/logs
+    home.mkdir(exist_ok=True)
+    detail = _self_check(
+        [node, str(driver), "selfcheck"], log, {**os.environ, **dict(env), "HOME": str(home)}
+    )
+    return Client(name, True, "", node, str(driver), env, tuple(detail.items()))
 
 
-_INSTALLERS = {"cpp": _install_cpp, "node": _install_node}
+def _install_node(log: Path) -> Client:
+    return _npm_client("node", ALI_ONS_NPM, NODE_MIN_MAJOR, NODE_DRIVER, log)
+
+
+def _install_node5(log: Path) -> Client:
+    return _npm_client("node5", ROCKETMQ5_NPM, NODE5_MIN_MAJOR, NODE5_DRIVER, log)
+
+
+_INSTALLERS = {
+    "cpp": _install_cpp,
+    "node": _install_node,
+    "python5": _install_python5,
+    "node5": _install_node5,
+}
 _SESSION: dict[str, Client] = {}
 
 
 def provision(name: str, *, force: bool = False, retry_failed: bool = False) -> Client:
-    """The client `name` ("cpp" or "node"), installed if it is not yet; once per process.
+    """The client `name` (of _INSTALLERS), installed if it is not yet; once per process.
 
     `force` reinstalls it; `retry_failed` tries again even if it failed lately.
     """

@@ -1,0 +1,50 @@
+"""The v2 front's listener: its own grpc.aio server, started and stopped with the broker."""
+
+from __future__ import annotations
+
+import grpc
+
+from mockbroker.fronts.v2.pop import PopCore
+from mockbroker.fronts.v2.service import RocketMQ5Service, add_to
+from mockbroker.state import BrokerState
+from sdk._wire import GRPC_CHANNEL_OPTIONS
+
+
+class V2Front:
+    """apache.rocketmq.v2.MessagingService on a port of its own."""
+
+    def __init__(self, state: BrokerState, pop: PopCore | None = None) -> None:
+        self.service = RocketMQ5Service(state, pop)
+        self._server: grpc.aio.Server | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int, advertised_host: str) -> int:
+        """Listen on host:port (0: a free port); clients are sent to advertised_host.
+
+        OSError when the port cannot be taken.
+        """
+        # Without so_reuseport=0 a second broker could bind the same port and share it.
+        server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
+        add_to(server, self.service)
+        try:
+            self.port = server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {host}:{port} (RocketMQ 5 port): {exc}") from exc
+        self.service.listening_on(advertised_host, self.port)
+        await server.start()
+        self._server = server
+        return self.port
+
+    def close(self) -> None:
+        """Stop taking new work: Telemetry streams end (the broker is stopping)."""
+        self.service.close()
+
+    async def stop(self, grace_seconds: float) -> None:
+        """Stop serving; running calls get `grace_seconds` to finish."""
+        self.close()
+        if self._server is not None:
+            await self._server.stop(grace_seconds)
+            self._server = None
+
+
+__all__ = ["V2Front"]

@@ -1,0 +1,245 @@
+"""Drive Apache RocketMQ's Python client 5.x (PyPI `rocketmq-python-client`) against a v2 front.
+
+Runs inside its own virtualenv (tests/interop/provision.py), never in the project's, and
+imports nothing of ordermq: the client registers RocketMQ 5's protos under the same names
+as mockbroker/_pb_v2, so the two cannot share a process. Every line it prints on stdout is
+one JSON object with an "event" field; errors end it with exit code 2 (a client call
+failed) or 3 (the --deadline passed), after an {"event": "error"} line. The client writes
+its log under $HOME/logs/rocketmq_python/: give each run a HOME of its own.
+
+    rmq5_driver.py selfcheck
+    rmq5_driver.py produce --endpoints 127.0.0.1:8090 --topic T [--count N] [--groups G]
+                           [--delay-ms D] [--tag TAG] [--keys] [--property K=V] [--recall]
+    rmq5_driver.py simple  --endpoints E --topic T --group G --expect N [--invisible S]
+                           [--no-ack] [--change-invisible S] [--await S] [--tag TAG]
+    rmq5_driver.py push    --endpoints E --topic T --group G
+
+Message bodies are "<key>:<seq>" (key: the message group, or "k"); consumers parse them
+back into "key" and "seq".
+
+Events:
+- selfcheck: {"rocketmq_python_client", "python"} once the client imported and built a
+  producer (not started: that needs a server);
+- every command: "started" {client_id} once its client started;
+- produce: "sent" per message {key, seq, message_id, offset, recall_handle}, "recalled"
+  {message_id} per recalled message (--recall), then "done" {sent};
+- simple: "message" per message received, "acked" / "changed" {message_id} after each
+  ack / invisible-duration change, "done" {received} once --expect distinct messages came;
+- push: "message" per listener call; on SIGTERM "stopping", then "stopped", exit 0.
+"message" carries {key, seq, topic, message_id, tag, keys, group, attempt, properties,
+born_host, delivery_timestamp, corrupted, body}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+_out = threading.Lock()
+_phase = ["starting"]
+
+
+def emit(event: str, **fields: Any) -> None:
+    """Print one JSON line (whole lines only, from any thread) and flush it."""
+    line = json.dumps({"event": event, **fields}, separators=(",", ":"), default=str)
+    with _out:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print an error line and end the process at once (no client shutdown)."""
+    emit("error", message=message, phase=_phase[0])
+    os._exit(code)
+
+
+def start_deadline(seconds: float) -> None:
+    """End the process with an error line if it still runs after `seconds`."""
+    if seconds > 0:
+        timer = threading.Timer(seconds, lambda: fail(f"deadline of {seconds:g} s passed", 3))
+        timer.daemon = True
+        timer.start()
+
+
+def config(endpoints: str) -> Any:
+    from rocketmq import ClientConfiguration, Credentials
+
+    return ClientConfiguration(endpoints, Credentials())
+
+
+def describe(message: Any) -> dict[str, Any]:
+    body = bytes(message.body or b"")
+    text = body.decode("utf-8", "replace")
+    key, _, seq = text.partition(":")
+    return {
+        "key": key if seq.isdigit() else None,
+        "seq": int(seq) if seq.isdigit() else None,
+        "topic": message.topic,
+        "message_id": message.message_id,
+        "tag": message.tag,
+        "keys": sorted(message.keys),
+        "group": message.message_group,
+        "attempt": message.delivery_attempt,
+        "properties": dict(message.properties),
+        "born_host": message.born_host,
+        "delivery_timestamp": message.delivery_timestamp,
+        "corrupted": message.corrupted,
+        "body": text,
+    }
+
+
+# ---------------------------------------------------------------------------- commands
+def selfcheck(_: argparse.Namespace) -> int:
+    import importlib.metadata
+
+    from rocketmq import Producer
+
+    Producer(config("127.0.0.1:1"))
+    emit(
+        "selfcheck",
+        rocketmq_python_client=importlib.metadata.version("rocketmq-python-client"),
+        python=sys.version.split()[0],
+    )
+    return 0
+
+
+def produce(a: argparse.Namespace) -> int:
+    from rocketmq import Message, Producer
+
+    _phase[0] = "startup"
+    producer = Producer(config(a.endpoints), (a.topic,))
+    producer.startup()
+    emit("started", client_id=producer.client_id)
+    keys = [f"group-{g}" for g in range(a.groups)] if a.groups else ["k"]
+    sent = 0
+    _phase[0] = "sending"
+    for seq in range(a.count):
+        for key in keys:
+            message = Message()
+            message.topic = a.topic
+            message.body = f"{key}:{seq}".encode()
+            if a.tag:
+                message.tag = a.tag
+            if a.keys:
+                message.keys = f"{key}-{seq}"
+            for pair in a.property:
+                name, _, value = pair.partition("=")
+                message.add_property(name, value)
+            if a.groups:
+                message.message_group = key
+            if a.delay_ms:
+                message.delivery_timestamp = int(time.time() * 1000) + a.delay_ms
+            receipt = producer.send(message)
+            sent += 1
+            emit("sent", key=key, seq=seq, message_id=receipt.message_id, offset=receipt.offset,
+                 recall_handle=receipt.recall_handle)  # fmt: skip
+            if a.recall:
+                emit("recalled", message_id=producer.recall_message(a.topic, receipt.recall_handle))
+    _phase[0] = "shutdown"
+    producer.shutdown()
+    emit("done", sent=sent)
+    return 0
+
+
+def simple(a: argparse.Namespace) -> int:
+    from rocketmq import FilterExpression, SimpleConsumer
+
+    _phase[0] = "startup"
+    consumer = SimpleConsumer(
+        config(a.endpoints), a.group, {a.topic: FilterExpression(a.tag)}, await_duration=a.wait
+    )
+    consumer.startup()
+    emit("started", client_id=consumer.client_id)
+    seen: set[str] = set()
+    _phase[0] = "receiving"
+    while len(seen) < a.expect:
+        for message in consumer.receive(a.max, a.invisible):
+            seen.add(message.message_id)
+            emit("message", **describe(message))
+            if a.change_invisible is not None:
+                consumer.change_invisible_duration(message, a.change_invisible)
+                emit("changed", message_id=message.message_id)
+            if not a.no_ack:
+                consumer.ack(message)
+                emit("acked", message_id=message.message_id)
+    _phase[0] = "shutdown"
+    consumer.shutdown()
+    emit("done", received=len(seen))
+    return 0
+
+
+def push(a: argparse.Namespace) -> int:
+    from rocketmq import ConsumeResult, FilterExpression, MessageListener, PushConsumer
+
+    class Listener(MessageListener):  # type: ignore[misc]
+        def consume(self, message: Any) -> Any:
+            emit("message", **describe(message))
+            return ConsumeResult.SUCCESS
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    _phase[0] = "startup"
+    consumer = PushConsumer(
+        config(a.endpoints), a.group, Listener(), {a.topic: FilterExpression(a.tag)},
+        consumption_thread_count=4,
+    )  # fmt: skip
+    consumer.startup()
+    emit("started", client_id=consumer.client_id, fifo=consumer.fifo)
+    _phase[0] = "consuming"
+    stop.wait()
+    emit("stopping")
+    consumer.shutdown()
+    emit("stopped")
+    return 0
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="rmq5_driver.py")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("selfcheck")
+    for name in ("produce", "simple", "push"):
+        c = sub.add_parser(name)
+        c.add_argument("--endpoints", required=True)
+        c.add_argument("--topic", required=True)
+        c.add_argument("--deadline", type=float, default=300.0)
+        c.add_argument("--tag", default="*" if name != "produce" else "")
+        if name == "produce":
+            c.add_argument("--count", type=int, default=1)
+            c.add_argument("--groups", type=int, default=0, help="FIFO: this many message groups")
+            c.add_argument("--delay-ms", type=int, default=0)
+            c.add_argument("--keys", action="store_true")
+            c.add_argument("--property", action="append", default=[])
+            c.add_argument("--recall", action="store_true")
+        else:
+            c.add_argument("--group", required=True)
+        if name == "simple":
+            c.add_argument("--expect", type=int, required=True)
+            c.add_argument("--max", type=int, default=16)
+            c.add_argument("--invisible", type=int, default=30)
+            c.add_argument("--wait", type=int, default=5, help="long polling, seconds")
+            c.add_argument("--no-ack", action="store_true")
+            c.add_argument("--change-invisible", type=int, default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    a = parse(argv)
+    if a.command == "selfcheck":
+        return selfcheck(a)
+    start_deadline(a.deadline)
+    try:
+        return {"produce": produce, "simple": simple, "push": push}[a.command](a)
+    except Exception as exc:  # the client's exception, reported as a line
+        fail(f"{type(exc).__name__}: {exc}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
