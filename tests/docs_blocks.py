@@ -304,7 +304,7 @@ def _own_port(command: str) -> str:
     """The command with its ports replaced by 0 (free ones), so nothing clashes."""
     command = re.sub(r"--port[ =]\d+", "--port 0", command)
     command = re.sub(r"--metrics-port[ =]\d+", "--metrics-port 0", command)
-    command = re.sub(r"--(remoting|namesrv)-port[ =]\d+", r"--\1-port 0", command)
+    command = re.sub(r"--(remoting|namesrv|v2)-port[ =]\d+", r"--\1-port 0", command)
     return command if "--port" in command else command + " --port 0"
 
 
