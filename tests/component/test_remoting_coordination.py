@@ -156,6 +156,11 @@ def test_members_are_told_of_every_change_and_a_closed_connection_leaves_after_t
             await second.close()  # its process died: the kernel closed the socket
             state = rocketmq.broker.state
             assert state is not None
+            # The grace counts from when the broker saw the close: not before it, or the
+            # advance below could come first and the grace would never pass.
+            await asyncio.to_thread(
+                wait_until, lambda: state.groups.disconnected_since("b@1") is not None
+            )
             clock.advance(31)
             await asyncio.to_thread(
                 wait_until, lambda: state.groups.members(GROUP) == ["a@1"], 30, "b's expiry"
