@@ -334,3 +334,41 @@ def test_a_commit_is_refused_while_another_client_holds_the_queues_lock(
     assert f"orders queue {q} of group 'readers' is locked by 'a@1'" in (stale.remark or "")
     assert unlocked.code == ResponseCode.SUCCESS
     assert state.offsets.get(GROUP, "orders", q) == 8
+
+
+def test_a_lock_on_a_queue_this_broker_does_not_have_is_refused_and_locks_nothing(
+    rocketmq: EmbeddedBroker,
+) -> None:
+    send_orders(rocketmq, 1)
+    state = rocketmq.broker.state
+    assert state is not None
+    queue = {"topic": "orders", "brokerName": "broker-a", "queueId": 0}
+    wrong = [
+        ({"topic": "nowhere"}, ResponseCode.TOPIC_NOT_EXIST, "topic 'nowhere' does not exist"),
+        ({"queueId": 8}, ResponseCode.SYSTEM_ERROR, "queue id 8 is out of range"),
+        ({"topic": "a/b"}, ResponseCode.SYSTEM_ERROR, "topic 'a/b' must match"),
+        ({"brokerName": "broker-b"}, ResponseCode.SYSTEM_ERROR,
+         "brokerName 'broker-b' is not this broker, 'broker-a'"),
+    ]  # fmt: skip
+
+    async def main() -> list[RemotingCommand]:
+        a = await Client.open(rocketmq, "a@1")
+        try:
+            await a.heartbeat(GROUP)
+            answers = []
+            for change, _code, _remark in wrong:
+                mq_set = [queue, {**queue, **change}]
+                body = {"consumerGroup": GROUP, "clientId": "a@1", "mqSet": mq_set}
+                for code in (RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ):
+                    answers.append(await a.call(code, json.dumps(body).encode()))
+            return answers
+        finally:
+            await a.close()
+
+    answers = run(main)
+    for (change, code, remark), lock, unlock in zip(
+        wrong, answers[::2], answers[1::2], strict=True
+    ):
+        for answer in (lock, unlock):
+            assert answer.code == code and remark in (answer.remark or ""), (change, answer)
+    assert state.locks.locks(GROUP) == {}

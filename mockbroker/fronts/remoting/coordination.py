@@ -183,6 +183,7 @@ class _Coordination:
 
     async def lock_batch(self, request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
         group, client_id, queues = _lock_body(request)
+        self._check_queues(queues)
         self._clients.seen(client_id, channel)
         held = self._s.locks.lock_batch(group, client_id, [(t, q) for t, _b, q in queues])
         await self._save_locks()  # a grant is answered once it would survive a crash
@@ -197,6 +198,7 @@ class _Coordination:
         self, request: RemotingCommand, channel: ClientChannel
     ) -> RemotingCommand:
         group, client_id, queues = _lock_body(request)
+        self._check_queues(queues)
         self._s.locks.unlock_batch(group, client_id, [(t, q) for t, _b, q in queues])
         await self._save_locks()
         return request.response()
@@ -266,6 +268,17 @@ class _Coordination:
             reconsume_times=limit if delay_level < 0 else times,
         )  # fmt: skip
         return request.response()
+
+    def _check_queues(self, queues: list[tuple[str, str, int]]) -> None:
+        """Refuse a lock request naming a queue this broker does not have."""
+        name = self._s.config.broker_name
+        for topic, broker, queue_id in queues:
+            if broker != name:
+                raise RemotingError(
+                    ResponseCode.SYSTEM_ERROR,
+                    f"mqSet: brokerName {broker!r} is not this broker, {name!r}",
+                )
+            self._s.topic_queue(topic, queue_id)  # TOPIC_NOT_FOUND, INVALID_TOPIC / _QUEUE
 
     def _offset_key(self, request: RemotingCommand) -> tuple[str, Topic, int]:
         fields = Fields.of(request)
