@@ -295,3 +295,79 @@ def test_an_offset_update_sent_just_before_the_client_closes_is_stored(
 
     run(main)
     wait_until(lambda: state.offsets.get(GROUP, "orders", queue) == 3, 30, "the commit")
+
+
+def test_a_commit_is_refused_while_another_client_holds_the_queues_lock(
+    rocketmq: EmbeddedBroker, clock: FakeClock
+) -> None:
+    # A former owner's late commit (a queue moved on by a rebalance) would move the
+    # offset back under the new owner; RocketMQ's commits carry no epoch to fence them.
+    send_orders(rocketmq, 10)  # one sharding key: one queue
+    state = rocketmq.broker.state
+    assert state is not None
+    q = next(q for q in range(8) if state.store.end_offset(state.store.topics.get("orders"), q))
+
+    async def main() -> list[RemotingCommand]:
+        a, b = await Client.open(rocketmq, "a@1"), await Client.open(rocketmq, "b@1")
+        key = {"consumerGroup": GROUP, "topic": "orders", "queueId": str(q)}
+        try:
+            await a.heartbeat(GROUP)
+            await b.heartbeat(GROUP)
+            assert await a.lock(q) == {q}
+            answers = [
+                await a.call(RequestCode.UPDATE_CONSUMER_OFFSET, **key, commitOffset="6"),
+                await b.call(RequestCode.UPDATE_CONSUMER_OFFSET, **key, commitOffset="2"),
+            ]
+            clock.advance(61)  # a's lease ran out: nobody holds the queue
+            answers.append(
+                await b.call(RequestCode.UPDATE_CONSUMER_OFFSET, **key, commitOffset="8")
+            )
+            return answers
+        finally:
+            await a.close()
+            await b.close()
+
+    own, stale, unlocked = run(main)
+    assert own.code == ResponseCode.SUCCESS
+    assert stale.code == ResponseCode.SYSTEM_ERROR
+    assert f"orders queue {q} of group 'readers' is locked by 'a@1'" in (stale.remark or "")
+    assert unlocked.code == ResponseCode.SUCCESS
+    assert state.offsets.get(GROUP, "orders", q) == 8
+
+
+def test_a_lock_on_a_queue_this_broker_does_not_have_is_refused_and_locks_nothing(
+    rocketmq: EmbeddedBroker,
+) -> None:
+    send_orders(rocketmq, 1)
+    state = rocketmq.broker.state
+    assert state is not None
+    queue = {"topic": "orders", "brokerName": "broker-a", "queueId": 0}
+    wrong = [
+        ({"topic": "nowhere"}, ResponseCode.TOPIC_NOT_EXIST, "topic 'nowhere' does not exist"),
+        ({"queueId": 8}, ResponseCode.SYSTEM_ERROR, "queue id 8 is out of range"),
+        ({"topic": "a/b"}, ResponseCode.SYSTEM_ERROR, "topic 'a/b' must match"),
+        ({"brokerName": "broker-b"}, ResponseCode.SYSTEM_ERROR,
+         "brokerName 'broker-b' is not this broker, 'broker-a'"),
+    ]  # fmt: skip
+
+    async def main() -> list[RemotingCommand]:
+        a = await Client.open(rocketmq, "a@1")
+        try:
+            await a.heartbeat(GROUP)
+            answers = []
+            for change, _code, _remark in wrong:
+                mq_set = [queue, {**queue, **change}]
+                body = {"consumerGroup": GROUP, "clientId": "a@1", "mqSet": mq_set}
+                for code in (RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ):
+                    answers.append(await a.call(code, json.dumps(body).encode()))
+            return answers
+        finally:
+            await a.close()
+
+    answers = run(main)
+    for (change, code, remark), lock, unlock in zip(
+        wrong, answers[::2], answers[1::2], strict=True
+    ):
+        for answer in (lock, unlock):
+            assert answer.code == code and remark in (answer.remark or ""), (change, answer)
+    assert state.locks.locks(GROUP) == {}

@@ -12,7 +12,9 @@ locks from the one RebalanceLockManager, both commit into the one offset table.
 - Locks follow RocketMQ's broker: a lease of `lock_lease_seconds` (60 s), renewed by the
   holder locking again, granted for what can be granted. ordermq's fencing epochs stay on
   the gRPC side: a RocketMQ client's lock excludes gRPC clients of the group and the other
-  way round, but its offset commits are not fenced (RocketMQ has no such check).
+  way round. A RocketMQ client's offset commit carries no epoch: it is refused while
+  another client holds a live lock on the queue (a former owner's late commit would move
+  the offset back under the new owner), and accepted otherwise, as RocketMQ accepts it.
 - QUERY_CONSUMER_OFFSET for a queue the group never committed answers 0 while the queue
   still holds its first message (RocketMQ's broker rule, so a consumer started after the
   producer reads from the start), else QUERY_NOT_FOUND (the client then starts where its
@@ -67,6 +69,10 @@ class RemotingClients:
             self._state.groups.stream_opened(channel.peer)
         self._clients_on[channel].add(client_id)
         self._channels.setdefault(client_id, set()).add(channel)
+
+    def clients_on(self, channel: ClientChannel) -> set[str]:
+        """The client ids that spoke on `channel`."""
+        return set(self._clients_on.get(channel, ()))
 
     def connection_closed(self, channel: ClientChannel) -> None:
         """A remoting connection ended (the server calls this once per connection)."""
@@ -177,6 +183,7 @@ class _Coordination:
 
     async def lock_batch(self, request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
         group, client_id, queues = _lock_body(request)
+        self._check_queues(queues)
         self._clients.seen(client_id, channel)
         held = self._s.locks.lock_batch(group, client_id, [(t, q) for t, _b, q in queues])
         await self._save_locks()  # a grant is answered once it would survive a crash
@@ -191,6 +198,7 @@ class _Coordination:
         self, request: RemotingCommand, channel: ClientChannel
     ) -> RemotingCommand:
         group, client_id, queues = _lock_body(request)
+        self._check_queues(queues)
         self._s.locks.unlock_batch(group, client_id, [(t, q) for t, _b, q in queues])
         await self._save_locks()
         return request.response()
@@ -219,6 +227,17 @@ class _Coordination:
             raise RemotingError(
                 ResponseCode.SYSTEM_ERROR,
                 f"offset {offset} for {topic.name} queue {queue_id} is outside [{low}, {high}]",
+            )
+        lock = self._s.locks.locks(group).get((topic.name, queue_id))
+        if (
+            lock is not None
+            and lock.live
+            and lock.client_id not in self._clients.clients_on(channel)
+        ):
+            raise RemotingError(
+                ResponseCode.SYSTEM_ERROR,
+                f"{topic.name} queue {queue_id} of group {group!r} is locked by "
+                f"{lock.client_id!r}; only it may commit the queue's offset",
             )
         if self._s.offsets.get(group, topic.name, queue_id) != offset:
             await self._s.offsets.commit({(group, topic.name, queue_id): offset})
@@ -249,6 +268,17 @@ class _Coordination:
             reconsume_times=limit if delay_level < 0 else times,
         )  # fmt: skip
         return request.response()
+
+    def _check_queues(self, queues: list[tuple[str, str, int]]) -> None:
+        """Refuse a lock request naming a queue this broker does not have."""
+        name = self._s.config.broker_name
+        for topic, broker, queue_id in queues:
+            if broker != name:
+                raise RemotingError(
+                    ResponseCode.SYSTEM_ERROR,
+                    f"mqSet: brokerName {broker!r} is not this broker, {name!r}",
+                )
+            self._s.topic_queue(topic, queue_id)  # TOPIC_NOT_FOUND, INVALID_TOPIC / _QUEUE
 
     def _offset_key(self, request: RemotingCommand) -> tuple[str, Topic, int]:
         fields = Fields.of(request)
