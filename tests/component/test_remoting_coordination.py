@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker import offsets as offsets_module
 from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
 from mockbroker.fronts.remoting.command import RemotingCommand
 from mockbroker.fronts.remoting.message_ids import decode_offset_msg_id
@@ -371,3 +373,44 @@ def test_a_lock_on_a_queue_this_broker_does_not_have_is_refused_and_locks_nothin
         for answer in (lock, unlock):
             assert answer.code == code and remark in (answer.remark or ""), (change, answer)
     assert state.locks.locks(GROUP) == {}
+
+
+def test_a_query_waits_for_a_commit_of_its_queue_still_being_saved(
+    rocketmq: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    send_orders(rocketmq, 3)
+    state = rocketmq.broker.state
+    assert state is not None
+    queue = next(q for q in range(8) if state.store.end_offset(state.store.topics.get("orders"), q))
+    key = {"consumerGroup": GROUP, "topic": "orders", "queueId": str(queue)}
+    saving = threading.Event()
+    real_write = offsets_module.write_atomically
+
+    def slow_write(path: Path, data: bytes) -> None:
+        saving.wait(30)
+        real_write(path, data)
+
+    async def main() -> RemotingCommand:
+        a, b = await Client.open(rocketmq, "a@1"), await Client.open(rocketmq, "b@1")
+        try:
+            await a.heartbeat(GROUP)
+            await b.heartbeat(GROUP)
+            assert await a.lock(queue) == {queue}
+            monkeypatch.setattr(offsets_module, "write_atomically", slow_write)
+            # A consumer giving its queue up: its last offset, then the unlock, at once.
+            await a.connection.oneway(
+                RemotingCommand(RequestCode.UPDATE_CONSUMER_OFFSET,
+                                ext_fields={**key, "commitOffset": "3"})
+            )  # fmt: skip
+            await a.lock(queue, code=RequestCode.UNLOCK_BATCH_MQ)
+            assert await b.lock(queue) == {queue}
+            query = asyncio.ensure_future(b.call(RequestCode.QUERY_CONSUMER_OFFSET, **key))
+            await asyncio.sleep(0)  # the query is on its way before the save completes
+            saving.set()
+            return await query
+        finally:
+            saving.set()
+            await a.close()
+            await b.close()
+
+    assert run(main).ext_fields == {"offset": "3"}, "the new owner starts after a's last"

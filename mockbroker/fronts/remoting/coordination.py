@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from typing import Any
@@ -133,6 +134,14 @@ class _Coordination:
     def __init__(self, state: BrokerState, clients: RemotingClients) -> None:
         self._s = state
         self._clients = clients
+        #: Offset commits being saved, by (group, topic, queue).
+        self._saving: dict[tuple[str, str, int], asyncio.Future[None]] = {}
+
+    def _saved(self, key: tuple[str, str, int], commit: asyncio.Future[None]) -> None:
+        if self._saving.get(key) is commit:
+            del self._saving[key]
+        if not commit.cancelled():
+            commit.exception()  # retrieved: the handler that awaited it may be gone
 
     async def heartbeat(self, request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
         data = _json_body(request, "HeartbeatData")
@@ -207,6 +216,11 @@ class _Coordination:
         self, request: RemotingCommand, channel: ClientChannel
     ) -> RemotingCommand:
         group, topic, queue_id = self._offset_key(request)
+        saving = self._saving.get((group, topic.name, queue_id))
+        if saving is not None:
+            # A client gives a queue up with its last offset, then the unlock, at once:
+            # the new owner asks where to begin only once that offset is saved.
+            await asyncio.wait([saving])
         offset = self._s.offsets.get(group, topic.name, queue_id)
         if offset is None:
             if self._s.store.queue(topic, queue_id).min_offset != 0:
@@ -239,8 +253,12 @@ class _Coordination:
                 f"{topic.name} queue {queue_id} of group {group!r} is locked by "
                 f"{lock.client_id!r}; only it may commit the queue's offset",
             )
-        if self._s.offsets.get(group, topic.name, queue_id) != offset:
-            await self._s.offsets.commit({(group, topic.name, queue_id): offset})
+        key = (group, topic.name, queue_id)
+        if self._s.offsets.get(*key) != offset:
+            commit = asyncio.ensure_future(self._s.offsets.commit({key: offset}))
+            self._saving[key] = commit
+            commit.add_done_callback(functools.partial(self._saved, key))
+            await asyncio.shield(commit)  # saved even if the client goes meanwhile
         return request.response()
 
     async def send_back(self, request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
