@@ -78,6 +78,16 @@ class BrokerConfig:
             and answers (pulls' messages) the broker holds at once; past it, the broker
             reads no more of that client's requests until some are answered (the client
             waits, held back by flow control). One request is always taken, however large.
+        pop_max_in_flight: Per consumer group and queue, the most messages receives
+            (pop: ReceiveMessage) may hold between the group's first unsettled message
+            and the next one never received: delivered and not yet acknowledged, or held
+            back behind them (a FIFO group's message groups). Past it, receives answer
+            fewer messages, or none, until acks free room. Bounds the broker's memory
+            per group and queue.
+        pop_max_delivery_attempts: How often a received message is delivered before,
+            its invisible time run out once more without an ack, it goes to the group's
+            dead-letter topic `%DLQ%<group>` (RocketMQ's default: 16). A receive may set
+            its group's own limit.
     """
 
     host: str = "127.0.0.1"
@@ -106,6 +116,8 @@ class BrokerConfig:
     fair_slice_bytes: int = 128 * 1024
     fair_turn_ms: float = 0.5
     client_max_in_flight_bytes: int = 64 * 1024 * 1024
+    pop_max_in_flight: int = 1024
+    pop_max_delivery_attempts: int = 16
 
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):
@@ -134,6 +146,12 @@ class BrokerConfig:
             raise ValueError("fair_turn_ms must be positive")
         if self.client_max_in_flight_bytes < 1:
             raise ValueError("client_max_in_flight_bytes must be positive")
+        if not 1 <= self.pop_max_in_flight <= 1_000_000:
+            raise ValueError(f"pop_max_in_flight {self.pop_max_in_flight} is outside 1..1000000")
+        if not 1 <= self.pop_max_delivery_attempts <= 1000:
+            raise ValueError(
+                f"pop_max_delivery_attempts {self.pop_max_delivery_attempts} is outside 1..1000"
+            )
         if self.advertised_host is not None and (
             self.advertised_host in ("", "0.0.0.0", "::", "[::]")
             or any(c.isspace() or c == "/" for c in self.advertised_host)
