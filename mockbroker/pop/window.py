@@ -203,11 +203,13 @@ class Window:
         self._advance()
 
     def _advance(self) -> None:
-        first = next(iter(self.entries), None)
-        base = self.position if first is None else min(first, self.position)
+        """Move the base over settled offsets (known as such even past the position)."""
+        base, position, entries, settled = self.base, self.position, self.entries, self.settled
+        while base in settled or (base < position and base not in entries):
+            base += 1
         if base > self.base:
-            self.base = base
-            self.settled = {o: n for o, n in self.settled.items() if o >= base}
+            self.base, self.position = base, max(position, base)
+            self.settled = {o: n for o, n in settled.items() if o >= base}
 
     # ------------------------------------------------------------------ moving the window
     def move_base(self, base: int) -> int:

@@ -66,7 +66,11 @@ class PopWorld:
             holder=self.holder, clock=self.clock, max_in_flight=self.max_in_flight,
             max_attempts=self.max_attempts, commit_interval_seconds=0.5,
         )  # fmt: skip
-        self.pop.load()
+        try:
+            self.pop.load()
+        except BaseException:
+            self.run(self.store.close())
+            raise
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(asyncio.wait_for(coroutine, 30))
