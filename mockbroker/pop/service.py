@@ -436,14 +436,34 @@ class PopService:
     # ------------------------------------------------------------------ ack, change
     async def ack(self, group: str, receipt: str) -> None:
         """Settle the message a receipt names (see the module docstring for the rules)."""
+        self._settle(group, receipt)
+        await self.journal.sync()  # also before repeating an ack: it must be on disk
+
+    async def ack_many(self, group: str, receipts: Sequence[str]) -> list[BrokerError | None]:
+        """`ack` of several receipts sharing one journal sync: each one's refusal, or None.
+
+        A refused receipt changes nothing and does not keep the others from being settled.
+        """
+        answers: list[BrokerError | None] = []
+        for receipt in receipts:
+            try:
+                self._settle(group, receipt)
+            except BrokerError as exc:
+                answers.append(exc)
+            else:
+                answers.append(None)
+        await self.journal.sync()
+        return answers
+
+    def _settle(self, group: str, receipt: str) -> None:
         r, window = self._receipt(group, receipt)
         entry = self._held(r, window, "acknowledge")
         if entry is not None and window is not None:
             window.settle(r.offset, r.nonce)
-            self.journal.append(_settle_record(group, r.topic, r.queue_id, r.offset, r.nonce,
-                                               window.base))  # fmt: skip
+            self.journal.append(
+                _settle_record(group, r.topic, r.queue_id, r.offset, r.nonce, window.base)
+            )
             self._holder.notify(r.topic, r.queue_id)  # a FIFO key or window room freed
-        await self.journal.sync()  # also before repeating an ack: it must be on disk
 
     async def change_invisible_duration(
         self, group: str, receipt: str, invisible_ms: int

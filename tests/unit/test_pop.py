@@ -108,6 +108,17 @@ def test_acks_are_idempotent_while_the_receipt_is_good_or_settled_the_message(
     assert refused(world, world.pop.ack("g", a.receipt)).reason == "RECEIPT_EXPIRED"
 
 
+def test_a_batch_of_acks_settles_the_good_receipts_and_answers_each_refusal(
+    world: PopWorld,
+) -> None:
+    world.send(0, b"a", b"b", b"c")
+    a, b, c = world.receive(queue_ids=[0])
+    answers = world.run(world.pop.ack_many("g", [a.receipt, "junk", c.receipt, a.receipt]))
+    assert [e.reason if e else None for e in answers] == [None, "INVALID_RECEIPT", None, None]
+    world.advance(10)
+    assert [(r.offset, r.attempt) for r in world.receive()] == [(b.offset, 2)]
+
+
 def test_a_repeated_ack_of_an_expired_receipt_that_did_not_settle_is_expired(
     world: PopWorld,
 ) -> None:
