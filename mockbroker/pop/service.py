@@ -56,7 +56,7 @@ from mockbroker.pop.receipts import (
     receipt_expired,
     stale_receipt,
 )
-from mockbroker.pop.window import Entry, Lease, Window, b64, natural, unb64
+from mockbroker.pop.window import UINT64, Entry, Lease, Window, b64, natural, unb64
 from mockbroker.retry import RetryService
 from mockbroker.store.message_store import MessageStore
 from mockbroker.topics import DLQ_PREFIX, Topic, check_any_topic, check_group, name_checked
@@ -770,14 +770,16 @@ class PopService:
             g.fifo, g.max_attempts = _flag(record["f"]), _attempts(record["m"])
             window.move_base(natural(record["b"]))
             for offset, key, attempts, nonce, deadline in record["e"]:
-                window.restore(natural(offset), unb64(key), natural(attempts), natural(nonce),
-                               natural(deadline))  # fmt: skip
+                window.restore(natural(offset), unb64(key), natural(attempts),
+                               natural(nonce, UINT64), natural(deadline))  # fmt: skip
         elif op == "settle":
-            window.settle(natural(record["o"]), natural(record["n"]))
+            window.settle(natural(record["o"]), natural(record["n"], UINT64))
             window.move_base(natural(record["b"]))
         elif op == "change":
             if natural(record["o"]) in window.entries:
-                window.change(natural(record["o"]), natural(record["n"]), natural(record["d"]))
+                window.change(
+                    natural(record["o"]), natural(record["n"], UINT64), natural(record["d"])
+                )
         elif op == "reset":
             window.reset(natural(record["b"]))
         else:

@@ -281,19 +281,27 @@ class Window:
         """The window a snapshot kept (ValueError, KeyError, TypeError when malformed)."""
         window = cls(natural(data["base"]))
         for offset, nonce in data["settled"]:
-            window.settled[natural(offset)] = natural(nonce)
+            window.settled[natural(offset)] = natural(nonce, UINT64)
         for offset, key, attempts, nonce, deadline in data["entries"]:
             window.restore(
-                natural(offset), unb64(key), natural(attempts), natural(nonce), natural(deadline)
+                natural(offset),
+                unb64(key),
+                natural(attempts),
+                natural(nonce, UINT64),
+                natural(deadline),
             )
         window.restored()
         return window
 
 
-def natural(value: object) -> int:
-    """`value` if it is an int >= 0, else ValueError (for numbers read from files)."""
-    if type(value) is not int or value < 0:
-        raise ValueError(f"{value!r} is not a natural number")
+#: Offsets, times and counts read from files fit a signed 64-bit field; nonces fill 64 bits.
+INT64, UINT64 = 2**63, 2**64
+
+
+def natural(value: object, limit: int = INT64) -> int:
+    """`value` if it is an int in 0..limit-1, else ValueError (for numbers read from files)."""
+    if type(value) is not int or not 0 <= value < limit:
+        raise ValueError(f"{value!r} is not a natural number below {limit}")
     return value
 
 
