@@ -217,10 +217,10 @@ class PopService:
         topic, queues = self._check_receive(
             group, topic_name, max_messages, invisible_ms, queue_ids, max_attempts, wait_ms
         )
-        self._check_mode(group, fifo)
         self.journal.check()
         deadline = self._clock.now() + wait_ms / 1000
         while True:
+            self._check_mode(group, fifo)  # again after a wait: another receive may have won
             got = self._take(group, topic, queues, max_messages, invisible_ms, tags,
                              fifo, max_attempts or self.default_max_attempts)  # fmt: skip
             if got:

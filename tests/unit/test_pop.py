@@ -15,6 +15,7 @@ from mockbroker.errors import BrokerError
 from mockbroker.pop import PopService, Received
 from mockbroker.pop.journal import STATE_FILE
 from mockbroker.pop.receipts import Receipt, parse_receipt
+from sdk._wire import encode_frame
 from sdk.errors import CorruptFileError
 from tests.unit.pop_world import PopWorld, record_of
 
@@ -335,6 +336,30 @@ def test_a_group_cannot_switch_between_fifo_and_not_while_messages_are_delivered
     assert world.pop.describe() == before
     world.ack(a1)
     assert bodies(world.receive()) == [b"a2"], "nothing delivered and unsettled: it may switch"
+
+
+def test_a_waiting_receive_checks_the_mode_again_when_it_wakes(world: PopWorld) -> None:
+    """A receive waiting without fifo must not deliver a FIFO group's messages out of
+    order once another receive made the group FIFO while it waited."""
+    world.send(1, b"c1", key=b"A")
+
+    async def scenario() -> list[Received]:
+        waiting = asyncio.ensure_future(
+            world.pop.receive(
+                "g", "jobs", max_messages=4, invisible_ms=9000, wait_ms=30_000, queue_ids=[0]
+            )
+        )
+        while not world.holder.held:
+            await asyncio.sleep(0)
+        taken = await world.pop.receive("g", "jobs", max_messages=4, invisible_ms=9000,
+                                        queue_ids=[1], fifo=True)  # fmt: skip
+        assert bodies(taken) == [b"c1"]
+        await world.store.put(world.topic(), 0, _frame(b"a1", b"A") + _frame(b"a2", b"A"))
+        return await waiting
+
+    error = refused(world, scenario())
+    assert (error.status, error.reason) == (StatusCode.FAILED_PRECONDITION, "INVALID_ARGUMENT")
+    assert bodies(world.receive(fifo=True, queue_ids=[0])) == [b"a1"]
 
 
 # ---------------------------------------------------------------------------- limits, queues
@@ -658,10 +683,9 @@ def test_settled_windows_are_forgotten_once_the_offsets_hold_them(world: PopWorl
     assert world.receive() == []
 
 
-def _frame(body: bytes) -> bytes:
-    from sdk._wire import encode_frame
-
-    return encode_frame(msg_id=b"z" * 16, born_timestamp_ms=1, body=body)
+def _frame(body: bytes, key: bytes = b"") -> bytes:
+    return encode_frame(msg_id=body.ljust(16, b"z"), born_timestamp_ms=1, body=body,
+                        sharding_key=key)  # fmt: skip
 
 
 def test_pop_service_is_importable_from_the_package() -> None:
