@@ -61,7 +61,7 @@ class Window:
 
     # ------------------------------------------------------------------ queries
     def held(self, offset: int, nonce: int) -> Entry | None:
-        """The entry at `offset` if `nonce` is its lease's (live or run out, not expired yet)."""
+        """The entry at `offset` if `nonce` is its current lease's (whose time may be up)."""
         entry = self.entries.get(offset)
         return entry if entry is not None and nonce and entry.nonce == nonce else None
 
@@ -92,7 +92,7 @@ class Window:
 
     @property
     def empty(self) -> bool:
-        """True when nothing is unsettled or remembered (base == position)."""
+        """True when nothing is unsettled or remembered."""
         return not self.entries and not self.settled
 
     # ------------------------------------------------------------------ receiving
