@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from grpc import StatusCode
 
 from mockbroker.errors import BrokerError
-from mockbroker.store.files import fsync_dir, make_dirs, open_durably, write_atomically
+from mockbroker.store.files import fsync_dir, open_durably, write_atomically
 from sdk._files import parse_json
 from sdk.errors import CorruptFileError
 
@@ -66,6 +66,8 @@ class Journal:
         self._durable = 0  # records known to be on disk
         self._lock = asyncio.Lock()  # one fsync or compaction at a time
         self.failure: OSError | None = None
+        #: Why `begin` could not open the journal (a full disk at start), until it can.
+        self.closed_by: OSError | None = None
         #: Records replayed at the last start.
         self.replayed = 0
 
@@ -78,7 +80,6 @@ class Journal:
         CorruptFileError when the snapshot cannot be read, or a record whose CRC is good
         does not apply.
         """
-        make_dirs(self.directory)
         state_path = self.directory / STATE_FILE
         state: Any = None
         if state_path.exists():
@@ -115,11 +116,20 @@ class Journal:
         return True
 
     def begin(self, state: dict[str, Any]) -> None:
-        """Start a new generation holding `state`, with an empty journal (after `open`)."""
+        """Start a new generation holding `state`, with an empty journal (after `open`).
+
+        OSError when that cannot be written (a full disk): the journal stays closed, and
+        `begin` may be called again; files it left behind are replayed or replaced then.
+        """
         generation = self._generation
         fd = open_durably(self._path(generation), os.O_WRONLY | os.O_APPEND | os.O_TRUNC)
-        self._write_snapshot(generation, state)
-        self._fd, self._bytes = fd, 0
+        try:
+            self._write_snapshot(generation, state)
+        except OSError as exc:
+            os.close(fd)
+            self.closed_by = exc
+            raise
+        self._fd, self._bytes, self.closed_by = fd, 0, None
         for path in self.directory.glob("journal-*.log"):
             if path != self._path(generation):
                 path.unlink()
@@ -225,11 +235,26 @@ class Journal:
             path.unlink()
         fsync_dir(self.directory)
 
+    @property
+    def ready(self) -> bool:
+        """True while changes can be journaled."""
+        return self._fd is not None and self.failure is None
+
     def check(self) -> None:
         """STORE_UNAVAILABLE (or DISK_FULL) once the journal failed, or while it is closed."""
         if self.failure is not None:
             raise _unavailable(self.failure)
         if self._fd is None:
+            if self.closed_by is not None:
+                reason = (
+                    "DISK_FULL" if self.closed_by.errno == errno.ENOSPC else "STORE_UNAVAILABLE"
+                )
+                raise BrokerError(
+                    StatusCode.UNAVAILABLE,
+                    reason,
+                    f"the pop journal could not be opened ({self.closed_by}); receives and "
+                    "acks are refused until it can be (retried every flush interval)",
+                )
             raise BrokerError(
                 StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", "the pop journal is not open"
             )

@@ -171,9 +171,23 @@ class PopService:
                 window.truncate(cq.max_offset)  # an async-flush crash lost the log's tail
                 committed = self._offsets.get(group, topic_name, qid)
                 window.move_base(max(committed or 0, cq.min_offset))
-        self.journal.begin(self._state())
         log.info("pop state of %d group(s) recovered (%d journal records replayed)",
                  len(self._groups), self.journal.replayed)  # fmt: skip
+        self._open_journal(self._state())
+
+    def _open_journal(self, state: dict[str, Any]) -> bool:
+        """Start the journal's new generation; False when the disk has no room for it.
+
+        Until it opens, receives and acks are refused (DISK_FULL); the background task
+        tries again every commit interval. Nothing changes meanwhile, so the state to
+        write stays what recovery found.
+        """
+        try:
+            self.journal.begin(state)
+        except OSError as exc:
+            log.error("pop journal not opened (receives and acks refused; retried): %s", exc)
+            return False
+        return True
 
     def start(self) -> None:
         """Start expiring leases, dead-lettering and committing offsets in the background."""
@@ -577,7 +591,7 @@ class PopService:
                 if self._expire(group, g, topic, qid, window, now_ms):
                     self._holder.notify(topic, qid)
         moved = 0
-        while self._exhausted:
+        while self._exhausted and self.journal.ready:
             group, topic, qid, offset = self._exhausted.pop()
             found = self._groups.get(group)
             held = found.windows.get((topic, qid)) if found is not None else None
@@ -659,6 +673,7 @@ class PopService:
         g = self._groups.get(group)
         if g is None or (topic, qid) not in g.windows:
             return
+        self.journal.check()
         g.windows[(topic, qid)] = Window(offset)
         self.journal.append({"op": "reset", "g": group, "t": topic, "q": qid, "b": offset})
         await self.journal.sync()
@@ -693,6 +708,8 @@ class PopService:
         commit_at = self._clock.now() + self._commit_interval
         while True:
             self._changed.clear()
+            if not self.journal.ready and self.journal.failure is None:
+                await asyncio.to_thread(self._open_journal, self._state())
             try:
                 await self.sweep()
                 if self._clock.now() >= commit_at:

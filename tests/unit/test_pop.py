@@ -4,6 +4,7 @@ limits, durability; on a real store in a temporary directory and a FakeClock."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -647,6 +648,34 @@ def test_a_failed_journal_write_refuses_every_later_change(world: PopWorld) -> N
         world.pop.receive("g", "jobs", max_messages=1, invisible_ms=1000),
     ):
         assert refused(world, call).reason == "STORE_UNAVAILABLE"
+
+
+def test_a_broker_starting_on_a_full_disk_refuses_receives_until_the_journal_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker must start on a disk without a free byte (reads work): the pop journal's
+    new generation is written once there is room again."""
+    world = PopWorld(tmp_path)
+    try:
+        world.send(0, b"a", b"b")
+        a, _ = world.receive(queue_ids=[0], invisible=30)
+        world.ack(a)
+
+        def full(path: Path, data: bytes) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr("mockbroker.pop.journal.write_atomically", full)
+        world.crash()  # starts all the same
+        error = refused(world, world.pop.receive("g", "jobs", max_messages=5, invisible_ms=9))
+        assert (error.status, error.reason) == (StatusCode.UNAVAILABLE, "DISK_FULL")
+        assert refused(world, world.pop.ack("g", a.receipt)).reason == "DISK_FULL"
+        monkeypatch.undo()
+        assert world.pop._open_journal(world.pop._state())
+        world.ack(a)
+        world.advance(30)
+        assert bodies(world.receive()) == [b"b"]
+    finally:
+        world.close()
 
 
 def test_retention_moves_a_window_past_deleted_messages(world: PopWorld) -> None:
