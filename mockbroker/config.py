@@ -86,8 +86,8 @@ class BrokerConfig:
             per group and queue.
         pop_max_delivery_attempts: How often a received message is delivered before,
             its invisible time run out once more without an ack, it goes to the group's
-            dead-letter topic `%DLQ%<group>` (RocketMQ's default: 16). A receive may set
-            its group's own limit.
+            dead-letter topic `%DLQ%<group>` (RocketMQ's default: the first delivery and
+            16 retries). A receive may set its group's own limit.
     """
 
     host: str = "127.0.0.1"
@@ -117,7 +117,7 @@ class BrokerConfig:
     fair_turn_ms: float = 0.5
     client_max_in_flight_bytes: int = 64 * 1024 * 1024
     pop_max_in_flight: int = 1024
-    pop_max_delivery_attempts: int = 16
+    pop_max_delivery_attempts: int = 17
 
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):

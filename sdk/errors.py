@@ -212,7 +212,8 @@ ERRORS_BY_REASON: dict[str, type[OrderMQError]] = {
     "CLIENT_OVER_LIMIT": BrokerBusyError,
     "TOO_MANY_OPEN_FILES": BrokerUnavailableError,  # an operator must raise the limit
     "RECEIPT_EXPIRED": ReceiptExpiredError,
-    "INVALID_RECEIPT": InvalidReceiptError,
+    "INVALID_RECEIPT_HANDLE": InvalidReceiptError,
+    "INVALID_INVISIBLE_TIME": InvalidArgumentError,
 }
 
 #: gRPC status names -> exception classes, for statuses that carry no reason.

@@ -6,7 +6,7 @@ invisible-until time (milliseconds on the broker's clock). Every delivery and ev
 change of invisible duration draws a new nonce, so an older handle of the same message
 no longer matches (it is stale), and a handle cannot be guessed for a message one did
 not receive. The time lets the broker say why a handle no longer works: its lease ran
-out (RECEIPT_EXPIRED) or it was replaced (INVALID_RECEIPT).
+out (RECEIPT_EXPIRED) or it was replaced (INVALID_RECEIPT_HANDLE).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def new_nonce() -> int:
 
 
 def parse_receipt(text: str) -> Receipt:
-    """The receipt a handle names; INVALID_RECEIPT when it is not one this broker makes."""
+    """The receipt a handle names; INVALID_RECEIPT_HANDLE when it is not one this broker makes."""
     if not text or len(text) > MAX_RECEIPT_LENGTH:
         raise invalid_receipt(f"receipt handle of {len(text)} characters is not one of ours")
     try:
@@ -76,13 +76,13 @@ def parse_receipt(text: str) -> Receipt:
 
 
 def invalid_receipt(message: str) -> BrokerError:
-    """INVALID_ARGUMENT / INVALID_RECEIPT: a handle that is not one this broker makes."""
-    return invalid("INVALID_RECEIPT", message)
+    """INVALID_ARGUMENT / INVALID_RECEIPT_HANDLE: a handle that is not one this broker makes."""
+    return invalid("INVALID_RECEIPT_HANDLE", message)
 
 
 def stale_receipt(message: str) -> BrokerError:
-    """FAILED_PRECONDITION / INVALID_RECEIPT: a handle no longer the message's current one."""
-    return BrokerError(StatusCode.FAILED_PRECONDITION, "INVALID_RECEIPT", message)
+    """FAILED_PRECONDITION / INVALID_RECEIPT_HANDLE: no longer the message's current handle."""
+    return BrokerError(StatusCode.FAILED_PRECONDITION, "INVALID_RECEIPT_HANDLE", message)
 
 
 def receipt_expired(receipt: Receipt) -> BrokerError:

@@ -112,6 +112,14 @@ class _Group:
 
 
 @dataclass(frozen=True)
+class PopPolicy:
+    """How a group receives: FIFO or not, and its deliveries before the dead-letter topic."""
+
+    fifo: bool
+    max_attempts: int
+
+
+@dataclass(frozen=True)
 class PopProgress:
     """One group's pop state on one queue, for operators."""
 
@@ -260,9 +268,9 @@ class PopService:
         wait_ms: int,
     ) -> tuple[Topic, list[int]]:
         check_group(group)
+        _check_invisible(invisible_ms, 1)
         for name, value, low, high in (
             ("max_messages", max_messages, 1, MAX_RECEIVE_MESSAGES),
-            ("invisible_duration_ms", invisible_ms, 1, MAX_INVISIBLE_MS),
             ("max_delivery_attempts", max_attempts, 0, MAX_ATTEMPTS_LIMIT),
             ("wait_ms", wait_ms, 0, MAX_WAIT_MS),
         ):
@@ -484,13 +492,11 @@ class PopService:
     ) -> Renewed:
         """Hide the message a live receipt names for `invisible_ms` from now.
 
-        It gets a new receipt; the old one is stale from then on.
+        It gets a new receipt; the old one is stale from then on. 0 makes it visible again
+        at once (a negative acknowledgement): it is delivered again, or dead-lettered if
+        that was its last attempt.
         """
-        if not 1 <= invisible_ms <= MAX_INVISIBLE_MS:
-            raise invalid(
-                "INVALID_ARGUMENT",
-                f"invisible_duration_ms {invisible_ms} is outside 1..{MAX_INVISIBLE_MS}",
-            )
+        _check_invisible(invisible_ms, 0)
         r, window = self._receipt(group, receipt)
         if self._held(r, window, "change the invisible duration of") is None or window is None:
             raise stale_receipt(
@@ -542,7 +548,7 @@ class PopService:
         """The entry a live receipt holds; None when its message is settled already.
 
         RECEIPT_EXPIRED once the receipt's time has passed (unless it settled the
-        message), INVALID_RECEIPT when it is not the message's current receipt.
+        message), INVALID_RECEIPT_HANDLE when it is not the message's current receipt.
         """
         now_ms = self._now_ms()
         entry = window.held(r.offset, r.nonce) if window is not None else None
@@ -680,6 +686,13 @@ class PopService:
         self._holder.notify(topic, qid)
 
     # ------------------------------------------------------------------ inspection
+    def policy(self, group: str) -> PopPolicy:
+        """How the group receives: as its latest receive said, else the broker's defaults."""
+        g = self._groups.get(group)
+        if g is None:
+            return PopPolicy(False, self.default_max_attempts)
+        return PopPolicy(g.fifo, g.max_attempts)
+
     def groups(self) -> set[str]:
         """Every group with pop state."""
         return set(self._groups)
@@ -801,6 +814,14 @@ class PopService:
             window.reset(natural(record["b"]))
         else:
             raise ValueError(f"unknown operation {op!r}")
+
+
+def _check_invisible(invisible_ms: int, low: int) -> None:
+    if not low <= invisible_ms <= MAX_INVISIBLE_MS:
+        raise invalid(
+            "INVALID_INVISIBLE_TIME",
+            f"invisible_duration_ms {invisible_ms} is outside {low}..{MAX_INVISIBLE_MS} (12 hours)",
+        )
 
 
 def _settle_record(

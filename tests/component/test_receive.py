@@ -104,7 +104,7 @@ def test_a_job_is_hidden_for_its_time_to_run_extended_then_acked(
     assert changed.lease.delivery_attempt == 1
     assert changed.lease.receipt_handle != first
     code, reason, details = refusal(lambda: ack(broker, first))
-    assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, "INVALID_RECEIPT")
+    assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, "INVALID_RECEIPT_HANDLE")
     assert isinstance(error_from_status(code.name, reason, details), InvalidReceiptError)
 
     clock.advance(10)  # job-2's time ran out; job-1 was extended
@@ -174,7 +174,7 @@ def test_a_fifo_group_gets_one_message_of_a_message_group_at_a_time(
         ({"group": ""}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_GROUP"),
         ({"topic": "missing"}, grpc.StatusCode.NOT_FOUND, "TOPIC_NOT_FOUND"),
         ({"max_messages": 0}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
-        ({"invisible_duration_ms": 0}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+        ({"invisible_duration_ms": 0}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_INVISIBLE_TIME"),
         ({"wait_ms": 60_001}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
         ({"queue_ids": [5]}, grpc.StatusCode.OUT_OF_RANGE, "INVALID_QUEUE"),
         ({"tag_expression": "a ||"}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_TAG_EXPRESSION"),
@@ -199,11 +199,14 @@ def test_a_handle_that_is_not_a_receipt_is_refused_and_changes_nothing(
     receive(broker)
     before = pop_state(broker)
     code, reason, details = refusal(lambda: ack(broker, handle))
-    assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_RECEIPT") and details
+    assert (code, reason) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_RECEIPT_HANDLE",
+    ) and details
     code, reason, _ = refusal(lambda: rpc(broker, lambda m, a: m.ChangeInvisibleDuration(
         pb.ChangeInvisibleDurationRequest(group="g", receipt_handle=handle,
                                           invisible_duration_ms=1000))))  # fmt: skip
-    assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_RECEIPT")
+    assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_RECEIPT_HANDLE")
     assert pop_state(broker) == before
 
 

@@ -36,7 +36,7 @@ class PopWorld:
     """Everything PopService needs, on one event loop, opened on `path`."""
 
     def __init__(
-        self, path: Path, *, max_in_flight: int = 1024, max_attempts: int = 16, queues: int = 2
+        self, path: Path, *, max_in_flight: int = 1024, max_attempts: int = 17, queues: int = 2
     ) -> None:
         self.path = path
         self.max_in_flight = max_in_flight

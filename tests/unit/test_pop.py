@@ -116,7 +116,12 @@ def test_a_batch_of_acks_settles_the_good_receipts_and_answers_each_refusal(
     world.send(0, b"a", b"b", b"c")
     a, b, c = world.receive(queue_ids=[0])
     answers = world.run(world.pop.ack_many("g", [a.receipt, "junk", c.receipt, a.receipt]))
-    assert [e.reason if e else None for e in answers] == [None, "INVALID_RECEIPT", None, None]
+    assert [e.reason if e else None for e in answers] == [
+        None,
+        "INVALID_RECEIPT_HANDLE",
+        None,
+        None,
+    ]
     world.advance(10)
     assert [(r.offset, r.attempt) for r in world.receive()] == [(b.offset, 2)]
 
@@ -152,7 +157,10 @@ def test_a_change_of_invisible_duration_extends_the_lease_under_a_new_receipt(
     now_ms = int(world.clock.now() * 1000)
     assert (renewed.attempt, renewed.invisible_until_ms) == (1, now_ms + 10_000)
     error = refused(world, world.pop.ack("g", got.receipt))
-    assert (error.status, error.reason) == (StatusCode.FAILED_PRECONDITION, "INVALID_RECEIPT")
+    assert (error.status, error.reason) == (
+        StatusCode.FAILED_PRECONDITION,
+        "INVALID_RECEIPT_HANDLE",
+    )
     assert "not the message's current one" in error.message
     world.advance(5)
     assert world.receive() == [], "past the first deadline, within the new one"
@@ -176,21 +184,49 @@ def test_a_change_of_an_expired_or_settled_receipt_is_refused(world: PopWorld) -
     x, y = world.receive(queue_ids=[0], invisible=5)
     world.ack(x)
     error = refused(world, world.pop.change_invisible_duration("g", x.receipt, 1000))
-    assert (error.status, error.reason) == (StatusCode.FAILED_PRECONDITION, "INVALID_RECEIPT")
+    assert (error.status, error.reason) == (
+        StatusCode.FAILED_PRECONDITION,
+        "INVALID_RECEIPT_HANDLE",
+    )
     assert "already settled" in error.message
     world.advance(5)
     error = refused(world, world.pop.change_invisible_duration("g", y.receipt, 1000))
     assert error.reason == "RECEIPT_EXPIRED"
 
 
-@pytest.mark.parametrize("ms", [0, -1, 12 * 3600 * 1000 + 1])
+@pytest.mark.parametrize("ms", [-1, 12 * 3600 * 1000 + 1])
 def test_a_change_to_a_duration_out_of_range_is_refused(world: PopWorld, ms: int) -> None:
     world.send(0, b"x")
     [got] = world.receive()
     before = world.pop.describe()
     error = refused(world, world.pop.change_invisible_duration("g", got.receipt, ms))
-    assert (error.status, error.reason) == (StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
+    assert (error.status, error.reason) == (StatusCode.INVALID_ARGUMENT, "INVALID_INVISIBLE_TIME")
     assert world.pop.describe() == before
+
+
+def test_a_change_to_zero_is_a_negative_ack_the_message_comes_back_at_once(
+    tmp_path: Path,
+) -> None:
+    world = PopWorld(tmp_path, max_attempts=2)
+    try:
+        world.send(0, b"x")
+        [got] = world.receive(invisible=60)
+        renewed = world.run(world.pop.change_invisible_duration("g", got.receipt, 0))
+        assert renewed.invisible_until_ms == int(world.clock.now() * 1000)
+        [again] = world.receive(invisible=60)
+        assert again.attempt == 2
+        world.run(world.pop.change_invisible_duration("g", again.receipt, 0))
+        assert world.advance(0) == 1, "its last attempt: dead-lettered at once"
+        assert [d.body for d in world.dead_letters()] == [b"x"]
+    finally:
+        world.close()
+
+
+def test_a_groups_policy_is_what_its_latest_receive_said(world: PopWorld) -> None:
+    assert (world.pop.policy("g").fifo, world.pop.policy("g").max_attempts) == (False, 17)
+    world.topic()
+    world.receive(fifo=True, max_attempts=5)
+    assert (world.pop.policy("g").fifo, world.pop.policy("g").max_attempts) == (True, 5)
 
 
 def test_receipts_that_are_not_ours_or_another_groups_are_invalid_and_change_nothing(
@@ -211,9 +247,9 @@ def test_receipts_that_are_not_ours_or_another_groups_are_invalid_and_change_not
         (forged, StatusCode.FAILED_PRECONDITION),
     ]:
         error = refused(world, world.pop.ack("g", text))
-        assert (error.status, error.reason) == (status, "INVALID_RECEIPT"), text
+        assert (error.status, error.reason) == (status, "INVALID_RECEIPT_HANDLE"), text
     error = refused(world, world.pop.ack("other", got.receipt))
-    assert error.reason == "INVALID_RECEIPT" and "belongs to group 'g'" in error.message
+    assert error.reason == "INVALID_RECEIPT_HANDLE" and "belongs to group 'g'" in error.message
     assert refused(world, world.pop.ack("bad group!", got.receipt)).reason == "INVALID_GROUP"
     assert world.pop.describe() == before
     world.ack(got)
@@ -420,8 +456,8 @@ def test_groups_do_not_see_each_others_receives(world: PopWorld) -> None:
         ({"topic_name": "rmq sys"}, "INVALID_TOPIC"),
         ({"max_messages": 0}, "INVALID_ARGUMENT"),
         ({"max_messages": 1001}, "INVALID_ARGUMENT"),
-        ({"invisible_ms": 0}, "INVALID_ARGUMENT"),
-        ({"invisible_ms": 12 * 3600 * 1000 + 1}, "INVALID_ARGUMENT"),
+        ({"invisible_ms": 0}, "INVALID_INVISIBLE_TIME"),
+        ({"invisible_ms": 12 * 3600 * 1000 + 1}, "INVALID_INVISIBLE_TIME"),
         ({"wait_ms": -1}, "INVALID_ARGUMENT"),
         ({"wait_ms": 60_001}, "INVALID_ARGUMENT"),
         ({"max_attempts": -1}, "INVALID_ARGUMENT"),

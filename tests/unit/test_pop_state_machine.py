@@ -10,7 +10,7 @@ kill -9 restarts. The model predicts every answer. Checked at each step:
   message comes back once its lease ran out, also after a restart);
 - each delivery's attempt is the model's count plus one; a message goes to %DLQ%g exactly
   when its lease ran out after `MAX_ATTEMPTS` deliveries;
-- acks and changes answer what the rules say (OK, RECEIPT_EXPIRED, INVALID_RECEIPT), and
+- acks and changes answer what the rules say (OK, RECEIPT_EXPIRED, INVALID_RECEIPT_HANDLE), and
   a refused one changes nothing;
 - the group's base is its first unsettled message; the committed offset (which follows
   it) is never past an unsettled message and never goes backwards;
@@ -154,13 +154,13 @@ class PopMachine(RuleBasedStateMachine):
             return {"RECEIPT_EXPIRED"} if now >= m.deadline_ms else {"OK"}
         if m.settled and m.settled_by == issued.receipt:
             # Remembered while the window holds it; else judged by its time.
-            done = "INVALID_RECEIPT" if change else "OK"
+            done = "INVALID_RECEIPT_HANDLE" if change else "OK"
             return {done, "RECEIPT_EXPIRED"} if expired else {done}
         if expired:
             return {"RECEIPT_EXPIRED"}
         if m.settled:
-            return {"INVALID_RECEIPT"} if change else {"OK"}
-        return {"INVALID_RECEIPT"}
+            return {"INVALID_RECEIPT_HANDLE"} if change else {"OK"}
+        return {"INVALID_RECEIPT_HANDLE"}
 
     @precondition(lambda self: self.issued)
     @rule(data=st.data())
@@ -189,7 +189,7 @@ class PopMachine(RuleBasedStateMachine):
         m.state, m.settled_by = "acked", m.receipt
 
     @precondition(lambda self: self.issued)
-    @rule(data=st.data(), invisible=st.sampled_from([1, 3, 8]))
+    @rule(data=st.data(), invisible=st.sampled_from([0, 1, 3, 8]))
     def change(self, data: st.DataObject, invisible: int) -> None:
         issued = data.draw(st.sampled_from(self.issued))
         m = self.queues[issued.queue][issued.offset]

@@ -99,8 +99,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """the broker process has no file descriptors left (raise its limit)"""
     RECEIPT_EXPIRED: _ErrorReason.ValueType  # 26
     """the receipt's invisible time passed: the message is visible again"""
-    INVALID_RECEIPT: _ErrorReason.ValueType  # 27
+    INVALID_RECEIPT_HANDLE: _ErrorReason.ValueType  # 27
     """not a receipt of this broker, or no longer the message's current one"""
+    INVALID_INVISIBLE_TIME: _ErrorReason.ValueType  # 28
+    """an invisible duration outside what the broker allows"""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed; sent as the `ordermq-reason` trailing metadata value."""
@@ -158,8 +160,10 @@ TOO_MANY_OPEN_FILES: ErrorReason.ValueType  # 25
 """the broker process has no file descriptors left (raise its limit)"""
 RECEIPT_EXPIRED: ErrorReason.ValueType  # 26
 """the receipt's invisible time passed: the message is visible again"""
-INVALID_RECEIPT: ErrorReason.ValueType  # 27
+INVALID_RECEIPT_HANDLE: ErrorReason.ValueType  # 27
 """not a receipt of this broker, or no longer the message's current one"""
+INVALID_INVISIBLE_TIME: ErrorReason.ValueType  # 28
+"""an invisible duration outside what the broker allows"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 class _SendStatus:
@@ -1303,7 +1307,8 @@ class ReceiveRequest(_message.Message):
     With wait_ms > 0 a receive that finds nothing waits until a message arrives or becomes
     visible again, or the time runs out (then it answers no messages, not an error).
     Errors: INVALID_ARGUMENT (INVALID_GROUP, INVALID_TOPIC, INVALID_TAG_EXPRESSION,
-    INVALID_ARGUMENT), NOT_FOUND (TOPIC_NOT_FOUND), OUT_OF_RANGE (INVALID_QUEUE),
+    INVALID_INVISIBLE_TIME, INVALID_ARGUMENT), NOT_FOUND (TOPIC_NOT_FOUND), OUT_OF_RANGE
+    (INVALID_QUEUE),
     FAILED_PRECONDITION (INVALID_ARGUMENT: a switch between FIFO and not), UNAVAILABLE
     (STORE_UNAVAILABLE, DISK_FULL: the broker cannot record receives).
     """
@@ -1333,7 +1338,7 @@ class ReceiveRequest(_message.Message):
     """deliver each sharding key's messages one at a time"""
     max_delivery_attempts: _builtins.int
     """Deliveries before the dead-letter topic; 0: the broker's pop_max_delivery_attempts
-    (16). Applies to the group from this receive on.
+    (17: RocketMQ's 16 retries). Applies to the group from this receive on.
     """
     @_builtins.property
     def queue_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -1424,10 +1429,10 @@ class AckRequest(_message.Message):
     """Settles the message a receipt names: it is not delivered again. Idempotent: acking a
     message already settled (acknowledged or dead-lettered) answers OK and changes nothing,
     unless the receipt's invisible time has passed and it is not the receipt that settled it.
-    Errors: INVALID_ARGUMENT (INVALID_GROUP; INVALID_RECEIPT: not a receipt of this broker,
-    or of another group), FAILED_PRECONDITION (RECEIPT_EXPIRED: its invisible time passed,
-    the message may be delivered again; INVALID_RECEIPT: a ChangeInvisibleDuration replaced
-    it), UNAVAILABLE (STORE_UNAVAILABLE, DISK_FULL).
+    Errors: INVALID_ARGUMENT (INVALID_GROUP; INVALID_RECEIPT_HANDLE: not a receipt of this
+    broker, or of another group), FAILED_PRECONDITION (RECEIPT_EXPIRED: its invisible time
+    passed, the message may be delivered again; INVALID_RECEIPT_HANDLE: a
+    ChangeInvisibleDuration replaced it), UNAVAILABLE (STORE_UNAVAILABLE, DISK_FULL).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1469,8 +1474,10 @@ Global___AckResponse: _TypeAlias = AckResponse  # noqa: Y015
 class ChangeInvisibleDurationRequest(_message.Message):
     """Hides a received message for invisible_duration_ms from now (extends, or shortens, its
     time-to-run) under a new receipt handle; the old one no longer works. The delivery
-    attempt stays. Errors: as Ack, and FAILED_PRECONDITION (INVALID_RECEIPT) for a message
-    already settled; INVALID_ARGUMENT (INVALID_ARGUMENT) for a duration outside 1 .. 12 h.
+    attempt stays. 0 makes it visible again at once (a negative acknowledgement: it is
+    delivered again, or dead-lettered if that was its last attempt).
+    Errors: as Ack, and FAILED_PRECONDITION (INVALID_RECEIPT_HANDLE) for a message already
+    settled; INVALID_ARGUMENT (INVALID_INVISIBLE_TIME) for a duration outside 0 .. 12 h.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1481,6 +1488,7 @@ class ChangeInvisibleDurationRequest(_message.Message):
     group: _builtins.str
     receipt_handle: _builtins.str
     invisible_duration_ms: _builtins.int
+    """0 .. 43 200 000"""
     def __init__(
         self,
         *,
