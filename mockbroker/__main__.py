@@ -191,6 +191,20 @@ def build_parser() -> argparse.ArgumentParser:
         "client's further requests wait (default %(default)s)",
     )
     p.add_argument(
+        "--pop-max-in-flight",
+        type=int,
+        default=d.pop_max_in_flight,
+        help="per group and queue, the most received messages not yet acknowledged "
+        "(or held back behind them); past it receives answer fewer (default %(default)s)",
+    )
+    p.add_argument(
+        "--pop-max-delivery-attempts",
+        type=int,
+        default=d.pop_max_delivery_attempts,
+        help="deliveries of a received message before it goes to %%DLQ%%<group> "
+        "(default %(default)s)",
+    )
+    p.add_argument(
         "--log-format", choices=["text", "json"], default="text", help="json: one object a line"
     )
     return p
@@ -236,6 +250,8 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             fair_turn_ms=a.fair_turn_ms,
             client_max_in_flight_bytes=a.client_max_in_flight_bytes,
             v2_port=a.v2_port,
+            pop_max_in_flight=a.pop_max_in_flight,
+            pop_max_delivery_attempts=a.pop_max_delivery_attempts,
         )
     except ValueError as exc:
         p.error(str(exc))

@@ -88,6 +88,16 @@ class BrokerConfig:
         namesrv_port: Serve a RocketMQ name server on this port, whose routes name this
             broker's remoting port (None: off; 0 picks a free port; RocketMQ's default is
             9876). Needs `remoting_port`.
+        pop_max_in_flight: Per consumer group and queue, the most messages receives
+            (pop: ReceiveMessage) may hold between the group's first unsettled message
+            and the next one never received: delivered and not yet acknowledged, or held
+            back behind them (a FIFO group's message groups). Past it, receives answer
+            fewer messages, or none, until acks free room. Bounds the broker's memory
+            per group and queue.
+        pop_max_delivery_attempts: How often a received message is delivered before,
+            its invisible time run out once more without an ack, it goes to the group's
+            dead-letter topic `%DLQ%<group>` (RocketMQ's default: the first delivery and
+            16 retries). A receive may set its group's own limit.
     """
 
     host: str = "127.0.0.1"
@@ -119,6 +129,8 @@ class BrokerConfig:
     remoting_port: int | None = None
     namesrv_port: int | None = None
     v2_port: int | None = None
+    pop_max_in_flight: int = 1024
+    pop_max_delivery_attempts: int = 17
 
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):
@@ -156,6 +168,12 @@ class BrokerConfig:
             raise ValueError("fair_turn_ms must be positive")
         if self.client_max_in_flight_bytes < 1:
             raise ValueError("client_max_in_flight_bytes must be positive")
+        if not 1 <= self.pop_max_in_flight <= 1_000_000:
+            raise ValueError(f"pop_max_in_flight {self.pop_max_in_flight} is outside 1..1000000")
+        if not 1 <= self.pop_max_delivery_attempts <= 1000:
+            raise ValueError(
+                f"pop_max_delivery_attempts {self.pop_max_delivery_attempts} is outside 1..1000"
+            )
         if self.advertised_host is not None and (
             self.advertised_host in ("", "0.0.0.0", "::", "[::]")
             or any(c.isspace() or c == "/" for c in self.advertised_host)

@@ -1,5 +1,7 @@
 """Held pulls: a pull that finds nothing waits for a message instead of returning empty.
 
+Receives (mockbroker/pop) wait here too, on every queue they take from at once.
+
 A held pull is a coroutine waiting on a future keyed by (topic, queue), not a thread, so
 thousands cost little. It is released the moment a message for its queue is appended,
 when its suspend time runs out on the broker's clock, when the client cancels the call
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 
 from sdk.clock import Clock
 
@@ -25,13 +28,24 @@ class PullHolder:
         self._closed = False
         self.held = 0
 
+    @property
+    def closed(self) -> bool:
+        """True once the broker is stopping: waits return at once."""
+        return self._closed
+
     async def wait(self, queue: QueueKey, deadline: float) -> bool:
         """Wait for an append to `queue` until `deadline`; True when woken by one."""
+        return await self.wait_any((queue,), deadline)
+
+    async def wait_any(self, queues: Iterable[QueueKey], deadline: float) -> bool:
+        """Wait for an append to any of `queues` until `deadline`; True when woken by one."""
         if self._closed or self._clock.now() >= deadline:
             return False
+        keys = tuple(queues)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._waiting.setdefault(queue, set())
-        waiters.add(future)
+        joined = [self._waiting.setdefault(queue, set()) for queue in keys]
+        for waiters in joined:
+            waiters.add(future)
         timer = asyncio.ensure_future(self._clock.sleep_until(deadline))
         self.held += 1
         try:
@@ -42,9 +56,10 @@ class PullHolder:
             timer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(timer, return_exceptions=True)
-            waiters.discard(future)
-            if not waiters and self._waiting.get(queue) is waiters:
-                del self._waiting[queue]
+            for queue, waiters in zip(keys, joined, strict=True):
+                waiters.discard(future)
+                if not waiters and self._waiting.get(queue) is waiters:
+                    del self._waiting[queue]
 
     def notify(self, topic: str, queue_id: int) -> None:
         """A message was appended to (topic, queue_id): release its held pulls."""

@@ -68,12 +68,7 @@ class RetryService:
         times = max(stored_times, reconsume_times)
         limit = max_reconsume_times or DEFAULT_MAX_RECONSUME_TIMES
         if times >= limit:
-            dlq = self._system_topic(DLQ_PREFIX + group)
-            frame = _copy_frame(record, topic.name, queue_id, queue_offset, delay_level=0)
-            checked = check_frames(frame, int(self._clock.now() * 1000))
-            await self._store.append(dlq, 0, frame, checked, reconsume_times=times)
-            self.dead_lettered[group] = self.dead_lettered.get(group, 0) + 1
-            return SentBack(True, dlq.name, times)
+            return await self._dead_letter(group, topic, queue_id, queue_offset, record, times)
         retry = self._system_topic(RETRY_PREFIX + group)
         level = min(delay_level or 3 + times, len(DELAY_LEVEL_SECONDS))
         frame = _copy_frame(record, topic.name, queue_id, queue_offset, delay_level=level)
@@ -81,6 +76,28 @@ class RetryService:
         await self._scheduler.schedule(retry, 0, frame, checked, reconsume_times=times + 1)
         self.retried[group] = self.retried.get(group, 0) + 1
         return SentBack(False, retry.name, times + 1)
+
+    async def dead_letter(
+        self, group: str, topic: Topic, queue_id: int, queue_offset: int, *, reconsume_times: int
+    ) -> SentBack:
+        """Store a dead-letter copy of the message at (topic, queue, offset) at once.
+
+        Receives (mockbroker/pop) send a message here once it was delivered as often as
+        the group allows, or when the client forwards it.
+        """
+        record = self._store.read_record(topic, queue_id, queue_offset)
+        times = max(RECORD.unpack_from(record)[6], reconsume_times)
+        return await self._dead_letter(group, topic, queue_id, queue_offset, record, times)
+
+    async def _dead_letter(
+        self, group: str, topic: Topic, queue_id: int, queue_offset: int, record: bytes, times: int
+    ) -> SentBack:
+        dlq = self._system_topic(DLQ_PREFIX + group)
+        frame = _copy_frame(record, topic.name, queue_id, queue_offset, delay_level=0)
+        checked = check_frames(frame, int(self._clock.now() * 1000))
+        await self._store.append(dlq, 0, frame, checked, reconsume_times=times)
+        self.dead_lettered[group] = self.dead_lettered.get(group, 0) + 1
+        return SentBack(True, dlq.name, times)
 
     def _system_topic(self, name: str) -> Topic:
         return self._store.topics.find(name) or self._store.create_topic(name, 1)[0]

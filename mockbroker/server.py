@@ -24,6 +24,7 @@ from mockbroker.limits import ClientLimits
 from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
 from mockbroker.long_polling import PullHolder
 from mockbroker.offsets import ConsumerOffsets
+from mockbroker.pop import PopService
 from mockbroker.retry import RetryService
 from mockbroker.schedule import Scheduler
 from mockbroker.state import BrokerState
@@ -181,6 +182,33 @@ class Broker:
         holder = PullHolder(self.clock)
         self.store.on_append = holder.notify
         self.store.on_trim = self.offsets.note_trimmed
+        retry = RetryService(self.store, scheduler, self.clock)
+        pop = PopService(
+            self.config.data_dir / "pop",
+            store=self.store,
+            offsets=self.offsets,
+            retry=retry,
+            holder=holder,
+            clock=self.clock,
+            max_in_flight=self.config.pop_max_in_flight,
+            max_attempts=self.config.pop_max_delivery_attempts,
+            commit_interval_seconds=self.config.flush_interval_seconds,
+        )
+        pop.load()
+        try:
+            await self._serve(locks, scheduler, holder, retry, pop)
+        except BaseException:
+            await pop.journal.close()
+            raise
+
+    async def _serve(
+        self,
+        locks: RebalanceLockManager,
+        scheduler: Scheduler,
+        holder: PullHolder,
+        retry: RetryService,
+        pop: PopService,
+    ) -> None:
         state = BrokerState(
             config=self.config,
             clock=self.clock,
@@ -194,10 +222,11 @@ class Broker:
             ),
             holder=holder,
             scheduler=scheduler,
-            retry=RetryService(self.store, scheduler, self.clock),
+            retry=retry,
             started=self.clock.now(),
             sliced=self._sliced_store(),
             limits=ClientLimits(self.config.client_max_in_flight_bytes),
+            pop=pop,
         )
         # Without so_reuseport=0 a second broker could bind the same port and share it.
         server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
@@ -221,6 +250,7 @@ class Broker:
             log.info("RocketMQ 5 (apache.rocketmq.v2) clients served on %s", self.v2_address)
         await server.start()
         scheduler.start()
+        pop.start()
         self._sweeper = asyncio.create_task(self._expire_clients(state), name="client-expiry")
         self.state, self._server = state, server
         if self.config.remoting_port is not None:
@@ -286,6 +316,8 @@ class Broker:
         if self._server is not None:
             await self._server.stop(grace_seconds)
             self._server = None
+        if self.state is not None:
+            await self.state.pop.stop()  # after the last ack, before the store closes
         await self._close_http()
         await self.store.close()
         log.info("broker %s stopped", self.config.broker_name)

@@ -16,6 +16,7 @@ from mockbroker.limits import ClientLimits
 from mockbroker.lock_manager import RebalanceLockManager
 from mockbroker.long_polling import PullHolder
 from mockbroker.offsets import ConsumerOffsets
+from mockbroker.pop import PopService
 from mockbroker.request_stats import RequestStats
 from mockbroker.retry import RetryService
 from mockbroker.schedule import Scheduler
@@ -61,6 +62,8 @@ class BrokerState:
     retry: RetryService
     #: What each client has the broker hold (config.client_max_in_flight_bytes).
     limits: ClientLimits
+    #: Receives, acks and invisible durations (RocketMQ 5's pop), for every front.
+    pop: PopService
     started: float = 0.0
     address: str = ""
     rates: RateMeter = field(default_factory=RateMeter)
@@ -69,12 +72,12 @@ class BrokerState:
     sliced: SlicedStore | None = None
 
     def existing_groups(self) -> set[str]:
-        """Groups that exist now: with members, or with committed offsets.
+        """Groups that exist now: with members, committed offsets or received messages.
 
         A group whose members all left and that never committed is gone (nothing of it
         survives a restart); one with committed offsets stays, since it resumes from them.
         """
-        return self.groups.active_groups() | self.offsets.groups()
+        return self.groups.active_groups() | self.offsets.groups() | self.pop.groups()
 
     def topic_queue(self, topic: str, queue_id: int) -> Topic:
         """The existing topic, checked to have `queue_id` (TOPIC_NOT_FOUND, INVALID_QUEUE)."""
@@ -84,12 +87,13 @@ class BrokerState:
         return found
 
     def known_group(self, group: str) -> None:
-        """GROUP_NOT_FOUND unless the group has members, committed offsets or locks."""
+        """GROUP_NOT_FOUND unless the group has members, committed offsets, locks or pops."""
         check_group(group)
         if (
             not self.groups.members(group)
             and group not in self.offsets.groups()
             and not self.locks.knows_group(group)
+            and group not in self.pop.groups()
         ):
             raise not_found(
                 "GROUP_NOT_FOUND",

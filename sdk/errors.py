@@ -8,7 +8,9 @@
     │   ├── BatchTooLargeError
     │   ├── InvalidQueueError
     │   ├── InvalidOffsetError
-    │   └── InvalidTagExpressionError
+    │   ├── InvalidTagExpressionError
+    │   └── InvalidReceiptError             not a receipt of this broker, or replaced
+    ├── ReceiptExpiredError                 the receipt's invisible time passed
     ├── TopicNotFoundError
     ├── TopicExistsError
     ├── GroupNotFoundError
@@ -77,6 +79,22 @@ class InvalidOffsetError(InvalidArgumentError):
 
 class InvalidTagExpressionError(InvalidArgumentError):
     """A tag expression that is not '*' or tags joined by '||'."""
+
+
+class InvalidReceiptError(InvalidArgumentError):
+    """A receipt handle that does not settle its message; using it changed nothing.
+
+    The broker did not hand it out, it is another group's, or it is no longer the message's
+    current one (a change of invisible duration gave the message a new one).
+    """
+
+
+class ReceiptExpiredError(OrderMQError):
+    """The receipt's invisible time passed before the ack or change arrived.
+
+    The message is visible again and may be (or have been) delivered to another receive:
+    processing it again must be harmless. Receive it again to settle it.
+    """
 
 
 class TopicNotFoundError(OrderMQError):
@@ -193,6 +211,9 @@ ERRORS_BY_REASON: dict[str, type[OrderMQError]] = {
     "DISK_FULL": BrokerUnavailableError,  # retriable: sends resume once space is freed
     "CLIENT_OVER_LIMIT": BrokerBusyError,
     "TOO_MANY_OPEN_FILES": BrokerUnavailableError,  # an operator must raise the limit
+    "RECEIPT_EXPIRED": ReceiptExpiredError,
+    "INVALID_RECEIPT_HANDLE": InvalidReceiptError,
+    "INVALID_INVISIBLE_TIME": InvalidArgumentError,
 }
 
 #: gRPC status names -> exception classes, for statuses that carry no reason.

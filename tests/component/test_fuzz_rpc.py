@@ -14,7 +14,8 @@ wait: the broker reports it held, and cancelling it frees it); never with UNKNOW
 INTERNAL (a handler that raised) nor with a traceback logged; a refusal carries a status
 with words and an `ordermq-reason` from the protocol's ErrorReason; and a refused call,
 or one that only reads, changes nothing (topics, queue sizes, the commit log, offsets,
-locks and epochs, group members, the group registry, scheduled messages).
+locks and epochs, group members, the group registry, scheduled messages, receiving
+groups' held messages).
 
 The broker runs on a FakeClock that never moves: nothing changes by itself between two
 calls (no scheduled delivery, lease expiry or client timeout), so any change is the
@@ -67,7 +68,7 @@ READ_ONLY = {"Pull", "QueryQueueOffsets", "GetConsumerList", "WatchMembership",
              "QueryConsumerOffset", "ListTopics", "ListGroups", "DescribeTopic",
              "ConsumerProgress", "QueryMessageById", "QueryMessagesByKey",
              "BrokerStatus"}  # fmt: skip
-TOPIC, SMALL, G1, G2, C1, KEY = "fz", "fz1", "g1", "g2", "c1", "k1"
+TOPIC, SMALL, G1, G2, G3, C1, KEY = "fz", "fz1", "g1", "g2", "g3", "c1", "k1"
 
 
 def rpc_path(method: MethodDescriptor) -> str:
@@ -118,7 +119,8 @@ def frames(*bodies: bytes, now_ms: int, tags: bytes = b"TagA", at_ms: int = 0) -
 
 def seed(f: Fuzzed) -> None:
     """Topics with messages, two groups (one orderly with locks), committed offsets, a
-    scheduled message and a retry; and the valid request of every RPC."""
+    scheduled message, a retry and a receiving group holding messages; and the valid
+    request of every RPC."""
     now_ms = int(f.clock.now() * 1000)
     f.call("CreateTopic", pb.CreateTopicRequest(topic=TOPIC, queue_count=4))
     f.call("CreateTopic", pb.CreateTopicRequest(topic=SMALL, queue_count=1))
@@ -151,6 +153,12 @@ def seed(f: Fuzzed) -> None:
     )
     f.call("CommitConsumerOffsets", commit)
     f.call("SendBack", pb.SendBackRequest(group=G2, queue=q2, queue_offset=0))
+    receive = pb.ReceiveRequest(
+        group=G3, topic=TOPIC, queue_ids=[3], max_messages=2, invisible_duration_ms=60_000,
+        tag_expression="*",
+    )  # fmt: skip
+    held = f.call("Receive", receive)
+    handles = [lease.receipt_handle for lease in held.leases]
     first_id = now_ms.to_bytes(16, "big").hex().upper()
     scheduled_id = (now_ms + 99).to_bytes(16, "big").hex().upper()
     pull = pb.PullRequest(
@@ -172,6 +180,11 @@ def seed(f: Fuzzed) -> None:
         "CommitConsumerOffsets": commit,
         "SendBack": pb.SendBackRequest(group=G2, queue=q2, queue_offset=1),
         "CancelScheduled": pb.CancelScheduledRequest(topic=SMALL, msg_id=scheduled_id),
+        "Receive": receive,
+        "Ack": pb.AckRequest(group=G3, receipt_handle=handles[0]),
+        "ChangeInvisibleDuration": pb.ChangeInvisibleDurationRequest(
+            group=G3, receipt_handle=handles[1], invisible_duration_ms=30_000
+        ),
         "Exchange": pb.ExchangeRequest(id=1, pull=pull),
         "CreateTopic": pb.CreateTopicRequest(topic=TOPIC, queue_count=4),
         "ListTopics": pb.ListTopicsRequest(include_system=True),
@@ -184,8 +197,8 @@ def seed(f: Fuzzed) -> None:
         "BrokerStatus": pb.BrokerStatusRequest(),
     }
     f.pools = Pools(
-        strings=(TOPIC, SMALL, G1, G2, C1, "c2", KEY, "TagA", "TagA || TagB", "%RETRY%g2",
-                 "%DLQ%g2", "broker-a", first_id, scheduled_id, first_id.lower()),
+        strings=(TOPIC, SMALL, G1, G2, G3, C1, "c2", KEY, "TagA", "TagA || TagB", "%RETRY%g2",
+                 "%DLQ%g2", "broker-a", first_id, scheduled_id, first_id.lower(), *handles),
         binaries=(batch, later, frames(b"y", now_ms=now_ms, tags=b""),
                   encode_frame(msg_id=b"d" * 16, born_timestamp_ms=now_ms, body=b"d",
                                delay_level=2)),
@@ -229,6 +242,7 @@ def snapshot(broker: Broker) -> dict[str, Any]:
         "groups": {g: (groups.version(g), groups.members(g)) for g in sorted(groups._groups)},
         "clients": {g: sorted(groups.membership(g).items()) for g in groups.active_groups()},
         "scheduled": state.scheduler.pending,
+        "pops": state.pop.describe(),
     }  # fmt: skip
 
 

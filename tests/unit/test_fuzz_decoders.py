@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from mockbroker.errors import BrokerError
 from mockbroker.lock_manager import RebalanceLockManager
 from mockbroker.offsets import ConsumerOffsets
+from mockbroker.pop import PopService
 from mockbroker.store.checkpoint import (
     Checkpoint,
     read_checkpoint,
@@ -555,6 +556,10 @@ LOCKS = {"format": 1, "next_epoch": 9, "groups": {"g": [
 OFFSETS = {"offsets": {"g": {"orders": {"0": 3, "1": 0}}, "h": {"%RETRY%h": {"0": 1}}}}
 TOPICS = {"topics": {"orders": 2, "%RETRY%h": 1}}
 LOCAL_OFFSETS = {"offsets": [{"topic": "orders", "broker": "b", "queue_id": 0, "offset": 4}]}
+POP_STATE = {"format": 1, "generation": 0, "state": {"groups": {"g": {
+    "fifo": False, "max_attempts": 16, "queues": [["orders", 0, {
+        "base": 3, "entries": [[4, "QQ==", 1, 12345, 1_800_000_000_000]],
+        "settled": [[5, 99]]}]]}}}}  # fmt: skip
 DEEP = b"[" * 3000
 
 
@@ -596,11 +601,40 @@ def load_local_offsets(path: Path) -> None:
     assert store.path == path
 
 
+def bare_pop(directory: Path) -> PopService:
+    """A PopService for reading its files only (it reaches no store)."""
+    nothing: Any = None
+    return PopService(
+        directory, store=nothing, offsets=nothing, retry=nothing, holder=nothing,
+        clock=FakeClock(), max_in_flight=8, max_attempts=16, commit_interval_seconds=1,
+    )  # fmt: skip
+
+
+def check_pop(pop: PopService) -> None:
+    """What a pop state loaded from a file must be: consistent windows a snapshot can hold."""
+    json.dumps(pop._state())
+    for g in pop._groups.values():
+        for window in g.windows.values():
+            assert all(o >= window.base for o in window.entries)
+            assert window.unleased == sum(1 for e in window.entries.values() if not e.nonce)
+
+
+def load_pop_state(path: Path) -> None:
+    pop = bare_pop(path.parent)
+    try:
+        pop.journal.open(pop._restore, pop._replay)
+    except CorruptFileError as exc:
+        assert str(path) in str(exc)
+        return
+    check_pop(pop)
+
+
 JSON_FILES: dict[str, tuple[Any, str, Callable[[Path], None]]] = {
     "locks.json": (LOCKS, "locks.json", load_locks),
     "offsets.json": (OFFSETS, "offsets.json", load_offsets),
     "topics.json": (TOPICS, "topics.json", load_topics),
     "consumer offsets.json": (LOCAL_OFFSETS, "offsets.json", load_local_offsets),
+    "pop state.json": (POP_STATE, "state.json", load_pop_state),
 }
 
 
@@ -629,6 +663,67 @@ def test_json_files_load_or_are_refused_with_a_clear_error(
     load(path)  # the valid file loads
     run()
     record_row(chaos_report, f"fuzz: {kind} on load", seen["examples"], "no crash")
+
+
+POP_RECORDS = [
+    {"op": "lease", "g": "g", "t": "orders", "q": 1, "b": 2, "f": True, "m": 3,
+     "e": [[2, "QQ==", 1, 77, 1_800_000_001_000], [3, "", 2, 78, 1_800_000_002_000]]},
+    {"op": "change", "g": "g", "t": "orders", "q": 1, "o": 3, "n": 79, "d": 1_800_000_009_000},
+    {"op": "settle", "g": "g", "t": "orders", "q": 1, "o": 2, "n": 77, "b": 3},
+    {"op": "reset", "g": "h", "t": "orders", "q": 0, "b": 5},
+]  # fmt: skip
+
+
+def journal_line(record: Any) -> bytes:
+    text = record if isinstance(record, bytes) else json.dumps(record, separators=(",", ":"))
+    raw = text if isinstance(text, bytes) else text.encode()
+    return b"%08x %s\n" % (zlib.crc32(raw), raw)
+
+
+@st.composite
+def pop_journals(draw: st.DrawFn) -> bytes:
+    """A valid journal with one record changed (CRC made good again), or its bytes mutated."""
+    valid = b"".join(journal_line(r) for r in POP_RECORDS)
+    if draw(st.booleans()):
+        return draw(mutated(valid))
+    records = list(POP_RECORDS)
+    at = draw(st.integers(0, len(records) - 1))
+    changed = draw(json_near(records[at]))  # JSON text, or not even that
+    return b"".join(journal_line(changed if i == at else r) for i, r in enumerate(records))
+
+
+def test_a_pop_journal_replays_or_is_refused_naming_it(
+    tmp_path: Path, chaos_report: ChaosRecorder
+) -> None:
+    """A record whose CRC is good but whose content is not a change is refused whole
+    (CorruptFileError naming the journal); a torn or damaged one ends the replay."""
+    seen: Counter[str] = Counter()
+    path = tmp_path / "journal-0.log"
+
+    @fuzz_settings(150, 5000)
+    @example(journal_line(POP_RECORDS[0])[:-9])  # torn: never synced, ignored
+    @example(journal_line({"op": "lease", "g": "g", "t": "t", "q": 0, "b": 0, "f": False,
+                           "m": 1, "e": [[0, "", 1, 2**64, 1]]}))  # fmt: skip
+    @given(pop_journals())
+    def run(data: bytes) -> None:
+        seen["examples"] += 1
+        for stale in tmp_path.iterdir():
+            stale.unlink()
+        path.write_bytes(data)
+        pop = bare_pop(tmp_path)
+        try:
+            pop.journal.open(pop._restore, pop._replay)
+        except CorruptFileError as exc:
+            assert str(path) in str(exc)
+            return
+        check_pop(pop)
+
+    path.write_bytes(b"".join(journal_line(r) for r in POP_RECORDS))
+    pop = bare_pop(tmp_path)
+    pop.journal.open(pop._restore, pop._replay)
+    assert pop.journal.replayed == len(POP_RECORDS)  # the valid journal replays whole
+    run()
+    record_row(chaos_report, "fuzz: pop journal on load", seen["examples"], "no crash")
 
 
 # ---------------------------------------------------------------------------- spool

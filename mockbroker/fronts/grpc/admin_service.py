@@ -149,6 +149,8 @@ class AdminService(pb_grpc.AdminServiceServicer):
             (request.group, topic.name, qid): self._target_offset(topic, qid, request, target)
             for qid in queues
         }
+        for (group, name, qid), offset in updates.items():
+            await self._s.pop.reset(group, name, qid, offset)  # a receiving group starts over
         await self._s.offsets.commit(updates)
         log_event(log, logging.WARNING, "offset.reset",
                   f"offsets of {request.group} on {topic.name} reset ({target})",

@@ -35,7 +35,7 @@ from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 
 
 class MessagingService(pb_grpc.MessagingServiceServicer):
-    """Routing, send, pull, locks, membership, offsets, retry and scheduling."""
+    """Routing, send, pull, receive, locks, membership, offsets, retry and scheduling."""
 
     def __init__(self, state: BrokerState) -> None:
         self._s = state
@@ -143,6 +143,56 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         answer.records = got.records
         answer.record_count = got.count
         return answer
+
+    # ------------------------------------------------------------------ receive (pop)
+    @answers_errors
+    async def Receive(self, request: pb.ReceiveRequest, context: Context) -> pb.ReceiveResponse:
+        """Take messages for a group, each hidden for its invisible duration (mockbroker/pop)."""
+        got = await self._s.pop.receive(
+            request.group,
+            request.topic,
+            max_messages=request.max_messages,
+            invisible_ms=request.invisible_duration_ms,
+            queue_ids=request.queue_ids,
+            tags=parse_tag_expression(request.tag_expression),
+            fifo=request.fifo,
+            max_attempts=request.max_delivery_attempts,
+            wait_ms=request.wait_ms,
+        )
+        return pb.ReceiveResponse(
+            records=b"".join(r.record for r in got),
+            record_count=len(got),
+            leases=[
+                pb.Lease(
+                    receipt_handle=r.receipt,
+                    delivery_attempt=r.attempt,
+                    invisible_until_ms=r.invisible_until_ms,
+                )
+                for r in got
+            ],
+        )
+
+    @answers_errors
+    async def Ack(self, request: pb.AckRequest, context: Context) -> pb.AckResponse:
+        """Settle a received message by its receipt handle."""
+        await self._s.pop.ack(request.group, request.receipt_handle)
+        return pb.AckResponse()
+
+    @answers_errors
+    async def ChangeInvisibleDuration(
+        self, request: pb.ChangeInvisibleDurationRequest, context: Context
+    ) -> pb.ChangeInvisibleDurationResponse:
+        """Hide a received message for another while, under a new receipt handle."""
+        renewed = await self._s.pop.change_invisible_duration(
+            request.group, request.receipt_handle, request.invisible_duration_ms
+        )
+        return pb.ChangeInvisibleDurationResponse(
+            lease=pb.Lease(
+                receipt_handle=renewed.receipt,
+                delivery_attempt=renewed.attempt,
+                invisible_until_ms=renewed.invisible_until_ms,
+            )
+        )
 
     @answers_errors
     async def QueryQueueOffsets(

@@ -97,6 +97,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """the client has too much in flight: retry after a back-off"""
     TOO_MANY_OPEN_FILES: _ErrorReason.ValueType  # 25
     """the broker process has no file descriptors left (raise its limit)"""
+    RECEIPT_EXPIRED: _ErrorReason.ValueType  # 26
+    """the receipt's invisible time passed: the message is visible again"""
+    INVALID_RECEIPT_HANDLE: _ErrorReason.ValueType  # 27
+    """not a receipt of this broker, or no longer the message's current one"""
+    INVALID_INVISIBLE_TIME: _ErrorReason.ValueType  # 28
+    """an invisible duration outside what the broker allows"""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed; sent as the `ordermq-reason` trailing metadata value."""
@@ -152,6 +158,12 @@ CLIENT_OVER_LIMIT: ErrorReason.ValueType  # 24
 """the client has too much in flight: retry after a back-off"""
 TOO_MANY_OPEN_FILES: ErrorReason.ValueType  # 25
 """the broker process has no file descriptors left (raise its limit)"""
+RECEIPT_EXPIRED: ErrorReason.ValueType  # 26
+"""the receipt's invisible time passed: the message is visible again"""
+INVALID_RECEIPT_HANDLE: ErrorReason.ValueType  # 27
+"""not a receipt of this broker, or no longer the message's current one"""
+INVALID_INVISIBLE_TIME: ErrorReason.ValueType  # 28
+"""an invisible duration outside what the broker allows"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 class _SendStatus:
@@ -1264,6 +1276,255 @@ class CancelScheduledResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelScheduledResponse: _TypeAlias = CancelScheduledResponse  # noqa: Y015
+
+@_typing.final
+class ReceiveRequest(_message.Message):
+    """---------------------------------------------------------------- receive (pop)
+
+    Receive, Ack and ChangeInvisibleDuration consume as RocketMQ 5's SimpleConsumer does
+    (a job queue with a time-to-run): a received message is hidden from the group's other
+    receives for its invisible duration; an ack settles it; without an ack it becomes
+    visible again when that time has passed and is delivered again, its delivery attempt one
+    higher. Once delivered max_delivery_attempts times, a message whose invisible time runs
+    out again goes to the group's dead-letter topic %DLQ%<group> instead. Times run on the
+    broker's clock.
+
+    A group's progress on a queue is its first unsettled message: the broker records it as
+    the group's committed offset (within its flush interval), so QueryConsumerOffset and
+    the admin's ConsumerProgress show a receiving group's lag like any other's. Messages of
+    a queue are delivered in offset order. Receives, acks and changes are on disk before
+    they are answered: after a broker crash, a message received and not acknowledged comes
+    back once its invisible time has passed, and an acknowledged one does not.
+
+    Takes up to max_messages messages of a topic for a consumer group and hides each from
+    the group's other receives for invisible_duration_ms. A group new to a queue starts at
+    its committed offset, if it has one, else at the queue's earliest message.
+    A FIFO group gets a message only once every earlier message of its queue with the same
+    sharding key (messages without one count as one key) was acknowledged or dead-lettered;
+    a group may not switch between FIFO and not while it has delivered, unsettled messages.
+    A group holds at most the broker's pop_max_in_flight messages of a queue between its
+    first unsettled message and the next one never received; past it, receives answer fewer.
+    With wait_ms > 0 a receive that finds nothing waits until a message arrives or becomes
+    visible again, or the time runs out (then it answers no messages, not an error).
+    Errors: INVALID_ARGUMENT (INVALID_GROUP, INVALID_TOPIC, INVALID_TAG_EXPRESSION,
+    INVALID_INVISIBLE_TIME, INVALID_ARGUMENT), NOT_FOUND (TOPIC_NOT_FOUND), OUT_OF_RANGE
+    (INVALID_QUEUE),
+    FAILED_PRECONDITION (INVALID_ARGUMENT: a switch between FIFO and not), UNAVAILABLE
+    (STORE_UNAVAILABLE, DISK_FULL: the broker cannot record receives).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_IDS_FIELD_NUMBER: _builtins.int
+    MAX_MESSAGES_FIELD_NUMBER: _builtins.int
+    INVISIBLE_DURATION_MS_FIELD_NUMBER: _builtins.int
+    WAIT_MS_FIELD_NUMBER: _builtins.int
+    TAG_EXPRESSION_FIELD_NUMBER: _builtins.int
+    FIFO_FIELD_NUMBER: _builtins.int
+    MAX_DELIVERY_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    topic: _builtins.str
+    max_messages: _builtins.int
+    """1 .. 1 000"""
+    invisible_duration_ms: _builtins.int
+    """1 .. 43 200 000 (12 hours): the time-to-run"""
+    wait_ms: _builtins.int
+    """0 .. 60 000: long polling"""
+    tag_expression: _builtins.str
+    """"*" (or empty) for all; others are settled unseen"""
+    fifo: _builtins.bool
+    """deliver each sharding key's messages one at a time"""
+    max_delivery_attempts: _builtins.int
+    """Deliveries before the dead-letter topic; 0: the broker's pop_max_delivery_attempts
+    (17: RocketMQ's 16 retries). Applies to the group from this receive on.
+    """
+    @_builtins.property
+    def queue_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """the queues to take from; empty: every queue of the topic"""
+
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        queue_ids: _abc.Iterable[_builtins.int] | None = ...,
+        max_messages: _builtins.int = ...,
+        invisible_duration_ms: _builtins.int = ...,
+        wait_ms: _builtins.int = ...,
+        tag_expression: _builtins.str = ...,
+        fifo: _builtins.bool = ...,
+        max_delivery_attempts: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fifo", b"fifo", "group", b"group", "invisible_duration_ms", b"invisible_duration_ms", "max_delivery_attempts", b"max_delivery_attempts", "max_messages", b"max_messages", "queue_ids", b"queue_ids", "tag_expression", b"tag_expression", "topic", b"topic", "wait_ms", b"wait_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReceiveRequest: _TypeAlias = ReceiveRequest  # noqa: Y015
+
+@_typing.final
+class Lease(_message.Message):
+    """One delivery of a received message: the receive's hold on it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECEIPT_HANDLE_FIELD_NUMBER: _builtins.int
+    DELIVERY_ATTEMPT_FIELD_NUMBER: _builtins.int
+    INVISIBLE_UNTIL_MS_FIELD_NUMBER: _builtins.int
+    receipt_handle: _builtins.str
+    """Opaque; names the message and this delivery. Ack and ChangeInvisibleDuration take it."""
+    delivery_attempt: _builtins.int
+    """1 on the first delivery"""
+    invisible_until_ms: _builtins.int
+    """broker time when the message becomes visible again"""
+    def __init__(
+        self,
+        *,
+        receipt_handle: _builtins.str = ...,
+        delivery_attempt: _builtins.int = ...,
+        invisible_until_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery_attempt", b"delivery_attempt", "invisible_until_ms", b"invisible_until_ms", "receipt_handle", b"receipt_handle"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Lease: _TypeAlias = Lease  # noqa: Y015
+
+@_typing.final
+class ReceiveResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDS_FIELD_NUMBER: _builtins.int
+    RECORD_COUNT_FIELD_NUMBER: _builtins.int
+    LEASES_FIELD_NUMBER: _builtins.int
+    records: _builtins.bytes
+    """stored records, as PullResponse.records"""
+    record_count: _builtins.int
+    @_builtins.property
+    def leases(self) -> _containers.RepeatedCompositeFieldContainer[Global___Lease]:
+        """one per record, in the same order"""
+
+    def __init__(
+        self,
+        *,
+        records: _builtins.bytes = ...,
+        record_count: _builtins.int = ...,
+        leases: _abc.Iterable[Global___Lease] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leases", b"leases", "record_count", b"record_count", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReceiveResponse: _TypeAlias = ReceiveResponse  # noqa: Y015
+
+@_typing.final
+class AckRequest(_message.Message):
+    """Settles the message a receipt names: it is not delivered again. Idempotent: acking a
+    message already settled (acknowledged or dead-lettered) answers OK and changes nothing,
+    unless the receipt's invisible time has passed and it is not the receipt that settled it.
+    Errors: INVALID_ARGUMENT (INVALID_GROUP; INVALID_RECEIPT_HANDLE: not a receipt of this
+    broker, or of another group), FAILED_PRECONDITION (RECEIPT_EXPIRED: its invisible time
+    passed, the message may be delivered again; INVALID_RECEIPT_HANDLE: a
+    ChangeInvisibleDuration replaced it), UNAVAILABLE (STORE_UNAVAILABLE, DISK_FULL).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    RECEIPT_HANDLE_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    receipt_handle: _builtins.str
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        receipt_handle: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "receipt_handle", b"receipt_handle"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckRequest: _TypeAlias = AckRequest  # noqa: Y015
+
+@_typing.final
+class AckResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckResponse: _TypeAlias = AckResponse  # noqa: Y015
+
+@_typing.final
+class ChangeInvisibleDurationRequest(_message.Message):
+    """Hides a received message for invisible_duration_ms from now (extends, or shortens, its
+    time-to-run) under a new receipt handle; the old one no longer works. The delivery
+    attempt stays. 0 makes it visible again at once (a negative acknowledgement: it is
+    delivered again, or dead-lettered if that was its last attempt).
+    Errors: as Ack, and FAILED_PRECONDITION (INVALID_RECEIPT_HANDLE) for a message already
+    settled; INVALID_ARGUMENT (INVALID_INVISIBLE_TIME) for a duration outside 0 .. 12 h.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    RECEIPT_HANDLE_FIELD_NUMBER: _builtins.int
+    INVISIBLE_DURATION_MS_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    receipt_handle: _builtins.str
+    invisible_duration_ms: _builtins.int
+    """0 .. 43 200 000"""
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        receipt_handle: _builtins.str = ...,
+        invisible_duration_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "invisible_duration_ms", b"invisible_duration_ms", "receipt_handle", b"receipt_handle"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangeInvisibleDurationRequest: _TypeAlias = ChangeInvisibleDurationRequest  # noqa: Y015
+
+@_typing.final
+class ChangeInvisibleDurationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def lease(self) -> Global___Lease:
+        """the new receipt handle, the attempt and the new deadline"""
+
+    def __init__(
+        self,
+        *,
+        lease: Global___Lease | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangeInvisibleDurationResponse: _TypeAlias = ChangeInvisibleDurationResponse  # noqa: Y015
 
 @_typing.final
 class ExchangeRequest(_message.Message):

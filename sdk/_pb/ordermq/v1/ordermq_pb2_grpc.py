@@ -106,6 +106,21 @@ class MessagingServiceStub:
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.CancelScheduledRequest.SerializeToString,
                 response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.CancelScheduledResponse.FromString,
                 _registered_method=True)
+        self.Receive = channel.unary_unary(
+                '/ordermq.v1.MessagingService/Receive',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.ReceiveRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ReceiveResponse.FromString,
+                _registered_method=True)
+        self.Ack = channel.unary_unary(
+                '/ordermq.v1.MessagingService/Ack',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.AckRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.AckResponse.FromString,
+                _registered_method=True)
+        self.ChangeInvisibleDuration = channel.unary_unary(
+                '/ordermq.v1.MessagingService/ChangeInvisibleDuration',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationResponse.FromString,
+                _registered_method=True)
         self.Exchange = channel.stream_stream(
                 '/ordermq.v1.MessagingService/Exchange',
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.ExchangeRequest.SerializeToString,
@@ -200,6 +215,24 @@ class MessagingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Receive(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Ack(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeInvisibleDuration(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Exchange(self, request_iterator, context):
         """Send and Pull multiplexed on one long-lived stream: a request costs the broker and
         the client about half of what a unary call does (see docs/wire-format.md). Requests
@@ -288,6 +321,21 @@ def add_MessagingServiceServicer_to_server(servicer, server):
                     servicer.CancelScheduled,
                     request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.CancelScheduledRequest.FromString,
                     response_serializer=ordermq_dot_v1_dot_ordermq__pb2.CancelScheduledResponse.SerializeToString,
+            ),
+            'Receive': grpc.unary_unary_rpc_method_handler(
+                    servicer.Receive,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ReceiveRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.ReceiveResponse.SerializeToString,
+            ),
+            'Ack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ack,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.AckRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.AckResponse.SerializeToString,
+            ),
+            'ChangeInvisibleDuration': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeInvisibleDuration,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationResponse.SerializeToString,
             ),
             'Exchange': grpc.stream_stream_rpc_method_handler(
                     servicer.Exchange,
@@ -673,6 +721,87 @@ class MessagingService:
             '/ordermq.v1.MessagingService/CancelScheduled',
             ordermq_dot_v1_dot_ordermq__pb2.CancelScheduledRequest.SerializeToString,
             ordermq_dot_v1_dot_ordermq__pb2.CancelScheduledResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Receive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.MessagingService/Receive',
+            ordermq_dot_v1_dot_ordermq__pb2.ReceiveRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.ReceiveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.MessagingService/Ack',
+            ordermq_dot_v1_dot_ordermq__pb2.AckRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.AckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeInvisibleDuration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.MessagingService/ChangeInvisibleDuration',
+            ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -66,6 +66,9 @@ class MessagingServiceStub:
     CommitConsumerOffsets: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.CommitConsumerOffsetsRequest, _ordermq_pb2.CommitConsumerOffsetsResponse]
     SendBack: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.SendBackRequest, _ordermq_pb2.SendBackResponse]
     CancelScheduled: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.CancelScheduledRequest, _ordermq_pb2.CancelScheduledResponse]
+    Receive: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.ReceiveRequest, _ordermq_pb2.ReceiveResponse]
+    Ack: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.AckRequest, _ordermq_pb2.AckResponse]
+    ChangeInvisibleDuration: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.ChangeInvisibleDurationRequest, _ordermq_pb2.ChangeInvisibleDurationResponse]
     Exchange: _grpc.StreamStreamMultiCallable[_ordermq_pb2.ExchangeRequest, _ordermq_pb2.ExchangeResponse]
     """Send and Pull multiplexed on one long-lived stream: a request costs the broker and
     the client about half of what a unary call does (see docs/wire-format.md). Requests
@@ -96,6 +99,9 @@ class MessagingServiceAsyncStub(MessagingServiceStub):
     CommitConsumerOffsets: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.CommitConsumerOffsetsRequest, _ordermq_pb2.CommitConsumerOffsetsResponse]  # type: ignore[assignment]
     SendBack: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.SendBackRequest, _ordermq_pb2.SendBackResponse]  # type: ignore[assignment]
     CancelScheduled: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.CancelScheduledRequest, _ordermq_pb2.CancelScheduledResponse]  # type: ignore[assignment]
+    Receive: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.ReceiveRequest, _ordermq_pb2.ReceiveResponse]  # type: ignore[assignment]
+    Ack: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.AckRequest, _ordermq_pb2.AckResponse]  # type: ignore[assignment]
+    ChangeInvisibleDuration: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.ChangeInvisibleDurationRequest, _ordermq_pb2.ChangeInvisibleDurationResponse]  # type: ignore[assignment]
     Exchange: _aio.StreamStreamMultiCallable[_ordermq_pb2.ExchangeRequest, _ordermq_pb2.ExchangeResponse]  # type: ignore[assignment]
     """Send and Pull multiplexed on one long-lived stream: a request costs the broker and
     the client about half of what a unary call does (see docs/wire-format.md). Requests
@@ -207,6 +213,27 @@ class MessagingServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _ordermq_pb2.CancelScheduledRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ordermq_pb2.CancelScheduledResponse, _abc.Awaitable[_ordermq_pb2.CancelScheduledResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Receive(
+        self,
+        request: _ordermq_pb2.ReceiveRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.ReceiveResponse, _abc.Awaitable[_ordermq_pb2.ReceiveResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Ack(
+        self,
+        request: _ordermq_pb2.AckRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.AckResponse, _abc.Awaitable[_ordermq_pb2.AckResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ChangeInvisibleDuration(
+        self,
+        request: _ordermq_pb2.ChangeInvisibleDurationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.ChangeInvisibleDurationResponse, _abc.Awaitable[_ordermq_pb2.ChangeInvisibleDurationResponse]]: ...
 
     @_abc_1.abstractmethod
     def Exchange(
