@@ -191,6 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
         "client's further requests wait (default %(default)s)",
     )
     p.add_argument(
+        "--fifo-group",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="a consumer group that receives FIFO (RocketMQ 5 clients; repeat for several)",
+    )
+    p.add_argument(
         "--pop-max-in-flight",
         type=int,
         default=d.pop_max_in_flight,
@@ -252,6 +259,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             v2_port=a.v2_port,
             pop_max_in_flight=a.pop_max_in_flight,
             pop_max_delivery_attempts=a.pop_max_delivery_attempts,
+            fifo_groups=tuple(a.fifo_group),
         )
     except ValueError as exc:
         p.error(str(exc))

@@ -94,6 +94,10 @@ class BrokerConfig:
             back behind them (a FIFO group's message groups). Past it, receives answer
             fewer messages, or none, until acks free room. Bounds the broker's memory
             per group and queue.
+        fifo_groups: Consumer groups that receive (pop) FIFO: a message group's next
+            message only once the one before is acknowledged or dead-lettered. RocketMQ 5
+            clients are told in their settings (RocketMQ keeps it in the subscription
+            group's configuration).
         pop_max_delivery_attempts: How often a received message is delivered before,
             its invisible time run out once more without an ack, it goes to the group's
             dead-letter topic `%DLQ%<group>` (RocketMQ's default: the first delivery and
@@ -131,6 +135,7 @@ class BrokerConfig:
     v2_port: int | None = None
     pop_max_in_flight: int = 1024
     pop_max_delivery_attempts: int = 17
+    fifo_groups: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):

@@ -18,6 +18,7 @@ from mockbroker.fronts.grpc.grpc_errors import add_service
 from mockbroker.fronts.grpc.service import MessagingService
 from mockbroker.fronts.remoting.front import RemotingFront
 from mockbroker.fronts.v2.front import V2Front
+from mockbroker.fronts.v2.pop_adapter import PopCoreAdapter
 from mockbroker.groups import ConsumerGroups
 from mockbroker.http_status import StatusServer
 from mockbroker.limits import ClientLimits
@@ -240,7 +241,8 @@ class Broker:
             raise OSError(f"cannot listen on {self.config.host}:{self.config.port}: {exc}") from exc
         state.address = self.address
         if self.config.v2_port is not None:
-            v2 = V2Front(state)  # the pop core (ReceiveMessage, acks) is given here
+            fifo = frozenset(self.config.fifo_groups)
+            v2 = V2Front(state, PopCoreAdapter(pop, self.clock, fifo))
             try:
                 await v2.start(self.config.host, self.config.v2_port, self._client_host())
             except BaseException:

@@ -221,12 +221,10 @@ def test_a_changed_invisible_duration_gives_a_receipt_handle_the_ack_accepts(
 def test_a_push_consumer_on_a_fifo_group_consumes_each_message_group_in_order(
     run: Callable[..., Driver], broker: Callable[..., V2Broker]
 ) -> None:
-    b = broker()
-    consuming(b)
     group = "py5-fifo-group"
-    if not group_is_fifo(b.endpoints, group):
-        pytest.skip(f"the broker does not report group {group} as FIFO: configure it so "
-                    "through the pop core's group policy")  # fmt: skip
+    b = broker("--fifo-group", group)
+    consuming(b)
+    assert group_is_fifo(b.endpoints, group), "the broker tells the group's clients it is FIFO"
     groups, rounds = 4, 10
     producer = run("producer", "produce", "--endpoints", b.endpoints, "--topic", "py5-ordered",
                    "--count", str(rounds), "--groups", str(groups))  # fmt: skip
