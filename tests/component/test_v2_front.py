@@ -317,7 +317,7 @@ def test_query_assignment_gives_ordinary_groups_the_whole_broker(broker: Embedde
     assert missing.status.code == v2.TOPIC_NOT_FOUND
 
 
-def test_without_the_pop_core_a_receive_says_so_in_one_status(broker: EmbeddedBroker) -> None:
+def test_a_refused_receive_says_so_in_exactly_one_status(broker: EmbeddedBroker) -> None:
     request = svc.ReceiveMessageRequest(
         group=v2.Resource(name="workers"),
         message_queue=v2.MessageQueue(topic=v2.Resource(name="orders"), id=-1),
@@ -333,7 +333,7 @@ def test_without_the_pop_core_a_receive_says_so_in_one_status(broker: EmbeddedBr
 
     answer = asyncio.run(run())
     assert [r.WhichOneof("content") for r in answer] == ["status", "delivery_timestamp"]
-    assert answer[0].status.code == v2.NOT_IMPLEMENTED
+    assert answer[0].status.code == v2.TOPIC_NOT_FOUND
 
 
 @pytest.mark.parametrize("method", ["UpdateOffset", "GetOffset", "QueryOffset", "PullMessage"])
