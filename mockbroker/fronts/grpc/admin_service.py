@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
-from mockbroker.fronts.grpc.grpc_errors import Context, answers_errors
+from mockbroker.fronts.grpc.grpc_errors import Context, answers_errors, message_id
 from mockbroker.state import BrokerState
 from mockbroker.topics import Topic, check_any_topic, check_group, check_user_topic, is_system_topic
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
@@ -185,14 +185,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
         self, request: pb.QueryMessageByIdRequest, context: Context
     ) -> pb.QueryMessagesResponse:
         """The stored copies of a message (original, retries, dead letter), newest first."""
-        try:
-            msg_id = bytes.fromhex(request.msg_id)
-        except ValueError:
-            msg_id = b""
-        if len(msg_id) != 16:
-            raise invalid(
-                "INVALID_ARGUMENT", f"msg_id {request.msg_id!r} is not 32 hexadecimal digits"
-            )
+        msg_id = message_id(request.msg_id)
         records = await asyncio.to_thread(self._s.store.find_by_id, msg_id)
         if not records:
             raise not_found("MESSAGE_NOT_FOUND", f"no stored message {request.msg_id.upper()}")

@@ -129,3 +129,14 @@ def add_service(server: grpc.aio.Server, service: ServiceDescriptor, servicer: o
     )
     # grpc-stubs predates the registered handlers (a faster dispatch than the generic one).
     server.add_registered_method_handlers(service.full_name, handlers)  # type: ignore[attr-defined]
+
+
+def message_id(text: str) -> bytes:
+    """The 16 bytes of a message id given as 32 hex digits (INVALID_ARGUMENT otherwise)."""
+    try:
+        msg_id = bytes.fromhex(text)
+    except ValueError:
+        msg_id = b""
+    if len(msg_id) != 16:
+        raise invalid("INVALID_ARGUMENT", f"msg_id {text!r} is not 32 hexadecimal digits")
+    return msg_id

@@ -18,6 +18,7 @@ from mockbroker.fronts.grpc.grpc_errors import (
     MalformedRequest,
     abort,
     answers_errors,
+    message_id,
     parsed,
 )
 from mockbroker.groups import GroupMembership
@@ -428,14 +429,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         """Cancel a scheduled message before it falls due."""
         if request.topic:
             check_user_topic(request.topic)
-        try:
-            msg_id = bytes.fromhex(request.msg_id)
-        except ValueError:
-            msg_id = b""
-        if len(msg_id) != 16:
-            raise invalid(
-                "INVALID_ARGUMENT", f"msg_id {request.msg_id!r} is not 32 hexadecimal digits"
-            )
+        msg_id = message_id(request.msg_id)
         outcome = await self._s.scheduler.cancel(request.topic or None, msg_id)
         return pb.CancelScheduledResponse(
             result=pb.CANCELLED if outcome == CANCELLED else pb.ALREADY_DELIVERED
