@@ -7,7 +7,9 @@ tests/remoting_client.py and check what the core holds through the gRPC SDK.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -15,10 +17,12 @@ from typing import TypeVar
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
-from mockbroker.fronts.remoting.codec import ROCKETMQ
+from mockbroker.fronts.remoting.codec import ROCKETMQ, read_command
 from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
-from mockbroker.fronts.remoting.command import RemotingCommand
+from mockbroker.fronts.remoting.command import ClientChannel, Handler, RemotingCommand
+from mockbroker.fronts.remoting.server import RemotingServer
 from sdk import LitePullConsumer, Message, MessageQueue, Producer
+from sdk.clock import SystemClock
 from sdk.testing import FakeClock
 from tests.remoting_client import RemotingClient
 
@@ -298,3 +302,85 @@ def test_a_connection_silent_for_two_minutes_is_closed(tmp_path: Path) -> None:
                 await client.close()
 
         assert run(main)
+
+
+def test_a_request_whose_answer_echoes_a_lone_surrogate_is_answered(
+    rocketmq: EmbeddedBroker,
+) -> None:
+    # JSON lets a client escape half a surrogate pair; the route's refusal names the topic.
+    host, port = address(rocketmq, "namesrv").rsplit(":", 1)
+    header = b'{"code":105,"extFields":{"topic":"a\\ud800"},"flag":0,"opaque":5}'
+
+    async def main() -> RemotingCommand | None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write((4 + len(header)).to_bytes(4, "big") + len(header).to_bytes(4, "big"))
+            writer.write(header)
+            return await asyncio.wait_for(read_command(reader), 30)
+        finally:
+            writer.close()
+
+    answer = run(main)
+    assert answer is not None and answer.opaque == 5
+    assert answer.code == ResponseCode.TOPIC_NOT_EXIST
+    assert answer.remark is not None and answer.remark.endswith("the topic: a?")
+
+
+# ------------------------------------------------------------ the server, on its own table
+async def until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def serving(handlers: dict[int, Handler]) -> tuple[RemotingServer, RemotingClient]:
+    server = RemotingServer("test", handlers, SystemClock())
+    port = await server.start("127.0.0.1", 0)
+    return server, await RemotingClient.connect(f"127.0.0.1:{port}")
+
+
+def test_an_answer_that_cannot_be_encoded_is_answered_system_error() -> None:
+    async def unsendable(request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
+        return request.response(ext_fields={"k" * 40000: "v"})  # over a binary key's 32767
+
+    async def main() -> tuple[RemotingCommand, RemotingCommand]:
+        server, client = await serving({1000: unsendable})
+        try:
+            refused = await client.request(RemotingCommand(1000, serialize_type=ROCKETMQ))
+            json_answer = await client.request(RemotingCommand(1000))
+            return refused, json_answer
+        finally:
+            await client.close()
+            await server.stop()
+
+    refused, json_answer = run(main)
+    assert (refused.code, refused.serialize_type) == (ResponseCode.SYSTEM_ERROR, ROCKETMQ)
+    assert refused.remark is not None and "key of 40000 bytes" in refused.remark
+    assert json_answer.code == ResponseCode.SUCCESS, "the connection still serves"
+
+
+def test_stop_cancels_and_waits_for_the_requests_of_connections_already_closed() -> None:
+    started = asyncio.Event()
+    unwound: list[str] = []
+
+    async def held(request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
+        started.set()
+        try:
+            await asyncio.get_running_loop().create_future()  # never answered
+        finally:
+            unwound.append("held")
+        raise AssertionError("unreachable")
+
+    async def main() -> list[str]:
+        server, client = await serving({1000: held})
+        pending = asyncio.ensure_future(client.request(RemotingCommand(1000)))
+        await started.wait()
+        await client.close()  # the request read before the close goes on (an offset commit)
+        with contextlib.suppress(ConnectionError):
+            await pending
+        await until(lambda: not server.connections, "the server to see the close")
+        await server.stop()
+        return list(unwound)  # as stop() left it: asyncio.run cancels what is left after
+
+    assert run(main) == ["held"]

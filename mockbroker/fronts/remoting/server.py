@@ -4,9 +4,11 @@ Each connection reads frames in order and hands every request to its handler in 
 its own, so a pull held by long polling does not hold up the heartbeats and sends behind
 it on the same connection; answers go out as they are ready, matched by `opaque`. A code
 with no handler is answered REQUEST_CODE_NOT_SUPPORTED, a RemotingError with its code,
-any other failure SYSTEM_ERROR, as RocketMQ's NettyRemotingAbstract does. A frame that
-does not parse closes its connection only. A connection with no traffic for
-`idle_seconds` (RocketMQ: 120 s) is closed.
+any other failure SYSTEM_ERROR, as RocketMQ's NettyRemotingAbstract does (an answer that
+cannot be encoded too). A frame that does not parse closes its connection only. A
+connection with no traffic for `idle_seconds` (RocketMQ: 120 s) is closed. Stopping
+cancels every request still being handled, those of connections already closed included,
+and returns once they have all ended.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import contextlib
 import itertools
 import logging
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 
 from mockbroker.errors import BrokerError
 from mockbroker.fronts.remoting.codec import MAX_FRAME_BYTES, FrameError, encode, read_command
@@ -69,7 +71,7 @@ class Connection:
         """Send a broker-to-client oneway request; dropped if the connection is gone."""
         command.opaque = next(self._server.opaques)
         command.flag |= FLAG_ONEWAY
-        await self._write(command)
+        await self._write(encode(command))
 
     async def serve(self) -> None:
         """Read and dispatch requests until the peer closes or sends a bad frame."""
@@ -88,7 +90,7 @@ class Connection:
                 self.last_active = self._server.clock.now()
                 if command.is_response:
                     continue  # the broker's own requests are oneway: nothing waits for it
-                task = asyncio.create_task(self._handle(command))
+                task = self._server.handle(self._handle(command))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         finally:
@@ -112,12 +114,11 @@ class Connection:
     async def _handle(self, request: RemotingCommand) -> None:
         answer = await self._server.answer(request, self)
         if answer is not None and not request.is_oneway:
-            await self._write(answer)
+            await self._write(self._server.encoded(request, answer))
 
-    async def _write(self, command: RemotingCommand) -> None:
+    async def _write(self, data: bytes) -> None:
         if self._closed:
             return
-        data = encode(command)
         try:
             async with self._write_lock:
                 self.last_active = self._server.clock.now()  # before the peer can see it
@@ -148,6 +149,8 @@ class RemotingServer:
         self._on_close = on_close
         self.opaques = itertools.count(1)
         self.connections: set[Connection] = set()
+        #: Every request being handled, of open and of closed connections.
+        self.requests: set[asyncio.Task[None]] = set()
         self.malformed_frames = 0
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -161,16 +164,31 @@ class RemotingServer:
         return self.port
 
     async def stop(self) -> None:
-        """Stop listening, close every connection, cancel the requests in flight."""
+        """Stop listening, close every connection, cancel the requests in flight.
+
+        Returns once every request has ended, those whose connection had already closed
+        (and which were left to finish) included: none touches the core after this.
+        """
         if self._idle_task is not None:
             self._idle_task.cancel()
         if self._server is not None:
             self._server.close()
         for connection in list(self.connections):
             await connection.close()
+        requests = list(self.requests)
+        for task in requests:
+            task.cancel()
+        await asyncio.gather(*requests, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+
+    def handle(self, work: Coroutine[object, object, None]) -> asyncio.Task[None]:
+        """Run one request's `work` in a task of its own, tracked until it ends."""
+        task = asyncio.create_task(work)
+        self.requests.add(task)
+        task.add_done_callback(self.requests.discard)
+        return task
 
     async def answer(self, request: RemotingCommand, channel: Connection) -> RemotingCommand | None:
         """The response to `request` (None: a oneway request its handler did not answer)."""
@@ -193,6 +211,19 @@ class RemotingServer:
             log.exception("remoting %s: request code %d failed", self.name, request.code)
             return request.response(
                 ResponseCode.SYSTEM_ERROR, remark=f"{type(exc).__name__}: {exc}"
+            )
+
+    def encoded(self, request: RemotingCommand, answer: RemotingCommand) -> bytes:
+        """`answer`'s frame; SYSTEM_ERROR's if `answer` cannot be encoded (a handler's bug)."""
+        try:
+            return encode(answer)
+        except Exception as exc:
+            log.exception("remoting %s: the answer to request code %d cannot be encoded",
+                          self.name, request.code)  # fmt: skip
+            return encode(
+                request.response(
+                    ResponseCode.SYSTEM_ERROR, remark=f"the answer cannot be encoded: {exc}"
+                )
             )
 
     def closed(self, connection: Connection) -> None:
