@@ -99,6 +99,15 @@ def test_unknown_topics_have_no_route_but_the_default_and_retry_topics_do(
     assert json.loads(retry.body)["queueDatas"][0]["readQueueNums"] == 1
 
 
+def test_a_retry_topic_of_a_group_name_that_cannot_exist_has_no_route(
+    rocketmq: EmbeddedBroker,
+) -> None:
+    namesrv = address(rocketmq, "namesrv")
+    answer = run(lambda: ask(namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, topic="%RETRY%a b"))
+    assert answer.code == ResponseCode.TOPIC_NOT_EXIST, "no send-back can ever create it"
+    assert answer.remark is not None and "'a b' must match" in answer.remark
+
+
 def test_cluster_info_names_the_one_broker(rocketmq: EmbeddedBroker) -> None:
     answer = run(lambda: ask(address(rocketmq, "namesrv"), RequestCode.GET_BROKER_CLUSTER_INFO))
     info = json.loads(answer.body)
