@@ -21,6 +21,7 @@ from mockbroker.fronts.remoting.codec import ROCKETMQ, read_command
 from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
 from mockbroker.fronts.remoting.command import ClientChannel, Handler, RemotingCommand
 from mockbroker.fronts.remoting.server import RemotingServer
+from mockbroker.limits import ClientLimits
 from sdk import LitePullConsumer, Message, MessageQueue, Producer
 from sdk.clock import SystemClock
 from sdk.testing import FakeClock
@@ -343,8 +344,10 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 30.0)
         await asyncio.sleep(0.01)
 
 
-async def serving(handlers: dict[int, Handler]) -> tuple[RemotingServer, RemotingClient]:
-    server = RemotingServer("test", handlers, SystemClock())
+async def serving(
+    handlers: dict[int, Handler], limits: ClientLimits | None = None
+) -> tuple[RemotingServer, RemotingClient]:
+    server = RemotingServer("test", handlers, SystemClock(), limits=limits)
     port = await server.start("127.0.0.1", 0)
     return server, await RemotingClient.connect(f"127.0.0.1:{port}")
 
@@ -393,3 +396,40 @@ def test_stop_cancels_and_waits_for_the_requests_of_connections_already_closed()
         return list(unwound)  # as stop() left it: asyncio.run cancels what is left after
 
     assert run(main) == ["held"]
+
+
+def test_a_client_over_its_in_flight_limit_is_not_read_until_an_answer_goes_out() -> None:
+    gates = {1: asyncio.Event(), 2: asyncio.Event()}
+    released = False
+    seen_released: list[bool] = []
+
+    async def held(request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
+        number = int(request.body[:1])
+        if number in gates:
+            await gates[number].wait()
+        else:
+            seen_released.append(released)
+        return request.response()
+
+    async def main() -> list[bool]:
+        nonlocal released
+        server, client = await serving({1000: held}, ClientLimits(max_bytes=1000))
+        try:
+            # Three requests of 600 bytes in one write: two take the client over 1000.
+            answers = [
+                asyncio.ensure_future(client.request(RemotingCommand(1000, body=b"%d" % n * 600)))
+                for n in (1, 2, 3)
+            ]
+            await until(lambda: len(server.requests) >= 2, "two requests read")
+            released = True
+            gates[1].set()
+            await answers[0]
+            await answers[2]
+            gates[2].set()
+            await answers[1]
+            return seen_released
+        finally:
+            await client.close()
+            await server.stop()
+
+    assert run(main) == [True], "the third request was read only once an answer went out"

@@ -99,6 +99,18 @@ async def read_command(
 
     FrameError for a frame over `max_frame_bytes`, cut short, or malformed.
     """
+    frame = await read_frame(reader, max_frame_bytes)
+    return None if frame is None else decode(frame)
+
+
+async def read_frame(
+    reader: asyncio.StreamReader, max_frame_bytes: int = MAX_FRAME_BYTES
+) -> bytes | None:
+    """The next frame on `reader`, its length prefix left off (as decode() takes it).
+
+    None at a clean end of stream (between frames); FrameError for a frame over
+    `max_frame_bytes` (refused before it is read) or cut short.
+    """
     try:
         prefix = await reader.readexactly(4)
     except asyncio.IncompleteReadError as exc:
@@ -114,7 +126,7 @@ async def read_command(
         raise FrameError(
             f"the stream ended {len(exc.partial)} bytes into a frame of {length}"
         ) from exc
-    return decode(frame)
+    return frame
 
 
 # ---------------------------------------------------------------------------------- JSON

@@ -6,7 +6,9 @@ it on the same connection; answers go out as they are ready, matched by `opaque`
 with no handler is answered REQUEST_CODE_NOT_SUPPORTED, a RemotingError with its code,
 any other failure SYSTEM_ERROR, as RocketMQ's NettyRemotingAbstract does (an answer that
 cannot be encoded too). A frame that does not parse closes its connection only. A
-connection with no traffic for `idle_seconds` (RocketMQ: 120 s) is closed. Stopping
+connection with no traffic for `idle_seconds` (RocketMQ: 120 s) is closed. With `limits`,
+a client past its bytes in flight (requests read and not yet answered, answers being
+written) is not read from until some are answered, as gRPC clients are held. Stopping
 cancels every request still being handled, those of connections already closed included,
 and returns once they have all ended.
 """
@@ -21,7 +23,7 @@ import socket
 from collections.abc import Callable, Coroutine, Mapping
 
 from mockbroker.errors import BrokerError
-from mockbroker.fronts.remoting.codec import MAX_FRAME_BYTES, FrameError, encode, read_command
+from mockbroker.fronts.remoting.codec import MAX_FRAME_BYTES, FrameError, decode, encode, read_frame
 from mockbroker.fronts.remoting.codes import ResponseCode
 from mockbroker.fronts.remoting.command import (
     FLAG_ONEWAY,
@@ -30,6 +32,7 @@ from mockbroker.fronts.remoting.command import (
     RemotingError,
 )
 from mockbroker.fronts.remoting.errors import refusal
+from mockbroker.limits import ClientLimits
 from sdk.clock import Clock
 
 log = logging.getLogger("ordermq.broker.remoting")
@@ -75,17 +78,21 @@ class Connection:
 
     async def serve(self) -> None:
         """Read and dispatch requests until the peer closes or sends a bad frame."""
+        limits = self._server.limits
         try:
             while True:
+                if limits is not None:
+                    await limits.room(self)
                 try:
-                    command = await read_command(self._reader, self._server.max_frame_bytes)
+                    frame = await read_frame(self._reader, self._server.max_frame_bytes)
+                    command = None if frame is None else decode(frame)
                 except FrameError as exc:
                     log.warning("remoting %s: closing the connection: %s", self._peer, exc)
                     self._server.malformed_frames += 1
                     return
                 except (ConnectionError, OSError):
                     return
-                if command is None:
+                if frame is None or command is None:
                     return
                 self.last_active = self._server.clock.now()
                 if command.is_response:
@@ -93,6 +100,8 @@ class Connection:
                 task = self._server.handle(self._handle(command))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+                if limits is not None:
+                    self._hold(limits, task, 4 + len(frame))
         finally:
             # Requests already read finish (an offset commit sent just before the client
             # closed its end is still stored); their answers have nowhere to go.
@@ -111,10 +120,24 @@ class Connection:
             await self._writer.wait_closed()
         self._server.closed(self)
 
+    def _hold(self, limits: ClientLimits, task: asyncio.Task[None], size: int) -> None:
+        # Released when the task ends, however it ends (even cancelled before it ran).
+        limits.hold(self, size)
+        task.add_done_callback(lambda _: limits.hold(self, -size))
+
     async def _handle(self, request: RemotingCommand) -> None:
         answer = await self._server.answer(request, self)
-        if answer is not None and not request.is_oneway:
-            await self._write(self._server.encoded(request, answer))
+        if answer is None or request.is_oneway:
+            return
+        data = self._server.encoded(request, answer)
+        limits = self._server.limits
+        if limits is not None:
+            limits.hold(self, len(data))
+        try:
+            await self._write(data)
+        finally:
+            if limits is not None:
+                limits.hold(self, -len(data))
 
     async def _write(self, data: bytes) -> None:
         if self._closed:
@@ -140,6 +163,7 @@ class RemotingServer:
         max_frame_bytes: int = MAX_FRAME_BYTES,
         idle_seconds: float = IDLE_SECONDS,
         on_close: Callable[[Connection], None] | None = None,
+        limits: ClientLimits | None = None,
     ) -> None:
         self.name = name
         self.handlers = dict(handlers)
@@ -147,6 +171,8 @@ class RemotingServer:
         self.max_frame_bytes = max_frame_bytes
         self.idle_seconds = idle_seconds
         self._on_close = on_close
+        #: Bytes in flight per connection, and the limit on them (None: no limit).
+        self.limits = limits
         self.opaques = itertools.count(1)
         self.connections: set[Connection] = set()
         #: Every request being handled, of open and of closed connections.
