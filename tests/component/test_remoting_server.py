@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -62,6 +63,27 @@ def stored_messages(broker: EmbeddedBroker) -> int:
 
 def test_both_ports_are_off_unless_asked(broker: EmbeddedBroker) -> None:
     assert (broker.remoting_address, broker.namesrv_address) == (None, None)
+
+
+@pytest.mark.parametrize("busy_one", ["remoting_port", "namesrv_port"])
+def test_a_busy_remoting_port_is_refused_before_anything_serves(
+    tmp_path: Path, busy_one: str
+) -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        grpc_port = free.getsockname()[1]
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = holder.getsockname()[1]
+        ports = {"remoting_port": 0, "namesrv_port": 0, busy_one: busy}
+        broker = EmbeddedBroker(BrokerConfig(data_dir=tmp_path, port=grpc_port, **ports))
+        with pytest.raises(OSError) as raised:
+            broker.start()
+    assert str(raised.value) == f"cannot listen on 127.0.0.1:{busy}: Address already in use"
+    with socket.socket() as probe:  # the gRPC port was never taken (or was given back)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", grpc_port))
 
 
 def test_the_name_server_routes_a_topic_to_the_remoting_port(rocketmq: EmbeddedBroker) -> None:
