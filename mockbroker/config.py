@@ -140,17 +140,19 @@ class BrokerConfig:
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):
             raise ValueError(f"flush_mode must be 'async' or 'sync', not {self.flush_mode!r}")
-        for name in ("port", "remoting_port", "namesrv_port", "v2_port"):
+        taken: dict[int, str] = {}
+        for name in ("port", "v2_port", "remoting_port", "namesrv_port"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 65535:
                 raise ValueError(f"{name} {value} is outside 0..65535")
+            if value and value in taken:  # None is off, 0 picks a free port
+                raise ValueError(f"{taken[value]} and {name} are both {value}: give each its own")
+            taken[value] = name
         if self.namesrv_port is not None and self.remoting_port is None:
             raise ValueError(
                 "namesrv_port needs remoting_port: the name server's routes point at the "
                 "broker's remoting port"
             )
-        if self.v2_port is not None and self.v2_port == self.port != 0:
-            raise ValueError(f"v2_port and port are both {self.port}: give each its own")
         if not 1 <= self.default_queues <= 1024:
             raise ValueError(f"default_queues {self.default_queues} is outside 1..1024")
         if self.lock_lease_seconds <= 0:

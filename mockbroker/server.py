@@ -154,8 +154,9 @@ class Broker:
         start: not ready until the store is recovered and requests are served.
         """
         await asyncio.to_thread(_check_listenable, self.config.host, self.config.port)
-        if self.config.v2_port is not None:
-            await asyncio.to_thread(_check_listenable, self.config.host, self.config.v2_port)
+        for port in (self.config.v2_port, self.config.remoting_port, self.config.namesrv_port):
+            if port is not None:  # refused here, before anything has started serving
+                await asyncio.to_thread(_check_listenable, self.config.host, port)
         if self.config.metrics_port is not None:
             self._http = StatusServer(self, self.config.host, self.config.metrics_port)
             log.info("metrics and health checks on http://%s:%d/", self.config.host,

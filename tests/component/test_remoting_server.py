@@ -7,7 +7,10 @@ tests/remoting_client.py and check what the core holds through the gRPC SDK.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -15,10 +18,13 @@ from typing import TypeVar
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
-from mockbroker.fronts.remoting.codec import ROCKETMQ
+from mockbroker.fronts.remoting.codec import ROCKETMQ, read_command
 from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
-from mockbroker.fronts.remoting.command import RemotingCommand
+from mockbroker.fronts.remoting.command import ClientChannel, Handler, RemotingCommand
+from mockbroker.fronts.remoting.server import RemotingServer
+from mockbroker.limits import ClientLimits
 from sdk import LitePullConsumer, Message, MessageQueue, Producer
+from sdk.clock import SystemClock
 from sdk.testing import FakeClock
 from tests.remoting_client import RemotingClient
 
@@ -59,6 +65,27 @@ def test_both_ports_are_off_unless_asked(broker: EmbeddedBroker) -> None:
     assert (broker.remoting_address, broker.namesrv_address) == (None, None)
 
 
+@pytest.mark.parametrize("busy_one", ["remoting_port", "namesrv_port"])
+def test_a_busy_remoting_port_is_refused_before_anything_serves(
+    tmp_path: Path, busy_one: str
+) -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        grpc_port = free.getsockname()[1]
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = holder.getsockname()[1]
+        ports = {"remoting_port": 0, "namesrv_port": 0, busy_one: busy}
+        broker = EmbeddedBroker(BrokerConfig(data_dir=tmp_path, port=grpc_port, **ports))
+        with pytest.raises(OSError) as raised:
+            broker.start()
+    assert str(raised.value) == f"cannot listen on 127.0.0.1:{busy}: Address already in use"
+    with socket.socket() as probe:  # the gRPC port was never taken (or was given back)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", grpc_port))
+
+
 def test_the_name_server_routes_a_topic_to_the_remoting_port(rocketmq: EmbeddedBroker) -> None:
     with Producer(rocketmq.address) as producer:
         producer.send(Message("orders", b"x", sharding_key="k"))
@@ -93,6 +120,15 @@ def test_unknown_topics_have_no_route_but_the_default_and_retry_topics_do(
     assert unknown.remark == "No topic route info in name server for the topic: nowhere"
     assert json.loads(default.body)["queueDatas"][0]["writeQueueNums"] == 8
     assert json.loads(retry.body)["queueDatas"][0]["readQueueNums"] == 1
+
+
+def test_a_retry_topic_of_a_group_name_that_cannot_exist_has_no_route(
+    rocketmq: EmbeddedBroker,
+) -> None:
+    namesrv = address(rocketmq, "namesrv")
+    answer = run(lambda: ask(namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, topic="%RETRY%a b"))
+    assert answer.code == ResponseCode.TOPIC_NOT_EXIST, "no send-back can ever create it"
+    assert answer.remark is not None and "'a b' must match" in answer.remark
 
 
 def test_cluster_info_names_the_one_broker(rocketmq: EmbeddedBroker) -> None:
@@ -298,3 +334,124 @@ def test_a_connection_silent_for_two_minutes_is_closed(tmp_path: Path) -> None:
                 await client.close()
 
         assert run(main)
+
+
+def test_a_request_whose_answer_echoes_a_lone_surrogate_is_answered(
+    rocketmq: EmbeddedBroker,
+) -> None:
+    # JSON lets a client escape half a surrogate pair; the route's refusal names the topic.
+    host, port = address(rocketmq, "namesrv").rsplit(":", 1)
+    header = b'{"code":105,"extFields":{"topic":"a\\ud800"},"flag":0,"opaque":5}'
+
+    async def main() -> RemotingCommand | None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write((4 + len(header)).to_bytes(4, "big") + len(header).to_bytes(4, "big"))
+            writer.write(header)
+            return await asyncio.wait_for(read_command(reader), 30)
+        finally:
+            writer.close()
+
+    answer = run(main)
+    assert answer is not None and answer.opaque == 5
+    assert answer.code == ResponseCode.TOPIC_NOT_EXIST
+    assert answer.remark is not None and answer.remark.endswith("the topic: a?")
+
+
+# ------------------------------------------------------------ the server, on its own table
+async def until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def serving(
+    handlers: dict[int, Handler], limits: ClientLimits | None = None
+) -> tuple[RemotingServer, RemotingClient]:
+    server = RemotingServer("test", handlers, SystemClock(), limits=limits)
+    port = await server.start("127.0.0.1", 0)
+    return server, await RemotingClient.connect(f"127.0.0.1:{port}")
+
+
+def test_an_answer_that_cannot_be_encoded_is_answered_system_error() -> None:
+    async def unsendable(request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
+        return request.response(ext_fields={"k" * 40000: "v"})  # over a binary key's 32767
+
+    async def main() -> tuple[RemotingCommand, RemotingCommand]:
+        server, client = await serving({1000: unsendable})
+        try:
+            refused = await client.request(RemotingCommand(1000, serialize_type=ROCKETMQ))
+            json_answer = await client.request(RemotingCommand(1000))
+            return refused, json_answer
+        finally:
+            await client.close()
+            await server.stop()
+
+    refused, json_answer = run(main)
+    assert (refused.code, refused.serialize_type) == (ResponseCode.SYSTEM_ERROR, ROCKETMQ)
+    assert refused.remark is not None and "key of 40000 bytes" in refused.remark
+    assert json_answer.code == ResponseCode.SUCCESS, "the connection still serves"
+
+
+def test_stop_cancels_and_waits_for_the_requests_of_connections_already_closed() -> None:
+    started = asyncio.Event()
+    unwound: list[str] = []
+
+    async def held(request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
+        started.set()
+        try:
+            await asyncio.get_running_loop().create_future()  # never answered
+        finally:
+            unwound.append("held")
+        raise AssertionError("unreachable")
+
+    async def main() -> list[str]:
+        server, client = await serving({1000: held})
+        pending = asyncio.ensure_future(client.request(RemotingCommand(1000)))
+        await started.wait()
+        await client.close()  # the request read before the close goes on (an offset commit)
+        with contextlib.suppress(ConnectionError):
+            await pending
+        await until(lambda: not server.connections, "the server to see the close")
+        await server.stop()
+        return list(unwound)  # as stop() left it: asyncio.run cancels what is left after
+
+    assert run(main) == ["held"]
+
+
+def test_a_client_over_its_in_flight_limit_is_not_read_until_an_answer_goes_out() -> None:
+    gates = {1: asyncio.Event(), 2: asyncio.Event()}
+    released = False
+    seen_released: list[bool] = []
+
+    async def held(request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
+        number = int(request.body[:1])
+        if number in gates:
+            await gates[number].wait()
+        else:
+            seen_released.append(released)
+        return request.response()
+
+    async def main() -> list[bool]:
+        nonlocal released
+        server, client = await serving({1000: held}, ClientLimits(max_bytes=1000))
+        try:
+            # Three requests of 600 bytes in one write: two take the client over 1000.
+            answers = [
+                asyncio.ensure_future(client.request(RemotingCommand(1000, body=b"%d" % n * 600)))
+                for n in (1, 2, 3)
+            ]
+            await until(lambda: len(server.requests) >= 2, "two requests read")
+            released = True
+            gates[1].set()
+            await answers[0]
+            await answers[2]
+            gates[2].set()
+            await answers[1]
+            return seen_released
+        finally:
+            await client.close()
+            await server.stop()
+
+    assert run(main) == [True], "the third request was read only once an answer went out"

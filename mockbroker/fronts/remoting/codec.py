@@ -8,13 +8,16 @@ an object with `code`, `extFields` (strings), `flag`, `language`, `opaque`, `rem
 Every integer is big-endian; every string UTF-8.
 
 Decoding checks every length against what is there: a frame that does not parse raises
-FrameError, and a server closes that connection.
+FrameError (and nothing else), and a server closes that connection. Encoding writes text
+as Java's UTF-8 encoder does (a lone surrogate, which a JSON peer may send escaped, as "?")
+and refuses with ValueError what the binary header's fixed-width fields cannot carry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import struct
 from typing import Any
 
@@ -33,7 +36,13 @@ _LANGUAGE_CODES = {name: code for code, name in enumerate(LANGUAGES)}
 _U32 = struct.Struct(">I")
 _FIXED = struct.Struct(">hBhii")  # code, language, version, opaque, flag
 _I32 = struct.Struct(">i")
-_U16 = struct.Struct(">H")
+_I16 = struct.Struct(">h")
+_INT16 = (-(2**15), 2**15 - 1)
+_INT32 = (-(2**31), 2**31 - 1)
+#: A number in a JSON string, as fastjson would read it for an int field (ASCII digits).
+_DECIMAL = re.compile(r"-?[0-9]{1,10}")
+#: The binary header's fixed-width fields and the values each can carry.
+_BINARY_RANGES = (("code", _INT16), ("version", _INT16), ("opaque", _INT32), ("flag", _INT32))
 
 
 class FrameError(ValueError):
@@ -41,7 +50,11 @@ class FrameError(ValueError):
 
 
 def encode(command: RemotingCommand) -> bytes:
-    """The whole frame of `command`, length prefix included, in its serialize type."""
+    """The whole frame of `command`, length prefix included, in its serialize type.
+
+    ValueError for a ROCKETMQ header with a value its fields cannot carry (a code or
+    version beyond 16 bits, an opaque or flag beyond 32, an ext key over 32767 bytes).
+    """
     if command.serialize_type == ROCKETMQ:
         header = _binary_header(command)
     else:
@@ -86,6 +99,18 @@ async def read_command(
 
     FrameError for a frame over `max_frame_bytes`, cut short, or malformed.
     """
+    frame = await read_frame(reader, max_frame_bytes)
+    return None if frame is None else decode(frame)
+
+
+async def read_frame(
+    reader: asyncio.StreamReader, max_frame_bytes: int = MAX_FRAME_BYTES
+) -> bytes | None:
+    """The next frame on `reader`, its length prefix left off (as decode() takes it).
+
+    None at a clean end of stream (between frames); FrameError for a frame over
+    `max_frame_bytes` (refused before it is read) or cut short.
+    """
     try:
         prefix = await reader.readexactly(4)
     except asyncio.IncompleteReadError as exc:
@@ -101,7 +126,7 @@ async def read_command(
         raise FrameError(
             f"the stream ended {len(exc.partial)} bytes into a frame of {length}"
         ) from exc
-    return decode(frame)
+    return frame
 
 
 # ---------------------------------------------------------------------------------- JSON
@@ -120,13 +145,15 @@ def _json_header(command: RemotingCommand) -> bytes:
         header["remark"] = command.remark
     # fastjson's layout: keys sorted, no spaces, non-ASCII as UTF-8, control characters
     # escaped (json escapes them whatever ensure_ascii says).
-    return json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _utf8_out(text)
 
 
 def _from_json(header: bytes) -> RemotingCommand:
     try:
         raw = json.loads(header)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    # ValueError covers JSONDecodeError, UnicodeDecodeError and numbers too long for int().
+    except (ValueError, RecursionError) as exc:
         raise FrameError(f"the header is not JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise FrameError(f"the header is a JSON {type(raw).__name__}, not an object")
@@ -145,10 +172,10 @@ def _json_int(raw: dict[str, Any], key: str, *, required: bool = False) -> int:
     value = raw.get(key)
     if value is None and not required:
         return 0
-    if type(value) is int and -(2**31) <= value < 2**31:
+    if isinstance(value, str) and _DECIMAL.fullmatch(value):  # lenient, as fastjson
+        value = int(value)
+    if type(value) is int and _INT32[0] <= value <= _INT32[1]:
         return value
-    if isinstance(value, str) and value.lstrip("-").isdigit():  # lenient, as fastjson
-        return _json_int({key: int(value)}, key)
     raise FrameError(f"the header's {key!r} is {value!r}, not a 32-bit integer")
 
 
@@ -188,9 +215,15 @@ def _json_ext_fields(value: Any) -> dict[str, str] | None:
 
 # -------------------------------------------------------------------------------- binary
 def _binary_header(command: RemotingCommand) -> bytes:
-    remark = command.remark.encode() if command.remark else b""
+    for name, (lo, hi) in _BINARY_RANGES:
+        value = getattr(command, name)
+        if not lo <= value <= hi:
+            raise ValueError(
+                f"{name} {value} does not fit the ROCKETMQ header (it takes {lo}..{hi})"
+            )
+    remark = _utf8_out(command.remark) if command.remark else b""
     ext = b"".join(
-        _U16.pack(len(k := key.encode())) + k + _I32.pack(len(v := value.encode())) + v
+        _ext_key(key) + _I32.pack(len(v := _utf8_out(value))) + v
         for key, value in (command.ext_fields or {}).items()
     )
     return b"".join(
@@ -208,6 +241,13 @@ def _binary_header(command: RemotingCommand) -> bytes:
             ext,
         )
     )
+
+
+def _ext_key(key: str) -> bytes:
+    data = _utf8_out(key)
+    if len(data) > _INT16[1]:  # its length is a Java short
+        raise ValueError(f"an extFields key of {len(data)} bytes does not fit the ROCKETMQ header")
+    return _I16.pack(len(data)) + data
 
 
 def _from_binary(header: bytes) -> RemotingCommand:
@@ -246,15 +286,20 @@ def _binary_ext_fields(data: bytes) -> dict[str, str]:
     while pos < len(data):
         if pos + 2 > len(data):
             raise FrameError("extFields end inside a key's length")
-        (key_length,) = _U16.unpack_from(data, pos)
+        (key_length,) = _I16.unpack_from(data, pos)  # signed, as Java's getShort()
         pos += 2
-        if pos + key_length > len(data):
+        if key_length < 0 or pos + key_length > len(data):
             raise FrameError(f"an extFields key length {key_length} overruns the map")
         key = data[pos : pos + key_length]
         value, pos = _binary_bytes(data, pos + key_length, "extFields value")
         if key and value:  # RocketMQ reads an empty key or value as null
             fields[_utf8(key, "extFields key")] = _utf8(value, "extFields value")
     return fields
+
+
+def _utf8_out(text: str) -> bytes:
+    # As Java's String.getBytes(UTF_8): a character UTF-8 cannot carry becomes "?".
+    return text.encode("utf-8", "replace")
 
 
 def _utf8(data: bytes, what: str) -> str:

@@ -51,12 +51,12 @@ class RemotingFront:
         if broker_port is not None:
             self.broker = RemotingServer(
                 "broker", self.broker_handlers(), state.clock,
-                on_close=self.clients.connection_closed,
+                on_close=self.clients.connection_closed, limits=state.limits,
             )  # fmt: skip
             await self.broker.start(listen_host, broker_port)
         if namesrv_port is not None:
             handlers = namesrv_handlers(state, self._store_host)
-            self.namesrv = RemotingServer("namesrv", handlers, state.clock)
+            self.namesrv = RemotingServer("namesrv", handlers, state.clock, limits=state.limits)
             await self.namesrv.start(listen_host, namesrv_port)
 
     async def stop(self) -> None:

@@ -6,7 +6,7 @@ address its remoting port is reached by. A topic that does not exist gets TOPIC_
 but for two kinds RocketMQ clients rely on: the default topic `TBW102` while topics are
 created on first send (producers fall back to its route and the broker creates the topic
 on their send), and a group's retry topic `%RETRY%<group>` (one queue; it exists once the
-first message is sent back, and reads as empty until then).
+first message is sent back, and reads as empty until then) of a valid group name.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from mockbroker.errors import BrokerError
 from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
 from mockbroker.fronts.remoting.command import (
     ClientChannel,
@@ -24,7 +25,7 @@ from mockbroker.fronts.remoting.command import (
     RemotingError,
 )
 from mockbroker.state import BrokerState
-from mockbroker.topics import RETRY_PREFIX
+from mockbroker.topics import RETRY_PREFIX, check_any_topic
 
 #: The topic RocketMQ producers fall back to for a topic with no route (createTopicKey).
 DEFAULT_TOPIC = "TBW102"
@@ -52,7 +53,13 @@ def namesrv_handlers(
             return found.queue_count
         if topic == DEFAULT_TOPIC and state.config.auto_create_topics:
             return state.config.default_queues
-        if topic.startswith(RETRY_PREFIX) and len(topic) > len(RETRY_PREFIX):
+        if topic.startswith(RETRY_PREFIX):
+            try:
+                check_any_topic(topic)  # the group's name
+            except BrokerError as exc:
+                raise RemotingError(
+                    ResponseCode.TOPIC_NOT_EXIST, f"{_no_route(topic)} ({exc.message})"
+                ) from None
             return RETRY_QUEUES
         return None
 
@@ -60,10 +67,7 @@ def namesrv_handlers(
         topic = Fields.of(request).string("topic")
         count = queue_count(topic)
         if count is None:
-            raise RemotingError(
-                ResponseCode.TOPIC_NOT_EXIST,
-                f"No topic route info in name server for the topic: {topic}",
-            )
+            raise RemotingError(ResponseCode.TOPIC_NOT_EXIST, _no_route(topic))
         body = {
             "brokerDatas": [broker_data()],
             "filterServerTable": {},
@@ -91,6 +95,10 @@ def namesrv_handlers(
         RequestCode.GET_ROUTEINFO_BY_TOPIC: route,
         RequestCode.GET_BROKER_CLUSTER_INFO: cluster_info,
     }
+
+
+def _no_route(topic: str) -> str:
+    return f"No topic route info in name server for the topic: {topic}"
 
 
 def _json(value: Any) -> bytes:

@@ -4,9 +4,13 @@ Each connection reads frames in order and hands every request to its handler in 
 its own, so a pull held by long polling does not hold up the heartbeats and sends behind
 it on the same connection; answers go out as they are ready, matched by `opaque`. A code
 with no handler is answered REQUEST_CODE_NOT_SUPPORTED, a RemotingError with its code,
-any other failure SYSTEM_ERROR, as RocketMQ's NettyRemotingAbstract does. A frame that
-does not parse closes its connection only. A connection with no traffic for
-`idle_seconds` (RocketMQ: 120 s) is closed.
+any other failure SYSTEM_ERROR, as RocketMQ's NettyRemotingAbstract does (an answer that
+cannot be encoded too). A frame that does not parse closes its connection only. A
+connection with no traffic for `idle_seconds` (RocketMQ: 120 s) is closed. With `limits`,
+a client past its bytes in flight (requests read and not yet answered, answers being
+written) is not read from until some are answered, as gRPC clients are held. Stopping
+cancels every request still being handled, those of connections already closed included,
+and returns once they have all ended.
 """
 
 from __future__ import annotations
@@ -16,10 +20,10 @@ import contextlib
 import itertools
 import logging
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 
 from mockbroker.errors import BrokerError
-from mockbroker.fronts.remoting.codec import MAX_FRAME_BYTES, FrameError, encode, read_command
+from mockbroker.fronts.remoting.codec import MAX_FRAME_BYTES, FrameError, decode, encode, read_frame
 from mockbroker.fronts.remoting.codes import ResponseCode
 from mockbroker.fronts.remoting.command import (
     FLAG_ONEWAY,
@@ -28,6 +32,7 @@ from mockbroker.fronts.remoting.command import (
     RemotingError,
 )
 from mockbroker.fronts.remoting.errors import refusal
+from mockbroker.limits import ClientLimits
 from sdk.clock import Clock
 
 log = logging.getLogger("ordermq.broker.remoting")
@@ -69,28 +74,34 @@ class Connection:
         """Send a broker-to-client oneway request; dropped if the connection is gone."""
         command.opaque = next(self._server.opaques)
         command.flag |= FLAG_ONEWAY
-        await self._write(command)
+        await self._write(encode(command))
 
     async def serve(self) -> None:
         """Read and dispatch requests until the peer closes or sends a bad frame."""
+        limits = self._server.limits
         try:
             while True:
+                if limits is not None:
+                    await limits.room(self)
                 try:
-                    command = await read_command(self._reader, self._server.max_frame_bytes)
+                    frame = await read_frame(self._reader, self._server.max_frame_bytes)
+                    command = None if frame is None else decode(frame)
                 except FrameError as exc:
                     log.warning("remoting %s: closing the connection: %s", self._peer, exc)
                     self._server.malformed_frames += 1
                     return
                 except (ConnectionError, OSError):
                     return
-                if command is None:
+                if frame is None or command is None:
                     return
                 self.last_active = self._server.clock.now()
                 if command.is_response:
                     continue  # the broker's own requests are oneway: nothing waits for it
-                task = asyncio.create_task(self._handle(command))
+                task = self._server.handle(self._handle(command))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+                if limits is not None:
+                    self._hold(limits, task, 4 + len(frame))
         finally:
             # Requests already read finish (an offset commit sent just before the client
             # closed its end is still stored); their answers have nowhere to go.
@@ -109,15 +120,28 @@ class Connection:
             await self._writer.wait_closed()
         self._server.closed(self)
 
+    def _hold(self, limits: ClientLimits, task: asyncio.Task[None], size: int) -> None:
+        # Released when the task ends, however it ends (even cancelled before it ran).
+        limits.hold(self, size)
+        task.add_done_callback(lambda _: limits.hold(self, -size))
+
     async def _handle(self, request: RemotingCommand) -> None:
         answer = await self._server.answer(request, self)
-        if answer is not None and not request.is_oneway:
-            await self._write(answer)
+        if answer is None or request.is_oneway:
+            return
+        data = self._server.encoded(request, answer)
+        limits = self._server.limits
+        if limits is not None:
+            limits.hold(self, len(data))
+        try:
+            await self._write(data)
+        finally:
+            if limits is not None:
+                limits.hold(self, -len(data))
 
-    async def _write(self, command: RemotingCommand) -> None:
+    async def _write(self, data: bytes) -> None:
         if self._closed:
             return
-        data = encode(command)
         try:
             async with self._write_lock:
                 self.last_active = self._server.clock.now()  # before the peer can see it
@@ -139,6 +163,7 @@ class RemotingServer:
         max_frame_bytes: int = MAX_FRAME_BYTES,
         idle_seconds: float = IDLE_SECONDS,
         on_close: Callable[[Connection], None] | None = None,
+        limits: ClientLimits | None = None,
     ) -> None:
         self.name = name
         self.handlers = dict(handlers)
@@ -146,8 +171,12 @@ class RemotingServer:
         self.max_frame_bytes = max_frame_bytes
         self.idle_seconds = idle_seconds
         self._on_close = on_close
+        #: Bytes in flight per connection, and the limit on them (None: no limit).
+        self.limits = limits
         self.opaques = itertools.count(1)
         self.connections: set[Connection] = set()
+        #: Every request being handled, of open and of closed connections.
+        self.requests: set[asyncio.Task[None]] = set()
         self.malformed_frames = 0
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -161,16 +190,31 @@ class RemotingServer:
         return self.port
 
     async def stop(self) -> None:
-        """Stop listening, close every connection, cancel the requests in flight."""
+        """Stop listening, close every connection, cancel the requests in flight.
+
+        Returns once every request has ended, those whose connection had already closed
+        (and which were left to finish) included: none touches the core after this.
+        """
         if self._idle_task is not None:
             self._idle_task.cancel()
         if self._server is not None:
             self._server.close()
         for connection in list(self.connections):
             await connection.close()
+        requests = list(self.requests)
+        for task in requests:
+            task.cancel()
+        await asyncio.gather(*requests, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+
+    def handle(self, work: Coroutine[object, object, None]) -> asyncio.Task[None]:
+        """Run one request's `work` in a task of its own, tracked until it ends."""
+        task = asyncio.create_task(work)
+        self.requests.add(task)
+        task.add_done_callback(self.requests.discard)
+        return task
 
     async def answer(self, request: RemotingCommand, channel: Connection) -> RemotingCommand | None:
         """The response to `request` (None: a oneway request its handler did not answer)."""
@@ -193,6 +237,19 @@ class RemotingServer:
             log.exception("remoting %s: request code %d failed", self.name, request.code)
             return request.response(
                 ResponseCode.SYSTEM_ERROR, remark=f"{type(exc).__name__}: {exc}"
+            )
+
+    def encoded(self, request: RemotingCommand, answer: RemotingCommand) -> bytes:
+        """`answer`'s frame; SYSTEM_ERROR's if `answer` cannot be encoded (a handler's bug)."""
+        try:
+            return encode(answer)
+        except Exception as exc:
+            log.exception("remoting %s: the answer to request code %d cannot be encoded",
+                          self.name, request.code)  # fmt: skip
+            return encode(
+                request.response(
+                    ResponseCode.SYSTEM_ERROR, remark=f"the answer cannot be encoded: {exc}"
+                )
             )
 
     def closed(self, connection: Connection) -> None:
