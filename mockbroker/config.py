@@ -76,8 +76,9 @@ class BrokerConfig:
             event loop go round (read sockets, answer, see who else waits).
         v2_port: Also serve RocketMQ 5's gRPC API (apache.rocketmq.v2.MessagingService, for
             RocketMQ 5's official clients) on this port (None: off; 0 picks a free one, see
-            `v2_address` once started). Producers, routes, heartbeats and settings work
-            on the same store as ordermq's clients; receiving needs the pop core.
+            `v2_address` once started). Producers and consumers (receive, ack, change
+            invisible duration; FIFO groups as `fifo_groups` says) work on the same store,
+            groups and offsets as ordermq's clients.
         client_max_in_flight_bytes: Bytes of one client's requests (sends' messages)
             and answers (pulls' messages) the broker holds at once; past it, the broker
             reads no more of that client's requests until some are answered (the client
