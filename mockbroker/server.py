@@ -307,8 +307,7 @@ class Broker:
             self.state.groups.close()
             await self.state.scheduler.stop()
         if self.remoting is not None:
-            await asyncio.sleep(0)  # the pulls the holder just answered write their answers
-            await self.remoting.stop()
+            await self.remoting.stop(grace_seconds)  # held pulls, just answered, write out
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -27,6 +27,7 @@ from sdk import LitePullConsumer, Message, MessageQueue, Producer
 from sdk.clock import SystemClock
 from sdk.testing import FakeClock
 from tests.remoting_client import RemotingClient
+from tests.support import wait_until
 
 T = TypeVar("T")
 
@@ -455,3 +456,45 @@ def test_a_client_over_its_in_flight_limit_is_not_read_until_an_answer_goes_out(
             await server.stop()
 
     assert run(main) == [True], "the third request was read only once an answer went out"
+
+
+def test_a_pull_held_when_the_broker_stops_gets_its_answer(tmp_path: Path) -> None:
+    config = BrokerConfig(data_dir=tmp_path / "broker", remoting_port=0)
+    broker = EmbeddedBroker(config)
+    broker.start()
+    try:
+        with Producer(broker.address) as producer:
+            queue = producer.send(Message("orders", b"first", sharding_key="k")).queue
+        where = address(broker, "broker")
+        held = asyncio.Event()
+
+        async def main() -> RemotingCommand:
+            client = await RemotingClient.connect(where)
+            try:
+                pull = asyncio.ensure_future(
+                    client.request(
+                        RemotingCommand(
+                            RequestCode.PULL_MESSAGE,
+                            ext_fields={
+                                "consumerGroup": "readers", "topic": "orders",
+                                "queueId": str(queue.queue_id), "queueOffset": "1",
+                                "maxMsgNums": "32", "sysFlag": "2", "commitOffset": "0",
+                                "suspendTimeoutMillis": "20000", "subVersion": "0",
+                            },
+                        )
+                    )
+                )  # fmt: skip
+                state = broker.broker.state
+                assert state is not None
+                await asyncio.to_thread(wait_until, lambda: state.holder.held == 1, 30, "held")
+                held.set()
+                await asyncio.to_thread(broker.stop)
+                return await asyncio.wait_for(pull, 30)
+            finally:
+                await client.close()
+
+        answer = run(main)
+    finally:
+        broker.stop()
+    assert held.is_set()
+    assert answer.code == ResponseCode.PULL_NOT_FOUND, "answered, not cut off"

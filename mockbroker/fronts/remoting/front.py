@@ -59,12 +59,12 @@ class RemotingFront:
             self.namesrv = RemotingServer("namesrv", handlers, state.clock, limits=state.limits)
             await self.namesrv.start(listen_host, namesrv_port)
 
-    async def stop(self) -> None:
-        """Close both ports and every connection."""
+    async def stop(self, grace_seconds: float = 0.0) -> None:
+        """Close both ports and every connection (requests in flight get the grace)."""
         self.clients.close()
         for server in (self.namesrv, self.broker):
             if server is not None:
-                await server.stop()
+                await server.stop(grace_seconds)
 
     def _store_host(self) -> str:
         return self.broker_address or self._state.address

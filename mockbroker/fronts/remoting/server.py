@@ -189,16 +189,18 @@ class RemotingServer:
         self._idle_task = asyncio.create_task(self._close_idle(), name=f"{self.name}-idle")
         return self.port
 
-    async def stop(self) -> None:
-        """Stop listening, close every connection, cancel the requests in flight.
+    async def stop(self, grace_seconds: float = 0.0) -> None:
+        """Stop: requests in flight get up to `grace_seconds`, then connections close.
 
-        Returns once every request has ended, those whose connection had already closed
-        (and which were left to finish) included: none touches the core after this.
+        What is still running after the grace is cancelled. Returns once every request has
+        ended, those of connections already closed included: none touches the core after.
         """
         if self._idle_task is not None:
             self._idle_task.cancel()
         if self._server is not None:
             self._server.close()
+        if self.requests and grace_seconds > 0:
+            await asyncio.wait(list(self.requests), timeout=grace_seconds)
         for connection in list(self.connections):
             await connection.close()
         requests = list(self.requests)
