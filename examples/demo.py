@@ -125,6 +125,23 @@ def progress(book: OrderBook, total: int, started: float, note: str) -> None:
         print(line, flush=True)
 
 
+def send(producer: Producer, events: list[Message]) -> float:
+    """Send `events` in batches of 500; the seconds it took."""
+    sent_at = time.perf_counter()
+    for i in range(0, len(events), 500):
+        producer.send_batch(events[i : i + 500])
+    return time.perf_counter() - sent_at
+
+
+def wait_for(
+    book: OrderBook, count: int, total: int, started: float, note: str, deadline: float
+) -> None:
+    """Show progress until `count` distinct events are processed (or the deadline)."""
+    while sum(book.processed.values()) - book.duplicates < count and time.monotonic() < deadline:
+        progress(book, total, started, note)
+        time.sleep(0.1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--orders", type=int, default=2500)
@@ -148,30 +165,25 @@ def main() -> int:
             print("the consumers did not get their queues")
             return 1
         print(f"sending {total} events for {args.orders} orders")
-        started = sent_at = time.perf_counter()
-        for i in range(0, total, 500):
-            producer.send_batch(events[i : i + 500])
-        send_seconds = time.perf_counter() - sent_at
+        started = time.perf_counter()
+        half = total // 2
+        send_seconds = send(producer, events[:half])
         note = "consumers A and B"
-        b_stopped = False
         deadline = time.monotonic() + 120
-        while (
-            sum(book.processed.values()) - book.duplicates < total and time.monotonic() < deadline
-        ):
-            if not b_stopped and sum(book.processed.values()) >= total // 2:
-                b.shutdown()  # graceful: finishes its calls, commits, unlocks, leaves
-                b_stopped, note = True, "consumer B stopped; A took over its queues"
-                if not sys.stdout.isatty():
-                    print(note, flush=True)
-            progress(book, total, started, note)
-            time.sleep(0.1)
+        # B leaves once half the events are processed; the rest is sent after, so A's
+        # take-over of B's queues always happens, however fast the first half went.
+        wait_for(book, half, total, started, note, deadline)
+        b.shutdown()  # graceful: finishes its calls, commits, unlocks, leaves
+        note = "consumer B stopped; A took over its queues"
+        if not sys.stdout.isatty():
+            print(note, flush=True)
+        send_seconds += send(producer, events[half:])
+        wait_for(book, total, total, started, note, deadline)
         consume_seconds = time.perf_counter() - started
         progress(book, total, started, note)
         if sys.stdout.isatty():
             print()
         a.shutdown()
-        if not b_stopped:
-            b.shutdown()
 
     processed = sum(book.processed.values())
     completed = book.completed()
