@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol
+from collections.abc import Awaitable
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -50,3 +53,23 @@ class SystemClock:
 async def sleep_for(clock: Clock, seconds: float) -> None:
     """Sleep `seconds` on `clock`."""
     await clock.sleep_until(clock.now() + seconds)
+
+
+async def wait_within(clock: Clock, work: Awaitable[T], seconds: float) -> tuple[bool, T | None]:
+    """Wait for `work` at most `seconds` on `clock`: (True, its result) or (False, None).
+
+    When the time runs out `work` is cancelled, and its end awaited. An exception of `work`
+    is raised.
+    """
+    task = asyncio.ensure_future(work)
+    timer = asyncio.ensure_future(sleep_for(clock, seconds))
+    try:
+        await asyncio.wait((task, timer), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait((task,))
+    if task.cancelled():
+        return False, None
+    return True, task.result()

@@ -7,6 +7,7 @@ clock, so that leases and the disconnect grace pass when the test says.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -17,6 +18,7 @@ import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
 from mockbroker import offsets as offsets_module
+from mockbroker.fronts.remoting.codec import encode
 from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
 from mockbroker.fronts.remoting.command import RemotingCommand
 from mockbroker.fronts.remoting.message_ids import decode_offset_msg_id
@@ -414,3 +416,92 @@ def test_a_query_waits_for_a_commit_of_its_queue_still_being_saved(
             await b.close()
 
     assert run(main).ext_fields == {"offset": "3"}, "the new owner starts after a's last"
+
+
+async def stuck_member(broker: EmbeddedBroker, client_id: str) -> asyncio.StreamWriter:
+    """A member of GROUP that asks for 32 MiB of answers and reads none of them."""
+    with Producer(broker.address) as producer:
+        queue = producer.send(Message("orders", b"x" * (4 << 20), sharding_key="k")).queue
+    assert broker.remoting_address is not None
+    host, port = broker.remoting_address.rsplit(":", 1)
+    pull = {"consumerGroup": GROUP, "topic": "orders", "queueId": str(queue.queue_id),
+            "queueOffset": "0", "maxMsgNums": "1", "sysFlag": "2", "commitOffset": "0",
+            "suspendTimeoutMillis": "0", "subVersion": "0"}  # fmt: skip
+    _reader, stuck = await asyncio.open_connection(host, int(port), limit=1024)
+    heartbeat = RemotingCommand(RequestCode.HEART_BEAT, body=java_heartbeat(client_id, GROUP))
+    stuck.write(encode(heartbeat))
+    for _ in range(8):
+        stuck.write(encode(RemotingCommand(RequestCode.PULL_MESSAGE, ext_fields=pull)))
+    server = broker.broker.remoting.broker if broker.broker.remoting is not None else None
+    assert server is not None
+
+    def writes_stuck() -> bool:
+        with contextlib.suppress(RuntimeError):  # the set changed size: look again
+            return any(c.unsent_bytes > 0 for c in list(server.connections))
+        return False
+
+    while True:  # until a write waits on it, and still does a tenth of a second later
+        await asyncio.to_thread(wait_until, writes_stuck, 30, "a write waiting on the peer")
+        await asyncio.sleep(0.1)
+        if writes_stuck():
+            return stuck
+
+
+def test_a_member_that_reads_nothing_does_not_hold_up_its_groups_notices(
+    rocketmq: EmbeddedBroker, clock: FakeClock
+) -> None:
+    # Reproduced in review: the notices went to the members one after another, so one
+    # whose socket was full held every later notice of its group.
+    async def next_notice(client: Client) -> RemotingCommand:
+        # The bound on a write to the stuck member passes on the fake clock.
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                return await asyncio.wait_for(client.connection.requests.get(), 0.05)
+            assert asyncio.get_running_loop().time() < deadline, "no notice came"
+            clock.advance(1)
+
+    async def main() -> RemotingCommand:
+        stuck = await stuck_member(rocketmq, "z@1")
+        first, second = await Client.open(rocketmq, "a@1"), await Client.open(rocketmq, "b@1")
+        try:
+            await first.heartbeat(GROUP)
+            await next_notice(first)
+            await second.heartbeat(GROUP)  # a change after the one the stuck member holds
+            return await next_notice(first)
+        finally:
+            stuck.close()
+            await first.close()
+            await second.close()
+
+    assert run(main).code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED
+
+
+def test_a_connection_closing_on_its_own_is_not_closed_again_in_a_loop(
+    rocketmq: EmbeddedBroker, clock: FakeClock
+) -> None:
+    # Reproduced in review: a connection whose close was under way stayed listed, a second
+    # close() returned at once and the idle reaper, its deadline past, never yielded: the
+    # broker answered nothing, for good, at 100 % CPU.
+    server = rocketmq.broker.remoting.broker if rocketmq.broker.remoting is not None else None
+    assert server is not None
+
+    async def main() -> list[list[str]]:
+        stuck = await stuck_member(rocketmq, "z@1")
+        stuck.write(b"\x00\x00\x00\x01\xff")  # a frame that does not parse: it closes itself
+        await asyncio.to_thread(
+            wait_until, lambda: server.malformed_frames == 1, 30, "the bad frame read"
+        )
+        seen = []
+        for _ in range(3):  # the reaper runs, and the broker still answers
+            clock.advance(121)
+            client = await Client.open(rocketmq, "a@1")
+            try:
+                await asyncio.wait_for(client.heartbeat(GROUP), 10)
+                seen.append(await asyncio.wait_for(client.members(), 10))
+            finally:
+                await client.close()
+        stuck.close()
+        return seen
+
+    assert [("a@1" in members) for members in run(main)] == [True] * 3

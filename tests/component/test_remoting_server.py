@@ -18,7 +18,7 @@ from typing import TypeVar
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
-from mockbroker.fronts.remoting.codec import ROCKETMQ, read_command
+from mockbroker.fronts.remoting.codec import ROCKETMQ, encode, read_command
 from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
 from mockbroker.fronts.remoting.command import ClientChannel, Handler, RemotingCommand
 from mockbroker.fronts.remoting.server import RemotingServer
@@ -498,3 +498,77 @@ def test_a_pull_held_when_the_broker_stops_gets_its_answer(tmp_path: Path) -> No
         broker.stop()
     assert held.is_set()
     assert answer.code == ResponseCode.PULL_NOT_FOUND, "answered, not cut off"
+
+
+# ------------------------------------------------------------ peers that stop reading
+async def big_answer(request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
+    return request.response(body=b"x" * (1 << 20))
+
+
+async def small_answer(request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
+    return request.response()
+
+
+async def stuck_peer(port: int, requests: int = 32) -> asyncio.StreamWriter:
+    """A peer that asks for 32 MiB of answers and reads none of them."""
+    _reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1024)
+    for opaque in range(1, requests + 1):
+        writer.write(encode(RemotingCommand(1000, opaque=opaque)))
+    await writer.drain()
+    return writer
+
+
+async def writes_stuck(server: RemotingServer) -> None:
+    """Until a connection's answers wait on its peer (still so a tenth of a second later)."""
+
+    def stuck() -> bool:
+        return any(c.unsent_bytes for c in server.connections)
+
+    while True:
+        await until(stuck, "answers waiting on the stuck peer")
+        await asyncio.sleep(0.1)
+        if stuck():
+            return
+
+
+async def until_advancing(clock: FakeClock, condition: Callable[[], bool], what: str) -> None:
+    """Advance `clock` a second at a time until `condition` holds (30 s of real time)."""
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        clock.advance(1)
+        await asyncio.sleep(0.01)
+
+
+async def stop_advancing(server: RemotingServer, clock: FakeClock) -> None:
+    stopping = asyncio.ensure_future(server.stop())
+    await until_advancing(clock, stopping.done, "stop() to return")
+    await stopping
+
+
+def test_a_peer_that_stops_reading_holds_neither_the_idle_reaper_nor_stop() -> None:
+    # Reproduced on a real broker: the reaper and stop() waited for the stuck peer's socket
+    # to finish closing, which it never does while its answers cannot be written.
+    clock = FakeClock()
+
+    async def main() -> None:
+        server = RemotingServer("test", {1000: big_answer, 1001: small_answer}, clock)
+        port = await server.start("127.0.0.1", 0)
+        stuck = await stuck_peer(port)
+        await writes_stuck(server)
+        idle = await RemotingClient.connect(f"127.0.0.1:{port}")
+        try:
+            await idle.request(RemotingCommand(1001))
+            clock.advance(121)
+            await until_advancing(clock, idle.closed.is_set, "the idle connection reaped")
+            await until_advancing(clock, lambda: not server.connections, "both connections gone")
+            fresh = await RemotingClient.connect(f"127.0.0.1:{port}")
+            answer = await fresh.request(RemotingCommand(1001))
+            assert answer.code == ResponseCode.SUCCESS
+            await fresh.close()
+            await stop_advancing(server, clock)
+        finally:
+            await idle.close()
+            stuck.close()
+
+    run(main)

@@ -106,13 +106,18 @@ class RemotingClients:
                 channels = {c for m in members for c in self._channels.get(m, ())}
                 if not channels:
                     return  # no remoting member left: the next one to join starts a watch
-                for channel in channels:
-                    await channel.send_oneway(
-                        RemotingCommand(
-                            RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
-                            ext_fields={"consumerGroup": group},
+                # All at once: a member that reads nothing delays none of the others.
+                await asyncio.gather(
+                    *(
+                        channel.send_oneway(
+                            RemotingCommand(
+                                RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
+                                ext_fields={"consumerGroup": group},
+                            )
                         )
+                        for channel in channels
                     )
+                )
 
 
 def coordination_handlers(state: BrokerState, clients: RemotingClients) -> dict[int, Handler]:

@@ -11,6 +11,13 @@ a client past its bytes in flight (requests read and not yet answered, answers b
 written) is not read from until some are answered, as gRPC clients are held. Stopping
 cancels every request still being handled, those of connections already closed included,
 and returns once they have all ended.
+
+No wait on a peer is unbounded: a peer that stops reading holds neither the idle reaper,
+nor stop(), nor the other members of its group. Closing a connection waits at most
+`peer_wait_seconds` for what is still queued to go out, then drops it; a oneway request
+(NOTIFY_CONSUMER_IDS_CHANGED) waits as long, then is dropped, as RocketMQ drops one it
+cannot write. A connection leaves `connections` when its close begins, so nothing loops
+on one already closing.
 """
 
 from __future__ import annotations
@@ -33,12 +40,14 @@ from mockbroker.fronts.remoting.command import (
 )
 from mockbroker.fronts.remoting.errors import refusal
 from mockbroker.limits import ClientLimits
-from sdk.clock import Clock
+from sdk.clock import Clock, wait_within
 
 log = logging.getLogger("ordermq.broker.remoting")
 
 #: RocketMQ closes a channel after this long without reads or writes.
 IDLE_SECONDS = 120.0
+#: The longest the broker waits on a peer: to flush a closing connection, to write a oneway.
+PEER_WAIT_SECONDS = 10.0
 
 
 class Connection:
@@ -70,11 +79,18 @@ class Connection:
         """True once the connection is gone."""
         return self._closed
 
+    @property
+    def unsent_bytes(self) -> int:
+        """Bytes written to the connection that the peer has not yet taken."""
+        return self._writer.transport.get_write_buffer_size()
+
     async def send_oneway(self, command: RemotingCommand) -> None:
         """Send a broker-to-client oneway request; dropped if the connection is gone."""
         command.opaque = next(self._server.opaques)
         command.flag |= FLAG_ONEWAY
-        await self._write(encode(command))
+        await wait_within(
+            self._server.clock, self._write(encode(command)), self._server.peer_wait_seconds
+        )
 
     async def serve(self) -> None:
         """Read and dispatch requests until the peer closes or sends a bad frame."""
@@ -112,13 +128,22 @@ class Connection:
         if self._closed:
             return
         self._closed = True
+        self._server.closed(self)
         if cancel_requests:
             for task in list(self._tasks):
                 task.cancel()
         self._writer.close()
+        flushed, _ = await wait_within(
+            self._server.clock, self._closed_quietly(), self._server.peer_wait_seconds
+        )
+        if not flushed:
+            log.warning("remoting %s: %s reads nothing; dropping what it was sent",
+                        self._server.name, self._peer)  # fmt: skip
+            self._writer.transport.abort()
+
+    async def _closed_quietly(self) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             await self._writer.wait_closed()
-        self._server.closed(self)
 
     def _hold(self, limits: ClientLimits, task: asyncio.Task[None], size: int) -> None:
         # Released when the task ends, however it ends (even cancelled before it ran).
@@ -162,6 +187,7 @@ class RemotingServer:
         *,
         max_frame_bytes: int = MAX_FRAME_BYTES,
         idle_seconds: float = IDLE_SECONDS,
+        peer_wait_seconds: float = PEER_WAIT_SECONDS,
         on_close: Callable[[Connection], None] | None = None,
         limits: ClientLimits | None = None,
     ) -> None:
@@ -170,6 +196,7 @@ class RemotingServer:
         self.clock = clock
         self.max_frame_bytes = max_frame_bytes
         self.idle_seconds = idle_seconds
+        self.peer_wait_seconds = peer_wait_seconds
         self._on_close = on_close
         #: Bytes in flight per connection, and the limit on them (None: no limit).
         self.limits = limits
@@ -181,6 +208,7 @@ class RemotingServer:
         self.port = 0
         self._server: asyncio.Server | None = None
         self._idle_task: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0: a free port); the port bound."""
@@ -201,8 +229,8 @@ class RemotingServer:
             self._server.close()
         if self.requests and grace_seconds > 0:
             await asyncio.wait(list(self.requests), timeout=grace_seconds)
-        for connection in list(self.connections):
-            await connection.close()
+        closes = [connection.close() for connection in list(self.connections)]
+        await asyncio.gather(*closes, *self._closing)
         requests = list(self.requests)
         for task in requests:
             task.cancel()
@@ -255,7 +283,7 @@ class RemotingServer:
             )
 
     def closed(self, connection: Connection) -> None:
-        """A connection ended (called once per connection)."""
+        """A connection is ending (called once per connection, when its close begins)."""
         self.connections.discard(connection)
         if self._on_close is not None:
             self._on_close(connection)
@@ -275,8 +303,12 @@ class RemotingServer:
             now = self.clock.now()
             oldest = min((c.last_active for c in self.connections), default=now)
             await self.clock.sleep_until(oldest + self.idle_seconds)
+            await asyncio.sleep(0)  # a deadline already past must not starve the loop
             now = self.clock.now()
             for connection in list(self.connections):
                 if now - connection.last_active >= self.idle_seconds:
                     log.info("remoting %s: closing idle connection %s", self.name, connection.peer)
-                    await connection.close()
+                    # In a task of its own: one peer slow to close holds up no other.
+                    task = asyncio.create_task(connection.close())
+                    self._closing.add(task)
+                    task.add_done_callback(self._closing.discard)
