@@ -19,6 +19,8 @@ and only then answers. The rules are RocketMQ's, with these improvements:
     a former owner fenced off since;
   * a queue never locked in the group is a concurrent consumer's: commits carry no epoch,
     and one carrying an epoch this broker never granted for it is refused (STALE_EPOCH).
+  * a commit without an epoch from a protocol that has none (RocketMQ remoting,
+    `check_unfenced_commit`) is refused while another client holds a live lock.
   Granted epochs are kept for good, so a group that consumed a queue orderly keeps
   needing epochs for it: concurrent consumption of that queue needs another group name.
 
@@ -47,7 +49,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -324,6 +326,26 @@ class RebalanceLockManager:
             raise stale_epoch(
                 f"{name}: commit carries epoch {epoch}, the latest granted is {last} "
                 "(another client has owned the queue since)"
+            )
+
+    def check_unfenced_commit(
+        self, group: str, queue: QueueKey, client_ids: Collection[str]
+    ) -> None:
+        """Refuse an epoch-less commit while another client holds the queue (LOCK_NOT_HELD).
+
+        For RocketMQ's remoting, whose commits carry no epoch and name no client: the
+        committers, `client_ids`, are the clients that spoke on the connection. Without a
+        live lock the commit is allowed, as RocketMQ allows it.
+        """
+        with self._global:
+            entry = self._table.get(group, {}).get(queue)
+            if entry is None or not self._live(entry, self._clock.monotonic()):
+                return
+            owner = entry.client_id
+        if owner not in client_ids:
+            raise lock_not_held(
+                f"{queue[0]} queue {queue[1]} of group {group!r} is locked by {owner!r}; "
+                "only it may commit the queue's offset"
             )
 
     def is_locked_by(self, group: str, queue: QueueKey, client_id: str) -> bool:

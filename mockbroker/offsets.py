@@ -53,6 +53,14 @@ class ConsumerOffsets:
         """The committed offset, or None when the group never committed this queue."""
         return self._saved.get((group, topic, queue_id))
 
+    def latest(self, group: str, topic: str, queue_id: int) -> int | None:
+        """The latest accepted commit: the saved offset, or a later one still being saved.
+
+        A rule comparing a new commit with the group's offset reads this one, not get():
+        a commit accepted but not yet saved is newer than what the file holds.
+        """
+        return self._table.get((group, topic, queue_id))
+
     def committed(self) -> list[OffsetKey]:
         """Every (group, topic, queue) with a committed offset."""
         return list(self._saved)
@@ -81,10 +89,22 @@ class ConsumerOffsets:
         A save that fails raises BrokerError UNAVAILABLE (DISK_FULL or STORE_UNAVAILABLE,
         retriable) and takes back those of `updates` that no later commit replaced.
         """
+        await self.save_accepted(updates, self.accept(updates))
+
+    def accept(self, updates: dict[OffsetKey, int]) -> int:
+        """Take `updates` as the latest commits (latest() answers them, get() not yet).
+
+        No I/O and no awaiting: a rule checked just before applies to exactly this state.
+        The answer is the version to pass to save_accepted(), which must follow.
+        """
         self._table.update(updates)
         self._version += 1
+        return self._version
+
+    async def save_accepted(self, updates: dict[OffsetKey, int], version: int) -> None:
+        """Return once the accepted `updates` are on disk (the rest of commit())."""
         try:
-            await self._save(self._version)
+            await self._save(version)
         except OSError as exc:
             for key, value in updates.items():
                 if self._table.get(key) == value:

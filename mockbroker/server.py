@@ -24,6 +24,7 @@ from mockbroker.http_status import StatusServer
 from mockbroker.limits import ClientLimits
 from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
 from mockbroker.long_polling import PullHolder
+from mockbroker.offset_commits import OffsetCommits
 from mockbroker.offsets import ConsumerOffsets
 from mockbroker.pop import PopService
 from mockbroker.retry import RetryService
@@ -229,6 +230,7 @@ class Broker:
             sliced=self._sliced_store(),
             limits=ClientLimits(self.config.client_max_in_flight_bytes),
             pop=pop,
+            commits=OffsetCommits(self.store, self.offsets, locks),
         )
         # Without so_reuseport=0 a second broker could bind the same port and share it.
         server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))

@@ -1,6 +1,6 @@
 """What a broker's servicers share, and the checks several requests have in common.
 
-Store, offsets, locks, groups, held pulls, scheduler and retry.
+Store, offsets and the rule of committing them, locks, groups, held pulls, scheduler and retry.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from mockbroker.groups import ConsumerGroups
 from mockbroker.limits import ClientLimits
 from mockbroker.lock_manager import RebalanceLockManager
 from mockbroker.long_polling import PullHolder
+from mockbroker.offset_commits import OffsetCommits
 from mockbroker.offsets import ConsumerOffsets
 from mockbroker.pop import PopService
 from mockbroker.request_stats import RequestStats
@@ -64,6 +65,8 @@ class BrokerState:
     limits: ClientLimits
     #: Receives, acks and invisible durations (RocketMQ 5's pop), for every front.
     pop: PopService
+    #: The rule of committing an offset, for every front that commits one.
+    commits: OffsetCommits
     started: float = 0.0
     address: str = ""
     rates: RateMeter = field(default_factory=RateMeter)

@@ -505,3 +505,46 @@ def test_a_connection_closing_on_its_own_is_not_closed_again_in_a_loop(
         return seen
 
     assert [("a@1" in members) for members in run(main)] == [True] * 3
+
+
+def pull_fields(queue: int, commit: int) -> dict[str, str]:
+    """A push consumer's PULL_MESSAGE header with the commit-offset bit (sysFlag 0x5)."""
+    return {"consumerGroup": GROUP, "topic": "orders", "queueId": str(queue),
+            "queueOffset": str(commit), "maxMsgNums": "32", "sysFlag": str(0x5),
+            "commitOffset": str(commit), "suspendTimeoutMillis": "0", "subVersion": "0",
+            "subscription": "*", "expressionType": "TAG"}  # fmt: skip
+
+
+def test_a_pulls_commit_is_ignored_while_another_client_holds_the_queues_lock(
+    rocketmq: EmbeddedBroker, clock: FakeClock
+) -> None:
+    # UPDATE_CONSUMER_OFFSET refuses a non-owner; the commit bit of its pull moved the
+    # offset anyway, and the owner's successor started past messages nobody processed.
+    send_orders(rocketmq, 12)  # one sharding key: one queue
+    state = rocketmq.broker.state
+    assert state is not None
+    q = next(q for q in range(8) if state.store.end_offset(state.store.topics.get("orders"), q))
+
+    async def main() -> list[RemotingCommand]:
+        a, b = await Client.open(rocketmq, "a@1"), await Client.open(rocketmq, "b@1")
+        key = {"consumerGroup": GROUP, "topic": "orders", "queueId": str(q)}
+        try:
+            await a.heartbeat(GROUP)
+            await b.heartbeat(GROUP)
+            assert await a.lock(q) == {q}
+            await a.call(RequestCode.UPDATE_CONSUMER_OFFSET, **key, commitOffset="2")
+            clock.advance(61)  # a is paused past its lease; b takes the queue over
+            assert await b.lock(q) == {q}
+            answers = [await a.call(RequestCode.PULL_MESSAGE, **pull_fields(q, 10))]
+            answers.append(await b.call(RequestCode.QUERY_CONSUMER_OFFSET, **key))
+            answers.append(await b.call(RequestCode.PULL_MESSAGE, **pull_fields(q, 4)))
+            return answers
+        finally:
+            await a.close()
+            await b.close()
+
+    stale_pull, query, own_pull = run(main)
+    assert stale_pull.code == ResponseCode.SUCCESS, "the pull itself is served, as RocketMQ's"
+    assert query.ext_fields == {"offset": "2"}, "the non-owner's commit bit moved the offset"
+    assert own_pull.code == ResponseCode.SUCCESS
+    assert state.offsets.get(GROUP, "orders", q) == 4, "the owner's commit bit commits"

@@ -19,9 +19,11 @@ from typing import Any, TypeVar
 
 import pytest
 
+from mockbroker import offsets as offsets_module
 from mockbroker.config import BrokerConfig
 from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
 from mockbroker.fronts.remoting.command import FLAG_ONEWAY, Handler, RemotingCommand
+from mockbroker.fronts.remoting.coordination import RemotingClients, coordination_handlers
 from mockbroker.fronts.remoting.data_handlers import data_handlers
 from mockbroker.fronts.remoting.message_ids import decode_offset_msg_id
 from mockbroker.fronts.remoting.message_layout import (
@@ -48,7 +50,7 @@ UNIQ = "0A0102030FA01B6D35860ABCDEF00001"
 BORN = 1_700_000_000_000
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity, as connections are
 class FakeChannel:
     """A client connection as the handlers see it."""
 
@@ -151,7 +153,11 @@ def run(
             state = broker.state
             assert state is not None
             return await scenario(
-                Remoting(broker, state, data_handlers(state, store_host=lambda: STORE_HOST))
+                Remoting(
+                    broker,
+                    state,
+                    data_handlers(state, RemotingClients(state), store_host=lambda: STORE_HOST),
+                )
             )
         finally:
             await broker.stop()
@@ -529,6 +535,82 @@ def test_a_pulls_commit_offset_only_moves_the_group_forward(tmp_path: Path) -> N
         assert offsets.get("cg", "orders", 0) == 4, "past the queue's end: not committed"
         await r.pull("orders", 0, 0, sys_flag=0x4, commit=1)
         assert offsets.get("cg", "orders", 0) == 4, "without 0x1 nothing is committed"
+
+    run(tmp_path, scenario)
+
+
+def hold_offset_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """(began, release): the offset table's file writes wait for `release`."""
+    began, release = threading.Event(), threading.Event()
+    real = offsets_module.write_atomically
+
+    def held(path: Path, data: bytes) -> None:
+        began.set()
+        release.wait(30)
+        real(path, data)
+
+    monkeypatch.setattr(offsets_module, "write_atomically", held)
+    return began, release
+
+
+def offset_update(r: Remoting, offset: int) -> Awaitable[RemotingCommand | None]:
+    """UPDATE_CONSUMER_OFFSET of group cg's orders queue 0, from r's connection."""
+    handler = coordination_handlers(r.state, RemotingClients(r.state))[
+        RequestCode.UPDATE_CONSUMER_OFFSET
+    ]
+    fields = {"consumerGroup": "cg", "topic": "orders", "queueId": "0",
+              "commitOffset": str(offset)}  # fmt: skip
+    return handler(
+        RemotingCommand(RequestCode.UPDATE_CONSUMER_OFFSET, ext_fields=fields), r.channel
+    )
+
+
+def test_a_rewind_sent_while_a_commit_is_being_saved_is_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The update compared the rewind with the saved offset (0): equal, it wrote nothing and
+    # answered success; the commit of 10 being saved then stood, and 0..9 were skipped.
+    async def scenario(r: Remoting) -> None:
+        for _ in range(12):
+            await r.send("orders", b"m", {"UNIQ_KEY": UNIQ})
+        first = await offset_update(r, 0)
+        assert first is not None and first.code == ResponseCode.SUCCESS
+        began, release = hold_offset_writes(monkeypatch)
+        try:
+            forward = asyncio.ensure_future(offset_update(r, 10))
+            await until(began.is_set, "the save of offset 10")
+            rewind = asyncio.ensure_future(offset_update(r, 0))
+            asyncio.get_running_loop().call_soon(release.set)  # after the rewind's first step
+            answers = await asyncio.gather(forward, rewind)
+        finally:
+            release.set()
+        assert [a.code if a else None for a in answers] == [ResponseCode.SUCCESS] * 2
+        assert r.state.offsets.get("cg", "orders", 0) == 0, "the later commit wins"
+
+    run(tmp_path, scenario)
+
+
+def test_a_pulls_commit_is_compared_with_a_commit_still_being_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The pull's forward-only check read the saved offset (2), took 5 for a step forward
+    # and wrote it after the commit of 10 being saved: the group went back to 5.
+    async def scenario(r: Remoting) -> None:
+        for _ in range(12):
+            await r.send("orders", b"m", {"UNIQ_KEY": UNIQ})
+        first = await offset_update(r, 2)
+        assert first is not None and first.code == ResponseCode.SUCCESS
+        began, release = hold_offset_writes(monkeypatch)
+        try:
+            update = asyncio.ensure_future(offset_update(r, 10))
+            await until(began.is_set, "the save of offset 10")
+            pull = asyncio.ensure_future(r.pull("orders", 0, 5, sys_flag=0x5, commit=5))
+            asyncio.get_running_loop().call_soon(release.set)  # after the pull's first step
+            answers = await asyncio.gather(update, pull)
+        finally:
+            release.set()
+        assert [a.code for a in answers] == [ResponseCode.SUCCESS] * 2
+        assert r.state.offsets.get("cg", "orders", 0) == 10, "a stale pull moved the group back"
 
     run(tmp_path, scenario)
 

@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable
 
 from mockbroker.delivery import Delivery
-from mockbroker.errors import BrokerError, invalid, out_of_range
+from mockbroker.errors import BrokerError, invalid
 from mockbroker.fronts.grpc.exchange import ExchangeStreams
 from mockbroker.fronts.grpc.grpc_errors import (
     Context,
@@ -22,6 +22,7 @@ from mockbroker.fronts.grpc.grpc_errors import (
     parsed,
 )
 from mockbroker.groups import GroupMembership
+from mockbroker.offset_commits import Fenced, OffsetUpdate
 from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState, check_client_id
 from mockbroker.store.message_store import parse_tag_expression
@@ -381,24 +382,16 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     ) -> pb.CommitConsumerOffsetsResponse:
         """Record offsets durably, all or nothing; fenced by the queues' live locks."""
         self._s.known_group(request.group)
-        store = self._s.store
-        updates: dict[tuple[str, str, int], int] = {}
-        for item in request.offsets:
-            topic = self._s.topic_queue(item.topic, item.queue_id)
-            low = store.queue(topic, item.queue_id).min_offset
-            high = store.end_offset(topic, item.queue_id)
-            if not low <= item.offset <= high:
-                raise out_of_range(
-                    "INVALID_OFFSET",
-                    f"offset {item.offset} for {item.topic} queue {item.queue_id} is outside "
-                    f"[{low}, {high}]",
-                )
-            self._s.locks.check_commit(
-                request.group, (item.topic, item.queue_id), request.client_id, item.lock_epoch
+        updates = (  # each checked as it comes, in the request's order
+            OffsetUpdate(
+                self._s.topic_queue(item.topic, item.queue_id),
+                item.queue_id,
+                item.offset,
+                item.lock_epoch,
             )
-            updates[(request.group, item.topic, item.queue_id)] = item.offset
-        if updates:
-            await self._s.offsets.commit(updates)
+            for item in request.offsets
+        )
+        await self._s.commits.commit(request.group, updates, Fenced(request.client_id))
         return pb.CommitConsumerOffsetsResponse()
 
     # ------------------------------------------------------------------ retry, schedule

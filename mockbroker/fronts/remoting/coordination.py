@@ -15,6 +15,8 @@ locks from the one RebalanceLockManager, both commit into the one offset table.
   way round. A RocketMQ client's offset commit carries no epoch: it is refused while
   another client holds a live lock on the queue (a former owner's late commit would move
   the offset back under the new owner), and accepted otherwise, as RocketMQ accepts it.
+  The rule is the core's (mockbroker/offset_commits.py), as for gRPC commits and a
+  pull's commit bit; the committers are the client ids that spoke on the connection.
 - QUERY_CONSUMER_OFFSET for a queue the group never committed answers 0 while the queue
   still holds its first message (RocketMQ's broker rule, so a consumer started after the
   producer reads from the start), else QUERY_NOT_FOUND (the client then starts where its
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 from typing import Any
@@ -41,6 +42,7 @@ from mockbroker.fronts.remoting.command import (
     RemotingError,
 )
 from mockbroker.groups import GroupMembership
+from mockbroker.offset_commits import OffsetUpdate, Unfenced
 from mockbroker.retry import DEFAULT_MAX_RECONSUME_TIMES
 from mockbroker.state import BrokerState
 from mockbroker.store.message_store import parse_tag_expression
@@ -139,14 +141,6 @@ class _Coordination:
     def __init__(self, state: BrokerState, clients: RemotingClients) -> None:
         self._s = state
         self._clients = clients
-        #: Offset commits being saved, by (group, topic, queue).
-        self._saving: dict[tuple[str, str, int], asyncio.Future[None]] = {}
-
-    def _saved(self, key: tuple[str, str, int], commit: asyncio.Future[None]) -> None:
-        if self._saving.get(key) is commit:
-            del self._saving[key]
-        if not commit.cancelled():
-            commit.exception()  # retrieved: the handler that awaited it may be gone
 
     async def heartbeat(self, request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
         data = _json_body(request, "HeartbeatData")
@@ -221,11 +215,9 @@ class _Coordination:
         self, request: RemotingCommand, channel: ClientChannel
     ) -> RemotingCommand:
         group, topic, queue_id = self._offset_key(request)
-        saving = self._saving.get((group, topic.name, queue_id))
-        if saving is not None:
-            # A client gives a queue up with its last offset, then the unlock, at once:
-            # the new owner asks where to begin only once that offset is saved.
-            await asyncio.wait([saving])
+        # A client gives a queue up with its last offset, then the unlock, at once: the
+        # new owner asks where to begin only once that offset is saved.
+        await self._s.commits.settled(group, topic.name, queue_id)
         offset = self._s.offsets.get(group, topic.name, queue_id)
         if offset is None:
             if self._s.store.queue(topic, queue_id).min_offset != 0:
@@ -240,30 +232,8 @@ class _Coordination:
     ) -> RemotingCommand:
         group, topic, queue_id = self._offset_key(request)
         offset = Fields.of(request).integer("commitOffset")
-        low = self._s.store.queue(topic, queue_id).min_offset
-        high = self._s.store.end_offset(topic, queue_id)
-        if not low <= offset <= high:
-            raise RemotingError(
-                ResponseCode.SYSTEM_ERROR,
-                f"offset {offset} for {topic.name} queue {queue_id} is outside [{low}, {high}]",
-            )
-        lock = self._s.locks.locks(group).get((topic.name, queue_id))
-        if (
-            lock is not None
-            and lock.live
-            and lock.client_id not in self._clients.clients_on(channel)
-        ):
-            raise RemotingError(
-                ResponseCode.SYSTEM_ERROR,
-                f"{topic.name} queue {queue_id} of group {group!r} is locked by "
-                f"{lock.client_id!r}; only it may commit the queue's offset",
-            )
-        key = (group, topic.name, queue_id)
-        if self._s.offsets.get(*key) != offset:
-            commit = asyncio.ensure_future(self._s.offsets.commit({key: offset}))
-            self._saving[key] = commit
-            commit.add_done_callback(functools.partial(self._saved, key))
-            await asyncio.shield(commit)  # saved even if the client goes meanwhile
+        committer = Unfenced(self._clients.clients_on(channel))
+        await self._s.commits.commit(group, [OffsetUpdate(topic, queue_id, offset)], committer)
         return request.response()
 
     async def send_back(self, request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:

@@ -25,11 +25,13 @@ Choices where ordermq and RocketMQ differ, or RocketMQ leaves room:
   producers send 0 elsewhere). Sends to `%DLQ%...` and `rmq_sys_...` are refused
   (NO_PERMISSION); a batch to a retry topic, a compressed batch and delays in a batch are
   refused (MESSAGE_ILLEGAL).
-- A pull's `commitOffset` (sysFlag 0x1) is committed through the same offset table as a
-  gRPC commit, but only forward: RocketMQ's broker stores whatever it is sent, and a pull
-  still in flight from a consumer that has since lost the queue in a rebalance carries an
-  older offset than the new owner's, which would move the group back. An offset outside
-  the queue's [min, max] is not committed either. Moving an offset back on purpose is
+- A pull's `commitOffset` (sysFlag 0x1) is committed by the core's rule of committing
+  an offset (mockbroker/offset_commits.py), as UPDATE_CONSUMER_OFFSET and gRPC commits
+  are: not while another client holds the queue's lock, not outside the queue's
+  [min, max], and only forward, past the latest accepted commit (one still being saved
+  counts). RocketMQ's broker stores whatever it is sent, and a pull still in flight from
+  a consumer that has since lost the queue in a rebalance carries an older offset than
+  the new owner's, which would move the group back. Moving an offset back on purpose is
   UPDATE_CONSUMER_OFFSET's job. The pull is served whether or not it committed.
 - A pull without the subscription bit (0x4) filters by what the group's members
   subscribed in their heartbeats (ConsumerGroups), else by the request's `subscription`
@@ -59,6 +61,7 @@ from mockbroker.fronts.remoting.command import (
     RemotingCommand,
     RemotingError,
 )
+from mockbroker.fronts.remoting.coordination import RemotingClients
 from mockbroker.fronts.remoting.errors import refusal
 from mockbroker.fronts.remoting.message_ids import (
     SocketAddress,
@@ -79,6 +82,7 @@ from mockbroker.fronts.remoting.translate import (
     rocketmq_uniq_key,
     to_frame,
 )
+from mockbroker.offset_commits import OffsetUpdate, Unfenced
 from mockbroker.retry import DEFAULT_MAX_RECONSUME_TIMES
 from mockbroker.state import BrokerState
 from mockbroker.store.consumequeue import ConsumeQueue
@@ -150,14 +154,15 @@ def parse_subscription(expression: str | None) -> frozenset[bytes] | None:
 
 
 def data_handlers(
-    state: BrokerState, *, store_host: Callable[[], str] | None = None
+    state: BrokerState, clients: RemotingClients, *, store_host: Callable[[], str] | None = None
 ) -> dict[int, Handler]:
     """The handlers of the data path's request codes, on the broker's core.
 
-    `store_host` answers "ip:port" where RocketMQ clients reach this broker's remoting
-    port: offsetMsgIds name it (default: the broker's gRPC address).
+    `clients` tells which client ids spoke on a connection (a pull's commit bit commits
+    for them). `store_host` answers "ip:port" where RocketMQ clients reach this broker's
+    remoting port: offsetMsgIds name it (default: the broker's gRPC address).
     """
-    handlers = DataHandlers(state, store_host or (lambda: state.address))
+    handlers = DataHandlers(state, clients, store_host or (lambda: state.address))
     return {
         RequestCode.SEND_MESSAGE: handlers.send_message,
         RequestCode.SEND_MESSAGE_V2: handlers.send_message_v2,
@@ -202,8 +207,11 @@ class SendHeader:
 class DataHandlers:
     """The data path's handlers, sharing the broker's state."""
 
-    def __init__(self, state: BrokerState, store_host: Callable[[], str]) -> None:
+    def __init__(
+        self, state: BrokerState, clients: RemotingClients, store_host: Callable[[], str]
+    ) -> None:
         self._s = state
+        self._clients = clients
         self._store_host_text = store_host
         self._store_host: tuple[str, SocketAddress] | None = None
         self._uniq_keys: UniqKeyGenerator | None = None
@@ -397,14 +405,14 @@ class DataHandlers:
     ) -> RemotingCommand | None:
         """PULL_MESSAGE (11): read a queue from an offset, held while there is nothing new."""
         try:
-            return await self._pull(request, channel.peer)
+            return await self._pull(request, channel)
         except RemotingError as exc:
             return request.response(exc.code, remark=exc.remark, ext_fields={})
         except BrokerError as exc:
             error = refusal(exc)
             return request.response(error.code, remark=error.remark, ext_fields={})
 
-    async def _pull(self, request: RemotingCommand, client: str) -> RemotingCommand:
+    async def _pull(self, request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
         fields = Fields.of(request)
         group = fields.string("consumerGroup")
         topic_name = fields.string("topic")
@@ -417,9 +425,9 @@ class DataHandlers:
         topic = self._pulled_queue(group, topic_name, queue_id, max_messages)
         tags = self._tag_filter(group, topic_name, sys_flag, fields)
         if sys_flag & PULL_COMMIT_OFFSET:
-            await self._commit_forward(group, topic, queue_id, commit_offset)
+            await self._commit_forward(group, topic, queue_id, commit_offset, channel)
         got = await self._delivery.pull(
-            client,
+            channel.peer,
             group=group,
             topic_name=topic_name,
             queue_id=queue_id,
@@ -507,16 +515,21 @@ class DataHandlers:
                     return expression
         return None
 
-    async def _commit_forward(self, group: str, topic: Topic, queue_id: int, offset: int) -> None:
-        """Commit a pull's commitOffset if it moves the group forward within the queue."""
-        store, offsets = self._s.store, self._s.offsets
-        low = store.queue(topic, queue_id).min_offset
-        high = store.end_offset(topic, queue_id)
-        current = offsets.get(group, topic.name, queue_id)
-        if not low <= offset <= high or (current is not None and offset <= current):
-            return
+    async def _commit_forward(
+        self, group: str, topic: Topic, queue_id: int, offset: int, channel: ClientChannel
+    ) -> None:
+        """Commit a pull's commitOffset by the core's rule, forward only.
+
+        RocketMQ's broker stores the commit bit's offset unchecked, and no RocketMQ
+        broker fails a pull for it: a commit the rule refuses (a client that does not hold
+        the queue's lock, an offset outside the queue, or not past the latest accepted
+        commit) is dropped, and the pull is served. The client sends its offset again
+        with UPDATE_CONSUMER_OFFSET, which does answer a refusal.
+        """
+        committer = Unfenced(self._clients.clients_on(channel))
+        update = OffsetUpdate(topic, queue_id, offset)
         try:
-            await offsets.commit({(group, topic.name, queue_id): offset})
+            await self._s.commits.commit_forward(group, update, committer)
         except BrokerError as exc:  # not saved, and taken back; the pull is still served
             log.error("cannot save %s's offset %d of %s queue %d: %s",
                       group, offset, topic.name, queue_id, exc.message)  # fmt: skip

@@ -38,7 +38,7 @@ class RemotingFront:
         """Every request code the broker port serves."""
         state = self._state
         return {
-            **data_handlers(state, store_host=self._store_host),
+            **data_handlers(state, self.clients, store_host=self._store_host),
             **offset_handlers(state),
             **coordination_handlers(state, self.clients),
         }
