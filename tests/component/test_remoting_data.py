@@ -709,6 +709,17 @@ def test_send_refusals_carry_rocketmqs_codes_and_store_nothing(tmp_path: Path) -
         (310, v2_header("orders", queue_id=8), b"x", ResponseCode.SYSTEM_ERROR,
          "queue id 8 is out of range"),
         (310, {"b": "orders"}, b"x", ResponseCode.SYSTEM_ERROR, "'producerGroup' is missing"),
+        # Java reads these as Long and Integer: a value past their width is refused by name.
+        (310, {**v2_header("orders"), "g": str(2**64)}, b"x", ResponseCode.SYSTEM_ERROR,
+         "'bornTimestamp' is not a 64-bit integer"),
+        (310, {**v2_header("orders"), "g": str(-(2**63) - 1)}, b"x",
+         ResponseCode.SYSTEM_ERROR, "'bornTimestamp' is not a 64-bit integer"),
+        (310, {**v2_header("orders"), "h": str(2**31)}, b"x", ResponseCode.SYSTEM_ERROR,
+         "'flag' is not a 32-bit integer"),
+        (310, {**v2_header("orders"), "f": str(2**40)}, b"x", ResponseCode.SYSTEM_ERROR,
+         "'sysFlag' is not a 32-bit integer"),
+        (310, {**v2_header("orders"), "j": str(2**31)}, b"x", ResponseCode.SYSTEM_ERROR,
+         "'reconsumeTimes' is not a 32-bit integer"),
     ]  # fmt: skip
 
     async def scenario(r: Remoting) -> None:

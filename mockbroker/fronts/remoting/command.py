@@ -107,19 +107,29 @@ class Fields:
         value = self.values.get(name)
         return default if value is None else value
 
-    def integer(self, name: str, default: int | None = None) -> int:
-        """A required integer field (Integer or Long), or `default` when it is absent."""
+    def integer(self, name: str, default: int | None = None, *, bits: int = 64) -> int:
+        """A required integer field, or `default` when it is absent.
+
+        `bits` is its Java width: 64 for a Long, 32 for an Integer. A value past it is
+        refused by name, as Java's parser refuses it.
+        """
         value = self.values.get(name)
         if value is None:
             if default is None:
                 raise RemotingError(ResponseCode.SYSTEM_ERROR, f"the field {name!r} is missing")
             return default
         try:
-            return int(value.strip())
+            number = int(value.strip())
         except ValueError:
             raise RemotingError(
                 ResponseCode.SYSTEM_ERROR, f"the field {name!r} is not an integer: {value!r}"
             ) from None
+        if not -(1 << (bits - 1)) <= number < 1 << (bits - 1):
+            raise RemotingError(
+                ResponseCode.SYSTEM_ERROR,
+                f"the field {name!r} is not a {bits}-bit integer: {value[:40]!r}",
+            )
+        return number
 
     def boolean(self, name: str, default: bool = False) -> bool:
         """A boolean field, `default` when absent; read as Java's Boolean.parseBoolean.

@@ -240,8 +240,8 @@ class _Coordination:
         fields = Fields.of(request)
         group = fields.string("group")
         position = fields.integer("offset")
-        delay_level = fields.integer("delayLevel", 0)
-        max_times = fields.integer("maxReconsumeTimes", DEFAULT_MAX_RECONSUME_TIMES)
+        delay_level = fields.integer("delayLevel", 0, bits=32)
+        max_times = fields.integer("maxReconsumeTimes", DEFAULT_MAX_RECONSUME_TIMES, bits=32)
         _check(check_group, group)
         record = await asyncio.to_thread(self._s.store.read_at, position)
         if record is None:
@@ -276,7 +276,7 @@ class _Coordination:
     def _offset_key(self, request: RemotingCommand) -> tuple[str, Topic, int]:
         fields = Fields.of(request)
         group, topic_name = fields.string("consumerGroup"), fields.string("topic")
-        queue_id = fields.integer("queueId")
+        queue_id = fields.integer("queueId", bits=32)
         _check(check_group, group)
         topic = self._s.store.topics.find(topic_name)
         if topic is None:

@@ -194,13 +194,15 @@ class SendHeader:
         return cls(
             producer_group=fields.string("producerGroup"),
             topic=fields.string("topic"),
-            queue_id=fields.integer("queueId"),
-            sys_flag=fields.integer("sysFlag"),
+            queue_id=fields.integer("queueId", bits=32),
+            sys_flag=fields.integer("sysFlag", bits=32),
             born_timestamp_ms=fields.integer("bornTimestamp"),
-            flag=fields.integer("flag"),
+            flag=fields.integer("flag", bits=32),
             properties=fields.optional_string("properties", "") or "",
-            reconsume_times=fields.integer("reconsumeTimes", 0),
-            max_reconsume_times=None if max_times is None else fields.integer("maxReconsumeTimes"),
+            reconsume_times=fields.integer("reconsumeTimes", 0, bits=32),
+            max_reconsume_times=None
+            if max_times is None
+            else fields.integer("maxReconsumeTimes", bits=32),
         )
 
 
@@ -416,10 +418,10 @@ class DataHandlers:
         fields = Fields.of(request)
         group = fields.string("consumerGroup")
         topic_name = fields.string("topic")
-        queue_id = fields.integer("queueId")
+        queue_id = fields.integer("queueId", bits=32)
         offset = fields.integer("queueOffset")
-        max_messages = fields.integer("maxMsgNums")
-        sys_flag = fields.integer("sysFlag")
+        max_messages = fields.integer("maxMsgNums", bits=32)
+        sys_flag = fields.integer("sysFlag", bits=32)
         commit_offset = fields.integer("commitOffset", 0)
         suspend_ms = fields.integer("suspendTimeoutMillis", 0)
         topic = self._pulled_queue(group, topic_name, queue_id, max_messages)
@@ -559,7 +561,7 @@ class DataHandlers:
         try:
             topic = fields.string("topic")
             key = fields.string("key")
-            max_num = fields.integer("maxNum")
+            max_num = fields.integer("maxNum", bits=32)
             begin = fields.integer("beginTimestamp")
             end = fields.integer("endTimestamp")
         except RemotingError as exc:

@@ -18,7 +18,7 @@ def offset_handlers(state: BrokerState) -> dict[int, Handler]:
 
     def queue(request: RemotingCommand) -> tuple[Topic | None, int]:
         fields = Fields.of(request)
-        name, queue_id = fields.string("topic"), fields.integer("queueId")
+        name, queue_id = fields.string("topic"), fields.integer("queueId", bits=32)
         topic = state.store.topics.find(name)
         if topic is None or not 0 <= queue_id < topic.queue_count:
             return None, queue_id
