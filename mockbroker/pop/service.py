@@ -308,25 +308,47 @@ class PopService:
         fifo: bool,
         max_attempts: int,
     ) -> list[Received]:
-        """Choose and lease messages now (no await: nothing changes meanwhile)."""
+        """Choose and lease messages now (no await: nothing changes meanwhile).
+
+        All or nothing: when a queue fails part-way (a read error), the leases already
+        taken of the others are taken back before anything is journaled, so no message
+        stays hidden for a delivery that never went out.
+        """
         g = self._groups.get(group)
         if g is None:
             g = self._groups[group] = _Group(fifo, max_attempts)
         g.fifo, g.max_attempts = fifo, max_attempts
         now_ms = self._now_ms()
         out: list[Received] = []
+        taken: list[tuple[int, Window, list[Lease]]] = []
         budget = MAX_PULL_BYTES
         start = g.turn.get(topic.name, 0) % len(queues)
         g.turn[topic.name] = start + 1
-        for i in range(len(queues)):
-            if len(out) >= want or budget <= 0:
-                break
-            qid = queues[(start + i) % len(queues)]
-            window = self._window(g, group, topic, qid)
-            got = self._take_from(group, g, topic, qid, window, want - len(out), budget, tags,
-                                  now_ms, invisible_ms, first=not out)  # fmt: skip
-            budget -= sum(len(r.record) for r in got)
-            out += got
+        try:
+            for i in range(len(queues)):
+                if len(out) >= want or budget <= 0:
+                    break
+                qid = queues[(start + i) % len(queues)]
+                window = self._window(g, group, topic, qid)
+                leases, got = self._take_from(group, g, topic, qid, window, want - len(out),
+                                              budget, tags, now_ms, invisible_ms,
+                                              first=not out)  # fmt: skip
+                if leases:
+                    taken.append((qid, window, leases))
+                budget -= sum(len(r.record) for r in got)
+                out += got
+        except BaseException:
+            for _qid, window, leases in taken:
+                for lease in leases:
+                    window.unlease(lease.offset)
+            raise
+        for qid, window, leases in taken:
+            self.journal.append({
+                "op": "lease", "g": group, "t": topic.name, "q": qid, "b": window.base,
+                "f": g.fifo, "m": g.max_attempts,
+                "e": [[ls.offset, b64(window.entries[ls.offset].key), ls.attempts, ls.nonce,
+                       ls.deadline_ms] for ls in leases],
+            })  # fmt: skip
         return out
 
     def _take_from(
@@ -343,7 +365,8 @@ class PopService:
         invisible_ms: int,
         *,
         first: bool,
-    ) -> list[Received]:
+    ) -> tuple[list[Lease], list[Received]]:
+        """Lease what `window` can give now: the leases (not journaled yet), the messages."""
         records: dict[int, bytes] = {}
         dropped = window.move_base(self._store.queue(topic, qid).min_offset)
         if dropped:
@@ -366,15 +389,7 @@ class PopService:
             budget -= len(record)
             lease = window.lease(offset, new_nonce(), now_ms + invisible_ms)
             leases.append((lease, record))
-        if not leases:
-            return []
-        self.journal.append({
-            "op": "lease", "g": group, "t": topic.name, "q": qid, "b": window.base,
-            "f": g.fifo, "m": g.max_attempts,
-            "e": [[ls.offset, b64(window.entries[ls.offset].key), ls.attempts, ls.nonce,
-                   ls.deadline_ms] for ls, _ in leases],
-        })  # fmt: skip
-        return [
+        return [ls for ls, _ in leases], [
             Received(
                 topic.name, qid, ls.offset, record,
                 Receipt(group, topic.name, qid, ls.offset, ls.nonce, ls.deadline_ms).encode(),

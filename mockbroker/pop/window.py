@@ -169,6 +169,13 @@ class Window:
         self._hold(offset, entry, nonce, deadline_ms)
         return Lease(offset, nonce, deadline_ms, entry.attempts)
 
+    def unlease(self, offset: int) -> None:
+        """Take back a lease whose delivery never went out: the entry is as before `lease`."""
+        entry = self.entries[offset]
+        entry.attempts -= 1
+        entry.nonce = 0
+        self.unleased += 1
+
     def change(self, offset: int, nonce: int, deadline_ms: int) -> Lease:
         """Replace a held message's lease with a new one (a new nonce and deadline)."""
         entry = self.entries[offset]

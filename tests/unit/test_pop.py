@@ -8,6 +8,7 @@ import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from grpc import StatusCode
@@ -16,6 +17,7 @@ from mockbroker.errors import BrokerError
 from mockbroker.pop import PopService, Received
 from mockbroker.pop.journal import STATE_FILE
 from mockbroker.pop.receipts import Receipt, parse_receipt
+from mockbroker.topics import Topic
 from sdk._wire import encode_frame
 from sdk.errors import CorruptFileError
 from tests.unit.pop_world import PopWorld, record_of
@@ -684,6 +686,36 @@ def test_a_failed_journal_write_refuses_every_later_change(world: PopWorld) -> N
         world.pop.receive("g", "jobs", max_messages=1, invisible_ms=1000),
     ):
         assert refused(world, call).reason == "STORE_UNAVAILABLE"
+
+
+def test_a_receive_that_fails_part_way_hides_nothing(
+    world: PopWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Queue 0's message was leased in memory and journaled, then reading queue 1 failed:
+    # the receive was refused, yet queue 0's message stayed hidden for its whole
+    # invisible time (up to 12 hours) with an attempt counted that nobody received.
+    world.send(0, b"first")
+    world.send(1, b"second")
+    read = world.store.get
+
+    def failing(topic: Topic, queue_id: int, *args: Any, **kw: Any) -> Any:
+        if queue_id == 1:
+            raise BrokerError(StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", "queue 1 unreadable")
+        return read(topic, queue_id, *args, **kw)
+
+    monkeypatch.setattr(world.store, "get", failing)
+    assert refused(world, world.pop.receive("g", "jobs", max_messages=2, invisible_ms=3_600_000))
+    monkeypatch.setattr(world.store, "get", read)
+    got = world.receive(invisible=3600)
+    assert sorted((bodies([r])[0], r.attempt) for r in got) == [(b"first", 1), (b"second", 1)]
+    world.crash()
+    world.advance(1)
+    assert sorted(r.attempt for r in world.receive()) == [], "both leased by the second receive"
+    world.advance(3600)
+    assert sorted((bodies([r])[0], r.attempt) for r in world.receive()) == [
+        (b"first", 2),
+        (b"second", 2),
+    ]
 
 
 def test_a_broker_starting_on_a_full_disk_refuses_receives_until_the_journal_opens(
