@@ -7,12 +7,18 @@ write never spans two files and a position maps to one file by bisection.
 Retention deletes whole segments from the oldest on. The new start (the floor) is written
 to the file `floor` before any segment is unlinked, so a crash in the middle of a deletion
 leaves a floor whose segments below it `open` finishes deleting.
+
+Reads may run in worker threads (message queries) while the event loop appends and
+retention deletes: a segment is looked up and read under the same lock under which
+retention takes it out and closes its file, so a read never uses a closed descriptor,
+or one the number of which was given to another file meanwhile.
 """
 
 from __future__ import annotations
 
 import bisect
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +58,8 @@ class CommitLog:
         self._bases: list[int] = []
         self._unsynced_rolled: list[int] = []
         self.flushed = 0
+        #: Held while reading a segment and while taking one out (see the docstring).
+        self._guard = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
@@ -70,11 +78,12 @@ class CommitLog:
 
     def close(self) -> None:
         """Close every segment file (does not flush)."""
-        for seg in self._segments:
-            os.close(seg.fd)
-        self._segments.clear()
-        self._bases.clear()
-        self._unsynced_rolled.clear()
+        with self._guard:
+            for seg in self._segments:
+                os.close(seg.fd)
+            self._segments.clear()
+            self._bases.clear()
+            self._unsynced_rolled.clear()
 
     # ------------------------------------------------------------------ writing
     @property
@@ -134,15 +143,16 @@ class CommitLog:
     def read(self, position: int, size: int) -> bytes:
         """Read `size` bytes at `position`, across segment boundaries if need be."""
         parts: list[bytes] = []
-        while size > 0:
-            seg = self._segment_at(position)
-            offset = position - seg.base
-            n = min(size, seg.size - offset)
-            if n <= 0:
-                raise ValueError(f"read past the end of the commit log at {position}")
-            parts.append(os.pread(seg.fd, n, offset))
-            position += n
-            size -= n
+        with self._guard:
+            while size > 0:
+                seg = self._segment_at(position)
+                offset = position - seg.base
+                n = min(size, seg.size - offset)
+                if n <= 0:
+                    raise ValueError(f"read past the end of the commit log at {position}")
+                parts.append(os.pread(seg.fd, n, offset))
+                position += n
+                size -= n
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def zeros_to_page_end(self, position: int) -> bool:
@@ -197,11 +207,12 @@ class CommitLog:
     def _unlink_below(self, floor: int) -> int:
         freed = 0
         while len(self._segments) > 1 and self._segments[1].base <= floor:
-            seg = self._segments.pop(0)
-            self._bases.pop(0)
-            if seg.fd in self._unsynced_rolled:
-                self._unsynced_rolled.remove(seg.fd)
-            os.close(seg.fd)
+            with self._guard:
+                seg = self._segments.pop(0)
+                self._bases.pop(0)
+                if seg.fd in self._unsynced_rolled:
+                    self._unsynced_rolled.remove(seg.fd)
+                os.close(seg.fd)
             seg.path.unlink(missing_ok=True)
             freed += seg.size
             fault_point("retention-unlinked-one")
@@ -213,10 +224,11 @@ class CommitLog:
         """Drop everything at and after `position`; return the number of bytes dropped."""
         dropped = 0
         while len(self._segments) > 1 and self._segments[-1].base >= position:
-            seg = self._segments.pop()
-            self._bases.pop()
+            with self._guard:
+                seg = self._segments.pop()
+                self._bases.pop()
+                os.close(seg.fd)
             dropped += seg.size
-            os.close(seg.fd)
             seg.path.unlink()
         last = self._segments[-1]
         keep = max(position - last.base, 0)
