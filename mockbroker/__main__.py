@@ -184,6 +184,19 @@ def build_parser() -> argparse.ArgumentParser:
         "(default %(default)s)",
     )
     p.add_argument(
+        "--remoting-max-connections",
+        type=int,
+        default=d.remoting_max_connections,
+        help="connections the remoting port and the name server each keep open at once "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--remoting-max-connections-per-host",
+        type=int,
+        default=d.remoting_max_connections_per_host,
+        help="of those, how many one remote address may have (default %(default)s)",
+    )
+    p.add_argument(
         "--client-max-in-flight-bytes",
         type=int,
         default=d.client_max_in_flight_bytes,
@@ -244,6 +257,8 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             metrics_port=a.metrics_port,
             remoting_port=a.remoting_port,
             namesrv_port=a.namesrv_port,
+            remoting_max_connections=a.remoting_max_connections,
+            remoting_max_connections_per_host=a.remoting_max_connections_per_host,
             advertised_host=a.advertised_host,
             retention_hours=a.retention_hours,
             disk_high_ratio=a.disk_high_ratio,

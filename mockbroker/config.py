@@ -89,6 +89,12 @@ class BrokerConfig:
         namesrv_port: Serve a RocketMQ name server on this port, whose routes name this
             broker's remoting port (None: off; 0 picks a free port; RocketMQ's default is
             9876). Needs `remoting_port`.
+        remoting_max_connections: Connections the remoting port, and the name server,
+            each keep open at once; a further one is closed as soon as it is accepted (a
+            client that opens sockets without end must not take the descriptors the
+            store needs).
+        remoting_max_connections_per_host: Of those, how many one remote address may
+            have open at once.
         pop_max_in_flight: Per consumer group and queue, the most messages receives
             (pop: ReceiveMessage) may hold between the group's first unsettled message
             and the next one never received: delivered and not yet acknowledged, or held
@@ -133,6 +139,8 @@ class BrokerConfig:
     client_max_in_flight_bytes: int = 64 * 1024 * 1024
     remoting_port: int | None = None
     namesrv_port: int | None = None
+    remoting_max_connections: int = 4096
+    remoting_max_connections_per_host: int = 1024
     v2_port: int | None = None
     pop_max_in_flight: int = 1024
     pop_max_delivery_attempts: int = 17
@@ -174,6 +182,10 @@ class BrokerConfig:
             raise ValueError("fair_slice_messages and fair_slice_bytes must be positive")
         if self.fair_turn_ms <= 0:
             raise ValueError("fair_turn_ms must be positive")
+        if min(self.remoting_max_connections, self.remoting_max_connections_per_host) < 1:
+            raise ValueError(
+                "remoting_max_connections and remoting_max_connections_per_host must be positive"
+            )
         if self.client_max_in_flight_bytes < 1:
             raise ValueError("client_max_in_flight_bytes must be positive")
         if not 1 <= self.pop_max_in_flight <= 1_000_000:

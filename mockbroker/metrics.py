@@ -29,6 +29,7 @@ from mockbroker.histogram import Histogram
 from sdk._version import __version__
 
 if TYPE_CHECKING:
+    from mockbroker.fronts.remoting.front import RemotingFront
     from mockbroker.server import Broker
     from mockbroker.state import BrokerState
 
@@ -65,6 +66,8 @@ class BrokerCollector(Collector):
         ]
         if self._broker.state is not None:
             families += _state_families(self._broker.state)
+        if self._broker.remoting is not None:
+            families += _remoting_families(self._broker.remoting)
         return families
 
 
@@ -152,6 +155,25 @@ def _state_families(s: BrokerState) -> Iterator[Metric]:
     yield from _request_families(s)
     yield from _group_families(s)
     yield from retention_metrics(s)
+
+
+def _remoting_families(front: RemotingFront) -> Iterator[Metric]:
+    ports = (("broker", front.broker), ("namesrv", front.namesrv))
+    servers = [(name, server) for name, server in ports if server is not None]
+    open_now = GaugeMetricFamily(
+        "ordermq_remoting_connections", "Open remoting connections, by port", labels=["port"]
+    )
+    refused = CounterMetricFamily(
+        "ordermq_remoting_connections_refused",
+        "Remoting connections closed on accept: past remoting_max_connections, or "
+        "remoting_max_connections_per_host from one address",
+        labels=["port"],
+    )
+    for name, server in servers:
+        open_now.add_metric([name], len(server.connections))
+        refused.add_metric([name], server.refused_connections)
+    yield open_now
+    yield refused
 
 
 def _fairness_families(s: BrokerState) -> Iterator[Metric]:

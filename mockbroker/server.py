@@ -259,7 +259,11 @@ class Broker:
         self._sweeper = asyncio.create_task(self._expire_clients(state), name="client-expiry")
         self.state, self._server = state, server
         if self.config.remoting_port is not None:
-            self.remoting = RemotingFront(state, self._client_host())
+            self.remoting = RemotingFront(
+                state, self._client_host(),
+                max_connections=self.config.remoting_max_connections,
+                max_connections_per_host=self.config.remoting_max_connections_per_host,
+            )  # fmt: skip
             await self.remoting.start(
                 self.config.host, self.config.remoting_port, self.config.namesrv_port
             )

@@ -26,6 +26,7 @@ from mockbroker.limits import ClientLimits
 from sdk import LitePullConsumer, Message, MessageQueue, Producer
 from sdk.clock import SystemClock
 from sdk.testing import FakeClock
+from tests.component.scraping import scrape
 from tests.remoting_client import RemotingClient
 from tests.support import wait_until
 
@@ -572,3 +573,61 @@ def test_a_peer_that_stops_reading_holds_neither_the_idle_reaper_nor_stop() -> N
             stuck.close()
 
     run(main)
+
+
+# ------------------------------------------------------------ connection limits
+def test_connections_past_the_per_host_and_total_limits_are_closed_and_counted(
+    tmp_path: Path,
+) -> None:
+    # Reproduced in review: the limits counted per connection, and nothing bounded the
+    # connections: one host opening sockets took the descriptors the store needs.
+    config = BrokerConfig(
+        data_dir=tmp_path / "broker", remoting_port=0, metrics_port=0,
+        remoting_max_connections=3, remoting_max_connections_per_host=2,
+    )  # fmt: skip
+    with EmbeddedBroker(config) as broker:
+        where = address(broker, "broker")
+
+        async def answered(client: RemotingClient) -> bool:
+            answer = await client.request(RemotingCommand(9999))
+            return answer.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+
+        async def connect(local_host: str) -> RemotingClient:
+            host, port = where.rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(
+                host, int(port), local_addr=(local_host, 0)
+            )
+            return RemotingClient(reader, writer)
+
+        async def main() -> list[bool]:
+            first = [await connect("127.0.0.1") for _ in range(2)]
+            over_host = await connect("127.0.0.1")
+            other = await connect("127.0.0.2")
+            over_all = await connect("127.0.0.3")
+            try:
+                await asyncio.wait_for(over_host.closed.wait(), 30)
+                await asyncio.wait_for(over_all.closed.wait(), 30)
+                served = [await answered(c) for c in (*first, other)]
+                await first[0].close()
+                state = broker.broker.remoting
+                assert state is not None and state.broker is not None
+                server = state.broker
+                await until(lambda: len(server.connections) == 2, "the close seen")
+                again = await connect("127.0.0.1")
+                served.append(await answered(again))
+                await again.close()
+                return served
+            finally:
+                for client in (*first, over_host, other, over_all):
+                    await client.close()
+
+        assert run(main) == [True] * 4
+        port = broker.broker.metrics_port
+        assert port
+        samples = scrape(port)
+        assert samples[("ordermq_remoting_connections_refused_total", (("port", "broker"),))] == 2
+
+
+def test_connection_limits_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="remoting_max_connections"):
+        BrokerConfig(data_dir=tmp_path, remoting_max_connections_per_host=0)

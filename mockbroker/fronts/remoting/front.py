@@ -7,7 +7,11 @@ from mockbroker.fronts.remoting.coordination import RemotingClients, coordinatio
 from mockbroker.fronts.remoting.data_handlers import data_handlers
 from mockbroker.fronts.remoting.namesrv import namesrv_handlers
 from mockbroker.fronts.remoting.offset_handlers import offset_handlers
-from mockbroker.fronts.remoting.server import RemotingServer
+from mockbroker.fronts.remoting.server import (
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_HOST,
+    RemotingServer,
+)
 from mockbroker.state import BrokerState
 
 
@@ -17,9 +21,18 @@ class RemotingFront:
     Either may be off (port None); 0 picks a free port.
     """
 
-    def __init__(self, state: BrokerState, advertised_host: str) -> None:
+    def __init__(
+        self,
+        state: BrokerState,
+        advertised_host: str,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        max_connections_per_host: int = MAX_CONNECTIONS_PER_HOST,
+    ) -> None:
         self._state = state
         self._host = advertised_host
+        self._max_connections = max_connections
+        self._max_connections_per_host = max_connections_per_host
         self.clients = RemotingClients(state)
         self.broker: RemotingServer | None = None
         self.namesrv: RemotingServer | None = None
@@ -52,11 +65,17 @@ class RemotingFront:
             self.broker = RemotingServer(
                 "broker", self.broker_handlers(), state.clock,
                 on_close=self.clients.connection_closed, limits=state.limits,
+                max_connections=self._max_connections,
+                max_connections_per_host=self._max_connections_per_host,
             )  # fmt: skip
             await self.broker.start(listen_host, broker_port)
         if namesrv_port is not None:
             handlers = namesrv_handlers(state, self._store_host)
-            self.namesrv = RemotingServer("namesrv", handlers, state.clock, limits=state.limits)
+            self.namesrv = RemotingServer(
+                "namesrv", handlers, state.clock, limits=state.limits,
+                max_connections=self._max_connections,
+                max_connections_per_host=self._max_connections_per_host,
+            )  # fmt: skip
             await self.namesrv.start(listen_host, namesrv_port)
 
     async def stop(self, grace_seconds: float = 0.0) -> None:

@@ -17,7 +17,10 @@ nor stop(), nor the other members of its group. Closing a connection waits at mo
 `peer_wait_seconds` for what is still queued to go out, then drops it; a oneway request
 (NOTIFY_CONSUMER_IDS_CHANGED) waits as long, then is dropped, as RocketMQ drops one it
 cannot write. A connection leaves `connections` when its close begins, so nothing loops
-on one already closing.
+on one already closing. Past `max_connections` open connections, or
+`max_connections_per_host` from one address, a new connection is closed as soon as it is
+accepted (counted in `refused_connections`): one host opening sockets without end takes
+neither the broker's file descriptors nor the others' room.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ log = logging.getLogger("ordermq.broker.remoting")
 IDLE_SECONDS = 120.0
 #: The longest the broker waits on a peer: to flush a closing connection, to write a oneway.
 PEER_WAIT_SECONDS = 10.0
+#: Connections one server keeps at once, in all and from one host; more are closed at once.
+MAX_CONNECTIONS = 4096
+MAX_CONNECTIONS_PER_HOST = 1024
 
 
 class Connection:
@@ -64,6 +70,8 @@ class Connection:
         self._writer = writer
         peer = writer.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        #: The remote address without its port.
+        self.host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         self._closed = False
         self._write_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -188,6 +196,8 @@ class RemotingServer:
         max_frame_bytes: int = MAX_FRAME_BYTES,
         idle_seconds: float = IDLE_SECONDS,
         peer_wait_seconds: float = PEER_WAIT_SECONDS,
+        max_connections: int = MAX_CONNECTIONS,
+        max_connections_per_host: int = MAX_CONNECTIONS_PER_HOST,
         on_close: Callable[[Connection], None] | None = None,
         limits: ClientLimits | None = None,
     ) -> None:
@@ -197,6 +207,11 @@ class RemotingServer:
         self.max_frame_bytes = max_frame_bytes
         self.idle_seconds = idle_seconds
         self.peer_wait_seconds = peer_wait_seconds
+        self.max_connections = max_connections
+        self.max_connections_per_host = max_connections_per_host
+        #: Connections closed on accept, for being past a limit.
+        self.refused_connections = 0
+        self._per_host: dict[str, int] = {}
         self._on_close = on_close
         #: Bytes in flight per connection, and the limit on them (None: no limit).
         self.limits = limits
@@ -285,6 +300,11 @@ class RemotingServer:
     def closed(self, connection: Connection) -> None:
         """A connection is ending (called once per connection, when its close begins)."""
         self.connections.discard(connection)
+        left = self._per_host.get(connection.host, 0) - 1
+        if left > 0:
+            self._per_host[connection.host] = left
+        else:
+            self._per_host.pop(connection.host, None)
         if self._on_close is not None:
             self._on_close(connection)
 
@@ -293,7 +313,24 @@ class RemotingServer:
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         connection = Connection(self, reader, writer)
+        from_host = self._per_host.get(connection.host, 0)
+        if (
+            len(self.connections) >= self.max_connections
+            or from_host >= self.max_connections_per_host
+        ):
+            self.refused_connections += 1
+            if self.refused_connections & (self.refused_connections - 1) == 0:  # 1, 2, 4, ...
+                log.warning(
+                    "remoting %s: connection from %s closed: %d open, %d from that host "
+                    "(limits %d and %d per host); %d refused so far",
+                    self.name, connection.peer, len(self.connections), from_host,
+                    self.max_connections, self.max_connections_per_host,
+                    self.refused_connections,
+                )  # fmt: skip
+            writer.transport.abort()
+            return
         self.connections.add(connection)
+        self._per_host[connection.host] = from_host + 1
         await connection.serve()
 
     async def _close_idle(self) -> None:
