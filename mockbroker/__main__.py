@@ -204,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
         "client's further requests wait (default %(default)s)",
     )
     p.add_argument(
+        "--client-max-locks",
+        type=int,
+        default=d.client_max_locks,
+        help="queue locks one client may hold at once, over every group; a lock request "
+        "past it is refused (default %(default)s)",
+    )
+    p.add_argument(
         "--fifo-group",
         action="append",
         default=[],
@@ -271,6 +278,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             fair_slice_bytes=a.fair_slice_bytes,
             fair_turn_ms=a.fair_turn_ms,
             client_max_in_flight_bytes=a.client_max_in_flight_bytes,
+            client_max_locks=a.client_max_locks,
             v2_port=a.v2_port,
             pop_max_in_flight=a.pop_max_in_flight,
             pop_max_delivery_attempts=a.pop_max_delivery_attempts,

@@ -83,6 +83,10 @@ class BrokerConfig:
             and answers (pulls' messages) the broker holds at once; past it, the broker
             reads no more of that client's requests until some are answered (the client
             waits, held back by flow control). One request is always taken, however large.
+        client_max_locks: Queue locks one client id may hold at once, over every group
+            and front; a lock request that would take it past this is refused whole
+            (TOO_MANY_LOCKS). It bounds the lock table, and `locks.json`, that one client
+            can grow (each entry names at most 255 characters of client id).
         remoting_port: Serve RocketMQ 4.x remoting (RocketMQ's own clients' broker
             protocol) on this port, on the same store, groups, locks and offsets as gRPC
             (None: off; 0 picks a free port; RocketMQ's default is 10911).
@@ -137,6 +141,7 @@ class BrokerConfig:
     fair_slice_bytes: int = 128 * 1024
     fair_turn_ms: float = 0.5
     client_max_in_flight_bytes: int = 64 * 1024 * 1024
+    client_max_locks: int = 4096
     remoting_port: int | None = None
     namesrv_port: int | None = None
     remoting_max_connections: int = 4096
@@ -188,6 +193,8 @@ class BrokerConfig:
             )
         if self.client_max_in_flight_bytes < 1:
             raise ValueError("client_max_in_flight_bytes must be positive")
+        if not 1 <= self.client_max_locks <= 1_000_000:
+            raise ValueError(f"client_max_locks {self.client_max_locks} is outside 1..1000000")
         if not 1 <= self.pop_max_in_flight <= 1_000_000:
             raise ValueError(f"pop_max_in_flight {self.pop_max_in_flight} is outside 1..1000000")
         if not 1 <= self.pop_max_delivery_attempts <= 1000:

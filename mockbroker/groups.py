@@ -4,11 +4,14 @@ Clients join by heartbeat and leave by unregistering, by silence, or by disconne
 
 - a client not heard from for `client_timeout_seconds` expires;
 - a client whose connection closed expires once `disconnect_grace_seconds` pass without
-  a heartbeat from it. A connection is known by its peer address (host:port of the
-  client's end), the one its heartbeats came from, and counts as closed when the last
-  long-lived stream on it (membership watch, Exchange) ends: that happens at once when
-  the client's process dies, since its kernel closes its sockets. A process that is only
-  paused (SIGSTOP, a debugger) keeps its connection open, so it expires by silence only.
+  a request from it. A connection is known by its peer address (host:port of the
+  client's end), the one its latest request came from, and counts as closed when the
+  last long-lived stream on it (membership watch, Exchange, a remoting connection) ends:
+  that happens at once when the client's process dies, since its kernel closes its
+  sockets. Any request of a known client (`alive`: a heartbeat, a lock, an unlock, a
+  pull, an offset commit or query, on either front) means it is back on that connection.
+  A process that is only paused (SIGSTOP, a debugger) keeps its connection open, so it
+  expires by silence only.
   A client that shuts down cleanly unregisters before it closes its Exchange streams.
 
 Every join or leave raises the group's membership version and wakes its watchers, so
@@ -85,6 +88,25 @@ class ConsumerGroups:
         if not groups:
             del self._clients[client_id]
         return {g: self._group(g).version for g in groups}
+
+    def alive(self, client_id: str, peer: str = "") -> None:
+        """`client_id` made a request (any: a lock, a pull, a commit) from `peer`.
+
+        A known client counts as heard from, on that connection: if the connection its
+        heartbeats came from closed, the grace stops running, since it is back. Its groups
+        stay as they are; an unknown client stays unknown (only a heartbeat joins).
+        """
+        client = self._clients.get(client_id)
+        if client is None:
+            return
+        client.last_seen = self._clock.now()
+        if peer:
+            client.peer, client.disconnected_at = peer, None
+
+    def is_member(self, client_id: str, group: str) -> bool:
+        """True when `client_id` is in `group` now."""
+        client = self._clients.get(client_id)
+        return client is not None and group in client.groups
 
     def unregister(self, client_id: str) -> bool:
         """Remove a client from all its groups; False if it was unknown."""

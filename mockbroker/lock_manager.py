@@ -257,17 +257,57 @@ class RebalanceLockManager:
             return self._try_lock(group, queue, client_id, self._clock.monotonic())
 
     def lock_batch(
-        self, group: str, client_id: str, queues: Iterable[QueueKey]
+        self,
+        group: str,
+        client_id: str,
+        queues: Iterable[QueueKey],
+        *,
+        renew_only: bool = False,
+        max_held: int | None = None,
     ) -> dict[QueueKey, int]:
-        """Take or renew many locks; the ones the caller now holds, with their epochs."""
+        """Take or renew many locks; the ones the caller now holds, with their epochs.
+
+        `renew_only`: renew the caller's locks among `queues`, take none. `max_held`: a
+        batch that would leave the caller holding more lock entries than this, over every
+        group, is refused whole (RESOURCE_EXHAUSTED / TOO_MANY_LOCKS) and changes nothing.
+        """
         with self._global:
             now = self._clock.monotonic()
+            queues = list(dict.fromkeys(queues))
+            table = self._table.get(group, {})
+            if renew_only:
+                queues = [q for q in queues if q in table and table[q].client_id == client_id]
+            if max_held is not None:
+                self._check_held(group, client_id, queues, now, max_held)
             held: dict[QueueKey, int] = {}
             for queue in queues:
                 epoch = self._try_lock(group, queue, client_id, now)
                 if epoch is not None:
                     held[queue] = epoch
             return held
+
+    def _check_held(
+        self, group: str, client_id: str, queues: list[QueueKey], now: float, max_held: int
+    ) -> None:
+        owned = sum(e.client_id == client_id for t in self._table.values() for e in t.values())
+        table = self._table.get(group, {})
+        taken = 0
+        for queue in queues:
+            entry = table.get(queue)
+            if entry is None or (entry.client_id != client_id and not self._live(entry, now)):
+                taken += 1
+        if owned + taken > max_held:
+            raise BrokerError(
+                StatusCode.RESOURCE_EXHAUSTED,
+                "TOO_MANY_LOCKS",
+                f"client {client_id[:64]!r} holds {owned} locks and asks for {taken} more; "
+                f"a client holds at most {max_held} (client_max_locks)",
+            )
+
+    def holds_any(self, group: str, client_id: str) -> bool:
+        """True when `client_id` has a lock entry in `group`, live or not."""
+        with self._global:
+            return any(e.client_id == client_id for e in self._table.get(group, {}).values())
 
     def unlock_batch(
         self, group: str, client_id: str, queues: Iterable[QueueKey]

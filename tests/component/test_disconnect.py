@@ -76,3 +76,31 @@ def test_a_client_whose_connection_closed_leaves_and_unlocks_after_the_grace(
         assert set(await b.lock_batch("g", "b", [mq("t", 0)])) == {mq("t", 0)}
 
     run(broker.address, body)
+
+
+def test_an_owner_back_on_a_new_connection_keeps_its_renewed_lock_past_the_grace(
+    broker: EmbeddedBroker, clock: FakeClock
+) -> None:
+    # a's connection closed, it came back on another and renewed its lock before its next
+    # heartbeat: the grace no longer runs. c, gone at the same moment, shows the sweep.
+    state = broker.broker.state
+    assert state is not None
+
+    async def body(b: BrokerClient) -> None:
+        await join(b, "b")
+        await consumer_on_own_connection(broker.address, "a")
+        await consumer_on_own_connection(broker.address, "c")
+        await asyncio.to_thread(
+            wait_until, lambda: all(state.groups.disconnected_since(n) is not None for n in "ac")
+        )
+        async with grpc.aio.insecure_channel(broker.address, options=OWN_CONNECTION) as back:
+            stub = pb_grpc.MessagingServiceStub(back)
+            queue = pb.MessageQueue(topic="t", broker_name="broker-a", queue_id=0)
+            clock.advance(GRACE - 1)
+            await stub.LockBatch(pb.LockBatchRequest(group="g", client_id="a", queues=[queue]))
+            clock.advance(2)  # past the grace after the close, within a's renewed lease
+            await asyncio.to_thread(wait_until, lambda: "c" not in state.groups.members("g"))
+            assert state.groups.members("g") == ["a", "b"], "a spoke again: it is back"
+            assert await b.lock_batch("g", "b", [mq("t", 0)]) == {}, "the queue is a's"
+
+    run(broker.address, body)

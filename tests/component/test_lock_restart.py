@@ -36,7 +36,8 @@ def test_after_a_restart_the_owner_keeps_its_queue_for_a_lease(tmp_path: Path) -
     with broker_on(tmp_path, clock) as broker:
 
         async def body(c: BrokerClient) -> None:
-            # No heartbeat yet since the restart: the lock table still knows the group.
+            # b joined the restarted broker; a has not yet, and renews as the lock's owner.
+            await join(c, "b")
             assert await c.lock_batch("g", "b", [Q0]) == {}
             clock.advance(59)
             assert await c.lock_batch("g", "b", [Q0]) == {}

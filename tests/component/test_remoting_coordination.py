@@ -204,6 +204,77 @@ def test_queue_locks_are_granted_renewed_refused_and_expire_as_rocketmqs(
     assert run(main) == [{0, 1}, {2}, {0}, {1}, {0}]
 
 
+def test_an_owner_back_on_a_new_connection_keeps_its_renewed_lock_past_the_grace(
+    rocketmq: EmbeddedBroker, clock: FakeClock
+) -> None:
+    # Its connection reset at once, it reconnected and renewed its lock; its heartbeat
+    # (every 30 s) had not come yet when the grace (30 s) after the reset ran out. c, gone
+    # with its connection at the same moment, shows when the broker swept the expired.
+    send_orders(rocketmq, 1)
+    state = rocketmq.broker.state
+    assert state is not None
+
+    async def main() -> tuple[list[str], set[int]]:
+        a, b, c = [await Client.open(rocketmq, f"{n}@1") for n in "abc"]
+        back = None
+        try:
+            for client in (a, b, c):
+                await client.heartbeat(GROUP)
+            assert await a.lock(0) == {0}
+            clock.advance(1)
+            await a.close()
+            await c.close()
+            await asyncio.to_thread(
+                wait_until, lambda: all(state.groups.disconnected_since(f"{n}@1") is not None
+                                        for n in "ac"), 30, "the broker to see the closes",
+            )  # fmt: skip
+            back = await Client.open(rocketmq, "a@1")
+            clock.advance(19)
+            assert await back.lock(0) == {0}, "renewed on the new connection"
+            clock.advance(13)  # 32 s after the reset, 13 s after the renewal
+            await asyncio.to_thread(
+                wait_until, lambda: "c@1" not in state.groups.members(GROUP), 30, "c's expiry"
+            )
+            return state.groups.members(GROUP), await b.lock(0)
+        finally:
+            for client in (a, b, c, back):
+                if client is not None:
+                    await client.close()
+
+    members, taken = run(main)
+    assert members == ["a@1", "b@1"], "a spoke on its new connection: it is back"
+    assert taken == set(), "a's lease runs: the queue is still a's"
+
+
+def test_a_heartbeat_or_lock_with_an_oversized_client_id_is_refused_and_joins_nothing(
+    rocketmq: EmbeddedBroker,
+) -> None:
+    send_orders(rocketmq, 1)
+    huge = "x" * 65536
+
+    async def main() -> tuple[RemotingCommand, RemotingCommand]:
+        client = await Client.open(rocketmq, huge)
+        try:
+            joined = await client.call(RequestCode.HEART_BEAT, java_heartbeat(huge, GROUP))
+            body = {
+                "consumerGroup": GROUP,
+                "clientId": huge,
+                "mqSet": [{"topic": "orders", "brokerName": "broker-a", "queueId": 0}],
+            }
+            locked = await client.call(RequestCode.LOCK_BATCH_MQ, json.dumps(body).encode())
+            return joined, locked  # fmt: skip
+        finally:
+            await client.close()
+
+    joined, locked = run(main)
+    for answer in (joined, locked):
+        assert answer.code == ResponseCode.SYSTEM_ERROR
+        assert "client_id must be 1-255 characters" in (answer.remark or "")
+    state = rocketmq.broker.state
+    assert state is not None
+    assert state.groups.members(GROUP) == [] and state.locks.locks(GROUP) == {}
+
+
 def test_offsets_start_at_zero_while_the_first_message_is_kept_and_update_as_told(
     rocketmq: EmbeddedBroker,
 ) -> None:

@@ -197,3 +197,30 @@ def test_releasing_a_client_frees_all_its_locks(locks: RebalanceLockManager) -> 
     locks.lock_batch("g1", "b", [Q2])
     assert locks.release_client("a") == 3
     assert set(locks.locks("g1")) == {Q2} and locks.locks("g2") == {}
+
+
+def test_a_renewal_only_batch_renews_the_callers_locks_and_takes_none(
+    locks: RebalanceLockManager, clock: FakeClock
+) -> None:
+    epoch = locks.try_lock("g", Q0, "a")
+    clock.advance(30)
+    assert locks.lock_batch("g", "a", [Q0, Q1], renew_only=True) == {Q0: epoch}
+    assert set(locks.locks("g")) == {Q0}, "Q1 was free, and still is"
+    clock.advance(59)  # 89 s after the grant, 59 s after the renewal
+    assert locks.try_lock("g", Q0, "b") is None
+
+
+def test_a_batch_past_the_callers_bound_is_refused_whole(
+    locks: RebalanceLockManager, clock: FakeClock
+) -> None:
+    assert set(locks.lock_batch("g", "a", [Q0], max_held=2)) == {Q0}
+    assert set(locks.lock_batch("h", "a", [Q0], max_held=2)) == {Q0}  # over every group
+    with pytest.raises(BrokerError) as refused:
+        locks.lock_batch("g", "a", [Q0, Q1], max_held=2)
+    assert refused.value.reason == "TOO_MANY_LOCKS"
+    assert set(locks.locks("g")) == {Q0}, "nothing taken, and Q0 not renewed either"
+    assert set(locks.lock_batch("g", "a", [Q0, Q0], max_held=2)) == {Q0}, "renewals count once"
+    locks.try_lock("g", Q1, "b")
+    clock.advance(61)  # b's lock on Q1 expired: taking it over counts
+    with pytest.raises(BrokerError):
+        locks.lock_batch("g", "a", [Q1], max_held=2)

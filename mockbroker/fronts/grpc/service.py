@@ -23,6 +23,7 @@ from mockbroker.fronts.grpc.grpc_errors import (
 )
 from mockbroker.groups import GroupMembership
 from mockbroker.offset_commits import Fenced, OffsetUpdate
+from mockbroker.queue_locks import QueueLocks
 from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState, check_client_id
 from mockbroker.store.message_store import parse_tag_expression
@@ -43,6 +44,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self._s = state
         self.requests = state.requests
         self._delivery = Delivery(state)
+        self._locks = QueueLocks(state)
         self.exchanges = ExchangeStreams(self.send, self.pull, state.requests, state.limits)
 
     # ------------------------------------------------------------------ exchange
@@ -224,8 +226,9 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self, request: pb.LockBatchRequest, context: Context
     ) -> pb.LockBatchResponse:
         """Take or renew rebalance locks; answers the queues the caller now holds."""
-        keys = self._lock_request(request.group, request.client_id, request.queues)
-        held = self._s.locks.lock_batch(request.group, request.client_id, keys)
+        held = self._locks.take(
+            request.group, request.client_id, _keys(request.queues), context.peer()
+        )
         await self._s.locks.save()  # a grant is answered once it would survive a crash
         broker = self._s.config.broker_name
         return pb.LockBatchResponse(
@@ -242,22 +245,14 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self, request: pb.UnlockBatchRequest, context: Context
     ) -> pb.UnlockBatchResponse:
         """Release the caller's locks; another client's live ones stay and are listed."""
-        keys = self._lock_request(request.group, request.client_id, request.queues)
-        refused = self._s.locks.unlock_batch(request.group, request.client_id, keys)
+        refused = self._locks.release(
+            request.group, request.client_id, _keys(request.queues), context.peer()
+        )
         await self._s.locks.save()
         broker = self._s.config.broker_name
         return pb.UnlockBatchResponse(
             not_held=[pb.MessageQueue(topic=t, broker_name=broker, queue_id=q) for t, q in refused]
         )
-
-    def _lock_request(
-        self, group: str, client_id: str, queues: Iterable[pb.MessageQueue]
-    ) -> list[tuple[str, int]]:
-        self._s.known_group(group)
-        check_client_id(client_id)
-        for q in queues:
-            self._s.topic_queue(q.topic, q.queue_id)
-        return [(q.topic, q.queue_id) for q in queues]
 
     # ------------------------------------------------------------------ membership
     @answers_errors
@@ -382,6 +377,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     ) -> pb.CommitConsumerOffsetsResponse:
         """Record offsets durably, all or nothing; fenced by the queues' live locks."""
         self._s.known_group(request.group)
+        self._s.groups.alive(request.client_id, context.peer())
         updates = (  # each checked as it comes, in the request's order
             OffsetUpdate(
                 self._s.topic_queue(item.topic, item.queue_id),
@@ -427,3 +423,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         return pb.CancelScheduledResponse(
             result=pb.CANCELLED if outcome == CANCELLED else pb.ALREADY_DELIVERED
         )
+
+
+def _keys(queues: Iterable[pb.MessageQueue]) -> list[tuple[str, int]]:
+    return [(q.topic, q.queue_id) for q in queues]

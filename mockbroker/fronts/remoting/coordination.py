@@ -9,12 +9,19 @@ locks from the one RebalanceLockManager, both commit into the one offset table.
   `disconnect_grace_seconds`, as a gRPC client does.
 - Every membership change of a group with remoting members is told to each of them with
   NOTIFY_CONSUMER_IDS_CHANGED (oneway), which makes RocketMQ clients rebalance at once.
-- Locks follow RocketMQ's broker: a lease of `lock_lease_seconds` (60 s), renewed by the
-  holder locking again, granted for what can be granted. ordermq's fencing epochs stay on
-  the gRPC side: a RocketMQ client's lock excludes gRPC clients of the group and the other
-  way round. A RocketMQ client's offset commit carries no epoch: it is refused while
-  another client holds a live lock on the queue (a former owner's late commit would move
-  the offset back under the new owner), and accepted otherwise, as RocketMQ accepts it.
+- Any request on a connection counts as a sign of life of the clients that spoke on it
+  (`RemotingClients.touch`): one that came back after its connection was reset keeps its
+  membership and locks without waiting for its next heartbeat.
+- Locks are taken and released by the core's rule (mockbroker/queue_locks.py), as over
+  gRPC: a client id of 1-255 characters, a group that exists, a client that is a member
+  of it, at most `client_max_locks` locks per client; a refusal is SYSTEM_ERROR naming
+  why. Otherwise they follow RocketMQ's broker: a lease of `lock_lease_seconds` (60 s),
+  renewed by the holder locking again, granted for what can be granted. ordermq's fencing
+  epochs stay on the gRPC side: a RocketMQ client's lock excludes gRPC clients of the
+  group and the other way round. A RocketMQ client's offset commit carries no epoch: it is
+  refused while another client holds a live lock on the queue (a former owner's late
+  commit would move the offset back under the new owner), and accepted otherwise, as
+  RocketMQ accepts it.
   The rule is the core's (mockbroker/offset_commits.py), as for gRPC commits and a
   pull's commit bit; the committers are the client ids that spoke on the connection.
 - QUERY_CONSUMER_OFFSET for a queue the group never committed answers 0 while the queue
@@ -43,8 +50,9 @@ from mockbroker.fronts.remoting.command import (
 )
 from mockbroker.groups import GroupMembership
 from mockbroker.offset_commits import OffsetUpdate, Unfenced
+from mockbroker.queue_locks import QueueLocks
 from mockbroker.retry import DEFAULT_MAX_RECONSUME_TIMES
-from mockbroker.state import BrokerState
+from mockbroker.state import BrokerState, check_client_id
 from mockbroker.store.message_store import parse_tag_expression
 from mockbroker.topics import RETRY_PREFIX, Topic, check_any_topic, check_group
 from sdk._wire import RECORD
@@ -72,6 +80,11 @@ class RemotingClients:
             self._state.groups.stream_opened(channel.peer)
         self._clients_on[channel].add(client_id)
         self._channels.setdefault(client_id, set()).add(channel)
+
+    def touch(self, channel: ClientChannel) -> None:
+        """A request came on `channel`: its clients are alive, on it (ConsumerGroups.alive)."""
+        for client_id in self._clients_on.get(channel, ()):
+            self._state.groups.alive(client_id, channel.peer)
 
     def clients_on(self, channel: ClientChannel) -> set[str]:
         """The client ids that spoke on `channel`."""
@@ -141,10 +154,12 @@ class _Coordination:
     def __init__(self, state: BrokerState, clients: RemotingClients) -> None:
         self._s = state
         self._clients = clients
+        self._locks = QueueLocks(state)
 
     async def heartbeat(self, request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
         data = _json_body(request, "HeartbeatData")
         client_id = _text(data, "clientID")
+        check_client_id(client_id)
         consumers = data.get("consumerDataSet") or []
         if not isinstance(consumers, list):
             raise RemotingError(ResponseCode.SYSTEM_ERROR, "consumerDataSet is not a list")
@@ -192,8 +207,9 @@ class _Coordination:
     async def lock_batch(self, request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
         group, client_id, queues = _lock_body(request)
         self._check_queues(queues)
+        keys = [(t, q) for t, _b, q in queues]
+        held = self._locks.take(group, client_id, keys, channel.peer)
         self._clients.seen(client_id, channel)
-        held = self._s.locks.lock_batch(group, client_id, [(t, q) for t, _b, q in queues])
         await self._save_locks()  # a grant is answered once it would survive a crash
         granted = [
             {"brokerName": broker, "queueId": q, "topic": t}
@@ -207,7 +223,7 @@ class _Coordination:
     ) -> RemotingCommand:
         group, client_id, queues = _lock_body(request)
         self._check_queues(queues)
-        self._s.locks.unlock_batch(group, client_id, [(t, q) for t, _b, q in queues])
+        self._locks.release(group, client_id, [(t, q) for t, _b, q in queues], channel.peer)
         await self._save_locks()
         return request.response()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mockbroker.fronts.remoting.command import Handler
+from mockbroker.fronts.remoting.command import ClientChannel, Handler, RemotingCommand
 from mockbroker.fronts.remoting.coordination import RemotingClients, coordination_handlers
 from mockbroker.fronts.remoting.data_handlers import data_handlers
 from mockbroker.fronts.remoting.namesrv import namesrv_handlers
@@ -50,11 +50,24 @@ class RemotingFront:
     def broker_handlers(self) -> dict[int, Handler]:
         """Every request code the broker port serves."""
         state = self._state
-        return {
+        handlers = {
             **data_handlers(state, self.clients, store_host=self._store_host),
             **offset_handlers(state),
             **coordination_handlers(state, self.clients),
         }
+        return {code: self._alive(handler) for code, handler in handlers.items()}
+
+    def _alive(self, handler: Handler) -> Handler:
+        """`handler`, once the connection's clients count as alive on it."""
+        clients = self.clients
+
+        async def answer(
+            request: RemotingCommand, channel: ClientChannel
+        ) -> RemotingCommand | None:
+            clients.touch(channel)
+            return await handler(request, channel)
+
+        return answer
 
     async def start(
         self, listen_host: str, broker_port: int | None, namesrv_port: int | None
