@@ -117,6 +117,13 @@ class LockNotHeldError(OrderMQError):
     """The queue's lock belongs to another client."""
 
 
+class NotAMemberError(OrderMQError):
+    """A lock request from a client that has not joined the consumer group (or has left it).
+
+    The client's next heartbeat joins it again; consumers do this on their own.
+    """
+
+
 class StaleEpochError(OrderMQError):
     """A commit or renewal carried an older fencing epoch than the lock's."""
 
@@ -214,6 +221,8 @@ ERRORS_BY_REASON: dict[str, type[OrderMQError]] = {
     "RECEIPT_EXPIRED": ReceiptExpiredError,
     "INVALID_RECEIPT_HANDLE": InvalidReceiptError,
     "INVALID_INVISIBLE_TIME": InvalidArgumentError,
+    "NOT_A_MEMBER": NotAMemberError,
+    "TOO_MANY_LOCKS": BrokerBusyError,  # retriable once some are unlocked
 }
 
 #: gRPC status names -> exception classes, for statuses that carry no reason.

@@ -103,6 +103,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """not a receipt of this broker, or no longer the message's current one"""
     INVALID_INVISIBLE_TIME: _ErrorReason.ValueType  # 28
     """an invisible duration outside what the broker allows"""
+    NOT_A_MEMBER: _ErrorReason.ValueType  # 29
+    """a lock request from a client that has not joined the group"""
+    TOO_MANY_LOCKS: _ErrorReason.ValueType  # 30
+    """the client would hold more than client_max_locks locks"""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed; sent as the `ordermq-reason` trailing metadata value."""
@@ -164,6 +168,10 @@ INVALID_RECEIPT_HANDLE: ErrorReason.ValueType  # 27
 """not a receipt of this broker, or no longer the message's current one"""
 INVALID_INVISIBLE_TIME: ErrorReason.ValueType  # 28
 """an invisible duration outside what the broker allows"""
+NOT_A_MEMBER: ErrorReason.ValueType  # 29
+"""a lock request from a client that has not joined the group"""
+TOO_MANY_LOCKS: ErrorReason.ValueType  # 30
+"""the client would hold more than client_max_locks locks"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 class _SendStatus:
