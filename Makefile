@@ -7,11 +7,12 @@ STAMP := $(VENV)/.installed
 LINTED := sdk mockbroker
 
 PHONY_DOCS := docs-api test-docs bench-sizing
-.PHONY: help setup proto proto-check docs docs-check $(PHONY_DOCS) lint typecheck test test-fast test-stateful chaos fuzz fuzz-atheris demo bench bench-backlog bench-profile bench-peers interop-setup interop clean
+.PHONY: help setup proto proto-check docs docs-check $(PHONY_DOCS) lint typecheck test test-fast test-times test-stateful chaos fuzz fuzz-atheris demo bench bench-backlog bench-profile bench-peers interop-setup interop clean
 
 help:
 	@echo "make demo    run the main job on an embedded broker"
 	@echo "make test    lint, type-check and run every test tier"
+	@echo "make test-times      make test with the time of each check and tier, and the slowest tests"
 	@echo "make chaos   the fault suite's long form, with its summary table"
 	@echo "make test-stateful   a long random search of the orderly-consumption state machine"
 	@echo "make fuzz    a long random search of every RPC and every decoder (part of make chaos)"
@@ -66,6 +67,10 @@ typecheck: $(STAMP)
 
 test: proto-check docs-check docs-api lint typecheck
 	$(PY) -m pytest -q
+
+# make test's checks and tests, with where the time goes (tools/test_times.py).
+test-times: $(STAMP)
+	$(PY) tools/test_times.py $(PYTEST_ARGS)
 
 # Unit and component tiers only, for a quick loop while editing (make test-docs: the docs).
 test-fast: $(STAMP)
