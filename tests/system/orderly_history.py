@@ -50,8 +50,11 @@ REJOIN_TIMEOUT = (
 ) + SLACK
 
 
-def orderly_broker(data_dir: Path, queues: int) -> BrokerProcess:
-    """A broker (not started yet) with the short lease the orderly workers expect."""
+def orderly_broker(data_dir: Path, queues: int, *args: str) -> BrokerProcess:
+    """A broker (not started yet) with the short lease the orderly workers expect.
+
+    `args`: more command-line arguments of the broker.
+    """
     assert CONFIG.lock_lease < BROKER_LEASE < CLIENT_TIMEOUT
     return BrokerProcess(
         data_dir,
@@ -59,6 +62,7 @@ def orderly_broker(data_dir: Path, queues: int) -> BrokerProcess:
         "--default-queues", str(queues),
         "--lock-lease-seconds", str(BROKER_LEASE),
         "--client-timeout-seconds", str(CLIENT_TIMEOUT),
+        *args,
     )  # fmt: skip
 
 
