@@ -302,7 +302,16 @@ class Broker:
                 log.error("%s (retried with the next change)", exc.message)
 
     async def stop(self, grace_seconds: float = 5.0) -> None:
-        """Answer held pulls, stop serving (running calls get a bounded grace), close."""
+        """Answer held pulls, stop serving (running calls get a bounded grace), close.
+
+        The grace is one for all the fronts, not one each: calls still running when it is
+        over are cancelled, so a stop takes the grace and a few seconds, whatever peers do.
+        """
+        deadline = asyncio.get_running_loop().time() + grace_seconds
+
+        def left() -> float:
+            return max(0.0, deadline - asyncio.get_running_loop().time())
+
         self._stopping = True  # /readyz answers 503 from now on, /metrics still works
         if self._messaging is not None:
             self._messaging.exchanges.close()  # each ends once its requests are answered
@@ -313,16 +322,16 @@ class Broker:
             self.state.groups.close()
             await self.state.scheduler.stop()
         if self.remoting is not None:
-            await self.remoting.stop(grace_seconds)  # held pulls, just answered, write out
+            await self.remoting.stop(left())  # held pulls, just answered, write out
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         if self._v2 is not None:
-            await self._v2.stop(grace_seconds)
+            await self._v2.stop(left())
             self._v2 = None
         if self._server is not None:
-            await self._server.stop(grace_seconds)
+            await self._server.stop(left())
             self._server = None
         if self.state is not None:
             await self.state.pop.stop()  # after the last ack, before the store closes

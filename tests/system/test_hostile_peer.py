@@ -101,9 +101,9 @@ COMMITS_BEFORE_KILL = 20
 
 PROBE_INTERVAL = 0.5
 PROBE_DEADLINE = 10.0
-#: The broker's stop grace (mockbroker/server.py stop(grace_seconds=5.0)), the remoting
-#: server's bound on a peer that reads nothing (PEER_WAIT_SECONDS, 10 s), and a margin.
-STOP_LIMIT = 20.0
+#: The broker's stop grace (mockbroker/server.py stop(grace_seconds=5.0), one for every
+#: front), the remoting server's last flush at a stop (STOP_FLUSH_SECONDS, 1 s), a margin.
+STOP_LIMIT = 10.0
 
 
 @dataclass

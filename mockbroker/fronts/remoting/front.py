@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from mockbroker.fronts.remoting.command import ClientChannel, Handler, RemotingCommand
 from mockbroker.fronts.remoting.coordination import RemotingClients, coordination_handlers
 from mockbroker.fronts.remoting.data_handlers import data_handlers
@@ -94,9 +96,8 @@ class RemotingFront:
     async def stop(self, grace_seconds: float = 0.0) -> None:
         """Close both ports and every connection (requests in flight get the grace)."""
         self.clients.close()
-        for server in (self.namesrv, self.broker):
-            if server is not None:
-                await server.stop(grace_seconds)
+        servers = [server for server in (self.namesrv, self.broker) if server is not None]
+        await asyncio.gather(*(server.stop(grace_seconds) for server in servers))
 
     def _store_host(self) -> str:
         return self.broker_address or self._state.address

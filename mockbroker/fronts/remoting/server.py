@@ -43,7 +43,7 @@ from mockbroker.fronts.remoting.command import (
 )
 from mockbroker.fronts.remoting.errors import refusal
 from mockbroker.limits import ClientLimits
-from sdk.clock import Clock, wait_within
+from sdk.clock import Clock, SystemClock, wait_within
 
 log = logging.getLogger("ordermq.broker.remoting")
 
@@ -51,6 +51,9 @@ log = logging.getLogger("ordermq.broker.remoting")
 IDLE_SECONDS = 120.0
 #: The longest the broker waits on a peer: to flush a closing connection, to write a oneway.
 PEER_WAIT_SECONDS = 10.0
+#: At a stop, once the grace is over: how long a connection may take to flush its last
+#: answers (the held pulls the stop just answered) before it is dropped.
+STOP_FLUSH_SECONDS = 1.0
 #: Connections one server keeps at once, in all and from one host; more are closed at once.
 MAX_CONNECTIONS = 4096
 MAX_CONNECTIONS_PER_HOST = 1024
@@ -131,8 +134,15 @@ class Connection:
             # closed its end is still stored); their answers have nowhere to go.
             await self.close(cancel_requests=False)
 
-    async def close(self, *, cancel_requests: bool = True) -> None:
-        """Close the connection; cancel the requests still being handled unless told not to."""
+    async def close(
+        self, *, cancel_requests: bool = True, flush_seconds: float | None = None
+    ) -> None:
+        """Close the connection; cancel the requests still being handled unless told not to.
+
+        What is queued for the peer gets `peer_wait_seconds` on the broker's clock to go
+        out, or `flush_seconds` of real time (a stop: no test's fake clock holds it up);
+        then the connection is dropped.
+        """
         if self._closed:
             return
         self._closed = True
@@ -141,9 +151,11 @@ class Connection:
             for task in list(self._tasks):
                 task.cancel()
         self._writer.close()
-        flushed, _ = await wait_within(
-            self._server.clock, self._closed_quietly(), self._server.peer_wait_seconds
-        )
+        if flush_seconds is None:
+            clock, bound = self._server.clock, self._server.peer_wait_seconds
+        else:
+            clock, bound = SystemClock(), flush_seconds
+        flushed, _ = await wait_within(clock, self._closed_quietly(), bound)
         if not flushed:
             log.warning("remoting %s: %s reads nothing; dropping what it was sent",
                         self._server.name, self._peer)  # fmt: skip
@@ -244,7 +256,7 @@ class RemotingServer:
             self._server.close()
         if self.requests and grace_seconds > 0:
             await asyncio.wait(list(self.requests), timeout=grace_seconds)
-        closes = [connection.close() for connection in list(self.connections)]
+        closes = [c.close(flush_seconds=STOP_FLUSH_SECONDS) for c in list(self.connections)]
         await asyncio.gather(*closes, *self._closing)
         requests = list(self.requests)
         for task in requests:
