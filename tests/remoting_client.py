@@ -30,6 +30,8 @@ class RemotingClient:
 
     async def request(self, command: RemotingCommand, timeout: float = 30.0) -> RemotingCommand:
         """Send `command` as a request and return its response."""
+        if self.closed.is_set():
+            raise ConnectionError("the connection is closed")
         command.opaque = next(self._opaques)
         future: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
         self._pending[command.opaque] = future
@@ -71,6 +73,10 @@ class RemotingClient:
             pass
         finally:
             self.closed.set()
+            for future in self._pending.values():  # nothing will answer them now
+                if not future.done():
+                    future.set_exception(ConnectionError("the connection closed"))
+            self._pending.clear()
             for future in self._pending.values():
                 if not future.done():
                     future.set_exception(ConnectionError("the server closed the connection"))
