@@ -211,6 +211,20 @@ def build_parser() -> argparse.ArgumentParser:
         "past it is refused (default %(default)s)",
     )
     p.add_argument(
+        "--max-topics",
+        type=int,
+        default=d.max_topics,
+        help="topics the broker holds at most (its own and retry topics included); "
+        "creating one more is refused (default %(default)s)",
+    )
+    p.add_argument(
+        "--client-max-topics",
+        type=int,
+        default=d.client_max_topics,
+        help="topics one client (connection) may have the broker create, by sends, route "
+        "queries and heartbeats (a retry topic per group); past it refused (default %(default)s)",
+    )
+    p.add_argument(
         "--fifo-group",
         action="append",
         default=[],
@@ -279,6 +293,8 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             fair_turn_ms=a.fair_turn_ms,
             client_max_in_flight_bytes=a.client_max_in_flight_bytes,
             client_max_locks=a.client_max_locks,
+            max_topics=a.max_topics,
+            client_max_topics=a.client_max_topics,
             v2_port=a.v2_port,
             pop_max_in_flight=a.pop_max_in_flight,
             pop_max_delivery_attempts=a.pop_max_delivery_attempts,

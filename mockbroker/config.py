@@ -87,6 +87,15 @@ class BrokerConfig:
             and front; a lock request that would take it past this is refused whole
             (TOO_MANY_LOCKS). It bounds the lock table, and `locks.json`, that one client
             can grow (each entry names at most 255 characters of client id).
+        max_topics: Topics the broker holds at most, its own and groups' retry and
+            dead-letter topics included; creating one more (a send or route query to a new
+            topic, a heartbeat of a new group, an operator's CreateTopic) is refused with
+            RESOURCE_EXHAUSTED (TOO_MANY_TOPICS). Each queue of a topic keeps a file open.
+        client_max_topics: Topics one client (a connection) may have the broker create,
+            by sends and route queries to new topics and by heartbeats naming new groups
+            (each gets its retry topic `%RETRY%<group>`); a request that would take it
+            past this is refused whole (TOO_MANY_TOPICS), so that one heartbeat naming a
+            thousand groups cannot take the broker's file descriptors.
         remoting_port: Serve RocketMQ 4.x remoting (RocketMQ's own clients' broker
             protocol) on this port, on the same store, groups, locks and offsets as gRPC
             (None: off; 0 picks a free port; RocketMQ's default is 10911).
@@ -142,6 +151,8 @@ class BrokerConfig:
     fair_turn_ms: float = 0.5
     client_max_in_flight_bytes: int = 64 * 1024 * 1024
     client_max_locks: int = 4096
+    max_topics: int = 4096
+    client_max_topics: int = 256
     remoting_port: int | None = None
     namesrv_port: int | None = None
     remoting_max_connections: int = 4096
@@ -195,6 +206,13 @@ class BrokerConfig:
             raise ValueError("client_max_in_flight_bytes must be positive")
         if not 1 <= self.client_max_locks <= 1_000_000:
             raise ValueError(f"client_max_locks {self.client_max_locks} is outside 1..1000000")
+        if not 1 <= self.max_topics <= 1_000_000:
+            raise ValueError(f"max_topics {self.max_topics} is outside 1..1000000")
+        if not 1 <= self.client_max_topics <= self.max_topics:
+            raise ValueError(
+                f"client_max_topics {self.client_max_topics} is outside 1..max_topics "
+                f"({self.max_topics})"
+            )
         if not 1 <= self.pop_max_in_flight <= 1_000_000:
             raise ValueError(f"pop_max_in_flight {self.pop_max_in_flight} is outside 1..1000000")
         if not 1 <= self.pop_max_delivery_attempts <= 1000:

@@ -74,13 +74,14 @@ class Delivery:
         if sliced is None:
             checked = store.check(frames)
             outcome = await self._store(
-                self._accepted(topic_name, checked), queue_id, frames, checked, store.append
-            )
+                self._accepted(client, topic_name, checked), queue_id, frames, checked,
+                store.append,
+            )  # fmt: skip
         else:
             queue = (topic_name, queue_id)
 
             def write_now(checked: list[CheckedFrame]) -> Written | None:
-                found = self._accepted(topic_name, checked)
+                found = self._accepted(client, topic_name, checked)
                 if _scheduled(checked) or sliced.writing(queue):
                     return None  # append writes it, once the batch being written is whole
                 return store.write(found, queue_id, frames, checked)
@@ -89,7 +90,7 @@ class Delivery:
                 checked, written = await sliced.check(client, frames, write_now)
                 if written is None:
                     append = functools.partial(sliced.append, client, hold)
-                    found = self._accepted(topic_name, checked)
+                    found = self._accepted(client, topic_name, checked)
                     outcome = await self._store(found, queue_id, frames, checked, append)
             if written is not None:
                 durable = await store.durable(written.end)
@@ -99,15 +100,13 @@ class Delivery:
         self._send_seconds.observe(time.perf_counter() - started)
         return outcome
 
-    def _accepted(self, topic_name: str, checked: list[CheckedFrame]) -> Topic:
+    def _accepted(self, client: str, topic_name: str, checked: list[CheckedFrame]) -> Topic:
         """The topic to store `checked` in, once the last checks passed (created if need be)."""
         _scheduled(checked)  # INVALID_DELIVERY_TIME for a mixed batch
-        store = self._s.store
-        store.check_accepting_sends()
-        topic = store.topics.find(topic_name)
-        if topic is None:
-            topic, _ = store.create_topic(topic_name, self._s.config.default_queues)
-        return topic
+        self._s.store.check_accepting_sends()
+        return self._s.topic_creation.user_topic(
+            topic_name, self._s.config.default_queues, client=client
+        )
 
     async def _store(
         self,

@@ -192,6 +192,12 @@ def _fairness_families(s: BrokerState) -> Iterator[Metric]:
         "Unary sends refused: their client had client_max_in_flight_bytes in flight",
         value=s.limits.refused,
     )
+    yield _counter(
+        "ordermq_topic_creations_refused",
+        "Requests refused a new topic, by cause: disk_full, max_topics, client_max_topics",
+        ["cause"],
+        [((cause,), n) for cause, n in s.topic_creation.refused.items()],
+    )
 
 
 def _request_families(s: BrokerState) -> Iterator[Metric]:

@@ -4,8 +4,9 @@ It goes to the retry topic, delayed, until it has been retried enough, then to t
 dead-letter topic.
 
 Retry topic `%RETRY%<group>` and dead-letter topic `%DLQ%<group>` have one queue each and
-are created on first use. A retried copy keeps the message id and gains the properties
-ORIGIN_TOPIC, ORIGIN_QUEUE_ID and ORIGIN_QUEUE_OFFSET (kept from the first failure on).
+are created on first use (mockbroker/topic_creation.py). A retried copy keeps the message
+id and gains the properties ORIGIN_TOPIC, ORIGIN_QUEUE_ID and ORIGIN_QUEUE_OFFSET (kept
+from the first failure on).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from mockbroker.errors import invalid
 from mockbroker.schedule import Scheduler, frame_of
 from mockbroker.store.message_store import MessageStore
 from mockbroker.store.records import DELAY_LEVEL_SECONDS, check_frames
+from mockbroker.topic_creation import TopicCreation
 from mockbroker.topics import DLQ_PREFIX, RETRY_PREFIX, Topic
 from sdk._wire import FRAME_FIELDS, RECORD, decode_properties, encode_frame, encode_properties
 from sdk.clock import Clock
@@ -36,8 +38,12 @@ class SentBack:
 class RetryService:
     """Decides between retry and dead letter, and stores the copy."""
 
-    def __init__(self, store: MessageStore, scheduler: Scheduler, clock: Clock) -> None:
+    def __init__(
+        self, store: MessageStore, scheduler: Scheduler, clock: Clock, topics: TopicCreation
+    ) -> None:
         self._store = store
+        #: Where the retry and dead-letter topics are created (under the broker's limits).
+        self.topics = topics
         self._scheduler = scheduler
         self._clock = clock
         #: Messages stored in each group's retry topic, and in its dead-letter topic.
@@ -100,7 +106,7 @@ class RetryService:
         return SentBack(True, dlq.name, times)
 
     def _system_topic(self, name: str) -> Topic:
-        return self._store.topics.find(name) or self._store.create_topic(name, 1)[0]
+        return self.topics.system_topic(name)
 
 
 def _copy_frame(

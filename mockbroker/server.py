@@ -32,6 +32,7 @@ from mockbroker.schedule import Scheduler
 from mockbroker.state import BrokerState
 from mockbroker.store.message_store import MessageStore
 from mockbroker.store.retention import file_probe
+from mockbroker.topic_creation import TopicCreation
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._version import __version__
 from sdk._wire import GRPC_CHANNEL_OPTIONS
@@ -185,7 +186,12 @@ class Broker:
         holder = PullHolder(self.clock)
         self.store.on_append = holder.notify
         self.store.on_trim = self.offsets.note_trimmed
-        retry = RetryService(self.store, scheduler, self.clock)
+        creation = TopicCreation(
+            self.store,
+            max_topics=self.config.max_topics,
+            client_max_topics=self.config.client_max_topics,
+        )
+        retry = RetryService(self.store, scheduler, self.clock, creation)
         pop = PopService(
             self.config.data_dir / "pop",
             store=self.store,
@@ -231,6 +237,7 @@ class Broker:
             limits=ClientLimits(self.config.client_max_in_flight_bytes),
             pop=pop,
             commits=OffsetCommits(self.store, self.offsets, locks),
+            topic_creation=retry.topics,
         )
         # Without so_reuseport=0 a second broker could bind the same port and share it.
         server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))

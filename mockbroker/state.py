@@ -1,6 +1,7 @@
 """What a broker's servicers share, and the checks several requests have in common.
 
-Store, offsets and the rule of committing them, locks, groups, held pulls, scheduler and retry.
+Store, offsets and the rule of committing them, locks, groups, held pulls, scheduler, retry
+and topic creation.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from mockbroker.request_stats import RequestStats
 from mockbroker.retry import RetryService
 from mockbroker.schedule import Scheduler
 from mockbroker.store.message_store import MessageStore
+from mockbroker.topic_creation import TopicCreation
 from mockbroker.topics import Topic, check_any_topic, check_group
 from sdk.clock import Clock
 
@@ -67,6 +69,8 @@ class BrokerState:
     pop: PopService
     #: The rule of committing an offset, for every front that commits one.
     commits: OffsetCommits
+    #: Where every front creates topics (the disk check, max_topics, client_max_topics).
+    topic_creation: TopicCreation
     started: float = 0.0
     address: str = ""
     rates: RateMeter = field(default_factory=RateMeter)

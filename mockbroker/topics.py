@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 from collections.abc import Callable
@@ -87,7 +88,7 @@ class Topic:
 
 
 class TopicRegistry:
-    """Topics by name, persisted to one JSON file replaced atomically on every change."""
+    """Topics by name, persisted to one JSON file replaced atomically before every change."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -114,7 +115,13 @@ class TopicRegistry:
         return [self._topics[n] for n in sorted(self._topics)]
 
     def create(self, name: str, queue_count: int) -> tuple[Topic, bool]:
-        """Create `name`; return (topic, created). Same count again is not an error."""
+        """Create `name`; return (topic, created). Same count again is not an error.
+
+        The topic exists (find() answers it) only once the registry file holds it: a save
+        that fails raises BrokerError UNAVAILABLE (DISK_FULL or STORE_UNAVAILABLE, retriable)
+        and leaves the registry as it was, so nothing is ever stored into a topic that a
+        restart would not find.
+        """
         if not 1 <= queue_count <= MAX_QUEUES:
             raise invalid(
                 "INVALID_ARGUMENT", f"queue count {queue_count} must be within 1..{MAX_QUEUES}"
@@ -129,13 +136,23 @@ class TopicRegistry:
                 )
             return existing, False
         topic = Topic(name, queue_count)
-        self._topics[name] = topic
-        self._persist()
+        self._save({**self._topics, name: topic}, name)
+        self._topics[name] = topic  # only once the file holds it: a restart finds it
         return topic, True
 
-    def _persist(self) -> None:
-        data = {"topics": {t.name: t.queue_count for t in self.all()}}
-        write_atomically(self._path, json.dumps(data, indent=1).encode())
+    def _save(self, topics: dict[str, Topic], name: str) -> None:
+        """Write `topics` as the registry file; DISK_FULL / STORE_UNAVAILABLE if it fails."""
+        data = {"topics": {n: topics[n].queue_count for n in sorted(topics)}}
+        try:
+            write_atomically(self._path, json.dumps(data, indent=1).encode())
+        except OSError as exc:
+            full = exc.errno == errno.ENOSPC
+            raise BrokerError(
+                StatusCode.UNAVAILABLE,
+                "DISK_FULL" if full else "STORE_UNAVAILABLE",
+                f"topic {name!r} was not created: saving the topic registry failed ({exc}); "
+                "retry later",
+            ) from exc
 
 
 def _parse(raw: dict[str, Any]) -> dict[str, Topic]:

@@ -273,20 +273,22 @@ class MessageStore:
         """Create a topic (idempotent for the same queue count).
 
         Its queue files are opened before it is registered: a topic the process has no
-        file descriptors left for is refused whole (TOO_MANY_OPEN_FILES).
+        file descriptors left for is refused whole (TOO_MANY_OPEN_FILES), and so is one
+        the registry could not save (DISK_FULL, STORE_UNAVAILABLE). Fronts create topics
+        through mockbroker/topic_creation.py, which checks the disk and the limits first.
         """
-        if self.topics.find(name) is None and 1 <= queue_count <= MAX_QUEUES:
-            opened: list[tuple[str, int]] = []
-            try:
+        opened: list[tuple[str, int]] = []
+        try:
+            if self.topics.find(name) is None and 1 <= queue_count <= MAX_QUEUES:
                 for qid in range(queue_count):
                     if (name, qid) not in self._queues:
                         self._queue_for(Topic(name, queue_count), qid)
                         opened.append((name, qid))
-            except BrokerError:
-                for key in opened:
-                    self._queues.pop(key).close()
-                raise
-        topic, created = self.topics.create(name, queue_count)
+            topic, created = self.topics.create(name, queue_count)
+        except BrokerError:
+            for key in opened:
+                self._queues.pop(key).close()
+            raise
         for qid in range(topic.queue_count):
             self._queue_for(topic, qid)
         return topic, created

@@ -292,6 +292,7 @@ DOCUMENTED = {
     "ordermq_fair_slices": "counter",
     "ordermq_fair_slices_waited": "counter",
     "ordermq_client_limit_refusals": "counter",
+    "ordermq_topic_creations_refused": "counter",
     "ordermq_rpc_requests": "counter",
     "ordermq_rpc_errors": "counter",
     "ordermq_send_duration_seconds": "histogram",

@@ -19,6 +19,7 @@ from mockbroker.pop import PopService, Received
 from mockbroker.retry import RetryService
 from mockbroker.schedule import Scheduler
 from mockbroker.store.message_store import MessageStore
+from mockbroker.topic_creation import TopicCreation
 from mockbroker.topics import Topic
 from sdk._wire import StoredRecord, encode_frame, iter_records
 from sdk.testing import FakeClock
@@ -60,7 +61,8 @@ class PopWorld:
         self.scheduler.load()
         self.holder = PullHolder(self.clock)
         self.store.on_append = self.holder.notify
-        self.retry = RetryService(self.store, self.scheduler, self.clock)
+        self.topics = TopicCreation(self.store, max_topics=4096, client_max_topics=256)
+        self.retry = RetryService(self.store, self.scheduler, self.clock, self.topics)
         self.pop = PopService(
             self.path / "pop", store=self.store, offsets=self.offsets, retry=self.retry,
             holder=self.holder, clock=self.clock, max_in_flight=self.max_in_flight,

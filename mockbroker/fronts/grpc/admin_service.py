@@ -11,7 +11,7 @@ import grpc
 from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
 from mockbroker.fronts.grpc.grpc_errors import Context, answers_errors, message_id
 from mockbroker.state import BrokerState
-from mockbroker.topics import Topic, check_any_topic, check_group, check_user_topic, is_system_topic
+from mockbroker.topics import Topic, check_any_topic, check_group, is_system_topic
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._version import __version__
@@ -32,8 +32,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
         self, request: pb.CreateTopicRequest, context: Context
     ) -> pb.CreateTopicResponse:
         """Create a topic with a queue count (idempotent for the same count)."""
-        check_user_topic(request.topic)
-        topic, created = self._s.store.create_topic(request.topic, request.queue_count)
+        topic, created = self._s.topic_creation.create(request.topic, request.queue_count)
         return pb.CreateTopicResponse(topic=self._info(topic, describe=False), created=created)
 
     @answers_errors

@@ -28,7 +28,6 @@ from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState, check_client_id
 from mockbroker.store.message_store import parse_tag_expression
 from mockbroker.topics import (
-    RETRY_PREFIX,
     check_any_topic,
     check_group,
     check_user_topic,
@@ -71,8 +70,9 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         store = self._s.store
         topic = store.topics.find(request.topic)
         if topic is None and request.create_if_missing and self._s.config.auto_create_topics:
-            check_user_topic(request.topic)
-            topic, _ = store.create_topic(request.topic, self._s.config.default_queues)
+            topic = self._s.topic_creation.user_topic(
+                request.topic, self._s.config.default_queues, client=context.peer()
+            )
         if topic is None:
             topic = store.topics.get(request.topic)  # raises TOPIC_NOT_FOUND
         name = self._s.config.broker_name
@@ -284,11 +284,10 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             )
         for producer_group in request.producer_groups:
             check_group(producer_group)
-        store = self._s.store
-        for name, membership in groups.items():
-            retry = RETRY_PREFIX + name
-            if membership.consume_type == "CONSUME_CONCURRENTLY" and not store.topics.find(retry):
-                store.create_topic(retry, 1)  # concurrent members consume their retries
+        self._s.topic_creation.retry_topics(  # concurrent members consume their retries
+            [g for g, m in groups.items() if m.consume_type == "CONSUME_CONCURRENTLY"],
+            client=context.peer(),
+        )
         versions = self._s.groups.heartbeat(request.client_id, groups, context.peer())
         return pb.HeartbeatResponse(
             groups=[pb.GroupVersion(group=g, membership_version=v) for g, v in versions.items()],

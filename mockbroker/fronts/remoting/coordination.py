@@ -54,7 +54,7 @@ from mockbroker.queue_locks import QueueLocks
 from mockbroker.retry import DEFAULT_MAX_RECONSUME_TIMES
 from mockbroker.state import BrokerState, check_client_id
 from mockbroker.store.message_store import parse_tag_expression
-from mockbroker.topics import RETRY_PREFIX, Topic, check_any_topic, check_group
+from mockbroker.topics import Topic, check_any_topic, check_group
 from sdk._wire import RECORD
 
 log = logging.getLogger("ordermq.broker.remoting")
@@ -165,13 +165,12 @@ class _Coordination:
             raise RemotingError(ResponseCode.SYSTEM_ERROR, "consumerDataSet is not a list")
         groups = self._s.groups
         joined = {g: m for g, m in (_membership(c) for c in consumers)}
-        self._clients.seen(client_id, channel)
         if not joined:  # a producer's heartbeat: the client's consumer groups stay as they are
             joined = groups.groups_of(client_id)
-        for group in joined:
-            retry = self._s.store.topics.find(RETRY_PREFIX + group)
-            if retry is None:  # RocketMQ's broker creates it at the first heartbeat
-                self._s.store.create_topic(RETRY_PREFIX + group, 1)
+        # RocketMQ's broker creates each group's retry topic at its first heartbeat; past
+        # client_max_topics or on a full disk the heartbeat is refused whole
+        self._s.topic_creation.retry_topics(joined, client=channel.peer)
+        self._clients.seen(client_id, channel)
         groups.heartbeat(client_id, joined, channel.peer)
         for group in joined:
             self._clients.watch(group)

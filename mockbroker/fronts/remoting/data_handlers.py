@@ -301,7 +301,7 @@ class DataHandlers:
         store = self._s.store
         checked = store.check(frames)
         store.check_accepting_sends()
-        topic = store.topics.find(name) or store.create_topic(name, 1)[0]
+        topic = self._s.topic_creation.system_topic(name)
         times = header.reconsume_times
         if checked[0].due_ms:
             put = await self._s.scheduler.schedule_stored(

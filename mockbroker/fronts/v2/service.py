@@ -60,7 +60,7 @@ from mockbroker.fronts.v2.telemetry import (
 from mockbroker.groups import GroupMembership
 from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState
-from mockbroker.topics import check_user_topic, is_system_topic
+from mockbroker.topics import is_system_topic
 from sdk.selector import shard_index
 
 #: What every topic accepts (ordermq's topics have no message type: the proxy's MIXED).
@@ -175,8 +175,9 @@ class RocketMQ5Service:
         store = self._s.store
         topic = store.topics.find(name)
         if topic is None and self._s.config.auto_create_topics and not is_system_topic(name):
-            check_user_topic(name)
-            topic, _ = store.create_topic(name, self._s.config.default_queues)
+            topic = self._s.topic_creation.user_topic(
+                name, self._s.config.default_queues, client=context.peer()
+            )
         if topic is None:
             topic = store.topics.get(name)  # TOPIC_NOT_FOUND
         return svc.QueryRouteResponse(
