@@ -223,6 +223,7 @@ ERRORS_BY_REASON: dict[str, type[OrderMQError]] = {
     "INVALID_INVISIBLE_TIME": InvalidArgumentError,
     "NOT_A_MEMBER": NotAMemberError,
     "TOO_MANY_LOCKS": BrokerBusyError,  # retriable once some are unlocked
+    "TOO_MANY_TOPICS": BrokerError,  # not retriable: an operator raises the limit
 }
 
 #: gRPC status names -> exception classes, for statuses that carry no reason.

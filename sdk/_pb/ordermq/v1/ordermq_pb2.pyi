@@ -107,6 +107,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """a lock request from a client that has not joined the group"""
     TOO_MANY_LOCKS: _ErrorReason.ValueType  # 30
     """the client would hold more than client_max_locks locks"""
+    TOO_MANY_TOPICS: _ErrorReason.ValueType  # 31
+    """a new topic past max_topics, or the client's client_max_topics"""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed; sent as the `ordermq-reason` trailing metadata value."""
@@ -172,6 +174,8 @@ NOT_A_MEMBER: ErrorReason.ValueType  # 29
 """a lock request from a client that has not joined the group"""
 TOO_MANY_LOCKS: ErrorReason.ValueType  # 30
 """the client would hold more than client_max_locks locks"""
+TOO_MANY_TOPICS: ErrorReason.ValueType  # 31
+"""a new topic past max_topics, or the client's client_max_topics"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 class _SendStatus:
