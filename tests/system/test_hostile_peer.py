@@ -11,9 +11,9 @@ speaks remoting to the same broker:
    bytes the peer does not take, seen in /proc/net/tcp), and keeps that connection open;
 2. it sends HEART_BEAT and LOCK_BATCH_MQ with a 1 MiB client id, for a group nobody
    joined and for the workers' group: each is refused by the lock rule's client id check;
-3. it floods heartbeats naming 150 new groups, 50 per heartbeat (issue 31 point 8, each
-   group's durable %RETRY% topic, is not fixed on main yet: 300 groups over the run is a
-   count main survives);
+3. it floods heartbeats naming 400 new groups, 50 per heartbeat, on one connection: each
+   group gets a durable %RETRY% topic, so the first five are served and the rest refused
+   whole by the per-client topic limit (`client_max_topics`, 256);
 4. it joins the workers' group by heartbeat and, once every other queue is consumed by
    the worker it is allocated to, pulls those queues with the commit-offset bit set to
    their end offset, round after round: the commit rule drops each (another client holds
@@ -48,6 +48,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from mockbroker import BrokerConfig
 from mockbroker.fronts.remoting.codes import ResponseCode
 from mockbroker.fronts.remoting.command import RemotingCommand
 from sdk import Message, MessageQueue, Producer, shard_index
@@ -89,8 +90,10 @@ DRAIN_TIMEOUT = 60.0
 MAX_PER_HOST = 64
 FLOOD_CONNECTIONS = 80
 FLOOD_FROM = "127.0.0.2"
-FLOOD_GROUPS = 150
+FLOOD_GROUPS = 400
 GROUPS_PER_HEARTBEAT = 50
+#: The broker's default per-client topic limit (BrokerConfig.client_max_topics).
+CLIENT_MAX_TOPICS = BrokerConfig().client_max_topics
 #: Sorts after every worker's client id (host@pid@hex): allocated the last queues.
 HOSTILE_ID = "~hostile@1"
 NOBODY = "nobody-joined"
@@ -363,8 +366,10 @@ def test_each_hostile_request_is_refused_or_capped(run: HostileRun) -> None:
     for answer in run.huge_answers:
         assert answer.code == ResponseCode.SYSTEM_ERROR, answer
         assert "client_id must be 1-255 characters" in (answer.remark or ""), answer.remark
-    beats = 2 * FLOOD_GROUPS // GROUPS_PER_HEARTBEAT
-    assert run.flood_codes == [ResponseCode.SUCCESS] * beats
+    served = CLIENT_MAX_TOPICS // GROUPS_PER_HEARTBEAT  # the rest would pass the limit
+    refused = FLOOD_GROUPS // GROUPS_PER_HEARTBEAT - served
+    per_life = [ResponseCode.SUCCESS] * served + [ResponseCode.SYSTEM_ERROR] * refused
+    assert run.flood_codes == per_life * 2
     assert run.attack is not None and run.attack.error is None, run.attack
     assert min(run.attack.answered.values()) >= COMMITS_BEFORE_KILL
 
