@@ -365,3 +365,17 @@ def test_a_topic_that_does_not_exist_is_reported(broker: EmbeddedBroker, clock: 
     c.subscribe("missing")
     with c, pytest.raises(TopicNotFoundError):
         c.receive()
+
+
+def test_a_fifo_consumer_gets_one_message_of_a_sharding_key_at_a_time(
+    broker: EmbeddedBroker, clock: FakeClock
+) -> None:
+    with Producer(broker.address) as producer:
+        for step in (b"created", b"paid"):
+            producer.send(Message(TOPIC, step, sharding_key="order-7"))
+    with consumer(broker, clock, fifo=True) as c:
+        [first] = c.receive(max_messages=16, invisible_duration=30)
+        assert first.body == b"created"
+        assert c.receive(max_messages=16) == [], "the next waits for the first's ack"
+        c.ack(first)
+        assert [m.body for m in c.receive(max_messages=16)] == [b"paid"]
