@@ -30,7 +30,7 @@ from sdk.errors import TopicNotFoundError
 TOPIC = "order-jobs"
 GROUP = "order-workers"
 TTR = 1.0  # seconds a popped job is hidden from the other workers
-LONG_TTR = 1.5  # the long job's TTR; it runs for two of them
+LONG_TTR = 3.0  # the long job's TTR; it runs for one and a half of them
 ATTEMPTS = 3  # deliveries before a job is dead-lettered
 
 
@@ -105,12 +105,12 @@ def main() -> int:
             with other:
                 with healthy.keep_invisible(long_job) as kept:
                     watcher = threading.Thread(
-                        target=lambda: seen_by_other.extend(pop_until(other, 1, 2 * LONG_TTR))
+                        target=lambda: seen_by_other.extend(pop_until(other, 1, 1.5 * LONG_TTR))
                     )
                     watcher.start()
-                    watcher.join()  # the job runs for two TTRs meanwhile
+                    watcher.join()  # the job runs for 1.5 TTRs meanwhile
                     healthy.ack(long_job)
-                print(f"long job ran two TTRs, renewed {kept.renewals} times, "
+                print(f"long job ran 1.5 TTRs, renewed {kept.renewals} times, "
                       f"seen by another worker: {len(seen_by_other)} times")  # fmt: skip
             checks["long job never delivered twice"] = (
                 not seen_by_other and kept.renewals > 0 and kept.error is None
