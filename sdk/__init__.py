@@ -30,8 +30,9 @@ from sdk.consumer.listener import (
 )
 from sdk.consumer.lite_pull import LitePullConsumer
 from sdk.consumer.push import PushConsumer
+from sdk.consumer.simple import KeepInvisible, SimpleConsumer
 from sdk.errors import OrderMQError
-from sdk.message import Message, MessageExt, MessageQueue, SendResult, SendStatus
+from sdk.message import Message, MessageExt, MessageQueue, Receipt, SendResult, SendStatus
 from sdk.producer import EarlierSendFailedError, PartialBatchError, Producer
 from sdk.producer.config import AccumulatorConfig, ProducerConfig
 from sdk.selector import (
@@ -54,6 +55,7 @@ __all__ = [
     "ConsumeOrderlyContext",
     "ConsumeOrderlyStatus",
     "EarlierSendFailedError",
+    "KeepInvisible",
     "LitePullConsumer",
     "LitePullConsumerConfig",
     "Message",
@@ -69,11 +71,13 @@ __all__ = [
     "ProducerConfig",
     "PushConsumer",
     "PushConsumerConfig",
+    "Receipt",
     "RoundRobinSelector",
     "SelectMessageQueueByHash",
     "SelectMessageQueueByRandom",
     "SendResult",
     "SendStatus",
+    "SimpleConsumer",
     "shard_index",
     "wait_for_shutdown_signal",
 ]

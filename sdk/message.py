@@ -186,6 +186,29 @@ class MessageExt:
     born_timestamp: int
     store_timestamp: int
     deliver_at: int = field(default=0, repr=False)
+    #: How often this message was delivered to its group by a SimpleConsumer, this time
+    #: included (1 on the first delivery); 0 for messages that were pulled or pushed.
+    delivery_attempt: int = 0
+    #: A SimpleConsumer's hold on the message (opaque; ack and change_invisible_duration
+    #: use it and change_invisible_duration replaces it); None when not received by one.
+    receipt: Receipt | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """A SimpleConsumer's hold on a received message: opaque, kept on the message.
+
+    It names the message, the delivery and the broker that issued it, so an ack or a
+    change goes back to that broker. `invisible_duration` is how long the last receive or
+    change hid the message; `hidden_until` is when that ends, on the consumer's clock
+    (counted from when the request was sent, so never later than the broker's deadline).
+    """
+
+    handle: str = field(repr=False)
+    broker: str
+    group: str
+    invisible_duration: float
+    hidden_until: float
 
 
 class SendStatus(enum.Enum):

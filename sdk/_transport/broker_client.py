@@ -21,7 +21,7 @@ from sdk._transport.protocol import Appended, GroupInfo, PullResult, PullStatus,
 from sdk._transport.status import to_ordermq_error
 from sdk._wire import GRPC_CLIENT_CHANNEL_OPTIONS
 from sdk.errors import BrokerUnavailableError
-from sdk.message import MessageExt, MessageQueue
+from sdk.message import MessageExt, MessageQueue, Receipt
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -185,6 +185,67 @@ class BrokerClient:
             r.min_offset,
             r.max_offset,
             decode_records(r.records, queue.broker_name) if r.records else [],
+        )
+
+    async def receive(
+        self,
+        group: str,
+        topic: str,
+        queue_ids: Sequence[int],
+        broker_name: str,
+        *,
+        max_messages: int,
+        invisible_duration: float,
+        await_duration: float,
+        tag_expression: str = "*",
+        fifo: bool = False,
+        max_delivery_attempts: int = 0,
+    ) -> list[MessageExt]:
+        """Take messages of `topic`'s `queue_ids` for `group`, each with its receipt."""
+        request = pb.ReceiveRequest(
+            group=group,
+            topic=topic,
+            queue_ids=queue_ids,
+            max_messages=max_messages,
+            invisible_duration_ms=_ms(invisible_duration),
+            wait_ms=_ms(await_duration),
+            tag_expression=tag_expression,
+            fifo=fifo,
+            max_delivery_attempts=max_delivery_attempts,
+        )
+        timeout = await_duration + CONNECT_TIMEOUT
+        r = await self._call(
+            lambda: self._messaging.Receive(request, timeout=timeout, wait_for_ready=True),
+            timeout,
+        )
+        messages = decode_records(r.records, broker_name) if r.records else []
+        for message, lease in zip(messages, r.leases, strict=True):
+            message.delivery_attempt = lease.delivery_attempt
+            message.receipt = self._receipt(group, lease, invisible_duration)
+        return messages
+
+    async def ack(self, receipt: Receipt) -> None:
+        """Settle the message `receipt` holds."""
+        request = pb.AckRequest(group=receipt.group, receipt_handle=receipt.handle)
+        await self._call(lambda: self._messaging.Ack(request))
+
+    async def change_invisible_duration(self, receipt: Receipt, seconds: float) -> Receipt:
+        """Hide the message `receipt` holds for `seconds` from now; its new receipt."""
+        request = pb.ChangeInvisibleDurationRequest(
+            group=receipt.group,
+            receipt_handle=receipt.handle,
+            invisible_duration_ms=_ms(seconds),
+        )
+        r = await self._call(lambda: self._messaging.ChangeInvisibleDuration(request))
+        return self._receipt(receipt.group, r.lease, seconds)
+
+    def _receipt(self, group: str, lease: pb.Lease, invisible_duration: float) -> Receipt:
+        return Receipt(
+            lease.receipt_handle,
+            self.address,
+            group,
+            invisible_duration,
+            lease.invisible_until_ms / 1000,
         )
 
     async def queue_offsets(
@@ -353,6 +414,11 @@ class BrokerClient:
             preserving_proto_field_name=True,
             unquote_int64_if_possible=True,
         )
+
+
+def _ms(seconds: float) -> int:
+    """Seconds as whole milliseconds, rounded (0.0015 s is 2 ms, not 1)."""
+    return round(seconds * 1000)
 
 
 def _queues(queues: Sequence[MessageQueue]) -> list[pb.MessageQueue]:

@@ -29,7 +29,7 @@ from sdk.errors import (
     OrderMQError,
     RequestTimeoutError,
 )
-from sdk.message import MessageExt, MessageQueue
+from sdk.message import MessageExt, MessageQueue, Receipt
 
 T = TypeVar("T")
 
@@ -52,6 +52,7 @@ class GrpcTransport:
         self._routes: dict[str, list[QueueRoute]] = {}
         self._writable: dict[str, list[MessageQueue]] = {}
         self._addresses: dict[MessageQueue, str] = {}
+        self._receive_turns: dict[str, int] = {}  # topic -> receives sent, to rotate brokers
         self._closed = False
 
     # ------------------------------------------------------------------ channels
@@ -217,6 +218,55 @@ class GrpcTransport:
             max_reconsume_times=max_reconsume_times,
             reconsume_times=reconsume_times,
         )
+
+    # ------------------------------------------------------------------ receiving (pop)
+    async def receive(
+        self,
+        group: str,
+        topic: str,
+        *,
+        max_messages: int,
+        invisible_duration: float,
+        await_duration: float,
+        tag_expression: str = "*",
+        fifo: bool = False,
+        max_delivery_attempts: int = 0,
+    ) -> list[MessageExt]:
+        """One Receive at a broker of `topic`, the brokers taken in turn, its readable queues.
+
+        A pop holds no queue, so any broker serving the topic may answer; taking them in
+        turn keeps one broker's backlog from waiting behind another's empty long polls.
+        """
+        by_broker: dict[str, list[QueueRoute]] = {}
+        for route in await self.routes(topic):
+            if route.readable:
+                by_broker.setdefault(route.broker_address, []).append(route)
+        if not by_broker:
+            raise BrokerUnavailableError(f"topic {topic!r} has no readable queue")
+        turn = self._receive_turns.get(topic, 0)
+        self._receive_turns[topic] = turn + 1
+        address = sorted(by_broker)[turn % len(by_broker)]
+        routes = by_broker[address]
+        return await self.client(address).receive(
+            group,
+            topic,
+            [r.queue.queue_id for r in routes],
+            routes[0].queue.broker_name,
+            max_messages=max_messages,
+            invisible_duration=invisible_duration,
+            await_duration=await_duration,
+            tag_expression=tag_expression,
+            fifo=fifo,
+            max_delivery_attempts=max_delivery_attempts,
+        )
+
+    async def ack(self, receipt: Receipt) -> None:
+        """Ack at the broker that issued the receipt."""
+        await self.client(receipt.broker).ack(receipt)
+
+    async def change_invisible_duration(self, receipt: Receipt, seconds: float) -> Receipt:
+        """Change at the broker that issued the receipt."""
+        return await self.client(receipt.broker).change_invisible_duration(receipt, seconds)
 
     # ------------------------------------------------------------------ membership
     async def heartbeat(self, client_id: str, groups: Sequence[GroupInfo]) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sdk.errors import OrderMQError
-from sdk.message import Message, MessageExt, MessageQueue
+from sdk.message import Message, MessageExt, MessageQueue, Receipt
 
 
 class PullStatus(enum.Enum):
@@ -202,6 +202,45 @@ class Transport(Protocol):
         reconsume_times: int = 0,
     ) -> SentBack:
         """Return a message the group failed to consume, for a later retry or dead letter."""
+        ...
+
+    # ------------------------------------------------------------------ receiving (pop)
+    async def receive(
+        self,
+        group: str,
+        topic: str,
+        *,
+        max_messages: int,
+        invisible_duration: float,
+        await_duration: float,
+        tag_expression: str = "*",
+        fifo: bool = False,
+        max_delivery_attempts: int = 0,
+    ) -> list[MessageExt]:
+        """Take up to `max_messages` of `topic` for `group`, each hidden for a while.
+
+        The transport picks the broker (one per call, in turn among those that serve the
+        topic's readable queues). Each message carries its `delivery_attempt` and a
+        `receipt` naming that broker (its `hidden_until` as the broker said; the caller
+        may put its own estimate in). Waits up to `await_duration` seconds for a message
+        when there is none; then answers []. `max_delivery_attempts` 0: the broker's.
+        TopicNotFoundError when the topic does not exist.
+        """
+        ...
+
+    async def ack(self, receipt: Receipt) -> None:
+        """Settle the message `receipt` holds, at the broker that issued it.
+
+        ReceiptExpiredError when its invisible time passed; InvalidReceiptError when the
+        broker does not know it, or a change of invisible duration replaced it.
+        """
+        ...
+
+    async def change_invisible_duration(self, receipt: Receipt, seconds: float) -> Receipt:
+        """Hide the message `receipt` holds for `seconds` from now; its new receipt.
+
+        The old receipt no longer works. Errors as for ack.
+        """
         ...
 
     # ------------------------------------------------------------------ membership

@@ -4,5 +4,12 @@ from sdk.aio.lite_pull_consumer import LitePullConsumer
 from sdk.aio.producer import Producer
 from sdk.aio.push_consumer import PushConsumer
 from sdk.aio.signals import wait_for_shutdown_signal
+from sdk.aio.simple_consumer import SimpleConsumer
 
-__all__ = ["LitePullConsumer", "Producer", "PushConsumer", "wait_for_shutdown_signal"]
+__all__ = [
+    "LitePullConsumer",
+    "Producer",
+    "PushConsumer",
+    "SimpleConsumer",
+    "wait_for_shutdown_signal",
+]

@@ -91,7 +91,13 @@ def test_the_service_example_stops_cleanly_on_a_signal(sig: signal.Signals) -> N
 
 @pytest.mark.parametrize(
     "name",
-    ["delayed_and_cancel.py", "retry_and_dlq.py", "broadcasting.py", "asyncio_consumer.py"],
+    [
+        "delayed_and_cancel.py",
+        "retry_and_dlq.py",
+        "broadcasting.py",
+        "asyncio_consumer.py",
+        "job_queue.py",
+    ],
 )
 def test_scenario_examples_succeed(name: str) -> None:
     assert "result: OK" in run_example(name)

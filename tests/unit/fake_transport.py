@@ -33,12 +33,14 @@ from sdk._wire import FRAME_FIELDS, MAX_SEND_BYTES, decode_properties
 from sdk.errors import (
     BrokerUnavailableError,
     ClientStateError,
+    InvalidReceiptError,
     LockNotHeldError,
     MessageNotFoundError,
     OrderMQError,
+    ReceiptExpiredError,
     StaleEpochError,
 )
-from sdk.message import Message, MessageExt, MessageQueue
+from sdk.message import Message, MessageExt, MessageQueue, Receipt
 from sdk.testing import FakeClock
 
 BROKER = "fake"
@@ -50,6 +52,16 @@ def fenced(exc: BrokerError) -> Exception:
     if exc.reason == "STALE_EPOCH":
         return StaleEpochError(str(exc))
     return LockNotHeldError(str(exc))
+
+
+@dataclasses.dataclass
+class Lease:
+    """A received message's current delivery: its handle, attempt and deadline."""
+
+    handle: str
+    attempt: int
+    until: float
+    acked: bool = False
 
 
 class FakeBroker:
@@ -70,6 +82,9 @@ class FakeBroker:
         self.commits: list[tuple[str, int, int, int]] = []  # client, queue, offset, epoch
         self.dead_letters: list[MessageExt] = []
         self.scheduled: dict[str, MessageExt] = {}  # by msg id
+        # Receives: (group, queue id, offset) -> its latest lease; handle -> that key.
+        self.leases: dict[tuple[str, int, int], Lease] = {}
+        self.handles: dict[str, tuple[str, int, int]] = {}
         self._arrived = asyncio.Event()
         self._membership_changed = asyncio.Event()
 
@@ -359,6 +374,59 @@ class FakeTransport:
         keys = {(q.topic, q.queue_id): q for q in queues}
         kept = self.broker.locks.unlock_batch(group, client_id, keys) or {}  # (None: before 9)
         return UnlockResult([keys[k] for k in kept], [])
+
+    # ------------------------------------------------------------------ receiving (pop)
+    async def receive(
+        self, group: str, topic: str, *, max_messages: int, invisible_duration: float,
+        **_: Any,
+    ) -> list[MessageExt]:  # fmt: skip
+        """Messages not acked whose lease ran out, oldest first; no waiting, no dead letters."""
+        self._check_up()
+        b, now, out = self.broker, self.broker.clock.now(), []
+        for queue_id, stored in sorted(b.messages.items()):
+            for message in stored:
+                key = (group, queue_id, message.queue_offset)
+                lease = b.leases.get(key)
+                if len(out) == max_messages or (lease and (lease.acked or lease.until > now)):
+                    continue
+                attempt = (lease.attempt if lease else 0) + 1
+                lease = b.leases[key] = self._lease(key, attempt, now + invisible_duration)
+                copy = _copy(message)
+                copy.delivery_attempt = attempt
+                copy.receipt = Receipt(
+                    lease.handle, ADDRESS, group, invisible_duration, lease.until
+                )
+                out.append(copy)
+        return out
+
+    def _lease(self, key: tuple[str, int, int], attempt: int, until: float) -> Lease:
+        handle = f"{key}#{len(self.broker.handles)}"
+        self.broker.handles[handle] = key
+        return Lease(handle, attempt, until)
+
+    def _current(self, receipt: Receipt) -> tuple[tuple[str, int, int], Lease]:
+        self._check_up()
+        key = self.broker.handles.get(receipt.handle)
+        if key is None or key[0] != receipt.group:
+            raise InvalidReceiptError(f"not a receipt of this broker: {receipt.handle!r}")
+        lease = self.broker.leases[key]
+        if lease.handle != receipt.handle:
+            raise InvalidReceiptError(f"receipt {receipt.handle!r} was replaced")
+        if not lease.acked and lease.until <= self.broker.clock.now():
+            raise ReceiptExpiredError(f"receipt {receipt.handle!r} expired")
+        return key, lease
+
+    async def ack(self, receipt: Receipt) -> None:
+        _key, lease = self._current(receipt)
+        lease.acked = True
+
+    async def change_invisible_duration(self, receipt: Receipt, seconds: float) -> Receipt:
+        key, lease = self._current(receipt)
+        if lease.acked:
+            raise InvalidReceiptError(f"receipt {receipt.handle!r}: the message was acked")
+        until = self.broker.clock.now() + seconds
+        new = self.broker.leases[key] = self._lease(key, lease.attempt, until)
+        return Receipt(new.handle, ADDRESS, receipt.group, seconds, until)
 
     async def close(self) -> None:
         self.closed = True

@@ -23,20 +23,21 @@ def test_sdk_exports_exactly_the_public_names() -> None:
             "AllocateMessageQueueConsistentHash", "AllocateMessageQueueStrategy",
             "ConsumeConcurrentlyContext", "ConsumeConcurrentlyStatus", "ConsumeFromWhere",
             "ConsumeOrderlyContext", "ConsumeOrderlyStatus", "EarlierSendFailedError",
-            "LitePullConsumer",
+            "KeepInvisible", "LitePullConsumer",
             "LitePullConsumerConfig", "Message", "MessageExt",
             "MessageListenerConcurrently", "MessageListenerOrderly", "MessageModel",
             "MessageQueue", "MessageQueueSelector", "OrderMQError", "PartialBatchError",
-            "Producer", "ProducerConfig", "PushConsumer", "PushConsumerConfig",
+            "Producer", "ProducerConfig", "PushConsumer", "PushConsumerConfig", "Receipt",
             "RoundRobinSelector",
             "SelectMessageQueueByHash", "SelectMessageQueueByRandom", "SendResult",
-            "SendStatus", "shard_index", "wait_for_shutdown_signal",
+            "SendStatus", "SimpleConsumer", "shard_index", "wait_for_shutdown_signal",
         ]
     )  # fmt: skip
     assert sorted(sdk.aio.__all__) == [
         "LitePullConsumer",
         "Producer",
         "PushConsumer",
+        "SimpleConsumer",
         "wait_for_shutdown_signal",
     ]
     assert sorted(mockbroker.__all__) == ["Broker", "BrokerConfig", "EmbeddedBroker", "FlushMode"]

@@ -50,7 +50,12 @@ GRPC_ONLY = (
     "sdk._transport.status",
 )
 #: The public clients, which choose a transport (sdk._transport.connect) for their core.
-FACES = {"sdk/producer/__init__.py", "sdk/consumer/push.py", "sdk/consumer/lite_pull.py"}
+FACES = {
+    "sdk/producer/__init__.py",
+    "sdk/consumer/push.py",
+    "sdk/consumer/lite_pull.py",
+    "sdk/consumer/simple.py",
+}
 #: ordermq's message layouts are a transport's business; the spool keeps messages in one.
 CODEC_USERS = {"sdk/producer/spool.py"}
 
