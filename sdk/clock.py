@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable
-from typing import Protocol, TypeVar
-
-T = TypeVar("T")
+from typing import Protocol
 
 
 class Clock(Protocol):
@@ -55,8 +53,8 @@ async def sleep_for(clock: Clock, seconds: float) -> None:
     await clock.sleep_until(clock.now() + seconds)
 
 
-async def wait_within(clock: Clock, work: Awaitable[T], seconds: float) -> tuple[bool, T | None]:
-    """Wait for `work` at most `seconds` on `clock`: (True, its result) or (False, None).
+async def wait_within(clock: Clock, work: Awaitable[object], seconds: float) -> bool:
+    """Wait for `work` at most `seconds` on `clock`; False if the time ran out first.
 
     When the time runs out `work` is cancelled, and its end awaited. An exception of `work`
     is raised.
@@ -71,5 +69,6 @@ async def wait_within(clock: Clock, work: Awaitable[T], seconds: float) -> tuple
             task.cancel()
             await asyncio.wait((task,))
     if task.cancelled():
-        return False, None
-    return True, task.result()
+        return False
+    task.result()  # raises what `work` raised
+    return True

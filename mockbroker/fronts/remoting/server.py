@@ -155,7 +155,7 @@ class Connection:
             clock, bound = self._server.clock, self._server.peer_wait_seconds
         else:
             clock, bound = SystemClock(), flush_seconds
-        flushed, _ = await wait_within(clock, self._closed_quietly(), bound)
+        flushed = await wait_within(clock, self._closed_quietly(), bound)
         if not flushed:
             log.warning("remoting %s: %s reads nothing; dropping what it was sent",
                         self._server.name, self._peer)  # fmt: skip
