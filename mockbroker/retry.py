@@ -16,10 +16,18 @@ from dataclasses import dataclass
 from mockbroker.errors import invalid
 from mockbroker.schedule import Scheduler, frame_of
 from mockbroker.store.message_store import MessageStore
-from mockbroker.store.records import DELAY_LEVEL_SECONDS, check_frames
+from mockbroker.store.records import check_frames
 from mockbroker.topic_creation import TopicCreation
-from mockbroker.topics import DLQ_PREFIX, RETRY_PREFIX, Topic
-from sdk._wire import FRAME_FIELDS, RECORD, decode_properties, encode_frame, encode_properties
+from mockbroker.topics import Topic
+from sdk._validation import DLQ_PREFIX, RETRY_PREFIX
+from sdk._wire import (
+    DELAY_LEVEL_SECONDS,
+    FRAME_FIELDS,
+    RECORD,
+    decode_properties,
+    encode_frame,
+    encode_properties,
+)
 from sdk.clock import Clock
 
 #: RocketMQ's default: a message is retried 16 times before it is dead-lettered.

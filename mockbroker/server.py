@@ -14,8 +14,8 @@ from mockbroker.errors import BrokerError
 from mockbroker.fair_store import SlicedStore
 from mockbroker.fairness import FairScheduler
 from mockbroker.fronts.grpc.admin_service import AdminService
-from mockbroker.fronts.grpc.grpc_errors import add_service
 from mockbroker.fronts.grpc.service import MessagingService
+from mockbroker.fronts.grpc_errors import add_service
 from mockbroker.fronts.remoting.front import RemotingFront
 from mockbroker.fronts.v2.front import V2Front
 from mockbroker.fronts.v2.pop_adapter import PopCoreAdapter

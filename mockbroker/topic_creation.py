@@ -28,13 +28,8 @@ from grpc import StatusCode
 
 from mockbroker.errors import BrokerError
 from mockbroker.store.message_store import MessageStore
-from mockbroker.topics import (
-    RETRY_PREFIX,
-    Topic,
-    check_any_topic,
-    check_group,
-    check_user_topic,
-)
+from mockbroker.topics import Topic, check_any_topic, check_group, check_user_topic
+from sdk._validation import RETRY_PREFIX
 
 
 class TopicCreation:

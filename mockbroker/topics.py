@@ -15,10 +15,9 @@ from grpc import StatusCode
 from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
 from mockbroker.store.files import write_atomically
 from sdk._files import read_json
+from sdk._validation import DLQ_PREFIX, RETRY_PREFIX
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_|-]{1,127}$")
-RETRY_PREFIX = "%RETRY%"
-DLQ_PREFIX = "%DLQ%"
 SYSTEM_PREFIX = "rmq_sys_"
 #: Where scheduled messages wait, and where their outcomes are recorded.
 SCHEDULE_TOPIC = "rmq_sys_SCHEDULE"

@@ -8,6 +8,9 @@ from sdk.errors import InvalidGroupError, InvalidTopicError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_|-]{1,127}$")
 SYSTEM_PREFIX = "rmq_sys_"
+#: Topics the system names for a consumer group: its retries, and its dead letters.
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
 #: Topics that passed check_topic; it runs for every message built, and most
 #: applications use a few topics. Bounded: once full, further topics are checked each time.
 _VALID_TOPICS: set[str] = set()

@@ -21,6 +21,9 @@ MAX_PROPERTIES_BYTES = 16 * 1024
 MAX_SEND_BYTES = 32 * 1024 * 1024
 MAX_PULL_BYTES = 32 * 1024 * 1024
 MAX_PULL_MESSAGES = 10_000
+#: RocketMQ's delay levels (1-based), in seconds.
+DELAY_LEVEL_SECONDS = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600,
+                       1200, 1800, 3600, 7200)  # fmt: skip
 #: gRPC message size limit on both sides: a full send or pull plus protobuf overhead.
 GRPC_MAX_MESSAGE_BYTES = MAX_SEND_BYTES + 1024 * 1024
 GRPC_CHANNEL_OPTIONS = (

@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import itertools
 
-from mockbroker.fronts.remoting.codec import FrameError, encode, read_command
-from mockbroker.fronts.remoting.command import FLAG_ONEWAY, RemotingCommand
+from sdk._remoting.codec import FrameError, encode, read_command
+from sdk._remoting.command import FLAG_ONEWAY, RemotingCommand
 
 
 class RemotingClient:

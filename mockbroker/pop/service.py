@@ -59,7 +59,8 @@ from mockbroker.pop.receipts import (
 from mockbroker.pop.window import UINT64, Entry, Lease, Window, b64, natural, unb64
 from mockbroker.retry import RetryService
 from mockbroker.store.message_store import MessageStore
-from mockbroker.topics import DLQ_PREFIX, Topic, check_any_topic, check_group, name_checked
+from mockbroker.topics import Topic, check_any_topic, check_group, name_checked
+from sdk._validation import DLQ_PREFIX
 from sdk._wire import FRAME_FIELDS, MAX_PULL_BYTES, RECORD
 from sdk.clock import Clock
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.store.consumequeue import ENTRY
 from sdk._wire import (
+    DELAY_LEVEL_SECONDS,
     FRAME_FIELDS,
     FRAME_LEN_PREFIX,
     MAX_BODY_BYTES,
@@ -38,9 +39,6 @@ assert _HEADER.size == _PREFIX + _FIELDS, "FRAME_FIELDS no longer starts with id
 #: The smallest stored record: a header, a 1-byte topic, the frame fields and a 1-byte body.
 MIN_RECORD_SIZE = RECORD.size + 1 + FRAME_FIELDS.size + 1
 
-#: RocketMQ's delay levels (1-based), in seconds.
-DELAY_LEVEL_SECONDS = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600,
-                       1200, 1800, 3600, 7200)  # fmt: skip
 #: How far ahead a message may be scheduled (RocketMQ 5's limit for timed messages).
 MAX_SCHEDULE_MS = 40 * 24 * 3600 * 1000
 #: A deliver-at this little in the past is taken as "now" (clock skew between hosts).

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from sdk import metrics
 from sdk._transport.protocol import GroupInfo, PullResult, PullStatus, Transport
-from sdk._validation import check_group, check_topic, split_tag_expression
+from sdk._validation import RETRY_PREFIX, check_group, check_topic, split_tag_expression
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.consumer.allocate import AllocateMessageQueueAveragely, AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere
@@ -45,7 +45,6 @@ from sdk.message import MessageExt, MessageQueue
 
 log = logging.getLogger("ordermq.consumer")
 
-RETRY_PREFIX = "%RETRY%"
 #: Warn about a queue whose release has waited this long for a listener call to return.
 SLOW_RELEASE_WARNING = 20.0
 #: RocketMQ: how long rebalance tries for a queue's consume lock before it gives up.

@@ -13,12 +13,13 @@ from pathlib import Path
 
 from sdk import metrics
 from sdk._transport.protocol import Transport
+from sdk._validation import RETRY_PREFIX
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, MessageModel, PushConsumerConfig
 from sdk.consumer.consume_concurrently import ConsumeConcurrentlyService
 from sdk.consumer.consume_orderly import ConsumeOrderlyService
-from sdk.consumer.core import RETRY_PREFIX, ConsumerCore, QueueHook
+from sdk.consumer.core import ConsumerCore, QueueHook
 from sdk.consumer.listener import MessageListenerConcurrently, MessageListenerOrderly
 from sdk.consumer.process_queue import ProcessQueue
 from sdk.errors import ClientStateError, InvalidArgumentError, OrderMQError

@@ -18,7 +18,7 @@ import logging
 from dataclasses import replace
 
 from sdk._transport.protocol import Transport
-from sdk._validation import check_group, check_topic, split_tag_expression
+from sdk._validation import DLQ_PREFIX, check_group, check_topic, split_tag_expression
 from sdk.clock import Clock, SystemClock
 from sdk.errors import (
     ClientStateError,
@@ -32,7 +32,6 @@ from sdk.message import MessageExt, Receipt
 log = logging.getLogger("ordermq.consumer")
 
 #: A group's dead-letter topic is this prefix and the group's name.
-DLQ_PREFIX = "%DLQ%"
 #: How long a receive waits for a message when there is none (RocketMQ 5's Python
 #: client's default await duration).
 DEFAULT_AWAIT_DURATION = 20.0

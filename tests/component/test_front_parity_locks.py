@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
-from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
-from mockbroker.fronts.remoting.command import RemotingCommand
 from mockbroker.lock_manager import LOCK_FILE
 from sdk import Message, Producer
+from sdk._remoting.codes import RequestCode, ResponseCode
+from sdk._remoting.command import RemotingCommand
 from sdk._transport.broker_client import BrokerClient, GroupInfo
 from sdk.errors import OrderMQError
 from sdk.message import MessageQueue

@@ -21,9 +21,9 @@ from typing import Protocol
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
-from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
-from mockbroker.fronts.remoting.command import RemotingCommand
 from sdk import Message, Producer
+from sdk._remoting.codes import RequestCode, ResponseCode
+from sdk._remoting.command import RemotingCommand
 from sdk._transport.broker_client import BrokerClient, GroupInfo
 from sdk.errors import OrderMQError
 from sdk.message import MessageQueue

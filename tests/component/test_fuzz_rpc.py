@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 
 from mockbroker import BrokerConfig, EmbeddedBroker
 from mockbroker.__main__ import main as mockbroker_main
-from mockbroker.fronts.grpc.grpc_errors import REASON_KEY
+from mockbroker.fronts.grpc_errors import REASON_KEY
 from mockbroker.server import Broker
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._wire import GRPC_CLIENT_CHANNEL_OPTIONS, encode_frame, encode_properties

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
-from mockbroker.fronts.grpc.grpc_errors import REASON_KEY
+from mockbroker.fronts.grpc_errors import REASON_KEY
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._wire import encode_frame, iter_records

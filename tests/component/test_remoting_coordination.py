@@ -18,11 +18,11 @@ import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
 from mockbroker import offsets as offsets_module
-from mockbroker.fronts.remoting.codec import encode
-from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
-from mockbroker.fronts.remoting.command import RemotingCommand
-from mockbroker.fronts.remoting.message_ids import decode_offset_msg_id
 from sdk import Message, Producer
+from sdk._remoting.codec import encode
+from sdk._remoting.codes import RequestCode, ResponseCode
+from sdk._remoting.command import RemotingCommand
+from sdk._remoting.message_ids import decode_offset_msg_id
 from sdk.testing import FakeClock
 from tests.remoting_client import RemotingClient
 from tests.support import wait_until

@@ -21,22 +21,23 @@ import pytest
 
 from mockbroker import offsets as offsets_module
 from mockbroker.config import BrokerConfig
-from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
-from mockbroker.fronts.remoting.command import FLAG_ONEWAY, Handler, RemotingCommand
+from mockbroker.fronts.remoting.channel import Handler
 from mockbroker.fronts.remoting.coordination import RemotingClients, coordination_handlers
 from mockbroker.fronts.remoting.data_handlers import data_handlers
-from mockbroker.fronts.remoting.message_ids import decode_offset_msg_id
-from mockbroker.fronts.remoting.message_layout import (
+from mockbroker.groups import GroupMembership
+from mockbroker.server import Broker
+from mockbroker.state import BrokerState
+from sdk import Message
+from sdk._remoting.codes import RequestCode, ResponseCode
+from sdk._remoting.command import FLAG_ONEWAY, RemotingCommand
+from sdk._remoting.message_ids import decode_offset_msg_id
+from sdk._remoting.message_layout import (
     BatchElement,
     MessageRecord,
     decode_records,
     encode_batch,
 )
-from mockbroker.fronts.remoting.properties import encode_properties
-from mockbroker.groups import GroupMembership
-from mockbroker.server import Broker
-from mockbroker.state import BrokerState
-from sdk import Message
+from sdk._remoting.properties import encode_properties
 from sdk._transport.broker_client import BrokerClient
 from sdk.aio import Producer
 from sdk.clock import Clock

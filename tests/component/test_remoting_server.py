@@ -18,12 +18,13 @@ from typing import TypeVar
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
-from mockbroker.fronts.remoting.codec import ROCKETMQ, encode, read_command
-from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
-from mockbroker.fronts.remoting.command import ClientChannel, Handler, RemotingCommand
+from mockbroker.fronts.remoting.channel import ClientChannel, Handler
 from mockbroker.fronts.remoting.server import RemotingServer
 from mockbroker.limits import ClientLimits
 from sdk import LitePullConsumer, Message, MessageQueue, Producer
+from sdk._remoting.codec import ROCKETMQ, encode, read_command
+from sdk._remoting.codes import RequestCode, ResponseCode
+from sdk._remoting.command import RemotingCommand
 from sdk.clock import SystemClock
 from sdk.testing import FakeClock
 from tests.component.scraping import scrape

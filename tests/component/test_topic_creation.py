@@ -25,11 +25,11 @@ from mockbroker import topics as topics_module
 from mockbroker._pb_v2.apache.rocketmq.v2 import definition_pb2 as v2
 from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2 as svc
 from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2_grpc as svc_grpc
-from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
-from mockbroker.fronts.remoting.command import RemotingCommand
 from mockbroker.state import BrokerState
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
+from sdk._remoting.codes import RequestCode, ResponseCode
+from sdk._remoting.command import RemotingCommand
 from tests.remoting_client import RemotingClient
 
 LIMIT = 3

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mockbroker.fronts.remoting.codec import encode
-from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
-from mockbroker.fronts.remoting.command import RemotingCommand
+from sdk._remoting.codec import encode
+from sdk._remoting.codes import RequestCode, ResponseCode
+from sdk._remoting.command import RemotingCommand
 from tests.remoting_client import RemotingClient
 
 T = TypeVar("T")

@@ -49,11 +49,11 @@ import grpc
 import pytest
 
 from mockbroker import BrokerConfig
-from mockbroker.fronts.remoting.codes import ResponseCode
-from mockbroker.fronts.remoting.command import RemotingCommand
 from sdk import Message, MessageQueue, Producer, shard_index
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
+from sdk._remoting.codes import ResponseCode
+from sdk._remoting.command import RemotingCommand
 from sdk.consumer.allocate import AllocateMessageQueueAveragely
 from tests.interop.harness import accepts, free_port
 from tests.support import wait_until

@@ -39,8 +39,10 @@ from sdk.testing import FakeClock
 from tests.unit.fake_transport import FakeBroker, FakeTransport
 
 SDK = Path(__file__).resolve().parents[2] / "sdk"
-#: What only a transport may import: gRPC, protocol buffers, the gRPC transport's modules.
+#: What only a transport may import: gRPC, protocol buffers, the gRPC transport's modules,
+#: RocketMQ's remoting wire model.
 GRPC_ONLY = (
+    "sdk._remoting",
     "grpc",
     "google.protobuf",
     "sdk._pb",
@@ -111,6 +113,20 @@ def test_only_the_faces_choose_a_transport_and_only_the_spool_uses_a_wire_layout
         and not m.startswith(("sdk._transport.protocol", "sdk._transport.codec"))
     }
     assert not others, "the cores know the transport by its interface only"
+
+
+def test_no_sdk_module_imports_the_broker() -> None:
+    """A client never imports the broker: the broker imports the SDK's wire code instead."""
+    modules = sorted(SDK.rglob("*.py"))
+    assert any(relative(p).startswith("sdk/_remoting/") for p in modules), "the glob found it"
+    offenders = {
+        f"{relative(path)} imports {module}"
+        for path in modules
+        if "_pb" not in path.parts
+        for module in imported_modules(path)
+        if module == "mockbroker" or module.startswith("mockbroker.")
+    }
+    assert not offenders
 
 
 def test_the_check_sees_an_import_of_the_grpc_transport(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
-from mockbroker.fronts.grpc.grpc_errors import Context, answers_errors, message_id
+from mockbroker.fronts.grpc_errors import Context, answers_errors, message_id
 from mockbroker.state import BrokerState
 from mockbroker.topics import Topic, check_any_topic, check_group, is_system_topic
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb

@@ -23,7 +23,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from mockbroker.errors import BrokerError, invalid
-from mockbroker.fronts.grpc.grpc_errors import MalformedRequest
+from mockbroker.fronts.grpc_errors import MalformedRequest
 from mockbroker.limits import ClientLimits
 from mockbroker.request_stats import RequestStats
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterable
 from mockbroker.delivery import Delivery
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.fronts.grpc.exchange import ExchangeStreams
-from mockbroker.fronts.grpc.grpc_errors import (
+from mockbroker.fronts.grpc_errors import (
     Context,
     MalformedRequest,
     abort,

@@ -40,14 +40,7 @@ import logging
 from typing import Any
 
 from mockbroker.errors import BrokerError
-from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
-from mockbroker.fronts.remoting.command import (
-    ClientChannel,
-    Fields,
-    Handler,
-    RemotingCommand,
-    RemotingError,
-)
+from mockbroker.fronts.remoting.channel import ClientChannel, Handler
 from mockbroker.groups import GroupMembership
 from mockbroker.offset_commits import OffsetUpdate, Unfenced
 from mockbroker.queue_locks import QueueLocks
@@ -55,6 +48,8 @@ from mockbroker.retry import DEFAULT_MAX_RECONSUME_TIMES
 from mockbroker.state import BrokerState, check_client_id
 from mockbroker.store.message_store import parse_tag_expression
 from mockbroker.topics import Topic, check_any_topic, check_group
+from sdk._remoting.codes import RequestCode, ResponseCode
+from sdk._remoting.command import Fields, RemotingCommand, RemotingError
 from sdk._wire import RECORD
 
 log = logging.getLogger("ordermq.broker.remoting")

@@ -53,28 +53,30 @@ from dataclasses import dataclass
 
 from mockbroker.delivery import MAX_SUSPEND_MS, Delivery
 from mockbroker.errors import BrokerError
-from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
-from mockbroker.fronts.remoting.command import (
-    ClientChannel,
-    Fields,
-    Handler,
-    RemotingCommand,
-    RemotingError,
-)
+from mockbroker.fronts.remoting.channel import ClientChannel, Handler
 from mockbroker.fronts.remoting.coordination import RemotingClients
 from mockbroker.fronts.remoting.errors import refusal
-from mockbroker.fronts.remoting.message_ids import (
+from mockbroker.offset_commits import OffsetUpdate, Unfenced
+from mockbroker.retry import DEFAULT_MAX_RECONSUME_TIMES
+from mockbroker.state import BrokerState
+from mockbroker.store.consumequeue import ConsumeQueue
+from mockbroker.store.message_store import GetResult
+from mockbroker.topics import SCHEDULE_TOPIC, SYSTEM_PREFIX, Topic, check_group, check_user_topic
+from sdk._remoting.codes import RequestCode, ResponseCode
+from sdk._remoting.command import Fields, RemotingCommand, RemotingError
+from sdk._remoting.message_ids import (
     SocketAddress,
     UniqKeyGenerator,
     create_offset_msg_id,
 )
-from mockbroker.fronts.remoting.message_layout import (
+from sdk._remoting.message_layout import (
     COMPRESSED_FLAG,
     MessageLayoutError,
     decode_batch,
 )
-from mockbroker.fronts.remoting.properties import decode_properties
-from mockbroker.fronts.remoting.translate import (
+from sdk._remoting.properties import decode_properties
+from sdk._remoting.subscription import parse_subscription
+from sdk._remoting.translate import (
     IncomingMessage,
     encode_served,
     illegal,
@@ -82,20 +84,7 @@ from mockbroker.fronts.remoting.translate import (
     rocketmq_uniq_key,
     to_frame,
 )
-from mockbroker.offset_commits import OffsetUpdate, Unfenced
-from mockbroker.retry import DEFAULT_MAX_RECONSUME_TIMES
-from mockbroker.state import BrokerState
-from mockbroker.store.consumequeue import ConsumeQueue
-from mockbroker.store.message_store import GetResult
-from mockbroker.topics import (
-    DLQ_PREFIX,
-    RETRY_PREFIX,
-    SCHEDULE_TOPIC,
-    SYSTEM_PREFIX,
-    Topic,
-    check_group,
-    check_user_topic,
-)
+from sdk._validation import DLQ_PREFIX, RETRY_PREFIX
 from sdk._wire import (
     FRAME_FIELDS,
     FRAME_LEN_PREFIX,
@@ -130,27 +119,6 @@ V2_FIELDS = {
     "j": "reconsumeTimes", "k": "unitMode", "l": "maxReconsumeTimes", "m": "batch",
     "n": "brokerName",
 }  # fmt: skip
-
-#: Java's String.trim: every character up to U+0020.
-_JAVA_TRIM = "".join(map(chr, range(33)))
-
-
-def parse_subscription(expression: str | None) -> frozenset[bytes] | None:
-    """The tags a subscription names, as FilterAPI reads it; None for every tag.
-
-    "*" or empty is every tag; otherwise the tags joined by "||", each trimmed, empty
-    ones skipped (a set that ends up empty matches nothing). Only "||" alone (or
-    repeated) does not parse: SUBSCRIPTION_PARSE_FAILED.
-    """
-    if expression is None or expression in ("", "*"):
-        return None
-    parts = expression.split("||")
-    if not any(parts):
-        raise RemotingError(
-            ResponseCode.SUBSCRIPTION_PARSE_FAILED,
-            f"the subscription {expression!r} names no tag",
-        )
-    return frozenset(t.encode() for p in parts if (t := p.strip(_JAVA_TRIM)))
 
 
 def data_handlers(
@@ -673,5 +641,4 @@ __all__ = [
     "DataHandlers",
     "SendHeader",
     "data_handlers",
-    "parse_subscription",
 ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from grpc import StatusCode
 
 from mockbroker.errors import BrokerError
-from mockbroker.fronts.remoting.codes import ResponseCode
-from mockbroker.fronts.remoting.command import RemotingError
+from sdk._remoting.codes import ResponseCode
+from sdk._remoting.command import RemotingError
 
 #: Core refusals by reason, as RocketMQ's codes; others by status (see refusal()).
 _CODES_BY_REASON = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from mockbroker.fronts.remoting.command import ClientChannel, Handler, RemotingCommand
+from mockbroker.fronts.remoting.channel import ClientChannel, Handler
 from mockbroker.fronts.remoting.coordination import RemotingClients, coordination_handlers
 from mockbroker.fronts.remoting.data_handlers import data_handlers
 from mockbroker.fronts.remoting.namesrv import namesrv_handlers
@@ -15,6 +15,7 @@ from mockbroker.fronts.remoting.server import (
     RemotingServer,
 )
 from mockbroker.state import BrokerState
+from sdk._remoting.command import RemotingCommand
 
 
 class RemotingFront:

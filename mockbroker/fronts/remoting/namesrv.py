@@ -16,16 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from mockbroker.errors import BrokerError
-from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
-from mockbroker.fronts.remoting.command import (
-    ClientChannel,
-    Fields,
-    Handler,
-    RemotingCommand,
-    RemotingError,
-)
+from mockbroker.fronts.remoting.channel import ClientChannel, Handler
 from mockbroker.state import BrokerState
-from mockbroker.topics import RETRY_PREFIX, check_any_topic
+from mockbroker.topics import check_any_topic
+from sdk._remoting.codes import RequestCode, ResponseCode
+from sdk._remoting.command import Fields, RemotingCommand, RemotingError
+from sdk._validation import RETRY_PREFIX
 
 #: The topic RocketMQ producers fall back to for a topic with no route (createTopicKey).
 DEFAULT_TOPIC = "TBW102"

@@ -7,10 +7,11 @@ mode, the end of what is synced).
 
 from __future__ import annotations
 
-from mockbroker.fronts.remoting.codes import RequestCode
-from mockbroker.fronts.remoting.command import ClientChannel, Fields, Handler, RemotingCommand
+from mockbroker.fronts.remoting.channel import ClientChannel, Handler
 from mockbroker.state import BrokerState
 from mockbroker.topics import Topic
+from sdk._remoting.codes import RequestCode
+from sdk._remoting.command import Fields, RemotingCommand
 
 
 def offset_handlers(state: BrokerState) -> dict[int, Handler]:

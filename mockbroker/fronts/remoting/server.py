@@ -33,16 +33,12 @@ import socket
 from collections.abc import Callable, Coroutine, Mapping
 
 from mockbroker.errors import BrokerError
-from mockbroker.fronts.remoting.codec import MAX_FRAME_BYTES, FrameError, decode, encode, read_frame
-from mockbroker.fronts.remoting.codes import ResponseCode
-from mockbroker.fronts.remoting.command import (
-    FLAG_ONEWAY,
-    Handler,
-    RemotingCommand,
-    RemotingError,
-)
+from mockbroker.fronts.remoting.channel import Handler
 from mockbroker.fronts.remoting.errors import refusal
 from mockbroker.limits import ClientLimits
+from sdk._remoting.codec import MAX_FRAME_BYTES, FrameError, decode, encode, read_frame
+from sdk._remoting.codes import ResponseCode
+from sdk._remoting.command import FLAG_ONEWAY, RemotingCommand, RemotingError
 from sdk.clock import Clock, SystemClock, wait_within
 
 log = logging.getLogger("ordermq.broker.remoting")

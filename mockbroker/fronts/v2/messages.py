@@ -57,8 +57,9 @@ from dataclasses import dataclass
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from mockbroker._pb_v2.apache.rocketmq.v2 import definition_pb2 as v2
-from mockbroker.fronts.remoting.message_ids import SocketAddress
-from mockbroker.fronts.remoting.translate import (
+from mockbroker.fronts.v2.status import Code, V2Error
+from sdk._remoting.message_ids import SocketAddress
+from sdk._remoting.translate import (
     BORN_HOST_PROPERTY,
     FIELD_PROPERTIES,
     ORIGIN_TOPIC,
@@ -67,8 +68,7 @@ from mockbroker.fronts.remoting.translate import (
     msg_id_for_uniq_key,
     rocketmq_uniq_key,
 )
-from mockbroker.fronts.v2.status import Code, V2Error
-from mockbroker.topics import DLQ_PREFIX
+from sdk._validation import DLQ_PREFIX
 from sdk._wire import (
     KEY_SEPARATOR,
     MAX_BODY_BYTES,

@@ -28,12 +28,12 @@ from collections.abc import Callable
 from mockbroker._pb_v2.apache.rocketmq.v2 import definition_pb2 as v2
 from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2 as svc
 from mockbroker.errors import BrokerError
-from mockbroker.fronts.remoting.command import RemotingError
-from mockbroker.fronts.remoting.data_handlers import parse_subscription
 from mockbroker.fronts.v2.fields import duration_of, group_name, seconds, topic_name
 from mockbroker.fronts.v2.messages import from_ms, to_v2
 from mockbroker.fronts.v2.pop import PopCore, Popped
 from mockbroker.fronts.v2.status import V2Error, ok, status_of
+from sdk._remoting.command import RemotingError
+from sdk._remoting.subscription import parse_subscription
 
 #: Most messages one receive hands out (RocketMQ's pop takes at most 32 a request).
 MAX_RECEIVE_BATCH = 32

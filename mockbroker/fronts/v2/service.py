@@ -44,8 +44,7 @@ from mockbroker._pb_v2.apache.rocketmq.v2 import definition_pb2 as v2
 from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2 as svc
 from mockbroker.delivery import Delivery
 from mockbroker.errors import BrokerError
-from mockbroker.fronts.grpc.grpc_errors import Context, MalformedRequest, add_service
-from mockbroker.fronts.remoting.translate import msg_id_for_uniq_key
+from mockbroker.fronts.grpc_errors import Context, MalformedRequest, add_service
 from mockbroker.fronts.v2.fields import client_id, group_name, topic_name
 from mockbroker.fronts.v2.messages import Outgoing, from_ms, to_frame
 from mockbroker.fronts.v2.pop import DEFAULT_POLICY, GroupPolicy, PopCore
@@ -61,6 +60,7 @@ from mockbroker.groups import GroupMembership
 from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState
 from mockbroker.topics import is_system_topic
+from sdk._remoting.translate import msg_id_for_uniq_key
 from sdk.selector import shard_index
 
 #: What every topic accepts (ordermq's topics have no message type: the proxy's MIXED).

@@ -26,14 +26,13 @@ from dataclasses import dataclass
 
 from mockbroker._pb_v2.apache.rocketmq.v2 import definition_pb2 as v2
 from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2 as svc
-from mockbroker.fronts.remoting.command import RemotingError
-from mockbroker.fronts.remoting.data_handlers import parse_subscription
 from mockbroker.fronts.v2.fields import duration_of, group_name, topic_name
 from mockbroker.fronts.v2.pop import GroupPolicy
 from mockbroker.fronts.v2.receiving import MAX_LONG_POLLING_SECONDS, MAX_RECEIVE_BATCH
 from mockbroker.fronts.v2.status import V2Error
-from mockbroker.store.records import DELAY_LEVEL_SECONDS
-from sdk._wire import MAX_BODY_BYTES
+from sdk._remoting.command import RemotingError
+from sdk._remoting.subscription import parse_subscription
+from sdk._wire import DELAY_LEVEL_SECONDS, MAX_BODY_BYTES
 
 #: The consumer types this broker serves (both pop: receive, ack, invisible time).
 CONSUMER_TYPES = frozenset({v2.PUSH_CONSUMER, v2.SIMPLE_CONSUMER})

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from mockbroker.fronts.remoting.codec import (
+from sdk._remoting.codec import (
     JSON,
     LANGUAGES,
     ROCKETMQ,
@@ -22,7 +22,7 @@ from mockbroker.fronts.remoting.codec import (
     encode,
     read_command,
 )
-from mockbroker.fronts.remoting.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
+from sdk._remoting.command import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
 from tests.chaos_report import ChaosRecorder
 from tests.fuzzing import fuzz_settings, mutated
 

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mockbroker.fronts.remoting.codes import RequestCode, ResponseCode
-from mockbroker.fronts.remoting.command import (
-    FLAG_ONEWAY,
-    FLAG_RESPONSE,
-    Fields,
-    RemotingCommand,
-    RemotingError,
-)
+from sdk._remoting.codes import RequestCode, ResponseCode
+from sdk._remoting.command import FLAG_ONEWAY, FLAG_RESPONSE, Fields, RemotingCommand, RemotingError
 
 
 def test_a_response_keeps_the_opaque_and_serialize_type_and_sets_the_response_flag() -> None:

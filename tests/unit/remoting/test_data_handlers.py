@@ -7,10 +7,11 @@ import pytest
 from grpc import StatusCode
 
 from mockbroker.errors import BrokerError
-from mockbroker.fronts.remoting.codes import ResponseCode
-from mockbroker.fronts.remoting.command import Fields, RemotingError
-from mockbroker.fronts.remoting.data_handlers import V2_FIELDS, SendHeader, parse_subscription
+from mockbroker.fronts.remoting.data_handlers import V2_FIELDS, SendHeader
 from mockbroker.fronts.remoting.errors import refusal
+from sdk._remoting.codes import ResponseCode
+from sdk._remoting.command import Fields, RemotingError
+from sdk._remoting.subscription import parse_subscription
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from mockbroker.fronts.remoting.message_ids import (
+from sdk._remoting.message_ids import (
     SocketAddress,
     UniqKeyGenerator,
     create_offset_msg_id,

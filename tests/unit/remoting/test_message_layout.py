@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mockbroker.fronts.remoting.message_ids import SocketAddress
-from mockbroker.fronts.remoting.message_layout import (
+from sdk._remoting.message_ids import SocketAddress
+from sdk._remoting.message_layout import (
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
     BatchElement,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mockbroker.fronts.remoting.properties import (
+from sdk._remoting.properties import (
     decode_properties,
     decode_properties_bytes,
     encode_properties,

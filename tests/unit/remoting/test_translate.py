@@ -6,11 +6,12 @@ import zlib
 
 import pytest
 
-from mockbroker.fronts.remoting.codes import ResponseCode
-from mockbroker.fronts.remoting.command import RemotingError
-from mockbroker.fronts.remoting.message_ids import SocketAddress
-from mockbroker.fronts.remoting.message_layout import decode_records
-from mockbroker.fronts.remoting.translate import (
+from mockbroker.store.records import build_records, check_frames
+from sdk._remoting.codes import ResponseCode
+from sdk._remoting.command import RemotingError
+from sdk._remoting.message_ids import SocketAddress
+from sdk._remoting.message_layout import decode_records
+from sdk._remoting.translate import (
     IncomingMessage,
     encode_served,
     msg_id_for_uniq_key,
@@ -18,7 +19,6 @@ from mockbroker.fronts.remoting.translate import (
     to_frame,
     to_record,
 )
-from mockbroker.store.records import build_records, check_frames
 from sdk._wire import (
     StoredRecord,
     decode_properties,

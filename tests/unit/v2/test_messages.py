@@ -10,11 +10,11 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from mockbroker._pb_v2.apache.rocketmq.v2 import definition_pb2 as v2
-from mockbroker.fronts.remoting.message_ids import SocketAddress
-from mockbroker.fronts.remoting.translate import msg_id_for_uniq_key, to_record
 from mockbroker.fronts.v2.messages import from_ms, timestamp_ms, to_frame, to_v2
 from mockbroker.fronts.v2.status import V2Error
 from mockbroker.store.records import build_records, check_frames
+from sdk._remoting.message_ids import SocketAddress
+from sdk._remoting.translate import msg_id_for_uniq_key, to_record
 from sdk._wire import (
     MAX_BODY_BYTES,
     StoredRecord,

@@ -11,8 +11,7 @@ from mockbroker.errors import BrokerError
 from mockbroker.fronts.v2.pop import GroupPolicy
 from mockbroker.fronts.v2.status import code_of
 from mockbroker.fronts.v2.telemetry import Sessions
-from mockbroker.store.records import DELAY_LEVEL_SECONDS
-from sdk._wire import MAX_BODY_BYTES
+from sdk._wire import DELAY_LEVEL_SECONDS, MAX_BODY_BYTES
 
 
 def producer_settings() -> v2.Settings:

@@ -6,20 +6,20 @@ through `Fields` and answer with `request.response(...)` or by raising `Remoting
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from mockbroker.fronts.remoting.codes import ResponseCode
+from sdk._remoting.codes import ResponseCode
 
 #: `flag` bit 0: the command is a response.
 FLAG_RESPONSE = 0x1
 #: `flag` bit 1: the request expects no response.
 FLAG_ONEWAY = 0x2
-#: The version mockbroker puts in what it sends: RocketMQ 4.9.8's MQVersion ordinal.
-#: Java clients record it as the broker's version (401 or more selects standard route JSON).
+#: The version ordermq puts in what it sends (broker and client): RocketMQ 4.9.8's
+#: MQVersion ordinal. Java clients record it as the broker's version (401 or more selects
+#: standard route JSON).
 SERVER_VERSION = 409
-#: The language mockbroker names in what it sends.
+#: The language ordermq names in what it sends.
 SERVER_LANGUAGE = "PYTHON"
 
 
@@ -140,29 +140,3 @@ class Fields:
         if value is None:
             return default
         return value.strip().lower() == "true"
-
-
-class ClientChannel(Protocol):
-    """One client connection, as handlers see it."""
-
-    @property
-    def peer(self) -> str:
-        """The remote address, "host:port"."""
-        ...
-
-    @property
-    def closed(self) -> bool:
-        """True once the connection is gone."""
-        ...
-
-    async def send_oneway(self, command: RemotingCommand) -> None:
-        """Send a broker-to-client oneway request (e.g. NOTIFY_CONSUMER_IDS_CHANGED).
-
-        Never raises for a closed or failing connection: the request is dropped.
-        """
-        ...
-
-
-#: A request handler: answers the request (None for a oneway request that needs no
-#: answer) or raises RemotingError.
-Handler = Callable[[RemotingCommand, ClientChannel], Awaitable[RemotingCommand | None]]

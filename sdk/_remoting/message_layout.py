@@ -38,12 +38,12 @@ import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from mockbroker.fronts.remoting.message_ids import (
+from sdk._remoting.message_ids import (
     UNKNOWN_HOST,
     SocketAddress,
     create_offset_msg_id,
 )
-from mockbroker.fronts.remoting.properties import (
+from sdk._remoting.properties import (
     MAX_PROPERTIES_STRING_BYTES,
     decode_properties_bytes,
     encode_properties,

@@ -57,23 +57,23 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from mockbroker.fronts.remoting.codes import ResponseCode
-from mockbroker.fronts.remoting.command import RemotingError
-from mockbroker.fronts.remoting.message_ids import UNKNOWN_HOST, SocketAddress
-from mockbroker.fronts.remoting.message_layout import (
+from sdk._remoting.codes import ResponseCode
+from sdk._remoting.command import RemotingError
+from sdk._remoting.message_ids import UNKNOWN_HOST, SocketAddress
+from sdk._remoting.message_layout import (
     COMPRESSED_FLAG,
     TRANSACTION_TYPE_MASK,
     MessageRecord,
     decompress_body,
     encode_record,
 )
-from mockbroker.fronts.remoting.properties import (
+from sdk._remoting.properties import (
     MAX_PROPERTIES_STRING_BYTES,
     representable,
 )
-from mockbroker.store.records import DELAY_LEVEL_SECONDS
-from mockbroker.topics import DLQ_PREFIX, RETRY_PREFIX
+from sdk._validation import DLQ_PREFIX, RETRY_PREFIX
 from sdk._wire import (
+    DELAY_LEVEL_SECONDS,
     KEY_SEPARATOR,
     MAX_BODY_BYTES,
     MAX_PROPERTIES_BYTES,
@@ -84,7 +84,7 @@ from sdk._wire import (
     pack_frame,
 )
 
-log = logging.getLogger("mockbroker.remoting")
+log = logging.getLogger("ordermq.remoting")
 
 #: Property names starting with this are the broker's own (RocketMQ-only attributes).
 RESERVED_PREFIX = "__rmq."

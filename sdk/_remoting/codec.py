@@ -21,7 +21,7 @@ import re
 import struct
 from typing import Any
 
-from mockbroker.fronts.remoting.command import RemotingCommand
+from sdk._remoting.command import RemotingCommand
 
 #: The longest frame (its length prefix included), as RocketMQ's NettyDecoder allows.
 MAX_FRAME_BYTES = 16 * 1024 * 1024
