@@ -159,6 +159,18 @@ class NotSupportedError(OrderMQError):
     """The broker does not serve this feature."""
 
 
+class UnsupportedByTransportError(NotSupportedError):
+    """What the client was asked cannot be done over the transport its endpoints chose.
+
+    `transport` names it ("rocketmq://" for RocketMQ remoting); the message says what
+    does work there instead.
+    """
+
+    def __init__(self, message: str, *, transport: str) -> None:
+        super().__init__(f"{message} (not supported over {transport})", code="UNSUPPORTED")
+        self.transport = transport
+
+
 class ClientStateError(OrderMQError):
     """A client used before start() or after shutdown()."""
 

@@ -64,6 +64,7 @@ from sdk._remoting.message_layout import (
     COMPRESSED_FLAG,
     TRANSACTION_TYPE_MASK,
     MessageRecord,
+    compress_body,
     decompress_body,
     encode_record,
 )
@@ -74,6 +75,7 @@ from sdk._remoting.properties import (
 from sdk._validation import DLQ_PREFIX, RETRY_PREFIX
 from sdk._wire import (
     DELAY_LEVEL_SECONDS,
+    FRAME_FIELDS,
     KEY_SEPARATOR,
     MAX_BODY_BYTES,
     MAX_PROPERTIES_BYTES,
@@ -83,6 +85,7 @@ from sdk._wire import (
     iter_records,
     pack_frame,
 )
+from sdk.message import MessageExt, MessageQueue
 
 log = logging.getLogger("ordermq.remoting")
 
@@ -339,17 +342,113 @@ def rocketmq_uniq_key(record: StoredRecord) -> str:
     return props.get(UNIQ_KEY) or record.msg_id.hex().upper()
 
 
+# ---------------------------------------------------------------- the client's side
+#: Bodies above this are compressed when sent alone (the Java producer's
+#: compressMsgBodyOverHowmuch); a batch carries its bodies as they are, as Java's does.
+COMPRESS_OVER_BYTES = 4 * 1024
+#: RocketMQ's system properties (MessageConst): a received message's fields or the
+#: broker's bookkeeping, never the application's properties.
+SYSTEM_PROPERTIES = frozenset({
+    TAGS, KEYS, UNIQ_KEY, DELAY, WAIT, TRAN_MSG, SHARDING_KEY, TIMER_DELIVER_MS,
+    TIMER_DELAY_SEC, TIMER_DELAY_MS, "MIN_OFFSET", "MAX_OFFSET", "CLUSTER", "REAL_TOPIC",
+    "REAL_QID", "PGROUP", "MSG_REGION", "TRACE_ON", "CONSUME_START_TIME", "INSTANCE_ID",
+    "MAX_RECONSUME_TIMES", "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG", "CORRECTION_FLAG",
+    "MQ2_FLAG", "RECONSUME_TIME", "__transactionId__", "TRAN_PREPARED_QUEUE_OFFSET",
+    "POP_CK", "POP_CK_OFFSET", "1ST_POP_TIME", "TIMER_OUT_MS", "TIMER_ENQUEUE_MS",
+    "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES", "TIMER_DEL_UNIQKEY", "INNER_NUM",
+    "INNER_BASE", "__BORNHOST",
+})  # fmt: skip
+
+
+@dataclass(slots=True)
+class OutgoingMessage:
+    """A message as a RocketMQ producer sends it: the header's fields, and its body."""
+
+    properties: dict[str, str]
+    body: bytes
+    born_timestamp_ms: int
+    sys_flag: int = 0
+    delay_level: int = 0
+
+
+def from_frame(frame: bytes | memoryview) -> OutgoingMessage:
+    """The RocketMQ message an ordermq frame (its length prefix left off) is sent as.
+
+    to_frame's inverse for what ordermq's clients send: UNIQ_KEY is the message id, the
+    fields become RocketMQ's properties, the delay level DELAY. ValueError for a frame
+    that is cut short or names a delivery time (RocketMQ 4.x has delay levels only).
+    """
+    view = memoryview(frame)
+    if len(view) < FRAME_FIELDS.size:
+        raise ValueError(f"a frame of {len(view)} bytes is shorter than its fields")
+    msg_id, born, deliver_at, level, tl, sl, kl, pl, bl = FRAME_FIELDS.unpack_from(view)
+    if deliver_at:
+        raise ValueError("a delivery time cannot be sent over RocketMQ remoting")
+    pos = FRAME_FIELDS.size
+    if pos + tl + sl + kl + pl + bl != len(view):
+        raise ValueError("the frame's lengths do not add up")
+    tags, pos = bytes(view[pos : pos + tl]).decode(), pos + tl
+    sharding, pos = bytes(view[pos : pos + sl]).decode(), pos + sl
+    keys, pos = bytes(view[pos : pos + kl]).decode(), pos + kl
+    props = decode_properties(view[pos : pos + pl]) if pl else {}
+    body = bytes(view[pos + pl : pos + pl + bl])
+    head = {UNIQ_KEY: msg_id.hex().upper(), WAIT: "true"}
+    if tags:
+        head[TAGS] = tags
+    if keys:
+        head[KEYS] = keys.replace("\x00", _KEY_SEPARATOR)
+    if sharding:
+        head[SHARDING_KEY] = sharding
+    if level:
+        head[DELAY] = str(level)
+    return OutgoingMessage({**props, **head}, body, born, delay_level=level)
+
+
+def compressed(message: OutgoingMessage) -> OutgoingMessage:
+    """`message` with its body zlib-compressed if over COMPRESS_OVER_BYTES (sysFlag says so)."""
+    if len(message.body) > COMPRESS_OVER_BYTES and not message.sys_flag & COMPRESSED_FLAG:
+        message.body = compress_body(message.body)
+        message.sys_flag |= COMPRESSED_FLAG  # zlib: RocketMQ 4.x's only codec
+    return message
+
+
+def to_message_ext(record: MessageRecord, broker_name: str) -> MessageExt:
+    """The MessageExt of a record a RocketMQ broker served (its body already plain)."""
+    props = record.properties
+    keys = props.get(KEYS)
+    return MessageExt(
+        topic=record.topic,
+        body=record.body,
+        tags=props.get(TAGS) or None,
+        keys=tuple(k for k in keys.split(_KEY_SEPARATOR) if k) if keys else (),
+        properties={k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES},
+        sharding_key=props.get(SHARDING_KEY) or None,
+        msg_id=props.get(UNIQ_KEY) or record.offset_msg_id,
+        queue=MessageQueue(record.topic, broker_name, record.queue_id),
+        queue_offset=record.queue_offset,
+        reconsume_times=record.reconsume_times,
+        born_timestamp=record.born_timestamp_ms,
+        store_timestamp=record.store_timestamp_ms,
+    )
+
+
 __all__ = [
     "BORN_HOST_PROPERTY",
+    "COMPRESS_OVER_BYTES",
     "FIELD_PROPERTIES",
     "FLAG_PROPERTY",
     "RESERVED_PREFIX",
+    "SYSTEM_PROPERTIES",
     "IncomingMessage",
+    "OutgoingMessage",
+    "compressed",
     "encode_served",
+    "from_frame",
     "illegal",
     "msg_id_for_uniq_key",
     "rocketmq_uniq_key",
     "served_records",
     "to_frame",
+    "to_message_ext",
     "to_record",
 ]

@@ -2,9 +2,10 @@
 
 `connect` is where a client's transport is chosen, from the endpoints it was given; every
 public client (Producer, PushConsumer, LitePullConsumer, their sdk.aio faces, the CLI)
-goes through it. Today there is one transport, ordermq's gRPC protocol, for endpoints
-written as "host:port". An endpoint with a scheme ("name://...") names its transport;
-no scheme is known yet, so one is refused with the forms accepted.
+goes through it. Endpoints written "host:port" are ordermq brokers, over ordermq's gRPC
+protocol; "rocketmq://ns1:9876;ns2:9876" is a list of RocketMQ name servers, over
+RocketMQ 4.x remoting (sdk/_transport/remoting_transport.py). Any other scheme is
+refused with the forms accepted.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Sequence
 
 from sdk._transport.grpc_transport import GrpcTransport
 from sdk._transport.protocol import Transport
+from sdk._transport.remoting_transport import SCHEME as ROCKETMQ_SCHEME
+from sdk._transport.remoting_transport import RemotingTransport
 from sdk.errors import InvalidArgumentError
 
 __all__ = ["Transport", "connect", "split_endpoints"]
@@ -20,7 +23,8 @@ __all__ = ["Transport", "connect", "split_endpoints"]
 #: What `connect` accepts, for error messages.
 ACCEPTED_FORMS = (
     "'host:port' (an ordermq broker, over gRPC), several as 'host1:port1;host2:port2' "
-    "or as a list of 'host:port'"
+    "or as a list of 'host:port'; or 'rocketmq://ns1:9876;ns2:9876' (RocketMQ name "
+    "servers, over RocketMQ remoting)"
 )
 
 
@@ -46,14 +50,25 @@ def split_endpoints(endpoints: str | Sequence[str]) -> list[str]:
 def connect(endpoints: str | Sequence[str]) -> Transport:
     """The transport for `endpoints`; nothing connects until its first call.
 
-    InvalidArgumentError, naming the accepted forms, for endpoints it cannot serve.
+    "rocketmq://" before the first endpoint makes them all RocketMQ name servers (it may
+    be repeated before the others). InvalidArgumentError, naming the accepted forms, for
+    endpoints it cannot serve.
     """
     addresses = split_endpoints(endpoints)
+    rocketmq = addresses[0].startswith(ROCKETMQ_SCHEME)
+    if rocketmq:
+        addresses = [a.removeprefix(ROCKETMQ_SCHEME) for a in addresses]
     for address in addresses:
         scheme, found, _rest = address.partition("://")
         if found:
-            raise InvalidArgumentError(
-                f"endpoint {address!r}: unknown scheme {scheme + '://'!r}; accepted: "
-                f"{ACCEPTED_FORMS}"
+            problem = (
+                "only the first endpoint's scheme chooses the transport"
+                if scheme + "://" == ROCKETMQ_SCHEME
+                else f"unknown scheme {scheme + '://'!r}"
             )
+            raise InvalidArgumentError(
+                f"endpoint {address!r}: {problem}; accepted: {ACCEPTED_FORMS}"
+            )
+    if rocketmq:
+        return RemotingTransport(addresses)
     return GrpcTransport(addresses)

@@ -24,11 +24,17 @@ from sdk.message import MessageIdGenerator as MessageIdGenerator  # where tools 
 
 
 def encode_message(
-    message: Message, msg_id: bytes, now_s: float, extra_properties: dict[str, str] | None = None
+    message: Message,
+    msg_id: bytes,
+    now_s: float,
+    extra_properties: dict[str, str] | None = None,
+    *,
+    delay_level: int = 0,
 ) -> bytes:
     """The frame for `message` sent at `now_s`, with delays turned into an absolute time.
 
     `extra_properties` (a trace context) are added unless they would break the limit.
+    With `delay_level` (a RocketMQ delay level), the message's delay is that level instead.
     """
     properties = message.encoded_properties
     if extra_properties:
@@ -36,7 +42,9 @@ def encode_message(
         if len(merged) <= MAX_PROPERTIES_BYTES:
             properties = merged
     deliver_at_ms = 0
-    if message.delay_seconds is not None:
+    if delay_level:
+        pass  # the level alone says when
+    elif message.delay_seconds is not None:
         deliver_at_ms = int((now_s + message.delay_seconds) * 1000)
     elif message.deliver_at is not None:
         deliver_at_ms = int(message.deliver_at * 1000)
@@ -45,7 +53,7 @@ def encode_message(
         msg_id,
         int(now_s * 1000),
         deliver_at_ms,
-        0,
+        delay_level,
         message.tags.encode() if message.tags else b"",
         message.sharding_key.encode() if message.sharding_key else b"",
         KEY_SEPARATOR.join([k.encode() for k in keys]) if keys else b"",

@@ -1,10 +1,11 @@
-"""Reading a queue back to its end with the internal pull (until the consumers land)."""
+"""Reading a queue back to its end with the transport's pull, over either transport."""
 
 from __future__ import annotations
 
 import asyncio
 
-from sdk._transport.broker_client import BrokerClient, PullResult, PullStatus
+from sdk._transport import connect
+from sdk._transport.protocol import PullResult, PullStatus
 from sdk.message import MessageExt, MessageQueue
 
 
@@ -12,18 +13,19 @@ def read_queue(address: str, queue: MessageQueue, start: int = 0) -> list[Messag
     """Every message of `queue` from `start` to its current end."""
 
     async def run() -> list[MessageExt]:
-        client = BrokerClient(address)
+        transport = connect(address)
         out: list[MessageExt] = []
         offset = start
         try:
+            await transport.readable_queues(queue.topic)
             while True:
-                result = await client.pull("readers", queue, offset, max_messages=500)
+                result = await transport.pull("readers", queue, offset, max_messages=500)
                 if result.status is not PullStatus.FOUND:
                     return out
                 out += result.messages
                 offset = result.next_offset
         finally:
-            await client.close()
+            await transport.close()
 
     return asyncio.run(run())
 
@@ -32,11 +34,12 @@ def pull_once(address: str, queue: MessageQueue, offset: int, **kw: object) -> P
     """One pull."""
 
     async def run() -> PullResult:
-        client = BrokerClient(address)
+        transport = connect(address)
         try:
-            return await client.pull("readers", queue, offset, **kw)  # type: ignore[arg-type]
+            await transport.readable_queues(queue.topic)
+            return await transport.pull("readers", queue, offset, **kw)  # type: ignore[arg-type]
         finally:
-            await client.close()
+            await transport.close()
 
     return asyncio.run(run())
 

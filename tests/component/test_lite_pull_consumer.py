@@ -7,11 +7,12 @@ import itertools
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import sdk.aio
-from mockbroker import EmbeddedBroker
 from sdk import (
     ConsumeFromWhere,
     LitePullConsumer,
@@ -24,10 +25,18 @@ from sdk import (
 )
 from sdk.errors import ClientStateError, InvalidArgumentError, InvalidOffsetError
 from sdk.testing import FakeClock
+from tests.component.transports import TRANSPORTS, BrokerOver, broker_over
 from tests.support import wait_until
 
 
-def fill(broker: EmbeddedBroker, n: int, keys: int = 8, start: int = 0) -> list[MessageQueue]:
+@pytest.fixture(params=TRANSPORTS)
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerOver]:
+    """The broker, reached over each transport in turn (tests/component/transports.py)."""
+    with broker_over(request.param, tmp_path / "broker") as b:
+        yield b
+
+
+def fill(broker: BrokerOver, n: int, keys: int = 8, start: int = 0) -> list[MessageQueue]:
     with Producer(broker.address) as p:
         msgs = [Message("orders", f"{i % keys}:{i // keys}".encode(), sharding_key=f"k{i % keys}")
                 for i in range(start, start + n)]  # fmt: skip
@@ -44,12 +53,12 @@ def drain(c: LitePullConsumer, n: int, timeout: float = 20) -> list[MessageExt]:
     return out
 
 
-def new(broker: EmbeddedBroker, **kw: object) -> LitePullConsumer:
+def new(broker: BrokerOver, **kw: object) -> LitePullConsumer:
     kw.setdefault("consume_from_where", ConsumeFromWhere.FIRST_OFFSET)
     return LitePullConsumer("batch", broker.address, **kw)  # type: ignore[arg-type]
 
 
-def test_poll_returns_every_message_once_in_queue_order(broker: EmbeddedBroker) -> None:
+def test_poll_returns_every_message_once_in_queue_order(broker: BrokerOver) -> None:
     fill(broker, 2000)
     c = new(broker)
     c.subscribe("orders")
@@ -63,7 +72,7 @@ def test_poll_returns_every_message_once_in_queue_order(broker: EmbeddedBroker) 
     assert all(offsets == list(range(len(offsets))) for offsets in per_queue.values())
 
 
-def test_committed_offsets_survive_a_restart(broker: EmbeddedBroker) -> None:
+def test_committed_offsets_survive_a_restart(broker: BrokerOver) -> None:
     queues = fill(broker, 400)
     c = new(broker, auto_commit=False)
     c.subscribe("orders")
@@ -80,7 +89,7 @@ def test_committed_offsets_survive_a_restart(broker: EmbeddedBroker) -> None:
     assert {m.body for m in rest}.isdisjoint({m.body for m in first})
 
 
-def test_without_commit_a_restart_sees_the_messages_again(broker: EmbeddedBroker) -> None:
+def test_without_commit_a_restart_sees_the_messages_again(broker: BrokerOver) -> None:
     queues = fill(broker, 80)
     c = new(broker, auto_commit=False)
     c.assign(queues)
@@ -93,7 +102,7 @@ def test_without_commit_a_restart_sees_the_messages_again(broker: EmbeddedBroker
         assert all(again.committed(q) <= 0 for q in queues)
 
 
-def test_commit_with_explicit_offsets_and_its_bounds(broker: EmbeddedBroker) -> None:
+def test_commit_with_explicit_offsets_and_its_bounds(broker: BrokerOver) -> None:
     queues = fill(broker, 16)
     c = new(broker, auto_commit=False)
     c.assign(queues)
@@ -106,7 +115,7 @@ def test_commit_with_explicit_offsets_and_its_bounds(broker: EmbeddedBroker) -> 
         assert c.committed(queues[0]) == 1
 
 
-def test_auto_commit_happens_in_poll_on_the_interval(broker: EmbeddedBroker) -> None:
+def test_auto_commit_happens_in_poll_on_the_interval(broker: BrokerOver) -> None:
     clock = FakeClock()
     queues = fill(broker, 40)
     c = new(broker, clock=clock, config=LitePullConsumerConfig(auto_commit_interval=5))
@@ -124,7 +133,7 @@ def test_auto_commit_happens_in_poll_on_the_interval(broker: EmbeddedBroker) -> 
         assert sum(c.committed(q) for q in queues) == 40
 
 
-def test_seek_within_bounds_replays_and_outside_names_min_and_max(broker: EmbeddedBroker) -> None:
+def test_seek_within_bounds_replays_and_outside_names_min_and_max(broker: BrokerOver) -> None:
     queues = fill(broker, 80)  # 8 keys, 10 messages each
     q = queues[shard_index("k3", 8)]
     others = [x for x in queues if x != q]
@@ -148,7 +157,7 @@ def test_seek_within_bounds_replays_and_outside_names_min_and_max(broker: Embedd
     assert [m.queue_offset for m in first] == list(range(n))
 
 
-def test_a_paused_queue_yields_nothing_until_resumed(broker: EmbeddedBroker) -> None:
+def test_a_paused_queue_yields_nothing_until_resumed(broker: BrokerOver) -> None:
     queues = fill(broker, 16)
     used = sorted({queues[shard_index(f"k{i}", 8)] for i in range(8)})
     paused, running = used[0], used[1]
@@ -163,7 +172,7 @@ def test_a_paused_queue_yields_nothing_until_resumed(broker: EmbeddedBroker) -> 
         assert {m.queue for m in drain(c, 1)} == {paused}
 
 
-def test_two_orderly_workers_never_hold_one_queue_at_the_same_time(broker: EmbeddedBroker) -> None:
+def test_two_orderly_workers_never_hold_one_queue_at_the_same_time(broker: BrokerOver) -> None:
     fill(broker, 1600, keys=64)
     seen: dict[MessageQueue, list[tuple[float, str]]] = defaultdict(list)
     stop = threading.Event()
@@ -205,7 +214,7 @@ def test_two_orderly_workers_never_hold_one_queue_at_the_same_time(broker: Embed
 
 
 def test_assign_and_subscribe_are_exclusive_and_bad_input_is_refused(
-    broker: EmbeddedBroker,
+    broker: BrokerOver,
 ) -> None:
     queues = fill(broker, 8)
     c = new(broker)
@@ -227,7 +236,7 @@ def test_assign_and_subscribe_are_exclusive_and_bad_input_is_refused(
         LitePullConsumerConfig(auto_commit_interval=0.5)
 
 
-def test_asyncio_face_polls_and_iterates(broker: EmbeddedBroker) -> None:
+def test_asyncio_face_polls_and_iterates(broker: BrokerOver) -> None:
     fill(broker, 50)
 
     async def main() -> list[bytes]:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import sdk.aio
-from mockbroker import EmbeddedBroker
 from sdk import (
     AllocateMessageQueueAveragely,
     ConsumeFromWhere,
@@ -20,10 +21,18 @@ from sdk.errors import ClientStateError, InvalidQueueError
 from sdk.testing import FakeClock
 from tests.component.pulling import read_queue
 from tests.component.test_lite_pull_consumer import drain, fill, new
+from tests.component.transports import TRANSPORTS, BrokerOver, broker_over
 from tests.support import wait_until
 
 
-def test_rocketmq_assign_flow_start_fetch_assign_poll(broker: EmbeddedBroker) -> None:
+@pytest.fixture(params=TRANSPORTS)
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerOver]:
+    """The broker, reached over each transport in turn (tests/component/transports.py)."""
+    with broker_over(request.param, tmp_path / "broker") as b:
+        yield b
+
+
+def test_rocketmq_assign_flow_start_fetch_assign_poll(broker: BrokerOver) -> None:
     fill(broker, 80)  # 8 keys over the 8 queues of "orders"
     c = new(broker, auto_commit=False)
     with c:
@@ -48,7 +57,7 @@ def test_rocketmq_assign_flow_start_fetch_assign_poll(broker: EmbeddedBroker) ->
         assert c.assignment() == {q}, "a refused assignment changes nothing"
 
 
-def test_the_asyncio_twin_supports_the_assign_flow(broker: EmbeddedBroker) -> None:
+def test_the_asyncio_twin_supports_the_assign_flow(broker: BrokerOver) -> None:
     fill(broker, 40)
 
     async def main() -> tuple[int, set[MessageQueue], set[MessageQueue]]:
@@ -71,7 +80,7 @@ def test_the_asyncio_twin_supports_the_assign_flow(broker: EmbeddedBroker) -> No
     assert len(held) == 8 and len(later) == 1
 
 
-def test_the_orders_that_worked_before_still_work(broker: EmbeddedBroker) -> None:
+def test_the_orders_that_worked_before_still_work(broker: BrokerOver) -> None:
     queues = fill(broker, 16)
     before = new(broker)
     before.assign(queues)  # assign, then start
@@ -93,7 +102,7 @@ class Idle(sdk.MessageListenerOrderly):
         raise AssertionError("not called")
 
 
-def test_a_rebalance_does_not_commit_the_batch_the_caller_holds(broker: EmbeddedBroker) -> None:
+def test_a_rebalance_does_not_commit_the_batch_the_caller_holds(broker: BrokerOver) -> None:
     queues = fill(broker, 80)
     clock = FakeClock()  # no commit on the interval: only the rebalance could commit
     a, b = new(broker, clock=clock), new(broker, clock=clock)
@@ -117,7 +126,7 @@ def test_a_rebalance_does_not_commit_the_batch_the_caller_holds(broker: Embedded
 
 
 def test_auto_commit_covers_only_batches_returned_before_the_last_poll(
-    broker: EmbeddedBroker,
+    broker: BrokerOver,
 ) -> None:
     queues = fill(broker, 80)
     q = queues[shard_index("k0", 8)]
@@ -136,7 +145,7 @@ def test_auto_commit_covers_only_batches_returned_before_the_last_poll(
 
 
 def test_shutdown_commits_the_last_batch_but_an_exception_does_not(
-    broker: EmbeddedBroker,
+    broker: BrokerOver,
 ) -> None:
     queues = fill(broker, 80)
     q = queues[shard_index("k0", 8)]
@@ -162,7 +171,7 @@ def test_shutdown_commits_the_last_batch_but_an_exception_does_not(
 
 
 def test_the_asyncio_twin_leaves_the_last_batch_uncommitted_on_an_exception(
-    broker: EmbeddedBroker,
+    broker: BrokerOver,
 ) -> None:
     queues = fill(broker, 80)
     q = queues[shard_index("k0", 8)]
@@ -187,7 +196,7 @@ def test_the_asyncio_twin_leaves_the_last_batch_uncommitted_on_an_exception(
 
 
 def test_leaving_the_asyncio_iteration_mid_batch_commits_only_what_it_yielded(
-    broker: EmbeddedBroker,
+    broker: BrokerOver,
 ) -> None:
     queues = fill(broker, 80)
     q = queues[shard_index("k0", 8)]

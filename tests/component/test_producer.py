@@ -6,6 +6,7 @@ import asyncio
 import logging
 import socket
 from collections import defaultdict
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -25,7 +26,15 @@ from sdk import (
 )
 from sdk.errors import BufferFullError, InvalidArgumentError
 from tests.component.pulling import read_queue, read_topic
+from tests.component.transports import TRANSPORTS, BrokerOver, broker_over
 from tests.support import wait_until
+
+
+@pytest.fixture(params=TRANSPORTS)
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerOver]:
+    """The broker, reached over each transport in turn (tests/component/transports.py)."""
+    with broker_over(request.param, tmp_path / "broker") as b:
+        yield b
 
 
 def free_port() -> int:
@@ -40,7 +49,7 @@ class Restartable:
     def __init__(self, data_dir: Path) -> None:
         self.config = BrokerConfig(data_dir=data_dir, port=free_port())
         self.address = f"127.0.0.1:{self.config.port}"
-        self.broker: EmbeddedBroker | None = None
+        self.broker: BrokerOver | None = None
 
     def start(self) -> None:
         self.broker = EmbeddedBroker(self.config)

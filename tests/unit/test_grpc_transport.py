@@ -50,7 +50,7 @@ def test_host_port_endpoints_get_the_grpc_transport(
 @pytest.mark.parametrize(
     "endpoints",
     [
-        "rocketmq://ns1:9876;ns2:9876",
+        "kafka://k1:9092;k2:9092",
         "http://127.0.0.1:8081",
         ["127.0.0.1:8081", "amqp://127.0.0.1:5672"],
     ],
@@ -84,11 +84,11 @@ FACES: list[Callable[[str], object]] = [
 def test_every_client_chooses_its_transport_through_connect(
     make: Callable[[str], object],
 ) -> None:
-    with pytest.raises(InvalidArgumentError, match="unknown scheme 'rocketmq://'"):
-        make("rocketmq://ns1:9876")
+    with pytest.raises(InvalidArgumentError, match="unknown scheme 'kafka://'"):
+        make("kafka://k1:9092")
 
 
 def test_the_command_chooses_its_transport_through_connect() -> None:
-    result = CliRunner().invoke(cli, ["--broker", "rocketmq://ns1:9876", "topics", "list"])
+    result = CliRunner().invoke(cli, ["--broker", "kafka://k1:9092", "topics", "list"])
     assert result.exit_code == 1
-    assert "unknown scheme 'rocketmq://'" in result.output
+    assert "unknown scheme 'kafka://'" in result.output

@@ -1,0 +1,688 @@
+"""The Transport over RocketMQ 4.x remoting: endpoints written "rocketmq://ns1:9876;ns2:9876".
+
+Routes come from the name servers (GET_ROUTEINFO_BY_TOPIC), asked in turn and refreshed
+every ROUTE_REFRESH_SECONDS, on `refresh` and after a failure; each broker is then
+reached at its master's address. Messages are prepared as ordermq frames, as on gRPC (so
+the spool and the accumulator work unchanged), and translated to RocketMQ's message when
+sent (sdk/_remoting/translate.py): one message as SEND_MESSAGE_V2, several as
+SEND_BATCH_MESSAGE. What RocketMQ cannot do raises UnsupportedByTransportError: cancelling
+a scheduled message, delivery times other than its 18 delay levels, receiving with an
+invisible time (pop), and fencing epochs (a lock's epoch is always 0 here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sdk._remoting.codes import RequestCode, ResponseCode
+from sdk._remoting.command import RemotingCommand
+from sdk._remoting.connection import RemotingConnection
+from sdk._remoting.message_layout import decode_records, encode_batch_element
+from sdk._remoting.properties import encode_properties, representable
+from sdk._remoting.translate import OutgoingMessage, compressed, from_frame, to_message_ext
+from sdk._transport.codec import encode_message
+from sdk._transport.protocol import (
+    Appended,
+    GroupInfo,
+    LockResult,
+    PullResult,
+    PullStatus,
+    SentBack,
+    Unanswered,
+    UnlockResult,
+)
+from sdk._validation import split_tag_expression
+from sdk._wire import DELAY_LEVEL_SECONDS, FRAME_LEN_PREFIX
+from sdk.errors import (
+    BrokerBusyError,
+    BrokerError,
+    BrokerUnavailableError,
+    ClientStateError,
+    CorruptRecordError,
+    GroupNotFoundError,
+    InvalidMessageError,
+    InvalidTagExpressionError,
+    NotSupportedError,
+    OrderMQError,
+    RequestTimeoutError,
+    TopicNotFoundError,
+    UnsupportedByTransportError,
+)
+from sdk.message import Message, MessageExt, MessageQueue, Receipt
+
+log = logging.getLogger("ordermq.remoting")
+
+#: How endpoints name this transport.
+SCHEME = "rocketmq://"
+#: Routes older than this are asked again (RocketMQ's pollNameServerInterval).
+ROUTE_REFRESH_SECONDS = 30.0
+#: The deadline of a request made without one.
+REQUEST_SECONDS = 10.0
+#: RocketMQ's maxMessageSize: the most one send carries (a batch's bodies together).
+MAX_SEND_BYTES = 4 * 1024 * 1024
+#: The producer group sends name (Java's default); ordermq's producers have none.
+PRODUCER_GROUP = "DEFAULT_PRODUCER"
+#: The topic whose route a producer borrows for a topic that does not exist yet (the broker
+#: creates it on the first send, as RocketMQ's autoCreateTopicEnable does).
+DEFAULT_TOPIC = "TBW102"
+#: PermName: the queue may be read, written.
+PERM_READ, PERM_WRITE = 0x4, 0x2
+#: PullSysFlag: suspend (long polling), the request carries its subscription.
+PULL_SUSPEND, PULL_SUBSCRIPTION = 0x2, 0x4
+_UNQUOTED_KEY = re.compile(r"([{,])\s*(-?\d+)\s*:")
+
+#: RocketMQ's answers -> ordermq's errors (others: BrokerError).
+_ERRORS: dict[int, type[OrderMQError]] = {
+    ResponseCode.SYSTEM_BUSY: BrokerBusyError,
+    ResponseCode.FLOW_CONTROL: BrokerBusyError,
+    ResponseCode.REQUEST_CODE_NOT_SUPPORTED: NotSupportedError,
+    ResponseCode.MESSAGE_ILLEGAL: InvalidMessageError,
+    ResponseCode.SERVICE_NOT_AVAILABLE: BrokerUnavailableError,
+    ResponseCode.TOPIC_NOT_EXIST: TopicNotFoundError,
+    ResponseCode.SUBSCRIPTION_PARSE_FAILED: InvalidTagExpressionError,
+    ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST: GroupNotFoundError,
+}
+
+
+def refused(response: RemotingCommand, what: str) -> OrderMQError:
+    """The error for a RocketMQ answer other than SUCCESS; the server's remark kept."""
+    try:
+        name = ResponseCode(response.code).name
+    except ValueError:
+        name = f"CODE_{response.code}"
+    cls = _ERRORS.get(response.code, BrokerError)
+    return cls(f"{what}: {name}: {response.remark or 'no remark'}", code=name)
+
+
+def unsupported(what: str) -> UnsupportedByTransportError:
+    """UnsupportedByTransportError naming this transport."""
+    return UnsupportedByTransportError(what, transport=SCHEME)
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """A topic's queues as a name server answered, and when."""
+
+    readable: list[MessageQueue]
+    writable: list[MessageQueue]
+    fetched_at: float
+
+
+class RemotingTransport:
+    """Name servers, a connection per broker, and cached routes; use on one event loop.
+
+    `name_servers`: "host:port" each, asked in turn (the one that answered first).
+    """
+
+    max_send_bytes = MAX_SEND_BYTES
+
+    def __init__(self, name_servers: Sequence[str]) -> None:
+        self.name_servers = list(name_servers)
+        self._ns_turn = 0
+        self._connections: dict[str, RemotingConnection] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
+        self._routes: dict[str, _Route] = {}
+        self._addresses: dict[str, str] = {}  # broker name -> master address
+        self._groups: set[str] = set()
+        self._versions: dict[str, int] = {}  # group -> membership changes seen
+        self._membership_changed: asyncio.Condition | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ connections
+    async def _connection(self, address: str) -> RemotingConnection:
+        if self._closed:
+            raise ClientStateError(f"the client is shut down; no connection to {address}")
+        connection = self._connections.get(address)
+        if connection is not None and not connection.closed:
+            return connection
+        lock = self._connecting.setdefault(address, asyncio.Lock())
+        async with lock:
+            connection = self._connections.get(address)
+            if connection is None or connection.closed:
+                connection = await RemotingConnection.open(address, self._on_request)
+                if self._closed:
+                    await connection.close()
+                    raise ClientStateError("the client is shut down")
+                self._connections[address] = connection
+                self._membership_touched(list(self._versions))  # missed while away
+        return connection
+
+    async def _call(
+        self,
+        address: str,
+        code: int,
+        fields: dict[str, str],
+        *,
+        body: bytes = b"",
+        timeout: float | None = None,
+    ) -> RemotingCommand:
+        connection = await self._connection(address)
+        command = RemotingCommand(code=int(code), ext_fields=fields, body=body)
+        return await connection.request(command, REQUEST_SECONDS if timeout is None else timeout)
+
+    async def _broker_call(
+        self, queue: MessageQueue, code: int, fields: dict[str, str], what: str, **kw: Any
+    ) -> RemotingCommand:
+        """A request to the broker of `queue`; SUCCESS, else its error."""
+        response = await self._call(self._address(queue), code, fields, **kw)
+        if response.code != ResponseCode.SUCCESS:
+            raise refused(response, what)
+        return response
+
+    def _address(self, queue: MessageQueue) -> str:
+        address = self._addresses.get(queue.broker_name)
+        if address is None:
+            raise BrokerUnavailableError(
+                f"no route names broker {queue.broker_name!r} (of {queue.topic!r})"
+            )
+        return address
+
+    def _on_request(self, command: RemotingCommand) -> None:
+        if command.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
+            group = (command.ext_fields or {}).get("consumerGroup")
+            if group:
+                self._membership_touched([group])
+
+    async def close(self) -> None:
+        """Close every connection; no new one is opened after this."""
+        self._closed = True
+        connections, self._connections = self._connections, {}
+        await asyncio.gather(*(c.close() for c in connections.values()))
+        self._membership_touched(list(self._versions))
+
+    # ------------------------------------------------------------------ routes
+    async def _route(self, topic: str, *, refresh: bool = False) -> _Route:
+        route = self._routes.get(topic)
+        stale = route is None or time.monotonic() - route.fetched_at > ROUTE_REFRESH_SECONDS
+        if refresh or stale:
+            try:
+                route = await self._query_route(topic)
+            except (BrokerUnavailableError, RequestTimeoutError) as exc:
+                if route is None or refresh:
+                    raise
+                log.info("route of %s not refreshed (%s); keeping the last one", topic, exc)
+            else:
+                self._routes[topic] = route
+        assert route is not None
+        return route
+
+    async def _query_route(self, topic: str) -> _Route:
+        """Ask the name servers in turn, from the last that answered."""
+        last: OrderMQError | None = None
+        for i in range(len(self.name_servers)):
+            turn = (self._ns_turn + i) % len(self.name_servers)
+            address = self.name_servers[turn]
+            try:
+                response = await self._call(
+                    address, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}
+                )
+            except (BrokerUnavailableError, RequestTimeoutError) as exc:
+                last = exc
+                continue
+            self._ns_turn = turn
+            if response.code != ResponseCode.SUCCESS:
+                raise refused(response, f"the route of topic {topic!r} from {address}")
+            return self._parse_route(topic, response.body, address)
+        assert last is not None
+        raise BrokerUnavailableError(
+            f"no name server of {', '.join(self.name_servers)} answered: {last}"
+        )
+
+    def _parse_route(self, topic: str, body: bytes, source: str) -> _Route:
+        try:
+            text = body.decode()
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError:  # fastjson writes integer map keys unquoted
+                data = json.loads(_UNQUOTED_KEY.sub(r'\1"\2":', text))
+            masters = {
+                b["brokerName"]: b["brokerAddrs"]["0"]
+                for b in data["brokerDatas"]
+                if "0" in (b.get("brokerAddrs") or {})
+            }
+            readable, writable = [], []
+            for q in data["queueDatas"]:
+                name, perm = q["brokerName"], int(q["perm"])
+                if name not in masters:
+                    continue
+                if perm & PERM_READ:
+                    readable += [MessageQueue(topic, name, i) for i in range(q["readQueueNums"])]
+                if perm & PERM_WRITE:
+                    writable += [MessageQueue(topic, name, i) for i in range(q["writeQueueNums"])]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise BrokerError(
+                f"the name server {source} sent a route for {topic!r} that does not parse: "
+                f"{type(exc).__name__}: {exc}",
+                code="MALFORMED_RESPONSE",
+            ) from None
+        self._addresses.update(masters)
+        key = lambda q: (q.broker_name, q.queue_id)  # noqa: E731
+        return _Route(sorted(readable, key=key), sorted(writable, key=key), time.monotonic())
+
+    async def readable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+        """The queues consumers may read, sorted."""
+        return (await self._route(topic, refresh=refresh)).readable
+
+    async def writable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+        """The queues producers may write; a new topic borrows DEFAULT_TOPIC's brokers."""
+        try:
+            queues = (await self._route(topic, refresh=refresh)).writable
+        except TopicNotFoundError:
+            default = await self._route(DEFAULT_TOPIC, refresh=refresh)
+            queues = [MessageQueue(topic, q.broker_name, q.queue_id) for q in default.writable]
+        if not queues:
+            raise BrokerUnavailableError(f"topic {topic!r} has no writable queue")
+        return queues
+
+    # ------------------------------------------------------------------ producing
+    def prepare(
+        self,
+        message: Message,
+        msg_id: bytes,
+        now_s: float,
+        extra_properties: dict[str, str] | None = None,
+    ) -> bytes:
+        """The message's ordermq frame, if RocketMQ can carry it.
+
+        A delay must be one of RocketMQ's delay levels; keys cannot hold a space (RocketMQ
+        joins them with spaces), nor properties an empty value or its separators.
+        """
+        if any(" " in key for key in message.keys):
+            raise unsupported(f"message keys with a space, such as {message.keys!r}")
+        bad = [n for n, v in message.properties.items() if not representable(n, v)]
+        if bad:
+            raise unsupported(
+                f"the properties {', '.join(map(repr, bad))}: RocketMQ's properties need "
+                "non-empty values, and no U+0001 in names or U+0002 anywhere"
+            )
+        if message.deliver_at is not None:
+            raise unsupported(
+                "a delivery time (deliver_at); give delay_seconds, one of RocketMQ's delay "
+                f"levels {DELAY_LEVEL_SECONDS}"
+            )
+        level = 0
+        if message.delay_seconds is not None:
+            if message.delay_seconds not in DELAY_LEVEL_SECONDS:
+                raise unsupported(
+                    f"a delay of {message.delay_seconds:g} s; RocketMQ delays by its levels "
+                    f"only, in seconds {DELAY_LEVEL_SECONDS}"
+                )
+            level = DELAY_LEVEL_SECONDS.index(message.delay_seconds) + 1
+        return encode_message(message, msg_id, now_s, extra_properties, delay_level=level)
+
+    @staticmethod
+    def prepare_spooled(record: bytes) -> bytes:
+        """The spool keeps frames without their length prefix: put it back."""
+        return FRAME_LEN_PREFIX.pack(len(record)) + record
+
+    async def send(
+        self, queue: MessageQueue, prepared: Sequence[bytes], *, timeout: float | None = None
+    ) -> Appended:
+        """One SEND_MESSAGE_V2, or one SEND_BATCH_MESSAGE; delayed messages one by one.
+
+        RocketMQ takes no delay in a batch; the producer never mixes delayed and other
+        messages in one send.
+        """
+        try:
+            messages = [from_frame(memoryview(p)[FRAME_LEN_PREFIX.size :]) for p in prepared]
+        except ValueError as exc:
+            raise InvalidMessageError(f"cannot send over {SCHEME}: {exc}") from None
+        if len(messages) == 1 or any(m.delay_level for m in messages):
+            sent = [await self._send_one(queue, m, timeout) for m in messages]
+            return Appended(
+                all(s.durable for s in sent), sent[0].first_offset, len(sent), sent[0].scheduled
+            )
+        body = b"".join(encode_batch_element(m.body, m.properties) for m in messages)
+        header = self._send_header(queue, messages[0].born_timestamp_ms, "", 0)
+        header["m"] = "true"
+        response = await self._call(
+            self._address(queue), RequestCode.SEND_BATCH_MESSAGE, header, body=body,
+            timeout=timeout,
+        )  # fmt: skip
+        return self._appended(queue, response, len(messages), scheduled=False)
+
+    async def _send_one(
+        self, queue: MessageQueue, message: OutgoingMessage, timeout: float | None
+    ) -> Appended:
+        message = compressed(message)
+        header = self._send_header(
+            queue, message.born_timestamp_ms, encode_properties(message.properties),
+            message.sys_flag,
+        )  # fmt: skip
+        response = await self._call(
+            self._address(queue), RequestCode.SEND_MESSAGE_V2, header, body=message.body,
+            timeout=timeout,
+        )  # fmt: skip
+        return self._appended(queue, response, 1, scheduled=bool(message.delay_level))
+
+    def _send_header(
+        self, queue: MessageQueue, born_ms: int, properties: str, sys_flag: int
+    ) -> dict[str, str]:
+        """SEND_MESSAGE_V2's one-letter header (SendMessageRequestHeaderV2)."""
+        default_queues = len(self._routes[DEFAULT_TOPIC].writable) if (
+            DEFAULT_TOPIC in self._routes
+        ) else 4  # fmt: skip
+        return {
+            "a": PRODUCER_GROUP, "b": queue.topic, "c": DEFAULT_TOPIC, "d": str(default_queues),
+            "e": str(queue.queue_id), "f": str(sys_flag), "g": str(born_ms), "h": "0",
+            "i": properties, "j": "0", "k": "false", "m": "false", "n": queue.broker_name,
+        }  # fmt: skip
+
+    @staticmethod
+    def _appended(
+        queue: MessageQueue, response: RemotingCommand, count: int, *, scheduled: bool
+    ) -> Appended:
+        durable = response.code == ResponseCode.SUCCESS
+        if not durable and response.code not in (
+            ResponseCode.FLUSH_DISK_TIMEOUT, ResponseCode.FLUSH_SLAVE_TIMEOUT,
+            ResponseCode.SLAVE_NOT_AVAILABLE,
+        ):  # fmt: skip
+            raise refused(response, f"send to {queue.topic} queue {queue.queue_id}")
+        fields = response.ext_fields or {}
+        try:
+            first = int(fields.get("queueOffset", "-1"))
+        except ValueError:
+            first = -1
+        return Appended(durable, first, count, scheduled)
+
+    async def cancel_scheduled(self, msg_id: str) -> bool:
+        """RocketMQ cannot take back a scheduled message."""
+        raise unsupported(f"cancelling scheduled message {msg_id}")
+
+    # ------------------------------------------------------------------ consuming
+    async def pull(
+        self,
+        group: str,
+        queue: MessageQueue,
+        offset: int,
+        *,
+        max_messages: int = 1000,
+        max_bytes: int = 4 * 1024 * 1024,
+        tag_expression: str = "*",
+        suspend_timeout: float = 0.0,
+        timeout: float | None = None,
+    ) -> PullResult:
+        """PULL_MESSAGE with the subscription; tags filtered again here, by name."""
+        tags = split_tag_expression(tag_expression)
+        flags = PULL_SUBSCRIPTION | (PULL_SUSPEND if suspend_timeout > 0 else 0)
+        fields = {
+            "consumerGroup": group, "topic": queue.topic, "queueId": str(queue.queue_id),
+            "queueOffset": str(offset), "maxMsgNums": str(max_messages), "sysFlag": str(flags),
+            "commitOffset": "0", "suspendTimeoutMillis": str(int(suspend_timeout * 1000)),
+            "subscription": tag_expression or "*", "subVersion": "0", "expressionType": "TAG",
+        }  # fmt: skip
+        deadline = timeout if timeout is not None else suspend_timeout + REQUEST_SECONDS
+        response = await self._call(
+            self._address(queue), RequestCode.PULL_MESSAGE, fields, timeout=deadline
+        )
+        status = _PULL_STATUS.get(response.code)
+        if status is None:
+            raise refused(response, f"pull of {queue.topic} queue {queue.queue_id}")
+        ext = response.ext_fields or {}
+        try:
+            next_offset, low, high = (
+                int(ext[k]) for k in ("nextBeginOffset", "minOffset", "maxOffset")
+            )
+            records = decode_records(response.body) if status is PullStatus.FOUND else []
+        except (KeyError, ValueError) as exc:
+            raise CorruptRecordError(
+                f"pull of {queue.topic} queue {queue.queue_id}: the answer does not decode: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        messages = [to_message_ext(r, queue.broker_name) for r in records]
+        if tags is not None:
+            messages = [m for m in messages if m.tags in tags]
+        return PullResult(status, next_offset, low, high, messages)
+
+    async def queue_offsets(
+        self, queue: MessageQueue, timestamp_ms: int = 0
+    ) -> tuple[int, int, int]:
+        """GET_MIN_OFFSET, GET_MAX_OFFSET and SEARCH_OFFSET_BY_TIMESTAMP."""
+        where = {"topic": queue.topic, "queueId": str(queue.queue_id)}
+        low = await self._offset(queue, RequestCode.GET_MIN_OFFSET, where)
+        high = await self._offset(queue, RequestCode.GET_MAX_OFFSET, where)
+        at = low
+        if timestamp_ms > 0:
+            at = await self._offset(
+                queue,
+                RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+                {**where, "timestamp": str(timestamp_ms)},
+            )
+        return low, high, at
+
+    async def _offset(self, queue: MessageQueue, code: int, fields: dict[str, str]) -> int:
+        response = await self._broker_call(queue, code, fields, f"offset of {queue}")
+        return _int_field(response, "offset")
+
+    async def query_offset(self, group: str, queue: MessageQueue) -> int | None:
+        """QUERY_CONSUMER_OFFSET; None when the group never committed one."""
+        fields = {"consumerGroup": group, "topic": queue.topic, "queueId": str(queue.queue_id)}
+        response = await self._call(self._address(queue), RequestCode.QUERY_CONSUMER_OFFSET, fields)
+        if response.code == ResponseCode.QUERY_NOT_FOUND:
+            return None
+        if response.code != ResponseCode.SUCCESS:
+            raise refused(response, f"offset of group {group!r} for {queue}")
+        return _int_field(response, "offset")
+
+    async def commit_offsets(
+        self, group: str, client_id: str, offsets: Sequence[tuple[MessageQueue, int, int]]
+    ) -> None:
+        """UPDATE_CONSUMER_OFFSET per queue, each answered; epochs do not exist here."""
+        for queue, offset, _epoch in offsets:
+            fields = {
+                "consumerGroup": group, "topic": queue.topic, "queueId": str(queue.queue_id),
+                "commitOffset": str(offset),
+            }  # fmt: skip
+            await self._broker_call(
+                queue, RequestCode.UPDATE_CONSUMER_OFFSET, fields, f"commit of {queue}"
+            )
+
+    async def send_back(
+        self,
+        group: str,
+        message: MessageExt,
+        *,
+        delay_level: int = 0,
+        max_reconsume_times: int = 0,
+        reconsume_times: int = 0,
+    ) -> SentBack:
+        """Not over this transport yet: the push consumers' part of issue 33."""
+        raise unsupported("returning a message for a later retry (send-back)")
+
+    # ------------------------------------------------------------------ receiving (pop)
+    async def receive(
+        self,
+        group: str,
+        topic: str,
+        *,
+        max_messages: int,
+        invisible_duration: float,
+        await_duration: float,
+        tag_expression: str = "*",
+        fifo: bool = False,
+        max_delivery_attempts: int = 0,
+    ) -> list[MessageExt]:
+        """RocketMQ 4.x has no pop."""
+        raise unsupported("receiving with an invisible time (SimpleConsumer)")
+
+    async def ack(self, receipt: Receipt) -> None:
+        """RocketMQ 4.x has no pop."""
+        raise unsupported("acking a received message (SimpleConsumer)")
+
+    async def change_invisible_duration(self, receipt: Receipt, seconds: float) -> Receipt:
+        """RocketMQ 4.x has no pop."""
+        raise unsupported("changing a received message's invisible duration (SimpleConsumer)")
+
+    # ------------------------------------------------------------------ membership
+    async def heartbeat(self, client_id: str, groups: Sequence[GroupInfo]) -> None:
+        """HEART_BEAT with the groups and their subscriptions, to every known broker."""
+        self._groups.update(g.group for g in groups)
+        body = json.dumps({
+            "clientID": client_id,
+            "consumerDataSet": [_consumer_data(g) for g in groups],
+            "producerDataSet": [],
+        }).encode()  # fmt: skip
+        for address in sorted(set(self._addresses.values())):
+            response = await self._call(address, RequestCode.HEART_BEAT, {}, body=body)
+            if response.code != ResponseCode.SUCCESS:
+                raise refused(response, f"heartbeat to {address}")
+
+    async def unregister(self, client_id: str) -> None:
+        """UNREGISTER_CLIENT for each group, at every known broker; the first failure last."""
+        first: OrderMQError | None = None
+        for address in sorted(set(self._addresses.values())):
+            groups: list[str | None] = [*sorted(self._groups)] or [None]
+            for group in groups:
+                fields = {"clientID": client_id}
+                if group is not None:
+                    fields["consumerGroup"] = group
+                try:
+                    response = await self._call(address, RequestCode.UNREGISTER_CLIENT, fields)
+                    if response.code != ResponseCode.SUCCESS:
+                        raise refused(response, f"unregister at {address}")
+                except OrderMQError as exc:
+                    first = first or exc
+        if first is not None:
+            raise first
+
+    async def consumer_list(self, group: str, topic: str) -> list[str]:
+        """GET_CONSUMER_LIST_BY_GROUP at the first broker serving `topic`."""
+        queues = await self.readable_queues(topic)
+        if not queues:
+            raise BrokerUnavailableError(f"topic {topic!r} has no readable queue")
+        response = await self._broker_call(
+            queues[0], RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group},
+            f"members of group {group!r}",
+        )  # fmt: skip
+        try:
+            members = json.loads(response.body)["consumerIdList"]
+            return sorted(str(m) for m in members)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BrokerError(
+                f"the members of {group!r} do not parse: {exc}", code="MALFORMED_RESPONSE"
+            ) from None
+
+    async def watch_membership(self, group: str, known_version: int) -> AsyncIterator[int]:
+        """Changes the brokers announce (NOTIFY_CONSUMER_IDS_CHANGED), and reconnections."""
+        if self._membership_changed is None:
+            self._membership_changed = asyncio.Condition()
+        self._versions.setdefault(group, 0)
+        seen = known_version
+        while True:
+            if self._closed:
+                raise ClientStateError("the client is shut down")
+            current = self._versions[group]
+            if current != seen:
+                seen = current
+                yield current
+                continue
+            async with self._membership_changed:
+                await self._membership_changed.wait()
+
+    def _membership_touched(self, groups: list[str]) -> None:
+        for group in groups:
+            self._versions[group] = self._versions.get(group, 0) + 1
+        condition = self._membership_changed
+        if condition is not None and groups:
+            asyncio.get_running_loop().create_task(_notify_all(condition))
+
+    # ------------------------------------------------------------------ locks
+    async def lock_batch(
+        self, group: str, client_id: str, queues: Sequence[MessageQueue]
+    ) -> LockResult:
+        """LOCK_BATCH_MQ per broker; every lock's epoch is 0 (RocketMQ has no fencing)."""
+        locked: dict[MessageQueue, int] = {}
+        unanswered: list[Unanswered] = []
+        for name, part in _by_broker(queues).items():
+            try:
+                response = await self._lock_call(RequestCode.LOCK_BATCH_MQ, group, client_id, part)
+                granted = json.loads(response.body or b"{}").get("lockOKMQSet") or []
+                held = {(q["topic"], q["brokerName"], int(q["queueId"])) for q in granted}
+            except OrderMQError as exc:
+                unanswered.append(Unanswered(name, part, exc))
+                continue
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                error = BrokerError(f"a lock answer does not parse: {exc}", code="MALFORMED")
+                unanswered.append(Unanswered(name, part, error))
+                continue
+            locked.update((q, 0) for q in part if (q.topic, q.broker_name, q.queue_id) in held)
+        return LockResult(locked, unanswered)
+
+    async def unlock_batch(
+        self, group: str, client_id: str, queues: Sequence[MessageQueue]
+    ) -> UnlockResult:
+        """UNLOCK_BATCH_MQ per broker (RocketMQ does not say which were held by others)."""
+        unanswered: list[Unanswered] = []
+        for name, part in _by_broker(queues).items():
+            try:
+                await self._lock_call(RequestCode.UNLOCK_BATCH_MQ, group, client_id, part)
+            except OrderMQError as exc:
+                unanswered.append(Unanswered(name, part, exc))
+        return UnlockResult([], unanswered)
+
+    async def _lock_call(
+        self, code: int, group: str, client_id: str, queues: list[MessageQueue]
+    ) -> RemotingCommand:
+        body = json.dumps({
+            "consumerGroup": group, "clientId": client_id,
+            "mqSet": [
+                {"topic": q.topic, "brokerName": q.broker_name, "queueId": q.queue_id}
+                for q in queues
+            ],
+        }).encode()  # fmt: skip
+        return await self._broker_call(queues[0], code, {}, f"locks of {group!r}", body=body)
+
+
+_PULL_STATUS: dict[int, PullStatus] = {
+    ResponseCode.SUCCESS: PullStatus.FOUND,
+    ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MESSAGE,
+    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MESSAGE,
+    ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
+}
+
+
+def _int_field(response: RemotingCommand, name: str) -> int:
+    try:
+        return int((response.ext_fields or {})[name])
+    except (KeyError, ValueError):
+        raise BrokerError(
+            f"the answer has no integer {name!r}: {response.ext_fields!r}",
+            code="MALFORMED_RESPONSE",
+        ) from None
+
+
+def _consumer_data(group: GroupInfo) -> dict[str, Any]:
+    """A ConsumerData of RocketMQ's heartbeat."""
+    return {
+        "groupName": group.group,
+        "consumeType": "CONSUME_ACTIVELY" if group.consume_type == "CONSUME_POLL"
+        else "CONSUME_PASSIVELY",
+        "messageModel": group.message_model,
+        "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
+        "unitMode": False,
+        "subscriptionDataSet": [
+            {"classFilterMode": False, "topic": topic, "subString": expression or "*",
+             "tagsSet": sorted(split_tag_expression(expression) or ()), "codeSet": [],
+             "subVersion": int(time.time() * 1000), "expressionType": "TAG"}
+            for topic, expression in group.subscriptions
+        ],
+    }  # fmt: skip
+
+
+def _by_broker(queues: Sequence[MessageQueue]) -> dict[str, list[MessageQueue]]:
+    out: dict[str, list[MessageQueue]] = {}
+    for q in queues:
+        out.setdefault(q.broker_name, []).append(q)
+    return out
+
+
+async def _notify_all(condition: asyncio.Condition) -> None:
+    async with condition:
+        condition.notify_all()
