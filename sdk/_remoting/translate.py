@@ -349,7 +349,7 @@ COMPRESS_OVER_BYTES = 4 * 1024
 #: RocketMQ's system properties (MessageConst): a received message's fields or the
 #: broker's bookkeeping, never the application's properties.
 SYSTEM_PROPERTIES = frozenset({
-    TAGS, KEYS, UNIQ_KEY, DELAY, WAIT, TRAN_MSG, SHARDING_KEY, TIMER_DELIVER_MS,
+    TAGS, KEYS, UNIQ_KEY, DELAY, WAIT, TRAN_MSG, SHARDING_KEY, TIMER_DELIVER_MS, RETRY_TOPIC,
     TIMER_DELAY_SEC, TIMER_DELAY_MS, "MIN_OFFSET", "MAX_OFFSET", "CLUSTER", "REAL_TOPIC",
     "REAL_QID", "PGROUP", "MSG_REGION", "TRACE_ON", "CONSUME_START_TIME", "INSTANCE_ID",
     "MAX_RECONSUME_TIMES", "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG", "CORRECTION_FLAG",
@@ -412,9 +412,35 @@ def compressed(message: OutgoingMessage) -> OutgoingMessage:
     return message
 
 
+def retry_properties(message: MessageExt, delay_level: int) -> dict[str, str]:
+    """A failed message's properties as its copy for the retry topic is sent with."""
+    props = dict(message.properties)
+    # where it was first stored, under the names ordermq's broker gives its retry copies
+    props.setdefault(ORIGIN_TOPIC, message.topic)
+    props.setdefault("ORIGIN_QUEUE_ID", str(message.queue.queue_id))
+    props.setdefault("ORIGIN_QUEUE_OFFSET", str(message.queue_offset))
+    props[UNIQ_KEY] = message.msg_id
+    props[RETRY_TOPIC] = message.topic
+    props[WAIT] = "true"
+    if message.tags:
+        props[TAGS] = message.tags
+    if message.keys:
+        props[KEYS] = _KEY_SEPARATOR.join(message.keys)
+    if message.sharding_key:
+        props[SHARDING_KEY] = message.sharding_key
+    if delay_level:
+        props[DELAY] = str(delay_level)
+    return props
+
+
 def to_message_ext(record: MessageRecord, broker_name: str) -> MessageExt:
-    """The MessageExt of a record a RocketMQ broker served (its body already plain)."""
+    """The MessageExt of a record a RocketMQ broker served (its body already plain).
+
+    A retried message names the topic it failed in as ORIGIN_TOPIC, as on gRPC.
+    """
     props = record.properties
+    if RETRY_TOPIC in props and record.topic.startswith(_RETRIED):
+        props = {ORIGIN_TOPIC: props[RETRY_TOPIC], **props}
     keys = props.get(KEYS)
     return MessageExt(
         topic=record.topic,
@@ -446,6 +472,7 @@ __all__ = [
     "from_frame",
     "illegal",
     "msg_id_for_uniq_key",
+    "retry_properties",
     "rocketmq_uniq_key",
     "served_records",
     "to_frame",

@@ -26,7 +26,13 @@ from sdk._remoting.command import RemotingCommand
 from sdk._remoting.connection import RemotingConnection
 from sdk._remoting.message_layout import decode_records, encode_batch_element
 from sdk._remoting.properties import encode_properties, representable
-from sdk._remoting.translate import OutgoingMessage, compressed, from_frame, to_message_ext
+from sdk._remoting.translate import (
+    OutgoingMessage,
+    compressed,
+    from_frame,
+    retry_properties,
+    to_message_ext,
+)
 from sdk._transport.codec import encode_message
 from sdk._transport.protocol import (
     Appended,
@@ -38,7 +44,7 @@ from sdk._transport.protocol import (
     Unanswered,
     UnlockResult,
 )
-from sdk._validation import split_tag_expression
+from sdk._validation import DLQ_PREFIX, RETRY_PREFIX, split_tag_expression
 from sdk._wire import DELAY_LEVEL_SECONDS, FRAME_LEN_PREFIX
 from sdk.errors import (
     BrokerBusyError,
@@ -72,6 +78,8 @@ PRODUCER_GROUP = "DEFAULT_PRODUCER"
 #: The topic whose route a producer borrows for a topic that does not exist yet (the broker
 #: creates it on the first send, as RocketMQ's autoCreateTopicEnable does).
 DEFAULT_TOPIC = "TBW102"
+#: RocketMQ's default: a message is retried 16 times before it is dead-lettered.
+DEFAULT_MAX_RECONSUME_TIMES = 16
 #: PermName: the queue may be read, written.
 PERM_READ, PERM_WRITE = 0x4, 0x2
 #: PullSysFlag: suspend (long polling), the request carries its subscription.
@@ -493,8 +501,32 @@ class RemotingTransport:
         max_reconsume_times: int = 0,
         reconsume_times: int = 0,
     ) -> SentBack:
-        """Not over this transport yet: the push consumers' part of issue 33."""
-        raise unsupported("returning a message for a later retry (send-back)")
+        """A copy of the message sent to `%RETRY%<group>` at the broker that stores it.
+
+        As RocketMQ's client does when CONSUMER_SEND_MSG_BACK fails: the broker files a
+        send to the retry topic under the retry topic, or under `%DLQ%<group>` once the
+        count it is sent reaches the limit it is sent. The decision is ordermq's, as on
+        gRPC: dead-lettered once `reconsume_times` reached the limit, else retried with
+        the count one higher after `delay_level` (0: 3 + the count).
+        """
+        times = max(message.reconsume_times, reconsume_times)
+        limit = max_reconsume_times or DEFAULT_MAX_RECONSUME_TIMES
+        dead = times >= limit
+        retry_topic = RETRY_PREFIX + group
+        level = 0 if dead else min(delay_level or 3 + times, len(DELAY_LEVEL_SECONDS))
+        props = retry_properties(message, level)
+        count, sent_limit = (times, times) if dead else (times + 1, times + 2)
+        header = self._send_header(
+            MessageQueue(retry_topic, message.queue.broker_name, 0),
+            message.born_timestamp, encode_properties(props), 0,
+        )  # fmt: skip
+        header.update({"j": str(count), "l": str(sent_limit)})
+        response = await self._call(
+            self._address(message.queue), RequestCode.SEND_MESSAGE_V2, header, body=message.body
+        )
+        if response.code != ResponseCode.SUCCESS:
+            raise refused(response, f"send-back of {message.msg_id} to {retry_topic}")
+        return SentBack(dead, DLQ_PREFIX + group if dead else retry_topic, count)
 
     # ------------------------------------------------------------------ receiving (pop)
     async def receive(

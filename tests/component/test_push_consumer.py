@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,16 @@ from sdk.errors import ClientStateError, InvalidArgumentError, InvalidTagExpress
 from sdk.testing import FakeClock
 from tests.component.coordination import run
 from tests.component.pulling import read_queue
+from tests.component.transports import TRANSPORTS, BrokerOver, broker_over
 from tests.support import wait_until
+
+
+@pytest.fixture(params=TRANSPORTS)
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerOver]:
+    """The broker, reached over each transport in turn (tests/component/transports.py)."""
+    with broker_over(request.param, tmp_path / "broker") as b:
+        yield b
+
 
 FAST = PushConsumerConfig(suspend_current_queue_time=0.01, persist_interval=0.2)
 
@@ -60,9 +70,7 @@ class Recorder(MessageListenerOrderly):
             return [m.body for m in self.seen]
 
 
-def consumer(
-    broker: EmbeddedBroker, listener: object, group: str = "g", **kw: object
-) -> PushConsumer:
+def consumer(broker: BrokerOver, listener: object, group: str = "g", **kw: object) -> PushConsumer:
     kw.setdefault("config", FAST)
     kw.setdefault("consume_from_where", ConsumeFromWhere.FIRST_OFFSET)
     c = PushConsumer(group, broker.address, **kw)  # type: ignore[arg-type]
@@ -71,7 +79,7 @@ def consumer(
     return c
 
 
-def send_keyed(broker: EmbeddedBroker, n: int, keys: int = 20) -> None:
+def send_keyed(broker: BrokerOver, n: int, keys: int = 20) -> None:
     with Producer(broker.address) as p:
         msgs = [Message("orders", f"{i % keys}:{i // keys}".encode(), sharding_key=f"k{i % keys}")
                 for i in range(n)]  # fmt: skip
@@ -79,14 +87,14 @@ def send_keyed(broker: EmbeddedBroker, n: int, keys: int = 20) -> None:
             p.send_batch(msgs[i : i + 500])
 
 
-def lock_owners(broker: EmbeddedBroker, group: str = "g") -> dict[int, str]:
+def lock_owners(broker: BrokerOver, group: str = "g") -> dict[int, str]:
     state = broker.broker.state
     assert state is not None
     return {q: v.client_id for (_t, q), v in state.locks.locks(group).items() if v.live}
 
 
 def test_three_consumers_share_the_queues_without_overlap_and_keep_key_order(
-    broker: EmbeddedBroker,
+    broker: BrokerOver,
 ) -> None:
     send_keyed(broker, 3000)
     listeners = [Recorder() for _ in range(3)]
@@ -121,7 +129,7 @@ def test_three_consumers_share_the_queues_without_overlap_and_keep_key_order(
 
 
 def test_a_message_that_always_fails_reaches_the_dlq_and_the_queue_moves_on(
-    broker: EmbeddedBroker,
+    broker: BrokerOver,
 ) -> None:
     with Producer(broker.address) as p:
         p.send_batch(
@@ -137,7 +145,7 @@ def test_a_message_that_always_fails_reaches_the_dlq_and_the_queue_moves_on(
     assert (dead.body, dead.reconsume_times) == (b"poison", 3)
 
 
-def test_tag_filtering_delivers_only_matching_messages(broker: EmbeddedBroker) -> None:
+def test_tag_filtering_delivers_only_matching_messages(broker: BrokerOver) -> None:
     with Producer(broker.address) as p:
         p.send_batch([Message("orders", b"%d" % i, tags="A" if i % 3 == 0 else "B",
                               sharding_key="k") for i in range(30)])  # fmt: skip
@@ -152,7 +160,7 @@ def test_tag_filtering_delivers_only_matching_messages(broker: EmbeddedBroker) -
 
 
 def test_a_tag_expression_with_spaces_around_the_bars_matches_each_tag(
-    broker: EmbeddedBroker,
+    broker: BrokerOver,
 ) -> None:
     tags = ["paid", "refunded", "created"]
     with Producer(broker.address) as p:
@@ -196,7 +204,7 @@ def test_consume_from_where_for_a_new_group(
         assert listener.bodies() == expected
 
 
-def test_offsets_survive_a_consumer_restart(broker: EmbeddedBroker) -> None:
+def test_offsets_survive_a_consumer_restart(broker: BrokerOver) -> None:
     send_keyed(broker, 200)
     first = Recorder()
     with consumer(broker, first):
@@ -207,7 +215,7 @@ def test_offsets_survive_a_consumer_restart(broker: EmbeddedBroker) -> None:
     async def committed(c: BrokerClient) -> dict[MessageQueue, int | None]:
         return {q: await c.query_offset("g", q) for q in queues}
 
-    assert run(broker.address, committed) == ends, "shutdown persisted every offset"
+    assert run(broker.grpc_address, committed) == ends, "shutdown persisted every offset"
     second = Recorder()
     with consumer(broker, second):
         send_keyed(broker, 10)
@@ -216,7 +224,7 @@ def test_offsets_survive_a_consumer_restart(broker: EmbeddedBroker) -> None:
     assert len(second.seen) == 10
 
 
-def test_rebalance_hooks_see_queues_after_lock_and_before_unlock(broker: EmbeddedBroker) -> None:
+def test_rebalance_hooks_see_queues_after_lock_and_before_unlock(broker: BrokerOver) -> None:
     events: list[tuple[str, int, bool]] = []
 
     def assigned(queues: list[MessageQueue]) -> None:
@@ -227,15 +235,18 @@ def test_rebalance_hooks_see_queues_after_lock_and_before_unlock(broker: Embedde
         owners = lock_owners(broker)
         events.append(("revoked", len(queues), all(q.queue_id in owners for q in queues)))
 
-    with Producer(broker.address) as p:
-        p.fetch_publish_message_queues("orders")
+    with Producer(broker.address) as p:  # RocketMQ creates a topic by its first send
+        p.send(Message("orders", b"x"))
     c = consumer(broker, Recorder(), on_queues_assigned=assigned, on_queues_revoked=revoked)
     with c:
         wait_until(lambda: bool(events), 20)
     assert events == [("assigned", 8, True), ("revoked", 8, True)]
 
 
-def test_concurrent_listener_retries_through_the_retry_topic(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_concurrent_listener_retries_through_the_retry_topic(
+    tmp_path: Path, transport: str
+) -> None:
     clock = FakeClock()
     attempts: dict[bytes, int] = defaultdict(int)
 
@@ -250,7 +261,7 @@ def test_concurrent_listener_retries_through_the_retry_topic(tmp_path: Path) -> 
                     return ConsumeConcurrentlyStatus.RECONSUME_LATER
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
-    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path), clock=clock) as broker:
+    with broker_over(transport, tmp_path, clock=clock) as broker:
         with Producer(broker.address) as p:
             p.send_batch([Message("orders", b"fine"), Message("orders", b"flaky")])
         with consumer(broker, Flaky()):
@@ -264,7 +275,7 @@ def test_concurrent_listener_retries_through_the_retry_topic(tmp_path: Path) -> 
     assert dict(attempts) == {b"fine": 1, b"flaky": 2}
 
 
-def test_async_listeners_on_the_asyncio_consumer(broker: EmbeddedBroker) -> None:
+def test_async_listeners_on_the_asyncio_consumer(broker: BrokerOver) -> None:
     send_keyed(broker, 100, keys=5)
 
     class AsyncRecorder(MessageListenerOrderly):
@@ -297,7 +308,7 @@ def test_async_listeners_on_the_asyncio_consumer(broker: EmbeddedBroker) -> None
         assert seqs == list(range(20))
 
 
-def test_bad_input_is_refused_at_the_call(broker: EmbeddedBroker) -> None:
+def test_bad_input_is_refused_at_the_call(broker: BrokerOver) -> None:
     c = PushConsumer("g", broker.address)
     with pytest.raises(InvalidArgumentError, match="MessageListenerOrderly"):
         c.register_message_listener(object())  # type: ignore[arg-type]
@@ -318,7 +329,7 @@ def test_bad_input_is_refused_at_the_call(broker: EmbeddedBroker) -> None:
 
 
 def test_broadcasting_members_each_get_every_message_and_keep_their_own_offsets(
-    broker: EmbeddedBroker, tmp_path: Path
+    broker: BrokerOver, tmp_path: Path
 ) -> None:
     send_keyed(broker, 300)
     listeners = [Recorder(), Recorder()]
@@ -348,9 +359,7 @@ def test_broadcasting_members_each_get_every_message_and_keep_their_own_offsets(
     assert len(again.seen) == 20, "the restarted member resumed from its own offsets"
 
 
-def test_consumers_log_stable_events(
-    broker: EmbeddedBroker, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_consumers_log_stable_events(broker: BrokerOver, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "ordermq")
     send_keyed(broker, 10)
     with consumer(broker, Recorder()):

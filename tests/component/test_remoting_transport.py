@@ -18,7 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from sdk import LitePullConsumer, Message, Producer, SimpleConsumer
+from sdk import (
+    ConsumeConcurrentlyContext,
+    ConsumeConcurrentlyStatus,
+    ConsumeFromWhere,
+    LitePullConsumer,
+    Message,
+    MessageExt,
+    MessageListenerConcurrently,
+    Producer,
+    PushConsumer,
+    PushConsumerConfig,
+    SimpleConsumer,
+)
 from sdk._remoting.codec import encode
 from sdk._remoting.command import RemotingCommand
 from sdk._remoting.message_layout import COMPRESSED_FLAG, decompress_body
@@ -36,7 +48,10 @@ from sdk.errors import (
     UnsupportedByTransportError,
 )
 from sdk.message import MessageQueue
+from sdk.testing import FakeClock
+from tests.component.pulling import read_queue
 from tests.component.transports import BrokerOver, broker_over
+from tests.support import wait_until
 
 
 @pytest.fixture
@@ -242,3 +257,44 @@ def test_name_servers_are_asked_in_turn_past_one_that_is_down(
             await transport.close()
 
     assert asyncio.run(scenario()) == 8
+
+
+# ---------------------------------------------------------------------------- send-back
+def test_a_failing_message_is_retried_then_dead_lettered_with_its_fields(tmp_path: Path) -> None:
+    clock = FakeClock()
+    attempts: list[MessageExt] = []
+
+    class Failing(MessageListenerConcurrently):
+        def consume_message(
+            self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
+        ) -> ConsumeConcurrentlyStatus:
+            attempts.extend(msgs)
+            return ConsumeConcurrentlyStatus.RECONSUME_LATER
+
+    config = PushConsumerConfig(max_reconsume_times=2, consume_message_batch_max_size=1)
+    with broker_over("rocketmq", tmp_path, clock=clock) as broker:
+        with Producer(broker.address) as producer:
+            sent = producer.send(Message("orders", b"poison", tags="T", keys="k1",
+                                         properties={"p": "v"}, sharding_key="o-1"))  # fmt: skip
+        consumer = PushConsumer("g", broker.address, config=config,
+                                consume_from_where=ConsumeFromWhere.FIRST_OFFSET)  # fmt: skip
+        consumer.subscribe("orders")
+        consumer.register_message_listener(Failing())
+        state = broker.broker.state
+        assert state is not None
+        with consumer:
+            for tries, delay in ((1, 10.1), (2, 30.1)):  # levels 3 and 4
+                wait_until(lambda t=tries: len(attempts) == t, 20, f"try {tries}")
+                wait_until(lambda: state.scheduler.pending == 1, 20, "the retry scheduled")
+                clock.advance(delay)
+            wait_until(lambda: len(attempts) == 3, 20, "the last try")
+            dlq = MessageQueue("%DLQ%g", "broker-a", 0)
+            wait_until(lambda: bool(read_queue(broker.grpc_address, dlq)), 20, "dead letter")
+        [dead] = read_queue(broker.grpc_address, dlq)
+    assert [(m.reconsume_times, m.topic, m.msg_id) for m in attempts] == [
+        (0, "orders", sent.msg_id), (1, "orders", sent.msg_id), (2, "orders", sent.msg_id),
+    ]  # fmt: skip
+    assert (dead.body, dead.msg_id, dead.tags, dead.keys, dead.sharding_key) == (
+        b"poison", sent.msg_id, "T", ("k1",), "o-1",
+    )  # fmt: skip
+    assert dead.properties["p"] == "v" and dead.properties["ORIGIN_TOPIC"] == "orders"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from mockbroker import BrokerConfig, EmbeddedBroker
 from mockbroker.server import Broker
+from sdk.clock import Clock
 
 #: The transports the clients' component tests run over (ids of the parametrised tests).
 TRANSPORTS = ("grpc", "rocketmq")
@@ -50,9 +51,11 @@ class BrokerOver:
 
 
 @contextlib.contextmanager
-def broker_over(transport: str, data_dir: Path, **config: object) -> Iterator[BrokerOver]:
+def broker_over(
+    transport: str, data_dir: Path, *, clock: Clock | None = None, **config: object
+) -> Iterator[BrokerOver]:
     """A broker on port 0 (with its remoting port and name server), over `transport`."""
     assert transport in TRANSPORTS, transport
     cfg = BrokerConfig(data_dir=data_dir, remoting_port=0, namesrv_port=0, **config)  # type: ignore[arg-type]
-    with EmbeddedBroker(cfg) as embedded:
+    with EmbeddedBroker(cfg, clock=clock) as embedded:
         yield BrokerOver(embedded, transport)

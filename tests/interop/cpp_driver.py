@@ -19,7 +19,7 @@ Events:
 - produce: "sent" per message {key, seq, status, msg_id, offset} (--report each), then
   "done" {sent, seconds, rate, cpu_seconds};
 - push: "message" per listener call {key, seq, topic, queue, offset, msg_id, reconsume,
-  tags, keys, body, start, end} (start/end: time.monotonic_ns(), one clock for every
+  tags, keys, body, size, start, end} (start/end: time.monotonic_ns(), one clock for every
   process of the machine), then on SIGTERM/SIGINT "stopping" and "stopped"
   {shutdown_seconds}, exit 0;
 - pull: "queues" {queues}, "message" per message (--report each), "queue_done" per queue
@@ -267,7 +267,7 @@ def push(a: argparse.Namespace) -> None:
             offset=msg.queue_offset, msg_id=msg.id, reconsume=msg.reconsume_times,
             tags=(msg.tags or b"").decode("utf-8", "replace"),
             keys=(msg.keys or b"").decode("utf-8", "replace"),
-            body=body[: a.body_chars].decode("utf-8", "replace"),
+            body=body[: a.body_chars].decode("utf-8", "replace"), size=len(body),
             start=start, end=time.monotonic_ns(),
         )  # fmt: skip
 
