@@ -144,11 +144,12 @@ class ConsumeTrial:
     `prepare` (untimed) builds a consumer in a group of its own, so that with
     ConsumeFromWhere.FIRST_OFFSET it reads every queue from offset 0; `run` (timed) starts
     it and returns once its listener has been handed `expected` messages; `close`
-    (untimed) shuts it down.
+    (untimed) shuts it down. `endpoint` is any the SDK takes: the broker's gRPC
+    "host:port" or "rocketmq://<name server>".
     """
 
-    def __init__(self, address: str, topic: str, expected: int, listener: str, batch: int):
-        self.address = address
+    def __init__(self, endpoint: str, topic: str, expected: int, listener: str, batch: int):
+        self.endpoint = endpoint
         self.topic = topic
         self.expected = expected
         self.listener = LISTENERS[listener]
@@ -160,7 +161,7 @@ class ConsumeTrial:
         self.tally = Tally(self.expected)
         consumer = sdk.aio.PushConsumer(
             f"bench-consume-{next(_consumer_groups)}",
-            self.address,
+            self.endpoint,
             consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
             config=self.config,
         )

@@ -27,7 +27,8 @@ from procs import ROOT
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.interop.harness import accepts, free_port, remoting_support
+from tests.interop.harness import accepts, free_port
+from tests.interop.harness import remoting_support as remoting_support  # used by run.py
 from tests.interop.provision import Client, provision
 
 #: Messages per pull (the C++ client's default pullBatchSize, and the Java broker's cap for
@@ -59,6 +60,11 @@ def broker_options() -> tuple[tuple[str, ...], str]:
         ("--remoting-port", str(remoting), "--namesrv-port", str(namesrv)),
         f"127.0.0.1:{namesrv}",
     )
+
+
+def endpoint(namesrv: str) -> str:
+    """The SDK endpoint reaching the broker over RocketMQ remoting through `namesrv`."""
+    return f"rocketmq://{namesrv}"
 
 
 async def wait_ports(namesrv: str, timeout: float = 30.0) -> None:

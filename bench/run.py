@@ -21,13 +21,18 @@ Figures (see bench/README.md for what each one measures and how to read it):
   mockbroker's remoting front: single sends (send_sync, send_orderly) and a PullConsumer
   reading a backlog, next to the gRPC figures of the same shape (bench/remoting.py; skipped,
   with the reason, while the broker has no remoting front or the client cannot install);
+- transports: produce (as produce, async flush, 1 in flight) and orderly consume (as
+  consume, async listener, batch 32) through the same SDK clients over gRPC and over
+  rocketmq:// (RocketMQ remoting via the broker's name server), each on a fresh broker
+  serving both, with the ratio rocketmq:// / gRPC (skipped while the broker has no
+  remoting front);
 - backlog (only when named in --only; make bench-backlog): the broker's peak RSS with a
   10-million-message backlog, its recovery time after kill -9, and reading it all back.
 
 Servers run as separate processes; the client is this process. Every figure is the median
 of --runs runs. Usage:
 
-    python bench/run.py                   # the full run (about 4-5 minutes on 2 cores)
+    python bench/run.py                   # the full run (about 5-6 minutes on 2 cores)
     python bench/run.py --quick           # a smoke run (seconds; writes results/quick.json)
     python bench/run.py --only pull --runs 5 --messages 50000
 """
@@ -68,9 +73,12 @@ from sdk._transport.broker_client import BrokerClient
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.aio import Producer, PushConsumer
 
-GROUPS = ("produce", "send", "pull", "consume", "poll", "latency", "floor", "micro", "remoting")
+GROUPS = ("produce", "send", "pull", "consume", "poll", "latency", "floor", "micro", "remoting",
+          "transports")  # fmt: skip
 #: Groups run only when --only names them (make bench-backlog): they take minutes and GBs.
 EXTRA_GROUPS = ("backlog", "flood")
+#: The transports group's transports: figure key part, name in titles ("grpc" first).
+TRANSPORTS = (("grpc", "gRPC"), ("rocketmq", "rocketmq://"))
 #: Other processes using this much of a core during a figure get it named in a note.
 OTHERS_NOTICEABLE = 0.25
 #: latency: wake-ups per run (sequential); the end-to-end send rates (msg/s), seconds per
@@ -276,14 +284,17 @@ class Bench:
         batches: list[wl.Batch],
         warmup: list[wl.Batch],
         in_flight: int,
+        endpoint: str | None = None,
     ) -> None:
+        """`endpoint`: what the producer connects to (default the broker's gRPC address;
+        the topic is created over gRPC either way)."""
         topic = "bench-produce"
         admin = BrokerClient(broker.address)
         try:
             await admin.create_topic(topic, wl.QUEUES)
         finally:
             await admin.close()
-        producer = Producer(broker.address)
+        producer = Producer(endpoint or broker.address)
         await producer.start()
         try:
             queues = await producer.fetch_publish_message_queues(topic)
@@ -466,30 +477,47 @@ class Bench:
         ]
         self.say("consume: starting a broker")
         with self._broker("consume", "async") as broker:
-            started = time.perf_counter()
-            stored = await wl.fill_backlog(broker.address, topic, backlog)
-            self.facts["consume_backlog_fill_seconds"] = round(time.perf_counter() - started, 2)
-            self.say(
-                f"  backlog of {stored} messages stored in {time.perf_counter() - started:.1f} s"
-            )
-            # Warm up: a consumer that stops after a tenth of the backlog.
-            warm = cw.ConsumeTrial(broker.address, topic, max(1, stored // 10), "orderly-async", 32)
-            await warm.prepare()
-            try:
-                await warm.run()
-            finally:
-                await warm.close()
+            stored = await self._consume_backlog("consume", broker, topic, broker.address)
             for figure, (_key, _title, listener, batch) in zip(figures, cases, strict=True):
-                trial = cw.ConsumeTrial(broker.address, topic, stored, listener, batch)
-                await self._measure(
-                    figure, trial.run, broker, setup=trial.prepare, teardown=trial.close
-                )
-                if any(r.units != stored for r in figure.runs):
-                    raise RuntimeError(
-                        f"{figure.title}: listener saw {[r.units for r in figure.runs]} "
-                        f"of {stored} messages"
-                    )
+                await self._consume_figure(figure, broker, broker.address, topic, stored,
+                                           listener, batch)  # fmt: skip
             self._note_rss("consume", broker)
+
+    async def _consume_backlog(
+        self, group: str, broker: ServerProcess, topic: str, endpoint: str
+    ) -> int:
+        """Store the --messages backlog in `topic` (over gRPC), then warm up: a consumer on
+        `endpoint` that stops after a tenth of it. Returns the messages stored."""
+        started = time.perf_counter()
+        stored = await wl.fill_backlog(broker.address, topic, self.args.messages)
+        self.facts[f"{group}_backlog_fill_seconds"] = round(time.perf_counter() - started, 2)
+        self.say(f"  backlog of {stored} messages stored in {time.perf_counter() - started:.1f} s")
+        warm = cw.ConsumeTrial(endpoint, topic, max(1, stored // 10), "orderly-async", 32)
+        await warm.prepare()
+        try:
+            await warm.run()
+        finally:
+            await warm.close()
+        return stored
+
+    async def _consume_figure(
+        self,
+        figure: Figure,
+        broker: ServerProcess,
+        endpoint: str,
+        topic: str,
+        stored: int,
+        listener: str,
+        batch: int,
+    ) -> None:
+        """--runs fresh push consumers on `endpoint`, each reading the whole backlog."""
+        trial = cw.ConsumeTrial(endpoint, topic, stored, listener, batch)
+        await self._measure(figure, trial.run, broker, setup=trial.prepare, teardown=trial.close)
+        if any(r.units != stored for r in figure.runs):
+            raise RuntimeError(
+                f"{figure.title}: listener saw {[r.units for r in figure.runs]} "
+                f"of {stored} messages"
+            )
 
     # ------------------------------------------------------------------ broker memory
     def _note_rss(self, group: str, broker: ServerProcess) -> None:
@@ -921,6 +949,75 @@ class Bench:
                     f"{'-' if server is None else f'{server:.0%}'})"
                 )
 
+    # ------------------------------------------------------------------ transports
+    async def transports(self) -> None:
+        """Produce and orderly consume over gRPC and over rocketmq:// (issue 33).
+
+        The same workloads as "produce, async flush, 1 in flight" and "consume orderly,
+        async listener, batch 32", through the same SDK clients, once with the broker's gRPC
+        address and once with "rocketmq://<its name server>"; every broker has both fronts.
+        """
+        if reason := rm.remoting_support():
+            self.say(f"transports: skipped: {reason}")
+            self.facts["transports_skipped"] = reason
+            return
+        batches = wl.make_batches(self.args.messages)
+        warmup = batches[: max(wl.QUEUES, min(40, len(batches) // 10))]
+        common = {"flush_mode": "async", "keys": wl.KEYS, "queues": wl.QUEUES,
+                  "body_bytes": wl.BODY_BYTES, "broker_fronts": "gRPC and remoting"}  # fmt: skip
+        for transport, name in TRANSPORTS:
+            produce = self._add(
+                Figure(
+                    f"transports.{transport}.produce",
+                    f"over {name}: produce, async flush, 1 in flight",
+                    "msg/s",
+                    {
+                        **common,
+                        "transport": name,
+                        "api": "sdk.aio.Producer.send_batch",
+                        "batches_in_flight": 1,
+                        "batch_messages": wl.BATCH,
+                        "messages_per_run": len(batches) * wl.BATCH,
+                        "compare_with": "transports.grpc.produce",
+                    },
+                )
+            )
+            consume = self._add(
+                Figure(
+                    f"transports.{transport}.consume",
+                    f"over {name}: consume orderly, async listener, batch 32",
+                    "msg/s",
+                    {
+                        **common,
+                        "transport": name,
+                        "api": "sdk.aio.PushConsumer",
+                        "listener": "MessageListenerOrderly, async def, no-op",
+                        "consume_message_batch_max_size": 32,
+                        "backlog_messages": self.args.messages,
+                        "backlog_sent_with": "the ordermq SDK over gRPC",
+                        "consume_from_where": "FIRST_OFFSET",
+                        "consumers": 1,
+                        "compare_with": "transports.grpc.consume",
+                    },
+                )
+            )
+            for figure in (produce, consume):
+                extra, namesrv = rm.broker_options()
+                self.say(f"{figure.title}: starting a broker")
+                with self._broker(figure.key, "async", extra) as broker:
+                    await rm.wait_ports(namesrv)
+                    endpoint = broker.address if transport == "grpc" else rm.endpoint(namesrv)
+                    if figure is produce:
+                        await self._produce_figure(figure, broker, batches, warmup, 1, endpoint)
+                    else:
+                        topic = "bench-consume"
+                        group = f"transports_{transport}"
+                        stored = await self._consume_backlog(group, broker, topic, endpoint)
+                        await self._consume_figure(
+                            figure, broker, endpoint, topic, stored, "orderly-async", 32
+                        )
+        self.facts["transports_ratios"] = transport_ratios(self.figures)
+
     # ------------------------------------------------------------------ backlog
     async def backlog(self) -> None:
         size = self.args.backlog_messages
@@ -961,6 +1058,33 @@ def send_comparison(figures: list[Figure]) -> str:
         f"send vs send_batch: send_batch of {wl.BATCH}, 1 in flight (produce, async flush, "
         f"1 in flight) {fmt(batch)} msg/s; single sends: {parts}"
     )
+
+
+def transport_ratios(figures: list[Figure]) -> dict[str, float]:
+    """rocketmq:// over gRPC, per workload of the transports group (medians; those measured)."""
+    medians = {f.key: statistics.median(f.values()) for f in figures if f.values()}
+    out = {}
+    for workload in ("produce", "consume"):
+        grpc_, remoting = (medians.get(f"transports.{t}.{workload}") for t, _ in TRANSPORTS)
+        if grpc_ and remoting:
+            out[workload] = round(remoting / grpc_, 3)
+    return out
+
+
+def transport_comparison(figures: list[Figure]) -> str:
+    """A line setting the rocketmq:// figures against the gRPC ones (if both ran)."""
+    medians = {f.key: statistics.median(f.values()) for f in figures if f.values()}
+    ratios = transport_ratios(figures)
+    parts = [
+        f"{what} {fmt(medians[f'transports.rocketmq.{workload}'])} vs "
+        f"{fmt(medians[f'transports.grpc.{workload}'])} msg/s ({ratios[workload]:.2f}x)"
+        for workload, what in (
+            ("produce", "produce (send_batch of 100, 1 in flight)"),
+            ("consume", "orderly consume (async listener, batch 32)"),
+        )
+        if workload in ratios
+    ]
+    return f"rocketmq:// vs gRPC: {'; '.join(parts)}" if parts else ""
 
 
 def machine() -> dict[str, Any]:
@@ -1149,9 +1273,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     if "remoting_skipped" in bench.facts:
         print(f"note: the remoting figures were skipped: {bench.facts['remoting_skipped']}")
-    comparison = send_comparison(bench.figures)
-    if comparison:
-        print(comparison)
+    if "transports_skipped" in bench.facts:
+        print(f"note: the transports figures were skipped: {bench.facts['transports_skipped']}")
+    for comparison in (send_comparison(bench.figures), transport_comparison(bench.figures)):
+        if comparison:
+            print(comparison)
     floods = flood.summary(bench.figures)
     if floods:
         print(floods)

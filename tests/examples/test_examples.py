@@ -46,6 +46,10 @@ def test_bench_quick_run_measures_every_figure(tmp_path: Path) -> None:
     figures = json.loads(out.read_text())["figures"]
     produce = [f for f in figures if f["title"].startswith("produce")]
     assert len(produce) == 4 and all(f["median"] > 0 for f in produce)
+    # produce and orderly consume over gRPC and rocketmq:// (issue 33), unless skipped
+    transports = [f for f in figures if f["key"].startswith("transports.")]
+    if "transports_skipped" not in json.loads(out.read_text())["facts"]:
+        assert len(transports) == 4 and all(f["median"] > 0 for f in transports)
 
 
 def test_bench_backlog_group_recovers_and_reads_back_the_whole_backlog(tmp_path: Path) -> None:

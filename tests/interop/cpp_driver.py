@@ -19,7 +19,8 @@ Events:
 - produce: "sent" per message {key, seq, status, msg_id, offset} (--report each), then
   "done" {sent, seconds, rate, cpu_seconds};
 - push: "message" per listener call {key, seq, topic, queue, offset, msg_id, reconsume,
-  tags, keys, body, size, start, end} (start/end: time.monotonic_ns(), one clock for every
+  tags, keys, body, size, properties (those named by --property-names), start, end}
+  (start/end: time.monotonic_ns(), one clock for every
   process of the machine), then on SIGTERM/SIGINT "stopping" and "stopped"
   {shutdown_seconds}, exit 0;
 - pull: "queues" {queues}, "message" per message (--report each), "queue_done" per queue
@@ -88,6 +89,13 @@ def start_deadline(seconds: float) -> None:
 def body_of(key: str, seq: int, size: int) -> str:
     text = f"{key}:{seq}"
     return text if len(text) >= size else f"{text} " + "x" * (size - len(text) - 1)
+
+
+def _text(value: Any) -> str | None:
+    """A property as the wrapper returns it (bytes, str or None), as text."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value if value is None else str(value)
 
 
 def parse_body(body: bytes) -> tuple[str | None, int | None]:
@@ -165,6 +173,8 @@ def produce(a: argparse.Namespace) -> None:
             if a.tags:
                 msg.set_tags(a.tags)
             msg.set_body(body_of(key, seq, a.body_bytes))
+            for name, _, value in (p.partition("=") for p in a.property):
+                msg.set_property(name, value)
             try:
                 if a.mode == "orderly":
                     result = producer.send_orderly(msg, arg)
@@ -268,6 +278,7 @@ def push(a: argparse.Namespace) -> None:
             tags=(msg.tags or b"").decode("utf-8", "replace"),
             keys=(msg.keys or b"").decode("utf-8", "replace"),
             body=body[: a.body_chars].decode("utf-8", "replace"), size=len(body),
+            properties={n: _text(msg.get_property(n)) for n in a.property_names if n},
             start=start, end=time.monotonic_ns(),
         )  # fmt: skip
 
@@ -387,11 +398,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--first-seq", type=int, default=0)
     c.add_argument("--tags", default="")
     c.add_argument("--body-bytes", type=int, default=0, help="pad bodies to this size")
+    c.add_argument("--property", action="append", default=[], help="NAME=VALUE on every message")
     c.add_argument("--send-timeout-ms", type=int, default=3000)
     c.add_argument("--report", choices=["each", "summary"], default="each")
 
     c = common("push", "a PushConsumer printing every message it is given")
     c.add_argument("--orderly", action="store_true", help="orderly listener (queue locks)")
+    c.add_argument(
+        "--property-names",
+        type=lambda s: s.split(","),
+        default=[],
+        help="comma-separated property names each message event reports",
+    )
     c.add_argument("--expression", default="*", help="tag expression (default *)")
     c.add_argument(
         "--instance",

@@ -85,7 +85,8 @@ def test_what_ordermq_sends_over_remoting_the_cpp_orderly_consumer_reads_in_orde
     b = broker()
     topic, group = "sdk-to-cpp", "sdk-to-cpp-group"
     GrpcView(b.address).create_topic(topic, QUEUES)
-    consumer = run("cpp-orderly", *push_args(b, topic, group, "--orderly"))
+    consumer = run("cpp-orderly", *push_args(b, topic, group, "--orderly",
+                                             "--property-names", "origin,seq"))  # fmt: skip
     consumer.wait_event("started")
     sizes = {}
     with Producer(f"rocketmq://{b.namesrv}") as producer:
@@ -95,6 +96,7 @@ def test_what_ordermq_sends_over_remoting_the_cpp_orderly_consumer_reads_in_orde
                 size = BIG_BODY if (seq + int(key[1:])) % 10 == 0 else 0
                 sizes[(key, seq)] = len(body_of(key, seq, size))
                 batch.append(Message(topic, body_of(key, seq, size), tags="FromSdk", keys=key,
+                                     properties={"origin": "ordermq", "seq": str(seq)},
                                      sharding_key=key))  # fmt: skip
             for message in batch:  # one by one: a big body goes compressed only alone
                 producer.send(message)
@@ -109,6 +111,7 @@ def test_what_ordermq_sends_over_remoting_the_cpp_orderly_consumer_reads_in_orde
         assert (e["topic"], e["tags"], e["keys"]) == (topic, "FromSdk", key), e
         assert e["queue"] == shard_index(key, QUEUES), e
         assert e["size"] == sizes[(key, seq)], e
+        assert e["properties"] == {"origin": "ordermq", "seq": str(seq)}, e
         assert e["body"].encode() == body_of(key, seq, sizes[(key, seq)])[:200], e
 
 
@@ -136,6 +139,7 @@ def test_what_the_cpp_producer_sends_ordermqs_orderly_consumer_reads_over_remoti
     producer = run("producer", *produce_args(
         b, topic, "--key-queues", str(placement(tmp_path, KEYS)), "--rounds", str(ROUNDS),
         "--tags", "FromCpp", "--body-bytes", str(BIG_BODY), "--report", "summary",
+        "--property", "origin=cpp", "--property", "note=zwei wörter",
     ))  # fmt: skip
     assert producer.finish(PRODUCE_TIMEOUT) == 0, producer.describe()
     listener = Recorder()
@@ -155,5 +159,6 @@ def test_what_the_cpp_producer_sends_ordermqs_orderly_consumer_reads_over_remoti
         by_key.setdefault(key, []).append(int(seq))
         assert m.body == body_of(key, int(seq), BIG_BODY), m.msg_id
         assert (m.topic, m.tags, m.keys) == (topic, "FromCpp", (key,)), m
+        assert m.properties == {"origin": "cpp", "note": "zwei wörter"}, m
         assert m.queue.queue_id == shard_index(key, QUEUES), m
     assert by_key == {key: list(range(ROUNDS)) for key in KEYS}, "each key once, in order"

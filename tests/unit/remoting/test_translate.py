@@ -7,18 +7,23 @@ import zlib
 import pytest
 
 from mockbroker.store.records import build_records, check_frames
+from sdk import Message, MessageQueue
 from sdk._remoting.codes import ResponseCode
 from sdk._remoting.command import RemotingError
 from sdk._remoting.message_ids import SocketAddress
-from sdk._remoting.message_layout import decode_records
+from sdk._remoting.message_layout import decode_records, encode_record
 from sdk._remoting.translate import (
     IncomingMessage,
+    compressed,
     encode_served,
+    from_frame,
     msg_id_for_uniq_key,
     rocketmq_uniq_key,
     to_frame,
+    to_message_ext,
     to_record,
 )
+from sdk._transport.codec import encode_message
 from sdk._wire import (
     StoredRecord,
     decode_properties,
@@ -294,3 +299,51 @@ def test_served_records_carry_their_commit_log_positions() -> None:
         (b"hello", 0, 100),
         (b"second", 1, 300),
     ]
+
+
+# ------------------------------------------------------------------ the client's side
+@pytest.mark.parametrize(
+    "message",
+    [
+        Message("t", b"plain"),
+        Message("t", b"x" * 5000, tags="T", keys=["k1", "k2"], properties={"a": "b", "c": "d"},
+                sharding_key="order-1"),
+        Message("t", "значение".encode(), keys="ключ", properties={"имя": "значение"}),
+    ],
+    ids=["bare", "every-field", "unicode"],
+)  # fmt: skip
+def test_a_frame_sent_over_remoting_is_stored_as_the_same_frame(message: Message) -> None:
+    frame = encode_message(message, bytes(range(16)), 1_700_000_000.5, delay_level=0)
+    sent = compressed(from_frame(frame[4:]))
+    incoming = IncomingMessage(
+        "t", sent.body, sent.properties, sys_flag=sent.sys_flag,
+        born_timestamp_ms=sent.born_timestamp_ms,
+    )  # fmt: skip
+    assert to_frame(incoming, now_ms=0, new_uniq_key=lambda: "unused") == frame
+
+
+def test_a_delay_level_travels_as_delay_and_a_delivery_time_is_refused() -> None:
+    message = Message("t", b"x", delay_seconds=5)
+    frame = encode_message(message, bytes(16), 1.0, delay_level=2)
+    assert from_frame(frame[4:]).properties["DELAY"] == "2"
+    timed = encode_message(Message("t", b"x", delay_seconds=5), bytes(16), 1.0)
+    with pytest.raises(ValueError, match="delivery time"):
+        from_frame(timed[4:])
+
+
+def test_a_served_record_becomes_the_message_ext_grpc_would_give() -> None:
+    frame = encode_message(
+        Message("t", b"body", tags="T", keys=["k1", "k2"], properties={"p": "v"},
+                sharding_key="s"),
+        bytes(range(16)), 1.0,
+    )  # fmt: skip
+    record_of_t = stored(frame, topic="t", queue_id=3, offset=7)
+    served = to_record(record_of_t, physical_offset=0, store_host=STORE_HOST)
+    [record] = decode_records(encode_record(served))
+    got = to_message_ext(record, "b")
+    assert (got.topic, got.body, got.tags, got.keys, got.properties, got.sharding_key) == (
+        "t", b"body", "T", ("k1", "k2"), {"p": "v"}, "s",
+    )  # fmt: skip
+    assert (got.msg_id, got.queue, got.queue_offset) == (
+        bytes(range(16)).hex().upper(), MessageQueue("t", "b", 3), 7,
+    )  # fmt: skip
