@@ -1023,7 +1023,10 @@ class Bench:
         size = self.args.backlog_messages
         if size is None:
             size = big_backlog.QUICK_MESSAGES if self.args.quick else big_backlog.MESSAGES
-        self.facts.update(await big_backlog.measure(size, self.tmp, self._add, self.say))
+        pause = self.args.backlog_pause
+        if pause is None:
+            pause = big_backlog.PAUSE_SECONDS
+        self.facts.update(await big_backlog.measure(size, self.tmp, self._add, self.say, pause))
 
     # ------------------------------------------------------------------ flood
     async def flood(self) -> None:
@@ -1169,6 +1172,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="size of the backlog group's backlog (default 10000000; --quick: 1000000)",
     )
+    p.add_argument(
+        "--backlog-pause",
+        type=float,
+        default=None,
+        help="seconds between the backlog group's old nine tenths and the rest (default 30; "
+        "the retention horizon goes in its middle, so the deleting broker has half of it)",
+    )
     p.add_argument("--output", type=Path, default=None, help="JSON file to write")
     p.add_argument(
         "--profile",
@@ -1189,6 +1199,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--only takes groups of {', '.join(GROUPS + EXTRA_GROUPS)}; got {a.only!r}")
     # pull before floor: the floor uses its sizes
     a.only = [g for g in GROUPS + EXTRA_GROUPS if g in groups]
+    if a.backlog_pause is not None and a.backlog_pause < 2:
+        p.error("--backlog-pause must be >= 2 (the deleting broker has half of it)")
     if a.runs < 1 or a.messages < wl.BATCH * wl.QUEUES:
         p.error(f"--runs must be >= 1 and --messages >= {wl.BATCH * wl.QUEUES}")
     if a.profile is not None:

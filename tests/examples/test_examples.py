@@ -36,8 +36,10 @@ def test_demo_processes_every_order_in_order_across_a_hand_over() -> None:
 def test_bench_quick_run_measures_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "quick.json"
     script = str(ROOT / "bench" / "run.py")
+    # Every group, on 2 000 messages instead of --quick's 20 000: the figures are only
+    # checked to be there, and the groups' fixed costs (brokers, paced latency runs) stay.
     proc = subprocess.run(
-        [sys.executable, script, "--quick", "--quiet", "--output", str(out)],
+        [sys.executable, script, "--quick", "--messages", "2000", "--quiet", "--output", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -52,9 +54,12 @@ def test_bench_quick_run_measures_every_figure(tmp_path: Path) -> None:
 
 def test_bench_backlog_group_recovers_and_reads_back_the_whole_backlog(tmp_path: Path) -> None:
     out = tmp_path / "backlog.json"
+    # A 10 s pause between the two parts instead of make bench-backlog's 30 s: the deleting
+    # broker still has 5 s, and nothing checked here depends on the pause's length.
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "run.py"), "--only", "backlog",
-         "--backlog-messages", "16000", "--quiet", "--output", str(out)],
+         "--backlog-messages", "16000", "--backlog-pause", "10", "--quiet",
+         "--output", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr

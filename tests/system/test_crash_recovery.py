@@ -29,7 +29,7 @@ import sdk.aio
 from sdk import Message, MessageExt, ProducerConfig, SendResult, shard_index
 from sdk._transport.broker_client import BrokerClient, PullStatus
 from sdk.errors import OrderMQError, TopicNotFoundError
-from tests.chaos_report import ChaosRecorder, scaled
+from tests.chaos_report import LONG, ChaosRecorder, scaled
 from tests.support import BrokerProcess, wait_until
 
 pytestmark = [pytest.mark.system, pytest.mark.chaos]
@@ -45,6 +45,11 @@ KEYS = [f"key-{i}" for i in range(8)]  # 8 keys over 4 queues: queues interleave
 QUIET_ROUNDS = frozenset({5, 11, 17})
 #: Acknowledgements a round waits for before it starts the random countdown to the kill.
 MIN_ACKS_PER_ROUND = 10
+#: Seconds of sending after those before the kill (drawn uniformly). The kill lands on a
+#: random record of a steady stream however long it runs, and every round reads back and
+#: checks all that was ever stored, so the short form sends half as long per round (less
+#: to store, read back and check each round); `make chaos` keeps the longer rounds.
+KILL_AFTER = (0.2, 0.6) if LONG else (0.1, 0.3)
 
 
 @dataclass
@@ -249,7 +254,7 @@ def test_acknowledged_messages_survive_repeated_kill_9_under_sync_flush(
                     what="the producer's first acknowledgements",
                 )
                 # The chaos, not a synchronisation: the kill lands somewhere in the sending.
-                time.sleep(rng.uniform(0.2, 0.6))
+                time.sleep(rng.uniform(*KILL_AFTER))
                 if round_no in QUIET_ROUNDS:
                     stop.set()
                     join()  # every send answered: the log ends with acknowledged records
