@@ -224,11 +224,21 @@ def _group_families(s: BrokerState) -> Iterator[Metric]:
     groups = sorted(s.existing_groups())
     locks = GaugeMetricFamily("ordermq_locks_held", "Live queue locks", labels=["group"])
     members = GaugeMetricFamily("ordermq_group_members", "Group members", labels=["group"])
+    disconnected = GaugeMetricFamily(
+        "ordermq_group_members_disconnected",
+        "Group members whose connection closed and who are not back, while the disconnect "
+        "grace runs (a remoting connection its client closed counts once all it sent was read)",
+        labels=["group"],
+    )
     for group in groups:
         locks.add_metric([group], sum(1 for v in s.locks.locks(group).values() if v.live))
-        members.add_metric([group], len(s.groups.members(group)))
+        in_group = s.groups.members(group)
+        members.add_metric([group], len(in_group))
+        gone = sum(1 for m in in_group if s.groups.disconnected_since(m) is not None)
+        disconnected.add_metric([group], gone)
     yield locks
     yield members
+    yield disconnected
     retry = s.retry
     yield _counter(
         "ordermq_messages_retried",

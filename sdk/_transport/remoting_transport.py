@@ -279,12 +279,17 @@ class RemotingTransport:
         return (await self._route(topic, refresh=refresh)).readable
 
     async def writable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
-        """The queues producers may write; a new topic borrows DEFAULT_TOPIC's brokers."""
+        """The queues producers may write; a new topic borrows DEFAULT_TOPIC's brokers.
+
+        A borrowed route is kept (already stale, so the topic's own is asked for at the next
+        call) for sends that retry while the name servers cannot be reached.
+        """
         try:
             queues = (await self._route(topic, refresh=refresh)).writable
         except TopicNotFoundError:
             default = await self._route(DEFAULT_TOPIC, refresh=refresh)
             queues = [MessageQueue(topic, q.broker_name, q.queue_id) for q in default.writable]
+            self._routes[topic] = _Route([], queues, fetched_at=-ROUTE_REFRESH_SECONDS)
         if not queues:
             raise BrokerUnavailableError(f"topic {topic!r} has no writable queue")
         return queues

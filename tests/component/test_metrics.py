@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import platform
 from collections.abc import Iterator
@@ -17,6 +19,8 @@ from mockbroker.histogram import DURATION_BUCKETS
 from sdk import Message, Producer
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
+from sdk._remoting.codes import RequestCode, ResponseCode
+from sdk._remoting.command import RemotingCommand
 from sdk._transport.broker_client import BrokerClient, GroupInfo
 from sdk._wire import encode_frame
 from sdk.errors import InvalidQueueError
@@ -24,6 +28,7 @@ from sdk.testing import FakeClock
 from tests.component.coordination import join, mq, run
 from tests.component.pulling import read_queue
 from tests.component.scraping import Samples, families, labelled, scrape, types
+from tests.remoting_client import RemotingClient
 from tests.support import wait_until
 
 
@@ -277,6 +282,81 @@ def test_build_info_and_the_data_directory_disk_space(timed_broker: EmbeddedBrok
 
 
 #: Every series the broker exports, with its type (the list in the operator docs).
+def test_a_remoting_member_counts_as_disconnected_once_all_it_sent_was_read(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Its last commit, written just before its socket closed, is answered once it counts.
+
+    What a test that kills a RocketMQ client waits for before reading the offsets the
+    client left (tests/system/test_rocketmq_cpp_client.py).
+    """
+    config = BrokerConfig(data_dir=tmp_path, metrics_port=0, remoting_port=0,
+                          disconnect_grace_seconds=30)  # fmt: skip
+    with EmbeddedBroker(config, clock=clock) as broker:
+        port = metrics_port(broker)
+        assert broker.remoting_address is not None
+        address = broker.remoting_address
+        with Producer(broker.address) as producer:
+            queue = producer.send_batch([Message("orders", b"x", sharding_key="k")] * 5)[0].queue
+        key = {"consumerGroup": "dying", "topic": "orders", "queueId": str(queue.queue_id)}
+        gauge = ("ordermq_group_members_disconnected", (("group", "dying"),))
+        heartbeat = json.dumps(
+            {
+                "clientID": "c1@1",
+                "consumerDataSet": [
+                    {
+                        "groupName": "dying",
+                        "consumeType": 1,
+                        "messageModel": 1,
+                        "subscriptionDataSet": [{"topic": "orders", "subString": "*"}],
+                    }
+                ],
+            }
+        ).encode()
+        lock = json.dumps(
+            {
+                "consumerGroup": "dying",
+                "clientId": "c1@1",
+                "mqSet": [{"topic": "orders", "brokerName": "broker-a", "queueId": queue.queue_id}],
+            }
+        ).encode()
+
+        async def join_then_commit_and_die() -> None:
+            c = await RemotingClient.connect(address)
+            for code, body in (
+                (RequestCode.HEART_BEAT, heartbeat),
+                (RequestCode.LOCK_BATCH_MQ, lock),
+            ):
+                answer = await c.request(RemotingCommand(code, body=body))
+                assert answer.code == ResponseCode.SUCCESS, answer.remark
+            assert scrape(port)[gauge] == 0
+            # Oneway, as RocketMQ clients persist offsets, and closed at once: nothing waits
+            # for the broker to read it.
+            await c.oneway(RemotingCommand(RequestCode.UPDATE_CONSUMER_OFFSET,
+                                           ext_fields={**key, "commitOffset": "4"}))  # fmt: skip
+            await c.close()
+
+        async def committed() -> str:
+            c = await RemotingClient.connect(address)
+            try:
+                answer = await c.request(
+                    RemotingCommand(RequestCode.QUERY_CONSUMER_OFFSET, ext_fields=key)
+                )
+            finally:
+                await c.close()
+            assert answer.code == ResponseCode.SUCCESS and answer.ext_fields, answer.remark
+            return answer.ext_fields["offset"]
+
+        asyncio.run(join_then_commit_and_die())
+        wait_until(lambda: scrape(port).get(gauge) == 1, 30, "c1 counted as disconnected")
+        assert asyncio.run(committed()) == "4"
+        samples = scrape(port)
+        assert samples[("ordermq_group_members", (("group", "dying"),))] == 1  # in its grace
+        clock.advance(31)  # the grace is over: it leaves the group, and the gauge with it
+        wait_until(lambda: labelled(scrape(port), group="dying").get(gauge, 0) == 0, 30,
+                   "c1 gone from the group")  # fmt: skip
+
+
 DOCUMENTED = {
     "ordermq_build_info": "gauge",
     "ordermq_ready": "gauge",
@@ -298,6 +378,7 @@ DOCUMENTED = {
     "ordermq_send_duration_seconds": "histogram",
     "ordermq_locks_held": "gauge",
     "ordermq_group_members": "gauge",
+    "ordermq_group_members_disconnected": "gauge",
     "ordermq_messages_retried": "counter",
     "ordermq_messages_dead_lettered": "counter",
     "ordermq_consumer_lag": "gauge",

@@ -44,12 +44,22 @@ def free_port() -> int:
 
 
 class Restartable:
-    """An embedded broker that can be stopped and started again on the same port."""
+    """An embedded broker that can be stopped and started again on the same ports.
 
-    def __init__(self, data_dir: Path) -> None:
-        self.config = BrokerConfig(data_dir=data_dir, port=free_port())
-        self.address = f"127.0.0.1:{self.config.port}"
-        self.broker: BrokerOver | None = None
+    `address` is the endpoint for `transport` (tests/component/transports.py).
+    """
+
+    def __init__(self, data_dir: Path, transport: str = "grpc") -> None:
+        self.config = BrokerConfig(
+            data_dir=data_dir, port=free_port(), remoting_port=free_port(),
+            namesrv_port=free_port(),
+        )  # fmt: skip
+        self.address = (
+            f"rocketmq://127.0.0.1:{self.config.namesrv_port}"
+            if transport == "rocketmq"
+            else f"127.0.0.1:{self.config.port}"
+        )
+        self.broker: EmbeddedBroker | None = None
 
     def start(self) -> None:
         self.broker = EmbeddedBroker(self.config)
@@ -61,9 +71,9 @@ class Restartable:
         self.broker = None
 
 
-@pytest.fixture
-def restartable(tmp_path: Path) -> Restartable:
-    r = Restartable(tmp_path / "broker")
+@pytest.fixture(params=TRANSPORTS)
+def restartable(request: pytest.FixtureRequest, tmp_path: Path) -> Restartable:
+    r = Restartable(tmp_path / "broker", request.param)
     r.start()
     yield r  # type: ignore[misc]
     if r.broker is not None:

@@ -25,6 +25,7 @@ bounded time.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -37,7 +38,10 @@ from pathlib import Path
 import pytest
 
 from sdk import LitePullConsumer, Message, Producer, shard_index
+from sdk._remoting.codes import RequestCode, ResponseCode
+from sdk._remoting.command import RemotingCommand
 from tests.chaos_report import ChaosRecorder, scaled
+from tests.component.scraping import scrape
 from tests.interop.harness import (
     Driver,
     Event,
@@ -50,6 +54,7 @@ from tests.interop.harness import (
     wait_across,
 )
 from tests.interop.provision import Client, require
+from tests.remoting_client import RemotingClient
 from tests.support import ROOT, wait_until
 from tests.system.orderly_history import Entry, verify
 
@@ -133,8 +138,9 @@ class Stop:
     last: dict[int, int]
     #: Queue id -> the survivor's first offset on it after that call (None: it never began).
     taken_at: dict[int, int | None]
-    #: The group's committed offsets, read over gRPC right after the stop (before a killed
-    #: consumer's queues can be taken over: its locks outlive it).
+    #: The group's committed offsets right after the stop, as the broker answers a consumer
+    #: of the group (QUERY_CONSUMER_OFFSET); a killed consumer's are read once the broker
+    #: has read all it sent, and while its locks still keep the survivor off its queues.
     committed: dict[int, int | None]
 
 
@@ -170,6 +176,38 @@ def resume_point(committed: int | None) -> int:
     first message (reference section 10).
     """
     return 0 if committed is None else committed
+
+
+def queried_offsets(b: RemotingBroker, group: str, topic: str) -> dict[int, int | None]:
+    """Queue id -> where the broker tells a consumer of `group` to begin (None: not found).
+
+    Over remoting, as the C++ consumers ask it: QUERY_CONSUMER_OFFSET answers once every
+    commit of the queue the broker accepted is saved (gRPC answers what is saved now).
+    """
+
+    async def work() -> dict[int, int | None]:
+        client = await RemotingClient.connect(f"127.0.0.1:{b.remoting_port}")
+        try:
+            found: dict[int, int | None] = {}
+            for q in range(QUEUES):
+                fields = {"consumerGroup": group, "topic": topic, "queueId": str(q)}
+                command = RemotingCommand(RequestCode.QUERY_CONSUMER_OFFSET, ext_fields=fields)
+                answer = await client.request(command, 60)
+                if answer.code == ResponseCode.QUERY_NOT_FOUND:
+                    found[q] = None
+                    continue
+                assert answer.code == ResponseCode.SUCCESS and answer.ext_fields, answer.remark
+                found[q] = int(answer.ext_fields["offset"])
+            return found
+        finally:
+            await client.close()
+
+    return asyncio.run(work())
+
+
+def disconnected_members(metrics_port: int, group: str) -> float:
+    """The group's members whose connection closed, in their disconnect grace (metrics)."""
+    return scrape(metrics_port).get(("ordermq_group_members_disconnected", (("group", group),)), 0)
 
 
 def first_offsets(driver: Driver) -> dict[int, int]:
@@ -244,10 +282,12 @@ def orderly_scene(
     topic: str,
     rounds: int,
     stop: Callable[[Driver], None],
+    read: Callable[[], None] = lambda: None,
 ) -> tuple[Driver, Driver, Stop]:
     """Two orderly consumers, a producer, and `stop` applied to the first half-way.
 
-    Returns once every message was consumed: both consumer drivers and the hand-over.
+    The group's committed offsets are read once `stop` returned; `read` is called right
+    after. Returns once every message was consumed: both consumer drivers and the hand-over.
     """
     group = f"{topic}-group"
     grpc = GrpcView(b.address)
@@ -268,7 +308,8 @@ def orderly_scene(
     )
     before = time.monotonic_ns()
     stop(c1)
-    committed = grpc.committed(group, topic)
+    committed = queried_offsets(b, group, topic)
+    read()
     assert producer.finish(PRODUCE_TIMEOUT) == 0, producer.describe()
     wait_across(
         [c2], lambda: distinct([c1, c2]) >= total, CONSUME_TIMEOUT, "every message consumed"
@@ -338,12 +379,27 @@ def test_a_killed_orderly_consumers_queues_resume_from_the_committed_offsets(
     tmp_path: Path,
     chaos_report: ChaosRecorder,
 ) -> None:
+    metrics, group = free_port(), "cpp-killed-group"
     b = broker(
         "--default-queues", str(QUEUES),
         "--lock-lease-seconds", str(KILL_LEASE),
         "--disconnect-grace-seconds", "2",
+        "--metrics-port", str(metrics),
     )  # fmt: skip
-    c1, c2, stop = orderly_scene(run, b, tmp_path, "cpp-killed", KILL_ROUNDS, Driver.kill9)
+
+    def kill9(c: Driver) -> None:
+        # Reaped is not enough: what c1 wrote to its socket before it died (an offset
+        # commit, oneway) may not be read yet. The broker counts c1 disconnected once it has
+        # read everything c1 sent; a query read after that answers every commit of c1's.
+        c.kill9()
+        wait_until(lambda: disconnected_members(metrics, group) == 1, 60,
+                   "the broker seeing c1's connection close")  # fmt: skip
+
+    def still_in_grace() -> None:
+        # c1 still a member: its locks still held, no commit of c2's on its queues yet.
+        assert disconnected_members(metrics, group) == 1, "c1 left before the offsets were read"
+
+    c1, c2, stop = orderly_scene(run, b, tmp_path, "cpp-killed", KILL_ROUNDS, kill9, still_in_grace)
     # Re-delivery (at most what c1 processed since its last offset persist, every 5 s)
     # starts exactly at what was committed when it died, and never past its last message.
     errors = [
