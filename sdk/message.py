@@ -192,6 +192,9 @@ class MessageExt:
     #: A SimpleConsumer's hold on the message (opaque; ack and change_invisible_duration
     #: use it and change_invisible_duration replaces it); None when not received by one.
     receipt: Receipt | None = field(default=None, repr=False)
+    #: Where a RocketMQ broker stores the message (its commit-log offset), for a message
+    #: read over `rocketmq://`; -1 over ordermq's gRPC.
+    commit_log_offset: int = field(default=-1, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -455,6 +455,7 @@ def to_message_ext(record: MessageRecord, broker_name: str) -> MessageExt:
         reconsume_times=record.reconsume_times,
         born_timestamp=record.born_timestamp_ms,
         store_timestamp=record.store_timestamp_ms,
+        commit_log_offset=record.physical_offset,
     )
 
 

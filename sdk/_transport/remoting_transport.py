@@ -506,24 +506,59 @@ class RemotingTransport:
         max_reconsume_times: int = 0,
         reconsume_times: int = 0,
     ) -> SentBack:
-        """A copy of the message sent to `%RETRY%<group>` at the broker that stores it.
+        """CONSUMER_SEND_MSG_BACK at the broker storing the message, or a retry-topic copy.
 
-        As RocketMQ's client does when CONSUMER_SEND_MSG_BACK fails: the broker files a
-        send to the retry topic under the retry topic, or under `%DLQ%<group>` once the
-        count it is sent reaches the limit it is sent. The decision is ordermq's, as on
-        gRPC: dead-lettered once `reconsume_times` reached the limit, else retried with
-        the count one higher after `delay_level` (0: 3 + the count).
+        When the broker refuses it, a copy goes to `%RETRY%<group>` there, as RocketMQ's
+        client falls back. The decision is the same either way, and ordermq's as on gRPC:
+        dead-lettered once `reconsume_times` reached the limit, else retried with the count
+        one higher after `delay_level` (0: 3 + the count).
         """
         times = max(message.reconsume_times, reconsume_times)
         limit = max_reconsume_times or DEFAULT_MAX_RECONSUME_TIMES
         dead = times >= limit
+        sent = SentBack(dead, (DLQ_PREFIX if dead else RETRY_PREFIX) + group, times + (not dead))
+        if message.commit_log_offset >= 0:
+            try:
+                await self._send_msg_back(group, message, -1 if dead else delay_level, limit)
+                return sent
+            except OrderMQError as exc:
+                log.info("send-back of %s refused (%s); sending it to %s",
+                         message.msg_id, exc, RETRY_PREFIX + group)  # fmt: skip
+        await self._send_to_retry_topic(group, message, dead, times, delay_level)
+        return sent
+
+    async def _send_msg_back(
+        self, group: str, message: MessageExt, delay_level: int, limit: int
+    ) -> None:
+        """CONSUMER_SEND_MSG_BACK: the broker copies the record at its commit-log offset.
+
+        `delay_level` -1 sends it straight to the dead-letter topic.
+        """
+        fields = {
+            "offset": str(message.commit_log_offset), "group": group,
+            "delayLevel": str(delay_level), "originMsgId": message.msg_id,
+            "originTopic": message.topic, "unitMode": "false",
+            "maxReconsumeTimes": str(limit),
+        }  # fmt: skip
+        await self._broker_call(
+            message.queue, RequestCode.CONSUMER_SEND_MSG_BACK, fields,
+            f"send-back of {message.msg_id}",
+        )  # fmt: skip
+
+    async def _send_to_retry_topic(
+        self, group: str, message: MessageExt, dead: bool, times: int, delay_level: int
+    ) -> None:
+        """A copy of the message sent to `%RETRY%<group>`.
+
+        The broker files it under the retry topic, or under `%DLQ%<group>` once the count
+        it is sent reaches the limit it is sent.
+        """
         retry_topic = RETRY_PREFIX + group
         level = 0 if dead else min(delay_level or 3 + times, len(DELAY_LEVEL_SECONDS))
-        props = retry_properties(message, level)
         count, sent_limit = (times, times) if dead else (times + 1, times + 2)
         header = self._send_header(
             MessageQueue(retry_topic, message.queue.broker_name, 0),
-            message.born_timestamp, encode_properties(props), 0,
+            message.born_timestamp, encode_properties(retry_properties(message, level)), 0,
         )  # fmt: skip
         header.update({"j": str(count), "l": str(sent_limit)})
         response = await self._call(
@@ -531,7 +566,6 @@ class RemotingTransport:
         )
         if response.code != ResponseCode.SUCCESS:
             raise refused(response, f"send-back of {message.msg_id} to {retry_topic}")
-        return SentBack(dead, DLQ_PREFIX + group if dead else retry_topic, count)
 
     # ------------------------------------------------------------------ receiving (pop)
     async def receive(

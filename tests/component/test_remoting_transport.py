@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import struct
 import time
@@ -260,7 +261,20 @@ def test_name_servers_are_asked_in_turn_past_one_that_is_down(
 
 
 # ---------------------------------------------------------------------------- send-back
-def test_a_failing_message_is_retried_then_dead_lettered_with_its_fields(tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", ["send-msg-back", "retry-topic-send"])
+def test_a_failing_message_is_retried_then_dead_lettered_with_its_fields(
+    tmp_path: Path, path: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CONSUMER_SEND_MSG_BACK, or (when a broker refuses it) the retry-topic send."""
+    caplog.set_level(logging.INFO, "ordermq.remoting")
+    used: list[str] = []
+    if path == "retry-topic-send":
+
+        async def refuse(*args: object) -> None:
+            used.append("refused")
+            raise BrokerError("CONSUMER_SEND_MSG_BACK refused, as a test")
+
+        monkeypatch.setattr(RemotingTransport, "_send_msg_back", refuse)
     clock = FakeClock()
     attempts: list[MessageExt] = []
 
@@ -298,3 +312,6 @@ def test_a_failing_message_is_retried_then_dead_lettered_with_its_fields(tmp_pat
         b"poison", sent.msg_id, "T", ("k1",), "o-1",
     )  # fmt: skip
     assert dead.properties["p"] == "v" and dead.properties["ORIGIN_TOPIC"] == "orders"
+    assert used == ([] if path == "send-msg-back" else ["refused"] * 3)
+    fell_back = caplog.text.count("sending it to %RETRY%g")
+    assert fell_back == (0 if path == "send-msg-back" else 3)
