@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mockbroker.config import BrokerConfig
 from mockbroker.server import Broker
+from mockbroker.tls import TLSCertificateError
 from sdk._version import __version__
 from sdk._wire import DEFAULT_PORT
 from sdk.errors import CorruptFileError
@@ -246,6 +247,24 @@ def build_parser() -> argparse.ArgumentParser:
         "(default %(default)s)",
     )
     p.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="FILE",
+        help="PEM certificate chain: with --tls-key, every port is served over TLS only "
+        "(re-read on SIGHUP)",
+    )
+    p.add_argument("--tls-key", type=Path, metavar="FILE", help="the certificate's PEM key")
+    p.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        metavar="FILE",
+        help="PEM CA certificate(s): clients must present a certificate signed by one (mutual TLS)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        help="interface of the metrics page (default: loopback, whatever --host is)",
+    )
+    p.add_argument(
         "--log-format", choices=["text", "json"], default="text", help="json: one object a line"
     )
     return p
@@ -299,6 +318,10 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             pop_max_in_flight=a.pop_max_in_flight,
             pop_max_delivery_attempts=a.pop_max_delivery_attempts,
             fifo_groups=tuple(a.fifo_group),
+            tls_cert=a.tls_cert,
+            tls_key=a.tls_key,
+            tls_client_ca=a.tls_client_ca,
+            metrics_host=a.metrics_host,
         )
     except ValueError as exc:
         p.error(str(exc))
@@ -315,6 +338,7 @@ async def serve(config: BrokerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     broker = Broker(config)
+    loop.add_signal_handler(signal.SIGHUP, _reload_tls, broker)
     await broker.start()
     # What exists now lives as long as the process: keep it out of the collector's full
     # passes, which otherwise stall the loop for milliseconds each (more often the more
@@ -326,6 +350,18 @@ async def serve(config: BrokerConfig) -> None:
         print(f"mockbroker serving RocketMQ 5 clients on {broker.v2_address}", flush=True)
     await stop.wait()
     await broker.stop()
+
+
+def _reload_tls(broker: Broker) -> None:
+    """SIGHUP: re-read the TLS files (certificate rotation); never ends the process."""
+    log = logging.getLogger("mockbroker")
+    if broker.tls is None:
+        log.info("SIGHUP ignored: %s", "not started yet" if broker.config.tls else "no TLS")
+        return
+    try:
+        broker.reload_tls()
+    except TLSCertificateError as exc:
+        log.error("TLS files not reloaded, the old ones stay: %s", exc)
 
 
 def raise_open_files_limit() -> None:
@@ -354,7 +390,8 @@ def main(argv: list[str] | None = None) -> None:
     raise_open_files_limit()
     try:
         asyncio.run(serve(config))
-    except (OSError, CorruptFileError) as exc:  # in use, no room, a data file unreadable
+    except (OSError, CorruptFileError, TLSCertificateError) as exc:
+        # in use, no room, a data file unreadable, a TLS file that cannot be served with
         print(f"mockbroker: {exc}", file=sys.stderr)
         raise SystemExit(1) from exc
 

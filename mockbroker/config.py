@@ -122,6 +122,15 @@ class BrokerConfig:
             its invisible time run out once more without an ack, it goes to the group's
             dead-letter topic `%DLQ%<group>` (RocketMQ's default: the first delivery and
             16 retries). A receive may set its group's own limit.
+        tls_cert: PEM certificate chain (the broker's certificate first): with `tls_key`,
+            every port is served over TLS only (ordermq's gRPC and admin, RocketMQ
+            remoting and name server, RocketMQ 5, the metrics page). Checked at start;
+            re-read on SIGHUP (`python -m mockbroker`) or `Broker.reload_tls()`.
+        tls_key: The certificate's PEM private key, unencrypted.
+        tls_client_ca: PEM CA certificate(s): clients must present a certificate signed
+            by one of them (mutual TLS). Needs `tls_cert`.
+        metrics_host: Interface of the metrics and health page (None: loopback, whatever
+            `host` is; the page tells anyone who reaches it about topics and groups).
     """
 
     host: str = "127.0.0.1"
@@ -161,6 +170,10 @@ class BrokerConfig:
     pop_max_in_flight: int = 1024
     pop_max_delivery_attempts: int = 17
     fifo_groups: tuple[str, ...] = ()
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    metrics_host: str | None = None
 
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):
@@ -227,10 +240,25 @@ class BrokerConfig:
                 f"advertised_host {self.advertised_host!r} must be a host name or address "
                 "clients can connect to"
             )
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both, or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError(
+                "tls_client_ca needs tls_cert and tls_key: client certificates are checked "
+                "only on TLS connections"
+            )
         if self.disk_check_seconds <= 0:
             raise ValueError("disk_check_seconds must be positive")
         self.retention_policy()  # raises ValueError naming what is wrong
         object.__setattr__(self, "data_dir", Path(self.data_dir))
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
+
+    @property
+    def tls(self) -> bool:
+        """Whether every port is served over TLS."""
+        return self.tls_cert is not None
 
     def retention_policy(self) -> RetentionPolicy:
         """The retention settings as the store takes them."""

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
+import sys
 import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
@@ -24,6 +26,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from mockbroker.metrics import BrokerCollector
+from mockbroker.tls import HANDSHAKE_TIMEOUT_SECONDS
 
 if TYPE_CHECKING:
     from mockbroker.server import Broker
@@ -122,12 +125,26 @@ class _QuietHandler(WSGIRequestHandler):
         """Drop the line."""
 
 
-def _server_class(host: str, port: int) -> type[ThreadingWSGIServer]:
-    """The server class for `host`'s address family (IPv6 hosts need AF_INET6)."""
+def _server_class(host: str, port: int, tls: ssl.SSLContext | None) -> type[ThreadingWSGIServer]:
+    """The server class for `host`'s address family (IPv6 hosts need AF_INET6), and TLS."""
     infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
 
     class Server(ThreadingWSGIServer):
         address_family = infos[0][0]
+
+        def get_request(self) -> tuple[socket.socket, Any]:
+            connection, address = super().get_request()
+            if tls is None:
+                return connection, address
+            # The handshake happens on the first read, in the request's own thread: a
+            # peer that never finishes it holds that thread, not the accepting one.
+            connection.settimeout(HANDSHAKE_TIMEOUT_SECONDS)
+            wrapped = tls.wrap_socket(connection, server_side=True, do_handshake_on_connect=False)
+            return wrapped, address
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            if not isinstance(sys.exc_info()[1], ssl.SSLError | TimeoutError):
+                super().handle_error(request, client_address)  # a failed handshake: quiet
 
     return Server
 
@@ -135,7 +152,9 @@ def _server_class(host: str, port: int) -> type[ThreadingWSGIServer]:
 class StatusServer:
     """Serves StatusApp for one broker in a daemon thread."""
 
-    def __init__(self, broker: Broker, host: str, port: int) -> None:
+    def __init__(
+        self, broker: Broker, host: str, port: int, tls: ssl.SSLContext | None = None
+    ) -> None:
         loop = asyncio.get_running_loop()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(BrokerCollector(broker, loop))
@@ -143,7 +162,7 @@ class StatusServer:
         host = host.strip("[]")  # "[::]" as gRPC spells it
         try:
             self._server = make_server(
-                host, port, app, server_class=_server_class(host, port),
+                host, port, app, server_class=_server_class(host, port, tls),
                 handler_class=_QuietHandler,
             )  # fmt: skip
         except OSError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
 
@@ -32,6 +33,7 @@ from mockbroker.schedule import Scheduler
 from mockbroker.state import BrokerState
 from mockbroker.store.message_store import MessageStore
 from mockbroker.store.retention import file_probe
+from mockbroker.tls import ServerTLS, TLSFiles
 from mockbroker.topic_creation import TopicCreation
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._version import __version__
@@ -44,6 +46,18 @@ log = logging.getLogger("mockbroker")
 _WILDCARDS = ("0.0.0.0", "::", "[::]", "")
 #: How often silent clients are looked for.
 _EXPIRY_SWEEP_SECONDS = 1.0
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only (a name is looked up)."""
+    name = host.strip("[]")
+    if name in _WILDCARDS:
+        return False
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return False
+    return all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
 
 
 def _check_listenable(host: str, port: int) -> None:
@@ -108,6 +122,8 @@ class Broker:
         self._v2: V2Front | None = None
         self._stopping = False
         self.port = 0
+        #: The TLS every port is served with (None: plain text).
+        self.tls: ServerTLS | None = None
 
     @property
     def metrics_port(self) -> int | None:
@@ -155,14 +171,21 @@ class Broker:
         The HTTP endpoint (metrics and health checks), when enabled, serves from the
         start: not ready until the store is recovered and requests are served.
         """
-        await asyncio.to_thread(_check_listenable, self.config.host, self.config.port)
-        for port in (self.config.v2_port, self.config.remoting_port, self.config.namesrv_port):
+        config = self.config
+        if config.tls_cert is not None and config.tls_key is not None:
+            files = TLSFiles(config.tls_cert, config.tls_key, config.tls_client_ca)
+            self.tls = await asyncio.to_thread(ServerTLS, files)  # TLSCertificateError
+        await asyncio.to_thread(_check_listenable, config.host, config.port)
+        for port in (config.v2_port, config.remoting_port, config.namesrv_port):
             if port is not None:  # refused here, before anything has started serving
-                await asyncio.to_thread(_check_listenable, self.config.host, port)
-        if self.config.metrics_port is not None:
-            self._http = StatusServer(self, self.config.host, self.config.metrics_port)
-            log.info("metrics and health checks on http://%s:%d/", self.config.host,
-                     self._http.port)  # fmt: skip
+                await asyncio.to_thread(_check_listenable, config.host, port)
+        if config.metrics_port is not None:
+            host = self._metrics_host()
+            self._http = StatusServer(
+                self, host, config.metrics_port, self.tls.ssl_context() if self.tls else None
+            )
+            log.info("metrics and health checks on %s://%s:%d/",
+                     "https" if self.tls else "http", host, self._http.port)  # fmt: skip
         try:
             await asyncio.to_thread(self.store.open)  # OSError if the directory is in use
             try:
@@ -245,8 +268,13 @@ class Broker:
         services = pb.DESCRIPTOR.services_by_name
         add_service(server, services["MessagingService"], self._messaging)
         add_service(server, services["AdminService"], AdminService(state))
+        listen = f"{self.config.host}:{self.config.port}"
         try:
-            self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+            self.port = (
+                server.add_secure_port(listen, self.tls.grpc_credentials())
+                if self.tls is not None
+                else server.add_insecure_port(listen)
+            )
         except RuntimeError as exc:  # taken since the check
             raise OSError(f"cannot listen on {self.config.host}:{self.config.port}: {exc}") from exc
         state.address = self.address
@@ -254,7 +282,10 @@ class Broker:
             fifo = frozenset(self.config.fifo_groups)
             v2 = V2Front(state, PopCoreAdapter(pop, self.clock, fifo))
             try:
-                await v2.start(self.config.host, self.config.v2_port, self._client_host())
+                await v2.start(
+                    self.config.host, self.config.v2_port, self._client_host(),
+                    self.tls.grpc_credentials() if self.tls is not None else None,
+                )  # fmt: skip
             except BaseException:
                 await server.stop(None)
                 raise
@@ -272,12 +303,54 @@ class Broker:
                 max_connections_per_host=self.config.remoting_max_connections_per_host,
             )  # fmt: skip
             await self.remoting.start(
-                self.config.host, self.config.remoting_port, self.config.namesrv_port
-            )
+                self.config.host, self.config.remoting_port, self.config.namesrv_port,
+                self.tls.ssl_context() if self.tls is not None else None,
+            )  # fmt: skip
             log.info("RocketMQ remoting on %s, name server on %s",
                      self.remoting.broker_address, self.remoting.namesrv_address)  # fmt: skip
-        log.info("broker %s (ordermq %s) serving on %s", self.config.broker_name, __version__,
-                 self.address)  # fmt: skip
+        log.info("broker %s (ordermq %s) serving on %s%s", self.config.broker_name, __version__,
+                 self.address, " over TLS" if self.tls else "")  # fmt: skip
+        self._warn_if_open()
+
+    def _metrics_host(self) -> str:
+        host = self.config.metrics_host
+        if host is None:
+            host = self.config.host if _is_loopback(self.config.host) else "127.0.0.1"
+        return host
+
+    def _warn_if_open(self) -> None:
+        """One warning naming the ports served in plain text beyond this machine."""
+        if self.tls is not None:
+            return
+        ports = []
+        if not _is_loopback(self.config.host):
+            ports.append(f"ordermq gRPC and admin {self.port}")
+            if self._v2 is not None:
+                ports.append(f"RocketMQ 5 {self._v2.port}")
+            if self.remoting is not None:
+                for name, server in (("remoting", self.remoting.broker),
+                                     ("name server", self.remoting.namesrv)):  # fmt: skip
+                    if server is not None:
+                        ports.append(f"RocketMQ {name} {server.port}")
+        if self._http is not None and not _is_loopback(self._metrics_host()):
+            ports.append(f"metrics {self._http.port}")
+        if ports:
+            log.warning(
+                "serving in plain text, without TLS, beyond this machine: %s; anyone who "
+                "reaches them can read and write messages (--tls-cert and --tls-key turn "
+                "TLS on)",
+                ", ".join(ports),
+            )
+
+    def reload_tls(self) -> None:
+        """Read the TLS files again (SIGHUP); new connections get the new certificate.
+
+        TLSCertificateError, and the old certificate kept, if the files are not good;
+        ValueError when the broker serves without TLS.
+        """
+        if self.tls is None:
+            raise ValueError("the broker serves without TLS: there is nothing to reload")
+        self.tls.reload()
 
     def _sliced_store(self) -> SlicedStore | None:
         config = self.config

@@ -42,6 +42,7 @@ from sdk.selector import (
     SelectMessageQueueByRandom,
     shard_index,
 )
+from sdk.tls import TLSConfig
 
 __all__ = [
     "AccumulatorConfig",
@@ -78,6 +79,7 @@ __all__ = [
     "SendResult",
     "SendStatus",
     "SimpleConsumer",
+    "TLSConfig",
     "shard_index",
     "wait_for_shutdown_signal",
 ]

@@ -33,6 +33,7 @@ from sdk._wire import DEFAULT_PORT
 from sdk.errors import NotSupportedError, OrderMQError, TopicNotFoundError
 from sdk.message import Message, MessageExt, MessageQueue
 from sdk.producer import Producer
+from sdk.tls import TLSConfig
 
 T = TypeVar("T")
 DEFAULT_BROKER = f"127.0.0.1:{DEFAULT_PORT}"
@@ -42,8 +43,9 @@ ORIGIN_PROPERTIES = ("ORIGIN_TOPIC", "ORIGIN_QUEUE_ID", "ORIGIN_QUEUE_OFFSET")
 class Context:
     """What every command gets: where the broker is and how to print."""
 
-    def __init__(self, broker: str, as_json: bool) -> None:
+    def __init__(self, broker: str, as_json: bool, tls: TLSConfig | None = None) -> None:
         self.broker = broker
+        self.tls = tls
         self.as_json = as_json
         self.console = Console(highlight=False, soft_wrap=True)
 
@@ -51,7 +53,7 @@ class Context:
         """Run `body` with a client of the broker; OrderMQError ends the command."""
 
         async def main() -> T:
-            transport = connect(self.broker)
+            transport = connect(self.broker, self.tls)
             try:
                 return await body(_admin_client(transport))
             finally:
@@ -101,10 +103,34 @@ def _ms(value: Any) -> str:
 @click.option("--broker", "-b", default=DEFAULT_BROKER, show_default=True, envvar="ORDERMQ_BROKER",
               help="host:port of a broker (or ORDERMQ_BROKER)")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--tls-ca", type=click.Path(dir_okay=False), envvar="ORDERMQ_TLS_CA",
+              help="connect over TLS, trusting this PEM CA (or ORDERMQ_TLS_CA)")  # fmt: skip
+@click.option("--tls", "use_tls", is_flag=True,
+              help="connect over TLS, trusting the system's roots")  # fmt: skip
+@click.option("--tls-cert", type=click.Path(dir_okay=False), envvar="ORDERMQ_TLS_CERT",
+              help="client certificate, for brokers that require one (with --tls-key)")  # fmt: skip
+@click.option("--tls-key", type=click.Path(dir_okay=False), envvar="ORDERMQ_TLS_KEY",
+              help="the client certificate's key")  # fmt: skip
+@click.option("--tls-server-name", help="the name the broker's certificate must carry")
 @click.pass_context
-def cli(ctx: click.Context, broker: str, as_json: bool) -> None:
+def cli(
+    ctx: click.Context,
+    broker: str,
+    as_json: bool,
+    tls_ca: str | None,
+    use_tls: bool,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_server_name: str | None,
+) -> None:
     """Administer an ordermq broker."""
-    ctx.obj = Context(broker, as_json)
+    tls = None
+    if use_tls or any(v is not None for v in (tls_ca, tls_cert, tls_key, tls_server_name)):
+        try:
+            tls = TLSConfig(tls_ca, tls_cert, tls_key, tls_server_name)
+        except OrderMQError as exc:
+            raise click.UsageError(str(exc)) from None
+    ctx.obj = Context(broker, as_json, tls)
 
 
 # ---------------------------------------------------------------------- topics
@@ -405,7 +431,7 @@ def dlq_list(c: Context, group: str, limit: int) -> None:
 def dlq_resend(c: Context, group: str, limit: int) -> None:
     """Send GROUP's dead letters back to their original topics (each once)."""
     found = _dlq_messages(c, group, limit)
-    with Producer(c.broker) as producer:
+    with Producer(c.broker, tls=c.tls) as producer:
         for m in found:
             producer.send(Message(
                 m.properties.get("ORIGIN_TOPIC", m.topic), m.body, tags=m.tags, keys=m.keys,

@@ -24,6 +24,7 @@
     ├── NotSupportedError                   the broker does not serve this yet
     ├── ClientStateError                    used before start() or after shutdown()
     ├── BufferFullError                     the producer's send buffer is full (retriable)
+    ├── TLSError                            no TLS connection: wrong CA, name, certificate
     └── BrokerError                         any other refusal, with the broker's status
         ├── BrokerUnavailableError          retriable
         ├── BrokerBusyError                 retriable
@@ -126,6 +127,15 @@ class NotAMemberError(OrderMQError):
 
 class StaleEpochError(OrderMQError):
     """A commit or renewal carried an older fencing epoch than the lock's."""
+
+
+class TLSError(OrderMQError):
+    """A connection the broker and the client could not agree on TLS for; not retried.
+
+    The broker's certificate is not signed by the client's CA or does not carry the
+    name connected to, the broker wants a client certificate and got none (or one it does
+    not trust), or only one side speaks TLS. The message says which, when it can.
+    """
 
 
 class CorruptRecordError(OrderMQError):

@@ -14,11 +14,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl
 from collections.abc import Callable
 
 from sdk._remoting.codec import FrameError, encode, read_command
 from sdk._remoting.command import FLAG_ONEWAY, RemotingCommand
-from sdk.errors import BrokerError, BrokerUnavailableError, RequestTimeoutError
+from sdk.errors import BrokerError, BrokerUnavailableError, RequestTimeoutError, TLSError
+from sdk.tls import TLSConfig, tls_hint
 
 log = logging.getLogger("ordermq.remoting")
 
@@ -35,8 +37,10 @@ class RemotingConnection:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         on_request: Callable[[RemotingCommand], None] | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self.address = address
+        self._tls = tls
         self._reader, self._writer = reader, writer
         self._on_request = on_request
         self._opaques = itertools.count(1)
@@ -52,17 +56,34 @@ class RemotingConnection:
         on_request: Callable[[RemotingCommand], None] | None = None,
         *,
         timeout: float = CONNECT_SECONDS,
+        tls: TLSConfig | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> RemotingConnection:
-        """Connect to `address`; BrokerUnavailableError when it cannot be reached in time."""
+        """Connect to `address`, over TLS with `tls` (and its `tls_context`, if made).
+
+        BrokerUnavailableError when it cannot be reached in time, TLSError when the TLS
+        handshake fails.
+        """
         host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        if tls is not None and tls_context is None:
+            tls_context = tls.ssl_context()
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+                reader, writer = await asyncio.open_connection(
+                    host, int(port), ssl=tls_context,
+                    server_hostname=(tls.server_name or host) if tls is not None else None,
+                )  # fmt: skip
+        except ssl.SSLError as exc:
+            assert tls is not None
+            raise TLSError(
+                f"TLS connection to {address} failed: {tls_hint(str(exc), tls)}"
+            ) from None
         except (OSError, TimeoutError, ValueError) as exc:
             raise BrokerUnavailableError(
                 f"cannot connect to {address} over RocketMQ remoting: {exc or type(exc).__name__}"
             ) from None
-        return cls(address, reader, writer, on_request)
+        return cls(address, reader, writer, on_request, tls)
 
     @property
     def closed(self) -> bool:
@@ -141,6 +162,11 @@ class RemotingConnection:
                 f"{self.address} sent a malformed frame: {exc}", code="MALFORMED_RESPONSE"
             )
             log.warning("remoting %s: %s", self.address, exc)
+        except ssl.SSLError as exc:  # a TLS 1.3 broker refuses a client certificate so
+            failure = TLSError(
+                f"TLS connection to {self.address} failed: "
+                f"{tls_hint(str(exc), self._tls or TLSConfig())}"
+            )
         except (ConnectionError, OSError) as exc:
             failure = BrokerUnavailableError(f"the connection to {self.address} failed: {exc}")
         finally:

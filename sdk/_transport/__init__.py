@@ -17,6 +17,7 @@ from sdk._transport.protocol import Transport
 from sdk._transport.remoting_transport import SCHEME as ROCKETMQ_SCHEME
 from sdk._transport.remoting_transport import RemotingTransport
 from sdk.errors import InvalidArgumentError
+from sdk.tls import TLSConfig
 
 __all__ = ["Transport", "connect", "split_endpoints"]
 
@@ -47,8 +48,8 @@ def split_endpoints(endpoints: str | Sequence[str]) -> list[str]:
     return out
 
 
-def connect(endpoints: str | Sequence[str]) -> Transport:
-    """The transport for `endpoints`; nothing connects until its first call.
+def connect(endpoints: str | Sequence[str], tls: TLSConfig | None = None) -> Transport:
+    """The transport for `endpoints`, over TLS with `tls`; nothing connects until its first call.
 
     "rocketmq://" before the first endpoint makes them all RocketMQ name servers (it may
     be repeated before the others). InvalidArgumentError, naming the accepted forms, for
@@ -69,6 +70,8 @@ def connect(endpoints: str | Sequence[str]) -> Transport:
             raise InvalidArgumentError(
                 f"endpoint {address!r}: {problem}; accepted: {ACCEPTED_FORMS}"
             )
+    if tls is not None and not isinstance(tls, TLSConfig):
+        raise InvalidArgumentError(f"tls must be an sdk.TLSConfig or None, not {tls!r}")
     if rocketmq:
-        return RemotingTransport(addresses)
-    return GrpcTransport(addresses)
+        return RemotingTransport(addresses, tls)
+    return GrpcTransport(addresses, tls)

@@ -6,6 +6,7 @@ The result types come from sdk._transport.protocol; they are importable from her
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -20,8 +21,9 @@ from sdk._transport.exchange import Exchange, ExchangeUnsupportedError
 from sdk._transport.protocol import Appended, GroupInfo, PullResult, PullStatus, SentBack
 from sdk._transport.status import to_ordermq_error
 from sdk._wire import GRPC_CLIENT_CHANNEL_OPTIONS
-from sdk.errors import BrokerUnavailableError
+from sdk.errors import BrokerUnavailableError, OrderMQError, TLSError
 from sdk.message import MessageExt, MessageQueue, Receipt
+from sdk.tls import TLSConfig, handshake_failure, speaks_tls, tls_hint, tls_refusal
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -65,12 +67,21 @@ class BrokerClient:
     the broker cannot be reached.
     """
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: TLSConfig | None = None) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._tls = tls
+        #: Whether a connection was ever made: TLS failures are looked for until then.
+        self._connected_once = False
+        self._channel = (
+            grpc.aio.secure_channel(
+                address, tls.grpc_credentials(), options=(*_CHANNEL_OPTIONS, *tls.grpc_options())
+            )
+            if tls is not None
+            else grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        )
         self._messaging = pb_grpc.MessagingServiceStub(self._channel)
         self._admin = pb_grpc.AdminServiceStub(self._channel)
-        self._exchange = Exchange(self._messaging.Exchange, address, self._channel.channel_ready)
+        self._exchange = Exchange(self._messaging.Exchange, address, self._ready)
 
     async def close(self) -> None:
         """Close the channel: calls in flight fail (ClientStateError on the Exchange stream)."""
@@ -80,17 +91,81 @@ class BrokerClient:
     async def _call(self, call: Callable[[], Awaitable[T]], waited: float | None = None) -> T:
         """Run a call; `waited`: the deadline it waited for the broker to be reachable."""
         try:
-            return await call()
+            ready = self._channel.get_state() == grpc.ChannelConnectivity.READY
+            if waited is not None and not ready:
+                result = await self._unless_tls_fails(call())
+            else:
+                result = await call()
+            self._connected_once = True
+            return result
         except grpc.aio.AioRpcError as exc:
             if (
                 waited is not None
                 and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                 and self._channel.get_state() != grpc.ChannelConnectivity.READY
             ):
-                raise BrokerUnavailableError(
+                error: OrderMQError = BrokerUnavailableError(
                     f"cannot reach the broker at {self.address} within {waited:g}s"
-                ) from None
-            raise to_ordermq_error(exc) from None
+                )
+            else:
+                error = to_ordermq_error(exc)
+            if isinstance(error, BrokerUnavailableError):
+                error = await self._tls_failure(exc.details() or "") or error
+            raise error from None
+
+    async def _ready(self) -> None:
+        """Return once the channel is connected; TLSError as soon as TLS is why it is not.
+
+        A connection that fails its TLS handshake is retried by gRPC until the caller's
+        deadline, each time failing the same way: a wrong CA, name or certificate is told
+        at the first failure instead.
+        """
+        state = self._channel.get_state(try_to_connect=True)
+        while state != grpc.ChannelConnectivity.READY:
+            if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE and not self._connected_once:
+                failure = await self._tls_failure("")
+                if failure is not None:
+                    raise failure
+            await self._channel.wait_for_state_change(state)
+            state = self._channel.get_state(try_to_connect=True)
+        self._connected_once = True
+
+    async def _unless_tls_fails(self, pending: Awaitable[T]) -> T:
+        """Await a call waiting for the connection; TLSError at once if TLS fails it."""
+        call = asyncio.ensure_future(pending)
+        watch = asyncio.ensure_future(self._ready())
+        try:
+            await asyncio.wait((call, watch), return_when=asyncio.FIRST_COMPLETED)
+            if not call.done() and watch.done() and isinstance(watch.exception(), TLSError):
+                raise watch.exception()  # type: ignore[misc]
+            return await call
+        finally:
+            watch.cancel()
+            call.cancel()
+
+    async def _tls_failure(self, details: str) -> TLSError | None:
+        """The TLS failure behind an unreachable broker, if TLS is why; None otherwise.
+
+        gRPC tells why a connection failed only to calls that do not wait for one, and
+        says "Socket closed" of a refused client certificate: the handshake is tried again
+        here, on the failure path only, to tell the user what is wrong. Once connected,
+        TLS has worked: later failures are the network's or the broker's, and are not
+        held up by a diagnosis.
+        """
+        if self._connected_once:
+            return None
+        if self._tls is None:
+            if await speaks_tls(self.address):
+                return TLSError(
+                    f"the broker at {self.address} serves TLS only: give the client "
+                    "tls=sdk.TLSConfig(ca_file=...)"
+                )
+            return None
+        reason = details if handshake_failure(details) else None
+        reason = reason or await tls_refusal(self.address, self._tls)
+        if reason is None:
+            return None
+        return TLSError(f"TLS connection to {self.address} failed: {tls_hint(reason, self._tls)}")
 
     async def _request(
         self, envelope: pb.ExchangeRequest, timeout: float | None
@@ -101,6 +176,8 @@ class BrokerClient:
                 return await self._exchange.call(envelope, timeout)
             except ExchangeUnsupportedError:
                 pass  # the broker served nothing of it: go unary, now and from now on
+            except BrokerUnavailableError as exc:
+                raise await self._tls_failure("") or exc from None
         wait = timeout is not None
         if envelope.HasField("send"):
             sent = await self._call(

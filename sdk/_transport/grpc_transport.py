@@ -30,6 +30,7 @@ from sdk.errors import (
     RequestTimeoutError,
 )
 from sdk.message import MessageExt, MessageQueue, Receipt
+from sdk.tls import TLSConfig
 
 T = TypeVar("T")
 
@@ -46,8 +47,11 @@ class GrpcTransport:
     #: A message's frame (see Transport.prepare).
     prepare = staticmethod(encode_message)
 
-    def __init__(self, endpoints: Sequence[str]) -> None:
+    def __init__(self, endpoints: Sequence[str], tls: TLSConfig | None = None) -> None:
         self.endpoints = list(endpoints)
+        self.tls = tls
+        if tls is not None:
+            tls.grpc_credentials()  # a file that cannot be read: InvalidArgumentError now
         self._clients: dict[str, BrokerClient] = {}
         self._routes: dict[str, list[QueueRoute]] = {}
         self._writable: dict[str, list[MessageQueue]] = {}
@@ -62,7 +66,7 @@ class GrpcTransport:
         if client is None:
             if self._closed:
                 raise ClientStateError(f"the client is shut down; no channel to {address}")
-            client = self._clients[address] = BrokerClient(address)
+            client = self._clients[address] = BrokerClient(address, self.tls)
         return client
 
     def client_for(self, queue: MessageQueue) -> BrokerClient:

@@ -58,10 +58,12 @@ from sdk.errors import (
     NotSupportedError,
     OrderMQError,
     RequestTimeoutError,
+    TLSError,
     TopicNotFoundError,
     UnsupportedByTransportError,
 )
 from sdk.message import Message, MessageExt, MessageQueue, Receipt
+from sdk.tls import TLSConfig, speaks_tls, tls_hint, tls_refusal
 
 log = logging.getLogger("ordermq.remoting")
 
@@ -131,8 +133,13 @@ class RemotingTransport:
 
     max_send_bytes = MAX_SEND_BYTES
 
-    def __init__(self, name_servers: Sequence[str]) -> None:
+    def __init__(self, name_servers: Sequence[str], tls: TLSConfig | None = None) -> None:
         self.name_servers = list(name_servers)
+        self.tls = tls
+        #: One context for every connection (name servers and brokers alike, as RocketMQ's
+        #: clients do with tls.enable); made now, so that a bad file fails at once.
+        self._tls_context = tls.ssl_context() if tls is not None else None
+        self._answered: set[str] = set()  # addresses that answered a request
         self._ns_turn = 0
         self._connections: dict[str, RemotingConnection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
@@ -154,7 +161,9 @@ class RemotingTransport:
         async with lock:
             connection = self._connections.get(address)
             if connection is None or connection.closed:
-                connection = await RemotingConnection.open(address, self._on_request)
+                connection = await RemotingConnection.open(
+                    address, self._on_request, tls=self.tls, tls_context=self._tls_context
+                )
                 if self._closed:
                     await connection.close()
                     raise ClientStateError("the client is shut down")
@@ -173,7 +182,30 @@ class RemotingTransport:
     ) -> RemotingCommand:
         connection = await self._connection(address)
         command = RemotingCommand(code=int(code), ext_fields=fields, body=body)
-        return await connection.request(command, REQUEST_SECONDS if timeout is None else timeout)
+        try:
+            response = await connection.request(
+                command, REQUEST_SECONDS if timeout is None else timeout
+            )
+        except BrokerUnavailableError as exc:
+            raise await self._tls_failure(address) or exc from None
+        self._answered.add(address)
+        return response
+
+    async def _tls_failure(self, address: str) -> TLSError | None:
+        """The TLS failure behind a connection that failed, if TLS is why (see BrokerClient)."""
+        if address in self._answered:
+            return None  # TLS worked with it: this failure is the network's or the broker's
+        if self.tls is None:
+            if await speaks_tls(address):
+                return TLSError(
+                    f"{address} serves RocketMQ remoting over TLS only: give the client "
+                    "tls=sdk.TLSConfig(ca_file=...)"
+                )
+            return None
+        reason = await tls_refusal(address, self.tls, self._tls_context)
+        if reason is None:
+            return None
+        return TLSError(f"TLS connection to {address} failed: {tls_hint(reason, self.tls)}")
 
     async def _broker_call(
         self, queue: MessageQueue, code: int, fields: dict[str, str], what: str, **kw: Any

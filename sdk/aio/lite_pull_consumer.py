@@ -14,6 +14,7 @@ from sdk.consumer.core import QueueHook
 from sdk.consumer.lite_pull import DEFAULT_POLL_TIMEOUT
 from sdk.consumer.lite_pull_core import LitePullConsumerCore
 from sdk.message import MessageExt, MessageQueue
+from sdk.tls import TLSConfig
 
 
 class LitePullConsumer:
@@ -38,10 +39,11 @@ class LitePullConsumer:
         on_queues_assigned: QueueHook | None = None,
         on_queues_revoked: QueueHook | None = None,
         clock: Clock | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self._core = LitePullConsumerCore(
             group,
-            connect(endpoints),
+            connect(endpoints, tls),
             auto_commit=auto_commit,
             orderly=orderly,
             consume_from_where=consume_from_where,

@@ -14,6 +14,7 @@ from sdk.message import Message, MessageQueue, SendResult
 from sdk.producer.config import ProducerConfig
 from sdk.producer.core import ProducerCore
 from sdk.selector import MessageQueueSelector
+from sdk.tls import TLSConfig
 
 log = logging.getLogger("ordermq.producer")
 
@@ -34,8 +35,9 @@ class Producer:
         group: str | None = None,
         config: ProducerConfig | None = None,
         clock: Clock | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
-        self._core = ProducerCore(connect(endpoints), group=group, config=config, clock=clock)
+        self._core = ProducerCore(connect(endpoints, tls), group=group, config=config, clock=clock)
         self._oneway: set[asyncio.Task[SendResult]] = set()
 
     async def start(self) -> None:

@@ -13,6 +13,7 @@ from sdk.consumer.simple_core import (
     SimpleConsumerCore,
 )
 from sdk.message import MessageExt
+from sdk.tls import TLSConfig
 
 
 class SimpleConsumer:
@@ -37,10 +38,11 @@ class SimpleConsumer:
         max_delivery_attempts: int | None = None,
         fifo: bool = False,
         clock: Clock | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self._core = SimpleConsumerCore(
             group,
-            connect(endpoints),
+            connect(endpoints, tls),
             await_duration=await_duration,
             max_delivery_attempts=max_delivery_attempts,
             fifo=fifo,

@@ -15,6 +15,7 @@ from sdk.consumer.config import ConsumeFromWhere, LitePullConsumerConfig
 from sdk.consumer.core import QueueHook
 from sdk.consumer.lite_pull_core import LitePullConsumerCore
 from sdk.message import MessageExt, MessageQueue
+from sdk.tls import TLSConfig
 
 #: RocketMQ's default poll timeout.
 DEFAULT_POLL_TIMEOUT = 5.0
@@ -41,6 +42,7 @@ class LitePullConsumer(BlockingClient):
         on_queues_assigned: As for PushConsumer.
         on_queues_revoked: As for PushConsumer.
         clock: As for PushConsumer.
+        tls: As for PushConsumer.
         config: LitePullConsumerConfig.
 
     Example::
@@ -73,10 +75,11 @@ class LitePullConsumer(BlockingClient):
         on_queues_assigned: QueueHook | None = None,
         on_queues_revoked: QueueHook | None = None,
         clock: Clock | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self._core = LitePullConsumerCore(
             group,
-            connect(endpoints),
+            connect(endpoints, tls),
             auto_commit=auto_commit,
             orderly=orderly,
             consume_from_where=consume_from_where,

@@ -12,6 +12,7 @@ from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, MessageModel, PushConsumerConfig
 from sdk.consumer.listener import MessageListenerConcurrently, MessageListenerOrderly
 from sdk.consumer.push_core import PushConsumerCore, QueueHook
+from sdk.tls import TLSConfig
 
 
 class PushConsumer(BlockingClient):
@@ -32,6 +33,8 @@ class PushConsumer(BlockingClient):
         on_queues_assigned: Called with the queues taken, after their locks are granted.
         on_queues_revoked: Called with the queues given up, before they are unlocked.
         clock: Time source (sdk.testing.FakeClock in tests).
+        tls: Connect over TLS (sdk.TLSConfig: CA, client certificate, server name);
+            None: plain text.
         offset_dir: Broadcasting: where this member's offsets file lives (default
             ~/.ordermq/offsets/<group>/<instance_name>).
         instance_name: Broadcasting: tells apart members of one group on one host.
@@ -84,12 +87,13 @@ class PushConsumer(BlockingClient):
         on_queues_assigned: QueueHook | None = None,
         on_queues_revoked: QueueHook | None = None,
         clock: Clock | None = None,
+        tls: TLSConfig | None = None,
         offset_dir: Path | None = None,
         instance_name: str = "DEFAULT",
     ) -> None:
         self._core = PushConsumerCore(
             group,
-            connect(endpoints),
+            connect(endpoints, tls),
             consume_from_where=consume_from_where,
             consume_timestamp=consume_timestamp,
             allocate_strategy=allocate_strategy,

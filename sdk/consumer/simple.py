@@ -15,6 +15,7 @@ from sdk.consumer.simple_core import (
 )
 from sdk.errors import OrderMQError
 from sdk.message import MessageExt
+from sdk.tls import TLSConfig
 
 
 class SimpleConsumer(BlockingClient):
@@ -41,6 +42,7 @@ class SimpleConsumer(BlockingClient):
         fifo: Deliver the messages of one sharding key one at a time: the next only once
             the previous was acked or dead-lettered (RocketMQ 5's FIFO groups).
         clock: Time source for the keepers (sdk.testing.FakeClock in tests).
+        tls: Connect over TLS (sdk.TLSConfig); None: plain text.
 
     Receipts: a received message carries `delivery_attempt` and its `receipt` (opaque),
     which names the broker that issued it; ack() and change_invisible_duration() go
@@ -68,10 +70,11 @@ class SimpleConsumer(BlockingClient):
         max_delivery_attempts: int | None = None,
         fifo: bool = False,
         clock: Clock | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self._core = SimpleConsumerCore(
             group,
-            connect(endpoints),
+            connect(endpoints, tls),
             await_duration=await_duration,
             max_delivery_attempts=max_delivery_attempts,
             fifo=fifo,

@@ -15,6 +15,7 @@ from sdk.producer.config import ProducerConfig
 from sdk.producer.core import PartialBatchError, ProducerCore
 from sdk.producer.retry import EarlierSendFailedError
 from sdk.selector import MessageQueueSelector
+from sdk.tls import TLSConfig
 
 log = logging.getLogger("ordermq.producer")
 
@@ -29,6 +30,8 @@ class Producer(BlockingClient):
             them answers route queries.
         group: Producer group name (informational for now).
         config: ProducerConfig: deadlines, retries, accumulator, spool.
+        tls: Connect over TLS (sdk.TLSConfig: CA, client certificate, server name);
+            None: plain text.
 
     Use it as a context manager, or call start() and shutdown()::
 
@@ -43,8 +46,9 @@ class Producer(BlockingClient):
         group: str | None = None,
         config: ProducerConfig | None = None,
         clock: Clock | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
-        self._core = ProducerCore(connect(endpoints), group=group, config=config, clock=clock)
+        self._core = ProducerCore(connect(endpoints, tls), group=group, config=config, clock=clock)
         super().__init__(self._core, "ordermq-producer")
 
     def shutdown(self) -> None:

@@ -30,7 +30,7 @@ def test_sdk_exports_exactly_the_public_names() -> None:
             "Producer", "ProducerConfig", "PushConsumer", "PushConsumerConfig", "Receipt",
             "RoundRobinSelector",
             "SelectMessageQueueByHash", "SelectMessageQueueByRandom", "SendResult",
-            "SendStatus", "SimpleConsumer", "shard_index", "wait_for_shutdown_signal",
+            "SendStatus", "SimpleConsumer", "TLSConfig", "shard_index", "wait_for_shutdown_signal",
         ]
     )  # fmt: skip
     assert sorted(sdk.aio.__all__) == [

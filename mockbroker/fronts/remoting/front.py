@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 from mockbroker.fronts.remoting.channel import ClientChannel, Handler
 from mockbroker.fronts.remoting.coordination import RemotingClients, coordination_handlers
@@ -73,9 +74,13 @@ class RemotingFront:
         return answer
 
     async def start(
-        self, listen_host: str, broker_port: int | None, namesrv_port: int | None
+        self,
+        listen_host: str,
+        broker_port: int | None,
+        namesrv_port: int | None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        """Start the ports that are on."""
+        """Start the ports that are on, over TLS with `tls`."""
         state = self._state
         if broker_port is not None:
             self.broker = RemotingServer(
@@ -84,7 +89,7 @@ class RemotingFront:
                 max_connections=self._max_connections,
                 max_connections_per_host=self._max_connections_per_host,
             )  # fmt: skip
-            await self.broker.start(listen_host, broker_port)
+            await self.broker.start(listen_host, broker_port, tls)
         if namesrv_port is not None:
             handlers = namesrv_handlers(state, self._store_host)
             self.namesrv = RemotingServer(
@@ -92,7 +97,7 @@ class RemotingFront:
                 max_connections=self._max_connections,
                 max_connections_per_host=self._max_connections_per_host,
             )  # fmt: skip
-            await self.namesrv.start(listen_host, namesrv_port)
+            await self.namesrv.start(listen_host, namesrv_port, tls)
 
     async def stop(self, grace_seconds: float = 0.0) -> None:
         """Close both ports and every connection (requests in flight get the grace)."""

@@ -18,8 +18,16 @@ class V2Front:
         self._server: grpc.aio.Server | None = None
         self.port = 0
 
-    async def start(self, host: str, port: int, advertised_host: str) -> int:
+    async def start(
+        self,
+        host: str,
+        port: int,
+        advertised_host: str,
+        credentials: grpc.ServerCredentials | None = None,
+    ) -> int:
         """Listen on host:port (0: a free port); clients are sent to advertised_host.
+
+        With `credentials`, over TLS only.
 
         OSError when the port cannot be taken.
         """
@@ -27,7 +35,11 @@ class V2Front:
         server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
         add_to(server, self.service)
         try:
-            self.port = server.add_insecure_port(f"{host}:{port}")
+            self.port = (
+                server.add_secure_port(f"{host}:{port}", credentials)
+                if credentials is not None
+                else server.add_insecure_port(f"{host}:{port}")
+            )
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {host}:{port} (RocketMQ 5 port): {exc}") from exc
         self.service.listening_on(advertised_host, self.port)
