@@ -30,12 +30,20 @@ GRPC_CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
 )
+#: The least time a client's connection attempt gets, TCP connect and HTTP/2 handshake
+#: (the broker's SETTINGS frame) together, in ms. gRPC core takes it from
+#: grpc.min_reconnect_backoff_ms, despite the name: MIN_CONNECT_TIMEOUT of gRPC's
+#: doc/connection-backoff.md (default 20 s), not a floor of the backoff between attempts.
+#: Set to 100 ms, a busy machine's handshake outlasted it and calls without a deadline
+#: failed with "connection attempt timed out before receiving SETTINGS frame".
+#: A few seconds: a broker that does not answer at all still fails such calls soon.
+GRPC_MIN_CONNECT_TIMEOUT_MS = 5000
 #: Clients reconnect to a restarted broker within seconds (gRPC's default backoff grows
-#: to 120 s).
+#: to 120 s): the attempts start 100 ms apart, then up to 2 s apart.
 GRPC_CLIENT_CHANNEL_OPTIONS = (
     *GRPC_CHANNEL_OPTIONS,
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", GRPC_MIN_CONNECT_TIMEOUT_MS),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
 

@@ -577,9 +577,10 @@ class MessageStore:
 
     async def _await_flush(self, flusher: Flusher, position: int) -> bool:
         try:
-            await asyncio.wait_for(
-                asyncio.shield(flusher.wait_durable(position)), self._sync_timeout
-            )
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+            # cancellation of the request that arrives as the fsync completes.
+            async with asyncio.timeout(self._sync_timeout):
+                await asyncio.shield(flusher.wait_durable(position))
         except TimeoutError:
             return False
         except FlushFailedError as exc:

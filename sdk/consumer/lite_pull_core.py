@@ -192,7 +192,10 @@ class LitePullConsumerCore(ConsumerCore):
             if remaining <= 0:
                 return []
             try:
-                await asyncio.wait_for(self._ready.wait(), remaining)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+                # cancellation that arrives as the event is set, and poll() would run on.
+                async with asyncio.timeout(remaining):
+                    await self._ready.wait()
             except TimeoutError:
                 return []
 

@@ -115,9 +115,10 @@ class Accumulator:
             raise BufferFullError(f"{self._pending} messages wait to be sent (limit {limit})")
         async with self._room:
             try:
-                await asyncio.wait_for(
-                    self._room.wait_for(lambda: self._pending < limit), self._config.block_timeout
-                )
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+                # cancellation that arrives as room frees up, and the send would go on.
+                async with asyncio.timeout(self._config.block_timeout):
+                    await self._room.wait_for(lambda: self._pending < limit)
             except TimeoutError:
                 raise BufferFullError(
                     f"no room in the send buffer within {self._config.block_timeout}s "

@@ -153,11 +153,17 @@ class ProducerCore:
             )
 
         async def drained() -> None:
+            # One turn of the loop first, as wait_for's task of old gave: send() tasks the
+            # caller created just before flush() have not run yet, and are not counted.
+            await asyncio.sleep(0)
             while waiting():
                 await asyncio.sleep(0.01)
 
         try:
-            await asyncio.wait_for(drained(), timeout)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+            # cancellation of the caller that arrives as the spool drains.
+            async with asyncio.timeout(timeout):
+                await drained()
         except TimeoutError:
             text = f"{waiting()} accepted message(s) did not reach the broker within {timeout}s"
             if self._spool_holds.causes:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -112,3 +115,65 @@ def test_closing_a_client_fails_a_request_waiting_for_its_broker_as_closed() -> 
                 await asyncio.wait_for(waiting, 10)
 
     asyncio.run(main())
+
+
+#: How long the slow link below holds back the broker's first bytes: longer than the
+#: 100-120 ms a connection attempt had while the channel options set
+#: grpc.min_reconnect_backoff_ms to 100 (gRPC core takes it as the minimum connect timeout).
+SLOW_HANDSHAKE = 0.5
+
+
+def _pump(source: socket.socket, sink: socket.socket, hold: float) -> None:
+    with contextlib.suppress(OSError):
+        first = True
+        while data := source.recv(65536):
+            if first and hold:
+                time.sleep(hold)  # the broker's SETTINGS frame, late
+            first = False
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+@contextlib.contextmanager
+def slow_handshake_link(target: str, hold: float) -> Iterator[str]:
+    """A TCP forwarder to `target` that holds each connection's first answer `hold` s."""
+    host, port = target.rsplit(":", 1)
+    listener = socket.create_server(("127.0.0.1", 0))
+    sockets: list[socket.socket] = [listener]
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = listener.accept()
+                upstream = socket.create_connection((host, int(port)), timeout=10)
+                upstream.settimeout(None)
+                sockets.extend((client, upstream))
+                for args in ((client, upstream, 0.0), (upstream, client, hold)):
+                    threading.Thread(target=_pump, args=args, daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+
+def test_a_call_without_wait_gets_a_slow_broker_connection_it_asked_for(
+    broker: EmbeddedBroker,
+) -> None:
+    # A busy machine: the broker's HTTP/2 handshake takes half a second. An admin call
+    # (no deadline, no wait_for_ready) must get the connection, not UNAVAILABLE with
+    # "connection attempt timed out before receiving SETTINGS frame".
+    async def main() -> dict[str, object]:
+        with slow_handshake_link(broker.address, SLOW_HANDSHAKE) as address:
+            client = BrokerClient(address)
+            try:
+                return await client.admin("BrokerStatus")
+            finally:
+                await client.close()
+
+    assert isinstance(asyncio.run(main()), dict)

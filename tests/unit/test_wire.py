@@ -9,6 +9,7 @@ from mockbroker.store.records import build_records, check_frames
 from sdk import Message
 from sdk._transport.codec import MessageIdGenerator, encode_message
 from sdk._wire import (
+    GRPC_CLIENT_CHANNEL_OPTIONS,
     MAX_BODY_BYTES,
     MAX_PROPERTIES_BYTES,
     RecordFormatError,
@@ -176,3 +177,12 @@ def test_the_frame_of_a_full_message_is_byte_for_byte_the_documented_layout() ->
         "0100" "0100" "0300" "06000000" "04000000"  # tags, key, keys, properties, body lengths
         "54" "73" "610062" "010070010076" "626f6479"
     )  # fmt: skip
+
+
+def test_a_client_connection_attempt_gets_seconds_not_the_reconnect_backoff() -> None:
+    # gRPC core gives each connection attempt max(its backoff, min_reconnect_backoff_ms):
+    # at 100 ms a busy machine's handshake timed out (test_reconnect.py has it for real).
+    options = dict(GRPC_CLIENT_CHANNEL_OPTIONS)
+    assert options["grpc.min_reconnect_backoff_ms"] >= 2000
+    assert options["grpc.initial_reconnect_backoff_ms"] <= 100  # reconnects stay prompt
+    assert options["grpc.max_reconnect_backoff_ms"] <= 2000
