@@ -251,25 +251,31 @@ class Bench:
 
     # ------------------------------------------------------------------ produce
     async def produce(self) -> None:
-        batches = wl.make_batches(self.args.messages)
-        warmup = batches[: max(wl.QUEUES, min(40, len(batches) // 10))]
+        one_queue = wl.make_batches(self.args.messages)
+        mixed = wl.make_mixed_batches(self.args.messages)
         for flush_mode in ("async", "sync"):
-            for in_flight in (1, 4):
-                key = f"produce.{flush_mode}.inflight{in_flight}"
+            # One-queue batches (each batch's keys of one queue), then mixed ones (keys in
+            # arrival order: a batch spans every queue, one request since issue 35).
+            for in_flight, batches, kind in ((1, one_queue, ""), (4, one_queue, ""),
+                                             (1, mixed, "mixed.")):  # fmt: skip
+                warmup = batches[: max(wl.QUEUES, min(40, len(batches) // 10))]
+                key = f"produce.{flush_mode}.{kind}inflight{in_flight}"
+                title = f"produce, {flush_mode} flush, {in_flight} in flight"
                 figure = self._add(
                     Figure(
                         key,
-                        f"produce, {flush_mode} flush, {in_flight} in flight",
+                        title + (", mixed keys" if kind else ""),
                         "msg/s",
                         {
                             "api": "sdk.aio.Producer.send_batch",
                             "flush_mode": flush_mode,
                             "batches_in_flight": in_flight,
                             "batch_messages": wl.BATCH,
+                            "batch_spans": "every queue" if kind else "one queue",
                             "body_bytes": wl.BODY_BYTES,
                             "keys": wl.KEYS,
                             "queues": wl.QUEUES,
-                            "messages_per_run": len(batches) * wl.BATCH,
+                            "messages_per_run": sum(len(b.keys) for b in batches),
                         },
                     )
                 )

@@ -37,7 +37,8 @@ PULL_GROUP = "bench-readers"
 # ---------------------------------------------------------------------- inputs
 @dataclass(frozen=True)
 class Batch:
-    """One send_batch call's input: `len(keys)` messages whose keys all map to `queue_id`."""
+    """One send_batch call's input: `len(keys)` messages whose keys all map to `queue_id`
+    (-1: keys of every queue, as arrival order gives them)."""
 
     queue_id: int
     keys: list[str]
@@ -89,6 +90,21 @@ def iter_batches(messages: int, batch: int = BATCH, seed: int = 1) -> Iterator[B
         body_at += size
 
 
+def make_mixed_batches(messages: int, batch: int = BATCH, seed: int = 1) -> list[Batch]:
+    """Batches in arrival order: message i has key i % KEYS, so each batch of 100 spans
+    every queue (queue_id -1), as a service batching what it was sent would have it."""
+    keys = make_keys()
+    bodies = make_bodies(KEYS, seed)
+    return [
+        Batch(
+            -1,
+            [keys[(start + j) % KEYS] for j in range(min(batch, messages - start))],
+            [bodies[(start + j) % KEYS] for j in range(min(batch, messages - start))],
+        )
+        for start in range(0, max(messages, 1), batch)
+    ]
+
+
 def queues_of(topic: str, broker_name: str = "broker-a") -> list[MessageQueue]:
     """The QUEUES queues of `topic`."""
     return [MessageQueue(topic, broker_name, q) for q in range(QUEUES)]
@@ -112,7 +128,9 @@ async def produce(producer: Producer, topic: str, batches: list[Batch], in_fligh
                 for key, body in zip(batch.keys, batch.bodies, strict=True)
             ]
             results = await producer.send_batch(messages)
-            if len(results) != len(messages) or results[-1].queue.queue_id != batch.queue_id:
+            if len(results) != len(messages) or (
+                batch.queue_id >= 0 and results[-1].queue.queue_id != batch.queue_id
+            ):
                 raise AssertionError(f"batch for queue {batch.queue_id} went elsewhere")
             sent += len(results)
 

@@ -21,7 +21,13 @@ from sdk._transport.exchange import Exchange, ExchangeUnsupportedError
 from sdk._transport.protocol import Appended, GroupInfo, PullResult, PullStatus, SentBack
 from sdk._transport.status import to_ordermq_error
 from sdk._wire import GRPC_CLIENT_CHANNEL_OPTIONS
-from sdk.errors import BrokerUnavailableError, OrderMQError, TLSError
+from sdk.errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    OrderMQError,
+    TLSError,
+    error_from_status,
+)
 from sdk.message import MessageExt, MessageQueue, Receipt
 from sdk.tls import TLSConfig, handshake_failure, speaks_tls, tls_hint, tls_refusal
 
@@ -55,6 +61,8 @@ class QueueRoute:
     broker_address: str
     readable: bool
     writable: bool
+    #: Its broker takes batches over several queues in one Send (SendRequest.parts).
+    takes_send_parts: bool = False
 
 
 class BrokerClient:
@@ -215,6 +223,7 @@ class BrokerClient:
                 r.broker_address,
                 r.readable,
                 r.writable,
+                response.takes_send_parts,
             )
             for r in response.queues
         ]
@@ -231,6 +240,35 @@ class BrokerClient:
         request.frames = frames
         r = (await self._request(envelope, timeout)).send
         return Appended(r.status == pb.SEND_OK, r.first_queue_offset, r.count, r.scheduled)
+
+    async def send_parts(
+        self, topic: str, parts: Sequence[tuple[int, bytes]], *, timeout: float | None = None
+    ) -> list[Appended | OrderMQError]:
+        """Append frames to several queues of `topic` in one Send; each part's outcome.
+
+        A part the broker refused is its error; the request failing whole raises.
+        """
+        envelope = pb.ExchangeRequest()
+        request = envelope.send
+        request.topic = topic
+        for queue_id, frames in parts:
+            request.parts.add(queue_id=queue_id, frames=frames)
+        response = (await self._request(envelope, timeout)).send
+        if len(response.parts) != len(parts):
+            raise BrokerError(
+                f"the broker answered a Send of {len(parts)} parts with {len(response.parts)} "
+                "results (it does not take batches over several queues)",
+                code="INTERNAL",
+            )
+        outcomes: list[Appended | OrderMQError] = []
+        for r in response.parts:
+            if r.HasField("error"):
+                e = r.error
+                outcomes.append(error_from_status(e.code, e.reason or None, e.message or e.code))
+            else:
+                durable = r.status == pb.SEND_OK
+                outcomes.append(Appended(durable, r.first_queue_offset, r.count, r.scheduled))
+        return outcomes
 
     async def pull(
         self,

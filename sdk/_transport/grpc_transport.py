@@ -17,9 +17,11 @@ from sdk._transport.protocol import (
     GroupInfo,
     LockResult,
     PullResult,
+    SendPart,
     SentBack,
     Unanswered,
     UnlockResult,
+    send_each,
 )
 from sdk._wire import FRAME_LEN_PREFIX, MAX_SEND_BYTES
 from sdk.errors import (
@@ -55,6 +57,7 @@ class GrpcTransport:
         self._clients: dict[str, BrokerClient] = {}
         self._routes: dict[str, list[QueueRoute]] = {}
         self._writable: dict[str, list[MessageQueue]] = {}
+        self._takes_parts: dict[str, bool] = {}  # topic -> its brokers take SendRequest.parts
         self._addresses: dict[MessageQueue, str] = {}
         self._receive_turns: dict[str, int] = {}  # topic -> receives sent, to rotate brokers
         self._closed = False
@@ -98,6 +101,7 @@ class GrpcTransport:
             )
             for r in routes:
                 self._addresses[r.queue] = r.broker_address
+            self._takes_parts[topic] = bool(routes) and all(r.takes_send_parts for r in routes)
         return routes
 
     async def readable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
@@ -148,6 +152,32 @@ class GrpcTransport:
         address = self._addresses[queue]
         client = self._clients.get(address) or self.client(address)
         return client.send(queue.topic, queue.queue_id, b"".join(prepared), timeout=timeout)
+
+    async def send_parts(
+        self, parts: Sequence[SendPart], *, timeout: float | None = None
+    ) -> list[Appended | OrderMQError]:
+        """One Send per broker and topic for brokers that take parts; else one per part."""
+        requests: dict[tuple[str, str], list[int]] = {}
+        for index, (queue, _) in enumerate(parts):
+            if not self._takes_parts.get(queue.topic, False):
+                return await send_each(self, parts, timeout)
+            requests.setdefault((self._addresses[queue], queue.topic), []).append(index)
+        outcomes: list[Appended | OrderMQError | None] = [None] * len(parts)
+
+        async def one_request(address: str, topic: str, indexes: list[int]) -> None:
+            client = self.client(address)
+            frames = [(parts[i][0].queue_id, b"".join(parts[i][1])) for i in indexes]
+            try:
+                answers = await client.send_parts(topic, frames, timeout=timeout)
+            except ClientStateError:
+                raise
+            except OrderMQError as exc:
+                answers = [exc] * len(indexes)
+            for i, answer in zip(indexes, answers, strict=True):
+                outcomes[i] = answer
+
+        await asyncio.gather(*(one_request(a, t, ix) for (a, t), ix in requests.items()))
+        return [o for o in outcomes if o is not None]
 
     async def cancel_scheduled(self, msg_id: str) -> bool:
         """Ask each broker in turn: the one that scheduled the message answers."""

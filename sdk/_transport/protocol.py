@@ -12,12 +12,13 @@ Errors are OrderMQError subclasses (sdk.errors), already translated by the trans
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sdk.errors import OrderMQError
+from sdk.errors import ClientStateError, OrderMQError
 from sdk.message import Message, MessageExt, MessageQueue, Receipt
 
 
@@ -49,6 +50,36 @@ class Appended:
     first_offset: int
     count: int
     scheduled: bool = False
+
+
+#: One queue's prepared messages, for Transport.send_parts.
+SendPart = tuple[MessageQueue, Sequence[bytes]]
+
+
+async def send_each(
+    transport: Transport, parts: Sequence[SendPart], timeout: float | None
+) -> list[Appended | OrderMQError]:
+    """send_parts for a wire without requests over several queues: one `send` per part.
+
+    The queues' parts run side by side; one queue's, one after another.
+    """
+    outcomes: list[Appended | OrderMQError | None] = [None] * len(parts)
+    by_queue: dict[MessageQueue, list[int]] = {}
+    for index, (queue, _) in enumerate(parts):
+        by_queue.setdefault(queue, []).append(index)
+
+    async def one_queue(indexes: list[int]) -> None:
+        for index in indexes:
+            queue, prepared = parts[index]
+            try:
+                outcomes[index] = await transport.send(queue, prepared, timeout=timeout)
+            except ClientStateError:
+                raise
+            except OrderMQError as exc:
+                outcomes[index] = exc
+
+    await asyncio.gather(*(one_queue(indexes) for indexes in by_queue.values()))
+    return [o for o in outcomes if o is not None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +179,18 @@ class Transport(Protocol):
         self, queue: MessageQueue, prepared: Sequence[bytes], *, timeout: float | None = None
     ) -> Appended:
         """Append prepared messages to `queue`, in order, in one request."""
+        ...
+
+    async def send_parts(
+        self, parts: Sequence[SendPart], *, timeout: float | None = None
+    ) -> list[Appended | OrderMQError]:
+        """Append each part to its queue, in as few requests as the wire allows.
+
+        Each part's outcome, in order: where it went, or the error that refused it
+        (nothing of a refused part was stored; the others are not affected). Parts of one
+        queue are appended in order. The parts' bytes together may be up to
+        `max_send_bytes` (each request's limit). Raises only for a client shut down.
+        """
         ...
 
     async def cancel_scheduled(self, msg_id: str) -> bool:

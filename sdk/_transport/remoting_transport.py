@@ -40,9 +40,11 @@ from sdk._transport.protocol import (
     LockResult,
     PullResult,
     PullStatus,
+    SendPart,
     SentBack,
     Unanswered,
     UnlockResult,
+    send_each,
 )
 from sdk._validation import DLQ_PREFIX, RETRY_PREFIX, split_tag_expression
 from sdk._wire import DELAY_LEVEL_SECONDS, FRAME_LEN_PREFIX
@@ -436,6 +438,12 @@ class RemotingTransport:
         except ValueError:
             first = -1
         return Appended(durable, first, count, scheduled)
+
+    async def send_parts(
+        self, parts: Sequence[SendPart], *, timeout: float | None = None
+    ) -> list[Appended | OrderMQError]:
+        """One request per part: RocketMQ's SEND_BATCH_MESSAGE carries one queue's messages."""
+        return await send_each(self, parts, timeout)
 
     async def cancel_scheduled(self, msg_id: str) -> bool:
         """RocketMQ cannot take back a scheduled message."""

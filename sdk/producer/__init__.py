@@ -69,7 +69,13 @@ class Producer(BlockingClient):
     def send_batch(
         self, messages: Sequence[Message], *, timeout: float | None = None
     ) -> list[SendResult]:
-        """Send many messages with one request per queue; results in input order."""
+        """Send many messages; results in input order.
+
+        Over ordermq's gRPC the batch is one request whatever its queues (a few when it
+        is larger than a request may be); each queue's messages are stored whole or
+        refused whole, in order; PartialBatchError when some queues' were refused. Over
+        rocketmq://, one request per queue (RocketMQ's batches are per queue).
+        """
         return self._run(self._core.send_batch(messages, timeout=timeout))
 
     def send_async(

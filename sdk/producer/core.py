@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sdk import metrics, tracing
-from sdk._transport.protocol import Transport
+from sdk._transport.protocol import Appended, Transport
 from sdk._validation import check_group, check_topic
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.errors import (
@@ -273,9 +273,9 @@ class ProducerCore:
     async def send_batch(
         self, messages: Sequence[Message], *, timeout: float | None = None
     ) -> list[SendResult]:
-        """Send many messages; one request per queue. Results follow the input order.
+        """Send many messages, in one request for all queues where the wire allows.
 
-        Keyed messages go to their key's queue; the keyless ones of the batch share one
+        Results follow the input order. Keyed messages go to their key's queue; the keyless ones of the batch share one
         queue chosen round robin.
         """
         self._check_running()
@@ -327,14 +327,19 @@ class ProducerCore:
                 if index < 0:
                     index = keyless[topic] = queues.index(self._round_robin(queues, m, None))
             groups.setdefault((topic, index, _delayed(m)), []).append(i)
-        sends = []
+        plan: list[tuple[MessageQueue, list[list[int]], bool]] = []
         for (topic, index, _), indexes in groups.items():
             queue = by_topic[topic][index]
             movable = all(messages[i].sharding_key is None for i in indexes)
             chunks = _chunks_by_size(indexes, prepared, self._transport.max_send_bytes)
             if len(groups) == 1 and len(chunks) == 1:  # one request, results in input order
                 return await self._send_batch(queue, prepared, ids, timeout, movable)
-            sends.append(self._send_in_order(queue, chunks, prepared, ids, timeout, movable))
+            plan.append((queue, chunks, movable))
+        firsts = await self._send_first_chunks(plan, prepared, ids, timeout)
+        sends = [
+            self._send_in_order(queue, chunks, prepared, ids, timeout, movable, first)
+            for (queue, chunks, movable), first in zip(plan, firsts, strict=True)
+        ]
         outcomes = await asyncio.gather(*sends, return_exceptions=True)
         results: list[SendResult | None] = [None] * len(messages)
         errors: list[OrderMQError] = []
@@ -361,17 +366,29 @@ class ProducerCore:
         ids: list[bytes],
         timeout: float | None,
         movable: bool,
+        first: list[SendResult] | OrderMQError | None = None,
     ) -> list[tuple[list[int], list[SendResult] | OrderMQError]]:
         """One queue's requests, one after another; each chunk's results or failure.
 
+        `first`: what became of the first chunk, sent already with other queues' (None:
+        not sent yet); a retriable failure of it is retried here, per the retry policy.
         After a keyed request fails, the later ones are not sent (EarlierSendFailedError):
         they would be stored ahead of the failed messages.
         """
         outcomes: list[tuple[list[int], list[SendResult] | OrderMQError]] = []
         failure: OrderMQError | None = None
-        for chunk in chunks:
+        for n, chunk in enumerate(chunks):
             if failure is not None:
                 outcomes.append((chunk, EarlierSendFailedError(describe(queue), failure)))
+                continue
+            if (
+                n == 0
+                and first is not None
+                and not (isinstance(first, OrderMQError) and first.retriable)
+            ):
+                outcomes.append((chunk, first))
+                if isinstance(first, OrderMQError) and not movable and holds_back(first):
+                    failure = first
                 continue
             try:
                 sent = await self._send_batch(
@@ -406,6 +423,53 @@ class ProducerCore:
             return queues[shard_index(message.sharding_key, len(queues))]
         return self._round_robin(queues, message, arg)
 
+    async def _send_first_chunks(
+        self,
+        plan: list[tuple[MessageQueue, list[list[int]], bool]],
+        prepared: list[bytes],
+        ids: list[bytes],
+        timeout: float | None,
+    ) -> list[list[SendResult] | OrderMQError | None]:
+        """Send every queue's first chunk together, in as few requests as the wire takes.
+
+        A batch over several queues is then one request (or a few, each within
+        `max_send_bytes`) instead of one per queue; later chunks of a queue, and retries
+        of a failed first one, go on alone (`_send_in_order`). Each queue's outcome.
+        """
+        if len(plan) < 2:
+            return [None] * len(plan)
+        limit = self._transport.max_send_bytes
+        requests: list[list[int]] = [[]]  # indexes into plan
+        size = 0
+        for n, (_, chunks, _) in enumerate(plan):
+            chunk_bytes = sum(len(prepared[i]) for i in chunks[0])
+            if requests[-1] and size + chunk_bytes > limit:
+                requests.append([])
+                size = 0
+            requests[-1].append(n)
+            size += chunk_bytes
+        deadline = timeout if timeout is not None else self.config.send_timeout
+        firsts: list[list[SendResult] | OrderMQError | None] = [None] * len(plan)
+
+        async def one_request(members: list[int]) -> None:
+            parts = [(plan[n][0], [prepared[i] for i in plan[n][1][0]]) for n in members]
+            started = time.perf_counter()
+            answers = await self._transport.send_parts(parts, timeout=deadline)
+            elapsed = time.perf_counter() - started
+            for n, answer in zip(members, answers, strict=True):
+                queue, chunk = plan[n][0], plan[n][1][0]
+                if isinstance(answer, OrderMQError):
+                    firsts[n] = answer
+                    continue
+                metrics.observe_send(queue.topic, elapsed)
+                try:
+                    firsts[n] = _results(queue, answer, [ids[i] for i in chunk])
+                except FlushTimeoutError as exc:
+                    firsts[n] = exc
+
+        await asyncio.gather(*(one_request(members) for members in requests))
+        return firsts
+
     async def _send_batch(
         self,
         queue: MessageQueue,
@@ -424,20 +488,7 @@ class ProducerCore:
             started = time.perf_counter()
             appended = await send(q, prepared, timeout=deadline)
             metrics.observe_send(q.topic, time.perf_counter() - started)
-            if not appended.durable:
-                raise FlushTimeoutError(
-                    f"{q.topic} queue {q.queue_id}: the broker stored {appended.count} "
-                    f"message(s) from offset {appended.first_offset} but its sync flush timed "
-                    f"out; they may not survive a power loss (a resend may duplicate them)",
-                    code="OK",
-                    reason="FLUSH_DISK_TIMEOUT",
-                )
-            offsets = (
-                itertools.repeat(-1, len(ids))
-                if appended.scheduled
-                else range(appended.first_offset, appended.first_offset + len(ids))
-            )
-            return build_send_results(SendStatus.SEND_OK, ids, q, offsets)
+            return _results(q, appended, ids)
 
         async def before_retry(exc: BaseException) -> None:
             log.info("send to %s failed (%s); retrying", target[0], exc)
@@ -608,6 +659,24 @@ def _spool_requests(items: list[Spooled], prepared: list[bytes], limit: int) -> 
 
 def _delayed(message: Message) -> bool:
     return message.delay_seconds is not None or message.deliver_at is not None
+
+
+def _results(queue: MessageQueue, appended: Appended, ids: list[bytes]) -> list[SendResult]:
+    """The SendResults of messages `ids` stored as `appended` says; FlushTimeoutError."""
+    if not appended.durable:
+        raise FlushTimeoutError(
+            f"{queue.topic} queue {queue.queue_id}: the broker stored {appended.count} "
+            f"message(s) from offset {appended.first_offset} but its sync flush timed "
+            f"out; they may not survive a power loss (a resend may duplicate them)",
+            code="OK",
+            reason="FLUSH_DISK_TIMEOUT",
+        )
+    offsets = (
+        itertools.repeat(-1, len(ids))
+        if appended.scheduled
+        else range(appended.first_offset, appended.first_offset + len(ids))
+    )
+    return build_send_results(SendStatus.SEND_OK, ids, queue, offsets)
 
 
 def _chunks_by_size(indexes: list[int], prepared: list[bytes], limit: int) -> list[list[int]]:

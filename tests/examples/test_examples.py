@@ -45,7 +45,7 @@ def test_bench_quick_run_measures_every_figure(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     figures = json.loads(out.read_text())["figures"]
     produce = [f for f in figures if f["title"].startswith("produce")]
-    assert len(produce) == 4 and all(f["median"] > 0 for f in produce)
+    assert len(produce) == 6 and all(f["median"] > 0 for f in produce)  # 2 of them mixed
     # produce and orderly consume over gRPC and rocketmq:// (issue 33), unless skipped
     transports = [f for f in figures if f["key"].startswith("transports.")]
     if "transports_skipped" not in json.loads(out.read_text())["facts"]:

@@ -25,9 +25,11 @@ from sdk._transport.protocol import (
     LockResult,
     PullResult,
     PullStatus,
+    SendPart,
     SentBack,
     Unanswered,
     UnlockResult,
+    send_each,
 )
 from sdk._wire import FRAME_FIELDS, MAX_SEND_BYTES, decode_properties
 from sdk.errors import (
@@ -251,6 +253,11 @@ class FakeTransport:
         b._arrived.set()
         b._arrived = asyncio.Event()
         return Appended(True, first, len(messages))
+
+    async def send_parts(
+        self, parts: Sequence[SendPart], *, timeout: float | None = None
+    ) -> list[Appended | OrderMQError]:
+        return await send_each(self, parts, timeout)
 
     async def cancel_scheduled(self, msg_id: str) -> bool:
         self._check_up()
@@ -480,6 +487,11 @@ class FramesTransport:
         return await self.broker.send(
             queue.topic, queue.queue_id, b"".join(prepared), timeout=timeout
         )
+
+    async def send_parts(
+        self, parts: Sequence[SendPart], *, timeout: float | None = None
+    ) -> list[Appended | OrderMQError]:
+        return await send_each(self, parts, timeout)
 
     async def close(self) -> None:
         pass

@@ -399,6 +399,11 @@ class QueryRouteResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     QUEUES_FIELD_NUMBER: _builtins.int
+    TAKES_SEND_PARTS_FIELD_NUMBER: _builtins.int
+    takes_send_parts: _builtins.bool
+    """The brokers of this route take SendRequest.parts (a batch over several queues in one
+    request). Brokers older than that leave it false; send them one request per queue.
+    """
     @_builtins.property
     def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueRoute]:
         """sorted by (broker_name, queue_id)"""
@@ -407,10 +412,11 @@ class QueryRouteResponse(_message.Message):
         self,
         *,
         queues: _abc.Iterable[Global___QueueRoute] | None = ...,
+        takes_send_parts: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["queues", b"queues"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queues", b"queues", "takes_send_parts", b"takes_send_parts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -425,6 +431,12 @@ class SendRequest(_message.Message):
     (INVALID_QUEUE), RESOURCE_EXHAUSTED (BATCH_TOO_LARGE), UNAVAILABLE (STORE_UNAVAILABLE;
     DISK_FULL while the disk is over the broker's refuse ratio, or a write ran out of space),
     DATA_LOSS (FLUSH_FAILED). A rejected request stores nothing.
+
+    With `parts`, one request carries batches for several queues of the topic (queue_id and
+    frames unused): each part is stored whole or refused whole, as a request of its own
+    would be, and answered in SendResponse.parts, in the same order. Parts of one queue are
+    stored one after another, in request order. The frames of all parts together count
+    against the request's size limit (BATCH_TOO_LARGE refuses the whole request).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -433,12 +445,15 @@ class SendRequest(_message.Message):
     QUEUE_ID_FIELD_NUMBER: _builtins.int
     FRAMES_FIELD_NUMBER: _builtins.int
     PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    PARTS_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     queue_id: _builtins.int
     frames: _builtins.bytes
     """one or more message frames"""
     producer_group: _builtins.str
     """informational"""
+    @_builtins.property
+    def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___SendPart]: ...
     def __init__(
         self,
         *,
@@ -446,14 +461,82 @@ class SendRequest(_message.Message):
         queue_id: _builtins.int = ...,
         frames: _builtins.bytes = ...,
         producer_group: _builtins.str = ...,
+        parts: _abc.Iterable[Global___SendPart] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["frames", b"frames", "producer_group", b"producer_group", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["frames", b"frames", "parts", b"parts", "producer_group", b"producer_group", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SendRequest: _TypeAlias = SendRequest  # noqa: Y015
+
+@_typing.final
+class SendPart(_message.Message):
+    """One queue's batch inside a SendRequest over several queues."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    FRAMES_FIELD_NUMBER: _builtins.int
+    queue_id: _builtins.int
+    frames: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        queue_id: _builtins.int = ...,
+        frames: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["frames", b"frames", "queue_id", b"queue_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendPart: _TypeAlias = SendPart  # noqa: Y015
+
+@_typing.final
+class SendPartResult(_message.Message):
+    """What became of one part: stored or scheduled, or refused with `error` (nothing of the
+    part stored; the other parts are unaffected).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    FIRST_QUEUE_OFFSET_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    STORE_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    SCHEDULED_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    status: Global___SendStatus.ValueType
+    """SEND_STATUS_UNSPECIFIED when refused"""
+    queue_id: _builtins.int
+    first_queue_offset: _builtins.int
+    count: _builtins.int
+    store_timestamp_ms: _builtins.int
+    scheduled: _builtins.bool
+    @_builtins.property
+    def error(self) -> Global___ExchangeError: ...
+    def __init__(
+        self,
+        *,
+        status: Global___SendStatus.ValueType = ...,
+        queue_id: _builtins.int = ...,
+        first_queue_offset: _builtins.int = ...,
+        count: _builtins.int = ...,
+        store_timestamp_ms: _builtins.int = ...,
+        scheduled: _builtins.bool = ...,
+        error: Global___ExchangeError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "error", b"error", "first_queue_offset", b"first_queue_offset", "queue_id", b"queue_id", "scheduled", b"scheduled", "status", b"status", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendPartResult: _TypeAlias = SendPartResult  # noqa: Y015
 
 @_typing.final
 class SendResponse(_message.Message):
@@ -465,6 +548,7 @@ class SendResponse(_message.Message):
     COUNT_FIELD_NUMBER: _builtins.int
     STORE_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
     SCHEDULED_FIELD_NUMBER: _builtins.int
+    PARTS_FIELD_NUMBER: _builtins.int
     status: Global___SendStatus.ValueType
     queue_id: _builtins.int
     first_queue_offset: _builtins.int
@@ -475,6 +559,10 @@ class SendResponse(_message.Message):
     """True when the batch was scheduled for later delivery (a batch is either all delayed or
     not delayed at all). Queue offsets are assigned when the messages fall due.
     """
+    @_builtins.property
+    def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___SendPartResult]:
+        """for a request with parts, one per part, in order"""
+
     def __init__(
         self,
         *,
@@ -484,10 +572,11 @@ class SendResponse(_message.Message):
         count: _builtins.int = ...,
         store_timestamp_ms: _builtins.int = ...,
         scheduled: _builtins.bool = ...,
+        parts: _abc.Iterable[Global___SendPartResult] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "first_queue_offset", b"first_queue_offset", "queue_id", b"queue_id", "scheduled", b"scheduled", "status", b"status", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "first_queue_offset", b"first_queue_offset", "parts", b"parts", "queue_id", b"queue_id", "scheduled", b"scheduled", "status", b"status", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,177 @@
+"""A batch over several queues is one Send request: parts stored or refused one by one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker.errors import invalid
+from sdk import Message, MessageQueue, PartialBatchError, Producer, ProducerConfig
+from sdk._transport.broker_client import BrokerClient
+from sdk._transport.codec import encode_message
+from sdk._transport.protocol import Appended
+from sdk.errors import (
+    BatchTooLargeError,
+    BrokerUnavailableError,
+    InvalidMessageError,
+    InvalidQueueError,
+    InvalidTopicError,
+    OrderMQError,
+)
+from sdk.selector import shard_index
+from tests.component.pulling import read_queue, read_topic
+
+TOPIC = "orders"
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "data")) as b:
+        yield b
+
+
+def sends_answered(broker: EmbeddedBroker) -> int:
+    state = broker.broker.state
+    assert state is not None
+    return state.requests.by_code.get(("Send", "OK"), 0)
+
+
+def frames(*bodies: bytes) -> bytes:
+    return b"".join(
+        encode_message(Message(TOPIC, body), n.to_bytes(16, "big"), 0.0)
+        for n, body in enumerate(bodies)
+    )
+
+
+def send_parts(
+    broker: EmbeddedBroker, parts: list[tuple[int, bytes]], topic: str = TOPIC
+) -> list[Appended | OrderMQError]:
+    async def run() -> list[Appended | OrderMQError]:
+        client = BrokerClient(broker.address)
+        try:
+            await client.query_route(topic, create_if_missing=True)
+            return await client.send_parts(topic, parts, timeout=10)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def mixed(n: int, keys: int = 1000) -> list[Message]:
+    return [
+        Message(TOPIC, f"{i % keys}:{i}".encode(), sharding_key=f"order-{i % keys}")
+        for i in range(n)
+    ]
+
+
+def test_a_mixed_key_batch_is_one_request_with_results_in_input_order(
+    broker: EmbeddedBroker,
+) -> None:
+    batch = mixed(100)
+    with Producer(broker.address) as producer:
+        producer.send(Message(TOPIC, b"first", sharding_key="warm-up"))  # routes known
+        before = sends_answered(broker)
+        results = producer.send_batch(batch)
+        assert sends_answered(broker) - before == 1
+    assert len({r.queue.queue_id for r in results}) == 8  # it did span every queue
+    for message, result in zip(batch, results, strict=True):
+        assert result.queue.queue_id == shard_index(message.sharding_key or "", 8)
+    everything = [m for m in read_topic(broker.address, TOPIC) if m.sharding_key != "warm-up"]
+    stored = {(m.queue.queue_id, m.queue_offset): m.body for m in everything}
+    for message, result in zip(batch, results, strict=True):
+        assert stored[(result.queue.queue_id, result.queue_offset)] == message.body
+    by_key: dict[str, list[int]] = {}
+    for m in everything:
+        key, n = m.body.decode().split(":")
+        by_key.setdefault(key, []).append(int(n))
+    assert all(ns == sorted(ns) for ns in by_key.values())  # per-key order kept
+
+
+def test_each_part_is_stored_or_refused_on_its_own(broker: EmbeddedBroker) -> None:
+    outcomes = send_parts(
+        broker,
+        [(0, frames(b"a0", b"a1")), (99, frames(b"x")), (1, b"\x00\x00\x00\x09garbage!!"),
+         (2, frames(b"c0")), (0, frames(b"a2"))],
+    )  # fmt: skip
+    first, bad_queue, malformed, third, again = outcomes
+    assert first == Appended(True, 0, 2) and third == Appended(True, 0, 1)
+    assert again == Appended(True, 2, 1)  # one queue's parts: stored in request order
+    assert isinstance(bad_queue, InvalidQueueError)
+    assert isinstance(malformed, InvalidMessageError) and malformed.reason == "MALFORMED_FRAME"
+    queue = MessageQueue(TOPIC, "broker-a", 0)
+    assert [m.body for m in read_queue(broker.address, queue)] == [b"a0", b"a1", b"a2"]
+    assert read_queue(broker.address, MessageQueue(TOPIC, "broker-a", 1)) == []
+
+
+def test_the_request_as_a_whole_is_refused_for_a_bad_topic_or_too_many_bytes(
+    broker: EmbeddedBroker,
+) -> None:
+    with pytest.raises(InvalidTopicError):
+        send_parts(broker, [(0, frames(b"a"))], topic="%RETRY%nope")
+    four_mib = frames(b"x" * (2 * 1024 * 1024), b"y" * (2 * 1024 * 1024))
+    with pytest.raises(BatchTooLargeError, match="in 8 parts"):  # each part within the limit
+        send_parts(broker, [(q, four_mib) for q in range(8)])
+    assert read_topic(broker.address, TOPIC) == []
+
+
+def test_a_full_disk_refuses_every_part_and_the_producer_reports_it(tmp_path: Path) -> None:
+    usage = tmp_path / "disk.json"
+    usage.write_text(json.dumps({"total_bytes": 10**9, "other_used_bytes": 0}))
+    config = BrokerConfig(data_dir=tmp_path / "data", disk_usage_file=usage,
+                          disk_check_seconds=0.05)  # fmt: skip
+    with (
+        EmbeddedBroker(config) as broker,
+        Producer(broker.address, config=ProducerConfig(retry_times=0)) as producer,
+    ):
+        producer.send_batch(mixed(16))
+        usage.write_text(json.dumps({"total_bytes": 10**9, "other_used_bytes": 95 * 10**7}))
+        state = broker.broker.state
+        assert state is not None
+        _wait(lambda: state.store.refusing_sends)
+        with pytest.raises(BrokerUnavailableError) as refused:
+            producer.send_batch(mixed(16))
+        assert refused.value.reason == "DISK_FULL"
+        assert len(read_topic(broker.address, TOPIC)) == 16
+        usage.write_text(json.dumps({"total_bytes": 10**9, "other_used_bytes": 0}))
+        _wait(lambda: not state.store.refusing_sends)
+        producer.send_batch(mixed(16))
+        assert len(read_topic(broker.address, TOPIC)) == 32
+
+
+def test_a_refused_part_fails_its_messages_and_the_rest_are_stored(
+    broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker refuses one queue's part (as it would a malformed one): a partial batch."""
+    delivery = broker.broker._messaging._delivery  # type: ignore[union-attr]
+    real_send = delivery.send
+    refused_queue = shard_index("order-3", 8)
+
+    async def refusing(client: str, topic: str, queue_id: int, frames: bytes) -> Any:
+        if queue_id == refused_queue:
+            raise invalid("MALFORMED_FRAME", "refused for the test")
+        return await real_send(client, topic, queue_id, frames)
+
+    monkeypatch.setattr(delivery, "send", refusing)
+    batch = mixed(40, keys=8)
+    with (
+        Producer(broker.address, config=ProducerConfig(retry_times=0)) as producer,
+        pytest.raises(PartialBatchError) as caught,
+    ):
+        producer.send_batch(batch)
+    failed = [m for m, r in zip(batch, caught.value.results, strict=True) if r is None]
+    assert failed and all(shard_index(m.sharding_key or "", 8) == refused_queue for m in failed)
+    assert len(read_topic(broker.address, TOPIC)) == len(batch) - len(failed)
+
+
+def _wait(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
