@@ -67,18 +67,20 @@ import workloads as wl
 from figures import Figure, Run, Timing, fmt, table
 from procs import ROOT, ServerProcess, broker_process, floor_process, machine_busy_seconds
 
-from sdk import AccumulatorConfig, ConsumeFromWhere, MessageQueue, ProducerConfig
+from sdk import AccumulatorConfig, ConsumeFromWhere, MessageQueue, ProducerConfig, TLSConfig
 from sdk import PushConsumer as BlockingPushConsumer
 from sdk._transport.broker_client import BrokerClient
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.aio import Producer, PushConsumer
 
 GROUPS = ("produce", "send", "pull", "consume", "poll", "latency", "floor", "micro", "remoting",
-          "transports")  # fmt: skip
+          "transports", "tls")  # fmt: skip
 #: Groups run only when --only names them (make bench-backlog): they take minutes and GBs.
 EXTRA_GROUPS = ("backlog", "flood")
 #: The transports group's transports: figure key part, name in titles ("grpc" first).
 TRANSPORTS = (("grpc", "gRPC"), ("rocketmq", "rocketmq://"))
+#: The tls group's two brokers: figure key part, name in titles (plain text first).
+TLS_MODES = (("plain", "TLS off"), ("tls", "TLS on"))
 #: Other processes using this much of a core during a figure get it named in a note.
 OTHERS_NOTICEABLE = 0.25
 #: latency: wake-ups per run (sequential); the end-to-end send rates (msg/s), seconds per
@@ -285,16 +287,18 @@ class Bench:
         warmup: list[wl.Batch],
         in_flight: int,
         endpoint: str | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         """`endpoint`: what the producer connects to (default the broker's gRPC address;
-        the topic is created over gRPC either way)."""
+        the topic is created over gRPC either way); `tls`: how to reach a broker serving
+        TLS (None: plain text)."""
         topic = "bench-produce"
-        admin = BrokerClient(broker.address)
+        admin = BrokerClient(broker.address, tls)
         try:
             await admin.create_topic(topic, wl.QUEUES)
         finally:
             await admin.close()
-        producer = Producer(endpoint or broker.address)
+        producer = Producer(endpoint or broker.address, tls=tls)
         await producer.start()
         try:
             queues = await producer.fetch_publish_message_queues(topic)
@@ -484,15 +488,21 @@ class Bench:
             self._note_rss("consume", broker)
 
     async def _consume_backlog(
-        self, group: str, broker: ServerProcess, topic: str, endpoint: str
+        self,
+        group: str,
+        broker: ServerProcess,
+        topic: str,
+        endpoint: str,
+        tls: TLSConfig | None = None,
     ) -> int:
         """Store the --messages backlog in `topic` (over gRPC), then warm up: a consumer on
-        `endpoint` that stops after a tenth of it. Returns the messages stored."""
+        `endpoint` that stops after a tenth of it. Returns the messages stored. `tls`: how
+        to reach a broker serving TLS (None: plain text)."""
         started = time.perf_counter()
-        stored = await wl.fill_backlog(broker.address, topic, self.args.messages)
+        stored = await wl.fill_backlog(broker.address, topic, self.args.messages, tls=tls)
         self.facts[f"{group}_backlog_fill_seconds"] = round(time.perf_counter() - started, 2)
         self.say(f"  backlog of {stored} messages stored in {time.perf_counter() - started:.1f} s")
-        warm = cw.ConsumeTrial(endpoint, topic, max(1, stored // 10), "orderly-async", 32)
+        warm = cw.ConsumeTrial(endpoint, topic, max(1, stored // 10), "orderly-async", 32, tls)
         await warm.prepare()
         try:
             await warm.run()
@@ -509,9 +519,10 @@ class Bench:
         stored: int,
         listener: str,
         batch: int,
+        tls: TLSConfig | None = None,
     ) -> None:
         """--runs fresh push consumers on `endpoint`, each reading the whole backlog."""
-        trial = cw.ConsumeTrial(endpoint, topic, stored, listener, batch)
+        trial = cw.ConsumeTrial(endpoint, topic, stored, listener, batch, tls)
         await self._measure(figure, trial.run, broker, setup=trial.prepare, teardown=trial.close)
         if any(r.units != stored for r in figure.runs):
             raise RuntimeError(
@@ -1018,6 +1029,93 @@ class Bench:
                         )
         self.facts["transports_ratios"] = transport_ratios(self.figures)
 
+    # ------------------------------------------------------------------ tls
+    async def tls(self) -> None:
+        """Produce and orderly consume with TLS off and on (issue 34).
+
+        The same workloads as "produce, async flush, 1 in flight" and "consume orderly,
+        async listener, batch 32", through the same SDK clients over gRPC, once to a broker
+        serving plain text and once to one serving TLS only (--tls-cert/--tls-key, with a
+        CA and a certificate for 127.0.0.1 made for this run in its temporary directory;
+        the clients trust that CA). Each figure has a fresh broker; the plain and the TLS
+        figure of a workload run one after the other.
+        """
+        certs, reason = bench_certs(self.tmp / "tls-certs")
+        if certs is None:
+            self.say(f"tls: skipped: {reason}")
+            self.facts["tls_skipped"] = reason
+            return
+        client_tls = TLSConfig(ca_file=certs.ca)
+        broker_tls = ("--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
+        batches = wl.make_batches(self.args.messages)
+        warmup = batches[: max(wl.QUEUES, min(40, len(batches) // 10))]
+        common = {"flush_mode": "async", "keys": wl.KEYS, "queues": wl.QUEUES,
+                  "body_bytes": wl.BODY_BYTES, "transport": "gRPC"}  # fmt: skip
+        tls_params: dict[str, dict[str, Any]] = {
+            "plain": {"tls": False},
+            "tls": {
+                "tls": True,
+                "certificate": "made by trustme: ECDSA P-256, for localhost and 127.0.0.1",
+                "client_certificates": False,
+            },
+        }
+        for workload in ("produce", "consume"):
+            for mode, name in TLS_MODES:
+                if workload == "produce":
+                    figure = self._add(
+                        Figure(
+                            f"tls.{mode}.produce",
+                            f"{name}: produce, async flush, 1 in flight",
+                            "msg/s",
+                            {
+                                **common,
+                                **tls_params[mode],
+                                "api": "sdk.aio.Producer.send_batch",
+                                "batches_in_flight": 1,
+                                "batch_messages": wl.BATCH,
+                                "messages_per_run": len(batches) * wl.BATCH,
+                                "compare_with": "tls.plain.produce",
+                            },
+                        )
+                    )
+                else:
+                    figure = self._add(
+                        Figure(
+                            f"tls.{mode}.consume",
+                            f"{name}: consume orderly, async listener, batch 32",
+                            "msg/s",
+                            {
+                                **common,
+                                **tls_params[mode],
+                                "api": "sdk.aio.PushConsumer",
+                                "listener": "MessageListenerOrderly, async def, no-op",
+                                "consume_message_batch_max_size": 32,
+                                "backlog_messages": self.args.messages,
+                                "consume_from_where": "FIRST_OFFSET",
+                                "consumers": 1,
+                                "compare_with": "tls.plain.consume",
+                            },
+                        )
+                    )
+                tls = client_tls if mode == "tls" else None
+                self.say(f"{figure.title}: starting a broker")
+                extra = broker_tls if mode == "tls" else ()
+                with self._broker(figure.key, "async", extra) as broker:
+                    if workload == "produce":
+                        await self._produce_figure(
+                            figure, broker, batches, warmup, 1, broker.address, tls
+                        )
+                    else:
+                        topic = "bench-consume"
+                        stored = await self._consume_backlog(
+                            f"tls_{mode}", broker, topic, broker.address, tls
+                        )
+                        await self._consume_figure(
+                            figure, broker, broker.address, topic, stored, "orderly-async", 32,
+                            tls,
+                        )  # fmt: skip
+        self.facts["tls_ratios"] = tls_ratios(self.figures)
+
     # ------------------------------------------------------------------ backlog
     async def backlog(self) -> None:
         size = self.args.backlog_messages
@@ -1085,6 +1183,45 @@ def transport_comparison(figures: list[Figure]) -> str:
         if workload in ratios
     ]
     return f"rocketmq:// vs gRPC: {'; '.join(parts)}" if parts else ""
+
+
+def tls_ratios(figures: list[Figure]) -> dict[str, float]:
+    """TLS on over TLS off, per workload of the tls group (medians; those measured)."""
+    medians = {f.key: statistics.median(f.values()) for f in figures if f.values()}
+    out = {}
+    for workload in ("produce", "consume"):
+        plain, tls = (medians.get(f"tls.{mode}.{workload}") for mode, _ in TLS_MODES)
+        if plain and tls:
+            out[workload] = round(tls / plain, 3)
+    return out
+
+
+def tls_comparison(figures: list[Figure]) -> str:
+    """A line setting the TLS figures against the plain-text ones (if both ran)."""
+    medians = {f.key: statistics.median(f.values()) for f in figures if f.values()}
+    ratios = tls_ratios(figures)
+    parts = [
+        f"{what} {fmt(medians[f'tls.tls.{workload}'])} vs "
+        f"{fmt(medians[f'tls.plain.{workload}'])} msg/s ({ratios[workload]:.2f}x)"
+        for workload, what in (
+            ("produce", "produce (send_batch of 100, 1 in flight)"),
+            ("consume", "orderly consume (async listener, batch 32)"),
+        )
+        if workload in ratios
+    ]
+    return f"TLS on vs off: {'; '.join(parts)}" if parts else ""
+
+
+def bench_certs(directory: Path) -> tuple[Any, str | None]:
+    """A CA and a broker certificate for 127.0.0.1 made now in `directory` (trustme, as the
+    TLS tests make theirs: tests/tls_certs.py), or None and why not."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    try:
+        from tests.tls_certs import issue
+    except ImportError as exc:  # trustme is a development dependency
+        return None, f"cannot make certificates: {exc} (pip install -e '.[dev]')"
+    return issue(directory, "bench"), None
 
 
 def machine() -> dict[str, Any]:
@@ -1275,7 +1412,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: the remoting figures were skipped: {bench.facts['remoting_skipped']}")
     if "transports_skipped" in bench.facts:
         print(f"note: the transports figures were skipped: {bench.facts['transports_skipped']}")
-    for comparison in (send_comparison(bench.figures), transport_comparison(bench.figures)):
+    if "tls_skipped" in bench.facts:
+        print(f"note: the tls figures were skipped: {bench.facts['tls_skipped']}")
+    comparisons = (
+        send_comparison(bench.figures),
+        transport_comparison(bench.figures),
+        tls_comparison(bench.figures),
+    )
+    for comparison in comparisons:
         if comparison:
             print(comparison)
     floods = flood.summary(bench.figures)
