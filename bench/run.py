@@ -26,6 +26,10 @@ Figures (see bench/README.md for what each one measures and how to read it):
   rocketmq:// (RocketMQ remoting via the broker's name server), each on a fresh broker
   serving both, with the ratio rocketmq:// / gRPC (skipped while the broker has no
   remoting front);
+- tls: produce (as produce, async flush, 1 in flight) and orderly consume (as consume,
+  async listener, batch 32) over gRPC to a broker serving plain text and to one serving TLS
+  only (a CA and a certificate made for the run in its temporary directory), each figure
+  on a fresh broker, with the ratio TLS on / TLS off;
 - backlog (only when named in --only; make bench-backlog): the broker's peak RSS with a
   10-million-message backlog, its recovery time after kill -9, and reading it all back.
 
