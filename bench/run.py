@@ -28,8 +28,8 @@ Figures (see bench/README.md for what each one measures and how to read it):
   remoting front);
 - tls: produce (as produce, async flush, 1 in flight) and orderly consume (as consume,
   async listener, batch 32) over gRPC to a broker serving plain text and to one serving TLS
-  only (a CA and a certificate made for the run in its temporary directory), each figure
-  on a fresh broker, with the ratio TLS on / TLS off;
+  only (a CA and a certificate made for the run in its temporary directory), the two
+  brokers up side by side and the runs taking turns, with the ratio TLS on / TLS off;
 - backlog (only when named in --only; make bench-backlog): the broker's peak RSS with a
   10-million-message backlog, its recovery time after kill -9, and reading it all back.
 
@@ -58,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,8 @@ SEND_ACCUMULATOR, SEND_ACCUMULATOR_QUICK = 100_000, 5_000
 SEND_IN_FLIGHT = 64
 SEND_ACCUMULATOR_IN_FLIGHT = 1000
 RESULTS = Path(__file__).resolve().parent / "results"
+#: The topic of the produce figures (created on each figure's fresh broker).
+PRODUCE_TOPIC = "bench-produce"
 
 
 class Bench:
@@ -180,13 +182,16 @@ class Bench:
         per: int = 1,
         setup: Callable[[], Awaitable[None]] | None = None,
         teardown: Callable[[], Awaitable[None]] | None = None,
+        run_numbers: Sequence[int] | None = None,
     ) -> None:
         """Run `work` --runs times; each run's value is units * per / second.
 
         `setup` and `teardown`, when given, run before and after each run, untimed.
+        `run_numbers`: only these of the --runs runs (0-based; figures measured in turns).
         """
         profiler = cProfile.Profile() if self.args.profile is not None else None
-        for i in range(self.args.runs):
+        numbers = range(self.args.runs) if run_numbers is None else run_numbers
+        for i in numbers:
             if setup is not None:
                 await setup()
             try:
@@ -205,7 +210,8 @@ class Bench:
                 f"({t.units} in {t.seconds:.2f} s, {t.cpu_text()})"
             )
         if profiler is not None:
-            profiler.dump_stats(self.args.profile / f"client-{figure.key}.prof")
+            runs = "" if run_numbers is None else "-run" + "-".join(str(i + 1) for i in numbers)
+            profiler.dump_stats(self.args.profile / f"client-{figure.key}{runs}.prof")
 
     async def _measure_latency(
         self,
@@ -296,7 +302,23 @@ class Bench:
         """`endpoint`: what the producer connects to (default the broker's gRPC address;
         the topic is created over gRPC either way); `tls`: how to reach a broker serving
         TLS (None: plain text)."""
-        topic = "bench-produce"
+        async with self._warm_producer(broker, warmup, in_flight, endpoint, tls) as producer:
+            await self._measure(
+                figure, lambda: wl.produce(producer, PRODUCE_TOPIC, batches, in_flight), broker
+            )
+
+    @contextlib.asynccontextmanager
+    async def _warm_producer(
+        self,
+        broker: ServerProcess,
+        warmup: list[wl.Batch],
+        in_flight: int,
+        endpoint: str | None = None,
+        tls: TLSConfig | None = None,
+    ) -> AsyncIterator[Producer]:
+        """A started producer on `endpoint` (default the broker's gRPC address), warmed up
+        with `warmup` on PRODUCE_TOPIC, created over gRPC; shut down afterwards."""
+        topic = PRODUCE_TOPIC
         admin = BrokerClient(broker.address, tls)
         try:
             await admin.create_topic(topic, wl.QUEUES)
@@ -309,9 +331,7 @@ class Bench:
             if len(queues) != wl.QUEUES:
                 raise RuntimeError(f"{topic} has {len(queues)} queues, not {wl.QUEUES}")
             await wl.produce(producer, topic, warmup, in_flight)  # connect, route, warm up
-            await self._measure(
-                figure, lambda: wl.produce(producer, topic, batches, in_flight), broker
-            )
+            yield producer
         finally:
             await producer.shutdown()
 
@@ -1041,20 +1061,25 @@ class Bench:
         async listener, batch 32", through the same SDK clients over gRPC, once to a broker
         serving plain text and once to one serving TLS only (--tls-cert/--tls-key, with a
         CA and a certificate for 127.0.0.1 made for this run in its temporary directory;
-        the clients trust that CA). Each figure has a fresh broker; the plain and the TLS
-        figure of a workload run one after the other.
+        the clients trust that CA). Each workload gets a fresh pair of brokers, one of
+        each kind, up side by side, and the two figures' runs take turns (_turns), so that
+        a change of the machine's load falls on both and their ratio stays fair.
         """
         certs, reason = bench_certs(self.tmp / "tls-certs")
         if certs is None:
             self.say(f"tls: skipped: {reason}")
             self.facts["tls_skipped"] = reason
             return
-        client_tls = TLSConfig(ca_file=certs.ca)
-        broker_tls = ("--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
         batches = wl.make_batches(self.args.messages)
         warmup = batches[: max(wl.QUEUES, min(40, len(batches) // 10))]
-        common = {"flush_mode": "async", "keys": wl.KEYS, "queues": wl.QUEUES,
-                  "body_bytes": wl.BODY_BYTES, "transport": "gRPC"}  # fmt: skip
+        common = {
+            "flush_mode": "async",
+            "keys": wl.KEYS,
+            "queues": wl.QUEUES,
+            "body_bytes": wl.BODY_BYTES,
+            "transport": "gRPC",
+            "runs_taken": "in turns with the other TLS mode's, brokers side by side",
+        }
         tls_params: dict[str, dict[str, Any]] = {
             "plain": {"tls": False},
             "tls": {
@@ -1063,62 +1088,104 @@ class Bench:
                 "client_certificates": False,
             },
         }
+        figures: dict[tuple[str, str], Figure] = {}
         for workload in ("produce", "consume"):
             for mode, name in TLS_MODES:
                 if workload == "produce":
-                    figure = self._add(
-                        Figure(
-                            f"tls.{mode}.produce",
-                            f"{name}: produce, async flush, 1 in flight",
-                            "msg/s",
-                            {
-                                **common,
-                                **tls_params[mode],
-                                "api": "sdk.aio.Producer.send_batch",
-                                "batches_in_flight": 1,
-                                "batch_messages": wl.BATCH,
-                                "messages_per_run": len(batches) * wl.BATCH,
-                                "compare_with": "tls.plain.produce",
-                            },
-                        )
+                    figure = Figure(
+                        f"tls.{mode}.produce",
+                        f"{name}: produce, async flush, 1 in flight",
+                        "msg/s",
+                        {
+                            **common,
+                            **tls_params[mode],
+                            "api": "sdk.aio.Producer.send_batch",
+                            "batches_in_flight": 1,
+                            "batch_messages": wl.BATCH,
+                            "messages_per_run": len(batches) * wl.BATCH,
+                            "compare_with": "tls.plain.produce",
+                        },
                     )
                 else:
-                    figure = self._add(
-                        Figure(
-                            f"tls.{mode}.consume",
-                            f"{name}: consume orderly, async listener, batch 32",
-                            "msg/s",
-                            {
-                                **common,
-                                **tls_params[mode],
-                                "api": "sdk.aio.PushConsumer",
-                                "listener": "MessageListenerOrderly, async def, no-op",
-                                "consume_message_batch_max_size": 32,
-                                "backlog_messages": self.args.messages,
-                                "consume_from_where": "FIRST_OFFSET",
-                                "consumers": 1,
-                                "compare_with": "tls.plain.consume",
-                            },
-                        )
+                    figure = Figure(
+                        f"tls.{mode}.consume",
+                        f"{name}: consume orderly, async listener, batch 32",
+                        "msg/s",
+                        {
+                            **common,
+                            **tls_params[mode],
+                            "api": "sdk.aio.PushConsumer",
+                            "listener": "MessageListenerOrderly, async def, no-op",
+                            "consume_message_batch_max_size": 32,
+                            "backlog_messages": self.args.messages,
+                            "consume_from_where": "FIRST_OFFSET",
+                            "consumers": 1,
+                            "compare_with": "tls.plain.consume",
+                        },
                     )
-                tls = client_tls if mode == "tls" else None
-                self.say(f"{figure.title}: starting a broker")
-                extra = broker_tls if mode == "tls" else ()
-                with self._broker(figure.key, "async", extra) as broker:
-                    if workload == "produce":
-                        await self._produce_figure(
-                            figure, broker, batches, warmup, 1, broker.address, tls
-                        )
-                    else:
-                        topic = "bench-consume"
+                figures[workload, mode] = self._add(figure)
+        tls = {"plain": None, "tls": TLSConfig(ca_file=certs.ca)}
+        options = {"plain": (), "tls": ("--tls-cert", str(certs.cert), "--tls-key", str(certs.key))}
+        for workload in ("produce", "consume"):
+            self.say(f"tls {workload}: starting a plain-text and a TLS broker")
+            with contextlib.ExitStack() as stack:
+                brokers = {
+                    mode: stack.enter_context(
+                        self._broker(f"tls.{mode}.{workload}", "async", options[mode])
+                    )
+                    for mode, _ in TLS_MODES
+                }
+                if workload == "produce":
+                    async with contextlib.AsyncExitStack() as clients:
+                        producers = {
+                            mode: await clients.enter_async_context(
+                                self._warm_producer(brokers[mode], warmup, 1, None, tls[mode])
+                            )
+                            for mode, _ in TLS_MODES
+                        }
+                        for i, mode in self._turns():
+                            await self._measure(
+                                figures["produce", mode],
+                                functools.partial(
+                                    wl.produce, producers[mode], PRODUCE_TOPIC, batches, 1
+                                ),
+                                brokers[mode],
+                                run_numbers=[i],
+                            )
+                else:
+                    topic = "bench-consume"
+                    trials = {}
+                    for mode, _ in TLS_MODES:
+                        broker = brokers[mode]
                         stored = await self._consume_backlog(
-                            f"tls_{mode}", broker, topic, broker.address, tls
+                            f"tls_{mode}", broker, topic, broker.address, tls[mode]
                         )
-                        await self._consume_figure(
-                            figure, broker, broker.address, topic, stored, "orderly-async", 32,
-                            tls,
+                        trials[mode] = cw.ConsumeTrial(
+                            broker.address, topic, stored, "orderly-async", 32, tls[mode]
+                        )
+                    for i, mode in self._turns():
+                        trial = trials[mode]
+                        await self._measure(
+                            figures["consume", mode], trial.run, brokers[mode],
+                            setup=trial.prepare, teardown=trial.close, run_numbers=[i],
                         )  # fmt: skip
+                    for mode, _ in TLS_MODES:
+                        figure, expected = figures["consume", mode], trials[mode].expected
+                        if any(r.units != expected for r in figure.runs):
+                            raise RuntimeError(
+                                f"{figure.title}: listener saw {[r.units for r in figure.runs]} "
+                                f"of {expected} messages"
+                            )
         self.facts["tls_ratios"] = tls_ratios(self.figures)
+
+    def _turns(self) -> Iterator[tuple[int, str]]:
+        """(run number, TLS mode) in the order the tls group measures them: the two modes
+        take turns, each run's pair in the other order from the previous one's (plain, TLS,
+        TLS, plain, plain, TLS...), so a change of load falls on both."""
+        modes = [mode for mode, _ in TLS_MODES]
+        for i in range(self.args.runs):
+            for mode in modes if i % 2 == 0 else modes[::-1]:
+                yield i, mode
 
     # ------------------------------------------------------------------ backlog
     async def backlog(self) -> None:
