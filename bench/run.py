@@ -36,7 +36,7 @@ Figures (see bench/README.md for what each one measures and how to read it):
 Servers run as separate processes; the client is this process. Every figure is the median
 of --runs runs. Usage:
 
-    python bench/run.py                   # the full run (about 5-6 minutes on 2 cores)
+    python bench/run.py                   # the full run (about 6-7 minutes on 2 cores)
     python bench/run.py --quick           # a smoke run (seconds; writes results/quick.json)
     python bench/run.py --only pull --runs 5 --messages 50000
 """
