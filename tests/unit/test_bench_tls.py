@@ -42,7 +42,7 @@ def test_ratios_are_tls_medians_over_plain_ones_for_the_workloads_measured() -> 
     assert bench_run.tls_comparison(figures[2:]) == ""
 
 
-def test_the_certificates_are_made_locally_and_verify_the_broker_address(tmp_path: Path) -> None:
+def test_the_certificates_are_made_locally_a_matching_pair_and_their_ca(tmp_path: Path) -> None:
     certs, reason = bench_run.bench_certs(tmp_path / "certs")
     assert reason is None and certs is not None
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
