@@ -37,6 +37,7 @@ from sdk import (
     MessageListenerOrderly,
     MessageQueue,
     PushConsumerConfig,
+    TLSConfig,
 )
 from sdk._transport.broker_client import BrokerClient, PullResult, PullStatus
 from sdk.aio import Producer
@@ -145,11 +146,20 @@ class ConsumeTrial:
     ConsumeFromWhere.FIRST_OFFSET it reads every queue from offset 0; `run` (timed) starts
     it and returns once its listener has been handed `expected` messages; `close`
     (untimed) shuts it down. `endpoint` is any the SDK takes: the broker's gRPC
-    "host:port" or "rocketmq://<name server>".
+    "host:port" or "rocketmq://<name server>"; `tls` how to reach a broker serving TLS.
     """
 
-    def __init__(self, endpoint: str, topic: str, expected: int, listener: str, batch: int):
+    def __init__(
+        self,
+        endpoint: str,
+        topic: str,
+        expected: int,
+        listener: str,
+        batch: int,
+        tls: TLSConfig | None = None,
+    ):
         self.endpoint = endpoint
+        self.tls = tls
         self.topic = topic
         self.expected = expected
         self.listener = LISTENERS[listener]
@@ -164,6 +174,7 @@ class ConsumeTrial:
             self.endpoint,
             consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
             config=self.config,
+            tls=self.tls,
         )
         consumer.subscribe(self.topic)
         consumer.register_message_listener(self.listener(self.tally))

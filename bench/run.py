@@ -26,13 +26,17 @@ Figures (see bench/README.md for what each one measures and how to read it):
   rocketmq:// (RocketMQ remoting via the broker's name server), each on a fresh broker
   serving both, with the ratio rocketmq:// / gRPC (skipped while the broker has no
   remoting front);
+- tls: produce (as produce, async flush, 1 in flight) and orderly consume (as consume,
+  async listener, batch 32) over gRPC to a broker serving plain text and to one serving TLS
+  only (a CA and a certificate made for the run in its temporary directory), the two
+  brokers up side by side and the runs taking turns, with the ratio TLS on / TLS off;
 - backlog (only when named in --only; make bench-backlog): the broker's peak RSS with a
   10-million-message backlog, its recovery time after kill -9, and reading it all back.
 
 Servers run as separate processes; the client is this process. Every figure is the median
 of --runs runs. Usage:
 
-    python bench/run.py                   # the full run (about 5-6 minutes on 2 cores)
+    python bench/run.py                   # the full run (about 6-7 minutes on 2 cores)
     python bench/run.py --quick           # a smoke run (seconds; writes results/quick.json)
     python bench/run.py --only pull --runs 5 --messages 50000
 """
@@ -54,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,18 +71,20 @@ import workloads as wl
 from figures import Figure, Run, Timing, fmt, table
 from procs import ROOT, ServerProcess, broker_process, floor_process, machine_busy_seconds
 
-from sdk import AccumulatorConfig, ConsumeFromWhere, MessageQueue, ProducerConfig
+from sdk import AccumulatorConfig, ConsumeFromWhere, MessageQueue, ProducerConfig, TLSConfig
 from sdk import PushConsumer as BlockingPushConsumer
 from sdk._transport.broker_client import BrokerClient
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.aio import Producer, PushConsumer
 
 GROUPS = ("produce", "send", "pull", "consume", "poll", "latency", "floor", "micro", "remoting",
-          "transports")  # fmt: skip
+          "transports", "tls")  # fmt: skip
 #: Groups run only when --only names them (make bench-backlog): they take minutes and GBs.
 EXTRA_GROUPS = ("backlog", "flood")
 #: The transports group's transports: figure key part, name in titles ("grpc" first).
 TRANSPORTS = (("grpc", "gRPC"), ("rocketmq", "rocketmq://"))
+#: The tls group's two brokers: figure key part, name in titles (plain text first).
+TLS_MODES = (("plain", "TLS off"), ("tls", "TLS on"))
 #: Other processes using this much of a core during a figure get it named in a note.
 OTHERS_NOTICEABLE = 0.25
 #: latency: wake-ups per run (sequential); the end-to-end send rates (msg/s), seconds per
@@ -99,6 +105,8 @@ SEND_ACCUMULATOR, SEND_ACCUMULATOR_QUICK = 100_000, 5_000
 SEND_IN_FLIGHT = 64
 SEND_ACCUMULATOR_IN_FLIGHT = 1000
 RESULTS = Path(__file__).resolve().parent / "results"
+#: The topic of the produce figures (created on each figure's fresh broker).
+PRODUCE_TOPIC = "bench-produce"
 
 
 class Bench:
@@ -174,13 +182,16 @@ class Bench:
         per: int = 1,
         setup: Callable[[], Awaitable[None]] | None = None,
         teardown: Callable[[], Awaitable[None]] | None = None,
+        run_numbers: Sequence[int] | None = None,
     ) -> None:
         """Run `work` --runs times; each run's value is units * per / second.
 
         `setup` and `teardown`, when given, run before and after each run, untimed.
+        `run_numbers`: only these of the --runs runs (0-based; figures measured in turns).
         """
         profiler = cProfile.Profile() if self.args.profile is not None else None
-        for i in range(self.args.runs):
+        numbers = range(self.args.runs) if run_numbers is None else run_numbers
+        for i in numbers:
             if setup is not None:
                 await setup()
             try:
@@ -199,7 +210,8 @@ class Bench:
                 f"({t.units} in {t.seconds:.2f} s, {t.cpu_text()})"
             )
         if profiler is not None:
-            profiler.dump_stats(self.args.profile / f"client-{figure.key}.prof")
+            runs = "" if run_numbers is None else "-run" + "-".join(str(i + 1) for i in numbers)
+            profiler.dump_stats(self.args.profile / f"client-{figure.key}{runs}.prof")
 
     async def _measure_latency(
         self,
@@ -291,25 +303,41 @@ class Bench:
         warmup: list[wl.Batch],
         in_flight: int,
         endpoint: str | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         """`endpoint`: what the producer connects to (default the broker's gRPC address;
-        the topic is created over gRPC either way)."""
-        topic = "bench-produce"
-        admin = BrokerClient(broker.address)
+        the topic is created over gRPC either way); `tls`: how to reach a broker serving
+        TLS (None: plain text)."""
+        async with self._warm_producer(broker, warmup, in_flight, endpoint, tls) as producer:
+            await self._measure(
+                figure, lambda: wl.produce(producer, PRODUCE_TOPIC, batches, in_flight), broker
+            )
+
+    @contextlib.asynccontextmanager
+    async def _warm_producer(
+        self,
+        broker: ServerProcess,
+        warmup: list[wl.Batch],
+        in_flight: int,
+        endpoint: str | None = None,
+        tls: TLSConfig | None = None,
+    ) -> AsyncIterator[Producer]:
+        """A started producer on `endpoint` (default the broker's gRPC address), warmed up
+        with `warmup` on PRODUCE_TOPIC, created over gRPC; shut down afterwards."""
+        topic = PRODUCE_TOPIC
+        admin = BrokerClient(broker.address, tls)
         try:
             await admin.create_topic(topic, wl.QUEUES)
         finally:
             await admin.close()
-        producer = Producer(endpoint or broker.address)
+        producer = Producer(endpoint or broker.address, tls=tls)
         await producer.start()
         try:
             queues = await producer.fetch_publish_message_queues(topic)
             if len(queues) != wl.QUEUES:
                 raise RuntimeError(f"{topic} has {len(queues)} queues, not {wl.QUEUES}")
             await wl.produce(producer, topic, warmup, in_flight)  # connect, route, warm up
-            await self._measure(
-                figure, lambda: wl.produce(producer, topic, batches, in_flight), broker
-            )
+            yield producer
         finally:
             await producer.shutdown()
 
@@ -490,15 +518,21 @@ class Bench:
             self._note_rss("consume", broker)
 
     async def _consume_backlog(
-        self, group: str, broker: ServerProcess, topic: str, endpoint: str
+        self,
+        group: str,
+        broker: ServerProcess,
+        topic: str,
+        endpoint: str,
+        tls: TLSConfig | None = None,
     ) -> int:
         """Store the --messages backlog in `topic` (over gRPC), then warm up: a consumer on
-        `endpoint` that stops after a tenth of it. Returns the messages stored."""
+        `endpoint` that stops after a tenth of it. Returns the messages stored. `tls`: how
+        to reach a broker serving TLS (None: plain text)."""
         started = time.perf_counter()
-        stored = await wl.fill_backlog(broker.address, topic, self.args.messages)
+        stored = await wl.fill_backlog(broker.address, topic, self.args.messages, tls=tls)
         self.facts[f"{group}_backlog_fill_seconds"] = round(time.perf_counter() - started, 2)
         self.say(f"  backlog of {stored} messages stored in {time.perf_counter() - started:.1f} s")
-        warm = cw.ConsumeTrial(endpoint, topic, max(1, stored // 10), "orderly-async", 32)
+        warm = cw.ConsumeTrial(endpoint, topic, max(1, stored // 10), "orderly-async", 32, tls)
         await warm.prepare()
         try:
             await warm.run()
@@ -515,9 +549,10 @@ class Bench:
         stored: int,
         listener: str,
         batch: int,
+        tls: TLSConfig | None = None,
     ) -> None:
         """--runs fresh push consumers on `endpoint`, each reading the whole backlog."""
-        trial = cw.ConsumeTrial(endpoint, topic, stored, listener, batch)
+        trial = cw.ConsumeTrial(endpoint, topic, stored, listener, batch, tls)
         await self._measure(figure, trial.run, broker, setup=trial.prepare, teardown=trial.close)
         if any(r.units != stored for r in figure.runs):
             raise RuntimeError(
@@ -1024,6 +1059,140 @@ class Bench:
                         )
         self.facts["transports_ratios"] = transport_ratios(self.figures)
 
+    # ------------------------------------------------------------------ tls
+    async def tls(self) -> None:
+        """Produce and orderly consume with TLS off and on (issue 34).
+
+        The same workloads as "produce, async flush, 1 in flight" and "consume orderly,
+        async listener, batch 32", through the same SDK clients over gRPC, once to a broker
+        serving plain text and once to one serving TLS only (--tls-cert/--tls-key, with a
+        CA and a certificate for 127.0.0.1 made for this run in its temporary directory;
+        the clients trust that CA). Each workload gets a fresh pair of brokers, one of
+        each kind, up side by side, and the two figures' runs take turns (_turns), so that
+        a change of the machine's load falls on both and their ratio stays fair.
+        """
+        certs, reason = bench_certs(self.tmp / "tls-certs")
+        if certs is None:
+            self.say(f"tls: skipped: {reason}")
+            self.facts["tls_skipped"] = reason
+            return
+        batches = wl.make_batches(self.args.messages)
+        warmup = batches[: max(wl.QUEUES, min(40, len(batches) // 10))]
+        common = {
+            "flush_mode": "async",
+            "keys": wl.KEYS,
+            "queues": wl.QUEUES,
+            "body_bytes": wl.BODY_BYTES,
+            "transport": "gRPC",
+            "runs_taken": "in turns with the other TLS mode's, brokers side by side",
+        }
+        tls_params: dict[str, dict[str, Any]] = {
+            "plain": {"tls": False},
+            "tls": {
+                "tls": True,
+                "certificate": "made by trustme: ECDSA P-256, for localhost and 127.0.0.1",
+                "client_certificates": False,
+            },
+        }
+        figures: dict[tuple[str, str], Figure] = {}
+        for workload in ("produce", "consume"):
+            for mode, name in TLS_MODES:
+                if workload == "produce":
+                    figure = Figure(
+                        f"tls.{mode}.produce",
+                        f"{name}: produce, async flush, 1 in flight",
+                        "msg/s",
+                        {
+                            **common,
+                            **tls_params[mode],
+                            "api": "sdk.aio.Producer.send_batch",
+                            "batches_in_flight": 1,
+                            "batch_messages": wl.BATCH,
+                            "messages_per_run": len(batches) * wl.BATCH,
+                            "compare_with": "tls.plain.produce",
+                        },
+                    )
+                else:
+                    figure = Figure(
+                        f"tls.{mode}.consume",
+                        f"{name}: consume orderly, async listener, batch 32",
+                        "msg/s",
+                        {
+                            **common,
+                            **tls_params[mode],
+                            "api": "sdk.aio.PushConsumer",
+                            "listener": "MessageListenerOrderly, async def, no-op",
+                            "consume_message_batch_max_size": 32,
+                            "backlog_messages": self.args.messages,
+                            "consume_from_where": "FIRST_OFFSET",
+                            "consumers": 1,
+                            "compare_with": "tls.plain.consume",
+                        },
+                    )
+                figures[workload, mode] = self._add(figure)
+        tls = {"plain": None, "tls": TLSConfig(ca_file=certs.ca)}
+        options = {"plain": (), "tls": ("--tls-cert", str(certs.cert), "--tls-key", str(certs.key))}
+        for workload in ("produce", "consume"):
+            self.say(f"tls {workload}: starting a plain-text and a TLS broker")
+            with contextlib.ExitStack() as stack:
+                brokers = {
+                    mode: stack.enter_context(
+                        self._broker(f"tls.{mode}.{workload}", "async", options[mode])
+                    )
+                    for mode, _ in TLS_MODES
+                }
+                if workload == "produce":
+                    async with contextlib.AsyncExitStack() as clients:
+                        producers = {
+                            mode: await clients.enter_async_context(
+                                self._warm_producer(brokers[mode], warmup, 1, None, tls[mode])
+                            )
+                            for mode, _ in TLS_MODES
+                        }
+                        for i, mode in self._turns():
+                            await self._measure(
+                                figures["produce", mode],
+                                functools.partial(
+                                    wl.produce, producers[mode], PRODUCE_TOPIC, batches, 1
+                                ),
+                                brokers[mode],
+                                run_numbers=[i],
+                            )
+                else:
+                    topic = "bench-consume"
+                    trials = {}
+                    for mode, _ in TLS_MODES:
+                        broker = brokers[mode]
+                        stored = await self._consume_backlog(
+                            f"tls_{mode}", broker, topic, broker.address, tls[mode]
+                        )
+                        trials[mode] = cw.ConsumeTrial(
+                            broker.address, topic, stored, "orderly-async", 32, tls[mode]
+                        )
+                    for i, mode in self._turns():
+                        trial = trials[mode]
+                        await self._measure(
+                            figures["consume", mode], trial.run, brokers[mode],
+                            setup=trial.prepare, teardown=trial.close, run_numbers=[i],
+                        )  # fmt: skip
+                    for mode, _ in TLS_MODES:
+                        figure, expected = figures["consume", mode], trials[mode].expected
+                        if any(r.units != expected for r in figure.runs):
+                            raise RuntimeError(
+                                f"{figure.title}: listener saw {[r.units for r in figure.runs]} "
+                                f"of {expected} messages"
+                            )
+        self.facts["tls_ratios"] = tls_ratios(self.figures)
+
+    def _turns(self) -> Iterator[tuple[int, str]]:
+        """(run number, TLS mode) in the order the tls group measures them: the two modes
+        take turns, each run's pair in the other order from the previous one's (plain, TLS,
+        TLS, plain, plain, TLS...), so a change of load falls on both."""
+        modes = [mode for mode, _ in TLS_MODES]
+        for i in range(self.args.runs):
+            for mode in modes if i % 2 == 0 else modes[::-1]:
+                yield i, mode
+
     # ------------------------------------------------------------------ backlog
     async def backlog(self) -> None:
         size = self.args.backlog_messages
@@ -1091,6 +1260,45 @@ def transport_comparison(figures: list[Figure]) -> str:
         if workload in ratios
     ]
     return f"rocketmq:// vs gRPC: {'; '.join(parts)}" if parts else ""
+
+
+def tls_ratios(figures: list[Figure]) -> dict[str, float]:
+    """TLS on over TLS off, per workload of the tls group (medians; those measured)."""
+    medians = {f.key: statistics.median(f.values()) for f in figures if f.values()}
+    out = {}
+    for workload in ("produce", "consume"):
+        plain, tls = (medians.get(f"tls.{mode}.{workload}") for mode, _ in TLS_MODES)
+        if plain and tls:
+            out[workload] = round(tls / plain, 3)
+    return out
+
+
+def tls_comparison(figures: list[Figure]) -> str:
+    """A line setting the TLS figures against the plain-text ones (if both ran)."""
+    medians = {f.key: statistics.median(f.values()) for f in figures if f.values()}
+    ratios = tls_ratios(figures)
+    parts = [
+        f"{what} {fmt(medians[f'tls.tls.{workload}'])} vs "
+        f"{fmt(medians[f'tls.plain.{workload}'])} msg/s ({ratios[workload]:.2f}x)"
+        for workload, what in (
+            ("produce", "produce (send_batch of 100, 1 in flight)"),
+            ("consume", "orderly consume (async listener, batch 32)"),
+        )
+        if workload in ratios
+    ]
+    return f"TLS on vs off: {'; '.join(parts)}" if parts else ""
+
+
+def bench_certs(directory: Path) -> tuple[Any, str | None]:
+    """A CA and a broker certificate for 127.0.0.1 made now in `directory` (trustme, as the
+    TLS tests make theirs: tests/tls_certs.py), or None and why not."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    try:
+        from tests.tls_certs import issue
+    except ImportError as exc:  # trustme is a development dependency
+        return None, f"cannot make certificates: {exc} (pip install -e '.[dev]')"
+    return issue(directory, "bench"), None
 
 
 def machine() -> dict[str, Any]:
@@ -1281,7 +1489,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: the remoting figures were skipped: {bench.facts['remoting_skipped']}")
     if "transports_skipped" in bench.facts:
         print(f"note: the transports figures were skipped: {bench.facts['transports_skipped']}")
-    for comparison in (send_comparison(bench.figures), transport_comparison(bench.figures)):
+    if "tls_skipped" in bench.facts:
+        print(f"note: the tls figures were skipped: {bench.facts['tls_skipped']}")
+    comparisons = (
+        send_comparison(bench.figures),
+        transport_comparison(bench.figures),
+        tls_comparison(bench.figures),
+    )
+    for comparison in comparisons:
         if comparison:
             print(comparison)
     floods = flood.summary(bench.figures)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from sdk import Message, MessageExt, MessageQueue, shard_index
+from sdk import Message, MessageExt, MessageQueue, TLSConfig, shard_index
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.broker_client import BrokerClient, PullStatus
@@ -198,9 +198,13 @@ async def send_singles(producer: Producer, topic: str, singles: Singles, in_flig
 
 
 # ---------------------------------------------------------------------- pull
-async def fill_backlog(address: str, topic: str, messages: int, in_flight: int = 4) -> int:
-    """Store `messages` keyed messages evenly over the topic's QUEUES queues (untimed)."""
-    client = BrokerClient(address)
+async def fill_backlog(
+    address: str, topic: str, messages: int, in_flight: int = 4, tls: TLSConfig | None = None
+) -> int:
+    """Store `messages` keyed messages evenly over the topic's QUEUES queues (untimed).
+
+    `tls`: how to reach a broker serving TLS (None: plain text)."""
+    client = BrokerClient(address, tls)
     try:
         await client.create_topic(topic, QUEUES)
         ids = MessageIdGenerator()

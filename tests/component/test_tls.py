@@ -194,12 +194,12 @@ def test_mutual_tls_takes_a_client_certificate_of_its_ca_and_refuses_others(
     assert stored(mutual) == 1
 
 
-def test_the_rocketmq_5_port_serves_tls_only(broker: EmbeddedBroker, certs: Issued) -> None:
+def v2_route(address: str, credentials: grpc.ChannelCredentials | None) -> Any:
+    """QueryRoute on a RocketMQ 5 port, over TLS with `credentials`."""
     request = svc.QueryRouteRequest(topic=v2.Resource(name=TOPIC))
     metadata = (("x-mq-client-id", "v2-client-1"),)
 
-    async def query(credentials: grpc.ChannelCredentials | None) -> Any:
-        address = broker.v2_address
+    async def query() -> Any:
         channel = (
             grpc.aio.secure_channel(address, credentials)
             if credentials is not None
@@ -209,10 +209,43 @@ def test_the_rocketmq_5_port_serves_tls_only(broker: EmbeddedBroker, certs: Issu
             stub = svc_grpc.MessagingServiceStub(channel)
             return await stub.QueryRoute(request, metadata=metadata, timeout=5)
 
-    answer = asyncio.run(query(grpc.ssl_channel_credentials(certs.ca.read_bytes())))
+    return asyncio.run(query())
+
+
+def test_mutual_tls_covers_the_rocketmq_5_port_the_metrics_page_and_the_cli(
+    mutual: EmbeddedBroker, certs: Issued
+) -> None:
+    ca = certs.ca.read_bytes()
+    own = grpc.ssl_channel_credentials(
+        ca, certs.client_key.read_bytes(), certs.client_cert.read_bytes()
+    )
+    assert v2_route(mutual.v2_address, own).status.code == v2.OK
+    with pytest.raises(grpc.aio.AioRpcError):
+        v2_route(mutual.v2_address, grpc.ssl_channel_credentials(ca))
+
+    url = f"https://127.0.0.1:{mutual.broker.metrics_port}/healthz"
+    context = ssl.create_default_context(cafile=str(certs.ca))
+    with pytest.raises((urllib.error.URLError, ConnectionError, ssl.SSLError)):
+        urllib.request.urlopen(url, context=context, timeout=5).read()
+    context.load_cert_chain(certs.client_cert, certs.client_key)
+    with urllib.request.urlopen(url, context=context, timeout=5) as page:
+        assert page.status == 200
+
+    runner = CliRunner()
+    base = ["--broker", mutual.address, "--tls-ca", str(certs.ca)]
+    without = runner.invoke(cli, [*base, "broker", "status"])
+    assert without.exit_code == 1 and "requires a client certificate" in without.output
+    with_cert = runner.invoke(cli, [*base, "--tls-cert", str(certs.client_cert), "--tls-key",
+                                    str(certs.client_key), "broker", "status"])  # fmt: skip
+    assert with_cert.exit_code == 0, with_cert.output
+
+
+def test_the_rocketmq_5_port_serves_tls_only(broker: EmbeddedBroker, certs: Issued) -> None:
+
+    answer = v2_route(broker.v2_address, grpc.ssl_channel_credentials(certs.ca.read_bytes()))
     assert answer.status.code == v2.OK and len(answer.message_queues) == 8
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        asyncio.run(query(None))
+        v2_route(broker.v2_address, None)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
 

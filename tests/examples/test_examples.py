@@ -43,13 +43,23 @@ def test_bench_quick_run_measures_every_figure(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    figures = json.loads(out.read_text())["figures"]
+    report = json.loads(out.read_text())
+    figures, facts = report["figures"], report["facts"]
     produce = [f for f in figures if f["title"].startswith("produce")]
     assert len(produce) == 6 and all(f["median"] > 0 for f in produce)  # 2 of them mixed
     # produce and orderly consume over gRPC and rocketmq:// (issue 33), unless skipped
     transports = [f for f in figures if f["key"].startswith("transports.")]
-    if "transports_skipped" not in json.loads(out.read_text())["facts"]:
+    if "transports_skipped" not in facts:
         assert len(transports) == 4 and all(f["median"] > 0 for f in transports)
+    # produce and orderly consume with TLS off and on, and the ratio (issue 34)
+    tls = {f["key"]: f for f in figures if f["key"].startswith("tls.")}
+    assert "tls_skipped" not in facts  # trustme is a development dependency
+    assert sorted(tls) == [
+        "tls.plain.consume", "tls.plain.produce", "tls.tls.consume", "tls.tls.produce",
+    ]  # fmt: skip
+    assert all(f["median"] > 0 for f in tls.values())
+    assert tls["tls.tls.produce"]["params"]["tls"] and not tls["tls.plain.produce"]["params"]["tls"]
+    assert set(facts["tls_ratios"]) == {"produce", "consume"}
 
 
 def test_bench_backlog_group_recovers_and_reads_back_the_whole_backlog(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.duration_pb2 import Duration
 
-from sdk import MessageQueue
+from sdk import MessageQueue, TLSConfig
 from sdk._transport.broker_client import BrokerClient, PullStatus
 from sdk.message import MessageExt
 from tests.interop.provision import Client
@@ -53,6 +53,8 @@ class Driver:
         # The C++ client writes its log under $HOME/logs/rocketmq-cpp: one home per driver.
         home = workdir / f"{name}.home"
         home.mkdir(exist_ok=True)
+        #: The driver's HOME, where the client library writes its log.
+        self.home = home
         env = client.environment({**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"})
         with self._stderr_path.open("wb") as err:
             self.proc = subprocess.Popen(
@@ -347,14 +349,22 @@ def v2_brokers(workdir: Path) -> Iterator[Callable[..., V2Broker]]:
             broker.stop()
 
 
-def receive_unavailable(endpoints: str) -> str:
+def _channel(endpoints: str, ca: Path | None) -> Any:
+    """A gRPC channel to `endpoints`: plain text, or TLS trusting the CA file `ca`."""
+    import grpc
+
+    if ca is None:
+        return grpc.insecure_channel(endpoints)
+    return grpc.secure_channel(endpoints, grpc.ssl_channel_credentials(ca.read_bytes()))
+
+
+def receive_unavailable(endpoints: str, ca: Path | None = None) -> str:
     """Why RocketMQ 5 consumers cannot receive from the broker at `endpoints` ("" if they can).
 
     Asks for a receive the way a client does (on this process's own copy of the protos):
-    a broker without its pop core answers NOT_IMPLEMENTED, with the reason.
+    a broker without its pop core answers NOT_IMPLEMENTED, with the reason. `ca`: the
+    broker serves TLS with a certificate this CA signed.
     """
-    import grpc
-
     from mockbroker._pb_v2.apache.rocketmq.v2 import definition_pb2 as v2
     from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2 as svc
     from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2_grpc as svc_grpc
@@ -367,7 +377,7 @@ def receive_unavailable(endpoints: str) -> str:
         invisible_duration=Duration(seconds=30),
         long_polling_timeout=Duration(seconds=0),
     )
-    with grpc.insecure_channel(endpoints) as channel:
+    with _channel(endpoints, ca) as channel:
         stub = svc_grpc.MessagingServiceStub(channel)
         answer = list(stub.ReceiveMessage(request, metadata=(("x-mq-client-id", "probe"),),
                                           timeout=60))  # fmt: skip
@@ -402,14 +412,18 @@ def group_is_fifo(endpoints: str, group: str) -> bool:
 
 # ---------------------------------------------------------------------------- over gRPC
 class GrpcView:
-    """The same broker seen through ordermq's gRPC (one truth: topics, offsets, groups)."""
+    """The same broker seen through ordermq's gRPC (one truth: topics, offsets, groups).
 
-    def __init__(self, address: str) -> None:
+    `tls`: how to connect to a broker that serves TLS.
+    """
+
+    def __init__(self, address: str, tls: TLSConfig | None = None) -> None:
         self.address = address
+        self.tls = tls
 
     def _call(self, work: Callable[[BrokerClient], Awaitable[T]]) -> T:
         async def run() -> T:
-            client = BrokerClient(self.address)
+            client = BrokerClient(self.address, self.tls)
             try:
                 return await work(client)
             finally:

@@ -155,7 +155,14 @@ def _cached(name: str, retry_failed: bool) -> Client | None:
     """The client recorded by an earlier run: ready (stamp), or failed recently."""
     stamp, failed = CACHE / f"{name}.ready.json", CACHE / f"{name}.failed.json"
     if stamp.exists():
-        client = Client(**{**_tuples(json.loads(stamp.read_text())), "cached": True})
+        # The driver is this checkout's (a cache shared through ORDERMQ_INTEROP_CACHE may
+        # have been filled by another checkout, whose driver can differ).
+        driver = {"cpp": CPP_DRIVER, "node": NODE_DRIVER, "python5": PYTHON5_DRIVER,
+                  "node5": NODE5_DRIVER}.get(name)  # fmt: skip
+        record = _tuples(json.loads(stamp.read_text()))
+        if driver is not None:
+            record["driver"] = str(driver)
+        client = Client(**{**record, "cached": True})
         if Path(client.executable).exists():
             return client
     if failed.exists() and not retry_failed:

@@ -13,11 +13,21 @@
  *   rmq5_driver.js simple  --endpoints E --topic T --group G --expect N [--invisible-ms MS]
  *                          [--no-ack] [--await-ms MS]
  *
+ * produce and simple take --tls (the client's own switch, `sslEnabled: true`: a TLS
+ * channel trusting gRPC's default roots) and --tls-ca FILE (--tls, trusting the CA in FILE
+ * instead). The client has no option for a CA of its own: --tls-ca sets
+ * GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, which @grpc/grpc-js reads its default roots from when
+ * it loads, before the client is loaded.
+ *
  * Events as tests/interop/rmq5_driver.py prints them: "started", "sent", "recalled",
  * "done", "message", "acked".
  */
 
-const { Producer, SimpleConsumer } = require('rocketmq-client-nodejs');
+const path = require('path');
+
+// Loaded in main(), once --tls-ca is in the environment (@grpc/grpc-js reads it on load).
+let Producer;
+let SimpleConsumer;
 
 function emit(event, fields) {
   process.stdout.write(JSON.stringify({ event, ...fields }) + '\n');
@@ -41,11 +51,11 @@ function parse(argv) {
   const [ command, ...rest ] = argv;
   const known = {
     selfcheck: [],
-    produce: [ 'endpoints', 'topic', 'count', 'groups', 'delay-ms', 'tag', 'keys', 'recall', 'deadline' ],
-    simple: [ 'endpoints', 'topic', 'group', 'expect', 'invisible-ms', 'no-ack', 'await-ms', 'tag', 'deadline' ],
+    produce: [ 'endpoints', 'topic', 'count', 'groups', 'delay-ms', 'tag', 'keys', 'recall', 'deadline', 'tls', 'tls-ca' ],
+    simple: [ 'endpoints', 'topic', 'group', 'expect', 'invisible-ms', 'no-ack', 'await-ms', 'tag', 'deadline', 'tls', 'tls-ca' ],
   };
   if (!(command in known)) usage(`unknown command ${JSON.stringify(command)}; use selfcheck, produce or simple`);
-  const flags = new Set([ 'keys', 'recall', 'no-ack' ]);
+  const flags = new Set([ 'keys', 'recall', 'no-ack', 'tls' ]);
   const opts = { command };
   for (let i = 0; i < rest.length; i++) {
     const name = rest[i].replace(/^--/, '');
@@ -68,6 +78,7 @@ function parse(argv) {
   for (const name of [ 'endpoints', 'topic' ].concat(command === 'simple' ? [ 'group', 'expect' ] : [])) {
     if (command !== 'selfcheck' && !(name in opts)) usage(`--${name} is required`);
   }
+  opts.sslEnabled = Boolean(opts.tls || opts['tls-ca']);
   return opts;
 }
 
@@ -93,7 +104,9 @@ function describe(message) {
 
 async function produce(o) {
   phase = 'startup';
-  const producer = new Producer({ endpoints: o.endpoints, namespace: '', topics: [ o.topic ] });
+  const producer = new Producer({
+    endpoints: o.endpoints, namespace: '', topics: [ o.topic ], sslEnabled: o.sslEnabled,
+  });
   await producer.startup();
   emit('started', { client_id: producer.clientId });
   const keys = o.groups ? Array.from({ length: o.groups }, (_, g) => `group-${g}`) : [ 'k' ];
@@ -126,6 +139,7 @@ async function simple(o) {
   const consumer = new SimpleConsumer({
     endpoints: o.endpoints, namespace: '', consumerGroup: o.group,
     subscriptions: new Map([ [ o.topic, o.tag || '*' ] ]), awaitDuration: o['await-ms'] ?? 5000,
+    sslEnabled: o.sslEnabled,
   });
   await consumer.startup();
   emit('started', { client_id: consumer.clientId });
@@ -148,6 +162,8 @@ async function simple(o) {
 
 async function main() {
   const o = parse(process.argv.slice(2));
+  if (o['tls-ca']) process.env.GRPC_DEFAULT_SSL_ROOTS_FILE_PATH = path.resolve(o['tls-ca']);
+  ({ Producer, SimpleConsumer } = require('rocketmq-client-nodejs'));
   if (o.command === 'selfcheck') {
     const version = require('rocketmq-client-nodejs/package.json').version;
     new Producer({ endpoints: '127.0.0.1:1', namespace: '' });

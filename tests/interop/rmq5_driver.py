@@ -14,6 +14,12 @@ its log under $HOME/logs/rocketmq_python/: give each run a HOME of its own.
                            [--no-ack] [--change-invisible S] [--await S] [--tag TAG]
     rmq5_driver.py push    --endpoints E --topic T --group G
 
+produce, simple and push take --tls (the client's own switch, `tls_enable=True`: a TLS
+channel that trusts gRPC's default roots) and --tls-ca FILE (--tls, trusting the CA in
+FILE instead). The client has no option for a CA of its own: --tls-ca sets
+GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, the variable gRPC reads its default roots from, before
+gRPC loads.
+
 Message bodies are "<key>:<seq>" (key: the message group, or "k"); consumers parse them
 back into "key" and "seq".
 
@@ -67,6 +73,17 @@ def start_deadline(seconds: float) -> None:
         timer.start()
 
 
+def use_tls(a: argparse.Namespace) -> bool:
+    """Whether the client connects over TLS; with --tls-ca, make gRPC trust that CA.
+
+    Called before anything imports grpc: gRPC reads GRPC_DEFAULT_SSL_ROOTS_FILE_PATH when it
+    first needs its default roots, and the variable wins over the roots grpcio ships.
+    """
+    if a.tls_ca:
+        os.environ["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = os.path.abspath(a.tls_ca)
+    return bool(a.tls or a.tls_ca)
+
+
 def config(endpoints: str) -> Any:
     from rocketmq import ClientConfiguration, Credentials
 
@@ -113,7 +130,7 @@ def produce(a: argparse.Namespace) -> int:
     from rocketmq import Message, Producer
 
     _phase[0] = "startup"
-    producer = Producer(config(a.endpoints), (a.topic,))
+    producer = Producer(config(a.endpoints), (a.topic,), tls_enable=a.tls)
     producer.startup()
     emit("started", client_id=producer.client_id)
     keys = [f"group-{g}" for g in range(a.groups)] if a.groups else ["k"]
@@ -152,8 +169,9 @@ def simple(a: argparse.Namespace) -> int:
 
     _phase[0] = "startup"
     consumer = SimpleConsumer(
-        config(a.endpoints), a.group, {a.topic: FilterExpression(a.tag)}, await_duration=a.wait
-    )
+        config(a.endpoints), a.group, {a.topic: FilterExpression(a.tag)}, await_duration=a.wait,
+        tls_enable=a.tls,
+    )  # fmt: skip
     consumer.startup()
     emit("started", client_id=consumer.client_id)
     seen: set[str] = set()
@@ -188,7 +206,7 @@ def push(a: argparse.Namespace) -> int:
     _phase[0] = "startup"
     consumer = PushConsumer(
         config(a.endpoints), a.group, Listener(), {a.topic: FilterExpression(a.tag)},
-        consumption_thread_count=4,
+        consumption_thread_count=4, tls_enable=a.tls,
     )  # fmt: skip
     consumer.startup()
     emit("started", client_id=consumer.client_id, fifo=consumer.fifo)
@@ -210,6 +228,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         c.add_argument("--topic", required=True)
         c.add_argument("--deadline", type=float, default=300.0)
         c.add_argument("--tag", default="*" if name != "produce" else "")
+        c.add_argument("--tls", action="store_true", help="connect over TLS (tls_enable=True)")
+        c.add_argument("--tls-ca", default=None, metavar="FILE",
+                       help="--tls, trusting the PEM CA certificate(s) in FILE")  # fmt: skip
         if name == "produce":
             c.add_argument("--count", type=int, default=1)
             c.add_argument("--groups", type=int, default=0, help="FIFO: this many message groups")
@@ -234,6 +255,7 @@ def main(argv: list[str]) -> int:
     if a.command == "selfcheck":
         return selfcheck(a)
     start_deadline(a.deadline)
+    a.tls = use_tls(a)  # before the client (and grpc) is imported
     try:
         return {"produce": produce, "simple": simple, "push": push}[a.command](a)
     except Exception as exc:  # the client's exception, reported as a line

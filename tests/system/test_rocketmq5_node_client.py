@@ -6,6 +6,10 @@ client logs under ~/logs/rocketmq). The client differs from the Python one where
 matters to a server: it writes a proper delivery Timestamp, names a queue id in its sends
 (which the server ignores, as the proxy does) and a host name as born host, and its
 SimpleConsumer receives from queue 0 only (so pops must take from the whole broker).
+
+Over TLS the client's own switch (`sslEnabled: true`) is used; @grpc/grpc-js trusts its
+default roots only, so the driver's --tls-ca points GRPC_DEFAULT_SSL_ROOTS_FILE_PATH at
+the test CA.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from sdk import TLSConfig
 from sdk.selector import shard_index
 from tests.interop.harness import (
     Driver,
@@ -27,6 +32,7 @@ from tests.interop.harness import (
 )
 from tests.interop.provision import Client, require
 from tests.support import wait_until
+from tests.tls_certs import Issued, issue
 
 pytestmark = [pytest.mark.system, pytest.mark.interop]
 
@@ -49,6 +55,11 @@ def run(client: Client, tmp_path: Path) -> Iterator[Callable[..., Driver]]:
 def broker(tmp_path: Path) -> Iterator[Callable[..., V2Broker]]:
     with v2_brokers(tmp_path) as start:
         yield start
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Issued:
+    return issue(tmp_path_factory.mktemp("certs"), "node5")
 
 
 def test_the_driver_refuses_bad_arguments(client: Client) -> None:
@@ -131,3 +142,50 @@ def test_a_simple_consumer_receives_and_acks(
     assert {e["message_id"] for e in consumer.of("message")} == ids
     assert {e["message_id"] for e in consumer.of("acked")} == ids
     assert not any(e.get("corrupted") for e in consumer.of("message"))  # unset unless corrupt
+
+
+# ---------------------------------------------------------------------------------- TLS
+def test_over_tls_the_client_sends_and_a_simple_consumer_receives_and_acks(
+    run: Callable[..., Driver], broker: Callable[..., V2Broker], certs: Issued
+) -> None:
+    b = broker("--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
+    if reason := receive_unavailable(b.endpoints, certs.ca):
+        pytest.skip(reason)
+    tls, topic = ("--tls-ca", str(certs.ca)), "node5-tls"
+    producer = run("producer", "produce", "--endpoints", b.endpoints, "--topic", topic,
+                   "--count", "3", "--tag", "TagA", *tls)  # fmt: skip
+    assert producer.finish(TIMEOUT) == 0, producer.describe()
+    ids = {e["message_id"] for e in producer.of("sent")}
+    assert len(ids) == 3
+    grpc = GrpcView(b.address, TLSConfig(ca_file=certs.ca))  # ordermq's port is TLS too
+    assert {m.properties["UNIQ_KEY"] for m in grpc.messages(topic)} == ids
+
+    worker = run("worker", "simple", "--endpoints", b.endpoints, "--topic", topic,
+                 "--group", "tls-g", "--expect", "3", *tls)  # fmt: skip
+    assert worker.finish(TIMEOUT) == 0, worker.describe()
+    assert {e["message_id"] for e in worker.of("message")} == ids
+    assert {e["message_id"] for e in worker.of("acked")} == ids
+
+
+def test_over_tls_a_plain_text_client_or_one_not_trusting_the_ca_connects_nowhere(
+    run: Callable[..., Driver], broker: Callable[..., V2Broker], certs: Issued
+) -> None:
+    b = broker("--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
+    grpc = GrpcView(b.address, TLSConfig(ca_file=certs.ca))
+    grpc.create_topic("node5-refused", QUEUES)  # a route were the client to get through
+    cases = {
+        "plain": ([], "Failed to connect"),
+        "untrusting": (["--tls"], "unable to verify the first certificate"),
+    }
+    for name, (args, why) in cases.items():
+        producer = run(name, "produce", "--endpoints", b.endpoints, "--topic", "node5-refused",
+                       *args)  # fmt: skip
+        assert producer.finish(TIMEOUT) == 2, producer.describe()
+        assert producer.of("started") == producer.of("sent") == []
+        [error] = producer.of("error")
+        assert "Failed to fetch topic routes" in error["message"], error
+        log = producer.home / "logs" / "rocketmq" / "rocketmq_client_nodejs.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        assert "14 UNAVAILABLE" in text and why in text, text[-3000:]
+    assert grpc.messages("node5-refused") == []
+    assert grpc.max_offsets("node5-refused") == dict.fromkeys(range(QUEUES), 0)

@@ -10,6 +10,10 @@ What works without the pop core is tested as it is: routes, telemetry settings (
 consumer does not start without them), heartbeats into the group, normal, FIFO and delay
 sends with their fields, recall. The receive/ack tests detect a broker that answers
 ReceiveMessage NOT_IMPLEMENTED and skip with its reason: they run once the core is in.
+
+Over TLS (`--tls-cert/--tls-key`, certificates from tests/tls_certs.py) the client's own
+switch (`tls_enable=True`) is used; it trusts gRPC's default roots only, so the driver's
+--tls-ca points GRPC_DEFAULT_SSL_ROOTS_FILE_PATH at the test CA.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from sdk import Message, Producer
+from sdk import Message, Producer, TLSConfig
 from sdk.selector import shard_index
 from tests.interop.harness import (
     Driver,
@@ -34,6 +38,7 @@ from tests.interop.harness import (
 )
 from tests.interop.provision import Client, require
 from tests.support import wait_until
+from tests.tls_certs import Issued, issue
 
 pytestmark = [pytest.mark.system, pytest.mark.interop]
 
@@ -59,10 +64,21 @@ def broker(tmp_path: Path) -> Iterator[Callable[..., V2Broker]]:
         yield start
 
 
-def consuming(b: V2Broker) -> None:
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Issued:
+    return issue(tmp_path_factory.mktemp("certs"), "py5")
+
+
+def consuming(b: V2Broker, ca: Path | None = None) -> None:
     """Skip the calling test while the broker cannot serve receives."""
-    if reason := receive_unavailable(b.endpoints):
+    if reason := receive_unavailable(b.endpoints, ca):
         pytest.skip(reason)
+
+
+def client_log(driver: Driver) -> str:
+    """What the client logged (it logs the gRPC status of a failed call, not its driver)."""
+    log = driver.home / "logs" / "rocketmq_python" / "rocketmq_client.log"
+    return log.read_text(errors="replace") if log.exists() else ""
 
 
 def test_the_driver_refuses_bad_arguments(client: Client) -> None:
@@ -243,3 +259,49 @@ def test_a_push_consumer_on_a_fifo_group_consumes_each_message_group_in_order(
         assert e["seq"] == last.get(e["key"], -1) + 1, f"{e['key']} out of order: {e}"
         last[e["key"]] = e["seq"]
     assert consumer.terminate() == 0, consumer.describe()
+
+
+# ---------------------------------------------------------------------------------- TLS
+def test_over_tls_the_client_sends_and_a_simple_consumer_receives_and_acks(
+    run: Callable[..., Driver], broker: Callable[..., V2Broker], certs: Issued
+) -> None:
+    b = broker("--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
+    consuming(b, certs.ca)
+    tls, topic = ("--tls-ca", str(certs.ca)), "py5-tls"
+    producer = run("producer", "produce", "--endpoints", b.endpoints, "--topic", topic,
+                   "--count", "3", "--tag", "TagA", *tls)  # fmt: skip
+    assert producer.finish(TIMEOUT) == 0, producer.describe()
+    ids = {e["message_id"] for e in producer.of("sent")}
+    assert len(ids) == 3
+    grpc = GrpcView(b.address, TLSConfig(ca_file=certs.ca))  # ordermq's port is TLS too
+    assert {m.properties["UNIQ_KEY"] for m in grpc.messages(topic)} == ids
+
+    worker = run("worker", "simple", "--endpoints", b.endpoints, "--topic", topic,
+                 "--group", "tls-g", "--expect", "3", *tls)  # fmt: skip
+    assert worker.finish(TIMEOUT) == 0, worker.describe()
+    assert {e["message_id"] for e in worker.of("message")} == ids
+    assert {e["message_id"] for e in worker.of("acked")} == ids
+    assert all(e["tag"] == "TagA" and e["body"].startswith("k:") for e in worker.of("message"))
+
+
+def test_over_tls_a_plain_text_client_or_one_not_trusting_the_ca_connects_nowhere(
+    run: Callable[..., Driver], broker: Callable[..., V2Broker], certs: Issued
+) -> None:
+    b = broker("--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
+    grpc = GrpcView(b.address, TLSConfig(ca_file=certs.ca))
+    grpc.create_topic("py5-refused", QUEUES)  # a route were the client to get through
+    cases = {
+        "plain": ([], "Socket closed"),  # the broker closes a connection that is not TLS
+        "untrusting": (["--tls"], "CERTIFICATE_VERIFY_FAILED"),  # gRPC's roots only
+    }
+    for name, (args, why) in cases.items():
+        producer = run(name, "produce", "--endpoints", b.endpoints, "--topic", "py5-refused",
+                       *args)  # fmt: skip
+        assert producer.finish(TIMEOUT) == 2, producer.describe()
+        assert producer.of("sent") == []
+        [error] = producer.of("error")
+        assert "failed to fetch topic:py5-refused route" in error["message"], error
+        log = client_log(producer)
+        assert "StatusCode.UNAVAILABLE" in log and why in log, log[-3000:]
+    assert grpc.messages("py5-refused") == []
+    assert grpc.max_offsets("py5-refused") == dict.fromkeys(range(QUEUES), 0)

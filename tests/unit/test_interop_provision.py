@@ -55,6 +55,14 @@ def test_a_stamp_whose_interpreter_is_gone_is_installed_again(cache: Path) -> No
     assert install.calls == 2
 
 
+def test_a_stamp_from_another_checkout_runs_this_checkouts_driver(cache: Path) -> None:
+    record = {"name": "python5", "available": True, "executable": sys.executable,
+              "driver": "/elsewhere/tests/interop/rmq5_driver.py"}  # fmt: skip
+    (cache / "python5.ready.json").write_text(json.dumps(record))
+    client = p._provision("python5", False, False, Installer())
+    assert client.cached and client.driver == str(p.PYTHON5_DRIVER)
+
+
 def test_a_failure_is_remembered_until_its_ttl_or_a_retry(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,0 +1,51 @@
+"""bench/run.py's tls group: the order its runs take turns in, its ratios, its certificates."""
+
+from __future__ import annotations
+
+import ssl
+import sys
+from pathlib import Path
+
+from tests.support import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+
+import run as bench_run
+from figures import Figure, Run
+
+
+def figure(key: str, *values: float) -> Figure:
+    f = Figure(key, key, "msg/s", {})
+    f.runs = [Run(v, 1.0, int(v)) for v in values]
+    return f
+
+
+def test_the_two_modes_take_turns_in_alternating_order() -> None:
+    bench = bench_run.Bench(bench_run.parse_args(["--only", "tls", "--runs", "3"]), Path("."))
+    assert list(bench._turns()) == [
+        (0, "plain"), (0, "tls"), (1, "tls"), (1, "plain"), (2, "plain"), (2, "tls"),
+    ]  # fmt: skip
+
+
+def test_ratios_are_tls_medians_over_plain_ones_for_the_workloads_measured() -> None:
+    figures = [
+        figure("tls.plain.produce", 100, 120, 110),
+        figure("tls.tls.produce", 90, 80, 99),
+        figure("tls.plain.consume", 200),
+        figure("transports.grpc.consume", 1),
+    ]
+    assert bench_run.tls_ratios(figures) == {"produce": 0.818}
+    line = bench_run.tls_comparison(figures)
+    assert line == (
+        "TLS on vs off: produce (send_batch of 100, 1 in flight) 90.00 vs 110 msg/s (0.82x)"
+    )
+    assert bench_run.tls_comparison(figures[2:]) == ""
+
+
+def test_the_certificates_are_made_locally_a_matching_pair_and_their_ca(tmp_path: Path) -> None:
+    certs, reason = bench_run.bench_certs(tmp_path / "certs")
+    assert reason is None and certs is not None
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(certs.cert, certs.key)  # the pair the broker is given
+    client = ssl.create_default_context(cafile=str(certs.ca))
+    assert client.cert_store_stats()["x509_ca"] == 1
