@@ -275,8 +275,8 @@ class ProducerCore:
     ) -> list[SendResult]:
         """Send many messages, in one request for all queues where the wire allows.
 
-        Results follow the input order. Keyed messages go to their key's queue; the keyless ones of the batch share one
-        queue chosen round robin.
+        Results follow the input order. Keyed messages go to their key's queue; the
+        keyless ones of the batch share one queue chosen round robin.
         """
         self._check_running()
         if not messages:
