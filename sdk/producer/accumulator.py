@@ -1,12 +1,20 @@
-"""The accumulator: messages grouped per queue into batch sends.
+"""The accumulator: what concurrent sends made gathers into shared requests.
 
-Each queue has its own buffer and at most one batch in flight, so messages of one queue
-(and so of one sharding key) reach the broker in the order they were accepted. A batch
-leaves when it is full (messages or bytes) or its first message has waited `linger`.
-The buffer over all queues is bounded: a send into a full buffer waits for room (up to
+Messages wait in a buffer per queue. One sender takes the ready queues' messages (a
+queue is ready once it is full, messages or bytes, or its first message has waited
+`linger`) and sends them in one request over several queues (Transport.send_parts),
+at most `max_requests_in_flight` requests at a time. With `linger=0` this is natural
+batching: a send goes at once when nothing is in flight, and the sends that arrive while
+a request is in flight ride the next one.
+
+Each queue has at most one part in flight (its retries included), so messages of one
+queue (and so of one sharding key) reach the broker in the order they were accepted. A
+part that fails retriably is retried alone, per the producer's retry policy, while the
+later messages of its queue wait; the other parts of its request are not affected. The
+buffer over all queues is bounded: a send into a full buffer waits for room (up to
 `block_timeout`) or fails at once with BufferFullError, as configured.
 
-Sends are numbered (tickets) as they are made. When a batch fails, or a send fails before
+Sends are numbered (tickets) as they are made. When a part fails, or a send fails before
 it was queued (no route, no room), the sends made until then that still wait to go to
 that queue (or topic) fail too, unsent, with EarlierSendFailedError: no message is stored
 after an earlier one of its queue that failed. Sends made after the failure go ahead.
@@ -17,17 +25,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from sdk.clock import Clock
 from sdk.errors import BufferFullError
 from sdk.message import MessageQueue, SendResult
 from sdk.producer.config import AccumulatorConfig
-from sdk.producer.retry import EarlierSendFailedError, describe, holds_back
+from sdk.producer.retry import EarlierSendFailedError, describe, holds_back, is_retriable
 
-#: Sends (queue, prepared messages, their ids): one request; the results in order.
-SendBatch = Callable[[MessageQueue, list[bytes], list[bytes]], Awaitable[list[SendResult]]]
+#: One queue's share of a request: the queue, its prepared messages, their ids.
+Part = tuple[MessageQueue, list[bytes], list[bytes]]
+#: Sends parts in one request (no retries); each part's results, or what refused it.
+SendParts = Callable[[list[Part]], Awaitable[Sequence[list[SendResult] | BaseException]]]
+#: Retries one part that failed retriably (the failure given), per the retry policy.
+RetryPart = Callable[
+    [MessageQueue, list[bytes], list[bytes], BaseException], Awaitable[list[SendResult]]
+]
 
 
 @dataclass
@@ -43,17 +57,28 @@ class _QueueBuffer:
     def __init__(self) -> None:
         self.items: deque[_Pending] = deque()
         self.bytes = 0
-        self.wake = asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
+        self.busy = False  # a part of this queue is in flight or being retried
 
 
 class Accumulator:
-    """Per-queue batching in front of a batch-send function."""
+    """Buffers per queue in front of a multi-queue send; see the module docstring.
 
-    def __init__(self, config: AccumulatorConfig, send: SendBatch, clock: Clock) -> None:
+    `request_max_bytes`: the most bytes one request may carry (the transport's limit).
+    """
+
+    def __init__(
+        self,
+        config: AccumulatorConfig,
+        send_parts: SendParts,
+        retry_part: RetryPart,
+        clock: Clock,
+        request_max_bytes: int,
+    ) -> None:
         self._config = config
-        self._send = send
+        self._send_parts = send_parts
+        self._retry_part = retry_part
         self._clock = clock
+        self._request_max_bytes = request_max_bytes
         self._queues: dict[MessageQueue, _QueueBuffer] = {}
         self._pending = 0
         self._room = asyncio.Condition()
@@ -61,6 +86,10 @@ class Accumulator:
         self._tickets = 0
         # topic or queue -> (the last ticket issued when a send to it failed, the failure)
         self._holds: dict[str | MessageQueue, tuple[int, BaseException]] = {}
+        self._wake = asyncio.Event()
+        self._in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sender: asyncio.Task[None] | None = None
 
     @property
     def pending(self) -> int:
@@ -95,16 +124,17 @@ class Accumulator:
         """
         self._check_holds(queue, ticket)
         await self._wait_for_room()
-        self._check_holds(queue, ticket)  # a batch of its queue may have failed meanwhile
+        self._check_holds(queue, ticket)  # a part of its queue may have failed meanwhile
         buffer = self._queues.get(queue)
         if buffer is None:
             buffer = self._queues[queue] = _QueueBuffer()
-            buffer.task = asyncio.create_task(self._drain(queue, buffer))
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._send_forever(), name="accumulator")
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
         buffer.items.append(_Pending(prepared, msg_id, future, self._clock.now(), ticket))
         buffer.bytes += len(prepared)
         self._pending += 1
-        buffer.wake.set()
+        self._wake.set()
         return future
 
     async def _wait_for_room(self) -> None:
@@ -125,55 +155,118 @@ class Accumulator:
                     f"({self._pending} messages wait; limit {limit})"
                 ) from None
 
-    async def _drain(self, queue: MessageQueue, buffer: _QueueBuffer) -> None:
-        config = self._config
+    async def _send_forever(self) -> None:
+        """Start a request whenever one may go and queues are ready; else wait."""
         while True:
-            if not buffer.items:
-                buffer.wake.clear()
-                await buffer.wake.wait()
+            self._wake.clear()
+            if self._in_flight >= self._config.max_requests_in_flight:
+                await self._wake.wait()
                 continue
+            parts, next_ready = self._take_ready()
+            if parts:
+                self._in_flight += 1
+                self._spawn(self._request(parts))
+                continue
+            if next_ready is None:
+                await self._wake.wait()
+            else:
+                await self._sleep_or_wake(next_ready)
+
+    def _take_ready(self) -> tuple[list[tuple[MessageQueue, list[_Pending]]], float | None]:
+        """Take the ready queues' messages for one request (marking them busy).
+
+        Oldest first, within `request_max_bytes` (at least one part). Also when the
+        earliest queue left waiting becomes ready (None: none waits for its linger).
+        """
+        config = self._config
+        now = self._clock.now()
+        waiting = [(q, b) for q, b in self._queues.items() if b.items and not b.busy]
+        waiting.sort(key=lambda qb: qb[1].items[0].ticket)
+        parts: list[tuple[MessageQueue, list[_Pending]]] = []
+        size = 0
+        next_ready: float | None = None
+        for queue, buffer in waiting:
             full = len(buffer.items) >= config.batch_max_messages or (
                 buffer.bytes >= config.batch_max_bytes
             )
-            if not full and not self._closed:
-                deadline = buffer.items[0].since + config.linger
-                if self._clock.now() < deadline:
-                    buffer.wake.clear()
-                    await self._sleep_or_wake(deadline, buffer.wake)
-                    continue
-            batch: list[_Pending] = []
-            size = 0
-            while buffer.items and len(batch) < config.batch_max_messages:
-                if batch and size + len(buffer.items[0].prepared) > config.batch_max_bytes:
-                    break
-                item = buffer.items.popleft()
-                batch.append(item)
-                size += len(item.prepared)
-            buffer.bytes -= size
-            try:
-                results = await self._send(
-                    queue, [p.prepared for p in batch], [p.msg_id for p in batch]
-                )
-            except Exception as exc:
-                _fail(batch, exc)
-                if holds_back(exc):  # every message waiting behind it was sent before now
-                    self.hold(queue, exc)
-                    behind = list(buffer.items)
-                    buffer.items.clear()
-                    buffer.bytes = 0
-                    _fail(behind, EarlierSendFailedError(describe(queue), exc))
-                    self._pending -= len(behind)
-            else:
-                for p, result in zip(batch, results, strict=True):
-                    if not p.future.done():
-                        p.future.set_result(result)
-            self._pending -= len(batch)
-            async with self._room:
-                self._room.notify_all()
+            ready_at = buffer.items[0].since + config.linger
+            if not (full or self._closed or now >= ready_at):
+                next_ready = ready_at if next_ready is None else min(next_ready, ready_at)
+                continue
+            room = self._request_max_bytes - size
+            if parts and len(buffer.items[0].prepared) > room:
+                continue
+            batch = _take(buffer, config.batch_max_messages, min(config.batch_max_bytes, room))
+            buffer.busy = True
+            parts.append((queue, batch))
+            size += sum(len(p.prepared) for p in batch)
+        return parts, next_ready
 
-    async def _sleep_or_wake(self, deadline: float, wake: asyncio.Event) -> None:
+    async def _request(self, parts: list[tuple[MessageQueue, list[_Pending]]]) -> None:
+        """Send `parts` in one request; settle each part, or hand it to a retry."""
+        try:
+            outcomes = await self._send_parts(
+                [(q, [p.prepared for p in b], [p.msg_id for p in b]) for q, b in parts]
+            )
+        except Exception as exc:  # the whole request failed
+            outcomes = [exc] * len(parts)
+        finally:
+            self._in_flight -= 1
+            self._wake.set()
+        for (queue, batch), outcome in zip(parts, outcomes, strict=True):
+            if isinstance(outcome, BaseException) and is_retriable(outcome):
+                self._spawn(self._retry(queue, batch, outcome))
+            else:
+                await self._settle(queue, batch, outcome)
+
+    async def _retry(
+        self, queue: MessageQueue, batch: list[_Pending], failure: BaseException
+    ) -> None:
+        """Retry one part alone while the later messages of its queue wait."""
+        outcome: list[SendResult] | BaseException
+        try:
+            outcome = await self._retry_part(
+                queue, [p.prepared for p in batch], [p.msg_id for p in batch], failure
+            )
+        except Exception as exc:
+            outcome = exc
+        await self._settle(queue, batch, outcome)
+
+    async def _settle(
+        self,
+        queue: MessageQueue,
+        batch: list[_Pending],
+        outcome: list[SendResult] | BaseException,
+    ) -> None:
+        """Answer a part's callers; after a failure, fail those waiting behind it."""
+        buffer = self._queues[queue]
+        if isinstance(outcome, BaseException):
+            _fail(batch, outcome)
+            if holds_back(outcome):  # every message waiting behind it was sent before now
+                self.hold(queue, outcome)
+                behind = list(buffer.items)
+                buffer.items.clear()
+                buffer.bytes = 0
+                _fail(behind, EarlierSendFailedError(describe(queue), outcome))
+                self._pending -= len(behind)
+        else:
+            for p, result in zip(batch, outcome, strict=True):
+                if not p.future.done():
+                    p.future.set_result(result)
+        self._pending -= len(batch)
+        buffer.busy = False
+        self._wake.set()
+        async with self._room:
+            self._room.notify_all()
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _sleep_or_wake(self, deadline: float) -> None:
         sleeper = asyncio.ensure_future(self._clock.sleep_until(deadline))
-        waker = asyncio.ensure_future(wake.wait())
+        waker = asyncio.ensure_future(self._wake.wait())
         try:
             await asyncio.wait((sleeper, waker), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -181,18 +274,32 @@ class Accumulator:
             waker.cancel()
 
     async def close(self) -> None:
-        """Send what is buffered (no more lingering), then stop the senders."""
+        """Send what is buffered (no more lingering), then stop the sender."""
         self._closed = True
-        for buffer in self._queues.values():
-            buffer.wake.set()
+        self._wake.set()
         pending = [p.future for b in self._queues.values() for p in b.items]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-        for buffer in self._queues.values():
-            if buffer.task is not None:
-                buffer.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await buffer.task
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+
+
+def _take(buffer: _QueueBuffer, max_messages: int, max_bytes: int) -> list[_Pending]:
+    """Up to `max_messages` of a queue's first messages within `max_bytes` (at least one)."""
+    batch: list[_Pending] = []
+    size = 0
+    while buffer.items and len(batch) < max_messages:
+        if batch and size + len(buffer.items[0].prepared) > max_bytes:
+            break
+        item = buffer.items.popleft()
+        batch.append(item)
+        size += len(item.prepared)
+    buffer.bytes -= size
+    return batch
 
 
 def _fail(items: list[_Pending], exc: BaseException) -> None:

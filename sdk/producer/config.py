@@ -15,12 +15,18 @@ DEFAULT_SEND_TIMEOUT_SECONDS = 10.0
 
 @dataclass(frozen=True)
 class AccumulatorConfig:
-    """Group messages per queue into batch sends (opt-in).
+    """Gather concurrent sends into shared requests (opt-in).
+
+    Messages wait per queue; one request carries the ready queues' messages (one part
+    per queue). `linger=0` is natural batching: what arrives while a request is in
+    flight rides the next one.
 
     Attributes:
-        batch_max_messages: A batch is sent once it holds this many messages...
+        batch_max_messages: A queue's messages go once it holds this many (at most this
+            many per queue in one request)...
         batch_max_bytes: ... or this many bytes of frames...
         linger: ... or its first message has waited this long (seconds).
+        max_requests_in_flight: Requests of the producer in flight at once.
         buffer_max_messages: Messages accepted but not yet sent, over all queues.
         when_full: "block" waits up to `block_timeout` for room; "fail" raises
             BufferFullError at once.
@@ -30,6 +36,7 @@ class AccumulatorConfig:
     batch_max_messages: int = 500
     batch_max_bytes: int = 1024 * 1024
     linger: float = 0.005
+    max_requests_in_flight: int = 1
     buffer_max_messages: int = 100_000
     when_full: Literal["block", "fail"] = "block"
     block_timeout: float = 10.0
@@ -41,6 +48,8 @@ class AccumulatorConfig:
             raise InvalidArgumentError("batch_max_bytes must be within 1 KiB..16 MiB")
         if not 0 <= self.linger <= 10:
             raise InvalidArgumentError("linger must be within 0..10 seconds")
+        if not 1 <= self.max_requests_in_flight <= 64:
+            raise InvalidArgumentError("max_requests_in_flight must be within 1..64")
         if self.buffer_max_messages < self.batch_max_messages:
             raise InvalidArgumentError("buffer_max_messages must be at least batch_max_messages")
         if self.when_full not in ("block", "fail"):

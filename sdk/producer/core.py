@@ -36,13 +36,14 @@ from sdk.message import (
     SendStatus,
     build_send_results,
 )
-from sdk.producer.accumulator import Accumulator
+from sdk.producer.accumulator import Accumulator, Part
 from sdk.producer.config import ProducerConfig
 from sdk.producer.retry import (
     EarlierSendFailedError,
     describe,
     holds_back,
     is_retriable,
+    wait_before_retry,
     with_retries,
 )
 from sdk.producer.spool import Spool, Spooled, spool_frame
@@ -108,7 +109,13 @@ class ProducerCore:
         if self._state != "new":
             raise ClientStateError(f"producer cannot start: it is {self._state}")
         if self.config.accumulator is not None:
-            self._accumulator = Accumulator(self.config.accumulator, self._send_batch, self._clock)
+            self._accumulator = Accumulator(
+                self.config.accumulator,
+                self._request_parts,
+                self._retry_part,
+                self._clock,
+                self._transport.max_send_bytes,
+            )
         if self.config.spool_dir is not None:
             self._spool = Spool(self.config.spool_dir)
             await asyncio.to_thread(self._spool.open)
@@ -452,23 +459,58 @@ class ProducerCore:
         firsts: list[list[SendResult] | OrderMQError | None] = [None] * len(plan)
 
         async def one_request(members: list[int]) -> None:
-            parts = [(plan[n][0], [prepared[i] for i in plan[n][1][0]]) for n in members]
-            started = time.perf_counter()
-            answers = await self._transport.send_parts(parts, timeout=deadline)
-            elapsed = time.perf_counter() - started
-            for n, answer in zip(members, answers, strict=True):
-                queue, chunk = plan[n][0], plan[n][1][0]
-                if isinstance(answer, OrderMQError):
-                    firsts[n] = answer
-                    continue
-                metrics.observe_send(queue.topic, elapsed)
-                try:
-                    firsts[n] = _results(queue, answer, [ids[i] for i in chunk])
-                except FlushTimeoutError as exc:
-                    firsts[n] = exc
+            parts = [
+                (plan[n][0], [prepared[i] for i in plan[n][1][0]], [ids[i] for i in plan[n][1][0]])
+                for n in members
+            ]
+            outcomes = await self._request_parts(parts, deadline)
+            for n, outcome in zip(members, outcomes, strict=True):
+                firsts[n] = outcome
 
         await asyncio.gather(*(one_request(members) for members in requests))
         return firsts
+
+    async def _request_parts(
+        self, parts: list[Part], timeout: float | None = None
+    ) -> list[list[SendResult] | OrderMQError]:
+        """One request (Transport.send_parts) for several queues, not retried.
+
+        Each part's results, or the error that refused it (FlushTimeoutError: stored,
+        fsync unconfirmed).
+        """
+        deadline = timeout if timeout is not None else self.config.send_timeout
+        started = time.perf_counter()
+        answers = await self._transport.send_parts(
+            [(queue, prepared) for queue, prepared, _ in parts], timeout=deadline
+        )
+        elapsed = time.perf_counter() - started
+        outcomes: list[list[SendResult] | OrderMQError] = []
+        for (queue, _, ids), answer in zip(parts, answers, strict=True):
+            if isinstance(answer, OrderMQError):
+                outcomes.append(answer)
+                continue
+            metrics.observe_send(queue.topic, elapsed)
+            try:
+                outcomes.append(_results(queue, answer, ids))
+            except FlushTimeoutError as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    async def _retry_part(
+        self, queue: MessageQueue, prepared: list[bytes], ids: list[bytes], failure: BaseException
+    ) -> list[SendResult]:
+        """A part of a shared request failed retriably: its other attempts, alone.
+
+        The same queue, after the policy's backoff; `failure` again when no retry is left.
+        """
+        if self.config.retry_times == 0:
+            raise failure
+        log.info("send to %s failed (%s); retrying", queue, failure)
+        self._refreshed.pop(queue.topic, None)
+        with contextlib.suppress(OrderMQError):
+            await self._transport.writable_queues(queue.topic, refresh=True)
+        await wait_before_retry(1, self.config.retry_backoff, self.config.retry_backoff_max)
+        return await self._send_batch(queue, prepared, ids, retry_times=self.config.retry_times - 1)
 
     async def _send_batch(
         self,
@@ -477,8 +519,12 @@ class ProducerCore:
         ids: list[bytes],
         timeout: float | None = None,
         movable: bool = False,
+        retry_times: int | None = None,
     ) -> list[SendResult]:
-        """One request for one queue, retried per policy; keyed sends keep their queue."""
+        """One request for one queue, retried per policy; keyed sends keep their queue.
+
+        `retry_times`: the retries left (None: the policy's).
+        """
         send = self._transport.send
         deadline = timeout if timeout is not None else self.config.send_timeout
         target = [queue]
@@ -505,7 +551,7 @@ class ProducerCore:
 
         return await with_retries(
             attempt,
-            retry_times=self.config.retry_times,
+            retry_times=self.config.retry_times if retry_times is None else retry_times,
             backoff=self.config.retry_backoff,
             backoff_max=self.config.retry_backoff_max,
             before_retry=before_retry,

@@ -59,6 +59,16 @@ def holds_back(exc: BaseException) -> bool:
     return not isinstance(exc, FlushTimeoutError)
 
 
+def backoff_delay(failed_attempts: int, backoff: float, backoff_max: float) -> float:
+    """The wait after failed attempt `failed_attempts` (1-based): see `with_retries`."""
+    return min(backoff * 2.0 ** (failed_attempts - 1), backoff_max) + random.uniform(0, backoff)
+
+
+async def wait_before_retry(failed_attempts: int, backoff: float, backoff_max: float) -> None:
+    """Sleep the backoff after failed attempt `failed_attempts`, as `with_retries` does."""
+    await _sleep(backoff_delay(failed_attempts, backoff, backoff_max))
+
+
 async def with_retries(
     attempt: Callable[[int], Awaitable[T]],
     *,
@@ -74,7 +84,7 @@ async def with_retries(
     """
 
     def wait(failed_attempts: int) -> float:
-        return min(backoff * 2.0 ** (failed_attempts - 1), backoff_max) + random.uniform(0, backoff)
+        return backoff_delay(failed_attempts, backoff, backoff_max)
 
     # The first attempt runs bare: tenacity's machinery costs ~20 us per call, and almost
     # every send succeeds first time.

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,7 @@ from sdk.errors import (
 )
 from sdk.message import SendResult, SendStatus, build_send_results
 from sdk.producer import EarlierSendFailedError, retry
-from sdk.producer.accumulator import Accumulator
+from sdk.producer.accumulator import Accumulator, Part
 from sdk.producer.core import ProducerCore
 from sdk.producer.spool import Spool
 from sdk.selector import shard_index
@@ -413,6 +413,25 @@ def stored_results(queue: MessageQueue, ids: list[bytes]) -> list[SendResult]:
     return build_send_results(SendStatus.SEND_OK, ids, queue, range(len(ids)))
 
 
+OneQueueSend = Callable[[MessageQueue, list[bytes], list[bytes]], Awaitable[list[SendResult]]]
+
+
+def accumulator(config: AccumulatorConfig, send: OneQueueSend) -> Accumulator:
+    """An accumulator whose requests run `send` per part, and that retries nothing."""
+
+    async def send_parts(parts: list[Part]) -> list[list[SendResult] | BaseException]:
+        return list(
+            await asyncio.gather(*(send(q, f, i) for q, f, i in parts), return_exceptions=True)
+        )
+
+    async def retry_part(
+        q: MessageQueue, f: list[bytes], i: list[bytes], failure: BaseException
+    ) -> list[SendResult]:
+        raise failure
+
+    return Accumulator(config, send_parts, retry_part, FakeClock(), MAX_SEND_BYTES)
+
+
 @pytest.mark.parametrize(
     ("failure", "holds_back"),
     [
@@ -436,9 +455,13 @@ def test_a_failed_accumulator_batch_fails_the_messages_queued_behind_it_unsent(
         return stored_results(queue, ids)
 
     async def main() -> list[object]:
-        config = AccumulatorConfig(batch_max_messages=1, buffer_max_messages=10, linger=0)
-        acc = Accumulator(config, send, FakeClock())
+        config = AccumulatorConfig(
+            batch_max_messages=1, buffer_max_messages=10, linger=0, max_requests_in_flight=2
+        )
+        acc = accumulator(config, send)
         f1 = await acc.enqueue(qa, b"a1", b"1", acc.ticket())
+        while not sent:  # its request is in flight
+            await asyncio.sleep(0)
         behind = [await acc.enqueue(qa, b"a%d" % n, b"%d" % n, acc.ticket()) for n in (2, 3)]
         other = await acc.enqueue(qb, b"b1", b"4", acc.ticket())
         await asyncio.wait_for(other, 5)  # another queue does not wait
@@ -475,7 +498,7 @@ def test_a_send_that_waited_for_room_while_a_batch_of_its_queue_failed_fails_too
 
     async def main() -> list[object]:
         config = AccumulatorConfig(batch_max_messages=1, buffer_max_messages=1, linger=0)
-        acc = Accumulator(config, send, FakeClock())
+        acc = accumulator(config, send)
         first = await acc.enqueue(queue, b"a1", b"1", acc.ticket())
         second = asyncio.create_task(acc.enqueue(queue, b"a2", b"2", acc.ticket()))
         await asyncio.sleep(0)  # it waits for room
