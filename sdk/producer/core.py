@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sdk import metrics, tracing
-from sdk._transport.protocol import Appended, Transport
+from sdk._transport.protocol import Appended, SendPart, Transport
 from sdk._validation import check_group, check_topic
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.errors import (
@@ -480,8 +480,8 @@ class ProducerCore:
         """
         deadline = timeout if timeout is not None else self.config.send_timeout
         started = time.perf_counter()
-        answers = await self._transport.send_parts(
-            [(queue, prepared) for queue, prepared, _ in parts], timeout=deadline
+        answers = await self._send_parts(
+            [(queue, prepared) for queue, prepared, _ in parts], deadline
         )
         elapsed = time.perf_counter() - started
         outcomes: list[list[SendResult] | OrderMQError] = []
@@ -495,6 +495,20 @@ class ProducerCore:
             except FlushTimeoutError as exc:
                 outcomes.append(exc)
         return outcomes
+
+    async def _send_parts(
+        self, parts: list[SendPart], timeout: float
+    ) -> list[Appended | OrderMQError]:
+        """Transport.send_parts; a lone part as a plain send, which costs both sides less."""
+        if len(parts) > 1:
+            return await self._transport.send_parts(parts, timeout=timeout)
+        queue, prepared = parts[0]
+        try:
+            return [await self._transport.send(queue, prepared, timeout=timeout)]
+        except ClientStateError:
+            raise
+        except OrderMQError as exc:
+            return [exc]
 
     async def _retry_part(
         self, queue: MessageQueue, prepared: list[bytes], ids: list[bytes], failure: BaseException

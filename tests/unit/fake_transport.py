@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import pickle
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from mockbroker.errors import BrokerError
 from mockbroker.lock_manager import RebalanceLockManager
@@ -27,6 +27,7 @@ from sdk._transport.protocol import (
     PullStatus,
     SendPart,
     SentBack,
+    Transport,
     Unanswered,
     UnlockResult,
     send_each,
@@ -477,11 +478,19 @@ class FramesTransport:
         self.broker = broker
         self._writable_queues = writable_queues
         self.max_send_bytes = max_send_bytes
+        # The requests the producer made, send or send_parts: (queue id, messages) per part.
+        self.requests: list[list[tuple[int, int]]] = []
 
     async def writable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
         return await self._writable_queues(topic)
 
     async def send(
+        self, queue: MessageQueue, prepared: Sequence[bytes], *, timeout: float | None = None
+    ) -> Appended:
+        self.requests.append([(queue.queue_id, len(prepared))])
+        return await self._send(queue, prepared, timeout=timeout)
+
+    async def _send(
         self, queue: MessageQueue, prepared: Sequence[bytes], *, timeout: float | None = None
     ) -> Appended:
         return await self.broker.send(
@@ -491,7 +500,21 @@ class FramesTransport:
     async def send_parts(
         self, parts: Sequence[SendPart], *, timeout: float | None = None
     ) -> list[Appended | OrderMQError]:
-        return await send_each(self, parts, timeout)
+        """One request: the scripted broker gets each part as a request of its own."""
+        self.requests.append([(queue.queue_id, len(prepared)) for queue, prepared in parts])
+        return await send_each(cast(Transport, _PartSender(self)), parts, timeout)
 
     async def close(self) -> None:
         pass
+
+
+class _PartSender:
+    """What send_each needs of a FramesTransport: send, without noting a request."""
+
+    def __init__(self, transport: FramesTransport) -> None:
+        self._transport = transport
+
+    async def send(
+        self, queue: MessageQueue, prepared: Sequence[bytes], *, timeout: float | None = None
+    ) -> Appended:
+        return await self._transport._send(queue, prepared, timeout=timeout)

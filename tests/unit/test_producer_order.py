@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -660,3 +661,113 @@ def test_send_batch_keeps_sending_keyless_requests_after_one_fails(
     error = asyncio.run(main())
     assert [r is not None for r in error.results] == [False] * 3 + [True] * 6
     assert [type(e) for e in error.errors] == [InvalidMessageError]
+
+
+# ---------------------------------------------------------------------------- natural batching
+
+
+def natural(retry_times: int = 0) -> ProducerConfig:
+    """Natural batching: no linger, one request in flight."""
+    return ProducerConfig(retry_times=retry_times, accumulator=AccumulatorConfig(linger=0))
+
+
+def callers_messages() -> list[Message]:
+    """Eight messages of eight keys, two keys on each queue."""
+    return [Message(TOPIC, f"{key_for(q, n)}:0".encode(), sharding_key=key_for(q, n))
+            for q in range(QUEUES) for n in range(2)]  # fmt: skip
+
+
+async def first_in_flight(p: ProducerCore, broker: ScriptedBroker, clock: FakeClock) -> Any:
+    """Send "a:0" and return its task once its request waits at the broker's gate."""
+    first = asyncio.create_task(p.send(Message(TOPIC, b"a:0", sharding_key="a")))
+    await until(lambda: len(broker.requests) == 1, clock, "the first request")
+    return first
+
+
+async def all_waiting(p: ProducerCore, count: int, clock: FakeClock) -> None:
+    """Until `count` messages wait in the producer's accumulator (or its request)."""
+    accumulator = p._accumulator
+    assert accumulator is not None
+    await until(lambda: accumulator.pending == count, clock, f"{count} waiting messages")
+
+
+def test_sends_made_while_a_request_is_in_flight_share_the_next_one_each_its_own_result(
+    broker: ScriptedBroker, routes: Routes
+) -> None:
+    """Without it, each of these sends was a request of its own."""
+    broker.gate = asyncio.Event()
+    clock = FakeClock()
+    messages = callers_messages()
+
+    async def main() -> list[SendResult]:
+        async with producer(routes, natural(), clock) as p:
+            first = await first_in_flight(p, broker, clock)
+            callers = [asyncio.create_task(p.send(m)) for m in messages]
+            await all_waiting(p, 1 + len(messages), clock)
+            broker.gate.set()
+            await asyncio.wait_for(first, 5)
+            return list(await asyncio.wait_for(asyncio.gather(*callers), 5))
+
+    results = asyncio.run(main())
+    assert routes.transport.requests == [
+        [(shard_index("a", QUEUES), 1)],
+        [(q, 2) for q in range(QUEUES)],  # every caller's message in one request
+    ]
+    for m, result in zip(messages, results, strict=True):
+        assert m.sharding_key is not None
+        assert result.queue.queue_id == shard_index(m.sharding_key, QUEUES)
+        stored = broker.stored[result.queue.queue_id][result.queue_offset]
+        assert stored == m.body  # its own result: where its message was stored
+
+
+def test_a_refused_part_of_a_shared_request_fails_only_its_callers(
+    broker: ScriptedBroker, routes: Routes
+) -> None:
+    broker.gate = asyncio.Event()
+    refused = InvalidMessageError("queue 1 refuses")
+    broker.refuse = lambda q, bodies: refused if q == 1 and len(broker.requests) > 1 else None
+    clock = FakeClock()
+    messages = callers_messages()
+
+    async def main() -> list[object]:
+        async with producer(routes, natural(), clock) as p:
+            first = await first_in_flight(p, broker, clock)
+            callers = [asyncio.create_task(p.send(m)) for m in messages]
+            await all_waiting(p, 1 + len(messages), clock)
+            broker.gate.set()
+            await asyncio.wait_for(first, 5)
+            return list(await asyncio.gather(*callers, return_exceptions=True))
+
+    outcomes = asyncio.run(main())
+    assert len(routes.transport.requests) == 2
+    for m, outcome in zip(messages, outcomes, strict=True):
+        assert m.sharding_key is not None
+        if shard_index(m.sharding_key, QUEUES) == 1:
+            assert outcome is refused
+        else:
+            assert isinstance(outcome, SendResult)
+    assert 1 not in {q for q, bodies in broker.stored.items() if bodies}
+
+
+def test_a_part_retried_alone_is_not_overtaken_by_later_sends_of_its_key(
+    broker: ScriptedBroker, routes: Routes, instant_retries: asyncio.Event
+) -> None:
+    first_request_refused(broker)
+    clock = FakeClock()
+    other = key_for((shard_index("a", QUEUES) + 1) % QUEUES)
+
+    async def main() -> None:
+        async with producer(routes, natural(retry_times=2), clock) as p:
+            earlier = asyncio.create_task(p.send(Message(TOPIC, b"a:0", sharding_key="a")))
+            await until(lambda: len(broker.requests) == 1, clock, "the refused request")
+            later = [asyncio.create_task(p.send(m)) for m in keyed("a", 3)[1:]]
+            # another queue goes on while "a" waits to retry
+            await asyncio.wait_for(p.send(Message(TOPIC, f"{other}:0".encode(),
+                                                  sharding_key=other)), 5)  # fmt: skip
+            assert by_key(broker) == {other: [0]}
+            instant_retries.set()
+            await asyncio.wait_for(asyncio.gather(earlier, *later), 5)
+
+    asyncio.run(main())
+    assert by_key(broker) == {"a": [0, 1, 2], other: [0]}
+    assert broker.most_in_flight[shard_index("a", QUEUES)] == 1
