@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import threading
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from sdk import (
     SendStatus,
     shard_index,
 )
+from sdk.aio import Producer as AsyncProducer
 from sdk.errors import BufferFullError, InvalidArgumentError
 from tests.component.pulling import read_queue, read_topic
 from tests.component.transports import TRANSPORTS, BrokerOver, broker_over
@@ -218,3 +220,69 @@ def test_asyncio_producer_flushes_its_accumulator(restartable: Restartable) -> N
             return sum(t.done() for t in tasks)
 
     assert asyncio.run(main()) == 100
+
+
+NATURAL = ProducerConfig(accumulator=AccumulatorConfig(linger=0))
+
+
+def natural_messages(caller: int, count: int) -> list[Message]:
+    """A caller's messages "<key>:<n>" over three keys of its own, n counting per key."""
+    keys = [f"c{caller}-k{k}" for k in range(3)]
+    return [Message("natural", f"{keys[n % 3]}:{n // 3}".encode(), sharding_key=keys[n % 3])
+            for n in range(count)]  # fmt: skip
+
+
+def sends_answered(embedded: EmbeddedBroker) -> int:
+    state = embedded.broker.state
+    assert state is not None
+    return state.requests.by_code.get(("Send", "OK"), 0)
+
+
+def from_tasks(address: str, callers: int, each: int) -> None:
+    async def run() -> None:
+        async with AsyncProducer(address, config=NATURAL) as producer:
+
+            async def caller(n: int) -> None:
+                for m in natural_messages(n, each):
+                    await producer.send(m)  # one after another: each key's order holds
+
+            await asyncio.gather(*(caller(n) for n in range(callers)))
+
+    asyncio.run(run())
+
+
+def from_threads(address: str, callers: int, each: int) -> None:
+    with Producer(address, config=NATURAL) as producer:
+
+        def caller(n: int) -> None:
+            for m in natural_messages(n, each):
+                producer.send(m)
+
+        threads = [threading.Thread(target=caller, args=(n,)) for n in range(callers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
+@pytest.mark.parametrize("face", [from_tasks, from_threads], ids=["tasks", "threads"])
+def test_natural_batching_shares_requests_among_callers_and_keeps_each_keys_order(
+    tmp_path: Path, face: Callable[[str, int, int], None]
+) -> None:
+    callers, each = 8, 30
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "data")) as embedded:
+        with Producer(embedded.address) as warm_up:  # the topic exists
+            warm_up.send(Message("natural", b"warm-up:0", sharding_key="warm-up"))
+        before = sends_answered(embedded)
+        face(embedded.address, callers, each)
+        requests = sends_answered(embedded) - before
+        stored = read_topic(embedded.address, "natural")
+    # Without it, a request per send; with it, 60-65 requests for these 240 in a probe.
+    assert requests <= callers * each // 2
+    sequences: dict[str, list[int]] = defaultdict(list)
+    for m in stored:
+        key, n = m.body.decode().split(":")
+        sequences[key].append(int(n))
+    del sequences["warm-up"]
+    assert len(sequences) == callers * 3
+    assert all(s == list(range(each // 3)) for s in sequences.values())
