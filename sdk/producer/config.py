@@ -69,7 +69,9 @@ class ProducerConfig:
         retry_backoff: First wait between attempts; doubles, with jitter.
         retry_backoff_max: Longest wait between attempts.
         route_refresh_interval: Routes are re-read this often, and after routing errors.
-        accumulator: Batch messages per queue (None: every send is its own request).
+        accumulator: Gather concurrent sends into shared requests;
+            `AccumulatorConfig(linger=0)` is natural batching (None: every send is its
+            own request).
         spool_dir: Keep accepted messages in an fsync-ed file here until the broker has
             them: sends return once spooled, and survive a broker outage or a producer
             crash (None: no spool).
