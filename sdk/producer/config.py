@@ -36,7 +36,7 @@ class AccumulatorConfig:
     batch_max_messages: int = 500
     batch_max_bytes: int = 1024 * 1024
     linger: float = 0.005
-    max_requests_in_flight: int = 1
+    max_requests_in_flight: int = 2
     buffer_max_messages: int = 100_000
     when_full: Literal["block", "fail"] = "block"
     block_timeout: float = 10.0

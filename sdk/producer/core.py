@@ -4,7 +4,7 @@ Messages reach the brokers through a Transport (sdk/_transport/protocol.py), whi
 encodes each one once (`prepare`) and sends them; this module never sees a wire layout.
 Three ways a message can go, chosen by the configuration:
 - direct: one request per send (or per queue of a send_batch), retried per policy;
-- accumulator: grouped per queue into batch requests;
+- accumulator: concurrent sends gathered into shared requests, one part per queue;
 - spool: written to a local file first, delivered from it in the background.
 """
 

@@ -668,7 +668,8 @@ def test_send_batch_keeps_sending_keyless_requests_after_one_fails(
 
 def natural(retry_times: int = 0) -> ProducerConfig:
     """Natural batching: no linger, one request in flight."""
-    return ProducerConfig(retry_times=retry_times, accumulator=AccumulatorConfig(linger=0))
+    accumulator = AccumulatorConfig(linger=0, max_requests_in_flight=1)
+    return ProducerConfig(retry_times=retry_times, accumulator=accumulator)
 
 
 def callers_messages() -> list[Message]:
