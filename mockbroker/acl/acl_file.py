@@ -76,10 +76,10 @@ class _Reader:
         if root is None or self.is_null(root):
             return AclRules()
         top = self.mapping(root, "the file")
-        for key, node in top.items():
+        for key, (key_node, _) in top.items():
             if key not in _TOP_KEYS:
                 raise self.fail(
-                    node[0], f"unknown key {key!r}: expected one of {_sorted(_TOP_KEYS)}"
+                    key_node, f"unknown key {key!r}: expected one of {_sorted(_TOP_KEYS)}"
                 )
         white = tuple(
             self.pattern(n) for n in self.sequence(self.value(top, "globalWhiteRemoteAddresses"))
