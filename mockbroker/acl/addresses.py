@@ -130,12 +130,15 @@ def _braces(text: str) -> frozenset[_Address]:
 
 
 def _number(text: str, base: int, top: int, pattern: str) -> int:
-    digits = "0123456789abcdefABCDEF"[: 10 if base == 10 else 22]
-    if not text or len(text) > (3 if base == 10 else 4) or any(c not in digits for c in text):
-        raise ValueError(f"address pattern {pattern!r}: {text!r} is not a number from 0 to {top}")
+    kind, top_text = ("decimal", str(top)) if base == 10 else ("hexadecimal", format(top, "x"))
+    digits = "0123456789" if base == 10 else "0123456789abcdefABCDEF"
+    if not text or len(text) > len(top_text) or any(c not in digits for c in text):
+        raise ValueError(
+            f"address pattern {pattern!r}: {text!r} is not a {kind} number from 0 to {top_text}"
+        )
     value = int(text, base)
     if value > top:
-        raise ValueError(f"address pattern {pattern!r}: {text!r} is above {top}")
+        raise ValueError(f"address pattern {pattern!r}: {text!r} is above {top_text}")
     return value
 
 
