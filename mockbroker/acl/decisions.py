@@ -149,7 +149,7 @@ class Acl:
             raise AclDenied(
                 DenyReason.PERMISSION_DENIED,
                 f"accessKey {account.access_key!r} is not an admin account;"
-                f" only an admin may do this to {resource}",
+                f" ADMIN on {resource} is for admin accounts only",
             )
         owned, source = _owned(account, resource)
         if not grants(owned, wanted):
