@@ -71,6 +71,7 @@ ORDERMQ_RPCS: dict[str, Needs] = {
     "QueryQueueOffsets": _ROUTE,
     "LockBatch": _CONSUME,
     "UnlockBatch": _CONSUME,
+    # Heartbeat: once per consumer group it names (RocketMQ checks no producer group).
     "Heartbeat": _GROUP,
     "UnregisterClient": _GROUP,
     "GetConsumerList": _GROUP,
@@ -78,10 +79,12 @@ ORDERMQ_RPCS: dict[str, Needs] = {
     "QueryConsumerOffset": _CONSUME,
     "CommitConsumerOffsets": _CONSUME,
     "SendBack": _GROUP,
+    # CancelScheduled: PUB on the message's topic (the front looks it up if not given).
     "CancelScheduled": _SEND,
     "Receive": _CONSUME,
     "Ack": _CONSUME,
     "ChangeInvisibleDuration": _CONSUME,
+    # RocketMQ lists topic creation as admin; ordermq adds ResetOffset, which rewinds a group.
     "CreateTopic": _ADMIN,
     "ResetOffset": _ADMIN,
     "ListTopics": _KNOWN,
