@@ -251,6 +251,45 @@ def _group_families(s: BrokerState) -> Iterator[Metric]:
         ["group"], [((g,), retry.dead_lettered[g]) for g in groups if g in retry.dead_lettered],
     )  # fmt: skip
     yield _lag(s)
+    yield from pop_metrics(s, set(groups))
+
+
+def pop_metrics(s: BrokerState, groups: set[str]) -> Iterator[Metric]:
+    """What simple consumers' receives (pop) hold and did, by group and topic.
+
+    A (group, topic) with pop state or a count has every series, zeros included.
+    """
+    pop = s.pop
+    stats = pop.stats
+    held = pop.in_flight()
+    keys = sorted(
+        key
+        for key in set(held).union(stats.received, stats.acked, stats.expired, stats.dead_lettered)
+        if key[0] in groups
+    )
+    in_flight = GaugeMetricFamily(
+        "ordermq_pop_messages_in_flight",
+        "Messages received and not yet acked whose invisible time has not passed",
+        labels=["group", "topic"],
+    )
+    for group, topic in keys:
+        in_flight.add_metric([group, topic], held.get((group, topic), 0))
+    yield in_flight
+    for name, documentation, counts in (
+        ("ordermq_pop_messages_received",
+         "Messages delivered to receives (each re-delivery counts again)", stats.received),
+        ("ordermq_pop_messages_acked", "Received messages acked (settled)", stats.acked),
+        ("ordermq_pop_messages_expired",
+         "Received messages whose invisible time passed without an ack: visible again, to "
+         "be delivered again or dead-lettered", stats.expired),
+        ("ordermq_pop_messages_dead_lettered",
+         "Received messages moved to %DLQ%<group>: after their last delivery attempt, or "
+         "forwarded by the client", stats.dead_lettered),
+    ):  # fmt: skip
+        yield _counter(
+            name, documentation, ["group", "topic"],
+            [(key, counts[key]) for key in keys],
+        )  # fmt: skip
 
 
 def _lag(s: BrokerState) -> Metric:

@@ -56,6 +56,7 @@ from mockbroker.pop.receipts import (
     receipt_expired,
     stale_receipt,
 )
+from mockbroker.pop.stats import PopStats
 from mockbroker.pop.window import UINT64, Entry, Lease, Window, b64, natural, unb64
 from mockbroker.retry import RetryService
 from mockbroker.store.message_store import MessageStore
@@ -158,8 +159,8 @@ class PopService:
         self._exhausted: set[tuple[str, str, int, int]] = set()  # to dead-letter
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        #: Messages dead-lettered since start.
-        self.dead_lettered = 0
+        #: What the groups did since start (the metrics page reads it).
+        self.stats = PopStats()
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> None:
@@ -248,6 +249,7 @@ class PopService:
                              fifo, max_attempts or self.default_max_attempts)  # fmt: skip
             if got:
                 await self.journal.sync()
+                self.stats.received[(group, topic.name)] += len(got)
                 return got
             now = self._clock.now()
             if now >= deadline or self._holder.closed:
@@ -501,6 +503,7 @@ class PopService:
             self.journal.append(
                 _settle_record(group, r.topic, r.queue_id, r.offset, r.nonce, window.base)
             )
+            self.stats.acked[(group, r.topic)] += 1
             self._holder.notify(r.topic, r.queue_id)  # a FIFO key or window room freed
 
     async def change_invisible_duration(
@@ -593,8 +596,10 @@ class PopService:
     def _expire(self, group: str, g: _Group, topic: str, qid: int, window: Window,
                 now_ms: int) -> bool:  # fmt: skip
         freed, exhausted = window.expire(now_ms, g.max_attempts)
+        if freed:
+            self.stats.expired[(group, topic)] += freed
         self._note_exhausted(group, topic, qid, exhausted)
-        return freed
+        return freed > 0
 
     def _note_exhausted(self, group: str, topic: str, qid: int, offsets: list[int]) -> None:
         if offsets:
@@ -656,7 +661,7 @@ class PopService:
             return False
         window.settle(offset, 0)
         self.journal.append(_settle_record(group, topic, qid, offset, 0, window.base))
-        self.dead_lettered += 1
+        self.stats.dead_lettered[(group, topic)] += 1
         self._holder.notify(topic, qid)
         return True
 
@@ -720,6 +725,19 @@ class PopService:
         if window is None:
             return None
         return PopProgress(window.base, window.position, window.in_flight(self._now_ms()))
+
+    def in_flight(self) -> dict[tuple[str, str], int]:
+        """Messages receives hold now (leased, not acked, time not up), by (group, topic).
+
+        Every group's windows appear, with 0 when nothing of a topic is held.
+        """
+        now_ms = self._now_ms()
+        held: dict[tuple[str, str], int] = {}
+        for group, g in self._groups.items():
+            for (topic, _qid), window in g.windows.items():
+                key = (group, topic)
+                held[key] = held.get(key, 0) + window.in_flight(now_ms)
+        return held
 
     def describe(self) -> dict[str, Any]:
         """Everything the windows hold, comparable (for tests and debugging)."""

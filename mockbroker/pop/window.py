@@ -112,13 +112,13 @@ class Window:
                 self._known_to = self.base
         self._advance()
 
-    def expire(self, now_ms: int, max_attempts: int) -> tuple[bool, list[int]]:
+    def expire(self, now_ms: int, max_attempts: int) -> tuple[int, list[int]]:
         """End the leases that ran out by `now_ms`.
 
-        Returns whether a message became visible again, and the offsets of those that were
+        Returns how many messages became visible again, and the offsets of those that were
         delivered `max_attempts` times already (for the dead-letter topic).
         """
-        freed, exhausted = False, []
+        freed, exhausted = 0, []
         heap = self._leases
         while heap and heap[0][0] <= now_ms:
             deadline, offset, nonce = heapq.heappop(heap)
@@ -127,7 +127,7 @@ class Window:
                 continue
             entry.nonce = 0
             self.unleased += 1
-            freed = True
+            freed += 1
             if entry.attempts >= max_attempts:
                 exhausted.append(offset)
         return freed, exhausted

@@ -381,6 +381,11 @@ DOCUMENTED = {
     "ordermq_group_members_disconnected": "gauge",
     "ordermq_messages_retried": "counter",
     "ordermq_messages_dead_lettered": "counter",
+    "ordermq_pop_messages_in_flight": "gauge",
+    "ordermq_pop_messages_received": "counter",
+    "ordermq_pop_messages_acked": "counter",
+    "ordermq_pop_messages_expired": "counter",
+    "ordermq_pop_messages_dead_lettered": "counter",
     "ordermq_consumer_lag": "gauge",
     "ordermq_disk_used_ratio": "gauge",
     "ordermq_sends_refused": "gauge",
@@ -408,3 +413,49 @@ def test_the_documented_series_are_exported_with_conventional_names(
             assert family.name.endswith("_seconds"), family.name
         if "bytes" in family.name:
             assert family.name.endswith("_bytes"), family.name
+
+
+def test_pop_series_count_receives_acks_expiries_and_dead_letters(
+    timed_broker: EmbeddedBroker, clock: FakeClock
+) -> None:
+    """Five jobs: two acked at once, three expire, one of those acked, two dead-lettered."""
+    port = metrics_port(timed_broker)
+    with Producer(timed_broker.address) as producer:
+        for i in range(5):
+            producer.send(Message("jobs", b"job-%d" % i))
+    key = (("group", "workers"), ("topic", "jobs"))
+
+    def pop(m: Samples) -> dict[str, float]:
+        names = ("received_total", "acked_total", "expired_total", "dead_lettered_total",
+                 "in_flight")  # fmt: skip
+        return {n: m.get((f"ordermq_pop_messages_{n}", key), -1) for n in names}
+
+    def counts(received: int, acked: int, expired: int, dead: int, held: int) -> dict[str, float]:
+        return {"received_total": received, "acked_total": acked, "expired_total": expired,
+                "dead_lettered_total": dead, "in_flight": held}  # fmt: skip
+
+    workers = sdk.SimpleConsumer(
+        "workers", timed_broker.address, await_duration=0, max_delivery_attempts=2, clock=clock
+    )
+    workers.subscribe("jobs")
+    with workers:
+        first = workers.receive(max_messages=16, invisible_duration=10)
+        assert len(first) == 5
+        for job in first[:2]:
+            workers.ack(job)
+        assert pop(scrape(port)) == counts(5, 2, 0, 0, 3)
+
+        clock.advance(10)  # the other three's time runs out: visible again
+        wait_until(lambda: pop(scrape(port))["expired_total"] == 3, 30, "three expiries")
+        again = workers.receive(max_messages=16, invisible_duration=10)
+        assert sorted(m.delivery_attempt for m in again) == [2, 2, 2]
+        workers.ack(again[0])
+        assert pop(scrape(port)) == counts(8, 3, 3, 0, 2)
+
+        clock.advance(10)  # their second and last attempt runs out: dead letters
+        wait_until(lambda: pop(scrape(port))["dead_lettered_total"] == 2, 30, "two dead letters")
+        m = scrape(port)
+    assert pop(m) == counts(8, 3, 5, 2, 0)
+    assert m[("ordermq_messages_dead_lettered_total", (("group", "workers"),))] == 2
+    assert types(port)["ordermq_pop_messages_in_flight"] == "gauge"
+    assert types(port)["ordermq_pop_messages_received"] == "counter"
