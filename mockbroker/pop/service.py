@@ -162,6 +162,11 @@ class PopService:
         #: What the groups did since start (the metrics page reads it).
         self.stats = PopStats()
 
+    @property
+    def dead_lettered(self) -> int:
+        """Messages dead-lettered since start, every group's."""
+        return sum(self.stats.dead_lettered.values())
+
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> None:
         """Recover the windows from the journal and fit them to the store (at start).
