@@ -184,8 +184,11 @@ class PopService:
                     continue
                 cq = store.queue(topic, qid)
                 window.truncate(cq.max_offset)  # an async-flush crash lost the log's tail
+                # The committed offset mirrors a base that may have passed what survived:
+                # never past the queue's end, or the messages stored next at the lost
+                # offsets would be skipped.
                 committed = self._offsets.get(group, topic_name, qid)
-                window.move_base(max(committed or 0, cq.min_offset))
+                window.move_base(min(max(committed or 0, cq.min_offset), cq.max_offset))
         log.info("pop state of %d group(s) recovered (%d journal records replayed)",
                  len(self._groups), self.journal.replayed)  # fmt: skip
         self._open_journal(self._state())
