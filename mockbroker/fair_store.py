@@ -43,6 +43,16 @@ class SlicedStore:
         self._orders = _Locks()  # (client, queue): a client's sends to a queue, in order
         self._writes = _Locks()  # queue: a batch written there in slices, until whole
 
+    @property
+    def slice_messages(self) -> int:
+        """Most messages one slice checks or reads."""
+        return self._messages
+
+    @property
+    def slice_bytes(self) -> int:
+        """Most bytes one slice checks or reads (but one record, whatever its size)."""
+        return self._bytes
+
     def in_order(self, client: Hashable, queue: tuple[str, int]) -> InOrder:
         """Hold `queue` for one send of `client`: its sends to a queue are stored in order.
 

@@ -262,6 +262,7 @@ class Broker:
             commits=OffsetCommits(self.store, self.offsets, locks),
             topic_creation=retry.topics,
         )
+        pop.sliced, pop.limits = state.sliced, state.limits  # receives share like pulls
         # Without so_reuseport=0 a second broker could bind the same port and share it.
         server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
         self._messaging = MessagingService(state)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,8 @@ from typing import Any
 from grpc import StatusCode
 
 from mockbroker.errors import BrokerError, invalid
+from mockbroker.fair_store import SlicedStore
+from mockbroker.limits import ClientLimits
 from mockbroker.long_polling import PullHolder
 from mockbroker.offsets import ConsumerOffsets
 from mockbroker.pop.journal import Journal
@@ -161,6 +163,11 @@ class PopService:
         self._task: asyncio.Task[None] | None = None
         #: What the groups did since start (the metrics page reads it).
         self.stats = PopStats()
+        #: Set by the server: a receive naming its client reads the store in slices that
+        #: take turns with other clients' sends and pulls (None: at once), and waits while
+        #: its client is over its in-flight limit, its answer counting against it.
+        self.sliced: SlicedStore | None = None
+        self.limits: ClientLimits | None = None
 
     @property
     def dead_lettered(self) -> int:
@@ -237,6 +244,7 @@ class PopService:
         fifo: bool = False,
         max_attempts: int = 0,
         wait_ms: int = 0,
+        client: Hashable | None = None,
     ) -> list[Received]:
         """Deliver up to `max_messages` messages of `topic_name` to `group`.
 
@@ -245,18 +253,34 @@ class PopService:
         expression (None: every message); messages it does not match are settled unseen.
         `max_attempts` (0: the broker's default) sets the group's delivery limit. With
         `wait_ms`, a receive that finds nothing waits that long for a message.
+
+        `client` (a connection) shares the store fairly as a pull does: the receive reads
+        in slices, each taking its turn (`sliced`), and answers one slice while other
+        clients are active; it waits while its client is over its in-flight limit
+        (`limits`), and its answer counts against that limit until it is answered.
         """
         topic, queues = self._check_receive(
             group, topic_name, max_messages, invisible_ms, queue_ids, max_attempts, wait_ms
         )
         self.journal.check()
         deadline = self._clock.now() + wait_ms / 1000
+        limits = self.limits if client is not None else None
         while True:
+            if limits is not None and limits.over(client):
+                await limits.room(client)
             self._check_mode(group, fifo)  # again after a wait: another receive may have won
-            got = self._take(group, topic, queues, max_messages, invisible_ms, tags,
-                             fifo, max_attempts or self.default_max_attempts)  # fmt: skip
+            got = await self._take_turns(client, group, topic, queues, max_messages,
+                                         invisible_ms, tags, fifo,
+                                         max_attempts or self.default_max_attempts)  # fmt: skip
             if got:
-                await self.journal.sync()
+                size = sum(len(r.record) for r in got)
+                if limits is not None:
+                    limits.hold(client, size)
+                try:
+                    await self.journal.sync()
+                finally:
+                    if limits is not None:
+                        limits.hold(client, -size)
                 self.stats.received[(group, topic.name)] += len(got)
                 return got
             now = self._clock.now()
@@ -308,6 +332,49 @@ class PopService:
                 "them first, or use another group",
             )
 
+    async def _take_turns(
+        self,
+        client: Hashable | None,
+        group: str,
+        topic: Topic,
+        queues: list[int],
+        want: int,
+        invisible_ms: int,
+        tags: frozenset[bytes] | None,
+        fifo: bool,
+        max_attempts: int,
+    ) -> list[Received]:
+        """`_take` at once, or, for a client under fair scheduling, a slice per turn.
+
+        Each slice is a `_take` of its own (leased and journaled whole). A slice that
+        fails after others were taken ends the receive with what they took: those are
+        journaled already, and the next receive meets the failure.
+        """
+        sliced = self.sliced if client is not None else None
+        if sliced is None:
+            return self._take(group, topic, queues, want, invisible_ms, tags, fifo,
+                              max_attempts, budget=MAX_PULL_BYTES, first=True)  # fmt: skip
+        scheduler = sliced.scheduler
+        out: list[Received] = []
+        taken = 0
+        while True:
+            try:
+                async with scheduler.turn(client):
+                    part = self._take(
+                        group, topic, queues, min(want - len(out), sliced.slice_messages),
+                        invisible_ms, tags, fifo, max_attempts,
+                        budget=min(MAX_PULL_BYTES - taken, sliced.slice_bytes), first=not out,
+                    )  # fmt: skip
+            except BrokerError:
+                if not out:
+                    raise
+                return out
+            out += part
+            taken += sum(len(r.record) for r in part)
+            if (not part or len(out) >= want or taken >= MAX_PULL_BYTES
+                    or scheduler.others_active(client)):  # fmt: skip
+                return out
+
     def _take(
         self,
         group: str,
@@ -318,12 +385,17 @@ class PopService:
         tags: frozenset[bytes] | None,
         fifo: bool,
         max_attempts: int,
+        *,
+        budget: int,
+        first: bool,
     ) -> list[Received]:
         """Choose and lease messages now (no await: nothing changes meanwhile).
 
-        All or nothing: when a queue fails part-way (a read error), the leases already
-        taken of the others are taken back before anything is journaled, so no message
-        stays hidden for a delivery that never went out.
+        At most `budget` bytes of records, but the first one when `first` (a receive's
+        first message is delivered however large). All or nothing: when a queue fails
+        part-way (a read error), the leases already taken of the others are taken back
+        before anything is journaled, so no message stays hidden for a delivery that
+        never went out.
         """
         g = self._groups.get(group)
         if g is None:
@@ -332,7 +404,6 @@ class PopService:
         now_ms = self._now_ms()
         out: list[Received] = []
         taken: list[tuple[int, Window, list[Lease]]] = []
-        budget = MAX_PULL_BYTES
         start = g.turn.get(topic.name, 0) % len(queues)
         g.turn[topic.name] = start + 1
         try:
@@ -343,7 +414,7 @@ class PopService:
                 window = self._window(g, group, topic, qid)
                 leases, got = self._take_from(group, g, topic, qid, window, want - len(out),
                                               budget, tags, now_ms, invisible_ms,
-                                              first=not out)  # fmt: skip
+                                              first=first and not out)  # fmt: skip
                 if leases:
                     taken.append((qid, window, leases))
                 budget -= sum(len(r.record) for r in got)

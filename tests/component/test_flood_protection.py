@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -175,3 +176,108 @@ def test_another_clients_sends_to_a_flooded_queue_never_split_its_batches(
     starts = sorted(a.first_queue_offset for a in answers)
     assert all(a.count == 1000 for a in answers)
     assert all(b - a >= 1000 for a, b in itertools.pairwise(starts))
+
+
+# ---------------------------------------------------------------------- receives (pop)
+def receive_request(group: str, topic: str, count: int) -> pb.ReceiveRequest:
+    return pb.ReceiveRequest(
+        group=group, topic=topic, max_messages=count, invisible_duration_ms=60_000
+    )
+
+
+def journaled_leases(broker: Broker) -> list[tuple[str, int]]:
+    """(group, messages) of each lease record of the pop journal, in order."""
+    out = []
+    for path in sorted((broker.config.data_dir / "pop").glob("journal-*.log")):
+        for line in path.read_bytes().splitlines():
+            record = json.loads(line[9:])
+            if record["op"] == "lease":
+                out.append((record["g"], len(record["e"])))
+    return out
+
+
+@pytest.mark.parametrize("other", ["pull", "receive"])
+def test_a_clients_flood_of_receives_does_not_starve_another_clients_pull_or_receive(
+    tmp_path: Path, other: str
+) -> None:
+    """Fails without receives taking turns: the 50 receives read and lease all the
+    flooder's 8 000 messages before the other client's request reads anything."""
+
+    async def body(broker: Broker, service: MessagingService) -> tuple[int, list[int]]:
+        assert broker.state is not None
+        for q in range(QUEUES):
+            await service.send(request("flood", q, 1000), "flooder")
+        await service.send(request("normal", 0, 1), "normal")
+        flood = [
+            asyncio.create_task(service.receive(receive_request("fg", "flood", 1000), "flooder"))
+            for _ in range(FLOOD_BATCHES)
+        ]
+        await asyncio.sleep(0)  # the broker has taken all 50; they wait for their turns
+        if other == "pull":
+            pulled = await service.pull(
+                pb.PullRequest(group="ng", topic="normal", queue_id=0, offset=0,
+                               max_messages=32, max_bytes=1 << 20), "normal",
+            )  # fmt: skip
+            ahead = broker.state.pop.in_flight().get(("fg", "flood"), 0)  # no await since it read
+            assert pulled.record_count == 1
+        else:
+            received = await service.receive(receive_request("ng", "normal", 32), "normal")
+            assert received.record_count == 1
+            leases = journaled_leases(broker)
+            first = next(i for i, (g, _) in enumerate(leases) if g == "ng")
+            ahead = sum(n for g, n in leases[:first] if g == "fg")
+        answers = await asyncio.gather(*flood)
+        counts = [a.record_count for a in answers]
+        assert sum(counts) == broker.state.pop.in_flight()[("fg", "flood")]
+        return ahead, counts
+
+    ahead, counts = serve(tmp_path, {}, body)
+    slice_messages = BrokerConfig().fair_slice_messages
+    assert ahead <= 2 * slice_messages, f"the flooder leased {ahead} messages first"
+    # While the other client was active each flooding receive answered a slice.
+    assert all(counts), "every flooding receive got messages"
+
+
+def test_a_receive_over_the_clients_limit_waits_and_its_answer_counts(tmp_path: Path) -> None:
+    async def body(broker: Broker, service: MessagingService) -> None:
+        assert broker.state is not None
+        limits = broker.state.limits
+        await service.send(request("jobs", 0, 40), "producer")
+        limits.hold("c", 1024)  # say, its sends in flight
+        waiting = asyncio.create_task(service.receive(receive_request("g", "jobs", 5), "c"))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not waiting.done() and broker.state.pop.progress("g", "jobs", 0) is None, (
+            "a receive over the limit reads nothing"
+        )
+        limits.hold("c", -1024)
+        assert (await waiting).record_count == 5
+
+        # Its answer counts until answered: held while the journal syncs it.
+        synced = asyncio.Event()
+        sync = broker.state.pop.journal.sync
+
+        async def slow_sync() -> None:
+            await synced.wait()
+            await sync()
+
+        broker.state.pop.journal.sync = slow_sync  # type: ignore[method-assign]
+        first = asyncio.create_task(service.receive(receive_request("g", "jobs", 15), "c"))
+        try:
+            for _ in range(20):
+                await asyncio.sleep(0)
+            held = limits.held("c")
+            assert held > 1024, "the first answer's records (15 messages) count"
+            second = asyncio.create_task(service.receive(receive_request("g", "jobs", 5), "c"))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert limits.held("c") == held, "the second waits for room"
+            assert not second.done()
+        finally:
+            synced.set()
+        answer = await first
+        assert held == len(answer.records)
+        assert (await second).record_count == 5
+        assert limits.held("c") == 0
+
+    serve(tmp_path, {"client_max_in_flight_bytes": 1024}, body)

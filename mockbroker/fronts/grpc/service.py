@@ -202,6 +202,15 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
     @answers_errors
     async def Receive(self, request: pb.ReceiveRequest, context: Context) -> pb.ReceiveResponse:
         """Take messages for a group, each hidden for its invisible duration (mockbroker/pop)."""
+        return await self.receive(request, context.peer())
+
+    async def receive(self, request: pb.ReceiveRequest, client: str) -> pb.ReceiveResponse:
+        """Receive's work (raises BrokerError).
+
+        `client` names the connection it came on: its reads take turns with other
+        clients' (fairness), and it waits while the client is over its in-flight limit,
+        as a pull does.
+        """
         got = await self._s.pop.receive(
             request.group,
             request.topic,
@@ -212,6 +221,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             fifo=request.fifo,
             max_attempts=request.max_delivery_attempts,
             wait_ms=request.wait_ms,
+            client=client,
         )
         return pb.ReceiveResponse(
             records=b"".join(r.record for r in got),
