@@ -80,6 +80,7 @@ class PopCore(Protocol):
         invisible_seconds: float,
         wait_seconds: float,
         attempt_id: str,
+        client: str | None = None,
     ) -> Sequence[Popped]:
         """Up to `max_messages` visible messages of `topic` for `group`, now invisible.
 
@@ -88,7 +89,8 @@ class PopCore(Protocol):
         tag (None: every message). With nothing to hand out, wait up to `wait_seconds`
         for something, then return what there is (maybe nothing). `attempt_id` is the
         same when a client retries a receive whose answer it lost ("" when it sent
-        none): a core may answer the retry with the same messages.
+        none): a core may answer the retry with the same messages. `client` names the
+        connection (fair turns and the in-flight limit, as for pulls; None: neither).
         """
         ...
 

@@ -37,6 +37,7 @@ class PopCoreAdapter:
         invisible_seconds: float,
         wait_seconds: float,
         attempt_id: str,
+        client: str | None = None,
     ) -> Sequence[Popped]:
         """Receive from every queue of the topic (`attempt_id` is not used)."""
         got = await self._pop.receive(
@@ -47,6 +48,7 @@ class PopCoreAdapter:
             tags=tags,
             fifo=group in self._fifo,
             wait_ms=round(wait_seconds * 1000),
+            client=client,
         )
         now_ms = self._clock.now() * 1000
         return [

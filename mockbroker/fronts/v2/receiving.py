@@ -76,11 +76,18 @@ class Receiving:
 
     # ------------------------------------------------------------------ receive
     async def receive(
-        self, request: svc.ReceiveMessageRequest, *, time_remaining: float | None
+        self,
+        request: svc.ReceiveMessageRequest,
+        *,
+        time_remaining: float | None,
+        client: str | None = None,
     ) -> list[svc.ReceiveMessageResponse]:
-        """The stream answering a receive; `time_remaining` is left of the call's deadline."""
+        """The stream answering a receive; `time_remaining` is left of the call's deadline.
+
+        `client` names the connection (fair turns and the in-flight limit).
+        """
         try:
-            popped = await self._receive(request, time_remaining)
+            popped = await self._receive(request, time_remaining, client)
         except (V2Error, BrokerError) as exc:
             return self._answer(status_of(exc), [])
         if not popped:
@@ -89,7 +96,10 @@ class Receiving:
         return self._answer(ok(), [self._served(p, store_host) for p in popped])
 
     async def _receive(
-        self, request: svc.ReceiveMessageRequest, time_remaining: float | None
+        self,
+        request: svc.ReceiveMessageRequest,
+        time_remaining: float | None,
+        client: str | None = None,
     ) -> list[Popped]:
         group = group_name(request.group)
         topic = topic_name(request.message_queue.topic)
@@ -130,6 +140,7 @@ class Receiving:
                 invisible_seconds=invisible,
                 wait_seconds=wait,
                 attempt_id=request.attempt_id,
+                client=client,
             )
         )
 

@@ -380,7 +380,7 @@ class RocketMQ5Service:
         else:
             try:
                 answer = await self._receiving.receive(
-                    request, time_remaining=context.time_remaining()
+                    request, time_remaining=context.time_remaining(), client=context.peer()
                 )
             except asyncio.CancelledError:
                 self.requests.cancelled(METRIC_PREFIX + "ReceiveMessage")

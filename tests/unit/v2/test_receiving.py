@@ -140,6 +140,7 @@ def test_a_receive_streams_one_status_the_messages_and_a_delivery_timestamp() ->
     assert call == {
         "group": "workers", "topic": "jobs", "tags": None, "max_messages": 10,
         "invisible_seconds": 15.0, "wait_seconds": 20.0, "attempt_id": "attempt-1",
+        "client": None,
     }  # fmt: skip
 
 
@@ -386,3 +387,11 @@ def test_an_unexpected_core_error_is_an_internal_error_with_its_message() -> Non
     assert (response.status.code, response.status.message) == (
         v2.INTERNAL_SERVER_ERROR, "the store refuses writes",
     )  # fmt: skip
+
+
+def test_a_receive_names_its_connection_to_the_core() -> None:
+    """The core reads in fair turns and counts the answer against the client's limit."""
+    core = FakeCore()
+    request = receive_request()
+    asyncio.run(receiving(core).receive(request, time_remaining=None, client="ipv4:10.0.0.1:1"))
+    assert core.calls[0][1]["client"] == "ipv4:10.0.0.1:1"
