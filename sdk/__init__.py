@@ -42,6 +42,7 @@ from sdk.selector import (
     SelectMessageQueueByRandom,
     shard_index,
 )
+from sdk.credentials import Credentials
 from sdk.tls import TLSConfig
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "ConsumeFromWhere",
     "ConsumeOrderlyContext",
     "ConsumeOrderlyStatus",
+    "Credentials",
     "EarlierSendFailedError",
     "KeepInvisible",
     "LitePullConsumer",
