@@ -31,6 +31,7 @@ from sdk.consumer.listener import (
 from sdk.consumer.lite_pull import LitePullConsumer
 from sdk.consumer.push import PushConsumer
 from sdk.consumer.simple import KeepInvisible, SimpleConsumer
+from sdk.credentials import Credentials
 from sdk.errors import OrderMQError
 from sdk.message import Message, MessageExt, MessageQueue, Receipt, SendResult, SendStatus
 from sdk.producer import EarlierSendFailedError, PartialBatchError, Producer
@@ -42,7 +43,6 @@ from sdk.selector import (
     SelectMessageQueueByRandom,
     shard_index,
 )
-from sdk.credentials import Credentials
 from sdk.tls import TLSConfig
 
 __all__ = [

@@ -8,7 +8,7 @@ request) without touching the call sites. A channel without credentials has none
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import Message
@@ -18,12 +18,18 @@ from sdk.credentials import Credentials, signed_metadata
 
 Details = grpc.aio.ClientCallDetails
 
+# grpc-stubs makes the interceptor classes generic; at run time they are not.
+if TYPE_CHECKING:
+    _UnaryUnary = grpc.aio.UnaryUnaryClientInterceptor[Any, Any]
+    _UnaryStream = grpc.aio.UnaryStreamClientInterceptor[Any, Any]
+    _StreamStream = grpc.aio.StreamStreamClientInterceptor[Any, Any]
+else:
+    _UnaryUnary = grpc.aio.UnaryUnaryClientInterceptor
+    _UnaryStream = grpc.aio.UnaryStreamClientInterceptor
+    _StreamStream = grpc.aio.StreamStreamClientInterceptor
 
-class CallSigner(
-    grpc.aio.UnaryUnaryClientInterceptor[Any, Any],
-    grpc.aio.UnaryStreamClientInterceptor[Any, Any],
-    grpc.aio.StreamStreamClientInterceptor[Any, Any],
-):
+
+class CallSigner(_UnaryUnary, _UnaryStream, _StreamStream):
     """Adds ordermq-access-key, ordermq-date and ordermq-signature to every call."""
 
     def __init__(self, credentials: Credentials, clock: Clock) -> None:
