@@ -91,7 +91,9 @@ class BrokerClient:
         self._connected_once = False
         # With credentials every call is signed (sdk/_transport/signing.py).
         interceptors: Sequence[Any] | None = (
-            [CallSigner(credentials, clock or SystemClock())] if credentials is not None else None
+            CallSigner(credentials, clock or SystemClock()).interceptors()
+            if credentials is not None
+            else None
         )
         self._channel = (
             grpc.aio.secure_channel(

@@ -29,14 +29,18 @@ else:
     _StreamStream = grpc.aio.StreamStreamClientInterceptor
 
 
-class CallSigner(_UnaryUnary, _UnaryStream, _StreamStream):
-    """Adds ordermq-access-key, ordermq-date and ordermq-signature to every call."""
+class CallSigner:
+    """Adds ordermq-access-key, ordermq-date and ordermq-signature to a call's metadata."""
 
     def __init__(self, credentials: Credentials, clock: Clock) -> None:
         self._credentials = credentials
         self._clock = clock
 
-    def _signed(self, details: Details, body: bytes) -> Details:
+    def signed(self, details: Details, request: Any) -> Details:
+        """The call's details with its signature, over `request` (None: no bytes)."""
+        body = (
+            request.SerializeToString(deterministic=True) if isinstance(request, Message) else b""
+        )
         method = details.method
         path = method.decode() if isinstance(method, bytes) else str(method)
         date_ms = int(self._clock.now() * 1000)
@@ -47,29 +51,41 @@ class CallSigner(_UnaryUnary, _UnaryStream, _StreamStream):
             details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
         )
 
-    @staticmethod
-    def _body(request: Any) -> bytes:
-        if isinstance(request, Message):
-            return request.SerializeToString(deterministic=True)
-        return b""
+    def interceptors(self) -> list[Any]:
+        """One interceptor per kind of call (a channel files each under one kind only)."""
+        return [_SignUnary(self), _SignUnaryStream(self), _SignStream(self)]
+
+
+class _SignUnary(_UnaryUnary):
+    def __init__(self, signer: CallSigner) -> None:
+        self._signer = signer
 
     async def intercept_unary_unary(
-        self, continuation: Any, client_call_details: Details,
-        request: Any,
-    ) -> Any:  # fmt: skip
-        """Sign a unary call over its request."""
-        return await continuation(self._signed(client_call_details, self._body(request)), request)
+        self, continuation: Any, client_call_details: Details, request: Any
+    ) -> Any:
+        return await continuation(self._signer.signed(client_call_details, request), request)
+
+
+class _SignUnaryStream(_UnaryStream):
+    def __init__(self, signer: CallSigner) -> None:
+        self._signer = signer
 
     async def intercept_unary_stream(
-        self, continuation: Any, client_call_details: Details,
-        request: Any,
-    ) -> Any:  # fmt: skip
-        """Sign a server-streaming call over its request."""
-        return await continuation(self._signed(client_call_details, self._body(request)), request)
+        self, continuation: Any, client_call_details: Details, request: Any
+    ) -> Any:
+        return await continuation(self._signer.signed(client_call_details, request), request)
+
+
+class _SignStream(_StreamStream):
+    """The Exchange stream: its opening is signed (its frames are checked one by one)."""
+
+    def __init__(self, signer: CallSigner) -> None:
+        self._signer = signer
 
     async def intercept_stream_stream(
-        self, continuation: Any, client_call_details: Details,
+        self,
+        continuation: Any,
+        client_call_details: Details,
         request_iterator: AsyncIterable[Any] | Iterable[Any] | None,
-    ) -> Any:  # fmt: skip
-        """Sign a stream's opening (its frames are checked by the broker one by one)."""
-        return await continuation(self._signed(client_call_details, b""), request_iterator)
+    ) -> Any:
+        return await continuation(self._signer.signed(client_call_details, None), request_iterator)
