@@ -6,6 +6,7 @@ no lock taken, no offset moved (`Snapshot`). The ACL file is written by each tes
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterator
@@ -153,9 +154,11 @@ def test_a_date_outside_the_window_is_refused(tmp_path: Path, skew: float) -> No
     b = start(tmp_path, clock=clock)
     try:
         before = Snapshot(b)
-        with Producer(b.address, credentials=PRODUCER) as p:
-            with pytest.raises(AuthenticationError, match="outside its window of 300s"):
-                p.send(message())
+        with (
+            Producer(b.address, credentials=PRODUCER) as p,
+            pytest.raises(AuthenticationError, match="outside its window of 300s"),
+        ):
+            p.send(message())
         assert Snapshot(b) == before
     finally:
         b.stop()
@@ -198,9 +201,12 @@ def test_a_publisher_sends_to_its_topic(broker: EmbeddedBroker) -> None:
 
 def test_a_sub_only_account_cannot_send_on_the_exchange_stream(broker: EmbeddedBroker) -> None:
     before = Snapshot(broker)
-    with Producer(broker.address, credentials=CONSUMER) as p:  # its route lookup passes
-        with pytest.raises(PermissionDeniedError) as e:
-            p.send(message())
+    # Its route lookup (unary) passes; the send, on the Exchange stream, is refused.
+    with (
+        Producer(broker.address, credentials=CONSUMER) as p,
+        pytest.raises(PermissionDeniedError) as e,
+    ):
+        p.send(message())
     assert "'consumer-key'" in str(e.value) and "PUB" in str(e.value)
     assert "topic 'orders'" in str(e.value) and not e.value.retriable
     assert Snapshot(broker) == before
@@ -217,9 +223,9 @@ def test_a_pub_only_account_cannot_pull(broker: EmbeddedBroker) -> None:
 
 
 def test_a_consumer_consumes_and_commits_in_its_group(broker: EmbeddedBroker) -> None:
-    with LitePullConsumer(GROUP, broker.address, credentials=CONSUMER, auto_commit=False) as c:
-        c.subscribe(TOPIC)
-        c.start()
+    c = LitePullConsumer(GROUP, broker.address, credentials=CONSUMER, auto_commit=False)
+    c.subscribe(TOPIC)
+    with c:
         got: list[MessageExt] = []
         wait_until(lambda: bool(got.extend(c.poll(0.2))) or len(got) >= 4, what="4 messages")
         c.commit()
@@ -251,8 +257,39 @@ def test_a_push_consumer_refused_says_so_once_and_does_not_spin(
         consumer.start()
     consumer.shutdown()
     assert Snapshot(broker) == before
-    stats = broker.broker.state.requests if broker.broker.state else None
-    assert stats is not None
+
+
+def test_a_push_consumer_whose_permission_is_revoked_logs_it_and_backs_off(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Listener(MessageListenerOrderly):
+        def consume_message(self, msgs: list[MessageExt], context: object) -> ConsumeOrderlyStatus:
+            return ConsumeOrderlyStatus.SUCCESS
+
+    b = start(tmp_path)
+    try:
+        with Producer(b.address, credentials=ADMIN) as p:
+            p.send(message())
+        consumer = PushConsumer(GROUP, b.address, credentials=CONSUMER)
+        consumer.subscribe(TOPIC)
+        consumer.register_message_listener(Listener())
+        with caplog.at_level(logging.WARNING, logger="ordermq.consumer"), consumer:
+            state = b.broker.state
+            assert state is not None
+            wait_until(lambda: bool(state.locks.locks(GROUP)), what="the consumer's locks")
+            acl_file(tmp_path / "plain_acl.yml", ACL.replace("orders=SUB", "orders=DENY"))
+
+            def refused() -> int:
+                by_code = state.requests.by_code
+                return sum(n for (_, code), n in by_code.items() if code == "PERMISSION_DENIED")
+
+            wait_until(lambda: refused() > 0, what="a refused request")
+            first = refused()
+            time.sleep(2)
+            assert refused() - first < 40, "the consumer retries refusals without backing off"
+        assert "may not SUB topic 'orders'" in caplog.text
+    finally:
+        b.stop()
 
 
 # ---------------------------------------------------------------- admin
@@ -289,7 +326,9 @@ def test_the_cli_takes_credentials_from_the_environment(broker: EmbeddedBroker) 
     env = {"ORDERMQ_ACCESS_KEY": ADMIN.access_key, "ORDERMQ_SECRET_KEY": ADMIN.secret_key}
     result = CliRunner().invoke(cli, ["--broker", broker.address, "topics", "list"], env=env)
     assert result.exit_code == 0, result.output
-    half = CliRunner().invoke(cli, ["--broker", broker.address, "--access-key", "a" * 8, "x"])
+    half = CliRunner().invoke(
+        cli, ["--broker", broker.address, "--access-key", "a" * 8, "topics", "list"], env={}
+    )
     assert half.exit_code == 2 and "go together" in half.output
 
 
@@ -343,9 +382,8 @@ def test_a_bad_file_refuses_to_start_naming_the_line(tmp_path: Path) -> None:
 
 
 def test_without_an_acl_file_nothing_is_asked(tmp_path: Path) -> None:
-    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "data")) as b:
-        with Producer(b.address) as p:
-            p.send(message())
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "data")) as b, Producer(b.address) as p:
+        p.send(message())
 
 
 # ---------------------------------------------------------------- the client side
@@ -356,7 +394,7 @@ def test_credentials_hide_the_secret_and_refuse_bad_input() -> None:
         Credentials("", "the-secret-key")
     with pytest.raises(InvalidArgumentError, match="secret_key must be a str"):
         Credentials("access-key", None)  # type: ignore[arg-type]
-    with pytest.raises(InvalidArgumentError, match="credentials must be an sdk.Credentials"):
+    with pytest.raises(InvalidArgumentError, match=r"credentials must be an sdk\.Credentials"):
         Producer("127.0.0.1:1", credentials=("a", "b"))  # type: ignore[arg-type]
 
 
@@ -365,9 +403,19 @@ def test_credentials_over_rocketmq_remoting_are_not_supported_yet() -> None:
         Producer("rocketmq://127.0.0.1:9876", credentials=PRODUCER)
 
 
-async def test_the_asyncio_clients_sign_too(broker: EmbeddedBroker) -> None:
-    async with aio.Producer(broker.address, credentials=PRODUCER) as p:
-        await p.send(message())
-    async with aio.Producer(broker.address, credentials=CONSUMER) as p:
-        with pytest.raises(PermissionDeniedError):
+def test_the_asyncio_clients_sign_too(broker: EmbeddedBroker) -> None:
+    async def main() -> None:
+        async with aio.Producer(broker.address, credentials=PRODUCER) as p:
             await p.send(message())
+        async with aio.Producer(broker.address, credentials=CONSUMER) as p:
+            with pytest.raises(PermissionDeniedError):
+                await p.send(message())
+        consumer = aio.LitePullConsumer(GROUP, broker.address, credentials=PRODUCER)
+        consumer.subscribe(TOPIC)
+        with pytest.raises(PermissionDeniedError):
+            await consumer.start()
+        await consumer.shutdown()
+
+    before = Snapshot(broker)
+    asyncio.run(main())
+    assert Snapshot(broker).stored > before.stored
