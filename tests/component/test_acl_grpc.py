@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker.__main__ import main as broker_main
 from mockbroker.acl import AclFileError
 from sdk import (
     ConsumeOrderlyStatus,
@@ -375,10 +376,19 @@ def test_a_changed_file_puts_its_new_rules_in_force(tmp_path: Path) -> None:
         b.stop()
 
 
-def test_a_bad_file_refuses_to_start_naming_the_line(tmp_path: Path) -> None:
+def test_a_bad_file_refuses_to_start_naming_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = ACL.replace("orders=PUB\n", "orders=PUBLISH\n")
     with pytest.raises(AclFileError, match=r"plain_acl\.yml:7: .*PUBLISH"):
         start(tmp_path, bad)
+    assert not (tmp_path / "data" / "commitlog").exists()  # refused before the store opened
+    with pytest.raises(SystemExit) as exited:
+        broker_main(["--data-dir", str(tmp_path / "cli"), "--port", "0",
+                     "--acl-file", str(tmp_path / "plain_acl.yml")])  # fmt: skip
+    assert exited.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "plain_acl.yml:7:" in err[0] and "PUBLISH" in err[0], err
 
 
 def test_without_an_acl_file_nothing_is_asked(tmp_path: Path) -> None:
