@@ -243,8 +243,8 @@ def test_a_group_without_permission_locks_and_commits_nothing(broker: EmbeddedBr
     assert Snapshot(broker) == before
 
 
-def test_a_push_consumer_refused_says_so_once_and_does_not_spin(
-    broker: EmbeddedBroker, caplog: pytest.LogCaptureFixture
+def test_a_push_consumer_in_a_group_it_may_not_use_fails_to_start(
+    broker: EmbeddedBroker,
 ) -> None:
     class Listener(MessageListenerOrderly):
         def consume_message(self, msgs: list[MessageExt], context: object) -> ConsumeOrderlyStatus:
@@ -254,7 +254,7 @@ def test_a_push_consumer_refused_says_so_once_and_does_not_spin(
     consumer = PushConsumer("other", broker.address, credentials=CONSUMER)
     consumer.subscribe(TOPIC)
     consumer.register_message_listener(Listener())
-    with caplog.at_level(logging.WARNING), pytest.raises(PermissionDeniedError):
+    with pytest.raises(PermissionDeniedError, match="group 'other'"):
         consumer.start()
     consumer.shutdown()
     assert Snapshot(broker) == before
