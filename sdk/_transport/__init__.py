@@ -16,7 +16,9 @@ from sdk._transport.grpc_transport import GrpcTransport
 from sdk._transport.protocol import Transport
 from sdk._transport.remoting_transport import SCHEME as ROCKETMQ_SCHEME
 from sdk._transport.remoting_transport import RemotingTransport
-from sdk.errors import InvalidArgumentError
+from sdk.clock import Clock
+from sdk.credentials import Credentials
+from sdk.errors import InvalidArgumentError, UnsupportedByTransportError
 from sdk.tls import TLSConfig
 
 __all__ = ["Transport", "connect", "split_endpoints"]
@@ -48,8 +50,18 @@ def split_endpoints(endpoints: str | Sequence[str]) -> list[str]:
     return out
 
 
-def connect(endpoints: str | Sequence[str], tls: TLSConfig | None = None) -> Transport:
+def connect(
+    endpoints: str | Sequence[str],
+    tls: TLSConfig | None = None,
+    credentials: Credentials | None = None,
+    clock: Clock | None = None,
+) -> Transport:
     """The transport for `endpoints`, over TLS with `tls`; nothing connects until its first call.
+
+    With `credentials` every call is signed for that account of the broker's ACL
+    (sdk/credentials.py), dated by `clock`. Over RocketMQ remoting credentials are not
+    supported yet (RocketMQ's AclClientRPCHook signing is to come):
+    UnsupportedByTransportError.
 
     "rocketmq://" before the first endpoint makes them all RocketMQ name servers (it may
     be repeated before the others). InvalidArgumentError, naming the accepted forms, for
@@ -72,6 +84,17 @@ def connect(endpoints: str | Sequence[str], tls: TLSConfig | None = None) -> Tra
             )
     if tls is not None and not isinstance(tls, TLSConfig):
         raise InvalidArgumentError(f"tls must be an sdk.TLSConfig or None, not {tls!r}")
+    if credentials is not None and not isinstance(credentials, Credentials):
+        raise InvalidArgumentError(
+            f"credentials must be an sdk.Credentials or None, not {type(credentials).__name__}"
+        )
     if rocketmq:
+        if credentials is not None:
+            raise UnsupportedByTransportError(
+                "credentials (ACL signing) are not supported yet over RocketMQ remoting: "
+                "RocketMQ's AclClientRPCHook signing comes in a later release; use an "
+                "ordermq broker's host:port",
+                transport=ROCKETMQ_SCHEME,
+            )
         return RemotingTransport(addresses, tls)
-    return GrpcTransport(addresses, tls)
+    return GrpcTransport(addresses, tls, credentials, clock)
