@@ -321,6 +321,7 @@ class Broker:
                 state, self._client_host(),
                 max_connections=self.config.remoting_max_connections,
                 max_connections_per_host=self.config.remoting_max_connections_per_host,
+                acl=self.acl,
             )  # fmt: skip
             await self.remoting.start(
                 self.config.host, self.config.remoting_port, self.config.namesrv_port,

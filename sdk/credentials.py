@@ -51,8 +51,9 @@ class Credentials:
 
         Producer("broker:8081", credentials=Credentials("orders-app", "s3cret-key"))
 
-    Over rocketmq:// endpoints (RocketMQ remoting) credentials are not supported yet:
-    the client raises UnsupportedByTransportError.
+    Over rocketmq:// endpoints (RocketMQ remoting) requests are signed as RocketMQ's
+    AclClientRPCHook signs them (HMAC-SHA1 over the request's fields and body), for an
+    ordermq broker with an ACL file or Apache RocketMQ with plain ACL.
     """
 
     access_key: str

@@ -18,7 +18,7 @@ from sdk._transport.remoting_transport import SCHEME as ROCKETMQ_SCHEME
 from sdk._transport.remoting_transport import RemotingTransport
 from sdk.clock import Clock
 from sdk.credentials import Credentials
-from sdk.errors import InvalidArgumentError, UnsupportedByTransportError
+from sdk.errors import InvalidArgumentError
 from sdk.tls import TLSConfig
 
 __all__ = ["Transport", "connect", "split_endpoints"]
@@ -59,9 +59,8 @@ def connect(
     """The transport for `endpoints`, over TLS with `tls`; nothing connects until its first call.
 
     With `credentials` every call is signed for that account of the broker's ACL
-    (sdk/credentials.py), dated by `clock`. Over RocketMQ remoting credentials are not
-    supported yet (RocketMQ's AclClientRPCHook signing is to come):
-    UnsupportedByTransportError.
+    (sdk/credentials.py), dated by `clock`; over RocketMQ remoting it is signed as RocketMQ's
+    AclClientRPCHook signs it (sdk/_remoting/acl_signature.py: no date, no clock).
 
     "rocketmq://" before the first endpoint makes them all RocketMQ name servers (it may
     be repeated before the others). InvalidArgumentError, naming the accepted forms, for
@@ -89,12 +88,5 @@ def connect(
             f"credentials must be an sdk.Credentials or None, not {type(credentials).__name__}"
         )
     if rocketmq:
-        if credentials is not None:
-            raise UnsupportedByTransportError(
-                "credentials (ACL signing) are not supported yet over RocketMQ remoting: "
-                "RocketMQ's AclClientRPCHook signing comes in a later release; use an "
-                "ordermq broker's host:port",
-                transport=ROCKETMQ_SCHEME,
-            )
-        return RemotingTransport(addresses, tls)
+        return RemotingTransport(addresses, tls, credentials)
     return GrpcTransport(addresses, tls, credentials, clock)

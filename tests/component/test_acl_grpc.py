@@ -38,7 +38,6 @@ from sdk.errors import (
     AuthenticationError,
     InvalidArgumentError,
     PermissionDeniedError,
-    UnsupportedByTransportError,
 )
 from sdk.testing import FakeClock
 from tests.support import wait_until
@@ -406,11 +405,6 @@ def test_credentials_hide_the_secret_and_refuse_bad_input() -> None:
         Credentials("access-key", None)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match=r"credentials must be an sdk\.Credentials"):
         Producer("127.0.0.1:1", credentials=("a", "b"))  # type: ignore[arg-type]
-
-
-def test_credentials_over_rocketmq_remoting_are_not_supported_yet() -> None:
-    with pytest.raises(UnsupportedByTransportError, match="not supported yet"):
-        Producer("rocketmq://127.0.0.1:9876", credentials=PRODUCER)
 
 
 def test_the_asyncio_clients_sign_too(broker: EmbeddedBroker) -> None:
