@@ -11,6 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
+from mockbroker.acl import AclFileError
 from mockbroker.config import BrokerConfig
 from mockbroker.server import Broker
 from mockbroker.tls import TLSCertificateError
@@ -261,6 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="PEM CA certificate(s): clients must present a certificate signed by one (mutual TLS)",
     )
     p.add_argument(
+        "--acl-file",
+        type=Path,
+        metavar="FILE",
+        help="RocketMQ plain_acl.yml: every gRPC and admin call must be signed by an account "
+        "and allowed by it (re-read when it changes)",
+    )
+    p.add_argument(
         "--metrics-host",
         help="interface of the metrics page (default: loopback, whatever --host is)",
     )
@@ -321,6 +329,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             tls_cert=a.tls_cert,
             tls_key=a.tls_key,
             tls_client_ca=a.tls_client_ca,
+            acl_file=a.acl_file,
             metrics_host=a.metrics_host,
         )
     except ValueError as exc:
@@ -390,8 +399,9 @@ def main(argv: list[str] | None = None) -> None:
     raise_open_files_limit()
     try:
         asyncio.run(serve(config))
-    except (OSError, CorruptFileError, TLSCertificateError) as exc:
-        # in use, no room, a data file unreadable, a TLS file that cannot be served with
+    except (OSError, CorruptFileError, TLSCertificateError, AclFileError) as exc:
+        # in use, no room, a data file unreadable, a TLS file that cannot be served with,
+        # an ACL file with a fault (FILE:LINE)
         print(f"mockbroker: {exc}", file=sys.stderr)
         raise SystemExit(1) from exc
 

@@ -62,10 +62,10 @@ class BrokerConfig:
         disk_usage_file: For tests: read the disk's size and what else uses it from this
             JSON file (`{"total_bytes": N, "other_used_bytes": M}`) instead of the file
             system; the data directory's files count as used on top (None: the real disk).
-        fair_scheduling: Serve clients' sends and pulls in turns, so that one client
-            flooding the broker does not starve the others (mockbroker/fairness.py):
-            checking a send's messages and reading a pull's run in slices of at most
-            `fair_slice_messages` messages and `fair_slice_bytes` bytes; while several
+        fair_scheduling: Serve clients' sends, pulls and receives in turns, so that one
+            client flooding the broker does not starve the others (mockbroker/fairness.py):
+            checking a send's messages and reading a pull's or a receive's run in slices of
+            at most `fair_slice_messages` messages and `fair_slice_bytes` bytes; while several
             clients wait, they get a slice each in turn, and the loop reads sockets and
             answers between slices. A batch is written in one piece (all or nothing).
             Off: each request's store work runs whole, in order of arrival.
@@ -80,7 +80,7 @@ class BrokerConfig:
             invisible duration; FIFO groups as `fifo_groups` says) work on the same store,
             groups and offsets as ordermq's clients.
         client_max_in_flight_bytes: Bytes of one client's requests (sends' messages)
-            and answers (pulls' messages) the broker holds at once; past it, the broker
+            and answers (pulls' and receives' messages) the broker holds at once; past it, the broker
             reads no more of that client's requests until some are answered (the client
             waits, held back by flow control). One request is always taken, however large.
         client_max_locks: Queue locks one client id may hold at once, over every group
@@ -129,6 +129,12 @@ class BrokerConfig:
         tls_key: The certificate's PEM private key, unencrypted.
         tls_client_ca: PEM CA certificate(s): clients must present a certificate signed
             by one of them (mutual TLS). Needs `tls_cert`.
+        acl_file: RocketMQ 4.x plain_acl.yml: accounts and their permissions. With it,
+            every call of ordermq's gRPC and admin service must be signed by a known
+            account (docs/security.md, "Accounts and permissions") and is allowed only
+            what the file grants. Checked at start (FILE:LINE of a fault); re-read when
+            it changes, `acl_reload_seconds` apart.
+        acl_reload_seconds: How often the ACL file is looked at for changes.
         metrics_host: Interface of the metrics and health page (None: loopback, whatever
             `host` is; the page tells anyone who reaches it about topics and groups).
     """
@@ -173,6 +179,8 @@ class BrokerConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    acl_file: Path | None = None
+    acl_reload_seconds: float = 5.0
     metrics_host: str | None = None
 
     def __post_init__(self) -> None:
@@ -249,9 +257,11 @@ class BrokerConfig:
             )
         if self.disk_check_seconds <= 0:
             raise ValueError("disk_check_seconds must be positive")
+        if self.acl_reload_seconds <= 0:
+            raise ValueError("acl_reload_seconds must be positive")
         self.retention_policy()  # raises ValueError naming what is wrong
         object.__setattr__(self, "data_dir", Path(self.data_dir))
-        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+        for name in ("tls_cert", "tls_key", "tls_client_ca", "acl_file"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
 

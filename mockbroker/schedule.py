@@ -312,6 +312,14 @@ class Scheduler:
         self._changed.set()
         return result
 
+    def topic_of(self, msg_id: bytes) -> str | None:
+        """The topic of a message waiting or settled since start (None: not known here)."""
+        waiting = self._pending.get(msg_id)
+        if waiting is not None:
+            return waiting.topic
+        outcome = self._outcomes.get(msg_id)
+        return outcome.topic if outcome is not None else None
+
     async def cancel(self, topic: str | None, msg_id: bytes) -> int:
         """Cancel a pending message: CANCELLED, or DELIVERED if it was already delivered.
 

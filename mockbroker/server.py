@@ -10,11 +10,13 @@ import socket
 
 import grpc
 
+from mockbroker.acl import Acl, AclWatcher, load_acl_file
 from mockbroker.config import BrokerConfig
 from mockbroker.errors import BrokerError
 from mockbroker.fair_store import SlicedStore
 from mockbroker.fairness import FairScheduler
 from mockbroker.fronts.grpc.admin_service import AdminService
+from mockbroker.fronts.grpc.auth import GrpcAuth
 from mockbroker.fronts.grpc.service import MessagingService
 from mockbroker.fronts.grpc_errors import add_service
 from mockbroker.fronts.remoting.front import RemotingFront
@@ -124,6 +126,9 @@ class Broker:
         self.port = 0
         #: The TLS every port is served with (None: plain text).
         self.tls: ServerTLS | None = None
+        #: The accounts and permissions of config.acl_file (None: no ACL, everyone served).
+        self.acl: Acl | None = None
+        self._acl_watcher: asyncio.Task[None] | None = None
 
     @property
     def metrics_port(self) -> int | None:
@@ -175,6 +180,9 @@ class Broker:
         if config.tls_cert is not None and config.tls_key is not None:
             files = TLSFiles(config.tls_cert, config.tls_key, config.tls_client_ca)
             self.tls = await asyncio.to_thread(ServerTLS, files)  # TLSCertificateError
+        if config.acl_file is not None:
+            # AclFileError (FILE:LINE: what is wrong) or OSError: the broker does not start.
+            self.acl = Acl(await asyncio.to_thread(load_acl_file, config.acl_file))
         await asyncio.to_thread(_check_listenable, config.host, config.port)
         for port in (config.v2_port, config.remoting_port, config.namesrv_port):
             if port is not None:  # refused here, before anything has started serving
@@ -265,10 +273,15 @@ class Broker:
         pop.sliced, pop.limits = state.sliced, state.limits  # receives share like pulls
         # Without so_reuseport=0 a second broker could bind the same port and share it.
         server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
-        self._messaging = MessagingService(state)
+        auth = (
+            GrpcAuth(self.acl, self.clock, topic_of_scheduled=scheduler.topic_of)
+            if self.acl is not None
+            else None
+        )
+        self._messaging = MessagingService(state, auth)
         services = pb.DESCRIPTOR.services_by_name
-        add_service(server, services["MessagingService"], self._messaging)
-        add_service(server, services["AdminService"], AdminService(state))
+        add_service(server, services["MessagingService"], self._messaging, auth)
+        add_service(server, services["AdminService"], AdminService(state), auth)
         listen = f"{self.config.host}:{self.config.port}"
         try:
             self.port = (
@@ -296,12 +309,20 @@ class Broker:
         scheduler.start()
         pop.start()
         self._sweeper = asyncio.create_task(self._expire_clients(state), name="client-expiry")
+        if self.acl is not None and self.config.acl_file is not None:
+            watcher = AclWatcher(
+                self.acl, self.config.acl_file, self.clock, self.config.acl_reload_seconds
+            )
+            self._acl_watcher = asyncio.create_task(watcher.run(), name="acl-watcher")
+            log.info("ACL of %s in force: %d accounts", self.config.acl_file,
+                     len(self.acl.rules.accounts))  # fmt: skip
         self.state, self._server = state, server
         if self.config.remoting_port is not None:
             self.remoting = RemotingFront(
                 state, self._client_host(),
                 max_connections=self.config.remoting_max_connections,
                 max_connections_per_host=self.config.remoting_max_connections_per_host,
+                acl=self.acl,
             )  # fmt: skip
             await self.remoting.start(
                 self.config.host, self.config.remoting_port, self.config.namesrv_port,
@@ -404,6 +425,11 @@ class Broker:
             await self.state.scheduler.stop()
         if self.remoting is not None:
             await self.remoting.stop(left())  # held pulls, just answered, write out
+        if self._acl_watcher is not None:
+            self._acl_watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._acl_watcher
+            self._acl_watcher = None
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

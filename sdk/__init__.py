@@ -31,6 +31,7 @@ from sdk.consumer.listener import (
 from sdk.consumer.lite_pull import LitePullConsumer
 from sdk.consumer.push import PushConsumer
 from sdk.consumer.simple import KeepInvisible, SimpleConsumer
+from sdk.credentials import Credentials
 from sdk.errors import OrderMQError
 from sdk.message import Message, MessageExt, MessageQueue, Receipt, SendResult, SendStatus
 from sdk.producer import EarlierSendFailedError, PartialBatchError, Producer
@@ -55,6 +56,7 @@ __all__ = [
     "ConsumeFromWhere",
     "ConsumeOrderlyContext",
     "ConsumeOrderlyStatus",
+    "Credentials",
     "EarlierSendFailedError",
     "KeepInvisible",
     "LitePullConsumer",

@@ -30,6 +30,7 @@ from sdk._transport.broker_client import BrokerClient, GroupInfo, PullStatus
 from sdk._transport.grpc_transport import GrpcTransport
 from sdk._version import __version__
 from sdk._wire import DEFAULT_PORT
+from sdk.credentials import Credentials
 from sdk.errors import NotSupportedError, OrderMQError, TopicNotFoundError
 from sdk.message import Message, MessageExt, MessageQueue
 from sdk.producer import Producer
@@ -43,9 +44,16 @@ ORIGIN_PROPERTIES = ("ORIGIN_TOPIC", "ORIGIN_QUEUE_ID", "ORIGIN_QUEUE_OFFSET")
 class Context:
     """What every command gets: where the broker is and how to print."""
 
-    def __init__(self, broker: str, as_json: bool, tls: TLSConfig | None = None) -> None:
+    def __init__(
+        self,
+        broker: str,
+        as_json: bool,
+        tls: TLSConfig | None = None,
+        credentials: Credentials | None = None,
+    ) -> None:
         self.broker = broker
         self.tls = tls
+        self.credentials = credentials
         self.as_json = as_json
         self.console = Console(highlight=False, soft_wrap=True)
 
@@ -53,7 +61,7 @@ class Context:
         """Run `body` with a client of the broker; OrderMQError ends the command."""
 
         async def main() -> T:
-            transport = connect(self.broker, self.tls)
+            transport = connect(self.broker, self.tls, self.credentials)
             try:
                 return await body(_admin_client(transport))
             finally:
@@ -112,6 +120,10 @@ def _ms(value: Any) -> str:
 @click.option("--tls-key", type=click.Path(dir_okay=False), envvar="ORDERMQ_TLS_KEY",
               help="the client certificate's key")  # fmt: skip
 @click.option("--tls-server-name", help="the name the broker's certificate must carry")
+@click.option("--access-key", envvar="ORDERMQ_ACCESS_KEY",
+              help="ACL access key, for a broker with an ACL (or ORDERMQ_ACCESS_KEY)")  # fmt: skip
+@click.option("--secret-key", envvar="ORDERMQ_SECRET_KEY",
+              help="the account's secret key (better ORDERMQ_SECRET_KEY: not in ps)")  # fmt: skip
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -122,6 +134,8 @@ def cli(
     tls_cert: str | None,
     tls_key: str | None,
     tls_server_name: str | None,
+    access_key: str | None,
+    secret_key: str | None,
 ) -> None:
     """Administer an ordermq broker."""
     tls = None
@@ -130,7 +144,17 @@ def cli(
             tls = TLSConfig(tls_ca, tls_cert, tls_key, tls_server_name)
         except OrderMQError as exc:
             raise click.UsageError(str(exc)) from None
-    ctx.obj = Context(broker, as_json, tls)
+    credentials = None
+    if (access_key is None) != (secret_key is None):
+        raise click.UsageError(
+            "--access-key and --secret-key (ORDERMQ_ACCESS_KEY, ORDERMQ_SECRET_KEY) go together"
+        )
+    if access_key is not None and secret_key is not None:
+        try:
+            credentials = Credentials(access_key, secret_key)
+        except OrderMQError as exc:
+            raise click.UsageError(str(exc)) from None
+    ctx.obj = Context(broker, as_json, tls, credentials)
 
 
 # ---------------------------------------------------------------------- topics
@@ -431,7 +455,7 @@ def dlq_list(c: Context, group: str, limit: int) -> None:
 def dlq_resend(c: Context, group: str, limit: int) -> None:
     """Send GROUP's dead letters back to their original topics (each once)."""
     found = _dlq_messages(c, group, limit)
-    with Producer(c.broker, tls=c.tls) as producer:
+    with Producer(c.broker, tls=c.tls, credentials=c.credentials) as producer:
         for m in found:
             producer.send(Message(
                 m.properties.get("ORIGIN_TOPIC", m.topic), m.body, tags=m.tags, keys=m.keys,

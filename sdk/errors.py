@@ -25,6 +25,8 @@
     ├── ClientStateError                    used before start() or after shutdown()
     ├── BufferFullError                     the producer's send buffer is full (retriable)
     ├── TLSError                            no TLS connection: wrong CA, name, certificate
+    ├── AuthenticationError                 ACL: no or unknown access key, bad signature
+    ├── PermissionDeniedError               ACL: the account may not do this
     └── BrokerError                         any other refusal, with the broker's status
         ├── BrokerUnavailableError          retriable
         ├── BrokerBusyError                 retriable
@@ -138,6 +140,26 @@ class TLSError(OrderMQError):
     """
 
 
+class AuthenticationError(OrderMQError):
+    """The broker's ACL does not know the caller; not retried.
+
+    No credentials where the broker wants them, an access key no account has, a
+    signature made with another secret key, or a request date outside the broker's window
+    (a clock off by more than it, or a replayed request). Give the client
+    credentials=sdk.Credentials(access_key, secret_key) of an account in the broker's ACL
+    file, and keep its clock in time.
+    """
+
+
+class PermissionDeniedError(OrderMQError):
+    """The broker's ACL refuses this account this operation; not retried.
+
+    The message names the access key, the topic, group or broker, and the permission
+    wanted (PUB, SUB, or ADMIN for admin operations). Nothing was stored, locked or
+    committed by the refused request.
+    """
+
+
 class CorruptRecordError(OrderMQError):
     """A stored record failed its CRC check; the broker does not serve it."""
 
@@ -246,6 +268,8 @@ ERRORS_BY_REASON: dict[str, type[OrderMQError]] = {
     "NOT_A_MEMBER": NotAMemberError,
     "TOO_MANY_LOCKS": BrokerBusyError,  # retriable once some are unlocked
     "TOO_MANY_TOPICS": BrokerError,  # not retriable: an operator raises the limit
+    "UNAUTHENTICATED": AuthenticationError,
+    "PERMISSION_DENIED": PermissionDeniedError,
 }
 
 #: gRPC status names -> exception classes, for statuses that carry no reason.
@@ -255,6 +279,8 @@ ERRORS_BY_STATUS: dict[str, type[OrderMQError]] = {
     "RESOURCE_EXHAUSTED": BrokerBusyError,
     "UNIMPLEMENTED": NotSupportedError,
     "INVALID_ARGUMENT": InvalidArgumentError,
+    "UNAUTHENTICATED": AuthenticationError,
+    "PERMISSION_DENIED": PermissionDeniedError,
 }
 
 

@@ -4,9 +4,10 @@ What is here: the file format and its checks (acl_file), client address patterns
 (addresses), the decision of who may do what (decisions), the permission each operation of
 each front needs (operations), and reloading the file when it changes (watcher).
 
-Not wired yet: no front (ordermq's gRPC, the admin service, remoting, RocketMQ 5's gRPC)
-calls it, checks signatures or maps AclDenied to its status codes, and the broker has no
-option to turn it on. Until then the broker serves everyone, as before.
+Wired into ordermq's gRPC and admin service (mockbroker/fronts/grpc/auth.py) and the
+RocketMQ remoting broker port (mockbroker/fronts/remoting/auth.py) when the broker has
+`--acl-file`; without it the broker serves everyone, as before. Not wired yet: RocketMQ
+5's gRPC front. The remoting name server is open, as RocketMQ's.
 """
 
 from mockbroker.acl.acl_file import KEY_MIN_LENGTH, AclFileError, load_acl_file, parse_acl_text

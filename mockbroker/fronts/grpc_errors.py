@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
-from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.request_stats import RequestStats
+
+if TYPE_CHECKING:
+    from mockbroker.fronts.grpc.auth import GrpcAuth
 
 REASON_KEY = "ordermq-reason"
 
@@ -110,15 +113,67 @@ _HANDLER_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler[Any,
 }
 
 
-def add_service(server: grpc.aio.Server, service: ServiceDescriptor, servicer: object) -> None:
+def _guarded(
+    behavior: Callable[..., Any], path: str, method: str, auth: GrpcAuth, stats: RequestStats,
+    streaming: bool,
+) -> Callable[..., Any]:  # fmt: skip
+    """A handler that checks the ACL (signature, then permissions) before `behavior` runs.
+
+    A request that did not parse goes to the handler, which refuses it (INVALID_ARGUMENT)
+    without doing anything: there is nothing to check the signature over.
+    """
+
+    async def admit(request: object, context: Context) -> None:
+        if isinstance(request, MalformedRequest):
+            return
+        assert isinstance(request, Message)
+        try:
+            auth.authorize(auth.caller(path, context, request), method, request)
+        except BrokerError as exc:
+            stats.refused(method, exc)
+            await abort(context, exc)
+
+    if streaming:
+
+        async def guarded_stream(request: object, context: Context) -> AsyncIterator[Any]:
+            await admit(request, context)
+            async for answer in behavior(request, context):
+                yield answer
+
+        return guarded_stream
+
+    async def guarded(request: object, context: Context) -> Any:
+        await admit(request, context)
+        return await behavior(request, context)
+
+    return guarded
+
+
+def add_service(
+    server: grpc.aio.Server,
+    service: ServiceDescriptor,
+    servicer: object,
+    auth: GrpcAuth | None = None,
+) -> None:
     """Serve every RPC of `service` by the servicer's method of the same name.
 
     What the generated add_*Servicer_to_server does, with a deserializer that hands a
-    request that does not parse to the handler as a MalformedRequest.
+    request that does not parse to the handler as a MalformedRequest. With `auth` (the
+    broker's ACL) every RPC with a single request is checked before its handler runs;
+    a stream of requests (Exchange) checks its own.
     """
+
+    def behavior(method: MethodDescriptor) -> Callable[..., Any]:
+        handler: Callable[..., Any] = getattr(servicer, method.name)
+        if auth is None or method.client_streaming:
+            return handler
+        path = f"/{service.full_name}/{method.name}"
+        stats: RequestStats = getattr(servicer, "requests")  # noqa: B009 (a Servicer's)
+        return _guarded(handler, path, method.name, auth, stats, method.server_streaming)
+
     handlers = {
         method.name: _HANDLER_KINDS[(method.client_streaming, method.server_streaming)](
-            getattr(servicer, method.name),
+            behavior(method),
             request_deserializer=_deserializer(GetMessageClass(method.input_type)),
             response_serializer=GetMessageClass(method.output_type).SerializeToString,
         )

@@ -16,6 +16,8 @@ from sdk._transport.grpc_transport import GrpcTransport
 from sdk._transport.protocol import Transport
 from sdk._transport.remoting_transport import SCHEME as ROCKETMQ_SCHEME
 from sdk._transport.remoting_transport import RemotingTransport
+from sdk.clock import Clock
+from sdk.credentials import Credentials
 from sdk.errors import InvalidArgumentError
 from sdk.tls import TLSConfig
 
@@ -48,8 +50,17 @@ def split_endpoints(endpoints: str | Sequence[str]) -> list[str]:
     return out
 
 
-def connect(endpoints: str | Sequence[str], tls: TLSConfig | None = None) -> Transport:
+def connect(
+    endpoints: str | Sequence[str],
+    tls: TLSConfig | None = None,
+    credentials: Credentials | None = None,
+    clock: Clock | None = None,
+) -> Transport:
     """The transport for `endpoints`, over TLS with `tls`; nothing connects until its first call.
+
+    With `credentials` every call is signed for that account of the broker's ACL
+    (sdk/credentials.py), dated by `clock`; over RocketMQ remoting it is signed as RocketMQ's
+    AclClientRPCHook signs it (sdk/_remoting/acl_signature.py: no date, no clock).
 
     "rocketmq://" before the first endpoint makes them all RocketMQ name servers (it may
     be repeated before the others). InvalidArgumentError, naming the accepted forms, for
@@ -72,6 +83,10 @@ def connect(endpoints: str | Sequence[str], tls: TLSConfig | None = None) -> Tra
             )
     if tls is not None and not isinstance(tls, TLSConfig):
         raise InvalidArgumentError(f"tls must be an sdk.TLSConfig or None, not {tls!r}")
+    if credentials is not None and not isinstance(credentials, Credentials):
+        raise InvalidArgumentError(
+            f"credentials must be an sdk.Credentials or None, not {type(credentials).__name__}"
+        )
     if rocketmq:
-        return RemotingTransport(addresses, tls)
-    return GrpcTransport(addresses, tls)
+        return RemotingTransport(addresses, tls, credentials)
+    return GrpcTransport(addresses, tls, credentials, clock)

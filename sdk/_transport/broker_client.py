@@ -19,8 +19,11 @@ from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.codec import decode_records
 from sdk._transport.exchange import Exchange, ExchangeUnsupportedError
 from sdk._transport.protocol import Appended, GroupInfo, PullResult, PullStatus, SentBack
+from sdk._transport.signing import CallSigner
 from sdk._transport.status import to_ordermq_error
 from sdk._wire import GRPC_CLIENT_CHANNEL_OPTIONS
+from sdk.clock import Clock, SystemClock
+from sdk.credentials import Credentials
 from sdk.errors import (
     BrokerError,
     BrokerUnavailableError,
@@ -75,17 +78,34 @@ class BrokerClient:
     the broker cannot be reached.
     """
 
-    def __init__(self, address: str, tls: TLSConfig | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        tls: TLSConfig | None = None,
+        credentials: Credentials | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.address = address
         self._tls = tls
         #: Whether a connection was ever made: TLS failures are looked for until then.
         self._connected_once = False
+        # With credentials every call is signed (sdk/_transport/signing.py).
+        interceptors: Sequence[Any] | None = (
+            CallSigner(credentials, clock or SystemClock()).interceptors()
+            if credentials is not None
+            else None
+        )
         self._channel = (
             grpc.aio.secure_channel(
-                address, tls.grpc_credentials(), options=(*_CHANNEL_OPTIONS, *tls.grpc_options())
+                address,
+                tls.grpc_credentials(),
+                options=(*_CHANNEL_OPTIONS, *tls.grpc_options()),
+                interceptors=interceptors,
             )
             if tls is not None
-            else grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            else grpc.aio.insecure_channel(
+                address, options=_CHANNEL_OPTIONS, interceptors=interceptors
+            )
         )
         self._messaging = pb_grpc.MessagingServiceStub(self._channel)
         self._admin = pb_grpc.AdminServiceStub(self._channel)

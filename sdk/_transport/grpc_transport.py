@@ -24,6 +24,8 @@ from sdk._transport.protocol import (
     send_each,
 )
 from sdk._wire import FRAME_LEN_PREFIX, MAX_SEND_BYTES
+from sdk.clock import Clock
+from sdk.credentials import Credentials
 from sdk.errors import (
     BrokerUnavailableError,
     ClientStateError,
@@ -49,9 +51,18 @@ class GrpcTransport:
     #: A message's frame (see Transport.prepare).
     prepare = staticmethod(encode_message)
 
-    def __init__(self, endpoints: Sequence[str], tls: TLSConfig | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        tls: TLSConfig | None = None,
+        credentials: Credentials | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.endpoints = list(endpoints)
         self.tls = tls
+        #: The account every call is signed for (None: unsigned calls).
+        self.credentials = credentials
+        self._clock = clock
         if tls is not None:
             tls.grpc_credentials()  # a file that cannot be read: InvalidArgumentError now
         self._clients: dict[str, BrokerClient] = {}
@@ -69,7 +80,9 @@ class GrpcTransport:
         if client is None:
             if self._closed:
                 raise ClientStateError(f"the client is shut down; no channel to {address}")
-            client = self._clients[address] = BrokerClient(address, self.tls)
+            client = self._clients[address] = BrokerClient(
+                address, self.tls, self.credentials, self._clock
+            )
         return client
 
     def client_for(self, queue: MessageQueue) -> BrokerClient:

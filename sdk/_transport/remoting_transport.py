@@ -8,6 +8,11 @@ sent (sdk/_remoting/translate.py): one message as SEND_MESSAGE_V2, several as
 SEND_BATCH_MESSAGE. What RocketMQ cannot do raises UnsupportedByTransportError: cancelling
 a scheduled message, delivery times other than its 18 delay levels, receiving with an
 invisible time (pop), and fencing epochs (a lock's epoch is always 0 here).
+
+With credentials every request is signed as RocketMQ's AclClientRPCHook signs it
+(sdk/_remoting/acl_signature.py), name server requests included, as Java clients do; an
+ACL refusal (SYSTEM_ERROR with an AclException) raises AuthenticationError or
+PermissionDeniedError.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sdk._remoting.acl_signature import AclRefusal, acl_refusal, signed_fields
 from sdk._remoting.codes import RequestCode, ResponseCode
 from sdk._remoting.command import RemotingCommand
 from sdk._remoting.connection import RemotingConnection
@@ -48,7 +54,9 @@ from sdk._transport.protocol import (
 )
 from sdk._validation import DLQ_PREFIX, RETRY_PREFIX, split_tag_expression
 from sdk._wire import DELAY_LEVEL_SECONDS, FRAME_LEN_PREFIX
+from sdk.credentials import Credentials
 from sdk.errors import (
+    AuthenticationError,
     BrokerBusyError,
     BrokerError,
     BrokerUnavailableError,
@@ -59,6 +67,7 @@ from sdk.errors import (
     InvalidTagExpressionError,
     NotSupportedError,
     OrderMQError,
+    PermissionDeniedError,
     RequestTimeoutError,
     TLSError,
     TopicNotFoundError,
@@ -109,6 +118,12 @@ def refused(response: RemotingCommand, what: str) -> OrderMQError:
         name = ResponseCode(response.code).name
     except ValueError:
         name = f"CODE_{response.code}"
+    # The ACL's refusals: SYSTEM_ERROR with RocketMQ's AclException in the remark.
+    refusal = acl_refusal(response.code, response.remark)
+    if refusal is AclRefusal.UNAUTHENTICATED:
+        return AuthenticationError(f"{what}: {response.remark}", code=name, reason=refusal.name)
+    if refusal is AclRefusal.PERMISSION_DENIED:
+        return PermissionDeniedError(f"{what}: {response.remark}", code=name, reason=refusal.name)
     cls = _ERRORS.get(response.code, BrokerError)
     return cls(f"{what}: {name}: {response.remark or 'no remark'}", code=name)
 
@@ -130,14 +145,21 @@ class _Route:
 class RemotingTransport:
     """Name servers, a connection per broker, and cached routes; use on one event loop.
 
-    `name_servers`: "host:port" each, asked in turn (the one that answered first).
+    `name_servers`: "host:port" each, asked in turn (the one that answered first). With
+    `credentials` every request is signed for that account of the brokers' plain ACL.
     """
 
     max_send_bytes = MAX_SEND_BYTES
 
-    def __init__(self, name_servers: Sequence[str], tls: TLSConfig | None = None) -> None:
+    def __init__(
+        self,
+        name_servers: Sequence[str],
+        tls: TLSConfig | None = None,
+        credentials: Credentials | None = None,
+    ) -> None:
         self.name_servers = list(name_servers)
         self.tls = tls
+        self._credentials = credentials
         #: One context for every connection (name servers and brokers alike, as RocketMQ's
         #: clients do with tls.enable); made now, so that a bad file fails at once.
         self._tls_context = tls.ssl_context() if tls is not None else None
@@ -183,6 +205,9 @@ class RemotingTransport:
         timeout: float | None = None,
     ) -> RemotingCommand:
         connection = await self._connection(address)
+        credentials = self._credentials
+        if credentials is not None:
+            fields = signed_fields(fields, body, credentials.access_key, credentials.secret_key)
         command = RemotingCommand(code=int(code), ext_fields=fields, body=body)
         try:
             response = await connection.request(

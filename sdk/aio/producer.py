@@ -10,6 +10,7 @@ from typing import Any
 
 from sdk._transport import connect
 from sdk.clock import Clock
+from sdk.credentials import Credentials
 from sdk.message import Message, MessageQueue, SendResult
 from sdk.producer.config import ProducerConfig
 from sdk.producer.core import ProducerCore
@@ -36,8 +37,11 @@ class Producer:
         config: ProducerConfig | None = None,
         clock: Clock | None = None,
         tls: TLSConfig | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
-        self._core = ProducerCore(connect(endpoints, tls), group=group, config=config, clock=clock)
+        self._core = ProducerCore(
+            connect(endpoints, tls, credentials, clock), group=group, config=config, clock=clock
+        )
         self._oneway: set[asyncio.Task[SendResult]] = set()
 
     async def start(self) -> None:

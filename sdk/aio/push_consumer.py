@@ -12,6 +12,7 @@ from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, MessageModel, PushConsumerConfig
 from sdk.consumer.listener import MessageListenerConcurrently, MessageListenerOrderly
 from sdk.consumer.push_core import PushConsumerCore, QueueHook
+from sdk.credentials import Credentials
 from sdk.tls import TLSConfig
 
 
@@ -42,12 +43,13 @@ class PushConsumer:
         on_queues_revoked: QueueHook | None = None,
         clock: Clock | None = None,
         tls: TLSConfig | None = None,
+        credentials: Credentials | None = None,
         offset_dir: Path | None = None,
         instance_name: str = "DEFAULT",
     ) -> None:
         self._core = PushConsumerCore(
             group,
-            connect(endpoints, tls),
+            connect(endpoints, tls, credentials, clock),
             consume_from_where=consume_from_where,
             consume_timestamp=consume_timestamp,
             allocate_strategy=allocate_strategy,

@@ -12,6 +12,7 @@ from sdk.consumer.simple_core import (
     Keeper,
     SimpleConsumerCore,
 )
+from sdk.credentials import Credentials
 from sdk.message import MessageExt
 from sdk.tls import TLSConfig
 
@@ -39,10 +40,11 @@ class SimpleConsumer:
         fifo: bool = False,
         clock: Clock | None = None,
         tls: TLSConfig | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self._core = SimpleConsumerCore(
             group,
-            connect(endpoints, tls),
+            connect(endpoints, tls, credentials, clock),
             await_duration=await_duration,
             max_delivery_attempts=max_delivery_attempts,
             fifo=fifo,

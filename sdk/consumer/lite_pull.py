@@ -14,6 +14,7 @@ from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, LitePullConsumerConfig
 from sdk.consumer.core import QueueHook
 from sdk.consumer.lite_pull_core import LitePullConsumerCore
+from sdk.credentials import Credentials
 from sdk.message import MessageExt, MessageQueue
 from sdk.tls import TLSConfig
 
@@ -43,6 +44,7 @@ class LitePullConsumer(BlockingClient):
         on_queues_revoked: As for PushConsumer.
         clock: As for PushConsumer.
         tls: As for PushConsumer.
+        credentials: As for PushConsumer.
         config: LitePullConsumerConfig.
 
     Example::
@@ -76,10 +78,11 @@ class LitePullConsumer(BlockingClient):
         on_queues_revoked: QueueHook | None = None,
         clock: Clock | None = None,
         tls: TLSConfig | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self._core = LitePullConsumerCore(
             group,
-            connect(endpoints, tls),
+            connect(endpoints, tls, credentials, clock),
             auto_commit=auto_commit,
             orderly=orderly,
             consume_from_where=consume_from_where,

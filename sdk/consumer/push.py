@@ -12,6 +12,7 @@ from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, MessageModel, PushConsumerConfig
 from sdk.consumer.listener import MessageListenerConcurrently, MessageListenerOrderly
 from sdk.consumer.push_core import PushConsumerCore, QueueHook
+from sdk.credentials import Credentials
 from sdk.tls import TLSConfig
 
 
@@ -35,6 +36,8 @@ class PushConsumer(BlockingClient):
         clock: Time source (sdk.testing.FakeClock in tests).
         tls: Connect over TLS (sdk.TLSConfig: CA, client certificate, server name);
             None: plain text.
+        credentials: The broker's ACL account (sdk.Credentials): every call is
+            signed; not over rocketmq:// yet (UnsupportedByTransportError).
         offset_dir: Broadcasting: where this member's offsets file lives (default
             ~/.ordermq/offsets/<group>/<instance_name>).
         instance_name: Broadcasting: tells apart members of one group on one host.
@@ -88,12 +91,13 @@ class PushConsumer(BlockingClient):
         on_queues_revoked: QueueHook | None = None,
         clock: Clock | None = None,
         tls: TLSConfig | None = None,
+        credentials: Credentials | None = None,
         offset_dir: Path | None = None,
         instance_name: str = "DEFAULT",
     ) -> None:
         self._core = PushConsumerCore(
             group,
-            connect(endpoints, tls),
+            connect(endpoints, tls, credentials, clock),
             consume_from_where=consume_from_where,
             consume_timestamp=consume_timestamp,
             allocate_strategy=allocate_strategy,

@@ -13,6 +13,7 @@ from sdk.consumer.simple_core import (
     Keeper,
     SimpleConsumerCore,
 )
+from sdk.credentials import Credentials
 from sdk.errors import OrderMQError
 from sdk.message import MessageExt
 from sdk.tls import TLSConfig
@@ -43,6 +44,8 @@ class SimpleConsumer(BlockingClient):
             the previous was acked or dead-lettered (RocketMQ 5's FIFO groups).
         clock: Time source for the keepers (sdk.testing.FakeClock in tests).
         tls: Connect over TLS (sdk.TLSConfig); None: plain text.
+        credentials: The broker's ACL account (sdk.Credentials): every call is
+            signed; not over rocketmq:// yet (UnsupportedByTransportError).
 
     Receipts: a received message carries `delivery_attempt` and its `receipt` (opaque),
     which names the broker that issued it; ack() and change_invisible_duration() go
@@ -71,10 +74,11 @@ class SimpleConsumer(BlockingClient):
         fifo: bool = False,
         clock: Clock | None = None,
         tls: TLSConfig | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self._core = SimpleConsumerCore(
             group,
-            connect(endpoints, tls),
+            connect(endpoints, tls, credentials, clock),
             await_duration=await_duration,
             max_delivery_attempts=max_delivery_attempts,
             fifo=fifo,

@@ -10,6 +10,7 @@ from typing import Any
 from sdk._blocking import BlockingClient
 from sdk._transport import connect
 from sdk.clock import Clock
+from sdk.credentials import Credentials
 from sdk.message import Message, MessageQueue, SendResult
 from sdk.producer.config import ProducerConfig
 from sdk.producer.core import PartialBatchError, ProducerCore
@@ -32,6 +33,8 @@ class Producer(BlockingClient):
         config: ProducerConfig: deadlines, retries, accumulator, spool.
         tls: Connect over TLS (sdk.TLSConfig: CA, client certificate, server name);
             None: plain text.
+        credentials: The broker's ACL account (sdk.Credentials): every call is
+            signed; not over rocketmq:// yet (UnsupportedByTransportError).
 
     Use it as a context manager, or call start() and shutdown()::
 
@@ -47,8 +50,11 @@ class Producer(BlockingClient):
         config: ProducerConfig | None = None,
         clock: Clock | None = None,
         tls: TLSConfig | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
-        self._core = ProducerCore(connect(endpoints, tls), group=group, config=config, clock=clock)
+        self._core = ProducerCore(
+            connect(endpoints, tls, credentials, clock), group=group, config=config, clock=clock
+        )
         super().__init__(self._core, "ordermq-producer")
 
     def shutdown(self) -> None:

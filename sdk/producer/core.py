@@ -49,6 +49,9 @@ from sdk.producer.retry import (
 from sdk.producer.spool import Spool, Spooled, spool_frame
 from sdk.selector import MessageQueueSelector, RoundRobinSelector, shard_index
 
+#: How often flush() looks whether everything accepted has reached the broker.
+FLUSH_POLL_SECONDS = 0.01
+
 log = logging.getLogger("ordermq.producer")
 
 #: Messages delivered from the spool per round.
@@ -164,7 +167,10 @@ class ProducerCore:
             # caller created just before flush() have not run yet, and are not counted.
             await asyncio.sleep(0)
             while waiting():
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(FLUSH_POLL_SECONDS)
+            # The count drops as the senders' futures are set, before the tasks awaiting
+            # them run: one more turn, and every caller has its result when flush returns.
+            await asyncio.sleep(0)
 
         try:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a

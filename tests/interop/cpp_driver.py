@@ -161,6 +161,7 @@ def produce(a: argparse.Namespace) -> None:
     quiet_logs(dll.SetProducerLogLevel, dll.SetProducerLogFileNumAndSize, producer._handle,
                a.log_level)  # fmt: skip
     producer.set_namesrv_addr(a.namesrv)
+    sign_with(producer, a)
     producer.start()
     emit("started", pid=os.getpid(), keys=len(keys), rounds=a.rounds, mode=a.mode)
     sent = 0
@@ -194,6 +195,12 @@ def produce(a: argparse.Namespace) -> None:
     phase("shutting down")
     producer.shutdown()
     producer._handle = None  # shut down once: __del__ would shut it down again
+
+
+def sign_with(client: Any, a: argparse.Namespace) -> None:
+    """Give the client the ACL account of --access-key/--secret-key, if any."""
+    if a.access_key:
+        client.set_session_credentials(a.access_key, a.secret_key, a.channel)
 
 
 def fetch_queues(handle: Any, topic: str) -> list[Any]:
@@ -261,6 +268,7 @@ def push(a: argparse.Namespace) -> None:
     quiet_logs(dll.SetPushConsumerLogLevel, dll.SetPushConsumerLogFileNumAndSize,
                consumer._handle, a.log_level)  # fmt: skip
     consumer.set_namesrv_addr(a.namesrv)
+    sign_with(consumer, a)
     # Not the probe's client id (<pid>-<ip>@DEFAULT: a PullConsumer's instance name cannot
     # be set): a broker that sees the probe's connection close late must not take it for
     # this consumer's.
@@ -304,6 +312,7 @@ def pull(a: argparse.Namespace) -> None:
     quiet_logs(dll.SetPullConsumerLogLevel, dll.SetPullConsumerLogFileNumAndSize,
                consumer._handle, a.log_level)  # fmt: skip
     consumer.set_namesrv_addr(a.namesrv)
+    sign_with(consumer, a)
     consumer.start()
     queues = wait_for_queues(consumer._handle, a)
     emit("queues", queues=[q.queueId for q in queues], broker=queues[0].brokerName.decode())
@@ -383,6 +392,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             default=200,
             help="consumers: at most this much of each body in the output",
         )
+        c.add_argument("--access-key", default="", help="ACL account (with --secret-key)")
+        c.add_argument("--secret-key", default="")
+        c.add_argument("--channel", default="", help="the session credentials' channel")
         return c
 
     c = common("produce", "send keyed messages, round after round (seq = round)")

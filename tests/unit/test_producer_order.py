@@ -29,7 +29,7 @@ from sdk.errors import (
     TopicNotFoundError,
 )
 from sdk.message import SendResult, SendStatus, build_send_results
-from sdk.producer import EarlierSendFailedError, retry
+from sdk.producer import EarlierSendFailedError, core, retry
 from sdk.producer.accumulator import Accumulator, Part
 from sdk.producer.core import ProducerCore
 from sdk.producer.spool import Spool
@@ -772,3 +772,26 @@ def test_a_part_retried_alone_is_not_overtaken_by_later_sends_of_its_key(
     asyncio.run(main())
     assert by_key(broker) == {"a": [0, 1, 2], other: [0]}
     assert broker.most_in_flight[shard_index("a", QUEUES)] == 1
+
+
+def test_flush_returns_only_once_the_senders_have_their_results(
+    routes: Routes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """flush() returned as soon as the accumulator's count reached 0: the senders' futures
+    were set, but the tasks awaiting them had not run yet, and a caller reading them right
+    after flush() found sends not done. Polling at every turn of the loop (instead of
+    every 10 ms) makes flush look on the turn the answer comes, where the race was lost."""
+    monkeypatch.setattr(core, "FLUSH_POLL_SECONDS", 0)
+
+    async def main() -> list[int]:
+        config = ProducerConfig(accumulator=AccumulatorConfig(linger=0))
+        not_done = []
+        async with producer(routes, config, FakeClock()) as p:
+            for senders in (1, 2, 5):
+                tasks = [asyncio.create_task(p.send(keyed(f"k{n}", 1)[0])) for n in range(senders)]
+                await p.flush(10)
+                not_done.append(sum(not t.done() for t in tasks))
+                await asyncio.gather(*tasks)
+        return not_done
+
+    assert asyncio.run(main()) == [0, 0, 0]

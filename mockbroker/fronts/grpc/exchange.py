@@ -22,6 +22,8 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from google.protobuf.message import Message
+
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.fronts.grpc_errors import MalformedRequest
 from mockbroker.limits import ClientLimits
@@ -39,6 +41,9 @@ Incoming = pb.ExchangeRequest | MalformedRequest
 #: fills the answer it is given (the one inside the stream's envelope).
 SendHandler = Callable[[pb.SendRequest, str], Awaitable[pb.SendResponse]]
 PullHandler = Callable[[pb.PullRequest, str, pb.PullResponse], Awaitable[pb.PullResponse]]
+#: The ACL's check of one request on the stream, as the RPC it carries ("Send", "Pull"):
+#: BrokerError (UNAUTHENTICATED, PERMISSION_DENIED) if refused (fronts/grpc/auth.py).
+RequestCheck = Callable[[str, Message], None]
 
 
 #: The RPC a request on the stream does the work of, by its body's field name.
@@ -65,11 +70,13 @@ class ExchangeStream:
         stats: RequestStats,
         client: str,
         limits: ClientLimits,
+        check: RequestCheck | None = None,
     ) -> None:
         self._send = send
         self._pull = pull
         self._stats = stats
         self._client = client
+        self._check = check
         self._tasks: dict[int, asyncio.Task[bool]] = {}
         self._answers: asyncio.Queue[tuple[pb.ExchangeResponse, int] | None] = asyncio.Queue()
         # A request holds a slot from when it is read until its answer has been handed to
@@ -164,6 +171,8 @@ class ExchangeStream:
     async def _run(self, rid: int, request: pb.ExchangeRequest, method: str, size: int) -> bool:
         """Handle one request; True once its answer is queued (False: cancelled)."""
         try:
+            if self._check is not None:
+                self._check(method, request.send if method == "Send" else request.pull)
             if method == "Send":
                 answer = pb.ExchangeResponse(
                     id=rid, send=await self._send(request.send, self._client)
@@ -219,10 +228,13 @@ class ExchangeStreams:
         self._closed = False
 
     async def serve(
-        self, requests: AsyncIterator[Incoming], client: str
+        self, requests: AsyncIterator[Incoming], client: str, check: RequestCheck | None = None
     ) -> AsyncIterator[pb.ExchangeResponse]:
-        """One stream's answers; see ExchangeStream.serve. `client`: its connection's peer."""
-        stream = ExchangeStream(self._send, self._pull, self._stats, client, self._limits)
+        """One stream's answers; see ExchangeStream.serve. `client`: its connection's peer.
+
+        `check`: the ACL's check of each request (None: no ACL).
+        """
+        stream = ExchangeStream(self._send, self._pull, self._stats, client, self._limits, check)
         if self._closed:
             stream.close()
         self._open.add(stream)

@@ -11,9 +11,11 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable
 
 import grpc
+from google.protobuf.message import Message
 
 from mockbroker.delivery import Delivery
 from mockbroker.errors import BrokerError, invalid
+from mockbroker.fronts.grpc.auth import GrpcAuth
 from mockbroker.fronts.grpc.exchange import ExchangeStreams
 from mockbroker.fronts.grpc_errors import (
     Context,
@@ -38,12 +40,17 @@ from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._wire import MAX_SEND_BYTES
 
+#: The Exchange stream's full method path, which its opening is signed with.
+EXCHANGE_PATH = "/ordermq.v1.MessagingService/Exchange"
+
 
 class MessagingService(pb_grpc.MessagingServiceServicer):
     """Routing, send, pull, receive, locks, membership, offsets, retry and scheduling."""
 
-    def __init__(self, state: BrokerState) -> None:
+    def __init__(self, state: BrokerState, auth: GrpcAuth | None = None) -> None:
         self._s = state
+        #: The ACL's checks (None: no ACL file); the unary RPCs are checked by add_service.
+        self._auth = auth
         self.requests = state.requests
         self._delivery = Delivery(state)
         self._locks = QueueLocks(state)
@@ -55,10 +62,27 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         request_iterator: AsyncIterator[pb.ExchangeRequest | MalformedRequest],
         context: Context,
     ) -> AsyncIterator[pb.ExchangeResponse]:
-        """Send and Pull requests multiplexed on one stream (mockbroker/fronts/grpc/exchange.py)."""
+        """Send and Pull requests multiplexed on one stream (mockbroker/fronts/grpc/exchange.py).
+
+        With an ACL the stream's opening is signed, and each request is checked as the
+        RPC it carries (a send needs Send's permissions, a pull Pull's).
+        """
+        check = None
+        auth = self._auth
+        if auth is not None:
+            try:
+                caller = auth.caller(EXCHANGE_PATH, context, None)
+            except BrokerError as exc:
+                self.requests.refused("Exchange", exc)
+                await abort(context, exc)
+                return
+
+            def check(method: str, request: Message) -> None:
+                auth.authorize(caller, method, request)
+
         async with self._stream_of(context, "Exchange"):
             try:
-                async for answer in self.exchanges.serve(request_iterator, context.peer()):
+                async for answer in self.exchanges.serve(request_iterator, context.peer(), check):
                     yield answer
             except BrokerError as exc:  # a request that did not parse ends the stream
                 await abort(context, exc)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 
+from mockbroker.acl import Acl
+from mockbroker.fronts.remoting.auth import RemotingAuth
 from mockbroker.fronts.remoting.channel import ClientChannel, Handler
 from mockbroker.fronts.remoting.coordination import RemotingClients, coordination_handlers
 from mockbroker.fronts.remoting.data_handlers import data_handlers
@@ -22,7 +24,9 @@ from sdk._remoting.command import RemotingCommand
 class RemotingFront:
     """RocketMQ 4.x remoting for one broker: its name server and its broker port.
 
-    Either may be off (port None); 0 picks a free port.
+    Either may be off (port None); 0 picks a free port. With `acl` the broker port checks
+    every request's signature and permissions first (auth.py); the name server stays open,
+    as RocketMQ's has no ACL.
     """
 
     def __init__(
@@ -32,8 +36,10 @@ class RemotingFront:
         *,
         max_connections: int = MAX_CONNECTIONS,
         max_connections_per_host: int = MAX_CONNECTIONS_PER_HOST,
+        acl: Acl | None = None,
     ) -> None:
         self._state = state
+        self._auth = RemotingAuth(acl) if acl is not None else None
         self._host = advertised_host
         self._max_connections = max_connections
         self._max_connections_per_host = max_connections_per_host
@@ -88,6 +94,7 @@ class RemotingFront:
                 on_close=self.clients.connection_closed, limits=state.limits,
                 max_connections=self._max_connections,
                 max_connections_per_host=self._max_connections_per_host,
+                guard=self._auth.check if self._auth is not None else None,
             )  # fmt: skip
             await self.broker.start(listen_host, broker_port, tls)
         if namesrv_port is not None:

@@ -210,8 +210,12 @@ class RemotingServer:
         max_connections_per_host: int = MAX_CONNECTIONS_PER_HOST,
         on_close: Callable[[Connection], None] | None = None,
         limits: ClientLimits | None = None,
+        guard: Callable[[RemotingCommand, str], None] | None = None,
     ) -> None:
         self.name = name
+        #: Run before each request's handler with the request and the client's host; what
+        #: it raises (a RemotingError) is the answer, and the handler does not run.
+        self.guard = guard
         self.handlers = dict(handlers)
         self.clock = clock
         self.max_frame_bytes = max_frame_bytes
@@ -275,14 +279,20 @@ class RemotingServer:
         return task
 
     async def answer(self, request: RemotingCommand, channel: Connection) -> RemotingCommand | None:
-        """The response to `request` (None: a oneway request its handler did not answer)."""
-        handler = self.handlers.get(request.code)
-        if handler is None:
-            return request.response(
-                ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                remark=f" request type {request.code} not supported",
-            )
+        """The response to `request` (None: a oneway request its handler did not answer).
+
+        The guard sees every request first, those of codes not served too (RocketMQ's RPC
+        hooks run before any processor, its default one included).
+        """
         try:
+            if self.guard is not None:
+                self.guard(request, channel.host)
+            handler = self.handlers.get(request.code)
+            if handler is None:
+                return request.response(
+                    ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                    remark=f" request type {request.code} not supported",
+                )
             return await handler(request, channel)
         except RemotingError as exc:
             return request.response(exc.code, remark=exc.remark)

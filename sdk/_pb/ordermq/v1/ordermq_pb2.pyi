@@ -109,6 +109,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """the client would hold more than client_max_locks locks"""
     TOO_MANY_TOPICS: _ErrorReason.ValueType  # 31
     """a new topic past max_topics, or the client's client_max_topics"""
+    UNAUTHENTICATED: _ErrorReason.ValueType  # 32
+    """ACL: no or unknown access key, bad signature, date outside the window"""
+    PERMISSION_DENIED: _ErrorReason.ValueType  # 33
+    """ACL: the account may not do this to this topic, group or broker"""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed; sent as the `ordermq-reason` trailing metadata value."""
@@ -176,6 +180,10 @@ TOO_MANY_LOCKS: ErrorReason.ValueType  # 30
 """the client would hold more than client_max_locks locks"""
 TOO_MANY_TOPICS: ErrorReason.ValueType  # 31
 """a new topic past max_topics, or the client's client_max_topics"""
+UNAUTHENTICATED: ErrorReason.ValueType  # 32
+"""ACL: no or unknown access key, bad signature, date outside the window"""
+PERMISSION_DENIED: ErrorReason.ValueType  # 33
+"""ACL: the account may not do this to this topic, group or broker"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 class _SendStatus:
