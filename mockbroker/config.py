@@ -80,9 +80,10 @@ class BrokerConfig:
             invisible duration; FIFO groups as `fifo_groups` says) work on the same store,
             groups and offsets as ordermq's clients.
         client_max_in_flight_bytes: Bytes of one client's requests (sends' messages)
-            and answers (pulls' and receives' messages) the broker holds at once; past it, the broker
-            reads no more of that client's requests until some are answered (the client
-            waits, held back by flow control). One request is always taken, however large.
+            and answers (pulls' and receives' messages) the broker holds at once; past it,
+            the broker reads no more of that client's requests until some are answered (the
+            client waits, held back by flow control). One request is always taken, however
+            large.
         client_max_locks: Queue locks one client id may hold at once, over every group
             and front; a lock request that would take it past this is refused whole
             (TOO_MANY_LOCKS). It bounds the lock table, and `locks.json`, that one client
