@@ -110,6 +110,11 @@ class V2Auth:
         try:
             access_key = self._authenticate(context, host)
             needs = V2_RPCS.get(method, Needs())
+            if method == "Telemetry":  # publishing: PUB on its topics; subscribing: SUB
+                publishing = _publishing(request)
+                self._authorize(access_key, host, Needs(topic=Permission.PUB), publishing)
+                if publishing and not request.settings.HasField("subscription"):
+                    return
             self._authorize(access_key, host, needs, _targets(method, request))
         except AclDenied as exc:
             raise _refused(str(exc)) from None
@@ -174,11 +179,16 @@ def _send(request: svc.SendMessageRequest) -> Targets:
     return [(t, None) for t in sorted({m.topic.name for m in request.messages} - {""})]
 
 
+def _publishing(request: svc.TelemetryCommand) -> Targets:
+    settings = request.settings
+    if not settings.HasField("publishing"):
+        return []
+    return [(t.name, None) for t in settings.publishing.topics if t.name]
+
+
 def _telemetry(request: svc.TelemetryCommand) -> Targets:
     settings = request.settings
     targets: Targets = []
-    if settings.HasField("publishing"):
-        targets += [(t.name, None) for t in settings.publishing.topics if t.name]
     if settings.HasField("subscription"):
         sub = settings.subscription
         group = _name(sub.group)
