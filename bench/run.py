@@ -27,9 +27,11 @@ Figures (see bench/README.md for what each one measures and how to read it):
   serving both, with the ratio rocketmq:// / gRPC (skipped while the broker has no
   remoting front);
 - tls: produce (as produce, async flush, 1 in flight) and orderly consume (as consume,
-  async listener, batch 32) over gRPC to a broker serving plain text and to one serving TLS
-  only (a CA and a certificate made for the run in its temporary directory), the two
-  brokers up side by side and the runs taking turns, with the ratio TLS on / TLS off;
+  async listener, batch 32) over gRPC to a broker serving plain text, to one serving TLS
+  only (a CA and a certificate made for the run in its temporary directory) and to one
+  serving TLS with an ACL (clients signing with a non-admin account), the three brokers up
+  side by side and the runs taking turns, with the ratios TLS on / TLS off and TLS + ACL
+  on / TLS off;
 - backlog (only when named in --only; make bench-backlog): the broker's peak RSS with a
   10-million-message backlog, its recovery time after kill -9, and reading it all back.
 
