@@ -30,6 +30,7 @@ from sdk import (
     ConsumeFromWhere,
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
+    Credentials,
     LitePullConsumer,
     Message,
     MessageExt,
@@ -146,7 +147,8 @@ class ConsumeTrial:
     ConsumeFromWhere.FIRST_OFFSET it reads every queue from offset 0; `run` (timed) starts
     it and returns once its listener has been handed `expected` messages; `close`
     (untimed) shuts it down. `endpoint` is any the SDK takes: the broker's gRPC
-    "host:port" or "rocketmq://<name server>"; `tls` how to reach a broker serving TLS.
+    "host:port" or "rocketmq://<name server>"; `tls` how to reach a broker serving TLS;
+    `credentials` how to sign for one with an ACL.
     """
 
     def __init__(
@@ -157,9 +159,11 @@ class ConsumeTrial:
         listener: str,
         batch: int,
         tls: TLSConfig | None = None,
+        credentials: Credentials | None = None,
     ):
         self.endpoint = endpoint
         self.tls = tls
+        self.credentials = credentials
         self.topic = topic
         self.expected = expected
         self.listener = LISTENERS[listener]
@@ -175,6 +179,7 @@ class ConsumeTrial:
             consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
             config=self.config,
             tls=self.tls,
+            credentials=self.credentials,
         )
         consumer.subscribe(self.topic)
         consumer.register_message_listener(self.listener(self.tally))

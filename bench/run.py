@@ -27,9 +27,11 @@ Figures (see bench/README.md for what each one measures and how to read it):
   serving both, with the ratio rocketmq:// / gRPC (skipped while the broker has no
   remoting front);
 - tls: produce (as produce, async flush, 1 in flight) and orderly consume (as consume,
-  async listener, batch 32) over gRPC to a broker serving plain text and to one serving TLS
-  only (a CA and a certificate made for the run in its temporary directory), the two
-  brokers up side by side and the runs taking turns, with the ratio TLS on / TLS off;
+  async listener, batch 32) over gRPC to a broker serving plain text, to one serving TLS
+  only (a CA and a certificate made for the run in its temporary directory) and to one
+  serving TLS with an ACL (clients signing with a non-admin account), the three brokers up
+  side by side and the runs taking turns, with the ratios TLS on / TLS off and TLS + ACL
+  on / TLS off;
 - backlog (only when named in --only; make bench-backlog): the broker's peak RSS with a
   10-million-message backlog, its recovery time after kill -9, and reading it all back.
 
@@ -71,7 +73,14 @@ import workloads as wl
 from figures import Figure, Run, Timing, fmt, table
 from procs import ROOT, ServerProcess, broker_process, floor_process, machine_busy_seconds
 
-from sdk import AccumulatorConfig, ConsumeFromWhere, MessageQueue, ProducerConfig, TLSConfig
+from sdk import (
+    AccumulatorConfig,
+    ConsumeFromWhere,
+    Credentials,
+    MessageQueue,
+    ProducerConfig,
+    TLSConfig,
+)
 from sdk import PushConsumer as BlockingPushConsumer
 from sdk._transport.broker_client import BrokerClient
 from sdk._wire import GRPC_CHANNEL_OPTIONS
@@ -83,8 +92,25 @@ GROUPS = ("produce", "send", "pull", "consume", "poll", "latency", "floor", "mic
 EXTRA_GROUPS = ("backlog", "flood")
 #: The transports group's transports: figure key part, name in titles ("grpc" first).
 TRANSPORTS = (("grpc", "gRPC"), ("rocketmq", "rocketmq://"))
-#: The tls group's two brokers: figure key part, name in titles (plain text first).
-TLS_MODES = (("plain", "TLS off"), ("tls", "TLS on"))
+#: A broker's (client, admin) accounts when it has an ACL.
+AclCredentials = tuple[Credentials, Credentials]
+#: The tls group's three brokers: figure key part, name in titles (plain text first).
+TLS_MODES = (("plain", "TLS off"), ("tls", "TLS on"), ("tls_acl", "TLS + ACL on"))
+#: The tls group's ACL (written at run time): the clients' account may publish and
+#: subscribe to any topic and consume in any group, and is checked on each; topics are
+#: created by an admin account (CreateTopic needs ADMIN).
+BENCH_CLIENT = ("bench-client", "bench-client-secret")
+BENCH_ADMIN = ("bench-admin", "bench-admin-secret")
+BENCH_ACL = f"""\
+accounts:
+  - accessKey: {BENCH_CLIENT[0]}
+    secretKey: {BENCH_CLIENT[1]}
+    defaultTopicPerm: PUB|SUB
+    defaultGroupPerm: SUB
+  - accessKey: {BENCH_ADMIN[0]}
+    secretKey: {BENCH_ADMIN[1]}
+    admin: true
+"""
 #: Other processes using this much of a core during a figure get it named in a note.
 OTHERS_NOTICEABLE = 0.25
 #: latency: wake-ups per run (sequential); the end-to-end send rates (msg/s), seconds per
@@ -321,16 +347,20 @@ class Bench:
         in_flight: int,
         endpoint: str | None = None,
         tls: TLSConfig | None = None,
+        acl: AclCredentials | None = None,
     ) -> AsyncIterator[Producer]:
         """A started producer on `endpoint` (default the broker's gRPC address), warmed up
-        with `warmup` on PRODUCE_TOPIC, created over gRPC; shut down afterwards."""
+        with `warmup` on PRODUCE_TOPIC, created over gRPC; shut down afterwards. `acl`: the
+        (client, admin) accounts of a broker with an ACL."""
         topic = PRODUCE_TOPIC
-        admin = BrokerClient(broker.address, tls)
+        admin = BrokerClient(broker.address, tls, acl[1] if acl else None)
         try:
             await admin.create_topic(topic, wl.QUEUES)
         finally:
             await admin.close()
-        producer = Producer(endpoint or broker.address, tls=tls)
+        producer = Producer(
+            endpoint or broker.address, tls=tls, credentials=acl[0] if acl else None
+        )
         await producer.start()
         try:
             queues = await producer.fetch_publish_message_queues(topic)
@@ -524,15 +554,21 @@ class Bench:
         topic: str,
         endpoint: str,
         tls: TLSConfig | None = None,
+        acl: AclCredentials | None = None,
     ) -> int:
         """Store the --messages backlog in `topic` (over gRPC), then warm up: a consumer on
         `endpoint` that stops after a tenth of it. Returns the messages stored. `tls`: how
-        to reach a broker serving TLS (None: plain text)."""
+        to reach a broker serving TLS (None: plain text); `acl`: the (client, admin)
+        accounts of a broker with an ACL."""
         started = time.perf_counter()
-        stored = await wl.fill_backlog(broker.address, topic, self.args.messages, tls=tls)
+        stored = await wl.fill_backlog(
+            broker.address, topic, self.args.messages, tls=tls, credentials=acl[1] if acl else None
+        )
         self.facts[f"{group}_backlog_fill_seconds"] = round(time.perf_counter() - started, 2)
         self.say(f"  backlog of {stored} messages stored in {time.perf_counter() - started:.1f} s")
-        warm = cw.ConsumeTrial(endpoint, topic, max(1, stored // 10), "orderly-async", 32, tls)
+        warm = cw.ConsumeTrial(
+            endpoint, topic, max(1, stored // 10), "orderly-async", 32, tls, acl[0] if acl else None
+        )
         await warm.prepare()
         try:
             await warm.run()
@@ -1061,15 +1097,18 @@ class Bench:
 
     # ------------------------------------------------------------------ tls
     async def tls(self) -> None:
-        """Produce and orderly consume with TLS off and on (issue 34).
+        """Produce and orderly consume with TLS off, on, and on with an ACL (issues 34, 37).
 
         The same workloads as "produce, async flush, 1 in flight" and "consume orderly,
-        async listener, batch 32", through the same SDK clients over gRPC, once to a broker
-        serving plain text and once to one serving TLS only (--tls-cert/--tls-key, with a
-        CA and a certificate for 127.0.0.1 made for this run in its temporary directory;
-        the clients trust that CA). Each workload gets a fresh pair of brokers, one of
-        each kind, up side by side, and the two figures' runs take turns (_turns), so that
-        a change of the machine's load falls on both and their ratio stays fair.
+        async listener, batch 32", through the same SDK clients over gRPC, to a broker
+        serving plain text, to one serving TLS only (--tls-cert/--tls-key, with a CA and a
+        certificate for 127.0.0.1 made for this run in its temporary directory; the
+        clients trust that CA) and to one serving TLS with an ACL (--acl-file, BENCH_ACL
+        written for this run; the clients sign every call with a non-admin account, so
+        each is checked for its signature and permissions). Each workload gets a fresh
+        set of brokers, one of each kind, up side by side, and the figures' runs take turns
+        (_turns), so that a change of the machine's load falls on all and their ratios to
+        plain text stay fair.
         """
         certs, reason = bench_certs(self.tmp / "tls-certs")
         if certs is None:
@@ -1084,16 +1123,17 @@ class Bench:
             "queues": wl.QUEUES,
             "body_bytes": wl.BODY_BYTES,
             "transport": "gRPC",
-            "runs_taken": "in turns with the other TLS mode's, brokers side by side",
+            "runs_taken": "in turns with the other modes', brokers side by side",
         }
+        certificate = "made by trustme: ECDSA P-256, for localhost and 127.0.0.1"
         tls_params: dict[str, dict[str, Any]] = {
-            "plain": {"tls": False},
-            "tls": {
-                "tls": True,
-                "certificate": "made by trustme: ECDSA P-256, for localhost and 127.0.0.1",
-                "client_certificates": False,
-            },
-        }
+            "plain": {"tls": False, "acl": False},
+            "tls": {"tls": True, "certificate": certificate, "client_certificates": False,
+                    "acl": False},
+            "tls_acl": {"tls": True, "certificate": certificate, "client_certificates": False,
+                        "acl": True, "account": "non-admin, defaultTopicPerm PUB|SUB, "
+                        "defaultGroupPerm SUB; every call signed (HMAC-SHA256)"},
+        }  # fmt: skip
         figures: dict[tuple[str, str], Figure] = {}
         for workload in ("produce", "consume"):
             for mode, name in TLS_MODES:
@@ -1130,10 +1170,23 @@ class Bench:
                         },
                     )
                 figures[workload, mode] = self._add(figure)
-        tls = {"plain": None, "tls": TLSConfig(ca_file=certs.ca)}
-        options = {"plain": (), "tls": ("--tls-cert", str(certs.cert), "--tls-key", str(certs.key))}
+        acl_file = self.tmp / "bench_acl.yml"
+        acl_file.write_text(BENCH_ACL)
+        tls_config = TLSConfig(ca_file=certs.ca)
+        tls = {"plain": None, "tls": tls_config, "tls_acl": tls_config}
+        tls_options = ("--tls-cert", str(certs.cert), "--tls-key", str(certs.key))
+        options = {
+            "plain": (),
+            "tls": tls_options,
+            "tls_acl": (*tls_options, "--acl-file", str(acl_file)),
+        }
+        acl: dict[str, AclCredentials | None] = {
+            "plain": None,
+            "tls": None,
+            "tls_acl": (Credentials(*BENCH_CLIENT), Credentials(*BENCH_ADMIN)),
+        }
         for workload in ("produce", "consume"):
-            self.say(f"tls {workload}: starting a plain-text and a TLS broker")
+            self.say(f"tls {workload}: starting a plain-text, a TLS and a TLS + ACL broker")
             with contextlib.ExitStack() as stack:
                 brokers = {
                     mode: stack.enter_context(
@@ -1145,7 +1198,9 @@ class Bench:
                     async with contextlib.AsyncExitStack() as clients:
                         producers = {
                             mode: await clients.enter_async_context(
-                                self._warm_producer(brokers[mode], warmup, 1, None, tls[mode])
+                                self._warm_producer(
+                                    brokers[mode], warmup, 1, None, tls[mode], acl[mode]
+                                )
                             )
                             for mode, _ in TLS_MODES
                         }
@@ -1164,11 +1219,13 @@ class Bench:
                     for mode, _ in TLS_MODES:
                         broker = brokers[mode]
                         stored = await self._consume_backlog(
-                            f"tls_{mode}", broker, topic, broker.address, tls[mode]
+                            f"tls_{mode}", broker, topic, broker.address, tls[mode], acl[mode]
                         )
+                        client = acl[mode]
                         trials[mode] = cw.ConsumeTrial(
-                            broker.address, topic, stored, "orderly-async", 32, tls[mode]
-                        )
+                            broker.address, topic, stored, "orderly-async", 32, tls[mode],
+                            client[0] if client else None,
+                        )  # fmt: skip
                     for i, mode in self._turns():
                         trial = trials[mode]
                         await self._measure(
@@ -1183,11 +1240,12 @@ class Bench:
                                 f"of {expected} messages"
                             )
         self.facts["tls_ratios"] = tls_ratios(self.figures)
+        self.facts["tls_acl_ratios"] = tls_ratios(self.figures, "tls_acl")
 
     def _turns(self) -> Iterator[tuple[int, str]]:
-        """(run number, TLS mode) in the order the tls group measures them: the two modes
-        take turns, each run's pair in the other order from the previous one's (plain, TLS,
-        TLS, plain, plain, TLS...), so a change of load falls on both."""
+        """(run number, mode) in the order the tls group measures them: the modes take
+        turns, each run's in the other order from the previous one's (plain, TLS, TLS+ACL,
+        TLS+ACL, TLS, plain, plain...), so a change of load falls on all."""
         modes = [mode for mode, _ in TLS_MODES]
         for i in range(self.args.runs):
             for mode in modes if i % 2 == 0 else modes[::-1]:
@@ -1262,31 +1320,36 @@ def transport_comparison(figures: list[Figure]) -> str:
     return f"rocketmq:// vs gRPC: {'; '.join(parts)}" if parts else ""
 
 
-def tls_ratios(figures: list[Figure]) -> dict[str, float]:
-    """TLS on over TLS off, per workload of the tls group (medians; those measured)."""
+def tls_ratios(figures: list[Figure], mode: str = "tls") -> dict[str, float]:
+    """`mode` (tls: TLS on; tls_acl: TLS and ACL on) over plain text, per workload of the
+    tls group (medians; those measured)."""
     medians = {f.key: statistics.median(f.values()) for f in figures if f.values()}
     out = {}
     for workload in ("produce", "consume"):
-        plain, tls = (medians.get(f"tls.{mode}.{workload}") for mode, _ in TLS_MODES)
-        if plain and tls:
-            out[workload] = round(tls / plain, 3)
+        plain, other = (medians.get(f"tls.{m}.{workload}") for m in ("plain", mode))
+        if plain and other:
+            out[workload] = round(other / plain, 3)
     return out
 
 
 def tls_comparison(figures: list[Figure]) -> str:
-    """A line setting the TLS figures against the plain-text ones (if both ran)."""
+    """Lines setting the TLS and TLS + ACL figures against the plain-text ones (those run)."""
     medians = {f.key: statistics.median(f.values()) for f in figures if f.values()}
-    ratios = tls_ratios(figures)
-    parts = [
-        f"{what} {fmt(medians[f'tls.tls.{workload}'])} vs "
-        f"{fmt(medians[f'tls.plain.{workload}'])} msg/s ({ratios[workload]:.2f}x)"
-        for workload, what in (
-            ("produce", "produce (send_batch of 100, 1 in flight)"),
-            ("consume", "orderly consume (async listener, batch 32)"),
-        )
-        if workload in ratios
-    ]
-    return f"TLS on vs off: {'; '.join(parts)}" if parts else ""
+    lines = []
+    for mode, name in TLS_MODES[1:]:
+        ratios = tls_ratios(figures, mode)
+        parts = [
+            f"{what} {fmt(medians[f'tls.{mode}.{workload}'])} vs "
+            f"{fmt(medians[f'tls.plain.{workload}'])} msg/s ({ratios[workload]:.2f}x)"
+            for workload, what in (
+                ("produce", "produce (send_batch of 100, 1 in flight)"),
+                ("consume", "orderly consume (async listener, batch 32)"),
+            )
+            if workload in ratios
+        ]
+        if parts:
+            lines.append(f"{name} vs TLS off: {'; '.join(parts)}")
+    return "\n".join(lines)
 
 
 def bench_certs(directory: Path) -> tuple[Any, str | None]:

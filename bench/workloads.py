@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from sdk import Message, MessageExt, MessageQueue, TLSConfig, shard_index
+from sdk import Credentials, Message, MessageExt, MessageQueue, TLSConfig, shard_index
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.broker_client import BrokerClient, PullStatus
@@ -199,12 +199,18 @@ async def send_singles(producer: Producer, topic: str, singles: Singles, in_flig
 
 # ---------------------------------------------------------------------- pull
 async def fill_backlog(
-    address: str, topic: str, messages: int, in_flight: int = 4, tls: TLSConfig | None = None
+    address: str,
+    topic: str,
+    messages: int,
+    in_flight: int = 4,
+    tls: TLSConfig | None = None,
+    credentials: Credentials | None = None,
 ) -> int:
     """Store `messages` keyed messages evenly over the topic's QUEUES queues (untimed).
 
-    `tls`: how to reach a broker serving TLS (None: plain text)."""
-    client = BrokerClient(address, tls)
+    `tls`: how to reach a broker serving TLS (None: plain text); `credentials`: an account
+    that may create the topic and send to it, for a broker with an ACL."""
+    client = BrokerClient(address, tls, credentials)
     try:
         await client.create_topic(topic, QUEUES)
         ids = MessageIdGenerator()

@@ -265,8 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--acl-file",
         type=Path,
         metavar="FILE",
-        help="RocketMQ plain_acl.yml: every gRPC and admin call must be signed by an account "
-        "and allowed by it (re-read when it changes)",
+        help="RocketMQ plain_acl.yml: every call (gRPC, admin, remoting broker port, RocketMQ 5 "
+        "port) must be signed by an account and allowed by it (re-read when it changes)",
     )
     p.add_argument(
         "--metrics-host",

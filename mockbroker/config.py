@@ -131,8 +131,9 @@ class BrokerConfig:
         tls_client_ca: PEM CA certificate(s): clients must present a certificate signed
             by one of them (mutual TLS). Needs `tls_cert`.
         acl_file: RocketMQ 4.x plain_acl.yml: accounts and their permissions. With it,
-            every call of ordermq's gRPC and admin service must be signed by a known
-            account (docs/security.md, "Accounts and permissions") and is allowed only
+            every call of ordermq's gRPC and admin service, of the RocketMQ remoting
+            broker port and of the RocketMQ 5 port must be signed by a known account
+            (docs/security.md, "Accounts and permissions") and is allowed only
             what the file grants. Checked at start (FILE:LINE of a fault); re-read when
             it changes, `acl_reload_seconds` apart.
         acl_reload_seconds: How often the ACL file is looked at for changes.

@@ -20,6 +20,7 @@ from mockbroker.fronts.grpc.auth import GrpcAuth
 from mockbroker.fronts.grpc.service import MessagingService
 from mockbroker.fronts.grpc_errors import add_service
 from mockbroker.fronts.remoting.front import RemotingFront
+from mockbroker.fronts.v2.auth import V2Auth
 from mockbroker.fronts.v2.front import V2Front
 from mockbroker.fronts.v2.pop_adapter import PopCoreAdapter
 from mockbroker.groups import ConsumerGroups
@@ -294,7 +295,8 @@ class Broker:
         state.address = self.address
         if self.config.v2_port is not None:
             fifo = frozenset(self.config.fifo_groups)
-            v2 = V2Front(state, PopCoreAdapter(pop, self.clock, fifo))
+            v2_auth = V2Auth(self.acl, self.clock) if self.acl is not None else None
+            v2 = V2Front(state, PopCoreAdapter(pop, self.clock, fifo), v2_auth)
             try:
                 await v2.start(
                     self.config.host, self.config.v2_port, self._client_host(),

@@ -5,9 +5,9 @@ What is here: the file format and its checks (acl_file), client address patterns
 each front needs (operations), and reloading the file when it changes (watcher).
 
 Wired into ordermq's gRPC and admin service (mockbroker/fronts/grpc/auth.py) and the
-RocketMQ remoting broker port (mockbroker/fronts/remoting/auth.py) when the broker has
-`--acl-file`; without it the broker serves everyone, as before. Not wired yet: RocketMQ
-5's gRPC front. The remoting name server is open, as RocketMQ's.
+RocketMQ remoting broker port (mockbroker/fronts/remoting/auth.py) and RocketMQ 5's gRPC
+front (mockbroker/fronts/v2/auth.py) when the broker has `--acl-file`; without it the
+broker serves everyone, as before. The remoting name server is open, as RocketMQ's.
 """
 
 from mockbroker.acl.acl_file import KEY_MIN_LENGTH, AclFileError, load_acl_file, parse_acl_text

@@ -103,6 +103,7 @@ V2_RPCS: dict[str, Needs] = {
     "Heartbeat": _GROUP,
     "NotifyClientTermination": _GROUP,
     "SendMessage": _SEND,
+    "RecallMessage": _SEND,
     "EndTransaction": _SEND,
     "QueryAssignment": _CONSUME,
     "ReceiveMessage": _CONSUME,

@@ -51,15 +51,20 @@ def test_bench_quick_run_measures_every_figure(tmp_path: Path) -> None:
     transports = [f for f in figures if f["key"].startswith("transports.")]
     if "transports_skipped" not in facts:
         assert len(transports) == 4 and all(f["median"] > 0 for f in transports)
-    # produce and orderly consume with TLS off and on, and the ratio (issue 34)
+    # produce and orderly consume with TLS off, on, and on with an ACL, and the ratios
+    # (issues 34, 37)
     tls = {f["key"]: f for f in figures if f["key"].startswith("tls.")}
     assert "tls_skipped" not in facts  # trustme is a development dependency
     assert sorted(tls) == [
         "tls.plain.consume", "tls.plain.produce", "tls.tls.consume", "tls.tls.produce",
+        "tls.tls_acl.consume", "tls.tls_acl.produce",
     ]  # fmt: skip
     assert all(f["median"] > 0 for f in tls.values())
     assert tls["tls.tls.produce"]["params"]["tls"] and not tls["tls.plain.produce"]["params"]["tls"]
-    assert set(facts["tls_ratios"]) == {"produce", "consume"}
+    assert (
+        tls["tls.tls_acl.consume"]["params"]["acl"] and not tls["tls.tls.consume"]["params"]["acl"]
+    )
+    assert set(facts["tls_ratios"]) == set(facts["tls_acl_ratios"]) == {"produce", "consume"}
 
 
 def test_bench_backlog_group_recovers_and_reads_back_the_whole_backlog(tmp_path: Path) -> None:

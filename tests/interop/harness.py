@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.duration_pb2 import Duration
 
-from sdk import MessageQueue, TLSConfig
+from sdk import Credentials, MessageQueue, TLSConfig
 from sdk._transport.broker_client import BrokerClient, PullStatus
 from sdk.message import MessageExt
 from tests.interop.provision import Client
@@ -414,16 +414,19 @@ def group_is_fifo(endpoints: str, group: str) -> bool:
 class GrpcView:
     """The same broker seen through ordermq's gRPC (one truth: topics, offsets, groups).
 
-    `tls`: how to connect to a broker that serves TLS.
+    `tls`: how to connect to a broker that serves TLS; `credentials`: to one with an ACL.
     """
 
-    def __init__(self, address: str, tls: TLSConfig | None = None) -> None:
+    def __init__(
+        self, address: str, tls: TLSConfig | None = None, credentials: Credentials | None = None
+    ) -> None:
         self.address = address
         self.tls = tls
+        self.credentials = credentials
 
     def _call(self, work: Callable[[BrokerClient], Awaitable[T]]) -> T:
         async def run() -> T:
-            client = BrokerClient(self.address, self.tls)
+            client = BrokerClient(self.address, self.tls, self.credentials)
             try:
                 return await work(client)
             finally:

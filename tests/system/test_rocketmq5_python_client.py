@@ -11,6 +11,9 @@ consumer does not start without them), heartbeats into the group, normal, FIFO a
 sends with their fields, recall. The receive/ack tests detect a broker that answers
 ReceiveMessage NOT_IMPLEMENTED and skip with its reason: they run once the core is in.
 
+With `--acl-file` the driver signs with `--access-key/--secret-key` (the client's
+`Credentials(ak, sk)`): a wrong secret is refused (40100) and stores nothing.
+
 Over TLS (`--tls-cert/--tls-key`, certificates from tests/tls_certs.py) the client's own
 switch (`tls_enable=True`) is used; it trusts gRPC's default roots only, so the driver's
 --tls-ca points GRPC_DEFAULT_SSL_ROOTS_FILE_PATH at the test CA.
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from sdk import Message, Producer, TLSConfig
+from sdk import Credentials, Message, Producer, TLSConfig
 from sdk.selector import shard_index
 from tests.interop.harness import (
     Driver,
@@ -305,3 +308,63 @@ def test_over_tls_a_plain_text_client_or_one_not_trusting_the_ca_connects_nowher
         assert "StatusCode.UNAVAILABLE" in log and why in log, log[-3000:]
     assert grpc.messages("py5-refused") == []
     assert grpc.max_offsets("py5-refused") == dict.fromkeys(range(QUEUES), 0)
+
+
+# ---------------------------------------------------------------------------------- ACL
+ACL = """\
+accounts:
+  - accessKey: py5-writer
+    secretKey: py5-writer-secret
+    defaultTopicPerm: DENY
+    defaultGroupPerm: DENY
+    topicPerms:
+      - py5-acl=PUB
+  - accessKey: py5-reader
+    secretKey: py5-reader-secret
+    defaultTopicPerm: DENY
+    defaultGroupPerm: DENY
+    topicPerms:
+      - py5-acl=SUB
+    groupPerms:
+      - acl-g=SUB
+  - accessKey: py5-admin
+    secretKey: py5-admin-secret
+    admin: true
+"""
+
+
+def test_with_an_acl_signed_clients_send_and_receive_and_a_wrong_secret_stores_nothing(
+    run: Callable[..., Driver], broker: Callable[..., V2Broker], tmp_path: Path
+) -> None:
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL)
+    b = broker("--acl-file", str(acl))
+    consuming(b)
+    topic = "py5-acl"
+    grpc = GrpcView(b.address, credentials=Credentials("py5-admin", "py5-admin-secret"))
+    grpc.create_topic(topic, QUEUES)
+
+    wrong = run("wrong", "produce", "--endpoints", b.endpoints, "--topic", topic,
+                "--access-key", "py5-writer", "--secret-key", "not-the-secret")  # fmt: skip
+    assert wrong.finish(TIMEOUT) == 2, wrong.describe()
+    assert wrong.of("sent") == []
+    [error] = wrong.of("error")
+    assert "failed to fetch topic:py5-acl route" in error["message"], error
+    log = client_log(wrong)  # the client logs the status code and message of the refusal
+    assert "40100, accessKey 'py5-writer': the signature does not match" in log, log[-3000:]
+    assert grpc.messages(topic) == []
+
+    producer = run("producer", "produce", "--endpoints", b.endpoints, "--topic", topic,
+                   "--count", "3", "--access-key", "py5-writer",
+                   "--secret-key", "py5-writer-secret")  # fmt: skip
+    assert producer.finish(TIMEOUT) == 0, producer.describe()
+    ids = {e["message_id"] for e in producer.of("sent")}
+    assert len(ids) == 3
+    assert {m.properties["UNIQ_KEY"] for m in grpc.messages(topic)} == ids
+
+    worker = run("worker", "simple", "--endpoints", b.endpoints, "--topic", topic,
+                 "--group", "acl-g", "--expect", "3", "--access-key", "py5-reader",
+                 "--secret-key", "py5-reader-secret")  # fmt: skip
+    assert worker.finish(TIMEOUT) == 0, worker.describe()
+    assert {e["message_id"] for e in worker.of("message")} == ids
+    assert {e["message_id"] for e in worker.of("acked")} == ids

@@ -20,10 +20,12 @@ def figure(key: str, *values: float) -> Figure:
     return f
 
 
-def test_the_two_modes_take_turns_in_alternating_order() -> None:
+def test_the_three_modes_take_turns_in_alternating_order() -> None:
     bench = bench_run.Bench(bench_run.parse_args(["--only", "tls", "--runs", "3"]), Path("."))
     assert list(bench._turns()) == [
-        (0, "plain"), (0, "tls"), (1, "tls"), (1, "plain"), (2, "plain"), (2, "tls"),
+        (0, "plain"), (0, "tls"), (0, "tls_acl"),
+        (1, "tls_acl"), (1, "tls"), (1, "plain"),
+        (2, "plain"), (2, "tls"), (2, "tls_acl"),
     ]  # fmt: skip
 
 
@@ -32,14 +34,30 @@ def test_ratios_are_tls_medians_over_plain_ones_for_the_workloads_measured() -> 
         figure("tls.plain.produce", 100, 120, 110),
         figure("tls.tls.produce", 90, 80, 99),
         figure("tls.plain.consume", 200),
+        figure("tls.tls_acl.consume", 150, 160, 140),
         figure("transports.grpc.consume", 1),
     ]
     assert bench_run.tls_ratios(figures) == {"produce": 0.818}
-    line = bench_run.tls_comparison(figures)
-    assert line == (
-        "TLS on vs off: produce (send_batch of 100, 1 in flight) 90.00 vs 110 msg/s (0.82x)"
-    )
-    assert bench_run.tls_comparison(figures[2:]) == ""
+    assert bench_run.tls_ratios(figures, "tls_acl") == {"consume": 0.75}
+    lines = bench_run.tls_comparison(figures)
+    assert lines.splitlines() == [
+        "TLS on vs TLS off: produce (send_batch of 100, 1 in flight) 90.00 vs 110 msg/s (0.82x)",
+        "TLS + ACL on vs TLS off: orderly consume (async listener, batch 32) 150 vs 200 msg/s"
+        " (0.75x)",
+    ]
+    assert bench_run.tls_comparison(figures[4:]) == ""
+
+
+def test_the_acl_written_for_the_run_parses_and_lets_the_client_do_its_work() -> None:
+    from mockbroker.acl import Acl, Needs, Permission, authorize, parse_acl_text
+
+    acl = Acl(parse_acl_text(bench_run.BENCH_ACL))
+    client = bench_run.BENCH_CLIENT[0]
+    consume = Needs(topic=Permission.SUB, group=Permission.SUB)
+    authorize(acl, client, "127.0.0.1", Needs(topic=Permission.PUB), topic="bench-produce")
+    authorize(acl, client, "127.0.0.1", consume, topic="bench-consume", group="bench-consume-1")
+    assert not acl.rules.accounts[client].admin
+    assert acl.rules.accounts[bench_run.BENCH_ADMIN[0]].admin
 
 
 def test_the_certificates_are_made_locally_a_matching_pair_and_their_ca(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from mockbroker.fronts.v2.auth import V2Auth
 from mockbroker.fronts.v2.pop import PopCore
 from mockbroker.fronts.v2.service import RocketMQ5Service, add_to
 from mockbroker.state import BrokerState
@@ -13,8 +14,10 @@ from sdk._wire import GRPC_CHANNEL_OPTIONS
 class V2Front:
     """apache.rocketmq.v2.MessagingService on a port of its own."""
 
-    def __init__(self, state: BrokerState, pop: PopCore | None = None) -> None:
-        self.service = RocketMQ5Service(state, pop)
+    def __init__(
+        self, state: BrokerState, pop: PopCore | None = None, auth: V2Auth | None = None
+    ) -> None:
+        self.service = RocketMQ5Service(state, pop, auth)
         self._server: grpc.aio.Server | None = None
         self.port = 0
 

@@ -45,6 +45,7 @@ from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2 as svc
 from mockbroker.delivery import Delivery
 from mockbroker.errors import BrokerError
 from mockbroker.fronts.grpc_errors import Context, MalformedRequest, add_service
+from mockbroker.fronts.v2.auth import V2Auth
 from mockbroker.fronts.v2.fields import client_id, group_name, topic_name
 from mockbroker.fronts.v2.messages import Outgoing, from_ms, to_frame
 from mockbroker.fronts.v2.pop import DEFAULT_POLICY, GroupPolicy, PopCore
@@ -90,6 +91,8 @@ def _answers(response: type[Resp]) -> Callable[[Handler[Resp]], Handler[Resp]]:
             try:
                 if isinstance(request, MalformedRequest):
                     raise V2Error(v2.BAD_REQUEST, request.error.message)
+                if self.auth is not None:
+                    self.auth.check(handler.__name__, context, request)
                 answer = await handler(self, request, context)
             except (V2Error, BrokerError) as exc:
                 answer = response(status=status_of(exc))
@@ -110,8 +113,11 @@ def _answers(response: type[Resp]) -> Callable[[Handler[Resp]], Handler[Resp]]:
 class RocketMQ5Service:
     """The servicer of apache.rocketmq.v2.MessagingService on a BrokerState."""
 
-    def __init__(self, state: BrokerState, pop: PopCore | None = None) -> None:
+    def __init__(
+        self, state: BrokerState, pop: PopCore | None = None, auth: V2Auth | None = None
+    ) -> None:
         self._s = state
+        self.auth = auth
         self.requests = state.requests
         self._delivery = Delivery(state)
         self._sessions = Sessions()
@@ -246,7 +252,7 @@ class RocketMQ5Service:
                 if isinstance(received, MalformedRequest):
                     answer = command(v2.Status(code=v2.BAD_REQUEST, message=received.error.message))
                 elif received.HasField("settings"):
-                    answer = self._sessions.settle(cid, received.settings, self._policy)
+                    answer = self._settle(cid, received, context)
                 else:
                     continue  # answers to commands this server never sends
                 self._count(METRIC_PREFIX + "Telemetry", answer.status)
@@ -254,6 +260,16 @@ class RocketMQ5Service:
         finally:
             self._sessions.closed(cid)
             self._s.groups.stream_closed(peer)
+
+    def _settle(
+        self, cid: str, received: svc.TelemetryCommand, context: Context
+    ) -> svc.TelemetryCommand:
+        if self.auth is not None:
+            try:
+                self.auth.check("Telemetry", context, received)
+            except V2Error as exc:
+                return command(exc.status())
+        return self._sessions.settle(cid, received.settings, self._policy)
 
     # ------------------------------------------------------------------ send
     @_answers(svc.SendMessageResponse)
@@ -379,9 +395,13 @@ class RocketMQ5Service:
             ]
         else:
             try:
+                if self.auth is not None:
+                    self.auth.check("ReceiveMessage", context, request)
                 answer = await self._receiving.receive(
                     request, time_remaining=context.time_remaining(), client=context.peer()
                 )
+            except V2Error as exc:  # refused by the ACL: the status alone, as the proxy
+                answer = [svc.ReceiveMessageResponse(status=exc.status())]
             except asyncio.CancelledError:
                 self.requests.cancelled(METRIC_PREFIX + "ReceiveMessage")
                 raise
