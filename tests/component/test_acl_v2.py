@@ -25,28 +25,11 @@ from mockbroker import BrokerConfig, EmbeddedBroker
 from mockbroker._pb_v2.apache.rocketmq.v2 import definition_pb2 as v2
 from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2 as svc
 from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2_grpc as svc_grpc
+from tests.component.test_acl_grpc import GROUP, TOPIC, acl_file
+from tests.component.test_acl_grpc import Snapshot as StoreSnapshot
 
-TOPIC, GROUP = "orders", "billing"
 PRODUCER = ("producer-key", "producer-secret")  # PUB on orders only
 CONSUMER = ("consumer-key", "consumer-secret")  # SUB on orders, SUB on billing
-
-ACL = """\
-accounts:
-  - accessKey: producer-key
-    secretKey: producer-secret
-    defaultTopicPerm: DENY
-    defaultGroupPerm: DENY
-    topicPerms:
-      - orders=PUB
-  - accessKey: consumer-key
-    secretKey: consumer-secret
-    defaultTopicPerm: DENY
-    defaultGroupPerm: DENY
-    topicPerms:
-      - orders=SUB
-    groupPerms:
-      - billing=SUB
-"""
 
 
 def signed(
@@ -67,8 +50,7 @@ def signed(
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text(ACL)
+    acl = acl_file(tmp_path / "plain_acl.yml")
     config = BrokerConfig(data_dir=tmp_path / "data", v2_port=0, acl_file=acl)
     with EmbeddedBroker(config) as b:
         route = call(b, "QueryRoute", route_request(), signed(PRODUCER))
@@ -142,23 +124,14 @@ def subscription(group: str) -> svc.TelemetryCommand:
     )  # fmt: skip
 
 
-class Snapshot:
-    """What a refused request must not change: stored bytes, topics, members, offsets."""
+class Snapshot(StoreSnapshot):
+    """StoreSnapshot, and the groups with members: a refused receive or heartbeat joins none."""
 
     def __init__(self, b: EmbeddedBroker) -> None:
-        broker = b.broker
-        state = broker.state
+        super().__init__(b)
+        state = b.broker.state
         assert state is not None
-        self.topics = sorted((t.name, t.queue_count) for t in broker.store.topics.all())
-        self.stored = broker.store.commitlog.total_bytes()
-        self.offsets = {k: broker.offsets.get(*k) for k in broker.offsets.committed()}
         self.groups = sorted(state.groups.active_groups())
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Snapshot) and vars(self) == vars(other)
-
-    def __repr__(self) -> str:
-        return repr(vars(self))
 
 
 @pytest.mark.parametrize(
