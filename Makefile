@@ -70,14 +70,16 @@ typecheck: $(STAMP)
 # --dist loadfile keeps each file on one worker: a module's fixtures (the chaos brokers,
 # the interop installs) start once rather than once per worker (385 s against 455 s in
 # pytest), and a document's blocks, which share a namespace and run in order, stay together.
+# The slowest tiers start first (tests/conftest.py), not the files with the most tests.
 TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: proto-check docs-check docs-api lint typecheck
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q $(XDIST)
 
 # make test's checks and tests, with where the time goes (tools/test_times.py).
 test-times: $(STAMP)
-	$(PY) tools/test_times.py -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) tools/test_times.py $(XDIST) $(PYTEST_ARGS)
 
 # Unit and component tiers only, for a quick loop while editing (make test-docs: the docs).
 test-fast: $(STAMP)

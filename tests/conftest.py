@@ -22,6 +22,26 @@ def chaos_report(request: pytest.FixtureRequest) -> ChaosRecorder:
     return ChaosRecorder(request.config.stash[_CHAOS], request.node.name)
 
 
+# make test runs files whole on two workers (--dist loadfile --no-loadscope-reorder), in
+# this order: the longest files first, so that the last ones to start are short and both
+# workers finish together. xdist's own order (most tests first) left a system file last.
+_SLOWEST_FIRST = ("tests/examples/", "tests/system/", "tests/component/", "tests/unit/")
+
+
+def _start_rank(item: pytest.Item) -> int:
+    path = item.path.as_posix()
+    for rank, tier in enumerate(_SLOWEST_FIRST):
+        if f"/{tier}" in path:
+            return rank
+    return len(_SLOWEST_FIRST) - 1  # README.md and docs/: short, like the unit files
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Sorts the files slowest tier first; a file's own tests keep their order."""
+    items.sort(key=_start_rank)
+
+
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:
