@@ -140,6 +140,15 @@ class TLSError(OrderMQError):
     """
 
 
+class WrongProtocolError(OrderMQError):
+    """The address answers another protocol than the client's endpoints chose; not retried.
+
+    An ordermq gRPC client at a RocketMQ remoting port (a name server's 9876) or at a
+    RocketMQ 5 gRPC port, or a `rocketmq://` client at a gRPC port. The message names
+    what answers there and what to give instead.
+    """
+
+
 class AuthenticationError(OrderMQError):
     """The broker's ACL does not know the caller; not retried.
 

@@ -45,6 +45,12 @@ _DECIMAL = re.compile(r"-?[0-9]{1,10}")
 _BINARY_RANGES = (("code", _INT16), ("version", _INT16), ("opaque", _INT32), ("flag", _INT32))
 
 
+#: The first 4 bytes an HTTP/2 client sends ("PRI * HTTP/2.0..."): read as a length, 1.3 GB.
+_HTTP2_PREFACE_START = b"PRI "
+#: A TLS record of type handshake (22), version 3.x: a ClientHello, read as a length, 369 MB.
+_TLS_HANDSHAKE_START = b"\x16\x03"
+
+
 class FrameError(ValueError):
     """Bytes that are not a RemotingCommand frame."""
 
@@ -117,6 +123,13 @@ async def read_frame(
         if not exc.partial:
             return None
         raise FrameError("the stream ended inside a frame's length") from exc
+    if prefix == _HTTP2_PREFACE_START:
+        raise FrameError(
+            "an HTTP/2 (gRPC) client's preface, not a remoting frame: an ordermq gRPC client "
+            "at a RocketMQ remoting port (it takes rocketmq://, or the broker's gRPC port)"
+        )
+    if prefix[:2] == _TLS_HANDSHAKE_START:
+        raise FrameError("a TLS handshake, not a remoting frame: this port speaks plain text")
     (length,) = _U32.unpack(prefix)
     if length + 4 > max_frame_bytes:
         raise FrameError(f"a frame of {length + 4} bytes is over the limit of {max_frame_bytes}")

@@ -18,6 +18,7 @@ from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.codec import decode_records
 from sdk._transport.exchange import Exchange, ExchangeUnsupportedError
+from sdk._transport.port_probe import speaks_remoting
 from sdk._transport.protocol import Appended, GroupInfo, PullResult, PullStatus, SentBack
 from sdk._transport.signing import CallSigner
 from sdk._transport.status import to_ordermq_error
@@ -29,6 +30,7 @@ from sdk.errors import (
     BrokerUnavailableError,
     OrderMQError,
     TLSError,
+    WrongProtocolError,
     error_from_status,
 )
 from sdk.message import MessageExt, MessageQueue, Receipt
@@ -54,6 +56,14 @@ CONNECT_TIMEOUT = 5.0
 #: one address, and a new client would inherit another client's reconnect backoff from a
 #: broker that has restarted since, and fail its first calls.
 _CHANNEL_OPTIONS = (*GRPC_CLIENT_CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
+#: A method only RocketMQ 5's gRPC serves: asked when ordermq's methods are not found.
+ROCKETMQ5_PROBE = "/apache.rocketmq.v2.MessagingService/QueryRoute"
+PROBE_SECONDS = 1.0
+_NOT_THERE = (
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +99,9 @@ class BrokerClient:
         self._tls = tls
         #: Whether a connection was ever made: TLS failures are looked for until then.
         self._connected_once = False
+        #: Whether a call was ever answered: until then "no such method" may mean that
+        #: another gRPC service answers here.
+        self._answered_once = False
         # With credentials every call is signed (sdk/_transport/signing.py).
         interceptors: Sequence[Any] | None = (
             CallSigner(credentials, clock or SystemClock()).interceptors()
@@ -124,7 +137,7 @@ class BrokerClient:
                 result = await self._unless_tls_fails(call())
             else:
                 result = await call()
-            self._connected_once = True
+            self._connected_once = self._answered_once = True
             return result
         except grpc.aio.AioRpcError as exc:
             if (
@@ -138,20 +151,22 @@ class BrokerClient:
             else:
                 error = to_ordermq_error(exc)
             if isinstance(error, BrokerUnavailableError):
-                error = await self._tls_failure(exc.details() or "") or error
+                error = await self._why_unreachable(exc.details() or "") or error
+            elif exc.code() == grpc.StatusCode.UNIMPLEMENTED and not self._answered_once:
+                error = await self._rocketmq5_instead() or error
             raise error from None
 
     async def _ready(self) -> None:
-        """Return once the channel is connected; TLSError as soon as TLS is why it is not.
+        """Return once the channel is connected; fail as soon as TLS or the port is why not.
 
-        A connection that fails its TLS handshake is retried by gRPC until the caller's
-        deadline, each time failing the same way: a wrong CA, name or certificate is told
-        at the first failure instead.
+        A connection that fails its TLS handshake (or meets a server of another protocol)
+        is retried by gRPC until the caller's deadline, each time failing the same way: a
+        wrong CA, name, certificate or port is told at the first failure instead.
         """
         state = self._channel.get_state(try_to_connect=True)
         while state != grpc.ChannelConnectivity.READY:
             if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE and not self._connected_once:
-                failure = await self._tls_failure("")
+                failure = await self._why_unreachable("")
                 if failure is not None:
                     raise failure
             await self._channel.wait_for_state_change(state)
@@ -159,20 +174,24 @@ class BrokerClient:
         self._connected_once = True
 
     async def _unless_tls_fails(self, pending: Awaitable[T]) -> T:
-        """Await a call waiting for the connection; TLSError at once if TLS fails it."""
+        """Await a call waiting for the connection; fail at once if TLS or the port fails it."""
         call = asyncio.ensure_future(pending)
         watch = asyncio.ensure_future(self._ready())
         try:
             await asyncio.wait((call, watch), return_when=asyncio.FIRST_COMPLETED)
-            if not call.done() and watch.done() and isinstance(watch.exception(), TLSError):
+            if (
+                not call.done()
+                and watch.done()
+                and isinstance(watch.exception(), (TLSError, WrongProtocolError))
+            ):
                 raise watch.exception()  # type: ignore[misc]
             return await call
         finally:
             watch.cancel()
             call.cancel()
 
-    async def _tls_failure(self, details: str) -> TLSError | None:
-        """The TLS failure behind an unreachable broker, if TLS is why; None otherwise.
+    async def _why_unreachable(self, details: str) -> TLSError | WrongProtocolError | None:
+        """The TLS failure or wrong port behind an unreachable broker; None otherwise.
 
         gRPC tells why a connection failed only to calls that do not wait for one, and
         says "Socket closed" of a refused client certificate: the handshake is tried again
@@ -188,12 +207,31 @@ class BrokerClient:
                     f"the broker at {self.address} serves TLS only: give the client "
                     "tls=sdk.TLSConfig(ca_file=...)"
                 )
+            if await speaks_remoting(self.address):
+                return WrongProtocolError(
+                    f"{self.address} answers RocketMQ remoting, not ordermq's gRPC: use "
+                    f"rocketmq://{self.address}, or the broker's ordermq port"
+                )
             return None
         reason = details if handshake_failure(details) else None
         reason = reason or await tls_refusal(self.address, self._tls)
         if reason is None:
             return None
         return TLSError(f"TLS connection to {self.address} failed: {tls_hint(reason, self._tls)}")
+
+    async def _rocketmq5_instead(self) -> WrongProtocolError | None:
+        """WrongProtocolError if RocketMQ 5's gRPC services answer here instead of ordermq's."""
+        probe = self._channel.unary_unary(ROCKETMQ5_PROBE, None, None)
+        try:
+            await probe(b"", timeout=PROBE_SECONDS)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in _NOT_THERE:
+                return None
+        return WrongProtocolError(
+            f"{self.address} answers RocketMQ 5's gRPC (apache.rocketmq.v2), not ordermq's: "
+            "give the broker's ordermq port (mockbroker --port), or rocketmq://<name server> "
+            "for RocketMQ's remoting"
+        )
 
     async def _request(
         self, envelope: pb.ExchangeRequest, timeout: float | None
@@ -205,7 +243,7 @@ class BrokerClient:
             except ExchangeUnsupportedError:
                 pass  # the broker served nothing of it: go unary, now and from now on
             except BrokerUnavailableError as exc:
-                raise await self._tls_failure("") or exc from None
+                raise await self._why_unreachable("") or exc from None
         wait = timeout is not None
         if envelope.HasField("send"):
             sent = await self._call(

@@ -40,6 +40,7 @@ from sdk._remoting.translate import (
     to_message_ext,
 )
 from sdk._transport.codec import encode_message
+from sdk._transport.port_probe import speaks_http2
 from sdk._transport.protocol import (
     Appended,
     GroupInfo,
@@ -72,6 +73,7 @@ from sdk.errors import (
     TLSError,
     TopicNotFoundError,
     UnsupportedByTransportError,
+    WrongProtocolError,
 )
 from sdk.message import Message, MessageExt, MessageQueue, Receipt
 from sdk.tls import TLSConfig, speaks_tls, tls_hint, tls_refusal
@@ -213,13 +215,13 @@ class RemotingTransport:
             response = await connection.request(
                 command, REQUEST_SECONDS if timeout is None else timeout
             )
-        except BrokerUnavailableError as exc:
-            raise await self._tls_failure(address) or exc from None
+        except BrokerError as exc:  # unreachable, or what answered sent no remoting frame
+            raise await self._why_unreachable(address) or exc from None
         self._answered.add(address)
         return response
 
-    async def _tls_failure(self, address: str) -> TLSError | None:
-        """The TLS failure behind a connection that failed, if TLS is why (see BrokerClient)."""
+    async def _why_unreachable(self, address: str) -> TLSError | WrongProtocolError | None:
+        """The TLS failure or wrong port behind a connection that failed (see BrokerClient)."""
         if address in self._answered:
             return None  # TLS worked with it: this failure is the network's or the broker's
         if self.tls is None:
@@ -227,6 +229,12 @@ class RemotingTransport:
                 return TLSError(
                     f"{address} serves RocketMQ remoting over TLS only: give the client "
                     "tls=sdk.TLSConfig(ca_file=...)"
+                )
+            if await speaks_http2(address):
+                return WrongProtocolError(
+                    f"{address} answers gRPC (HTTP/2), not RocketMQ remoting: for an "
+                    f"ordermq broker's port give {address} without rocketmq://; RocketMQ's "
+                    "remoting is served on the name server's and brokers' remoting ports"
                 )
             return None
         reason = await tls_refusal(address, self.tls, self._tls_context)

@@ -52,6 +52,10 @@ CONSUME_LOCK_WAIT = 0.5
 #: Rebalance again this soon after a round that could not finish.
 REBALANCE_RETRY = 0.5
 FIRST_LOCK_RENEWAL = 1.0
+#: While a subscribed topic does not exist, its route (only its own) is looked up this
+#: often, so that a consumer started before its topic reads within a second of its
+#: creation rather than at the next periodic round.
+MISSING_TOPIC_POLL = 0.5
 
 QueueHook = Callable[[list[MessageQueue]], Awaitable[None] | None]
 
@@ -258,6 +262,7 @@ class ConsumerCore:
         ]
         if self._subscriptions:
             self._tasks.append(asyncio.create_task(self._watch_membership()))
+            self._tasks.append(asyncio.create_task(self._watch_missing_topics()))
         if self.uses_locks:
             self._tasks.append(asyncio.create_task(self._lock_renewal_loop()))
 
@@ -455,6 +460,17 @@ class ConsumerCore:
             await sleep_for(self._clock, self._tuning.pull_error_backoff)
             with contextlib.suppress(OrderMQError):
                 await self._heartbeat()  # a broker that restarted learns of us at once
+
+    async def _watch_missing_topics(self) -> None:
+        while True:
+            await sleep_for(self._clock, MISSING_TOPIC_POLL)
+            if not self._rebalancer.missing:
+                continue
+            try:
+                if await self._rebalancer.missing_appeared():
+                    self._rebalance_now.set()
+            except OrderMQError as exc:
+                log.debug("looking up topics that did not exist failed: %s", exc)
 
     async def _lock_renewal_loop(self) -> None:
         await sleep_for(self._clock, FIRST_LOCK_RENEWAL)

@@ -92,6 +92,18 @@ class Rebalancer:
             log.info("group %s: topic %r exists now", self._group, topic)
         return queues
 
+    async def missing_appeared(self) -> bool:
+        """Whether a subscribed topic that was missing exists now; looks up only those.
+
+        A group's own `%`-topics (retry) are left to the periodic round: they appear with
+        the group's first sendback, and nothing waits on them.
+        """
+        appeared = False
+        for topic in sorted(t for t in self.missing if not t.startswith("%")):
+            if await self.topic_queues(topic):
+                appeared = True
+        return appeared
+
     async def desired(self) -> set[MessageQueue]:
         """The queues this client should hold now."""
         if self.assigned is not None:

@@ -303,7 +303,15 @@ def test_a_failing_message_is_retried_then_dead_lettered_with_its_fields(
                 clock.advance(delay)
             wait_until(lambda: len(attempts) == 3, 20, "the last try")
             dlq = MessageQueue("%DLQ%g", "broker-a", 0)
-            wait_until(lambda: bool(read_queue(broker.grpc_address, dlq)), 20, "dead letter")
+
+            def dead_letters() -> list[MessageExt]:
+                # The last try is counted before its send-back creates the DLQ topic.
+                try:
+                    return read_queue(broker.grpc_address, dlq)
+                except TopicNotFoundError:
+                    return []
+
+            wait_until(lambda: bool(dead_letters()), 20, "dead letter")
         [dead] = read_queue(broker.grpc_address, dlq)
     assert [(m.reconsume_times, m.topic, m.msg_id) for m in attempts] == [
         (0, "orders", sent.msg_id), (1, "orders", sent.msg_id), (2, "orders", sent.msg_id),

@@ -21,6 +21,8 @@ from sdk import (
     PushConsumer,
     PushConsumerConfig,
 )
+from sdk.consumer.core import MISSING_TOPIC_POLL
+from sdk.testing import FakeClock
 from tests.support import wait_until
 
 #: A rebalance round notices a new topic; rounds come every rebalance_interval.
@@ -81,3 +83,22 @@ def test_consumers_start_before_their_topic_and_get_what_is_sent_to_it_later(
         wait_until(lambda: len(listener.bodies) >= len(sent), 10, "the push consumer")
     assert sorted(polled) == sorted(sent)
     assert sorted(listener.bodies) == sorted(sent)
+
+
+def test_a_consumer_started_before_its_topic_reads_within_a_second_of_its_creation(
+    broker: EmbeddedBroker,
+) -> None:
+    clock = FakeClock()
+    listener = Collect()
+    # The default rebalance_interval (20 s): only the missing topic's own lookups, every
+    # MISSING_TOPIC_POLL, can take its queues within the one second the clock moves.
+    consumer = PushConsumer("early", broker.address, clock=clock)
+    consumer.subscribe("late")
+    consumer.register_message_listener(listener)
+    with consumer:
+        wait_until(lambda: clock.sleepers > 0, 10, "the consumer's timers to be armed")
+        with Producer(broker.address) as producer:
+            producer.send(Message("late", b"first", sharding_key="k"))
+        assert MISSING_TOPIC_POLL <= 1.0
+        clock.advance(1.0)
+        wait_until(lambda: listener.bodies == [b"first"], 10, "the first message")

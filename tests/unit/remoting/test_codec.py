@@ -182,6 +182,8 @@ def test_a_stream_yields_commands_and_none_at_a_clean_end() -> None:
         (b"\x00\x00", "inside a frame's length"),
         ((100).to_bytes(4, "big") + b"{", "1 bytes into a frame of 100"),
         ((2**31).to_bytes(4, "big"), "over the limit of 16777216"),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", r"an HTTP/2 \(gRPC\) client's preface"),
+        (b"\x16\x03\x01\x02\x00\x01", "a TLS handshake, not a remoting frame"),
     ],
 )
 def test_a_cut_or_oversized_frame_on_a_stream_is_refused(data: bytes, words: str) -> None:
