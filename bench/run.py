@@ -12,6 +12,10 @@ Figures (see bench/README.md for what each one measures and how to read it):
   listener (orderly async at batch 1 and 32, orderly on the thread pool, concurrent);
 - poll: one lite pull consumer (sdk.aio and blocking) draining the same backlog with a
   plain `while batch := poll(timeout)` loop;
+- receive: 8 workers sharing one SimpleConsumer (asyncio tasks on sdk.aio's, threads on
+  the blocking one) receiving and acking a backlog of keyed messages over 8 queues as
+  jobs, next to one sdk.aio.LitePullConsumer's poll loop draining the same backlog
+  (bench/receiving.py);
 - latency: how fast a held (long-polling) pull wakes when a message arrives, and the
   end-to-end latency of single messages sent at 500 and 2 000 msg/s to an orderly push
   consumer;
@@ -62,12 +66,13 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import big_backlog
 import consuming as cw
 import flood
 import grpc
+import receiving as rc
 import remoting as rm
 import workloads as wl
 from figures import Figure, Run, Timing, fmt, table
@@ -86,8 +91,8 @@ from sdk._transport.broker_client import BrokerClient
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.aio import Producer, PushConsumer
 
-GROUPS = ("produce", "send", "pull", "consume", "poll", "latency", "floor", "micro", "remoting",
-          "transports", "tls")  # fmt: skip
+GROUPS = ("produce", "send", "pull", "consume", "poll", "receive", "latency", "floor", "micro",
+          "remoting", "transports", "tls")  # fmt: skip
 #: Groups run only when --only names them (make bench-backlog): they take minutes and GBs.
 EXTRA_GROUPS = ("backlog", "flood")
 #: The transports group's transports: figure key part, name in titles ("grpc" first).
@@ -133,6 +138,15 @@ SEND_ACCUMULATOR_IN_FLIGHT = 1000
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The topic of the produce figures (created on each figure's fresh broker).
 PRODUCE_TOPIC = "bench-produce"
+
+
+class Trial(Protocol):
+    """Runs over one backlog (consuming.PollTrial, receiving.ReceiveTrial): `prepare` and
+    `close` around each timed `run`, which answers how many messages it took."""
+
+    async def prepare(self) -> None: ...
+    async def run(self) -> int: ...
+    async def close(self) -> None: ...
 
 
 class Bench:
@@ -238,6 +252,31 @@ class Bench:
         if profiler is not None:
             runs = "" if run_numbers is None else "-run" + "-".join(str(i + 1) for i in numbers)
             profiler.dump_stats(self.args.profile / f"client-{figure.key}{runs}.prof")
+
+    async def _measure_trials(
+        self,
+        broker: ServerProcess,
+        warm: Trial,
+        trials: Sequence[tuple[Figure, Trial]],
+        stored: int,
+    ) -> None:
+        """Run `warm` once, unmeasured, then measure each figure's trial over a backlog.
+
+        Every run must take all `stored` messages of the backlog.
+        """
+        await warm.prepare()
+        try:
+            await warm.run()
+        finally:
+            await warm.close()
+        for figure, trial in trials:
+            await self._measure(
+                figure, trial.run, broker, setup=trial.prepare, teardown=trial.close
+            )
+            if any(r.units != stored for r in figure.runs):
+                raise RuntimeError(
+                    f"{figure.title}: took {[r.units for r in figure.runs]} of {stored} messages"
+                )
 
     async def _measure_latency(
         self,
@@ -672,21 +711,59 @@ class Bench:
                 f"  backlog of {stored} messages stored in {time.perf_counter() - started:.1f} s"
             )
             warm = cw.PollTrial(broker.address, topic, max(1, stored // 10), False)
-            await warm.prepare()
-            try:
-                await warm.run()
-            finally:
-                await warm.close()
-            for figure, (_key, _title, blocking, _api) in zip(figures, cases, strict=True):
-                trial = cw.PollTrial(broker.address, topic, stored, blocking)
-                await self._measure(
-                    figure, trial.run, broker, setup=trial.prepare, teardown=trial.close
-                )
-                if any(r.units != stored for r in figure.runs):
-                    raise RuntimeError(
-                        f"{figure.title}: polled {[r.units for r in figure.runs]} "
-                        f"of {stored} messages"
-                    )
+            trials = [
+                (figure, cw.PollTrial(broker.address, topic, stored, blocking))
+                for figure, (_key, _title, blocking, _api) in zip(figures, cases, strict=True)
+            ]
+            await self._measure_trials(broker, warm, trials, stored)
+
+    # ------------------------------------------------------------------ receive
+    async def receive(self) -> None:
+        """SimpleConsumer workers receiving and acking a backlog as jobs, next to a poll loop
+        on the same backlog (issue 36)."""
+        topic = "bench-receive"
+        backlog = min(self.args.messages, rc.MESSAGES_QUICK if self.args.quick else rc.MESSAGES)
+        params = {
+            "backlog_messages": backlog,
+            "queues": wl.QUEUES,
+            "keys": wl.KEYS,
+            "body_bytes": wl.BODY_BYTES,
+        }
+        receiving = {
+            "workers": rc.WORKERS,
+            "max_messages": rc.BATCH,
+            "invisible_duration_seconds": rc.INVISIBLE_SECONDS,
+            "await_duration_seconds": 0,
+            "acks": "one ack() per message",
+        }
+        cases = [
+            ("receive.aio", "receive + ack, 8 tasks, sdk.aio.SimpleConsumer", False,
+             "sdk.aio.SimpleConsumer shared by 8 tasks, each `receive(16)` then `ack()` each"),
+            ("receive.blocking", "receive + ack, 8 threads, blocking sdk.SimpleConsumer", True,
+             "sdk.SimpleConsumer shared by 8 threads, each `receive(16)` then `ack()` each"),
+        ]  # fmt: skip
+        figures = [
+            self._add(Figure(key, title, "msg/s", {**params, **receiving, "api": api}))
+            for key, title, _blocking, api in cases
+        ]
+        poll = self._add(
+            Figure(
+                "receive.poll_aio",
+                "poll loop on the receive backlog, sdk.aio.LitePullConsumer",
+                "msg/s",
+                {**params, "api": "sdk.aio.LitePullConsumer, as the poll group", "consumers": 1},
+            )
+        )
+        self.say("receive: starting a broker")
+        with self._broker("receive", "async") as broker:
+            stored = await wl.fill_backlog(broker.address, topic, backlog)
+            warm = rc.ReceiveTrial(broker.address, topic, max(1, stored // 10), False)
+            trials: list[tuple[Figure, Trial]] = [
+                (figure, rc.ReceiveTrial(broker.address, topic, stored, blocking))
+                for figure, (_key, _title, blocking, _api) in zip(figures, cases, strict=True)
+            ]
+            trials.append((poll, cw.PollTrial(broker.address, topic, stored, False)))
+            await self._measure_trials(broker, warm, trials, stored)
 
     # ------------------------------------------------------------------ latency
     async def latency(self) -> None:

@@ -26,6 +26,7 @@ from sdk import (
     shard_index,
 )
 from sdk.aio import Producer as AsyncProducer
+from sdk.clock import Clock
 from sdk.errors import BufferFullError, InvalidArgumentError
 from tests.component.pulling import read_queue, read_topic
 from tests.component.transports import TRANSPORTS, BrokerOver, broker_over
@@ -48,10 +49,14 @@ def free_port() -> int:
 class Restartable:
     """An embedded broker that can be stopped and started again on the same ports.
 
-    `address` is the endpoint for `transport` (tests/component/transports.py).
+    `address` is the endpoint for `transport` (tests/component/transports.py); `clock`,
+    the brokers' clock (None: the system's).
     """
 
-    def __init__(self, data_dir: Path, transport: str = "grpc") -> None:
+    def __init__(
+        self, data_dir: Path, transport: str = "grpc", *, clock: Clock | None = None
+    ) -> None:
+        self.clock = clock
         self.config = BrokerConfig(
             data_dir=data_dir, port=free_port(), remoting_port=free_port(),
             namesrv_port=free_port(),
@@ -64,13 +69,26 @@ class Restartable:
         self.broker: EmbeddedBroker | None = None
 
     def start(self) -> None:
-        self.broker = EmbeddedBroker(self.config)
+        self.broker = EmbeddedBroker(self.config, clock=self.clock)
         self.broker.start()
 
     def stop(self) -> None:
         assert self.broker is not None
         self.broker.stop()
         self.broker = None
+
+    def restart(self) -> None:
+        """Stop the broker and start it again on its data directory and ports."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> Restartable:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.broker is not None:
+            self.stop()
 
 
 @pytest.fixture(params=TRANSPORTS)

@@ -2,16 +2,17 @@
 
 Through the public API only: a job's time to run, its expiry and re-delivery with the
 attempt one higher, extension (change_invisible_duration and keep_invisible), the dead
-letter after the last attempt, long polling, both faces, and the errors raised before
-anything is sent.
+letter after the last attempt, long polling, receipts across broker restarts, both faces,
+and the errors raised before anything is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from sdk.errors import (
     TopicNotFoundError,
 )
 from sdk.testing import FakeClock
+from tests.component.test_producer import Restartable
 from tests.support import wait_until
 
 TOPIC = "jobs"
@@ -259,6 +261,78 @@ def test_the_asyncio_face_receives_keeps_and_acks(broker: EmbeddedBroker, clock:
                 await c.receive(max_messages=0)
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------------- restarts
+
+
+class InThreads:
+    """The blocking face, called as the asyncio face is: each call awaited in a thread."""
+
+    def __init__(self, consumer: SimpleConsumer) -> None:
+        self._consumer = consumer
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        return functools.partial(asyncio.to_thread, getattr(self._consumer, name))
+
+
+async def receipts_across_restarts(c: Any, broker: Restartable, clock: FakeClock) -> None:
+    """Jobs received from one broker settled, left and extended at the same one restarted.
+
+    `c` is a started consumer of GROUP on TOPIC with the asyncio face's calls; the
+    consumer stays up (and its connections open) while the broker restarts under it.
+    """
+    done, dropped, extended = sorted(await c.receive(invisible_duration=30), key=lambda m: m.body)
+    assert (done.body, dropped.body, extended.body) == (b"done", b"dropped", b"extended")
+    replaced = dataclasses.replace(extended)
+    await c.change_invisible_duration(extended, 120)
+    await asyncio.to_thread(broker.restart)
+
+    await c.ack(done)  # a receipt the broker handed out before its restart
+    with pytest.raises(InvalidReceiptError):
+        await c.ack(replaced)  # the change made before the restart still stands
+    clock.advance(30)  # dropped's time to run is up; extended has 90 s left
+    [back] = await c.receive(invisible_duration=30)
+    assert (back.msg_id, back.delivery_attempt) == (dropped.msg_id, 2)
+    with pytest.raises(ReceiptExpiredError):
+        await c.ack(dropped)
+    await c.change_invisible_duration(extended, 10)  # a pre-restart receipt, changed after
+    await asyncio.to_thread(broker.restart)
+
+    await c.ack(back)
+    assert await c.receive(invisible_duration=30) == [], "extended is hidden for 10 s more"
+    clock.advance(10)
+    [again] = await c.receive(invisible_duration=30)
+    assert (again.msg_id, again.delivery_attempt) == (extended.msg_id, 2)
+    await c.ack(again)
+    clock.advance(3600)
+    assert await c.receive(invisible_duration=30) == [], "acked jobs never come back"
+
+
+@pytest.mark.parametrize("face", ["blocking", "asyncio"])
+def test_receipts_outlive_a_broker_restart_on_the_same_data_dir(
+    tmp_path: Path, clock: FakeClock, face: str
+) -> None:
+    with Restartable(tmp_path / "b", clock=clock) as broker:
+        with Producer(broker.address) as producer:
+            # One queue: `done` is settled above an offset that is not (`dropped`'s), the
+            # case a restart must remember beyond the group's committed offset.
+            for body in (b"dropped", b"done", b"extended"):
+                producer.send(Message(TOPIC, body, sharding_key="one-queue"))
+
+        async def main() -> None:
+            if face == "asyncio":
+                async with sdk.aio.SimpleConsumer(
+                    GROUP, broker.address, await_duration=0, clock=clock
+                ) as c:
+                    c.subscribe(TOPIC)
+                    await receipts_across_restarts(c, broker, clock)
+            else:
+                with SimpleConsumer(GROUP, broker.address, await_duration=0, clock=clock) as b:
+                    b.subscribe(TOPIC)
+                    await receipts_across_restarts(InThreads(b), broker, clock)
+
+        asyncio.run(main())
 
 
 # ---------------------------------------------------------------------- errors

@@ -65,6 +65,10 @@ def test_bench_quick_run_measures_every_figure(tmp_path: Path) -> None:
         tls["tls.tls_acl.consume"]["params"]["acl"] and not tls["tls.tls.consume"]["params"]["acl"]
     )
     assert set(facts["tls_ratios"]) == set(facts["tls_acl_ratios"]) == {"produce", "consume"}
+    # receive + ack by 8 workers, both faces, and a poll loop on the same backlog (issue 36)
+    receive = {f["key"]: f for f in figures if f["key"].startswith("receive.")}
+    assert sorted(receive) == ["receive.aio", "receive.blocking", "receive.poll_aio"]
+    assert all(f["median"] > 0 for f in receive.values())
 
 
 def test_bench_backlog_group_recovers_and_reads_back_the_whole_backlog(tmp_path: Path) -> None:

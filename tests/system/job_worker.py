@@ -9,12 +9,17 @@ one line per event to FILE (opened O_APPEND, one write() per line, so every line
 its way to the file before the next step, even when the process is killed the moment
 after):
 
-    got <job>      for each job of a batch, as soon as the receive answered, before any
-                   of the batch is processed (what this worker holds)
-    done <job>     the job is finished, before it is acked
-    acked <job>    the ack succeeded
-    late <job> <error>      the ack was refused (its invisible time had passed)
-    stall <job>    see --stall-after
+    got <job> <attempt>     for each job of a batch, as soon as the receive answered,
+                            before any of the batch is processed (what this worker holds)
+    done <job> <attempt>    the job is finished, before it is acked
+    acked <job> <attempt>   the ack succeeded
+    late <job> <attempt> <error>    the ack raised: refused (its invisible time had
+                            passed), or cut off on its way (it may have settled the job)
+    stall <job>             see --stall-after
+    failed <error>          a receive raised (cut off on its way: the jobs it took, if
+                            any, come back once their invisible time passes)
+
+`<attempt>` is the job's delivery attempt (1 on the first delivery).
 
 With --stall-after N, once N jobs are done the worker stops before the next job (holding
 it and the rest of its batch) and writes `stall <job>`, then waits until the file
@@ -66,24 +71,28 @@ def main() -> None:
         consumer.subscribe(TOPIC)
         print("ready", flush=True)
         while True:
-            jobs = consumer.receive(max_messages=a.batch, invisible_duration=a.invisible)
+            try:
+                jobs = consumer.receive(max_messages=a.batch, invisible_duration=a.invisible)
+            except OrderMQError as exc:
+                log.write("failed", type(exc).__name__)
+                continue
             for job in jobs:
-                log.write("got", job.body.decode())
+                log.write("got", job.body.decode(), str(job.delivery_attempt))
             for job in jobs:
-                name = job.body.decode()
+                name, attempt = job.body.decode(), str(job.delivery_attempt)
                 if done == stall_after:
                     stall_after = -1
                     log.write("stall", name)
                     while not Path(a.release).exists():
                         time.sleep(RELEASE_POLL_SECONDS)
-                log.write("done", name)
+                log.write("done", name, attempt)
                 done += 1
                 try:
                     consumer.ack(job)
                 except OrderMQError as exc:
-                    log.write("late", name, type(exc).__name__)
+                    log.write("late", name, attempt, type(exc).__name__)
                 else:
-                    log.write("acked", name)
+                    log.write("acked", name, attempt)
 
 
 if __name__ == "__main__":

@@ -47,13 +47,15 @@ PATIENCE = 120.0
 
 @dataclass
 class Events:
-    """One worker's log, parsed: jobs in the order of each kind of line."""
+    """One worker's log, parsed: jobs in the order of each kind of line (job_worker.py)."""
 
     got: list[str] = field(default_factory=list)
     done: list[str] = field(default_factory=list)
     acked: list[str] = field(default_factory=list)
     late: list[str] = field(default_factory=list)
     stall: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # the errors of receives that raised
+    lines: list[list[str]] = field(default_factory=list)  # every line, split into words
 
     def holding(self) -> set[str]:
         """Jobs received and not acked."""
@@ -64,15 +66,23 @@ def read_log(path: Path) -> Events:
     events = Events()
     if path.exists():
         for line in path.read_text().splitlines():
-            kind, job, *_ = line.split()
+            kind, job, *_ = words = line.split()
             getattr(events, kind).append(job)
+            events.lines.append(words)
     return events
 
 
 class Worker:
     """A job_worker.py process and its log."""
 
-    def __init__(self, name: str, directory: Path, address: str, *args: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        address: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.log = directory / f"{name}.log"
         self.out = directory / f"{name}.out"
@@ -80,7 +90,7 @@ class Worker:
             self.proc = subprocess.Popen(
                 [sys.executable, str(WORKER), "--broker", address, "--log", str(self.log),
                  "--invisible", str(INVISIBLE_SECONDS), "--batch", str(BATCH), *args],
-                cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
+                cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env=env,
             )  # fmt: skip
 
     def events(self) -> Events:
@@ -98,10 +108,11 @@ class Worker:
         self.proc.wait()
 
 
-def produce(address: str) -> list[str]:
-    jobs = [f"job-{i:05d}" for i in range(JOBS)]
+def produce(address: str, count: int = JOBS) -> list[str]:
+    """Send `count` jobs to topic "jobs"; their names (the bodies)."""
+    jobs = [f"job-{i:05d}" for i in range(count)]
     with Producer(address) as producer:
-        for start in range(0, JOBS, 250):  # each batch goes to one queue, in turn
+        for start in range(0, count, 250):  # each batch goes to one queue, in turn
             producer.send_batch([Message("jobs", j.encode()) for j in jobs[start : start + 250]])
     return jobs
 
