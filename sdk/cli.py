@@ -3,7 +3,7 @@
     ordermq [--broker HOST:PORT] [--json] topics list | create | describe
     ordermq groups list | describe GROUP
     ordermq offsets reset GROUP --topic T (--earliest | --latest | --timestamp T | --offset N)
-    ordermq messages get MSG_ID | find TOPIC KEY | tail TOPIC
+    ordermq messages get MSG_ID | find TOPIC KEY [--sharding-key] | tail TOPIC
     ordermq dlq list GROUP | resend GROUP
     ordermq broker status
 
@@ -34,11 +34,14 @@ from sdk.credentials import Credentials
 from sdk.errors import NotSupportedError, OrderMQError, TopicNotFoundError
 from sdk.message import Message, MessageExt, MessageQueue
 from sdk.producer import Producer
+from sdk.selector import shard_index
 from sdk.tls import TLSConfig
 
 T = TypeVar("T")
 DEFAULT_BROKER = f"127.0.0.1:{DEFAULT_PORT}"
 ORIGIN_PROPERTIES = ("ORIGIN_TOPIC", "ORIGIN_QUEUE_ID", "ORIGIN_QUEUE_OFFSET")
+#: `messages find --sharding-key` reads at most this many of a queue's newest messages.
+SHARDING_KEY_SCAN = 10_000
 
 
 class Context:
@@ -95,7 +98,9 @@ def _admin_client(transport: Transport) -> BrokerClient:
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
     table = Table(title=title, title_justify="left")
     for c in columns:
-        table.add_column(c)
+        # Long values (client ids, group names) fold onto a second line rather than lose
+        # their ends to an ellipsis when the terminal is narrow.
+        table.add_column(c, overflow="fold")
     for row in rows:
         table.add_row(*(str(v) for v in row))
     return table
@@ -323,33 +328,79 @@ def _message_row(m: MessageExt) -> dict[str, Any]:
 @click.argument("msg_id")
 @click.pass_obj
 def messages_get(c: Context, msg_id: str) -> None:
-    """Every stored copy of message MSG_ID (original, retries, dead letter), newest first."""
+    """Every stored copy of message MSG_ID (original, retries, dead letter), newest first.
+
+    MSG_ID is any id the clients print: ordermq's (SendResult.msg_id), RocketMQ 4.x's
+    msgId (UNIQ_KEY) or offsetMsgId, or RocketMQ 5's message id.
+    """
     found = c.call(lambda b: b.query_message_by_id(msg_id))
-    _print_messages(c, found)
+    _print_messages(c, found, f"no stored message has id {msg_id}")
 
 
 @messages.command("find")
 @click.argument("topic")
 @click.argument("key")
+@click.option(
+    "--sharding-key",
+    "by_sharding_key",
+    is_flag=True,
+    help="KEY is a sharding key (Message(sharding_key=...)), not one of keys=",
+)
+@click.option(
+    "--scan",
+    type=int,
+    default=SHARDING_KEY_SCAN,
+    show_default=True,
+    help="with --sharding-key: how many of the queue's newest messages to read",
+)
 @click.option("--limit", type=int, default=32, show_default=True,
               help="at most this many messages")  # fmt: skip
 @click.pass_obj
-def messages_find(c: Context, topic: str, key: str, limit: int) -> None:
+def messages_find(
+    c: Context, topic: str, key: str, by_sharding_key: bool, scan: int, limit: int
+) -> None:
     """Messages of TOPIC whose keys include KEY, newest first.
 
-    It searches the messages' keys (Message(keys=...), printed as keys=), not their
-    sharding key (printed as sharding_key=).
+    Without --sharding-key it searches the messages' keys (Message(keys=...), printed as
+    keys=), through the broker's index. With it, KEY is a sharding key: the queue the
+    sharding formula maps KEY to is read from its newest message back (at most --scan).
     """
-    found = c.call(lambda b: b.query_messages_by_key(topic, key, limit))
-    _print_messages(c, found)
+    if limit < 1 or scan < 1:
+        raise click.BadParameter("--limit and --scan take a number of at least 1")
+    if not by_sharding_key:
+        found = c.call(lambda b: b.query_messages_by_key(topic, key, limit))
+        searched = (
+            f"no message of {topic} has key {key!r} (searched keys=; "
+            "for a sharding key add --sharding-key)"
+        )
+        _print_messages(c, found, searched)
+        return
+    found, queue, read = c.call(lambda b: _by_sharding_key(b, topic, key, scan, limit))
+    _print_messages(
+        c, found, f"none of the {read} newest messages of {topic} queue {queue.queue_id} "
+        f"(where sharding key {key!r} goes) has that sharding key",
+    )  # fmt: skip
 
 
-def _print_messages(c: Context, found: list[MessageExt]) -> None:
+async def _by_sharding_key(
+    b: BrokerClient, topic: str, key: str, scan: int, limit: int
+) -> tuple[list[MessageExt], MessageQueue, int]:
+    """Messages of `topic` with sharding key `key`, newest first; the queue; how many read."""
+    queues = sorted((r.queue for r in await b.query_route(topic)), key=lambda q: q.queue_id)
+    queue = queues[shard_index(key, len(queues))]
+    low, high, _ = await b.queue_offsets(queue)
+    start = max(low, high - scan)
+    messages = await _read(b, [queue], {queue: start}, high - start)
+    found = [m for m in reversed(messages) if m.sharding_key == key]
+    return found[:limit], queue, len(messages)
+
+
+def _print_messages(c: Context, found: list[MessageExt], none_found: str) -> None:
     if c.as_json:
         click.echo(json.dumps([_message_row(m) for m in found], indent=2))
         return
     if not found:
-        click.echo("no message found")
+        click.echo(none_found)
     for m in found:
         _print_message(c, m)
 
@@ -404,7 +455,8 @@ def _print_message(c: Context, m: MessageExt) -> None:
         sharding = f" sharding_key={m.sharding_key}" if m.sharding_key else ""
         keys = f" keys={','.join(m.keys)}" if m.keys else ""
         tags = f" tags={m.tags}" if m.tags else ""
-        click.echo(f"{m.topic}/{m.queue.queue_id}@{m.queue_offset}{sharding}{keys}{tags} "
+        click.echo(f"{m.topic}/{m.queue.queue_id}@{m.queue_offset} "
+                   f"stored={_ms(m.store_timestamp)} id={m.msg_id}{sharding}{keys}{tags} "
                    f"{m.body.decode(errors='replace')}")  # fmt: skip
 
 

@@ -219,7 +219,7 @@ def test_messages_get_by_id_and_find_by_key(broker: EmbeddedBroker) -> None:
     missing = run(broker, "messages", "get", "AB" * 16)
     assert missing.exit_code == 1 and "MESSAGE_NOT_FOUND" in missing.output
     bad = run(broker, "messages", "get", "xyz")
-    assert bad.exit_code == 1 and "hexadecimal" in bad.output
+    assert bad.exit_code == 1 and "32 hex digits" in bad.output
 
 
 def test_get_by_id_shows_a_message_and_its_dead_letter_copy(broker: EmbeddedBroker) -> None:

@@ -9,7 +9,8 @@ from typing import Any
 import grpc
 
 from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
-from mockbroker.fronts.grpc_errors import Context, answers_errors, message_id
+from mockbroker.fronts.grpc_errors import Context, answers_errors
+from mockbroker.fronts.message_lookup import find_by_any_id
 from mockbroker.state import BrokerState
 from mockbroker.topics import Topic, check_any_topic, check_group, is_system_topic
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
@@ -183,11 +184,14 @@ class AdminService(pb_grpc.AdminServiceServicer):
     async def QueryMessageById(
         self, request: pb.QueryMessageByIdRequest, context: Context
     ) -> pb.QueryMessagesResponse:
-        """The stored copies of a message (original, retries, dead letter), newest first."""
-        msg_id = message_id(request.msg_id)
-        records = await asyncio.to_thread(self._s.store.find_by_id, msg_id)
+        """The stored copies of a message (original, retries, dead letter), newest first.
+
+        Any id a client prints names it: ordermq's, RocketMQ 4.x's UNIQ_KEY and
+        offsetMsgId, RocketMQ 5's (mockbroker/fronts/message_lookup.py).
+        """
+        records = await asyncio.to_thread(find_by_any_id, self._s.store, request.msg_id)
         if not records:
-            raise not_found("MESSAGE_NOT_FOUND", f"no stored message {request.msg_id.upper()}")
+            raise not_found("MESSAGE_NOT_FOUND", f"no stored message {request.msg_id.strip()}")
         return pb.QueryMessagesResponse(records=b"".join(records), record_count=len(records))
 
     @answers_errors
