@@ -136,7 +136,8 @@ def check_frames(
         due = _check_schedule(deliver_at, level, now_ms, index) if deliver_at or level else 0
         p = start + _FIELDS
         text = tl + sl + kl
-        if text:
+        # ASCII is UTF-8 however it is cut: the usual text needs no decode per part.
+        if text and not frames[p : p + text].isascii():
             _check_text(frames, p, (tl, sl, kl), index)
         if pl:
             try:
