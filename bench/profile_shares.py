@@ -8,6 +8,8 @@ sleeping in the thread pool) are idle and not counted.
 
 Workloads (the same inputs as bench/run.py):
 - produce: send_batch of 100 keyed messages, 1 batch in flight, async flush;
+- produce-mixed: the same with each batch's keys spread over every queue (one request
+  in parts, written in one pass);
 - consume: an orderly sdk.aio.PushConsumer with a no-op async listener, batch 1 or 32,
   reading a backlog;
 - e2e: single sends at a fixed rate to an orderly blocking sdk.PushConsumer.
@@ -59,8 +61,8 @@ IDLE_FRAMES = (
 PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("fsync", ("fdatasync", "os_fsync")),
     ("check frames (validation)", ("check_frames",)),
-    ("build records (layout, CRC)", ("build_records",)),
-    ("id/key index", ("_index_batch", "message_index.py")),
+    ("build records (layout, CRC)", ("build_records", "lay_out_records")),
+    ("id/key index", ("_index_parts", "message_index.py")),
     ("pull: read records, long polling", ("MessageStore.get ", "_read_records", "long_polling.py")),
     ("commit log / consume queue writes", ("commitlog.py", "consumequeue.py")),
     ("locks, groups, offsets", ("lock_manager.py", "groups.py", "offsets.py", "offset_store.py")),
@@ -155,15 +157,18 @@ class Sampler:
         return fold(self.out.read_text())
 
 
-async def produce(address: str, seconds: float) -> int:
-    """send_batch of 100 keyed messages, 1 in flight, for about `seconds`."""
+async def produce(address: str, seconds: float, *, mixed: bool = False) -> int:
+    """send_batch of 100 keyed messages, 1 in flight, for about `seconds`.
+
+    Each batch's keys are of one queue, or (`mixed`) of every queue: one request in parts.
+    """
     admin = BrokerClient(address)
     await admin.create_topic("profile-produce", wl.QUEUES)
     await admin.close()
     producer = Producer(address)
     await producer.start()
     try:
-        batches = wl.make_batches(10_000)
+        batches = wl.make_mixed_batches(10_000) if mixed else wl.make_batches(10_000)
         done, deadline = 0, time.monotonic() + seconds
         while time.monotonic() < deadline:
             done += await wl.produce(producer, "profile-produce", batches[:100], 1)
@@ -205,8 +210,9 @@ async def e2e(address: str, seconds: float, rate: int) -> int:
         await admin.close()
 
 
-async def profile(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Shares]:
-    """Run workload `name` against a fresh broker; the broker's and the client's shares."""
+async def profile(name: str, args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Shares], int]:
+    """Run workload `name` against a fresh broker: the broker's and the client's shares,
+    and how many messages the workload sent or consumed."""
     data_dir = Path(tempfile.mkdtemp(dir=tmp))
     with broker_process(data_dir, "async") as broker:
         assert broker.proc is not None
@@ -221,21 +227,24 @@ async def profile(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, S
             "broker": Sampler(broker.proc.pid, tmp / f"{name}-broker.txt", args.rate),
             "client": Sampler(os.getpid(), tmp / f"{name}-client.txt", args.rate),
         }
+        messages = 0
         try:
-            if name == "produce":
-                await produce(broker.address, args.seconds)
+            if name.startswith("produce"):
+                messages = await produce(
+                    broker.address, args.seconds, mixed=name == "produce-mixed"
+                )
             elif name == "e2e":
-                await e2e(broker.address, args.seconds, args.e2e_rate)
+                messages = await e2e(broker.address, args.seconds, args.e2e_rate)
             else:
                 assert trial is not None
-                await consume(trial)
+                messages = await consume(trial)
         finally:
             shares = {side: s.stop() for side, s in samplers.items()}
     shutil.rmtree(data_dir, ignore_errors=True)
-    return shares
+    return shares, messages
 
 
-WORKLOADS = ("produce", "consume-batch1", "consume-batch32", "e2e")
+WORKLOADS = ("produce", "produce-mixed", "consume-batch1", "consume-batch32", "e2e")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,14 +264,19 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ordermq-profile-") as tmp:
         for name in chosen:
             print(f"profiling {name} ...", file=sys.stderr, flush=True)
-            shares = asyncio.run(profile(name, args, Path(tmp)))
+            shares, messages = asyncio.run(profile(name, args, Path(tmp)))
             if args.keep is not None:
                 args.keep.mkdir(parents=True, exist_ok=True)
                 for raw in Path(tmp).glob(f"{name}-*.txt"):
                     shutil.copy(raw, args.keep / raw.name)
             for side, s in shares.items():
+                # Busy CPU per message: samples are taken `rate` times a second.
+                per_message_us = s.busy / args.rate / max(1, messages) * 1e6
                 print(s.table(f"{name}, {side}"))
+                print(f"  {messages} messages, busy CPU {per_message_us:.1f} us/msg")
                 report.setdefault(name, {})[side] = {
+                    "messages": messages,
+                    "busy_us_per_message": round(per_message_us, 2),
                     "busy_samples": s.busy,
                     "idle_samples": s.idle,
                     "shares": {k: round(v / max(1, s.busy), 4) for k, v in s.parts.items()},

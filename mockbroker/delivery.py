@@ -1,13 +1,17 @@
 """Sends and pulls on the store, the same for every front (gRPC, RocketMQ remoting).
 
-A front translates its wire into frames (sdk/_wire.py) and calls `Delivery.send`, or
-asks `Delivery.pull` for records; the checks, their order, fair scheduling between clients
+A front translates its wire into frames (sdk/_wire.py) and calls `Delivery.send` (or
+`send_parts`, for a request with batches for several queues), or asks `Delivery.pull` for
+records; the checks, their order, fair scheduling between clients
 (mockbroker/fair_store.py), the per-client memory limit (mockbroker/limits.py) and long
-polling live here once. Every refusal is a BrokerError, raised before anything changed.
+polling live here once. Every refusal is a BrokerError, raised before anything changed
+(send_parts answers its parts' refusals with the others' results).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable
@@ -16,8 +20,9 @@ from dataclasses import dataclass
 import grpc
 
 from mockbroker.errors import BrokerError, invalid
+from mockbroker.fair_store import QueueHold
 from mockbroker.state import BrokerState
-from mockbroker.store.message_store import GetResult, PutResult, Written
+from mockbroker.store.message_store import Batch, GetResult, PutResult, Written
 from mockbroker.store.records import CheckedFrame
 from mockbroker.topics import Topic, check_group, check_user_topic
 from sdk._wire import MAX_PULL_BYTES, MAX_PULL_MESSAGES, MAX_SEND_BYTES
@@ -66,10 +71,7 @@ class Delivery:
                 f"over the limit of {MAX_SEND_BYTES}",
             )
         store = self._s.store
-        topic = store.topics.find(topic_name)
-        if topic is None and not self._s.config.auto_create_topics:
-            topic = store.topics.get(topic_name)  # TOPIC_NOT_FOUND
-        (topic or Topic(topic_name, self._s.config.default_queues)).check_queue(queue_id)
+        self._shape(topic_name).check_queue(queue_id)
         sliced = self._s.sliced
         if sliced is None:
             checked = store.check(frames)
@@ -100,9 +102,127 @@ class Delivery:
         self._send_seconds.observe(time.perf_counter() - started)
         return outcome
 
+    async def send_parts(
+        self, client: str, topic_name: str, parts: list[tuple[int, bytes]]
+    ) -> list[SendOutcome | BrokerError]:
+        """Store a request's batches for several queues of one topic: (queue id, frames) each.
+
+        Each part is checked and refused on its own (a bad frame, a queue out of range),
+        the others still stored; the parts due now are written in one pass (one commit-log
+        write, one flush wait), a queue's parts in the order given; scheduled parts go to
+        the scheduler. A full disk refuses every part, none is written in half. Refusals
+        of the request itself (its topic's name, its size) are raised.
+        """
+        started = time.perf_counter()
+        check_user_topic(topic_name)
+        total = sum(len(frames) for _, frames in parts)
+        if total > MAX_SEND_BYTES:
+            raise BrokerError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "BATCH_TOO_LARGE",
+                f"the request carries {total} bytes of frames in {len(parts)} parts, over "
+                f"the limit of {MAX_SEND_BYTES}",
+            )
+        outcomes: dict[int, SendOutcome | BrokerError] = {}
+        try:
+            shape = self._shape(topic_name)
+        except BrokerError as exc:
+            return [exc] * len(parts)
+        valid: list[tuple[int, int, bytes]] = []  # (index, queue id, frames)
+        for index, (queue_id, frames) in enumerate(parts):
+            try:
+                shape.check_queue(queue_id)
+            except BrokerError as exc:
+                outcomes[index] = exc
+            else:
+                valid.append((index, queue_id, frames))
+        sliced = self._s.sliced
+        async with contextlib.AsyncExitStack() as stack:
+            holds: list[QueueHold] = []
+            if sliced is not None:
+                for queue_id in sorted({queue_id for _, queue_id, _ in valid}):
+                    queue = (topic_name, queue_id)
+                    holds.append(await stack.enter_async_context(sliced.in_order(client, queue)))
+            now: list[tuple[int, Batch]] = []
+            later: list[tuple[int, Batch]] = []
+            for index, queue_id, frames in valid:
+                try:
+                    if sliced is None:
+                        checked = self._s.store.check(frames)
+                    else:
+                        checked, _ = await sliced.check(client, frames, _write_later)
+                    (later if _scheduled(checked) else now).append(
+                        (index, Batch(queue_id, frames, checked))
+                    )
+                except BrokerError as exc:
+                    outcomes[index] = exc
+            try:
+                topic = self._accepting(client, topic_name) if now or later else None
+            except BrokerError as exc:
+                outcomes.update((index, exc) for index, _ in now + later)
+                topic = None
+            if topic is not None:
+                await asyncio.gather(
+                    self._write_parts(client, holds, topic, now, outcomes),
+                    *(self._schedule_part(topic, index, batch, outcomes) for index, batch in later),
+                )
+        self._send_seconds.observe(time.perf_counter() - started)
+        return [outcomes[index] for index in range(len(parts))]
+
+    async def _write_parts(
+        self,
+        client: str,
+        holds: list[QueueHold],
+        topic: Topic,
+        batches: list[tuple[int, Batch]],
+        outcomes: dict[int, SendOutcome | BrokerError],
+    ) -> None:
+        """Write the due-now parts in one pass and wait once for them to be durable."""
+        if not batches:
+            return
+        store, sliced = self._s.store, self._s.sliced
+        parts = [batch for _, batch in batches]
+        try:
+            if sliced is None:
+                written = store.write_parts(topic, parts)
+            else:
+                written = await sliced.write_parts(client, holds, topic, parts)
+            durable = await store.durable(written[0].end)
+        except BrokerError as exc:
+            outcomes.update((index, exc) for index, _ in batches)
+            return
+        for (index, _), w in zip(batches, written, strict=True):
+            outcomes[index] = SendOutcome(w.first_offset, w.count, w.store_timestamp_ms, durable)
+
+    async def _schedule_part(
+        self,
+        topic: Topic,
+        index: int,
+        batch: Batch,
+        outcomes: dict[int, SendOutcome | BrokerError],
+    ) -> None:
+        try:
+            outcomes[index] = await self._schedule(
+                topic, batch.queue_id, batch.frames, batch.checked
+            )
+        except BrokerError as exc:
+            outcomes[index] = exc
+
+    def _shape(self, topic_name: str) -> Topic:
+        """The topic, or the one auto-creation would make (TOPIC_NOT_FOUND when it is off)."""
+        store = self._s.store
+        topic = store.topics.find(topic_name)
+        if topic is None and not self._s.config.auto_create_topics:
+            topic = store.topics.get(topic_name)  # TOPIC_NOT_FOUND
+        return topic or Topic(topic_name, self._s.config.default_queues)
+
     def _accepted(self, client: str, topic_name: str, checked: list[CheckedFrame]) -> Topic:
         """The topic to store `checked` in, once the last checks passed (created if need be)."""
         _scheduled(checked)  # INVALID_DELIVERY_TIME for a mixed batch
+        return self._accepting(client, topic_name)
+
+    def _accepting(self, client: str, topic_name: str) -> Topic:
+        """The topic to store in while the disk takes sends (created if need be)."""
         self._s.store.check_accepting_sends()
         return self._s.topic_creation.user_topic(
             topic_name, self._s.config.default_queues, client=client
@@ -117,13 +237,18 @@ class Delivery:
         append: _Append,
     ) -> SendOutcome:
         if _scheduled(checked):
-            put = await self._s.scheduler.schedule_stored(topic, queue_id, frames, checked)
-            now_ms = int(self._s.clock.now() * 1000)
-            return SendOutcome(-1, len(checked), now_ms, put.durable, True, put.first_offset)
+            return await self._schedule(topic, queue_id, frames, checked)
         result = await append(topic, queue_id, frames, checked)
         return SendOutcome(
             result.first_offset, result.count, result.store_timestamp_ms, result.durable
         )
+
+    async def _schedule(
+        self, topic: Topic, queue_id: int, frames: bytes, checked: list[CheckedFrame]
+    ) -> SendOutcome:
+        put = await self._s.scheduler.schedule_stored(topic, queue_id, frames, checked)
+        now_ms = int(self._s.clock.now() * 1000)
+        return SendOutcome(-1, len(checked), now_ms, put.durable, True, put.first_offset)
 
     async def pull(
         self,
@@ -181,6 +306,11 @@ class Delivery:
             offset = got.next_offset
             if not await self._s.holder.wait((topic.name, queue_id), deadline):
                 return got
+
+
+def _write_later(checked: list[CheckedFrame]) -> None:
+    """A request's parts are all checked before any is written (SlicedStore.check's `then`)."""
+    return None
 
 
 def _scheduled(checked: list[CheckedFrame]) -> bool:

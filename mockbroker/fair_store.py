@@ -20,7 +20,7 @@ from types import TracebackType
 
 from mockbroker.errors import BrokerError
 from mockbroker.fairness import FairScheduler
-from mockbroker.store.message_store import GetResult, MessageStore, PutResult, Written
+from mockbroker.store.message_store import Batch, GetResult, MessageStore, PutResult, Written
 from mockbroker.store.records import CheckedFrame
 from mockbroker.topics import Topic
 
@@ -111,15 +111,31 @@ class SlicedStore:
         full disk rolls back that write whole, and readers never see part of a batch).
         Its cost is bounded by the request size limit (MAX_SEND_BYTES).
         """
-        whole = await self._writes.acquire((topic.name, queue_id))
-        try:
-            async with self.scheduler.turn(client):
-                written = self._store.write(topic, queue_id, frames, checked)
-        finally:
-            whole.release()
-        hold.release()
+        [written] = await self.write_parts(
+            client, [hold], topic, [Batch(queue_id, frames, checked)]
+        )
         durable = await self._store.durable(written.end)
         return PutResult(written.first_offset, written.count, written.store_timestamp_ms, durable)
+
+    async def write_parts(
+        self, client: Hashable, holds: list[QueueHold], topic: Topic, parts: list[Batch]
+    ) -> list[Written]:
+        """store.write_parts in one turn, then the queues' `holds` let go (see in_order).
+
+        Waits until no other batch is being written to any of the parts' queues.
+        """
+        wholes: list[QueueHold] = []
+        try:
+            for queue_id in sorted({part.queue_id for part in parts}):
+                wholes.append(await self._writes.acquire((topic.name, queue_id)))
+            async with self.scheduler.turn(client):
+                written = self._store.write_parts(topic, parts)
+        finally:
+            for whole in wholes:
+                whole.release()
+        for hold in holds:
+            hold.release()
+        return written
 
     async def get(
         self,

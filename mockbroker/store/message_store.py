@@ -32,7 +32,7 @@ from mockbroker.store.data_format import check_data_format
 from mockbroker.store.files import DirectoryLock, make_dirs
 from mockbroker.store.flush import Flusher, FlushFailedError
 from mockbroker.store.message_index import MessageIndex
-from mockbroker.store.records import MIN_RECORD_SIZE, CheckedFrame, build_records, check_frames
+from mockbroker.store.records import MIN_RECORD_SIZE, CheckedFrame, check_frames, lay_out_records
 from mockbroker.store.recovery import RecoveryReport, recover
 from mockbroker.store.retention import (
     DiskProbe,
@@ -81,6 +81,15 @@ class Written:
     count: int
     store_timestamp_ms: int
     end: int  # the commit log's end after them: synced up to here, they are durable
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Checked frames for one queue: one part of a request that writes several (write_parts)."""
+
+    queue_id: int
+    frames: bytes
+    checked: list[CheckedFrame]
 
 
 @dataclass(frozen=True)
@@ -367,34 +376,80 @@ class MessageStore:
 
         Several writes to one queue in a row give it consecutive offsets.
         """
-        index_topic, index_queue = index_into or (topic, queue_id)
-        topic.check_queue(queue_id)
-        cq = self.queue(index_topic, index_queue)
+        [written] = self.write_parts(
+            topic,
+            [Batch(queue_id, frames, checked)],
+            index_into=index_into,
+            reconsume_times=reconsume_times,
+        )
+        return written
+
+    def write_parts(
+        self,
+        topic: Topic,
+        parts: list[Batch],
+        *,
+        index_into: tuple[Topic, int] | None = None,
+        reconsume_times: int = 0,
+    ) -> list[Written]:
+        """Write and index batches for several queues of `topic` in one pass; one Written each.
+
+        One commit-log write for them all (so one fsync makes them durable: `durable` with
+        the shared end), one index write per queue. Batches of one queue get consecutive
+        offsets in the order given. All or nothing: a full disk rolls every batch back.
+        """
+        keys: list[tuple[str, int]] = []  # the queue each batch is indexed in
+        firsts: dict[tuple[str, int], tuple[ConsumeQueue, int]] = {}  # where each one begins
+        for part in parts:
+            topic.check_queue(part.queue_id)
+            index_topic, index_queue = index_into or (topic, part.queue_id)
+            key = (index_topic.name, index_queue)
+            if key not in firsts:
+                cq = self.queue(index_topic, index_queue)
+                firsts[key] = (cq, cq.count)
+            keys.append(key)
         flusher = self._writable_flusher()
         store_ts = int(self._clock.now() * 1000)
-        first = cq.count
         name = topic.name.encode()
-        total = sum(f.end - f.start for f in checked) + len(checked) * (RECORD.size + len(name))
+        overhead = RECORD.size + len(name)
         index_sizes = self._index.sizes() if self._index is not None else (0, 0)
+        sizes = [
+            sum(f.end - f.start for f in part.checked) + len(part.checked) * overhead
+            for part in parts
+        ]
         position = self.commitlog.end
+        written: list[tuple[int, int]] = []  # (first offset, count) of each batch
         try:
-            position = self.commitlog.make_room(total)
-            records, entries = build_records(
-                frames,
-                checked,
-                topic=name,
-                queue_id=queue_id,
-                first_offset=first,
-                store_timestamp_ms=store_ts,
-                base_position=position,
-                reconsume_times=reconsume_times,
-            )
-            self.commitlog.append(records)
-            cq.append(entries)
+            position = self.commitlog.make_room(sum(sizes))
+            pieces: list[bytes | memoryview] = []
+            entries: dict[tuple[str, int], list[bytes]] = {key: [] for key in firsts}
+            offsets = {key: first for key, (_, first) in firsts.items()}
+            at = position
+            for part, key, size in zip(parts, keys, sizes, strict=True):
+                first = offsets[key]
+                entries[key].append(
+                    lay_out_records(
+                        part.frames,
+                        part.checked,
+                        pieces,
+                        topic=name,
+                        queue_id=part.queue_id,
+                        first_offset=first,
+                        store_timestamp_ms=store_ts,
+                        base_position=at,
+                        reconsume_times=reconsume_times,
+                    )
+                )
+                offsets[key] = first + len(part.checked)
+                written.append((first, len(part.checked)))
+                at += size
+            self.commitlog.append(b"".join(pieces))
+            for key, (cq, _) in firsts.items():
+                cq.append(b"".join(entries[key]))
             if self._index is not None and not topic.name.startswith(SYSTEM_PREFIX):
-                self._index_batch(topic.name, frames, checked, position, RECORD.size + len(name))
+                self._index_parts(topic.name, parts, position, overhead)
         except OSError as exc:
-            if exc.errno == errno.ENOSPC and self._roll_back(position, cq, first, index_sizes):
+            if exc.errno == errno.ENOSPC and self._roll_back(position, firsts, index_sizes):
                 self.refusing_sends = True  # until the next disk check says otherwise
                 raise BrokerError(
                     StatusCode.UNAVAILABLE,
@@ -406,14 +461,17 @@ class MessageStore:
             raise BrokerError(
                 StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", f"write failed: {exc}"
             ) from exc
-        self.stats.messages_stored += len(checked)
+        end = self.commitlog.end
         by_topic = self.stats.stored_by_topic
-        by_topic[index_topic.name] = by_topic.get(index_topic.name, 0) + len(checked)
-        if self.sync_flush:  # readable once synced
-            self._unannounced.append((self.commitlog.end, (index_topic.name, index_queue)))
-        elif self.on_append is not None:
-            self.on_append(index_topic.name, index_queue)
-        return Written(first, len(checked), store_ts, self.commitlog.end)
+        for key, (cq, first) in firsts.items():
+            count = cq.count - first
+            self.stats.messages_stored += count
+            by_topic[key[0]] = by_topic.get(key[0], 0) + count
+            if self.sync_flush:  # readable once synced
+                self._unannounced.append((end, key))
+            elif self.on_append is not None:
+                self.on_append(*key)
+        return [Written(first, count, store_ts, end) for first, count in written]
 
     async def durable(self, end: int) -> bool:
         """Sync mode: wait until the commit log is synced up to `end` (False: that timed out).
@@ -425,15 +483,19 @@ class MessageStore:
         return await self._await_flush(self._writable_flusher(), end)
 
     def _roll_back(
-        self, position: int, cq: ConsumeQueue, first: int, index_sizes: tuple[int, int]
+        self,
+        position: int,
+        firsts: dict[tuple[str, int], tuple[ConsumeQueue, int]],
+        index_sizes: tuple[int, int],
     ) -> bool:
-        """Undo a batch cut short by a full disk, back to where it began; True on success.
+        """Undo a write cut short by a full disk, back to where it began; True on success.
 
         Nothing of it was answered or served: its records, index entries and id/key
-        entries go, so the next batch takes the same position and offsets.
+        entries go, so the next write takes the same position and offsets.
         """
         try:
-            cq.truncate(first)
+            for cq, first in firsts.values():
+                cq.truncate(first)
             if self._index is not None:
                 self._index.roll_back(index_sizes)
             self.commitlog.truncate(position)
@@ -443,19 +505,19 @@ class MessageStore:
         log.error("disk full: the batch at commit-log position %d was rolled back", position)
         return True
 
-    def _index_batch(
-        self, topic: str, frames: bytes, checked: list[CheckedFrame], position: int, overhead: int
-    ) -> None:
+    def _index_parts(self, topic: str, parts: list[Batch], position: int, overhead: int) -> None:
         assert self._index is not None
         positions: list[int] = []
         ids: list[bytes] = []
         keyed: list[tuple[int, bytes]] = []
-        for f in checked:
-            positions.append(position)
-            ids.append(frames[f.start : f.start + 16])
-            if f.keys_len:
-                keyed.append((position, frames[f.keys_at : f.keys_at + f.keys_len]))
-            position += overhead + f.end - f.start
+        for part in parts:
+            frames = part.frames
+            for f in part.checked:
+                positions.append(position)
+                ids.append(frames[f.start : f.start + 16])
+                if f.keys_len:
+                    keyed.append((position, frames[f.keys_at : f.keys_at + f.keys_len]))
+                position += overhead + f.end - f.start
         self._index.add(topic, positions, ids, keyed)
 
     def find_by_id(self, msg_id: bytes, limit: int = 32) -> list[bytes]:

@@ -136,7 +136,8 @@ def check_frames(
         due = _check_schedule(deliver_at, level, now_ms, index) if deliver_at or level else 0
         p = start + _FIELDS
         text = tl + sl + kl
-        if text:
+        # ASCII is UTF-8 however it is cut: the usual text needs no decode per part.
+        if text and not frames[p : p + text].isascii():
             _check_text(frames, p, (tl, sl, kl), index)
         if pl:
             try:
@@ -205,6 +206,36 @@ def build_records(
 ) -> tuple[bytes, bytes]:
     """Lay out the records and their index entries for appending at `base_position`."""
     parts: list[bytes | memoryview] = []
+    entries = lay_out_records(
+        frames,
+        checked,
+        parts,
+        topic=topic,
+        queue_id=queue_id,
+        first_offset=first_offset,
+        store_timestamp_ms=store_timestamp_ms,
+        base_position=base_position,
+        reconsume_times=reconsume_times,
+    )
+    return b"".join(parts), entries
+
+
+def lay_out_records(
+    frames: bytes,
+    checked: list[CheckedFrame],
+    into: list[bytes | memoryview],
+    *,
+    topic: bytes,
+    queue_id: int,
+    first_offset: int,
+    store_timestamp_ms: int,
+    base_position: int,
+    reconsume_times: int = 0,
+) -> bytes:
+    """`build_records`, adding the records' pieces to `into`; returns the index entries.
+
+    Several batches laid out into one list are joined and written once (a request's parts).
+    """
     entries: list[bytes] = []
     pack_head = RECORD_HEAD.pack
     pack_tail = _tail_with_topic(len(topic)).pack
@@ -227,11 +258,11 @@ def build_records(
             topic,
         )
         # The CRC covers the tail and topic (one buffer here), then the frame.
-        parts += (pack_head(size, crc32(body, crc32(tail))), tail, body)
+        into += (pack_head(size, crc32(body, crc32(tail))), tail, body)
         entries.append(pack_entry(position, size, frame.tag_hash))
         position += size
         offset += 1
-    return b"".join(parts), b"".join(entries)
+    return b"".join(entries)
 
 
 @functools.lru_cache(maxsize=256)
@@ -246,5 +277,6 @@ __all__ = [
     "CheckedFrame",
     "build_records",
     "check_frames",
+    "lay_out_records",
     "tag_hash",
 ]

@@ -149,16 +149,17 @@ def test_a_refused_part_fails_its_messages_and_the_rest_are_stored(
     broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The broker refuses one queue's part (as it would a malformed one): a partial batch."""
-    delivery = broker.broker._messaging._delivery  # type: ignore[union-attr]
-    real_send = delivery.send
+    state = broker.broker.state
+    assert state is not None
+    real_check = state.store.check
     refused_queue = shard_index("order-3", 8)
 
-    async def refusing(client: str, topic: str, queue_id: int, frames: bytes) -> Any:
-        if queue_id == refused_queue:
+    def refusing(frames: bytes, **kw: Any) -> Any:
+        if b"order-3" in frames:  # the sharding key of the part for `refused_queue`
             raise invalid("MALFORMED_FRAME", "refused for the test")
-        return await real_send(client, topic, queue_id, frames)
+        return real_check(frames, **kw)
 
-    monkeypatch.setattr(delivery, "send", refusing)
+    monkeypatch.setattr(state.store, "check", refusing)
     batch = mixed(40, keys=8)
     with (
         Producer(broker.address, config=ProducerConfig(retry_times=0)) as producer,
@@ -168,6 +169,44 @@ def test_a_refused_part_fails_its_messages_and_the_rest_are_stored(
     failed = [m for m, r in zip(batch, caught.value.results, strict=True) if r is None]
     assert failed and all(shard_index(m.sharding_key or "", 8) == refused_queue for m in failed)
     assert len(read_topic(broker.address, TOPIC)) == len(batch) - len(failed)
+
+
+@pytest.mark.parametrize("fair", [True, False], ids=["fair scheduling", "unsliced"])
+def test_a_request_for_several_queues_is_one_commit_log_write_and_one_flush_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fair: bool
+) -> None:
+    config = BrokerConfig(data_dir=tmp_path / "data", flush_mode="sync", fair_scheduling=fair)
+    with EmbeddedBroker(config) as broker:
+        state = broker.broker.state
+        assert state is not None
+        store = state.store
+        send_parts(broker, [(0, frames(b"warm-up"))])  # the topic exists
+        appends: list[int] = []
+        waits: list[int] = []
+        real_append, real_durable = store.commitlog.append, store.durable
+
+        def counting_append(data: bytes) -> int:
+            appends.append(len(data))
+            return real_append(data)
+
+        async def counting_durable(end: int) -> bool:
+            waits.append(end)
+            return await real_durable(end)
+
+        monkeypatch.setattr(store.commitlog, "append", counting_append)
+        monkeypatch.setattr(store, "durable", counting_durable)
+        outcomes = send_parts(
+            broker,
+            [(1, frames(b"b0", b"b1")), (2, frames(b"c0")), (3, frames(b"d0")),
+             (1, frames(b"b2"))],
+        )  # fmt: skip
+        assert outcomes == [
+            Appended(True, 0, 2), Appended(True, 0, 1), Appended(True, 0, 1), Appended(True, 2, 1)
+        ]  # fmt: skip
+        assert (len(appends), len(waits)) == (1, 1)
+        assert store.commitlog.flushed >= waits[0], "answered before its fsync"
+        queue = MessageQueue(TOPIC, "broker-a", 1)
+        assert [m.body for m in read_queue(broker.address, queue)] == [b"b0", b"b1", b"b2"]
 
 
 def _wait(condition: Any, timeout: float = 10.0) -> None:

@@ -15,7 +15,7 @@ from mockbroker.schedule import Scheduler
 from mockbroker.store import commitlog as commitlog_module
 from mockbroker.store.checkpoint import write_positions
 from mockbroker.store.consumequeue import ENTRY, ConsumeQueue
-from mockbroker.store.message_store import MessageStore
+from mockbroker.store.message_store import Batch, MessageStore
 from mockbroker.store.retention import DiskUsage, RetentionPolicy
 from mockbroker.topics import Topic
 from sdk._wire import encode_frame, iter_records
@@ -77,8 +77,8 @@ def checkpoint(loop: asyncio.AbstractEventLoop, store: MessageStore) -> None:
     loop.run_until_complete(store.flusher.flush(checkpoint=True))
 
 
-def offsets_served(store: MessageStore, topic: Topic, offset: int) -> list[int]:
-    got = store.get(topic, 0, offset, max_messages=10_000, max_bytes=1 << 26)
+def offsets_served(store: MessageStore, topic: Topic, offset: int, queue_id: int = 0) -> list[int]:
+    got = store.get(topic, queue_id, offset, max_messages=10_000, max_bytes=1 << 26)
     return [r.queue_offset for r in iter_records(got.records)]
 
 
@@ -296,4 +296,52 @@ def test_a_batch_cut_short_by_a_full_disk_fails_whole_and_nothing_of_it_is_serve
     store = open_store(loop, tmp_path, clock, disk)
     assert store.recovery.corrupt_records == 0 and store.recovery.truncated_bytes == 0
     assert offsets_served(store, topic, 0) == [0, 1, 2, 3]
+    loop.run_until_complete(store.close())
+
+
+@pytest.mark.parametrize(
+    "fail_at", [1, 2, 3], ids=["commit log write", "first queue's index", "second queue's index"]
+)
+@pytest.mark.parametrize("crash", [False, True], ids=["clean restart", "crash"])
+def test_a_request_for_several_queues_cut_short_by_a_full_disk_stores_none_of_its_parts(
+    loop: asyncio.AbstractEventLoop,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fail_at: int,
+    crash: bool,
+) -> None:
+    clock, disk = FakeClock(), FakeDisk()
+    store = open_store(loop, tmp_path, clock, disk)
+    topic, _ = store.create_topic("t", 2)
+    send(loop, store, topic, 2)
+
+    def batch(queue_id: int, n: int) -> Batch:
+        data = b"".join(
+            encode_frame(msg_id=os.urandom(16), born_timestamp_ms=1, body=BODY) for _ in range(n)
+        )
+        return Batch(queue_id, data, store.check(data))
+
+    parts = [batch(0, 2), batch(1, 2), batch(0, 1)]
+    end = store.commitlog.end
+    monkeypatch.setattr(commitlog_module.os, "pwrite", FailingWrites(fail_at))
+    with pytest.raises(BrokerError) as full:
+        store.write_parts(topic, parts)
+    monkeypatch.undo()
+    assert full.value.reason == "DISK_FULL"
+    assert store.commitlog.end == end
+    assert (store.queue(topic, 0).max_offset, store.queue(topic, 1).max_offset) == (2, 0)
+    assert offsets_served(store, topic, 0) == [0, 1]
+    assert offsets_served(store, topic, 0, queue_id=1) == []
+    store.enforce_retention()  # the disk has room again
+    written = store.write_parts(topic, parts)
+    assert [(w.first_offset, w.count) for w in written] == [(2, 2), (0, 2), (4, 1)]
+    checkpoint(loop, store)
+    loop.run_until_complete(store.close())
+    if crash:
+        (tmp_path / "running").touch()  # not shut down cleanly: recovery replays
+
+    store = open_store(loop, tmp_path, clock, disk)
+    assert store.recovery.corrupt_records == 0 and store.recovery.truncated_bytes == 0
+    assert offsets_served(store, topic, 0) == [0, 1, 2, 3, 4]
+    assert offsets_served(store, topic, 0, queue_id=1) == [0, 1]
     loop.run_until_complete(store.close())

@@ -18,7 +18,7 @@ from mockbroker.long_polling import PullHolder
 from mockbroker.store import consumequeue as consumequeue_module
 from mockbroker.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from mockbroker.store.consumequeue import ENTRY
-from mockbroker.store.message_store import MessageStore, parse_tag_expression
+from mockbroker.store.message_store import Batch, MessageStore, parse_tag_expression
 from mockbroker.topics import Topic
 from sdk._wire import encode_frame, iter_records
 from sdk.testing import FakeClock
@@ -223,6 +223,37 @@ def test_a_batch_with_one_bad_frame_stores_nothing(
     assert (store.commitlog.end, store.queue(topic, 0).count) == (end, 0)
     assert [(tmp_path / "index" / f).stat().st_size for f in ("ids", "keys")] == [0, 0]
     assert store.find_by_key("t", "k") == []
+    loop.run_until_complete(store.close())
+
+
+def test_batches_for_several_queues_are_one_commit_log_write_in_the_order_given(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = opened(loop, tmp_path)
+    topic, _ = store.create_topic("t", 3)
+    appends: list[int] = []
+    real_append = store.commitlog.append
+
+    def counting(data: bytes) -> int:
+        appends.append(len(data))
+        return real_append(data)
+
+    monkeypatch.setattr(store.commitlog, "append", counting)
+    requested = [(0, frames(b"a0", b"a1")), (2, frames(b"c0")), (0, frames(b"a2"))]
+    written = store.write_parts(topic, [Batch(q, f, store.check(f)) for q, f in requested])
+    assert len(appends) == 1
+    assert [(w.first_offset, w.count) for w in written] == [(0, 2), (0, 1), (2, 1)]
+    assert {w.end for w in written} == {store.commitlog.end}
+    assert store.stats.messages_stored == 4
+
+    def read(queue_id: int) -> list[tuple[int, int, bytes]]:
+        got = store.get(topic, queue_id, 0, max_messages=10, max_bytes=1 << 20)
+        return [(r.queue_id, r.queue_offset, r.body) for r in iter_records(got.records)]
+
+    assert read(0) == [(0, 0, b"a0"), (0, 1, b"a1"), (0, 2, b"a2")]
+    assert read(1) == []
+    assert read(2) == [(2, 0, b"c0")]
+    assert len(store.find_by_id((1).to_bytes(16, "big"))) == 1  # "a1": indexed by id too
     loop.run_until_complete(store.close())
 
 

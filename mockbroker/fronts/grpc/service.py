@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable
 
-import grpc
 from google.protobuf.message import Message
 
 from mockbroker.delivery import Delivery
@@ -38,7 +37,6 @@ from mockbroker.topics import (
 )
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
-from sdk._wire import MAX_SEND_BYTES
 
 #: The Exchange stream's full method path, which its opening is signed with.
 EXCHANGE_PATH = "/ordermq.v1.MessagingService/Exchange"
@@ -142,47 +140,27 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         )
 
     async def _send_parts(self, request: pb.SendRequest, client: str) -> pb.SendResponse:
-        """A batch over several queues: each part stored or refused on its own.
-
-        The queues' parts run side by side (one fsync serves them all in sync mode, as
-        for concurrent requests); one queue's parts run one after another, in order.
-        """
-        check_user_topic(request.topic)  # the request's own checks refuse it whole
+        """A batch over several queues: each part stored or refused on its own (send_parts)."""
         parts = [(p.queue_id, p.frames) for p in request.parts]  # each read copies: once
-        total = sum(len(frames) for _, frames in parts)
-        if total > MAX_SEND_BYTES:
-            raise BrokerError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                "BATCH_TOO_LARGE",
-                f"the request carries {total} bytes of frames in {len(parts)} parts, over "
-                f"the limit of {MAX_SEND_BYTES}",
-            )
-        by_queue: dict[int, list[int]] = {}
-        for index, (queue_id, _) in enumerate(parts):
-            by_queue.setdefault(queue_id, []).append(index)
-        results: list[pb.SendPartResult] = [pb.SendPartResult()] * len(parts)
-
-        async def one_queue(indexes: list[int]) -> None:
-            for index in indexes:
-                queue_id, frames = parts[index]
-                try:
-                    sent = await self._delivery.send(client, request.topic, queue_id, frames)
-                except BrokerError as exc:
-                    error = pb.ExchangeError(
-                        code=exc.status.name, reason=exc.reason, message=exc.message
-                    )
-                    results[index] = pb.SendPartResult(queue_id=queue_id, error=error)
-                    continue
-                results[index] = pb.SendPartResult(
-                    status=pb.SEND_OK if sent.durable else pb.FLUSH_DISK_TIMEOUT,
-                    queue_id=queue_id,
-                    first_queue_offset=sent.first_offset,
-                    count=sent.count,
-                    store_timestamp_ms=sent.store_timestamp_ms,
-                    scheduled=sent.scheduled,
+        sent = await self._delivery.send_parts(client, request.topic, parts)
+        results: list[pb.SendPartResult] = []
+        for (queue_id, _), outcome in zip(parts, sent, strict=True):
+            if isinstance(outcome, BrokerError):
+                error = pb.ExchangeError(
+                    code=outcome.status.name, reason=outcome.reason, message=outcome.message
                 )
-
-        await asyncio.gather(*(one_queue(indexes) for indexes in by_queue.values()))
+                results.append(pb.SendPartResult(queue_id=queue_id, error=error))
+                continue
+            results.append(
+                pb.SendPartResult(
+                    status=pb.SEND_OK if outcome.durable else pb.FLUSH_DISK_TIMEOUT,
+                    queue_id=queue_id,
+                    first_queue_offset=outcome.first_offset,
+                    count=outcome.count,
+                    store_timestamp_ms=outcome.store_timestamp_ms,
+                    scheduled=outcome.scheduled,
+                )
+            )
         return pb.SendResponse(parts=results)
 
     # ------------------------------------------------------------------ pull
