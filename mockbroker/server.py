@@ -7,6 +7,7 @@ import contextlib
 import ipaddress
 import logging
 import socket
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -24,7 +25,6 @@ from mockbroker.fronts.v2.auth import V2Auth
 from mockbroker.fronts.v2.front import V2Front
 from mockbroker.fronts.v2.pop_adapter import PopCoreAdapter
 from mockbroker.groups import ConsumerGroups
-from mockbroker.http_status import StatusServer
 from mockbroker.limits import ClientLimits
 from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
 from mockbroker.long_polling import PullHolder
@@ -43,6 +43,9 @@ from sdk._version import __version__
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.log import log_event
+
+if TYPE_CHECKING:
+    from mockbroker.http_status import StatusServer
 
 log = logging.getLogger("mockbroker")
 
@@ -189,6 +192,10 @@ class Broker:
             if port is not None:  # refused here, before anything has started serving
                 await asyncio.to_thread(_check_listenable, config.host, port)
         if config.metrics_port is not None:
+            # Here, not at the top: prometheus_client and wsgiref cost every broker
+            # process a tenth of a second of CPU at start, and most serve no metrics.
+            from mockbroker.http_status import StatusServer
+
             host = self._metrics_host()
             self._http = StatusServer(
                 self, host, config.metrics_port, self.tls.ssl_context() if self.tls else None

@@ -19,10 +19,12 @@ import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+
+if TYPE_CHECKING:
+    from cryptography import x509
 
 log = logging.getLogger("mockbroker.tls")
 
@@ -69,6 +71,8 @@ def _read(path: Path, what: str) -> bytes:
 
 
 def _certificates(data: bytes, path: Path, what: str) -> list[x509.Certificate]:
+    from cryptography import x509  # a broker without TLS never loads cryptography
+
     try:
         certificates = x509.load_pem_x509_certificates(data)
     except ValueError:
@@ -83,6 +87,8 @@ def load_material(files: TLSFiles, now: datetime.datetime) -> _Material:
     cert_pem = _read(files.cert, "TLS certificate")
     key_pem = _read(files.key, "TLS key")
     leaf = _certificates(cert_pem, files.cert, "TLS certificate")[0]
+    from cryptography.hazmat.primitives import serialization
+
     try:
         key = serialization.load_pem_private_key(key_pem, password=None)
     except TypeError:
