@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures.thread  # its exit hook must be registered before ours
+import contextlib
 import logging
 import os
+import select
 import signal
+import socket
 import threading
-import time
 from collections.abc import Coroutine
 from types import FrameType, TracebackType
 from typing import Any, Protocol, Self, TypeVar
@@ -228,10 +230,6 @@ if hasattr(os, "register_at_fork"):
 
 
 # ---------------------------------------------------------------------- waiting for a signal
-class _SignalReceived(BaseException):
-    """Raised by wait_for_shutdown_signal()'s handler to end its wait."""
-
-
 def wait_for_shutdown_signal(
     signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM),
 ) -> signal.Signals:
@@ -259,19 +257,29 @@ def wait_for_shutdown_signal(
     def handler(signum: int, frame: FrameType | None) -> None:
         if not received:  # a second signal while the handlers are restored: ignored
             received.append(signal.Signals(signum))
-            raise _SignalReceived
 
+    # The wait is on a socket the signal's C-level handler writes to (set_wakeup_fd), not
+    # on a sleep: a signal that arrives after the handlers are in place but before the
+    # thread blocks has run no Python handler yet, and would not wake a sleep that starts
+    # after it (a SIGTERM lost for the length of the sleep, seen under load).
+    wake_r, wake_w = socket.socketpair()
+    wake_r.setblocking(False)
+    wake_w.setblocking(False)
     previous: dict[signal.Signals, Any] = {}
+    previous_fd = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
     try:
         for sig in wanted:
             previous[sig] = signal.signal(sig, handler)
-        while True:
-            time.sleep(3600)
-    except _SignalReceived:
-        pass
+        while not received:  # each pass first runs the handlers of signals that came
+            select.select([wake_r], [], [])
+            with contextlib.suppress(BlockingIOError):
+                wake_r.recv(4096)
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+        signal.set_wakeup_fd(previous_fd)
+        wake_r.close()
+        wake_w.close()
     return received[0]
 
 

@@ -138,6 +138,28 @@ def test_wait_for_shutdown_signal_returns_the_signal_and_restores_the_handlers(
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+@pytest.mark.usefixtures("sigterm_default")
+def test_a_signal_sent_the_moment_the_wait_takes_it_ends_the_wait_every_time() -> None:
+    # The docs runner sends SIGTERM as soon as the wait's handler is in place. A signal
+    # whose Python handler had not run when the old wait went to sleep was only seen when
+    # the sleep (an hour) ended: the wait must block on something the signal itself wakes.
+    main = threading.main_thread().ident or 0
+    before = signal.getsignal(signal.SIGTERM)
+    for _ in range(30):
+
+        def send() -> None:
+            while signal.getsignal(signal.SIGTERM) is before:
+                pass  # no sleep: the signal goes at the first moment the wait takes it
+            signal.pthread_kill(main, signal.SIGTERM)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        assert wait_for_shutdown_signal() is signal.SIGTERM
+        sender.join()
+        assert signal.getsignal(signal.SIGTERM) is before
+    assert signal.set_wakeup_fd(-1) == -1, "the wait left its wake-up socket in place"
+
+
 def test_wait_for_shutdown_signal_refuses_what_it_cannot_do() -> None:
     with pytest.raises(InvalidArgumentError, match="needs a signal"):
         wait_for_shutdown_signal(())
