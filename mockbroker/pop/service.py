@@ -785,6 +785,18 @@ class PopService:
         await self.journal.sync()
         self._holder.notify(topic, qid)
 
+    async def forget_group(self, group: str) -> None:
+        """Drop the group's windows (it is deleted): its receipts settle nothing any more."""
+        g = self._groups.get(group)
+        if g is None:
+            return
+        self.journal.check()
+        del self._groups[group]
+        self.journal.append({"op": "forget", "g": group})
+        await self.journal.sync()
+        for topic, qid in g.windows:
+            self._holder.notify(topic, qid)
+
     # ------------------------------------------------------------------ inspection
     def policy(self, group: str) -> PopPolicy:
         """How the group receives: as its latest receive said, else the broker's defaults."""
@@ -898,6 +910,9 @@ class PopService:
                 g.windows[(topic, natural(qid))] = Window.from_json(window)
 
     def _replay(self, record: dict[str, Any]) -> None:
+        if record["op"] == "forget":
+            self._groups.pop(name_checked(check_group, record["g"]), None)
+            return
         op, group, topic, qid = record["op"], record["g"], record["t"], natural(record["q"])
         name_checked(check_group, group)
         name_checked(check_any_topic, topic)

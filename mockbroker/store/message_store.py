@@ -11,6 +11,7 @@ import contextlib
 import errno
 import itertools
 import logging
+import shutil
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from mockbroker.store.checkpoint import (
 from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import ConsumeQueue
 from mockbroker.store.data_format import check_data_format
-from mockbroker.store.files import DirectoryLock, make_dirs
+from mockbroker.store.files import DirectoryLock, fault_point, fsync_dir, make_dirs
 from mockbroker.store.flush import Flusher, FlushFailedError
 from mockbroker.store.message_index import MessageIndex
 from mockbroker.store.records import MIN_RECORD_SIZE, CheckedFrame, build_records, check_frames
@@ -180,6 +181,9 @@ class MessageStore:
         check_data_format(self.data_dir)
         self._index = MessageIndex(self.data_dir / "index")
         self.topics.load()
+        for name in self.topics.deleted():
+            if self.topics.find(name) is None:
+                self._remove_queue_files(name)  # a crash cut its deletion short
         self.commitlog.open()
         for topic in self.topics.all():
             for qid in range(topic.queue_count):
@@ -196,7 +200,7 @@ class MessageStore:
             self.recovering = True
             try:
                 self.recovery = recover(
-                    self.commitlog, self._lookup, list(self._queues.values()), start, counts
+                    self.commitlog, self._replay_lookup, list(self._queues.values()), start, counts
                 )
             finally:
                 self.recovering = False
@@ -292,6 +296,33 @@ class MessageStore:
         for qid in range(topic.queue_count):
             self._queue_for(topic, qid)
         return topic, created
+
+    async def delete_topic(self, name: str) -> Topic:
+        """Delete a topic: its registry entry, then its consume queues (TOPIC_NOT_FOUND).
+
+        Its records stay in the commit log until retention deletes their segments; the
+        registry marks them (every one lies below the log's end now), so that no read, no
+        lookup by id or key and no recovery takes them for a topic created later with the
+        same name, which starts at offset 0. The queue files go under the flusher's lock,
+        so no fsync runs on a descriptor being closed; a crash before they are gone leaves
+        them to the next start (_load), never to a topic created again.
+        """
+        flusher = self._flusher
+        async with flusher.lock if flusher is not None else contextlib.nullcontext():
+            topic = self.topics.delete(name, self.commitlog.end)
+            fault_point("topic-delete-registered")
+            for qid in range(topic.queue_count):
+                cq = self._queues.pop((name, qid), None)
+                if cq is not None:
+                    cq.close()
+            self._remove_queue_files(name)
+        return topic
+
+    def _remove_queue_files(self, name: str) -> None:
+        directory = self._cq_dir / name
+        if directory.exists():
+            shutil.rmtree(directory)
+            fsync_dir(self._cq_dir)
 
     def queue(self, topic: Topic, queue_id: int) -> ConsumeQueue:
         """The consume queue of an existing topic's queue (INVALID_QUEUE if out of range)."""
@@ -497,7 +528,7 @@ class MessageStore:
                 [parsed] = list(iter_records(record))
             except RecordFormatError:
                 continue  # a stale entry, or a corrupt record: never answered
-            if match(parsed):
+            if match(parsed) and self.topics.holds(parsed.topic, position):
                 yield position, record
 
     def read_at(self, position: int) -> bytes | None:
@@ -886,6 +917,11 @@ class MessageStore:
                 ) from exc
             self._queues[key] = cq
         return cq
+
+    def _replay_lookup(self, topic_name: str, queue_id: int, position: int) -> ConsumeQueue | None:
+        if not self.topics.holds(topic_name, position):
+            return None  # a deleted topic's record
+        return self._lookup(topic_name, queue_id)
 
     def _lookup(self, topic_name: str, queue_id: int) -> ConsumeQueue | None:
         topic = self.topics.find(topic_name)

@@ -39,7 +39,8 @@ log = logging.getLogger("mockbroker.recovery")
 
 _WINDOW = 8 * 1024 * 1024
 
-QueueLookup = Callable[[str, int], ConsumeQueue | None]
+#: (topic, queue id, commit-log position of a record) -> its queue; None: index it nowhere.
+QueueLookup = Callable[[str, int, int], ConsumeQueue | None]
 
 
 @dataclass
@@ -239,7 +240,10 @@ def _index(
     report: RecoveryReport,
     corrupt: bool = False,
 ) -> None:
-    cq = queues(SCHEDULE_TOPIC, 0) if header.scheduled else queues(header.topic, header.queue_id)
+    if header.scheduled:
+        cq = queues(SCHEDULE_TOPIC, 0, position)
+    else:
+        cq = queues(header.topic, header.queue_id, position)
     if cq is None:
         log.error("record at %d names unknown queue %s/%d", position, header.topic, header.queue_id)
         return
