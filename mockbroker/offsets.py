@@ -114,12 +114,7 @@ class ConsumerOffsets:
                 self._table.setdefault(key, value)
             for key, value in skipped.items():
                 self._skipped.setdefault(key, value)
-            full = exc.errno == errno.ENOSPC
-            raise BrokerError(
-                StatusCode.UNAVAILABLE,
-                "DISK_FULL" if full else "STORE_UNAVAILABLE",
-                f"the offsets were not deleted: saving them failed ({exc}); retry later",
-            ) from exc
+            raise _not_saved("deleted", exc) from exc
         self._groups = {g for g, _, _ in self._saved}
         return sorted(gone)
 
@@ -144,12 +139,7 @@ class ConsumerOffsets:
                         self._table[key] = self._saved[key]
                     else:
                         del self._table[key]
-            full = exc.errno == errno.ENOSPC
-            raise BrokerError(
-                StatusCode.UNAVAILABLE,
-                "DISK_FULL" if full else "STORE_UNAVAILABLE",
-                f"the offsets were not committed: saving them failed ({exc}); retry later",
-            ) from exc
+            raise _not_saved("committed", exc) from exc
         self._groups.update(g for g, _, _ in updates)
 
     async def _save(self, version: int) -> None:
@@ -171,6 +161,15 @@ class ConsumerOffsets:
         for (group, topic, qid), count in sorted(self._skipped.items()):
             skipped.setdefault(group, {}).setdefault(topic, {})[str(qid)] = count
         return json.dumps({"offsets": nested, "skipped": skipped}, indent=1).encode()
+
+
+def _not_saved(what: str, exc: OSError) -> BrokerError:
+    """UNAVAILABLE (DISK_FULL or STORE_UNAVAILABLE, retriable): the table was not saved."""
+    return BrokerError(
+        StatusCode.UNAVAILABLE,
+        "DISK_FULL" if exc.errno == errno.ENOSPC else "STORE_UNAVAILABLE",
+        f"the offsets were not {what}: saving them failed ({exc}); retry later",
+    )
 
 
 def _parse(raw: dict[str, Any]) -> tuple[dict[OffsetKey, int], dict[OffsetKey, int]]:

@@ -4,46 +4,20 @@ and RocketMQ's DELETE_TOPIC_IN_BROKER / DELETE_SUBSCRIPTIONGROUP on the remoting
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 
 from mockbroker import BrokerConfig, EmbeddedBroker
 from sdk import Message, MessageQueue, Producer
 from sdk._remoting.codes import RequestCode, ResponseCode
 from sdk._remoting.command import RemotingCommand
 from sdk._transport.broker_client import BrokerClient, GroupInfo
-from sdk.cli import cli
 from sdk.errors import GroupHasMembersError
+from tests.component.admin_cli import client, run, run_json
 from tests.component.pulling import read_queue
 from tests.remoting_client import RemotingClient
-
-
-def run(broker: EmbeddedBroker, *args: str, answer: str | None = None) -> Result:
-    return CliRunner().invoke(
-        cli, ["--broker", broker.address, *args], input=answer, catch_exceptions=False
-    )
-
-
-def run_json(broker: EmbeddedBroker, *args: str) -> Any:
-    result = run(broker, "--json", *args)
-    assert result.exit_code == 0, result.output
-    return json.loads(result.output)
-
-
-def client(broker: EmbeddedBroker, body: Any) -> Any:
-    async def main() -> Any:
-        c = BrokerClient(broker.address)
-        try:
-            return await body(c)
-        finally:
-            await c.close()
-
-    return asyncio.run(main())
 
 
 def join(broker: EmbeddedBroker, member: str, group: str, topic: str = "orders") -> None:

@@ -10,6 +10,8 @@ ordermq's own field `force=true` (mqadmin never sends it).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from mockbroker.deletion import delete_group, delete_topic
 from mockbroker.errors import BrokerError
 from mockbroker.fronts.remoting.channel import ClientChannel, Handler
@@ -25,21 +27,22 @@ def admin_handlers(state: BrokerState) -> dict[int, Handler]:
     def forced(fields: Fields) -> bool:
         return (fields.optional_string("force") or "").lower() == "true"
 
-    async def topic(request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
-        fields = Fields.of(request)
+    async def answer(request: RemotingCommand, deletion: Awaitable[object]) -> RemotingCommand:
         try:
-            await delete_topic(state, fields.string("topic"), force=forced(fields))
+            await deletion
         except BrokerError as exc:
             raise refusal(exc) from None
         return request.response()
 
+    async def topic(request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
+        fields = Fields.of(request)
+        name = fields.string("topic")
+        return await answer(request, delete_topic(state, name, force=forced(fields)))
+
     async def group(request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
         fields = Fields.of(request)
-        try:
-            await delete_group(state, fields.string("groupName"), force=forced(fields))
-        except BrokerError as exc:
-            raise refusal(exc) from None
-        return request.response()
+        name = fields.string("groupName")
+        return await answer(request, delete_group(state, name, force=forced(fields)))
 
     return {
         RequestCode.DELETE_TOPIC_IN_BROKER: topic,
