@@ -5,9 +5,10 @@ from __future__ import annotations
 import errno
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from grpc import StatusCode
@@ -120,9 +121,9 @@ class TopicRegistry:
         if self._path.exists():
             self._topics, self._deleted = read_json(self._path, _parse)
 
-    def deleted(self) -> dict[str, int]:
+    def deleted(self) -> Mapping[str, int]:
         """Each topic ever deleted -> the commit-log position its last deletion was made at."""
-        return dict(self._deleted)
+        return MappingProxyType(self._deleted)
 
     def holds(self, name: str, position: int) -> bool:
         """True unless the record of `name` at commit-log `position` is a deleted topic's."""

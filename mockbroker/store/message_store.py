@@ -20,7 +20,7 @@ from pathlib import Path
 
 from grpc import StatusCode
 
-from mockbroker.errors import BrokerError, invalid, out_of_range
+from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
 from mockbroker.store.checkpoint import (
     Checkpoint,
     mark_clean_shutdown,
@@ -325,7 +325,16 @@ class MessageStore:
             fsync_dir(self._cq_dir)
 
     def queue(self, topic: Topic, queue_id: int) -> ConsumeQueue:
-        """The consume queue of an existing topic's queue (INVALID_QUEUE if out of range)."""
+        """The consume queue of an existing topic's queue (INVALID_QUEUE if out of range).
+
+        TOPIC_NOT_FOUND once the topic is deleted: a request that found it before (a held
+        pull, a send in flight) neither reads nor writes it, nor opens its files again.
+        """
+        if self.topics.find(topic.name) != topic:
+            self.topics.get(topic.name)  # TOPIC_NOT_FOUND
+            raise not_found(
+                "TOPIC_NOT_FOUND", f"topic {topic.name!r} was deleted and created again"
+            )
         topic.check_queue(queue_id)
         return self._queue_for(topic, queue_id)
 

@@ -15,9 +15,11 @@ from sdk._remoting.codes import RequestCode, ResponseCode
 from sdk._remoting.command import RemotingCommand
 from sdk._transport.broker_client import BrokerClient, GroupInfo
 from sdk.errors import GroupHasMembersError
+from sdk.testing import FakeClock
 from tests.component.admin_cli import client, run, run_json
 from tests.component.pulling import read_queue
 from tests.remoting_client import RemotingClient
+from tests.support import wait_until
 
 
 def join(broker: EmbeddedBroker, member: str, group: str, topic: str = "orders") -> None:
@@ -238,3 +240,22 @@ def test_rocketmq_deletion_codes_on_the_remoting_front(loaded: EmbeddedBroker) -
     deleted = remoting(loaded, RequestCode.DELETE_TOPIC_IN_BROKER, topic="orders")
     assert deleted.code == ResponseCode.SUCCESS, deleted.remark
     assert run_json(loaded, "topics", "list") == []
+
+
+def test_messages_scheduled_for_a_deleted_topic_are_cancelled_and_others_still_delivered(
+    data_dir: Path,
+) -> None:
+    clock = FakeClock()
+    with EmbeddedBroker(BrokerConfig(data_dir=data_dir), clock=clock) as broker:
+        run(broker, "topics", "create", "orders", "--queues", "1")
+        run(broker, "topics", "create", "payments", "--queues", "1")
+        with Producer(broker.address, clock=clock) as p:
+            p.send(Message("orders", b"late order", delay_seconds=1))
+            p.send(Message("payments", b"late payment", delay_seconds=1))
+        assert run(broker, "topics", "delete", "orders", "--yes").exit_code == 0
+        run(broker, "topics", "create", "orders", "--queues", "1")
+        clock.advance(1.1)
+        payments = MessageQueue("payments", "broker-a", 0)
+        wait_until(lambda: [m.body for m in read_queue(broker.address, payments, 0)] != [])
+        assert [m.body for m in read_queue(broker.address, payments, 0)] == [b"late payment"]
+        assert described(broker) == [(0, 0)], "the deleted topic's never reaches the new one"
