@@ -1,12 +1,12 @@
 """Deleting topics and consumer groups: the one place every front deletes them.
 
 A topic's deletion removes, in this order: every group's offsets on it, its locks, its
-registry entry (from then on it is gone, durably), its consume queues. The commit log keeps
-its records until retention deletes their segments; the registry marks them, so they are
-never served again, not even by a topic later created with the same name (which starts at
-offset 0, with no offsets of any group). A kill -9 between the steps leaves offsets
-without a topic (removed again by the next deletion of that name, harmless meanwhile: no
-queue answers them) or queue files without a topic (removed at the next start).
+registry entry (from then on it is gone, durably), its consume queues, and once more any
+offset committed meanwhile. The commit log keeps its records until retention deletes their
+segments; the registry marks them, so they are never served again, not even by a topic
+later created with the same name (which starts at offset 0, with no offsets of any group).
+A kill -9 between the steps leaves the topic with some of its offsets deleted (deleting it
+again finishes the work) or, once it is gone, its queue files, removed at the next start.
 
 A group's deletion removes its offsets, its locks, its receive (pop) windows and its
 retry and dead-letter topics (%RETRY%group, %DLQ%group: the group's own, as RocketMQ's
@@ -116,11 +116,17 @@ def _subscribers(state: BrokerState, group: str, topic: str) -> list[str]:
 
 
 async def _delete_topic(state: BrokerState, name: str, *, forced: list[str]) -> TopicDeleted:
-    gone = await state.offsets.forget(lambda key: key[1] == name)
+    def of_topic(key: tuple[str, str, int]) -> bool:
+        return key[1] == name
+
+    gone = await state.offsets.forget(of_topic)
     groups = {g for g, _, _ in gone}
     groups |= state.locks.forget(lambda _g, queue: queue[0] == name)
     await state.locks.save()
     topic = await state.store.delete_topic(name)
+    # A commit accepted while the saves above ran; none is accepted from here on, since
+    # the topic is gone (the commit rule reads its queue: TOPIC_NOT_FOUND).
+    groups |= {g for g, _, _ in await state.offsets.forget(of_topic)}
     for group in sorted(state.pop.groups()):
         for qid in range(topic.queue_count):
             await state.pop.reset(group, name, qid, 0)  # a topic created again starts at 0
