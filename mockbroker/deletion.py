@@ -96,7 +96,7 @@ async def delete_group(state: BrokerState, group: str, *, force: bool) -> GroupD
     topics |= {t for _, t, _ in gone}
     if state.locks.forget(lambda g, _queue: g == group):
         await state.locks.save()
-    await state.pop.forget_group(group)
+    await state.pop.forget(group)
     for name in own:
         await _delete_topic(state, name, forced=[])
     log_event(log, logging.WARNING, "group.deleted",
@@ -128,8 +128,7 @@ async def _delete_topic(state: BrokerState, name: str, *, forced: list[str]) -> 
     # the topic is gone (the commit rule reads its queue: TOPIC_NOT_FOUND).
     groups |= {g for g, _, _ in await state.offsets.forget(of_topic)}
     for group in sorted(state.pop.groups()):
-        for qid in range(topic.queue_count):
-            await state.pop.reset(group, name, qid, 0)  # a topic created again starts at 0
+        await state.pop.forget(group, name)
     also = f", forced: {', '.join(forced)} subscribe" if forced else ""
     log_event(log, logging.WARNING, "topic.deleted",
               f"topic {name} deleted ({topic.queue_count} queues, offsets of "

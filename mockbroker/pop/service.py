@@ -785,17 +785,35 @@ class PopService:
         await self.journal.sync()
         self._holder.notify(topic, qid)
 
-    async def forget_group(self, group: str) -> None:
-        """Drop the group's windows (it is deleted): its receipts settle nothing any more."""
+    async def forget(self, group: str, topic: str | None = None) -> None:
+        """Drop the group's windows on a deleted `topic` (None: all, the group is deleted).
+
+        Their receipts settle nothing any more; a group left with no window is gone.
+        """
         g = self._groups.get(group)
-        if g is None:
+        if g is None or (topic is not None and all(t != topic for t, _ in g.windows)):
             return
         self.journal.check()
-        del self._groups[group]
-        self.journal.append({"op": "forget", "g": group})
+        dropped = self._forget(group, topic)
+        record: dict[str, Any] = {"op": "forget", "g": group}
+        if topic is not None:
+            record["t"] = topic
+        self.journal.append(record)
         await self.journal.sync()
-        for topic, qid in g.windows:
-            self._holder.notify(topic, qid)
+        for queue in dropped:
+            self._holder.notify(*queue)
+
+    def _forget(self, group: str, topic: str | None) -> list[QueueKey]:
+        g = self._groups.get(group)
+        if g is None:
+            return []
+        dropped = [q for q in g.windows if topic is None or q[0] == topic]
+        for queue in dropped:
+            del g.windows[queue]
+        g.turn.pop(topic or "", None)
+        if topic is None or not g.windows:
+            del self._groups[group]
+        return dropped
 
     # ------------------------------------------------------------------ inspection
     def policy(self, group: str) -> PopPolicy:
@@ -911,7 +929,11 @@ class PopService:
 
     def _replay(self, record: dict[str, Any]) -> None:
         if record["op"] == "forget":
-            self._groups.pop(name_checked(check_group, record["g"]), None)
+            topic = record.get("t")
+            self._forget(
+                name_checked(check_group, record["g"]),
+                None if topic is None else name_checked(check_any_topic, topic),
+            )
             return
         op, group, topic, qid = record["op"], record["g"], record["t"], natural(record["q"])
         name_checked(check_group, group)

@@ -259,3 +259,32 @@ def test_messages_scheduled_for_a_deleted_topic_are_cancelled_and_others_still_d
         wait_until(lambda: [m.body for m in read_queue(broker.address, payments, 0)] != [])
         assert [m.body for m in read_queue(broker.address, payments, 0)] == [b"late payment"]
         assert described(broker) == [(0, 0)], "the deleted topic's never reaches the new one"
+
+
+def test_a_receiving_groups_state_goes_with_the_topic_and_stays_gone_after_a_restart(
+    data_dir: Path,
+) -> None:
+    config = BrokerConfig(data_dir=data_dir)
+    with EmbeddedBroker(config) as broker:
+        run(broker, "topics", "create", "orders", "--queues", "1")
+        run(broker, "topics", "create", "payments", "--queues", "1")
+        send(broker, b"order")
+        with Producer(broker.address) as p:
+            p.send(Message("payments", b"payment"))
+
+        async def take(c: BrokerClient) -> int:
+            total = 0
+            for topic in ("orders", "payments"):
+                got = await c.receive("poppers", topic, [0], "broker-a", max_messages=1,
+                                      invisible_duration=60, await_duration=0)  # fmt: skip
+                total += len(got)
+            return total
+
+        assert client(broker, take) == 2
+        listed = [g["group"] for g in run_json(broker, "groups", "list")]
+        assert "poppers" in listed, "its receives hold state on both topics"
+        assert run(broker, "topics", "delete", "orders", "--yes").exit_code == 0
+        assert run(broker, "topics", "delete", "payments", "--yes").exit_code == 0
+        assert "poppers" not in [g["group"] for g in run_json(broker, "groups", "list")]
+    with EmbeddedBroker(config) as broker:
+        assert "poppers" not in [g["group"] for g in run_json(broker, "groups", "list")]
