@@ -200,7 +200,12 @@ class MessageStore:
             self.recovering = True
             try:
                 self.recovery = recover(
-                    self.commitlog, self._replay_lookup, list(self._queues.values()), start, counts
+                    self.commitlog,
+                    self._lookup,
+                    list(self._queues.values()),
+                    start,
+                    counts,
+                    deleted=lambda topic, position: not self.topics.holds(topic, position),
                 )
             finally:
                 self.recovering = False
@@ -210,10 +215,11 @@ class MessageStore:
                 log, logging.WARNING, "recovery",
                 f"recovery done: {r.records_replayed} records replayed, "
                 f"{r.truncated_bytes} bytes truncated, {r.corrupt_records} corrupt, "
-                f"{r.skipped_bytes} damaged bytes skipped",
+                f"{r.skipped_bytes} damaged bytes skipped, "
+                f"{r.deleted_records} records of deleted topics left out",
                 replayed_from=r.replayed_from, records=r.records_replayed,
                 truncated_bytes=r.truncated_bytes, corrupt_records=r.corrupt_records,
-                skipped_bytes=r.skipped_bytes,
+                skipped_bytes=r.skipped_bytes, deleted_records=r.deleted_records,
             )  # fmt: skip
         self._trim_to_log_start()
 
@@ -926,11 +932,6 @@ class MessageStore:
                 ) from exc
             self._queues[key] = cq
         return cq
-
-    def _replay_lookup(self, topic_name: str, queue_id: int, position: int) -> ConsumeQueue | None:
-        if not self.topics.holds(topic_name, position):
-            return None  # a deleted topic's record
-        return self._lookup(topic_name, queue_id)
 
     def _lookup(self, topic_name: str, queue_id: int) -> ConsumeQueue | None:
         topic = self.topics.find(topic_name)

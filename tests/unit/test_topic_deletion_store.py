@@ -90,6 +90,7 @@ def test_recovery_after_a_crash_does_not_give_the_old_records_to_the_new_topic(
     (tmp_path / "running").touch()
     again = opened(loop, tmp_path)
     assert again.recovery.crashed and again.recovery.records_replayed == 4
+    assert again.recovery.deleted_records == 3 and again.recovery.corrupt_records == 0
     assert read_all(again, "orders") == [b"new-0"]
     assert again.find_by_id((0).to_bytes(16, "big")) == []
     loop.run_until_complete(again.close())
