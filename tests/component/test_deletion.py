@@ -14,7 +14,12 @@ from sdk import Message, MessageQueue, Producer
 from sdk._remoting.codes import RequestCode, ResponseCode
 from sdk._remoting.command import RemotingCommand
 from sdk._transport.broker_client import BrokerClient, GroupInfo
-from sdk.errors import GroupHasMembersError
+from sdk.errors import (
+    GroupHasMembersError,
+    InvalidTopicError,
+    SystemTopicError,
+    TopicNotFoundError,
+)
 from sdk.testing import FakeClock
 from tests.component.admin_cli import client, run, run_json
 from tests.component.pulling import read_queue
@@ -87,6 +92,8 @@ def test_a_topic_with_live_subscribers_is_kept_unless_forced(loaded: EmbeddedBro
     assert refused.exit_code == 1
     assert "GROUP_HAS_MEMBERS" in refused.output and "billing (1 member)" in refused.output
     assert len(refused.output.strip().splitlines()) == 1
+    with pytest.raises(GroupHasMembersError):
+        client(loaded, lambda c: c.delete_topic("orders"))
     assert described(loaded) == [(0, 3)], "nothing changed"
     progress = run_json(loaded, "groups", "describe", "billing", "--topic", "orders")
     assert [q["consumer_offset"] for q in progress["queues"]] == [2]
@@ -146,6 +153,10 @@ def test_system_topics_bad_names_and_missing_topics_are_refused(
     before = run_json(loaded, "topics", "list", "--system")
     refused = run(loaded, "topics", "delete", name, "--yes", "--force")
     assert refused.exit_code == 1 and reason in refused.output
+    raised = {"SYSTEM_TOPIC": SystemTopicError, "INVALID_TOPIC": InvalidTopicError,
+              "TOPIC_NOT_FOUND": TopicNotFoundError}[reason]  # fmt: skip
+    with pytest.raises(raised):
+        client(loaded, lambda c: c.delete_topic(name, force=True))
     assert run_json(loaded, "topics", "list", "--system") == before
 
 
