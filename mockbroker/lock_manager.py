@@ -49,7 +49,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -423,6 +423,25 @@ class RebalanceLockManager:
             if dropped:
                 self._version += 1
             return dropped
+
+    def forget(self, match: Callable[[str, QueueKey], bool]) -> set[str]:
+        """Drop the locks and granted epochs `match` selects (of a deleted topic or group).
+
+        The groups that had some; `save()` writes the change.
+        """
+        groups: set[str] = set()
+        with self._global:
+            for table in (self._table, self._granted):
+                for group in list(table):
+                    queues: dict[QueueKey, Any] = table[group]
+                    for queue in [q for q in queues if match(group, q)]:
+                        del queues[queue]
+                        groups.add(group)
+                    if not queues:
+                        del table[group]
+            if groups:
+                self._version += 1
+        return groups
 
     def locks(self, group: str) -> dict[QueueKey, LockView]:
         """The group's lock entries, live or not (for the admin API)."""

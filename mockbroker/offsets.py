@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,32 @@ class ConsumerOffsets:
         """
         await self.save_accepted(updates, self.accept(updates))
 
+    async def forget(self, match: Callable[[OffsetKey], bool]) -> list[OffsetKey]:
+        """Delete the offsets `match` selects (a deleted topic's or group's); those deleted.
+
+        Gone once on disk: a save that fails raises UNAVAILABLE (DISK_FULL or
+        STORE_UNAVAILABLE) and puts back those no commit replaced meanwhile.
+        """
+        gone = {k: v for k, v in self._table.items() if match(k)}
+        skipped = {k: v for k, v in self._skipped.items() if match(k)}
+        if not gone and not skipped:
+            return []
+        for key in gone:
+            del self._table[key]
+        for key in skipped:
+            del self._skipped[key]
+        self._version += 1
+        try:
+            await self._save(self._version)
+        except OSError as exc:
+            for key, value in gone.items():
+                self._table.setdefault(key, value)
+            for key, value in skipped.items():
+                self._skipped.setdefault(key, value)
+            raise _not_saved("deleted", exc) from exc
+        self._groups = {g for g, _, _ in self._saved}
+        return sorted(gone)
+
     def accept(self, updates: dict[OffsetKey, int]) -> int:
         """Take `updates` as the latest commits (latest() answers them, get() not yet).
 
@@ -112,12 +139,7 @@ class ConsumerOffsets:
                         self._table[key] = self._saved[key]
                     else:
                         del self._table[key]
-            full = exc.errno == errno.ENOSPC
-            raise BrokerError(
-                StatusCode.UNAVAILABLE,
-                "DISK_FULL" if full else "STORE_UNAVAILABLE",
-                f"the offsets were not committed: saving them failed ({exc}); retry later",
-            ) from exc
+            raise _not_saved("committed", exc) from exc
         self._groups.update(g for g, _, _ in updates)
 
     async def _save(self, version: int) -> None:
@@ -139,6 +161,15 @@ class ConsumerOffsets:
         for (group, topic, qid), count in sorted(self._skipped.items()):
             skipped.setdefault(group, {}).setdefault(topic, {})[str(qid)] = count
         return json.dumps({"offsets": nested, "skipped": skipped}, indent=1).encode()
+
+
+def _not_saved(what: str, exc: OSError) -> BrokerError:
+    """UNAVAILABLE (DISK_FULL or STORE_UNAVAILABLE, retriable): the table was not saved."""
+    return BrokerError(
+        StatusCode.UNAVAILABLE,
+        "DISK_FULL" if exc.errno == errno.ENOSPC else "STORE_UNAVAILABLE",
+        f"the offsets were not {what}: saving them failed ({exc}); retry later",
+    )
 
 
 def _parse(raw: dict[str, Any]) -> tuple[dict[OffsetKey, int], dict[OffsetKey, int]]:

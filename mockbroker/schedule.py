@@ -31,6 +31,7 @@ import logging
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from mockbroker.errors import BrokerError, not_found
 from mockbroker.store.checkpoint import read_positions, write_positions
@@ -60,6 +61,10 @@ MARK_FILE = "schedule-mark"
 MARK_EVERY_SECONDS = 1.0
 #: How often pending messages are looked at for copying forward.
 MOVE_EVERY_SECONDS = 60.0
+
+
+#: A waiting message being delivered or copied: its schedule-queue offset and id first.
+_Item = TypeVar("_Item", bound=tuple[Any, ...])
 
 
 @dataclass(frozen=True)
@@ -391,6 +396,9 @@ class Scheduler:
             groups.setdefault(key, []).append((offset, msg_id, unscheduled(frame)))
         count = 0
         for (topic_name, queue_id, reconsume), items in groups.items():
+            items = await self._without_deleted(topic_name, items)
+            if not items:
+                continue
             topic = self._store.topics.get(topic_name)
             frames = b"".join(FRAME_LEN_PREFIX.pack(len(f)) + f for _, _, f in items)
             checked = _checked(frames)
@@ -431,6 +439,9 @@ class Scheduler:
             )
         moved = 0
         for (topic_name, queue_id, reconsume), items in groups.items():
+            items = await self._without_deleted(topic_name, items)
+            if not items:
+                continue
             moved += await self._copy(topic_name, queue_id, reconsume, items)
         if moved:
             log.info("%d long-waiting scheduled messages copied forward", moved)
@@ -466,6 +477,34 @@ class Scheduler:
             await self._record_outcomes(orphans, CANCELLED)
         self._changed.set()
         return len(moved)
+
+    async def _without_deleted(self, topic_name: str, items: list[_Item]) -> list[_Item]:
+        """`items` but those sent to a topic deleted since, which are cancelled.
+
+        Sent before the deletion means stored below its mark (mockbroker/topics.py): such
+        a message never reaches a topic created again with the same name.
+        """
+        topics = self._store.topics
+        alive = topics.find(topic_name) is not None
+        if alive and topic_name not in topics.deleted():
+            return items  # the common case: a topic never deleted
+        index = self._store.queue(self._schedule_topic, 0)
+        kept: list[_Item] = []
+        gone: list[tuple[int, bytes]] = []
+        for item in items:
+            if alive and topics.holds(topic_name, index.entry(item[0])[0]):
+                kept.append(item)
+            else:
+                gone.append((item[0], item[1]))
+        if not gone:
+            return items
+        done_from = await self._record_outcomes(gone, CANCELLED)
+        for n, (offset, msg_id) in enumerate(gone):
+            del self._pending[msg_id]
+            self._outcomes[msg_id] = _Outcome(CANCELLED, topic_name, offset, done_from + n)
+        log.warning("%d scheduled messages of the deleted topic %s cancelled", len(gone),
+                    topic_name)  # fmt: skip
+        return kept
 
     async def _record_outcomes(self, items: list[tuple[int, bytes]], outcome: int) -> int:
         """Append the outcome records; the outcome-queue offset of the first."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 import errno
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from grpc import StatusCode
@@ -22,6 +23,8 @@ SYSTEM_PREFIX = "rmq_sys_"
 #: Where scheduled messages wait, and where their outcomes are recorded.
 SCHEDULE_TOPIC = "rmq_sys_SCHEDULE"
 SCHEDULE_DONE_TOPIC = "rmq_sys_SCHEDULE_DONE"
+#: RocketMQ's default topic, which its clients route to auto-create topics.
+DEFAULT_TOPIC = "TBW102"
 MAX_QUEUES = 1024
 
 
@@ -69,6 +72,20 @@ def is_system_topic(name: str) -> bool:
     return name.startswith((RETRY_PREFIX, DLQ_PREFIX, SYSTEM_PREFIX))
 
 
+def check_deletable_topic(name: str) -> None:
+    """INVALID_TOPIC for a malformed name, SYSTEM_TOPIC for one of the broker's own topics."""
+    if name != DEFAULT_TOPIC and not is_system_topic(name):
+        check_user_topic(name)
+        return
+    check_any_topic(name)
+    why = (
+        "; a group's retry and dead-letter topics are deleted with the group (groups delete)"
+        if name.startswith((RETRY_PREFIX, DLQ_PREFIX))
+        else ""
+    )
+    raise invalid("SYSTEM_TOPIC", f"topic {name!r} is the broker's own: not deleted by name{why}")
+
+
 @dataclass(frozen=True)
 class Topic:
     """A topic and its queue count."""
@@ -87,16 +104,43 @@ class Topic:
 
 
 class TopicRegistry:
-    """Topics by name, persisted to one JSON file replaced atomically before every change."""
+    """Topics by name, persisted to one JSON file replaced atomically before every change.
+
+    A deleted topic leaves a mark: the commit-log position its deletion was made at. Its
+    records all lie below it and stay in the commit log until retention deletes their
+    segments; `holds()` tells them from those of a topic later created with the same name.
+    """
 
     def __init__(self, path: Path) -> None:
         self._path = path
         self._topics: dict[str, Topic] = {}
+        self._deleted: dict[str, int] = {}
 
     def load(self) -> None:
         """Read the registry file, if any; CorruptFileError when it cannot be read."""
         if self._path.exists():
-            self._topics = read_json(self._path, _parse)
+            self._topics, self._deleted = read_json(self._path, _parse)
+
+    def deleted(self) -> Mapping[str, int]:
+        """Each topic ever deleted -> the commit-log position its last deletion was made at."""
+        return MappingProxyType(self._deleted)
+
+    def holds(self, name: str, position: int) -> bool:
+        """True unless the record of `name` at commit-log `position` is a deleted topic's."""
+        return position >= self._deleted.get(name, 0)
+
+    def delete(self, name: str, position: int) -> Topic:
+        """Remove `name` (TOPIC_NOT_FOUND if missing), marking its records below `position`.
+
+        Gone only once the registry file says so (DISK_FULL, STORE_UNAVAILABLE otherwise,
+        and nothing changes).
+        """
+        topic = self.get(name)
+        topics = {n: t for n, t in self._topics.items() if n != name}
+        deleted = {**self._deleted, name: max(position, self._deleted.get(name, 0))}
+        self._save(topics, name, deleted, "deleted")
+        self._topics, self._deleted = topics, deleted
+        return topic
 
     def get(self, name: str) -> Topic:
         """The topic, or TOPIC_NOT_FOUND."""
@@ -135,13 +179,17 @@ class TopicRegistry:
                 )
             return existing, False
         topic = Topic(name, queue_count)
-        self._save({**self._topics, name: topic}, name)
+        self._save({**self._topics, name: topic}, name, self._deleted, "created")
         self._topics[name] = topic  # only once the file holds it: a restart finds it
         return topic, True
 
-    def _save(self, topics: dict[str, Topic], name: str) -> None:
+    def _save(
+        self, topics: dict[str, Topic], name: str, deleted: dict[str, int], change: str
+    ) -> None:
         """Write `topics` as the registry file; DISK_FULL / STORE_UNAVAILABLE if it fails."""
-        data = {"topics": {n: topics[n].queue_count for n in sorted(topics)}}
+        data: dict[str, Any] = {"topics": {n: topics[n].queue_count for n in sorted(topics)}}
+        if deleted:
+            data["deleted"] = {n: deleted[n] for n in sorted(deleted)}
         try:
             write_atomically(self._path, json.dumps(data, indent=1).encode())
         except OSError as exc:
@@ -149,16 +197,22 @@ class TopicRegistry:
             raise BrokerError(
                 StatusCode.UNAVAILABLE,
                 "DISK_FULL" if full else "STORE_UNAVAILABLE",
-                f"topic {name!r} was not created: saving the topic registry failed ({exc}); "
+                f"topic {name!r} was not {change}: saving the topic registry failed ({exc}); "
                 "retry later",
             ) from exc
 
 
-def _parse(raw: dict[str, Any]) -> dict[str, Topic]:
+def _parse(raw: dict[str, Any]) -> tuple[dict[str, Topic], dict[str, int]]:
     topics: dict[str, Topic] = {}
+    deleted: dict[str, int] = {}
+    for name, position in raw.get("deleted", {}).items():
+        name_checked(check_any_topic, name)
+        if type(position) is not int or position < 0:
+            raise ValueError(f"deleted topic {name!r}: position {position!r} is not an offset")
+        deleted[name] = position
     for name, count in raw["topics"].items():
         name_checked(check_any_topic, name)
         if type(count) is not int or not 1 <= count <= MAX_QUEUES:
             raise ValueError(f"topic {name!r}: queue count {count!r} is outside 1..{MAX_QUEUES}")
         topics[name] = Topic(name, count)
-    return topics
+    return topics, deleted

@@ -1,7 +1,7 @@
 """`ordermq`: the admin command for an ordermq broker.
 
-    ordermq [--broker HOST:PORT] [--json] topics list | create | describe
-    ordermq groups list | describe GROUP
+    ordermq [--broker HOST:PORT] [--json] topics list | create | describe | delete
+    ordermq groups list | describe GROUP | delete GROUP
     ordermq offsets reset GROUP --topic T (--earliest | --latest | --timestamp T | --offset N)
     ordermq messages get MSG_ID | find TOPIC KEY [--sharding-key] | tail TOPIC
     ordermq dlq list GROUP | resend GROUP
@@ -165,7 +165,7 @@ def cli(
 # ---------------------------------------------------------------------- topics
 @cli.group()
 def topics() -> None:
-    """Create, list and describe topics."""
+    """Create, list, describe and delete topics."""
 
 
 @topics.command("list")
@@ -202,6 +202,24 @@ def topics_describe(c: Context, topic: str) -> None:
     c.emit(data, _table(f"topic {topic}", ["queue", "min", "max", "last stored"], rows))
 
 
+@topics.command("delete")
+@click.argument("topic")
+@click.option("--force", is_flag=True, help="even while live consumers subscribe to it")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@click.pass_obj
+def topics_delete(c: Context, topic: str, force: bool, yes: bool) -> None:
+    """Delete TOPIC: its messages, and every group's offsets and locks on it.
+
+    Refused while a group with live members subscribes to it, unless --force. A topic
+    created later with the same name starts empty, at offset 0.
+    """
+    if not yes:
+        click.confirm(f"Delete topic {topic} and all its messages on {c.broker}?", abort=True)
+    data = c.call(lambda b: b.admin("DeleteTopic", topic=topic, force=force))
+    groups = ", ".join(data["groups"]) or "none"
+    c.emit(data, f"deleted {topic} ({data['queue_count']} queues; offsets of groups: {groups})")
+
+
 # ---------------------------------------------------------------------- groups
 @cli.group()
 def groups() -> None:
@@ -219,6 +237,28 @@ def groups_list(c: Context) -> None:
         for g in data
     ]  # fmt: skip
     c.emit(data, _table("groups", ["group", "members", "type", "model", "topics"], rows))
+
+
+@groups.command("delete")
+@click.argument("group")
+@click.option("--force", is_flag=True, help="even while it has live members")
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@click.pass_obj
+def groups_delete(c: Context, group: str, force: bool, yes: bool) -> None:
+    """Delete GROUP: its offsets, locks, and its retry and dead-letter topics.
+
+    Refused while it has live members, unless --force.
+    """
+    if not yes:
+        click.confirm(
+            f"Delete group {group}, its offsets and its retry and dead-letter messages "
+            f"on {c.broker}?",
+            abort=True,
+        )
+    data = c.call(lambda b: b.admin("DeleteGroup", group=group, force=force))
+    topics = ", ".join(data["deleted_topics"]) or "none"
+    c.emit(data, f"deleted group {group} (offsets on {len(data['topics'])} topics; "
+                 f"topics deleted: {topics})")  # fmt: skip
 
 
 @groups.command("describe")

@@ -112,6 +112,14 @@ class GroupNotFoundError(OrderMQError):
     """No such consumer group."""
 
 
+class GroupHasMembersError(OrderMQError):
+    """A deletion refused: the group (or a group of the topic) has live members; force it."""
+
+
+class SystemTopicError(InvalidTopicError):
+    """The broker's own topic (retry, dead letter, rmq_sys_, TBW102): not deleted by name."""
+
+
 class MessageNotFoundError(OrderMQError):
     """No message with that id or key."""
 
@@ -279,6 +287,8 @@ ERRORS_BY_REASON: dict[str, type[OrderMQError]] = {
     "TOO_MANY_TOPICS": BrokerError,  # not retriable: an operator raises the limit
     "UNAUTHENTICATED": AuthenticationError,
     "PERMISSION_DENIED": PermissionDeniedError,
+    "GROUP_HAS_MEMBERS": GroupHasMembersError,
+    "SYSTEM_TOPIC": SystemTopicError,
 }
 
 #: gRPC status names -> exception classes, for statuses that carry no reason.

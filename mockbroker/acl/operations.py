@@ -86,6 +86,8 @@ ORDERMQ_RPCS: dict[str, Needs] = {
     "ChangeInvisibleDuration": _CONSUME,
     # RocketMQ lists topic creation as admin; ordermq adds ResetOffset, which rewinds a group.
     "CreateTopic": _ADMIN,
+    "DeleteTopic": _ADMIN,
+    "DeleteGroup": _ADMIN,
     "ResetOffset": _ADMIN,
     "ListTopics": _KNOWN,
     "ListGroups": _KNOWN,

@@ -785,6 +785,36 @@ class PopService:
         await self.journal.sync()
         self._holder.notify(topic, qid)
 
+    async def forget(self, group: str, topic: str | None = None) -> None:
+        """Drop the group's windows on a deleted `topic` (None: all, the group is deleted).
+
+        Their receipts settle nothing any more; a group left with no window is gone.
+        """
+        g = self._groups.get(group)
+        if g is None or (topic is not None and all(t != topic for t, _ in g.windows)):
+            return
+        self.journal.check()
+        dropped = self._forget(group, topic)
+        record: dict[str, Any] = {"op": "forget", "g": group}
+        if topic is not None:
+            record["t"] = topic
+        self.journal.append(record)
+        await self.journal.sync()
+        for queue in dropped:
+            self._holder.notify(*queue)
+
+    def _forget(self, group: str, topic: str | None) -> list[QueueKey]:
+        g = self._groups.get(group)
+        if g is None:
+            return []
+        dropped = [q for q in g.windows if topic is None or q[0] == topic]
+        for queue in dropped:
+            del g.windows[queue]
+        g.turn.pop(topic or "", None)
+        if topic is None or not g.windows:
+            del self._groups[group]
+        return dropped
+
     # ------------------------------------------------------------------ inspection
     def policy(self, group: str) -> PopPolicy:
         """How the group receives: as its latest receive said, else the broker's defaults."""
@@ -898,6 +928,13 @@ class PopService:
                 g.windows[(topic, natural(qid))] = Window.from_json(window)
 
     def _replay(self, record: dict[str, Any]) -> None:
+        if record["op"] == "forget":
+            topic = record.get("t")
+            self._forget(
+                name_checked(check_group, record["g"]),
+                None if topic is None else name_checked(check_any_topic, topic),
+            )
+            return
         op, group, topic, qid = record["op"], record["g"], record["t"], natural(record["q"])
         name_checked(check_group, group)
         name_checked(check_any_topic, topic)

@@ -98,6 +98,11 @@ class Flusher:
         self._wake.set()
         await future
 
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held while a flush runs: hold it to close a consume queue's file."""
+        return self._lock
+
     async def flush(self, *, checkpoint: bool) -> None:
         """Sync the commit log (and with `checkpoint`, the consume queues and checkpoint)."""
         async with self._lock:

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import itertools
 import logging
+import shutil
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from grpc import StatusCode
 
-from mockbroker.errors import BrokerError, invalid, out_of_range
+from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
 from mockbroker.store.checkpoint import (
     Checkpoint,
     mark_clean_shutdown,
@@ -29,7 +30,7 @@ from mockbroker.store.checkpoint import (
 from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import ConsumeQueue
 from mockbroker.store.data_format import check_data_format
-from mockbroker.store.files import DirectoryLock, make_dirs
+from mockbroker.store.files import DirectoryLock, fault_point, fsync_dir, make_dirs
 from mockbroker.store.flush import Flusher, FlushFailedError
 from mockbroker.store.message_index import MessageIndex
 from mockbroker.store.records import MIN_RECORD_SIZE, CheckedFrame, check_frames, lay_out_records
@@ -189,6 +190,9 @@ class MessageStore:
         check_data_format(self.data_dir)
         self._index = MessageIndex(self.data_dir / "index")
         self.topics.load()
+        for name in self.topics.deleted():
+            if self.topics.find(name) is None:
+                self._remove_queue_files(name)  # a crash cut its deletion short
         self.commitlog.open()
         for topic in self.topics.all():
             for qid in range(topic.queue_count):
@@ -205,7 +209,12 @@ class MessageStore:
             self.recovering = True
             try:
                 self.recovery = recover(
-                    self.commitlog, self._lookup, list(self._queues.values()), start, counts
+                    self.commitlog,
+                    self._lookup,
+                    list(self._queues.values()),
+                    start,
+                    counts,
+                    deleted=lambda topic, position: not self.topics.holds(topic, position),
                 )
             finally:
                 self.recovering = False
@@ -215,10 +224,11 @@ class MessageStore:
                 log, logging.WARNING, "recovery",
                 f"recovery done: {r.records_replayed} records replayed, "
                 f"{r.truncated_bytes} bytes truncated, {r.corrupt_records} corrupt, "
-                f"{r.skipped_bytes} damaged bytes skipped",
+                f"{r.skipped_bytes} damaged bytes skipped, "
+                f"{r.deleted_records} records of deleted topics left out",
                 replayed_from=r.replayed_from, records=r.records_replayed,
                 truncated_bytes=r.truncated_bytes, corrupt_records=r.corrupt_records,
-                skipped_bytes=r.skipped_bytes,
+                skipped_bytes=r.skipped_bytes, deleted_records=r.deleted_records,
             )  # fmt: skip
         self._trim_to_log_start()
 
@@ -302,8 +312,44 @@ class MessageStore:
             self._queue_for(topic, qid)
         return topic, created
 
+    async def delete_topic(self, name: str) -> Topic:
+        """Delete a topic: its registry entry, then its consume queues (TOPIC_NOT_FOUND).
+
+        Its records stay in the commit log until retention deletes their segments; the
+        registry marks them (every one lies below the log's end now), so that no read, no
+        lookup by id or key and no recovery takes them for a topic created later with the
+        same name, which starts at offset 0. The queue files go under the flusher's lock,
+        so no fsync runs on a descriptor being closed; a crash before they are gone leaves
+        them to the next start (_load), never to a topic created again.
+        """
+        flusher = self._flusher
+        async with flusher.lock if flusher is not None else contextlib.nullcontext():
+            topic = self.topics.delete(name, self.commitlog.end)
+            fault_point("topic-delete-registered")
+            for qid in range(topic.queue_count):
+                cq = self._queues.pop((name, qid), None)
+                if cq is not None:
+                    cq.close()
+            self._remove_queue_files(name)
+        return topic
+
+    def _remove_queue_files(self, name: str) -> None:
+        directory = self._cq_dir / name
+        if directory.exists():
+            shutil.rmtree(directory)
+            fsync_dir(self._cq_dir)
+
     def queue(self, topic: Topic, queue_id: int) -> ConsumeQueue:
-        """The consume queue of an existing topic's queue (INVALID_QUEUE if out of range)."""
+        """The consume queue of an existing topic's queue (INVALID_QUEUE if out of range).
+
+        TOPIC_NOT_FOUND once the topic is deleted: a request that found it before (a held
+        pull, a send in flight) neither reads nor writes it, nor opens its files again.
+        """
+        if self.topics.find(topic.name) != topic:
+            self.topics.get(topic.name)  # TOPIC_NOT_FOUND
+            raise not_found(
+                "TOPIC_NOT_FOUND", f"topic {topic.name!r} was deleted and created again"
+            )
         topic.check_queue(queue_id)
         return self._queue_for(topic, queue_id)
 
@@ -559,7 +605,7 @@ class MessageStore:
                 [parsed] = list(iter_records(record))
             except RecordFormatError:
                 continue  # a stale entry, or a corrupt record: never answered
-            if match(parsed):
+            if match(parsed) and self.topics.holds(parsed.topic, position):
                 yield position, record
 
     def read_at(self, position: int) -> bytes | None:

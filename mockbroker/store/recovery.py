@@ -40,6 +40,8 @@ log = logging.getLogger("mockbroker.recovery")
 _WINDOW = 8 * 1024 * 1024
 
 QueueLookup = Callable[[str, int], ConsumeQueue | None]
+#: (topic, commit-log position of a record) -> True for a record of a topic deleted since.
+DeletedLookup = Callable[[str, int], bool]
 
 
 @dataclass
@@ -52,6 +54,7 @@ class RecoveryReport:
     truncated_bytes: int = 0
     corrupt_records: int = 0
     skipped_bytes: int = 0  # damaged stretches no record header could be trusted in
+    deleted_records: int = 0  # records of deleted topics, not indexed
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ def recover(
     existing: list[ConsumeQueue],
     start: int,
     counts: dict[str, int] | None = None,
+    deleted: DeletedLookup | None = None,
 ) -> RecoveryReport:
     """Rebuild the consume queues from commit log position `start` onwards.
 
@@ -112,7 +116,7 @@ def recover(
             if header is None and len(window) == _WINDOW and at > 0:
                 break  # the record continues past this window: read the next one
             if header is not None and ok:
-                _index(queues, header, pos + at, report)
+                _index(queues, header, pos + at, report, deleted)
                 report.records_replayed += 1
                 at += header.size
                 continue
@@ -132,7 +136,7 @@ def recover(
                     damaged, header.topic, header.queue_id, header.queue_offset,
                 )  # fmt: skip
                 report.corrupt_records += 1
-                _index(queues, header, damaged, report, corrupt=True)
+                _index(queues, header, damaged, report, deleted, corrupt=True)
             else:
                 log.error(
                     "damaged commit log at positions %d..%d: no record header there can be "
@@ -237,8 +241,12 @@ def _index(
     header: _Header,
     position: int,
     report: RecoveryReport,
+    deleted: DeletedLookup | None,
     corrupt: bool = False,
 ) -> None:
+    if not header.scheduled and deleted is not None and deleted(header.topic, position):
+        report.deleted_records += 1  # its topic's deletion took it; a namesake starts afresh
+        return
     cq = queues(SCHEDULE_TOPIC, 0) if header.scheduled else queues(header.topic, header.queue_id)
     if cq is None:
         log.error("record at %d names unknown queue %s/%d", position, header.topic, header.queue_id)

@@ -557,6 +557,16 @@ class BrokerClient:
         r = await self._call(lambda: self._admin.CreateTopic(request))
         return r.created
 
+    async def delete_topic(self, topic: str, *, force: bool = False) -> pb.DeleteTopicResponse:
+        """Delete a topic (GroupHasMembersError while live consumers use it, unless force)."""
+        request = pb.DeleteTopicRequest(topic=topic, force=force)
+        return await self._call(lambda: self._admin.DeleteTopic(request))
+
+    async def delete_group(self, group: str, *, force: bool = False) -> pb.DeleteGroupResponse:
+        """Delete a consumer group (GroupHasMembersError while it has members, unless force)."""
+        request = pb.DeleteGroupRequest(group=group, force=force)
+        return await self._call(lambda: self._admin.DeleteGroup(request))
+
     async def broker_status(self) -> pb.BrokerStatusResponse:
         """The broker's status (protobuf; for tools and tests)."""
         return await self._call(lambda: self._admin.BrokerStatus(pb.BrokerStatusRequest()))

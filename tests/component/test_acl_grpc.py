@@ -300,6 +300,9 @@ def test_a_non_admin_cannot_create_topics_or_reset_offsets(broker: EmbeddedBroke
     assert "not an admin account" in created.output
     reset = cli_run(broker, CONSUMER, "offsets", "reset", GROUP, "--topic", TOPIC, "--latest")
     assert reset.exit_code != 0 and "PERMISSION_DENIED" in reset.output
+    for kind, name in (("topics", TOPIC), ("groups", GROUP)):
+        deleted = cli_run(broker, CONSUMER, kind, "delete", name, "--force", "--yes")
+        assert deleted.exit_code != 0 and "not an admin account" in deleted.output
     assert Snapshot(broker) == before
 
 

@@ -276,3 +276,20 @@ def test_the_name_server_has_no_acl(broker: EmbeddedBroker) -> None:
             await client.close()
 
     assert asyncio.run(ask()).code == ResponseCode.SUCCESS
+
+
+def test_only_an_admin_deletes_topics_and_groups(broker: EmbeddedBroker) -> None:
+    before = Snapshot(broker)
+    for code, fields in ((RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": TOPIC}),
+                         (RequestCode.DELETE_SUBSCRIPTIONGROUP, {"groupName": GROUP}),
+                         ):  # fmt: skip
+        signed = signed_fields(fields, b"", CONSUMER.access_key, CONSUMER.secret_key)
+        refused = raw(broker, code, signed)
+        assert refused.code == ResponseCode.SYSTEM_ERROR
+        assert refused.remark is not None and "not an admin account" in refused.remark
+    assert Snapshot(broker) == before
+    admin = {"topic": TOPIC}
+    deleted = raw(broker, RequestCode.DELETE_TOPIC_IN_BROKER,
+                  signed_fields(admin, b"", ADMIN.access_key, ADMIN.secret_key))  # fmt: skip
+    assert deleted.code == ResponseCode.SUCCESS, deleted.remark
+    assert broker.broker.store.topics.find(TOPIC) is None

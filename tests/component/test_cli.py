@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -11,40 +10,17 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 
 import sdk
 from mockbroker import BrokerConfig, EmbeddedBroker
 from sdk import Message, MessageQueue, Producer
 from sdk._transport.broker_client import BrokerClient, GroupInfo
-from sdk.cli import cli
 from sdk.testing import FakeClock
+from tests.component.admin_cli import client, run, run_json
 from tests.component.pulling import read_queue
 from tests.support import ROOT, wait_until
-
-
-def run(broker: EmbeddedBroker, *args: str) -> Result:
-    return CliRunner().invoke(cli, ["--broker", broker.address, *args], catch_exceptions=False)
-
-
-def run_json(broker: EmbeddedBroker, *args: str) -> Any:
-    result = run(broker, "--json", *args)
-    assert result.exit_code == 0, result.output
-    return json.loads(result.output)
-
-
-def client(broker: EmbeddedBroker, body: Any) -> Any:
-    async def main() -> Any:
-        c = BrokerClient(broker.address)
-        try:
-            return await body(c)
-        finally:
-            await c.close()
-
-    return asyncio.run(main())
 
 
 @pytest.fixture

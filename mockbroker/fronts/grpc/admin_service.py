@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 
+from mockbroker.deletion import delete_group, delete_topic
 from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
 from mockbroker.fronts.grpc_errors import Context, answers_errors
 from mockbroker.fronts.message_lookup import find_by_any_id
@@ -35,6 +36,29 @@ class AdminService(pb_grpc.AdminServiceServicer):
         """Create a topic with a queue count (idempotent for the same count)."""
         topic, created = self._s.topic_creation.create(request.topic, request.queue_count)
         return pb.CreateTopicResponse(topic=self._info(topic, describe=False), created=created)
+
+    @answers_errors
+    async def DeleteTopic(
+        self, request: pb.DeleteTopicRequest, context: Context
+    ) -> pb.DeleteTopicResponse:
+        """Delete a user topic (refused while live consumers subscribe, unless forced)."""
+        done = await delete_topic(self._s, request.topic, force=request.force)
+        return pb.DeleteTopicResponse(
+            topic=done.topic, queue_count=done.queue_count, groups=done.groups
+        )
+
+    @answers_errors
+    async def DeleteGroup(
+        self, request: pb.DeleteGroupRequest, context: Context
+    ) -> pb.DeleteGroupResponse:
+        """Delete a consumer group (refused while it has live members, unless forced)."""
+        done = await delete_group(self._s, request.group, force=request.force)
+        return pb.DeleteGroupResponse(
+            group=done.group,
+            topics=done.topics,
+            deleted_topics=done.deleted_topics,
+            members=done.members,
+        )
 
     @answers_errors
     async def ListTopics(

@@ -6,6 +6,7 @@ import asyncio
 import ssl
 
 from mockbroker.acl import Acl
+from mockbroker.fronts.remoting.admin_handlers import admin_handlers
 from mockbroker.fronts.remoting.auth import RemotingAuth
 from mockbroker.fronts.remoting.channel import ClientChannel, Handler
 from mockbroker.fronts.remoting.coordination import RemotingClients, coordination_handlers
@@ -63,6 +64,7 @@ class RemotingFront:
         handlers = {
             **data_handlers(state, self.clients, store_host=self._store_host),
             **offset_handlers(state),
+            **admin_handlers(state),
             **coordination_handlers(state, self.clients),
         }
         return {code: self._alive(handler) for code, handler in handlers.items()}

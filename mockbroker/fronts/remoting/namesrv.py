@@ -18,13 +18,11 @@ from typing import Any
 from mockbroker.errors import BrokerError
 from mockbroker.fronts.remoting.channel import ClientChannel, Handler
 from mockbroker.state import BrokerState
-from mockbroker.topics import check_any_topic
+from mockbroker.topics import DEFAULT_TOPIC, check_any_topic
 from sdk._remoting.codes import RequestCode, ResponseCode
 from sdk._remoting.command import Fields, RemotingCommand, RemotingError
 from sdk._validation import RETRY_PREFIX
 
-#: The topic RocketMQ producers fall back to for a topic with no route (createTopicKey).
-DEFAULT_TOPIC = "TBW102"
 #: PermName.PERM_READ | PermName.PERM_WRITE.
 PERM_READ_WRITE = 6
 RETRY_QUEUES = 1

@@ -113,6 +113,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """ACL: no or unknown access key, bad signature, date outside the window"""
     PERMISSION_DENIED: _ErrorReason.ValueType  # 33
     """ACL: the account may not do this to this topic, group or broker"""
+    GROUP_HAS_MEMBERS: _ErrorReason.ValueType  # 34
+    """a deletion refused while a group (of the topic) has live members"""
+    SYSTEM_TOPIC: _ErrorReason.ValueType  # 35
+    """the broker's own topic (%RETRY%, %DLQ%, rmq_sys_, TBW102)"""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed; sent as the `ordermq-reason` trailing metadata value."""
@@ -184,6 +188,10 @@ UNAUTHENTICATED: ErrorReason.ValueType  # 32
 """ACL: no or unknown access key, bad signature, date outside the window"""
 PERMISSION_DENIED: ErrorReason.ValueType  # 33
 """ACL: the account may not do this to this topic, group or broker"""
+GROUP_HAS_MEMBERS: ErrorReason.ValueType  # 34
+"""a deletion refused while a group (of the topic) has live members"""
+SYSTEM_TOPIC: ErrorReason.ValueType  # 35
+"""the broker's own topic (%RETRY%, %DLQ%, rmq_sys_, TBW102)"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 class _SendStatus:
@@ -1874,6 +1882,126 @@ class CreateTopicResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CreateTopicResponse: _TypeAlias = CreateTopicResponse  # noqa: Y015
+
+@_typing.final
+class DeleteTopicRequest(_message.Message):
+    """Deletes a topic: its registry entry, its queues' index, every group's offsets and locks
+    on it. Its records stay in the commit log until retention deletes their segments, but
+    are never served again, not even by a topic later created with the same name (which
+    starts at offset 0). Errors: INVALID_ARGUMENT (INVALID_TOPIC, SYSTEM_TOPIC), NOT_FOUND
+    (TOPIC_NOT_FOUND), FAILED_PRECONDITION (GROUP_HAS_MEMBERS: a group with live members
+    subscribes to it; force deletes anyway).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    force: _builtins.bool
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        force: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTopicRequest: _TypeAlias = DeleteTopicRequest  # noqa: Y015
+
+@_typing.final
+class DeleteTopicResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_COUNT_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    queue_count: _builtins.int
+    @_builtins.property
+    def groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the groups whose offsets or locks on it were deleted"""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        queue_count: _builtins.int = ...,
+        groups: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["groups", b"groups", "queue_count", b"queue_count", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteTopicResponse: _TypeAlias = DeleteTopicResponse  # noqa: Y015
+
+@_typing.final
+class DeleteGroupRequest(_message.Message):
+    """Deletes a consumer group: its offsets, locks, receive (pop) state and its retry and
+    dead-letter topics. Errors: INVALID_ARGUMENT (INVALID_GROUP), NOT_FOUND
+    (GROUP_NOT_FOUND), FAILED_PRECONDITION (GROUP_HAS_MEMBERS; force deletes anyway).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    force: _builtins.bool
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        force: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "group", b"group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteGroupRequest: _TypeAlias = DeleteGroupRequest  # noqa: Y015
+
+@_typing.final
+class DeleteGroupResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    DELETED_TOPICS_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    members: _builtins.int
+    """live members when it was deleted (only with force)"""
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the topics it had offsets on"""
+
+    @_builtins.property
+    def deleted_topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """its %RETRY% and %DLQ% topics that were deleted"""
+
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        topics: _abc.Iterable[_builtins.str] | None = ...,
+        deleted_topics: _abc.Iterable[_builtins.str] | None = ...,
+        members: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_topics", b"deleted_topics", "group", b"group", "members", b"members", "topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteGroupResponse: _TypeAlias = DeleteGroupResponse  # noqa: Y015
 
 @_typing.final
 class ListTopicsRequest(_message.Message):

@@ -894,6 +894,16 @@ class AdminServiceStub:
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.BrokerStatusRequest.SerializeToString,
                 response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.BrokerStatusResponse.FromString,
                 _registered_method=True)
+        self.DeleteTopic = channel.unary_unary(
+                '/ordermq.v1.AdminService/DeleteTopic',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteTopicRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteTopicResponse.FromString,
+                _registered_method=True)
+        self.DeleteGroup = channel.unary_unary(
+                '/ordermq.v1.AdminService/DeleteGroup',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -953,6 +963,18 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteTopic(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1000,6 +1022,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.BrokerStatus,
                     request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.BrokerStatusRequest.FromString,
                     response_serializer=ordermq_dot_v1_dot_ordermq__pb2.BrokerStatusResponse.SerializeToString,
+            ),
+            'DeleteTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTopic,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteTopicRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteTopicResponse.SerializeToString,
+            ),
+            'DeleteGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroup,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1245,6 +1277,60 @@ class AdminService:
             '/ordermq.v1.AdminService/BrokerStatus',
             ordermq_dot_v1_dot_ordermq__pb2.BrokerStatusRequest.SerializeToString,
             ordermq_dot_v1_dot_ordermq__pb2.BrokerStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.AdminService/DeleteTopic',
+            ordermq_dot_v1_dot_ordermq__pb2.DeleteTopicRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.DeleteTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.AdminService/DeleteGroup',
+            ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -269,6 +269,8 @@ class AdminServiceStub:
     QueryMessageById: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.QueryMessageByIdRequest, _ordermq_pb2.QueryMessagesResponse]
     QueryMessagesByKey: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.QueryMessagesByKeyRequest, _ordermq_pb2.QueryMessagesResponse]
     BrokerStatus: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.BrokerStatusRequest, _ordermq_pb2.BrokerStatusResponse]
+    DeleteTopic: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteTopicRequest, _ordermq_pb2.DeleteTopicResponse]
+    DeleteGroup: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteGroupRequest, _ordermq_pb2.DeleteGroupResponse]
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -282,6 +284,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
     QueryMessageById: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.QueryMessageByIdRequest, _ordermq_pb2.QueryMessagesResponse]  # type: ignore[assignment]
     QueryMessagesByKey: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.QueryMessagesByKeyRequest, _ordermq_pb2.QueryMessagesResponse]  # type: ignore[assignment]
     BrokerStatus: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.BrokerStatusRequest, _ordermq_pb2.BrokerStatusResponse]  # type: ignore[assignment]
+    DeleteTopic: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteTopicRequest, _ordermq_pb2.DeleteTopicResponse]  # type: ignore[assignment]
+    DeleteGroup: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteGroupRequest, _ordermq_pb2.DeleteGroupResponse]  # type: ignore[assignment]
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -346,5 +350,19 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _ordermq_pb2.BrokerStatusRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ordermq_pb2.BrokerStatusResponse, _abc.Awaitable[_ordermq_pb2.BrokerStatusResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteTopic(
+        self,
+        request: _ordermq_pb2.DeleteTopicRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.DeleteTopicResponse, _abc.Awaitable[_ordermq_pb2.DeleteTopicResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteGroup(
+        self,
+        request: _ordermq_pb2.DeleteGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.DeleteGroupResponse, _abc.Awaitable[_ordermq_pb2.DeleteGroupResponse]]: ...
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
