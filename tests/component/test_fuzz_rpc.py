@@ -195,6 +195,8 @@ def seed(f: Fuzzed) -> None:
         "QueryMessageById": pb.QueryMessageByIdRequest(msg_id=first_id),
         "QueryMessagesByKey": pb.QueryMessagesByKeyRequest(topic=TOPIC, key=KEY, max_messages=3),
         "BrokerStatus": pb.BrokerStatusRequest(),
+        # Succeeds once (a new directory beside the data directory), then is refused.
+        "Backup": pb.BackupRequest(directory=str(f.embedded.config.data_dir.parent / "backup")),
     }
     f.pools = Pools(
         strings=(TOPIC, SMALL, G1, G2, G3, C1, "c2", KEY, "TagA", "TagA || TagB", "%RETRY%g2",

@@ -269,6 +269,10 @@ class AdminServiceStub:
     QueryMessageById: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.QueryMessageByIdRequest, _ordermq_pb2.QueryMessagesResponse]
     QueryMessagesByKey: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.QueryMessagesByKeyRequest, _ordermq_pb2.QueryMessagesResponse]
     BrokerStatus: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.BrokerStatusRequest, _ordermq_pb2.BrokerStatusResponse]
+    Backup: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.BackupRequest, _ordermq_pb2.BackupResponse]
+    """---- Backup ----
+    ---- end Backup ----
+    """
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -282,6 +286,10 @@ class AdminServiceAsyncStub(AdminServiceStub):
     QueryMessageById: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.QueryMessageByIdRequest, _ordermq_pb2.QueryMessagesResponse]  # type: ignore[assignment]
     QueryMessagesByKey: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.QueryMessagesByKeyRequest, _ordermq_pb2.QueryMessagesResponse]  # type: ignore[assignment]
     BrokerStatus: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.BrokerStatusRequest, _ordermq_pb2.BrokerStatusResponse]  # type: ignore[assignment]
+    Backup: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.BackupRequest, _ordermq_pb2.BackupResponse]  # type: ignore[assignment]
+    """---- Backup ----
+    ---- end Backup ----
+    """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -346,5 +354,15 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _ordermq_pb2.BrokerStatusRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ordermq_pb2.BrokerStatusResponse, _abc.Awaitable[_ordermq_pb2.BrokerStatusResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Backup(
+        self,
+        request: _ordermq_pb2.BackupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.BackupResponse, _abc.Awaitable[_ordermq_pb2.BackupResponse]]:
+        """---- Backup ----
+        ---- end Backup ----
+        """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
