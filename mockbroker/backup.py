@@ -20,6 +20,7 @@ starting a broker on it. A failed copy removes what it wrote.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 from dataclasses import dataclass
@@ -120,11 +121,14 @@ class Backups:
         try:
             with self._store.retention_held():
                 cut = self._take_cut()
+                copying = asyncio.ensure_future(asyncio.to_thread(_write_copy, target, cut))
                 try:
-                    copied = await asyncio.to_thread(_write_copy, target, cut)
-                finally:
-                    for _, fd, _ in cut.sources:
-                        os.close(fd)
+                    copied = await asyncio.shield(copying)
+                except asyncio.CancelledError:
+                    # A thread cannot be stopped: retention stays held until it is done.
+                    with contextlib.suppress(Exception):
+                        await copying
+                    raise
         except OSError as exc:
             raise failed_precondition(
                 f"the backup into {directory} failed and was removed: {exc}"
@@ -170,7 +174,16 @@ def _state_files(data_dir: Path) -> list[Path]:
 
 
 def _write_copy(target: Path, cut: _Cut) -> int:
-    """Write the copy (a worker thread); the bytes written. Removes it all on a failure."""
+    """Write the copy (a worker thread); the bytes written. Closes the cut's descriptors."""
+    try:
+        return _write_files(target, cut)
+    finally:
+        for _, fd, _ in cut.sources:
+            os.close(fd)
+
+
+def _write_files(target: Path, cut: _Cut) -> int:
+    """Write every file of the copy, each synced; remove them all on a failure."""
     created = not target.exists()
     target.mkdir(exist_ok=True)
     try:
