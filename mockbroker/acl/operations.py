@@ -96,6 +96,8 @@ ORDERMQ_RPCS: dict[str, Needs] = {
     "QueryMessageById": _KNOWN,
     "QueryMessagesByKey": _TOPIC_SUB,
     "BrokerStatus": _KNOWN,
+    # Backup writes files on the broker's machine.
+    "Backup": _ADMIN,
 }
 
 #: RocketMQ 5's gRPC (apache.rocketmq.v2.MessagingService) method -> needs.

@@ -187,6 +187,12 @@ class CommitLog:
             if seg.base + seg.size > start:
                 yield seg.base, seg.size
 
+    def extents(self, end: int) -> list[tuple[Path, int]]:
+        """(file, bytes) of each segment's records below `end`, oldest first (a backup's cut)."""
+        return [
+            (seg.path, min(seg.size, end - seg.base)) for seg in self._segments if seg.base < end
+        ]
+
     def segment_bases(self) -> list[int]:
         """The first position of every segment, oldest first."""
         return list(self._bases)

@@ -42,6 +42,8 @@ class MessageIndex:
     """The id and key index files of one store."""
 
     def __init__(self, directory: Path) -> None:
+        #: The id and key files, in the order of `sizes`.
+        self.paths = (directory / "ids", directory / "keys")
         self._ids = open_durably(directory / "ids", os.O_RDWR | os.O_APPEND)
         self._keys = open_durably(directory / "keys", os.O_RDWR | os.O_APPEND)
         #: Per file, the first entry still pointing into the commit log.

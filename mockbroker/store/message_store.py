@@ -28,7 +28,7 @@ from mockbroker.store.checkpoint import (
     read_checkpoint,
 )
 from mockbroker.store.commitlog import CommitLog
-from mockbroker.store.consumequeue import ConsumeQueue
+from mockbroker.store.consumequeue import ENTRY, ConsumeQueue
 from mockbroker.store.data_format import check_data_format
 from mockbroker.store.files import DirectoryLock, fault_point, fsync_dir, make_dirs
 from mockbroker.store.flush import Flusher, FlushFailedError
@@ -62,6 +62,20 @@ log = logging.getLogger("mockbroker.store")
 #: How many index entries one filtered pull scans at most per message asked for.
 _SCAN_FACTOR = 16
 _MAX_SCAN = 20_000
+
+
+@dataclass(frozen=True)
+class StoreCut:
+    """Everything stored up to one moment: what a backup copies (see `MessageStore.cut`)."""
+
+    #: The commit-log end: every record before it, none after.
+    position: int
+    #: Each consume queue's entry count ("topic/queue id", as in the checkpoint).
+    counts: dict[str, int]
+    #: (file, bytes from its start) of every commit-log segment, queue and index file.
+    extents: list[tuple[Path, int]]
+    #: Queue entries still served (above each queue's min offset).
+    messages: int
 
 
 @dataclass(frozen=True)
@@ -173,6 +187,7 @@ class MessageStore:
         self._first_ts: dict[int, int] = {}  # segment base -> its first record's store time
         #: Called with (topic, queue id, old min offset, new min offset) after a deletion.
         self.on_trim: Callable[[str, int, int, int], None] | None = None
+        self._retention_holds = 0
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> RecoveryReport:
@@ -286,6 +301,35 @@ class MessageStore:
         if self._index is not None:
             self._index.close()
         self._dir_lock.release()
+
+    # ------------------------------------------------------------------ backup
+    def cut(self) -> StoreCut:
+        """Where the commit log, every queue and the index end now.
+
+        Taken on the event loop, where every write is made whole between two awaits: no
+        record, queue entry or index entry is half in it. The bytes below these ends never
+        change afterwards, except by retention (hold it with `retention_held`).
+        """
+        end = self.commitlog.end
+        extents = self.commitlog.extents(end)
+        counts: dict[str, int] = {}
+        messages = 0
+        for cq in self._queues.values():
+            extents.append((cq.path, cq.count * ENTRY.size))
+            counts[cq.name] = cq.count
+            messages += cq.count - cq.min_offset
+        if self._index is not None:
+            extents += zip(self._index.paths, self._index.sizes(), strict=True)
+        return StoreCut(end, counts, extents, messages)
+
+    @contextlib.contextmanager
+    def retention_held(self) -> Iterator[None]:
+        """Delete nothing while inside (a backup copying files retention would trim)."""
+        self._retention_holds += 1
+        try:
+            yield
+        finally:
+            self._retention_holds -= 1
 
     # ------------------------------------------------------------------ topics
     def create_topic(self, name: str, queue_count: int) -> tuple[Topic, bool]:
@@ -874,6 +918,9 @@ class MessageStore:
         """
         policy = self.retention
         usage = self._probe()
+        if self._retention_holds:  # a backup is copying: deletion waits for the next check
+            self._set_disk(usage)
+            return 0
         limit = self._deletable_limit()
         bases = self.commitlog.segment_bases()
         horizon_ms = int((self._clock.now() - policy.retention_seconds) * 1000)

@@ -199,6 +199,8 @@ def seed(f: Fuzzed) -> None:
         "BrokerStatus": pb.BrokerStatusRequest(),
         "DeleteTopic": pb.DeleteTopicRequest(topic=SMALL),
         "DeleteGroup": pb.DeleteGroupRequest(group=G2, force=True),
+        # Succeeds once (a new directory beside the data directory), then is refused.
+        "Backup": pb.BackupRequest(directory=str(f.embedded.config.data_dir.parent / "backup")),
     }
     f.pools = Pools(
         strings=(TOPIC, SMALL, G1, G2, G3, C1, "c2", KEY, "TagA", "TagA || TagB", "%RETRY%g2",

@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 
+from mockbroker.backup import Backups
 from mockbroker.deletion import delete_group, delete_topic
 from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
 from mockbroker.fronts.grpc_errors import Context, answers_errors
@@ -28,6 +29,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
     def __init__(self, state: BrokerState) -> None:
         self._s = state
         self.requests = state.requests
+        self._backups = Backups(state.store, state.clock)
 
     @answers_errors
     async def CreateTopic(
@@ -262,6 +264,29 @@ class AdminService(pb_grpc.AdminServiceServicer):
             held_pulls=self._s.holder.held,
             **self._retention_status(),
         )
+
+    # ---- Backup ----
+    @answers_errors
+    async def Backup(self, request: pb.BackupRequest, context: Context) -> pb.BackupResponse:
+        """A consistent copy of the data directory, as of now, in a directory on this machine."""
+        report = await self._backups.backup(request.directory)
+        log_event(
+            log, logging.INFO, "backup",
+            f"backup written to {report.directory}: {report.bytes} bytes, "
+            f"commit log up to {report.commit_log_end}, {report.seconds:.1f}s",
+            directory=str(report.directory), bytes=report.bytes,
+            commit_log_end=report.commit_log_end,
+        )  # fmt: skip
+        return pb.BackupResponse(
+            directory=str(report.directory),
+            commit_log_end=report.commit_log_end,
+            messages=report.messages,
+            files=report.files,
+            bytes=report.bytes,
+            duration_ms=int(report.seconds * 1000),
+        )
+
+    # ---- end Backup ----
 
     def _retention_status(self) -> dict[str, Any]:
         """BrokerStatus's disk and retention fields."""

@@ -2531,3 +2531,66 @@ class TopicRetention(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TopicRetention: _TypeAlias = TopicRetention  # noqa: Y015
+
+@_typing.final
+class BackupRequest(_message.Message):
+    """---- Backup (online backup of the data directory) ----
+    A consistent copy of the data directory as of one moment, written while the broker
+    serves. The directory is a path on the broker's machine: absolute, outside the data
+    directory, new or empty (INVALID_ARGUMENT / FAILED_PRECONDITION otherwise). Restoring is
+    starting a broker on the copy (docs/operations.md#backups).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIRECTORY_FIELD_NUMBER: _builtins.int
+    directory: _builtins.str
+    def __init__(
+        self,
+        *,
+        directory: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["directory", b"directory"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackupRequest: _TypeAlias = BackupRequest  # noqa: Y015
+
+@_typing.final
+class BackupResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIRECTORY_FIELD_NUMBER: _builtins.int
+    COMMIT_LOG_END_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    FILES_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    DURATION_MS_FIELD_NUMBER: _builtins.int
+    directory: _builtins.str
+    """resolved"""
+    commit_log_end: _builtins.int
+    """every record before this commit-log position is in the copy"""
+    messages: _builtins.int
+    """queue entries copied (system topics included)"""
+    files: _builtins.int
+    bytes: _builtins.int
+    duration_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        directory: _builtins.str = ...,
+        commit_log_end: _builtins.int = ...,
+        messages: _builtins.int = ...,
+        files: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+        duration_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "commit_log_end", b"commit_log_end", "directory", b"directory", "duration_ms", b"duration_ms", "files", b"files", "messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackupResponse: _TypeAlias = BackupResponse  # noqa: Y015

@@ -904,6 +904,11 @@ class AdminServiceStub:
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupRequest.SerializeToString,
                 response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupResponse.FromString,
                 _registered_method=True)
+        self.Backup = channel.unary_unary(
+                '/ordermq.v1.AdminService/Backup',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.BackupRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.BackupResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -975,6 +980,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Backup(self, request, context):
+        """---- Backup ----
+        ---- end Backup ----
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1032,6 +1045,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DeleteGroup,
                     request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupRequest.FromString,
                     response_serializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupResponse.SerializeToString,
+            ),
+            'Backup': grpc.unary_unary_rpc_method_handler(
+                    servicer.Backup,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.BackupRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.BackupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1331,6 +1349,33 @@ class AdminService:
             '/ordermq.v1.AdminService/DeleteGroup',
             ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupRequest.SerializeToString,
             ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Backup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.AdminService/Backup',
+            ordermq_dot_v1_dot_ordermq__pb2.BackupRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.BackupResponse.FromString,
             options,
             channel_credentials,
             insecure,

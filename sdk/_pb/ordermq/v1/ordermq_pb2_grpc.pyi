@@ -271,6 +271,10 @@ class AdminServiceStub:
     BrokerStatus: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.BrokerStatusRequest, _ordermq_pb2.BrokerStatusResponse]
     DeleteTopic: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteTopicRequest, _ordermq_pb2.DeleteTopicResponse]
     DeleteGroup: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteGroupRequest, _ordermq_pb2.DeleteGroupResponse]
+    Backup: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.BackupRequest, _ordermq_pb2.BackupResponse]
+    """---- Backup ----
+    ---- end Backup ----
+    """
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -286,6 +290,10 @@ class AdminServiceAsyncStub(AdminServiceStub):
     BrokerStatus: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.BrokerStatusRequest, _ordermq_pb2.BrokerStatusResponse]  # type: ignore[assignment]
     DeleteTopic: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteTopicRequest, _ordermq_pb2.DeleteTopicResponse]  # type: ignore[assignment]
     DeleteGroup: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteGroupRequest, _ordermq_pb2.DeleteGroupResponse]  # type: ignore[assignment]
+    Backup: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.BackupRequest, _ordermq_pb2.BackupResponse]  # type: ignore[assignment]
+    """---- Backup ----
+    ---- end Backup ----
+    """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -364,5 +372,15 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _ordermq_pb2.DeleteGroupRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ordermq_pb2.DeleteGroupResponse, _abc.Awaitable[_ordermq_pb2.DeleteGroupResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Backup(
+        self,
+        request: _ordermq_pb2.BackupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.BackupResponse, _abc.Awaitable[_ordermq_pb2.BackupResponse]]:
+        """---- Backup ----
+        ---- end Backup ----
+        """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
