@@ -132,14 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--disk-high-ratio",
         type=float,
         default=d.disk_high_ratio,
-        help="above this share of the disk in use, the oldest segments are deleted early "
-        "(default %(default)s)",
+        help="above this share of the disk in use, the oldest segments every group has "
+        "read are deleted early (default %(default)s)",
     )
     p.add_argument(
         "--disk-force-ratio",
         type=float,
         default=d.disk_force_ratio,
-        help="above this share, as many as it takes at once (default %(default)s)",
+        help="above this share, the oldest segments go early read or not, as many as it "
+        "takes at once (default %(default)s)",
     )
     p.add_argument(
         "--disk-refuse-ratio",

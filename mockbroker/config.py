@@ -51,10 +51,13 @@ class BrokerConfig:
             (RocketMQ's fileReservedTime); older ones are deleted, with the consume-queue
             and index entries that point into them. Undelivered scheduled messages are
             always kept.
-        disk_high_ratio: Above this share of the disk in use, the oldest segments are
-            deleted before their time, one per check (RocketMQ's diskMaxUsedSpaceRatio).
-        disk_force_ratio: Above this share, as many segments are deleted at once as it
-            takes to get back under `disk_high_ratio`.
+        disk_high_ratio: Above this share of the disk in use, the oldest segments every
+            consumer group has read are deleted before their time, one per check
+            (RocketMQ's diskMaxUsedSpaceRatio); one holding unread messages is kept.
+        disk_force_ratio: Above this share the disk is about to fill: the oldest
+            segments are deleted before their time whether read or not, as many at once
+            as it takes to get back under this share, each deletion logged with the
+            groups it cost.
         disk_refuse_ratio: Above this share, sends are refused with UNAVAILABLE
             (DISK_FULL, retriable) until space is freed; reads, offset commits and locks
             keep working.

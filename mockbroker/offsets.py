@@ -66,6 +66,10 @@ class ConsumerOffsets:
         """Every (group, topic, queue) with a committed offset."""
         return list(self._saved)
 
+    def saved(self) -> list[tuple[str, str, int, int]]:
+        """Every saved commit as (group, topic, queue id, offset): what retention protects."""
+        return [(g, t, q, offset) for (g, t, q), offset in self._saved.items()]
+
     def groups(self) -> set[str]:
         """Every group with at least one committed offset."""
         return self._groups

@@ -215,6 +215,9 @@ class Broker:
 
     async def _start_serving(self) -> None:
         self.offsets.load()
+        # Before the store starts, so that no retention check runs without the offsets.
+        self.store.on_trim = self.offsets.note_trimmed
+        self.store.committed_offsets = self.offsets.saved
         locks = RebalanceLockManager(
             self.clock, self.config.lock_lease_seconds, self.config.data_dir / LOCK_FILE
         )
@@ -224,7 +227,6 @@ class Broker:
         scheduler.load()
         holder = PullHolder(self.clock)
         self.store.on_append = holder.notify
-        self.store.on_trim = self.offsets.note_trimmed
         creation = TopicCreation(
             self.store,
             max_topics=self.config.max_topics,

@@ -14,7 +14,7 @@ import logging
 import shutil
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +30,12 @@ from mockbroker.store.checkpoint import (
 from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import ENTRY, ConsumeQueue
 from mockbroker.store.data_format import check_data_format
+from mockbroker.store.early_deletion import (
+    Committed,
+    early_reason,
+    keep_deleting,
+    unread_by_group,
+)
 from mockbroker.store.files import DirectoryLock, fault_point, fsync_dir, make_dirs
 from mockbroker.store.flush import Flusher, FlushFailedError
 from mockbroker.store.message_index import MessageIndex
@@ -188,6 +194,9 @@ class MessageStore:
         #: Called with (topic, queue id, old min offset, new min offset) after a deletion.
         self.on_trim: Callable[[str, int, int, int], None] | None = None
         self._retention_holds = 0
+        #: The committed offsets (group, topic, queue id, offset), which tell early
+        #: deletion what is still unread; None: no group reads anything.
+        self.committed_offsets: Callable[[], Iterable[Committed]] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> RecoveryReport:
@@ -932,9 +941,13 @@ class MessageStore:
             floor_ = next_floor(self.commitlog.segment_bases(), self.commitlog.start, limit)
             if floor_ is None:
                 break
-            freed += self._delete_below(floor_, f"disk {usage.ratio:.0%} used")
+            unread = self._unread_below(floor_)
+            why = early_reason(policy, usage, bool(unread))
+            if why is None:
+                break  # unread data waits for the disk to be about to fill
+            freed += self._delete_early(floor_, why, unread)
             usage = self._probe()
-            if usage.ratio < policy.force_ratio:
+            if not keep_deleting(policy, usage):
                 break  # below the force ratio, one segment per check
         self._set_disk(usage)
         return freed
@@ -979,6 +992,29 @@ class MessageStore:
             if protected is not None:
                 limit = min(limit, protected)
         return limit
+
+    def _unread_below(self, floor: int) -> dict[str, int]:
+        """Per group, the messages below `floor` it has not consumed (see early_deletion)."""
+        if self.committed_offsets is None:
+            return {}
+        trims = {}
+        for key, cq in self._queues.items():
+            new_min = max(cq.min_offset, cq.count_before(floor, lo=cq.min_offset))
+            if new_min > cq.min_offset:
+                trims[key] = (cq.min_offset, new_min)
+        return unread_by_group(trims, self.committed_offsets()) if trims else {}
+
+    def _delete_early(self, floor: int, why: str, unread: dict[str, int]) -> int:
+        """Delete the oldest segment (up to `floor`) before its time, with a warning."""
+        segment = self.commitlog.start
+        groups = ", ".join(f"{g} ({n})" for g, n in unread.items()) or "none"
+        log_event(
+            log, logging.WARNING, "retention.early_deletion",
+            f"deleting commit-log segment {segment:020d} before its retention time: {why}; "
+            f"groups with unread messages in it (how many): {groups}",
+            segment=segment, floor=floor, reason=why, unread=unread,
+        )  # fmt: skip
+        return self._delete_below(floor, why)
 
     def _delete_below(self, floor: int, why: str) -> int:
         """Delete the segments below `floor` and trim everything derived from them."""

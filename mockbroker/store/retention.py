@@ -1,8 +1,9 @@
 """Retention: which commit-log segments may go, and how full the disk is.
 
 RocketMQ's defaults: a segment is kept 72 hours after its last write; when the disk is more
-than 75 % used the oldest segments go earlier, one per check, and above 85 % as many as it
-takes to get back under 75 %; above 90 % sends are refused until space is freed. Whole
+than 75 % used the oldest segments go earlier, one per check, but only those every group
+has read (early_deletion.py); above 85 % the oldest go read or not, as many as it takes to
+get back under 85 %; above 90 % sends are refused until space is freed. Whole
 segments go, oldest first, and never one that holds a record still needed (a scheduled
 message not yet delivered) or one not yet covered by a checkpoint.
 """
