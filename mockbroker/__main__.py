@@ -155,6 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often disk use is checked and retention applied (default %(default)s)",
     )
     p.add_argument(
+        "--max-data-bytes",
+        type=int,
+        default=None,
+        help="a cap on the commit log's bytes: above it the oldest segments go, read or "
+        "not, and sends are refused while it cannot be met (default: no cap)",
+    )
+    p.add_argument(
         "--disk-usage-file",
         type=Path,
         default=None,
@@ -314,6 +321,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             disk_force_ratio=a.disk_force_ratio,
             disk_refuse_ratio=a.disk_refuse_ratio,
             disk_check_seconds=a.disk_check_seconds,
+            max_data_bytes=a.max_data_bytes,
             disk_usage_file=a.disk_usage_file,
             fair_scheduling=not a.no_fair_scheduling,
             fair_slice_messages=a.fair_slice_messages,

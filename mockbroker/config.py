@@ -62,6 +62,12 @@ class BrokerConfig:
             (DISK_FULL, retriable) until space is freed; reads, offset commits and locks
             keep working.
         disk_check_seconds: How often disk use is checked and retention applied.
+        max_data_bytes: A cap on the broker's own data, the commit log's bytes (None: no
+            cap). Above it the oldest segments are deleted at the next check, read or not,
+            each deletion logged with the groups it cost; while the log cannot be brought
+            under it (the segments over it are still needed: not yet checkpointed, or
+            holding an undelivered delayed message), sends are refused with UNAVAILABLE
+            (DISK_FULL, retriable). At least two segments (`segment_bytes`).
         disk_usage_file: For tests: read the disk's size and what else uses it from this
             JSON file (`{"total_bytes": N, "other_used_bytes": M}`) instead of the file
             system; the data directory's files count as used on top (None: the real disk).
@@ -164,6 +170,7 @@ class BrokerConfig:
     disk_force_ratio: float = 0.85
     disk_refuse_ratio: float = 0.90
     disk_check_seconds: float = 1.0
+    max_data_bytes: int | None = None
     disk_usage_file: Path | None = None
     fair_scheduling: bool = True
     fair_slice_messages: int = 128
@@ -265,6 +272,12 @@ class BrokerConfig:
         if self.acl_reload_seconds <= 0:
             raise ValueError("acl_reload_seconds must be positive")
         self.retention_policy()  # raises ValueError naming what is wrong
+        if self.max_data_bytes is not None and self.max_data_bytes < 2 * self.segment_bytes:
+            raise ValueError(
+                f"max_data_bytes {self.max_data_bytes} must hold at least two commit-log "
+                f"segments ({2 * self.segment_bytes} bytes with segment_bytes "
+                f"{self.segment_bytes}): the segment being written is never deleted"
+            )
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         for name in ("tls_cert", "tls_key", "tls_client_ca", "acl_file"):
             if getattr(self, name) is not None:
@@ -282,4 +295,5 @@ class BrokerConfig:
             clean_ratio=self.disk_high_ratio,
             force_ratio=self.disk_force_ratio,
             refuse_ratio=self.disk_refuse_ratio,
+            max_data_bytes=self.max_data_bytes,
         )

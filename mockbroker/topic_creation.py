@@ -84,14 +84,12 @@ class TopicCreation:
         what = f"topic {missing[0]!r}" if len(missing) == 1 else f"{len(missing)} topics"
         store = self._store
         if store.refusing_sends:
-            used = f"{store.disk.ratio:.1%}" if store.disk is not None else "100%"
             raise self._refusal(
                 "disk_full",
                 StatusCode.UNAVAILABLE,
                 "DISK_FULL",
-                f"{what} {'was' if len(missing) == 1 else 'were'} not created: the broker's "
-                f"disk is {used} full, over the limit of {store.retention.refuse_ratio:.0%}; "
-                "retry once space is freed",
+                f"{what} {'was' if len(missing) == 1 else 'were'} not created: "
+                f"{store.refusal()}; retry once space is freed",
             )
         present = len(store.topics.all())
         if present + len(missing) > self.max_topics:

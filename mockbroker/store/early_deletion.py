@@ -3,7 +3,8 @@
 The disk ratios are shares of the whole file system, which other programs share: a disk
 75 % full of someone else's files must not cost consumers their unread messages. So a
 segment holding messages some group has not consumed yet goes early only when the disk is
-about to fill (at or over the force ratio, close to where sends are refused). A
+about to fill (at or over the force ratio, close to where sends are refused) or when the
+broker's own data is over its cap (`max_data_bytes`: the operator asked for that). A
 segment every group has read goes from the clean ratio on, as in RocketMQ.
 
 "Unread" is counted against committed offsets: a group reads a topic once it committed an
@@ -43,8 +44,17 @@ def unread_by_group(trims: Trims, committed: Iterable[Committed]) -> dict[str, i
     return dict(sorted(unread.items()))
 
 
-def early_reason(policy: RetentionPolicy, usage: DiskUsage, has_unread: bool) -> str | None:
-    """Why the oldest segment may be deleted before its time now; None: it is kept."""
+def early_reason(
+    policy: RetentionPolicy, usage: DiskUsage, data_bytes: int, has_unread: bool
+) -> str | None:
+    """Why the oldest segment may be deleted before its time now; None: it is kept.
+
+    `data_bytes` is the size of the commit log, which `max_data_bytes` caps.
+    """
+    if over_cap(policy, data_bytes):
+        return (
+            f"the commit log holds {data_bytes} bytes, over max_data_bytes {policy.max_data_bytes}"
+        )
     if usage.ratio >= policy.force_ratio:
         return (
             f"disk {usage.ratio:.1%} used, at or over the force ratio "
@@ -58,6 +68,11 @@ def early_reason(policy: RetentionPolicy, usage: DiskUsage, has_unread: bool) ->
     return None
 
 
-def keep_deleting(policy: RetentionPolicy, usage: DiskUsage) -> bool:
+def keep_deleting(policy: RetentionPolicy, usage: DiskUsage, data_bytes: int) -> bool:
     """Whether one check goes on past one early deletion (else: one segment per check)."""
-    return usage.ratio >= policy.force_ratio
+    return usage.ratio >= policy.force_ratio or over_cap(policy, data_bytes)
+
+
+def over_cap(policy: RetentionPolicy, data_bytes: int) -> bool:
+    """The commit log is over `max_data_bytes`."""
+    return policy.max_data_bytes is not None and data_bytes > policy.max_data_bytes

@@ -34,6 +34,7 @@ from mockbroker.store.early_deletion import (
     Committed,
     early_reason,
     keep_deleting,
+    over_cap,
     unread_by_group,
 )
 from mockbroker.store.files import DirectoryLock, fault_point, fsync_dir, make_dirs
@@ -185,8 +186,11 @@ class MessageStore:
         self.retention_stats = RetentionStats()
         #: The disk usage at the last check (None before the first).
         self.disk: DiskUsage | None = None
-        #: True while the disk is over the refuse ratio: sends are refused.
+        #: True while the disk is over the refuse ratio or the commit log stays over
+        #: max_data_bytes: sends are refused (refusal() says why).
         self.refusing_sends = False
+        self._disk_refusing = False
+        self._over_cap: int | None = None  # the commit log's bytes while over the cap
         #: The lowest commit-log position something outside the store still needs (the
         #: scheduler's oldest pending message), or None; retention deletes nothing there.
         self.protected_position: Callable[[], int | None] | None = None
@@ -549,7 +553,8 @@ class MessageStore:
                 self._index_parts(topic.name, parts, position, overhead)
         except OSError as exc:
             if exc.errno == errno.ENOSPC and self._roll_back(position, firsts, index_sizes):
-                self.refusing_sends = True  # until the next disk check says otherwise
+                # Until the next disk check says otherwise.
+                self.refusing_sends = self._disk_refusing = True
                 raise BrokerError(
                     StatusCode.UNAVAILABLE,
                     "DISK_FULL",
@@ -928,7 +933,7 @@ class MessageStore:
         policy = self.retention
         usage = self._probe()
         if self._retention_holds:  # a backup is copying: deletion waits for the next check
-            self._set_disk(usage)
+            self._set_disk(usage, self.commitlog.total_bytes())
             return 0
         limit = self._deletable_limit()
         bases = self.commitlog.segment_bases()
@@ -937,42 +942,69 @@ class MessageStore:
         freed = self._delete_below(floor, "past the retention time") if floor > bases[0] else 0
         if freed:
             usage = self._probe()
-        while usage.ratio >= policy.clean_ratio:
+        data = self.commitlog.total_bytes()
+        while usage.ratio >= policy.clean_ratio or over_cap(policy, data):
             floor_ = next_floor(self.commitlog.segment_bases(), self.commitlog.start, limit)
             if floor_ is None:
                 break
             unread = self._unread_below(floor_)
-            why = early_reason(policy, usage, bool(unread))
+            why = early_reason(policy, usage, data, bool(unread))
             if why is None:
                 break  # unread data waits for the disk to be about to fill
             freed += self._delete_early(floor_, why, unread)
-            usage = self._probe()
-            if not keep_deleting(policy, usage):
-                break  # below the force ratio, one segment per check
-        self._set_disk(usage)
+            usage, data = self._probe(), self.commitlog.total_bytes()
+            if not keep_deleting(policy, usage, data):
+                break  # below the force ratio and the cap, one segment per check
+        self._set_disk(usage, data)
         return freed
 
     def check_accepting_sends(self) -> None:
-        """DISK_FULL (retriable) while the disk is over the refuse ratio."""
+        """DISK_FULL (retriable) while sends are refused.
+
+        That is while the disk is over the refuse ratio, or the commit log stays over
+        `max_data_bytes`.
+        """
         if self.refusing_sends:
             self.retention_stats.sends_refused += 1
-            used = f"{self.disk.ratio:.1%}" if self.disk is not None else "100%"
             raise BrokerError(
                 StatusCode.UNAVAILABLE,
                 "DISK_FULL",
-                f"the broker's disk is {used} full, over the limit of "
-                f"{self.retention.refuse_ratio:.0%}: sends are refused until space is freed "
+                f"{self.refusal()}: sends are refused until space is freed "
                 "(reads, offset commits and locks still work); retry later",
             )
+
+    def refusal(self) -> str:
+        """Why sends are refused, as an error message starts (while refusing_sends)."""
+        if self._over_cap is not None:
+            return (
+                f"the broker's commit log holds {self._over_cap} bytes, over its cap "
+                f"(max_data_bytes) of {self.retention.max_data_bytes}, and the segments "
+                "over it are still needed"
+            )
+        used = f"{self.disk.ratio:.1%}" if self.disk is not None else "100%"
+        return (
+            f"the broker's disk is {used} full, over the limit of {self.retention.refuse_ratio:.0%}"
+        )
 
     def oldest_timestamp_ms(self) -> int:
         """When the oldest record still stored was stored (0 when the log is empty)."""
         start = self.commitlog.start
         return self._first_timestamp_ms(start) if start < self.commitlog.end else 0
 
-    def _set_disk(self, usage: DiskUsage) -> None:
+    def _set_disk(self, usage: DiskUsage, data_bytes: int) -> None:
+        capped = over_cap(self.retention, data_bytes)
+        if capped != (self._over_cap is not None):
+            log_event(
+                log, logging.ERROR if capped else logging.WARNING,
+                "data.sends_refused" if capped else "data.sends_resumed",
+                f"commit log {data_bytes} bytes, cap {self.retention.max_data_bytes}: sends "
+                + ("refused: the segments over the cap are still needed" if capped
+                   else "accepted again"),
+                data_bytes=data_bytes, max_data_bytes=self.retention.max_data_bytes,
+            )  # fmt: skip
+        self._over_cap = data_bytes if capped else None
         refusing = usage.ratio >= self.retention.refuse_ratio
-        if refusing != self.refusing_sends:
+        if refusing != self._disk_refusing:
             level, what = (
                 (logging.ERROR, "refused") if refusing else (logging.WARNING, "accepted again")
             )
@@ -981,7 +1013,8 @@ class MessageStore:
                 f"disk {usage.ratio:.1%} used ({usage.free_bytes} bytes free): sends {what}",
                 used_ratio=round(usage.ratio, 4), free_bytes=usage.free_bytes,
             )  # fmt: skip
-        self.disk, self.refusing_sends = usage, refusing
+        self.disk, self._disk_refusing = usage, refusing
+        self.refusing_sends = refusing or capped
 
     def _deletable_limit(self) -> int:
         """Nothing at or past this position may be deleted."""

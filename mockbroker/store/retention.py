@@ -3,7 +3,9 @@
 RocketMQ's defaults: a segment is kept 72 hours after its last write; when the disk is more
 than 75 % used the oldest segments go earlier, one per check, but only those every group
 has read (early_deletion.py); above 85 % the oldest go read or not, as many as it takes to
-get back under 85 %; above 90 % sends are refused until space is freed. Whole
+get back under 85 %; above 90 % sends are refused until space is freed. A cap on the
+broker's own data (`max_data_bytes`, none by default) deletes the oldest segments, read or
+not, while the commit log is over it, and refuses sends while that cannot bring it under. Whole
 segments go, oldest first, and never one that holds a record still needed (a scheduled
 message not yet delivered) or one not yet covered by a checkpoint.
 """
@@ -41,16 +43,25 @@ DiskProbe = Callable[[], DiskUsage]
 
 @dataclass(frozen=True)
 class RetentionPolicy:
-    """How long segments are kept and the disk-use thresholds (shares of the disk)."""
+    """How long segments are kept, the disk-use thresholds and the cap on the data.
+
+    The ratios are shares of the whole disk; `max_data_bytes` caps the commit log's bytes
+    (None: no cap).
+    """
 
     retention_seconds: float = 72 * 3600.0
     clean_ratio: float = 0.75
     force_ratio: float = 0.85
     refuse_ratio: float = 0.90
+    max_data_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.retention_seconds <= 0:
             raise ValueError("retention_hours must be positive")
+        if self.max_data_bytes is not None and self.max_data_bytes <= 0:
+            raise ValueError(
+                f"max_data_bytes must be a positive number of bytes, not {self.max_data_bytes}"
+            )
         if not 0 < self.clean_ratio <= self.force_ratio <= self.refuse_ratio <= 1:
             raise ValueError(
                 "disk ratios must satisfy 0 < high <= force <= refuse <= 1, not "

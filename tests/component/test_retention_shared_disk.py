@@ -1,4 +1,5 @@
-"""Retention on a disk shared with other programs, through the public API.
+"""Retention on a disk shared with other programs, and the cap on the broker's own data,
+through the public API.
 
 The disk is simulated (`disk_usage_file`): the test sets what other programs use, the
 broker's own files count on top. Retention checks run on the fake clock.
@@ -29,6 +30,8 @@ from sdk import (
     PushConsumerConfig,
 )
 from sdk._transport.broker_client import BrokerClient, PullStatus
+from sdk._wire import encode_frame
+from sdk.errors import BrokerUnavailableError
 from sdk.testing import FakeClock
 from tests.component.coordination import join, mq, run
 from tests.component.pulling import pull_once
@@ -46,12 +49,13 @@ def set_disk(path: Path, other_ratio: float) -> None:
     os.replace(tmp, path)
 
 
-def config(tmp_path: Path) -> BrokerConfig:
+def config(tmp_path: Path, max_data_bytes: int | None = None) -> BrokerConfig:
     return BrokerConfig(
         data_dir=tmp_path / "data",
         segment_bytes=1 << 20,
         flush_interval_seconds=0.05,
         disk_usage_file=tmp_path / "disk.json",
+        max_data_bytes=max_data_bytes,
     )
 
 
@@ -195,3 +199,54 @@ def test_segments_every_group_read_go_at_the_clean_ratio_and_a_restart_keeps_the
         assert pull_once(broker.address, QUEUE, kept).status is PullStatus.FOUND
         with Producer(broker.address) as p:
             assert p.send(Message("t", BODY, sharding_key="k")).queue_offset == SENT
+
+
+def test_the_cap_deletes_oldest_first_refuses_sends_it_cannot_meet_and_accepts_them_after(
+    tmp_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    cap = 3 << 20
+    set_disk(tmp_path / "disk.json", 0.0)
+    caplog.set_level(logging.WARNING, "mockbroker")
+    with EmbeddedBroker(config(tmp_path, max_data_bytes=cap), clock=clock) as broker:
+        run(broker.address, lambda c: c.admin("CreateTopic", topic="t", queue_count=1))
+        due_ms = int((clock.now() + 3600) * 1000)
+        later = encode_frame(msg_id=os.urandom(16), born_timestamp_ms=1, body=b"later",
+                             deliver_at_ms=due_ms)  # fmt: skip
+        run(broker.address, lambda c: c.send("t", 0, later))  # its segment is needed
+        with Producer(broker.address) as p:
+            for _ in range(SENT // 20):
+                p.send_batch([Message("t", BODY, sharding_key="k") for _ in range(20)])
+        commit(broker, "slow", 5)
+
+        def status() -> dict[str, object]:
+            return run(broker.address, lambda c: c.admin("BrokerStatus"))  # type: ignore[no-any-return]
+
+        wait_until(lambda: clock.advance(1) or status()["sends_refused"], 30,
+                   "sends to be refused: the delayed message's segment must stay")  # fmt: skip
+        assert minimum(broker) == 0
+        with pytest.raises(BrokerUnavailableError) as refused:
+            run(broker.address, lambda c: c.send("t", 0, encode_frame(
+                msg_id=os.urandom(16), born_timestamp_ms=1, body=b"refused")))  # fmt: skip
+        assert refused.value.reason == "DISK_FULL" and refused.value.retriable
+        assert "max_data_bytes" in str(refused.value), refused.value
+
+        clock.advance(3600)  # delivered: the old segments may go, oldest first
+        wait_until(lambda: clock.advance(1) or not status()["sends_refused"], 30,
+                   "sends to be accepted again")  # fmt: skip
+        status_now = status()
+        assert isinstance(status_now["commit_log_bytes"], int)
+        assert status_now["commit_log_bytes"] <= cap
+        first = minimum(broker)
+        assert first > 5
+        warnings = [r.getMessage() for r in caplog.records
+                    if "before its retention time" in r.getMessage()]  # fmt: skip
+        assert warnings and all("max_data_bytes" in w for w in warnings)
+        assert "slow (" in warnings[0], "slow had not read the first segment"
+        with Producer(broker.address) as p:
+            assert p.send(Message("t", BODY, sharding_key="k")).queue_offset == SENT + 1
+
+    with EmbeddedBroker(config(tmp_path, max_data_bytes=cap), clock=clock) as broker:
+        assert minimum(broker) == first, "a restart keeps what was kept"
+        assert pull_once(broker.address, QUEUE, first).status is PullStatus.FOUND
+        with Producer(broker.address) as p:
+            assert p.send(Message("t", BODY, sharding_key="k")).queue_offset == SENT + 2

@@ -1,4 +1,5 @@
-"""Early deletion on a shared disk: unread messages wait for the disk to be about to fill."""
+"""Early deletion: unread messages wait for a shared disk to be about to fill; the cap on
+the broker's own data deletes oldest first, read or not, and refuses sends it cannot meet."""
 
 from __future__ import annotations
 
@@ -9,11 +10,19 @@ from pathlib import Path
 
 import pytest
 
+from mockbroker.errors import BrokerError
 from mockbroker.store.early_deletion import Committed, early_reason, unread_by_group
 from mockbroker.store.message_store import MessageStore
 from mockbroker.store.retention import DiskUsage, RetentionPolicy
 from sdk.testing import FakeClock
-from tests.unit.test_retention import FakeDisk, checkpoint, open_store, send
+from tests.unit.test_retention import (
+    SEGMENT,
+    FakeDisk,
+    checkpoint,
+    offsets_served,
+    open_store,
+    send,
+)
 
 POLICY = RetentionPolicy()
 
@@ -38,7 +47,20 @@ def usage(ratio: float) -> DiskUsage:
 def test_the_decision_keeps_unread_segments_until_the_force_ratio(
     ratio: float, has_unread: bool, deleted: bool
 ) -> None:
-    assert (early_reason(POLICY, usage(ratio), has_unread) is not None) is deleted
+    assert (early_reason(POLICY, usage(ratio), 0, has_unread) is not None) is deleted
+
+
+def test_the_cap_deletes_unread_segments_at_any_disk_use() -> None:
+    capped = RetentionPolicy(max_data_bytes=1000)
+    assert early_reason(capped, usage(0.10), 1000, True) is None, "at the cap: kept"
+    why = early_reason(capped, usage(0.10), 1001, True)
+    assert why is not None and "max_data_bytes 1000" in why
+
+
+@pytest.mark.parametrize("cap", [0, -5])
+def test_a_cap_that_is_not_positive_is_refused_with_its_name(cap: int) -> None:
+    with pytest.raises(ValueError, match=f"max_data_bytes must be a positive.*{cap}"):
+        RetentionPolicy(max_data_bytes=cap)
 
 
 def test_unread_counts_each_group_from_its_offset_and_ignores_topics_nobody_reads() -> None:
@@ -118,4 +140,84 @@ def test_a_disk_about_to_fill_deletes_unread_segments_and_names_the_groups(
     lost = sum(r.fields["unread"]["slow"] for r in early)  # type: ignore[attr-defined]
     assert lost == cq.min_offset, "the log counts every unread message deleted"
     assert f"{first.fields['segment']:020d}" in first.getMessage()  # type: ignore[attr-defined]
+    loop.run_until_complete(store.close())
+
+
+def capped_store(
+    loop: asyncio.AbstractEventLoop, path: Path, disk: FakeDisk, cap: int
+) -> MessageStore:
+    store = MessageStore(
+        path,
+        sync_flush=False,
+        segment_bytes=SEGMENT,
+        flush_interval_seconds=3600,  # checkpoints are taken by the tests
+        sync_flush_timeout_seconds=5,
+        clock=FakeClock(),
+        retention=RetentionPolicy(max_data_bytes=cap),
+        disk_probe=disk,
+        retention_check_seconds=10**9,  # checks are run by the tests
+    )
+    store.open()
+    loop.run_until_complete(store.start())
+    store.committed_offsets = lambda: [("slow", "t", 0, 0)]
+    return store
+
+
+def test_the_cap_deletes_the_oldest_segments_read_or_not_and_logs_the_groups(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    disk = FakeDisk()  # 10 % used: only the cap deletes anything
+    store = capped_store(loop, tmp_path, disk, 3 * SEGMENT)
+    topic, _ = store.create_topic("t", 1)
+    send(loop, store, topic, 60)
+    checkpoint(loop, store)
+    bases = store.commitlog.segment_bases()
+    assert store.commitlog.total_bytes() > 3 * SEGMENT
+
+    caplog.set_level(logging.WARNING, "mockbroker")
+    store.enforce_retention()
+    assert store.commitlog.total_bytes() <= 3 * SEGMENT and not store.refusing_sends
+    kept = store.commitlog.segment_bases()
+    assert kept == bases[len(bases) - len(kept) :], "the oldest went, the newest stayed"
+    cq = store.queue(topic, 0)
+    assert offsets_served(store, topic, cq.min_offset) == list(range(cq.min_offset, 60))
+    early = [r for r in caplog.records if getattr(r, "event", "") == "retention.early_deletion"]
+    assert len(early) == len(bases) - len(kept), "one warning per segment"
+    assert all("max_data_bytes" in r.getMessage() for r in early)
+    assert sum(r.fields["unread"]["slow"] for r in early) == cq.min_offset  # type: ignore[attr-defined]
+
+    loop.run_until_complete(store.close())  # a restart keeps the cap
+    store = capped_store(loop, tmp_path, disk, 3 * SEGMENT)
+    topic = store.topics.get("t")
+    send(loop, store, topic, 30)
+    checkpoint(loop, store)
+    store.enforce_retention()
+    cq = store.queue(topic, 0)
+    assert store.commitlog.total_bytes() <= 3 * SEGMENT and not store.refusing_sends
+    assert offsets_served(store, topic, cq.min_offset) == list(range(cq.min_offset, 90))
+    loop.run_until_complete(store.close())
+
+
+def test_sends_are_refused_while_the_cap_cannot_be_met_and_accepted_again_after(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    disk = FakeDisk()
+    store = capped_store(loop, tmp_path, disk, 3 * SEGMENT)
+    topic, _ = store.create_topic("t", 1)
+    send(loop, store, topic, 60)  # nothing checkpointed yet: every segment is still needed
+
+    store.enforce_retention()
+    assert store.refusing_sends and store.queue(topic, 0).min_offset == 0
+    with pytest.raises(BrokerError) as refused:
+        store.check_accepting_sends()
+    assert (refused.value.reason, refused.value.status.name) == ("DISK_FULL", "UNAVAILABLE")
+    assert f"over its cap (max_data_bytes) of {3 * SEGMENT}" in refused.value.message
+    assert store.retention_stats.sends_refused == 1
+
+    checkpoint(loop, store)  # now the old segments may go
+    store.enforce_retention()
+    assert not store.refusing_sends and store.commitlog.total_bytes() <= 3 * SEGMENT
+    store.check_accepting_sends()
+    send(loop, store, topic, 1)
+    assert store.queue(topic, 0).max_offset == 61
     loop.run_until_complete(store.close())
