@@ -44,7 +44,11 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 
 def open_store(
-    loop: asyncio.AbstractEventLoop, path: Path, clock: FakeClock, disk: FakeDisk
+    loop: asyncio.AbstractEventLoop,
+    path: Path,
+    clock: FakeClock,
+    disk: FakeDisk,
+    policy: RetentionPolicy | None = None,
 ) -> MessageStore:
     store = MessageStore(
         path,
@@ -53,7 +57,7 @@ def open_store(
         flush_interval_seconds=3600,  # checkpoints are taken by the tests
         sync_flush_timeout_seconds=5,
         clock=clock,
-        retention=RetentionPolicy(retention_seconds=72 * HOUR),
+        retention=policy or RetentionPolicy(retention_seconds=72 * HOUR),
         disk_probe=disk,
         retention_check_seconds=10**9,  # checks are run by the tests
     )

@@ -146,19 +146,8 @@ def test_a_disk_about_to_fill_deletes_unread_segments_and_names_the_groups(
 def capped_store(
     loop: asyncio.AbstractEventLoop, path: Path, disk: FakeDisk, cap: int
 ) -> MessageStore:
-    store = MessageStore(
-        path,
-        sync_flush=False,
-        segment_bytes=SEGMENT,
-        flush_interval_seconds=3600,  # checkpoints are taken by the tests
-        sync_flush_timeout_seconds=5,
-        clock=FakeClock(),
-        retention=RetentionPolicy(max_data_bytes=cap),
-        disk_probe=disk,
-        retention_check_seconds=10**9,  # checks are run by the tests
-    )
-    store.open()
-    loop.run_until_complete(store.start())
+    """A store capped at `cap` bytes, where group slow has read nothing of topic t."""
+    store = open_store(loop, path, FakeClock(), disk, RetentionPolicy(max_data_bytes=cap))
     store.committed_offsets = lambda: [("slow", "t", 0, 0)]
     return store
 
