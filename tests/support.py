@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -90,3 +92,22 @@ class BrokerProcess:
         self._stderr.flush()
         self._stderr.seek(0)
         return self._stderr.read()
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports nobody listens on now, on 127.0.0.1.
+
+    The sockets are held together while the ports are chosen: ports picked one after
+    another may repeat (the kernel gave two of a broker's ports the same number once,
+    and its config refused them).
+    """
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, on 127.0.0.1."""
+    return free_ports(1)[0]

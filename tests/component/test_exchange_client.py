@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from sdk._wire import encode_frame
 from sdk.errors import BrokerUnavailableError, OrderMQError, RequestTimeoutError
 from tests.component.coordination import mq
 from tests.component.pulling import read_queue
-from tests.support import wait_until
+from tests.support import free_port, wait_until
 
 T = TypeVar("T")
 WAIT = 10.0  # seconds any awaited condition may take before the test fails
@@ -202,12 +201,6 @@ def test_a_bad_pull_raises_what_the_unary_pull_raises(
     assert (type(streamed), streamed.code, streamed.reason, streamed.message) == (
         type(unary), unary.code, unary.reason, unary.message,
     )  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_broker_restart_mid_stream(tmp_path: Path) -> None:

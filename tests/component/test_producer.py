@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -30,7 +29,7 @@ from sdk.clock import Clock
 from sdk.errors import BufferFullError, InvalidArgumentError
 from tests.component.pulling import read_queue, read_topic
 from tests.component.transports import TRANSPORTS, BrokerOver, broker_over
-from tests.support import wait_until
+from tests.support import free_ports, wait_until
 
 
 @pytest.fixture(params=TRANSPORTS)
@@ -38,12 +37,6 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerOve
     """The broker, reached over each transport in turn (tests/component/transports.py)."""
     with broker_over(request.param, tmp_path / "broker") as b:
         yield b
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Restartable:
@@ -57,10 +50,10 @@ class Restartable:
         self, data_dir: Path, transport: str = "grpc", *, clock: Clock | None = None
     ) -> None:
         self.clock = clock
+        port, remoting, namesrv = free_ports(3)
         self.config = BrokerConfig(
-            data_dir=data_dir, port=free_port(), remoting_port=free_port(),
-            namesrv_port=free_port(),
-        )  # fmt: skip
+            data_dir=data_dir, port=port, remoting_port=remoting, namesrv_port=namesrv
+        )
         self.address = (
             f"rocketmq://127.0.0.1:{self.config.namesrv_port}"
             if transport == "rocketmq"

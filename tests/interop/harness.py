@@ -31,7 +31,7 @@ from sdk import Credentials, MessageQueue, TLSConfig
 from sdk._transport.broker_client import BrokerClient, PullStatus
 from sdk.message import MessageExt
 from tests.interop.provision import Client
-from tests.support import ROOT, BrokerProcess
+from tests.support import ROOT, BrokerProcess, free_port, free_ports
 
 Event = dict[str, Any]
 T = TypeVar("T")
@@ -229,13 +229,6 @@ def brokers(workdir: Path) -> Iterator[Callable[..., RemotingBroker]]:
             broker.stop()
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now (as the component tests pick theirs)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def accepts(port: int) -> bool:
     """True if something accepts TCP connections on 127.0.0.1:port."""
     with socket.socket() as s:
@@ -247,8 +240,7 @@ class RemotingBroker:
     """`python -m mockbroker` serving gRPC, the RocketMQ name server and remoting."""
 
     def __init__(self, data_dir: Path, *extra_args: str) -> None:
-        self.namesrv_port = free_port()
-        self.remoting_port = free_port()
+        self.namesrv_port, self.remoting_port = free_ports(2)
         self.process = BrokerProcess(
             data_dir,
             "--remoting-port", str(self.remoting_port),
