@@ -333,6 +333,11 @@ def retention_metrics(s: BrokerState) -> Iterator[Metric]:
         "Messages deleted by retention since start",
         value=store.retention_stats.messages_deleted,
     )
+    yield CounterMetricFamily(
+        "ordermq_retention_expired_messages",
+        "Messages expired by their topic's own retention since start",
+        value=store.retention_stats.messages_expired,
+    )
     oldest = GaugeMetricFamily(
         "ordermq_queue_min_offset", "Oldest offset still stored", labels=["topic", "queue"]
     )

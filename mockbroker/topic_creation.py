@@ -28,7 +28,13 @@ from grpc import StatusCode
 
 from mockbroker.errors import BrokerError
 from mockbroker.store.message_store import MessageStore
-from mockbroker.topics import Topic, check_any_topic, check_group, check_user_topic
+from mockbroker.topics import (
+    Topic,
+    TopicRetention,
+    check_any_topic,
+    check_group,
+    check_user_topic,
+)
 from sdk._validation import RETRY_PREFIX
 
 
@@ -61,12 +67,14 @@ class TopicCreation:
         check_any_topic(name)
         return self._ensure([name], 1, None)[0]
 
-    def create(self, name: str, queue_count: int) -> tuple[Topic, bool]:
-        """An operator's topic: (topic, created); the same queue count again is no error."""
+    def create(
+        self, name: str, queue_count: int, retention: TopicRetention | None = None
+    ) -> tuple[Topic, bool]:
+        """An operator's topic: (topic, created); the same settings again are no error."""
         check_user_topic(name)
         if self._store.topics.find(name) is None:
             self._check([name], None)
-        return self._store.create_topic(name, queue_count)
+        return self._store.create_topic(name, queue_count, retention)
 
     def _ensure(self, names: list[str], queue_count: int, client: Hashable | None) -> list[Topic]:
         topics = self._store.topics

@@ -6,7 +6,7 @@ import errno
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -86,12 +86,59 @@ def check_deletable_topic(name: str) -> None:
     raise invalid("SYSTEM_TOPIC", f"topic {name!r} is the broker's own: not deleted by name{why}")
 
 
+#: The longest per-topic retention time accepted (ten years), in hours.
+MAX_RETENTION_HOURS = 87_600.0
+
+
+@dataclass(frozen=True)
+class TopicRetention:
+    """A topic's own retention, where it differs from the broker's.
+
+    `hours`: its messages are served for this long after they were stored (None: the
+    broker's `retention_hours`). `bytes_per_queue`: each of its queues serves at most this
+    many bytes of its newest messages (None: no cap). See mockbroker/store/topic_expiry.py.
+    """
+
+    hours: float | None = None
+    bytes_per_queue: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.hours is not None and not 0 < self.hours <= MAX_RETENTION_HOURS:
+            raise invalid(
+                "INVALID_ARGUMENT",
+                f"retention hours {self.hours!r} must be within 0..{MAX_RETENTION_HOURS:g} "
+                "(0 in a request: the broker's default)",
+            )
+        if self.bytes_per_queue is not None and self.bytes_per_queue <= 0:
+            raise invalid(
+                "INVALID_ARGUMENT",
+                f"retention bytes per queue {self.bytes_per_queue} must be positive "
+                "(0 in a request: no cap)",
+            )
+
+    @property
+    def is_default(self) -> bool:
+        """True when the topic follows the broker's retention."""
+        return self.hours is None and self.bytes_per_queue is None
+
+    def describe(self) -> str:
+        """Human-readable, for logs and errors."""
+        hours = f"{self.hours:g} h" if self.hours is not None else "the broker's default time"
+        size = f", {self.bytes_per_queue} bytes per queue" if self.bytes_per_queue else ""
+        return hours + size
+
+
+DEFAULT_RETENTION = TopicRetention()
+
+
 @dataclass(frozen=True)
 class Topic:
-    """A topic and its queue count."""
+    """A topic, its queue count and its own retention (default: the broker's)."""
 
     name: str
     queue_count: int
+    # Not part of a topic's identity: changing it leaves requests holding the topic valid.
+    retention: TopicRetention = field(default=DEFAULT_RETENTION, compare=False)
 
     def check_queue(self, queue_id: int) -> None:
         """Raise INVALID_QUEUE unless `queue_id` is one of this topic's queues."""
@@ -157,8 +204,14 @@ class TopicRegistry:
         """Every topic, sorted by name."""
         return [self._topics[n] for n in sorted(self._topics)]
 
-    def create(self, name: str, queue_count: int) -> tuple[Topic, bool]:
+    def create(
+        self, name: str, queue_count: int, retention: TopicRetention | None = None
+    ) -> tuple[Topic, bool]:
         """Create `name`; return (topic, created). Same count again is not an error.
+
+        `retention` None: the broker's default for a new topic, and no check of an existing
+        one; given, an existing topic must have the same (TOPIC_EXISTS otherwise, naming
+        SetTopicRetention, which changes it).
 
         The topic exists (find() answers it) only once the registry file holds it: a save
         that fails raises BrokerError UNAVAILABLE (DISK_FULL or STORE_UNAVAILABLE, retriable)
@@ -177,17 +230,40 @@ class TopicRegistry:
                     "TOPIC_EXISTS",
                     f"topic {name!r} exists with {existing.queue_count} queues, not {queue_count}",
                 )
+            if retention is not None and retention != existing.retention:
+                raise BrokerError(
+                    StatusCode.ALREADY_EXISTS,
+                    "TOPIC_EXISTS",
+                    f"topic {name!r} exists with retention {existing.retention.describe()}, "
+                    f"not {retention.describe()}; change it with `ordermq topics "
+                    "set-retention` (AdminService.SetTopicRetention)",
+                )
             return existing, False
-        topic = Topic(name, queue_count)
+        topic = Topic(name, queue_count, retention or DEFAULT_RETENTION)
         self._save({**self._topics, name: topic}, name, self._deleted, "created")
         self._topics[name] = topic  # only once the file holds it: a restart finds it
         return topic, True
+
+    def set_retention(self, name: str, retention: TopicRetention) -> Topic:
+        """Change a topic's own retention (TOPIC_NOT_FOUND); saved before it applies."""
+        topic = replace(self.get(name), retention=retention)
+        self._save({**self._topics, name: topic}, name, self._deleted, "changed")
+        self._topics[name] = topic
+        return topic
 
     def _save(
         self, topics: dict[str, Topic], name: str, deleted: dict[str, int], change: str
     ) -> None:
         """Write `topics` as the registry file; DISK_FULL / STORE_UNAVAILABLE if it fails."""
         data: dict[str, Any] = {"topics": {n: topics[n].queue_count for n in sorted(topics)}}
+        # A key of its own, so that a broker of an older version still reads the file.
+        retention = {
+            n: _retention_json(topics[n].retention)
+            for n in sorted(topics)
+            if not topics[n].retention.is_default
+        }
+        if retention:
+            data["retention"] = retention
         if deleted:
             data["deleted"] = {n: deleted[n] for n in sorted(deleted)}
         try:
@@ -215,4 +291,30 @@ def _parse(raw: dict[str, Any]) -> tuple[dict[str, Topic], dict[str, int]]:
         if type(count) is not int or not 1 <= count <= MAX_QUEUES:
             raise ValueError(f"topic {name!r}: queue count {count!r} is outside 1..{MAX_QUEUES}")
         topics[name] = Topic(name, count)
+    for name, settings in raw.get("retention", {}).items():
+        if name in topics:
+            topics[name] = replace(topics[name], retention=_retention_parsed(name, settings))
     return topics, deleted
+
+
+def _retention_json(retention: TopicRetention) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if retention.hours is not None:
+        out["hours"] = retention.hours
+    if retention.bytes_per_queue is not None:
+        out["bytes_per_queue"] = retention.bytes_per_queue
+    return out
+
+
+def _retention_parsed(name: str, settings: Any) -> TopicRetention:
+    if not isinstance(settings, dict):
+        raise ValueError(f"topic {name!r}: retention {settings!r} is not an object")
+    hours, size = settings.get("hours"), settings.get("bytes_per_queue")
+    if hours is not None and (isinstance(hours, bool) or not isinstance(hours, (int, float))):
+        raise ValueError(f"topic {name!r}: retention hours {hours!r} is not a number")
+    if size is not None and type(size) is not int:
+        raise ValueError(f"topic {name!r}: retention bytes_per_queue {size!r} is not an integer")
+    try:
+        return TopicRetention(None if hours is None else float(hours), size)
+    except BrokerError as exc:
+        raise ValueError(f"topic {name!r}: {exc.message}") from None

@@ -174,19 +174,85 @@ def topics() -> None:
 def topics_list(c: Context, system: bool) -> None:
     """Every topic and its queue count."""
     data = c.call(lambda b: b.admin("ListTopics", include_system=system))["topics"]
-    rows = [[t["topic"], t["queue_count"], t["broker_name"]] for t in data]
-    c.emit(data, _table("topics", ["topic", "queues", "broker"], rows))
+    rows = [
+        [t["topic"], t["queue_count"], t["broker_name"], _retention(t["retention"])] for t in data
+    ]
+    c.emit(data, _table("topics", ["topic", "queues", "broker", "retention"], rows))
+
+
+_RETENTION_HOURS = click.option(
+    "--retention-hours",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="serve its messages this long after they were stored (default: the broker's "
+    "--retention-hours)",
+)
+_RETENTION_BYTES = click.option(
+    "--retention-bytes-per-queue",
+    type=click.IntRange(min=1),
+    default=None,
+    help="each queue serves at most this many bytes, newest first (default: no cap)",
+)
 
 
 @topics.command("create")
 @click.argument("topic")
 @click.option("--queues", type=int, default=8, show_default=True, help="how many queues")
+@_RETENTION_HOURS
+@_RETENTION_BYTES
 @click.pass_obj
-def topics_create(c: Context, topic: str, queues: int) -> None:
-    """Create TOPIC with a number of queues (nothing happens if it exists alike)."""
-    data = c.call(lambda b: b.admin("CreateTopic", topic=topic, queue_count=queues))
+def topics_create(
+    c: Context,
+    topic: str,
+    queues: int,
+    retention_hours: float | None,
+    retention_bytes_per_queue: int | None,
+) -> None:
+    """Create TOPIC with a number of queues (nothing happens if it exists alike).
+
+    By default its messages are kept as long as the broker keeps every topic's; the
+    retention options give it its own (see docs/operations.md, "Per-topic retention").
+    """
+    fields: dict[str, Any] = {"topic": topic, "queue_count": queues}
+    if retention_hours is not None or retention_bytes_per_queue is not None:
+        fields["retention"] = _retention_settings(retention_hours, retention_bytes_per_queue)
+    data = c.call(lambda b: b.admin("CreateTopic", **fields))
     text = f"created {topic} with {queues} queues" if data["created"] else f"{topic} exists"
-    c.emit(data, text)
+    c.emit(data, f"{text}; retention: {_retention(data['topic']['retention'])}")
+
+
+@topics.command("set-retention")
+@click.argument("topic")
+@_RETENTION_HOURS
+@_RETENTION_BYTES
+@click.pass_obj
+def topics_set_retention(
+    c: Context, topic: str, retention_hours: float | None, retention_bytes_per_queue: int | None
+) -> None:
+    """Give TOPIC its own retention; without options, back to the broker's default.
+
+    It applies within a second: a shorter time or a size cap expires what is past it at
+    once (those messages are not served again).
+    """
+    settings = _retention_settings(retention_hours, retention_bytes_per_queue)
+    data = c.call(lambda b: b.admin("SetTopicRetention", topic=topic, retention=settings))
+    c.emit(data, f"{topic} retention: {_retention(data['topic']['retention'])}")
+
+
+def _retention_settings(hours: float | None, bytes_per_queue: int | None) -> dict[str, Any]:
+    """RetentionSettings' fields (0: the broker's default)."""
+    return {"hours": hours or 0.0, "bytes_per_queue": bytes_per_queue or 0}
+
+
+def _retention(settings: dict[str, Any]) -> str:
+    """A topic's retention as its row shows it ("default", "24 h", "24 h, 1.0 GiB/queue")."""
+    hours, size = float(settings.get("hours") or 0), int(settings.get("bytes_per_queue") or 0)
+    if not hours and not size:
+        return "default"
+    parts = [f"{hours:g} h" if hours else "default time"]
+    if size:
+        parts.append(f"{_bytes(size)}/queue")
+    return ", ".join(parts)
 
 
 @topics.command("describe")
@@ -199,7 +265,8 @@ def topics_describe(c: Context, topic: str) -> None:
         [q["queue_id"], q["min_offset"], q["max_offset"], _ms(q["last_store_timestamp_ms"])]
         for q in data["queues"]
     ]
-    c.emit(data, _table(f"topic {topic}", ["queue", "min", "max", "last stored"], rows))
+    title = f"topic {topic} (retention: {_retention(data['retention'])})"
+    c.emit(data, _table(title, ["queue", "min", "max", "last stored"], rows))
 
 
 @topics.command("delete")
@@ -636,6 +703,7 @@ def _status_rows(data: dict[str, Any]) -> list[tuple[str, str]]:
         "retention_hours": ("retention", lambda v: f"{float(v):g} h"),
         "oldest_stored_timestamp_ms": ("oldest stored", _ms),
         "retention_deleted_messages": ("deleted by retention since start", str),
+        "retention_expired_messages": ("expired by topics' own retention since start", str),
     }
     rows = [(label, show(data[name])) for name, (label, show) in shown.items() if name in data]
     rows += [

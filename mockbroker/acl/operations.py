@@ -88,6 +88,7 @@ ORDERMQ_RPCS: dict[str, Needs] = {
     "CreateTopic": _ADMIN,
     "DeleteTopic": _ADMIN,
     "DeleteGroup": _ADMIN,
+    "SetTopicRetention": _ADMIN,
     "ResetOffset": _ADMIN,
     "ListTopics": _KNOWN,
     "ListGroups": _KNOWN,

@@ -51,7 +51,8 @@ from mockbroker.store.retention import (
     next_floor,
     statvfs_probe,
 )
-from mockbroker.topics import MAX_QUEUES, SYSTEM_PREFIX, Topic, TopicRegistry
+from mockbroker.store.topic_expiry import SizeWindow
+from mockbroker.topics import MAX_QUEUES, SYSTEM_PREFIX, Topic, TopicRegistry, TopicRetention
 from sdk._validation import split_tag_expression
 from sdk._wire import (
     FRAME_FIELDS,
@@ -198,6 +199,8 @@ class MessageStore:
         #: Called with (topic, queue id, old min offset, new min offset) after a deletion.
         self.on_trim: Callable[[str, int, int, int], None] | None = None
         self._retention_holds = 0
+        #: Byte counts of the queues of topics with a size cap (topic_expiry.SizeWindow).
+        self._size_windows: dict[tuple[str, int], SizeWindow] = {}
         #: The committed offsets (group, topic, queue id, offset), which tell early
         #: deletion what is still unread; None: no group reads anything.
         self.committed_offsets: Callable[[], Iterable[Committed]] | None = None
@@ -345,8 +348,10 @@ class MessageStore:
             self._retention_holds -= 1
 
     # ------------------------------------------------------------------ topics
-    def create_topic(self, name: str, queue_count: int) -> tuple[Topic, bool]:
-        """Create a topic (idempotent for the same queue count).
+    def create_topic(
+        self, name: str, queue_count: int, retention: TopicRetention | None = None
+    ) -> tuple[Topic, bool]:
+        """Create a topic (idempotent for the same queue count and retention).
 
         Its queue files are opened before it is registered: a topic the process has no
         file descriptors left for is refused whole (TOO_MANY_OPEN_FILES), and so is one
@@ -360,7 +365,7 @@ class MessageStore:
                     if (name, qid) not in self._queues:
                         self._queue_for(Topic(name, queue_count), qid)
                         opened.append((name, qid))
-            topic, created = self.topics.create(name, queue_count)
+            topic, created = self.topics.create(name, queue_count, retention)
         except BrokerError:
             for key in opened:
                 self._queues.pop(key).close()
@@ -368,6 +373,16 @@ class MessageStore:
         for qid in range(topic.queue_count):
             self._queue_for(topic, qid)
         return topic, created
+
+    def set_topic_retention(self, name: str, retention: TopicRetention) -> Topic:
+        """Change a topic's own retention; it applies from the next retention check."""
+        topic = self.topics.set_retention(name, retention)
+        log_event(
+            log, logging.INFO, "retention.topic_changed",
+            f"topic {name} retention: {retention.describe()}",
+            topic=name, hours=retention.hours, bytes_per_queue=retention.bytes_per_queue,
+        )  # fmt: skip
+        return topic
 
     async def delete_topic(self, name: str) -> Topic:
         """Delete a topic: its registry entry, then its consume queues (TOPIC_NOT_FOUND).
@@ -889,15 +904,7 @@ class MessageStore:
 
     def offset_for_timestamp(self, topic: Topic, queue_id: int, timestamp_ms: int) -> int:
         """The first offset stored at or after `timestamp_ms`; the max offset if none."""
-        cq = self.queue(topic, queue_id)
-        lo, hi = cq.min_offset, cq.max_offset
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._stored_at(cq, mid) < timestamp_ms:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return self._first_stored_since(self.queue(topic, queue_id), timestamp_ms)
 
     def _stored_at(self, cq: ConsumeQueue, offset: int) -> int:
         while offset >= cq.min_offset:
@@ -935,10 +942,13 @@ class MessageStore:
         if self._retention_holds:  # a backup is copying: deletion waits for the next check
             self._set_disk(usage, self.commitlog.total_bytes())
             return 0
+        self._expire_topics()
         limit = self._deletable_limit()
         bases = self.commitlog.segment_bases()
         horizon_ms = int((self._clock.now() - policy.retention_seconds) * 1000)
-        floor = age_floor(bases, self._first_timestamp_ms, horizon_ms, limit)
+        held = self._held_by_topics()
+        age_limit = limit if held is None else min(limit, held)
+        floor = age_floor(bases, self._first_timestamp_ms, horizon_ms, age_limit)
         freed = self._delete_below(floor, "past the retention time") if floor > bases[0] else 0
         if freed:
             usage = self._probe()
@@ -957,6 +967,73 @@ class MessageStore:
                 break  # below the force ratio and the cap, one segment per check
         self._set_disk(usage, data)
         return freed
+
+    def _expire_topics(self) -> None:
+        """Move the min offsets of topics with their own retention past what expired."""
+        now_ms = int(self._clock.now() * 1000)
+        windows: dict[tuple[str, int], SizeWindow] = {}
+        for topic in self.topics.all():
+            retention = topic.retention
+            if retention.is_default:
+                continue
+            expired = 0
+            for qid in range(topic.queue_count):
+                key = (topic.name, qid)
+                cq = self._queue_for(topic, qid)
+                old_min = floor = cq.min_offset
+                if retention.hours is not None:
+                    horizon_ms = now_ms - int(retention.hours * 3_600_000)
+                    floor = self._first_stored_since(cq, horizon_ms)
+                if retention.bytes_per_queue is not None:
+                    window = windows[key] = self._size_windows.get(key) or SizeWindow()
+                    floor = max(floor, window.floor(cq, retention.bytes_per_queue))
+                if cq.trim_to(floor) > old_min:
+                    expired += cq.min_offset - old_min
+                    if self.on_trim is not None:
+                        self.on_trim(topic.name, qid, old_min, cq.min_offset)
+            if expired:
+                self.retention_stats.messages_expired += expired
+                log_event(
+                    log, logging.INFO, "retention.expired",
+                    f"topic {topic.name}: {expired} messages expired "
+                    f"(its retention: {retention.describe()})",
+                    topic=topic.name, messages=expired,
+                )  # fmt: skip
+        self._size_windows = windows
+
+    def _first_stored_since(self, cq: ConsumeQueue, horizon_ms: int) -> int:
+        """The first offset of `cq` stored at or after `horizon_ms` (its max if none)."""
+        lo, hi = cq.min_offset, cq.max_offset
+        if lo >= hi or self._stored_at(cq, lo) >= horizon_ms:
+            return lo  # the common case: nothing has expired since the last check
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._stored_at(cq, mid) < horizon_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _held_by_topics(self) -> int | None:
+        """The oldest commit-log position a topic kept longer than the broker still serves.
+
+        None when no topic keeps its messages longer than the broker's retention time.
+        """
+        default_hours = self.retention.retention_seconds / 3600
+        now_ms = int(self._clock.now() * 1000)
+        held: int | None = None
+        for topic in self.topics.all():
+            hours = topic.retention.hours
+            if hours is None or hours <= default_hours:
+                continue
+            horizon_ms = now_ms - int(hours * 3_600_000)
+            for qid in range(topic.queue_count):
+                cq = self._queue_for(topic, qid)
+                offset = self._first_stored_since(cq, horizon_ms)
+                if offset < cq.count:
+                    position = cq.entry(offset)[0]
+                    held = position if held is None else min(held, position)
+        return held
 
     def check_accepting_sends(self) -> None:
         """DISK_FULL (retriable) while sends are refused.

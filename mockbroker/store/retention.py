@@ -76,6 +76,8 @@ class RetentionStats:
     segments_deleted: int = 0
     bytes_deleted: int = 0
     messages_deleted: int = 0
+    #: Messages of topics with their own retention that expired (topic_expiry.py).
+    messages_expired: int = 0
     sends_refused: int = 0
 
 

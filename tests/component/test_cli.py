@@ -266,3 +266,50 @@ def test_tail_follow_prints_a_message_while_the_other_queues_polls_are_held(
     finally:
         tail.terminate()
         tail.wait(30)
+
+
+def test_topic_retention_is_set_at_creation_changed_and_expires_messages(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path), clock=clock) as broker:
+        retention = ["--retention-hours", "1.5", "--retention-bytes-per-queue", "1048576"]
+        created = run(broker, "topics", "create", "audit", "--queues", "1", *retention)
+        assert created.exit_code == 0, created.output
+        assert "created audit with 1 queues; retention: 1.5 h, 1.0 MiB/queue" in created.output
+        run(broker, "topics", "create", "plain", "--queues", "1")
+        listed = {t["topic"]: t["retention"] for t in run_json(broker, "topics", "list")}
+        assert listed == {"audit": {"hours": 1.5, "bytes_per_queue": 1048576},
+                          "plain": {"hours": 0.0, "bytes_per_queue": 0}}  # fmt: skip
+        assert "1.5 h, 1.0 MiB/queue" in run(broker, "topics", "list").output
+        again = run(broker, "topics", "create", "audit", "--queues", "1", "--retention-hours", "2")
+        assert again.exit_code == 1 and "exists with retention 1.5 h" in again.output
+
+        with Producer(broker.address) as p:
+            for i in range(4):
+                p.send(Message("audit", b"m%d" % i, sharding_key="k"))
+                p.send(Message("plain", b"m%d" % i, sharding_key="k"))
+        clock.advance(1.5 * 3600 + 2)  # past audit's own time; the broker keeps 72 h
+
+        def min_offsets() -> dict[str, int]:
+            return {t: run_json(broker, "topics", "describe", t)["queues"][0]["min_offset"]
+                    for t in ("audit", "plain")}  # fmt: skip
+
+        wait_until(lambda: min_offsets() == {"audit": 4, "plain": 0}, what="audit's expiry")
+        assert run_json(broker, "broker", "status")["retention_expired_messages"] == 4
+        described = run(broker, "topics", "describe", "audit").output
+        assert "(retention: 1.5 h, 1.0 MiB/queue)" in described
+
+        changed = run(
+            broker, "topics", "set-retention", "plain", "--retention-bytes-per-queue", "1"
+        )
+        assert changed.exit_code == 0
+        assert "plain retention: default time, 1 B/queue" in changed.output
+        clock.advance(2)  # the next retention check
+        wait_until(lambda: min_offsets()["plain"] == 3, what="plain's size cap")
+        reset = run_json(broker, "topics", "set-retention", "plain")
+        assert reset["topic"]["retention"] == {"hours": 0.0, "bytes_per_queue": 0}
+        missing = run(broker, "topics", "set-retention", "nosuch", "--retention-hours", "1")
+        assert missing.exit_code == 1 and "TOPIC_NOT_FOUND" in missing.output
+        bad = run(broker, "topics", "set-retention", "plain", "--retention-hours", "-1")
+        assert bad.exit_code == 2 and "-1" in bad.output

@@ -189,6 +189,9 @@ def seed(f: Fuzzed) -> None:
         ),
         "Exchange": pb.ExchangeRequest(id=1, pull=pull),
         "CreateTopic": pb.CreateTopicRequest(topic=TOPIC, queue_count=4),
+        "SetTopicRetention": pb.SetTopicRetentionRequest(
+            topic=TOPIC, retention=pb.RetentionSettings(hours=24, bytes_per_queue=1 << 20)
+        ),
         "ListTopics": pb.ListTopicsRequest(include_system=True),
         "ListGroups": pb.ListGroupsRequest(),
         "DescribeTopic": pb.DescribeTopicRequest(topic=TOPIC),
@@ -238,7 +241,7 @@ def snapshot(broker: Broker) -> dict[str, Any]:
     store, groups = state.store, state.groups
     topics = store.topics.all()
     return {
-        "topics": {t.name: t.queue_count for t in topics},
+        "topics": {t.name: (t.queue_count, t.retention) for t in topics},
         "queues": {(t.name, q): store.queue(t, q).max_offset for t in topics
                    for q in range(t.queue_count)},
         "commit log": store.commitlog.end,

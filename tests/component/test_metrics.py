@@ -391,6 +391,7 @@ DOCUMENTED = {
     "ordermq_sends_refused": "gauge",
     "ordermq_retention_oldest_timestamp_seconds": "gauge",
     "ordermq_retention_deleted_messages": "counter",
+    "ordermq_retention_expired_messages": "counter",
     "ordermq_queue_min_offset": "gauge",
     "ordermq_consumer_retention_skipped": "counter",
 }

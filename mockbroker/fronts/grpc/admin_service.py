@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any
 
 import grpc
@@ -14,7 +15,14 @@ from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
 from mockbroker.fronts.grpc_errors import Context, answers_errors
 from mockbroker.fronts.message_lookup import find_by_any_id
 from mockbroker.state import BrokerState
-from mockbroker.topics import Topic, check_any_topic, check_group, is_system_topic
+from mockbroker.topics import (
+    Topic,
+    TopicRetention,
+    check_any_topic,
+    check_group,
+    check_user_topic,
+    is_system_topic,
+)
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._version import __version__
@@ -36,8 +44,21 @@ class AdminService(pb_grpc.AdminServiceServicer):
         self, request: pb.CreateTopicRequest, context: Context
     ) -> pb.CreateTopicResponse:
         """Create a topic with a queue count (idempotent for the same count)."""
-        topic, created = self._s.topic_creation.create(request.topic, request.queue_count)
+        retention = retention_from_pb(request.retention) if request.HasField("retention") else None
+        topic, created = self._s.topic_creation.create(
+            request.topic, request.queue_count, retention
+        )
         return pb.CreateTopicResponse(topic=self._info(topic, describe=False), created=created)
+
+    @answers_errors
+    async def SetTopicRetention(
+        self, request: pb.SetTopicRetentionRequest, context: Context
+    ) -> pb.SetTopicRetentionResponse:
+        """Change a user topic's own retention (zeros: back to the broker's default)."""
+        check_user_topic(request.topic)
+        retention = retention_from_pb(request.retention)
+        topic = self._s.store.set_topic_retention(request.topic, retention)
+        return pb.SetTopicRetentionResponse(topic=self._info(topic, describe=False))
 
     @answers_errors
     async def DeleteTopic(
@@ -300,6 +321,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
             "retention_hours": self._s.config.retention_hours,
             "oldest_stored_timestamp_ms": store.oldest_timestamp_ms(),
             "retention_deleted_messages": store.retention_stats.messages_deleted,
+            "retention_expired_messages": store.retention_stats.messages_expired,
             "retention": [
                 pb.TopicRetention(
                     topic=topic.name,
@@ -315,7 +337,13 @@ class AdminService(pb_grpc.AdminServiceServicer):
     def _info(self, topic: Topic, *, describe: bool) -> pb.TopicInfo:
         store = self._s.store
         info = pb.TopicInfo(
-            topic=topic.name, queue_count=topic.queue_count, broker_name=self._s.config.broker_name
+            topic=topic.name,
+            queue_count=topic.queue_count,
+            broker_name=self._s.config.broker_name,
+            retention=pb.RetentionSettings(
+                hours=topic.retention.hours or 0.0,
+                bytes_per_queue=topic.retention.bytes_per_queue or 0,
+            ),
         )
         if describe:
             for qid in range(topic.queue_count):
@@ -329,3 +357,14 @@ class AdminService(pb_grpc.AdminServiceServicer):
                     )
                 )
         return info
+
+
+def retention_from_pb(settings: pb.RetentionSettings) -> TopicRetention:
+    """A request's retention settings (zeros: the broker's defaults); INVALID_ARGUMENT if bad."""
+    if not math.isfinite(settings.hours) or settings.hours < 0 or settings.bytes_per_queue < 0:
+        raise invalid(
+            "INVALID_ARGUMENT",
+            f"retention hours {settings.hours!r} and bytes per queue "
+            f"{settings.bytes_per_queue} must be positive (0: the broker's default)",
+        )
+    return TopicRetention(settings.hours or None, settings.bytes_per_queue or None)

@@ -1803,6 +1803,34 @@ class QueueStats(_message.Message):
 Global___QueueStats: _TypeAlias = QueueStats  # noqa: Y015
 
 @_typing.final
+class RetentionSettings(_message.Message):
+    """A topic's own retention (see docs/operations.md, "Per-topic retention"). 0 in a field:
+    the broker's default for it (its retention time; no size cap).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOURS_FIELD_NUMBER: _builtins.int
+    BYTES_PER_QUEUE_FIELD_NUMBER: _builtins.int
+    hours: _builtins.float
+    """messages are served this long after they were stored"""
+    bytes_per_queue: _builtins.int
+    """each queue serves at most this many bytes, newest first"""
+    def __init__(
+        self,
+        *,
+        hours: _builtins.float = ...,
+        bytes_per_queue: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_per_queue", b"bytes_per_queue", "hours", b"hours"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetentionSettings: _TypeAlias = RetentionSettings  # noqa: Y015
+
+@_typing.final
 class TopicInfo(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1810,12 +1838,17 @@ class TopicInfo(_message.Message):
     QUEUE_COUNT_FIELD_NUMBER: _builtins.int
     BROKER_NAME_FIELD_NUMBER: _builtins.int
     QUEUES_FIELD_NUMBER: _builtins.int
+    RETENTION_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     queue_count: _builtins.int
     broker_name: _builtins.str
     @_builtins.property
     def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueStats]:
         """filled by DescribeTopic only"""
+
+    @_builtins.property
+    def retention(self) -> Global___RetentionSettings:
+        """the topic's own; zeros: the broker's default"""
 
     def __init__(
         self,
@@ -1824,10 +1857,11 @@ class TopicInfo(_message.Message):
         queue_count: _builtins.int = ...,
         broker_name: _builtins.str = ...,
         queues: _abc.Iterable[Global___QueueStats] | None = ...,
+        retention: Global___RetentionSettings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["retention", b"retention"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "queue_count", b"queue_count", "queues", b"queues", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "queue_count", b"queue_count", "queues", b"queues", "retention", b"retention", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1836,28 +1870,85 @@ Global___TopicInfo: _TypeAlias = TopicInfo  # noqa: Y015
 @_typing.final
 class CreateTopicRequest(_message.Message):
     """Errors: INVALID_ARGUMENT (INVALID_TOPIC, INVALID_ARGUMENT for a queue count outside
-    1..1024), ALREADY_EXISTS (TOPIC_EXISTS when the topic exists with another count).
+    1..1024 or retention settings out of range), ALREADY_EXISTS (TOPIC_EXISTS when the
+    topic exists with another count, or with other retention settings when some are given).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     TOPIC_FIELD_NUMBER: _builtins.int
     QUEUE_COUNT_FIELD_NUMBER: _builtins.int
+    RETENTION_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     queue_count: _builtins.int
+    @_builtins.property
+    def retention(self) -> Global___RetentionSettings:
+        """unset: the broker's default"""
+
     def __init__(
         self,
         *,
         topic: _builtins.str = ...,
         queue_count: _builtins.int = ...,
+        retention: Global___RetentionSettings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["retention", b"retention"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_count", b"queue_count", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_count", b"queue_count", "retention", b"retention", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CreateTopicRequest: _TypeAlias = CreateTopicRequest  # noqa: Y015
+
+@_typing.final
+class SetTopicRetentionRequest(_message.Message):
+    """Changes a topic's own retention; it applies from the broker's next retention check
+    (within a second). Errors: INVALID_ARGUMENT (INVALID_TOPIC, INVALID_ARGUMENT for
+    settings out of range), NOT_FOUND (TOPIC_NOT_FOUND).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    RETENTION_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    @_builtins.property
+    def retention(self) -> Global___RetentionSettings:
+        """unset or zeros: back to the broker's default"""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        retention: Global___RetentionSettings | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["retention", b"retention"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["retention", b"retention", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetTopicRetentionRequest: _TypeAlias = SetTopicRetentionRequest  # noqa: Y015
+
+@_typing.final
+class SetTopicRetentionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def topic(self) -> Global___TopicInfo: ...
+    def __init__(
+        self,
+        *,
+        topic: Global___TopicInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["topic", b"topic"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetTopicRetentionResponse: _TypeAlias = SetTopicRetentionResponse  # noqa: Y015
 
 @_typing.final
 class CreateTopicResponse(_message.Message):
@@ -2431,6 +2522,7 @@ class BrokerStatusResponse(_message.Message):
     RETENTION_HOURS_FIELD_NUMBER: _builtins.int
     OLDEST_STORED_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
     RETENTION_DELETED_MESSAGES_FIELD_NUMBER: _builtins.int
+    RETENTION_EXPIRED_MESSAGES_FIELD_NUMBER: _builtins.int
     RETENTION_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
     version: _builtins.str
@@ -2466,6 +2558,8 @@ class BrokerStatusResponse(_message.Message):
     """the oldest record retention kept; 0 when none"""
     retention_deleted_messages: _builtins.int
     """since start"""
+    retention_expired_messages: _builtins.int
+    """since start, by topics' own retention"""
     @_builtins.property
     def retention(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicRetention]:
         """user topics"""
@@ -2495,11 +2589,12 @@ class BrokerStatusResponse(_message.Message):
         retention_hours: _builtins.float = ...,
         oldest_stored_timestamp_ms: _builtins.int = ...,
         retention_deleted_messages: _builtins.int = ...,
+        retention_expired_messages: _builtins.int = ...,
         retention: _abc.Iterable[Global___TopicRetention] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "commit_log_bytes", b"commit_log_bytes", "corrupt_records_detected", b"corrupt_records_detected", "disk_bytes", b"disk_bytes", "disk_free_bytes", b"disk_free_bytes", "disk_total_bytes", b"disk_total_bytes", "disk_used_ratio", b"disk_used_ratio", "flush_mode", b"flush_mode", "held_pulls", b"held_pulls", "messages_in_per_second", b"messages_in_per_second", "messages_out_per_second", b"messages_out_per_second", "messages_served", b"messages_served", "messages_stored", b"messages_stored", "oldest_stored_timestamp_ms", b"oldest_stored_timestamp_ms", "recovered_from_crash", b"recovered_from_crash", "retention", b"retention", "retention_deleted_messages", b"retention_deleted_messages", "retention_hours", b"retention_hours", "sends_refused", b"sends_refused", "topic_count", b"topic_count", "truncated_bytes_at_recovery", b"truncated_bytes_at_recovery", "uptime_ms", b"uptime_ms", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "commit_log_bytes", b"commit_log_bytes", "corrupt_records_detected", b"corrupt_records_detected", "disk_bytes", b"disk_bytes", "disk_free_bytes", b"disk_free_bytes", "disk_total_bytes", b"disk_total_bytes", "disk_used_ratio", b"disk_used_ratio", "flush_mode", b"flush_mode", "held_pulls", b"held_pulls", "messages_in_per_second", b"messages_in_per_second", "messages_out_per_second", b"messages_out_per_second", "messages_served", b"messages_served", "messages_stored", b"messages_stored", "oldest_stored_timestamp_ms", b"oldest_stored_timestamp_ms", "recovered_from_crash", b"recovered_from_crash", "retention", b"retention", "retention_deleted_messages", b"retention_deleted_messages", "retention_expired_messages", b"retention_expired_messages", "retention_hours", b"retention_hours", "sends_refused", b"sends_refused", "topic_count", b"topic_count", "truncated_bytes_at_recovery", b"truncated_bytes_at_recovery", "uptime_ms", b"uptime_ms", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

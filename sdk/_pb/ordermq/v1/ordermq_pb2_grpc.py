@@ -904,6 +904,11 @@ class AdminServiceStub:
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupRequest.SerializeToString,
                 response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupResponse.FromString,
                 _registered_method=True)
+        self.SetTopicRetention = channel.unary_unary(
+                '/ordermq.v1.AdminService/SetTopicRetention',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.SetTopicRetentionRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.SetTopicRetentionResponse.FromString,
+                _registered_method=True)
         self.Backup = channel.unary_unary(
                 '/ordermq.v1.AdminService/Backup',
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.BackupRequest.SerializeToString,
@@ -980,6 +985,12 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetTopicRetention(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Backup(self, request, context):
         """---- Backup ----
         ---- end Backup ----
@@ -1045,6 +1056,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DeleteGroup,
                     request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupRequest.FromString,
                     response_serializer=ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupResponse.SerializeToString,
+            ),
+            'SetTopicRetention': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTopicRetention,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.SetTopicRetentionRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.SetTopicRetentionResponse.SerializeToString,
             ),
             'Backup': grpc.unary_unary_rpc_method_handler(
                     servicer.Backup,
@@ -1349,6 +1365,33 @@ class AdminService:
             '/ordermq.v1.AdminService/DeleteGroup',
             ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupRequest.SerializeToString,
             ordermq_dot_v1_dot_ordermq__pb2.DeleteGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTopicRetention(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.AdminService/SetTopicRetention',
+            ordermq_dot_v1_dot_ordermq__pb2.SetTopicRetentionRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.SetTopicRetentionResponse.FromString,
             options,
             channel_credentials,
             insecure,

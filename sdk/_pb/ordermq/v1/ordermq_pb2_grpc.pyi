@@ -271,6 +271,7 @@ class AdminServiceStub:
     BrokerStatus: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.BrokerStatusRequest, _ordermq_pb2.BrokerStatusResponse]
     DeleteTopic: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteTopicRequest, _ordermq_pb2.DeleteTopicResponse]
     DeleteGroup: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteGroupRequest, _ordermq_pb2.DeleteGroupResponse]
+    SetTopicRetention: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.SetTopicRetentionRequest, _ordermq_pb2.SetTopicRetentionResponse]
     Backup: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.BackupRequest, _ordermq_pb2.BackupResponse]
     """---- Backup ----
     ---- end Backup ----
@@ -290,6 +291,7 @@ class AdminServiceAsyncStub(AdminServiceStub):
     BrokerStatus: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.BrokerStatusRequest, _ordermq_pb2.BrokerStatusResponse]  # type: ignore[assignment]
     DeleteTopic: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteTopicRequest, _ordermq_pb2.DeleteTopicResponse]  # type: ignore[assignment]
     DeleteGroup: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteGroupRequest, _ordermq_pb2.DeleteGroupResponse]  # type: ignore[assignment]
+    SetTopicRetention: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.SetTopicRetentionRequest, _ordermq_pb2.SetTopicRetentionResponse]  # type: ignore[assignment]
     Backup: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.BackupRequest, _ordermq_pb2.BackupResponse]  # type: ignore[assignment]
     """---- Backup ----
     ---- end Backup ----
@@ -372,6 +374,13 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _ordermq_pb2.DeleteGroupRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ordermq_pb2.DeleteGroupResponse, _abc.Awaitable[_ordermq_pb2.DeleteGroupResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SetTopicRetention(
+        self,
+        request: _ordermq_pb2.SetTopicRetentionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.SetTopicRetentionResponse, _abc.Awaitable[_ordermq_pb2.SetTopicRetentionResponse]]: ...
 
     @_abc_1.abstractmethod
     def Backup(
