@@ -334,6 +334,12 @@ def retention_metrics(s: BrokerState) -> Iterator[Metric]:
         value=store.retention_stats.messages_deleted,
     )
     yield CounterMetricFamily(
+        "ordermq_retention_early_deletions",
+        "Commit-log segments deleted before their retention time since start (each logged "
+        "as retention.early_deletion with the groups it cost)",
+        value=store.retention_stats.segments_deleted_early,
+    )
+    yield CounterMetricFamily(
         "ordermq_retention_expired_messages",
         "Messages expired by their topic's own retention since start",
         value=store.retention_stats.messages_expired,

@@ -1124,6 +1124,7 @@ class MessageStore:
             f"groups with unread messages in it (how many): {groups}",
             segment=segment, floor=floor, reason=why, unread=unread,
         )  # fmt: skip
+        self.retention_stats.segments_deleted_early += 1
         return self._delete_below(floor, why)
 
     def _delete_below(self, floor: int, why: str) -> int:

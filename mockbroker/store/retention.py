@@ -74,6 +74,8 @@ class RetentionStats:
     """What retention did since start."""
 
     segments_deleted: int = 0
+    #: Of those, deleted before their retention time (disk about to fill, the cap).
+    segments_deleted_early: int = 0
     bytes_deleted: int = 0
     messages_deleted: int = 0
     #: Messages of topics with their own retention that expired (topic_expiry.py).

@@ -392,6 +392,7 @@ DOCUMENTED = {
     "ordermq_retention_oldest_timestamp_seconds": "gauge",
     "ordermq_retention_deleted_messages": "counter",
     "ordermq_retention_expired_messages": "counter",
+    "ordermq_retention_early_deletions": "counter",
     "ordermq_queue_min_offset": "gauge",
     "ordermq_consumer_retention_skipped": "counter",
 }

@@ -117,6 +117,7 @@ def test_a_shared_disk_over_the_clean_ratio_deletes_only_what_every_group_read(
     assert early and all(r.levelno == logging.WARNING for r in early)
     assert all("every group had read" in r.getMessage() for r in early)
     assert all(r.fields["unread"] == {} for r in early)  # type: ignore[attr-defined]
+    assert store.retention_stats.segments_deleted_early == len(early)
     loop.run_until_complete(store.close())
 
 
