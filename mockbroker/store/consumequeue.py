@@ -6,7 +6,9 @@ Entries are read from the file on demand; none are kept in memory.
 
 Retention moves `min_offset`: the entries below it point into deleted commit-log segments
 or are expired by their topic's own retention, and their blocks are freed (they read back
-as zeros, which keeps positions ascending, and tells the next start where the head ends).
+as zeros, which keeps positions ascending). The min offset is not stored: the store's
+open trims below the commit log's start, and its first retention check expires again what
+its topic's retention expired (topic_expiry.py).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class ConsumeQueue:
             os.ftruncate(self._fd, size)
         self.count = size // ENTRY.size
         self.dirty = False
-        self._min = self._zeroed_prefix()
+        self._min = 0
 
     @property
     def name(self) -> str:
@@ -61,28 +63,13 @@ class ConsumeQueue:
     def trim_to(self, offset: int) -> int:
         """Drop the entries below queue `offset` (expired); the new min offset.
 
-        The min offset never moves backwards nor past the end. The dropped entries read
-        back as zeros, so after a restart the log-start trim finds the same min offset.
+        The min offset never moves backwards nor past the end.
         """
         trimmed = min(max(self._min, offset), self.count)
         if trimmed > self._min:
             self._min = trimmed
             punch_hole(self._fd, trimmed * ENTRY.size)
         return self._min
-
-    def _zeroed_prefix(self) -> int:
-        """How many entries at the head read back as zeros (trimmed before a restart).
-
-        No stored entry has size 0, so the trimmed head is where sizes are 0.
-        """
-        lo, hi = 0, self.count
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.entry(mid)[1] == 0:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
 
     def append(self, packed_entries: bytes) -> None:
         """Append already-packed entries."""

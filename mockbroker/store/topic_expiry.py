@@ -40,7 +40,9 @@ class SizeWindow:
     def floor(self, cq: ConsumeQueue, cap: int) -> int:
         """The lowest offset from which the queue's messages take at most `cap` bytes.
 
-        The newest message always stays, however large.
+        The newest message always stays, however large. Entries of size 0 at the head (no
+        stored message has size 0: they were expired before a restart, and read back as
+        zeros) are skipped.
         """
         if self.start < cq.min_offset or self.end > cq.count:
             # Moved by a segment deletion, or cut by a failed append: count afresh.
@@ -50,13 +52,13 @@ class SizeWindow:
             entries = cq.read(self.end, _CHUNK)
             self.bytes += sum(max(size, 0) for _, size, _ in entries)
             self.end += len(entries)
-        while self.bytes > cap:
+        while True:
             entries = cq.read(self.start, _CHUNK)
             for _, size, _ in entries:
-                if self.bytes <= cap or self.start >= self.end - 1:
+                # Size 0: an entry expired before a restart (its block reads back as zeros).
+                if size != 0 and (self.bytes <= cap or self.start >= self.end - 1):
                     return self.start
                 self.bytes -= max(size, 0)
                 self.start += 1
             if not entries:
-                break
-        return self.start
+                return self.start
