@@ -103,6 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: off; needs --remoting-port; RocketMQ uses 9876)",
     )
     p.add_argument(
+        "--namesrv-addr",
+        default=None,
+        help="register with these name servers, host:port separated by ';' (default: "
+        "none; needs --remoting-port; start them with python -m mockbroker.namesrv)",
+    )
+    p.add_argument(
+        "--cluster-name",
+        default=d.cluster_name,
+        help="the cluster the broker registers in (default %(default)s)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -313,6 +324,8 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             metrics_port=a.metrics_port,
             remoting_port=a.remoting_port,
             namesrv_port=a.namesrv_port,
+            namesrv_addr=a.namesrv_addr,
+            cluster_name=a.cluster_name,
             remoting_max_connections=a.remoting_max_connections,
             remoting_max_connections_per_host=a.remoting_max_connections_per_host,
             advertised_host=a.advertised_host,

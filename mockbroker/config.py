@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from mockbroker.namesrv.registration import NAME_RE
 from mockbroker.store.retention import RetentionPolicy
 
 FlushMode = Literal["async", "sync"]
@@ -112,6 +113,14 @@ class BrokerConfig:
         namesrv_port: Serve a RocketMQ name server on this port, whose routes name this
             broker's remoting port (None: off; 0 picks a free port; RocketMQ's default is
             9876). Needs `remoting_port`.
+        namesrv_addr: Standalone name servers to register with, "host:port" separated by
+            ";" (RocketMQ's namesrvAddr; None: none). The broker registers its topics with
+            each at start, every `register_seconds` and at once when its topics change, and
+            unregisters at shutdown; the routes name its remoting port, which it needs.
+            Start them with `python -m mockbroker.namesrv`.
+        cluster_name: The cluster the broker registers in (RocketMQ's brokerClusterName).
+        register_seconds: How often the broker registers with its name servers (RocketMQ:
+            30 s, which name servers allow 120 s of silence).
         remoting_max_connections: Connections the remoting port, and the name server,
             each keep open at once; a further one is closed as soon as it is accepted (a
             client that opens sockets without end must not take the descriptors the
@@ -182,6 +191,9 @@ class BrokerConfig:
     client_max_topics: int = 256
     remoting_port: int | None = None
     namesrv_port: int | None = None
+    namesrv_addr: str | None = None
+    cluster_name: str = "DefaultCluster"
+    register_seconds: float = 30.0
     remoting_max_connections: int = 4096
     remoting_max_connections_per_host: int = 1024
     v2_port: int | None = None
@@ -211,6 +223,7 @@ class BrokerConfig:
                 "namesrv_port needs remoting_port: the name server's routes point at the "
                 "broker's remoting port"
             )
+        self.name_servers()  # raises ValueError naming what is wrong
         if not 1 <= self.default_queues <= 1024:
             raise ValueError(f"default_queues {self.default_queues} is outside 1..1024")
         if self.lock_lease_seconds <= 0:
@@ -287,6 +300,33 @@ class BrokerConfig:
     def tls(self) -> bool:
         """Whether every port is served over TLS."""
         return self.tls_cert is not None
+
+    def name_servers(self) -> list[str]:
+        """`namesrv_addr` split into "host:port" addresses (ValueError if malformed)."""
+        if self.namesrv_addr is None:
+            return []
+        addresses = [a.strip() for a in self.namesrv_addr.split(";") if a.strip()]
+        if not addresses:
+            raise ValueError("namesrv_addr names no name server")
+        for address in addresses:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(
+                    f"namesrv_addr {address!r} is not host:port (several: separated by ';')"
+                )
+        if self.remoting_port is None:
+            raise ValueError(
+                "namesrv_addr needs remoting_port: the name servers route clients to the "
+                "broker's remoting port"
+            )
+        if not NAME_RE.fullmatch(self.cluster_name):
+            raise ValueError(f"cluster_name {self.cluster_name!r} must match {NAME_RE.pattern}")
+        if not 0 < self.register_seconds <= 60:
+            raise ValueError(
+                f"register_seconds {self.register_seconds} must be within 0..60 (name servers "
+                "drop a broker after 120 s of silence)"
+            )
+        return addresses
 
     def retention_policy(self) -> RetentionPolicy:
         """The retention settings as the store takes them."""

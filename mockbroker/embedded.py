@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from types import TracebackType
-
 from mockbroker.config import BrokerConfig
+from mockbroker.loop_thread import InBackground, LoopThread
 from mockbroker.server import Broker
 from sdk.clock import Clock
 
 
-class EmbeddedBroker:
+class EmbeddedBroker(InBackground):
     """Run a broker on its own event loop in a daemon thread.
 
     Use it as a context manager; `address` is valid inside the block::
@@ -23,13 +20,12 @@ class EmbeddedBroker:
     def __init__(self, config: BrokerConfig, *, clock: Clock | None = None) -> None:
         self.config = config
         self._broker = Broker(config, clock=clock)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._runner = LoopThread("embedded broker", self._broker.start, self._broker.stop)
 
     @property
     def address(self) -> str:
         """'host:port' of the running broker."""
-        if self._thread is None:
+        if not self._runner.running:
             raise RuntimeError("the embedded broker is not running")
         return self._broker.address
 
@@ -48,11 +44,11 @@ class EmbeddedBroker:
     @property
     def v2_address(self) -> str:
         """'host:port' of the RocketMQ 5 front (config.v2_port), for RocketMQ 5 clients."""
-        address = self._broker.v2_address if self._thread is not None else None
+        address = self._broker.v2_address if self._runner.running else None
         if address is None:
             raise RuntimeError(
                 "the embedded broker is not running"
-                if self._thread is None
+                if not self._runner.running
                 else "the RocketMQ 5 front is off (BrokerConfig.v2_port is None)"
             )
         return address
@@ -61,53 +57,3 @@ class EmbeddedBroker:
     def broker(self) -> Broker:
         """The broker itself (its store and counters, for inspection)."""
         return self._broker
-
-    def start(self) -> None:
-        """Start the broker and return once it serves (raises what startup raised)."""
-        if self._thread is not None:
-            raise RuntimeError("the embedded broker is already running")
-        ready = threading.Event()
-        failure: list[BaseException] = []
-        loop = asyncio.new_event_loop()
-
-        def run() -> None:
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_until_complete(self._broker.start())
-            except BaseException as exc:
-                failure.append(exc)
-                ready.set()
-                loop.close()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._broker.stop())
-            loop.close()
-
-        thread = threading.Thread(target=run, name="ordermq-embedded-broker", daemon=True)
-        thread.start()
-        ready.wait()
-        if failure:
-            thread.join()
-            raise failure[0]
-        self._loop, self._thread = loop, thread
-
-    def stop(self) -> None:
-        """Stop serving, flush and close the store, and join the thread."""
-        if self._thread is None or self._loop is None:
-            return
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._thread = self._loop = None
-
-    def __enter__(self) -> EmbeddedBroker:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

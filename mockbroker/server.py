@@ -31,6 +31,7 @@ from mockbroker.long_polling import PullHolder
 from mockbroker.offset_commits import OffsetCommits
 from mockbroker.offsets import ConsumerOffsets
 from mockbroker.pop import PopService
+from mockbroker.registrar import BrokerRegistrar
 from mockbroker.retry import RetryService
 from mockbroker.schedule import Scheduler
 from mockbroker.state import BrokerState
@@ -125,6 +126,8 @@ class Broker:
         self._messaging: MessagingService | None = None
         #: RocketMQ remoting and its name server (None while not serving).
         self.remoting: RemotingFront | None = None
+        #: Registers with standalone name servers (config.namesrv_addr; None: none).
+        self.registrar: BrokerRegistrar | None = None
         self._v2: V2Front | None = None
         self._stopping = False
         self.port = 0
@@ -341,6 +344,15 @@ class Broker:
             )  # fmt: skip
             log.info("RocketMQ remoting on %s, name server on %s",
                      self.remoting.broker_address, self.remoting.namesrv_address)  # fmt: skip
+            name_servers = self.config.name_servers()
+            if name_servers:
+                remoting = self.remoting
+                self.registrar = BrokerRegistrar(
+                    state, name_servers, lambda: remoting.broker_address or "", self.clock,
+                    cluster=self.config.cluster_name,
+                    register_seconds=self.config.register_seconds,
+                )  # fmt: skip
+                await self.registrar.start()
         log.info("broker %s (ordermq %s) serving on %s%s", self.config.broker_name, __version__,
                  self.address, " over TLS" if self.tls else "")  # fmt: skip
         self._warn_if_open()
@@ -434,6 +446,9 @@ class Broker:
             self.state.holder.close()
             self.state.groups.close()
             await self.state.scheduler.stop()
+        if self.registrar is not None:
+            await self.registrar.stop()  # clients stop routing here before the ports close
+            self.registrar = None
         if self.remoting is not None:
             await self.remoting.stop(left())  # held pulls, just answered, write out
         if self._acl_watcher is not None:

@@ -162,6 +162,10 @@ class TopicRegistry:
         self._path = path
         self._topics: dict[str, Topic] = {}
         self._deleted: dict[str, int] = {}
+        #: Counts the changes saved since load (a broker's DataVersion for name servers).
+        self.version = 0
+        #: Called after each saved change (the name-server registrar registers again).
+        self.on_change: Callable[[], None] | None = None
 
     def load(self) -> None:
         """Read the registry file, if any; CorruptFileError when it cannot be read."""
@@ -276,6 +280,9 @@ class TopicRegistry:
                 f"topic {name!r} was not {change}: saving the topic registry failed ({exc}); "
                 "retry later",
             ) from exc
+        self.version += 1
+        if self.on_change is not None:
+            self.on_change()
 
 
 def _parse(raw: dict[str, Any]) -> tuple[dict[str, Topic], dict[str, int]]:

@@ -11,12 +11,12 @@ first message is sent back, and reads as empty until then) of a valid group name
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 from mockbroker.errors import BrokerError
 from mockbroker.fronts.remoting.channel import ClientChannel, Handler
+from mockbroker.namesrv.routes import no_route, route_json
 from mockbroker.state import BrokerState
 from mockbroker.topics import DEFAULT_TOPIC, check_any_topic
 from sdk._remoting.codes import RequestCode, ResponseCode
@@ -52,7 +52,7 @@ def namesrv_handlers(
                 check_any_topic(topic)  # the group's name
             except BrokerError as exc:
                 raise RemotingError(
-                    ResponseCode.TOPIC_NOT_EXIST, f"{_no_route(topic)} ({exc.message})"
+                    ResponseCode.TOPIC_NOT_EXIST, f"{no_route(topic)} ({exc.message})"
                 ) from None
             return RETRY_QUEUES
         return None
@@ -61,7 +61,7 @@ def namesrv_handlers(
         topic = Fields.of(request).string("topic")
         count = queue_count(topic)
         if count is None:
-            raise RemotingError(ResponseCode.TOPIC_NOT_EXIST, _no_route(topic))
+            raise RemotingError(ResponseCode.TOPIC_NOT_EXIST, no_route(topic))
         body = {
             "brokerDatas": [broker_data()],
             "filterServerTable": {},
@@ -76,24 +76,16 @@ def namesrv_handlers(
                 }
             ],
         }
-        return request.response(body=_json(body))
+        return request.response(body=route_json(body))
 
     async def cluster_info(request: RemotingCommand, channel: ClientChannel) -> RemotingCommand:
         body = {
             "brokerAddrTable": {broker_name: broker_data()},
             "clusterAddrTable": {cluster: [broker_name]},
         }
-        return request.response(body=_json(body))
+        return request.response(body=route_json(body))
 
     return {
         RequestCode.GET_ROUTEINFO_BY_TOPIC: route,
         RequestCode.GET_BROKER_CLUSTER_INFO: cluster_info,
     }
-
-
-def _no_route(topic: str) -> str:
-    return f"No topic route info in name server for the topic: {topic}"
-
-
-def _json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
