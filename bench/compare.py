@@ -50,6 +50,12 @@ class Metric:
 
 
 METRICS = [
+    Metric("produce async, batch 100 mixed keys, 1 in flight", "produce.async.mixed.inflight1",
+           "produce", "floor.send.inflight1", 100),
+    Metric("produce sync, batch 100 mixed keys, 1 in flight", "produce.sync.mixed.inflight1",
+           "produce", "floor.send.inflight1", 100),
+    Metric("send() from 8 callers, async, mixed keys", "produce.async.mixed.callers8",
+           "produce", "floor.send.inflight1", 100),
     Metric("produce async, batch 100, 1 in flight", "produce.async.inflight1", "produce",
            "floor.send.inflight1", 100),
     Metric("produce sync, batch 100, 1 in flight", "produce.sync.inflight1", "produce",

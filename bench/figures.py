@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -156,4 +158,135 @@ def table(figures: list[Figure]) -> str:
         lines.append("  ".join(cells).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- the keyed workload
+#: The keyed workload of issue 35, the report's first table: figure keys in row order
+#: (batches of 100 mixed keys in arrival order, 1 in flight; single sends from 8 callers).
+KEYED_KEYS = (
+    "produce.async.mixed.inflight1",
+    "produce.sync.mixed.inflight1",
+    "produce.async.mixed.callers8",
+    "produce.sync.mixed.callers8",
+)
+#: The one-queue batch each keyed batch figure reads against (mixed >= one-queue is a goal).
+ONE_QUEUE_OF = {
+    "produce.async.mixed.inflight1": "produce.async.inflight1",
+    "produce.sync.mixed.inflight1": "produce.sync.inflight1",
+}
+#: The gRPC floor of the same run the keyed figures read against: send-shaped payloads
+#: (a real 100-message SendRequest's bytes), one in flight; messages per payload.
+FLOOR_KEY = "floor.send.inflight1"
+FLOOR_MESSAGES = 100
+#: The peer and peer figure the keyed figures read against (bench/peers, make bench-peers).
+REDIS_PEER = "redis-everysec"
+REDIS_MISSING = "- (make bench-peers)"
+
+
+@dataclass(frozen=True)
+class PeerFigure:
+    """A peer's produce rate in msg/s (median), and where it was measured."""
+
+    name: str
+    value: float
+    source: str
+
+
+def peer_produce(path: Path, peer: str = REDIS_PEER) -> PeerFigure | None:
+    """`peer`'s produce median from a bench/peers results file (make bench-peers), or None
+    when the file is missing or unreadable, or the peer was skipped or not measured."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    entry = (data.get("peers") or {}).get(peer) or {}
+    value = (entry.get("median") or {}).get("produce")
+    if entry.get("skipped") or not value:
+        return None
+    return PeerFigure(peer, float(value), f"{path.name} ({data.get('timestamp', 'no timestamp')})")
+
+
+def _medians(figures: list[Figure]) -> dict[str, float]:
+    return {f.key: statistics.median(f.values()) for f in figures if f.values()}
+
+
+def keyed_ratios(figures: list[Figure], redis: PeerFigure | None) -> dict[str, dict[str, Any]]:
+    """Per keyed figure measured: its median, broker CPU per message (us), and its ratios
+    to the gRPC floor of the same run, to Redis Streams and (batches) to the one-queue
+    batch of the same run; a ratio is None when its reference is missing."""
+    medians = _medians(figures)
+    floor = medians.get(FLOOR_KEY)
+    floor_msgs = floor * FLOOR_MESSAGES if floor else None
+    out: dict[str, dict[str, Any]] = {}
+    for f in figures:
+        if f.key not in KEYED_KEYS or f.key not in medians:
+            continue
+        value = medians[f.key]
+        one_queue = medians.get(ONE_QUEUE_OF.get(f.key, ""))
+        out[f.key] = {
+            "median": value,
+            "server_cpu_us_per_msg": f.summary().get("server_cpu_us_per_unit"),
+            "vs_floor": round(value / floor_msgs, 3) if floor_msgs else None,
+            "vs_redis": round(value / redis.value, 3) if redis else None,
+            "vs_one_queue": round(value / one_queue, 3) if one_queue else None,
+        }
+    return out
+
+
+def keyed_table(figures: list[Figure], redis: PeerFigure | None) -> str:
+    """The keyed workload's table (issue 35), the report's first: each keyed figure's
+    median, min, max, broker CPU per message and its ratios to the gRPC floor of the same
+    run and to Redis Streams (AOF everysec), with a note on where each reference comes
+    from. Empty when no keyed figure ran."""
+    ratios = keyed_ratios(figures, redis)
+    if not ratios:
+        return ""
+    medians = _medians(figures)
+    by_key = {f.key: f for f in figures}
+    header = ("keyed workload", "median", "min", "max", "unit", "broker CPU",
+              "vs gRPC floor", "vs Redis Streams", "vs one-queue batch")  # fmt: skip
+    rows = [header]
+    for key in KEYED_KEYS:
+        if key not in ratios:
+            continue
+        f, r = by_key[key], ratios[key]
+        values = f.values()
+        cpu = r["server_cpu_us_per_msg"]
+        rows.append(
+            (
+                f.title,
+                fmt(r["median"]),
+                fmt(min(values)),
+                fmt(max(values)),
+                f.unit,
+                "-" if cpu is None else f"{fmt(cpu)} us/msg",
+                "-" if r["vs_floor"] is None else f"{r['vs_floor']:.2f}x",
+                REDIS_MISSING if r["vs_redis"] is None else f"{r['vs_redis']:.2f}x",
+                "" if r["vs_one_queue"] is None else f"{r['vs_one_queue']:.2f}x",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [
+            c.ljust(widths[i]) if i in (0, 4) else c.rjust(widths[i]) for i, c in enumerate(row)
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    floor = medians.get(FLOOR_KEY)
+    lines.append(
+        f"gRPC floor (same run): bare grpc.aio, send-shaped {FLOOR_MESSAGES}-message payloads, "
+        f"1 in flight: {fmt(floor * FLOOR_MESSAGES)} msg/s"
+        if floor
+        else "gRPC floor: not measured in this run (the floor group did not run)"
+    )
+    lines.append(
+        f"Redis Streams (AOF everysec, pipelines of {FLOOR_MESSAGES} XADD): "
+        f"{fmt(redis.value)} msg/s, from {redis.source}"
+        if redis
+        else "Redis Streams: not measured (Redis is not installed here and there is no "
+        "bench/results/peers.json): `make bench-peers` installs and measures it"
+    )
     return "\n".join(lines)

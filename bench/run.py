@@ -3,7 +3,11 @@
 Figures (see bench/README.md for what each one measures and how to read it):
 
 - produce: sdk.aio.Producer.send_batch, batches of 100 keyed 100-byte messages, each batch
-  for one of 8 queues, 1 or 4 batches in flight, broker in async or sync flush mode;
+  for one of 8 queues, 1 or 4 batches in flight, broker in async or sync flush mode; and
+  the keyed workload of issue 35, printed first in a table of its own: batches of 100
+  mixed keys in arrival order, and single send() calls from 8 concurrent callers (natural
+  batching), with broker CPU per message and ratios to the gRPC floor of the same run and
+  to Redis Streams (measured now if Redis is installed, else the last make bench-peers);
 - send: sdk.aio.Producer.send of single messages, one at a time, 64 send tasks in flight,
   and through the accumulator (64 or 1 000 in flight), against send_batch above;
 - pull: reading a backlog of 200 000 messages back with the SDK's pull, decode included,
@@ -55,6 +59,7 @@ import contextlib
 import cProfile
 import datetime
 import functools
+import importlib.util
 import json
 import os
 import platform
@@ -75,7 +80,19 @@ import grpc
 import receiving as rc
 import remoting as rm
 import workloads as wl
-from figures import Figure, Run, Timing, fmt, table
+from figures import (
+    KEYED_KEYS,
+    REDIS_PEER,
+    Figure,
+    PeerFigure,
+    Run,
+    Timing,
+    fmt,
+    keyed_ratios,
+    keyed_table,
+    peer_produce,
+    table,
+)
 from procs import ROOT, ServerProcess, broker_process, floor_process, machine_busy_seconds
 
 from sdk import (
@@ -134,6 +151,8 @@ SEND_SEQUENTIAL, SEND_SEQUENTIAL_QUICK = 20_000, 2_000
 SEND_CONCURRENT, SEND_CONCURRENT_QUICK = 20_000, 2_000
 SEND_ACCUMULATOR, SEND_ACCUMULATOR_QUICK = 100_000, 5_000
 SEND_IN_FLIGHT = 64
+#: produce: messages per run of the keyed workload's single sends from wl.CALLERS callers.
+CALLERS_MESSAGES, CALLERS_QUICK = 20_000, 2_000
 SEND_ACCUMULATOR_IN_FLIGHT = 1000
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The topic of the produce figures (created on each figure's fresh broker).
@@ -359,6 +378,58 @@ class Bench:
                 self.say(f"{figure.title}: starting a broker")
                 with self._broker(key, flush_mode) as broker:
                     await self._produce_figure(figure, broker, batches, warmup, in_flight)
+            await self._callers_figure(flush_mode)
+
+    async def _callers_figure(self, flush_mode: str) -> None:
+        """Single sends from wl.CALLERS concurrent callers, keys in arrival order, on a
+        producer with natural batching (the keyed workload's second half, issue 35)."""
+        count = min(self.args.messages, CALLERS_QUICK if self.args.quick else CALLERS_MESSAGES)
+        acc = AccumulatorConfig(linger=0)
+        key = f"produce.{flush_mode}.mixed.callers{wl.CALLERS}"
+        figure = self._add(
+            Figure(
+                key,
+                f"send(), {flush_mode} flush, {wl.CALLERS} callers, mixed keys",
+                "msg/s",
+                {
+                    "api": "sdk.aio.Producer.send, one message per call, each caller's "
+                    "next send when its previous returned",
+                    "flush_mode": flush_mode,
+                    "callers": wl.CALLERS,
+                    "accumulator": {
+                        "linger_seconds": acc.linger,
+                        "max_requests_in_flight": acc.max_requests_in_flight,
+                        "batch_max_messages": acc.batch_max_messages,
+                    },
+                    "body_bytes": wl.BODY_BYTES,
+                    "keys": wl.KEYS,
+                    "queues": wl.QUEUES,
+                    "messages_per_run": count,
+                },
+            )
+        )
+        singles = wl.make_singles(count)
+        warmup = wl.make_singles(max(wl.QUEUES * wl.CALLERS, min(2000, count // 10)))
+        self.say(f"{figure.title}: starting a broker")
+        with self._broker(key, flush_mode) as broker:
+            admin = BrokerClient(broker.address)
+            try:
+                await admin.create_topic(PRODUCE_TOPIC, wl.QUEUES)
+            finally:
+                await admin.close()
+            producer = Producer(broker.address, config=ProducerConfig(accumulator=acc))
+            await producer.start()
+            try:
+                await wl.send_from_callers(producer, PRODUCE_TOPIC, warmup)  # connect, warm up
+                await self._measure(
+                    figure,
+                    functools.partial(wl.send_from_callers, producer, PRODUCE_TOPIC, singles),
+                    broker,
+                )
+            finally:
+                await producer.shutdown()
+        if any(r.units != count for r in figure.runs):
+            raise RuntimeError(f"{figure.title}: sent {[r.units for r in figure.runs]}")
 
     async def _produce_figure(
         self,
@@ -1495,6 +1566,34 @@ def git_revision() -> dict[str, Any]:
     return {"commit": head or None, "dirty": bool(dirty)}
 
 
+def redis_reference(
+    args: argparse.Namespace, tmp: Path, say: Callable[[str], None]
+) -> PeerFigure | None:
+    """Redis Streams' produce rate to read the keyed figures against.
+
+    Measured now, with bench/peers (`--only redis-everysec`, same --messages and --runs,
+    nothing installed), when redis-server and the `redis` client are both here; else read
+    from the last `make bench-peers` (bench/results/peers.json, or peers-quick.json);
+    None when neither is there.
+    """
+    if shutil.which("redis-server") and importlib.util.find_spec("redis") is not None:
+        out = tmp / "peers-redis.json"
+        argv = [sys.executable, str(ROOT / "bench" / "peers" / "run.py"), "--only", REDIS_PEER,
+                "--no-latency", "--no-compare", "--no-install", "--messages",
+                str(args.messages), "--runs", str(args.runs), "--out", str(out)]  # fmt: skip
+        say(f"redis: measuring {REDIS_PEER} with bench/peers/run.py")
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        measured = peer_produce(out)
+        if measured is not None:
+            return PeerFigure(measured.name, measured.value, "this run (bench/peers/run.py)")
+        say(f"redis: not measured ({done.returncode}): {done.stderr.strip()[-300:]}")
+    for name in ("peers-quick.json", "peers.json") if args.quick else ("peers.json",):
+        found = peer_produce(RESULTS / name)
+        if found is not None:
+            return found
+    return None
+
+
 # ---------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
@@ -1575,8 +1674,17 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(bench.run())
         except Exception as exc:  # report what was measured, then fail
             failure = exc
+        redis = None
+        if any(f.key in KEYED_KEYS for f in bench.figures):
+            redis = redis_reference(args, Path(tmp), bench.say)
     elapsed = time.perf_counter() - started
     bench.facts.pop("pull_records", None)
+    keyed = keyed_ratios(bench.figures, redis)
+    if keyed:
+        bench.facts["keyed_ratios"] = keyed
+        bench.facts["keyed_redis"] = (
+            {"peer": redis.name, "produce": redis.value, "source": redis.source} if redis else None
+        )
     host = machine()
     host["loadavg_before"], host["loadavg_after"] = load_before, host.pop("loadavg")
     report: dict[str, Any] = {
@@ -1604,7 +1712,11 @@ def main(argv: list[str] | None = None) -> int:
         f"ordermq bench  {report['timestamp']}  {m['nproc']} cores  Python {m['python']}  "
         f"grpcio {m['grpcio']}  runs {args.runs}  messages {args.messages:,}"
     )
-    print(table(bench.figures))
+    first = keyed_table(bench.figures, redis)
+    if first:
+        print(first)
+        print()
+    print(table([f for f in bench.figures if f.key not in KEYED_KEYS]))
     print(
         f"(medians of {args.runs} run(s); CPU: share of one core and CPU time per unit; "
         f"others: CPU share of every other process on the machine meanwhile; "

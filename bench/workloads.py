@@ -28,6 +28,8 @@ from sdk.aio import Producer
 BODY_BYTES = 100
 BATCH = 100
 KEYS = 1000
+#: Concurrent callers of the keyed workload's single sends (issue 35).
+CALLERS = 8
 QUEUES = 8
 PULL_MAX_MESSAGES = 1000
 PULL_MAX_BYTES = 4 * 1024 * 1024
@@ -194,6 +196,30 @@ async def send_singles(producer: Producer, topic: str, singles: Singles, in_flig
         await asyncio.wait(set(tasks))
     if errors:
         raise errors[0]
+    return sent
+
+
+async def send_from_callers(
+    producer: Producer, topic: str, singles: Singles, callers: int = CALLERS
+) -> int:
+    """Send every message with its own `await producer.send(message)` from `callers` tasks.
+
+    Message i (key i % KEYS, arrival order) belongs to caller i % `callers`, which sends
+    its messages one after another: a web service's handlers, each calling `send()` per
+    event. With `callers` dividing KEYS each key has one caller, so per-key order is that
+    caller's order. Concurrency comes only from the callers (no task per send).
+    """
+    keys, bodies = singles.keys, singles.bodies
+    n = len(keys)
+    sent = 0
+
+    async def caller(first: int) -> None:
+        nonlocal sent
+        for i in range(first, singles.count, callers):
+            await producer.send(Message(topic, bodies[i % n], sharding_key=keys[i % n]))
+            sent += 1
+
+    await asyncio.gather(*(caller(c) for c in range(callers)))
     return sent
 
 

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -23,14 +23,14 @@ from mockbroker.errors import BrokerError, invalid
 from mockbroker.fair_store import QueueHold
 from mockbroker.state import BrokerState
 from mockbroker.store.message_store import Batch, GetResult, PutResult, Written
-from mockbroker.store.records import CheckedFrame
+from mockbroker.store.records import CheckedFrame, CheckedFrames, as_checked
 from mockbroker.topics import Topic, check_group, check_user_topic
 from sdk._wire import MAX_PULL_BYTES, MAX_PULL_MESSAGES, MAX_SEND_BYTES
 
 #: Longest a pull may be held (RocketMQ clients wait 30 s for a pull's answer).
 MAX_SUSPEND_MS = 60_000
 
-_Append = Callable[[Topic, int, bytes, list[CheckedFrame]], Awaitable[PutResult]]
+_Append = Callable[[Topic, int, bytes, Sequence[CheckedFrame]], Awaitable[PutResult]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +82,7 @@ class Delivery:
         else:
             queue = (topic_name, queue_id)
 
-            def write_now(checked: list[CheckedFrame]) -> Written | None:
+            def write_now(checked: CheckedFrames) -> Written | None:
                 found = self._accepted(client, topic_name, checked)
                 if _scheduled(checked) or sliced.writing(queue):
                     return None  # append writes it, once the batch being written is whole
@@ -216,7 +216,7 @@ class Delivery:
             topic = store.topics.get(topic_name)  # TOPIC_NOT_FOUND
         return topic or Topic(topic_name, self._s.config.default_queues)
 
-    def _accepted(self, client: str, topic_name: str, checked: list[CheckedFrame]) -> Topic:
+    def _accepted(self, client: str, topic_name: str, checked: Sequence[CheckedFrame]) -> Topic:
         """The topic to store `checked` in, once the last checks passed (created if need be)."""
         _scheduled(checked)  # INVALID_DELIVERY_TIME for a mixed batch
         return self._accepting(client, topic_name)
@@ -233,7 +233,7 @@ class Delivery:
         topic: Topic,
         queue_id: int,
         frames: bytes,
-        checked: list[CheckedFrame],
+        checked: Sequence[CheckedFrame],
         append: _Append,
     ) -> SendOutcome:
         if _scheduled(checked):
@@ -244,7 +244,7 @@ class Delivery:
         )
 
     async def _schedule(
-        self, topic: Topic, queue_id: int, frames: bytes, checked: list[CheckedFrame]
+        self, topic: Topic, queue_id: int, frames: bytes, checked: Sequence[CheckedFrame]
     ) -> SendOutcome:
         put = await self._s.scheduler.schedule_stored(topic, queue_id, frames, checked)
         now_ms = int(self._s.clock.now() * 1000)
@@ -308,14 +308,14 @@ class Delivery:
                 return got
 
 
-def _write_later(checked: list[CheckedFrame]) -> None:
+def _write_later(checked: CheckedFrames) -> None:
     """A request's parts are all checked before any is written (SlicedStore.check's `then`)."""
     return None
 
 
-def _scheduled(checked: list[CheckedFrame]) -> bool:
+def _scheduled(checked: Sequence[CheckedFrame]) -> bool:
     """True for a batch of scheduled messages; INVALID_DELIVERY_TIME for a mixed one."""
-    scheduled = sum(1 for f in checked if f.due_ms)
+    scheduled = as_checked(checked).scheduled
     if scheduled and scheduled != len(checked):
         raise invalid(
             "INVALID_DELIVERY_TIME",

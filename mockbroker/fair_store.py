@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from types import TracebackType
 
 from mockbroker.errors import BrokerError
 from mockbroker.fairness import FairScheduler
 from mockbroker.store.message_store import Batch, GetResult, MessageStore, PutResult, Written
-from mockbroker.store.records import CheckedFrame
+from mockbroker.store.records import CheckedFrame, CheckedFrames
 from mockbroker.topics import Topic
 
 
@@ -72,14 +72,14 @@ class SlicedStore:
         self,
         client: Hashable,
         frames: bytes,
-        then: Callable[[list[CheckedFrame]], Written | None],
-    ) -> tuple[list[CheckedFrame], Written | None]:
+        then: Callable[[CheckedFrames], Written | None],
+    ) -> tuple[CheckedFrames, Written | None]:
         """Every frame checked (store.check), a slice per turn: (checked, what `then` wrote).
 
         A batch checked whole in one slice goes on to `then` in the same turn (which may
         write it); a larger one is written with `append`, and `then` is not called.
         """
-        checked: list[CheckedFrame] = []
+        checked = CheckedFrames()
         start = 0
         while start < len(frames) or not checked:
             async with self.scheduler.turn(client):
@@ -103,7 +103,7 @@ class SlicedStore:
         topic: Topic,
         queue_id: int,
         frames: bytes,
-        checked: list[CheckedFrame],
+        checked: Sequence[CheckedFrame],
     ) -> PutResult:
         """store.append in one turn, within the queue's `hold` (see in_order).
 

@@ -29,7 +29,7 @@ import contextlib
 import heapq
 import logging
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,6 +41,7 @@ from mockbroker.store.flush import FlushFailedError
 from mockbroker.store.message_store import MessageStore, PutResult
 from mockbroker.store.records import (
     CheckedFrame,
+    CheckedFrames,
     due_time_ms,
     rescheduled,
     tag_hash,
@@ -256,7 +257,7 @@ class Scheduler:
         topic: Topic,
         queue_id: int,
         frames: bytes,
-        checked: list[CheckedFrame],
+        checked: Sequence[CheckedFrame],
         *,
         reconsume_times: int = 0,
     ) -> bool:
@@ -276,7 +277,7 @@ class Scheduler:
         topic: Topic,
         queue_id: int,
         frames: bytes,
-        checked: list[CheckedFrame],
+        checked: Sequence[CheckedFrame],
         *,
         reconsume_times: int = 0,
     ) -> PutResult:
@@ -295,7 +296,7 @@ class Scheduler:
         topic: Topic,
         queue_id: int,
         frames: bytes,
-        checked: list[CheckedFrame],
+        checked: Sequence[CheckedFrame],
         reconsume_times: int,
     ) -> PutResult:
         with self._writing():
@@ -569,9 +570,9 @@ def _record_topic(record: bytes) -> str:
     return record[RECORD.size : RECORD.size + topic_len].decode()
 
 
-def _checked(frames: bytes) -> list[CheckedFrame]:
+def _checked(frames: bytes) -> CheckedFrames:
     """Frames the broker built itself: their lengths are known good."""
-    out: list[CheckedFrame] = []
+    out = CheckedFrames()
     pos = 0
     while pos < len(frames):
         (length,) = FRAME_LEN_PREFIX.unpack_from(frames, pos)
@@ -580,6 +581,6 @@ def _checked(frames: bytes) -> list[CheckedFrame]:
         tags_at = start + FRAME_FIELDS.size
         tags = tag_hash(frames[tags_at : tags_at + tl])
         # keys_at/keys_len: a delivered message is indexed by its keys like any other.
-        out.append(CheckedFrame(start, start + length, tags, 0, tags_at + tl + sl, kl))
+        out.add(start, start + length, tags, 0, tags_at + tl + sl, kl)
         pos = start + length
     return out

@@ -14,7 +14,7 @@ import logging
 import shutil
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +40,14 @@ from mockbroker.store.early_deletion import (
 from mockbroker.store.files import DirectoryLock, fault_point, fsync_dir, make_dirs
 from mockbroker.store.flush import Flusher, FlushFailedError
 from mockbroker.store.message_index import MessageIndex
-from mockbroker.store.records import MIN_RECORD_SIZE, CheckedFrame, check_frames, lay_out_records
+from mockbroker.store.records import (
+    MIN_RECORD_SIZE,
+    CheckedFrame,
+    CheckedFrames,
+    as_checked,
+    check_frames,
+    lay_out_records,
+)
 from mockbroker.store.recovery import RecoveryReport, recover
 from mockbroker.store.retention import (
     DiskProbe,
@@ -112,7 +119,7 @@ class Batch:
 
     queue_id: int
     frames: bytes
-    checked: list[CheckedFrame]
+    checked: Sequence[CheckedFrame]
 
 
 @dataclass(frozen=True)
@@ -434,7 +441,7 @@ class MessageStore:
         first_index: int = 0,
         max_frames: int | None = None,
         max_bytes: int | None = None,
-    ) -> list[CheckedFrame]:
+    ) -> CheckedFrames:
         """Validate a request's frames against the limits and the broker's clock.
 
         In parts, if asked (see records.check_frames).
@@ -451,7 +458,7 @@ class MessageStore:
     async def put(self, topic: Topic, queue_id: int, frames: bytes) -> PutResult:
         """Validate and append a batch of frames that are due now."""
         checked = self.check(frames)
-        if any(f.due_ms for f in checked):
+        if checked.scheduled:
             raise invalid("INVALID_DELIVERY_TIME", "scheduled frames go through the scheduler")
         return await self.append(topic, queue_id, frames, checked)
 
@@ -460,7 +467,7 @@ class MessageStore:
         topic: Topic,
         queue_id: int,
         frames: bytes,
-        checked: list[CheckedFrame],
+        checked: Sequence[CheckedFrame],
         *,
         index_into: tuple[Topic, int] | None = None,
         reconsume_times: int = 0,
@@ -485,7 +492,7 @@ class MessageStore:
         topic: Topic,
         queue_id: int,
         frames: bytes,
-        checked: list[CheckedFrame],
+        checked: Sequence[CheckedFrame],
         *,
         index_into: tuple[Topic, int] | None = None,
         reconsume_times: int = 0,
@@ -532,8 +539,7 @@ class MessageStore:
         overhead = RECORD.size + len(name)
         index_sizes = self._index.sizes() if self._index is not None else (0, 0)
         sizes = [
-            sum(f.end - f.start for f in part.checked) + len(part.checked) * overhead
-            for part in parts
+            as_checked(part.checked).frame_bytes() + len(part.checked) * overhead for part in parts
         ]
         position = self.commitlog.end
         written: list[tuple[int, int]] = []  # (first offset, count) of each batch
@@ -631,12 +637,15 @@ class MessageStore:
         keyed: list[tuple[int, bytes]] = []
         for part in parts:
             frames = part.frames
-            for f in part.checked:
+            checked = as_checked(part.checked)
+            for start, end, keys_at, keys_len in zip(
+                checked.starts, checked.ends, checked.keys_at, checked.keys_lens, strict=True
+            ):
                 positions.append(position)
-                ids.append(frames[f.start : f.start + 16])
-                if f.keys_len:
-                    keyed.append((position, frames[f.keys_at : f.keys_at + f.keys_len]))
-                position += overhead + f.end - f.start
+                ids.append(frames[start : start + 16])
+                if keys_len:
+                    keyed.append((position, frames[keys_at : keys_at + keys_len]))
+                position += overhead + end - start
         self._index.add(topic, positions, ids, keyed)
 
     def find_by_id(self, msg_id: bytes, limit: int = 32) -> list[bytes]:

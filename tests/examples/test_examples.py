@@ -47,6 +47,13 @@ def test_bench_quick_run_measures_every_figure(tmp_path: Path) -> None:
     figures, facts = report["figures"], report["facts"]
     produce = [f for f in figures if f["title"].startswith("produce")]
     assert len(produce) == 6 and all(f["median"] > 0 for f in produce)  # 2 of them mixed
+    # the keyed workload leads the report (issue 35): mixed batches and 8 callers' single
+    # sends, sync and async, each with its ratio to the floor of the same run
+    callers = [f for f in figures if f["key"].startswith("produce.") and "callers" in f["key"]]
+    assert len(callers) == 2 and all(f["median"] > 0 for f in callers)
+    assert len(facts["keyed_ratios"]) == 4
+    assert all(r["vs_floor"] > 0 for r in facts["keyed_ratios"].values())
+    assert proc.stdout.splitlines()[1].startswith("keyed workload")
     # produce and orderly consume over gRPC and rocketmq:// (issue 33), unless skipped
     transports = [f for f in figures if f["key"].startswith("transports.")]
     if "transports_skipped" not in facts:

@@ -8,7 +8,7 @@ import pytest
 
 from mockbroker.errors import BrokerError
 from mockbroker.store.consumequeue import ENTRY
-from mockbroker.store.records import _HEADER, build_records, check_frames
+from mockbroker.store.records import _HEADER, CheckedFrames, as_checked, build_records, check_frames
 from sdk._wire import (
     FRAME_FIELDS,
     FRAME_LEN_PREFIX,
@@ -184,3 +184,33 @@ def test_text_is_checked_per_frame_not_across_frames() -> None:
     second = encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"b", tags=b"\xa9")
     with pytest.raises(BrokerError, match="frame 0: tags"):
         check_frames(first + second, NOW_MS)
+
+
+def test_checked_frames_are_columns_that_read_as_one_checked_frame_each() -> None:
+    frames = [mixed(i) for i in range(10)]
+    frames.insert(3, encode_frame(msg_id=bytes(16), born_timestamp_ms=NOW_MS, body=b"later",
+                                  deliver_at_ms=NOW_MS + 60_000))  # fmt: skip
+    joined = b"".join(frames)
+    checked = check_frames(joined, NOW_MS)
+    assert isinstance(checked, CheckedFrames) and len(checked) == 11
+    one_by_one = list(checked)
+    assert [c.start for c in one_by_one] == checked.starts
+    assert [c.end for c in one_by_one] == checked.ends
+    assert [c.tag_hash for c in one_by_one] == checked.tag_hashes
+    assert [c.keys_at for c in one_by_one] == checked.keys_at
+    assert [c.keys_len for c in one_by_one] == checked.keys_lens
+    assert [c.due_ms for c in one_by_one] == [0, 0, 0, NOW_MS + 60_000] + [0] * 7
+    assert checked.scheduled == 1
+    assert checked[3] == one_by_one[3] and checked[-1] == one_by_one[-1]
+    with pytest.raises(IndexError):
+        checked[11]
+    assert checked.frame_bytes() == sum(len(f) - FRAME_LEN_PREFIX.size for f in frames)
+    # In parts, as the fair store checks a large batch: the parts add up to the whole.
+    first = check_frames(joined, NOW_MS, max_frames=4)
+    rest = check_frames(joined, NOW_MS, start=first[-1].end, first_index=4)
+    first += rest
+    assert first == checked and first.scheduled == 1
+    assert checked[2:5] == one_by_one[2:5] and as_checked(one_by_one) == checked
+    # A plain list of CheckedFrame lays out the same records as the columns.
+    kw = dict(topic=b"t", queue_id=1, first_offset=5, store_timestamp_ms=NOW_MS, base_position=9)
+    assert build_records(joined, one_by_one, **kw) == build_records(joined, checked, **kw)  # type: ignore[arg-type]
