@@ -7,12 +7,13 @@ STAMP := $(VENV)/.installed
 LINTED := sdk mockbroker
 
 PHONY_DOCS := docs-api test-docs bench-sizing
-.PHONY: help setup proto proto-check docs docs-check $(PHONY_DOCS) lint typecheck test test-fast test-times test-stateful chaos fuzz fuzz-atheris demo bench bench-backlog bench-profile bench-peers interop-setup interop clean
+.PHONY: help setup proto proto-check docs docs-check $(PHONY_DOCS) lint typecheck test test-fast test-times test-durations test-stateful chaos fuzz fuzz-atheris demo bench bench-backlog bench-profile bench-peers interop-setup interop clean
 
 help:
 	@echo "make demo    run the main job on an embedded broker"
 	@echo "make test    lint, type-check and run every test tier"
 	@echo "make test-times      make test with the time of each check and tier, and the slowest tests"
+	@echo "make test-durations  the tests alone, writing each file's seconds to tests/durations.json"
 	@echo "make chaos   the fault suite's long form, with its summary table"
 	@echo "make test-stateful   a long random search of the orderly-consumption state machine"
 	@echo "make fuzz    a long random search of every RPC and every decoder (part of make chaos)"
@@ -70,7 +71,8 @@ typecheck: $(STAMP)
 # --dist loadfile keeps each file on one worker: a module's fixtures (the chaos brokers,
 # the interop installs) start once rather than once per worker (385 s against 455 s in
 # pytest), and a document's blocks, which share a namespace and run in order, stay together.
-# The slowest tiers start first (tests/conftest.py), not the files with the most tests.
+# The longest files start first (tests/conftest.py, by tests/durations.json), not the files
+# with the most tests.
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
@@ -80,6 +82,11 @@ test: proto-check docs-check docs-api lint typecheck
 # make test's checks and tests, with where the time goes (tools/test_times.py).
 test-times: $(STAMP)
 	$(PY) tools/test_times.py $(XDIST) $(PYTEST_ARGS)
+
+# The tests alone (no checks), writing each file's seconds to tests/durations.json, which
+# sets make test's start order; PYTEST_ARGS="tests/system" refreshes those files only.
+test-durations: $(STAMP)
+	$(PY) tools/test_times.py --skip-checks --update-durations $(XDIST) $(PYTEST_ARGS)
 
 # Unit and component tiers only, for a quick loop while editing (make test-docs: the docs).
 test-fast: $(STAMP)

@@ -23,13 +23,16 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import Metric
+    from prometheus_client.registry import Collector
+
     from sdk.consumer.process_queue import ProcessQueue
     from sdk.message import MessageQueue
+
+# prometheus_client is imported by enable() only: every program using the SDK imports this
+# module, and most never enable metrics (25-50 ms a process here, after the rest of the SDK).
 
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -41,6 +44,8 @@ class _HasQueues(Protocol):
 
 class _Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        from prometheus_client import Counter, Histogram
+
         self.registry = registry
         self.send = Histogram(
             "ordermq_client_send_seconds", "Send request latency", ["topic"],
@@ -70,29 +75,36 @@ class _Metrics:
             "Failed messages moved to the group's dead-letter topic", ["group"],
             registry=registry,
         )  # fmt: skip
-        self.collector = _CacheCollector()
+        self.collector = _cache_collector()
         registry.register(self.collector)
 
 
-class _CacheCollector(Collector):
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
-            "ordermq_client_cached_messages",
-            "Messages pulled and not yet consumed",
-            labels=["group", "topic", "queue"],
-        )
-        for consumer in list(_consumers):
-            for _attempt in range(3):  # the consumer's loop may change the table meanwhile
-                try:
-                    items = list(consumer._queues.items())
-                    break
-                except RuntimeError:
+def _cache_collector() -> Collector:
+    """The collector of ordermq_client_cached_messages (a class of its own each time)."""
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.registry import Collector
+
+    class _CacheCollector(Collector):
+        def collect(self) -> Iterator[Metric]:
+            family = GaugeMetricFamily(
+                "ordermq_client_cached_messages",
+                "Messages pulled and not yet consumed",
+                labels=["group", "topic", "queue"],
+            )
+            for consumer in list(_consumers):
+                for _attempt in range(3):  # the consumer's loop may change the table meanwhile
+                    try:
+                        items = list(consumer._queues.items())
+                        break
+                    except RuntimeError:
+                        continue
+                else:
                     continue
-            else:
-                continue
-            for queue, pq in items:
-                family.add_metric([consumer.group, queue.topic, str(queue.queue_id)], pq.count)
-        yield family
+                for queue, pq in items:
+                    family.add_metric([consumer.group, queue.topic, str(queue.queue_id)], pq.count)
+            yield family
+
+    return _CacheCollector()
 
 
 _active: _Metrics | None = None
@@ -101,6 +113,8 @@ _consumers: weakref.WeakSet[_HasQueues] = weakref.WeakSet()
 
 def enable(registry: CollectorRegistry | None = None) -> CollectorRegistry:
     """Start recording into `registry` (a new one if None); returns it."""
+    from prometheus_client import CollectorRegistry
+
     global _active
     disable()
     _active = _Metrics(registry if registry is not None else CollectorRegistry())

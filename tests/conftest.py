@@ -8,6 +8,7 @@ import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
 from tests.chaos_report import REPORT_PATH_ENV, ChaosRecorder, ChaosReport
+from tools.test_times import read_durations, start_order
 
 _CHAOS = pytest.StashKey[ChaosReport]()
 
@@ -22,24 +23,24 @@ def chaos_report(request: pytest.FixtureRequest) -> ChaosRecorder:
     return ChaosRecorder(request.config.stash[_CHAOS], request.node.name)
 
 
-# make test runs files whole on two workers (--dist loadfile --no-loadscope-reorder), in
-# this order: the longest files first, so that the last ones to start are short and both
-# workers finish together. xdist's own order (most tests first) left a system file last.
-_SLOWEST_FIRST = ("tests/examples/", "tests/system/", "tests/component/", "tests/unit/")
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return path.as_posix()
 
 
-def _start_rank(item: pytest.Item) -> int:
-    path = item.path.as_posix()
-    for rank, tier in enumerate(_SLOWEST_FIRST):
-        if f"/{tier}" in path:
-            return rank
-    return len(_SLOWEST_FIRST) - 1  # README.md and docs/: short, like the unit files
-
-
+# make test runs files whole on two workers (--dist loadfile --no-loadscope-reorder), each
+# worker taking the next file when it is almost done: the longest files first, so that the
+# last ones to start are short and both workers finish together. xdist's own order (most
+# tests first) left a system file last. A file's seconds come from tests/durations.json
+# (`make test-durations` refreshes it); files not in it follow, slowest tier first.
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Sorts the files slowest tier first; a file's own tests keep their order."""
-    items.sort(key=_start_rank)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Sorts the files longest first (tools/test_times.py); a file's tests keep their order."""
+    paths = {item: _relative(item.path, config.rootpath) for item in items}
+    keys = start_order(sorted(set(paths.values())), read_durations())
+    items.sort(key=lambda item: keys[paths[item]])
 
 
 def pytest_terminal_summary(

@@ -6,6 +6,10 @@ docs) with the number of tests, the seconds they took and their share, then the 
 tests. The figures are also written to build/test-times.json. Extra arguments go to
 pytest (`make test-times PYTEST_ARGS="-x"`).
 
+--update-durations writes each test file's seconds into tests/durations.json (`make
+test-durations`), which tests/conftest.py reads to start the longest files first: the files
+that ran replace their entries, files that no longer exist are dropped, the others stay.
+
 Tier sums add each test's own duration (set-up and tear-down included); with tests run
 in parallel they add up to more than the wall time, which is printed apart.
 """
@@ -25,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHECKS = ("proto-check", "docs-check", "docs-api", "lint", "typecheck")
 TIERS = ("unit", "component", "system", "interop", "examples", "docs")
 INTEROP_PREFIX = "tests.system.test_rocketmq"
+DURATIONS = ROOT / "tests" / "durations.json"
 
 
 def tier_of(classname: str) -> str:
@@ -35,6 +40,52 @@ def tier_of(classname: str) -> str:
         if classname.startswith(f"tests.{tier}."):
             return tier
     return "docs"
+
+
+def file_of(classname: str, root: Path = ROOT) -> str | None:
+    """The file, relative to `root`, of a JUnit classname: "tests.unit.test_pop" and
+    "tests.unit.test_pop.TestX" -> tests/unit/test_pop.py, "docs.operations.md" ->
+    docs/operations.md; None when no such file exists."""
+    parts = classname.split(".")
+    for end in range(len(parts), 0, -1):
+        module = "/".join(parts[:end]) + ".py"
+        document = "/".join(parts[: end - 1]) + "." + parts[end - 1] if end > 1 else ""
+        for name in (module, document):
+            if name and (root / name).is_file():
+                return name
+    return None
+
+
+#: Where make test starts a file that has no seconds in tests/durations.json: after those
+#: that have, slowest tier first (README.md and docs/ are short, like the unit files).
+SLOWEST_TIERS_FIRST = ("tests/examples/", "tests/system/", "tests/component/", "tests/unit/")
+
+
+def read_durations(path: Path = DURATIONS) -> dict[str, float]:
+    """tests/durations.json: each test file's seconds, by its path from the root."""
+    durations: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
+    return durations
+
+
+def start_order(paths: list[str], durations: dict[str, float]) -> dict[str, tuple[float, int]]:
+    """Each file's sort key for tests/conftest.py (`paths` from the root): its seconds in
+    `durations`, longest first, then its tier, slowest first."""
+
+    def tier(path: str) -> int:
+        ranks = [r for r, t in enumerate(SLOWEST_TIERS_FIRST) if path.startswith(t)]
+        return ranks[0] if ranks else len(SLOWEST_TIERS_FIRST) - 1
+
+    return {p: (-durations.get(p, 0.0), tier(p)) for p in paths}
+
+
+def merged_durations(
+    old: dict[str, float], measured: dict[str, float], root: Path = ROOT
+) -> dict[str, float]:
+    """`old` with the files of `measured` replaced and the files gone from `root` dropped,
+    sorted by name, in tenths of a second."""
+    merged = {f: s for f, s in old.items() if (root / f).is_file()}
+    merged.update(measured)
+    return {f: round(merged[f], 1) for f in sorted(merged)}
 
 
 def timed(command: list[str]) -> tuple[float, int]:
@@ -48,6 +99,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slowest", type=int, default=25, help="slowest tests to list")
     parser.add_argument("--skip-checks", action="store_true", help="time pytest only")
+    parser.add_argument(
+        "--update-durations", action="store_true", help=f"write each file's seconds to {DURATIONS}"
+    )
     args, pytest_args = parser.parse_known_args()
     build = ROOT / "build"
     build.mkdir(exist_ok=True)
@@ -63,11 +117,14 @@ def main() -> int:
     wall, code = timed(command)
     per_tier: dict[str, list[float]] = defaultdict(list)
     tests: list[tuple[float, str]] = []
+    per_file: dict[str, float] = defaultdict(float)
     for case in ET.parse(report).getroot().iter("testcase"):
         seconds = float(case.get("time", "0"))
         classname = case.get("classname", "")
         per_tier[tier_of(classname)].append(seconds)
         tests.append((seconds, f"{classname}::{case.get('name', '')}"))
+        if (path := file_of(classname)) is not None:
+            per_file[path] += seconds
     total = sum(map(sum, per_tier.values())) or 1.0
     print("\n| step | wall s |\n|---|---|")
     for check, seconds in checks.items():
@@ -91,6 +148,10 @@ def main() -> int:
             indent=1,
         )
     )
+    if args.update_durations and per_file:
+        merged = merged_durations(read_durations(), per_file)
+        DURATIONS.write_text(json.dumps(merged, indent=1) + "\n")
+        print(f"{len(per_file)} files' seconds written to {DURATIONS.relative_to(ROOT)}")
     return code
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.examples.bench_quick import PARTS
 from tests.support import ROOT
 
 pytestmark = pytest.mark.example
@@ -33,71 +34,15 @@ def test_demo_processes_every_order_in_order_across_a_hand_over() -> None:
     assert "result: OK" in out
 
 
-def test_bench_quick_run_measures_every_figure(tmp_path: Path) -> None:
-    out = tmp_path / "quick.json"
-    script = str(ROOT / "bench" / "run.py")
-    # Every group, on 2 000 messages instead of --quick's 20 000: the figures are only
-    # checked to be there, and the groups' fixed costs (brokers, paced latency runs) stay.
-    proc = subprocess.run(
-        [sys.executable, script, "--quick", "--messages", "2000", "--quiet", "--output", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(out.read_text())
-    figures, facts = report["figures"], report["facts"]
-    produce = [f for f in figures if f["title"].startswith("produce")]
-    assert len(produce) == 6 and all(f["median"] > 0 for f in produce)  # 2 of them mixed
-    # the keyed workload leads the report (issue 35): mixed batches and 8 callers' single
-    # sends, sync and async, each with its ratio to the floor of the same run
-    callers = [f for f in figures if f["key"].startswith("produce.") and "callers" in f["key"]]
-    assert len(callers) == 2 and all(f["median"] > 0 for f in callers)
-    assert len(facts["keyed_ratios"]) == 4
-    assert all(r["vs_floor"] > 0 for r in facts["keyed_ratios"].values())
-    assert proc.stdout.splitlines()[1].startswith("keyed workload")
-    # produce and orderly consume over gRPC and rocketmq:// (issue 33), unless skipped
-    transports = [f for f in figures if f["key"].startswith("transports.")]
-    if "transports_skipped" not in facts:
-        assert len(transports) == 4 and all(f["median"] > 0 for f in transports)
-    # produce and orderly consume with TLS off, on, and on with an ACL, and the ratios
-    # (issues 34, 37)
-    tls = {f["key"]: f for f in figures if f["key"].startswith("tls.")}
-    assert "tls_skipped" not in facts  # trustme is a development dependency
-    assert sorted(tls) == [
-        "tls.plain.consume", "tls.plain.produce", "tls.tls.consume", "tls.tls.produce",
-        "tls.tls_acl.consume", "tls.tls_acl.produce",
-    ]  # fmt: skip
-    assert all(f["median"] > 0 for f in tls.values())
-    assert tls["tls.tls.produce"]["params"]["tls"] and not tls["tls.plain.produce"]["params"]["tls"]
-    assert (
-        tls["tls.tls_acl.consume"]["params"]["acl"] and not tls["tls.tls.consume"]["params"]["acl"]
-    )
-    assert set(facts["tls_ratios"]) == set(facts["tls_acl_ratios"]) == {"produce", "consume"}
-    # receive + ack by 8 workers, both faces, and a poll loop on the same backlog (issue 36)
-    receive = {f["key"]: f for f in figures if f["key"].startswith("receive.")}
-    assert sorted(receive) == ["receive.aio", "receive.blocking", "receive.poll_aio"]
-    assert all(f["median"] > 0 for f in receive.values())
+def test_the_quick_run_tests_cover_every_bench_group() -> None:
+    # bench/run.py --quick's groups run one per test, in tests/examples/test_bench_quick_*.py
+    sys.path.insert(0, str(ROOT / "bench"))
+    import run as bench_run
 
-
-def test_bench_backlog_group_recovers_and_reads_back_the_whole_backlog(tmp_path: Path) -> None:
-    out = tmp_path / "backlog.json"
-    # A 10 s pause between the two parts instead of make bench-backlog's 30 s: the deleting
-    # broker still has 5 s, and nothing checked here depends on the pause's length.
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "run.py"), "--only", "backlog",
-         "--backlog-messages", "16000", "--backlog-pause", "10", "--quiet",
-         "--output", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(out.read_text())
-    figures = {f["key"]: f for f in report["figures"]}
-    stored = figures["backlog.fill"]["runs"][0]["units"]
-    assert stored == 16000
-    assert figures["backlog.read"]["runs"][0]["units"] == stored  # every message came back
-    assert figures["backlog.recovery"]["median"] > 0
-    for key in ("broker.rss.bigbacklog.fill", "broker.rss.bigbacklog"):
-        assert 10 < figures[key]["median"] < 1000, figures[key]
-    assert report["facts"]["backlog_disk_bytes"] > stored * 100
+    groups = [g for part in PARTS.values() for g in part]
+    assert sorted(groups) == sorted(bench_run.GROUPS)
+    for part in PARTS:
+        assert (ROOT / "tests" / "examples" / f"test_bench_quick_{part}.py").is_file()
 
 
 def test_batch_export_drains_the_backlog_once_and_resumes_from_commits() -> None:

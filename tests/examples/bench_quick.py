@@ -1,0 +1,98 @@
+"""bench/run.py --quick, one bench group per test (the test files test_bench_quick_*.py).
+
+The groups used to run in one test of about 50 s, the suite's slowest, which held one
+xdist worker while the other had nothing left to do. Each group now runs on its own (the
+same options: --quick on 2 000 messages instead of --quick's 20 000: the figures are only
+checked to be there, and the groups' fixed costs, brokers and paced latency runs, stay),
+and the groups are split over four files so that --dist loadfile spreads them over both
+workers. Seconds per group (bench/run.py's facts, 2 cores): remoting 14.6, latency 8.0,
+tls 6.1, send 5.5, produce 4.7, receive 4.0, transports 4.0, consume 1.0, pull 0.8,
+poll 0.8, floor 0.6, micro 0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.support import ROOT
+
+#: The groups of each file test_bench_quick_<part>.py, about 10-15 s a file; together
+#: every group of bench/run.py's GROUPS (tests/examples/test_examples.py checks it).
+PARTS: dict[str, tuple[str, ...]] = {
+    "remoting": ("remoting",),
+    "produce": ("produce", "send", "receive"),
+    "latency": ("latency", "pull", "consume", "poll", "floor", "micro"),
+    "tls": ("tls", "transports"),
+}
+
+
+def quick_run(group: str, tmp_path: Path) -> dict[str, Any]:
+    """Runs bench/run.py --quick on `group` alone; its JSON report, checked as a whole."""
+    out = tmp_path / "quick.json"
+    script = str(ROOT / "bench" / "run.py")
+    proc = subprocess.run(
+        [sys.executable, script, "--quick", "--messages", "2000", "--quiet", "--only", group,
+         "--output", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report: dict[str, Any] = json.loads(out.read_text())
+    assert report["options"]["groups"] == [group]
+    assert f"{group}_seconds" in report["facts"], report["facts"]  # the group ran
+    check = CHECKS.get(group)
+    if check is not None:
+        check(report["figures"], report["facts"])
+    return report
+
+
+def _produce(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
+    produce = [f for f in figures if f["title"].startswith("produce")]
+    assert len(produce) == 6 and all(f["median"] > 0 for f in produce)  # 2 of them mixed
+    # the keyed workload (issue 35): mixed batches and 8 callers' single sends, sync and
+    # async, each with its ratios (to the floor only when the floor group ran too: the
+    # unit tests of bench/figures.py check that ratio)
+    callers = [f for f in figures if f["key"].startswith("produce.") and "callers" in f["key"]]
+    assert len(callers) == 2 and all(f["median"] > 0 for f in callers)
+    keyed = facts["keyed_ratios"]
+    assert len(keyed) == 4 and all(r["median"] > 0 for r in keyed.values())
+    assert sum(r["vs_one_queue"] is not None for r in keyed.values()) == 2
+
+
+def _transports(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
+    # produce and orderly consume over gRPC and rocketmq:// (issue 33), unless skipped
+    transports = [f for f in figures if f["key"].startswith("transports.")]
+    if "transports_skipped" not in facts:
+        assert len(transports) == 4 and all(f["median"] > 0 for f in transports)
+
+
+def _tls(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
+    # produce and orderly consume with TLS off, on, and on with an ACL, and the ratios
+    # (issues 34, 37)
+    tls = {f["key"]: f for f in figures if f["key"].startswith("tls.")}
+    assert "tls_skipped" not in facts  # trustme is a development dependency
+    assert sorted(tls) == [
+        "tls.plain.consume", "tls.plain.produce", "tls.tls.consume", "tls.tls.produce",
+        "tls.tls_acl.consume", "tls.tls_acl.produce",
+    ]  # fmt: skip
+    assert all(f["median"] > 0 for f in tls.values())
+    assert tls["tls.tls.produce"]["params"]["tls"] and not tls["tls.plain.produce"]["params"]["tls"]
+    assert (
+        tls["tls.tls_acl.consume"]["params"]["acl"] and not tls["tls.tls.consume"]["params"]["acl"]
+    )
+    assert set(facts["tls_ratios"]) == set(facts["tls_acl_ratios"]) == {"produce", "consume"}
+
+
+def _receive(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
+    # receive + ack by 8 workers, both faces, and a poll loop on the same backlog (issue 36)
+    receive = {f["key"]: f for f in figures if f["key"].startswith("receive.")}
+    assert sorted(receive) == ["receive.aio", "receive.blocking", "receive.poll_aio"]
+    assert all(f["median"] > 0 for f in receive.values())
+
+
+#: What each group's figures must show, beyond the run succeeding (the groups not named
+#: here were, and are, checked by the run's success alone).
+CHECKS = {"produce": _produce, "transports": _transports, "tls": _tls, "receive": _receive}
