@@ -72,8 +72,10 @@ class Producer:
 
         Over ordermq's gRPC the batch is one request whatever its queues (a few when it
         is larger than a request may be); each queue's messages are stored whole or
-        refused whole, in order; PartialBatchError when some queues' were refused. Over
-        rocketmq://, one request per queue (RocketMQ's batches are per queue).
+        refused whole, in order, its delayed ones apart (they go to the scheduler as a
+        part of their own); PartialBatchError, naming the failed messages by index, when
+        some were refused. Over rocketmq://, one request per queue (RocketMQ's batches
+        are per queue).
         """
         return await self._core.send_batch(messages, timeout=timeout)
 

@@ -62,13 +62,16 @@ class PartialBatchError(OrderMQError):
     """Some queues of a batch were stored and others were not.
 
     `results[i]` is the SendResult of message i, or None where its queue failed;
-    `errors` holds the failures.
+    `errors` holds the failures. The message names the failed messages by their index in
+    the batch: a broker's error names a frame by its number within the refused part (that
+    queue's messages of the request), not within the batch.
     """
 
     def __init__(self, results: list[SendResult | None], errors: list[OrderMQError]) -> None:
-        stored = sum(r is not None for r in results)
+        failed = [i for i, r in enumerate(results) if r is None]
         super().__init__(
-            f"{stored} of {len(results)} messages were stored; the rest failed: {errors[0]}"
+            f"{len(results) - len(failed)} of {len(results)} messages were stored; "
+            f"{_name_messages(failed)} failed: {errors[0]}"
         )
         self.results = results
         self.errors = errors
@@ -721,6 +724,16 @@ def _spool_requests(items: list[Spooled], prepared: list[bytes], limit: int) -> 
     for _, run in itertools.groupby(range(len(items)), lambda i: items[i].deliver_at_ms > 0):
         requests += _chunks_by_size(list(run), prepared, limit)
     return requests
+
+
+def _name_messages(indexes: list[int], shown: int = 10) -> str:
+    """Name messages by index: message 3; messages 3, 7; or the first `shown` of many."""
+    if len(indexes) == 1:
+        return f"message {indexes[0]}"
+    named = ", ".join(map(str, indexes[:shown]))
+    if len(indexes) > shown:
+        named += f", ... ({len(indexes)} in all)"
+    return f"messages {named}"
 
 
 def _delayed(message: Message) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from collections import defaultdict
@@ -15,6 +16,7 @@ import pytest
 from mockbroker import BrokerConfig, EmbeddedBroker
 from sdk import (
     AccumulatorConfig,
+    EarlierSendFailedError,
     Message,
     MessageExt,
     MessageQueue,
@@ -26,7 +28,12 @@ from sdk import (
 )
 from sdk.aio import Producer as AsyncProducer
 from sdk.clock import Clock
-from sdk.errors import BufferFullError, InvalidArgumentError
+from sdk.errors import (
+    BrokerUnavailableError,
+    BufferFullError,
+    InvalidArgumentError,
+    OrderMQError,
+)
 from tests.component.pulling import read_queue, read_topic
 from tests.component.transports import TRANSPORTS, BrokerOver, broker_over
 from tests.support import free_ports, wait_until
@@ -303,3 +310,89 @@ def test_natural_batching_shares_requests_among_callers_and_keeps_each_keys_orde
     del sequences["warm-up"]
     assert len(sequences) == callers * 3
     assert all(s == list(range(each // 3)) for s in sequences.values())
+
+
+def test_natural_batching_through_a_full_disk_answers_every_caller_and_stores_none_in_half(
+    tmp_path: Path,
+) -> None:
+    """8 callers keep sending their own key while the disk fills up, then has room again.
+
+    Each send gets a SendResult or an OrderMQError: DISK_FULL for a refused part, or
+    EarlierSendFailedError (caused by it) for a send queued behind one on its queue.
+    Without retries a refused send is not stored, so the broker holds exactly the
+    acknowledged messages, where their results say, each key's in send order.
+    """
+    usage = tmp_path / "disk.json"
+    room, full = (json.dumps({"total_bytes": 10**9, "other_used_bytes": used})
+                  for used in (0, 95 * 10**7))  # fmt: skip
+    usage.write_text(room)
+    config = BrokerConfig(data_dir=tmp_path / "data", disk_usage_file=usage,
+                          disk_check_seconds=0.05)  # fmt: skip
+    keys = [f"caller-{n}" for n in range(8)]
+    outcomes: dict[str, list[SendResult | BaseException]] = {key: [] for key in keys}
+
+    def answers(key: str, kind: type) -> int:
+        return sum(isinstance(o, kind) for o in outcomes[key])
+
+    async def until(condition: Callable[[], bool], what: str) -> None:
+        async with asyncio.timeout(20):  # a bound, not a timing: fails with `what`
+            while not condition():
+                await asyncio.sleep(0.01)
+        assert condition(), what
+
+    async def run(embedded: EmbeddedBroker) -> None:
+        state = embedded.broker.state
+        assert state is not None
+        producer_config = ProducerConfig(accumulator=AccumulatorConfig(linger=0), retry_times=0)
+        stop = asyncio.Event()
+        async with AsyncProducer(embedded.address, config=producer_config) as producer:
+
+            async def caller(key: str) -> None:
+                while not stop.is_set():
+                    body = f"{key}:{len(outcomes[key])}".encode()
+                    try:
+                        async with asyncio.timeout(20):
+                            outcome: SendResult | BaseException = await producer.send(
+                                Message("natural", body, sharding_key=key)
+                            )
+                    except Exception as exc:  # TimeoutError: no answer, checked below
+                        outcome = exc
+                    outcomes[key].append(outcome)
+
+            callers = [asyncio.create_task(caller(key)) for key in keys]
+            try:
+                await until(lambda: all(answers(k, SendResult) >= 10 for k in keys), "acks")
+                usage.write_text(full)
+                await until(lambda: all(answers(k, OrderMQError) for k in keys), "refusals")
+                usage.write_text(room)
+                await until(lambda: not state.store.refusing_sends, "room again")
+                acked = {k: answers(k, SendResult) for k in keys}
+                await until(lambda: all(answers(k, SendResult) >= acked[k] + 10 for k in keys),
+                            "acks after the disk has room again")  # fmt: skip
+            finally:
+                stop.set()
+                async with asyncio.timeout(30):
+                    await asyncio.gather(*callers)
+
+    with EmbeddedBroker(config) as embedded:
+        asyncio.run(run(embedded))
+        stored = read_topic(embedded.address, "natural")
+    where = {(m.queue.queue_id, m.queue_offset): m.body for m in stored}
+    acked_count = 0
+    for key, sends in outcomes.items():
+        for n, outcome in enumerate(sends):
+            body = f"{key}:{n}".encode()
+            if isinstance(outcome, SendResult):
+                acked_count += 1
+                assert where[(outcome.queue.queue_id, outcome.queue_offset)] == body
+                continue
+            cause = outcome.cause if isinstance(outcome, EarlierSendFailedError) else outcome
+            assert isinstance(cause, BrokerUnavailableError), f"{body!r}: {outcome!r}"
+            assert cause.reason == "DISK_FULL", f"{body!r}: {outcome!r}"
+    assert len(stored) == acked_count, "a refused send was stored"
+    sequences: dict[str, list[int]] = defaultdict(list)
+    for m in stored:  # queue by queue, each in offset order
+        key, n = m.body.decode().split(":")
+        sequences[key].append(int(n))
+    for key, ns in sequences.items():  # the refused ones leave gaps
+        assert ns == sorted(ns), f"{key}: stored out of send order"

@@ -214,3 +214,71 @@ def _wait(condition: Any, timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def test_a_message_the_broker_refuses_fails_its_queues_part_alone_and_is_named(
+    broker: EmbeddedBroker,
+) -> None:
+    """Through the public API: a message only the broker can refuse (deliver-at over 40 days
+    ahead: the client does not know the broker's clock), inside a batch over several queues.
+
+    Its part (its queue's delayed messages, a part of their own) is refused whole, nothing
+    of it stored or scheduled; every other part is stored, its queue's due-now messages
+    included. PartialBatchError names the refused message by its index in the batch.
+    """
+    state = broker.broker.state
+    assert state is not None
+    batch = mixed(24, keys=8)
+    bad_key = batch[5].sharding_key
+    batch[5] = Message(TOPIC, b"5:5", sharding_key=bad_key, deliver_at=time.time() + 50 * 86400)
+    batch[13] = Message(TOPIC, b"5:13", sharding_key=bad_key, delay_seconds=60)  # valid
+    with (
+        Producer(broker.address, config=ProducerConfig(retry_times=0)) as producer,
+        pytest.raises(PartialBatchError) as caught,
+    ):
+        producer.send_batch(batch)
+    partial = caught.value
+    assert [i for i, r in enumerate(partial.results) if r is None] == [5, 13]
+    [error] = partial.errors
+    assert isinstance(error, InvalidMessageError) and isinstance(error, OrderMQError)
+    assert error.reason == "INVALID_DELIVERY_TIME"
+    assert "more than 40 days ahead" in str(error)
+    assert "22 of 24 messages were stored" in str(partial)
+    assert "messages 5, 13 " in str(partial), "the refused messages are named by batch index"
+    assert state.scheduler.pending == 0  # the valid delayed message of the part: not kept
+    stored = {(m.queue.queue_id, m.queue_offset): m.body for m in read_topic(broker.address, TOPIC)}
+    assert len(stored) == 22
+    for message, result in zip(batch, partial.results, strict=True):
+        if result is not None:
+            assert stored[(result.queue.queue_id, result.queue_offset)] == message.body
+    bad_queue = shard_index(bad_key or "", 8)
+    same_queue = [
+        m.body
+        for i, m in enumerate(batch)
+        if i not in (5, 13) and shard_index(m.sharding_key or "", 8) == bad_queue
+    ]
+    assert b"5:21" in same_queue  # the refused message's key's due-now one: stored, in order
+    assert [stored[q] for q in sorted(stored) if q[0] == bad_queue] == same_queue
+
+
+def test_a_refused_message_of_a_one_part_batch_fails_the_batch_whole_and_is_named(
+    broker: EmbeddedBroker,
+) -> None:
+    """One part (one queue's delayed messages): the broker's error is the batch's, and its
+    frame number is the message's index in the batch."""
+    now = time.time()
+    batch = [
+        Message(
+            TOPIC, b"%d" % i, sharding_key="order-1", deliver_at=now + (60 if i != 2 else -3600)
+        )
+        for i in range(4)
+    ]
+    with (
+        Producer(broker.address, config=ProducerConfig(retry_times=0)) as producer,
+        pytest.raises(InvalidMessageError, match=r"^frame 2: deliver-at .* in the past$") as caught,
+    ):
+        producer.send_batch(batch)
+    assert caught.value.reason == "INVALID_DELIVERY_TIME"
+    state = broker.broker.state
+    assert state is not None and state.scheduler.pending == 0
+    assert read_topic(broker.address, TOPIC) == []

@@ -795,3 +795,15 @@ def test_flush_returns_only_once_the_senders_have_their_results(
         return not_done
 
     assert asyncio.run(main()) == [0, 0, 0]
+
+
+def test_a_partial_batch_error_names_the_failed_messages_by_their_index_in_the_batch() -> None:
+    ok = SendResult(SendStatus.SEND_OK, "ID", MessageQueue("t", "b", 0), 0)
+    refused = OrderMQError("frame 0: refused")  # the broker counts frames within the part
+    one = PartialBatchError([ok, None, ok], [refused])
+    assert str(one) == "2 of 3 messages were stored; message 1 failed: frame 0: refused"
+    many = PartialBatchError([ok] + [None] * 12, [refused])
+    assert str(many).startswith(
+        "1 of 13 messages were stored; messages 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, ... (12 in all) "
+        "failed: frame 0"
+    )
