@@ -6,7 +6,11 @@ were sent; different keys spread over the queues and run in parallel.
 The blocking clients are here; their asyncio twins are in `sdk.aio`.
 """
 
-from sdk._blocking import wait_for_shutdown_signal
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from sdk._version import __version__ as __version__
 from sdk.consumer.allocate import (
     AllocateMessageQueueAveragely,
@@ -28,14 +32,9 @@ from sdk.consumer.listener import (
     MessageListenerConcurrently,
     MessageListenerOrderly,
 )
-from sdk.consumer.lite_pull import LitePullConsumer
-from sdk.consumer.push import PushConsumer
-from sdk.consumer.simple import KeepInvisible, SimpleConsumer
 from sdk.credentials import Credentials
 from sdk.errors import OrderMQError
 from sdk.message import Message, MessageExt, MessageQueue, Receipt, SendResult, SendStatus
-from sdk.producer import EarlierSendFailedError, PartialBatchError, Producer
-from sdk.producer.config import AccumulatorConfig, ProducerConfig
 from sdk.selector import (
     MessageQueueSelector,
     RoundRobinSelector,
@@ -44,6 +43,44 @@ from sdk.selector import (
     shard_index,
 )
 from sdk.tls import TLSConfig
+
+if TYPE_CHECKING:
+    from sdk._blocking import wait_for_shutdown_signal
+    from sdk.consumer.lite_pull import LitePullConsumer
+    from sdk.consumer.push import PushConsumer
+    from sdk.consumer.simple import KeepInvisible, SimpleConsumer
+    from sdk.producer import EarlierSendFailedError, PartialBatchError, Producer
+    from sdk.producer.config import AccumulatorConfig, ProducerConfig
+
+#: The clients, imported on first use: the broker imports sdk's wire modules without them
+#: (a third of its start-up time), and so does a process that only reads messages' types.
+_LAZY = {
+    "wait_for_shutdown_signal": "sdk._blocking",
+    "LitePullConsumer": "sdk.consumer.lite_pull",
+    "PushConsumer": "sdk.consumer.push",
+    "KeepInvisible": "sdk.consumer.simple",
+    "SimpleConsumer": "sdk.consumer.simple",
+    "EarlierSendFailedError": "sdk.producer",
+    "PartialBatchError": "sdk.producer",
+    "Producer": "sdk.producer",
+    # Its package's __init__ is the Producer: importing the config imports the client.
+    "AccumulatorConfig": "sdk.producer.config",
+    "ProducerConfig": "sdk.producer.config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sdk' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "AccumulatorConfig",
