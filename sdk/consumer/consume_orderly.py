@@ -54,6 +54,10 @@ TRACING_CHECK_CALLS = CALLS_PER_HOP
 #: microseconds, or milliseconds while the loop decodes: a hop carries what the queue
 #: has buffered, as the checks before every call stop it at once when they fail.
 THREAD_CALLS_PER_HOP = 1024
+#: ... and the longest a hop goes on calling (at least one call): slow listeners give
+#: their worker thread back as often as 32 calls used to, or more often, so that with
+#: more queues than threads every queue gets its turn.
+THREAD_HOP_SECONDS = 0.05
 #: What a consume turn answers when the lease ran out: re-lock, then go on.
 _RELOCK = -1.0
 
@@ -238,12 +242,19 @@ class ConsumeOrderlyService:
         generation: int,
         started: float,
     ) -> tuple[int, ConsumeOrderlyContext | None]:
-        """`_call` for a plain listener, in a worker thread: the whole run in one hop."""
+        """`_call` for a plain listener, in a worker thread: the run in one hop.
+
+        The hop ends early (what is left goes back in front of the queue) once it has
+        called for THREAD_HOP_SECONDS.
+        """
         listener, done, traced = self._listener.consume_message, 0, False
+        hop_began = time.perf_counter()
         for batch, context in self._batches(queue, pq, taken, generation, started):
+            began = time.perf_counter()
+            if done and began - hop_began > THREAD_HOP_SECONDS:
+                break
             if done % TRACING_CHECK_CALLS == 0:
                 traced = tracing.enabled()
-            began = time.perf_counter()
             try:
                 if traced:
                     with tracing.consume_span(self._group, batch):

@@ -16,6 +16,7 @@ from sdk import tracing
 from sdk.consumer.config import PushConsumerConfig
 from sdk.consumer.consume_orderly import (
     CALLS_PER_HOP,
+    THREAD_HOP_SECONDS,
     TRACING_CHECK_CALLS,
     ConsumeOrderlyService,
 )
@@ -324,16 +325,16 @@ def test_a_queue_dropped_during_a_call_mid_hop_gets_no_next_call() -> None:
 
 
 def test_a_hop_carries_a_long_run_and_a_suspend_in_it_holds_back_the_rest_until_retried() -> None:
-    """A plain listener's run is not cut at CALLS_PER_HOP: one hop carries what is
-    buffered, and SUSPEND in its middle still commits what came before it and calls
-    nothing after it until the retry."""
+    """A plain listener's hop carries more than CALLS_PER_HOP calls; SUSPEND in the
+    middle of a run still commits what came before it and calls nothing after it until
+    the retry."""
     total, failing = 5 * CALLS_PER_HOP, 3 * CALLS_PER_HOP + 5
     listener, host = Scripted([OK] * failing + [SUSPEND]), Host()
 
     async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
         pq.put([msg(i) for i in range(total)])
         service.submit(Q, pq)
-        await until(lambda: host.commits == [failing] and clock.sleepers == 1, "the suspend")
+        await until(lambda: host.commits[-1:] == [failing] and clock.sleepers == 1, "the suspend")
         assert listener.seen == [(i,) for i in range(failing + 1)], "no call after SUSPEND"
         clock.advance(0.99)
         assert clock.sleepers == 1, "the retry timer fired before the suspend time"
@@ -343,8 +344,34 @@ def test_a_hop_carries_a_long_run_and_a_suspend_in_it_holds_back_the_rest_until_
     run_service(test, listener, host)
     expected = [*range(failing + 1), *range(failing, total)]
     assert listener.seen == [(i,) for i in expected]
-    assert host.commits == [failing, total], "one commit per hop, not one per 32 calls"
+    assert failing in host.commits and host.commits[-1] == total
+    assert host.commits == sorted(host.commits)
     assert listener.max_running == 1
+
+
+def test_a_slow_plain_listener_gives_its_thread_back_after_the_hop_time() -> None:
+    """A hop ends once it has called for THREAD_HOP_SECONDS (here: after one slow call);
+    what is left goes back in front and comes next, in order."""
+    slow = THREAD_HOP_SECONDS + 0.02
+
+    class Slow(Scripted):
+        def consume_message(
+            self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+        ) -> ConsumeOrderlyStatus | None:
+            if msgs[0].queue_offset == 0:
+                time.sleep(slow)
+            return super().consume_message(msgs, context)
+
+    listener, host = Slow(), Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq.put([msg(i) for i in range(5)])
+        service.submit(Q, pq)
+        await until(lambda: host.commits[-1:] == [5], "all committed")
+
+    run_service(test, listener, host)
+    assert listener.seen == [(i,) for i in range(5)]
+    assert host.commits == [1, 5], "the first hop ended after its slow call"
 
 
 def test_shutdown_stops_a_plain_listener_between_calls_of_a_hop() -> None:
