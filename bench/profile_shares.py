@@ -11,7 +11,10 @@ Workloads (the same inputs as bench/run.py):
 - produce-mixed: the same with each batch's keys spread over every queue (one request
   in parts, written in one pass);
 - consume: an orderly sdk.aio.PushConsumer with a no-op async listener, batch 1 or 32,
-  reading a backlog;
+  reading a backlog; consume-threads-batch1: the same with a plain `def` listener on
+  the consumer's thread pool, batch 1;
+- poll-aio / poll-blocking: the poll loop of bench/run.py's poll figures over the same
+  backlog, sdk.aio.LitePullConsumer or the blocking sdk.LitePullConsumer;
 - e2e: single sends at a fixed rate to an orderly blocking sdk.PushConsumer.
 
     python bench/profile_shares.py                       # all three, ~1 minute
@@ -177,7 +180,7 @@ async def produce(address: str, seconds: float, *, mixed: bool = False) -> int:
         await producer.shutdown()
 
 
-async def consume(trial: cw.ConsumeTrial) -> int:
+async def consume(trial: cw.ConsumeTrial | cw.PollTrial) -> int:
     """An orderly aio push consumer draining the trial's backlog."""
     await trial.prepare()
     try:
@@ -219,9 +222,15 @@ async def profile(name: str, args: argparse.Namespace, tmp: Path) -> tuple[dict[
         trial = None
         if name.startswith("consume"):  # filled before sampling starts
             await wl.fill_backlog(broker.address, "profile-consume", args.backlog)
-            batch = int(name.removeprefix("consume-batch"))
+            listener = "orderly-sync" if name.startswith("consume-threads") else "orderly-async"
+            batch = int(name.rpartition("-batch")[2])
             trial = cw.ConsumeTrial(
-                broker.address, "profile-consume", args.backlog, "orderly-async", batch
+                broker.address, "profile-consume", args.backlog, listener, batch
+            )
+        elif name.startswith("poll"):
+            await wl.fill_backlog(broker.address, "profile-consume", args.backlog)
+            trial = cw.PollTrial(
+                broker.address, "profile-consume", args.backlog, name == "poll-blocking"
             )
         samplers = {
             "broker": Sampler(broker.proc.pid, tmp / f"{name}-broker.txt", args.rate),
@@ -244,7 +253,10 @@ async def profile(name: str, args: argparse.Namespace, tmp: Path) -> tuple[dict[
     return shares, messages
 
 
-WORKLOADS = ("produce", "produce-mixed", "consume-batch1", "consume-batch32", "e2e")
+WORKLOADS = (
+    "produce", "produce-mixed", "consume-batch1", "consume-batch32",
+    "consume-threads-batch1", "poll-aio", "poll-blocking", "e2e",
+)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -624,6 +624,8 @@ class Bench:
              "orderly-async", 1),
             ("orderly.async.batch32", "consume orderly, async listener, batch 32",
              "orderly-async", 32),
+            ("orderly.threads.batch1", "consume orderly, thread-pool listener, batch 1",
+             "orderly-sync", 1),
             ("orderly.threads.batch32", "consume orderly, thread-pool listener, batch 32",
              "orderly-sync", 32),
             ("concurrent.async.batch32", "consume concurrently, async listener, batch 32",

@@ -10,8 +10,11 @@ Before each listener call the queue must not be dropped or reset, its broker loc
 held and not older than the client's lease; otherwise the task stops, and re-locks (with
 neither lock held) when the lease was the reason.
 
-Plain listeners run on the thread pool, up to CALLS_PER_HOP calls per hop; coroutine
-listeners run on the loop, the same number of calls per turn. Both take one path.
+Plain listeners run on the thread pool, up to THREAD_CALLS_PER_HOP calls per hop (what
+the queue has buffered, usually: a hop between the loop and a worker thread costs far
+more than a small call, and waits for the GIL besides); coroutine listeners run on the
+loop, CALLS_PER_HOP calls per turn. Both take one path and make the same checks before
+every call.
 """
 
 from __future__ import annotations
@@ -41,11 +44,20 @@ log = logging.getLogger("ordermq.consumer")
 #: lock, moments after a successful one).
 RELOCK_FAILED_DELAY = 3.0
 RELOCK_OK_DELAY = 0.01
-#: Consecutive listener calls per turn: one thread-pool hop for a plain listener (a hop
-#: costs more than a small call), and the calls between two checks whether tracing was
-#: switched on (the check costs about as much as a small call).
+#: Consecutive calls of a coroutine listener per turn on the loop, and the calls between
+#: two checks whether tracing was switched on (the check costs about as much as a small
+#: call).
 CALLS_PER_HOP = 32
 TRACING_CHECK_CALLS = CALLS_PER_HOP
+#: Most calls of a plain listener per thread-pool hop. One hop (submit, a worker's
+#: wake-up, the GIL taken from a busy loop, the answer posted back) costs tens of
+#: microseconds, or milliseconds while the loop decodes: a hop carries what the queue
+#: has buffered, as the checks before every call stop it at once when they fail.
+THREAD_CALLS_PER_HOP = 1024
+#: ... and the longest a hop goes on calling (at least one call): slow listeners give
+#: their worker thread back as often as 32 calls used to, or more often, so that with
+#: more queues than threads every queue gets its turn.
+THREAD_HOP_SECONDS = 0.05
 #: What a consume turn answers when the lease ran out: re-lock, then go on.
 _RELOCK = -1.0
 
@@ -145,6 +157,7 @@ class ConsumeOrderlyService:
         Returns the delay before the next turn, _RELOCK, or None (nothing to do).
         """
         size = self._batch_size
+        per_turn = size * (CALLS_PER_HOP if self._async_listener else THREAD_CALLS_PER_HOP)
         async with pq.object_lock:
             started = self._clock.now()
             while True:
@@ -156,7 +169,7 @@ class ConsumeOrderlyService:
                     return _RELOCK
                 if now - started > self._max_continuous:
                     return RELOCK_OK_DELAY  # let the other queues have the threads
-                taken = pq.take(size * CALLS_PER_HOP)
+                taken = pq.take(per_turn)
                 if not taken:
                     return None
                 generation = pq.generation
@@ -188,19 +201,18 @@ class ConsumeOrderlyService:
         Returns how many batches said SUCCESS and the context of the call that did not
         (None when all did, or when a check before a call failed).
         """
-        traced = tracing.enabled()
         if not self._async_listener:
             try:
                 return await asyncio.get_running_loop().run_in_executor(
-                    self._executor, self._calls_in_thread, queue, pq, taken, generation, started,
-                    traced,
-                )  # fmt: skip
+                    self._executor, self._calls_in_thread, queue, pq, taken, generation, started
+                )
             except RuntimeError:  # the pool was shut down under us: the consumer is ending
                 log.warning(
                     "no listener calls on %s: the consumer's thread pool is shut down", queue
                 )
                 self._closed = True
                 return 0, None
+        traced = tracing.enabled()
         listener = cast(Callable[..., Awaitable[object]], self._listener.consume_message)
         done = 0
         for batch, context in self._batches(queue, pq, taken, generation, started):
@@ -229,12 +241,20 @@ class ConsumeOrderlyService:
         taken: list[MessageExt],
         generation: int,
         started: float,
-        traced: bool,
     ) -> tuple[int, ConsumeOrderlyContext | None]:
-        """`_call` for a plain listener, in a worker thread."""
-        listener, done = self._listener.consume_message, 0
+        """`_call` for a plain listener, in a worker thread: the run in one hop.
+
+        The hop ends early (what is left goes back in front of the queue) once it has
+        called for THREAD_HOP_SECONDS.
+        """
+        listener, done, traced = self._listener.consume_message, 0, False
+        hop_began = time.perf_counter()
         for batch, context in self._batches(queue, pq, taken, generation, started):
             began = time.perf_counter()
+            if done and began - hop_began > THREAD_HOP_SECONDS:
+                break
+            if done % TRACING_CHECK_CALLS == 0:
+                traced = tracing.enabled()
             try:
                 if traced:
                     with tracing.consume_span(self._group, batch):
@@ -260,22 +280,26 @@ class ConsumeOrderlyService:
         generation: int,
         started: float,
     ) -> Iterator[tuple[list[MessageExt], ConsumeOrderlyContext]]:
-        """`taken` batch by batch, each with a fresh context, while the checks pass."""
-        size = self._batch_size
-        for i in range(0, len(taken), size):
-            if not self._may_call(pq, generation, started):
-                return
-            yield taken[i : i + size], ConsumeOrderlyContext(queue, self._suspend_time)
+        """`taken` batch by batch, each with a fresh context, while the checks pass.
 
-    def _may_call(self, pq: ProcessQueue, generation: int, started: float) -> bool:
-        """Checked right before every listener call (in the worker thread for plain ones)."""
-        now = self._clock.now()
-        return (
-            not pq.dropped
-            and pq.generation == generation
-            and self.lease_valid(pq, now)
-            and now - started <= self._max_continuous
-        )
+        The checks, right before every listener call (in the worker thread for plain
+        listeners): the consumer is not closing, the queue was not dropped or reset, its
+        lease is valid and it has not been consumed for longer than max_continuous.
+        """
+        size, suspend, clock = self._batch_size, self._suspend_time, self._clock
+        max_continuous, lease_valid = self._max_continuous, self.lease_valid
+        for i in range(0, len(taken), size):
+            now = clock.now()
+            if (
+                self._closed
+                or pq.dropped
+                or pq.generation != generation
+                or not lease_valid(pq, now)
+                or now - started > max_continuous
+            ):
+                return
+            batch = [taken[i]] if size == 1 else taken[i : i + size]
+            yield batch, ConsumeOrderlyContext(queue, suspend)
 
     async def _retry_later(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +14,12 @@ import pytest
 
 from sdk import tracing
 from sdk.consumer.config import PushConsumerConfig
-from sdk.consumer.consume_orderly import TRACING_CHECK_CALLS, ConsumeOrderlyService
+from sdk.consumer.consume_orderly import (
+    CALLS_PER_HOP,
+    THREAD_HOP_SECONDS,
+    TRACING_CHECK_CALLS,
+    ConsumeOrderlyService,
+)
 from sdk.consumer.listener import (
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
@@ -316,6 +322,119 @@ def test_a_queue_dropped_during_a_call_mid_hop_gets_no_next_call() -> None:
     run_service(test, DropsTheQueue(), host)
     assert calls == [0, 1]
     assert host.commits == [2]
+
+
+def test_a_hop_carries_a_long_run_and_a_suspend_in_it_holds_back_the_rest_until_retried() -> None:
+    """A plain listener's hop carries more than CALLS_PER_HOP calls; SUSPEND in the
+    middle of a run still commits what came before it and calls nothing after it until
+    the retry."""
+    total, failing = 5 * CALLS_PER_HOP, 3 * CALLS_PER_HOP + 5
+    listener, host = Scripted([OK] * failing + [SUSPEND]), Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq.put([msg(i) for i in range(total)])
+        service.submit(Q, pq)
+        await until(lambda: host.commits[-1:] == [failing] and clock.sleepers == 1, "the suspend")
+        assert listener.seen == [(i,) for i in range(failing + 1)], "no call after SUSPEND"
+        clock.advance(0.99)
+        assert clock.sleepers == 1, "the retry timer fired before the suspend time"
+        clock.advance(0.02)
+        await until(lambda: host.commits[-1:] == [total], "the rest")
+
+    run_service(test, listener, host)
+    expected = [*range(failing + 1), *range(failing, total)]
+    assert listener.seen == [(i,) for i in expected]
+    assert failing in host.commits and host.commits[-1] == total
+    assert host.commits == sorted(host.commits)
+    assert listener.max_running == 1
+
+
+def test_a_slow_plain_listener_gives_its_thread_back_after_the_hop_time() -> None:
+    """A hop ends once it has called for THREAD_HOP_SECONDS (here: after one slow call);
+    what is left goes back in front and comes next, in order."""
+    slow = THREAD_HOP_SECONDS + 0.02
+
+    class Slow(Scripted):
+        def consume_message(
+            self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+        ) -> ConsumeOrderlyStatus | None:
+            if msgs[0].queue_offset == 0:
+                time.sleep(slow)
+            return super().consume_message(msgs, context)
+
+    listener, host = Slow(), Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq.put([msg(i) for i in range(5)])
+        service.submit(Q, pq)
+        await until(lambda: host.commits[-1:] == [5], "all committed")
+
+    run_service(test, listener, host)
+    assert listener.seen == [(i,) for i in range(5)]
+    assert host.commits == [1, 5], "the first hop ended after its slow call"
+
+
+def test_shutdown_stops_a_plain_listener_between_calls_of_a_hop() -> None:
+    """Calls in flight finish; the rest of the run is not called once shutdown began."""
+    entered, release = threading.Event(), threading.Event()
+
+    class Blocks(Scripted):
+        def consume_message(
+            self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+        ) -> ConsumeOrderlyStatus | None:
+            if msgs[0].queue_offset == 0:
+                entered.set()
+                release.wait(5)
+            return super().consume_message(msgs, context)
+
+    listener, host = Blocks(), Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq.put([msg(i) for i in range(10)])
+        service.submit(Q, pq)
+        await until(entered.is_set, "the first call")
+        stopping = asyncio.create_task(service.shutdown(5))
+        await asyncio.sleep(0)  # shutdown has begun: the service is closed
+        release.set()
+        await stopping
+
+    run_service(test, listener, host)
+    assert listener.seen == [(0,)], "no call after shutdown began"
+    assert host.commits == [1], "the call in flight finished and committed"
+
+
+def test_tracing_switched_on_mid_hop_reaches_a_plain_listener_within_the_check_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    switched_on = [False]
+    spans: list[int] = []
+
+    @contextmanager
+    def consume_span(group: str, batch: list[MessageExt]) -> Iterator[None]:
+        spans.append(batch[0].queue_offset)
+        yield
+
+    monkeypatch.setattr(tracing, "enabled", lambda: switched_on[0])
+    monkeypatch.setattr(tracing, "consume_span", consume_span)
+
+    class SwitchesOn(MessageListenerOrderly):
+        def consume_message(
+            self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+        ) -> ConsumeOrderlyStatus:
+            if msgs[0].queue_offset == 3:
+                switched_on[0] = True
+            return OK
+
+    host = Host()
+    total = 3 * TRACING_CHECK_CALLS
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq.put([msg(i) for i in range(total)])
+        service.submit(Q, pq)
+        await until(lambda: host.commits[-1:] == [total])
+
+    run_service(test, SwitchesOn(), host)
+    assert spans == list(range(TRACING_CHECK_CALLS, total))
 
 
 class AsyncScripted(MessageListenerOrderly):
