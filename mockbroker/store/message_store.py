@@ -940,6 +940,10 @@ class MessageStore:
                 self.enforce_retention()
             except OSError as exc:
                 log.error("retention check failed (retried at the next check): %s", exc)
+            except Exception:
+                # A fault in one check must not end retention for the broker's lifetime
+                # (the disk would fill, or sends stay refused after it was freed).
+                log.exception("retention check failed (retried at the next check)")
 
     def enforce_retention(self) -> int:
         """Delete the segments past the age limit, and more while the disk is too full.

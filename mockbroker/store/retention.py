@@ -103,9 +103,16 @@ def file_probe(settings: Path, directory: Path) -> DiskProbe:
     """
 
     def probe() -> DiskUsage:
-        conf = json.loads(settings.read_text())
+        text = settings.read_text()
+        try:
+            conf = json.loads(text)
+            total, other = int(conf["total_bytes"]), int(conf["other_used_bytes"])
+        except (ValueError, KeyError, TypeError) as exc:
+            # Caught while a test rewrites it (write_text truncates first): like a failed
+            # read of the disk's size, the check is tried again at the next one.
+            raise OSError(f"{settings}: not a disk description ({exc}): {text[:80]!r}") from None
         used = sum(p.stat().st_blocks * 512 for p in directory.rglob("*") if p.is_file())
-        return DiskUsage(int(conf["total_bytes"]), int(conf["other_used_bytes"]) + used)
+        return DiskUsage(total, other + used)
 
     return probe
 

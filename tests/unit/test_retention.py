@@ -16,7 +16,7 @@ from mockbroker.store import commitlog as commitlog_module
 from mockbroker.store.checkpoint import write_positions
 from mockbroker.store.consumequeue import ENTRY, ConsumeQueue
 from mockbroker.store.message_store import Batch, MessageStore
-from mockbroker.store.retention import DiskUsage, RetentionPolicy
+from mockbroker.store.retention import DiskUsage, RetentionPolicy, file_probe
 from mockbroker.topics import Topic
 from sdk._wire import encode_frame, iter_records
 from sdk.testing import FakeClock
@@ -348,4 +348,45 @@ def test_a_request_for_several_queues_cut_short_by_a_full_disk_stores_none_of_it
     assert store.recovery.corrupt_records == 0 and store.recovery.truncated_bytes == 0
     assert offsets_served(store, topic, 0) == [0, 1, 2, 3, 4]
     assert offsets_served(store, topic, 0, queue_id=1) == [0, 1]
+    loop.run_until_complete(store.close())
+
+
+def test_a_simulated_disk_file_caught_mid_rewrite_is_an_io_error_not_a_crash(
+    tmp_path: Path,
+) -> None:
+    settings = tmp_path / "disk.json"
+    settings.write_text("")  # a test's write_text truncates before it writes
+    probe = file_probe(settings, tmp_path)
+    with pytest.raises(OSError, match="not a disk description"):
+        probe()
+    settings.write_text('{"total_bytes": 1000, "other_used_bytes": 100}')
+    assert probe().total_bytes == 1000
+
+
+def test_a_failing_retention_check_is_retried_at_the_next_one(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+    failures: list[Exception] = []
+    used = [950]
+
+    def probe() -> DiskUsage:
+        if failures:
+            raise failures.pop(0)
+        return DiskUsage(1000, used[0])
+
+    store = MessageStore(
+        tmp_path, sync_flush=False, segment_bytes=SEGMENT, flush_interval_seconds=3600,
+        sync_flush_timeout_seconds=5, clock=clock, disk_probe=probe, retention_check_seconds=1,
+    )  # fmt: skip
+    store.open()
+    loop.run_until_complete(store.start())
+    assert store.refusing_sends
+    failures += [ValueError("a bug in a check"), OSError("EIO")]
+    used[0] = 100
+    for _ in range(3):  # a check that raised, one that failed, then one that worked
+        clock.advance(1.5)
+        loop.run_until_complete(asyncio.sleep(0.05))
+    assert not failures
+    assert not store.refusing_sends, "the checks after the failures ran"
     loop.run_until_complete(store.close())
