@@ -171,6 +171,7 @@ class RemotingTransport:
         self._connecting: dict[str, asyncio.Lock] = {}
         self._routes: dict[str, _Route] = {}
         self._addresses: dict[str, str] = {}  # broker name -> master address
+        self._down: set[str] = set()  # brokers kept in routes they left, unreachable
         self._groups: set[str] = set()
         self._versions: dict[str, int] = {}  # group -> membership changes seen
         self._membership_changed: asyncio.Condition | None = None
@@ -246,10 +247,39 @@ class RemotingTransport:
         self, queue: MessageQueue, code: int, fields: dict[str, str], what: str, **kw: Any
     ) -> RemotingCommand:
         """A request to the broker of `queue`; SUCCESS, else its error."""
-        response = await self._call(self._address(queue), code, fields, **kw)
+        response = await self._at_broker(queue, code, fields, **kw)
         if response.code != ResponseCode.SUCCESS:
             raise refused(response, what)
         return response
+
+    async def _at_broker(
+        self,
+        queue: MessageQueue,
+        code: int,
+        fields: dict[str, str],
+        *,
+        body: bytes = b"",
+        timeout: float | None = None,
+    ) -> RemotingCommand:
+        """A request to the broker of `queue`, its answer whatever its code.
+
+        BrokerUnavailableError names the broker (its name and address) when it cannot be
+        reached, and says so when it has left the name servers' routes.
+        """
+        address = self._address(queue)
+        try:
+            return await self._call(address, code, fields, body=body, timeout=timeout)
+        except BrokerUnavailableError as exc:
+            gone = (
+                " (it left the name servers' routes; its queues are kept for keyed "
+                "messages, which fail until it returns)"
+                if queue.broker_name in self._down
+                else ""
+            )
+            raise BrokerUnavailableError(
+                f"broker {queue.broker_name!r} at {address}{gone}: {exc.message}",
+                code=exc.code, reason=exc.reason,
+            ) from None  # fmt: skip
 
     def _address(self, queue: MessageQueue) -> str:
         address = self._addresses.get(queue.broker_name)
@@ -278,15 +308,59 @@ class RemotingTransport:
         stale = route is None or time.monotonic() - route.fetched_at > ROUTE_REFRESH_SECONDS
         if refresh or stale:
             try:
-                route = await self._query_route(topic)
+                fresh = await self._query_route(topic)
             except (BrokerUnavailableError, RequestTimeoutError) as exc:
                 if route is None or refresh:
                     raise
                 log.info("route of %s not refreshed (%s); keeping the last one", topic, exc)
             else:
-                self._routes[topic] = route
+                route = self._routes[topic] = await self._keep_unreachable(topic, route, fresh)
         assert route is not None
         return route
+
+    async def _keep_unreachable(self, topic: str, old: _Route | None, new: _Route) -> _Route:
+        """`new`, plus the queues of brokers it lost that cannot be reached.
+
+        A name server drops a broker that stopped or died (at once, or after its silence);
+        were its queues dropped too, keyed sends would hash over fewer queues and land on
+        other queues than their earlier messages. So a broker missing from the new route
+        keeps its queues while it cannot be reached: sends to them fail naming it, and it
+        takes them back when it registers again. A broker that answers lost the topic
+        (deleted there): its queues go.
+        """
+        if old is None:
+            return new
+        present = {q.broker_name for q in [*new.readable, *new.writable]}
+        missing = sorted({q.broker_name for q in [*old.readable, *old.writable]} - present - {""})
+        kept = [name for name in missing if not await self._reachable(name)]
+        for name in kept:
+            if name not in self._down:
+                log.warning(
+                    "broker %s left the route of %s and cannot be reached: its queues are "
+                    "kept, their sends fail until it returns", name, topic,
+                )  # fmt: skip
+            self._down.add(name)
+        for name in present:
+            self._down.discard(name)
+        if not kept:
+            return new
+        key = lambda q: (q.broker_name, q.queue_id)  # noqa: E731
+        return _Route(
+            sorted([*new.readable, *(q for q in old.readable if q.broker_name in kept)], key=key),
+            sorted([*new.writable, *(q for q in old.writable if q.broker_name in kept)], key=key),
+            new.fetched_at,
+        )
+
+    async def _reachable(self, broker_name: str) -> bool:
+        """Whether broker `broker_name`'s last known master takes a connection."""
+        address = self._addresses.get(broker_name)
+        if address is None:
+            return False
+        try:
+            await self._connection(address)
+        except BrokerUnavailableError:
+            return False
+        return True
 
     async def _query_route(self, topic: str) -> _Route:
         """Ask the name servers in turn, from the last that answered."""
@@ -422,10 +496,9 @@ class RemotingTransport:
         body = b"".join(encode_batch_element(m.body, m.properties) for m in messages)
         header = self._send_header(queue, messages[0].born_timestamp_ms, "", 0)
         header["m"] = "true"
-        response = await self._call(
-            self._address(queue), RequestCode.SEND_BATCH_MESSAGE, header, body=body,
-            timeout=timeout,
-        )  # fmt: skip
+        response = await self._at_broker(
+            queue, RequestCode.SEND_BATCH_MESSAGE, header, body=body, timeout=timeout
+        )
         return self._appended(queue, response, len(messages), scheduled=False)
 
     async def _send_one(
@@ -436,10 +509,9 @@ class RemotingTransport:
             queue, message.born_timestamp_ms, encode_properties(message.properties),
             message.sys_flag,
         )  # fmt: skip
-        response = await self._call(
-            self._address(queue), RequestCode.SEND_MESSAGE_V2, header, body=message.body,
-            timeout=timeout,
-        )  # fmt: skip
+        response = await self._at_broker(
+            queue, RequestCode.SEND_MESSAGE_V2, header, body=message.body, timeout=timeout
+        )
         return self._appended(queue, response, 1, scheduled=bool(message.delay_level))
 
     def _send_header(
@@ -505,9 +577,7 @@ class RemotingTransport:
             "subscription": tag_expression or "*", "subVersion": "0", "expressionType": "TAG",
         }  # fmt: skip
         deadline = timeout if timeout is not None else suspend_timeout + REQUEST_SECONDS
-        response = await self._call(
-            self._address(queue), RequestCode.PULL_MESSAGE, fields, timeout=deadline
-        )
+        response = await self._at_broker(queue, RequestCode.PULL_MESSAGE, fields, timeout=deadline)
         status = _PULL_STATUS.get(response.code)
         if status is None:
             raise refused(response, f"pull of {queue.topic} queue {queue.queue_id}")
@@ -550,7 +620,7 @@ class RemotingTransport:
     async def query_offset(self, group: str, queue: MessageQueue) -> int | None:
         """QUERY_CONSUMER_OFFSET; None when the group never committed one."""
         fields = {"consumerGroup": group, "topic": queue.topic, "queueId": str(queue.queue_id)}
-        response = await self._call(self._address(queue), RequestCode.QUERY_CONSUMER_OFFSET, fields)
+        response = await self._at_broker(queue, RequestCode.QUERY_CONSUMER_OFFSET, fields)
         if response.code == ResponseCode.QUERY_NOT_FOUND:
             return None
         if response.code != ResponseCode.SUCCESS:
@@ -634,8 +704,8 @@ class RemotingTransport:
             message.born_timestamp, encode_properties(retry_properties(message, level)), 0,
         )  # fmt: skip
         header.update({"j": str(count), "l": str(sent_limit)})
-        response = await self._call(
-            self._address(message.queue), RequestCode.SEND_MESSAGE_V2, header, body=message.body
+        response = await self._at_broker(
+            message.queue, RequestCode.SEND_MESSAGE_V2, header, body=message.body
         )
         if response.code != ResponseCode.SUCCESS:
             raise refused(response, f"send-back of {message.msg_id} to {retry_topic}")

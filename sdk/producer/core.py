@@ -548,6 +548,7 @@ class ProducerCore:
         send = self._transport.send
         deadline = timeout if timeout is not None else self.config.send_timeout
         target = [queue]
+        failed: set[str] = set()  # brokers a keyless attempt failed on
 
         async def attempt(n: int) -> list[SendResult]:
             q = target[0]
@@ -561,13 +562,10 @@ class ProducerCore:
             self._refreshed.pop(queue.topic, None)
             with contextlib.suppress(OrderMQError):
                 await self._transport.writable_queues(queue.topic, refresh=True)
-            if movable:  # keyless: another queue will do
+            if movable:  # keyless: another queue will do, on a broker that has not failed
+                failed.add(target[0].broker_name)
                 queues = await self._transport.writable_queues(queue.topic)
-                target[0] = (
-                    queues[(queues.index(target[0]) + 1) % len(queues)]
-                    if (target[0] in queues)
-                    else queues[0]
-                )
+                target[0] = _next_queue(queues, target[0], failed)
 
         return await with_retries(
             attempt,
@@ -759,3 +757,16 @@ def _chunks_by_size(indexes: list[int], prepared: list[bytes], limit: int) -> li
         chunks[-1].append(i)
         size += n
     return chunks
+
+
+def _next_queue(
+    queues: Sequence[MessageQueue], after: MessageQueue, failed: set[str]
+) -> MessageQueue:
+    """The queue a keyless send retries on: the next after `after` not on a failed broker.
+
+    RocketMQ's producer avoids the broker that just failed too; when every broker failed,
+    the next queue in turn.
+    """
+    start = queues.index(after) + 1 if after in queues else 0
+    turn = [queues[(start + i) % len(queues)] for i in range(len(queues))]
+    return next((q for q in turn if q.broker_name not in failed), turn[0])

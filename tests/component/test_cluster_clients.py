@@ -1,0 +1,297 @@
+"""ordermq's clients over `rocketmq://` against a cluster: a name server, two brokers.
+
+A topic of 8 queues on each broker is one topic of 16 queues to the clients: keyed sends
+land by the sharding formula over the queues sorted by (broker name, queue id), orderly
+consumers read every message in per-key order, and locks, offsets and pulls go to each
+queue's own broker (issue 39, slice 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker.namesrv import EmbeddedNameServer
+from mockbroker.namesrv.registration import TopicQueues, register_request
+from sdk import (
+    ConsumeFromWhere,
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    Message,
+    MessageExt,
+    MessageListenerOrderly,
+    MessageQueue,
+    Producer,
+    ProducerConfig,
+    PushConsumer,
+    PushConsumerConfig,
+    shard_index,
+)
+from sdk._remoting.codes import ResponseCode
+from sdk._remoting.connection import RemotingConnection
+from sdk._transport import connect
+from sdk.errors import BrokerUnavailableError
+from tests.component.admin_cli import run
+from tests.support import free_ports, wait_until
+
+TOPIC = "orders"
+GROUP = "billing"
+BROKERS = ("broker-a", "broker-b")
+#: Every queue of the topic as the clients must see it: sorted by (broker name, queue id).
+QUEUES = [(name, q) for name in BROKERS for q in range(8)]
+#: Short intervals, so that a test's rebalances and commits come within seconds.
+FAST = PushConsumerConfig(
+    rebalance_interval=0.5, persist_interval=0.2, heartbeat_interval=0.5, pull_suspend=0.5,
+    lock_renew_interval=0.5, lock_lease=3.0, pull_error_backoff=0.2,
+)  # fmt: skip
+#: Sends that give up within seconds when a broker is down.
+QUICK_SENDS = ProducerConfig(send_timeout=2.0, retry_times=2, retry_backoff=0.05)
+
+
+def member(tmp_path: Path, name: str, name_server: str, **extra: Any) -> EmbeddedBroker:
+    """A broker named `name` registering with `name_server`, its data under tmp_path."""
+    return EmbeddedBroker(BrokerConfig(
+        data_dir=tmp_path / name, broker_name=name, remoting_port=0, namesrv_addr=name_server,
+        register_seconds=0.5, **extra,
+    ))  # fmt: skip
+
+
+class Cluster:
+    """A name server and brokers with the topic on each; `endpoint` for the clients."""
+
+    def __init__(self, name_server: EmbeddedNameServer, brokers: dict[str, EmbeddedBroker]):
+        self.name_server = name_server
+        self.brokers = brokers
+        self.endpoint = f"rocketmq://{name_server.address}"
+
+    def committed(self, name: str) -> dict[int, int]:
+        """Queue id -> the offset GROUP committed on broker `name`."""
+        state = self.brokers[name].broker.state
+        assert state is not None
+        out = {}
+        for q in range(8):
+            offset = state.offsets.get(GROUP, TOPIC, q)
+            if offset is not None:
+                out[q] = offset
+        return out
+
+    def end_offsets(self, name: str) -> dict[int, int]:
+        """Queue id -> the end offset of the topic's queue on broker `name`."""
+        state = self.brokers[name].broker.state
+        assert state is not None
+        topic = state.store.topics.get(TOPIC)
+        return {q: state.store.end_offset(topic, q) for q in range(8)}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with ExitStack() as stack:
+        ns = stack.enter_context(EmbeddedNameServer())
+        brokers = {
+            name: stack.enter_context(member(tmp_path, name, ns.address)) for name in BROKERS
+        }
+        for broker in brokers.values():
+            result = run(broker, "topics", "create", TOPIC, "--queues", "8")
+            assert result.exit_code == 0, result.output
+        yield Cluster(ns, brokers)
+
+
+class Recorder(MessageListenerOrderly):
+    """Keeps what it consumed, per key, and where each came from."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_key: dict[str, list[int]] = {}
+        self.queues: dict[str, set[tuple[str, int]]] = {}
+        self.keyless = 0
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        """Record each message's sequence number under its key."""
+        with self.lock:
+            for m in msgs:
+                if m.sharding_key is None:
+                    self.keyless += 1
+                    continue
+                key = m.sharding_key
+                self.by_key.setdefault(key, []).append(int(m.body))
+                self.queues.setdefault(key, set()).add((m.queue.broker_name, m.queue.queue_id))
+        return ConsumeOrderlyStatus.SUCCESS
+
+    def count(self) -> int:
+        """How many messages were consumed."""
+        with self.lock:
+            return sum(len(v) for v in self.by_key.values())
+
+
+KEYS = [f"key-{i}" for i in range(40)]
+
+
+def test_keyed_sends_spread_by_the_formula_over_both_brokers_and_are_consumed_in_order(
+    cluster: Cluster,
+) -> None:
+    wait_until(
+        lambda: len(
+            [q for q in _route_queues(cluster.endpoint) if q.topic == TOPIC]
+        ) == 16, what="both brokers' queues in the route",
+    )  # fmt: skip
+    sent: dict[str, tuple[str, int]] = {}
+    with Producer(cluster.endpoint) as producer:
+        for seq in range(5):
+            for key in KEYS:
+                result = producer.send(Message(TOPIC, str(seq).encode(), sharding_key=key))
+                where = (result.queue.broker_name, result.queue.queue_id)
+                assert sent.setdefault(key, where) == where, f"{key} moved queue"
+    for key, where in sent.items():
+        assert where == QUEUES[shard_index(key, 16)], key
+    assert {name for name, _ in sent.values()} == set(BROKERS), "both brokers got keys"
+    for name in BROKERS:
+        expected = {q: 0 for q in range(8)}
+        for broker, q in sent.values():
+            if broker == name:
+                expected[q] += 5
+        assert cluster.end_offsets(name) == expected, name
+
+    recorder = Recorder()
+    consumer = PushConsumer(
+        GROUP, cluster.endpoint, consume_from_where=ConsumeFromWhere.FIRST_OFFSET, config=FAST
+    )
+    consumer.subscribe(TOPIC)
+    consumer.register_message_listener(recorder)
+    consumer.start()
+    try:
+        wait_until(lambda: recorder.count() == 5 * len(KEYS), 30, "every message consumed")
+        with recorder.lock:
+            for key in KEYS:
+                assert recorder.by_key[key] == list(range(5)), key
+                assert recorder.queues[key] == {sent[key]}, key
+        for name in BROKERS:  # each queue's offset committed on its own broker
+            ends = {q: end for q, end in cluster.end_offsets(name).items() if end}
+            wait_until(
+                lambda name=name, ends=ends: {
+                    q: o for q, o in cluster.committed(name).items() if q in ends
+                } == ends, 15, f"the offsets committed on {name}",
+            )  # fmt: skip
+            state = cluster.brokers[name].broker.state
+            assert state is not None
+            locked = state.locks.locks(GROUP)
+            assert locked, f"no lock held on {name}"
+    finally:
+        consumer.shutdown()
+
+
+def _route_queues(endpoint: str) -> list[MessageQueue]:
+    """The topic's writable queues as a fresh remoting client sees them."""
+
+    async def main() -> list[MessageQueue]:
+        transport = connect(endpoint)
+        try:
+            return await transport.writable_queues(TOPIC)
+        finally:
+            await transport.close()
+
+    return asyncio.run(main())
+
+
+def keys_on(name: str, count: int = 4) -> list[str]:
+    """`count` sharding keys whose queue, of the topic's 16, is on broker `name`."""
+    found = [k for k in (f"k{i}" for i in range(1000)) if QUEUES[shard_index(k, 16)][0] == name]
+    return found[:count]
+
+
+def still_routed(name_server: str, broker_name: str, address: str) -> None:
+    """Register `broker_name` at `address` with `name_server` again, as if it had crashed
+    (killed: no UNREGISTER_BROKER, its routes kept until they expire)."""
+    request = register_request(
+        cluster="DefaultCluster", broker_name=broker_name, address=address, data_version=(1, 1),
+        topics={TOPIC: TopicQueues(8, 8), "TBW102": TopicQueues(8, 8)},
+    )  # fmt: skip
+
+    async def main() -> None:
+        connection = await RemotingConnection.open(name_server)
+        try:
+            answer = await connection.request(request, 5.0)
+        finally:
+            await connection.close()
+        assert answer.code == ResponseCode.SUCCESS, answer.remark
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("how", ["stopped", "crashed"])
+def test_a_broker_down_fails_its_keyed_sends_clearly_while_the_other_goes_on(
+    tmp_path: Path, how: str
+) -> None:
+    port, remoting = free_ports(2)
+    on_a, on_b = keys_on("broker-a"), keys_on("broker-b")
+    recorder = Recorder()
+    with ExitStack() as stack:
+        ns = stack.enter_context(EmbeddedNameServer())
+        b_config = BrokerConfig(
+            data_dir=tmp_path / "broker-b", broker_name="broker-b", port=port,
+            remoting_port=remoting, namesrv_addr=ns.address, register_seconds=0.5,
+        )  # fmt: skip
+        a = stack.enter_context(member(tmp_path, "broker-a", ns.address))
+        b = EmbeddedBroker(b_config)
+        b.start()
+        stack.callback(lambda: b.stop())
+        for broker in (a, b):
+            assert run(broker, "topics", "create", TOPIC, "--queues", "8").exit_code == 0
+        endpoint = f"rocketmq://{ns.address}"
+        wait_until(lambda: len(_route_queues(endpoint)) == 16, what="both brokers routed")
+        producer = stack.enter_context(Producer(endpoint, config=QUICK_SENDS))
+        consumer = PushConsumer(
+            GROUP, endpoint, consume_from_where=ConsumeFromWhere.FIRST_OFFSET, config=FAST
+        )
+        consumer.subscribe(TOPIC)
+        consumer.register_message_listener(recorder)
+        consumer.start()
+        stack.callback(consumer.shutdown)
+        sequence = dict.fromkeys(on_a + on_b, 0)
+
+        def send_keyed(keys: list[str]) -> None:
+            for key in keys:
+                result = producer.send(Message(TOPIC, str(sequence[key]).encode(),
+                                               sharding_key=key))  # fmt: skip
+                assert (result.queue.broker_name, result.queue.queue_id) == QUEUES[
+                    shard_index(key, 16)
+                ], key
+                sequence[key] += 1
+
+        def consumed_all() -> bool:
+            with recorder.lock:
+                return all(len(recorder.by_key.get(k, [])) == n for k, n in sequence.items())
+
+        send_keyed(on_a + on_b)
+        wait_until(consumed_all, 30, "the first messages consumed")
+
+        b.stop()  # unregisters: the name server's routes lose broker-b's queues at once
+        if how == "crashed":  # ... unless it died: then they stay until they expire
+            still_routed(ns.address, "broker-b", f"127.0.0.1:{remoting}")
+        for _ in range(10):  # keyless: broker-a takes them
+            result = producer.send(Message(TOPIC, b"keyless"))
+            assert result.queue.broker_name == "broker-a"
+        for key in on_b:  # keyed: they keep their queue, and fail naming its broker
+            with pytest.raises(BrokerUnavailableError, match="broker-b"):
+                producer.send(Message(TOPIC, b"lost", sharding_key=key))
+        for _ in range(3):  # broker-a's keys go on being sent and consumed meanwhile
+            send_keyed(on_a)
+        wait_until(consumed_all, 30, "broker-a's queues consumed while broker-b is down")
+
+        b = EmbeddedBroker(b_config)  # the same data and ports
+        b.start()
+        wait_until(lambda: len(_route_queues(endpoint)) == 16, what="broker-b routed again")
+        send_keyed(on_b)  # may need a route refresh: retried within the send
+        send_keyed(on_a + on_b)
+        wait_until(consumed_all, 30, "broker-b's queues taken back")
+        with recorder.lock:
+            for key, n in sequence.items():
+                assert recorder.by_key[key] == list(range(n)), key
