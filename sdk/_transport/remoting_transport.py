@@ -1,13 +1,14 @@
 """The Transport over RocketMQ 4.x remoting: endpoints written "rocketmq://ns1:9876;ns2:9876".
 
-Routes come from the name servers (GET_ROUTEINFO_BY_TOPIC), asked in turn and refreshed
-every ROUTE_REFRESH_SECONDS, on `refresh` and after a failure; each broker is then
-reached at its master's address. Messages are prepared as ordermq frames, as on gRPC (so
-the spool and the accumulator work unchanged), and translated to RocketMQ's message when
-sent (sdk/_remoting/translate.py): one message as SEND_MESSAGE_V2, several as
-SEND_BATCH_MESSAGE. What RocketMQ cannot do raises UnsupportedByTransportError: cancelling
-a scheduled message, delivery times other than its 18 delay levels, receiving with an
-invisible time (pop), and fencing epochs (a lock's epoch is always 0 here).
+Routes come from the name servers (GET_ROUTEINFO_BY_TOPIC), every one asked and their
+answers merged, refreshed every ROUTE_REFRESH_SECONDS, on `refresh` and after a failure;
+each broker is then reached at its master's address. Messages are prepared as ordermq
+frames, as on gRPC (so the spool and the accumulator work unchanged), and translated to
+RocketMQ's message when sent (sdk/_remoting/translate.py): one message as
+SEND_MESSAGE_V2, several as SEND_BATCH_MESSAGE. What RocketMQ cannot do raises
+UnsupportedByTransportError: cancelling a scheduled message, delivery times other than
+its 18 delay levels, receiving with an invisible time (pop), and fencing epochs (a
+lock's epoch is always 0 here).
 
 With credentials every request is signed as RocketMQ's AclClientRPCHook signs it
 (sdk/_remoting/acl_signature.py), name server requests included, as Java clients do; an
@@ -147,7 +148,7 @@ class _Route:
 class RemotingTransport:
     """Name servers, a connection per broker, and cached routes; use on one event loop.
 
-    `name_servers`: "host:port" each, asked in turn (the one that answered first). With
+    `name_servers`: "host:port" each, all asked, their routes merged. With
     `credentials` every request is signed for that account of the brokers' plain ACL.
     """
 
@@ -166,7 +167,6 @@ class RemotingTransport:
         #: clients do with tls.enable); made now, so that a bad file fails at once.
         self._tls_context = tls.ssl_context() if tls is not None else None
         self._answered: set[str] = set()  # addresses that answered a request
-        self._ns_turn = 0
         self._connections: dict[str, RemotingConnection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
         self._routes: dict[str, _Route] = {}
@@ -363,26 +363,44 @@ class RemotingTransport:
         return True
 
     async def _query_route(self, topic: str) -> _Route:
-        """Ask the name servers in turn, from the last that answered."""
-        last: OrderMQError | None = None
-        for i in range(len(self.name_servers)):
-            turn = (self._ns_turn + i) % len(self.name_servers)
-            address = self.name_servers[turn]
-            try:
-                response = await self._call(
-                    address, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}
-                )
-            except (BrokerUnavailableError, RequestTimeoutError) as exc:
-                last = exc
-                continue
-            self._ns_turn = turn
-            if response.code != ResponseCode.SUCCESS:
-                raise refused(response, f"the route of topic {topic!r} from {address}")
-            return self._parse_route(topic, response.body, address)
-        assert last is not None
-        raise BrokerUnavailableError(
-            f"no name server of {', '.join(self.name_servers)} answered: {last}"
+        """Ask every name server at once, and merge the routes of those that answered.
+
+        Name servers may know different brokers (one registered with only some of them, or
+        one restarted and not yet told again): the topic's queues are those any of them
+        routes. TopicNotFoundError only when none routes it.
+        """
+        answers = await asyncio.gather(
+            *(self._ask_route(address, topic) for address in self.name_servers),
+            return_exceptions=True,
         )
+        routes = [a for a in answers if isinstance(a, _Route)]
+        if routes:
+            key = lambda q: (q.broker_name, q.queue_id)  # noqa: E731
+            return _Route(
+                sorted({q for r in routes for q in r.readable}, key=key),
+                sorted({q for r in routes for q in r.writable}, key=key),
+                min(r.fetched_at for r in routes),
+            )
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, OrderMQError):
+                raise answer
+        errors = [a for a in answers if isinstance(a, OrderMQError)]
+        refusals = [
+            e for e in errors if not isinstance(e, BrokerUnavailableError | RequestTimeoutError)
+        ]
+        not_found = [e for e in refusals if isinstance(e, TopicNotFoundError)]
+        if not_found or refusals:
+            raise (not_found or refusals)[0]
+        raise BrokerUnavailableError(
+            f"no name server of {', '.join(self.name_servers)} answered: {errors[-1]}"
+        )
+
+    async def _ask_route(self, address: str, topic: str) -> _Route:
+        """GET_ROUTEINFO_BY_TOPIC at one name server."""
+        response = await self._call(address, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+        if response.code != ResponseCode.SUCCESS:
+            raise refused(response, f"the route of topic {topic!r} from {address}")
+        return self._parse_route(topic, response.body, address)
 
     def _parse_route(self, topic: str, body: bytes, source: str) -> _Route:
         try:
@@ -736,17 +754,36 @@ class RemotingTransport:
 
     # ------------------------------------------------------------------ membership
     async def heartbeat(self, client_id: str, groups: Sequence[GroupInfo]) -> None:
-        """HEART_BEAT with the groups and their subscriptions, to every known broker."""
+        """HEART_BEAT with the groups and their subscriptions, to every known broker.
+
+        Every broker gets it, at once, whichever others cannot be reached: the first
+        failure (naming its broker) is raised after all were tried.
+        """
         self._groups.update(g.group for g in groups)
         body = json.dumps({
             "clientID": client_id,
             "consumerDataSet": [_consumer_data(g) for g in groups],
             "producerDataSet": [],
         }).encode()  # fmt: skip
-        for address in sorted(set(self._addresses.values())):
-            response = await self._call(address, RequestCode.HEART_BEAT, {}, body=body)
+        names: dict[str, list[str]] = {}
+        for name, address in sorted(self._addresses.items()):
+            names.setdefault(address, []).append(name)
+
+        async def beat(address: str) -> None:
+            brokers = "broker " + ", ".join(repr(n) for n in names[address])
+            try:
+                response = await self._call(address, RequestCode.HEART_BEAT, {}, body=body)
+            except BrokerUnavailableError as exc:
+                raise BrokerUnavailableError(
+                    f"heartbeat to {brokers} at {address}: {exc.message}", code=exc.code
+                ) from None
             if response.code != ResponseCode.SUCCESS:
-                raise refused(response, f"heartbeat to {address}")
+                raise refused(response, f"heartbeat to {brokers} at {address}")
+
+        outcomes = await asyncio.gather(*(beat(a) for a in sorted(names)), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def unregister(self, client_id: str) -> None:
         """UNREGISTER_CLIENT for each group, at every known broker; the first failure last."""

@@ -37,6 +37,7 @@ from sdk import (
 from sdk._remoting.codes import ResponseCode
 from sdk._remoting.connection import RemotingConnection
 from sdk._transport import connect
+from sdk._transport.protocol import GroupInfo
 from sdk.errors import BrokerUnavailableError
 from tests.component.admin_cli import run
 from tests.support import free_ports, wait_until
@@ -295,3 +296,62 @@ def test_a_broker_down_fails_its_keyed_sends_clearly_while_the_other_goes_on(
         with recorder.lock:
             for key, n in sequence.items():
                 assert recorder.by_key[key] == list(range(n)), key
+
+
+def test_routes_of_name_servers_with_different_views_are_merged(tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        knows_a = stack.enter_context(EmbeddedNameServer())
+        knows_b = stack.enter_context(EmbeddedNameServer())
+        brokers = {
+            "broker-a": stack.enter_context(member(tmp_path, "broker-a", knows_a.address)),
+            "broker-b": stack.enter_context(member(tmp_path, "broker-b", knows_b.address)),
+        }
+        for broker in brokers.values():
+            assert run(broker, "topics", "create", TOPIC, "--queues", "8").exit_code == 0
+        for endpoint in (
+            f"rocketmq://{knows_a.address};{knows_b.address}",
+            f"rocketmq://{knows_b.address};{knows_a.address}",
+        ):
+            wait_until(
+                lambda endpoint=endpoint: [
+                    (q.broker_name, q.queue_id) for q in _route_queues(endpoint)
+                ] == QUEUES, what=f"all 16 queues through {endpoint}",
+            )  # fmt: skip
+        endpoint = f"rocketmq://{knows_a.address};{knows_b.address}"
+        keys = keys_on("broker-a", 2) + keys_on("broker-b", 2)
+        with Producer(endpoint) as producer:
+            for key in keys:
+                result = producer.send(Message(TOPIC, b"0", sharding_key=key))
+                assert (result.queue.broker_name, result.queue.queue_id) == QUEUES[
+                    shard_index(key, 16)
+                ], key
+        recorder = Recorder()
+        consumer = PushConsumer(
+            GROUP, endpoint, consume_from_where=ConsumeFromWhere.FIRST_OFFSET, config=FAST
+        )
+        consumer.subscribe(TOPIC)
+        consumer.register_message_listener(recorder)
+        consumer.start()
+        stack.callback(consumer.shutdown)
+        wait_until(lambda: recorder.count() == len(keys), 30, "every message consumed")
+
+
+def test_a_dead_broker_does_not_keep_heartbeats_from_the_others(cluster: Cluster) -> None:
+    # broker-0, dead, routed before the others; its address sorts first too.
+    still_routed(cluster.name_server.address, "broker-0", "127.0.0.1:1")
+
+    async def main() -> None:
+        transport = connect(cluster.endpoint)
+        try:
+            assert len(await transport.readable_queues(TOPIC)) == 24
+            groups = [GroupInfo(GROUP, "CONSUME_ORDERLY", subscriptions=((TOPIC, "*"),))]
+            with pytest.raises(BrokerUnavailableError, match="broker-0"):
+                await transport.heartbeat("client-1", groups)
+        finally:
+            await transport.close()
+
+    asyncio.run(main())
+    for name in BROKERS:
+        state = cluster.brokers[name].broker.state
+        assert state is not None
+        assert state.groups.members(GROUP) == ["client-1"], name
