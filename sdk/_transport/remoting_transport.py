@@ -319,29 +319,32 @@ class RemotingTransport:
         return route
 
     async def _keep_unreachable(self, topic: str, old: _Route | None, new: _Route) -> _Route:
-        """`new`, plus the queues of brokers it lost that cannot be reached.
+        """`new`, plus the queues of brokers it lost that are no longer registered.
 
         A name server drops a broker that stopped or died (at once, or after its silence);
         were its queues dropped too, keyed sends would hash over fewer queues and land on
         other queues than their earlier messages. So a broker missing from the new route
-        keeps its queues while it cannot be reached: sends to them fail naming it, and it
-        takes them back when it registers again. A broker that answers lost the topic
-        (deleted there): its queues go.
+        keeps its queues while no name server knows it (GET_BROKER_CLUSTER_INFO): sends to
+        them fail naming it, and it takes them back when it registers again. A broker still
+        registered lost the topic (deleted there): its queues go.
         """
         if old is None:
             return new
         present = {q.broker_name for q in [*new.readable, *new.writable]}
-        missing = sorted({q.broker_name for q in [*old.readable, *old.writable]} - present - {""})
-        kept = [name for name in missing if not await self._reachable(name)]
+        missing = {q.broker_name for q in [*old.readable, *old.writable]} - present - {""}
+        for name in present:
+            self._down.discard(name)
+        if not missing:
+            return new
+        registered = await self._registered_brokers()
+        kept = sorted(missing - registered)
         for name in kept:
             if name not in self._down:
                 log.warning(
-                    "broker %s left the route of %s and cannot be reached: its queues are "
-                    "kept, their sends fail until it returns", name, topic,
+                    "broker %s left the route of %s and no name server knows it: its queues "
+                    "are kept, their sends fail until it returns", name, topic,
                 )  # fmt: skip
             self._down.add(name)
-        for name in present:
-            self._down.discard(name)
         if not kept:
             return new
         key = lambda q: (q.broker_name, q.queue_id)  # noqa: E731
@@ -351,16 +354,32 @@ class RemotingTransport:
             new.fetched_at,
         )
 
-    async def _reachable(self, broker_name: str) -> bool:
-        """Whether broker `broker_name`'s last known master takes a connection."""
-        address = self._addresses.get(broker_name)
-        if address is None:
-            return False
-        try:
-            await self._connection(address)
-        except BrokerUnavailableError:
-            return False
-        return True
+    async def _registered_brokers(self) -> set[str]:
+        """The broker names any name server that answers has registered (none: empty)."""
+
+        async def ask(address: str) -> set[str]:
+            response = await self._call(address, RequestCode.GET_BROKER_CLUSTER_INFO, {})
+            if response.code != ResponseCode.SUCCESS:
+                raise refused(response, f"the brokers registered with {address}")
+            text = response.body.decode()
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError:  # fastjson writes integer map keys unquoted
+                data = json.loads(_UNQUOTED_KEY.sub(r'\1"\2":', text))
+            return {str(name) for name in data["brokerAddrTable"]}
+
+        answers = await asyncio.gather(
+            *(ask(address) for address in self.name_servers), return_exceptions=True
+        )
+        names: set[str] = set()
+        for answer in answers:
+            if isinstance(answer, set):
+                names |= answer
+            elif isinstance(answer, OrderMQError | ValueError | KeyError | TypeError):
+                log.info("registered brokers not known: %s", answer)
+            else:
+                raise answer
+        return names
 
     async def _query_route(self, topic: str) -> _Route:
         """Ask every name server at once, and merge the routes of those that answered.
