@@ -173,6 +173,7 @@ class RemotingTransport:
         self._addresses: dict[str, str] = {}  # broker name -> master address
         self._down: set[str] = set()  # brokers kept in routes they left, unreachable
         self._groups: set[str] = set()
+        self._heartbeat_body: bytes | None = None  # the last HEART_BEAT's, for new connections
         self._versions: dict[str, int] = {}  # group -> membership changes seen
         self._membership_changed: asyncio.Condition | None = None
         self._closed = False
@@ -196,7 +197,33 @@ class RemotingTransport:
                     raise ClientStateError("the client is shut down")
                 self._connections[address] = connection
                 self._membership_touched(list(self._versions))  # missed while away
+                await self._greet(connection, address)
         return connection
+
+    async def _greet(self, connection: RemotingConnection, address: str) -> None:
+        """The last heartbeat again, first on a new connection to a broker.
+
+        A broker knows a client by the connection it heartbeats on: one that restarted
+        (or dropped the connection) would refuse the client's locks ("not a member") and
+        its offset commits (the queue "locked by" this very client, restored from disk)
+        until the next heartbeat, up to an interval later.
+        """
+        body = self._heartbeat_body
+        if body is None or address in self.name_servers:
+            return
+        fields: dict[str, str] = {}
+        credentials = self._credentials
+        if credentials is not None:
+            fields = signed_fields(fields, body, credentials.access_key, credentials.secret_key)
+        command = RemotingCommand(code=int(RequestCode.HEART_BEAT), ext_fields=fields, body=body)
+        try:
+            response = await connection.request(command, REQUEST_SECONDS)
+        except OrderMQError as exc:
+            log.info("heartbeat on the new connection to %s failed: %s", address, exc)
+            return
+        if response.code != ResponseCode.SUCCESS:
+            log.info("heartbeat on the new connection to %s refused: %s", address,
+                     refused(response, "heartbeat"))  # fmt: skip
 
     async def _call(
         self,
@@ -784,6 +811,7 @@ class RemotingTransport:
             "consumerDataSet": [_consumer_data(g) for g in groups],
             "producerDataSet": [],
         }).encode()  # fmt: skip
+        self._heartbeat_body = body
         names: dict[str, list[str]] = {}
         for name, address in sorted(self._addresses.items()):
             names.setdefault(address, []).append(name)

@@ -420,3 +420,50 @@ def test_a_broker_keeps_its_queues_while_unregistered_and_loses_them_with_the_to
                 await transport.close()
 
         asyncio.run(main())
+
+
+def test_a_restarted_broker_knows_the_client_before_its_first_request(tmp_path: Path) -> None:
+    """After a broker restarts, the client's first request on the new connection (here an
+    offset commit, on a queue whose lock the broker restored) is not refused for want of
+    a heartbeat: the transport heartbeats first on every new broker connection."""
+    port, remoting = free_ports(2)
+    with EmbeddedNameServer() as ns:
+        config = BrokerConfig(
+            data_dir=tmp_path / "broker-b", broker_name="broker-b", port=port,
+            remoting_port=remoting, namesrv_addr=ns.address,
+        )  # fmt: skip
+        endpoint = f"rocketmq://{ns.address}"
+        queue = MessageQueue(TOPIC, "broker-b", 0)
+        groups = [GroupInfo(GROUP, "CONSUME_ORDERLY", subscriptions=((TOPIC, "*"),))]
+        with EmbeddedBroker(config) as b:
+            assert run(b, "topics", "create", TOPIC, "--queues", "8").exit_code == 0
+            with Producer(endpoint) as producer:
+                for _ in range(3):
+                    producer.send(Message(TOPIC, b"x"), selector=lambda qs, m, a: qs[0])
+
+        async def main() -> None:
+            transport = connect(endpoint)
+            try:
+                assert queue in await transport.readable_queues(TOPIC)
+                await transport.heartbeat("client-1", groups)
+                assert (await transport.lock_batch(GROUP, "client-1", [queue])).locked
+                await transport.commit_offsets(GROUP, "client-1", [(queue, 1, 0)])
+                await asyncio.to_thread(restart)
+                await transport.commit_offsets(GROUP, "client-1", [(queue, 2, 0)])
+                assert await transport.query_offset(GROUP, queue) == 2
+            finally:
+                await transport.close()
+
+        brokers: list[EmbeddedBroker] = []
+
+        def restart() -> None:
+            brokers[0].stop()
+            brokers[0] = EmbeddedBroker(config)
+            brokers[0].start()
+
+        brokers.append(EmbeddedBroker(config))
+        brokers[0].start()
+        try:
+            asyncio.run(main())
+        finally:
+            brokers[0].stop()
