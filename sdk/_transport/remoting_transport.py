@@ -851,14 +851,32 @@ class RemotingTransport:
             raise first
 
     async def consumer_list(self, group: str, topic: str) -> list[str]:
-        """GET_CONSUMER_LIST_BY_GROUP at the first broker serving `topic`."""
+        """GET_CONSUMER_LIST_BY_GROUP at a broker serving `topic`: the first that answers.
+
+        Brokers known to be down are asked last; one that cannot be reached is passed
+        over, so a dead broker does not stop the group's rebalancing on the others.
+        """
         queues = await self.readable_queues(topic)
         if not queues:
             raise BrokerUnavailableError(f"topic {topic!r} has no readable queue")
-        response = await self._broker_call(
-            queues[0], RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group},
-            f"members of group {group!r}",
-        )  # fmt: skip
+        first: dict[str, MessageQueue] = {}
+        for q in queues:
+            first.setdefault(q.broker_name, q)
+        order = sorted(first.values(), key=lambda q: q.broker_name in self._down)
+        response: RemotingCommand | None = None
+        for i, queue in enumerate(order):
+            try:
+                response = await self._broker_call(
+                    queue, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group},
+                    f"members of group {group!r}",
+                )  # fmt: skip
+                break
+            except (BrokerUnavailableError, RequestTimeoutError) as exc:
+                if i == len(order) - 1:
+                    raise
+                log.info("members of %s not known by %s (%s); asking the next broker",
+                         group, queue.broker_name, exc)  # fmt: skip
+        assert response is not None
         try:
             members = json.loads(response.body)["consumerIdList"]
             return sorted(str(m) for m in members)

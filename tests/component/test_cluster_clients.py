@@ -467,3 +467,22 @@ def test_a_restarted_broker_knows_the_client_before_its_first_request(tmp_path: 
             asyncio.run(main())
         finally:
             brokers[0].stop()
+
+
+def test_the_group_members_come_from_a_live_broker_when_the_first_is_dead(
+    cluster: Cluster,
+) -> None:
+    still_routed(cluster.name_server.address, "broker-0", "127.0.0.1:1")  # dead, sorted first
+
+    async def main() -> list[str]:
+        transport = connect(cluster.endpoint)
+        try:
+            assert len(await transport.readable_queues(TOPIC)) == 24
+            groups = [GroupInfo(GROUP, "CONSUME_ORDERLY", subscriptions=((TOPIC, "*"),))]
+            with pytest.raises(BrokerUnavailableError):
+                await transport.heartbeat("client-1", groups)
+            return await transport.consumer_list(GROUP, TOPIC)
+        finally:
+            await transport.close()
+
+    assert asyncio.run(main()) == ["client-1"]
