@@ -486,3 +486,36 @@ def test_the_group_members_come_from_a_live_broker_when_the_first_is_dead(
             await transport.close()
 
     assert asyncio.run(main()) == ["client-1"]
+
+
+def test_a_stopped_name_server_changes_nothing_while_another_answers(tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        first = EmbeddedNameServer()
+        first.start()
+        stack.callback(first.stop)
+        second = stack.enter_context(EmbeddedNameServer())
+        both = f"{first.address};{second.address}"
+        brokers = [stack.enter_context(member(tmp_path, name, both)) for name in BROKERS]
+        for broker in brokers:
+            assert run(broker, "topics", "create", TOPIC, "--queues", "8").exit_code == 0
+        endpoint = f"rocketmq://{both}"
+        wait_until(lambda: len(_route_queues(endpoint)) == 16, what="both brokers routed")
+        first.stop()
+
+        async def main() -> None:
+            transport = connect(endpoint)
+            try:
+                for _ in range(2):
+                    queues = await transport.writable_queues(TOPIC, refresh=True)
+                    assert [(q.broker_name, q.queue_id) for q in queues] == QUEUES
+            finally:
+                await transport.close()
+
+        asyncio.run(main())
+        keys = keys_on("broker-a", 2) + keys_on("broker-b", 2)
+        with Producer(endpoint) as producer:
+            for key in keys:
+                result = producer.send(Message(TOPIC, b"0", sharding_key=key))
+                assert (result.queue.broker_name, result.queue.queue_id) == QUEUES[
+                    shard_index(key, 16)
+                ], key
