@@ -56,6 +56,9 @@ log = logging.getLogger("ordermq.producer")
 
 #: Messages delivered from the spool per round.
 SPOOL_BATCH = 1000
+#: How long keyless sends pass over a broker after one failed there (as RocketMQ's
+#: producer isolates a failing broker with sendLatencyFaultEnable).
+AVOID_FAILED_BROKER_SECONDS = 30.0
 
 
 class PartialBatchError(OrderMQError):
@@ -97,6 +100,8 @@ class ProducerCore:
         self._clock: Clock = clock or SystemClock()
         self._ids = MessageIdGenerator()
         self._round_robin = RoundRobinSelector()
+        #: Broker name -> until when (clock.monotonic) keyless sends pass over it.
+        self._failed_brokers: dict[str, float] = {}
         self._refreshed: dict[str, float] = {}
         self._accumulator: Accumulator | None = None
         self._spool: Spool | None = None
@@ -338,7 +343,7 @@ class ProducerCore:
             else:
                 index = keyless.get(topic, -1)
                 if index < 0:
-                    index = keyless[topic] = queues.index(self._round_robin(queues, m, None))
+                    index = keyless[topic] = queues.index(self._keyless(queues, m))
             groups.setdefault((topic, index, _delayed(m)), []).append(i)
         plan: list[tuple[MessageQueue, list[list[int]], bool]] = []
         for (topic, index, _), indexes in groups.items():
@@ -434,7 +439,23 @@ class ProducerCore:
             return queue
         if message.sharding_key is not None:
             return queues[shard_index(message.sharding_key, len(queues))]
-        return self._round_robin(queues, message, arg)
+        return self._keyless(queues, message)
+
+    def _keyless(self, queues: list[MessageQueue], message: Message) -> MessageQueue:
+        """The next queue in turn, passing over brokers a keyless send just failed on.
+
+        Each failure would cost an attempt, a backoff and a route refresh; the brokers are
+        avoided for AVOID_FAILED_BROKER_SECONDS (all of them failed: none is).
+        """
+        if self._failed_brokers:
+            now = self._clock.monotonic()
+            for name, until in list(self._failed_brokers.items()):
+                if until <= now:
+                    del self._failed_brokers[name]
+            usable = [q for q in queues if q.broker_name not in self._failed_brokers]
+            if usable and len(usable) < len(queues):
+                return self._round_robin(usable, message, None)
+        return self._round_robin(queues, message, None)
 
     async def _send_first_chunks(
         self,
@@ -564,6 +585,9 @@ class ProducerCore:
                 await self._transport.writable_queues(queue.topic, refresh=True)
             if movable:  # keyless: another queue will do, on a broker that has not failed
                 failed.add(target[0].broker_name)
+                self._failed_brokers[target[0].broker_name] = (
+                    self._clock.monotonic() + AVOID_FAILED_BROKER_SECONDS
+                )
                 queues = await self._transport.writable_queues(queue.topic)
                 target[0] = _next_queue(queues, target[0], failed)
 

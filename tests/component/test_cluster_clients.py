@@ -519,3 +519,21 @@ def test_a_stopped_name_server_changes_nothing_while_another_answers(tmp_path: P
                 assert (result.queue.broker_name, result.queue.queue_id) == QUEUES[
                     shard_index(key, 16)
                 ], key
+
+
+def test_keyless_sends_pass_over_a_broker_that_just_failed(cluster: Cluster) -> None:
+    cluster.brokers["broker-b"].stop()
+    still_routed(cluster.name_server.address, "broker-b", "127.0.0.1:1")  # crashed: routed
+    attempts: list[str] = []
+    with Producer(cluster.endpoint, config=QUICK_SENDS) as producer:
+        transport = producer._core._transport
+        send = transport.send
+
+        async def counted(queue: MessageQueue, *args: Any, **kwargs: Any) -> Any:
+            attempts.append(queue.broker_name)
+            return await send(queue, *args, **kwargs)
+
+        transport.send = counted  # type: ignore[method-assign]
+        for _ in range(16):
+            assert producer.send(Message(TOPIC, b"x")).queue.broker_name == "broker-a"
+    assert attempts.count("broker-b") == 1, attempts
