@@ -171,7 +171,7 @@ class RemotingTransport:
         self._connecting: dict[str, asyncio.Lock] = {}
         self._routes: dict[str, _Route] = {}
         self._addresses: dict[str, str] = {}  # broker name -> master address
-        self._down: set[str] = set()  # brokers kept in routes they left, unreachable
+        self._down: set[str] = set()  # brokers kept in routes they left, registered nowhere
         self._groups: set[str] = set()
         self._heartbeat_body: bytes | None = None  # the last HEART_BEAT's, for new connections
         self._versions: dict[str, int] = {}  # group -> membership changes seen
@@ -341,11 +341,11 @@ class RemotingTransport:
                     raise
                 log.info("route of %s not refreshed (%s); keeping the last one", topic, exc)
             else:
-                route = self._routes[topic] = await self._keep_unreachable(topic, route, fresh)
+                route = self._routes[topic] = await self._keep_unregistered(topic, route, fresh)
         assert route is not None
         return route
 
-    async def _keep_unreachable(self, topic: str, old: _Route | None, new: _Route) -> _Route:
+    async def _keep_unregistered(self, topic: str, old: _Route | None, new: _Route) -> _Route:
         """`new`, plus the queues of brokers it lost that are no longer registered.
 
         A name server drops a broker that stopped or died (at once, or after its silence);
