@@ -340,6 +340,16 @@ class RemotingTransport:
                 if route is None or refresh:
                     raise
                 log.info("route of %s not refreshed (%s); keeping the last one", topic, exc)
+            except TopicNotFoundError:
+                # Every broker of the topic left the routes: those registered nowhere keep
+                # their queues (not the default topic's brokers' queues, for keyed sends).
+                kept = None
+                if route is not None and (route.readable or route.writable):
+                    empty = _Route([], [], time.monotonic())
+                    kept = await self._keep_unregistered(topic, route, empty)
+                if kept is None or not (kept.readable or kept.writable):
+                    raise
+                route = self._routes[topic] = kept
             else:
                 route = self._routes[topic] = await self._keep_unregistered(topic, route, fresh)
         assert route is not None

@@ -537,3 +537,35 @@ def test_keyless_sends_pass_over_a_broker_that_just_failed(cluster: Cluster) -> 
         for _ in range(16):
             assert producer.send(Message(TOPIC, b"x")).queue.broker_name == "broker-a"
     assert attempts.count("broker-b") == 1, attempts
+
+
+def test_a_topic_whose_only_broker_left_keeps_its_queues(tmp_path: Path) -> None:
+    """Not borrowed from the default topic's brokers, which would move every key."""
+    with ExitStack() as stack:
+        ns = stack.enter_context(EmbeddedNameServer())
+        brokers = {  # registering at changes only (and every 30 s)
+            name: stack.enter_context(EmbeddedBroker(BrokerConfig(
+                data_dir=tmp_path / name, broker_name=name, remoting_port=0,
+                namesrv_addr=ns.address,
+            ))) for name in BROKERS
+        }  # fmt: skip
+        b = brokers["broker-b"]
+        assert run(b, "topics", "create", TOPIC, "--queues", "8").exit_code == 0
+        endpoint = f"rocketmq://{ns.address}"
+        wait_until(lambda: len(_route_queues(endpoint)) == 8, what="broker-b routed")
+        assert b.remoting_address is not None
+
+        async def main() -> None:
+            transport = connect(endpoint)
+            try:
+                before = await transport.writable_queues(TOPIC)
+                assert {q.broker_name for q in before} == {"broker-b"}
+                await asyncio.to_thread(tell, ns.address, unregister_request(
+                    cluster="DefaultCluster", broker_name="broker-b", address=b.remoting_address,
+                ))  # fmt: skip
+                assert await transport.writable_queues(TOPIC, refresh=True) == before
+                assert await transport.readable_queues(TOPIC, refresh=True) == before
+            finally:
+                await transport.close()
+
+        asyncio.run(main())
