@@ -1,13 +1,14 @@
 """The Transport over RocketMQ 4.x remoting: endpoints written "rocketmq://ns1:9876;ns2:9876".
 
-Routes come from the name servers (GET_ROUTEINFO_BY_TOPIC), asked in turn and refreshed
-every ROUTE_REFRESH_SECONDS, on `refresh` and after a failure; each broker is then
-reached at its master's address. Messages are prepared as ordermq frames, as on gRPC (so
-the spool and the accumulator work unchanged), and translated to RocketMQ's message when
-sent (sdk/_remoting/translate.py): one message as SEND_MESSAGE_V2, several as
-SEND_BATCH_MESSAGE. What RocketMQ cannot do raises UnsupportedByTransportError: cancelling
-a scheduled message, delivery times other than its 18 delay levels, receiving with an
-invisible time (pop), and fencing epochs (a lock's epoch is always 0 here).
+Routes come from the name servers (GET_ROUTEINFO_BY_TOPIC), every one asked and their
+answers merged, refreshed every ROUTE_REFRESH_SECONDS, on `refresh` and after a failure;
+each broker is then reached at its master's address. Messages are prepared as ordermq
+frames, as on gRPC (so the spool and the accumulator work unchanged), and translated to
+RocketMQ's message when sent (sdk/_remoting/translate.py): one message as
+SEND_MESSAGE_V2, several as SEND_BATCH_MESSAGE. What RocketMQ cannot do raises
+UnsupportedByTransportError: cancelling a scheduled message, delivery times other than
+its 18 delay levels, receiving with an invisible time (pop), and fencing epochs (a
+lock's epoch is always 0 here).
 
 With credentials every request is signed as RocketMQ's AclClientRPCHook signs it
 (sdk/_remoting/acl_signature.py), name server requests included, as Java clients do; an
@@ -147,7 +148,7 @@ class _Route:
 class RemotingTransport:
     """Name servers, a connection per broker, and cached routes; use on one event loop.
 
-    `name_servers`: "host:port" each, asked in turn (the one that answered first). With
+    `name_servers`: "host:port" each, all asked, their routes merged. With
     `credentials` every request is signed for that account of the brokers' plain ACL.
     """
 
@@ -166,12 +167,13 @@ class RemotingTransport:
         #: clients do with tls.enable); made now, so that a bad file fails at once.
         self._tls_context = tls.ssl_context() if tls is not None else None
         self._answered: set[str] = set()  # addresses that answered a request
-        self._ns_turn = 0
         self._connections: dict[str, RemotingConnection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
         self._routes: dict[str, _Route] = {}
         self._addresses: dict[str, str] = {}  # broker name -> master address
+        self._down: set[str] = set()  # brokers kept in routes they left, registered nowhere
         self._groups: set[str] = set()
+        self._heartbeat_body: bytes | None = None  # the last HEART_BEAT's, for new connections
         self._versions: dict[str, int] = {}  # group -> membership changes seen
         self._membership_changed: asyncio.Condition | None = None
         self._closed = False
@@ -195,7 +197,33 @@ class RemotingTransport:
                     raise ClientStateError("the client is shut down")
                 self._connections[address] = connection
                 self._membership_touched(list(self._versions))  # missed while away
+                await self._greet(connection, address)
         return connection
+
+    async def _greet(self, connection: RemotingConnection, address: str) -> None:
+        """The last heartbeat again, first on a new connection to a broker.
+
+        A broker knows a client by the connection it heartbeats on: one that restarted
+        (or dropped the connection) would refuse the client's locks ("not a member") and
+        its offset commits (the queue "locked by" this very client, restored from disk)
+        until the next heartbeat, up to an interval later.
+        """
+        body = self._heartbeat_body
+        if body is None or address in self.name_servers:
+            return
+        fields: dict[str, str] = {}
+        credentials = self._credentials
+        if credentials is not None:
+            fields = signed_fields(fields, body, credentials.access_key, credentials.secret_key)
+        command = RemotingCommand(code=int(RequestCode.HEART_BEAT), ext_fields=fields, body=body)
+        try:
+            response = await connection.request(command, REQUEST_SECONDS)
+        except OrderMQError as exc:
+            log.info("heartbeat on the new connection to %s failed: %s", address, exc)
+            return
+        if response.code != ResponseCode.SUCCESS:
+            log.info("heartbeat on the new connection to %s refused: %s", address,
+                     refused(response, "heartbeat"))  # fmt: skip
 
     async def _call(
         self,
@@ -246,10 +274,39 @@ class RemotingTransport:
         self, queue: MessageQueue, code: int, fields: dict[str, str], what: str, **kw: Any
     ) -> RemotingCommand:
         """A request to the broker of `queue`; SUCCESS, else its error."""
-        response = await self._call(self._address(queue), code, fields, **kw)
+        response = await self._at_broker(queue, code, fields, **kw)
         if response.code != ResponseCode.SUCCESS:
             raise refused(response, what)
         return response
+
+    async def _at_broker(
+        self,
+        queue: MessageQueue,
+        code: int,
+        fields: dict[str, str],
+        *,
+        body: bytes = b"",
+        timeout: float | None = None,
+    ) -> RemotingCommand:
+        """A request to the broker of `queue`, its answer whatever its code.
+
+        BrokerUnavailableError names the broker (its name and address) when it cannot be
+        reached, and says so when it has left the name servers' routes.
+        """
+        address = self._address(queue)
+        try:
+            return await self._call(address, code, fields, body=body, timeout=timeout)
+        except BrokerUnavailableError as exc:
+            gone = (
+                " (it left the name servers' routes; its queues are kept for keyed "
+                "messages, which fail until it returns)"
+                if queue.broker_name in self._down
+                else ""
+            )
+            raise BrokerUnavailableError(
+                f"broker {queue.broker_name!r} at {address}{gone}: {exc.message}",
+                code=exc.code, reason=exc.reason,
+            ) from None  # fmt: skip
 
     def _address(self, queue: MessageQueue) -> str:
         address = self._addresses.get(queue.broker_name)
@@ -278,37 +335,128 @@ class RemotingTransport:
         stale = route is None or time.monotonic() - route.fetched_at > ROUTE_REFRESH_SECONDS
         if refresh or stale:
             try:
-                route = await self._query_route(topic)
+                fresh = await self._query_route(topic)
             except (BrokerUnavailableError, RequestTimeoutError) as exc:
                 if route is None or refresh:
                     raise
                 log.info("route of %s not refreshed (%s); keeping the last one", topic, exc)
+            except TopicNotFoundError:
+                # Every broker of the topic left the routes: those registered nowhere keep
+                # their queues (not the default topic's brokers' queues, for keyed sends).
+                kept = None
+                if route is not None and (route.readable or route.writable):
+                    empty = _Route([], [], time.monotonic())
+                    kept = await self._keep_unregistered(topic, route, empty)
+                if kept is None or not (kept.readable or kept.writable):
+                    raise
+                route = self._routes[topic] = kept
             else:
-                self._routes[topic] = route
+                route = self._routes[topic] = await self._keep_unregistered(topic, route, fresh)
         assert route is not None
         return route
 
-    async def _query_route(self, topic: str) -> _Route:
-        """Ask the name servers in turn, from the last that answered."""
-        last: OrderMQError | None = None
-        for i in range(len(self.name_servers)):
-            turn = (self._ns_turn + i) % len(self.name_servers)
-            address = self.name_servers[turn]
-            try:
-                response = await self._call(
-                    address, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}
-                )
-            except (BrokerUnavailableError, RequestTimeoutError) as exc:
-                last = exc
-                continue
-            self._ns_turn = turn
-            if response.code != ResponseCode.SUCCESS:
-                raise refused(response, f"the route of topic {topic!r} from {address}")
-            return self._parse_route(topic, response.body, address)
-        assert last is not None
-        raise BrokerUnavailableError(
-            f"no name server of {', '.join(self.name_servers)} answered: {last}"
+    async def _keep_unregistered(self, topic: str, old: _Route | None, new: _Route) -> _Route:
+        """`new`, plus the queues of brokers it lost that are no longer registered.
+
+        A name server drops a broker that stopped or died (at once, or after its silence);
+        were its queues dropped too, keyed sends would hash over fewer queues and land on
+        other queues than their earlier messages. So a broker missing from the new route
+        keeps its queues while no name server knows it (GET_BROKER_CLUSTER_INFO): sends to
+        them fail naming it, and it takes them back when it registers again. A broker still
+        registered lost the topic (deleted there): its queues go.
+        """
+        if old is None:
+            return new
+        present = {q.broker_name for q in [*new.readable, *new.writable]}
+        missing = {q.broker_name for q in [*old.readable, *old.writable]} - present - {""}
+        for name in present:
+            self._down.discard(name)
+        if not missing:
+            return new
+        registered = await self._registered_brokers()
+        kept = sorted(missing - registered)
+        for name in kept:
+            if name not in self._down:
+                log.warning(
+                    "broker %s left the route of %s and no name server knows it: its queues "
+                    "are kept, their sends fail until it returns", name, topic,
+                )  # fmt: skip
+            self._down.add(name)
+        if not kept:
+            return new
+        key = lambda q: (q.broker_name, q.queue_id)  # noqa: E731
+        return _Route(
+            sorted([*new.readable, *(q for q in old.readable if q.broker_name in kept)], key=key),
+            sorted([*new.writable, *(q for q in old.writable if q.broker_name in kept)], key=key),
+            new.fetched_at,
         )
+
+    async def _registered_brokers(self) -> set[str]:
+        """The broker names any name server that answers has registered (none: empty)."""
+
+        async def ask(address: str) -> set[str]:
+            response = await self._call(address, RequestCode.GET_BROKER_CLUSTER_INFO, {})
+            if response.code != ResponseCode.SUCCESS:
+                raise refused(response, f"the brokers registered with {address}")
+            text = response.body.decode()
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError:  # fastjson writes integer map keys unquoted
+                data = json.loads(_UNQUOTED_KEY.sub(r'\1"\2":', text))
+            return {str(name) for name in data["brokerAddrTable"]}
+
+        answers = await asyncio.gather(
+            *(ask(address) for address in self.name_servers), return_exceptions=True
+        )
+        names: set[str] = set()
+        for answer in answers:
+            if isinstance(answer, set):
+                names |= answer
+            elif isinstance(answer, OrderMQError | ValueError | KeyError | TypeError):
+                log.info("registered brokers not known: %s", answer)
+            else:
+                raise answer
+        return names
+
+    async def _query_route(self, topic: str) -> _Route:
+        """Ask every name server at once, and merge the routes of those that answered.
+
+        Name servers may know different brokers (one registered with only some of them, or
+        one restarted and not yet told again): the topic's queues are those any of them
+        routes. TopicNotFoundError only when none routes it.
+        """
+        answers = await asyncio.gather(
+            *(self._ask_route(address, topic) for address in self.name_servers),
+            return_exceptions=True,
+        )
+        routes = [a for a in answers if isinstance(a, _Route)]
+        if routes:
+            key = lambda q: (q.broker_name, q.queue_id)  # noqa: E731
+            return _Route(
+                sorted({q for r in routes for q in r.readable}, key=key),
+                sorted({q for r in routes for q in r.writable}, key=key),
+                min(r.fetched_at for r in routes),
+            )
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, OrderMQError):
+                raise answer
+        errors = [a for a in answers if isinstance(a, OrderMQError)]
+        refusals = [
+            e for e in errors if not isinstance(e, BrokerUnavailableError | RequestTimeoutError)
+        ]
+        not_found = [e for e in refusals if isinstance(e, TopicNotFoundError)]
+        if not_found or refusals:
+            raise (not_found or refusals)[0]
+        raise BrokerUnavailableError(
+            f"no name server of {', '.join(self.name_servers)} answered: {errors[-1]}"
+        )
+
+    async def _ask_route(self, address: str, topic: str) -> _Route:
+        """GET_ROUTEINFO_BY_TOPIC at one name server."""
+        response = await self._call(address, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+        if response.code != ResponseCode.SUCCESS:
+            raise refused(response, f"the route of topic {topic!r} from {address}")
+        return self._parse_route(topic, response.body, address)
 
     def _parse_route(self, topic: str, body: bytes, source: str) -> _Route:
         try:
@@ -422,10 +570,9 @@ class RemotingTransport:
         body = b"".join(encode_batch_element(m.body, m.properties) for m in messages)
         header = self._send_header(queue, messages[0].born_timestamp_ms, "", 0)
         header["m"] = "true"
-        response = await self._call(
-            self._address(queue), RequestCode.SEND_BATCH_MESSAGE, header, body=body,
-            timeout=timeout,
-        )  # fmt: skip
+        response = await self._at_broker(
+            queue, RequestCode.SEND_BATCH_MESSAGE, header, body=body, timeout=timeout
+        )
         return self._appended(queue, response, len(messages), scheduled=False)
 
     async def _send_one(
@@ -436,10 +583,9 @@ class RemotingTransport:
             queue, message.born_timestamp_ms, encode_properties(message.properties),
             message.sys_flag,
         )  # fmt: skip
-        response = await self._call(
-            self._address(queue), RequestCode.SEND_MESSAGE_V2, header, body=message.body,
-            timeout=timeout,
-        )  # fmt: skip
+        response = await self._at_broker(
+            queue, RequestCode.SEND_MESSAGE_V2, header, body=message.body, timeout=timeout
+        )
         return self._appended(queue, response, 1, scheduled=bool(message.delay_level))
 
     def _send_header(
@@ -505,9 +651,7 @@ class RemotingTransport:
             "subscription": tag_expression or "*", "subVersion": "0", "expressionType": "TAG",
         }  # fmt: skip
         deadline = timeout if timeout is not None else suspend_timeout + REQUEST_SECONDS
-        response = await self._call(
-            self._address(queue), RequestCode.PULL_MESSAGE, fields, timeout=deadline
-        )
+        response = await self._at_broker(queue, RequestCode.PULL_MESSAGE, fields, timeout=deadline)
         status = _PULL_STATUS.get(response.code)
         if status is None:
             raise refused(response, f"pull of {queue.topic} queue {queue.queue_id}")
@@ -550,7 +694,7 @@ class RemotingTransport:
     async def query_offset(self, group: str, queue: MessageQueue) -> int | None:
         """QUERY_CONSUMER_OFFSET; None when the group never committed one."""
         fields = {"consumerGroup": group, "topic": queue.topic, "queueId": str(queue.queue_id)}
-        response = await self._call(self._address(queue), RequestCode.QUERY_CONSUMER_OFFSET, fields)
+        response = await self._at_broker(queue, RequestCode.QUERY_CONSUMER_OFFSET, fields)
         if response.code == ResponseCode.QUERY_NOT_FOUND:
             return None
         if response.code != ResponseCode.SUCCESS:
@@ -634,8 +778,8 @@ class RemotingTransport:
             message.born_timestamp, encode_properties(retry_properties(message, level)), 0,
         )  # fmt: skip
         header.update({"j": str(count), "l": str(sent_limit)})
-        response = await self._call(
-            self._address(message.queue), RequestCode.SEND_MESSAGE_V2, header, body=message.body
+        response = await self._at_broker(
+            message.queue, RequestCode.SEND_MESSAGE_V2, header, body=message.body
         )
         if response.code != ResponseCode.SUCCESS:
             raise refused(response, f"send-back of {message.msg_id} to {retry_topic}")
@@ -666,17 +810,37 @@ class RemotingTransport:
 
     # ------------------------------------------------------------------ membership
     async def heartbeat(self, client_id: str, groups: Sequence[GroupInfo]) -> None:
-        """HEART_BEAT with the groups and their subscriptions, to every known broker."""
+        """HEART_BEAT with the groups and their subscriptions, to every known broker.
+
+        Every broker gets it, at once, whichever others cannot be reached: the first
+        failure (naming its broker) is raised after all were tried.
+        """
         self._groups.update(g.group for g in groups)
         body = json.dumps({
             "clientID": client_id,
             "consumerDataSet": [_consumer_data(g) for g in groups],
             "producerDataSet": [],
         }).encode()  # fmt: skip
-        for address in sorted(set(self._addresses.values())):
-            response = await self._call(address, RequestCode.HEART_BEAT, {}, body=body)
+        self._heartbeat_body = body
+        names: dict[str, list[str]] = {}
+        for name, address in sorted(self._addresses.items()):
+            names.setdefault(address, []).append(name)
+
+        async def beat(address: str) -> None:
+            brokers = "broker " + ", ".join(repr(n) for n in names[address])
+            try:
+                response = await self._call(address, RequestCode.HEART_BEAT, {}, body=body)
+            except BrokerUnavailableError as exc:
+                raise BrokerUnavailableError(
+                    f"heartbeat to {brokers} at {address}: {exc.message}", code=exc.code
+                ) from None
             if response.code != ResponseCode.SUCCESS:
-                raise refused(response, f"heartbeat to {address}")
+                raise refused(response, f"heartbeat to {brokers} at {address}")
+
+        outcomes = await asyncio.gather(*(beat(a) for a in sorted(names)), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def unregister(self, client_id: str) -> None:
         """UNREGISTER_CLIENT for each group, at every known broker; the first failure last."""
@@ -697,14 +861,32 @@ class RemotingTransport:
             raise first
 
     async def consumer_list(self, group: str, topic: str) -> list[str]:
-        """GET_CONSUMER_LIST_BY_GROUP at the first broker serving `topic`."""
+        """GET_CONSUMER_LIST_BY_GROUP at a broker serving `topic`: the first that answers.
+
+        Brokers known to be down are asked last; one that cannot be reached is passed
+        over, so a dead broker does not stop the group's rebalancing on the others.
+        """
         queues = await self.readable_queues(topic)
         if not queues:
             raise BrokerUnavailableError(f"topic {topic!r} has no readable queue")
-        response = await self._broker_call(
-            queues[0], RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group},
-            f"members of group {group!r}",
-        )  # fmt: skip
+        first: dict[str, MessageQueue] = {}
+        for q in queues:
+            first.setdefault(q.broker_name, q)
+        order = sorted(first.values(), key=lambda q: q.broker_name in self._down)
+        response: RemotingCommand | None = None
+        for i, queue in enumerate(order):
+            try:
+                response = await self._broker_call(
+                    queue, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group},
+                    f"members of group {group!r}",
+                )  # fmt: skip
+                break
+            except (BrokerUnavailableError, RequestTimeoutError) as exc:
+                if i == len(order) - 1:
+                    raise
+                log.info("members of %s not known by %s (%s); asking the next broker",
+                         group, queue.broker_name, exc)  # fmt: skip
+        assert response is not None
         try:
             members = json.loads(response.body)["consumerIdList"]
             return sorted(str(m) for m in members)

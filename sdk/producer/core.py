@@ -56,6 +56,9 @@ log = logging.getLogger("ordermq.producer")
 
 #: Messages delivered from the spool per round.
 SPOOL_BATCH = 1000
+#: How long keyless sends pass over a broker after one failed there (as RocketMQ's
+#: producer isolates a failing broker with sendLatencyFaultEnable).
+AVOID_FAILED_BROKER_SECONDS = 30.0
 
 
 class PartialBatchError(OrderMQError):
@@ -100,6 +103,8 @@ class ProducerCore:
         self._clock: Clock = clock or SystemClock()
         self._ids = MessageIdGenerator()
         self._round_robin = RoundRobinSelector()
+        #: Broker name -> until when (clock.monotonic) keyless sends pass over it.
+        self._failed_brokers: dict[str, float] = {}
         self._refreshed: dict[str, float] = {}
         self._accumulator: Accumulator | None = None
         self._spool: Spool | None = None
@@ -341,7 +346,7 @@ class ProducerCore:
             else:
                 index = keyless.get(topic, -1)
                 if index < 0:
-                    index = keyless[topic] = queues.index(self._round_robin(queues, m, None))
+                    index = keyless[topic] = queues.index(self._keyless(queues, m))
             groups.setdefault((topic, index, _delayed(m)), []).append(i)
         plan: list[tuple[MessageQueue, list[list[int]], bool]] = []
         for (topic, index, _), indexes in groups.items():
@@ -437,7 +442,23 @@ class ProducerCore:
             return queue
         if message.sharding_key is not None:
             return queues[shard_index(message.sharding_key, len(queues))]
-        return self._round_robin(queues, message, arg)
+        return self._keyless(queues, message)
+
+    def _keyless(self, queues: list[MessageQueue], message: Message) -> MessageQueue:
+        """The next queue in turn, passing over brokers a keyless send just failed on.
+
+        Each failure would cost an attempt, a backoff and a route refresh; the brokers are
+        avoided for AVOID_FAILED_BROKER_SECONDS (all of them failed: none is).
+        """
+        if self._failed_brokers:
+            now = self._clock.monotonic()
+            for name, until in list(self._failed_brokers.items()):
+                if until <= now:
+                    del self._failed_brokers[name]
+            usable = [q for q in queues if q.broker_name not in self._failed_brokers]
+            if usable and len(usable) < len(queues):
+                return self._round_robin(usable, message, None)
+        return self._round_robin(queues, message, None)
 
     async def _send_first_chunks(
         self,
@@ -551,6 +572,7 @@ class ProducerCore:
         send = self._transport.send
         deadline = timeout if timeout is not None else self.config.send_timeout
         target = [queue]
+        failed: set[str] = set()  # brokers a keyless attempt failed on
 
         async def attempt(n: int) -> list[SendResult]:
             q = target[0]
@@ -564,13 +586,13 @@ class ProducerCore:
             self._refreshed.pop(queue.topic, None)
             with contextlib.suppress(OrderMQError):
                 await self._transport.writable_queues(queue.topic, refresh=True)
-            if movable:  # keyless: another queue will do
-                queues = await self._transport.writable_queues(queue.topic)
-                target[0] = (
-                    queues[(queues.index(target[0]) + 1) % len(queues)]
-                    if (target[0] in queues)
-                    else queues[0]
+            if movable:  # keyless: another queue will do, on a broker that has not failed
+                failed.add(target[0].broker_name)
+                self._failed_brokers[target[0].broker_name] = (
+                    self._clock.monotonic() + AVOID_FAILED_BROKER_SECONDS
                 )
+                queues = await self._transport.writable_queues(queue.topic)
+                target[0] = _next_queue(queues, target[0], failed)
 
         return await with_retries(
             attempt,
@@ -772,3 +794,16 @@ def _chunks_by_size(indexes: list[int], prepared: list[bytes], limit: int) -> li
         chunks[-1].append(i)
         size += n
     return chunks
+
+
+def _next_queue(
+    queues: Sequence[MessageQueue], after: MessageQueue, failed: set[str]
+) -> MessageQueue:
+    """The queue a keyless send retries on: the next after `after` not on a failed broker.
+
+    RocketMQ's producer avoids the broker that just failed too; when every broker failed,
+    the next queue in turn.
+    """
+    start = queues.index(after) + 1 if after in queues else 0
+    turn = [queues[(start + i) % len(queues)] for i in range(len(queues))]
+    return next((q for q in turn if q.broker_name not in failed), turn[0])
