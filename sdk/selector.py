@@ -21,6 +21,14 @@ from sdk.message import Message, MessageQueue
 MessageQueueSelector = Callable[[Sequence[MessageQueue], Message, Any], MessageQueue]
 
 
+def queue_order(queue: MessageQueue) -> tuple[str, int]:
+    """The order the sharding formula numbers a topic's queues in: (broker name, queue id).
+
+    Transports sort the queues they hand selectors with it.
+    """
+    return queue.broker_name, queue.queue_id
+
+
 def shard_index(key: str, queue_count: int) -> int:
     """The queue index for a sharding key among `queue_count` queues."""
     if queue_count <= 0:

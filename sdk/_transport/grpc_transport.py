@@ -34,6 +34,7 @@ from sdk.errors import (
     RequestTimeoutError,
 )
 from sdk.message import MessageExt, MessageQueue, Receipt
+from sdk.selector import queue_order
 from sdk.tls import TLSConfig
 
 T = TypeVar("T")
@@ -109,9 +110,7 @@ class GrpcTransport:
         if routes is None:
             routes = await self._query_route(topic, create)
             self._routes[topic] = routes
-            self._writable[topic] = sorted(
-                (r.queue for r in routes if r.writable), key=lambda q: (q.broker_name, q.queue_id)
-            )
+            self._writable[topic] = sorted((r.queue for r in routes if r.writable), key=queue_order)
             for r in routes:
                 self._addresses[r.queue] = r.broker_address
             self._takes_parts[topic] = bool(routes) and all(r.takes_send_parts for r in routes)

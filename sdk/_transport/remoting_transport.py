@@ -77,6 +77,7 @@ from sdk.errors import (
     WrongProtocolError,
 )
 from sdk.message import Message, MessageExt, MessageQueue, Receipt
+from sdk.selector import queue_order
 from sdk.tls import TLSConfig, speaks_tls, tls_hint, tls_refusal
 
 log = logging.getLogger("ordermq.remoting")
@@ -384,10 +385,15 @@ class RemotingTransport:
             self._down.add(name)
         if not kept:
             return new
-        key = lambda q: (q.broker_name, q.queue_id)  # noqa: E731
         return _Route(
-            sorted([*new.readable, *(q for q in old.readable if q.broker_name in kept)], key=key),
-            sorted([*new.writable, *(q for q in old.writable if q.broker_name in kept)], key=key),
+            sorted(
+                [*new.readable, *(q for q in old.readable if q.broker_name in kept)],
+                key=queue_order,
+            ),
+            sorted(
+                [*new.writable, *(q for q in old.writable if q.broker_name in kept)],
+                key=queue_order,
+            ),
             new.fetched_at,
         )
 
@@ -431,10 +437,9 @@ class RemotingTransport:
         )
         routes = [a for a in answers if isinstance(a, _Route)]
         if routes:
-            key = lambda q: (q.broker_name, q.queue_id)  # noqa: E731
             return _Route(
-                sorted({q for r in routes for q in r.readable}, key=key),
-                sorted({q for r in routes for q in r.writable}, key=key),
+                sorted({q for r in routes for q in r.readable}, key=queue_order),
+                sorted({q for r in routes for q in r.writable}, key=queue_order),
                 min(r.fetched_at for r in routes),
             )
         for answer in answers:
@@ -486,8 +491,9 @@ class RemotingTransport:
                 code="MALFORMED_RESPONSE",
             ) from None
         self._addresses.update(masters)
-        key = lambda q: (q.broker_name, q.queue_id)  # noqa: E731
-        return _Route(sorted(readable, key=key), sorted(writable, key=key), time.monotonic())
+        return _Route(
+            sorted(readable, key=queue_order), sorted(writable, key=queue_order), time.monotonic()
+        )
 
     async def readable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
         """The queues consumers may read, sorted."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.component.test_namesrv import brokers_of
-from tests.support import ROOT, BrokerProcess, free_port, wait_until
+from tests.support import ROOT, BrokerProcess, free_port
 
 
 @pytest.fixture
@@ -53,4 +53,3 @@ def test_a_bad_namesrv_addr_is_refused_at_start(tmp_path: Path) -> None:
     )  # fmt: skip
     assert refused.returncode == 2
     assert "namesrv_addr needs remoting_port" in refused.stderr
-    wait_until(lambda: True)
