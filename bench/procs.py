@@ -9,7 +9,6 @@ ready once it prints its "... listening on HOST:PORT" line; it is stopped with S
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -20,6 +19,11 @@ from types import TracebackType
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.support import LineReader  # noqa: E402 (needs ROOT on the path)
+
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -32,6 +36,8 @@ class ServerProcess:
         self.ready_prefix = ready_prefix
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
+        #: What the process prints on stdout, its ready line first.
+        self.lines: LineReader | None = None
         # stderr goes to a file: a chatty server must never block on a full pipe.
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by stop)
 
@@ -47,8 +53,8 @@ class ServerProcess:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else ""
+        self.lines = LineReader(self.proc.stdout.fileno())
+        line = self.lines.readline(timeout)
         if not line.startswith(self.ready_prefix):
             err = self.stderr()
             self.stop(grace=2.0)

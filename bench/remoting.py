@@ -17,19 +17,18 @@ import asyncio
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from procs import ROOT
+from procs import ROOT, ServerProcess
 
 # The client's provisioning and the broker checks are shared with the interop tests.
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.interop.harness import accepts, free_port
 from tests.interop.harness import remoting_support as remoting_support  # used by run.py
 from tests.interop.provision import Client, provision
+from tests.support import BrokerProcess
 
 #: Messages per pull (the C++ client's default pullBatchSize, and the Java broker's cap for
 #: messages served from memory).
@@ -53,28 +52,22 @@ def cpp_client() -> Client:
     return provision("cpp")
 
 
-def broker_options() -> tuple[tuple[str, ...], str]:
-    """Options giving a broker free name server and remoting ports; the name server address."""
-    namesrv, remoting = free_port(), free_port()
-    return (
-        ("--remoting-port", str(remoting), "--namesrv-port", str(namesrv)),
-        f"127.0.0.1:{namesrv}",
-    )
+#: Broker options turning the name server and remoting on, on ports the broker picks.
+BROKER_OPTIONS = ("--remoting-port", "0", "--namesrv-port", "0")
+
+
+def namesrv_of(broker: ServerProcess) -> str:
+    """The address of the name server a broker started with BROKER_OPTIONS announced."""
+    assert broker.lines is not None, "not started"
+    line = broker.lines.find(BrokerProcess.FRONTS["--namesrv-port"][1], 30.0)
+    if not line:
+        raise RuntimeError(f"the broker announced no name server: {broker.stderr()[-2000:]}")
+    return line.split()[-1]
 
 
 def endpoint(namesrv: str) -> str:
     """The SDK endpoint reaching the broker over RocketMQ remoting through `namesrv`."""
     return f"rocketmq://{namesrv}"
-
-
-async def wait_ports(namesrv: str, timeout: float = 30.0) -> None:
-    """Wait until the name server accepts connections (the broker's fronts are up)."""
-    port = int(namesrv.rsplit(":", 1)[1])
-    deadline = time.monotonic() + timeout
-    while not accepts(port):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the name server at {namesrv} did not open within {timeout:g} s")
-        await asyncio.sleep(0.05)
 
 
 async def drive(client: Client, home: Path, namesrv: str, args: list[str]) -> dict[str, Any]:

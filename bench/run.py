@@ -1137,10 +1137,9 @@ class Bench:
         The driver times itself: the rate and the client's CPU are its own figures; the
         broker's CPU seconds over the whole driver run are set against the driver's time.
         """
-        extra, namesrv = rm.broker_options()
         self.say(f"{figure.title}: starting a broker")
-        with self._broker(figure.key, "async", extra) as broker:
-            await rm.wait_ports(namesrv)
+        with self._broker(figure.key, "async", rm.BROKER_OPTIONS) as broker:
+            namesrv = rm.namesrv_of(broker)
             if backlog:
                 stored = await wl.fill_backlog(broker.address, rm.TOPIC, backlog)
                 self.say(f"  backlog of {stored} messages stored over gRPC")
@@ -1229,10 +1228,9 @@ class Bench:
                 )
             )
             for figure in (produce, consume):
-                extra, namesrv = rm.broker_options()
                 self.say(f"{figure.title}: starting a broker")
-                with self._broker(figure.key, "async", extra) as broker:
-                    await rm.wait_ports(namesrv)
+                with self._broker(figure.key, "async", rm.BROKER_OPTIONS) as broker:
+                    namesrv = rm.namesrv_of(broker)
                     endpoint = broker.address if transport == "grpc" else rm.endpoint(namesrv)
                     if figure is produce:
                         await self._produce_figure(figure, broker, batches, warmup, 1, endpoint)

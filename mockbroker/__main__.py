@@ -377,10 +377,29 @@ async def serve(config: BrokerConfig) -> None:
     gc.collect()
     gc.freeze()
     print(f"mockbroker listening on {broker.address}", flush=True)  # the ready line: first
-    if broker.v2_address is not None:
-        print(f"mockbroker serving RocketMQ 5 clients on {broker.v2_address}", flush=True)
+    for line in announcements(broker):
+        print(line, flush=True)
     await stop.wait()
     await broker.stop()
+
+
+def announcements(broker: Broker) -> list[str]:
+    """The lines after the ready line: one per RocketMQ front that is on, with its address.
+
+    Printed so that a front given port 0 can be found: whoever starts the process reads
+    the address here instead of choosing a free port beforehand, which another process may
+    take before the broker binds it.
+    """
+    lines = []
+    if broker.v2_address is not None:
+        lines.append(f"mockbroker serving RocketMQ 5 clients on {broker.v2_address}")
+    if broker.remoting is not None:
+        lines.append(f"mockbroker serving RocketMQ remoting on {broker.remoting.broker_address}")
+        if broker.remoting.namesrv_address is not None:
+            lines.append(
+                f"mockbroker serving a RocketMQ name server on {broker.remoting.namesrv_address}"
+            )
+    return lines
 
 
 def _reload_tls(broker: Broker) -> None:

@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,8 +27,53 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str =
         time.sleep(0.01)
 
 
+class LineReader:
+    """Lines a child process prints, read from its stdout's descriptor with a timeout.
+
+    Reads the descriptor itself: a file object's readline may buffer the lines after the
+    one asked for, and select() then never reports them.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buffer = b""
+        self._passed: list[str] = []
+
+    def readline(self, timeout: float) -> str:
+        """The next line ("" if none came within `timeout` seconds or the stream ended)."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self._fd], [], [], max(left, 0.0))
+            chunk = os.read(self._fd, 65536) if ready else b""
+            if not chunk:
+                return ""
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode() + "\n"
+
+    def find(self, prefix: str, timeout: float) -> str:
+        """The first line starting with `prefix`, among those `find` passed over before and
+        those still to come ("" if none came within `timeout` seconds)."""
+        deadline = time.monotonic() + timeout
+        while not (found := [line for line in self._passed if line.startswith(prefix)]):
+            line = self.readline(deadline - time.monotonic())
+            if not line:
+                return ""
+            self._passed.append(line)
+        return found[0]
+
+
 class BrokerProcess:
     """`python -m mockbroker` in a child process, started and waited for by its ready line."""
+
+    #: The options of the RocketMQ fronts: the front's name, the line the broker prints
+    #: for it after its ready line.
+    FRONTS: ClassVar[dict[str, tuple[str, str]]] = {
+        "--v2-port": ("v2", "mockbroker serving RocketMQ 5 clients on "),
+        "--remoting-port": ("remoting", "mockbroker serving RocketMQ remoting on "),
+        "--namesrv-port": ("namesrv", "mockbroker serving a RocketMQ name server on "),
+    }
 
     def __init__(self, data_dir: Path, *extra_args: str, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
@@ -36,6 +82,8 @@ class BrokerProcess:
         self.env = dict(env or {})
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
+        #: The address of each RocketMQ front that is on ("remoting", "namesrv", "v2").
+        self.fronts: dict[str, str] = {}
         # stderr goes to a file: a pipe nobody reads would block a chatty broker.
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives as long as the process)
 
@@ -56,8 +104,8 @@ class BrokerProcess:
             env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )  # fmt: skip
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else ""
+        lines = LineReader(self.proc.stdout.fileno())
+        line = lines.readline(timeout)
         if not line.startswith("mockbroker listening on "):
             self.proc.kill()
             self.proc.wait()
@@ -65,7 +113,26 @@ class BrokerProcess:
                 f"broker did not start within {timeout}s: {line!r}\n{self.stderr()}"
             )
         self.address = line.split()[-1]
+        self.fronts = {}
+        for option, (front, prefix) in self.FRONTS.items():
+            if option in self.extra_args:
+                announced = lines.find(prefix, timeout)
+                assert announced, f"no {front} address announced: {self.stderr()[-2000:]}"
+                self.fronts[front] = announced.split()[-1]
+        self._pin_fronts()
         return self.address
+
+    def _pin_fronts(self) -> None:
+        """Later starts serve each front on the port it has now.
+
+        So a front can be given port 0: the broker picks a free port and announces it, where
+        a port chosen beforehand may be taken by another process before the broker binds it.
+        """
+        args = list(self.extra_args)
+        for option, (front, _) in self.FRONTS.items():
+            if option in args:
+                args[args.index(option) + 1] = self.fronts[front].rsplit(":", 1)[1]
+        self.extra_args = tuple(args)
 
     def restart(self, timeout: float = 30.0) -> str:
         """Start the stopped broker again on its port and data dir, so clients reconnect."""

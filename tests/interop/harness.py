@@ -31,7 +31,7 @@ from sdk import Credentials, MessageQueue, TLSConfig
 from sdk._transport.broker_client import BrokerClient, PullStatus
 from sdk.message import MessageExt
 from tests.interop.provision import Client
-from tests.support import ROOT, BrokerProcess, free_port, free_ports
+from tests.support import ROOT, BrokerProcess
 
 Event = dict[str, Any]
 T = TypeVar("T")
@@ -237,21 +237,26 @@ def accepts(port: int) -> bool:
 
 
 class RemotingBroker:
-    """`python -m mockbroker` serving gRPC, the RocketMQ name server and remoting."""
+    """`python -m mockbroker` serving gRPC, the RocketMQ name server and remoting.
+
+    The name server and remoting ports are picked by the broker at its first start, and
+    kept at later ones (after a kill).
+    """
 
     def __init__(self, data_dir: Path, *extra_args: str) -> None:
-        self.namesrv_port, self.remoting_port = free_ports(2)
         self.process = BrokerProcess(
-            data_dir,
-            "--remoting-port", str(self.remoting_port),
-            "--namesrv-port", str(self.namesrv_port),
-            *extra_args,
-        )  # fmt: skip
+            data_dir, "--remoting-port", "0", "--namesrv-port", "0", *extra_args
+        )
 
     @property
     def namesrv(self) -> str:
         """The name server address the RocketMQ clients are given (IPv4, as C++ needs)."""
-        return f"127.0.0.1:{self.namesrv_port}"
+        return self.process.fronts["namesrv"]
+
+    @property
+    def remoting_port(self) -> int:
+        """The broker's RocketMQ remoting port."""
+        return port_of(self.process.fronts["remoting"])
 
     @property
     def address(self) -> str:
@@ -259,22 +264,18 @@ class RemotingBroker:
         return self.process.address
 
     def start(self, timeout: float = 30.0) -> RemotingBroker:
-        """Start it and wait until all three ports accept connections."""
+        """Start it; every port accepts connections once the broker has announced it."""
         self.process.start(timeout)
-        deadline = time.monotonic() + timeout
-        while not (accepts(self.namesrv_port) and accepts(self.remoting_port)):
-            proc = self.process.proc
-            if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
-                raise AssertionError(
-                    f"the broker's name server ({self.namesrv_port}) or remoting port "
-                    f"({self.remoting_port}) did not open: {self.process.stderr()[-2000:]}"
-                )
-            time.sleep(0.05)  # polling a port with a deadline
         return self
 
     def stop(self) -> None:
         """SIGTERM it (kill -9 if it does not go) and reap it."""
         stop_broker(self.process)
+
+
+def port_of(address: str) -> int:
+    """The port of a "host:port" address."""
+    return int(address.rsplit(":", 1)[1])
 
 
 def stop_broker(process: BrokerProcess) -> None:
@@ -292,13 +293,12 @@ class V2Broker:
     """`python -m mockbroker` serving ordermq's gRPC and RocketMQ 5's (apache.rocketmq.v2)."""
 
     def __init__(self, data_dir: Path, *extra_args: str) -> None:
-        self.v2_port = free_port()
-        self.process = BrokerProcess(data_dir, "--v2-port", str(self.v2_port), *extra_args)
+        self.process = BrokerProcess(data_dir, "--v2-port", "0", *extra_args)
 
     @property
     def endpoints(self) -> str:
         """The address RocketMQ 5 clients are given."""
-        return f"127.0.0.1:{self.v2_port}"
+        return self.process.fronts["v2"]
 
     @property
     def address(self) -> str:
@@ -306,17 +306,8 @@ class V2Broker:
         return self.process.address
 
     def start(self, timeout: float = 30.0) -> V2Broker:
-        """Start it and wait until both ports accept connections."""
+        """Start it; its RocketMQ 5 port accepts connections once the broker has announced it."""
         self.process.start(timeout)
-        deadline = time.monotonic() + timeout
-        while not accepts(self.v2_port):
-            proc = self.process.proc
-            if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
-                raise AssertionError(
-                    f"the broker's RocketMQ 5 port ({self.v2_port}) did not open: "
-                    f"{self.process.stderr()[-2000:]}"
-                )
-            time.sleep(0.05)  # polling a port with a deadline
         return self
 
     def stop(self) -> None:

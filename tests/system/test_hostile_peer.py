@@ -55,7 +55,7 @@ from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._remoting.codes import ResponseCode
 from sdk._remoting.command import RemotingCommand
 from sdk.consumer.allocate import AllocateMessageQueueAveragely
-from tests.interop.harness import accepts, free_port
+from tests.interop.harness import port_of
 from tests.support import wait_until
 from tests.system.hostile_peer import CommitAttack, FloodResult, HostilePeer
 from tests.system.orderly_history import (
@@ -192,10 +192,9 @@ def client_id(output: str) -> str:
 def run_hostile(directory: Path) -> HostileRun:
     """The scenario of the module docstring, with its logs and broker data in `directory`."""
     assert {shard_index(k, QUEUES) for k in KEYS} == set(range(QUEUES)), "keys cover queues"
-    remoting_port = free_port()
     broker = orderly_broker(
         directory / "broker", QUEUES,
-        "--remoting-port", str(remoting_port),
+        "--remoting-port", "0",
         "--remoting-max-connections-per-host", str(MAX_PER_HOST),
     )  # fmt: skip
     history = History(KEYS)
@@ -203,15 +202,13 @@ def run_hostile(directory: Path) -> HostileRun:
     mark, until, sent = scene.mark, scene.until, scene.sent
     delay = ("--delay-ms", str(DELAY_MS))
     outages: list[tuple[int, int]] = []
-    peer = HostilePeer("127.0.0.1", remoting_port, TOPIC)
+    peer: HostilePeer | None = None
     probe: Probe | None = None
     result = HostileRun(entries=[], rounds=0, outages=outages, probes=[])
 
-    def serving() -> None:
-        wait_until(lambda: accepts(remoting_port), 30, "the remoting port to accept")
-
     def nuisance(life: int) -> None:
         """Steps 1, 2, 3 and 5 of the module docstring; what they leave open stays open."""
+        assert peer is not None, "the broker has started"
         result.stuck_bytes.append(peer.stop_reading(STUCK_GROUP, BULK_TOPIC))
         mark(f"peer stopped reading, broker holds {result.stuck_bytes[-1]} bytes for it")
         result.floods.append(peer.connection_flood(FLOOD_CONNECTIONS, FLOOD_FROM))
@@ -227,8 +224,8 @@ def run_hostile(directory: Path) -> HostileRun:
         return any(e.queue == queue and e.start > since for e in history.by_worker[worker])
 
     try:
-        broker.start()
-        serving()
+        broker.start()  # the remoting port accepts once announced; restarts keep it
+        peer = HostilePeer("127.0.0.1", port_of(broker.fronts["remoting"]), TOPIC)
         with Producer(broker.address) as producer:
             producer.send(Message(BULK_TOPIC, b"x" * (4 << 20), sharding_key="bulk"))
         probe = Probe(broker.address)
@@ -284,7 +281,6 @@ def run_hostile(directory: Path) -> HostileRun:
             "the outage",
         )
         broker.restart()
-        serving()
         back = mark("broker serving again")
         outages.append((killed, back))
         history.refresh()
@@ -320,7 +316,8 @@ def run_hostile(directory: Path) -> HostileRun:
     finally:
         if probe is not None:
             probe.halt()
-        peer.close()
+        if peer is not None:
+            peer.close()
         scene.clean_up()
 
     result.entries = history.entries()

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.component.test_namesrv import brokers_of
-from tests.support import ROOT, BrokerProcess, free_port
+from tests.interop.harness import accepts
+from tests.support import ROOT, BrokerProcess
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def name_server() -> Iterator[str]:
 def test_a_broker_process_registers_by_flag_and_unregisters_on_sigterm(
     tmp_path: Path, name_server: str
 ) -> None:
-    broker = BrokerProcess(tmp_path, "--remoting-port", str(free_port()),
+    broker = BrokerProcess(tmp_path, "--remoting-port", "0",
                            "--namesrv-addr", name_server, "--cluster-name", "east")  # fmt: skip
     broker.start()
     try:
@@ -53,3 +54,24 @@ def test_a_bad_namesrv_addr_is_refused_at_start(tmp_path: Path) -> None:
     )  # fmt: skip
     assert refused.returncode == 2
     assert "namesrv_addr needs remoting_port" in refused.stderr
+
+
+def test_fronts_on_port_0_are_announced_and_kept_across_a_restart(tmp_path: Path) -> None:
+    """Each RocketMQ front given port 0 prints the address it bound after the ready line,
+    accepting connections by then; a restart (after kill -9) takes the same ports."""
+    broker = BrokerProcess(tmp_path, "--remoting-port", "0", "--namesrv-port", "0",
+                           "--v2-port", "0")  # fmt: skip
+    broker.start()
+    try:
+        first = dict(broker.fronts)
+        assert set(first) == {"remoting", "namesrv", "v2"}
+        ports = {int(address.rsplit(":", 1)[1]) for address in first.values()}
+        assert len(ports) == 3 and 0 not in ports, first
+        assert all(accepts(port) for port in ports), "accepting once announced"
+        broker.kill9()
+        broker.restart()
+        assert broker.fronts == first
+        assert all(accepts(port) for port in ports)
+    finally:
+        if broker.proc is not None and broker.proc.poll() is None:
+            broker.kill9()

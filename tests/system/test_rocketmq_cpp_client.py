@@ -49,13 +49,12 @@ from tests.interop.harness import (
     RemotingBroker,
     brokers,
     drivers,
-    free_port,
     remoting_support,
     wait_across,
 )
 from tests.interop.provision import Client, require
 from tests.remoting_client import RemotingClient
-from tests.support import ROOT, wait_until
+from tests.support import ROOT, free_port, wait_until
 from tests.system.orderly_history import Entry, verify
 
 pytestmark = [pytest.mark.system, pytest.mark.interop]

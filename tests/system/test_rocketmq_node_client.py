@@ -31,11 +31,10 @@ from tests.interop.harness import (
     RemotingBroker,
     brokers,
     drivers,
-    free_port,
     wait_across,
 )
 from tests.interop.provision import Client, require
-from tests.support import wait_until
+from tests.support import free_port, wait_until
 
 pytestmark = [pytest.mark.system, pytest.mark.interop]
 
