@@ -54,6 +54,11 @@ def tag_problem(tag: str) -> str | None:
     bad = [c for c in "|,*" if c in tag]
     if bad:
         return "contains " + " and ".join(repr(c) for c in bad)
+    if not tag.isascii():
+        try:
+            tag.encode()
+        except UnicodeEncodeError as exc:
+            return f"is not UTF-8 text: it holds a lone surrogate at index {exc.start}"
     return None
 
 

@@ -87,17 +87,19 @@ class Message:
         self.sharding_key = sharding_key
         if properties:
             self.properties = dict(properties)
+            size = 0
             for k, v in self.properties.items():
                 if not isinstance(k, str) or not isinstance(v, str) or not k:
                     raise InvalidMessageError(
                         f"properties must map non-empty str to str; got {k!r}: {v!r}"
                     )
-            self._encoded_properties = encode_properties(self.properties)
-            if len(self._encoded_properties) > MAX_PROPERTIES_BYTES:
+                # each name and value is prefixed by its length in two bytes
+                size += 4 + len(_utf8("a property name", k)) + len(_utf8(f"property {k!r}", v))
+            if size > MAX_PROPERTIES_BYTES:
                 raise InvalidMessageError(
-                    f"properties are {len(self._encoded_properties)} bytes encoded, "
-                    f"over the limit of {MAX_PROPERTIES_BYTES}"
+                    f"properties are {size} bytes encoded, over the limit of {MAX_PROPERTIES_BYTES}"
                 )
+            self._encoded_properties = encode_properties(self.properties)
         else:
             self.properties = {}
             self._encoded_properties = b""
@@ -137,8 +139,17 @@ def _check_text(what: str, value: str) -> None:
         raise InvalidMessageError(f"{what} must be a str, not {type(value).__name__}")
     if "\x00" in value:
         raise InvalidMessageError(f"{what} must not contain NUL characters")
-    if len(value.encode()) > 65535:
+    if len(_utf8(what, value)) > 65535:
         raise InvalidMessageError(f"{what} is over 65535 bytes")
+
+
+def _utf8(what: str, value: str) -> bytes:
+    try:
+        return value.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidMessageError(
+            f"{what} is not UTF-8 text: it holds a lone surrogate at index {exc.start}"
+        ) from None
 
 
 class MessageIdGenerator:

@@ -143,9 +143,31 @@ def test_text_fields_are_limited_to_65535_utf8_bytes_without_nul(
 
 
 @pytest.mark.parametrize("field", ["sharding_key", "tags", "keys"])
-def test_text_with_a_lone_surrogate_is_refused_as_utf8_refuses_it(field: str) -> None:
-    with pytest.raises(UnicodeEncodeError, match="surrogates not allowed"):
+def test_text_with_a_lone_surrogate_is_refused_with_an_invalid_message_error(field: str) -> None:
+    what = "key" if field == "keys" else field
+    with pytest.raises(
+        InvalidMessageError,
+        match=f"^{what} is not UTF-8 text: it holds a lone surrogate at index 2$",
+    ):
         Message("orders", b"x", **{field: "ok\ud800"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("properties", "error"),
+    [
+        (
+            {"a\udc00": "v"},
+            "a property name is not UTF-8 text: it holds a lone surrogate at index 1",
+        ),
+        ({"k": "\ud800"}, "property 'k' is not UTF-8 text: it holds a lone surrogate at index 0"),
+        ({"k": "x" * 70_000}, "properties are 70005 bytes encoded, over the limit of 16384"),
+    ],
+)
+def test_a_property_that_cannot_be_encoded_is_refused_with_an_invalid_message_error(
+    properties: dict[str, str], error: str
+) -> None:
+    with pytest.raises(InvalidMessageError, match=f"^{re.escape(error)}$"):
+        Message("orders", b"x", properties=properties)
 
 
 def test_str_subclasses_are_accepted_as_text() -> None:

@@ -59,6 +59,7 @@ def test_valid_expressions_name_their_tags(expression: str, tags: list[str] | No
         ("TagA|||TagB", "the tag '|TagB' contains '|'"),
         ("TagA || *", "contains '*'"),
         ("Tag*", "contains '*'"),
+        ("TagA || B\ud800", "is not UTF-8 text: it holds a lone surrogate at index 1"),
     ],
 )
 @pytest.mark.parametrize("face", range(len(FACES)))
