@@ -384,13 +384,15 @@ async def serve(config: BrokerConfig) -> None:
 
 
 def announcements(broker: Broker) -> list[str]:
-    """The lines after the ready line: one per RocketMQ front that is on, with its address.
+    """The lines after the ready line: one per other front that is on, with its address.
 
     Printed so that a front given port 0 can be found: whoever starts the process reads
     the address here instead of choosing a free port beforehand, which another process may
     take before the broker binds it.
     """
     lines = []
+    if broker.metrics_address is not None:
+        lines.append(f"mockbroker serving metrics and health checks on {broker.metrics_address}")
     if broker.v2_address is not None:
         lines.append(f"mockbroker serving RocketMQ 5 clients on {broker.v2_address}")
     if broker.remoting is not None:

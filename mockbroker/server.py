@@ -142,6 +142,11 @@ class Broker:
         """The port /metrics, /healthz and /readyz are served on, when enabled."""
         return self._http.port if self._http is not None else None
 
+    @property
+    def metrics_address(self) -> str | None:
+        """'host:port' /metrics, /healthz and /readyz are served on, when enabled."""
+        return f"{self._metrics_host()}:{self._http.port}" if self._http is not None else None
+
     def readiness(self) -> str | None:
         """Why the broker is not ready to serve now; None once it is.
 
@@ -203,8 +208,8 @@ class Broker:
             self._http = StatusServer(
                 self, host, config.metrics_port, self.tls.ssl_context() if self.tls else None
             )
-            log.info("metrics and health checks on %s://%s:%d/",
-                     "https" if self.tls else "http", host, self._http.port)  # fmt: skip
+            log.info("metrics and health checks on %s://%s/",
+                     "https" if self.tls else "http", self.metrics_address)  # fmt: skip
         try:
             await asyncio.to_thread(self.store.open)  # OSError if the directory is in use
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import select
 import signal
@@ -13,7 +14,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from mockbroker import BrokerConfig, EmbeddedBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,12 +71,13 @@ class LineReader:
 class BrokerProcess:
     """`python -m mockbroker` in a child process, started and waited for by its ready line."""
 
-    #: The options of the RocketMQ fronts: the front's name, the line the broker prints
-    #: for it after its ready line.
+    #: The options of the fronts besides gRPC: the front's name, the line the broker
+    #: prints for it after its ready line.
     FRONTS: ClassVar[dict[str, tuple[str, str]]] = {
         "--v2-port": ("v2", "mockbroker serving RocketMQ 5 clients on "),
         "--remoting-port": ("remoting", "mockbroker serving RocketMQ remoting on "),
         "--namesrv-port": ("namesrv", "mockbroker serving a RocketMQ name server on "),
+        "--metrics-port": ("metrics", "mockbroker serving metrics and health checks on "),
     }
 
     def __init__(self, data_dir: Path, *extra_args: str, env: dict[str, str] | None = None) -> None:
@@ -82,7 +87,8 @@ class BrokerProcess:
         self.env = dict(env or {})
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
-        #: The address of each RocketMQ front that is on ("remoting", "namesrv", "v2").
+        #: The address of each front in FRONTS that is on ("remoting", "namesrv", "v2",
+        #: "metrics").
         self.fronts: dict[str, str] = {}
         # stderr goes to a file: a pipe nobody reads would block a chatty broker.
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives as long as the process)
@@ -159,6 +165,26 @@ class BrokerProcess:
         self._stderr.flush()
         self._stderr.seek(0)
         return self._stderr.read()
+
+
+def pinned(config: BrokerConfig, broker: EmbeddedBroker) -> BrokerConfig:
+    """`config` with the ports the running `broker` bound: a broker started on it again
+    serves where clients of the first still connect.
+
+    Start the first with port 0 and restart on this, rather than choose free ports first:
+    another process may take a port chosen beforehand before the broker binds it.
+    """
+
+    def port(address: str | None) -> int | None:
+        return None if address is None else int(address.rsplit(":", 1)[1])
+
+    return dataclasses.replace(
+        config,
+        port=port(broker.address),
+        remoting_port=port(broker.remoting_address),
+        namesrv_port=port(broker.namesrv_address),
+        v2_port=port(broker.v2_address) if config.v2_port is not None else None,
+    )
 
 
 def free_ports(count: int) -> list[int]:

@@ -42,7 +42,7 @@ from sdk._transport import connect
 from sdk._transport.protocol import GroupInfo
 from sdk.errors import BrokerUnavailableError
 from tests.component.admin_cli import run
-from tests.support import free_ports, wait_until
+from tests.support import pinned, wait_until
 
 TOPIC = "orders"
 GROUP = "billing"
@@ -249,18 +249,18 @@ def tell(name_server: str, request: RemotingCommand) -> None:
 def test_a_broker_down_fails_its_keyed_sends_clearly_while_the_other_goes_on(
     tmp_path: Path, how: str
 ) -> None:
-    port, remoting = free_ports(2)
     on_a, on_b = keys_on("broker-a"), keys_on("broker-b")
     recorder = Recorder()
     with ExitStack() as stack:
         ns = stack.enter_context(EmbeddedNameServer())
         b_config = BrokerConfig(
-            data_dir=tmp_path / "broker-b", broker_name="broker-b", port=port,
-            remoting_port=remoting, namesrv_addr=ns.address, register_seconds=0.5,
+            data_dir=tmp_path / "broker-b", broker_name="broker-b", port=0,
+            remoting_port=0, namesrv_addr=ns.address, register_seconds=0.5,
         )  # fmt: skip
         a = stack.enter_context(member(tmp_path, "broker-a", ns.address))
         b = EmbeddedBroker(b_config)
         b.start()
+        b_config = pinned(b_config, b)
         stack.callback(lambda: b.stop())
         for broker in (a, b):
             assert run(broker, "topics", "create", TOPIC, "--queues", "8").exit_code == 0
@@ -296,7 +296,7 @@ def test_a_broker_down_fails_its_keyed_sends_clearly_while_the_other_goes_on(
 
         b.stop()  # unregisters: the name server's routes lose broker-b's queues at once
         if how == "crashed":  # ... unless it died: then they stay until they expire
-            still_routed(ns.address, "broker-b", f"127.0.0.1:{remoting}")
+            still_routed(ns.address, "broker-b", f"127.0.0.1:{b_config.remoting_port}")
         for _ in range(10):  # keyless: broker-a takes them
             result = producer.send(Message(TOPIC, b"keyless"))
             assert result.queue.broker_name == "broker-a"
@@ -426,16 +426,16 @@ def test_a_restarted_broker_knows_the_client_before_its_first_request(tmp_path: 
     """After a broker restarts, the client's first request on the new connection (here an
     offset commit, on a queue whose lock the broker restored) is not refused for want of
     a heartbeat: the transport heartbeats first on every new broker connection."""
-    port, remoting = free_ports(2)
     with EmbeddedNameServer() as ns:
         config = BrokerConfig(
-            data_dir=tmp_path / "broker-b", broker_name="broker-b", port=port,
-            remoting_port=remoting, namesrv_addr=ns.address,
+            data_dir=tmp_path / "broker-b", broker_name="broker-b", port=0,
+            remoting_port=0, namesrv_addr=ns.address,
         )  # fmt: skip
         endpoint = f"rocketmq://{ns.address}"
         queue = MessageQueue(TOPIC, "broker-b", 0)
         groups = [GroupInfo(GROUP, "CONSUME_ORDERLY", subscriptions=((TOPIC, "*"),))]
         with EmbeddedBroker(config) as b:
+            config = pinned(config, b)  # its restarts keep the ports
             assert run(b, "topics", "create", TOPIC, "--queues", "8").exit_code == 0
             with Producer(endpoint) as producer:
                 for _ in range(3):

@@ -20,7 +20,7 @@ from sdk._wire import encode_frame
 from sdk.errors import BrokerUnavailableError, OrderMQError, RequestTimeoutError
 from tests.component.coordination import mq
 from tests.component.pulling import read_queue
-from tests.support import free_port, wait_until
+from tests.support import pinned, wait_until
 
 T = TypeVar("T")
 WAIT = 10.0  # seconds any awaited condition may take before the test fails
@@ -204,10 +204,10 @@ def test_a_bad_pull_raises_what_the_unary_pull_raises(
 
 
 def test_a_broker_restart_mid_stream(tmp_path: Path) -> None:
-    config = BrokerConfig(data_dir=tmp_path, port=free_port())
-    first = EmbeddedBroker(config)
+    first = EmbeddedBroker(BrokerConfig(data_dir=tmp_path, port=0))
     first.start()
     address = first.address
+    config = pinned(first.config, first)
     second = EmbeddedBroker(config)
 
     async def main() -> None:

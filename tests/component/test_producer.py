@@ -36,7 +36,7 @@ from sdk.errors import (
 )
 from tests.component.pulling import read_queue, read_topic
 from tests.component.transports import TRANSPORTS, BrokerOver, broker_over
-from tests.support import free_ports, wait_until
+from tests.support import pinned, wait_until
 
 
 @pytest.fixture(params=TRANSPORTS)
@@ -57,20 +57,23 @@ class Restartable:
         self, data_dir: Path, transport: str = "grpc", *, clock: Clock | None = None
     ) -> None:
         self.clock = clock
-        port, remoting, namesrv = free_ports(3)
-        self.config = BrokerConfig(
-            data_dir=data_dir, port=port, remoting_port=remoting, namesrv_port=namesrv
-        )
-        self.address = (
-            f"rocketmq://127.0.0.1:{self.config.namesrv_port}"
-            if transport == "rocketmq"
-            else f"127.0.0.1:{self.config.port}"
-        )
+        self.transport = transport
+        # ports 0 at the first start; pinned to what it bound for the next ones
+        self.config = BrokerConfig(data_dir=data_dir, port=0, remoting_port=0, namesrv_port=0)
         self.broker: EmbeddedBroker | None = None
+
+    @property
+    def address(self) -> str:
+        """The endpoint for the transport (the broker must have started once)."""
+        assert self.config.port, "not started yet"
+        if self.transport == "rocketmq":
+            return f"rocketmq://127.0.0.1:{self.config.namesrv_port}"
+        return f"127.0.0.1:{self.config.port}"
 
     def start(self) -> None:
         self.broker = EmbeddedBroker(self.config, clock=self.clock)
         self.broker.start()
+        self.config = pinned(self.config, self.broker)
 
     def stop(self) -> None:
         assert self.broker is not None

@@ -49,6 +49,7 @@ from tests.interop.harness import (
     RemotingBroker,
     brokers,
     drivers,
+    port_of,
     remoting_support,
     wait_across,
 )
@@ -378,13 +379,14 @@ def test_a_killed_orderly_consumers_queues_resume_from_the_committed_offsets(
     tmp_path: Path,
     chaos_report: ChaosRecorder,
 ) -> None:
-    metrics, group = free_port(), "cpp-killed-group"
+    group = "cpp-killed-group"
     b = broker(
         "--default-queues", str(QUEUES),
         "--lock-lease-seconds", str(KILL_LEASE),
         "--disconnect-grace-seconds", "2",
-        "--metrics-port", str(metrics),
+        "--metrics-port", "0",
     )  # fmt: skip
+    metrics = port_of(b.process.fronts["metrics"])
 
     def kill9(c: Driver) -> None:
         # Reaped is not enough: what c1 wrote to its socket before it died (an offset
