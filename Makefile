@@ -94,7 +94,8 @@ test-fast: $(STAMP)
 
 # The property-based state machines with many more, random, examples than `make test` runs.
 test-stateful: $(STAMP)
-	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/unit/test_orderly_state_machine.py
+	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/unit/test_orderly_state_machine.py \
+		tests/unit/test_key_dispatch.py
 
 # The fault suite with many more rounds than `make test` runs; the table is also saved as JSON.
 chaos: $(STAMP)

@@ -22,6 +22,7 @@ from sdk.consumer.config import (
     ConsumeFromWhere,
     LitePullConsumerConfig,
     MessageModel,
+    ProcessingOrder,
     PushConsumerConfig,
 )
 from sdk.consumer.listener import (
@@ -107,6 +108,7 @@ __all__ = [
     "MessageQueueSelector",
     "OrderMQError",
     "PartialBatchError",
+    "ProcessingOrder",
     "Producer",
     "ProducerConfig",
     "PushConsumer",

@@ -9,7 +9,12 @@ from types import TracebackType
 from sdk._transport import connect
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
-from sdk.consumer.config import ConsumeFromWhere, MessageModel, PushConsumerConfig
+from sdk.consumer.config import (
+    ConsumeFromWhere,
+    MessageModel,
+    ProcessingOrder,
+    PushConsumerConfig,
+)
 from sdk.consumer.listener import MessageListenerConcurrently, MessageListenerOrderly
 from sdk.consumer.push_core import PushConsumerCore, QueueHook
 from sdk.credentials import Credentials
@@ -38,6 +43,7 @@ class PushConsumer:
         consume_timestamp: datetime | float | None = None,
         allocate_strategy: AllocateMessageQueueStrategy | None = None,
         message_model: MessageModel = MessageModel.CLUSTERING,
+        ordering: ProcessingOrder = ProcessingOrder.QUEUE,
         config: PushConsumerConfig | None = None,
         on_queues_assigned: QueueHook | None = None,
         on_queues_revoked: QueueHook | None = None,
@@ -54,6 +60,7 @@ class PushConsumer:
             consume_timestamp=consume_timestamp,
             allocate_strategy=allocate_strategy,
             message_model=message_model,
+            ordering=ordering,
             config=config,
             on_queues_assigned=on_queues_assigned,
             on_queues_revoked=on_queues_revoked,

@@ -43,6 +43,21 @@ class MessageModel(enum.Enum):
     BROADCASTING = "BROADCASTING"
 
 
+class ProcessingOrder(enum.Enum):
+    """What an orderly push consumer keeps in order.
+
+    QUEUE (the default, RocketMQ's): a queue's messages one call at a time, in queue order.
+    KEY: each sharding key's messages one call at a time, in order, while different keys
+    of one queue are called side by side (up to `max_keys_in_flight_per_queue`). A queue
+    commits its lowest unfinished offset, so after a crash or a rebalance messages of other
+    keys finished past it are handled again. Messages without a sharding key are in order
+    among themselves, as if they shared one key.
+    """
+
+    QUEUE = "queue"
+    KEY = "key"
+
+
 @dataclass(frozen=True)
 class PushConsumerConfig:
     """Tuning of a push consumer; every duration is in seconds.
@@ -77,6 +92,9 @@ class PushConsumerConfig:
             is still stored and it holds at most this many messages (RocketMQ's broker
             starts a new group at 0 while the queue's first message is in memory). 0: always
             at the end.
+        max_keys_in_flight_per_queue: Key mode (`ordering=ProcessingOrder.KEY`): most
+            listener calls one queue runs at once, each for a different sharding key.
+            `consume_threads` bounds the calls of the whole consumer.
     """
 
     consume_threads: int = 20
@@ -100,6 +118,7 @@ class PushConsumerConfig:
     heartbeat_interval: float = 10.0
     shutdown_timeout: float = 30.0
     young_queue_max_messages: int = YOUNG_QUEUE_MAX_MESSAGES
+    max_keys_in_flight_per_queue: int = 16
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -107,6 +126,10 @@ class PushConsumerConfig:
                 raise InvalidArgumentError(what)
 
         need(1 <= self.consume_threads <= 1000, "consume_threads must be within 1..1000")
+        need(
+            1 <= self.max_keys_in_flight_per_queue <= 1000,
+            "max_keys_in_flight_per_queue must be within 1..1000",
+        )
         need(1 <= self.pull_threshold_for_queue <= 65535, "pull_threshold_for_queue: 1..65535")
         need(
             MIB <= self.pull_threshold_bytes_for_queue <= 1024 * MIB,

@@ -9,7 +9,12 @@ from sdk._blocking import BlockingClient
 from sdk._transport import connect
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
-from sdk.consumer.config import ConsumeFromWhere, MessageModel, PushConsumerConfig
+from sdk.consumer.config import (
+    ConsumeFromWhere,
+    MessageModel,
+    ProcessingOrder,
+    PushConsumerConfig,
+)
 from sdk.consumer.listener import MessageListenerConcurrently, MessageListenerOrderly
 from sdk.consumer.push_core import PushConsumerCore, QueueHook
 from sdk.credentials import Credentials
@@ -30,6 +35,11 @@ class PushConsumer(BlockingClient):
         message_model: MessageModel.CLUSTERING (each message to one member), or
             BROADCASTING (every member gets every message; no locks, no retries; each
             member keeps its offsets in `offset_dir`).
+        ordering: With an orderly listener: ProcessingOrder.QUEUE (the default,
+            RocketMQ's) calls a queue's messages one batch at a time; ProcessingOrder.KEY
+            calls each sharding key's messages one batch at a time, different keys of one
+            queue side by side (see ProcessingOrder; a message of another key finished
+            past the queue's lowest unfinished one may be handled again after a crash).
         config: Thresholds, batch sizes, intervals (PushConsumerConfig).
         on_queues_assigned: Called with the queues taken, after their locks are granted.
         on_queues_revoked: Called with the queues given up, before they are unlocked.
@@ -86,6 +96,7 @@ class PushConsumer(BlockingClient):
         consume_timestamp: datetime | float | None = None,
         allocate_strategy: AllocateMessageQueueStrategy | None = None,
         message_model: MessageModel = MessageModel.CLUSTERING,
+        ordering: ProcessingOrder = ProcessingOrder.QUEUE,
         config: PushConsumerConfig | None = None,
         on_queues_assigned: QueueHook | None = None,
         on_queues_revoked: QueueHook | None = None,
@@ -102,6 +113,7 @@ class PushConsumer(BlockingClient):
             consume_timestamp=consume_timestamp,
             allocate_strategy=allocate_strategy,
             message_model=message_model,
+            ordering=ordering,
             config=config,
             on_queues_assigned=on_queues_assigned,
             on_queues_revoked=on_queues_revoked,

@@ -16,7 +16,13 @@ from sdk._transport.protocol import Transport
 from sdk._validation import RETRY_PREFIX
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
-from sdk.consumer.config import ConsumeFromWhere, MessageModel, PushConsumerConfig
+from sdk.consumer.config import (
+    ConsumeFromWhere,
+    MessageModel,
+    ProcessingOrder,
+    PushConsumerConfig,
+)
+from sdk.consumer.consume_by_key import ConsumeByKeyService
 from sdk.consumer.consume_concurrently import ConsumeConcurrentlyService
 from sdk.consumer.consume_orderly import ConsumeOrderlyService
 from sdk.consumer.core import ConsumerCore, QueueHook
@@ -42,6 +48,7 @@ class PushConsumerCore(ConsumerCore):
         consume_timestamp: datetime | float | None = None,
         allocate_strategy: AllocateMessageQueueStrategy | None = None,
         message_model: MessageModel = MessageModel.CLUSTERING,
+        ordering: ProcessingOrder = ProcessingOrder.QUEUE,
         config: PushConsumerConfig | None = None,
         on_queues_assigned: QueueHook | None = None,
         on_queues_revoked: QueueHook | None = None,
@@ -49,6 +56,11 @@ class PushConsumerCore(ConsumerCore):
         offset_dir: Path | None = None,
         instance_name: str = "DEFAULT",
     ) -> None:
+        if not isinstance(ordering, ProcessingOrder):
+            raise InvalidArgumentError(
+                f"ordering must be a ProcessingOrder, not {type(ordering).__name__}"
+            )
+        self.ordering = ordering
         self.config = c = config or PushConsumerConfig()
         super().__init__(
             group,
@@ -68,7 +80,9 @@ class PushConsumerCore(ConsumerCore):
         )
         self._listener: MessageListenerOrderly | MessageListenerConcurrently | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._service: ConsumeOrderlyService | ConsumeConcurrentlyService | None = None
+        self._service: (
+            ConsumeOrderlyService | ConsumeByKeyService | ConsumeConcurrentlyService | None
+        ) = None
 
     @property
     def orderly(self) -> bool:
@@ -84,6 +98,13 @@ class PushConsumerCore(ConsumerCore):
             raise InvalidArgumentError(
                 "the listener must be a MessageListenerOrderly or a MessageListenerConcurrently, "
                 f"not {type(listener).__name__}"
+            )
+        if self.ordering is ProcessingOrder.KEY and not isinstance(
+            listener, MessageListenerOrderly
+        ):
+            raise InvalidArgumentError(
+                "ordering=ProcessingOrder.KEY needs a MessageListenerOrderly: a concurrent "
+                "listener keeps no order to choose"
             )
         self._listener = listener
         self.uses_locks = self.orderly and not self.broadcasting  # members share no queues
@@ -101,7 +122,12 @@ class PushConsumerCore(ConsumerCore):
             self.config.consume_threads, thread_name_prefix=f"ordermq-{self.group}"
         )
         if isinstance(self._listener, MessageListenerOrderly):
-            self._service = ConsumeOrderlyService(
+            service = (
+                ConsumeByKeyService
+                if self.ordering is ProcessingOrder.KEY
+                else ConsumeOrderlyService
+            )
+            self._service = service(
                 self._listener,
                 self,
                 self._executor,

@@ -28,6 +28,7 @@ def test_sdk_exports_exactly_the_public_names() -> None:
             "LitePullConsumerConfig", "Message", "MessageExt",
             "MessageListenerConcurrently", "MessageListenerOrderly", "MessageModel",
             "MessageQueue", "MessageQueueSelector", "OrderMQError", "PartialBatchError",
+            "ProcessingOrder",
             "Producer", "ProducerConfig", "PushConsumer", "PushConsumerConfig", "Receipt",
             "RoundRobinSelector",
             "SelectMessageQueueByHash", "SelectMessageQueueByRandom", "SendResult",

@@ -1,0 +1,258 @@
+"""Orderly consumption in key mode (ProcessingOrder.KEY): in order per sharding key.
+
+Each queue's messages go through a KeyDispatch: a key is called one batch at a time, in
+offset order, and different keys of one queue are called side by side, up to
+`max_keys_in_flight_per_queue` calls per queue and `consume_threads` per consumer. The
+queue commits the lowest offset not yet finished (ProcessQueue.finish), so after a crash
+or a rebalance the next owner starts there, and messages of other keys finished past that
+point are handled again.
+
+The broker lock and the client's two locks work as in queue mode: no call starts unless
+the queue is held, not dropped or reset, and its lease is fresh; the consume lock is held
+while any call of the queue runs, so rebalance (which marks the queue dropped, then takes
+the consume lock) gives the queue up only once its calls have returned.
+
+A failed call keeps its key waiting (stall): the key's batch is retried after
+`context.suspend_current_queue_time`, while the queue's other keys go on. A batch that has
+used its `max_reconsume_times` goes to the dead-letter queue, and its key moves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+from sdk import metrics, tracing
+from sdk.clock import Clock, sleep_for
+from sdk.consumer.config import PushConsumerConfig
+from sdk.consumer.consume_orderly import (
+    RELOCK_FAILED_DELAY,
+    RELOCK_OK_DELAY,
+    OrderlyHost,
+    _check_status,
+)
+from sdk.consumer.invoke import call_listener
+from sdk.consumer.key_dispatch import Key, KeyDispatch
+from sdk.consumer.listener import (
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    MessageListenerOrderly,
+)
+from sdk.consumer.process_queue import ProcessQueue
+from sdk.message import MessageExt, MessageQueue
+
+log = logging.getLogger("ordermq.consumer")
+
+
+@dataclass(eq=False)
+class _QueueRun:
+    """One process queue's dispatch state, its driver task and its calls in flight."""
+
+    pq: ProcessQueue
+    generation: int
+    dispatch: KeyDispatch = field(default_factory=KeyDispatch)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    calls: int = 0
+    driver: asyncio.Task[None] | None = None
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)  # calls, then their outcome
+    retries: set[asyncio.Task[None]] = field(default_factory=set)  # keys waiting to retry
+
+
+class ConsumeByKeyService:
+    """Runs an orderly listener over the queues the consumer holds, key by key."""
+
+    def __init__(
+        self,
+        listener: MessageListenerOrderly,
+        host: OrderlyHost,
+        executor: Executor,
+        clock: Clock,
+        config: PushConsumerConfig,
+        *,
+        locks: bool = True,
+        group: str = "",
+    ) -> None:
+        self._group = group
+        self._listener = listener
+        self._locks = locks
+        self._host = host
+        self._executor = executor
+        self._clock = clock
+        self._batch_size = config.consume_message_batch_max_size
+        self._lease = config.lock_lease
+        self._suspend_time = config.suspend_current_queue_time
+        self._max_reconsume = config.max_reconsume_times
+        self._per_queue = config.max_keys_in_flight_per_queue
+        self._slots = asyncio.Semaphore(config.consume_threads)
+        self._runs: dict[MessageQueue, _QueueRun] = {}
+        self._closed = False
+        self.listener_calls = 0
+
+    def submit(self, queue: MessageQueue, pq: ProcessQueue, delay: float = 0.0) -> None:
+        """New messages are buffered in `pq`: make sure its driver hands them out."""
+        if self._closed:
+            return
+        run = self._runs.get(queue)
+        if run is None or run.pq is not pq or run.driver is None or run.driver.done():
+            run = _QueueRun(pq, pq.generation)
+            self._runs[queue] = run
+            run.driver = asyncio.create_task(self._drive(queue, run))
+        run.wake.set()
+
+    def lease_valid(self, pq: ProcessQueue, now: float | None = None) -> bool:
+        """True when the queue's broker lock is held and was renewed within the lease."""
+        if not self._locks:
+            return True
+        if now is None:
+            now = self._clock.now()
+        return pq.locked and now - pq.last_lock_time <= self._lease
+
+    async def _drive(self, queue: MessageQueue, run: _QueueRun) -> None:
+        """Start calls for free keys as long as the queue is ours; sleep while none can."""
+        pq = run.pq
+        try:
+            while not self._closed and not pq.dropped:
+                run.wake.clear()
+                if pq.generation != run.generation:  # reset: what was taken is stale
+                    run.dispatch.clear()
+                    run.generation = pq.generation
+                run.dispatch.add(pq.take_all(pq.buffered))
+                if not self.lease_valid(pq):
+                    if run.calls == 0:  # re-lock with no call running, as queue mode does
+                        delay = (
+                            RELOCK_OK_DELAY
+                            if await self._host.relock(queue, pq)
+                            else RELOCK_FAILED_DELAY
+                        )
+                        await sleep_for(self._clock, delay)
+                        continue
+                else:
+                    await self._start_calls(queue, run)
+                await run.wake.wait()
+        except Exception:
+            log.exception("key-mode consume of %s failed", queue)
+
+    async def _start_calls(self, queue: MessageQueue, run: _QueueRun) -> None:
+        pq = run.pq
+        while run.calls < self._per_queue:
+            item = run.dispatch.next_call(self._batch_size)
+            if item is None:
+                return
+            key, batch = item
+            await self._slots.acquire()
+            if run.calls == 0:
+                await pq.consume_lock.acquire()  # rebalance waits on it while calls run
+            if self._closed or pq.dropped or pq.generation != run.generation:
+                self._end_call(run, stale=True)
+                return
+            run.calls += 1
+            task = asyncio.create_task(self._call(queue, run, key, batch))
+            run.tasks.add(task)
+            task.add_done_callback(run.tasks.discard)
+
+    def _end_call(self, run: _QueueRun, *, stale: bool = False) -> None:
+        """Give back the call's slot, and the consume lock with the queue's last call."""
+        if not stale:
+            run.calls -= 1
+        self._slots.release()
+        if run.calls == 0:
+            run.pq.consume_lock.release()
+        run.wake.set()
+
+    async def _call(
+        self, queue: MessageQueue, run: _QueueRun, key: Key, batch: list[MessageExt]
+    ) -> None:
+        pq, generation = run.pq, run.generation
+        context = ConsumeOrderlyContext(queue, self._suspend_time)
+        status: object = None
+        try:
+            if not self.lease_valid(pq):  # checked again right before the call
+                run.dispatch.put_back(key, batch)
+                run.dispatch.resume(key)
+                return
+            self.listener_calls += 1
+            began = time.perf_counter()
+            try:
+                with tracing.consume_span(self._group, batch):
+                    status = await call_listener(
+                        self._listener.consume_message, self._executor, batch, context
+                    )
+            except Exception:
+                log.exception("orderly listener raised on %s; retrying the key", queue)
+            finally:
+                metrics.observe_consume(self._group, queue.topic, time.perf_counter() - began)
+        finally:
+            self._end_call(run)
+        if pq.dropped or pq.generation != generation or self._closed:
+            return  # the queue moved on: its next owner, or the reset, takes it from there
+        if status is ConsumeOrderlyStatus.SUCCESS:
+            self._finished(queue, run, key, batch)
+            return
+        _check_status(status)
+        await self._after_failure(queue, run, key, batch, context)
+
+    def _finished(
+        self, queue: MessageQueue, run: _QueueRun, key: Key, batch: list[MessageExt]
+    ) -> None:
+        run.dispatch.done(key)
+        self._host.commit(queue, run.pq.finish(batch))
+        run.wake.set()
+
+    async def _after_failure(
+        self,
+        queue: MessageQueue,
+        run: _QueueRun,
+        key: Key,
+        batch: list[MessageExt],
+        context: ConsumeOrderlyContext,
+    ) -> None:
+        """The key waits and retries its batch, or (retries used up) dead-letters it."""
+        limit = self._max_reconsume
+        if limit is not None and all(m.reconsume_times >= limit for m in batch):
+            moved = 0
+            for m in batch:
+                if not await self._host.send_to_dead_letter(m, m.reconsume_times):
+                    break
+                moved += 1
+            if moved:
+                self._host.commit(queue, run.pq.finish(batch[:moved]))
+            if moved == len(batch):
+                run.dispatch.done(key)
+                run.wake.set()
+                return
+            batch = batch[moved:]
+        else:
+            for m in batch:
+                m.reconsume_times += 1
+        metrics.retried(self._group, len(batch), local=True)
+        run.dispatch.put_back(key, batch)
+        delay = max(0.01, min(30.0, context.suspend_current_queue_time))
+        task = asyncio.create_task(self._resume_later(run, key, delay))
+        run.retries.add(task)
+        task.add_done_callback(run.retries.discard)
+
+    async def _resume_later(self, run: _QueueRun, key: Key, delay: float) -> None:
+        generation = run.generation
+        await sleep_for(self._clock, delay)
+        if run.generation == generation:
+            run.dispatch.resume(key)
+            run.wake.set()
+
+    async def shutdown(self, timeout: float) -> None:
+        """Let listener calls in flight finish (up to `timeout` seconds); stop the rest."""
+        self._closed = True
+        calling: set[asyncio.Task[None]] = set()
+        for run in self._runs.values():
+            if run.driver is not None:
+                run.driver.cancel()
+            for task in run.retries:
+                task.cancel()  # waiting to retry: nothing to finish
+            calling |= run.tasks
+        if calling:
+            _done, pending = await asyncio.wait(calling, timeout=timeout)
+            for task in pending:
+                task.cancel()
+        self._runs.clear()
