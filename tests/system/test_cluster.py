@@ -39,6 +39,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -341,10 +342,16 @@ def run_cluster(directory: Path) -> ClusterRun:
         mark("cluster up")
 
         queue_base = [a for name, base in BASE.items() for a in ("--queue-base", f"{name}={base}")]
-        for name in ("w1", "w2", "w3"):
-            workers[name] = start_worker(name, endpoints, directory, *queue_base)
+        with ThreadPoolExecutor(3) as pool:  # Python processes start slowly: at once
+            starting = {name: pool.submit(start_worker, name, endpoints, directory, *queue_base)
+                        for name in ("w1", "w2", "w3")}  # fmt: skip
+        failed = [f.exception() for f in starting.values() if f.exception() is not None]
+        workers.update({name: f.result() for name, f in starting.items() if not f.exception()})
+        if failed:
+            raise AssertionError(f"workers did not start: {failed}")
+        for name in workers:
             history.add(name, workers[name].log)
-            mark(f"{name} ready")
+        mark("w1, w2, w3 ready")
 
         producer = Producer(endpoints, config=SENDS)
         producer.start()
