@@ -30,12 +30,9 @@ group's members, for instance). Then:
 from __future__ import annotations
 
 import itertools
-import os
-import select
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,7 +46,7 @@ from sdk import Message, OrderMQError, PartialBatchError, Producer, ProducerConf
 from tests.chaos_report import ChaosRecorder
 from tests.component.test_namesrv import route
 from tests.interop.harness import GrpcView
-from tests.support import ROOT, wait_until
+from tests.support import ROOT, BrokerProcess, LineReader, wait_until
 from tests.system.orderly_history import (
     BROKER_LEASE,
     CLIENT_TIMEOUT,
@@ -93,8 +90,7 @@ SENDS = ProducerConfig(send_timeout=3.0, retry_times=1, retry_backoff=0.1)
 def _read_line(proc: subprocess.Popen[str], prefix: str, timeout: float) -> str:
     """The process's first stdout line, which must start with `prefix`: its last word."""
     assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    line = proc.stdout.readline() if ready else ""
+    line = LineReader(proc.stdout.fileno()).readline(timeout)
     if not line.startswith(prefix):
         proc.kill()
         proc.wait()
@@ -125,65 +121,20 @@ class NameServer:
             self.proc.wait()
 
 
-class ClusterBroker:
-    """`python -m mockbroker` named `name`, registering with `name_servers`.
+def cluster_broker(data_dir: Path, name: str, name_servers: list[str]) -> BrokerProcess:
+    """`python -m mockbroker` named `name`, registering with `name_servers` (not started).
 
-    The first start takes free ports (0): the gRPC address from the ready line, the
-    remoting one from the name server's route, which the broker registered before its ready
-    line. A restart comes back on the same ports and data directory.
+    Its gRPC and remoting ports are 0: free ones, read from the lines the broker prints
+    (`fronts["remoting"]`); a restart comes back on the same ports and data directory.
     """
-
-    def __init__(self, data_dir: Path, name: str, name_servers: list[str]) -> None:
-        self.data_dir = data_dir
-        self.name = name
-        self.name_servers = name_servers
-        self.grpc_port = 0
-        self.remoting_port = 0
-        self.address = ""  # gRPC
-        self.remoting = ""
-        self.proc: subprocess.Popen[str] | None = None
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives with the test)
-
-    def start(self, name_server: str) -> None:
-        """Start it and wait for its ready line; `name_server`: one to read its route from."""
-        cmd = [
-            sys.executable, "-m", "mockbroker", "--host", "127.0.0.1",
-            "--port", str(self.grpc_port), "--remoting-port", str(self.remoting_port),
-            "--data-dir", str(self.data_dir), "--broker-name", self.name,
-            "--namesrv-addr", ";".join(self.name_servers), "--cluster-name", "loopback",
-            "--flush-mode", "async", "--default-queues", str(PER_BROKER),
-            "--lock-lease-seconds", str(BROKER_LEASE),
-            "--client-timeout-seconds", str(CLIENT_TIMEOUT),
-            "--log-level", "WARNING",
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
-        try:
-            address = _read_line(self.proc, "mockbroker listening on ", START_TIMEOUT)
-        except AssertionError as exc:
-            raise AssertionError(f"{self.name}: {exc}\n{self.stderr()}") from None
-        assert not self.address or address == self.address, f"restarted at {address}"
-        self.address = address
-        self.grpc_port = int(address.rsplit(":", 1)[1])
-        remoting = broker_addresses(name_server, "TBW102")[self.name]
-        assert not self.remoting or remoting == self.remoting, f"restarted at {remoting}"
-        self.remoting = remoting
-        self.remoting_port = int(remoting.rsplit(":", 1)[1])
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stderr(self) -> str:
-        self._stderr.flush()
-        self._stderr.seek(0)
-        return self._stderr.read()
+    return BrokerProcess(
+        data_dir,
+        "--remoting-port", "0", "--broker-name", name,
+        "--namesrv-addr", ";".join(name_servers), "--cluster-name", "loopback",
+        "--flush-mode", "async", "--default-queues", str(PER_BROKER),
+        "--lock-lease-seconds", str(BROKER_LEASE),
+        "--client-timeout-seconds", str(CLIENT_TIMEOUT),
+    )  # fmt: skip
 
 
 def broker_addresses(name_server: str, topic: str) -> dict[str, str]:
@@ -288,9 +239,15 @@ def run_cluster(directory: Path) -> ClusterRun:
     ns1, ns2 = name_servers
     endpoints = f"rocketmq://{ns1.address};{ns2.address}"
     brokers = {
-        name: ClusterBroker(directory / name, name, [ns.address for ns in name_servers])
+        name: cluster_broker(directory / name, name, [ns.address for ns in name_servers])
         for name in BROKERS
     }
+
+    def routed_at(name_server: NameServer) -> dict[str, str]:
+        """Broker -> remoting address, as `name_server` routes the topic."""
+        return broker_addresses(name_server.address, TOPIC)
+
+    remoting = {name: "" for name in BROKERS}
     history = History(KEYS)
     workers: dict[str, Worker] = {}
     senders: dict[str, Sender] = {}
@@ -333,12 +290,14 @@ def run_cluster(directory: Path) -> ClusterRun:
 
     producer: Producer | None = None
     try:
-        for b in brokers.values():
-            b.start(ns1.address)
+        for name, b in brokers.items():
+            b.start()
+            remoting[name] = b.fronts["remoting"]
             GrpcView(b.address).create_topic(TOPIC, PER_BROKER)
         both = dict.fromkeys(BROKERS, PER_BROKER)
         wait_until(lambda: all(queue_counts(ns.address, TOPIC) == both for ns in name_servers),
                    10, "both name servers to route the topic to both brokers")  # fmt: skip
+        assert routed_at(ns1) == routed_at(ns2) == remoting, "routed at the announced ports"
         mark("cluster up")
 
         queue_base = [a for name, base in BASE.items() for a in ("--queue-base", f"{name}={base}")]
@@ -377,8 +336,9 @@ def run_cluster(directory: Path) -> ClusterRun:
         assert ns1.stop() == 0, "ns1 stops cleanly on SIGTERM"
         mark("ns1 stopped (SIGTERM)")
         time.sleep(OUTAGE / 2)
-        brokers[KILLED].start(ns2.address)
+        brokers[KILLED].restart()
         restarted = mark(f"{KILLED} restarted")
+        assert routed_at(ns2) == remoting, "the restarted broker registered, on its ports"
         until(lambda: consumed_since(restarted, KILLED), 30 + SLACK,
               f"every queue of {KILLED} consumed again")  # fmt: skip
         mark(f"{KILLED}'s queues consumed again")
@@ -407,7 +367,7 @@ def run_cluster(directory: Path) -> ClusterRun:
                 w.proc.kill()
                 w.proc.wait()
         for b in brokers.values():
-            if b.running():
+            if b.proc is not None and b.proc.poll() is None:
                 b.kill9()
         for ns in name_servers:
             ns.kill()
