@@ -867,10 +867,14 @@ class RemotingTransport:
             raise first
 
     async def consumer_list(self, group: str, topic: str) -> list[str]:
-        """GET_CONSUMER_LIST_BY_GROUP at a broker serving `topic`: the first that answers.
+        """GET_CONSUMER_LIST_BY_GROUP at every broker serving `topic`: the union.
 
-        Brokers known to be down are asked last; one that cannot be reached is passed
-        over, so a dead broker does not stop the group's rebalancing on the others.
+        Each broker knows the members that heartbeated to it; one just restarted knows only
+        those that did since, and its answer alone would shrink the group and move queues
+        of every broker. So each is asked, at once, and a member any of them knows counts.
+        Brokers known to be down are asked only when none of the others answers; one that
+        cannot be reached is passed over, so a dead broker does not stop the group's
+        rebalancing on the others.
         """
         queues = await self.readable_queues(topic)
         if not queues:
@@ -878,24 +882,41 @@ class RemotingTransport:
         first: dict[str, MessageQueue] = {}
         for q in queues:
             first.setdefault(q.broker_name, q)
-        order = sorted(first.values(), key=lambda q: q.broker_name in self._down)
-        response: RemotingCommand | None = None
-        for i, queue in enumerate(order):
-            try:
-                response = await self._broker_call(
-                    queue, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group},
-                    f"members of group {group!r}",
-                )  # fmt: skip
-                break
-            except (BrokerUnavailableError, RequestTimeoutError) as exc:
-                if i == len(order) - 1:
-                    raise
-                log.info("members of %s not known by %s (%s); asking the next broker",
-                         group, queue.broker_name, exc)  # fmt: skip
-        assert response is not None
+        up = [q for q in first.values() if q.broker_name not in self._down]
+        down = [q for q in first.values() if q.broker_name in self._down]
+        error: BrokerUnavailableError | RequestTimeoutError | None = None
+        for batch in (up, down):
+            if not batch:
+                continue
+            answers = await asyncio.gather(
+                *(self._members_at(q, group) for q in batch), return_exceptions=True
+            )
+            members: set[str] = set()
+            answered = False
+            for queue, answer in zip(batch, answers, strict=True):
+                if isinstance(answer, BrokerUnavailableError | RequestTimeoutError):
+                    log.info("members of %s not known by %s (%s)", group, queue.broker_name,
+                             answer)  # fmt: skip
+                    error = error or answer
+                elif isinstance(answer, BaseException):
+                    raise answer
+                else:
+                    members.update(answer)
+                    answered = True
+            if answered:
+                return sorted(members)
+        assert error is not None
+        raise error
+
+    async def _members_at(self, queue: MessageQueue, group: str) -> list[str]:
+        """The members of `group` that `queue`'s broker knows."""
+        response = await self._broker_call(
+            queue, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": group},
+            f"members of group {group!r}",
+        )  # fmt: skip
         try:
             members = json.loads(response.body)["consumerIdList"]
-            return sorted(str(m) for m in members)
+            return [str(m) for m in members]
         except (ValueError, KeyError, TypeError) as exc:
             raise BrokerError(
                 f"the members of {group!r} do not parse: {exc}", code="MALFORMED_RESPONSE"

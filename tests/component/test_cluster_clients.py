@@ -35,7 +35,7 @@ from sdk import (
     PushConsumerConfig,
     shard_index,
 )
-from sdk._remoting.codes import ResponseCode
+from sdk._remoting.codes import RequestCode, ResponseCode
 from sdk._remoting.command import RemotingCommand
 from sdk._remoting.connection import RemotingConnection
 from sdk._transport import connect
@@ -486,6 +486,40 @@ def test_the_group_members_come_from_a_live_broker_when_the_first_is_dead(
             await transport.close()
 
     assert asyncio.run(main()) == ["client-1"]
+
+
+def test_the_group_members_are_every_broker_s_when_one_knows_only_some(
+    cluster: Cluster,
+) -> None:
+    """A broker just restarted knows only the members that heartbeated to it since. Asked
+    alone, it shrank the group: consumers re-spread the queues over fewer members and moved
+    some between them, although the group had not changed (found by the cluster system
+    test, tests/system/test_cluster.py). The members are those any broker knows."""
+    groups = [GroupInfo(GROUP, "CONSUME_ORDERLY", subscriptions=((TOPIC, "*"),))]
+    broker_a = cluster.brokers["broker-a"]
+    address = broker_a.remoting_address
+    assert address is not None
+    forget = RemotingCommand(
+        code=RequestCode.UNREGISTER_CLIENT,
+        ext_fields={"clientID": "client-2", "consumerGroup": GROUP},
+    )
+
+    async def main() -> list[str]:
+        one, two = connect(cluster.endpoint), connect(cluster.endpoint)
+        try:
+            for transport, client in ((one, "client-1"), (two, "client-2")):
+                assert len(await transport.readable_queues(TOPIC)) == 16
+                await transport.heartbeat(client, groups)
+            await asyncio.to_thread(tell, address, forget)
+            return await one.consumer_list(GROUP, TOPIC)
+        finally:
+            await one.close()
+            await two.close()
+
+    assert asyncio.run(main()) == ["client-1", "client-2"]
+    state = broker_a.broker.state
+    assert state is not None
+    assert state.groups.members(GROUP) == ["client-1"], "broker-a knew only one member"
 
 
 def test_a_stopped_name_server_changes_nothing_while_another_answers(tmp_path: Path) -> None:

@@ -2,6 +2,11 @@
 
     python tests/system/orderly_worker.py --broker HOST:PORT --log FILE --id w1
 
+`--broker` may also be endpoints such as "rocketmq://ns1:9876;ns2:9876" (a cluster: the
+topic's queues on several brokers); then `--queue-base broker-a=0 --queue-base broker-b=8`
+numbers the queues across the brokers (a queue's number in the log is its broker's base
+plus its queue id: its index in the topic's queues sorted by broker name and queue id).
+
 An orderly PushConsumer of group "chaos" on topic "orderly-chaos", from the first offset.
 Every message it processes becomes one line of FILE, written and fsynced inside the
 listener before it answers SUCCESS, so the file holds everything this process ever
@@ -67,9 +72,12 @@ CONFIG = PushConsumerConfig(
 class LoggingListener(MessageListenerOrderly):
     """Appends one fsynced line per processed message to the log file."""
 
-    def __init__(self, worker: str, path: str, delay: float) -> None:
+    def __init__(
+        self, worker: str, path: str, delay: float, queue_base: dict[str, int] | None = None
+    ) -> None:
         self._worker = worker
         self._delay = delay
+        self._queue_base = queue_base or {}
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._lock = threading.Lock()
 
@@ -82,7 +90,8 @@ class LoggingListener(MessageListenerOrderly):
         records = []
         for m in msgs:
             key, seq = m.body.decode().split(":")
-            records.append((key, int(seq), m.queue.queue_id, m.queue_offset))
+            queue = self._queue_base.get(m.queue.broker_name, 0) + m.queue.queue_id
+            records.append((key, int(seq), queue, m.queue_offset))
         with self._lock:
             ended = time.monotonic_ns()
             text = "".join(
@@ -103,7 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", required=True, help="file to append processed messages to")
     parser.add_argument("--id", required=True, help="this worker's name in the log lines")
     parser.add_argument("--delay-ms", type=float, default=1.0, help="work per message")
+    parser.add_argument(
+        "--queue-base", action="append", default=[], metavar="BROKER=N",
+        help="log BROKER's queue ids plus N (repeat per broker of a cluster)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    queue_base = {name: int(n) for name, _, n in (b.partition("=") for b in args.queue_base)}
     logging.basicConfig(
         level=logging.WARNING,
         stream=sys.stderr,
@@ -116,12 +130,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def hook(what: str) -> Callable[[list[MessageQueue]], None]:
         def report(queues: list[MessageQueue]) -> None:
-            ids = ",".join(str(q.queue_id) for q in queues)
+            ids = ",".join(str(queue_base.get(q.broker_name, 0) + q.queue_id) for q in queues)
             print(f"{time.monotonic_ns()} {what} {ids}", flush=True)
 
         return report
 
-    listener = LoggingListener(args.id, args.log, args.delay_ms / 1000)
+    listener = LoggingListener(args.id, args.log, args.delay_ms / 1000, queue_base)
     consumer = PushConsumer(
         GROUP,
         args.broker,
