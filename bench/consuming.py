@@ -37,6 +37,7 @@ from sdk import (
     MessageListenerConcurrently,
     MessageListenerOrderly,
     MessageQueue,
+    ProcessingOrder,
     PushConsumerConfig,
     TLSConfig,
 )
@@ -140,6 +141,21 @@ LISTENERS: dict[
 _consumer_groups = itertools.count(1)
 
 
+class WorkingOrderlyListener(MessageListenerOrderly):
+    """A plain orderly listener that works `work` seconds per message (time.sleep: I/O
+    such as a database call, which lets other threads run) and counts."""
+
+    def __init__(self, tally: Tally, work: float) -> None:
+        self.tally, self.work = tally, work
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        time.sleep(self.work * len(msgs))
+        self.tally.add_threadsafe(len(msgs))
+        return ConsumeOrderlyStatus.SUCCESS
+
+
 class ConsumeTrial:
     """Consume runs over one backlog: each run is one fresh sdk.aio.PushConsumer.
 
@@ -173,17 +189,21 @@ class ConsumeTrial:
 
     async def prepare(self) -> None:
         self.tally = Tally(self.expected)
-        consumer = sdk.aio.PushConsumer(
+        consumer = self._consumer()
+        consumer.subscribe(self.topic)
+        consumer.register_message_listener(self.listener(self.tally))
+        self.consumer = consumer
+
+    def _consumer(self, **options: object) -> sdk.aio.PushConsumer:
+        return sdk.aio.PushConsumer(
             f"bench-consume-{next(_consumer_groups)}",
             self.endpoint,
             consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
             config=self.config,
             tls=self.tls,
             credentials=self.credentials,
+            **options,  # type: ignore[arg-type]
         )
-        consumer.subscribe(self.topic)
-        consumer.register_message_listener(self.listener(self.tally))
-        self.consumer = consumer
 
     async def run(self) -> int:
         assert self.consumer is not None and self.tally is not None
@@ -194,6 +214,31 @@ class ConsumeTrial:
         consumer, self.consumer = self.consumer, None
         if consumer is not None:
             await consumer.shutdown()
+
+
+class KeyModeTrial(ConsumeTrial):
+    """Consume runs with a listener that works `work` seconds per message, its queues kept
+    in order per queue or per key (`ordering`), on `threads` listener threads."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        topic: str,
+        expected: int,
+        ordering: ProcessingOrder,
+        work: float,
+        threads: int,
+    ) -> None:
+        super().__init__(endpoint, topic, expected, "orderly-sync", 1)
+        self.ordering, self.work = ordering, work
+        self.config = PushConsumerConfig(consume_threads=threads)
+
+    async def prepare(self) -> None:
+        self.tally = Tally(self.expected)
+        consumer = self._consumer(ordering=self.ordering)
+        consumer.subscribe(self.topic)
+        consumer.register_message_listener(WorkingOrderlyListener(self.tally, self.work))
+        self.consumer = consumer
 
 
 # ---------------------------------------------------------------------- poll

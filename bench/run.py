@@ -100,7 +100,9 @@ from sdk import (
     ConsumeFromWhere,
     Credentials,
     MessageQueue,
+    ProcessingOrder,
     ProducerConfig,
+    PushConsumerConfig,
     TLSConfig,
 )
 from sdk import PushConsumer as BlockingPushConsumer
@@ -108,8 +110,13 @@ from sdk._transport.broker_client import BrokerClient
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.aio import Producer, PushConsumer
 
-GROUPS = ("produce", "send", "pull", "consume", "poll", "receive", "latency", "floor", "micro",
-          "remoting", "transports", "tls")  # fmt: skip
+#: The keymode group: listener work per message, listener threads, backlog sizes.
+KEYMODE_WORK = 0.005
+KEYMODE_THREADS = 128
+KEYMODE_MESSAGES = 20_000
+KEYMODE_QUICK = 2_000
+GROUPS = ("produce", "send", "pull", "consume", "keymode", "poll", "receive", "latency", "floor",
+          "micro", "remoting", "transports", "tls")  # fmt: skip
 #: Groups run only when --only names them (make bench-backlog): they take minutes and GBs.
 EXTRA_GROUPS = ("backlog", "flood")
 #: The transports group's transports: figure key part, name in titles ("grpc" first).
@@ -658,6 +665,56 @@ class Bench:
                 await self._consume_figure(figure, broker, broker.address, topic, stored,
                                            listener, batch)  # fmt: skip
             self._note_rss("consume", broker)
+
+    async def keymode(self) -> None:
+        """Orderly listeners that work 5 ms a message, in queue mode and in key mode.
+
+        The keyed workload's backlog (KEYS keys over QUEUES queues) read by one push
+        consumer whose plain listener sleeps KEYMODE_WORK per message (I/O: it lets other
+        threads run) on KEYMODE_THREADS threads: in queue mode a queue's messages are
+        called one at a time, so the queues bound the calls at once; in key mode up to
+        max_keys_in_flight_per_queue keys of each queue run side by side (issue 20).
+        """
+        topic = "bench-keymode"
+        backlog = min(self.args.messages, KEYMODE_QUICK if self.args.quick else KEYMODE_MESSAGES)
+        params = {
+            "api": "sdk.aio.PushConsumer",
+            "listener": f"MessageListenerOrderly, plain def, time.sleep({KEYMODE_WORK}) "
+            "per message",
+            "backlog_messages": backlog,
+            "queues": wl.QUEUES,
+            "keys": wl.KEYS,
+            "consume_threads": KEYMODE_THREADS,
+            "max_keys_in_flight_per_queue": PushConsumerConfig().max_keys_in_flight_per_queue,
+            "consume_message_batch_max_size": 1,
+        }
+        figures = {}
+        for ordering in (ProcessingOrder.QUEUE, ProcessingOrder.KEY):
+            extra = {"compare_with": "keymode.queue"} if ordering is ProcessingOrder.KEY else {}
+            figures[ordering] = self._add(
+                Figure(
+                    f"keymode.{ordering.value}",
+                    f"consume orderly, {KEYMODE_WORK * 1000:g} ms listener, {ordering.value} mode",
+                    "msg/s",
+                    {**params, "ordering": f"ProcessingOrder.{ordering.name}", **extra},
+                )
+            )
+        self.say("keymode: starting a broker")
+        with self._broker("keymode", "async") as broker:
+            stored = await wl.fill_backlog(broker.address, topic, backlog)
+            for ordering, figure in figures.items():
+                trial = cw.KeyModeTrial(
+                    broker.address, topic, stored, ordering, KEYMODE_WORK, KEYMODE_THREADS
+                )
+                await self._measure(
+                    figure, trial.run, broker, setup=trial.prepare, teardown=trial.close
+                )
+                if any(r.units != stored for r in figure.runs):
+                    raise RuntimeError(
+                        f"{figure.title}: took {[r.units for r in figure.runs]} of {stored}"
+                    )
+        queue_mode, key_mode = (statistics.median(figures[o].values()) for o in ProcessingOrder)
+        self.facts["keymode_ratio"] = round(key_mode / queue_mode, 2)
 
     async def _consume_backlog(
         self,

@@ -25,7 +25,7 @@ from tests.support import ROOT
 PARTS: dict[str, tuple[str, ...]] = {
     "remoting": ("remoting",),
     "produce": ("produce", "send", "receive"),
-    "latency": ("latency", "pull", "consume", "poll", "floor", "micro"),
+    "latency": ("latency", "pull", "consume", "keymode", "poll", "floor", "micro"),
     "tls": ("tls", "transports"),
 }
 
@@ -93,6 +93,20 @@ def _receive(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
     assert all(f["median"] > 0 for f in receive.values())
 
 
+def _keymode(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
+    # 5 ms listeners in queue mode and in key mode, and their ratio (issue 20)
+    keymode = {f["key"]: f for f in figures if f["key"].startswith("keymode.")}
+    assert sorted(keymode) == ["keymode.key", "keymode.queue"]
+    assert all(f["median"] > 0 for f in keymode.values())
+    assert facts["keymode_ratio"] > 0
+
+
 #: What each group's figures must show, beyond the run succeeding (the groups not named
 #: here were, and are, checked by the run's success alone).
-CHECKS = {"produce": _produce, "transports": _transports, "tls": _tls, "receive": _receive}
+CHECKS = {
+    "produce": _produce,
+    "transports": _transports,
+    "tls": _tls,
+    "receive": _receive,
+    "keymode": _keymode,
+}

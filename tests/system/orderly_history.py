@@ -210,6 +210,7 @@ def verify(
     queues: int,
     *,
     resends: bool = False,
+    exclusive: str = "queue",
 ) -> Report:
     """Order, completeness, re-delivery only as suffixes, placement, exclusivity.
 
@@ -223,8 +224,9 @@ def verify(
       offsets grow with seq. With `resends` (the producer retried sends whose answer was
       lost, so the broker may have stored a message twice) a (key, seq) may come from
       several offsets, all of them above those of seq - 1 and below those of seq + 1;
-    - exclusivity: no two listener calls on one queue overlap in time, in one process or
-      across processes, apart from the frozen calls.
+    - exclusivity: no two listener calls on one queue (`exclusive="key"`: of one key, as
+      key mode promises) overlap in time, in one process or across processes, apart from
+      the frozen calls.
     """
     entries = [frozen.get(e, e) for e in entries]  # frozen calls: dispatched by the stop
     timeline = sorted(entries, key=lambda e: (e.end, e.worker))
@@ -285,13 +287,16 @@ def verify(
     errors += check_placement(entries, queues, resends, report)
 
     frozen_now = set(frozen.values())
-    for queue, calls in sorted(by_queue(entries).items()):
+    groups: dict[object, list[Entry]] = defaultdict(list)
+    for e in entries:
+        groups[e.queue if exclusive == "queue" else e.key].append(e)
+    for group, calls in sorted(groups.items(), key=lambda item: str(item[0])):
         latest: Entry | None = None
         for e in sorted(calls, key=lambda e: e.start):
             if e in frozen_now:
                 continue
             if latest is not None and e.start < latest.end:
-                errors.append(f"queue {queue}: {e} began before {latest} ended")
+                errors.append(f"{exclusive} {group}: {e} began before {latest} ended")
             if latest is None or e.end > latest.end:
                 latest = e
     return report

@@ -41,6 +41,7 @@ from sdk import (
     MessageExt,
     MessageListenerOrderly,
     MessageQueue,
+    ProcessingOrder,
     PushConsumer,
     PushConsumerConfig,
 )
@@ -116,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         "--queue-base", action="append", default=[], metavar="BROKER=N",
         help="log BROKER's queue ids plus N (repeat per broker of a cluster)",
     )  # fmt: skip
+    parser.add_argument(
+        "--ordering", choices=[o.value for o in ProcessingOrder], default="queue",
+        help="what the listener keeps in order: the queue (default) or each key",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     queue_base = {name: int(n) for name, _, n in (b.partition("=") for b in args.queue_base)}
     logging.basicConfig(
@@ -140,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         GROUP,
         args.broker,
         consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+        ordering=ProcessingOrder(args.ordering),
         config=CONFIG,
         on_queues_assigned=hook("assigned"),
         on_queues_revoked=hook("revoked"),
