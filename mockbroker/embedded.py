@@ -57,3 +57,11 @@ class EmbeddedBroker(InBackground):
     def broker(self) -> Broker:
         """The broker itself (its store and counters, for inspection)."""
         return self._broker
+
+    def expire_client(self, client_id: str) -> int:
+        """Forget a client now, as the broker does one that went silent (Broker.expire_client).
+
+        Its groups' other members take its queues at their next rebalance. Returns how many
+        queue locks were released; ValueError for a client the broker does not know.
+        """
+        return self._runner.call(lambda: self._broker.expire_client(client_id))

@@ -6,7 +6,9 @@ import asyncio
 import threading
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
+
+T = TypeVar("T")
 
 
 class LoopThread:
@@ -57,6 +59,16 @@ class LoopThread:
             thread.join()
             raise failure[0]
         self._loop, self._thread = loop, thread
+
+    def call(self, work: Callable[[], Awaitable[T]], timeout: float = 30.0) -> T:
+        """Run `work()` on the loop from another thread; its result (or what it raised)."""
+        if self._loop is None:
+            raise RuntimeError(f"the {self._name} is not running")
+
+        async def run() -> T:
+            return await work()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
 
     def stop(self) -> None:
         """Run `stop()` on the loop, close it and join the thread (nothing if not running)."""

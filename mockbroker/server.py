@@ -416,6 +416,25 @@ class Broker:
             slice_bytes=config.fair_slice_bytes,
         )
 
+    async def expire_client(self, client_id: str) -> int:
+        """Forget a client now, as the broker does one silent past `client_timeout_seconds`.
+
+        It leaves its groups (their other members rebalance) and its queue locks are
+        released. Returns how many locks were released; ValueError for a client the
+        broker does not know. For tests of what happens when a consumer is lost.
+        """
+        state = self.state
+        if state is None:
+            raise RuntimeError("the broker is not serving")
+        if not state.groups.unregister(client_id):
+            raise ValueError(f"no client {client_id!r} is known to the broker")
+        dropped = state.locks.release_client(client_id)
+        log_event(log, logging.WARNING, "client.expired",
+                  f"client {client_id} expired (on request); {dropped} lock(s) released",
+                  client_id=client_id, locks_released=dropped)  # fmt: skip
+        await state.locks.save()
+        return dropped
+
     async def _expire_clients(self, state: BrokerState) -> None:
         while True:
             await sleep_for(self.clock, _EXPIRY_SWEEP_SECONDS)

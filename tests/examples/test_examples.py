@@ -45,6 +45,16 @@ def test_the_quick_run_tests_cover_every_bench_group() -> None:
         assert (ROOT / "tests" / "examples" / f"test_bench_quick_{part}.py").is_file()
 
 
+def test_the_testing_kit_example_passes_as_an_application_s_own_tests() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+         str(ROOT / "examples" / "testing_kit.py")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 passed" in proc.stdout
+
+
 def test_batch_export_drains_the_backlog_once_and_resumes_from_commits() -> None:
     out = run_example("batch_export.py", "--messages", "3000")
     assert "first run: 3000, second run: 0, distinct lines: 3000" in out

@@ -1,4 +1,4 @@
-"""Test helpers for applications that use ordermq: a fake clock.
+"""A fake clock for tests: time moves only when the test says so.
 
 Pass a FakeClock to a broker (`EmbeddedBroker(config, clock=clock)`) or a client, then
 `clock.advance(seconds)` instead of sleeping: every sleeper whose deadline has come wakes,
