@@ -7,6 +7,7 @@ call failed) or 3 (the --deadline passed), after an {"event": "error"} line.
 
     cpp_driver.py selfcheck
     cpp_driver.py produce --namesrv 127.0.0.1:9876 --topic T --group G --keys 100 --rounds 100
+    cpp_driver.py produce --namesrv "127.0.0.1:9876;127.0.0.1:9877" ... --resend
     cpp_driver.py push    --namesrv 127.0.0.1:9876 --topic T --group G [--orderly]
     cpp_driver.py pull    --namesrv 127.0.0.1:9876 --topic T --group G
 
@@ -16,8 +17,10 @@ parse them back into "key" and "seq" (null for other bodies, whose text is in "b
 Events:
 - selfcheck: {"rocketmq", "python", "started": true} once a producer started and stopped;
 - every command: "started" once its client started (consumers: after the route check);
-- produce: "sent" per message {key, seq, status, msg_id, offset} (--report each), then
-  "done" {sent, seconds, rate, cpu_seconds};
+- produce: "sent" per message {key, seq, status, msg_id, offset, at} (--report each; at:
+  time.monotonic_ns() of the acknowledgement), with --resend "send_failed" {key, seq,
+  message} per failed attempt (sent again), then "done" {sent, seconds, rate, cpu_seconds,
+  failures};
 - push: "message" per listener call {key, seq, topic, queue, offset, msg_id, reconsume,
   tags, keys, body, size, properties (those named by --property-names), start, end}
   (start/end: time.monotonic_ns(), one clock for every
@@ -166,7 +169,9 @@ def produce(a: argparse.Namespace) -> None:
     emit("started", pid=os.getpid(), keys=len(keys), rounds=a.rounds, mode=a.mode)
     sent = 0
     began, cpu = time.perf_counter(), time.process_time()
-    for seq in range(a.first_seq, a.first_seq + a.rounds):
+    failures = 0
+    for n, seq in enumerate(range(a.first_seq, a.first_seq + a.rounds)):
+        time.sleep(max(0.0, began + n * a.round_interval - time.perf_counter()))
         for key, arg in keys:
             phase(f"sending {key}:{seq}")
             msg = Message(a.topic)
@@ -176,22 +181,34 @@ def produce(a: argparse.Namespace) -> None:
             msg.set_body(body_of(key, seq, a.body_bytes))
             for name, _, value in (p.partition("=") for p in a.property):
                 msg.set_property(name, value)
-            try:
-                if a.mode == "orderly":
-                    result = producer.send_orderly(msg, arg)
+            while True:
+                try:
+                    if a.mode == "orderly":
+                        # With --resend the driver sends again itself, to the queue the
+                        # selector picks: the client's own retries may pick another.
+                        retries = 0 if a.resend else 3
+                        result = producer.send_orderly(msg, arg, retry_times=retries)
+                    else:
+                        result = producer.send_sync(msg)
+                except Exception as exc:  # the wrapper raises its own exception classes
+                    why = f"send of {key}:{seq} failed: {type(exc).__name__}: {exc}"
                 else:
-                    result = producer.send_sync(msg)
-            except Exception as exc:  # the wrapper raises its own exception classes
-                fail(f"send of {key}:{seq} failed: {type(exc).__name__}: {exc}", key=key, seq=seq)
-            if result.status != SendStatus.OK:
-                fail(f"send of {key}:{seq} answered {result.status.name}", key=key, seq=seq)
+                    if result.status == SendStatus.OK:
+                        break
+                    why = f"send of {key}:{seq} answered {result.status.name}"
+                if not a.resend:
+                    fail(why, key=key, seq=seq)
+                failures += 1
+                emit("send_failed", key=key, seq=seq, message=why[:300])
+                time.sleep(a.resend_backoff)  # while the broker is down
+            at = time.monotonic_ns()
             sent += 1
             if a.report == "each":
                 emit("sent", key=key, seq=seq, status=result.status.name,
-                     msg_id=result.msg_id, offset=result.offset)  # fmt: skip
+                     msg_id=result.msg_id, offset=result.offset, at=at)  # fmt: skip
     seconds = time.perf_counter() - began
     emit("done", sent=sent, seconds=round(seconds, 4), rate=round(sent / max(seconds, 1e-9), 1),
-         cpu_seconds=round(time.process_time() - cpu, 4))  # fmt: skip
+         cpu_seconds=round(time.process_time() - cpu, 4), failures=failures)  # fmt: skip
     phase("shutting down")
     producer.shutdown()
     producer._handle = None  # shut down once: __del__ would shut it down again
@@ -371,7 +388,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     def common(name: str, text: str) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=text)
-        c.add_argument("--namesrv", required=True, help="name server address, IPv4 HOST:PORT")
+        c.add_argument(
+            "--namesrv",
+            required=True,
+            help="name server addresses, IPv4 HOST:PORT[;HOST:PORT...]",
+        )
         c.add_argument("--topic", required=True)
         c.add_argument("--group", required=True, help="producer or consumer group")
         c.add_argument(
@@ -413,6 +434,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--property", action="append", default=[], help="NAME=VALUE on every message")
     c.add_argument("--send-timeout-ms", type=int, default=3000)
     c.add_argument("--report", choices=["each", "summary"], default="each")
+    c.add_argument(
+        "--resend",
+        action="store_true",
+        help="a failed send is sent again (after --resend-backoff) until acknowledged or "
+        "the --deadline, before the next message; each failure prints send_failed",
+    )
+    c.add_argument("--resend-backoff", type=float, default=0.1, help="seconds (default 0.1)")
+    c.add_argument(
+        "--round-interval",
+        type=float,
+        default=0.0,
+        help="round n starts n times this many seconds after the first (late ones at once)",
+    )
 
     c = common("push", "a PushConsumer printing every message it is given")
     c.add_argument("--orderly", action="store_true", help="orderly listener (queue locks)")
@@ -456,9 +490,11 @@ def check(a: argparse.Namespace) -> list[str]:
     errors = []
     if a.command == "selfcheck":
         return errors
-    host, _, port = a.namesrv.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        errors.append(f"--namesrv must be HOST:PORT, got {a.namesrv!r}")
+    for address in a.namesrv.split(";"):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            errors.append(f"--namesrv must be HOST:PORT[;HOST:PORT...], got {a.namesrv!r}")
+            break
     for name in ("rounds", "keys", "max_num", "threads", "body_bytes"):
         value = getattr(a, name, None)
         if value is not None and value < 0:

@@ -2,11 +2,15 @@
 
 Two name servers (`python -m mockbroker.namesrv`) and two broker processes, broker-a and
 broker-b, registering with both; the topic has 8 queues on each broker, 16 for the
-clients. One ordermq Producer over `rocketmq://ns1;ns2` sends rounds of one keyed message
-per key (body "key:seq"), from two threads: one for the keys of broker-a's queues, one for
-broker-b's, so that an outage of one broker does not hold up the other's keys. A send that
-fails is sent again until acknowledged, before the key's next one; every acknowledgement is
-kept with its time. Three orderly consumer processes (tests/system/orderly_worker.py, over
+clients. A producer sends rounds of one keyed message per key (body "key:seq"), from two
+senders: one for the keys of broker-a's queues, one for broker-b's, so that an outage of one
+broker does not hold up the other's keys. A send that fails is sent again until
+acknowledged, before the key's next one; every acknowledgement is kept with its time. The
+producer is, in one run, ordermq's Producer over `rocketmq://ns1;ns2` (two threads), and in
+the other RocketMQ's C++ client (tests/interop/cpp_driver.py, two `produce --resend`
+processes with the name server list "ns1;ns2", send_orderly placing each key on the queue
+ordermq's shard_index gives it over the 16; skipped where that client is unavailable).
+Three orderly consumer processes (tests/system/orderly_worker.py, over
 `rocketmq://ns1;ns2`) log every message they process.
 
 Mid-run broker-a is killed with SIGKILL, name server ns1 is stopped (SIGTERM) while it is
@@ -29,7 +33,9 @@ group's members, for instance). Then:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import signal
 import subprocess
 import sys
@@ -39,13 +45,15 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
 from sdk import Message, OrderMQError, PartialBatchError, Producer, ProducerConfig, shard_index
 from tests.chaos_report import ChaosRecorder
 from tests.component.test_namesrv import route
-from tests.interop.harness import GrpcView
+from tests.interop.harness import Driver, GrpcView, drivers
+from tests.interop.provision import Client, require
 from tests.support import ROOT, BrokerProcess, LineReader, wait_until
 from tests.system.orderly_history import (
     BROKER_LEASE,
@@ -84,6 +92,8 @@ START_TIMEOUT = 60.0
 DRAIN_TIMEOUT = 60.0
 #: Sends to a broker that is down fail within about a second; the sender tries again.
 SENDS = ProducerConfig(send_timeout=3.0, retry_times=1, retry_backoff=0.1)
+#: The C++ drivers' bound on their whole run (they end by themselves long before).
+CPP_DEADLINE = ROUNDS * ROUND_INTERVAL + 120
 
 
 # ---------------------------------------------------------------------------- processes
@@ -203,6 +213,115 @@ class Sender(threading.Thread):
         self.join(30)
 
 
+class ClusterProducer(Protocol):
+    """The producer of a run: two senders (one per broker's keys), paced by rounds."""
+
+    #: For the chaos report's row ("" for ordermq's own).
+    label: str
+
+    def start(self, endpoints: str, directory: Path) -> None:
+        """Start both senders over `endpoints` ("rocketmq://ns1;ns2")."""
+
+    def rounds(self) -> dict[str, int]:
+        """Sender -> rounds acknowledged so far."""
+
+    def check(self) -> None:
+        """Raise AssertionError if a sender failed."""
+
+    def acked(self) -> dict[tuple[str, int], int]:
+        """(key, seq) -> monotonic ns of its acknowledgement."""
+
+    def failures(self) -> int:
+        """Sends that failed (and were sent again)."""
+
+    def stop(self) -> None:
+        """Stop whatever still runs."""
+
+
+class SdkProducer:
+    """ordermq's Producer, from two Sender threads."""
+
+    label = ""
+
+    def __init__(self) -> None:
+        self._producer: Producer | None = None
+        self._senders: dict[str, Sender] = {}
+
+    def start(self, endpoints: str, directory: Path) -> None:
+        self._producer = Producer(endpoints, config=SENDS)
+        self._producer.start()
+        start = time.monotonic()
+        self._senders = {name: Sender(self._producer, name, KEYS_OF[name], start)
+                         for name in BROKERS}  # fmt: skip
+        for s in self._senders.values():
+            s.start()
+
+    def rounds(self) -> dict[str, int]:
+        return {name: s.rounds for name, s in self._senders.items()}
+
+    def check(self) -> None:
+        for s in self._senders.values():
+            if s.error is not None:
+                raise AssertionError(f"{s.name} failed: {s.error!r}")
+
+    def acked(self) -> dict[tuple[str, int], int]:
+        return {k: v for s in self._senders.values() for k, v in s.acked.items()}
+
+    def failures(self) -> int:
+        return sum(len(s.failures) for s in self._senders.values())
+
+    def stop(self) -> None:
+        for s in self._senders.values():
+            s.halt()
+        if self._producer is not None:
+            self._producer.shutdown()
+
+
+class CppProducer:
+    """RocketMQ's C++ client: two `cpp_driver.py produce --resend` processes, one per
+    broker's keys, each key sent with send_orderly to the queue shard_index gives it."""
+
+    label = " (C++ producer)"
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._stack = contextlib.ExitStack()
+        self._drivers: dict[str, Driver] = {}
+
+    def start(self, endpoints: str, directory: Path) -> None:
+        namesrv = endpoints.removeprefix("rocketmq://")
+        start = self._stack.enter_context(drivers(self._client, directory / "drivers"))
+        for name in BROKERS:
+            placed = directory / f"key-queues-{name}.json"
+            placed.write_text(json.dumps({k: shard_index(k, QUEUES) for k in KEYS_OF[name]}))
+            self._drivers[name] = start(
+                f"cpp-sender-{name}", "produce", "--namesrv", namesrv, "--topic", TOPIC,
+                "--group", "cluster-cpp-producer", "--key-queues", str(placed),
+                "--rounds", str(ROUNDS), "--round-interval", str(ROUND_INTERVAL), "--resend",
+                "--send-timeout-ms", str(int(SENDS.send_timeout * 1000)),
+                "--deadline", str(CPP_DEADLINE),
+            )  # fmt: skip
+
+    def rounds(self) -> dict[str, int]:
+        # Each driver sends its keys in turn, round after round.
+        return {name: len(d.of("sent")) // len(KEYS_OF[name])
+                for name, d in self._drivers.items()}  # fmt: skip
+
+    def check(self) -> None:
+        for d in self._drivers.values():
+            if d.of("error") or d.proc.poll() not in (None, 0):
+                raise AssertionError(f"{d.name} failed: {d.describe()}")
+
+    def acked(self) -> dict[tuple[str, int], int]:
+        return {(e["key"], e["seq"]): e["at"] for d in self._drivers.values() for e in d.of("sent")}
+
+    def failures(self) -> int:
+        return sum(len(d.of("send_failed")) for d in self._drivers.values())
+
+    def stop(self) -> None:
+        self._stack.close()
+
+
 # ---------------------------------------------------------------------------- the run
 @dataclass
 class ClusterRun:
@@ -215,6 +334,7 @@ class ClusterRun:
     revokes: list[Revoke]
     send_failures: int
     timeline: str
+    label: str
 
 
 def pauses(
@@ -234,7 +354,7 @@ def pauses(
     return sorted(out, key=lambda p: p[0], reverse=True)
 
 
-def run_cluster(directory: Path) -> ClusterRun:
+def run_cluster(directory: Path, producer: ClusterProducer) -> ClusterRun:
     name_servers = [NameServer(), NameServer()]
     ns1, ns2 = name_servers
     endpoints = f"rocketmq://{ns1.address};{ns2.address}"
@@ -250,7 +370,6 @@ def run_cluster(directory: Path) -> ClusterRun:
     remoting = {name: "" for name in BROKERS}
     history = History(KEYS)
     workers: dict[str, Worker] = {}
-    senders: dict[str, Sender] = {}
     events: list[tuple[str, int]] = []
     began = time.monotonic_ns()
 
@@ -264,9 +383,7 @@ def run_cluster(directory: Path) -> ClusterRun:
 
     def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
         def check() -> bool:
-            for s in senders.values():
-                if s.error is not None:
-                    raise AssertionError(f"{s.name} failed: {s.error!r}")
+            producer.check()
             for w in workers.values():
                 if w.proc.poll() is not None:
                     raise AssertionError(f"{w.name} exited ({w.proc.returncode}):\n{w.output()}")
@@ -276,7 +393,7 @@ def run_cluster(directory: Path) -> ClusterRun:
         try:
             wait_until(check, timeout, what)
         except AssertionError as exc:
-            sent = {name: s.rounds for name, s in senders.items()}
+            sent = producer.rounds()
             raise AssertionError(
                 f"{exc} (rounds sent {sent}, lines {history.lines()}, distinct "
                 f"{len(history.distinct)}, logs in {directory})\n{timeline()}"
@@ -288,7 +405,6 @@ def run_cluster(directory: Path) -> ClusterRun:
         return not [q for q in range(base, base + PER_BROKER)
                     if history.queue_start.get(q, 0) <= ns]  # fmt: skip
 
-    producer: Producer | None = None
     try:
         for name, b in brokers.items():
             b.start()
@@ -312,12 +428,7 @@ def run_cluster(directory: Path) -> ClusterRun:
             history.add(name, workers[name].log)
         mark("w1, w2, w3 ready")
 
-        producer = Producer(endpoints, config=SENDS)
-        producer.start()
-        start = time.monotonic()
-        senders = {name: Sender(producer, name, KEYS_OF[name], start) for name in BROKERS}
-        for s in senders.values():
-            s.start()
+        producer.start(endpoints, directory)
         # Steady: the three workers share the queues, every queue is consumed.
         settled = mark("producer started")
         until(lambda: consumed_since(settled, KILLED) and consumed_since(settled, SURVIVOR)
@@ -343,7 +454,7 @@ def run_cluster(directory: Path) -> ClusterRun:
               f"every queue of {KILLED} consumed again")  # fmt: skip
         mark(f"{KILLED}'s queues consumed again")
 
-        until(lambda: all(s.rounds >= ROUNDS for s in senders.values()),
+        until(lambda: all(r >= ROUNDS for r in producer.rounds().values()),
               ROUNDS * ROUND_INTERVAL + 60, "every round acknowledged")  # fmt: skip
         mark("producer done")
         total = ROUNDS * len(KEYS)
@@ -358,10 +469,7 @@ def run_cluster(directory: Path) -> ClusterRun:
         mark("workers stopped")
         history.refresh()
     finally:
-        for s in senders.values():
-            s.halt()
-        if producer is not None:
-            producer.shutdown()
+        producer.stop()
         for w in workers.values():
             if w.proc.poll() is None:
                 w.proc.kill()
@@ -372,24 +480,30 @@ def run_cluster(directory: Path) -> ClusterRun:
         for ns in name_servers:
             ns.kill()
 
-    acked = {k: v for s in senders.values() for k, v in s.acked.items()}
     return ClusterRun(
         directory=directory,
         entries=history.entries(),
-        acked=acked,
+        acked=producer.acked(),
         rounds=ROUNDS,
         measured_from=measured_from,
         stopping=stopping,
         revokes=[r for w in workers.values() for r in w.revokes()],
-        send_failures=sum(len(s.failures) for s in senders.values()),
+        send_failures=producer.failures(),
         timeline=timeline(),
+        label=producer.label,
     )
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRun]:
-    """The scenario, run once for the tests of this module."""
-    yield run_cluster(tmp_path_factory.mktemp("cluster"))
+@pytest.fixture(scope="module", params=["sdk", pytest.param("cpp", marks=pytest.mark.interop)])
+def cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ClusterRun]:
+    """The scenario, run once per producer: ordermq's, RocketMQ's C++ client (skipped with
+    the reason where that client is unavailable)."""
+    producer: ClusterProducer = (
+        SdkProducer() if request.param == "sdk" else CppProducer(require("cpp"))
+    )
+    yield run_cluster(tmp_path_factory.mktemp(f"cluster-{request.param}"), producer)
 
 
 # ---------------------------------------------------------------------------- the tests
@@ -406,7 +520,8 @@ def test_a_cluster_loses_nothing_keeps_order_and_the_surviving_broker_never_stal
         f"longest pause on the surviving broker's queues {longest:.2f}s "
         f"(rebalance interval {CONFIG.rebalance_interval:g}s)"
     )
-    report.record(chaos_report, "cluster: broker kill -9, name server stop", cluster.rounds, note)
+    fault = f"cluster{cluster.label}: broker kill -9, name server stop"
+    report.record(chaos_report, fault, cluster.rounds, note)
     text = (
         f"{report.summary()}\n{cluster.send_failures} failed sends (retried)\n"
         f"longest pauses on {SURVIVOR}'s queues: "

@@ -222,6 +222,8 @@ def first_offsets(driver: Driver) -> dict[int, int]:
 def test_the_drivers_refuse_bad_arguments(cpp: Client) -> None:
     cases = [
         (["produce", "--namesrv", "localhost", "--topic", "t", "--group", "g"], "HOST:PORT"),
+        (["produce", "--namesrv", "127.0.0.1:1;localhost", "--topic", "t", "--group", "g"],
+         "HOST:PORT[;HOST:PORT...]"),
         (["produce", "--namesrv", "127.0.0.1:1", "--topic", "t", "--group", "g", "--keys", "0"],
          "--keys must be at least 1"),
         (["pull", "--namesrv", "127.0.0.1:1", "--topic", "t"], "--group"),
@@ -246,8 +248,16 @@ def test_without_a_name_server_each_driver_ends_at_once_with_a_clear_error(
         "push": run("push", "push", *common, "--orderly", "--route-timeout", "2"),
         "pull": run("pull", "pull", *common, "--route-timeout", "2"),
     }
+    # With --resend a failed send is sent again (each failure printed) until the deadline.
+    resender = run("resender", "produce", *common[:-1], "3", "--resend", "--resend-backoff",
+                   "0.2")  # fmt: skip
     for driver in started.values():
         assert driver.finish(60) == 2, driver.describe()
+    assert resender.finish(60) == 3, resender.describe()
+    failed = resender.of("send_failed")
+    assert len(failed) >= 2 and not resender.of("sent"), resender.describe()
+    assert {(e["key"], e["seq"]) for e in failed} == {("k000", 0)}, failed
+    assert "No route info of this topic" in failed[0]["message"]
     assert "No route info of this topic" in started["produce"].of("error")[0]["message"]
     assert started["produce"].of("started"), "the producer starts without a name server"
     for name in ("push", "pull"):
