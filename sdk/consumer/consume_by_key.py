@@ -102,13 +102,9 @@ class ConsumeByKeyService:
             run.driver = asyncio.create_task(self._drive(queue, run))
         run.wake.set()
 
-    def lease_valid(self, pq: ProcessQueue, now: float | None = None) -> bool:
+    def lease_valid(self, pq: ProcessQueue) -> bool:
         """True when the queue's broker lock is held and was renewed within the lease."""
-        if not self._locks:
-            return True
-        if now is None:
-            now = self._clock.now()
-        return pq.locked and now - pq.last_lock_time <= self._lease
+        return not self._locks or pq.lease_fresh(self._clock.now(), self._lease)
 
     async def _drive(self, queue: MessageQueue, run: _QueueRun) -> None:
         """Start calls for free keys as long as the queue is ours; sleep while none can."""

@@ -147,9 +147,7 @@ class ConsumeOrderlyService:
         """
         if not self._locks:
             return True
-        if now is None:
-            now = self._clock.now()
-        return pq.locked and now - pq.last_lock_time <= self._lease
+        return pq.lease_fresh(self._clock.now() if now is None else now, self._lease)
 
     async def _consume(self, queue: MessageQueue, pq: ProcessQueue) -> float | None:
         """Consume until the buffer is empty or a check or a call fails.

@@ -241,7 +241,7 @@ class LitePullConsumerCore(ConsumerCore):
         self._put_down(done=False)
 
     def _lease_valid(self, pq: ProcessQueue) -> bool:
-        return pq.locked and self._clock.now() - pq.last_lock_time <= self.lock_lease
+        return pq.lease_fresh(self._clock.now(), self.lock_lease)
 
     # ------------------------------------------------------------------ offsets
     def _take_consumed(self, queues: list[MessageQueue]) -> None:

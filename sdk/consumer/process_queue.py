@@ -67,6 +67,10 @@ class ProcessQueue:
         self.clear()
         self.next_offset = offset
 
+    def lease_fresh(self, now: float, lease: float) -> bool:
+        """True when the broker lock is held and was renewed at most `lease` seconds ago."""
+        return self.locked and now - self.last_lock_time <= lease
+
     @property
     def buffered(self) -> int:
         """Messages pulled and not yet handed to a listener."""
