@@ -156,6 +156,21 @@ class WorkingOrderlyListener(MessageListenerOrderly):
         return ConsumeOrderlyStatus.SUCCESS
 
 
+class AsyncWorkingOrderlyListener(MessageListenerOrderly):
+    """An `async def` orderly listener that awaits `work` seconds per message (I/O on the
+    event loop) and counts."""
+
+    def __init__(self, tally: Tally, work: float) -> None:
+        self.tally, self.work = tally, work
+
+    async def consume_message(  # type: ignore[override]
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        await asyncio.sleep(self.work * len(msgs))
+        self.tally.add(len(msgs))
+        return ConsumeOrderlyStatus.SUCCESS
+
+
 class ConsumeTrial:
     """Consume runs over one backlog: each run is one fresh sdk.aio.PushConsumer.
 
@@ -217,8 +232,9 @@ class ConsumeTrial:
 
 
 class KeyModeTrial(ConsumeTrial):
-    """Consume runs with a listener that works `work` seconds per message, its queues kept
-    in order per queue or per key (`ordering`), on `threads` listener threads."""
+    """Consume runs with a listener that works `work` seconds per message (a plain one,
+    or an `async def` one with `on_loop`), its queues kept in order per queue or per key
+    (`ordering`), at most `threads` calls at once."""
 
     def __init__(
         self,
@@ -228,16 +244,18 @@ class KeyModeTrial(ConsumeTrial):
         ordering: ProcessingOrder,
         work: float,
         threads: int,
+        on_loop: bool,
     ) -> None:
         super().__init__(endpoint, topic, expected, "orderly-sync", 1)
-        self.ordering, self.work = ordering, work
+        self.ordering, self.work, self.on_loop = ordering, work, on_loop
         self.config = PushConsumerConfig(consume_threads=threads)
 
     async def prepare(self) -> None:
         self.tally = Tally(self.expected)
         consumer = self._consumer(ordering=self.ordering)
         consumer.subscribe(self.topic)
-        consumer.register_message_listener(WorkingOrderlyListener(self.tally, self.work))
+        kind = AsyncWorkingOrderlyListener if self.on_loop else WorkingOrderlyListener
+        consumer.register_message_listener(kind(self.tally, self.work))
         self.consumer = consumer
 
 

@@ -113,7 +113,7 @@ from sdk.aio import Producer, PushConsumer
 #: The keymode group: listener work per message, listener threads, backlog sizes.
 KEYMODE_WORK = 0.005
 KEYMODE_THREADS = 128
-KEYMODE_MESSAGES = 20_000
+KEYMODE_MESSAGES = 10_000
 KEYMODE_QUICK = 2_000
 GROUPS = ("produce", "send", "pull", "consume", "keymode", "poll", "receive", "latency", "floor",
           "micro", "remoting", "transports", "tls")  # fmt: skip
@@ -670,8 +670,9 @@ class Bench:
         """Orderly listeners that work 5 ms a message, in queue mode and in key mode.
 
         The keyed workload's backlog (KEYS keys over QUEUES queues) read by one push
-        consumer whose plain listener sleeps KEYMODE_WORK per message (I/O: it lets other
-        threads run) on KEYMODE_THREADS threads: in queue mode a queue's messages are
+        consumer whose listener waits KEYMODE_WORK per message, as for I/O: a plain one
+        (time.sleep, on KEYMODE_THREADS threads) and an `async def` one (asyncio.sleep,
+        at most KEYMODE_THREADS calls at once). In queue mode a queue's messages are
         called one at a time, so the queues bound the calls at once; in key mode up to
         max_keys_in_flight_per_queue keys of each queue run side by side (issue 20).
         """
@@ -679,8 +680,6 @@ class Bench:
         backlog = min(self.args.messages, KEYMODE_QUICK if self.args.quick else KEYMODE_MESSAGES)
         params = {
             "api": "sdk.aio.PushConsumer",
-            "listener": f"MessageListenerOrderly, plain def, time.sleep({KEYMODE_WORK}) "
-            "per message",
             "backlog_messages": backlog,
             "queues": wl.QUEUES,
             "keys": wl.KEYS,
@@ -688,24 +687,41 @@ class Bench:
             "max_keys_in_flight_per_queue": PushConsumerConfig().max_keys_in_flight_per_queue,
             "consume_message_batch_max_size": 1,
         }
-        figures = {}
-        for ordering in (ProcessingOrder.QUEUE, ProcessingOrder.KEY):
-            extra = {"compare_with": "keymode.queue"} if ordering is ProcessingOrder.KEY else {}
-            figures[ordering] = self._add(
+        listeners = {
+            "threads": f"MessageListenerOrderly, plain def, time.sleep({KEYMODE_WORK})",
+            "async": f"MessageListenerOrderly, async def, asyncio.sleep({KEYMODE_WORK})",
+        }
+        cases = [(kind, o) for kind in listeners for o in ProcessingOrder]
+        figures: dict[tuple[str, ProcessingOrder], Figure] = {}
+        for kind, ordering in cases:
+            extra = (
+                {"compare_with": f"keymode.{kind}.queue"} if ordering is ProcessingOrder.KEY else {}
+            )
+            figures[(kind, ordering)] = self._add(
                 Figure(
-                    f"keymode.{ordering.value}",
-                    f"consume orderly, {KEYMODE_WORK * 1000:g} ms listener, {ordering.value} mode",
+                    f"keymode.{kind}.{ordering.value}",
+                    f"consume orderly, {KEYMODE_WORK * 1000:g} ms {kind} listener, "
+                    f"{ordering.value} mode",
                     "msg/s",
-                    {**params, "ordering": f"ProcessingOrder.{ordering.name}", **extra},
+                    {
+                        **params,
+                        "listener": listeners[kind],
+                        "ordering": f"ProcessingOrder.{ordering.name}",
+                        **extra,
+                    },
                 )
             )
         self.say("keymode: starting a broker")
         with self._broker("keymode", "async") as broker:
-            stored = await wl.fill_backlog(broker.address, topic, backlog)
-            for ordering, figure in figures.items():
+            # every queue gets its share (fill_backlog's default batch is one queue's 1 000)
+            stored = await wl.fill_backlog(
+                broker.address, topic, backlog, batch=max(1, backlog // (4 * wl.QUEUES))
+            )
+            for (kind, ordering), figure in figures.items():
                 trial = cw.KeyModeTrial(
-                    broker.address, topic, stored, ordering, KEYMODE_WORK, KEYMODE_THREADS
-                )
+                    broker.address, topic, stored, ordering, KEYMODE_WORK, KEYMODE_THREADS,
+                    on_loop=kind == "async",
+                )  # fmt: skip
                 await self._measure(
                     figure, trial.run, broker, setup=trial.prepare, teardown=trial.close
                 )
@@ -713,8 +729,14 @@ class Bench:
                     raise RuntimeError(
                         f"{figure.title}: took {[r.units for r in figure.runs]} of {stored}"
                     )
-        queue_mode, key_mode = (statistics.median(figures[o].values()) for o in ProcessingOrder)
-        self.facts["keymode_ratio"] = round(key_mode / queue_mode, 2)
+        self.facts["keymode_ratios"] = {
+            kind: round(
+                statistics.median(figures[(kind, ProcessingOrder.KEY)].values())
+                / statistics.median(figures[(kind, ProcessingOrder.QUEUE)].values()),
+                2,
+            )
+            for kind in listeners
+        }
 
     async def _consume_backlog(
         self,

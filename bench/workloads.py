@@ -231,11 +231,14 @@ async def fill_backlog(
     in_flight: int = 4,
     tls: TLSConfig | None = None,
     credentials: Credentials | None = None,
+    batch: int = 1000,
 ) -> int:
     """Store `messages` keyed messages evenly over the topic's QUEUES queues (untimed).
 
     `tls`: how to reach a broker serving TLS (None: plain text); `credentials`: an account
-    that may create the topic and send to it, for a broker with an ACL."""
+    that may create the topic and send to it, for a broker with an ACL. Each request
+    carries `batch` messages of one queue, the queues taking turns (so a backlog smaller
+    than QUEUES batches leaves queues empty)."""
     client = BrokerClient(address, tls, credentials)
     try:
         await client.create_topic(topic, QUEUES)
@@ -244,13 +247,13 @@ async def fill_backlog(
         # Built as the workers take them: a 10-million-message backlog would not fit.
         todo = (
             (
-                batch.queue_id,
+                part.queue_id,
                 b"".join(
                     encode_message(Message(topic, body, sharding_key=key), ids.next(), now)
-                    for key, body in zip(batch.keys, batch.bodies, strict=True)
+                    for key, body in zip(part.keys, part.bodies, strict=True)
                 ),
             )
-            for batch in iter_batches(messages, batch=1000, seed=2)
+            for part in iter_batches(messages, batch=batch, seed=2)
         )
         stored = 0
 
