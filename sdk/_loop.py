@@ -10,7 +10,7 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 #: How long stop() lets the loop's remaining tasks finish after cancelling them.
@@ -53,38 +53,45 @@ class LoopThread:
     ) -> T:
         """`now()` on the loop; when it returns None, run `later()` there instead; wait.
 
-        One hop to the loop and back, as run(), but without a task when `now` answers: a
-        cheaper hand-off for calls that can mostly be answered at once (poll()).
+        One hop to the loop and back, as run(), but without a task when `now` answers,
+        and the answer comes back through a plain lock rather than a Future and its
+        Condition: a cheaper hand-off for calls mostly answered at once (poll()).
         """
         if threading.current_thread() is self._thread:
             raise RuntimeError("a blocking ordermq call was made from its own loop thread")
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        answered = threading.Lock()
+        answered.acquire()
+        answer: list[tuple[bool, Any]] = []  # (True, result) or (False, exception)
+
+        def give(ok: bool, value: Any) -> None:
+            answer.append((ok, value))
+            answered.release()
+
+        def finish(task: asyncio.Task[T]) -> None:
+            if task.cancelled():
+                give(False, concurrent.futures.CancelledError())
+            elif (exc := task.exception()) is not None:
+                give(False, exc)
+            else:
+                give(True, task.result())
 
         def step() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
             try:
                 result = now()
             except BaseException as exc:
-                future.set_exception(exc)
+                give(False, exc)
                 return
             if result is not None:
-                future.set_result(result)
-                return
-            task = self._loop.create_task(later())
-
-            def done(t: asyncio.Task[T]) -> None:
-                if t.cancelled():
-                    future.set_exception(concurrent.futures.CancelledError())
-                elif (exc := t.exception()) is not None:
-                    future.set_exception(exc)
-                else:
-                    future.set_result(t.result())
-
-            task.add_done_callback(done)
+                give(True, result)
+            else:
+                self._loop.create_task(later()).add_done_callback(finish)
 
         self._loop.call_soon_threadsafe(step)
-        return future.result()
+        answered.acquire()
+        ok, value = answer[0]
+        if ok:
+            return cast(T, value)
+        raise value
 
     def stop(self) -> None:
         """Cancel what still runs on the loop (as asyncio.run does), stop it, join it.
