@@ -24,7 +24,7 @@ import select
 import signal
 import socket
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from types import FrameType, TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
@@ -106,14 +106,24 @@ class BlockingClient:
     def _running(self, coro: Coroutine[Any, Any, Any]) -> LoopThread:
         if self._loop is None or self._shut_down:
             coro.close()
-            if self._shut_down:
-                raise ClientStateError(f"{type(self).__name__} is shut down")
+        return self._live_loop()
+
+    def _live_loop(self) -> LoopThread:
+        if self._shut_down:
+            raise ClientStateError(f"{type(self).__name__} is shut down")
+        if self._loop is None:
             raise ClientStateError(f"{type(self).__name__} is not started; call start() first")
         return self._loop
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the client's loop and wait; ClientStateError before start()."""
         return self._running(coro).run(coro)
+
+    def _run_or_call(
+        self, now: Callable[[], T | None], later: Callable[[], Coroutine[Any, Any, T]]
+    ) -> T:
+        """`now()` on the client's loop, or the coroutine `later()` when it returns None."""
+        return self._live_loop().run_or_call(now, later)
 
     def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Start `coro` on the client's loop; its future."""

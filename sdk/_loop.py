@@ -9,8 +9,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 #: How long stop() lets the loop's remaining tasks finish after cancelling them.
@@ -47,6 +47,51 @@ class LoopThread:
             coro.close()
             raise RuntimeError("a blocking ordermq call was made from its own loop thread")
         return self.submit(coro).result()
+
+    def run_or_call(
+        self, now: Callable[[], T | None], later: Callable[[], Coroutine[Any, Any, T]]
+    ) -> T:
+        """`now()` on the loop; when it returns None, run `later()` there instead; wait.
+
+        One hop to the loop and back, as run(), but without a task when `now` answers,
+        and the answer comes back through a plain lock rather than a Future and its
+        Condition: a cheaper hand-off for calls mostly answered at once (poll()).
+        """
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("a blocking ordermq call was made from its own loop thread")
+        answered = threading.Lock()
+        answered.acquire()
+        answer: list[tuple[bool, Any]] = []  # (True, result) or (False, exception)
+
+        def give(ok: bool, value: Any) -> None:
+            answer.append((ok, value))
+            answered.release()
+
+        def finish(task: asyncio.Task[T]) -> None:
+            if task.cancelled():
+                give(False, concurrent.futures.CancelledError())
+            elif (exc := task.exception()) is not None:
+                give(False, exc)
+            else:
+                give(True, task.result())
+
+        def step() -> None:
+            try:
+                result = now()
+            except BaseException as exc:
+                give(False, exc)
+                return
+            if result is not None:
+                give(True, result)
+            else:
+                self._loop.create_task(later()).add_done_callback(finish)
+
+        self._loop.call_soon_threadsafe(step)
+        answered.acquire()
+        ok, value = answer[0]
+        if ok:
+            return cast(T, value)
+        raise value
 
     def stop(self) -> None:
         """Cancel what still runs on the loop (as asyncio.run does), stop it, join it.

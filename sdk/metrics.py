@@ -133,6 +133,11 @@ def disable() -> None:
     _active = None
 
 
+def enabled() -> bool:
+    """True while metrics are recorded (between enable() and disable())."""
+    return _active is not None
+
+
 def observe_send(topic: str, seconds: float) -> None:
     """A send request to `topic` took `seconds`."""
     if _active is not None:

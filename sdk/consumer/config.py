@@ -79,7 +79,8 @@ class PushConsumerConfig:
         pull_suspend: How long the broker holds a pull that finds nothing.
         pull_timeout: The deadline of a pull call (longer than pull_suspend).
         pull_error_backoff: Wait after a failed pull.
-        flow_control_backoff: Wait while a queue is over a threshold.
+        flow_control_backoff: Wait while a queue is over a threshold (cut short when
+            messages leave that queue's cache).
         rebalance_interval: Periodic rebalance (also on start and membership change).
         lock_renew_interval: Orderly: re-lock every held queue this often.
         lock_lease: Orderly: the client's own view of how long a lock lives unrenewed.
@@ -179,7 +180,8 @@ class LitePullConsumerConfig:
         pull_suspend: How long the broker holds a pull that finds nothing.
         pull_timeout: The deadline of a pull call.
         pull_error_backoff: Wait after a failed pull.
-        flow_control_backoff: Wait while the cache is full or a queue is paused.
+        flow_control_backoff: Wait while the cache is full or a queue is paused (cut
+            short when messages leave that queue's cache).
         rebalance_interval: Periodic rebalance (also on start and membership change).
         lock_renew_interval: Orderly: re-lock every held queue this often.
         lock_lease: Orderly: the client's own view of how long a lock lives unrenewed.

@@ -225,7 +225,10 @@ class ConsumeOrderlyService:
                 log.exception("orderly listener raised on %s; retrying it", queue)
                 result = None
             finally:
-                metrics.observe_consume(self._group, batch[0].topic, time.perf_counter() - began)
+                if metrics.enabled():  # no second clock reading when nobody records it
+                    metrics.observe_consume(
+                        self._group, batch[0].topic, time.perf_counter() - began
+                    )
             if result is not ConsumeOrderlyStatus.SUCCESS:
                 _check_status(result)
                 return done, context
@@ -263,7 +266,10 @@ class ConsumeOrderlyService:
                 log.exception("orderly listener raised on %s; retrying it", queue)
                 result = None
             finally:
-                metrics.observe_consume(self._group, batch[0].topic, time.perf_counter() - began)
+                if metrics.enabled():  # no second clock reading when nobody records it
+                    metrics.observe_consume(
+                        self._group, batch[0].topic, time.perf_counter() - began
+                    )
             if result is not ConsumeOrderlyStatus.SUCCESS:
                 _check_status(result)
                 return done, context
@@ -285,14 +291,15 @@ class ConsumeOrderlyService:
         lease is valid and it has not been consumed for longer than max_continuous.
         """
         size, suspend, clock = self._batch_size, self._suspend_time, self._clock
-        max_continuous, lease_valid = self._max_continuous, self.lease_valid
+        max_continuous, locks, lease = self._max_continuous, self._locks, self._lease
         for i in range(0, len(taken), size):
             now = clock.now()
             if (
                 self._closed
                 or pq.dropped
                 or pq.generation != generation
-                or not lease_valid(pq, now)
+                # lease_valid(), inline: it runs before every call
+                or (locks and not (pq.locked and now - pq.last_lock_time <= lease))
                 or now - started > max_continuous
             ):
                 return

@@ -140,7 +140,12 @@ class LitePullConsumer(BlockingClient):
 
     def poll(self, timeout: float = DEFAULT_POLL_TIMEOUT) -> list[MessageExt]:
         """Messages of one queue in order, or [] if none arrive within `timeout` seconds."""
-        return self._run(self._core.poll(timeout))
+        core = self._core
+        if timeout < 0:
+            return self._run(core.poll(timeout))  # which refuses it
+        # One hop to the consumer's loop: a batch already pulled comes straight back,
+        # without a task (poll_now); anything else (waiting, auto commit) runs poll().
+        return self._run_or_call(core.poll_now, lambda: core.poll(timeout))
 
     def commit(self, offsets: dict[MessageQueue, int] | None = None, persist: bool = True) -> None:
         """Commit what poll() returned, or `offsets` (the next offset to consume)."""

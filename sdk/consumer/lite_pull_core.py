@@ -199,18 +199,59 @@ class LitePullConsumerCore(ConsumerCore):
             except TimeoutError:
                 return []
 
+    def poll_now(self) -> list[MessageExt] | None:
+        """poll()'s batch when one is ready and nothing else is due; None: call poll().
+
+        The same as poll() returning at once: the last batch is put down and the next
+        queue's batch taken, in the same turn. None, changing nothing, when poll() has
+        more to do (an assignment or an auto commit to wait for, queue locks to take, an
+        error to raise) or nothing is buffered: poll() then does it all.
+        """
+        if (
+            self._state != "running"
+            or self.uses_locks
+            or (self._assignment is not None and not self._assignment.done())
+            or (
+                self.auto_commit
+                and self._clock.now() - self._last_commit >= self.config.auto_commit_interval
+            )
+        ):
+            return None
+        for pq in self._queues.values():
+            if pq.buffered:
+                break
+        else:
+            return None
+        self._put_down()
+        return self._take_unlocked() or None
+
     async def _take(self) -> list[MessageExt]:
+        if not self.uses_locks:
+            return self._take_unlocked()
         queues = list(self._queues)
         for i in range(len(queues)):
             queue = queues[(self._turn + i) % len(queues)]
             pq = self._queues[queue]
             if pq.dropped or queue in self._paused or not pq.buffered:
                 continue
-            if self.uses_locks:
-                if not self._lease_valid(pq) or pq.consume_lock.locked():
-                    continue  # expired, or being released
-                await pq.consume_lock.acquire()  # free: this does not wait
-                self._in_hand = pq
+            if not self._lease_valid(pq) or pq.consume_lock.locked():
+                continue  # expired, or being released
+            await pq.consume_lock.acquire()  # free: this does not wait
+            self._in_hand = pq
+            batch = pq.take(self.config.pull_batch_size)
+            self._last = (queue, pq.commit())
+            self._turn = (self._turn + i + 1) % len(queues)
+            return batch
+        return []
+
+    def _take_unlocked(self) -> list[MessageExt]:
+        """_take() without queue locks: it needs no waiting."""
+        queues = list(self._queues)
+        for i in range(len(queues)):
+            queue = queues[(self._turn + i) % len(queues)]
+            pq = self._queues[queue]
+            if pq.dropped or queue in self._paused or not pq.buffered:
+                continue
             batch = pq.take(self.config.pull_batch_size)
             self._last = (queue, pq.commit())
             self._turn = (self._turn + i + 1) % len(queues)

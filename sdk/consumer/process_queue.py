@@ -34,6 +34,9 @@ class ProcessQueue:
         self.generation = 0  # bumped by reset(): pulls and batches of an older one are stale
         self.more = False  # messages arrived while a consume task was running
         self.next_offset = 0  # where the next pull starts
+        # Set when messages leave the cache, while a pull loop held back by flow control
+        # waits for room (None otherwise: nothing to tell).
+        self.room: asyncio.Event | None = None
 
     # ------------------------------------------------------------------ pulling
     def put(self, messages: Iterable[MessageExt]) -> int:
@@ -57,6 +60,8 @@ class ProcessQueue:
         self.count = self.size = 0
         self.max_offset_pulled = -1
         self.generation += 1
+        if self.room is not None:
+            self.room.set()
 
     def reset(self, offset: int) -> None:
         """Forget everything buffered and pull again from `offset`.
@@ -132,3 +137,5 @@ class ProcessQueue:
         for m in messages:
             self.count -= 1
             self.size -= len(m.body)
+        if self.room is not None:
+            self.room.set()

@@ -172,6 +172,21 @@ def test_a_paused_queue_yields_nothing_until_resumed(broker: BrokerOver) -> None
         assert {m.queue for m in drain(c, 1)} == {paused}
 
 
+def test_pulling_resumes_once_poll_makes_room_not_after_the_backoff(broker: BrokerOver) -> None:
+    # The clock never moves, so a pull loop held back by the full cache would wait out
+    # flow_control_backoff forever: only poll() taking messages out can wake it (issue 40).
+    queues = fill(broker, 100, keys=1)
+    q = queues[shard_index("k0", 8)]
+    config = LitePullConsumerConfig(
+        pull_batch_size=10, pull_threshold_for_queue=10, flow_control_backoff=3600.0
+    )
+    c = new(broker, clock=FakeClock(), config=config)
+    c.assign([q])
+    with c:
+        got = drain(c, 100, timeout=10)
+    assert [m.queue_offset for m in got] == list(range(100))
+
+
 def test_two_orderly_workers_never_hold_one_queue_at_the_same_time(broker: BrokerOver) -> None:
     fill(broker, 1600, keys=64)
     seen: dict[MessageQueue, list[tuple[float, str]]] = defaultdict(list)
