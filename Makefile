@@ -15,7 +15,7 @@ help:
 	@echo "make test-times      make test with the time of each check and tier, and the slowest tests"
 	@echo "make test-durations  the tests alone, writing each file's seconds to tests/durations.json"
 	@echo "make chaos   the fault suite's long form, with its summary table"
-	@echo "make test-stateful   a long random search of the orderly-consumption state machine"
+	@echo "make test-stateful   a long random search of the orderly, key-dispatch and dedup state machines"
 	@echo "make fuzz    a long random search of every RPC and every decoder (part of make chaos)"
 	@echo "make fuzz-atheris    coverage-guided fuzzing of the decoders (installs atheris)"
 	@echo "make bench   measure throughput (writes bench/results/latest.json)"
@@ -95,7 +95,7 @@ test-fast: $(STAMP)
 # The property-based state machines with many more, random, examples than `make test` runs.
 test-stateful: $(STAMP)
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/unit/test_orderly_state_machine.py \
-		tests/unit/test_key_dispatch.py
+		tests/unit/test_key_dispatch.py tests/unit/test_dedup_state_machine.py
 
 # The fault suite with many more rounds than `make test` runs; the table is also saved as JSON.
 chaos: $(STAMP)

@@ -3,7 +3,8 @@
 Messages with the same sharding key land on the same queue and are read in the order they
 were sent; different keys spread over the queues and run in parallel.
 
-The blocking clients are here; their asyncio twins are in `sdk.aio`.
+The blocking clients are here, and DedupCoordinator (one run for many identical
+requests); their asyncio twins are in `sdk.aio`.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from sdk.consumer.lite_pull import LitePullConsumer
     from sdk.consumer.push import PushConsumer
     from sdk.consumer.simple import KeepInvisible, SimpleConsumer
+    from sdk.dedup import DedupCoordinator
     from sdk.producer import EarlierSendFailedError, PartialBatchError, Producer
     from sdk.producer.config import AccumulatorConfig, ProducerConfig
 
@@ -61,6 +63,7 @@ _LAZY = {
     "PushConsumer": "sdk.consumer.push",
     "KeepInvisible": "sdk.consumer.simple",
     "SimpleConsumer": "sdk.consumer.simple",
+    "DedupCoordinator": "sdk.dedup",
     "EarlierSendFailedError": "sdk.producer",
     "PartialBatchError": "sdk.producer",
     "Producer": "sdk.producer",
@@ -95,6 +98,7 @@ __all__ = [
     "ConsumeOrderlyContext",
     "ConsumeOrderlyStatus",
     "Credentials",
+    "DedupCoordinator",
     "EarlierSendFailedError",
     "KeepInvisible",
     "LitePullConsumer",

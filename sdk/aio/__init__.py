@@ -1,5 +1,6 @@
 """The asyncio face of ordermq's clients; same core as the blocking ones."""
 
+from sdk.aio.dedup import DedupCoordinator
 from sdk.aio.lite_pull_consumer import LitePullConsumer
 from sdk.aio.producer import Producer
 from sdk.aio.push_consumer import PushConsumer
@@ -7,6 +8,7 @@ from sdk.aio.signals import wait_for_shutdown_signal
 from sdk.aio.simple_consumer import SimpleConsumer
 
 __all__ = [
+    "DedupCoordinator",
     "LitePullConsumer",
     "Producer",
     "PushConsumer",

@@ -61,6 +61,15 @@ def test_batch_export_drains_the_backlog_once_and_resumes_from_commits() -> None
     assert "result: OK" in out
 
 
+def test_dedup_requests_runs_each_lookup_once_and_shares_a_failure() -> None:
+    out = run_example("dedup_requests.py", "--requests", "200")
+    runs_once = "lookups run: {'apple': 1, 'bread': 1, 'cheese': 1, 'dates': 1, 'eggs': 1}"
+    assert f"threads: 200 requests, {runs_once}" in out
+    assert f"tasks: 200 requests, {runs_once}, failed: 40 (all ['dates'])" in out
+    assert "tasks: dates asked again: 480, lookups of dates run: 2" in out
+    assert "result: OK" in out
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_the_service_example_stops_cleanly_on_a_signal(sig: signal.Signals) -> None:
     proc = subprocess.Popen(

@@ -22,7 +22,7 @@ def test_sdk_exports_exactly_the_public_names() -> None:
             "AllocateMessageQueueAveragelyByCircle",
             "AllocateMessageQueueConsistentHash", "AllocateMessageQueueStrategy",
             "ConsumeConcurrentlyContext", "ConsumeConcurrentlyStatus", "ConsumeFromWhere",
-            "ConsumeOrderlyContext", "ConsumeOrderlyStatus", "Credentials",
+            "ConsumeOrderlyContext", "ConsumeOrderlyStatus", "Credentials", "DedupCoordinator",
             "EarlierSendFailedError",
             "KeepInvisible", "LitePullConsumer",
             "LitePullConsumerConfig", "Message", "MessageExt",
@@ -36,6 +36,7 @@ def test_sdk_exports_exactly_the_public_names() -> None:
         ]
     )  # fmt: skip
     assert sorted(sdk.aio.__all__) == [
+        "DedupCoordinator",
         "LitePullConsumer",
         "Producer",
         "PushConsumer",
