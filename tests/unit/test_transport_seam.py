@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
@@ -115,6 +117,11 @@ def test_only_the_faces_choose_a_transport_and_only_the_spool_uses_a_wire_layout
     assert not others, "the cores know the transport by its interface only"
 
 
+#: The one SDK module that may import the broker: the testing kit's TestBroker gives an
+#: application's tests a broker in their process, and imports it only when one is made.
+BROKER_IMPORTER = "sdk/testing/broker.py"
+
+
 def test_no_sdk_module_imports_the_broker() -> None:
     """A client never imports the broker: the broker imports the SDK's wire code instead."""
     modules = sorted(SDK.rglob("*.py"))
@@ -122,11 +129,23 @@ def test_no_sdk_module_imports_the_broker() -> None:
     offenders = {
         f"{relative(path)} imports {module}"
         for path in modules
-        if "_pb" not in path.parts
+        if "_pb" not in path.parts and relative(path) != BROKER_IMPORTER
         for module in imported_modules(path)
         if module == "mockbroker" or module.startswith("mockbroker.")
     }
     assert not offenders
+
+
+def test_the_testing_kit_loads_the_broker_only_when_a_test_broker_is_made() -> None:
+    probe = (
+        "import sys, sdk, sdk.testing\n"
+        "assert 'mockbroker' not in sys.modules, 'imported with sdk.testing'\n"
+        "sdk.testing.TestBroker().close()\n"
+        "assert 'mockbroker' in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_the_check_sees_an_import_of_the_grpc_transport(tmp_path: Path) -> None:
