@@ -20,10 +20,13 @@ used its `max_reconsume_times` goes to the dead-letter queue, and its key moves 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import cast
 
 from sdk import metrics, tracing
 from sdk.clock import Clock, sleep_for
@@ -31,10 +34,10 @@ from sdk.consumer.config import PushConsumerConfig
 from sdk.consumer.consume_orderly import (
     RELOCK_FAILED_DELAY,
     RELOCK_OK_DELAY,
+    THREAD_HOP_SECONDS,
     OrderlyHost,
     _check_status,
 )
-from sdk.consumer.invoke import call_listener
 from sdk.consumer.key_dispatch import Key, KeyDispatch
 from sdk.consumer.listener import (
     ConsumeOrderlyContext,
@@ -45,6 +48,11 @@ from sdk.consumer.process_queue import ProcessQueue
 from sdk.message import MessageExt, MessageQueue
 
 log = logging.getLogger("ordermq.consumer")
+
+#: Most listener calls one key's turn carries: its waiting messages go to the listener in
+#: one hand-off (one thread-pool hop, or one task), in order, with the checks before every
+#: call; a hop of a plain listener also ends after THREAD_HOP_SECONDS.
+KEY_CALLS_PER_HOP = 32
 
 
 @dataclass(eq=False)
@@ -88,6 +96,7 @@ class ConsumeByKeyService:
         self._per_queue = config.max_keys_in_flight_per_queue
         self._slots = asyncio.Semaphore(config.consume_threads)
         self._runs: dict[MessageQueue, _QueueRun] = {}
+        self._async_listener = inspect.iscoroutinefunction(listener.consume_message)
         self._closed = False
         self.listener_calls = 0
 
@@ -134,7 +143,7 @@ class ConsumeByKeyService:
     async def _start_calls(self, queue: MessageQueue, run: _QueueRun) -> None:
         pq = run.pq
         while run.calls < self._per_queue:
-            item = run.dispatch.next_call(self._batch_size)
+            item = run.dispatch.next_call(self._batch_size * KEY_CALLS_PER_HOP)
             if item is None:
                 return
             key, batch = item
@@ -159,43 +168,104 @@ class ConsumeByKeyService:
         run.wake.set()
 
     async def _call(
-        self, queue: MessageQueue, run: _QueueRun, key: Key, batch: list[MessageExt]
+        self, queue: MessageQueue, run: _QueueRun, key: Key, taken: list[MessageExt]
     ) -> None:
-        pq, generation = run.pq, run.generation
-        context = ConsumeOrderlyContext(queue, self._suspend_time)
-        status: object = None
+        """Call the listener on `taken`, the key's oldest messages, batch by batch.
+
+        Then settle: commit what succeeded, put the rest back, retry a failure later.
+        """
+        pq, generation, size = run.pq, run.generation, self._batch_size
         try:
-            if not self.lease_valid(pq):  # checked again right before the call
-                run.dispatch.put_back(key, batch)
-                run.dispatch.resume(key)
-                return
-            self.listener_calls += 1
+            if self._async_listener:
+                done, context = await self._calls_on_loop(queue, run, taken)
+            else:
+                done, context = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self._calls_in_thread, queue, run, taken
+                )
+        except RuntimeError:  # the pool was shut down under us: the consumer is ending
+            done, context = 0, None
+        finally:
+            self._end_call(run)
+        self.listener_calls += done + (context is not None)
+        if pq.dropped or pq.generation != generation or self._closed:
+            return  # the queue moved on: its next owner, or the reset, takes it from there
+        finished, rest = taken[: done * size], taken[done * size :]
+        if finished:
+            self._host.commit(queue, pq.finish(finished))
+        if context is None:  # all done, or a check stopped the run: the rest waits its turn
+            run.dispatch.put_back(key, rest)
+            run.dispatch.done(key)
+            run.wake.set()
+            return
+        run.dispatch.put_back(key, rest[size:])
+        await self._after_failure(queue, run, key, rest[:size], context)
+
+    def _runnable(self, run: _QueueRun) -> bool:
+        """The checks before every listener call: the queue is ours, as it was."""
+        pq = run.pq
+        return (
+            not self._closed
+            and not pq.dropped
+            and pq.generation == run.generation
+            and self.lease_valid(pq)
+        )
+
+    async def _calls_on_loop(
+        self, queue: MessageQueue, run: _QueueRun, taken: list[MessageExt]
+    ) -> tuple[int, ConsumeOrderlyContext | None]:
+        """Batches of `taken` to an `async def` listener while the checks pass.
+
+        Returns how many succeeded, and the context of the call that did not (None: none).
+        """
+        listener = cast(Callable[..., Awaitable[object]], self._listener.consume_message)
+        done, size = 0, self._batch_size
+        for i in range(0, len(taken), size):
+            if not self._runnable(run):
+                break
+            batch, context = taken[i : i + size], ConsumeOrderlyContext(queue, self._suspend_time)
             began = time.perf_counter()
             try:
                 with tracing.consume_span(self._group, batch):
-                    status = await call_listener(
-                        self._listener.consume_message, self._executor, batch, context
-                    )
+                    status = await listener(batch, context)
             except Exception:
                 log.exception("orderly listener raised on %s; retrying the key", queue)
+                status = None
             finally:
                 metrics.observe_consume(self._group, queue.topic, time.perf_counter() - began)
-        finally:
-            self._end_call(run)
-        if pq.dropped or pq.generation != generation or self._closed:
-            return  # the queue moved on: its next owner, or the reset, takes it from there
-        if status is ConsumeOrderlyStatus.SUCCESS:
-            self._finished(queue, run, key, batch)
-            return
-        _check_status(status)
-        await self._after_failure(queue, run, key, batch, context)
+            if status is not ConsumeOrderlyStatus.SUCCESS:
+                _check_status(status)
+                return done, context
+            done += 1
+        return done, None
 
-    def _finished(
-        self, queue: MessageQueue, run: _QueueRun, key: Key, batch: list[MessageExt]
-    ) -> None:
-        run.dispatch.done(key)
-        self._host.commit(queue, run.pq.finish(batch))
-        run.wake.set()
+    def _calls_in_thread(
+        self, queue: MessageQueue, run: _QueueRun, taken: list[MessageExt]
+    ) -> tuple[int, ConsumeOrderlyContext | None]:
+        """`_calls_on_loop` for a plain listener, in a pool thread: the key's run in one hop.
+
+        The hop ends early (the rest waits its turn) once it has called for
+        THREAD_HOP_SECONDS.
+        """
+        listener, done, size = self._listener.consume_message, 0, self._batch_size
+        hop_began = time.perf_counter()
+        for i in range(0, len(taken), size):
+            began = time.perf_counter()
+            if not self._runnable(run) or (done and began - hop_began > THREAD_HOP_SECONDS):
+                break
+            batch, context = taken[i : i + size], ConsumeOrderlyContext(queue, self._suspend_time)
+            try:
+                with tracing.consume_span(self._group, batch):
+                    status = listener(batch, context)
+            except Exception:
+                log.exception("orderly listener raised on %s; retrying the key", queue)
+                status = None
+            finally:
+                metrics.observe_consume(self._group, queue.topic, time.perf_counter() - began)
+            if status is not ConsumeOrderlyStatus.SUCCESS:
+                _check_status(status)
+                return done, context
+            done += 1
+        return done, None
 
     async def _after_failure(
         self,

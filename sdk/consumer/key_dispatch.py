@@ -69,8 +69,8 @@ class KeyDispatch:
         The key stays busy until `resume`: a failed call waiting to retry keeps its key
         waiting with it.
         """
-        line = self._waiting.setdefault(key, deque())
-        line.extendleft(reversed(batch))
+        if batch:
+            self._waiting.setdefault(key, deque()).extendleft(reversed(batch))
 
     def resume(self, key: Key) -> None:
         """A key `put_back` held may be called again."""

@@ -60,6 +60,16 @@ def test_a_failed_batch_waits_in_front_of_its_key_until_resumed() -> None:
     assert again is not None and [m.queue_offset for m in again[1]] == [0]
 
 
+def test_putting_back_nothing_leaves_no_empty_call() -> None:
+    d = KeyDispatch()
+    d.add([msg(0, "a")])
+    call = d.next_call(8)
+    assert call is not None
+    d.put_back("a", [])  # the whole run succeeded: nothing to put back
+    d.done("a")
+    assert d.next_call(8) is None
+
+
 class KeyDispatchMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
