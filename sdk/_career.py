@@ -203,6 +203,9 @@ class CareerCore:
                 await self._pause(self.renew_interval_seconds)
                 continue
             await self._serve(queue, epoch, sent)
+            # The others' turn first: a candidate whose inauguration failed tries again
+            # only after them.
+            await self._pause(self.renew_interval_seconds)
 
     async def _heartbeat(self) -> None:
         await self._transport.heartbeat(self.client_id, [GroupInfo(self.group, "CONSUME_ORDERLY")])

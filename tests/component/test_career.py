@@ -250,6 +250,30 @@ def test_the_asyncio_career_cancels_a_deposed_execution_and_hands_over(
     check_terms(events)
 
 
+def test_a_failed_inauguration_ends_the_term_and_another_candidate_takes_it(
+    broker: EmbeddedBroker, clock: FakeClock
+) -> None:
+    events: list[tuple[str, str, int]] = []
+    log = FencedLog()
+    failing, healthy = Candidate("failing", events, log), Candidate("healthy", events, log)
+
+    def refuse(epoch: int) -> None:
+        raise RuntimeError("the job's database is down")
+
+    failing.inaugurate = refuse  # type: ignore[method-assign]
+    first = career(broker, clock, failing)
+    second = career(broker, clock, healthy)
+    with first:
+        wait_until(lambda: first.terms != [], what="the first inauguration")
+        wait_until(lambda: first.epoch is None, what="the failed term's end")
+        with second:
+            step(clock, [first, second], RENEW)
+            wait_until(lambda: second.epoch is not None, what="the healthy candidate's term")
+            assert second.epoch > first.terms[0]
+    assert events[0][:2] == ("inaugurate", "healthy") and log.entries
+    assert all(who.startswith("healthy") for _, who in log.entries)
+
+
 @pytest.mark.parametrize(
     "name, options",
     [
