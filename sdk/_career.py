@@ -58,7 +58,7 @@ from sdk._transport.protocol import GroupInfo, Transport
 from sdk._validation import NAME_RE, check_topic
 from sdk.clock import Clock, SystemClock
 from sdk.consumer.core import new_client_id
-from sdk.errors import InvalidArgumentError, OrderMQError
+from sdk.errors import ClientStateError, InvalidArgumentError, OrderMQError
 from sdk.message import MessageQueue
 
 log = logging.getLogger("ordermq.career")
@@ -167,7 +167,7 @@ class CareerCore:
     async def start(self) -> None:
         """Start campaigning; returns at once (the callbacks run in the background)."""
         if self._started:
-            raise OrderMQError("the career was started already")
+            raise ClientStateError("the career was started already; make a new one")
         self._started = True
         self._stopping = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name=self.group)
@@ -202,6 +202,10 @@ class CareerCore:
             if epoch is None:
                 await self._pause(self.renew_interval_seconds)
                 continue
+            if self._stopping.is_set():  # granted as shutdown began: give it back at once
+                with contextlib.suppress(OrderMQError):
+                    await self._transport.unlock_batch(self.group, self.client_id, [queue])
+                return
             await self._serve(queue, epoch, sent)
             # The others' turn first: a candidate whose inauguration failed tries again
             # only after them.
