@@ -268,10 +268,14 @@ class CareerCore:
                 continue
             sent = self.clock.monotonic()
             try:
-                await self._heartbeat()
                 answer = await self._transport.lock_batch(self.group, self.client_id, [queue])
             except OrderMQError as exc:
                 log.warning("career %s: renewal failed: %s", self.name, exc)
+                next_renewal = self.clock.monotonic() + min(1.0, self.renew_interval_seconds)
+                continue
+            unanswered = [u.error for u in answer.unanswered if queue in u.queues]
+            if unanswered:  # the broker was not reached: the lease may still be ours
+                log.warning("career %s: renewal failed: %s", self.name, unanswered[0])
                 next_renewal = self.clock.monotonic() + min(1.0, self.renew_interval_seconds)
                 continue
             got = answer.locked.get(queue)
@@ -280,6 +284,12 @@ class CareerCore:
             if self._epoch == epoch:
                 self._lease_until = sent + self.lease_seconds
             next_renewal = sent + self.renew_interval_seconds
+            # After the renewal: an owner may renew before it heartbeats (after a broker
+            # restart, say); the heartbeat keeps it a member, and alive at the broker.
+            try:
+                await self._heartbeat()
+            except OrderMQError as exc:
+                log.warning("career %s: heartbeat failed: %s", self.name, exc)
 
     async def _work(self, epoch: int) -> str:
         """Inaugurate, execute while held; "failed", "handed" (on shutdown) or "lost"."""
