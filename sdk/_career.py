@@ -41,6 +41,10 @@ A blocking callback (sdk.Career runs each in a worker thread) cannot be cancelle
 end is awaited instead, so a long `on_execute` should check `holds(epoch)`, which turns
 False at once in both cases, and return.
 
+Over RocketMQ's remoting protocol (`rocketmq://` endpoints) locks carry no epoch:
+every epoch is 0, so there is nothing to fence with. The career is tested over ordermq's
+own protocol (the default) only.
+
 A failing `on_execute` is logged and called again after `execute_interval_seconds`; a
 failing `on_inaugurate` is logged and ends the term (the lock is released).
 """
