@@ -3,8 +3,9 @@
 Messages with the same sharding key land on the same queue and are read in the order they
 were sent; different keys spread over the queues and run in parallel.
 
-The blocking clients are here, and DedupCoordinator (one run for many identical
-requests); their asyncio twins are in `sdk.aio`.
+The blocking clients are here, DedupCoordinator (one run for many identical
+requests) and Career (one holder at a time of a singleton job); their asyncio twins
+are in `sdk.aio`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from sdk.tls import TLSConfig
 
 if TYPE_CHECKING:
     from sdk._blocking import wait_for_shutdown_signal
+    from sdk.career import Career
     from sdk.consumer.lite_pull import LitePullConsumer
     from sdk.consumer.push import PushConsumer
     from sdk.consumer.simple import KeepInvisible, SimpleConsumer
@@ -63,6 +65,7 @@ _LAZY = {
     "PushConsumer": "sdk.consumer.push",
     "KeepInvisible": "sdk.consumer.simple",
     "SimpleConsumer": "sdk.consumer.simple",
+    "Career": "sdk.career",
     "DedupCoordinator": "sdk.dedup",
     "EarlierSendFailedError": "sdk.producer",
     "PartialBatchError": "sdk.producer",
@@ -92,6 +95,7 @@ __all__ = [
     "AllocateMessageQueueAveragelyByCircle",
     "AllocateMessageQueueConsistentHash",
     "AllocateMessageQueueStrategy",
+    "Career",
     "ConsumeConcurrentlyContext",
     "ConsumeConcurrentlyStatus",
     "ConsumeFromWhere",

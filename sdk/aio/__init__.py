@@ -1,5 +1,6 @@
 """The asyncio face of ordermq's clients; same core as the blocking ones."""
 
+from sdk.aio.career import Career
 from sdk.aio.dedup import DedupCoordinator
 from sdk.aio.lite_pull_consumer import LitePullConsumer
 from sdk.aio.producer import Producer
@@ -8,6 +9,7 @@ from sdk.aio.signals import wait_for_shutdown_signal
 from sdk.aio.simple_consumer import SimpleConsumer
 
 __all__ = [
+    "Career",
     "DedupCoordinator",
     "LitePullConsumer",
     "Producer",

@@ -70,6 +70,15 @@ def test_dedup_requests_runs_each_lookup_once_and_shares_a_failure() -> None:
     assert "result: OK" in out
 
 
+def test_singleton_job_has_one_holder_at_a_time_through_pause_kill_and_hand_over() -> None:
+    out = run_example("singleton_job.py")
+    assert "paused (SIGSTOP): " in out and "inaugurated with a higher epoch" in out
+    assert "killed (kill -9): " in out and "inaugurated within the broker's lease" in out
+    assert "stopped (SIGTERM): handed over;" in out
+    assert "terms 4, epochs only grow: True" in out
+    assert "result: OK" in out
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_the_service_example_stops_cleanly_on_a_signal(sig: signal.Signals) -> None:
     proc = subprocess.Popen(

@@ -21,7 +21,7 @@ def test_sdk_exports_exactly_the_public_names() -> None:
             "AccumulatorConfig", "AllocateMessageQueueAveragely",
             "AllocateMessageQueueAveragelyByCircle",
             "AllocateMessageQueueConsistentHash", "AllocateMessageQueueStrategy",
-            "ConsumeConcurrentlyContext", "ConsumeConcurrentlyStatus", "ConsumeFromWhere",
+            "Career", "ConsumeConcurrentlyContext", "ConsumeConcurrentlyStatus", "ConsumeFromWhere",
             "ConsumeOrderlyContext", "ConsumeOrderlyStatus", "Credentials", "DedupCoordinator",
             "EarlierSendFailedError",
             "KeepInvisible", "LitePullConsumer",
@@ -36,6 +36,7 @@ def test_sdk_exports_exactly_the_public_names() -> None:
         ]
     )  # fmt: skip
     assert sorted(sdk.aio.__all__) == [
+        "Career",
         "DedupCoordinator",
         "LitePullConsumer",
         "Producer",

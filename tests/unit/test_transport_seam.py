@@ -78,7 +78,7 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def core_modules() -> list[Path]:
-    return sorted([*SDK.glob("producer/*.py"), *SDK.glob("consumer/*.py")])
+    return sorted([*SDK.glob("producer/*.py"), *SDK.glob("consumer/*.py"), SDK / "_career.py"])
 
 
 def relative(path: Path) -> str:
