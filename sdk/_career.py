@@ -326,3 +326,33 @@ class CareerCore:
             log.exception("career %s: %s(%d) raised", self.name, label, epoch)
             return False
         return True
+
+
+class CareerView:
+    """What both faces of a career tell about it, read from their CareerCore (`_core`)."""
+
+    _core: CareerCore
+
+    @property
+    def name(self) -> str:
+        """The career's name."""
+        return self._core.name
+
+    @property
+    def client_id(self) -> str:
+        """The candidate's client id (the lock's owner at the broker while it holds it)."""
+        return self._core.client_id
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch of the term this candidate holds now, or None."""
+        return self._core.epoch
+
+    @property
+    def terms(self) -> list[int]:
+        """The epochs this candidate was inaugurated with, in order."""
+        return list(self._core.terms)
+
+    def holds(self, epoch: int) -> bool:
+        """True while the term of `epoch` is held (and no shutdown began)."""
+        return self._core.holds(epoch)

@@ -13,6 +13,7 @@ from sdk._career import (
     DEFAULT_TOPIC,
     Callback,
     CareerCore,
+    CareerView,
 )
 from sdk._transport import connect
 from sdk.clock import Clock
@@ -38,7 +39,7 @@ def _in_thread(label: str, callback: Callable[[int], object]) -> Callback:
     return run
 
 
-class Career(BlockingClient):
+class Career(BlockingClient, CareerView):
     """One holder at a time, among every process running a career of the same `name`.
 
     Seed 000's leader career: the holder is inaugurated (`on_inaugurate(epoch)`), runs
@@ -113,30 +114,6 @@ class Career(BlockingClient):
             clock=clock,
         )
         super().__init__(self._core, f"ordermq-career-{name}")
-
-    @property
-    def name(self) -> str:
-        """The career's name."""
-        return self._core.name
-
-    @property
-    def client_id(self) -> str:
-        """The candidate's client id (the lock's owner at the broker while it holds it)."""
-        return self._core.client_id
-
-    @property
-    def epoch(self) -> int | None:
-        """The epoch of the term this candidate holds now, or None."""
-        return self._core.epoch
-
-    @property
-    def terms(self) -> list[int]:
-        """The epochs this candidate was inaugurated with, in order."""
-        return list(self._core.terms)
-
-    def holds(self, epoch: int) -> bool:
-        """True while the term of `epoch` is held (and no shutdown began)."""
-        return self._core.holds(epoch)
 
     def shutdown(self) -> None:
         """Hand over if holding, leave the group, close the connections.

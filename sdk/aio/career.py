@@ -11,6 +11,7 @@ from sdk._career import (
     DEFAULT_TOPIC,
     Callback,
     CareerCore,
+    CareerView,
 )
 from sdk._transport import connect
 from sdk.clock import Clock
@@ -18,7 +19,7 @@ from sdk.credentials import Credentials
 from sdk.tls import TLSConfig
 
 
-class Career:
+class Career(CareerView):
     """The asyncio career; arguments and behaviour as sdk.Career, with async callbacks.
 
     A deposed holder's running on_execute is cancelled at once.
@@ -58,30 +59,6 @@ class Career:
             topic=topic,
             clock=clock,
         )
-
-    @property
-    def name(self) -> str:
-        """The career's name."""
-        return self._core.name
-
-    @property
-    def client_id(self) -> str:
-        """The candidate's client id."""
-        return self._core.client_id
-
-    @property
-    def epoch(self) -> int | None:
-        """The epoch of the term this candidate holds now, or None."""
-        return self._core.epoch
-
-    @property
-    def terms(self) -> list[int]:
-        """The epochs this candidate was inaugurated with, in order."""
-        return list(self._core.terms)
-
-    def holds(self, epoch: int) -> bool:
-        """True while the term of `epoch` is held (and no shutdown began)."""
-        return self._core.holds(epoch)
 
     async def start(self) -> None:
         """Start campaigning; the callbacks run in the background."""

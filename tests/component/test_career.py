@@ -90,6 +90,19 @@ def career(broker: EmbeddedBroker, clock: FakeClock, c: Candidate, **kw: Any) ->
     return Career("report", broker.address, c.inaugurate, c.execute, c.hand_over, **options)
 
 
+def three_started(
+    broker: EmbeddedBroker, clock: FakeClock
+) -> tuple[list[tuple[str, str, int]], FencedLog, list[Candidate], list[Career]]:
+    """Three candidates of one career, started: their events, log, candidates, careers."""
+    events: list[tuple[str, str, int]] = []
+    log = FencedLog()
+    candidates = [Candidate(f"c{i}", events, log) for i in range(3)]
+    careers = [career(broker, clock, c) for c in candidates]
+    for c in careers:
+        c.start()
+    return events, log, candidates, careers
+
+
 def holders(careers: list[Career]) -> list[Career]:
     return [c for c in careers if c.epoch is not None]
 
@@ -134,12 +147,7 @@ def check_terms(events: list[tuple[str, str, int]]) -> list[int]:
 def test_one_holder_among_three_and_a_clean_hand_over_on_shutdown(
     broker: EmbeddedBroker, clock: FakeClock
 ) -> None:
-    events: list[tuple[str, str, int]] = []
-    log = FencedLog()
-    candidates = [Candidate(f"c{i}", events, log) for i in range(3)]
-    careers = [career(broker, clock, c) for c in candidates]
-    for c in careers:
-        c.start()
+    events, log, candidates, careers = three_started(broker, clock)
     try:
         wait_until(lambda: len(holders(careers)) == 1, what="a holder")
         first = holders(careers)[0]
@@ -170,12 +178,7 @@ def test_one_holder_among_three_and_a_clean_hand_over_on_shutdown(
 def test_a_holder_that_stops_renewing_stops_before_the_broker_gives_the_career_away(
     broker: EmbeddedBroker, clock: FakeClock
 ) -> None:
-    events: list[tuple[str, str, int]] = []
-    log = FencedLog()
-    candidates = [Candidate(f"c{i}", events, log) for i in range(3)]
-    careers = [career(broker, clock, c) for c in candidates]
-    for c in careers:
-        c.start()
+    events, log, candidates, careers = three_started(broker, clock)
     try:
         wait_until(lambda: len(holders(careers)) == 1, what="a holder")
         holder = holders(careers)[0]

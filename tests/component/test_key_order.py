@@ -244,3 +244,39 @@ def test_key_mode_is_refused_with_a_concurrent_listener_or_a_wrong_type(
         PushConsumer("g", broker.address, ordering="key")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="max_keys_in_flight_per_queue"):
         PushConsumerConfig(max_keys_in_flight_per_queue=0)
+
+
+def test_a_queue_handed_over_mid_run_keeps_each_key_in_order_and_never_twice_at_once(
+    broker: BrokerOver,
+) -> None:
+    """The first consumer shuts down while its key calls run (as on SIGTERM); the queue
+    moves to the second only once those calls returned; every key stays in order, with
+    no two calls of one key at once across both, and nothing is lost."""
+    keys, per_key = [f"k{i}" for i in range(8)], 6
+    send(broker, keys, per_key)
+    first, second = Timeline(work=0.03), Timeline(work=0.03)
+
+    def done(key: str) -> set[int]:
+        return {s for t in (first, second) for seqs, _b, _e in t.by_key()[key] for s in seqs}
+
+    a = consumer(broker, first, ProcessingOrder.KEY)
+    b = consumer(broker, second, ProcessingOrder.KEY)
+    a.start()
+    try:
+        wait_until(lambda: first.handled() >= len(keys), 30, "the first consumer busy")
+        b.start()
+        a.shutdown()  # calls in flight finish; the queue is unlocked after them
+        wait_until(lambda: all(done(k) == set(range(per_key)) for k in keys), 30,
+                   "every message handled")  # fmt: skip
+    finally:
+        a.shutdown()
+        b.shutdown()
+    assert second.handled() > 0, "the queue moved to the second consumer"
+    for key in keys:
+        calls = sorted((c for t in (first, second) for c in t.by_key()[key]), key=lambda c: c[1])
+        for (_s, _b, end), (_s2, begin, _e) in itertools.pairwise(calls):
+            assert begin >= end, f"{key}: two calls at once across the hand-over"
+        top = -1
+        for seqs, _b, _e in calls:  # a re-delivery repeats; nothing comes before its turn
+            assert seqs[0] <= top + 1, f"{key}: {seqs} before {top + 1}"
+            top = max(top, *seqs)

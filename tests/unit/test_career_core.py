@@ -47,16 +47,24 @@ async def advance(clock: FakeClock, seconds: float) -> None:
     await settle()
 
 
+async def inaugurated(
+    events: list[str],
+) -> tuple[CareerCore, FakeTransport, FakeBroker, int]:
+    """A started candidate, alone on a fake broker: it holds the career; its epoch."""
+    broker = FakeBroker(FakeClock())
+    holder, transport = core(broker, events)
+    await holder.start()
+    await settle()
+    assert holder.epoch is not None
+    return holder, transport, broker, holder.epoch
+
+
 def test_a_cut_off_holder_stops_at_its_own_lease_end_not_at_the_first_failed_renewal() -> None:
     async def main() -> None:
-        clock = FakeClock()
-        broker = FakeBroker(clock)
         events: list[str] = []
-        holder, transport = core(broker, events)
-        await holder.start()
-        await settle()
-        epoch = holder.epoch
-        assert epoch is not None and events == [f"inaugurate {epoch}", f"execute {epoch}"]
+        holder, transport, broker, epoch = await inaugurated(events)
+        clock = broker.clock
+        assert events == [f"inaugurate {epoch}", f"execute {epoch}"]
         transport.partitioned = True
         for _ in range(5):  # 25 s: renewals fail, the lease view (30 s) has not run out
             await advance(clock, RENEW)
@@ -71,20 +79,14 @@ def test_a_cut_off_holder_stops_at_its_own_lease_end_not_at_the_first_failed_ren
 
 def test_a_refused_renewal_deposes_the_holder_at_once() -> None:
     async def main() -> None:
-        clock = FakeClock()
-        broker = FakeBroker(clock)
         events: list[str] = []
-        holder, _ = core(broker, events)
-        await holder.start()
-        await settle()
-        epoch = holder.epoch
-        assert epoch is not None
+        holder, _, broker, epoch = await inaugurated(events)
         # The broker forgets the holder (it expired it) and another client takes the lock.
         broker.locks.release_client(holder.client_id)
         queue = (broker.topic, 0)
         taken = broker.locks.lock_batch(GROUP_PREFIX + "job", "another", [queue])
         assert taken[queue] > epoch
-        await advance(clock, RENEW)  # the next renewal is refused
+        await advance(broker.clock, RENEW)  # the next renewal is refused
         assert holder.epoch is None and events[-1] == f"hand_over {epoch}"
         await holder.shutdown()
 
@@ -93,14 +95,8 @@ def test_a_refused_renewal_deposes_the_holder_at_once() -> None:
 
 def test_shutdown_cancels_the_job_hands_over_and_releases_the_lock() -> None:
     async def main() -> None:
-        clock = FakeClock()
-        broker = FakeBroker(clock)
         events: list[str] = []
-        holder, _ = core(broker, events)
-        await holder.start()
-        await settle()
-        epoch = holder.epoch
-        assert epoch is not None
+        holder, _, broker, epoch = await inaugurated(events)
         await holder.shutdown()
         assert events == [f"inaugurate {epoch}", f"execute {epoch}", f"hand_over {epoch}"]
         assert broker.locks.locks(GROUP_PREFIX + "job") == {}
