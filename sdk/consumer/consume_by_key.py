@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import cast
@@ -200,15 +201,26 @@ class ConsumeByKeyService:
         run.dispatch.put_back(key, rest[size:])
         await self._after_failure(queue, run, key, rest[:size], context)
 
-    def _runnable(self, run: _QueueRun) -> bool:
-        """The checks before every listener call: the queue is ours, as it was."""
-        pq = run.pq
-        return (
-            not self._closed
-            and not pq.dropped
-            and pq.generation == run.generation
-            and self.lease_valid(pq)
-        )
+    def _batches(
+        self, queue: MessageQueue, run: _QueueRun, taken: list[MessageExt], hop_seconds: float
+    ) -> Iterator[tuple[list[MessageExt], ConsumeOrderlyContext]]:
+        """`taken` batch by batch, each with a fresh context, while the checks pass.
+
+        The checks, right before every call: the consumer is not closing, the queue was not
+        dropped or reset, its lease is fresh; and (after the first call) the run has not
+        gone on for `hop_seconds`.
+        """
+        pq, size, began = run.pq, self._batch_size, time.perf_counter()
+        for i in range(0, len(taken), size):
+            if (
+                self._closed
+                or pq.dropped
+                or pq.generation != run.generation
+                or not self.lease_valid(pq)
+                or (i and time.perf_counter() - began > hop_seconds)
+            ):
+                return
+            yield taken[i : i + size], ConsumeOrderlyContext(queue, self._suspend_time)
 
     async def _calls_on_loop(
         self, queue: MessageQueue, run: _QueueRun, taken: list[MessageExt]
@@ -218,11 +230,8 @@ class ConsumeByKeyService:
         Returns how many succeeded, and the context of the call that did not (None: none).
         """
         listener = cast(Callable[..., Awaitable[object]], self._listener.consume_message)
-        done, size = 0, self._batch_size
-        for i in range(0, len(taken), size):
-            if not self._runnable(run):
-                break
-            batch, context = taken[i : i + size], ConsumeOrderlyContext(queue, self._suspend_time)
+        done = 0
+        for batch, context in self._batches(queue, run, taken, math.inf):
             began = time.perf_counter()
             try:
                 with tracing.consume_span(self._group, batch):
@@ -246,13 +255,9 @@ class ConsumeByKeyService:
         The hop ends early (the rest waits its turn) once it has called for
         THREAD_HOP_SECONDS.
         """
-        listener, done, size = self._listener.consume_message, 0, self._batch_size
-        hop_began = time.perf_counter()
-        for i in range(0, len(taken), size):
+        listener, done = self._listener.consume_message, 0
+        for batch, context in self._batches(queue, run, taken, THREAD_HOP_SECONDS):
             began = time.perf_counter()
-            if not self._runnable(run) or (done and began - hop_began > THREAD_HOP_SECONDS):
-                break
-            batch, context = taken[i : i + size], ConsumeOrderlyContext(queue, self._suspend_time)
             try:
                 with tracing.consume_span(self._group, batch):
                     status = listener(batch, context)
