@@ -1247,6 +1247,9 @@ class Bench:
                 run = Run(t.units / seconds, seconds, t.units, driver_cpu / seconds, server,
                           None, None, other)  # fmt: skip
                 figure.runs.append(run)
+                if done.get("failures"):  # sent again (--resend), inside the timed run
+                    key = f"{figure.key}_failed_sends"
+                    self.facts[key] = self.facts.get(key, 0) + int(done["failures"])
                 self.say(
                     f"  {figure.title} run {i + 1}/{self.args.runs}: {fmt(run.value)} "
                     f"{figure.unit} ({t.units} in {seconds:.2f} s; driver CPU "
