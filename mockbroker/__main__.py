@@ -292,6 +292,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="interface of the metrics page (default: loopback, whatever --host is)",
     )
     p.add_argument(
+        "--dedup-window-seconds",
+        type=float,
+        default=d.dedup_window_seconds,
+        help="deduplicate sends: a message whose key (IDEMPOTENCY_KEY property, else its id) "
+        "was stored on its topic this recently is answered with the first one's place; "
+        "0: off (default %(default)s)",
+    )
+    p.add_argument(
+        "--dedup-max-keys",
+        type=int,
+        default=d.dedup_max_keys,
+        help="the most keys the dedup window keeps, oldest dropped first (default %(default)s)",
+    )
+    p.add_argument(
         "--log-format", choices=["text", "json"], default="text", help="json: one object a line"
     )
     return p
@@ -353,6 +367,8 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             tls_client_ca=a.tls_client_ca,
             acl_file=a.acl_file,
             metrics_host=a.metrics_host,
+            dedup_window_seconds=a.dedup_window_seconds,
+            dedup_max_keys=a.dedup_max_keys,
         )
     except ValueError as exc:
         p.error(str(exc))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from mockbroker.dedup import Placed
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.fair_store import QueueHold
 from mockbroker.state import BrokerState
@@ -46,6 +48,13 @@ class SendOutcome:
     durable: bool
     scheduled: bool = False
     schedule_offset: int = -1
+    #: A duplicate's: the queue its first copy is in (maybe not the one asked for); else -1.
+    queue_id: int = -1
+
+    @property
+    def duplicate(self) -> bool:
+        """True when it repeats a send stored earlier: answered with that one's place."""
+        return self.queue_id >= 0
 
 
 class Delivery:
@@ -56,6 +65,28 @@ class Delivery:
         self._send_seconds = state.requests.send_seconds
 
     async def send(self, client: str, topic_name: str, queue_id: int, frames: bytes) -> SendOutcome:
+        """Store a batch of frames in one queue, or schedule it (all due later).
+
+        With dedup on, a batch that repeats an earlier send is answered with its place
+        (mockbroker/dedup_sends.py).
+        """
+        dedup = self._s.dedup
+        if dedup is None:
+            return await self._send(client, topic_name, queue_id, frames)
+        keys = dedup.keys(topic_name, frames)
+        await dedup.settle(keys)
+        placed = dedup.placed(keys)
+        if placed is not None:
+            return _duplicate(placed, len(keys), await dedup.durable(len(keys)))
+        with dedup.storing(keys):
+            outcome = await self._send(client, topic_name, queue_id, frames)
+            if not outcome.scheduled:
+                dedup.stored(keys, queue_id, outcome.first_offset, outcome.store_timestamp_ms)
+        return outcome
+
+    async def _send(
+        self, client: str, topic_name: str, queue_id: int, frames: bytes
+    ) -> SendOutcome:
         """Store a batch of frames in one queue, or schedule it (all due later).
 
         `client` names the connection it came on (fairness between clients). A topic
@@ -103,6 +134,44 @@ class Delivery:
         return outcome
 
     async def send_parts(
+        self, client: str, topic_name: str, parts: list[tuple[int, bytes]]
+    ) -> list[SendOutcome | BrokerError]:
+        """Store a request's batches for several queues of one topic: (queue id, frames) each.
+
+        With dedup on, a part that repeats an earlier send is answered with its place.
+        """
+        dedup = self._s.dedup
+        if dedup is None:
+            return await self._send_parts(client, topic_name, parts)
+        keys = [dedup.keys(topic_name, frames) for _, frames in parts]
+        await dedup.settle([k for part in keys for k in part])
+        outcomes: dict[int, SendOutcome | BrokerError] = {}
+        rest: list[int] = []
+        for index, part_keys in enumerate(keys):
+            placed = dedup.placed(part_keys)
+            if placed is None:
+                rest.append(index)
+            else:
+                outcomes[index] = _duplicate(placed, len(part_keys), False)
+        if rest:
+            with dedup.storing([k for index in rest for k in keys[index]]):
+                sent = await self._send_parts(client, topic_name, [parts[i] for i in rest])
+                for index, outcome in zip(rest, sent, strict=True):
+                    outcomes[index] = outcome
+                    if isinstance(outcome, SendOutcome) and not outcome.scheduled:
+                        dedup.stored(
+                            keys[index], parts[index][0], outcome.first_offset,
+                            outcome.store_timestamp_ms,
+                        )  # fmt: skip
+        answered = len(parts) - len(rest)
+        if answered:
+            durable = await dedup.durable(sum(len(keys[i]) for i in outcomes if i not in rest))
+            for index, outcome in outcomes.items():
+                if isinstance(outcome, SendOutcome) and outcome.duplicate:
+                    outcomes[index] = dataclasses.replace(outcome, durable=durable)
+        return [outcomes[index] for index in range(len(parts))]
+
+    async def _send_parts(
         self, client: str, topic_name: str, parts: list[tuple[int, bytes]]
     ) -> list[SendOutcome | BrokerError]:
         """Store a request's batches for several queues of one topic: (queue id, frames) each.
@@ -306,6 +375,13 @@ class Delivery:
             offset = got.next_offset
             if not await self._s.holder.wait((topic.name, queue_id), deadline):
                 return got
+
+
+def _duplicate(placed: Placed, count: int, durable: bool) -> SendOutcome:
+    """The answer to a send that repeats an earlier one: the earlier one's place."""
+    return SendOutcome(
+        placed.offset, count, placed.store_timestamp_ms, durable, queue_id=placed.queue_id
+    )
 
 
 def _write_later(checked: CheckedFrames) -> None:

@@ -146,6 +146,15 @@ def _state_families(s: BrokerState) -> Iterator[Metric]:
         "Stored records found corrupt",
         value=stats.corrupt_records_detected,
     )
+    window = s.dedup.window if s.dedup is not None else None
+    yield CounterMetricFamily(
+        "ordermq_dedup_duplicates",
+        "Messages answered as duplicates of one stored earlier, not stored again",
+        value=window.duplicates if window is not None else 0,
+    )
+    yield GaugeMetricFamily(
+        "ordermq_dedup_keys", "Keys in the dedup window", value=len(window or ())
+    )
     if store.flusher is not None:
         yield _histogram(
             "ordermq_flush_seconds", "Duration of each flush (fsyncs and checkpoint write)",

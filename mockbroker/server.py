@@ -13,6 +13,8 @@ import grpc
 
 from mockbroker.acl import Acl, AclWatcher, load_acl_file
 from mockbroker.config import BrokerConfig
+from mockbroker.dedup import DedupWindow
+from mockbroker.dedup_sends import DedupSends, rebuild
 from mockbroker.errors import BrokerError
 from mockbroker.fair_store import SlicedStore
 from mockbroker.fairness import FairScheduler
@@ -259,6 +261,18 @@ class Broker:
             await pop.journal.close()
             raise
 
+    async def _dedup_sends(self) -> DedupSends | None:
+        """The dedup window, refilled from the store's last window of records; None if off."""
+        if not self.config.dedup_window_seconds:
+            return None
+        config = self.config
+        window = DedupWindow(config.dedup_window_seconds, config.dedup_max_keys, self.clock)
+        now_ms = int(self.clock.now() * 1000)
+        kept = await asyncio.to_thread(rebuild, window, self.store, now_ms)
+        log.info("dedup window: %d keys of the last %g s refilled from the store",
+                 kept, self.config.dedup_window_seconds)  # fmt: skip
+        return DedupSends(window, self.store)
+
     async def _serve(
         self,
         locks: RebalanceLockManager,
@@ -287,6 +301,7 @@ class Broker:
             pop=pop,
             commits=OffsetCommits(self.store, self.offsets, locks),
             topic_creation=retry.topics,
+            dedup=await self._dedup_sends(),
         )
         pop.sliced, pop.limits = state.sliced, state.limits  # receives share like pulls
         # Without so_reuseport=0 a second broker could bind the same port and share it.

@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from mockbroker.config import BrokerConfig
+from mockbroker.dedup_sends import DedupSends
 from mockbroker.errors import invalid, not_found
 from mockbroker.fair_store import SlicedStore
 from mockbroker.groups import ConsumerGroups
@@ -77,6 +78,8 @@ class BrokerState:
     requests: RequestStats = field(default_factory=RequestStats)
     #: Sends and pulls go through it when config.fair_scheduling is on.
     sliced: SlicedStore | None = None
+    #: The dedup window sends go through when config.dedup_window_seconds is set.
+    dedup: DedupSends | None = None
 
     def existing_groups(self) -> set[str]:
         """Groups that exist now: with members, committed offsets or received messages.

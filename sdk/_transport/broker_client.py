@@ -297,7 +297,8 @@ class BrokerClient:
         request.queue_id = queue_id
         request.frames = frames
         r = (await self._request(envelope, timeout)).send
-        return Appended(r.status == pb.SEND_OK, r.first_queue_offset, r.count, r.scheduled)
+        moved = r.queue_id if r.duplicate and r.queue_id != queue_id else -1
+        return Appended(r.status == pb.SEND_OK, r.first_queue_offset, r.count, r.scheduled, moved)
 
     async def send_parts(
         self, topic: str, parts: Sequence[tuple[int, bytes]], *, timeout: float | None = None
@@ -319,13 +320,16 @@ class BrokerClient:
                 code="INTERNAL",
             )
         outcomes: list[Appended | OrderMQError] = []
-        for r in response.parts:
+        for (queue_id, _), r in zip(parts, response.parts, strict=True):
             if r.HasField("error"):
                 e = r.error
                 outcomes.append(error_from_status(e.code, e.reason or None, e.message or e.code))
             else:
                 durable = r.status == pb.SEND_OK
-                outcomes.append(Appended(durable, r.first_queue_offset, r.count, r.scheduled))
+                moved = r.queue_id if r.duplicate and r.queue_id != queue_id else -1
+                outcomes.append(
+                    Appended(durable, r.first_queue_offset, r.count, r.scheduled, moved)
+                )
         return outcomes
 
     async def pull(

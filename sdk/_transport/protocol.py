@@ -50,6 +50,9 @@ class Appended:
     first_offset: int
     count: int
     scheduled: bool = False
+    #: The queue they are in when not the one asked for, else -1: they repeat an earlier
+    #: send to another queue (broker-side dedup answers with that send's place).
+    queue_id: int = -1
 
 
 #: One queue's prepared messages, for Transport.send_parts.

@@ -620,9 +620,11 @@ class RemotingTransport:
         fields = response.ext_fields or {}
         try:
             first = int(fields.get("queueOffset", "-1"))
+            queue_id = int(fields.get("queueId", "-1"))
         except ValueError:
-            first = -1
-        return Appended(durable, first, count, scheduled)
+            first, queue_id = -1, -1
+        moved = queue_id if queue_id not in (-1, queue.queue_id) else -1
+        return Appended(durable, first, count, scheduled, moved)
 
     async def send_parts(
         self, parts: Sequence[SendPart], *, timeout: float | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -777,6 +778,8 @@ def _results(queue: MessageQueue, appended: Appended, ids: list[bytes]) -> list[
         if appended.scheduled
         else range(appended.first_offset, appended.first_offset + len(ids))
     )
+    if 0 <= appended.queue_id != queue.queue_id:  # a duplicate of a send to another queue
+        queue = dataclasses.replace(queue, queue_id=appended.queue_id)
     return build_send_results(SendStatus.SEND_OK, ids, queue, offsets)
 
 

@@ -368,6 +368,8 @@ DOCUMENTED = {
     "ordermq_scheduled_messages": "gauge",
     "ordermq_store_bytes": "gauge",
     "ordermq_corrupt_records": "counter",
+    "ordermq_dedup_duplicates": "counter",
+    "ordermq_dedup_keys": "gauge",
     "ordermq_flush_seconds": "histogram",
     "ordermq_fair_slices": "counter",
     "ordermq_fair_slices_waited": "counter",

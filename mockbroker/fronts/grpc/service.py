@@ -132,11 +132,12 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         sent = await self._delivery.send(client, request.topic, request.queue_id, request.frames)
         return pb.SendResponse(
             status=pb.SEND_OK if sent.durable else pb.FLUSH_DISK_TIMEOUT,
-            queue_id=request.queue_id,
+            queue_id=sent.queue_id if sent.duplicate else request.queue_id,
             first_queue_offset=sent.first_offset,
             count=sent.count,
             store_timestamp_ms=sent.store_timestamp_ms,
             scheduled=sent.scheduled,
+            duplicate=sent.duplicate,
         )
 
     async def _send_parts(self, request: pb.SendRequest, client: str) -> pb.SendResponse:
@@ -154,11 +155,12 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             results.append(
                 pb.SendPartResult(
                     status=pb.SEND_OK if outcome.durable else pb.FLUSH_DISK_TIMEOUT,
-                    queue_id=queue_id,
+                    queue_id=outcome.queue_id if outcome.duplicate else queue_id,
                     first_queue_offset=outcome.first_offset,
                     count=outcome.count,
                     store_timestamp_ms=outcome.store_timestamp_ms,
                     scheduled=outcome.scheduled,
+                    duplicate=outcome.duplicate,
                 )
             )
         return pb.SendResponse(parts=results)

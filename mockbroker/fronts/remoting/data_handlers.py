@@ -241,6 +241,7 @@ class DataHandlers:
             sent = await self._delivery.send(channel.peer, header.topic, queue_id, frames)
         except BrokerError as exc:
             raise refusal(exc) from None
+        queue_id = sent.queue_id if sent.duplicate else queue_id  # a duplicate: its first's
         store = self._s.store
         if sent.scheduled:
             index, first = store.queue(store.topics.get(SCHEDULE_TOPIC), 0), sent.schedule_offset

@@ -526,6 +526,7 @@ class SendPartResult(_message.Message):
     STORE_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
     SCHEDULED_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    DUPLICATE_FIELD_NUMBER: _builtins.int
     status: Global___SendStatus.ValueType
     """SEND_STATUS_UNSPECIFIED when refused"""
     queue_id: _builtins.int
@@ -533,6 +534,8 @@ class SendPartResult(_message.Message):
     count: _builtins.int
     store_timestamp_ms: _builtins.int
     scheduled: _builtins.bool
+    duplicate: _builtins.bool
+    """as SendResponse.duplicate"""
     @_builtins.property
     def error(self) -> Global___ExchangeError: ...
     def __init__(
@@ -545,10 +548,11 @@ class SendPartResult(_message.Message):
         store_timestamp_ms: _builtins.int = ...,
         scheduled: _builtins.bool = ...,
         error: Global___ExchangeError | None = ...,
+        duplicate: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "error", b"error", "first_queue_offset", b"first_queue_offset", "queue_id", b"queue_id", "scheduled", b"scheduled", "status", b"status", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "duplicate", b"duplicate", "error", b"error", "first_queue_offset", b"first_queue_offset", "queue_id", b"queue_id", "scheduled", b"scheduled", "status", b"status", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -565,6 +569,7 @@ class SendResponse(_message.Message):
     STORE_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
     SCHEDULED_FIELD_NUMBER: _builtins.int
     PARTS_FIELD_NUMBER: _builtins.int
+    DUPLICATE_FIELD_NUMBER: _builtins.int
     status: Global___SendStatus.ValueType
     queue_id: _builtins.int
     first_queue_offset: _builtins.int
@@ -574,6 +579,10 @@ class SendResponse(_message.Message):
     scheduled: _builtins.bool
     """True when the batch was scheduled for later delivery (a batch is either all delayed or
     not delayed at all). Queue offsets are assigned when the messages fall due.
+    """
+    duplicate: _builtins.bool
+    """True when the batch repeats one stored earlier (broker-side dedup, docs/dedup.md): not
+    stored again; queue_id and the offsets are the earlier one's, maybe another queue.
     """
     @_builtins.property
     def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___SendPartResult]:
@@ -589,10 +598,11 @@ class SendResponse(_message.Message):
         store_timestamp_ms: _builtins.int = ...,
         scheduled: _builtins.bool = ...,
         parts: _abc.Iterable[Global___SendPartResult] | None = ...,
+        duplicate: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "first_queue_offset", b"first_queue_offset", "parts", b"parts", "queue_id", b"queue_id", "scheduled", b"scheduled", "status", b"status", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "duplicate", b"duplicate", "first_queue_offset", b"first_queue_offset", "parts", b"parts", "queue_id", b"queue_id", "scheduled", b"scheduled", "status", b"status", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,123 @@
+"""Broker-side deduplication through the public SDK and ordermq's gRPC front.
+
+A message sent again with the same idempotency key (its IDEMPOTENCY_KEY property, else
+its message id) on the same topic within `dedup_window_seconds` is answered with the
+first one's place and not stored again, across broker restarts (the window is refilled
+from the store); once the window has passed, it is stored again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from sdk import Message, Producer, SendResult
+from sdk._transport.broker_client import BrokerClient
+from sdk._transport.codec import encode_message
+from sdk._transport.protocol import Appended
+from sdk.testing import FakeClock, TestBroker
+from tests.component.pulling import read_topic
+
+TOPIC = "orders"
+QUEUES = 4
+
+
+@pytest.fixture
+def broker() -> Iterator[TestBroker]:
+    with TestBroker(default_queues=QUEUES, dedup_window_seconds=600) as b:
+        yield b
+
+
+def place(result: SendResult) -> tuple[int, int]:
+    return result.queue.queue_id, result.queue_offset
+
+
+def test_a_retry_storm_through_two_restarts_stores_each_message_once(
+    broker: TestBroker,
+) -> None:
+    """The same 1 000 messages sent 5 times, the broker restarted twice: each stored once."""
+    messages = [
+        Message(TOPIC, f"order {i}".encode(), properties={"IDEMPOTENCY_KEY": f"order-{i}"})
+        for i in range(1000)
+    ]
+    rounds: list[list[tuple[int, int]]] = []
+    with Producer(broker.address) as producer:
+        for n in range(5):
+            if n in (2, 4):
+                broker.restart()
+            rounds.append([place(producer.send(m)) for m in messages])
+    assert all(r == rounds[0] for r in rounds[1:]), "a duplicate is answered with the first place"
+    assert len(set(rounds[0])) == 1000
+    seen = read_topic(broker.address, TOPIC, QUEUES)
+    assert Counter(m.body for m in seen) == Counter(m.body for m in messages)  # each once
+    state = broker._embedded.broker.state  # the last start's counter: rounds 5 only
+    assert state.dedup.window.duplicates == 1000
+
+
+def send_twice(address: str, frames: bytes, queues: tuple[int, int]) -> tuple[Appended, Appended]:
+    """A request sent, then sent again (a retry after its answer was lost)."""
+
+    async def run() -> tuple[Appended, Appended]:
+        client = BrokerClient(address)
+        try:
+            await client.query_route(TOPIC, create_if_missing=True)
+            first = await client.send(TOPIC, queues[0], frames, timeout=10)
+            again = await client.send(TOPIC, queues[1], frames, timeout=10)
+            return first, again
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def frames(*ids: int) -> bytes:
+    return b"".join(
+        encode_message(Message(TOPIC, b"m%d" % n), n.to_bytes(16, "big"), 0.0) for n in ids
+    )
+
+
+def test_a_resent_request_is_answered_with_the_first_place_even_on_another_queue(
+    broker: TestBroker,
+) -> None:
+    first, again = send_twice(broker.address, frames(1, 2, 3), (1, 3))
+    assert (first.first_offset, first.count) == (again.first_offset, again.count) == (0, 3)
+    assert again.queue_id == 1 and again.durable
+    assert len(read_topic(broker.address, TOPIC, QUEUES)) == 3
+
+
+def test_a_batch_with_new_messages_is_stored_whole(broker: TestBroker) -> None:
+    """Only a wholly repeated send is answered from the window (docs/dedup.md).
+
+    A batch with some new messages is stored whole; sent again, it is answered with
+    that copy.
+    """
+    send_twice(broker.address, frames(1), (0, 0))
+    first, again = send_twice(broker.address, frames(1, 2), (0, 0))
+    assert (first.first_offset, again.first_offset) == (1, 1)
+    assert len(read_topic(broker.address, TOPIC, QUEUES)) == 3  # 1, then 1 and 2 once
+
+
+def test_a_key_outside_the_window_is_stored_again() -> None:
+    clock = FakeClock()
+    with TestBroker(clock=clock, default_queues=QUEUES, dedup_window_seconds=60) as broker:
+        first, again = send_twice(broker.address, frames(7), (0, 0))
+        assert again.first_offset == first.first_offset == 0
+        broker.restart()  # the window is refilled from the store
+        _, again = send_twice(broker.address, frames(7), (0, 0))
+        assert again.first_offset == 0
+        clock.advance(61)
+        late, _ = send_twice(broker.address, frames(7), (0, 0))
+        assert late.first_offset == 1  # stored again, then deduplicated again
+        broker.restart()
+        clock.advance(61)  # the rebuild kept only the window: nothing of it is left
+        late, _ = send_twice(broker.address, frames(7), (0, 0))
+        assert late.first_offset == 2
+
+
+def test_without_a_window_every_send_is_stored() -> None:
+    with TestBroker(default_queues=QUEUES) as broker:
+        first, again = send_twice(broker.address, frames(1), (0, 0))
+        assert (first.first_offset, again.first_offset) == (0, 1)
