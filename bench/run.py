@@ -40,6 +40,9 @@ Figures (see bench/README.md for what each one measures and how to read it):
   serving TLS with an ACL (clients signing with a non-admin account), the three brokers up
   side by side and the runs taking turns, with the ratios TLS on / TLS off and TLS + ACL
   on / TLS off;
+- dedup: the broker's dedup window (mockbroker/dedup.py) fed 10 million distinct keys at
+  its default bound of 1 million, in a process of its own: bytes of RSS per key kept, and
+  time per key (bench/dedup.py; --quick: 1 million keys, bound 100 000);
 - backlog (only when named in --only; make bench-backlog): the broker's peak RSS with a
   10-million-message backlog, its recovery time after kill -9, and reading it all back.
 
@@ -75,6 +78,7 @@ from typing import Any, Protocol
 
 import big_backlog
 import consuming as cw
+import dedup
 import flood
 import grpc
 import receiving as rc
@@ -116,7 +120,7 @@ KEYMODE_THREADS = 128
 KEYMODE_MESSAGES = 10_000
 KEYMODE_QUICK = 2_000
 GROUPS = ("produce", "send", "pull", "consume", "keymode", "poll", "receive", "latency", "floor",
-          "micro", "remoting", "transports", "tls")  # fmt: skip
+          "micro", "remoting", "transports", "tls", "dedup")  # fmt: skip
 #: Groups run only when --only names them (make bench-backlog): they take minutes and GBs.
 EXTRA_GROUPS = ("backlog", "flood")
 #: The transports group's transports: figure key part, name in titles ("grpc" first).
@@ -1490,6 +1494,11 @@ class Bench:
         if pause is None:
             pause = big_backlog.PAUSE_SECONDS
         self.facts.update(await big_backlog.measure(size, self.tmp, self._add, self.say, pause))
+
+    # ------------------------------------------------------------------ dedup
+    async def dedup(self) -> None:
+        """The broker's dedup window fed millions of distinct keys: memory per key (issue 42)."""
+        self.facts.update(await dedup.measure(self.args, self._add, self.say))
 
     # ------------------------------------------------------------------ flood
     async def flood(self) -> None:

@@ -162,7 +162,7 @@ class BrokerConfig:
             stored on the same topic this many seconds ago or less is answered with the
             first one's place and not stored again. 0 (the default): off, as in RocketMQ.
             600 covers every retry of ordermq's and RocketMQ's producers and a restart.
-        dedup_max_keys: The most keys the dedup window keeps (about 230 bytes each);
+        dedup_max_keys: The most keys the dedup window keeps (at most about 300 bytes each);
             past it the oldest go first, even within the window.
     """
 
