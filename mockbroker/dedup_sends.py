@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import struct
 from collections.abc import Iterator
 
 from mockbroker.dedup import DedupWindow, Placed, frame_keys, recent_keys
-from mockbroker.errors import BrokerError
 from mockbroker.store.message_store import MessageStore
 from mockbroker.topics import is_system_topic
-from sdk._wire import iter_records
-from sdk.errors import CorruptRecordError
+from sdk._wire import FRAME_FIELDS, RECORD, RECORD_MAGIC
 
 #: A record as the rebuild reads it: topic, queue id, offset, store ms, msg id, properties.
 _Record = tuple[str, int, int, int, bytes, bytes]
+#: Index entries read at once by the rebuild.
+_READ_ENTRIES = 4096
 
 
 class DedupSends:
@@ -93,18 +94,33 @@ def rebuild(window: DedupWindow, store: MessageStore, now_ms: int) -> int:
 
 
 def _recent_records(store: MessageStore, horizon_ms: int) -> Iterator[_Record]:
+    """The user topics' records stored since `horizon_ms`, read entry by entry.
+
+    Only the fields the key needs are parsed, without the CRC (recovery checked the
+    records); a record that cannot be read or does not parse is passed over.
+    """
+    log = store.commitlog
     for topic in store.topics.all():
         if is_system_topic(topic.name):
             continue
         for queue_id in range(topic.queue_count):
-            first = store.offset_for_timestamp(topic, queue_id, horizon_ms)
-            for offset in range(first, store.queue(topic, queue_id).max_offset):
-                try:
-                    raw = store.read_record(topic, queue_id, offset)
-                    for r in iter_records(raw):
-                        yield (
-                            topic.name, queue_id, offset, r.store_timestamp_ms, r.msg_id,
-                            r.properties,
-                        )  # fmt: skip
-                except (BrokerError, CorruptRecordError):
-                    continue
+            cq = store.queue(topic, queue_id)
+            offset = max(store.offset_for_timestamp(topic, queue_id, horizon_ms), cq.min_offset)
+            while entries := cq.read(offset, min(_READ_ENTRIES, cq.max_offset - offset)):
+                for position, size, _ in entries:
+                    with contextlib.suppress(OSError, ValueError, struct.error):
+                        found = _key_fields(log.read(position, size))
+                        if found is not None:
+                            yield (topic.name, queue_id, offset, *found)
+                    offset += 1
+
+
+def _key_fields(raw: bytes) -> tuple[int, bytes, bytes] | None:
+    """(store ms, msg id, properties) of a stored record; None if it is not one."""
+    _, _, magic, _, _, store_ms, _, topic_len = RECORD.unpack_from(raw)
+    if magic != RECORD_MAGIC:
+        return None
+    at = RECORD.size + topic_len
+    msg_id, _, _, _, tags, shard, keys, props, _ = FRAME_FIELDS.unpack_from(raw, at)
+    props_at = at + FRAME_FIELDS.size + tags + shard + keys
+    return store_ms, msg_id, raw[props_at : props_at + props]
