@@ -123,15 +123,22 @@ class DedupWindow:
 
     def find(self, key: bytes) -> Placed | None:
         """The place of the first message with `key` within the window, if any."""
+        return self.find_many([key])[0]
+
+    def find_many(self, keys: list[bytes]) -> list[Placed | None]:
+        """`find` of each key, with one look at the clock."""
         now = self._now_ms()
         self._expire(now)
-        seq = self._index.get(key)
-        if seq is None:
-            return None
-        slot = seq % self.max_keys
-        if now - self._added[slot] > self.window_ms:
-            return None
-        return Placed(self._queues[slot], self._offsets[slot], self._stored[slot])
+        index, added, window_ms, max_keys = self._index, self._added, self.window_ms, self.max_keys
+        found: list[Placed | None] = []
+        for key in keys:
+            seq = index.get(key)
+            slot = -1 if seq is None else seq % max_keys
+            if slot < 0 or now - added[slot] > window_ms:
+                found.append(None)
+            else:
+                found.append(Placed(self._queues[slot], self._offsets[slot], self._stored[slot]))
+        return found
 
     def add(
         self, key: bytes, queue_id: int, offset: int, store_timestamp_ms: int, added_ms: int = -1
@@ -139,22 +146,31 @@ class DedupWindow:
         """Keep `key`'s place; `added_ms` is when (now unless given, as at a rebuild)."""
         now = self._now_ms()
         self._expire(now)
+        self._add(key, queue_id, offset, store_timestamp_ms, now if added_ms < 0 else added_ms)
+
+    def add_run(self, keys: list[bytes], queue_id: int, first_offset: int, store_ms: int) -> None:
+        """`add` of a batch stored in one queue from `first_offset`, with one look at the clock."""
+        now = self._now_ms()
+        self._expire(now)
+        for i, key in enumerate(keys):
+            self._add(key, queue_id, first_offset + i, store_ms, now)
+
+    def _add(self, key: bytes, queue_id: int, offset: int, store_ms: int, when: int) -> None:
         if self._next - self._head == self.max_keys:
             self._drop_oldest()
         seq, slot = self._next, self._next % self.max_keys
-        when = now if added_ms < 0 else added_ms
         if seq < self.max_keys:  # still growing
             self._digests += key
             self._queues.append(queue_id)
             self._offsets.append(offset)
-            self._stored.append(store_timestamp_ms)
+            self._stored.append(store_ms)
             self._added.append(when)
         else:
             at = slot * DIGEST_BYTES
             self._digests[at : at + DIGEST_BYTES] = key
             self._queues[slot] = queue_id
             self._offsets[slot] = offset
-            self._stored[slot] = store_timestamp_ms
+            self._stored[slot] = store_ms
             self._added[slot] = when
         self._index[key] = seq
         self._next += 1

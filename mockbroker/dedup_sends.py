@@ -47,7 +47,7 @@ class DedupSends:
 
     def placed(self, keys: list[bytes]) -> Placed | None:
         """The place of the earlier send `keys` all repeat, in its order; None if none does."""
-        places = [self.window.find(k) for k in keys]
+        places = self.window.find_many(keys)
         first = places[0] if places else None
         if first is None or any(
             p is None or p.queue_id != first.queue_id or p.offset != first.offset + i
@@ -81,8 +81,7 @@ class DedupSends:
         A key kept already (a batch that repeats some earlier messages, stored whole) now
         names this copy: so the batch, sent again, is answered from the window.
         """
-        for i, key in enumerate(keys):
-            self.window.add(key, queue_id, first_offset + i, store_ms)
+        self.window.add_run(keys, queue_id, first_offset, store_ms)
 
 
 def rebuild(window: DedupWindow, store: MessageStore, now_ms: int) -> int:
