@@ -17,7 +17,14 @@ import contextlib
 import struct
 from collections.abc import Iterator
 
-from mockbroker.dedup import DedupWindow, Placed, frame_keys, recent_keys
+from mockbroker.dedup import (
+    DedupWindow,
+    Placed,
+    digest,
+    frame_keys,
+    message_key,
+    recent_keys,
+)
 from mockbroker.store.message_store import MessageStore
 from mockbroker.topics import is_system_topic
 from sdk._wire import FRAME_FIELDS, RECORD, RECORD_MAGIC
@@ -45,8 +52,13 @@ class DedupSends:
         while waits := {self._pending[k] for k in keys if k in self._pending}:
             await asyncio.wait(waits)
 
-    def placed(self, keys: list[bytes]) -> Placed | None:
-        """The place of the earlier send `keys` all repeat, in its order; None if none does."""
+    def placed(self, topic: str, keys: list[bytes]) -> Placed | None:
+        """The place of the earlier send `keys` all repeat, in its order; None if none does.
+
+        Each place is read back: a message no longer there (its topic deleted and made
+        again, or retention deleted it) or another there (after a restart that lost an
+        unsynced tail) makes the batch a new one.
+        """
         places = self.window.find_many(keys)
         first = places[0] if places else None
         if first is None or any(
@@ -54,7 +66,25 @@ class DedupSends:
             for i, p in enumerate(places)
         ):
             return None
+        if not all(self._holds(topic, key, p) for key, p in zip(keys, places, strict=True)):
+            return None
         return first
+
+    def _holds(self, topic_name: str, key: bytes, place: Placed | None) -> bool:
+        """True when the message at `place` has `key`."""
+        store = self._store
+        topic = store.topics.find(topic_name)
+        if place is None or topic is None or not 0 <= place.queue_id < topic.queue_count:
+            return False
+        cq = store.queue(topic, place.queue_id)
+        if not cq.min_offset <= place.offset < cq.max_offset:
+            return False
+        try:
+            position, size, _ = cq.entry(place.offset)
+            found = _key_fields(store.commitlog.read(position, size))
+        except (OSError, ValueError, struct.error):
+            return False
+        return found is not None and digest(topic_name, message_key(found[1], found[2])) == key
 
     async def durable(self, count: int) -> bool:
         """Count `count` duplicates answered; whether what is written now is durable."""

@@ -75,7 +75,7 @@ class Delivery:
             return await self._send(client, topic_name, queue_id, frames)
         keys = dedup.keys(topic_name, frames)
         await dedup.settle(keys)
-        placed = dedup.placed(keys)
+        placed = dedup.placed(topic_name, keys)
         if placed is not None:
             return _duplicate(placed, len(keys), await dedup.durable(len(keys)))
         with dedup.storing(keys):
@@ -148,7 +148,7 @@ class Delivery:
         outcomes: dict[int, SendOutcome | BrokerError] = {}
         rest: list[int] = []
         for index, part_keys in enumerate(keys):
-            placed = dedup.placed(part_keys)
+            placed = dedup.placed(topic_name, part_keys)
             if placed is None:
                 rest.append(index)
             else:
