@@ -77,13 +77,15 @@ def frames(*ids: int) -> bytes:
     )
 
 
+@pytest.mark.parametrize("flush_mode", ["async", "sync"])
 def test_a_resent_request_is_answered_with_the_first_place_even_on_another_queue(
-    broker: TestBroker,
+    flush_mode: str,
 ) -> None:
-    first, again = send_twice(broker.address, frames(1, 2, 3), (1, 3))
-    assert (first.first_offset, first.count) == (again.first_offset, again.count) == (0, 3)
-    assert again.queue_id == 1 and again.durable
-    assert len(read_topic(broker.address, TOPIC, QUEUES)) == 3
+    with TestBroker(default_queues=QUEUES, dedup_window_seconds=600, flush_mode=flush_mode) as b:
+        first, again = send_twice(b.address, frames(1, 2, 3), (1, 3))
+        assert (first.first_offset, first.count) == (again.first_offset, again.count) == (0, 3)
+        assert again.queue_id == 1 and again.durable
+        assert len(read_topic(b.address, TOPIC, QUEUES)) == 3
 
 
 def test_a_batch_with_new_messages_is_stored_whole(broker: TestBroker) -> None:
