@@ -192,6 +192,32 @@ def test_a_key_out_of_retries_goes_to_the_dead_letter_queue_and_moves_on(
     wait_until(lambda: committed(broker) == 6, 10, "the queue committed to its end")
 
 
+@pytest.mark.parametrize("policy", ["stall", "dead-letter"])
+def test_a_poisoned_key_among_100_holds_up_none_of_the_other_99(
+    broker: BrokerOver, policy: str
+) -> None:
+    """One key's first message always fails. Stalled (retried without end, RocketMQ's
+    orderly default) it holds back only its own key; dead-lettered after its retries, its
+    key goes on after it. Either way the other 99 keys of the queue finish, in order."""
+    keys, per_key = [f"k{i:02d}" for i in range(100)], 3
+    send(broker, keys, per_key)
+    listener = Timeline(fail=frozenset({b"k00:0"}))
+    retries = None if policy == "stall" else 2
+    config = PushConsumerConfig(suspend_current_queue_time=0.01, max_reconsume_times=retries)
+    with consumer(broker, listener, ProcessingOrder.KEY, config=config):
+        wait_until(lambda: listener.handled() >= 99 * per_key + (policy != "stall") * 2, 30,
+                   "the other 99 keys finished")  # fmt: skip
+    assert_in_order_one_call_at_a_time(listener, keys[1:], per_key)
+    poisoned = [s for seqs, _b, _e in listener.by_key()["k00"] for s in seqs]
+    if policy == "stall":
+        assert poisoned == [], "the poisoned key waits at its first message"
+        assert committed(broker) == 0, "the queue commits up to k00:0, its lowest unfinished"
+    else:
+        assert poisoned == [1, 2]
+        [dead] = read_queue(broker.grpc_address, MessageQueue("%DLQ%g", "broker-a", 0))
+        assert dead.body == b"k00:0"
+
+
 def test_async_listeners_run_keys_side_by_side_on_the_loop(broker: BrokerOver) -> None:
     keys, per_key = [f"k{i}" for i in range(6)], 4
     send(broker, keys, per_key)
