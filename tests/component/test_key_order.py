@@ -34,6 +34,7 @@ from sdk import (
     PushConsumerConfig,
 )
 from sdk._transport.broker_client import BrokerClient
+from sdk.consumer.key_dispatch import KeyDispatch
 from sdk.errors import InvalidArgumentError
 from tests.component.pulling import read_queue
 from tests.component.transports import TRANSPORTS, BrokerOver, broker_over
@@ -216,6 +217,28 @@ def test_a_poisoned_key_among_100_holds_up_none_of_the_other_99(
         assert poisoned == [1, 2]
         [dead] = read_queue(broker.grpc_address, MessageQueue("%DLQ%g", "broker-a", 0))
         assert dead.body == b"k00:0"
+
+
+def test_the_queue_driver_goes_on_after_an_unexpected_error_with_what_it_had_taken(
+    broker: BrokerOver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys, per_key = ["k1", "k2", "k3"], 3
+    send(broker, keys, per_key)
+    next_call, failed = KeyDispatch.next_call, threading.Event()
+
+    def fails_once(self: KeyDispatch, most: int) -> object:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("unexpected (test)")
+        return next_call(self, most)
+
+    monkeypatch.setattr(KeyDispatch, "next_call", fails_once)
+    listener = Timeline()
+    with consumer(broker, listener, ProcessingOrder.KEY):
+        wait_until(lambda: listener.handled() == len(keys) * per_key, 30, "all handled")
+    assert failed.is_set()
+    assert_in_order_one_call_at_a_time(listener, keys, per_key)
+    assert committed(broker) == len(keys) * per_key
 
 
 def test_async_listeners_run_keys_side_by_side_on_the_loop(broker: BrokerOver) -> None:
