@@ -482,6 +482,7 @@ class Broker:
         if self.state is not None:
             self.state.holder.close()
             self.state.groups.close()
+            self.state.transactions.close()
             await self.state.scheduler.stop()
             await self.state.transactions.stop()
         if self.registrar is not None:

@@ -98,7 +98,7 @@ class _Pending:
 class _Watcher:
     group: str
     client_id: str
-    checks: asyncio.Queue[Check] = field(default_factory=asyncio.Queue)
+    checks: asyncio.Queue[Check | None] = field(default_factory=asyncio.Queue)
 
 
 def transaction_id(msg_id: bytes, offset: int) -> str:
@@ -356,9 +356,15 @@ class Transactions:
 
     @staticmethod
     async def checks(watcher: _Watcher) -> AsyncIterator[Check]:
-        """The check-backs sent to `watcher`, as they come."""
-        while True:
-            yield await watcher.checks.get()
+        """The check-backs sent to `watcher`, as they come, until the broker closes."""
+        while (check := await watcher.checks.get()) is not None:
+            yield check
+
+    def close(self) -> None:
+        """End every producer's check-back stream (the broker is stopping)."""
+        for watchers in self._watchers.values():
+            for watcher in watchers:
+                watcher.checks.put_nowait(None)
 
     async def check_due(self) -> int:
         """Send every check-back due now, and drop the transactions checked too often.

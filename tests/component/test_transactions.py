@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -315,3 +316,15 @@ def test_a_remoting_endpoint_says_transactions_are_unsupported(broker: EmbeddedB
     producer = TransactionProducer("rocketmq://127.0.0.1:1", Listener({}), group="pg")
     with pytest.raises(UnsupportedByTransportError, match="TransactionProducer"):
         producer.start()
+
+
+def test_a_broker_stops_at_once_while_producers_watch_for_checks(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    broker = EmbeddedBroker(BrokerConfig(data_dir=tmp_path), clock=clock)
+    broker.start()
+    with TransactionProducer(broker.address, Listener({}), group="pg"):
+        wait_until(lambda: "pg" in transactions(broker)._watchers)
+        started = time.monotonic()
+        broker.stop()
+        assert time.monotonic() - started < 3, "the check-back stream ended with the broker"
