@@ -30,6 +30,7 @@ from sdk.errors import OrderMQError, TransactionNotFoundError, WrongProducerGrou
 from sdk.testing import FakeClock
 from tests.component.coordination import mq, run
 from tests.component.pulling import read_queue
+from tests.component.scraping import scrape
 from tests.support import wait_until
 
 COMMIT = LocalTransactionState.COMMIT_MESSAGE
@@ -151,7 +152,7 @@ def test_check_back_goes_to_another_producer_when_the_first_is_gone(
 def test_dropped_after_the_most_checks(
     tmp_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = BrokerConfig(data_dir=tmp_path, transaction_max_checks=3)
+    config = BrokerConfig(data_dir=tmp_path, transaction_max_checks=3, metrics_port=0)
     listener = Listener({})
     with (
         caplog.at_level(logging.WARNING, logger="mockbroker.transactions"),
@@ -168,7 +169,12 @@ def test_dropped_after_the_most_checks(
         clock.advance(60.1)
         wait_until(lambda: transactions(broker).pending == 0)
         assert len(listener.checked) == 3
-        assert transactions(broker).outcomes["dropped"] == 1
+        port = broker.broker.metrics_port
+        assert port is not None
+        samples = scrape(port)
+        assert samples[("ordermq_transactions_ended_total", (("outcome", "dropped"),))] == 1
+        assert samples[("ordermq_transaction_checks_total", ())] == 3
+        assert samples[("ordermq_transactions_pending", ())] == 0
         assert read_queue(broker.address, sent.queue) == []
     assert f"transaction {sent.transaction_id} of group pg dropped" in caplog.text
 
@@ -184,8 +190,11 @@ def test_sharding_key_order_among_committed(broker: EmbeddedBroker) -> None:
     assert [m.body for m in read_queue(broker.address, results[0].queue)] == [b"a1", b"a2", b"a3"]
 
 
-def test_a_restart_neither_commits_twice_nor_resurrects(tmp_path: Path, clock: FakeClock) -> None:
-    config = BrokerConfig(data_dir=tmp_path)
+@pytest.mark.parametrize("flush_mode", ["async", "sync"])
+def test_a_restart_neither_commits_twice_nor_resurrects(
+    tmp_path: Path, clock: FakeClock, flush_mode: str
+) -> None:
+    config = BrokerConfig(data_dir=tmp_path, flush_mode=flush_mode)
     listener = Listener({b"c": COMMIT, b"r": ROLLBACK}, {b"p": COMMIT})
     with (
         EmbeddedBroker(config, clock=clock) as broker,
