@@ -4,7 +4,10 @@ RocketMQ's way, with no wire format here (the fronts translate). A half message 
 at once as a record whose header names its destination (topic, queue) but which is
 indexed only in the broker's queue `rmq_sys_TRANS_HALF_TOPIC` (RocketMQ's
 RMQ_SYS_TRANS_HALF_TOPIC): no consumer sees it. Its frame gets the properties TRAN_MSG
-and PGROUP (its producer group), as RocketMQ's clients set them. Each outcome is a record
+and PGROUP (its producer group), as RocketMQ's clients set them; TRAN_MSG is what tells
+recovery, which rebuilds the queues from the commit log after a crash, to index the
+record in the half queue (store/recovery.py), so no other message may carry it, and the
+committed copy goes without it. Each outcome is a record
 in `rmq_sys_TRANS_OP_HALF_TOPIC` (RocketMQ's op topic): COMMITTED, ROLLED_BACK or DROPPED
 with the half message's offset. Both live in the commit log, so after any restart the
 pending set is the half records without an outcome.
@@ -38,7 +41,8 @@ from mockbroker.errors import BrokerError, invalid, not_found
 from mockbroker.store.flush import FlushFailedError
 from mockbroker.store.message_store import MessageStore
 from mockbroker.store.records import CheckedFrames, tag_hash
-from mockbroker.topics import Topic, check_group
+from mockbroker.topics import HALF_OP_TOPIC as OP_TOPIC
+from mockbroker.topics import HALF_PROPERTY, HALF_TOPIC, Topic, check_group
 from sdk._wire import (
     FRAME_FIELDS,
     FRAME_LEN_PREFIX,
@@ -53,13 +57,11 @@ from sdk.clock import Clock
 
 log = logging.getLogger("mockbroker.transactions")
 
-HALF_TOPIC = "rmq_sys_TRANS_HALF_TOPIC"
-OP_TOPIC = "rmq_sys_TRANS_OP_HALF_TOPIC"
 COMMITTED, ROLLED_BACK, DROPPED = 1, 2, 3
 OUTCOME_NAMES = {COMMITTED: "committed", ROLLED_BACK: "rolled back", DROPPED: "dropped"}
 _OP_BODY = struct.Struct("<qB")  # half-queue offset, outcome
 #: RocketMQ's property names: a transactional message, and its producer group.
-PROPERTY_TRANSACTION = "TRAN_MSG"
+PROPERTY_TRANSACTION = HALF_PROPERTY
 PROPERTY_GROUP = "PGROUP"
 
 DEFAULT_TIMEOUT_SECONDS = 6.0
@@ -237,7 +239,7 @@ class Transactions:
         Returns it with the transaction properties set, and its check; changes nothing.
         """
         check_group(group)
-        checked = self._store.check(frame)
+        checked = self._store.check(frame, half=True)  # RocketMQ's clients set TRAN_MSG
         if len(checked) != 1:
             raise invalid("INVALID_ARGUMENT", f"a half message is one frame, not {len(checked)}")
         if checked.scheduled:
@@ -245,7 +247,8 @@ class Transactions:
         framed = _with_properties(
             frame[FRAME_LEN_PREFIX.size :], {PROPERTY_TRANSACTION: "true", PROPERTY_GROUP: group}
         )
-        return framed, self._store.check(framed)  # the properties may now be over their limit
+        # the properties may now be over their limit
+        return framed, self._store.check(framed, half=True)
 
     async def store_half(
         self, group: str, topic: Topic, queue_id: int, framed: bytes, checked: CheckedFrames
@@ -320,8 +323,7 @@ class Transactions:
         half = next(iter_records(record))
         topic = self._store.topics.get(half.topic)
         topic_len = int.from_bytes(record[RECORD.size - 2 : RECORD.size], "little")
-        frame = record[RECORD.size + topic_len :]
-        framed = FRAME_LEN_PREFIX.pack(len(frame)) + frame
+        framed = _with_properties(record[RECORD.size + topic_len :], {}, drop=(HALF_PROPERTY,))
         await self._store.append(topic, half.queue_id, framed, _checked(framed))
 
     async def _record(self, offset: int, msg_id: bytes, outcome: int) -> None:
@@ -428,8 +430,11 @@ class Transactions:
                 changed.cancel()
 
 
-def _with_properties(frame: bytes, extra: dict[str, str]) -> bytes:
-    """A frame (no length prefix) with `extra` properties set; framed with its prefix."""
+def _with_properties(frame: bytes, extra: dict[str, str], drop: tuple[str, ...] = ()) -> bytes:
+    """A frame (no length prefix) with `extra` properties set, those in `drop` removed.
+
+    Framed with its length prefix.
+    """
     fields = FRAME_FIELDS.unpack_from(frame)
     msg_id, born, deliver_at, level, tl, sl, kl, pl, bl = fields
     p = FRAME_FIELDS.size
@@ -439,6 +444,8 @@ def _with_properties(frame: bytes, extra: dict[str, str]) -> bytes:
     properties, p = decode_properties(frame[p : p + pl]), p + pl
     body = frame[p : p + bl]
     properties.update(extra)
+    for name in drop:
+        properties.pop(name, None)
     return pack_frame(
         msg_id, born, deliver_at, level, tags, sharding, keys, encode_properties(properties), body
     )
