@@ -437,6 +437,25 @@ class LatencyRecorder(MessageListenerOrderly):
         return ConsumeOrderlyStatus.SUCCESS
 
 
+class WorkingLatencyRecorder(LatencyRecorder):
+    """A LatencyRecorder whose `async def` listener then awaits `work` seconds a message
+    (I/O on the event loop): the latency is from send to the start of the message's call,
+    so it holds the wait behind earlier messages of its queue (queue mode) or its key."""
+
+    def __init__(self, work: float) -> None:
+        super().__init__()
+        self.work = work
+
+    async def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        done = self.record(msgs)
+        await asyncio.sleep(self.work * len(msgs))
+        if done:
+            self.done.set()
+        return ConsumeOrderlyStatus.SUCCESS
+
+
 class BlockingLatencyRecorder(MessageListenerOrderly):
     """The plain `def` face of a LatencyRecorder, for the blocking sdk.PushConsumer.
 

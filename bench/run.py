@@ -119,6 +119,10 @@ KEYMODE_WORK = 0.005
 KEYMODE_THREADS = 128
 KEYMODE_MESSAGES = 10_000
 KEYMODE_QUICK = 2_000
+#: keymode latency: keyed single sends at this rate (queue mode's ceiling is 200 msg/s a
+#: queue, 1 600 on 8 queues, so queue mode runs at 62 % of it), seconds per run.
+KEYMODE_RATE = 1_000
+KEYMODE_LATENCY_SECONDS, KEYMODE_LATENCY_QUICK_SECONDS = 4.0, 1.0
 GROUPS = ("produce", "send", "pull", "consume", "keymode", "poll", "receive", "latency", "floor",
           "micro", "remoting", "transports", "tls", "dedup")  # fmt: skip
 #: Groups run only when --only names them (make bench-backlog): they take minutes and GBs.
@@ -715,6 +719,8 @@ class Bench:
                     },
                 )
             )
+        seconds = KEYMODE_LATENCY_QUICK_SECONDS if self.args.quick else KEYMODE_LATENCY_SECONDS
+        latency = {o: self._keymode_latency_figures(o, seconds) for o in ProcessingOrder}
         self.say("keymode: starting a broker")
         with self._broker("keymode", "async") as broker:
             # every queue gets its share (fill_backlog's default batch is one queue's 1 000)
@@ -733,6 +739,8 @@ class Bench:
                     raise RuntimeError(
                         f"{figure.title}: took {[r.units for r in figure.runs]} of {stored}"
                     )
+            for ordering, (p50, p99) in latency.items():
+                await self._keymode_latency(broker, ordering, seconds, p50, p99)
         self.facts["keymode_ratios"] = {
             kind: round(
                 statistics.median(figures[(kind, ProcessingOrder.KEY)].values())
@@ -741,6 +749,85 @@ class Bench:
             )
             for kind in listeners
         }
+        p99s = {o: statistics.median(p99.values()) for o, (_p50, p99) in latency.items()}
+        if p99s[ProcessingOrder.KEY] > 0:
+            self.facts["keymode_p99_ratio"] = round(
+                p99s[ProcessingOrder.QUEUE] / p99s[ProcessingOrder.KEY], 2
+            )
+
+    def _keymode_latency_figures(
+        self, ordering: ProcessingOrder, seconds: float
+    ) -> tuple[Figure, Figure]:
+        """The p50 and p99 figures of one mode's send-to-call latency (_keymode_latency)."""
+        params = {
+            "api": "sdk.aio.Producer.send per message -> sdk.aio.PushConsumer, orderly, "
+            f"async def listener, asyncio.sleep({KEYMODE_WORK}) after recording",
+            "ordering": f"ProcessingOrder.{ordering.name}",
+            "rate_msg_per_s": KEYMODE_RATE,
+            "seconds_per_run": seconds,
+            "queues": wl.QUEUES,
+            "keys": wl.KEYS,
+            "from": "just before send()",
+            "to": "the start of the message's listener call",
+        }
+        name = f"keymode.latency.{ordering.value}"
+        title = f"send to call at {KEYMODE_RATE:,} msg/s, 5 ms listener, {ordering.value} mode"
+        p50, p99 = (
+            self._add(
+                Figure(
+                    f"{name}.{q}",
+                    f"{title} {q}",
+                    "ms",
+                    {**params, "percentile": int(q[1:])},
+                    higher_is_better=False,
+                    per="msg",
+                )
+            )
+            for q in ("p50", "p99")
+        )
+        return p50, p99
+
+    async def _keymode_latency(
+        self, broker: ServerProcess, ordering: ProcessingOrder, seconds: float,
+        p50: Figure, p99: Figure,
+    ) -> None:  # fmt: skip
+        """Each message's wait for its call at KEYMODE_RATE keyed sends a second.
+
+        Keys go round robin, so in key mode a message rarely waits behind its own key;
+        in queue mode it waits behind every earlier message of its queue.
+        """
+        topic = f"bench-keymode-latency-{ordering.value}"
+        admin = BrokerClient(broker.address)
+        producer = Producer(broker.address)
+        recorder = cw.WorkingLatencyRecorder(KEYMODE_WORK)
+        consumer = PushConsumer(
+            f"{topic}-group",
+            broker.address,
+            ordering=ordering,
+            consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            config=PushConsumerConfig(consume_threads=KEYMODE_THREADS),
+        )
+        try:
+            await admin.create_topic(topic, wl.QUEUES)
+            await producer.start()
+            consumer.subscribe(topic)
+            consumer.register_message_listener(recorder)
+            await consumer.start()
+            await cw.until_held(admin, wl.QUEUES)
+            keys = wl.make_keys()
+
+            def send(n: int) -> Awaitable[tuple[list[float], dict[str, float]]]:
+                return cw.e2e_latency(
+                    producer, recorder, topic, keys, KEYMODE_RATE, n, E2E_SENDS_IN_FLIGHT
+                )
+
+            await send(KEYMODE_RATE // 2)  # warm up: half a second
+            count = int(KEYMODE_RATE * seconds)
+            await self._measure_latency(p50, p99, lambda: send(count), broker)
+        finally:
+            await consumer.shutdown()
+            await producer.shutdown()
+            await admin.close()
 
     async def _consume_backlog(
         self,

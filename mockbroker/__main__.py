@@ -267,6 +267,25 @@ def build_parser() -> argparse.ArgumentParser:
         "(default %(default)s)",
     )
     p.add_argument(
+        "--transaction-timeout-seconds",
+        type=float,
+        default=d.transaction_timeout_seconds,
+        help="check back a transaction not ended this long after its half message was "
+        "stored (default %(default)s)",
+    )
+    p.add_argument(
+        "--transaction-check-seconds",
+        type=float,
+        default=d.transaction_check_seconds,
+        help="check back a transaction still unknown this often (default %(default)s)",
+    )
+    p.add_argument(
+        "--transaction-max-checks",
+        type=int,
+        default=d.transaction_max_checks,
+        help="check-backs of a transaction before it is dropped (default %(default)s)",
+    )
+    p.add_argument(
         "--tls-cert",
         type=Path,
         metavar="FILE",
@@ -361,6 +380,9 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             v2_port=a.v2_port,
             pop_max_in_flight=a.pop_max_in_flight,
             pop_max_delivery_attempts=a.pop_max_delivery_attempts,
+            transaction_timeout_seconds=a.transaction_timeout_seconds,
+            transaction_check_seconds=a.transaction_check_seconds,
+            transaction_max_checks=a.transaction_max_checks,
             fifo_groups=tuple(a.fifo_group),
             tls_cert=a.tls_cert,
             tls_key=a.tls_key,

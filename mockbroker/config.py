@@ -141,6 +141,13 @@ class BrokerConfig:
             its invisible time run out once more without an ack, it goes to the group's
             dead-letter topic `%DLQ%<group>` (RocketMQ's default: the first delivery and
             16 retries). A receive may set its group's own limit.
+        transaction_timeout_seconds: A transactional message not committed or rolled
+            back this long after it was stored is checked back with a live producer of
+            its group (RocketMQ's transactionTimeOut: 6 s).
+        transaction_check_seconds: How often a transaction still unknown is checked
+            back again (RocketMQ's transactionCheckInterval: 60 s).
+        transaction_max_checks: Check-backs of one transaction before it is dropped
+            (logged and counted; RocketMQ's transactionCheckMax: 15).
         tls_cert: PEM certificate chain (the broker's certificate first): with `tls_key`,
             every port is served over TLS only (ordermq's gRPC and admin, RocketMQ
             remoting and name server, RocketMQ 5, the metrics page). Checked at start;
@@ -206,6 +213,9 @@ class BrokerConfig:
     v2_port: int | None = None
     pop_max_in_flight: int = 1024
     pop_max_delivery_attempts: int = 17
+    transaction_timeout_seconds: float = 6.0
+    transaction_check_seconds: float = 60.0
+    transaction_max_checks: int = 15
     fifo_groups: tuple[str, ...] = ()
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -279,6 +289,13 @@ class BrokerConfig:
         if not 1 <= self.pop_max_delivery_attempts <= 1000:
             raise ValueError(
                 f"pop_max_delivery_attempts {self.pop_max_delivery_attempts} is outside 1..1000"
+            )
+        for name in ("transaction_timeout_seconds", "transaction_check_seconds"):
+            if not 0 < getattr(self, name) <= 86_400:
+                raise ValueError(f"{name} {getattr(self, name)} is outside (0, 86400]")
+        if not 1 <= self.transaction_max_checks <= 1000:
+            raise ValueError(
+                f"transaction_max_checks {self.transaction_max_checks} is outside 1..1000"
             )
         if self.advertised_host is not None and (
             self.advertised_host in ("", "0.0.0.0", "::", "[::]")

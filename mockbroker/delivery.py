@@ -27,6 +27,7 @@ from mockbroker.state import BrokerState
 from mockbroker.store.message_store import Batch, GetResult, PutResult, Written
 from mockbroker.store.records import CheckedFrame, CheckedFrames, as_checked
 from mockbroker.topics import Topic, check_group, check_user_topic
+from mockbroker.transactions import HalfStored
 from sdk._wire import MAX_PULL_BYTES, MAX_PULL_MESSAGES, MAX_SEND_BYTES
 
 #: Longest a pull may be held (RocketMQ clients wait 30 s for a pull's answer).
@@ -276,6 +277,26 @@ class Delivery:
             )
         except BrokerError as exc:
             outcomes[index] = exc
+
+    async def send_half(
+        self, client: str, topic_name: str, queue_id: int, frame: bytes, group: str
+    ) -> HalfStored:
+        """Store one framed message as a half message of producer `group` (a transaction).
+
+        Checked as a send is; a missing topic is created only once every check passed.
+        """
+        check_user_topic(topic_name)
+        if len(frame) > MAX_SEND_BYTES:
+            raise BrokerError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "BATCH_TOO_LARGE",
+                f"the request carries {len(frame)} bytes, over the limit of {MAX_SEND_BYTES}",
+            )
+        self._shape(topic_name).check_queue(queue_id)
+        transactions = self._s.transactions
+        framed, checked = transactions.check_half(group, frame)
+        topic = self._accepting(client, topic_name)
+        return await transactions.store_half(group, topic, queue_id, framed, checked)
 
     def _shape(self, topic_name: str) -> Topic:
         """The topic, or the one auto-creation would make (TOPIC_NOT_FOUND when it is off)."""

@@ -138,6 +138,20 @@ def _state_families(s: BrokerState) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "ordermq_scheduled_messages", "Delayed messages waiting", value=s.scheduler.pending
     )
+    transactions = s.transactions
+    yield GaugeMetricFamily(
+        "ordermq_transactions_pending", "Half messages waiting for their commit or rollback",
+        value=transactions.pending,
+    )  # fmt: skip
+    yield _counter(
+        "ordermq_transactions_ended", "Transactions ended since start, by outcome "
+        "(committed, rolled back, dropped after the most check-backs)", ["outcome"],
+        [((name.replace(" ", "_"),), n) for name, n in transactions.outcomes.items()],
+    )  # fmt: skip
+    yield CounterMetricFamily(
+        "ordermq_transaction_checks", "Check-backs sent to producers since start",
+        value=transactions.checks_sent,
+    )  # fmt: skip
     yield GaugeMetricFamily(
         "ordermq_store_bytes", "Bytes in the commit log", value=store.commitlog.total_bytes()
     )

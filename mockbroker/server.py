@@ -41,6 +41,7 @@ from mockbroker.store.message_store import MessageStore
 from mockbroker.store.retention import file_probe
 from mockbroker.tls import ServerTLS, TLSFiles
 from mockbroker.topic_creation import TopicCreation
+from mockbroker.transactions import Transactions
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._version import __version__
 from sdk._wire import GRPC_CHANNEL_OPTIONS
@@ -235,6 +236,15 @@ class Broker:
         await self.store.start()
         scheduler = Scheduler(self.store, self.clock)
         scheduler.load()
+        transactions = Transactions(
+            self.store,
+            self.clock,
+            timeout_seconds=self.config.transaction_timeout_seconds,
+            check_seconds=self.config.transaction_check_seconds,
+            max_checks=self.config.transaction_max_checks,
+        )
+        transactions.load()
+        await transactions.recover()
         holder = PullHolder(self.clock)
         self.store.on_append = holder.notify
         creation = TopicCreation(
@@ -256,7 +266,7 @@ class Broker:
         )
         pop.load()
         try:
-            await self._serve(locks, scheduler, holder, retry, pop)
+            await self._serve(locks, scheduler, transactions, holder, retry, pop)
         except BaseException:
             await pop.journal.close()
             raise
@@ -277,6 +287,7 @@ class Broker:
         self,
         locks: RebalanceLockManager,
         scheduler: Scheduler,
+        transactions: Transactions,
         holder: PullHolder,
         retry: RetryService,
         pop: PopService,
@@ -301,6 +312,7 @@ class Broker:
             pop=pop,
             commits=OffsetCommits(self.store, self.offsets, locks),
             topic_creation=retry.topics,
+            transactions=transactions,
             dedup=await self._dedup_sends(),
         )
         pop.sliced, pop.limits = state.sliced, state.limits  # receives share like pulls
@@ -341,6 +353,7 @@ class Broker:
             log.info("RocketMQ 5 (apache.rocketmq.v2) clients served on %s", self.v2_address)
         await server.start()
         scheduler.start()
+        transactions.start()
         pop.start()
         self._sweeper = asyncio.create_task(self._expire_clients(state), name="client-expiry")
         if self.acl is not None and self.config.acl_file is not None:
@@ -484,7 +497,9 @@ class Broker:
         if self.state is not None:
             self.state.holder.close()
             self.state.groups.close()
+            self.state.transactions.close()
             await self.state.scheduler.stop()
+            await self.state.transactions.stop()
         if self.registrar is not None:
             await self.registrar.stop()  # clients stop routing here before the ports close
             self.registrar = None

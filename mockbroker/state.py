@@ -26,6 +26,7 @@ from mockbroker.schedule import Scheduler
 from mockbroker.store.message_store import MessageStore
 from mockbroker.topic_creation import TopicCreation
 from mockbroker.topics import Topic, check_any_topic, check_group
+from mockbroker.transactions import Transactions
 from sdk.clock import Clock
 
 
@@ -72,6 +73,8 @@ class BrokerState:
     commits: OffsetCommits
     #: Where every front creates topics (the disk check, max_topics, client_max_topics).
     topic_creation: TopicCreation
+    #: Half messages, their ends and check-backs (mockbroker/transactions.py).
+    transactions: Transactions
     started: float = 0.0
     address: str = ""
     rates: RateMeter = field(default_factory=RateMeter)

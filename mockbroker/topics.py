@@ -23,6 +23,13 @@ SYSTEM_PREFIX = "rmq_sys_"
 #: Where scheduled messages wait, and where their outcomes are recorded.
 SCHEDULE_TOPIC = "rmq_sys_SCHEDULE"
 SCHEDULE_DONE_TOPIC = "rmq_sys_SCHEDULE_DONE"
+#: Where half (transactional) messages wait, and where their outcomes are recorded
+#: (RocketMQ's RMQ_SYS_TRANS_HALF_TOPIC and RMQ_SYS_TRANS_OP_HALF_TOPIC).
+HALF_TOPIC = "rmq_sys_TRANS_HALF_TOPIC"
+HALF_OP_TOPIC = "rmq_sys_TRANS_OP_HALF_TOPIC"
+#: The property that marks a half message's record (RocketMQ's PROPERTY_TRANSACTION_PREPARED):
+#: recovery indexes such a record in HALF_TOPIC; a committed copy goes without it.
+HALF_PROPERTY = "TRAN_MSG"
 #: RocketMQ's default topic, which its clients route to auto-create topics.
 DEFAULT_TOPIC = "TBW102"
 MAX_QUEUES = 1024

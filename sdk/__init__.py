@@ -49,6 +49,7 @@ from sdk.tls import TLSConfig
 
 if TYPE_CHECKING:
     from sdk._blocking import wait_for_shutdown_signal
+    from sdk._transaction import LocalTransactionState, TransactionSendResult
     from sdk.career import Career
     from sdk.consumer.lite_pull import LitePullConsumer
     from sdk.consumer.push import PushConsumer
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from sdk.dedup import DedupCoordinator
     from sdk.producer import EarlierSendFailedError, PartialBatchError, Producer
     from sdk.producer.config import AccumulatorConfig, ProducerConfig
+    from sdk.transaction import TransactionListener, TransactionProducer
 
 #: The clients, imported on first use: the broker imports sdk's wire modules without them
 #: (a third of its start-up time), and so does a process that only reads messages' types.
@@ -73,6 +75,10 @@ _LAZY = {
     # Its package's __init__ is the Producer: importing the config imports the client.
     "AccumulatorConfig": "sdk.producer.config",
     "ProducerConfig": "sdk.producer.config",
+    "TransactionListener": "sdk.transaction",
+    "TransactionProducer": "sdk.transaction",
+    "LocalTransactionState": "sdk._transaction",
+    "TransactionSendResult": "sdk._transaction",
 }
 
 
@@ -107,6 +113,7 @@ __all__ = [
     "KeepInvisible",
     "LitePullConsumer",
     "LitePullConsumerConfig",
+    "LocalTransactionState",
     "Message",
     "MessageExt",
     "MessageListenerConcurrently",
@@ -129,6 +136,9 @@ __all__ = [
     "SendStatus",
     "SimpleConsumer",
     "TLSConfig",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
     "shard_index",
     "wait_for_shutdown_signal",
 ]

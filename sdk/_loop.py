@@ -93,6 +93,24 @@ class LoopThread:
             return cast(T, value)
         raise value
 
+    def hold(self) -> threading.Event:
+        """Block the loop until the returned event is set (sdk.testing.paused).
+
+        Returns once the loop is blocked: nothing scheduled on it runs meanwhile, as in a
+        process stopped by SIGSTOP.
+        """
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("a loop cannot hold itself")
+        held, release = threading.Event(), threading.Event()
+
+        def block() -> None:
+            held.set()
+            release.wait()
+
+        self._loop.call_soon_threadsafe(block)
+        held.wait()
+        return release
+
     def stop(self) -> None:
         """Cancel what still runs on the loop (as asyncio.run does), stop it, join it.
 

@@ -15,6 +15,8 @@
     ├── TopicExistsError
     ├── GroupNotFoundError
     ├── MessageNotFoundError
+    ├── TransactionNotFoundError            EndTransaction: not pending (unknown or ended)
+    ├── WrongProducerGroupError             EndTransaction by another producer group
     ├── LockNotHeldError
     ├── StaleEpochError
     ├── CorruptRecordError
@@ -196,6 +198,14 @@ class DataFormatError(CorruptFileError):
     """
 
 
+class TransactionNotFoundError(OrderMQError):
+    """The transaction is not pending at its broker: unknown, or ended the other way."""
+
+
+class WrongProducerGroupError(OrderMQError):
+    """The transaction belongs to another producer group."""
+
+
 class FlushFailedError(OrderMQError):
     """The broker's fsync failed: the message is not acknowledged."""
 
@@ -289,6 +299,8 @@ ERRORS_BY_REASON: dict[str, type[OrderMQError]] = {
     "PERMISSION_DENIED": PermissionDeniedError,
     "GROUP_HAS_MEMBERS": GroupHasMembersError,
     "SYSTEM_TOPIC": SystemTopicError,
+    "TRANSACTION_NOT_FOUND": TransactionNotFoundError,
+    "WRONG_PRODUCER_GROUP": WrongProducerGroupError,
 }
 
 #: gRPC status names -> exception classes, for statuses that carry no reason.

@@ -83,6 +83,11 @@ ORDERMQ_RPCS: dict[str, Needs] = {
     "CancelScheduled": _SEND,
     "Receive": _CONSUME,
     "Ack": _CONSUME,
+    # Transactions: a half message is a send (RocketMQ checks PUB on its topic); ending
+    # one and answering check-backs name only the producer group (RocketMQ checks none).
+    "SendHalfMessage": _SEND,
+    "EndTransaction": _KNOWN,
+    "WatchTransactionChecks": _KNOWN,
     "ChangeInvisibleDuration": _CONSUME,
     # RocketMQ lists topic creation as admin; ordermq adds ResetOffset, which rewinds a group.
     "CreateTopic": _ADMIN,

@@ -441,10 +441,11 @@ class MessageStore:
         first_index: int = 0,
         max_frames: int | None = None,
         max_bytes: int | None = None,
+        half: bool = False,
     ) -> CheckedFrames:
         """Validate a request's frames against the limits and the broker's clock.
 
-        In parts, if asked (see records.check_frames).
+        In parts, if asked; `half` for a half message (see records.check_frames).
         """
         return check_frames(
             frames,
@@ -453,6 +454,7 @@ class MessageStore:
             first_index=first_index,
             max_frames=max_frames,
             max_bytes=max_bytes,
+            half=half,
         )
 
     async def put(self, topic: Topic, queue_id: int, frames: bytes) -> PutResult:

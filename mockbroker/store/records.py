@@ -18,6 +18,7 @@ from typing import overload
 
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.store.consumequeue import ENTRY
+from mockbroker.topics import HALF_PROPERTY
 from sdk._wire import (
     DELAY_LEVEL_SECONDS,
     FRAME_FIELDS,
@@ -208,12 +209,14 @@ def check_frames(
     first_index: int = 0,
     max_frames: int | None = None,
     max_bytes: int | None = None,
+    half: bool = False,
 ) -> CheckedFrames:
     """Parse and validate every frame; raise BrokerError naming the first bad one.
 
     In parts: from byte `start` (where frame number `first_index` begins), stopping after
     `max_frames` frames or once `max_bytes` bytes were checked (at least one frame); the
-    next part starts at the last frame's `end`.
+    next part starts at the last frame's `end`. The property HALF_PROPERTY marks a half
+    message's record: refused unless `half` (a transactional send).
     """
     end = len(frames)
     if end == 0:
@@ -258,9 +261,15 @@ def check_frames(
             _check_text(frames, p, (tl, sl, kl), index)
         if pl:
             try:
-                decode_properties(view[p + text : p + text + pl])
+                properties = decode_properties(view[p + text : p + text + pl])
             except ValueError as exc:
                 raise invalid("MALFORMED_FRAME", f"frame {index}: properties: {exc}") from None
+            if HALF_PROPERTY in properties and not half:
+                raise invalid(
+                    "INVALID_ARGUMENT",
+                    f"frame {index}: the property {HALF_PROPERTY} is reserved for transactional "
+                    "messages (send them with sdk.TransactionProducer)",
+                )
         tags_hash = tag_hash(frames[p : p + tl]) if tl else 0
         add((start, stop, tags_hash, due, p + tl + sl, kl))
         pos = stop

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import CORRUPT_SIZE, ENTRY, ConsumeQueue
 from mockbroker.store.records import MIN_RECORD_SIZE, tag_hash
-from mockbroker.topics import SCHEDULE_TOPIC
-from sdk._wire import FRAME_FIELDS, RECORD, RECORD_MAGIC
+from mockbroker.topics import HALF_PROPERTY, HALF_TOPIC, SCHEDULE_TOPIC
+from sdk._wire import FRAME_FIELDS, RECORD, RECORD_MAGIC, decode_properties, encode_properties
 
 log = logging.getLogger("mockbroker.recovery")
 
@@ -64,7 +64,9 @@ class _Header:
     queue_offset: int
     topic: str
     tags: bytes
-    scheduled: bool  # indexed in the schedule queue, not in (topic, queue_id)
+    #: The broker's own queue (queue 0) it is indexed in instead of (topic, queue_id): a
+    #: scheduled message's SCHEDULE_TOPIC, a half message's HALF_TOPIC; None for others.
+    held_in: str | None
 
 
 def _parse(window: bytes, at: int, limit: int) -> tuple[_Header | None, bool]:
@@ -80,12 +82,32 @@ def _parse(window: bytes, at: int, limit: int) -> tuple[_Header | None, bool]:
         topic = window[p : p + topic_len].decode()
     except UnicodeDecodeError:
         return None, False
-    _id, _born, deliver_at, level, tl = FRAME_FIELDS.unpack_from(window, p + topic_len)[:5]
+    fields = FRAME_FIELDS.unpack_from(window, p + topic_len)
+    _id, _born, deliver_at, level, tl, sl, kl, pl = fields[:8]
     tags_at = p + topic_len + FRAME_FIELDS.size
     ok = zlib.crc32(memoryview(window)[at + 8 : at + size]) == crc
     tags = window[tags_at : tags_at + tl]
-    scheduled = bool(deliver_at or level)
-    return _Header(size, queue_id, queue_offset, topic, tags, scheduled), ok
+    held_in = None
+    if deliver_at or level:
+        held_in = SCHEDULE_TOPIC
+    elif pl:
+        properties_at = tags_at + tl + sl + kl
+        properties = window[properties_at : properties_at + pl]
+        if _HALF_MARK in properties and _is_half(properties):
+            held_in = HALF_TOPIC
+    return _Header(size, queue_id, queue_offset, topic, tags, held_in), ok
+
+
+#: How a half message's property reads in a frame: its length, then its name.
+_HALF_MARK = encode_properties({HALF_PROPERTY: ""})[:-2]
+
+
+def _is_half(properties: bytes) -> bool:
+    """Whether a frame's properties name it a half message (only those may carry it)."""
+    try:
+        return HALF_PROPERTY in decode_properties(properties)
+    except ValueError:
+        return False
 
 
 def recover(
@@ -244,10 +266,14 @@ def _index(
     deleted: DeletedLookup | None,
     corrupt: bool = False,
 ) -> None:
-    if not header.scheduled and deleted is not None and deleted(header.topic, position):
+    if header.held_in is None and deleted is not None and deleted(header.topic, position):
         report.deleted_records += 1  # its topic's deletion took it; a namesake starts afresh
         return
-    cq = queues(SCHEDULE_TOPIC, 0) if header.scheduled else queues(header.topic, header.queue_id)
+    cq = (
+        queues(header.topic, header.queue_id)
+        if header.held_in is None
+        else queues(header.held_in, 0)
+    )
     if cq is None:
         log.error("record at %d names unknown queue %s/%d", position, header.topic, header.queue_id)
         return

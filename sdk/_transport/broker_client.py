@@ -493,6 +493,43 @@ class BrokerClient:
         r = await self._call(lambda: self._messaging.GetConsumerList(request))
         return list(r.client_ids), r.membership_version
 
+    async def send_half(
+        self, topic: str, queue_id: int, frame: bytes, group: str, *, timeout: float | None
+    ) -> tuple[str, bool]:
+        """Store a half message; (transaction id, durable)."""
+        request = pb.SendHalfMessageRequest(
+            topic=topic, queue_id=queue_id, frame=frame, producer_group=group
+        )
+        r = await self._call(lambda: self._messaging.SendHalfMessage(request, timeout=timeout))
+        return r.transaction_id, r.status == pb.SEND_OK
+
+    async def end_transaction(
+        self, group: str, transaction_id: str, commit: bool, *, from_check: bool
+    ) -> None:
+        """Commit or roll back a pending transaction."""
+        request = pb.EndTransactionRequest(
+            group=group,
+            transaction_id=transaction_id,
+            resolution=pb.TRANSACTION_COMMIT if commit else pb.TRANSACTION_ROLLBACK,
+            from_check=from_check,
+        )
+        await self._call(lambda: self._messaging.EndTransaction(request))
+
+    async def watch_transaction_checks(
+        self, group: str, client_id: str
+    ) -> AsyncIterator[tuple[str, list[MessageExt], int]]:
+        """(transaction id, [its half message], check times) for each check-back."""
+        request = pb.WatchTransactionChecksRequest(group=group, client_id=client_id)
+        stream = self._messaging.WatchTransactionChecks(request)
+        try:
+            async for check in stream:
+                messages = decode_records(check.record, check.broker_name)
+                yield check.transaction_id, messages, check.check_times
+        except grpc.aio.AioRpcError as exc:
+            raise to_ordermq_error(exc) from None
+        finally:
+            stream.cancel()
+
     async def watch_membership(
         self, group: str, known_version: int
     ) -> AsyncIterator[tuple[int, list[str]]]:

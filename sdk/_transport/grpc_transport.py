@@ -15,10 +15,12 @@ from sdk._transport.codec import encode_message
 from sdk._transport.protocol import (
     Appended,
     GroupInfo,
+    HalfSent,
     LockResult,
     PullResult,
     SendPart,
     SentBack,
+    TransactionCheck,
     Unanswered,
     UnlockResult,
     send_each,
@@ -340,6 +342,38 @@ class GrpcTransport:
         """The first endpoint's membership versions of `group`."""
         async for version, _members in self.brokers()[0].watch_membership(group, known_version):
             yield version
+
+    # ------------------------------------------------------------------ transactions
+    async def send_half(
+        self, queue: MessageQueue, prepared: bytes, group: str, *, timeout: float | None = None
+    ) -> HalfSent:
+        """Store a half message at the queue's broker."""
+        address = self._addresses[queue]
+        txn_id, durable = await self.client(address).send_half(
+            queue.topic, queue.queue_id, prepared, group, timeout=timeout
+        )
+        return HalfSent(txn_id, address, durable)
+
+    async def end_transaction(
+        self, broker: str, group: str, transaction_id: str, commit: bool, *, from_check: bool
+    ) -> None:
+        """Commit or roll back at the broker holding the half message."""
+        await self.client(broker).end_transaction(
+            group, transaction_id, commit, from_check=from_check
+        )
+
+    def transaction_brokers(self) -> list[str]:
+        """The endpoints: each broker checks back its own half messages."""
+        return list(self.endpoints)
+
+    async def watch_transaction_checks(
+        self, broker: str, group: str, client_id: str
+    ) -> AsyncIterator[TransactionCheck]:
+        """The check-backs one broker sends."""
+        stream = self.client(broker).watch_transaction_checks(group, client_id)
+        async for txn_id, messages, times in stream:
+            for message in messages:
+                yield TransactionCheck(txn_id, broker, message, times)
 
     # ------------------------------------------------------------------ locks
     async def lock_batch(

@@ -55,6 +55,25 @@ class Appended:
     queue_id: int = -1
 
 
+@dataclass(frozen=True, slots=True)
+class HalfSent:
+    """A stored half message: its transaction, and the broker that holds it (opaque)."""
+
+    transaction_id: str
+    broker: str
+    durable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionCheck:
+    """A broker's check-back of a pending transaction: its half message, which check."""
+
+    transaction_id: str
+    broker: str
+    message: MessageExt
+    check_times: int
+
+
 #: One queue's prepared messages, for Transport.send_parts.
 SendPart = tuple[MessageQueue, Sequence[bytes]]
 
@@ -324,6 +343,29 @@ class Transport(Protocol):
         self, group: str, client_id: str, queues: Sequence[MessageQueue]
     ) -> UnlockResult:
         """Release the locks of `queues` the client holds."""
+        ...
+
+    # ------------------------------------------------------------------ transactions
+    async def send_half(
+        self, queue: MessageQueue, prepared: bytes, group: str, *, timeout: float | None = None
+    ) -> HalfSent:
+        """Store one prepared message as a half message of producer `group`."""
+        ...
+
+    async def end_transaction(
+        self, broker: str, group: str, transaction_id: str, commit: bool, *, from_check: bool
+    ) -> None:
+        """Commit or roll back a transaction at the broker (HalfSent.broker) holding it."""
+        ...
+
+    def transaction_brokers(self) -> list[str]:
+        """The brokers a transaction producer watches for check-backs (opaque names)."""
+        ...
+
+    def watch_transaction_checks(
+        self, broker: str, group: str, client_id: str
+    ) -> AsyncIterator[TransactionCheck]:
+        """Yield the check-backs `broker` sends to this producer of `group`, until it fails."""
         ...
 
     # ------------------------------------------------------------------ lifecycle

@@ -45,11 +45,13 @@ from sdk._transport.port_probe import speaks_http2
 from sdk._transport.protocol import (
     Appended,
     GroupInfo,
+    HalfSent,
     LockResult,
     PullResult,
     PullStatus,
     SendPart,
     SentBack,
+    TransactionCheck,
     Unanswered,
     UnlockResult,
     send_each,
@@ -135,6 +137,15 @@ def refused(response: RemotingCommand, what: str) -> OrderMQError:
 def unsupported(what: str) -> UnsupportedByTransportError:
     """UnsupportedByTransportError naming this transport."""
     return UnsupportedByTransportError(what, transport=SCHEME)
+
+
+#: Transactional messages (END_TRANSACTION, CHECK_TRANSACTION_STATE) are not spoken over
+#: remoting by this client yet.
+def _no_transactions() -> UnsupportedByTransportError:
+    return unsupported(
+        "transactional messages (TransactionProducer) need ordermq's gRPC protocol for "
+        "now: use a host:port endpoint without rocketmq://"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -949,6 +960,30 @@ class RemotingTransport:
             asyncio.get_running_loop().create_task(_notify_all(condition))
 
     # ------------------------------------------------------------------ locks
+    # ------------------------------------------------------------------ transactions
+    async def send_half(
+        self, queue: MessageQueue, prepared: bytes, group: str, *, timeout: float | None = None
+    ) -> HalfSent:
+        """Not over remoting yet: UnsupportedByTransportError."""
+        raise _no_transactions()
+
+    async def end_transaction(
+        self, broker: str, group: str, transaction_id: str, commit: bool, *, from_check: bool
+    ) -> None:
+        """Not over remoting yet: UnsupportedByTransportError."""
+        raise _no_transactions()
+
+    def transaction_brokers(self) -> list[str]:
+        """Not over remoting yet: UnsupportedByTransportError."""
+        raise _no_transactions()
+
+    async def watch_transaction_checks(
+        self, broker: str, group: str, client_id: str
+    ) -> AsyncIterator[TransactionCheck]:
+        """Not over remoting yet: UnsupportedByTransportError."""
+        raise _no_transactions()
+        yield  # an async generator  # pragma: no cover
+
     async def lock_batch(
         self, group: str, client_id: str, queues: Sequence[MessageQueue]
     ) -> LockResult:

@@ -7,6 +7,7 @@ from sdk.aio.producer import Producer
 from sdk.aio.push_consumer import PushConsumer
 from sdk.aio.signals import wait_for_shutdown_signal
 from sdk.aio.simple_consumer import SimpleConsumer
+from sdk.aio.transaction import TransactionListener, TransactionProducer
 
 __all__ = [
     "Career",
@@ -15,5 +16,7 @@ __all__ = [
     "Producer",
     "PushConsumer",
     "SimpleConsumer",
+    "TransactionListener",
+    "TransactionProducer",
     "wait_for_shutdown_signal",
 ]

@@ -117,29 +117,36 @@ class ConsumeByKeyService:
         return not self._locks or pq.lease_fresh(self._clock.now(), self._lease)
 
     async def _drive(self, queue: MessageQueue, run: _QueueRun) -> None:
-        """Start calls for free keys as long as the queue is ours; sleep while none can."""
+        """Start calls for free keys as long as the queue is ours; sleep while none can.
+
+        An unexpected error is logged and the driver goes on after RELOCK_FAILED_DELAY
+        with the same state: the messages it had taken stay in its dispatch (a new driver
+        with an empty one would never call them, and they would hold the commit).
+        """
         pq = run.pq
-        try:
-            while not self._closed and not pq.dropped:
-                run.wake.clear()
-                if pq.generation != run.generation:  # reset: what was taken is stale
-                    run.dispatch.clear()
-                    run.generation = pq.generation
-                run.dispatch.add(pq.take_all(pq.buffered))
-                if not self.lease_valid(pq):
-                    if run.calls == 0:  # re-lock with no call running, as queue mode does
-                        delay = (
-                            RELOCK_OK_DELAY
-                            if await self._host.relock(queue, pq)
-                            else RELOCK_FAILED_DELAY
-                        )
-                        await sleep_for(self._clock, delay)
-                        continue
-                else:
-                    await self._start_calls(queue, run)
-                await run.wake.wait()
-        except Exception:
-            log.exception("key-mode consume of %s failed", queue)
+        while not self._closed and not pq.dropped:
+            try:
+                await self._step(queue, run)
+            except Exception:
+                log.exception("key-mode consume of %s failed; going on", queue)
+                await sleep_for(self._clock, RELOCK_FAILED_DELAY)
+
+    async def _step(self, queue: MessageQueue, run: _QueueRun) -> None:
+        """Take what the queue buffered; start the calls that can start; wait for news."""
+        pq = run.pq
+        run.wake.clear()
+        if pq.generation != run.generation:  # reset: what was taken is stale
+            run.dispatch.clear()
+            run.generation = pq.generation
+        run.dispatch.add(pq.take_all(pq.buffered))
+        if not self.lease_valid(pq):
+            if run.calls == 0:  # re-lock with no call running, as queue mode does
+                relocked = await self._host.relock(queue, pq)
+                await sleep_for(self._clock, RELOCK_OK_DELAY if relocked else RELOCK_FAILED_DELAY)
+                return
+        else:
+            await self._start_calls(queue, run)
+        await run.wake.wait()
 
     async def _start_calls(self, queue: MessageQueue, run: _QueueRun) -> None:
         pq = run.pq

@@ -8,6 +8,8 @@
 - `OrderRecorder`: an orderly listener that records what it handles (and may pass each
   message on to the application's handler), and checks that every key's messages were
   handled in the order they were sent, none lost, at most so many repeated.
+- `paused(client)`: a blocking client frozen for a `with` block, as SIGSTOP or a long GC
+  pause freezes a process; with a shared `FakeClock`, paused past its lease.
 
 So an application tests its listeners under the faults ordermq tests its own under
 (examples/testing_kit.py).
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from sdk.testing.broker import TestBroker
 from sdk.testing.clock import FakeClock
+from sdk.testing.pausing import paused
 from sdk.testing.recording import (
     Handled,
     OrderRecorder,
@@ -31,4 +34,5 @@ __all__ = [
     "TestBroker",
     "assert_handled_in_order",
     "order_problems",
+    "paused",
 ]

@@ -167,7 +167,16 @@ def seed(f: Fuzzed) -> None:
         group=G1, topic=TOPIC, queue_id=0, offset=0, max_messages=16, max_bytes=1 << 20,
         tag_expression="*",
     )  # fmt: skip
+    half = pb.SendHalfMessageRequest(
+        topic=TOPIC, queue_id=0, frame=frames(b"half", now_ms=now_ms + 50), producer_group="pg"
+    )
+    pending = f.call("SendHalfMessage", half)
     f.seeds = {
+        "SendHalfMessage": half,
+        "EndTransaction": pb.EndTransactionRequest(
+            group="pg", transaction_id=pending.transaction_id, resolution=pb.TRANSACTION_ROLLBACK
+        ),
+        "WatchTransactionChecks": pb.WatchTransactionChecksRequest(group="pg", client_id=C1),
         "QueryRoute": pb.QueryRouteRequest(topic=TOPIC),
         "Send": pb.SendRequest(topic=TOPIC, queue_id=1, frames=frames(b"x", now_ms=now_ms + 7)),
         "Pull": pull,
@@ -339,7 +348,8 @@ def unary(f: Fuzzed, method: MethodDescriptor, data: bytes) -> Outcome:
 
 
 def watch(f: Fuzzed, method: MethodDescriptor, data: bytes) -> Outcome:
-    """WatchMembership: the first event comes at once when known_version is behind."""
+    """A server stream: WatchMembership's first event comes at once when known_version is
+    behind; WatchTransactionChecks sends nothing until a check-back is due."""
     what = f"{method.name}({data!r})"
     request = parsed(method, data)
     call = f.channel.unary_stream(rpc_path(method))(data, timeout=DEADLINE)
@@ -359,7 +369,11 @@ def watch(f: Fuzzed, method: MethodDescriptor, data: bytes) -> Outcome:
     state = f.broker.state
     assert state is not None
     groups = state.groups
-    expect_event = request is not None and groups.version(request.group) != request.known_version  # type: ignore[attr-defined]
+    expect_event = (
+        method.name == "WatchMembership"
+        and request is not None
+        and groups.version(request.group) != request.known_version  # type: ignore[attr-defined]
+    )
     try:
         if expect_event:
             wait_until(lambda: bool(got) or waiter.done.is_set(), DEADLINE, f"{what} to answer")

@@ -34,6 +34,7 @@ from sdk import (
     PushConsumerConfig,
 )
 from sdk._transport.broker_client import BrokerClient
+from sdk.consumer.key_dispatch import KeyDispatch
 from sdk.errors import InvalidArgumentError
 from tests.component.pulling import read_queue
 from tests.component.transports import TRANSPORTS, BrokerOver, broker_over
@@ -190,6 +191,54 @@ def test_a_key_out_of_retries_goes_to_the_dead_letter_queue_and_moves_on(
     [dead] = read_queue(broker.grpc_address, MessageQueue("%DLQ%g", "broker-a", 0))
     assert (dead.body, dead.reconsume_times) == (b"bad:0", 2)
     wait_until(lambda: committed(broker) == 6, 10, "the queue committed to its end")
+
+
+@pytest.mark.parametrize("policy", ["stall", "dead-letter"])
+def test_a_poisoned_key_among_100_holds_up_none_of_the_other_99(
+    broker: BrokerOver, policy: str
+) -> None:
+    """One key's first message always fails. Stalled (retried without end, RocketMQ's
+    orderly default) it holds back only its own key; dead-lettered after its retries, its
+    key goes on after it. Either way the other 99 keys of the queue finish, in order."""
+    keys, per_key = [f"k{i:02d}" for i in range(100)], 3
+    send(broker, keys, per_key)
+    listener = Timeline(fail=frozenset({b"k00:0"}))
+    retries = None if policy == "stall" else 2
+    config = PushConsumerConfig(suspend_current_queue_time=0.01, max_reconsume_times=retries)
+    with consumer(broker, listener, ProcessingOrder.KEY, config=config):
+        wait_until(lambda: listener.handled() >= 99 * per_key + (policy != "stall") * 2, 30,
+                   "the other 99 keys finished")  # fmt: skip
+    assert_in_order_one_call_at_a_time(listener, keys[1:], per_key)
+    poisoned = [s for seqs, _b, _e in listener.by_key()["k00"] for s in seqs]
+    if policy == "stall":
+        assert poisoned == [], "the poisoned key waits at its first message"
+        assert committed(broker) == 0, "the queue commits up to k00:0, its lowest unfinished"
+    else:
+        assert poisoned == [1, 2]
+        [dead] = read_queue(broker.grpc_address, MessageQueue("%DLQ%g", "broker-a", 0))
+        assert dead.body == b"k00:0"
+
+
+def test_the_queue_driver_goes_on_after_an_unexpected_error_with_what_it_had_taken(
+    broker: BrokerOver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys, per_key = ["k1", "k2", "k3"], 3
+    send(broker, keys, per_key)
+    next_call, failed = KeyDispatch.next_call, threading.Event()
+
+    def fails_once(self: KeyDispatch, most: int) -> object:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("unexpected (test)")
+        return next_call(self, most)
+
+    monkeypatch.setattr(KeyDispatch, "next_call", fails_once)
+    listener = Timeline()
+    with consumer(broker, listener, ProcessingOrder.KEY):
+        wait_until(lambda: listener.handled() == len(keys) * per_key, 30, "all handled")
+    assert failed.is_set()
+    assert_in_order_one_call_at_a_time(listener, keys, per_key)
+    assert committed(broker) == len(keys) * per_key
 
 
 def test_async_listeners_run_keys_side_by_side_on_the_loop(broker: BrokerOver) -> None:

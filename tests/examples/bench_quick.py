@@ -94,13 +94,18 @@ def _receive(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
 
 
 def _keymode(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
-    # 5 ms listeners in queue mode and in key mode, and their ratio (issue 20)
+    # 5 ms listeners in queue mode and in key mode, and their ratio; each mode's send-to-call
+    # latency at a paced rate, and the p99 ratio (issue 20)
     keymode = {f["key"]: f for f in figures if f["key"].startswith("keymode.")}
     assert sorted(keymode) == [
-        "keymode.async.key", "keymode.async.queue", "keymode.threads.key", "keymode.threads.queue"
+        "keymode.async.key", "keymode.async.queue",
+        "keymode.latency.key.p50", "keymode.latency.key.p99",
+        "keymode.latency.queue.p50", "keymode.latency.queue.p99",
+        "keymode.threads.key", "keymode.threads.queue",
     ]  # fmt: skip
     assert all(f["median"] > 0 for f in keymode.values())
     assert set(facts["keymode_ratios"]) == {"async", "threads"}
+    assert facts["keymode_p99_ratio"] > 0
 
 
 #: What each group's figures must show, beyond the run succeeding (the groups not named

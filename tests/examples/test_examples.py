@@ -79,6 +79,16 @@ def test_singleton_job_has_one_holder_at_a_time_through_pause_kill_and_hand_over
     assert "result: OK" in out
 
 
+def test_transactional_outbox_ships_exactly_the_orders_written_through_two_deaths() -> None:
+    out = run_example("transactional_outbox.py")
+    assert "placed: {'o-1': 'COMMIT_MESSAGE', 'o-2': 'ROLLBACK_MESSAGE', " in out
+    assert "order service died after commit of o-3 (exit status 3)" in out
+    assert "checked back o-3: COMMIT_MESSAGE" in out
+    assert "checked back o-4: ROLLBACK_MESSAGE" in out
+    assert "orders the shipping service got: ['o-1', 'o-3']" in out
+    assert "result: OK" in out
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_the_service_example_stops_cleanly_on_a_signal(sig: signal.Signals) -> None:
     proc = subprocess.Popen(

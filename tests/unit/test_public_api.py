@@ -33,6 +33,8 @@ def test_sdk_exports_exactly_the_public_names() -> None:
             "RoundRobinSelector",
             "SelectMessageQueueByHash", "SelectMessageQueueByRandom", "SendResult",
             "SendStatus", "SimpleConsumer", "TLSConfig", "shard_index", "wait_for_shutdown_signal",
+            "LocalTransactionState", "TransactionListener", "TransactionProducer",
+            "TransactionSendResult",
         ]
     )  # fmt: skip
     assert sorted(sdk.aio.__all__) == [
@@ -42,6 +44,8 @@ def test_sdk_exports_exactly_the_public_names() -> None:
         "Producer",
         "PushConsumer",
         "SimpleConsumer",
+        "TransactionListener",
+        "TransactionProducer",
         "wait_for_shutdown_signal",
     ]
     assert sorted(mockbroker.__all__) == ["Broker", "BrokerConfig", "EmbeddedBroker", "FlushMode"]

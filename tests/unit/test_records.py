@@ -178,6 +178,20 @@ def test_a_truncated_last_header_is_named_with_its_byte() -> None:
     assert info.value.message == f"frame 57: header truncated at byte {len(frames)}"
 
 
+def test_the_half_message_property_is_refused_except_in_a_transactional_send() -> None:
+    # Recovery indexes a record carrying it in the half queue (store/recovery.py).
+    half = encode_frame(msg_id=bytes(16), born_timestamp_ms=NOW_MS, body=b"b",
+                        properties=encode_properties({"a": "1", "TRAN_MSG": "true"}))  # fmt: skip
+    with pytest.raises(BrokerError) as info:
+        check_frames(good(0) + half, NOW_MS)
+    assert (info.value.reason, info.value.message) == (
+        "INVALID_ARGUMENT",
+        "frame 1: the property TRAN_MSG is reserved for transactional messages "
+        "(send them with sdk.TransactionProducer)",
+    )
+    assert len(check_frames(half, NOW_MS, half=True)) == 1
+
+
 def test_text_is_checked_per_frame_not_across_frames() -> None:
     # Each half of a two-byte character, in two frames, is invalid on its own.
     first = encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"b", tags=b"\xc3")

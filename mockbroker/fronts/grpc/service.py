@@ -487,6 +487,64 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             result=pb.CANCELLED if outcome == CANCELLED else pb.ALREADY_DELIVERED
         )
 
+    # ------------------------------------------------------------------ transactions
+    @answers_errors
+    async def SendHalfMessage(
+        self, request: pb.SendHalfMessageRequest, context: Context
+    ) -> pb.SendHalfMessageResponse:
+        """Store one message as a half message of a producer group (mockbroker/transactions)."""
+        client = context.peer()
+        with self._s.limits.unary(client, request.ByteSize()):
+            stored = await self._delivery.send_half(
+                client, request.topic, request.queue_id, request.frame, request.producer_group
+            )
+        return pb.SendHalfMessageResponse(
+            status=pb.SEND_OK if stored.durable else pb.FLUSH_DISK_TIMEOUT,
+            transaction_id=stored.transaction_id,
+            store_timestamp_ms=stored.store_timestamp_ms,
+        )
+
+    @answers_errors
+    async def EndTransaction(
+        self, request: pb.EndTransactionRequest, context: Context
+    ) -> pb.EndTransactionResponse:
+        """Commit or roll back a pending transaction; answered once that is durable."""
+        if request.resolution not in (pb.TRANSACTION_COMMIT, pb.TRANSACTION_ROLLBACK):
+            raise invalid(
+                "INVALID_ARGUMENT",
+                f"resolution {request.resolution} is neither TRANSACTION_COMMIT nor "
+                "TRANSACTION_ROLLBACK",
+            )
+        await self._s.transactions.end(
+            request.group, request.transaction_id, request.resolution == pb.TRANSACTION_COMMIT
+        )
+        return pb.EndTransactionResponse()
+
+    async def WatchTransactionChecks(
+        self, request: pb.WatchTransactionChecksRequest | MalformedRequest, context: Context
+    ) -> AsyncIterator[pb.TransactionCheck]:
+        """Stream check-backs of the group's pending transactions to this producer."""
+        transactions = self._s.transactions
+        try:
+            request = parsed(request)
+            check_group(request.group)
+            check_client_id(request.client_id)
+        except BrokerError as exc:
+            self.requests.refused("WatchTransactionChecks", exc)
+            await abort(context, exc)
+            return
+        async with (
+            self._stream_of(context, "WatchTransactionChecks"),
+            transactions.watching(request.group, request.client_id) as watcher,
+        ):
+            async for check in transactions.checks(watcher):
+                yield pb.TransactionCheck(
+                    transaction_id=check.transaction_id,
+                    record=check.record,
+                    check_times=check.check_times,
+                    broker_name=self._s.config.broker_name,
+                )
+
 
 def _keys(queues: Iterable[pb.MessageQueue]) -> list[tuple[str, int]]:
     return [(q.topic, q.queue_id) for q in queues]

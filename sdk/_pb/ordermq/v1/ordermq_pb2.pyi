@@ -117,6 +117,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """a deletion refused while a group (of the topic) has live members"""
     SYSTEM_TOPIC: _ErrorReason.ValueType  # 35
     """the broker's own topic (%RETRY%, %DLQ%, rmq_sys_, TBW102)"""
+    TRANSACTION_NOT_FOUND: _ErrorReason.ValueType  # 36
+    """EndTransaction for a transaction id not pending (unknown or ended)"""
+    WRONG_PRODUCER_GROUP: _ErrorReason.ValueType  # 37
+    """EndTransaction by a producer group other than the half message's"""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed; sent as the `ordermq-reason` trailing metadata value."""
@@ -192,6 +196,10 @@ GROUP_HAS_MEMBERS: ErrorReason.ValueType  # 34
 """a deletion refused while a group (of the topic) has live members"""
 SYSTEM_TOPIC: ErrorReason.ValueType  # 35
 """the broker's own topic (%RETRY%, %DLQ%, rmq_sys_, TBW102)"""
+TRANSACTION_NOT_FOUND: ErrorReason.ValueType  # 36
+"""EndTransaction for a transaction id not pending (unknown or ended)"""
+WRONG_PRODUCER_GROUP: ErrorReason.ValueType  # 37
+"""EndTransaction by a producer group other than the half message's"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 class _SendStatus:
@@ -325,6 +333,34 @@ CANCEL_RESULT_UNSPECIFIED: CancelResult.ValueType  # 0
 CANCELLED: CancelResult.ValueType  # 1
 ALREADY_DELIVERED: CancelResult.ValueType  # 2
 Global___CancelResult: _TypeAlias = CancelResult  # noqa: Y015
+
+class _TransactionResolution:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TransactionResolutionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TransactionResolution.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TRANSACTION_RESOLUTION_UNSPECIFIED: _TransactionResolution.ValueType  # 0
+    TRANSACTION_COMMIT: _TransactionResolution.ValueType  # 1
+    TRANSACTION_ROLLBACK: _TransactionResolution.ValueType  # 2
+
+class TransactionResolution(_TransactionResolution, metaclass=_TransactionResolutionEnumTypeWrapper):
+    """---------------------------------------------------------------- transactions
+
+    RocketMQ's transactional messages. A producer sends a *half message* (SendHalfMessage):
+    it is stored durably but no consumer sees it. The producer runs its local transaction
+    and ends it (EndTransaction): commit makes the message visible on its topic and queue,
+    rollback discards it. A half message not ended within the broker's
+    transaction_timeout_seconds is *checked back*: the broker asks a live producer of the
+    same group (one that opened WatchTransactionChecks) for the local transaction's state,
+    every transaction_check_seconds, at most transaction_max_checks times; then it is
+    dropped. See docs/transactions.md.
+    """
+
+TRANSACTION_RESOLUTION_UNSPECIFIED: TransactionResolution.ValueType  # 0
+TRANSACTION_COMMIT: TransactionResolution.ValueType  # 1
+TRANSACTION_ROLLBACK: TransactionResolution.ValueType  # 2
+Global___TransactionResolution: _TypeAlias = TransactionResolution  # noqa: Y015
 
 @_typing.final
 class MessageQueue(_message.Message):
@@ -1780,6 +1816,178 @@ class ExchangeError(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExchangeError: _TypeAlias = ExchangeError  # noqa: Y015
+
+@_typing.final
+class SendHalfMessageRequest(_message.Message):
+    """Stores one message as a half message of `producer_group`. Its own RPC, not a flag of
+    Send: a half message is one message with a group, never a batch, a part or scheduled.
+    Errors: as Send; INVALID_ARGUMENT (INVALID_GROUP; INVALID_DELIVERY_TIME for a delayed
+    message; INVALID_ARGUMENT for more or less than one frame).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    FRAME_FIELD_NUMBER: _builtins.int
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    queue_id: _builtins.int
+    frame: _builtins.bytes
+    """exactly one message frame"""
+    producer_group: _builtins.str
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        frame: _builtins.bytes = ...,
+        producer_group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["frame", b"frame", "producer_group", b"producer_group", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendHalfMessageRequest: _TypeAlias = SendHalfMessageRequest  # noqa: Y015
+
+@_typing.final
+class SendHalfMessageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    STORE_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    status: Global___SendStatus.ValueType
+    """durable as the flush mode promises a send"""
+    transaction_id: _builtins.str
+    """names the transaction in EndTransaction"""
+    store_timestamp_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        status: Global___SendStatus.ValueType = ...,
+        transaction_id: _builtins.str = ...,
+        store_timestamp_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["status", b"status", "store_timestamp_ms", b"store_timestamp_ms", "transaction_id", b"transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendHalfMessageResponse: _TypeAlias = SendHalfMessageResponse  # noqa: Y015
+
+@_typing.final
+class EndTransactionRequest(_message.Message):
+    """Commits or rolls back a pending transaction of `group`. Answered once the outcome is
+    durable. Ending it again the same way answers OK and changes nothing.
+    Errors: NOT_FOUND (TRANSACTION_NOT_FOUND: unknown, or ended the other way),
+    FAILED_PRECONDITION (WRONG_PRODUCER_GROUP), INVALID_ARGUMENT (INVALID_GROUP,
+    INVALID_ARGUMENT), UNAVAILABLE (STORE_UNAVAILABLE, DISK_FULL).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    RESOLUTION_FIELD_NUMBER: _builtins.int
+    FROM_CHECK_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    transaction_id: _builtins.str
+    resolution: Global___TransactionResolution.ValueType
+    from_check: _builtins.bool
+    """informational: the answer to a check-back"""
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        transaction_id: _builtins.str = ...,
+        resolution: Global___TransactionResolution.ValueType = ...,
+        from_check: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_check", b"from_check", "group", b"group", "resolution", b"resolution", "transaction_id", b"transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTransactionRequest: _TypeAlias = EndTransactionRequest  # noqa: Y015
+
+@_typing.final
+class EndTransactionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTransactionResponse: _TypeAlias = EndTransactionResponse  # noqa: Y015
+
+@_typing.final
+class WatchTransactionChecksRequest(_message.Message):
+    """A producer of `group` offers to answer check-backs: the stream carries them."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    client_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "group", b"group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchTransactionChecksRequest: _TypeAlias = WatchTransactionChecksRequest  # noqa: Y015
+
+@_typing.final
+class TransactionCheck(_message.Message):
+    """The broker asks for a pending transaction's state; the producer answers with
+    EndTransaction (nothing while it is still unknown).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    RECORD_FIELD_NUMBER: _builtins.int
+    CHECK_TIMES_FIELD_NUMBER: _builtins.int
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    transaction_id: _builtins.str
+    record: _builtins.bytes
+    """the half message, one stored record (as PullResponse.records)"""
+    check_times: _builtins.int
+    """1 on the first check-back"""
+    broker_name: _builtins.str
+    """the broker's name, for the message's queue"""
+    def __init__(
+        self,
+        *,
+        transaction_id: _builtins.str = ...,
+        record: _builtins.bytes = ...,
+        check_times: _builtins.int = ...,
+        broker_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "check_times", b"check_times", "record", b"record", "transaction_id", b"transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TransactionCheck: _TypeAlias = TransactionCheck  # noqa: Y015
 
 @_typing.final
 class QueueStats(_message.Message):

@@ -121,6 +121,21 @@ class MessagingServiceStub:
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationRequest.SerializeToString,
                 response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationResponse.FromString,
                 _registered_method=True)
+        self.SendHalfMessage = channel.unary_unary(
+                '/ordermq.v1.MessagingService/SendHalfMessage',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.SendHalfMessageRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.SendHalfMessageResponse.FromString,
+                _registered_method=True)
+        self.EndTransaction = channel.unary_unary(
+                '/ordermq.v1.MessagingService/EndTransaction',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.EndTransactionRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.EndTransactionResponse.FromString,
+                _registered_method=True)
+        self.WatchTransactionChecks = channel.unary_stream(
+                '/ordermq.v1.MessagingService/WatchTransactionChecks',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.WatchTransactionChecksRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.TransactionCheck.FromString,
+                _registered_method=True)
         self.Exchange = channel.stream_stream(
                 '/ordermq.v1.MessagingService/Exchange',
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.ExchangeRequest.SerializeToString,
@@ -233,6 +248,24 @@ class MessagingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendHalfMessage(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTransaction(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchTransactionChecks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Exchange(self, request_iterator, context):
         """Send and Pull multiplexed on one long-lived stream: a request costs the broker and
         the client about half of what a unary call does (see docs/wire-format.md). Requests
@@ -336,6 +369,21 @@ def add_MessagingServiceServicer_to_server(servicer, server):
                     servicer.ChangeInvisibleDuration,
                     request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationRequest.FromString,
                     response_serializer=ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationResponse.SerializeToString,
+            ),
+            'SendHalfMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendHalfMessage,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.SendHalfMessageRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.SendHalfMessageResponse.SerializeToString,
+            ),
+            'EndTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTransaction,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.EndTransactionRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.EndTransactionResponse.SerializeToString,
+            ),
+            'WatchTransactionChecks': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchTransactionChecks,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.WatchTransactionChecksRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.TransactionCheck.SerializeToString,
             ),
             'Exchange': grpc.stream_stream_rpc_method_handler(
                     servicer.Exchange,
@@ -802,6 +850,87 @@ class MessagingService:
             '/ordermq.v1.MessagingService/ChangeInvisibleDuration',
             ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationRequest.SerializeToString,
             ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendHalfMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.MessagingService/SendHalfMessage',
+            ordermq_dot_v1_dot_ordermq__pb2.SendHalfMessageRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.SendHalfMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.MessagingService/EndTransaction',
+            ordermq_dot_v1_dot_ordermq__pb2.EndTransactionRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.EndTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchTransactionChecks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ordermq.v1.MessagingService/WatchTransactionChecks',
+            ordermq_dot_v1_dot_ordermq__pb2.WatchTransactionChecksRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.TransactionCheck.FromString,
             options,
             channel_credentials,
             insecure,

@@ -69,6 +69,9 @@ class MessagingServiceStub:
     Receive: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.ReceiveRequest, _ordermq_pb2.ReceiveResponse]
     Ack: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.AckRequest, _ordermq_pb2.AckResponse]
     ChangeInvisibleDuration: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.ChangeInvisibleDurationRequest, _ordermq_pb2.ChangeInvisibleDurationResponse]
+    SendHalfMessage: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.SendHalfMessageRequest, _ordermq_pb2.SendHalfMessageResponse]
+    EndTransaction: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.EndTransactionRequest, _ordermq_pb2.EndTransactionResponse]
+    WatchTransactionChecks: _grpc.UnaryStreamMultiCallable[_ordermq_pb2.WatchTransactionChecksRequest, _ordermq_pb2.TransactionCheck]
     Exchange: _grpc.StreamStreamMultiCallable[_ordermq_pb2.ExchangeRequest, _ordermq_pb2.ExchangeResponse]
     """Send and Pull multiplexed on one long-lived stream: a request costs the broker and
     the client about half of what a unary call does (see docs/wire-format.md). Requests
@@ -102,6 +105,9 @@ class MessagingServiceAsyncStub(MessagingServiceStub):
     Receive: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.ReceiveRequest, _ordermq_pb2.ReceiveResponse]  # type: ignore[assignment]
     Ack: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.AckRequest, _ordermq_pb2.AckResponse]  # type: ignore[assignment]
     ChangeInvisibleDuration: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.ChangeInvisibleDurationRequest, _ordermq_pb2.ChangeInvisibleDurationResponse]  # type: ignore[assignment]
+    SendHalfMessage: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.SendHalfMessageRequest, _ordermq_pb2.SendHalfMessageResponse]  # type: ignore[assignment]
+    EndTransaction: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.EndTransactionRequest, _ordermq_pb2.EndTransactionResponse]  # type: ignore[assignment]
+    WatchTransactionChecks: _aio.UnaryStreamMultiCallable[_ordermq_pb2.WatchTransactionChecksRequest, _ordermq_pb2.TransactionCheck]  # type: ignore[assignment]
     Exchange: _aio.StreamStreamMultiCallable[_ordermq_pb2.ExchangeRequest, _ordermq_pb2.ExchangeResponse]  # type: ignore[assignment]
     """Send and Pull multiplexed on one long-lived stream: a request costs the broker and
     the client about half of what a unary call does (see docs/wire-format.md). Requests
@@ -234,6 +240,27 @@ class MessagingServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _ordermq_pb2.ChangeInvisibleDurationRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ordermq_pb2.ChangeInvisibleDurationResponse, _abc.Awaitable[_ordermq_pb2.ChangeInvisibleDurationResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SendHalfMessage(
+        self,
+        request: _ordermq_pb2.SendHalfMessageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.SendHalfMessageResponse, _abc.Awaitable[_ordermq_pb2.SendHalfMessageResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def EndTransaction(
+        self,
+        request: _ordermq_pb2.EndTransactionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.EndTransactionResponse, _abc.Awaitable[_ordermq_pb2.EndTransactionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def WatchTransactionChecks(
+        self,
+        request: _ordermq_pb2.WatchTransactionChecksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_ordermq_pb2.TransactionCheck], _abc.AsyncIterator[_ordermq_pb2.TransactionCheck]]: ...
 
     @_abc_1.abstractmethod
     def Exchange(
