@@ -30,6 +30,7 @@ from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
 from mockbroker.long_polling import PullHolder
 from mockbroker.offset_commits import OffsetCommits
 from mockbroker.offsets import ConsumerOffsets
+from mockbroker.parking import PARKING_FILE, Parking
 from mockbroker.pop import PopService
 from mockbroker.registrar import BrokerRegistrar
 from mockbroker.retry import RetryService
@@ -251,6 +252,15 @@ class Broker:
             client_max_topics=self.config.client_max_topics,
         )
         retry = RetryService(self.store, scheduler, self.clock, creation)
+        parking = Parking(
+            self.store,
+            self.clock,
+            creation.system_topic,
+            locks.check_commit,
+            self.offsets.get,
+            self.config.data_dir / PARKING_FILE,
+        )
+        await asyncio.to_thread(parking.load)
         pop = PopService(
             self.config.data_dir / "pop",
             store=self.store,
@@ -264,7 +274,7 @@ class Broker:
         )
         pop.load()
         try:
-            await self._serve(locks, scheduler, transactions, holder, retry, pop)
+            await self._serve(locks, scheduler, transactions, holder, retry, pop, parking)
         except BaseException:
             await pop.journal.close()
             raise
@@ -277,6 +287,7 @@ class Broker:
         holder: PullHolder,
         retry: RetryService,
         pop: PopService,
+        parking: Parking,
     ) -> None:
         state = BrokerState(
             config=self.config,
@@ -299,6 +310,7 @@ class Broker:
             commits=OffsetCommits(self.store, self.offsets, locks),
             topic_creation=retry.topics,
             transactions=transactions,
+            parking=parking,
         )
         pop.sliced, pop.limits = state.sliced, state.limits  # receives share like pulls
         # Without so_reuseport=0 a second broker could bind the same port and share it.
