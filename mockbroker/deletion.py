@@ -26,8 +26,7 @@ from grpc import StatusCode
 
 from mockbroker.errors import BrokerError
 from mockbroker.state import BrokerState
-from mockbroker.topics import check_deletable_topic, check_group
-from sdk._validation import DLQ_PREFIX, RETRY_PREFIX
+from mockbroker.topics import GROUP_TOPIC_PREFIXES, check_deletable_topic, check_group
 from sdk.log import log_event
 
 log = logging.getLogger("mockbroker.deletion")
@@ -77,7 +76,7 @@ async def delete_group(state: BrokerState, group: str, *, force: bool) -> GroupD
     check_group(group)
     own = [
         name
-        for prefix in (RETRY_PREFIX, DLQ_PREFIX)
+        for prefix in GROUP_TOPIC_PREFIXES
         if state.store.topics.find(name := prefix + group) is not None
     ]
     if not own:
@@ -97,6 +96,7 @@ async def delete_group(state: BrokerState, group: str, *, force: bool) -> GroupD
     if state.locks.forget(lambda g, _queue: g == group):
         await state.locks.save()
     await state.pop.forget(group)
+    state.parking.forget(lambda e: e.group == group)
     for name in own:
         await _delete_topic(state, name, forced=[])
     log_event(log, logging.WARNING, "group.deleted",
@@ -129,6 +129,7 @@ async def _delete_topic(state: BrokerState, name: str, *, forced: list[str]) -> 
     groups |= {g for g, _, _ in await state.offsets.forget(of_topic)}
     for group in sorted(state.pop.groups()):
         await state.pop.forget(group, name)
+    state.parking.forget(lambda e: e.topic == name)
     also = f", forced: {', '.join(forced)} subscribe" if forced else ""
     log_event(log, logging.WARNING, "topic.deleted",
               f"topic {name} deleted ({topic.queue_count} queues, offsets of "

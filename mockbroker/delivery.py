@@ -388,6 +388,7 @@ class Delivery:
                     client, topic, queue_id, offset, max_messages=max_messages,
                     max_bytes=max_bytes, tags=tags,
                 )  # fmt: skip
+            got = await self._s.parking.filter(group, topic, queue_id, got)
             caught_up = got.status == "NO_NEW_MESSAGE" or (
                 got.status == "NO_MATCHED_MESSAGE" and got.next_offset == got.max_offset
             )

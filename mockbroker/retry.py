@@ -85,7 +85,7 @@ class RetryService:
             return await self._dead_letter(group, topic, queue_id, queue_offset, record, times)
         retry = self._system_topic(RETRY_PREFIX + group)
         level = min(delay_level or 3 + times, len(DELAY_LEVEL_SECONDS))
-        frame = _copy_frame(record, topic.name, queue_id, queue_offset, delay_level=level)
+        frame = copy_frame(record, topic.name, queue_id, queue_offset, delay_level=level)
         checked = self._store.check(frame)
         await self._scheduler.schedule(retry, 0, frame, checked, reconsume_times=times + 1)
         self.retried[group] = self.retried.get(group, 0) + 1
@@ -107,7 +107,7 @@ class RetryService:
         self, group: str, topic: Topic, queue_id: int, queue_offset: int, record: bytes, times: int
     ) -> SentBack:
         dlq = self._system_topic(DLQ_PREFIX + group)
-        frame = _copy_frame(record, topic.name, queue_id, queue_offset, delay_level=0)
+        frame = copy_frame(record, topic.name, queue_id, queue_offset, delay_level=0)
         checked = check_frames(frame, int(self._clock.now() * 1000))
         await self._store.append(dlq, 0, frame, checked, reconsume_times=times)
         self.dead_lettered[group] = self.dead_lettered.get(group, 0) + 1
@@ -117,10 +117,16 @@ class RetryService:
         return self.topics.system_topic(name)
 
 
-def _copy_frame(
-    record: bytes, topic: str, queue_id: int, queue_offset: int, *, delay_level: int
+def copy_frame(
+    record: bytes,
+    topic: str,
+    queue_id: int,
+    queue_offset: int,
+    *,
+    delay_level: int,
+    extra: dict[str, str] | None = None,
 ) -> bytes:
-    """The record's message as a new frame with origin properties and a delay level."""
+    """The record's message as a new frame: origin properties, `extra` ones, a delay level."""
     frame = frame_of(record)
     msg_id, born, _at, _level, tl, sl, kl, pl, bl = FRAME_FIELDS.unpack_from(frame)
     p = FRAME_FIELDS.size
@@ -133,6 +139,7 @@ def _copy_frame(
         props.update(
             ORIGIN_TOPIC=topic, ORIGIN_QUEUE_ID=str(queue_id), ORIGIN_QUEUE_OFFSET=str(queue_offset)
         )
+    props.update(extra or {})
     return encode_frame(
         msg_id=msg_id,
         born_timestamp_ms=born,

@@ -32,6 +32,7 @@ from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
 from mockbroker.long_polling import PullHolder
 from mockbroker.offset_commits import OffsetCommits
 from mockbroker.offsets import ConsumerOffsets
+from mockbroker.parking import PARKING_FILE, Parking
 from mockbroker.pop import PopService
 from mockbroker.registrar import BrokerRegistrar
 from mockbroker.retry import RetryService
@@ -253,6 +254,15 @@ class Broker:
             client_max_topics=self.config.client_max_topics,
         )
         retry = RetryService(self.store, scheduler, self.clock, creation)
+        parking = Parking(
+            self.store,
+            self.clock,
+            creation.system_topic,
+            locks.check_commit,
+            self.offsets.get,
+            self.config.data_dir / PARKING_FILE,
+        )
+        await asyncio.to_thread(parking.load)
         pop = PopService(
             self.config.data_dir / "pop",
             store=self.store,
@@ -266,7 +276,7 @@ class Broker:
         )
         pop.load()
         try:
-            await self._serve(locks, scheduler, transactions, holder, retry, pop)
+            await self._serve(locks, scheduler, transactions, holder, retry, pop, parking)
         except BaseException:
             await pop.journal.close()
             raise
@@ -291,6 +301,7 @@ class Broker:
         holder: PullHolder,
         retry: RetryService,
         pop: PopService,
+        parking: Parking,
     ) -> None:
         state = BrokerState(
             config=self.config,
@@ -314,6 +325,7 @@ class Broker:
             topic_creation=retry.topics,
             transactions=transactions,
             dedup=await self._dedup_sends(),
+            parking=parking,
         )
         pop.sliced, pop.limits = state.sliced, state.limits  # receives share like pulls
         # Without so_reuseport=0 a second broker could bind the same port and share it.

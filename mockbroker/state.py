@@ -19,6 +19,7 @@ from mockbroker.lock_manager import RebalanceLockManager
 from mockbroker.long_polling import PullHolder
 from mockbroker.offset_commits import OffsetCommits
 from mockbroker.offsets import ConsumerOffsets
+from mockbroker.parking import Parking
 from mockbroker.pop import PopService
 from mockbroker.request_stats import RequestStats
 from mockbroker.retry import RetryService
@@ -75,6 +76,8 @@ class BrokerState:
     topic_creation: TopicCreation
     #: Half messages, their ends and check-backs (mockbroker/transactions.py).
     transactions: Transactions
+    #: Keys parked for a group, skipped by its pulls until released (mockbroker/parking.py).
+    parking: Parking
     started: float = 0.0
     address: str = ""
     rates: RateMeter = field(default_factory=RateMeter)

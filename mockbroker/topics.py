@@ -16,10 +16,12 @@ from grpc import StatusCode
 from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
 from mockbroker.store.files import write_atomically
 from sdk._files import read_json
-from sdk._validation import DLQ_PREFIX, RETRY_PREFIX
+from sdk._validation import DLQ_PREFIX, PARKED_PREFIX, RETRY_PREFIX
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_|-]{1,127}$")
 SYSTEM_PREFIX = "rmq_sys_"
+#: A group's own topics: retries, dead letters, parked keys (the name's rest is the group).
+GROUP_TOPIC_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX, PARKED_PREFIX)
 #: Where scheduled messages wait, and where their outcomes are recorded.
 SCHEDULE_TOPIC = "rmq_sys_SCHEDULE"
 SCHEDULE_DONE_TOPIC = "rmq_sys_SCHEDULE_DONE"
@@ -47,8 +49,8 @@ def check_user_topic(name: str) -> None:
 
 
 def check_any_topic(name: str) -> None:
-    """Raise INVALID_TOPIC unless `name` is a user topic or a group's retry / DLQ topic."""
-    for prefix in (RETRY_PREFIX, DLQ_PREFIX):
+    """Raise INVALID_TOPIC unless `name` is a user topic or one of a group's own topics."""
+    for prefix in GROUP_TOPIC_PREFIXES:
         if name.startswith(prefix):
             check_group(name[len(prefix) :])
             return
@@ -75,8 +77,8 @@ def name_checked(check: Callable[[str], None], name: object) -> str:
 
 
 def is_system_topic(name: str) -> bool:
-    """True for the broker's own topics (retry, dead letter, rmq_sys_)."""
-    return name.startswith((RETRY_PREFIX, DLQ_PREFIX, SYSTEM_PREFIX))
+    """True for the broker's own topics (retry, dead letter, parked, rmq_sys_)."""
+    return name.startswith((*GROUP_TOPIC_PREFIXES, SYSTEM_PREFIX))
 
 
 def check_deletable_topic(name: str) -> None:
@@ -86,8 +88,9 @@ def check_deletable_topic(name: str) -> None:
         return
     check_any_topic(name)
     why = (
-        "; a group's retry and dead-letter topics are deleted with the group (groups delete)"
-        if name.startswith((RETRY_PREFIX, DLQ_PREFIX))
+        "; a group's retry, dead-letter and parked topics are deleted with the group "
+        "(groups delete)"
+        if name.startswith(GROUP_TOPIC_PREFIXES)
         else ""
     )
     raise invalid("SYSTEM_TOPIC", f"topic {name!r} is the broker's own: not deleted by name{why}")

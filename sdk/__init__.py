@@ -22,6 +22,7 @@ from sdk.consumer.allocate import (
 )
 from sdk.consumer.config import (
     ConsumeFromWhere,
+    KeyFailurePolicy,
     LitePullConsumerConfig,
     MessageModel,
     ProcessingOrder,
@@ -111,6 +112,7 @@ __all__ = [
     "DedupCoordinator",
     "EarlierSendFailedError",
     "KeepInvisible",
+    "KeyFailurePolicy",
     "LitePullConsumer",
     "LitePullConsumerConfig",
     "LocalTransactionState",

@@ -11,6 +11,7 @@ SYSTEM_PREFIX = "rmq_sys_"
 #: Topics the system names for a consumer group: its retries, and its dead letters.
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
+PARKED_PREFIX = "%PARKED%"
 #: Topics that passed check_topic; it runs for every message built, and most
 #: applications use a few topics. Bounded: once full, further topics are checked each time.
 _VALID_TOPICS: set[str] = set()

@@ -638,6 +638,69 @@ def _poll_group(name: str) -> GroupInfo:
     return GroupInfo(name, "CONSUME_POLL")
 
 
+@cli.group()
+def parked() -> None:
+    """Keys that key-mode consumers parked (KeyFailurePolicy.PARK), and their release."""
+
+
+@parked.command("list")
+@click.argument("group", required=False, default="")
+@click.pass_obj
+def parked_list(c: Context, group: str) -> None:
+    """The keys parked for GROUP (or every group), and those released not yet passed."""
+    data = c.call(lambda b: b.admin("ListParkedKeys", group=group))["keys"]
+    rows = [
+        [k["group"], k["queue"]["topic"], k["queue"]["queue_id"], k["sharding_key"] or "(none)",
+         k["parked_messages"], "released" if k["released_at_ms"] else "parked",
+         _ms(k["parked_at_ms"]), k["reason"]]
+        for k in data
+    ]  # fmt: skip
+    columns = ["group", "topic", "queue", "key", "messages", "state", "parked at", "reason"]
+    c.emit(data, _table("parked keys", columns, rows))
+
+
+@parked.command("release")
+@click.argument("group")
+@click.argument("topic")
+@click.argument("key")
+@click.option("--queue", type=int, default=None,
+              help="the key's queue (default: the one `parked list` names)")  # fmt: skip
+@click.option("--yes", is_flag=True, help="do not ask for confirmation")
+@click.pass_obj
+def parked_release(
+    c: Context, group: str, topic: str, key: str, queue: int | None, yes: bool
+) -> None:
+    """Send KEY's parked messages back to the end of their TOPIC queue, in order, for GROUP.
+
+    Fix what made them fail first: GROUP's consumers then handle them again, in the order
+    they were sent, after the queue's newer messages of other keys.
+    """
+    if queue is None:
+        listed = c.call(lambda b: b.admin("ListParkedKeys", group=group))["keys"]
+        queues = sorted(
+            k["queue"]["queue_id"]
+            for k in listed
+            if k["queue"]["topic"] == topic and k["sharding_key"] == key
+            and not k["released_at_ms"]
+        )  # fmt: skip
+        if len(queues) != 1:
+            raise click.ClickException(
+                f"key {key!r} of {topic} is parked for {group} in "
+                + (f"queues {queues}: name one with --queue" if queues else "no queue")
+            )
+        queue = queues[0]
+    if not yes:
+        click.confirm(f"Release key {key!r} of {topic} queue {queue} for {group} on {c.broker}?",
+                      abort=True)  # fmt: skip
+    where = {"topic": topic, "queue_id": queue}
+    data = c.call(
+        lambda b: b.admin("ReleaseParkedKey", group=group, queue=where, sharding_key=key)
+    )["released"]
+    back = data["parked_messages"]
+    c.emit(data, f"released key {key!r} of {topic} queue {queue} for {group}: "
+                 f"{back} parked message(s) back at the queue's end")  # fmt: skip
+
+
 # ---------------------------------------------------------------------- broker
 @cli.group()
 def broker() -> None:

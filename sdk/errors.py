@@ -16,6 +16,7 @@
     ├── GroupNotFoundError
     ├── MessageNotFoundError
     ├── TransactionNotFoundError            EndTransaction: not pending (unknown or ended)
+    ├── ParkedKeyNotFoundError              ReleaseParkedKey: the key is not parked
     ├── WrongProducerGroupError             EndTransaction by another producer group
     ├── LockNotHeldError
     ├── StaleEpochError
@@ -202,6 +203,10 @@ class TransactionNotFoundError(OrderMQError):
     """The transaction is not pending at its broker: unknown, or ended the other way."""
 
 
+class ParkedKeyNotFoundError(OrderMQError):
+    """The key is not parked for the group in that queue (never, or released already)."""
+
+
 class WrongProducerGroupError(OrderMQError):
     """The transaction belongs to another producer group."""
 
@@ -300,6 +305,7 @@ ERRORS_BY_REASON: dict[str, type[OrderMQError]] = {
     "GROUP_HAS_MEMBERS": GroupHasMembersError,
     "SYSTEM_TOPIC": SystemTopicError,
     "TRANSACTION_NOT_FOUND": TransactionNotFoundError,
+    "PARKED_KEY_NOT_FOUND": ParkedKeyNotFoundError,
     "WRONG_PRODUCER_GROUP": WrongProducerGroupError,
 }
 

@@ -89,6 +89,10 @@ ORDERMQ_RPCS: dict[str, Needs] = {
     "EndTransaction": _KNOWN,
     "WatchTransactionChecks": _KNOWN,
     "ChangeInvisibleDuration": _CONSUME,
+    # Parking a key: as a commit, by the queue's holder; listing and releasing: an operator's.
+    "ParkKey": _CONSUME,
+    "ListParkedKeys": _KNOWN,
+    "ReleaseParkedKey": _ADMIN,
     # RocketMQ lists topic creation as admin; ordermq adds ResetOffset, which rewinds a group.
     "CreateTopic": _ADMIN,
     "DeleteTopic": _ADMIN,

@@ -585,6 +585,30 @@ class BrokerClient:
         r = await self._call(lambda: self._messaging.SendBack(request))
         return SentBack(r.destination == pb.DEAD_LETTER, r.topic, r.reconsume_times)
 
+    async def park_key(
+        self,
+        group: str,
+        client_id: str,
+        queue: MessageQueue,
+        sharding_key: str,
+        from_offset: int,
+        *,
+        epoch: int,
+        reason: str,
+    ) -> int:
+        """Park a sharding key of a queue the client holds; the offset it is parked through."""
+        request = pb.ParkKeyRequest(
+            group=group,
+            client_id=client_id,
+            queue=_queues([queue])[0],
+            sharding_key=sharding_key,
+            from_offset=from_offset,
+            lock_epoch=epoch,
+            reason=reason,
+        )
+        r = await self._call(lambda: self._messaging.ParkKey(request))
+        return r.parked.through_offset
+
     async def cancel_scheduled(self, topic: str, msg_id: str) -> bool:
         """Cancel a scheduled message; False when it had already been delivered."""
         request = pb.CancelScheduledRequest(topic=topic, msg_id=msg_id)

@@ -248,6 +248,20 @@ class GrpcTransport:
         for address, part in self._by_broker(offsets, lambda o: o[0]).items():
             await self.client(address).commit_offsets(group, client_id, part)
 
+    async def park_key(
+        self, group: str, client_id: str, message: MessageExt, *, epoch: int, reason: str
+    ) -> int:
+        """Park at the broker that stores the message's queue."""
+        return await self.client_for(message.queue).park_key(
+            group,
+            client_id,
+            message.queue,
+            message.sharding_key or "",
+            message.queue_offset,
+            epoch=epoch,
+            reason=reason,
+        )
+
     async def send_back(
         self,
         group: str,

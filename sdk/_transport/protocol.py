@@ -269,6 +269,24 @@ class Transport(Protocol):
         """Return a message the group failed to consume, for a later retry or dead letter."""
         ...
 
+    async def park_key(
+        self,
+        group: str,
+        client_id: str,
+        message: MessageExt,
+        *,
+        epoch: int,
+        reason: str,
+    ) -> int:
+        """Park `message`'s sharding key in its queue for `group`, from `message` on.
+
+        The broker copies the key's messages from there, in order, to %PARKED%<group> and
+        skips them in the group's pulls until an operator releases the key. Returns the
+        queue offset up to which the key's messages are parked (the caller drops those it
+        holds). Fenced as a commit: LockNotHeldError or StaleEpochError.
+        """
+        ...
+
     # ------------------------------------------------------------------ receiving (pop)
     async def receive(
         self,

@@ -647,6 +647,12 @@ class RemotingTransport:
         """RocketMQ cannot take back a scheduled message."""
         raise unsupported(f"cancelling scheduled message {msg_id}")
 
+    async def park_key(
+        self, group: str, client_id: str, message: MessageExt, *, epoch: int, reason: str
+    ) -> int:
+        """RocketMQ has no parked keys (KeyFailurePolicy.PARK needs ordermq's broker)."""
+        raise unsupported(f"parking key {message.sharding_key!r} (KeyFailurePolicy.PARK)")
+
     # ------------------------------------------------------------------ consuming
     async def pull(
         self,

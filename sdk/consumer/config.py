@@ -58,6 +58,26 @@ class ProcessingOrder(enum.Enum):
     KEY = "key"
 
 
+class KeyFailurePolicy(enum.Enum):
+    """Key mode: what becomes of a key whose batch failed 1 + max_reconsume_times times.
+
+    With `max_reconsume_times` None (the orderly default, RocketMQ's: unlimited) neither
+    applies: the key stalls, retried every `suspend_current_queue_time`, while the queue's
+    other keys go on.
+
+    DEAD_LETTER (the default, RocketMQ's): the batch goes to the group's dead-letter topic
+    %DLQ%<group> and the key goes on with its next message.
+    PARK: the key is parked at the broker: its messages from the failing one on, and those
+    that come later, are set aside in order in %PARKED%<group> and skipped by the group's
+    pulls, until an operator releases the key (`ordermq parked release`); the messages
+    then come back, in order, after the queue's newer ones. Needs ordermq's broker
+    (over rocketmq:// it raises UnsupportedByTransportError when a key would be parked).
+    """
+
+    DEAD_LETTER = "dead-letter"
+    PARK = "park"
+
+
 @dataclass(frozen=True)
 class PushConsumerConfig:
     """Tuning of a push consumer; every duration is in seconds.
@@ -96,6 +116,9 @@ class PushConsumerConfig:
         max_keys_in_flight_per_queue: Key mode (`ordering=ProcessingOrder.KEY`): most
             listener calls one queue runs at once, each for a different sharding key.
             `consume_threads` bounds the calls of the whole consumer.
+        key_failure_policy: Key mode: what becomes of a key whose batch failed
+            1 + `max_reconsume_times` times (KeyFailurePolicy: dead-letter the batch, or
+            park the key; PARK needs `max_reconsume_times`).
     """
 
     consume_threads: int = 20
@@ -120,6 +143,7 @@ class PushConsumerConfig:
     shutdown_timeout: float = 30.0
     young_queue_max_messages: int = YOUNG_QUEUE_MAX_MESSAGES
     max_keys_in_flight_per_queue: int = 16
+    key_failure_policy: KeyFailurePolicy = KeyFailurePolicy.DEAD_LETTER
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -149,6 +173,16 @@ class PushConsumerConfig:
         need(
             self.max_reconsume_times is None or self.max_reconsume_times >= 1,
             "max_reconsume_times must be at least 1 (or None for the default)",
+        )
+        need(
+            isinstance(self.key_failure_policy, KeyFailurePolicy),
+            "key_failure_policy must be a KeyFailurePolicy, "
+            f"not {type(self.key_failure_policy).__name__}",
+        )
+        need(
+            self.key_failure_policy is not KeyFailurePolicy.PARK
+            or self.max_reconsume_times is not None,
+            "key_failure_policy PARK needs max_reconsume_times: the retries before a key is parked",
         )
         need(
             0.01 <= self.suspend_current_queue_time <= 30,

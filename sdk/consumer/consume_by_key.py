@@ -31,7 +31,7 @@ from typing import cast
 
 from sdk import metrics, tracing
 from sdk.clock import Clock, sleep_for
-from sdk.consumer.config import PushConsumerConfig
+from sdk.consumer.config import KeyFailurePolicy, PushConsumerConfig
 from sdk.consumer.consume_orderly import (
     RELOCK_FAILED_DELAY,
     RELOCK_OK_DELAY,
@@ -68,6 +68,9 @@ class _QueueRun:
     driver: asyncio.Task[None] | None = None
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # calls, then their outcome
     retries: set[asyncio.Task[None]] = field(default_factory=set)  # keys waiting to retry
+    #: Keys this consumer parked, and the queue offset the broker parked each through:
+    #: their messages up to there that a pull brought before are finished here.
+    parked: dict[Key, int] = field(default_factory=dict)
 
 
 class ConsumeByKeyService:
@@ -95,6 +98,7 @@ class ConsumeByKeyService:
         self._suspend_time = config.suspend_current_queue_time
         self._max_reconsume = config.max_reconsume_times
         self._per_queue = config.max_keys_in_flight_per_queue
+        self._park = config.key_failure_policy is KeyFailurePolicy.PARK
         self._slots = asyncio.Semaphore(config.consume_threads)
         self._runs: dict[MessageQueue, _QueueRun] = {}
         self._async_listener = inspect.iscoroutinefunction(listener.consume_message)
@@ -137,8 +141,12 @@ class ConsumeByKeyService:
         run.wake.clear()
         if pq.generation != run.generation:  # reset: what was taken is stale
             run.dispatch.clear()
+            run.parked.clear()
             run.generation = pq.generation
-        run.dispatch.add(pq.take_all(pq.buffered))
+        taken = pq.take_all(pq.buffered)
+        if run.parked:
+            taken = self._without_parked(queue, run, taken)
+        run.dispatch.add(taken)
         if not self.lease_valid(pq):
             if run.calls == 0:  # re-lock with no call running, as queue mode does
                 relocked = await self._host.relock(queue, pq)
@@ -287,9 +295,11 @@ class ConsumeByKeyService:
         batch: list[MessageExt],
         context: ConsumeOrderlyContext,
     ) -> None:
-        """The key waits and retries its batch, or (retries used up) dead-letters it."""
+        """The key retries its batch, or (retries used up) dead-letters it or parks."""
         limit = self._max_reconsume
         if limit is not None and all(m.reconsume_times >= limit for m in batch):
+            if self._park and await self._parked(queue, run, key, batch):
+                return
             moved = 0
             for m in batch:
                 if not await self._host.send_to_dead_letter(m, m.reconsume_times):
@@ -311,6 +321,39 @@ class ConsumeByKeyService:
         task = asyncio.create_task(self._resume_later(run, key, delay))
         run.retries.add(task)
         task.add_done_callback(run.retries.discard)
+
+    async def _parked(
+        self, queue: MessageQueue, run: _QueueRun, key: Key, batch: list[MessageExt]
+    ) -> bool:
+        """Park the key from its failed batch on; True when the broker took it.
+
+        The key's messages held here up to where the broker parked it are finished: the
+        broker keeps them, in order, and the group's pulls skip the rest of the key.
+        """
+        first = batch[0]
+        reason = (f"{1 + first.reconsume_times} listener calls failed on message "
+                  f"{first.msg_id} (offset {first.queue_offset})")  # fmt: skip
+        through = await self._host.park_key(first, run.pq, reason)
+        if through is None:
+            return False
+        run.parked[key] = through
+        held = batch + run.dispatch.take_key(key)
+        parked = [m for m in held if m.queue_offset <= through]
+        run.dispatch.put_back(key, [m for m in held if m.queue_offset > through])
+        run.dispatch.done(key)
+        self._host.commit(queue, run.pq.finish(parked))
+        run.wake.set()
+        return True
+
+    def _without_parked(
+        self, queue: MessageQueue, run: _QueueRun, taken: list[MessageExt]
+    ) -> list[MessageExt]:
+        """`taken` without the messages of keys parked through their offsets (finished)."""
+        gone = [m for m in taken if m.queue_offset <= run.parked.get(m.sharding_key, -1)]
+        if not gone:
+            return taken
+        self._host.commit(queue, run.pq.finish(gone))
+        return [m for m in taken if m.queue_offset > run.parked.get(m.sharding_key, -1)]
 
     async def _resume_later(self, run: _QueueRun, key: Key, delay: float) -> None:
         generation = run.generation

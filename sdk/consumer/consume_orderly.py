@@ -74,6 +74,9 @@ class OrderlyHost(Protocol):
     async def relock(self, queue: MessageQueue, pq: ProcessQueue) -> bool:
         """Try to take the broker lock again now."""
 
+    async def park_key(self, message: MessageExt, pq: ProcessQueue, reason: str) -> int | None:
+        """Park the message's key from it on; the offset it is parked through, or None."""
+
 
 class ConsumeOrderlyService:
     """Runs an orderly listener over the queues the consumer holds."""

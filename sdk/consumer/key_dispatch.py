@@ -72,6 +72,11 @@ class KeyDispatch:
         if batch:
             self._waiting.setdefault(key, deque()).extendleft(reversed(batch))
 
+    def take_key(self, key: Key) -> list[MessageExt]:
+        """Take every waiting message of a busy key (it was parked), oldest first."""
+        line = self._waiting.pop(key, None)
+        return list(line) if line is not None else []
+
     def resume(self, key: Key) -> None:
         """A key `put_back` held may be called again."""
         self.done(key)

@@ -18,6 +18,7 @@ from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import (
     ConsumeFromWhere,
+    KeyFailurePolicy,
     MessageModel,
     ProcessingOrder,
     PushConsumerConfig,
@@ -62,6 +63,11 @@ class PushConsumerCore(ConsumerCore):
             )
         self.ordering = ordering
         self.config = c = config or PushConsumerConfig()
+        if c.key_failure_policy is KeyFailurePolicy.PARK and ordering is not ProcessingOrder.KEY:
+            raise InvalidArgumentError(
+                "key_failure_policy PARK needs ordering=ProcessingOrder.KEY: in queue mode a "
+                "failing message holds its whole queue"
+            )
         super().__init__(
             group,
             transport,
@@ -189,6 +195,23 @@ class PushConsumerCore(ConsumerCore):
         if sent.dead_letter:
             metrics.dead_lettered(self.group)
         return sent.dead_letter
+
+    async def park_key(self, message: MessageExt, pq: ProcessQueue, reason: str) -> int | None:
+        """Park the message's key at the broker from it on; the offset it is parked through.
+
+        None when that failed (logged): the key is retried and parked again later.
+        """
+        try:
+            through = await self._transport.park_key(
+                self.group, self.client_id, message, epoch=pq.lock_epoch, reason=reason
+            )
+        except OrderMQError as exc:
+            log.warning("could not park key %r at %s: %s", message.sharding_key, message.msg_id,
+                        exc)  # fmt: skip
+            return None
+        log.warning("parked key %r of %s from offset %d (through %d): %s", message.sharding_key,
+                    message.queue, message.queue_offset, through, reason)  # fmt: skip
+        return through
 
     async def send_back(self, message: MessageExt, delay_level: int, max_times: int) -> bool:
         """Return a failed message for a retry through the broker (concurrent consumers).

@@ -171,12 +171,20 @@ def seed(f: Fuzzed) -> None:
         topic=TOPIC, queue_id=0, frame=frames(b"half", now_ms=now_ms + 50), producer_group="pg"
     )
     pending = f.call("SendHalfMessage", half)
+    park = pb.ParkKeyRequest(
+        group=G1, client_id=C1, queue=q1, sharding_key="order-1", from_offset=1,
+        lock_epoch=epochs[1], reason="fuzz",
+    )  # fmt: skip
+    f.call("ParkKey", park)
     f.seeds = {
         "SendHalfMessage": half,
         "EndTransaction": pb.EndTransactionRequest(
             group="pg", transaction_id=pending.transaction_id, resolution=pb.TRANSACTION_ROLLBACK
         ),
         "WatchTransactionChecks": pb.WatchTransactionChecksRequest(group="pg", client_id=C1),
+        "ParkKey": park,
+        "ListParkedKeys": pb.ListParkedKeysRequest(group=G1),
+        "ReleaseParkedKey": pb.ReleaseParkedKeyRequest(group=G1, queue=q1, sharding_key="order-1"),
         "QueryRoute": pb.QueryRouteRequest(topic=TOPIC),
         "Send": pb.SendRequest(topic=TOPIC, queue_id=1, frames=frames(b"x", now_ms=now_ms + 7)),
         "Pull": pull,

@@ -24,7 +24,7 @@ def test_sdk_exports_exactly_the_public_names() -> None:
             "Career", "ConsumeConcurrentlyContext", "ConsumeConcurrentlyStatus", "ConsumeFromWhere",
             "ConsumeOrderlyContext", "ConsumeOrderlyStatus", "Credentials", "DedupCoordinator",
             "EarlierSendFailedError",
-            "KeepInvisible", "LitePullConsumer",
+            "KeepInvisible", "KeyFailurePolicy", "LitePullConsumer",
             "LitePullConsumerConfig", "Message", "MessageExt",
             "MessageListenerConcurrently", "MessageListenerOrderly", "MessageModel",
             "MessageQueue", "MessageQueueSelector", "OrderMQError", "PartialBatchError",

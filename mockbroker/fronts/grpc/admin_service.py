@@ -12,6 +12,7 @@ import grpc
 from mockbroker.backup import Backups
 from mockbroker.deletion import delete_group, delete_topic
 from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
+from mockbroker.fronts.grpc.service import parked_key_pb
 from mockbroker.fronts.grpc_errors import Context, answers_errors
 from mockbroker.fronts.message_lookup import find_by_any_id
 from mockbroker.state import BrokerState
@@ -59,6 +60,30 @@ class AdminService(pb_grpc.AdminServiceServicer):
         retention = retention_from_pb(request.retention)
         topic = self._s.store.set_topic_retention(request.topic, retention)
         return pb.SetTopicRetentionResponse(topic=self._info(topic, describe=False))
+
+    @answers_errors
+    async def ListParkedKeys(
+        self, request: pb.ListParkedKeysRequest, context: Context
+    ) -> pb.ListParkedKeysResponse:
+        """The keys parked for a group (or every group), and those released not yet passed."""
+        if request.group:
+            check_group(request.group)
+        name = self._s.config.broker_name
+        entries = self._s.parking.entries(request.group or None)
+        return pb.ListParkedKeysResponse(keys=[parked_key_pb(e, name) for e in entries])
+
+    @answers_errors
+    async def ReleaseParkedKey(
+        self, request: pb.ReleaseParkedKeyRequest, context: Context
+    ) -> pb.ReleaseParkedKeyResponse:
+        """Send a parked key's messages back to the end of their queue, in order."""
+        topic = self._s.topic_queue(request.queue.topic, request.queue.queue_id)
+        entry = await self._s.parking.release(
+            request.group, topic, request.queue.queue_id, request.sharding_key
+        )
+        return pb.ReleaseParkedKeyResponse(
+            released=parked_key_pb(entry, self._s.config.broker_name)
+        )
 
     @answers_errors
     async def DeleteTopic(

@@ -26,6 +26,7 @@ from mockbroker.fronts.grpc_errors import (
 )
 from mockbroker.groups import GroupMembership
 from mockbroker.offset_commits import Fenced, OffsetUpdate
+from mockbroker.parking import ParkedKey
 from mockbroker.queue_locks import QueueLocks
 from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState, check_client_id
@@ -453,6 +454,24 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         await self._s.commits.commit(request.group, updates, Fenced(request.client_id))
         return pb.CommitConsumerOffsetsResponse()
 
+    @answers_errors
+    async def ParkKey(self, request: pb.ParkKeyRequest, context: Context) -> pb.ParkKeyResponse:
+        """Park a sharding key of a queue the client holds (key mode's PARK policy)."""
+        self._s.known_group(request.group)
+        self._s.groups.alive(request.client_id, context.peer())
+        topic = self._s.topic_queue(request.queue.topic, request.queue.queue_id)
+        entry = await self._s.parking.park(
+            request.group,
+            topic,
+            request.queue.queue_id,
+            request.sharding_key,
+            request.from_offset,
+            request.reason,
+            client_id=request.client_id,
+            epoch=request.lock_epoch,
+        )
+        return pb.ParkKeyResponse(parked=parked_key_pb(entry, self._s.config.broker_name))
+
     # ------------------------------------------------------------------ retry, schedule
     @answers_errors
     async def SendBack(self, request: pb.SendBackRequest, context: Context) -> pb.SendBackResponse:
@@ -548,3 +567,17 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
 
 def _keys(queues: Iterable[pb.MessageQueue]) -> list[tuple[str, int]]:
     return [(q.topic, q.queue_id) for q in queues]
+
+
+def parked_key_pb(entry: ParkedKey, broker_name: str) -> pb.ParkedKeyInfo:
+    """A parked key as the wire has it."""
+    return pb.ParkedKeyInfo(
+        group=entry.group,
+        queue=pb.MessageQueue(topic=entry.topic, broker_name=broker_name, queue_id=entry.queue_id),
+        sharding_key=entry.key,
+        reason=entry.reason,
+        parked_at_ms=entry.parked_at_ms,
+        through_offset=entry.through,
+        parked_messages=len(entry.copies),
+        released_at_ms=entry.released_at_ms,
+    )

@@ -121,6 +121,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """EndTransaction for a transaction id not pending (unknown or ended)"""
     WRONG_PRODUCER_GROUP: _ErrorReason.ValueType  # 37
     """EndTransaction by a producer group other than the half message's"""
+    PARKED_KEY_NOT_FOUND: _ErrorReason.ValueType  # 45
+    """ReleaseParkedKey for a key not parked for the group"""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed; sent as the `ordermq-reason` trailing metadata value."""
@@ -200,6 +202,8 @@ TRANSACTION_NOT_FOUND: ErrorReason.ValueType  # 36
 """EndTransaction for a transaction id not pending (unknown or ended)"""
 WRONG_PRODUCER_GROUP: ErrorReason.ValueType  # 37
 """EndTransaction by a producer group other than the half message's"""
+PARKED_KEY_NOT_FOUND: ErrorReason.ValueType  # 45
+"""ReleaseParkedKey for a key not parked for the group"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 class _SendStatus:
@@ -1321,6 +1325,127 @@ class CommitConsumerOffsetsResponse(_message.Message):
 Global___CommitConsumerOffsetsResponse: _TypeAlias = CommitConsumerOffsetsResponse  # noqa: Y015
 
 @_typing.final
+class ParkedKeyInfo(_message.Message):
+    """---------------------------------------------------------------- parked keys
+
+    A sharding key of a queue parked for a group (key mode's KeyFailurePolicy.PARK), or
+    released and not yet passed by the group's committed offset.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    SHARDING_KEY_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    PARKED_AT_MS_FIELD_NUMBER: _builtins.int
+    THROUGH_OFFSET_FIELD_NUMBER: _builtins.int
+    PARKED_MESSAGES_FIELD_NUMBER: _builtins.int
+    RELEASED_AT_MS_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    sharding_key: _builtins.str
+    """"": the queue's messages without a sharding key"""
+    reason: _builtins.str
+    parked_at_ms: _builtins.int
+    through_offset: _builtins.int
+    """the key's messages up to this queue offset are parked"""
+    parked_messages: _builtins.int
+    """copies in %PARKED%<group>, in the queue's order"""
+    released_at_ms: _builtins.int
+    """0 while parked"""
+    @_builtins.property
+    def queue(self) -> Global___MessageQueue: ...
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        queue: Global___MessageQueue | None = ...,
+        sharding_key: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        parked_at_ms: _builtins.int = ...,
+        through_offset: _builtins.int = ...,
+        parked_messages: _builtins.int = ...,
+        released_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "parked_at_ms", b"parked_at_ms", "parked_messages", b"parked_messages", "queue", b"queue", "reason", b"reason", "released_at_ms", b"released_at_ms", "sharding_key", b"sharding_key", "through_offset", b"through_offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ParkedKeyInfo: _TypeAlias = ParkedKeyInfo  # noqa: Y015
+
+@_typing.final
+class ParkKeyRequest(_message.Message):
+    """Parks a sharding key of a queue the client holds: the key's messages from
+    `from_offset` to the queue's end are copied, in order, to the group's topic
+    %PARKED%<group> (with ORIGIN_TOPIC, ORIGIN_QUEUE_ID, ORIGIN_QUEUE_OFFSET and
+    PARKED_REASON), and the group's pulls of the queue skip the key's messages from then
+    on, copying those that come later, until an operator releases it (ReleaseParkedKey).
+    Fenced as a commit is: the client's live lock on the queue, at its epoch.
+    Errors: INVALID_ARGUMENT (INVALID_GROUP, INVALID_ARGUMENT), NOT_FOUND
+    (TOPIC_NOT_FOUND, GROUP_NOT_FOUND), OUT_OF_RANGE (INVALID_QUEUE, INVALID_OFFSET),
+    FAILED_PRECONDITION (LOCK_NOT_HELD, STALE_EPOCH).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    SHARDING_KEY_FIELD_NUMBER: _builtins.int
+    FROM_OFFSET_FIELD_NUMBER: _builtins.int
+    LOCK_EPOCH_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    client_id: _builtins.str
+    sharding_key: _builtins.str
+    from_offset: _builtins.int
+    lock_epoch: _builtins.int
+    reason: _builtins.str
+    """at most 1 024 characters"""
+    @_builtins.property
+    def queue(self) -> Global___MessageQueue: ...
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        queue: Global___MessageQueue | None = ...,
+        sharding_key: _builtins.str = ...,
+        from_offset: _builtins.int = ...,
+        lock_epoch: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "from_offset", b"from_offset", "group", b"group", "lock_epoch", b"lock_epoch", "queue", b"queue", "reason", b"reason", "sharding_key", b"sharding_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ParkKeyRequest: _TypeAlias = ParkKeyRequest  # noqa: Y015
+
+@_typing.final
+class ParkKeyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARKED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def parked(self) -> Global___ParkedKeyInfo: ...
+    def __init__(
+        self,
+        *,
+        parked: Global___ParkedKeyInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["parked", b"parked"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["parked", b"parked"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ParkKeyResponse: _TypeAlias = ParkKeyResponse  # noqa: Y015
+
+@_typing.final
 class SendBackRequest(_message.Message):
     """Returns a message the consumer failed to process: to %RETRY%<group> with delay level
     `delay_level` (0: 3 + reconsume times), or to %DLQ%<group> when reconsume times reached
@@ -2167,6 +2292,102 @@ class SetTopicRetentionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetTopicRetentionResponse: _TypeAlias = SetTopicRetentionResponse  # noqa: Y015
+
+@_typing.final
+class ListParkedKeysRequest(_message.Message):
+    """The keys parked for `group` ("": every group), and those released whose release point
+    the group's committed offset has not passed yet. Errors: INVALID_ARGUMENT (INVALID_GROUP).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListParkedKeysRequest: _TypeAlias = ListParkedKeysRequest  # noqa: Y015
+
+@_typing.final
+class ListParkedKeysResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEYS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___ParkedKeyInfo]: ...
+    def __init__(
+        self,
+        *,
+        keys: _abc.Iterable[Global___ParkedKeyInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListParkedKeysResponse: _TypeAlias = ListParkedKeysResponse  # noqa: Y015
+
+@_typing.final
+class ReleaseParkedKeyRequest(_message.Message):
+    """Releases a parked key: its parked messages, and those of the key the group's pulls
+    have not met yet, are appended to the end of their queue in their order (one write),
+    and the group's pulls skip the key's messages before that point from then on, so each
+    comes once, in order. Errors: INVALID_ARGUMENT (INVALID_GROUP), NOT_FOUND
+    (TOPIC_NOT_FOUND, PARKED_KEY_NOT_FOUND), OUT_OF_RANGE (INVALID_QUEUE).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    SHARDING_KEY_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    sharding_key: _builtins.str
+    @_builtins.property
+    def queue(self) -> Global___MessageQueue: ...
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        queue: Global___MessageQueue | None = ...,
+        sharding_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "queue", b"queue", "sharding_key", b"sharding_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseParkedKeyRequest: _TypeAlias = ReleaseParkedKeyRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseParkedKeyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def released(self) -> Global___ParkedKeyInfo: ...
+    def __init__(
+        self,
+        *,
+        released: Global___ParkedKeyInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["released", b"released"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["released", b"released"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseParkedKeyResponse: _TypeAlias = ReleaseParkedKeyResponse  # noqa: Y015
 
 @_typing.final
 class CreateTopicResponse(_message.Message):

@@ -121,6 +121,11 @@ class MessagingServiceStub:
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationRequest.SerializeToString,
                 response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationResponse.FromString,
                 _registered_method=True)
+        self.ParkKey = channel.unary_unary(
+                '/ordermq.v1.MessagingService/ParkKey',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.ParkKeyRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ParkKeyResponse.FromString,
+                _registered_method=True)
         self.SendHalfMessage = channel.unary_unary(
                 '/ordermq.v1.MessagingService/SendHalfMessage',
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.SendHalfMessageRequest.SerializeToString,
@@ -248,6 +253,12 @@ class MessagingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ParkKey(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SendHalfMessage(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -369,6 +380,11 @@ def add_MessagingServiceServicer_to_server(servicer, server):
                     servicer.ChangeInvisibleDuration,
                     request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationRequest.FromString,
                     response_serializer=ordermq_dot_v1_dot_ordermq__pb2.ChangeInvisibleDurationResponse.SerializeToString,
+            ),
+            'ParkKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.ParkKey,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ParkKeyRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.ParkKeyResponse.SerializeToString,
             ),
             'SendHalfMessage': grpc.unary_unary_rpc_method_handler(
                     servicer.SendHalfMessage,
@@ -861,6 +877,33 @@ class MessagingService:
             _registered_method=True)
 
     @staticmethod
+    def ParkKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.MessagingService/ParkKey',
+            ordermq_dot_v1_dot_ordermq__pb2.ParkKeyRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.ParkKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def SendHalfMessage(request,
             target,
             options=(),
@@ -1038,6 +1081,16 @@ class AdminServiceStub:
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.SetTopicRetentionRequest.SerializeToString,
                 response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.SetTopicRetentionResponse.FromString,
                 _registered_method=True)
+        self.ListParkedKeys = channel.unary_unary(
+                '/ordermq.v1.AdminService/ListParkedKeys',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.ListParkedKeysRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ListParkedKeysResponse.FromString,
+                _registered_method=True)
+        self.ReleaseParkedKey = channel.unary_unary(
+                '/ordermq.v1.AdminService/ReleaseParkedKey',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.ReleaseParkedKeyRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ReleaseParkedKeyResponse.FromString,
+                _registered_method=True)
         self.Backup = channel.unary_unary(
                 '/ordermq.v1.AdminService/Backup',
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.BackupRequest.SerializeToString,
@@ -1120,6 +1173,18 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListParkedKeys(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseParkedKey(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Backup(self, request, context):
         """---- Backup ----
         ---- end Backup ----
@@ -1190,6 +1255,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.SetTopicRetention,
                     request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.SetTopicRetentionRequest.FromString,
                     response_serializer=ordermq_dot_v1_dot_ordermq__pb2.SetTopicRetentionResponse.SerializeToString,
+            ),
+            'ListParkedKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListParkedKeys,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ListParkedKeysRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.ListParkedKeysResponse.SerializeToString,
+            ),
+            'ReleaseParkedKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseParkedKey,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ReleaseParkedKeyRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.ReleaseParkedKeyResponse.SerializeToString,
             ),
             'Backup': grpc.unary_unary_rpc_method_handler(
                     servicer.Backup,
@@ -1521,6 +1596,60 @@ class AdminService:
             '/ordermq.v1.AdminService/SetTopicRetention',
             ordermq_dot_v1_dot_ordermq__pb2.SetTopicRetentionRequest.SerializeToString,
             ordermq_dot_v1_dot_ordermq__pb2.SetTopicRetentionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListParkedKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.AdminService/ListParkedKeys',
+            ordermq_dot_v1_dot_ordermq__pb2.ListParkedKeysRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.ListParkedKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseParkedKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.AdminService/ReleaseParkedKey',
+            ordermq_dot_v1_dot_ordermq__pb2.ReleaseParkedKeyRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.ReleaseParkedKeyResponse.FromString,
             options,
             channel_credentials,
             insecure,

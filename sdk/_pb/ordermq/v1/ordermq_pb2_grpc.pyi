@@ -69,6 +69,7 @@ class MessagingServiceStub:
     Receive: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.ReceiveRequest, _ordermq_pb2.ReceiveResponse]
     Ack: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.AckRequest, _ordermq_pb2.AckResponse]
     ChangeInvisibleDuration: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.ChangeInvisibleDurationRequest, _ordermq_pb2.ChangeInvisibleDurationResponse]
+    ParkKey: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.ParkKeyRequest, _ordermq_pb2.ParkKeyResponse]
     SendHalfMessage: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.SendHalfMessageRequest, _ordermq_pb2.SendHalfMessageResponse]
     EndTransaction: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.EndTransactionRequest, _ordermq_pb2.EndTransactionResponse]
     WatchTransactionChecks: _grpc.UnaryStreamMultiCallable[_ordermq_pb2.WatchTransactionChecksRequest, _ordermq_pb2.TransactionCheck]
@@ -105,6 +106,7 @@ class MessagingServiceAsyncStub(MessagingServiceStub):
     Receive: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.ReceiveRequest, _ordermq_pb2.ReceiveResponse]  # type: ignore[assignment]
     Ack: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.AckRequest, _ordermq_pb2.AckResponse]  # type: ignore[assignment]
     ChangeInvisibleDuration: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.ChangeInvisibleDurationRequest, _ordermq_pb2.ChangeInvisibleDurationResponse]  # type: ignore[assignment]
+    ParkKey: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.ParkKeyRequest, _ordermq_pb2.ParkKeyResponse]  # type: ignore[assignment]
     SendHalfMessage: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.SendHalfMessageRequest, _ordermq_pb2.SendHalfMessageResponse]  # type: ignore[assignment]
     EndTransaction: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.EndTransactionRequest, _ordermq_pb2.EndTransactionResponse]  # type: ignore[assignment]
     WatchTransactionChecks: _aio.UnaryStreamMultiCallable[_ordermq_pb2.WatchTransactionChecksRequest, _ordermq_pb2.TransactionCheck]  # type: ignore[assignment]
@@ -242,6 +244,13 @@ class MessagingServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_ordermq_pb2.ChangeInvisibleDurationResponse, _abc.Awaitable[_ordermq_pb2.ChangeInvisibleDurationResponse]]: ...
 
     @_abc_1.abstractmethod
+    def ParkKey(
+        self,
+        request: _ordermq_pb2.ParkKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.ParkKeyResponse, _abc.Awaitable[_ordermq_pb2.ParkKeyResponse]]: ...
+
+    @_abc_1.abstractmethod
     def SendHalfMessage(
         self,
         request: _ordermq_pb2.SendHalfMessageRequest,
@@ -299,6 +308,8 @@ class AdminServiceStub:
     DeleteTopic: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteTopicRequest, _ordermq_pb2.DeleteTopicResponse]
     DeleteGroup: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteGroupRequest, _ordermq_pb2.DeleteGroupResponse]
     SetTopicRetention: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.SetTopicRetentionRequest, _ordermq_pb2.SetTopicRetentionResponse]
+    ListParkedKeys: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.ListParkedKeysRequest, _ordermq_pb2.ListParkedKeysResponse]
+    ReleaseParkedKey: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.ReleaseParkedKeyRequest, _ordermq_pb2.ReleaseParkedKeyResponse]
     Backup: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.BackupRequest, _ordermq_pb2.BackupResponse]
     """---- Backup ----
     ---- end Backup ----
@@ -319,6 +330,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
     DeleteTopic: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteTopicRequest, _ordermq_pb2.DeleteTopicResponse]  # type: ignore[assignment]
     DeleteGroup: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteGroupRequest, _ordermq_pb2.DeleteGroupResponse]  # type: ignore[assignment]
     SetTopicRetention: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.SetTopicRetentionRequest, _ordermq_pb2.SetTopicRetentionResponse]  # type: ignore[assignment]
+    ListParkedKeys: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.ListParkedKeysRequest, _ordermq_pb2.ListParkedKeysResponse]  # type: ignore[assignment]
+    ReleaseParkedKey: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.ReleaseParkedKeyRequest, _ordermq_pb2.ReleaseParkedKeyResponse]  # type: ignore[assignment]
     Backup: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.BackupRequest, _ordermq_pb2.BackupResponse]  # type: ignore[assignment]
     """---- Backup ----
     ---- end Backup ----
@@ -408,6 +421,20 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _ordermq_pb2.SetTopicRetentionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ordermq_pb2.SetTopicRetentionResponse, _abc.Awaitable[_ordermq_pb2.SetTopicRetentionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListParkedKeys(
+        self,
+        request: _ordermq_pb2.ListParkedKeysRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.ListParkedKeysResponse, _abc.Awaitable[_ordermq_pb2.ListParkedKeysResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ReleaseParkedKey(
+        self,
+        request: _ordermq_pb2.ReleaseParkedKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.ReleaseParkedKeyResponse, _abc.Awaitable[_ordermq_pb2.ReleaseParkedKeyResponse]]: ...
 
     @_abc_1.abstractmethod
     def Backup(

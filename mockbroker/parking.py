@@ -1,0 +1,355 @@
+"""Parked keys: one sharding key of a queue set aside for a group, in order, until released.
+
+Key mode (issue 20) lets a consumer choose, for a key whose message keeps failing, to park
+it rather than stall its queue's other keys or skip the message: the key's messages from
+the failing one on are copied, in order, to the group's parked topic `%PARKED%<group>`
+(each with its origin: ORIGIN_TOPIC, ORIGIN_QUEUE_ID, ORIGIN_QUEUE_OFFSET, and the reason
+in PARKED_REASON), and the group's pulls of that queue skip them. Messages of the key
+that arrive later are copied there too as pulls meet them, so the key stays in order.
+
+An operator releases the key (`ordermq parked release`): the broker appends the parked
+messages, and those of the key not copied yet, to the end of their queue in their order,
+in one write, and from then on the group's pulls skip the key's messages before that
+point (their copies come after). So the key's messages reach the group once each, in the
+order they were sent, whichever consumer owns the queue meanwhile.
+
+The state is a small JSON file (`parking.json`, replaced atomically); the parked topic is
+where the messages are. A crash between a copy and the state naming it leaves a copy
+nobody names: the next pull copies the message again, and only named copies are
+released. A released key is forgotten once the group's committed offset of its queue has
+passed its release point.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from grpc import StatusCode
+
+from mockbroker.errors import BrokerError, invalid, not_found
+from mockbroker.retry import copy_frame
+from mockbroker.store.files import write_atomically
+from mockbroker.store.message_store import GetResult, MessageStore
+from mockbroker.store.records import check_frames
+from mockbroker.topics import Topic, check_group
+from sdk._files import parse_json
+from sdk._validation import PARKED_PREFIX
+from sdk._wire import RECORD, decode_properties, encode_frame, encode_properties, iter_records
+from sdk.clock import Clock
+from sdk.errors import CorruptFileError
+
+log = logging.getLogger("mockbroker.parking")
+
+PARKING_FILE = "parking.json"
+#: The property a parked copy carries: why its key was parked.
+REASON_PROPERTY = "PARKED_REASON"
+MAX_REASON_CHARS = 1024
+#: Properties a released message goes back without (they describe its parked copy).
+_COPY_PROPERTIES = ("ORIGIN_TOPIC", "ORIGIN_QUEUE_ID", "ORIGIN_QUEUE_OFFSET", REASON_PROPERTY)
+
+
+def parked_topic(group: str) -> str:
+    """The group's parked topic (one queue), named as its retry and dead-letter topics."""
+    return PARKED_PREFIX + group
+
+
+@dataclass
+class ParkedKey:
+    """One key of one queue, parked (or released, until the group's offset passes it)."""
+
+    group: str
+    topic: str
+    queue_id: int
+    key: str
+    reason: str
+    parked_at_ms: int
+    #: Offsets of the queue up to this one were seen: the key's messages among them are
+    #: in `copies` (parked) or were sent back to the queue's end (released).
+    through: int
+    #: Offsets of the key's copies in the parked topic, in the queue's order.
+    copies: list[int] = field(default_factory=list)
+    released_at_ms: int = 0
+
+    @property
+    def released(self) -> bool:
+        """True once an operator released it (its copies are back in the queue)."""
+        return self.released_at_ms > 0
+
+
+QueueKey = tuple[str, str, int]  # group, topic, queue id
+
+
+class Parking:
+    """The parked keys of every group, on the broker's store and clock."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        clock: Clock,
+        system_topic: Callable[[str], Topic],
+        check_holder: Callable[[str, tuple[str, int], str, int], None],
+        committed: Callable[[str, str, int], int | None],
+        path: Path | None,
+    ) -> None:
+        self._check_holder = check_holder  # the rule of a commit: the live lock, its epoch
+        self._committed = committed  # a group's saved offset of a queue
+        self._store = store
+        self._clock = clock
+        self._system_topic = system_topic
+        self._path = path
+        self._by_queue: dict[QueueKey, dict[str, ParkedKey]] = {}
+
+    # ------------------------------------------------------------------ state
+    def load(self) -> None:
+        """Read the state file, if there is one; one that does not parse is set aside."""
+        if self._path is None or not self._path.exists():
+            return
+        try:
+            entries = parse_json(self._path.read_bytes(), _parse, self._path)
+        except CorruptFileError as exc:
+            aside = self._path.with_name(self._path.name + ".corrupt")
+            os.replace(self._path, aside)
+            log.error(
+                "%s; moved to %s: no key is parked now (the parked topics keep their "
+                "messages, and a key that fails again is parked again)", exc, aside,
+            )  # fmt: skip
+            return
+        for entry in entries:
+            self._by_queue.setdefault((entry.group, entry.topic, entry.queue_id), {})[entry.key] = (
+                entry
+            )
+        log.info("%d parked keys", sum(not e.released for e in self._all()))
+
+    def _save(self) -> None:
+        if self._path is None:
+            return
+        data = {"version": 1, "keys": [asdict(e) for e in self._all()]}
+        write_atomically(self._path, json.dumps(data, indent=1).encode())
+
+    def _all(self) -> list[ParkedKey]:
+        return [e for keys in self._by_queue.values() for e in keys.values()]
+
+    def entries(self, group: str | None = None) -> list[ParkedKey]:
+        """Every parked (and released, not yet passed) key, of one group or all."""
+        for queue in {(e.group, e.topic, e.queue_id) for e in self._all() if e.released}:
+            self._forget_passed(*queue)
+        return [e for e in self._all() if group is None or e.group == group]
+
+    # ------------------------------------------------------------------ parking
+    async def park(
+        self,
+        group: str,
+        topic: Topic,
+        queue_id: int,
+        key: str,
+        from_offset: int,
+        reason: str,
+        *,
+        client_id: str,
+        epoch: int,
+    ) -> ParkedKey:
+        """Park `key` of the queue for `group` from `from_offset` on; its entry.
+
+        Only the client holding the queue's lock, at its epoch, may (as for a commit).
+        The key's messages from there to the queue's end are copied to the parked topic
+        before this returns (durable as the flush mode promises). Parking a key parked
+        already copies what is new and keeps its first reason.
+        """
+        check_group(group)
+        topic.check_queue(queue_id)
+        self._check_holder(group, (topic.name, queue_id), client_id, epoch)
+        if len(reason) > MAX_REASON_CHARS:
+            raise invalid("INVALID_ARGUMENT", f"reason is over {MAX_REASON_CHARS} characters")
+        cq = self._store.queue(topic, queue_id)
+        if not cq.min_offset <= from_offset < cq.max_offset:
+            raise BrokerError(
+                StatusCode.OUT_OF_RANGE,
+                "INVALID_OFFSET",
+                f"offset {from_offset} of {topic.name} queue {queue_id} is outside "
+                f"[{cq.min_offset}, {cq.max_offset})",
+            )
+        keys = self._by_queue.setdefault((group, topic.name, queue_id), {})
+        entry = keys.get(key)
+        if entry is None or entry.released:
+            entry = ParkedKey(group, topic.name, queue_id, key, reason,
+                              int(self._clock.now() * 1000), from_offset - 1)  # fmt: skip
+            keys[key] = entry
+        await self._copy(entry, topic, cq.max_offset)
+        log.warning("group %s parked key %r of %s queue %d from offset %d: %s (%d messages)",
+                    group, key, topic.name, queue_id, from_offset, reason,
+                    len(entry.copies))  # fmt: skip
+        return entry
+
+    async def _copy(self, entry: ParkedKey, topic: Topic, end: int) -> None:
+        """Copy the key's messages after `entry.through` up to `end` to the parked topic."""
+        found = self._key_records(entry, topic, end)
+        if found:
+            parked = self._system_topic(parked_topic(entry.group))
+            extra = {REASON_PROPERTY: entry.reason}
+            frames = b"".join(
+                copy_frame(record, topic.name, entry.queue_id, offset, delay_level=0, extra=extra)
+                for offset, record in found
+            )
+            checked = check_frames(frames, int(self._clock.now() * 1000))
+            result = await self._store.append(parked, 0, frames, checked)
+            entry.copies.extend(range(result.first_offset, result.first_offset + len(found)))
+        entry.through = max(entry.through, end - 1)
+        self._save()
+
+    def _key_records(self, entry: ParkedKey, topic: Topic, end: int) -> list[tuple[int, bytes]]:
+        """(offset, record) of the key's messages in (entry.through, end)."""
+        found = []
+        wanted = entry.key.encode()
+        for offset in range(
+            max(entry.through + 1, self._store.queue(topic, entry.queue_id).min_offset), end
+        ):
+            record = self._store.read_record(topic, entry.queue_id, offset)
+            if next(iter_records(record)).sharding_key == wanted:
+                found.append((offset, record))
+        return found
+
+    # ------------------------------------------------------------------ pulls
+    async def filter(self, group: str, topic: Topic, queue_id: int, got: GetResult) -> GetResult:
+        """`got` without the messages of keys parked (or released past them) for `group`.
+
+        A parked key's messages the pull meets after what was copied are copied now.
+        """
+        keys = self._by_queue.get((group, topic.name, queue_id))
+        if not keys or not got.count:
+            return got
+        if any(e.released for e in keys.values()):
+            self._forget_passed(group, topic.name, queue_id)
+            keys = self._by_queue.get((group, topic.name, queue_id))
+            if not keys:
+                return got
+        kept: list[bytes] = []
+        to_copy: set[str] = set()
+        pos, records = 0, got.records
+        for record in iter_records(records):
+            size = RECORD.unpack_from(records, pos)[0]
+            raw, pos = records[pos : pos + size], pos + size
+            entry = keys.get(record.sharding_key.decode())
+            if entry is None:
+                kept.append(raw)
+            elif record.queue_offset > entry.through:
+                if entry.released:
+                    kept.append(raw)
+                else:
+                    to_copy.add(entry.key)
+        for key in to_copy:
+            await self._copy(keys[key], topic, got.next_offset)
+        if len(kept) == got.count:
+            return got
+        if not kept:
+            return GetResult("NO_MATCHED_MESSAGE", got.next_offset, got.min_offset, got.max_offset)
+        return GetResult(got.status, got.next_offset, got.min_offset, got.max_offset,
+                         b"".join(kept), len(kept), got.corrupt)  # fmt: skip
+
+    # ------------------------------------------------------------------ release
+    async def release(self, group: str, topic: Topic, queue_id: int, key: str) -> ParkedKey:
+        """Send the key's parked messages back to the end of their queue, in order.
+
+        The key's messages not copied yet go with them; the group's pulls skip the key's
+        messages before the release point from then on.
+        """
+        check_group(group)
+        topic.check_queue(queue_id)
+        entry = self._by_queue.get((group, topic.name, queue_id), {}).get(key)
+        if entry is None or entry.released:
+            raise not_found(
+                "PARKED_KEY_NOT_FOUND",
+                f"key {key!r} of {topic.name} queue {queue_id} is not parked for group {group!r}",
+            )
+        end = self._store.queue(topic, queue_id).max_offset
+        parked = self._system_topic(parked_topic(group))
+        frames = [
+            _without_copy_properties(self._store.read_record(parked, 0, offset))
+            for offset in entry.copies
+        ]
+        frames += [
+            _without_copy_properties(record) for _, record in self._key_records(entry, topic, end)
+        ]
+        if frames:
+            data = b"".join(frames)
+            await self._store.append(
+                topic, queue_id, data, check_frames(data, int(self._clock.now() * 1000))
+            )
+        entry.through = end - 1
+        entry.released_at_ms = int(self._clock.now() * 1000)
+        self._save()
+        log.warning("group %s released key %r of %s queue %d: %d messages back at its end",
+                    group, key, topic.name, queue_id, len(frames))  # fmt: skip
+        return entry
+
+    def forget(self, which: Callable[[ParkedKey], bool]) -> int:
+        """Forget the keys `which` picks (their group or topic was deleted); how many."""
+        gone = 0
+        for queue, keys in list(self._by_queue.items()):
+            for key, entry in list(keys.items()):
+                if which(entry):
+                    del keys[key]
+                    gone += 1
+            if not keys:
+                del self._by_queue[queue]
+        if gone:
+            self._save()
+        return gone
+
+    def _forget_passed(self, group: str, topic: str, queue_id: int) -> None:
+        """Forget the queue's released keys its group committed past: it skips no more."""
+        offset = self._committed(group, topic, queue_id)
+        if offset is not None:
+            self.forget(
+                lambda e: (
+                    (e.group, e.topic, e.queue_id) == (group, topic, queue_id)
+                    and e.released
+                    and offset > e.through
+                )
+            )
+
+
+def _without_copy_properties(record: bytes) -> bytes:
+    """A parked copy's message as a frame to store again: without its copy properties."""
+    r = next(iter_records(record))
+    props = decode_properties(r.properties) if r.properties else {}
+    for name in _COPY_PROPERTIES:
+        props.pop(name, None)
+    return encode_frame(
+        msg_id=r.msg_id,
+        born_timestamp_ms=r.born_timestamp_ms,
+        body=r.body,
+        tags=r.tags,
+        sharding_key=r.sharding_key,
+        keys=r.keys.split(b"\x00") if r.keys else (),
+        properties=encode_properties(props),
+    )
+
+
+def _parse(data: object) -> list[ParkedKey]:
+    if not isinstance(data, dict) or data.get("version") != 1:
+        raise ValueError("not a parking file of version 1")
+    entries = data.get("keys")
+    if not isinstance(entries, list):
+        raise ValueError("its keys are not a list")
+    try:
+        return [_entry(e) for e in entries]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"a key entry does not parse: {exc}") from None
+
+
+def _entry(e: object) -> ParkedKey:
+    if not isinstance(e, dict):
+        raise ValueError(f"{e!r} is not an object")
+    entry = ParkedKey(**e)
+    texts = (entry.group, entry.topic, entry.key, entry.reason)
+    numbers = (entry.queue_id, entry.parked_at_ms, entry.through, entry.released_at_ms)
+    if not all(isinstance(t, str) for t in texts) or not all(
+        isinstance(n, int) for n in (*numbers, *entry.copies)
+    ):
+        raise ValueError(f"{e!r} has a field of the wrong type")
+    return entry
