@@ -69,20 +69,28 @@ DEFAULT_MAX_CHECKS = 15
 
 @dataclass(frozen=True, slots=True)
 class HalfStored:
-    """A stored half message: its transaction id, time and durability."""
+    """A stored half message: its transaction id, time, durability and half-queue offset."""
 
     transaction_id: str
     store_timestamp_ms: int
     durable: bool
+    #: Its offset in the half queue (RocketMQ's tranStateTableOffset).
+    half_offset: int
 
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """A check-back for a producer: the transaction, its half record, which check."""
+    """A check-back for a producer: the transaction, its half record, which check.
+
+    `half_offset` is the half record's offset in the half queue, `position` where it lies
+    in the commit log (RocketMQ's tranStateTableOffset and commitLogOffset).
+    """
 
     transaction_id: str
     record: bytes
     check_times: int
+    half_offset: int = 0
+    position: int = 0
 
 
 @dataclass(slots=True)
@@ -269,7 +277,9 @@ class Transactions:
             offset, msg_id, group, self._clock.now() + self.timeout_seconds
         )
         self._changed.set()
-        return HalfStored(transaction_id(msg_id, offset), result.store_timestamp_ms, result.durable)
+        return HalfStored(
+            transaction_id(msg_id, offset), result.store_timestamp_ms, result.durable, offset
+        )
 
     async def end(self, group: str, txn_id: str, commit: bool) -> None:
         """Commit or roll back a pending transaction; returns once its outcome is durable.
@@ -389,8 +399,15 @@ class Transactions:
                 continue
             watcher = watchers[next(self._turns) % len(watchers)]
             record = self._store.read_record(self._half, 0, waiting.offset)
+            position = self._store.queue(self._half, 0).entry(waiting.offset)[0]
             watcher.checks.put_nowait(
-                Check(transaction_id(waiting.msg_id, waiting.offset), record, waiting.checks)
+                Check(
+                    transaction_id(waiting.msg_id, waiting.offset),
+                    record,
+                    waiting.checks,
+                    waiting.offset,
+                    position,
+                )
             )
             self.checks_sent += 1
             sent += 1
