@@ -349,6 +349,24 @@ class Transactions:
         self._ended[offset] = outcome
         self.outcomes[OUTCOME_NAMES[outcome]] += 1
 
+    def is_half(self, position: int, queue_offset: int) -> bool:
+        """True when the record at `position` (header's `queue_offset`) is a half message.
+
+        Pending or ended. Its header names its destination topic, but it is no message of
+        that topic: lookups by id or key skip it (a committed transaction is found by its
+        committed copy, as RocketMQ finds it).
+        """
+        half = getattr(self, "_half", None)
+        if half is None:
+            return False
+        queue = self._store.queue(half, 0)
+        if not queue.min_offset <= queue_offset < queue.count:
+            return False
+        try:
+            return queue.entry(queue_offset)[0] == position
+        except BrokerError:
+            return False
+
     # ------------------------------------------------------------------ check-back
     @contextlib.asynccontextmanager
     async def watching(self, group: str, client_id: str) -> AsyncIterator[_Watcher]:

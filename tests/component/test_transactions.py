@@ -341,3 +341,38 @@ def test_a_broker_stops_at_once_while_producers_watch_for_checks(
         started = time.monotonic()
         broker.stop()
         assert time.monotonic() - started < 3, "the check-back stream ended with the broker"
+
+
+def test_lookups_skip_half_messages_and_find_a_committed_one_once(
+    broker: EmbeddedBroker, endpoint: str
+) -> None:
+    listener = Listener({b"c": COMMIT, b"r": ROLLBACK})
+    with TransactionProducer(endpoint, listener, group="pg") as producer:
+        sent = {
+            body: producer.send_message_in_transaction(
+                Message("orders", body, keys=f"key-{body!r}")
+            )
+            for body in (b"c", b"r", b"p")  # committed, rolled back, pending
+        }
+
+    async def lookups() -> dict[bytes, tuple[int, int]]:
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            admin = pb_grpc.AdminServiceStub(channel)
+            found: dict[bytes, tuple[int, int]] = {}
+            for body, result in sent.items():
+                by_key = await admin.QueryMessagesByKey(
+                    pb.QueryMessagesByKeyRequest(topic="orders", key=f"key-{body!r}")
+                )
+                try:
+                    by_id = (
+                        await admin.QueryMessageById(
+                            pb.QueryMessageByIdRequest(msg_id=result.msg_id)
+                        )
+                    ).record_count
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() == grpc.StatusCode.NOT_FOUND
+                    by_id = 0
+                found[body] = (by_id, by_key.record_count)
+            return found
+
+    assert asyncio.run(lookups()) == {b"c": (1, 1), b"r": (0, 0), b"p": (0, 0)}

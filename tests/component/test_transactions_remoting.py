@@ -101,6 +101,20 @@ def test_a_prepared_send_is_unseen_until_committed_and_a_rollback_never_shows(
                 assert sent.ext_fields["queueId"] == "1"
             assert (yes.ext_fields["queueOffset"], no.ext_fields["queueOffset"]) == ("0", "1")
             assert await asyncio.to_thread(visible, broker) == [], "half messages are unseen"
+            query = await client.request(
+                RemotingCommand(
+                    RequestCode.QUERY_MESSAGE,
+                    ext_fields={
+                        "topic": "orders",
+                        "key": UNIQ.format(1),
+                        "maxNum": "32",
+                        "beginTimestamp": "0",
+                        "endTimestamp": str(2**62),
+                        "_UNIQUE_KEY_QUERY": "true",
+                    },
+                )
+            )
+            assert query.code == ResponseCode.QUERY_NOT_FOUND, "a half message is not found"
             assert transactions(broker).pending == 2
             for sent, n, kind in ((yes, 1, COMMIT), (no, 2, ROLLBACK)):
                 answer = await end(client, end_fields(sent, n, kind))

@@ -610,6 +610,8 @@ class DataHandlers:
                 continue
             if by_id and rocketmq_uniq_key(record) != key:
                 continue
+            if self._s.transactions.is_half(position, record.queue_offset):
+                continue  # a transaction's half message (mockbroker/fronts/message_lookup.py)
             if window is not None and not window[0] <= record.store_timestamp_ms <= window[1]:
                 continue
             found.setdefault(position, data)
