@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker.fronts.remoting.coordination import MAX_PRODUCER_GROUPS
 from mockbroker.transactions import Transactions
 from sdk._remoting.codes import RequestCode, ResponseCode
 from sdk._remoting.command import RemotingCommand
@@ -281,5 +282,31 @@ def test_a_closed_or_unregistered_producer_connection_is_asked_no_more(
         finally:
             await first.close()
             await second.close()
+
+    asyncio.run(main())
+
+
+def test_one_connection_answers_check_backs_for_a_bounded_number_of_groups(
+    broker: EmbeddedBroker,
+) -> None:
+    def watchers() -> int:
+        return sum(len(w) for w in transactions(broker)._watchers.values())
+
+    body = json.dumps({
+        "clientID": "many@1", "consumerDataSet": [],
+        "producerDataSet": [{"groupName": f"pg{i}"} for i in range(MAX_PRODUCER_GROUPS + 6)],
+    }).encode()  # fmt: skip
+
+    async def main() -> None:
+        client = await connect(broker)
+        try:
+            beat = await client.request(RemotingCommand(RequestCode.HEART_BEAT, body=body))
+            assert beat.code == ResponseCode.SUCCESS, beat.remark
+            await asyncio.to_thread(
+                wait_until, lambda: watchers() == MAX_PRODUCER_GROUPS, 30, "the watchers"
+            )
+        finally:
+            await client.close()
+        await asyncio.to_thread(wait_until, lambda: watchers() == 0, 30, "the close")
 
     asyncio.run(main())

@@ -61,6 +61,8 @@ _CONSUME_TYPES = ("CONSUME_ACTIVELY", "CONSUME_PASSIVELY")
 _MESSAGE_MODELS = ("BROADCASTING", "CLUSTERING")
 #: The group every Java client's heartbeat names for its internal producer.
 INNER_PRODUCER_GROUP = "CLIENT_INNER_PRODUCER"
+#: Producer groups one connection answers check-backs for; more are not taken (logged).
+MAX_PRODUCER_GROUPS = 64
 
 
 class RemotingClients:
@@ -96,6 +98,11 @@ class RemotingClients:
                 check_group(group)
             except BrokerError:
                 continue  # its sends name the group too, and are refused for it
+            if sum(1 for c, _ in self._producers if c is channel) >= MAX_PRODUCER_GROUPS:
+                log.warning("remoting %s: producer group %s not taken for check-backs: the "
+                            "connection answers for %d already", channel.peer, group,
+                            MAX_PRODUCER_GROUPS)  # fmt: skip
+                continue
             self._producers[key] = asyncio.create_task(
                 self._answer_checks(channel, group, client_id), name=f"remoting-checks-{group}"
             )

@@ -16,7 +16,8 @@ msgId (an offsetMsgId) its commit-log position.
   this one answers a two-way one SUCCESS, so no client waits out its timeout.
 - CHECK_TRANSACTION_STATE (39) is sent, oneway, to one connection of the half message's
   producer group, each in turn, as the core picks it: every connection whose heartbeat
-  named the group in its producerDataSet offers to answer (RemotingClients). Its header
+  named the group in its producerDataSet offers to answer (RemotingClients; at most
+  MAX_PRODUCER_GROUPS groups per connection). Its header
   is RocketMQ's (tranStateTableOffset, commitLogOffset, msgId and transactionId = the
   UNIQ_KEY, offsetMsgId), its body the half message in RocketMQ's stored layout under its
   real topic and queue. The producer answers with END_TRANSACTION, fromTransactionCheck.
