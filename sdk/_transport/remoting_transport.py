@@ -10,6 +10,10 @@ UnsupportedByTransportError: cancelling a scheduled message, delivery times othe
 its 18 delay levels, receiving with an invisible time (pop), and fencing epochs (a
 lock's epoch is always 0 here).
 
+Transactions are RocketMQ's: a half message is SEND_MESSAGE_V2 with the prepared sysFlag,
+ended by END_TRANSACTION (as a request); a transaction producer heartbeats as a producer
+of its group to every broker and answers CHECK_TRANSACTION_STATE on those connections.
+
 With credentials every request is signed as RocketMQ's AclClientRPCHook signs it
 (sdk/_remoting/acl_signature.py), name server requests included, as Java clients do; an
 ACL refusal (SYSTEM_ERROR with an AclException) raises AuthenticationError or
