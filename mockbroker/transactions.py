@@ -71,20 +71,28 @@ DEFAULT_MAX_CHECKS = 15
 
 @dataclass(frozen=True, slots=True)
 class HalfStored:
-    """A stored half message: its transaction id, time and durability."""
+    """A stored half message: its transaction id, time, durability and half-queue offset."""
 
     transaction_id: str
     store_timestamp_ms: int
     durable: bool
+    #: Its offset in the half queue (RocketMQ's tranStateTableOffset).
+    half_offset: int
 
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """A check-back for a producer: the transaction, its half record, which check."""
+    """A check-back for a producer: the transaction, its half record, which check.
+
+    `half_offset` is the half record's offset in the half queue, `position` where it lies
+    in the commit log (RocketMQ's tranStateTableOffset and commitLogOffset).
+    """
 
     transaction_id: str
     record: bytes
     check_times: int
+    half_offset: int = 0
+    position: int = 0
 
 
 @dataclass(slots=True)
@@ -272,7 +280,9 @@ class Transactions:
             offset, msg_id, group, self._clock.now() + self.timeout_seconds
         )
         self._changed.set()
-        return HalfStored(transaction_id(msg_id, offset), result.store_timestamp_ms, result.durable)
+        return HalfStored(
+            transaction_id(msg_id, offset), result.store_timestamp_ms, result.durable, offset
+        )
 
     async def end(self, group: str, txn_id: str, commit: bool) -> None:
         """Commit or roll back a pending transaction; returns once its outcome is durable.
@@ -341,6 +351,24 @@ class Transactions:
         self._ended[offset] = outcome
         self.outcomes[OUTCOME_NAMES[outcome]] += 1
 
+    def is_half(self, position: int, queue_offset: int) -> bool:
+        """True when the record at `position` (header's `queue_offset`) is a half message.
+
+        Pending or ended. Its header names its destination topic, but it is no message of
+        that topic: lookups by id or key skip it (a committed transaction is found by its
+        committed copy, as RocketMQ finds it).
+        """
+        half = getattr(self, "_half", None)
+        if half is None:
+            return False
+        queue = self._store.queue(half, 0)
+        if not queue.min_offset <= queue_offset < queue.count:
+            return False
+        try:
+            return queue.entry(queue_offset)[0] == position
+        except BrokerError:
+            return False
+
     # ------------------------------------------------------------------ check-back
     @contextlib.asynccontextmanager
     async def watching(self, group: str, client_id: str) -> AsyncIterator[_Watcher]:
@@ -391,8 +419,15 @@ class Transactions:
                 continue
             watcher = watchers[next(self._turns) % len(watchers)]
             record = self._store.read_record(self._half, 0, waiting.offset)
+            position = self._store.queue(self._half, 0).entry(waiting.offset)[0]
             watcher.checks.put_nowait(
-                Check(transaction_id(waiting.msg_id, waiting.offset), record, waiting.checks)
+                Check(
+                    transaction_id(waiting.msg_id, waiting.offset),
+                    record,
+                    waiting.checks,
+                    waiting.offset,
+                    position,
+                )
             )
             self.checks_sent += 1
             sent += 1

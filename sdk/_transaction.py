@@ -8,9 +8,11 @@ application's own transaction lives), the asyncio face awaits it.
 
 The broker checks back a transaction left pending (6 s after it was stored, every 60 s,
 15 times by default): each producer keeps a stream open to each broker of its endpoints
-(WatchTransactionChecks) and answers each check with `check(message)`; the broker asks
-another live producer of the group when this one is gone. A listener that raises counts
-as UNKNOWN and is logged, as in RocketMQ. Reaches brokers through the Transport protocol.
+(WatchTransactionChecks; over remoting, its heartbeats as a producer of the group and
+CHECK_TRANSACTION_STATE on those connections) and answers each check with
+`check(message)`; the broker asks another live producer of the group when this one is
+gone. A listener that raises counts as UNKNOWN and is logged, as in RocketMQ. Reaches
+brokers through the Transport protocol.
 """
 
 from __future__ import annotations

@@ -50,8 +50,8 @@ class TransactionProducer(BlockingClient):
     --transaction-* options). See docs/transactions.md.
 
     Args:
-        endpoints: One broker "host:port" or several ("h1:p1;h2:p2" or a list); ordermq's
-            gRPC protocol only (rocketmq:// raises UnsupportedByTransportError).
+        endpoints: One broker "host:port" or several ("h1:p1;h2:p2" or a list), or
+            "rocketmq://<name servers>" for RocketMQ's remoting protocol.
         listener: The TransactionListener.
         group: The producer group; check-backs go to any live producer of it.
         clock: Time source (sdk.testing.FakeClock in tests).

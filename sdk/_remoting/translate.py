@@ -154,15 +154,17 @@ def to_frame(
     now_ms: int,
     new_uniq_key: Callable[[], str],
     unscheduled: bool = False,
+    half: bool = False,
 ) -> bytes:
     """The ordermq frame (with its length prefix) that stores `message`.
 
-    `unscheduled` drops its delay (a message redirected to a dead-letter topic).
+    `unscheduled` drops its delay (a message redirected to a dead-letter topic). `half`
+    accepts a transactional (prepared) message, which the broker stores as a half message.
     RemotingError: MESSAGE_ILLEGAL for what ordermq cannot store, NO_PERMISSION for a
-    transactional message.
+    transactional message unless `half`.
     """
     props = dict(message.properties)
-    _check_sendable(message, props)
+    _check_sendable(message, props, half=half)
     body = message.body
     if message.sys_flag & COMPRESSED_FLAG:
         try:
@@ -201,8 +203,13 @@ def to_frame(
     )  # fmt: skip
 
 
-def _check_sendable(message: IncomingMessage, props: dict[str, str]) -> None:
-    if message.sys_flag & TRANSACTION_TYPE_MASK or props.get(TRAN_MSG, "").lower() == "true":
+def is_transactional(sys_flag: int, props: dict[str, str]) -> bool:
+    """True for a message RocketMQ's producers send as a transaction's half message."""
+    return bool(sys_flag & TRANSACTION_TYPE_MASK) or props.get(TRAN_MSG, "").lower() == "true"
+
+
+def _check_sendable(message: IncomingMessage, props: dict[str, str], *, half: bool) -> None:
+    if not half and is_transactional(message.sys_flag, props):
         raise RemotingError(
             ResponseCode.NO_PERMISSION,
             "transactional (half) messages are not supported by this broker; "
@@ -472,6 +479,7 @@ __all__ = [
     "encode_served",
     "from_frame",
     "illegal",
+    "is_transactional",
     "msg_id_for_uniq_key",
     "retry_properties",
     "rocketmq_uniq_key",

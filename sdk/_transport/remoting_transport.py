@@ -10,6 +10,10 @@ UnsupportedByTransportError: cancelling a scheduled message, delivery times othe
 its 18 delay levels, receiving with an invisible time (pop), and fencing epochs (a
 lock's epoch is always 0 here).
 
+Transactions are RocketMQ's: a half message is SEND_MESSAGE_V2 with the prepared sysFlag,
+ended by END_TRANSACTION (as a request); a transaction producer heartbeats as a producer
+of its group to every broker and answers CHECK_TRANSACTION_STATE on those connections.
+
 With credentials every request is signed as RocketMQ's AclClientRPCHook signs it
 (sdk/_remoting/acl_signature.py), name server requests included, as Java clients do; an
 ACL refusal (SYSTEM_ERROR with an AclException) raises AuthenticationError or
@@ -31,9 +35,15 @@ from sdk._remoting.acl_signature import AclRefusal, acl_refusal, signed_fields
 from sdk._remoting.codes import RequestCode, ResponseCode
 from sdk._remoting.command import RemotingCommand
 from sdk._remoting.connection import RemotingConnection
-from sdk._remoting.message_layout import decode_records, encode_batch_element
+from sdk._remoting.message_ids import decode_offset_msg_id
+from sdk._remoting.message_layout import (
+    TRANSACTION_PREPARED_TYPE,
+    decode_records,
+    encode_batch_element,
+)
 from sdk._remoting.properties import encode_properties, representable
 from sdk._remoting.translate import (
+    UNIQ_KEY,
     OutgoingMessage,
     compressed,
     from_frame,
@@ -103,6 +113,16 @@ DEFAULT_MAX_RECONSUME_TIMES = 16
 PERM_READ, PERM_WRITE = 0x4, 0x2
 #: PullSysFlag: suspend (long polling), the request carries its subscription.
 PULL_SUSPEND, PULL_SUBSCRIPTION = 0x2, 0x4
+#: END_TRANSACTION's commitOrRollback (MessageSysFlag's transaction types).
+END_COMMIT, END_ROLLBACK = 0x8, 0xC
+#: The one "broker" a transaction producer watches: checks come on every broker connection.
+ALL_BROKERS = "*"
+#: A transaction producer heartbeats again this often (RocketMQ's heartbeatBrokerInterval).
+HEARTBEAT_SECONDS = 30.0
+#: Half messages whose commit-log position is kept for their END_TRANSACTION.
+MAX_REMEMBERED_HALVES = 10_000
+#: RocketMQ's properties: transactional, producer group, check-backs so far.
+TRAN_MSG, PGROUP, CHECK_TIMES = "TRAN_MSG", "PGROUP", "TRANSACTION_CHECK_TIMES"
 _UNQUOTED_KEY = re.compile(r"([{,])\s*(-?\d+)\s*:")
 
 #: RocketMQ's answers -> ordermq's errors (others: BrokerError).
@@ -137,15 +157,6 @@ def refused(response: RemotingCommand, what: str) -> OrderMQError:
 def unsupported(what: str) -> UnsupportedByTransportError:
     """UnsupportedByTransportError naming this transport."""
     return UnsupportedByTransportError(what, transport=SCHEME)
-
-
-#: Transactional messages (END_TRANSACTION, CHECK_TRANSACTION_STATE) are not spoken over
-#: remoting by this client yet.
-def _no_transactions() -> UnsupportedByTransportError:
-    return unsupported(
-        "transactional messages (TransactionProducer) need ordermq's gRPC protocol for "
-        "now: use a host:port endpoint without rocketmq://"
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +200,12 @@ class RemotingTransport:
         self._versions: dict[str, int] = {}  # group -> membership changes seen
         self._membership_changed: asyncio.Condition | None = None
         self._closed = False
+        # A transaction producer's: its group and client id, the connections that
+        # heartbeated as it, the check-backs received, half messages' commit-log positions.
+        self._producer: tuple[str, str] | None = None
+        self._producer_beats: dict[str, RemotingConnection] = {}
+        self._checks: asyncio.Queue[TransactionCheck] | None = None
+        self._half_positions: dict[str, int] = {}
 
     # ------------------------------------------------------------------ connections
     async def _connection(self, address: str) -> RemotingConnection:
@@ -202,7 +219,10 @@ class RemotingTransport:
             connection = self._connections.get(address)
             if connection is None or connection.closed:
                 connection = await RemotingConnection.open(
-                    address, self._on_request, tls=self.tls, tls_context=self._tls_context
+                    address,
+                    lambda command: self._on_request(command, address),
+                    tls=self.tls,
+                    tls_context=self._tls_context,
                 )
                 if self._closed:
                     await connection.close()
@@ -328,8 +348,10 @@ class RemotingTransport:
             )
         return address
 
-    def _on_request(self, command: RemotingCommand) -> None:
-        if command.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
+    def _on_request(self, command: RemotingCommand, address: str) -> None:
+        if command.code == RequestCode.CHECK_TRANSACTION_STATE:
+            self._check_requested(command, address)
+        elif command.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
             group = (command.ext_fields or {}).get("consumerGroup")
             if group:
                 self._membership_touched([group])
@@ -410,8 +432,15 @@ class RemotingTransport:
 
     async def _registered_brokers(self) -> set[str]:
         """The broker names any name server that answers has registered (none: empty)."""
+        return set(await self._registered_masters())
 
-        async def ask(address: str) -> set[str]:
+    async def _registered_masters(self) -> dict[str, str]:
+        """Broker name -> its master's address ("" for none), from the name servers.
+
+        Those that answer; none: empty.
+        """
+
+        async def ask(address: str) -> dict[str, str]:
             response = await self._call(address, RequestCode.GET_BROKER_CLUSTER_INFO, {})
             if response.code != ResponseCode.SUCCESS:
                 raise refused(response, f"the brokers registered with {address}")
@@ -420,20 +449,25 @@ class RemotingTransport:
                 data = json.loads(text)
             except json.JSONDecodeError:  # fastjson writes integer map keys unquoted
                 data = json.loads(_UNQUOTED_KEY.sub(r'\1"\2":', text))
-            return {str(name) for name in data["brokerAddrTable"]}
+            table = data["brokerAddrTable"]
+            return {
+                str(name): str(((entry or {}).get("brokerAddrs") or {}).get("0", ""))
+                for name, entry in table.items()
+            }
 
         answers = await asyncio.gather(
             *(ask(address) for address in self.name_servers), return_exceptions=True
         )
-        names: set[str] = set()
+        masters: dict[str, str] = {}
         for answer in answers:
-            if isinstance(answer, set):
-                names |= answer
+            if isinstance(answer, dict):
+                for name, address in answer.items():
+                    masters[name] = masters.get(name) or address
             elif isinstance(answer, OrderMQError | ValueError | KeyError | TypeError):
                 log.info("registered brokers not known: %s", answer)
             else:
                 raise answer
-        return names
+        return masters
 
     async def _query_route(self, topic: str) -> _Route:
         """Ask every name server at once, and merge the routes of those that answered.
@@ -970,25 +1004,137 @@ class RemotingTransport:
     async def send_half(
         self, queue: MessageQueue, prepared: bytes, group: str, *, timeout: float | None = None
     ) -> HalfSent:
-        """Not over remoting yet: UnsupportedByTransportError."""
-        raise _no_transactions()
+        """SEND_MESSAGE_V2 with the prepared sysFlag, TRAN_MSG and PGROUP, as RocketMQ's.
+
+        The connection first heartbeats as a producer of `group`, so that the broker
+        checks back this transaction with it. The transaction id is "<UNIQ_KEY>-<half
+        queue offset>" (the gRPC front's form); the broker is the queue's address.
+        """
+        try:
+            message = from_frame(memoryview(prepared)[FRAME_LEN_PREFIX.size :])
+        except ValueError as exc:
+            raise InvalidMessageError(f"cannot send over {SCHEME}: {exc}") from None
+        address = self._address(queue)
+        await self._as_producer(address, group)
+        message = compressed(message)
+        properties = {**message.properties, TRAN_MSG: "true", PGROUP: group}
+        header = self._send_header(
+            queue, message.born_timestamp_ms, encode_properties(properties),
+            message.sys_flag | TRANSACTION_PREPARED_TYPE,
+        )  # fmt: skip
+        header["a"] = group
+        response = await self._at_broker(
+            queue, RequestCode.SEND_MESSAGE_V2, header, body=message.body, timeout=timeout
+        )
+        appended = self._appended(queue, response, 1, scheduled=False)
+        fields = response.ext_fields or {}
+        txn_id = f"{message.properties[UNIQ_KEY]}-{appended.first_offset}"
+        try:
+            _host, position = decode_offset_msg_id(fields.get("msgId", ""))
+        except ValueError:
+            position = 0
+        self._remember_half(txn_id, position)
+        return HalfSent(txn_id, address, appended.durable)
 
     async def end_transaction(
         self, broker: str, group: str, transaction_id: str, commit: bool, *, from_check: bool
     ) -> None:
-        """Not over remoting yet: UnsupportedByTransportError."""
-        raise _no_transactions()
+        """END_TRANSACTION at `broker`, as a request (RocketMQ's clients send it oneway).
+
+        Answered once the outcome is durable; a refusal raises (the caller logs it).
+        """
+        uniq, _, offset = transaction_id.rpartition("-")
+        if not uniq or not offset.isdigit():
+            raise InvalidMessageError(f"{transaction_id!r} is not a transaction id")
+        fields = {
+            "producerGroup": group, "tranStateTableOffset": offset,
+            "commitLogOffset": str(self._half_positions.pop(transaction_id, 0)),
+            "commitOrRollback": str(END_COMMIT if commit else END_ROLLBACK),
+            "fromTransactionCheck": "true" if from_check else "false",
+            "msgId": uniq, "transactionId": uniq,
+        }  # fmt: skip
+        response = await self._call(broker, RequestCode.END_TRANSACTION, fields)
+        if response.code != ResponseCode.SUCCESS:
+            raise refused(response, f"ending transaction {transaction_id}")
 
     def transaction_brokers(self) -> list[str]:
-        """Not over remoting yet: UnsupportedByTransportError."""
-        raise _no_transactions()
+        """One watch for all brokers: each sends its check-backs on its own connection."""
+        return [ALL_BROKERS]
 
     async def watch_transaction_checks(
         self, broker: str, group: str, client_id: str
     ) -> AsyncIterator[TransactionCheck]:
-        """Not over remoting yet: UnsupportedByTransportError."""
-        raise _no_transactions()
-        yield  # an async generator  # pragma: no cover
+        """CHECK_TRANSACTION_STATE requests from any broker this producer heartbeats to.
+
+        Heartbeats as a producer of `group` (HEART_BEAT's producerDataSet) to every broker
+        it sends to, on each new connection and every HEARTBEAT_SECONDS, as RocketMQ's
+        clients do: a broker asks the connections that did.
+        """
+        if self._checks is None:
+            self._checks = asyncio.Queue()
+        self._producer = (group, client_id)
+        self._heartbeat_body = _producer_heartbeat(group, client_id)
+        checks = self._checks
+        while True:
+            if self._closed:
+                raise ClientStateError("the client is shut down")
+            masters = await self._registered_masters()
+            addresses = {*self._addresses.values(), *(a for a in masters.values() if a)}
+            for address in sorted(addresses):
+                try:
+                    await self._as_producer(address, group, again=True)
+                except OrderMQError as exc:
+                    log.info("producer heartbeat to %s failed: %s", address, exc)
+            beat_again = asyncio.get_running_loop().time() + HEARTBEAT_SECONDS
+            while True:
+                try:
+                    async with asyncio.timeout_at(beat_again):
+                        check = await checks.get()
+                except TimeoutError:
+                    break
+                yield check
+
+    async def _as_producer(self, address: str, group: str, *, again: bool = False) -> None:
+        """Heartbeat as a producer of `group` on the connection to `address` (once each)."""
+        if self._producer is None or self._producer[0] != group:
+            client_id = self._producer[1] if self._producer else f"producer@{id(self):x}"
+            self._producer = (group, client_id)
+            self._heartbeat_body = _producer_heartbeat(*self._producer)
+        connection = await self._connection(address)
+        if not again and self._producer_beats.get(address) is connection:
+            return
+        response = await self._call(
+            address, RequestCode.HEART_BEAT, {}, body=self._heartbeat_body or b""
+        )
+        if response.code != ResponseCode.SUCCESS:
+            raise refused(response, f"producer heartbeat to {address}")
+        self._producer_beats[address] = connection
+
+    def _remember_half(self, transaction_id: str, position: int) -> None:
+        """Keep a half message's commit-log position for its END_TRANSACTION (bounded)."""
+        self._half_positions[transaction_id] = position
+        while len(self._half_positions) > MAX_REMEMBERED_HALVES:
+            del self._half_positions[next(iter(self._half_positions))]
+
+    def _check_requested(self, command: RemotingCommand, address: str) -> None:
+        """CHECK_TRANSACTION_STATE from the broker at `address`: queued for the watch."""
+        fields = command.ext_fields or {}
+        try:
+            [record] = decode_records(command.body)
+            uniq = fields.get("msgId") or record.properties.get(UNIQ_KEY) or ""
+            offset = int(fields["tranStateTableOffset"])
+            position = int(fields.get("commitLogOffset", record.physical_offset))
+            times = int(record.properties.get(CHECK_TIMES, "1") or 1)
+        except (ValueError, KeyError) as exc:
+            log.warning("a check-back from %s does not parse, ignored: %s", address, exc)
+            return
+        if self._checks is None:
+            return  # not a transaction producer: nothing answers checks
+        names = [n for n, a in sorted(self._addresses.items()) if a == address]
+        message = to_message_ext(record, names[0] if names else "")
+        txn_id = f"{uniq}-{offset}"
+        self._remember_half(txn_id, position)
+        self._checks.put_nowait(TransactionCheck(txn_id, address, message, times))
 
     async def lock_batch(
         self, group: str, client_id: str, queues: Sequence[MessageQueue]
@@ -1052,6 +1198,13 @@ def _int_field(response: RemotingCommand, name: str) -> int:
             f"the answer has no integer {name!r}: {response.ext_fields!r}",
             code="MALFORMED_RESPONSE",
         ) from None
+
+
+def _producer_heartbeat(group: str, client_id: str) -> bytes:
+    """A transaction producer's HEART_BEAT body: its group in producerDataSet."""
+    return json.dumps({
+        "clientID": client_id, "producerDataSet": [{"groupName": group}], "consumerDataSet": [],
+    }).encode()  # fmt: skip
 
 
 def _consumer_data(group: GroupInfo) -> dict[str, Any]:

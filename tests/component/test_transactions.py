@@ -31,6 +31,7 @@ from sdk.testing import FakeClock
 from tests.component.coordination import mq, run
 from tests.component.pulling import read_queue
 from tests.component.scraping import scrape
+from tests.component.transports import TRANSPORTS
 from tests.support import wait_until
 
 COMMIT = LocalTransactionState.COMMIT_MESSAGE
@@ -70,8 +71,17 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def broker(tmp_path: Path, clock: FakeClock) -> Iterator[EmbeddedBroker]:
-    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path), clock=clock) as b:
+    config = BrokerConfig(data_dir=tmp_path, remoting_port=0, namesrv_port=0)
+    with EmbeddedBroker(config, clock=clock) as b:
         yield b
+
+
+@pytest.fixture(params=TRANSPORTS)
+def endpoint(request: pytest.FixtureRequest, broker: EmbeddedBroker) -> str:
+    """What the producers are given: the gRPC port, or rocketmq://<name server>."""
+    if request.param == "rocketmq":
+        return f"rocketmq://{broker.namesrv_address}"
+    return broker.address
 
 
 def transactions(broker: EmbeddedBroker) -> Transactions:
@@ -85,9 +95,9 @@ def everything(broker: EmbeddedBroker, topic: str = "orders") -> list[bytes]:
     return [m.body for q in queues for m in read_queue(broker.address, q)]
 
 
-def test_commit_is_visible_rollback_never(broker: EmbeddedBroker) -> None:
+def test_commit_is_visible_rollback_never(broker: EmbeddedBroker, endpoint: str) -> None:
     listener = Listener({b"yes": COMMIT, b"no": ROLLBACK})
-    with TransactionProducer(broker.address, listener, group="pg") as producer:
+    with TransactionProducer(endpoint, listener, group="pg") as producer:
         yes = producer.send_message_in_transaction(Message("orders", b"yes", sharding_key="k"))
         no = producer.send_message_in_transaction(Message("orders", b"no", sharding_key="k"))
     assert yes.local_transaction_state is COMMIT and no.local_transaction_state is ROLLBACK
@@ -100,9 +110,11 @@ def test_commit_is_visible_rollback_never(broker: EmbeddedBroker) -> None:
     assert transactions(broker).outcomes == {"committed": 1, "rolled back": 1, "dropped": 0}
 
 
-def test_unknown_is_checked_back_then_committed(broker: EmbeddedBroker, clock: FakeClock) -> None:
+def test_unknown_is_checked_back_then_committed(
+    broker: EmbeddedBroker, endpoint: str, clock: FakeClock
+) -> None:
     listener = Listener({}, {b"later": COMMIT})
-    with TransactionProducer(broker.address, listener, group="pg") as producer:
+    with TransactionProducer(endpoint, listener, group="pg") as producer:
         sent = producer.send_message_in_transaction(Message("orders", b"later"))
         assert sent.local_transaction_state is UNKNOWN
         assert read_queue(broker.address, sent.queue) == [], "a half message is invisible"
@@ -117,13 +129,13 @@ def test_unknown_is_checked_back_then_committed(broker: EmbeddedBroker, clock: F
 
 
 def test_a_raising_listener_counts_as_unknown_and_is_logged(
-    broker: EmbeddedBroker, clock: FakeClock, caplog: pytest.LogCaptureFixture
+    broker: EmbeddedBroker, endpoint: str, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     boom = RuntimeError("database down")
     listener = Listener({b"x": boom}, {b"x": boom})
     with (
         caplog.at_level(logging.ERROR, logger="ordermq.transaction"),
-        TransactionProducer(broker.address, listener, group="pg") as producer,
+        TransactionProducer(endpoint, listener, group="pg") as producer,
     ):
         sent = producer.send_message_in_transaction(Message("orders", b"x"))
         assert sent.local_transaction_state is UNKNOWN
@@ -135,12 +147,12 @@ def test_a_raising_listener_counts_as_unknown_and_is_logged(
 
 
 def test_check_back_goes_to_another_producer_when_the_first_is_gone(
-    broker: EmbeddedBroker, clock: FakeClock
+    broker: EmbeddedBroker, endpoint: str, clock: FakeClock
 ) -> None:
     first = Listener({})
     second = Listener({}, {b"orphan": COMMIT})
-    with TransactionProducer(broker.address, second, group="pg"):
-        with TransactionProducer(broker.address, first, group="pg") as producer:
+    with TransactionProducer(endpoint, second, group="pg"):
+        with TransactionProducer(endpoint, first, group="pg") as producer:
             sent = producer.send_message_in_transaction(Message("orders", b"orphan"))
         # the first producer is gone: its stream closed
         wait_until(lambda: len(transactions(broker)._watchers.get("pg", [])) == 1)
@@ -179,9 +191,9 @@ def test_dropped_after_the_most_checks(
     assert f"transaction {sent.transaction_id} of group pg dropped" in caplog.text
 
 
-def test_sharding_key_order_among_committed(broker: EmbeddedBroker) -> None:
+def test_sharding_key_order_among_committed(broker: EmbeddedBroker, endpoint: str) -> None:
     listener = Listener({b"a1": COMMIT, b"a2": COMMIT, b"b1": ROLLBACK, b"a3": COMMIT})
-    with TransactionProducer(broker.address, listener, group="pg") as producer:
+    with TransactionProducer(endpoint, listener, group="pg") as producer:
         results = [
             producer.send_message_in_transaction(Message("orders", body, sharding_key="a"))
             for body in (b"a1", b"a2", b"b1", b"a3")
@@ -289,7 +301,7 @@ def test_end_for_an_unknown_id_or_another_group_is_refused_and_changes_nothing(
     assert transactions(broker).pending == 0 and read_queue(broker.address, sent.queue) == []
 
 
-def test_asyncio_producer(broker: EmbeddedBroker, clock: FakeClock) -> None:
+def test_asyncio_producer(broker: EmbeddedBroker, endpoint: str, clock: FakeClock) -> None:
     class AsyncListener:
         def __init__(self) -> None:
             self.checked: list[str] = []
@@ -304,7 +316,7 @@ def test_asyncio_producer(broker: EmbeddedBroker, clock: FakeClock) -> None:
     listener = AsyncListener()
 
     async def main() -> tuple[str, str]:
-        async with aio.TransactionProducer(broker.address, listener, group="pg") as producer:
+        async with aio.TransactionProducer(endpoint, listener, group="pg") as producer:
             done = await producer.send_message_in_transaction(Message("orders", b"a"), "commit")
             left = await producer.send_message_in_transaction(Message("orders", b"b"))
             assert left.local_transaction_state is UNKNOWN
@@ -319,14 +331,6 @@ def test_asyncio_producer(broker: EmbeddedBroker, clock: FakeClock) -> None:
     assert everything(broker) == [b"a"]
 
 
-def test_a_remoting_endpoint_says_transactions_are_unsupported(broker: EmbeddedBroker) -> None:
-    from sdk.errors import UnsupportedByTransportError
-
-    producer = TransactionProducer("rocketmq://127.0.0.1:1", Listener({}), group="pg")
-    with pytest.raises(UnsupportedByTransportError, match="TransactionProducer"):
-        producer.start()
-
-
 def test_a_broker_stops_at_once_while_producers_watch_for_checks(
     tmp_path: Path, clock: FakeClock
 ) -> None:
@@ -337,3 +341,38 @@ def test_a_broker_stops_at_once_while_producers_watch_for_checks(
         started = time.monotonic()
         broker.stop()
         assert time.monotonic() - started < 3, "the check-back stream ended with the broker"
+
+
+def test_lookups_skip_half_messages_and_find_a_committed_one_once(
+    broker: EmbeddedBroker, endpoint: str
+) -> None:
+    listener = Listener({b"c": COMMIT, b"r": ROLLBACK})
+    with TransactionProducer(endpoint, listener, group="pg") as producer:
+        sent = {
+            body: producer.send_message_in_transaction(
+                Message("orders", body, keys=f"key-{body!r}")
+            )
+            for body in (b"c", b"r", b"p")  # committed, rolled back, pending
+        }
+
+    async def lookups() -> dict[bytes, tuple[int, int]]:
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            admin = pb_grpc.AdminServiceStub(channel)
+            found: dict[bytes, tuple[int, int]] = {}
+            for body, result in sent.items():
+                by_key = await admin.QueryMessagesByKey(
+                    pb.QueryMessagesByKeyRequest(topic="orders", key=f"key-{body!r}")
+                )
+                try:
+                    by_id = (
+                        await admin.QueryMessageById(
+                            pb.QueryMessageByIdRequest(msg_id=result.msg_id)
+                        )
+                    ).record_count
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() == grpc.StatusCode.NOT_FOUND
+                    by_id = 0
+                found[body] = (by_id, by_key.record_count)
+            return found
+
+    assert asyncio.run(lookups()) == {b"c": (1, 1), b"r": (0, 0), b"p": (0, 0)}

@@ -173,7 +173,11 @@ def test_a_delay_message_waits_in_the_scheduler_and_can_be_recalled(
     ("system", "code"),
     [
         ({"tag": "a|b"}, v2.ILLEGAL_MESSAGE_TAG),
-        ({"message_type": v2.TRANSACTION}, v2.UNSUPPORTED),
+        ({"message_type": v2.PRIORITY}, v2.UNSUPPORTED),
+        (  # a transactional message cannot be delayed
+            {"message_type": v2.TRANSACTION, "delivery_timestamp": from_ms(2**41)},
+            v2.ILLEGAL_DELIVERY_TIME,
+        ),
         ({"message_type": v2.FIFO}, v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
         ({"delivery_timestamp": from_ms(1000), "message_type": v2.DELAY}, v2.ILLEGAL_DELIVERY_TIME),
     ],
@@ -199,11 +203,6 @@ def test_an_empty_body_and_a_mixed_batch_are_refused(broker: EmbeddedBroker) -> 
     assert mixed.status.code == v2.BAD_REQUEST and "one topic" in mixed.status.message
     assert call(broker, "SendMessage", svc.SendMessageRequest()).status.code == v2.BAD_REQUEST
     assert broker.broker.store.topics.find("orders") is None
-
-
-def test_an_end_transaction_is_unsupported(broker: EmbeddedBroker) -> None:
-    answer = call(broker, "EndTransaction", svc.EndTransactionRequest())
-    assert answer.status.code == v2.UNSUPPORTED
 
 
 # ---------------------------------------------------------------------- clients

@@ -10,6 +10,7 @@ call failed) or 3 (the --deadline passed), after an {"event": "error"} line.
     cpp_driver.py produce --namesrv "127.0.0.1:9876;127.0.0.1:9877" ... --resend
     cpp_driver.py push    --namesrv 127.0.0.1:9876 --topic T --group G [--orderly]
     cpp_driver.py pull    --namesrv 127.0.0.1:9876 --topic T --group G
+    cpp_driver.py transaction --namesrv 127.0.0.1:9876 --topic T --group G
 
 Message bodies are "<key>:<seq>" (optionally padded: "<key>:<seq> xxxx..."); the consumers
 parse them back into "key" and "seq" (null for other bodies, whose text is in "body").
@@ -29,6 +30,10 @@ Events:
 - pull: "queues" {queues}, "message" per message (--report each), "queue_done" per queue
   {queue, next_offset, min_offset, max_offset, messages}, then "done" {messages, seconds,
   rate, cpu_seconds}.
+- transaction: "unsupported" {reason} when the binding has no transaction producer (exit
+  0); else "sent" per message {body, status, msg_id} (bodies "commit", "rollback",
+  "unknown": the local transaction answers so, and the check-back of "unknown" commits),
+  "checked" per check-back {body}, then "done" once "unknown" was checked back.
 
 The C++ client's quirks this copes with: it logs to $HOME/logs/rocketmq-cpp/ (set HOME;
 SetProducerLogPath has no effect once a client exists). With no name server listening it
@@ -380,6 +385,76 @@ def pull(a: argparse.Namespace) -> None:
     consumer._handle = None
 
 
+# ---------------------------------------------------------------------------- transactions
+def transaction(a: argparse.Namespace) -> None:
+    import rocketmq.client as client
+    from rocketmq.ffi import dll
+
+    missing = [
+        what
+        for what, there in (
+            ("rocketmq.client has no TransactionMQProducer",
+             hasattr(client, "TransactionMQProducer")),
+            ("its librocketmq.so exports no CreateTransactionProducer nor SendMessageTransaction "
+             "(its C API is rocketmq-client-cpp 1.2.3's; the C++ class "
+             "rocketmq::TransactionMQProducer inside it is reachable from C++ only)",
+             _exports(dll, "CreateTransactionProducer")),
+        )
+        if not there
+    ]  # fmt: skip
+    if missing:
+        reason = f"PyPI rocketmq {_version()} has no transaction producer: " + "; ".join(missing)
+        emit("unsupported", reason=reason)
+        return
+    # rocketmq-client-python 2.x's API (PyPI rocketmq-client-python): never run here yet.
+    states = client.TransactionStatus  # type: ignore[attr-defined]
+    answers = {"commit": states.COMMIT, "rollback": states.ROLLBACK, "unknown": states.UNKNOWN}
+    checked = threading.Event()
+
+    def check(msg: Any) -> Any:
+        body = msg.body.decode(errors="replace")
+        emit("checked", body=body)
+        if body == "unknown":
+            checked.set()
+        return states.COMMIT
+
+    def local(msg: Any, user_args: Any) -> Any:
+        return answers[msg.body.decode(errors="replace")]
+
+    producer = client.TransactionMQProducer(a.group, check)  # type: ignore[attr-defined]
+    producer.set_name_server_address(a.namesrv)
+    producer.start()
+    emit("started", pid=os.getpid())
+    for body in ("commit", "rollback", "unknown"):
+        phase(f"sending {body}")
+        msg = client.Message(a.topic)
+        msg.set_keys(body)
+        msg.set_body(body)
+        result = producer.send_message_in_transaction(msg, local, None)
+        emit("sent", body=body, status=str(result.status), msg_id=result.msg_id)
+    phase("waiting for the check-back of 'unknown'")
+    checked.wait()
+    emit("done")
+    producer.shutdown()
+
+
+def _exports(dll: Any, name: str) -> bool:
+    try:
+        getattr(dll, name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rocketmq")
+    except PackageNotFoundError:
+        return "?"
+
+
 # ---------------------------------------------------------------------------- arguments
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -418,6 +493,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         c.add_argument("--channel", default="", help="the session credentials' channel")
         return c
 
+    common("transaction", "commit, roll back and leave unknown one transactional message each")
     c = common("produce", "send keyed messages, round after round (seq = round)")
     c.add_argument(
         "--mode",
@@ -510,7 +586,9 @@ def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     start_deadline(getattr(a, "deadline", 0.0))
     try:
-        {"selfcheck": selfcheck, "produce": produce, "push": push, "pull": pull}[a.command](a)
+        commands = {"selfcheck": selfcheck, "produce": produce, "push": push, "pull": pull,
+                    "transaction": transaction}  # fmt: skip
+        commands[a.command](a)
     except Exception as exc:  # the client's errors, as one clear line
         fail(f"{type(exc).__name__}: {exc}")
     sys.stdout.flush()

@@ -13,6 +13,7 @@ its log under $HOME/logs/rocketmq_python/: give each run a HOME of its own.
     rmq5_driver.py simple  --endpoints E --topic T --group G --expect N [--invisible S]
                            [--no-ack] [--change-invisible S] [--await S] [--tag TAG]
     rmq5_driver.py push    --endpoints E --topic T --group G
+    rmq5_driver.py transaction --endpoints E --topic T
 
 produce, simple and push take --tls (the client's own switch, `tls_enable=True`: a TLS
 channel that trusts gRPC's default roots) and --tls-ca FILE (--tls, trusting the CA in
@@ -36,7 +37,11 @@ Events:
   {message_id} per recalled message (--recall), then "done" {sent};
 - simple: "message" per message received, "acked" / "changed" {message_id} after each
   ack / invisible-duration change, "done" {received} once --expect distinct messages came;
-- push: "message" per listener call; on SIGTERM "stopping", then "stopped", exit 0.
+- push: "message" per listener call; on SIGTERM "stopping", then "stopped", exit 0;
+- transaction: three half messages, bodies "commit" (committed), "rollback" (rolled
+  back) and "unknown" (left to the check-back, which its TransactionChecker commits):
+  "sent" {body, message_id, transaction_id} each, "ended" {body, resolution}, "checked"
+  {body, message_id} per check-back, then "done" once "unknown" was checked back.
 "message" carries {key, seq, topic, message_id, tag, keys, group, attempt, properties,
 born_host, delivery_timestamp, corrupted, body}.
 """
@@ -178,6 +183,49 @@ def produce(a: argparse.Namespace) -> int:
     return 0
 
 
+def transaction(a: argparse.Namespace) -> int:
+    from rocketmq import Message, Producer, TransactionChecker, TransactionResolution
+
+    checked = threading.Event()
+
+    class Checker(TransactionChecker):  # type: ignore[misc]
+        def check(self, message: Any) -> Any:
+            body = bytes(message.body).decode(errors="replace")
+            emit("checked", body=body, message_id=message.message_id)
+            if body == "unknown":
+                checked.set()
+            return TransactionResolution.COMMIT
+
+    _phase[0] = "startup"
+    producer = Producer(config(a.endpoints, a), (a.topic,), Checker(), tls_enable=a.tls)
+    producer.startup()
+    emit("started", client_id=producer.client_id)
+    for body in ("commit", "rollback", "unknown"):
+        _phase[0] = f"sending {body}"
+        message = Message()
+        message.topic = a.topic
+        message.body = body.encode()
+        message.keys = body
+        txn = producer.begin_transaction()
+        receipt = producer.send(message, txn)
+        emit("sent", body=body, message_id=receipt.message_id,
+             transaction_id=receipt.transaction_id)  # fmt: skip
+        if body == "commit":
+            txn.commit()
+        elif body == "rollback":
+            txn.rollback()
+        else:
+            continue
+        emit("ended", body=body)
+    _phase[0] = "waiting for the check-back of 'unknown'"
+    checked.wait()
+    time.sleep(1)  # the checker's EndTransaction goes out after check() returns
+    _phase[0] = "shutdown"
+    producer.shutdown()
+    emit("done")
+    return 0
+
+
 def simple(a: argparse.Namespace) -> int:
     from rocketmq import FilterExpression, SimpleConsumer
 
@@ -236,7 +284,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="rmq5_driver.py")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("selfcheck")
-    for name in ("produce", "simple", "push"):
+    for name in ("produce", "simple", "push", "transaction"):
         c = sub.add_parser(name)
         c.add_argument("--endpoints", required=True)
         c.add_argument("--topic", required=True)
@@ -254,7 +302,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
             c.add_argument("--keys", action="store_true")
             c.add_argument("--property", action="append", default=[])
             c.add_argument("--recall", action="store_true")
-        else:
+        elif name != "transaction":
             c.add_argument("--group", required=True)
         if name == "simple":
             c.add_argument("--expect", type=int, required=True)
@@ -274,7 +322,8 @@ def main(argv: list[str]) -> int:
     a.tls = use_tls(a)  # before the client (and grpc) is imported
     use_credentials(a)
     try:
-        return {"produce": produce, "simple": simple, "push": push}[a.command](a)
+        commands = {"produce": produce, "simple": simple, "push": push, "transaction": transaction}
+        return commands[a.command](a)
     except Exception as exc:  # the client's exception, reported as a line
         fail(f"{type(exc).__name__}: {exc}")
         return 2

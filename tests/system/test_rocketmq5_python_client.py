@@ -118,6 +118,28 @@ def test_normal_sends_arrive_with_their_fields_readable_over_ordermqs_grpc(
         assert m.sharding_key is None and m.born_timestamp > 0
 
 
+def test_a_transaction_producer_commits_rolls_back_and_answers_a_check_back(
+    run: Callable[..., Driver], broker: Callable[..., V2Broker]
+) -> None:
+    b = broker("--transaction-timeout-seconds", "1", "--transaction-check-seconds", "1")
+    producer = run("producer", "transaction", "--endpoints", b.endpoints, "--topic", "py5-txn")
+    assert producer.finish(TIMEOUT) == 0, producer.describe()
+    sent = {e["body"]: e for e in producer.of("sent")}
+    assert list(sent) == ["commit", "rollback", "unknown"]
+    assert all(e["transaction_id"] for e in sent.values())
+    assert "unknown" in [e["body"] for e in producer.of("checked")]
+    wait_until(
+        lambda: (
+            sorted(m.body for m in GrpcView(b.address).messages("py5-txn"))
+            == [b"commit", b"unknown"]
+        ),
+        30,
+        "the committed messages",
+    )
+    read = {m.body: m for m in GrpcView(b.address).messages("py5-txn")}
+    assert read[b"commit"].properties["UNIQ_KEY"] == sent["commit"]["message_id"]
+
+
 def test_fifo_sends_keep_each_message_group_in_one_queue_shared_with_ordermq_keys(
     run: Callable[..., Driver], broker: Callable[..., V2Broker]
 ) -> None:

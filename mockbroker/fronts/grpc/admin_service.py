@@ -14,7 +14,7 @@ from mockbroker.deletion import delete_group, delete_topic
 from mockbroker.errors import BrokerError, invalid, not_found, out_of_range
 from mockbroker.fronts.grpc.service import parked_key_pb
 from mockbroker.fronts.grpc_errors import Context, answers_errors
-from mockbroker.fronts.message_lookup import find_by_any_id
+from mockbroker.fronts.message_lookup import find_by_any_id, kept
 from mockbroker.state import BrokerState
 from mockbroker.topics import (
     Topic,
@@ -27,6 +27,7 @@ from mockbroker.topics import (
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._version import __version__
+from sdk._wire import RECORD
 from sdk.log import log_event
 
 log = logging.getLogger("mockbroker.admin")
@@ -261,7 +262,9 @@ class AdminService(pb_grpc.AdminServiceServicer):
         Any id a client prints names it: ordermq's, RocketMQ 4.x's UNIQ_KEY and
         offsetMsgId, RocketMQ 5's (mockbroker/fronts/message_lookup.py).
         """
-        records = await asyncio.to_thread(find_by_any_id, self._s.store, request.msg_id)
+        records = await asyncio.to_thread(
+            find_by_any_id, self._s.store, request.msg_id, skip=self._half_record
+        )
         if not records:
             raise not_found("MESSAGE_NOT_FOUND", f"no stored message {request.msg_id.strip()}")
         return pb.QueryMessagesResponse(records=b"".join(records), record_count=len(records))
@@ -278,10 +281,14 @@ class AdminService(pb_grpc.AdminServiceServicer):
         limit = request.max_messages or 32
         if not 1 <= limit <= 1000:
             raise invalid("INVALID_ARGUMENT", f"max_messages {limit} is outside 1..1000")
-        records = await asyncio.to_thread(
-            self._s.store.find_by_key, request.topic, request.key, limit
-        )
+        found = self._s.store.records_by_key(request.topic, request.key)
+        records = await asyncio.to_thread(kept, found, limit, self._half_record)
         return pb.QueryMessagesResponse(records=b"".join(records), record_count=len(records))
+
+    def _half_record(self, position: int, record: bytes) -> bool:
+        """True for a transaction's half message: lookups skip it (message_lookup.py)."""
+        queue_offset = RECORD.unpack_from(record)[4]
+        return self._s.transactions.is_half(position, queue_offset)
 
     @answers_errors
     async def BrokerStatus(

@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from mockbroker.errors import BrokerError
@@ -48,6 +49,7 @@ from mockbroker.retry import DEFAULT_MAX_RECONSUME_TIMES
 from mockbroker.state import BrokerState, check_client_id
 from mockbroker.store.message_store import parse_tag_expression
 from mockbroker.topics import Topic, check_any_topic, check_group
+from mockbroker.transactions import Check
 from sdk._remoting.codes import RequestCode, ResponseCode
 from sdk._remoting.command import Fields, RemotingCommand, RemotingError
 from sdk._wire import RECORD
@@ -57,16 +59,72 @@ log = logging.getLogger("ordermq.broker.remoting")
 #: ConsumeType and MessageModel by their ordinal (the C++ client sends numbers).
 _CONSUME_TYPES = ("CONSUME_ACTIVELY", "CONSUME_PASSIVELY")
 _MESSAGE_MODELS = ("BROADCASTING", "CLUSTERING")
+#: The group every Java client's heartbeat names for its internal producer.
+INNER_PRODUCER_GROUP = "CLIENT_INNER_PRODUCER"
+#: Producer groups one connection answers check-backs for; more are not taken (logged).
+MAX_PRODUCER_GROUPS = 64
 
 
 class RemotingClients:
-    """The connections of remoting clients, by client id, and their groups' watchers."""
+    """The connections of remoting clients, by client id, and their groups' watchers.
 
-    def __init__(self, state: BrokerState) -> None:
+    A connection whose heartbeat names a producer group in its producerDataSet answers
+    that group's transaction check-backs (CHECK_TRANSACTION_STATE, built by
+    `check_request`) until it closes or unregisters the group.
+    """
+
+    def __init__(
+        self,
+        state: BrokerState,
+        check_request: Callable[[Check], RemotingCommand] | None = None,
+    ) -> None:
         self._state = state
         self._channels: dict[str, set[ClientChannel]] = {}
         self._clients_on: dict[ClientChannel, set[str]] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._check_request = check_request
+        self._producers: dict[tuple[ClientChannel, str], asyncio.Task[None]] = {}
+
+    def producer(self, client_id: str, channel: ClientChannel, groups: set[str]) -> None:
+        """`client_id` produces for `groups` on `channel`: it answers their check-backs."""
+        if self._check_request is None or channel.closed:
+            return
+        for group in groups - {INNER_PRODUCER_GROUP}:
+            key = (channel, group)
+            task = self._producers.get(key)
+            if task is not None and not task.done():
+                continue
+            try:
+                check_group(group)
+            except BrokerError:
+                continue  # its sends name the group too, and are refused for it
+            if sum(1 for c, _ in self._producers if c is channel) >= MAX_PRODUCER_GROUPS:
+                log.warning("remoting %s: producer group %s not taken for check-backs: the "
+                            "connection answers for %d already", channel.peer, group,
+                            MAX_PRODUCER_GROUPS)  # fmt: skip
+                continue
+            self._producers[key] = asyncio.create_task(
+                self._answer_checks(channel, group, client_id), name=f"remoting-checks-{group}"
+            )
+
+    def producer_left(self, channel: ClientChannel, group: str) -> None:
+        """`channel` no longer produces for `group` (UNREGISTER_CLIENT)."""
+        task = self._producers.pop((channel, group), None)
+        if task is not None:
+            task.cancel()
+
+    async def _answer_checks(self, channel: ClientChannel, group: str, client_id: str) -> None:
+        assert self._check_request is not None
+        transactions = self._state.transactions
+        async with transactions.watching(group, client_id) as watcher:
+            async for check in transactions.checks(watcher):
+                try:
+                    command = self._check_request(check)
+                except Exception:  # a record the front cannot translate: logged, not fatal
+                    log.exception("check-back of transaction %s cannot be sent",
+                                  check.transaction_id)  # fmt: skip
+                    continue
+                await channel.send_oneway(command)
 
     def seen(self, client_id: str, channel: ClientChannel) -> None:
         """`client_id` spoke on `channel`."""
@@ -87,6 +145,8 @@ class RemotingClients:
 
     def connection_closed(self, channel: ClientChannel) -> None:
         """A remoting connection ended (the server calls this once per connection)."""
+        for key in [k for k in self._producers if k[0] is channel]:
+            self._producers.pop(key).cancel()
         for client_id in self._clients_on.pop(channel, set()):
             channels = self._channels.get(client_id)
             if channels is not None:
@@ -106,6 +166,8 @@ class RemotingClients:
     def close(self) -> None:
         """Stop the watchers (the broker is stopping)."""
         for task in self._watchers.values():
+            task.cancel()
+        for task in self._producers.values():
             task.cancel()
 
     async def _notify_changes(self, group: str) -> None:
@@ -166,6 +228,7 @@ class _Coordination:
         # client_max_topics or on a full disk the heartbeat is refused whole
         self._s.topic_creation.retry_topics(joined, client=channel.peer)
         self._clients.seen(client_id, channel)
+        self._clients.producer(client_id, channel, _producer_groups(data))
         groups.heartbeat(client_id, joined, channel.peer)
         for group in joined:
             self._clients.watch(group)
@@ -183,7 +246,9 @@ class _Coordination:
                 groups.heartbeat(client_id, left, channel.peer)
                 own = [q for q, view in locks.locks(group).items() if view.client_id == client_id]
                 locks.unlock_batch(group, client_id, own)
-        elif fields.optional_string("producerGroup") is None:
+        elif (producer := fields.optional_string("producerGroup")) is not None:
+            self._clients.producer_left(channel, producer)
+        else:
             groups.unregister(client_id)
             locks.release_client(client_id)
         await self._save_locks()
@@ -345,6 +410,18 @@ def _lock_body(request: RemotingCommand) -> tuple[str, str, list[tuple[str, str,
             raise RemotingError(ResponseCode.SYSTEM_ERROR, f"mqSet holds {mq!r}")
         queues.append((_text(mq, "topic"), str(mq.get("brokerName") or ""), mq["queueId"]))
     return group, client_id, queues
+
+
+def _producer_groups(data: dict[str, Any]) -> set[str]:
+    """The producer groups a heartbeat names (entries that name none are skipped)."""
+    producers = data.get("producerDataSet") or []
+    if not isinstance(producers, list):
+        raise RemotingError(ResponseCode.SYSTEM_ERROR, "producerDataSet is not a list")
+    return {
+        p["groupName"]
+        for p in producers
+        if isinstance(p, dict) and isinstance(p.get("groupName"), str) and p["groupName"]
+    }
 
 
 def _json_body(request: RemotingCommand, what: str) -> dict[str, Any]:

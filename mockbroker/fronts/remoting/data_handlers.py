@@ -62,6 +62,7 @@ from mockbroker.state import BrokerState
 from mockbroker.store.consumequeue import ConsumeQueue
 from mockbroker.store.message_store import GetResult
 from mockbroker.topics import SCHEDULE_TOPIC, SYSTEM_PREFIX, Topic, check_group, check_user_topic
+from mockbroker.transactions import HALF_TOPIC
 from sdk._remoting.codes import RequestCode, ResponseCode
 from sdk._remoting.command import Fields, RemotingCommand, RemotingError
 from sdk._remoting.message_ids import (
@@ -71,6 +72,8 @@ from sdk._remoting.message_ids import (
 )
 from sdk._remoting.message_layout import (
     COMPRESSED_FLAG,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_TYPE_MASK,
     MessageLayoutError,
     decode_batch,
 )
@@ -80,6 +83,7 @@ from sdk._remoting.translate import (
     IncomingMessage,
     encode_served,
     illegal,
+    is_transactional,
     msg_id_for_uniq_key,
     rocketmq_uniq_key,
     to_frame,
@@ -236,6 +240,8 @@ class DataHandlers:
                     f"sending to topic {header.topic!r} is forbidden: only the broker writes to it",
                 )
             check_user_topic(header.topic)  # before the messages' checks, as Delivery does
+            if is_transactional(header.sys_flag, decode_properties(header.properties)):
+                return await self._send_half(request, channel, header, batch)
             queue_id = self._queue_id(header.topic, header.queue_id, self._s.config.default_queues)
             frames = self._frames(request, channel, header, header.topic, batch)
             sent = await self._delivery.send(channel.peer, header.topic, queue_id, frames)
@@ -282,6 +288,32 @@ class DataHandlers:
             index = store.queue(topic, queue_id)
         return self._sent(put.durable, index, put.first_offset, put.count, queue_id)
 
+    async def _send_half(
+        self, request: RemotingCommand, channel: ClientChannel, header: SendHeader, batch: bool
+    ) -> tuple[int, dict[str, str]]:
+        """A transaction's half message (sysFlag PREPARED, or TRAN_MSG=true).
+
+        Unseen until committed (mockbroker/transactions.py). The reply's queueOffset is
+        its offset in the half queue and its msgId names its commit-log position, as
+        RocketMQ's do: the producer ends it with those (END_TRANSACTION).
+        """
+        if batch:
+            raise illegal("a batch cannot carry transactional messages; send them one by one")
+        kind = header.sys_flag & TRANSACTION_TYPE_MASK
+        if kind not in (0, TRANSACTION_PREPARED_TYPE):
+            raise illegal(
+                f"sysFlag {header.sys_flag} sends a transaction's commit or rollback; "
+                "a transactional message is sent prepared, then ended with END_TRANSACTION"
+            )
+        queue_id = self._queue_id(header.topic, header.queue_id, self._s.config.default_queues)
+        frame = self._frames(request, channel, header, header.topic, batch, half=True)
+        stored = await self._delivery.send_half(
+            channel.peer, header.topic, queue_id, frame, header.producer_group
+        )
+        store = self._s.store
+        index = store.queue(store.topics.get(HALF_TOPIC), 0)
+        return self._sent(stored.durable, index, stored.half_offset, 1, queue_id)
+
     def _sent(
         self, durable: bool, index: ConsumeQueue, first: int, count: int, queue_id: int
     ) -> tuple[int, dict[str, str]]:
@@ -309,6 +341,7 @@ class DataHandlers:
         batch: bool,
         *,
         unscheduled: bool = False,
+        half: bool = False,
     ) -> bytes:
         """The request's messages as ordermq frames (the store checks them next)."""
         if len(request.body) > MAX_SEND_BYTES:
@@ -319,7 +352,11 @@ class DataHandlers:
         now_ms = int(self._s.clock.now() * 1000)
         frames = [
             to_frame(
-                message, now_ms=now_ms, new_uniq_key=self._new_uniq_key, unscheduled=unscheduled
+                message,
+                now_ms=now_ms,
+                new_uniq_key=self._new_uniq_key,
+                unscheduled=unscheduled,
+                half=half,
             )
             for message in self._messages(request, channel, header, topic, batch)
         ]
@@ -367,7 +404,7 @@ class DataHandlers:
     def _host(self) -> SocketAddress:
         text = self._store_host_text()
         if self._store_host is None or self._store_host[0] != text:
-            self._store_host = (text, _resolve(text))
+            self._store_host = (text, resolve_store_host(text))
         return self._store_host[1]
 
     # ------------------------------------------------------------------ pull
@@ -574,6 +611,8 @@ class DataHandlers:
                 continue
             if by_id and rocketmq_uniq_key(record) != key:
                 continue
+            if self._s.transactions.is_half(position, record.queue_offset):
+                continue  # a transaction's half message (mockbroker/fronts/message_lookup.py)
             if window is not None and not window[0] <= record.store_timestamp_ms <= window[1]:
                 continue
             found.setdefault(position, data)
@@ -617,7 +656,7 @@ def _peer_address(channel: ClientChannel) -> SocketAddress | None:
         return None
 
 
-def _resolve(text: str) -> SocketAddress:
+def resolve_store_host(text: str) -> SocketAddress:
     """'host:port' as an address; a host name is looked up (once per name: it is cached)."""
     try:
         return SocketAddress.parse(text)
@@ -642,4 +681,5 @@ __all__ = [
     "DataHandlers",
     "SendHeader",
     "data_handlers",
+    "resolve_store_host",
 ]

@@ -10,7 +10,7 @@ from mockbroker.fronts.remoting.admin_handlers import admin_handlers
 from mockbroker.fronts.remoting.auth import RemotingAuth
 from mockbroker.fronts.remoting.channel import ClientChannel, Handler
 from mockbroker.fronts.remoting.coordination import RemotingClients, coordination_handlers
-from mockbroker.fronts.remoting.data_handlers import data_handlers
+from mockbroker.fronts.remoting.data_handlers import data_handlers, resolve_store_host
 from mockbroker.fronts.remoting.namesrv import namesrv_handlers
 from mockbroker.fronts.remoting.offset_handlers import offset_handlers
 from mockbroker.fronts.remoting.server import (
@@ -18,8 +18,10 @@ from mockbroker.fronts.remoting.server import (
     MAX_CONNECTIONS_PER_HOST,
     RemotingServer,
 )
+from mockbroker.fronts.remoting.transaction_handlers import check_request, transaction_handlers
 from mockbroker.state import BrokerState
 from sdk._remoting.command import RemotingCommand
+from sdk._remoting.message_ids import SocketAddress
 
 
 class RemotingFront:
@@ -44,7 +46,10 @@ class RemotingFront:
         self._host = advertised_host
         self._max_connections = max_connections
         self._max_connections_per_host = max_connections_per_host
-        self.clients = RemotingClients(state)
+        self.clients = RemotingClients(
+            state, check_request=lambda check: check_request(check, self._store_address())
+        )
+        self._resolved: tuple[str, SocketAddress] | None = None
         self.broker: RemotingServer | None = None
         self.namesrv: RemotingServer | None = None
 
@@ -66,6 +71,7 @@ class RemotingFront:
             **offset_handlers(state),
             **admin_handlers(state),
             **coordination_handlers(state, self.clients),
+            **transaction_handlers(state),
         }
         return {code: self._alive(handler) for code, handler in handlers.items()}
 
@@ -116,3 +122,9 @@ class RemotingFront:
 
     def _store_host(self) -> str:
         return self.broker_address or self._state.address
+
+    def _store_address(self) -> SocketAddress:
+        text = self._store_host()
+        if self._resolved is None or self._resolved[0] != text:
+            self._resolved = (text, resolve_store_host(text))
+        return self._resolved[1]

@@ -37,9 +37,9 @@ tag that is empty, holds `|` or NUL (ILLEGAL_MESSAGE_TAG); an empty key or one w
 user property named like a field (TAGS, KEYS, UNIQ_KEY, __SHARDINGKEY, DELAY, TIMER_*,
 TRACE_CONTEXT) or with the reserved prefix `__rmq.` (ILLEGAL_MESSAGE_PROPERTY_KEY); a
 type that contradicts the fields (FIFO without a group, DELAY without a delivery time, a
-group and a delivery time together: MESSAGE_PROPERTY_CONFLICT_WITH_TYPE); TRANSACTION,
-LITE and PRIORITY messages (UNSUPPORTED); a GZIP body that does not inflate
-(MESSAGE_CORRUPTED). Body and property sizes are the store's to check.
+group and a delivery time together: MESSAGE_PROPERTY_CONFLICT_WITH_TYPE); LITE and
+PRIORITY messages, and TRANSACTION ones but as half messages (UNSUPPORTED); a GZIP body
+that does not inflate (MESSAGE_CORRUPTED). Body and property sizes are the store's to check.
 
 rocketmq-python-client 5.1.2 writes a delay message's delivery time in milliseconds into
 `Timestamp.seconds`: a `seconds` beyond the largest valid Timestamp (year 9999) can only
@@ -114,12 +114,20 @@ def from_ms(ms: int) -> Timestamp:
     return ts
 
 
-def to_frame(message: v2.Message, *, now_ms: int) -> Outgoing:
-    """The ordermq frame that stores `message`; V2Error for what cannot be stored."""
+def to_frame(message: v2.Message, *, now_ms: int, transaction: bool = False) -> Outgoing:
+    """The ordermq frame that stores `message`; V2Error for what cannot be stored.
+
+    A TRANSACTION message is refused (UNSUPPORTED) unless `transaction` (the caller
+    stores it as a half message).
+    """
     sp = message.system_properties
     message_id = _message_id(sp.message_id)
     kind = sp.message_type
-    if kind in (v2.TRANSACTION, v2.LITE, v2.PRIORITY) or sp.HasField("lite_topic"):
+    if (
+        (kind == v2.TRANSACTION and not transaction)
+        or kind in (v2.LITE, v2.PRIORITY)
+        or (sp.HasField("lite_topic"))
+    ):
         name = v2.MessageType.Name(kind) if kind in (v2.TRANSACTION, v2.PRIORITY) else "LITE"
         raise V2Error(
             v2.UNSUPPORTED,

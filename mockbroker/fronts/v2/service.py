@@ -23,7 +23,12 @@ the pop core's (receiving.py, pop.py).
   it. Do not mix RocketMQ 5 consumers and ordermq push consumers in one group: ordermq's
   rebalance would give queues to members that never pull them.
 - RecallMessage cancels a DELAY message still waiting (its recall handle is its message
-  id); EndTransaction and SyncLiteSubscription are answered UNSUPPORTED.
+  id); SyncLiteSubscription is answered UNSUPPORTED.
+- A TRANSACTION message (alone in its request) is stored as a half message
+  (mockbroker/transactions.py) of the producer group named as its topic, as the Apache
+  proxy names it; its entry carries the transaction id EndTransaction takes. Check-backs
+  go to a producer that publishes the topic, as a RecoverOrphanedTransactionCommand on
+  its Telemetry stream; it answers with EndTransaction.
 - PullMessage, UpdateOffset, GetOffset and QueryOffset end with gRPC UNIMPLEMENTED, as the
   Apache proxy answers them (apache/rocketmq#10434); RocketMQ 5's clients never call them.
 """
@@ -47,7 +52,7 @@ from mockbroker.errors import BrokerError
 from mockbroker.fronts.grpc_errors import Context, MalformedRequest, add_service
 from mockbroker.fronts.v2.auth import V2Auth
 from mockbroker.fronts.v2.fields import client_id, group_name, topic_name
-from mockbroker.fronts.v2.messages import Outgoing, from_ms, to_frame
+from mockbroker.fronts.v2.messages import Outgoing, from_ms, to_frame, to_v2
 from mockbroker.fronts.v2.pop import DEFAULT_POLICY, GroupPolicy, PopCore
 from mockbroker.fronts.v2.receiving import Receiving
 from mockbroker.fronts.v2.status import V2Error, ok, status_of
@@ -60,8 +65,9 @@ from mockbroker.fronts.v2.telemetry import (
 from mockbroker.groups import GroupMembership
 from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState
-from mockbroker.topics import is_system_topic
+from mockbroker.topics import check_group, is_system_topic
 from sdk._remoting.translate import msg_id_for_uniq_key
+from sdk._wire import iter_records
 from sdk.selector import shard_index
 
 #: What every topic accepts (ordermq's topics have no message type: the proxy's MIXED).
@@ -237,7 +243,12 @@ class RocketMQ5Service:
         request_iterator: AsyncIterator[svc.TelemetryCommand | MalformedRequest],
         context: Context,
     ) -> AsyncIterator[svc.TelemetryCommand]:
-        """Answer each Settings the client writes with the server's (telemetry.py)."""
+        """Answer each Settings the client writes with the server's (telemetry.py).
+
+        A producer's stream also carries the check-backs of its transactions
+        (RecoverOrphanedTransactionCommand): it offers to answer them for each topic it
+        publishes, its producer group being the topic (as the Apache proxy's).
+        """
         try:
             cid = client_id(context.invocation_metadata())
         except V2Error as exc:
@@ -247,19 +258,74 @@ class RocketMQ5Service:
         peer = context.peer()
         self._s.groups.stream_opened(peer)  # its end tells ConsumerGroups the client left
         self._sessions.opened(cid)
+        outgoing: asyncio.Queue[svc.TelemetryCommand | None] = asyncio.Queue()
+        checks: dict[str, asyncio.Task[None]] = {}
+
+        async def read() -> None:
+            try:
+                async for received in _until(self._closing, request_iterator):
+                    if isinstance(received, MalformedRequest):
+                        status = v2.Status(code=v2.BAD_REQUEST, message=received.error.message)
+                        answer = command(status)
+                    elif received.HasField("settings"):
+                        answer = self._settle(cid, received, context)
+                        self._offer_checks(cid, received.settings, answer, checks, outgoing)
+                    else:
+                        continue  # answers to commands (an EndTransaction ends a check)
+                    self._count(METRIC_PREFIX + "Telemetry", answer.status)
+                    outgoing.put_nowait(answer)
+            finally:
+                outgoing.put_nowait(None)
+
+        reader = asyncio.create_task(read())
         try:
-            async for received in _until(self._closing, request_iterator):
-                if isinstance(received, MalformedRequest):
-                    answer = command(v2.Status(code=v2.BAD_REQUEST, message=received.error.message))
-                elif received.HasField("settings"):
-                    answer = self._settle(cid, received, context)
-                else:
-                    continue  # answers to commands this server never sends
-                self._count(METRIC_PREFIX + "Telemetry", answer.status)
-                yield answer
+            while (item := await outgoing.get()) is not None:
+                yield item
+            await reader  # what ended the client's side, raised here
         finally:
+            for task in (reader, *checks.values()):
+                task.cancel()
+            await asyncio.gather(reader, *checks.values(), return_exceptions=True)
             self._sessions.closed(cid)
             self._s.groups.stream_closed(peer)
+
+    def _offer_checks(
+        self,
+        cid: str,
+        settings: v2.Settings,
+        answer: svc.TelemetryCommand,
+        checks: dict[str, asyncio.Task[None]],
+        outgoing: asyncio.Queue[svc.TelemetryCommand | None],
+    ) -> None:
+        """A producer whose settings were accepted answers its topics' check-backs."""
+        if answer.status.code != v2.OK or settings.client_type != v2.PRODUCER:
+            return
+        for resource in settings.publishing.topics:
+            group = resource.name
+            if group in checks:
+                continue
+            try:
+                check_group(group)
+            except BrokerError:
+                continue  # its transactional sends are refused for the same reason
+            checks[group] = asyncio.create_task(self._send_checks(group, cid, outgoing))
+
+    async def _send_checks(
+        self, group: str, cid: str, outgoing: asyncio.Queue[svc.TelemetryCommand | None]
+    ) -> None:
+        transactions = self._s.transactions
+        async with transactions.watching(group, cid) as watcher:
+            async for check in transactions.checks(watcher):
+                [record] = iter_records(check.record, verify_crc=False)
+                message = to_v2(record, store_host=self.store_host)
+                message.system_properties.message_type = v2.TRANSACTION
+                outgoing.put_nowait(
+                    svc.TelemetryCommand(
+                        recover_orphaned_transaction_command=svc.RecoverOrphanedTransactionCommand(
+                            message=message, transaction_id=check.transaction_id
+                        )
+                    )
+                )
 
     def _settle(
         self, cid: str, received: svc.TelemetryCommand, context: Context
@@ -305,6 +371,8 @@ class RocketMQ5Service:
             )
         (name,) = names
         now_ms = self._now_ms()
+        if any(m.system_properties.message_type == v2.TRANSACTION for m in request.messages):
+            return await self._send_half(request, name, client, now_ms)
         batch = [to_frame(m, now_ms=now_ms) for m in request.messages]
         groups = {m.message_group for m in batch}
         if len(groups) > 1:
@@ -335,6 +403,32 @@ class RocketMQ5Service:
                 for i, m in enumerate(batch)
             ],
         )
+
+    async def _send_half(
+        self, request: svc.SendMessageRequest, name: str, client: str, now_ms: int
+    ) -> svc.SendMessageResponse:
+        """A TRANSACTION message: a half message of producer group `name` (the topic)."""
+        if len(request.messages) != 1:
+            raise V2Error(
+                v2.BAD_REQUEST,
+                f"a transactional message is sent alone, not with {len(request.messages) - 1} "
+                "others",
+            )
+        message = to_frame(request.messages[0], now_ms=now_ms, transaction=True)
+        queue_id = self._queue_for(name, message)
+        stored = await self._delivery.send_half(client, name, queue_id, message.frame, name)
+        status = (
+            ok()
+            if stored.durable
+            else v2.Status(
+                code=v2.MASTER_PERSISTENCE_TIMEOUT,
+                message="stored, but not flushed to disk within the sync flush timeout",
+            )
+        )
+        entry = svc.SendResultEntry(
+            status=status, message_id=message.message_id, transaction_id=stored.transaction_id
+        )
+        return svc.SendMessageResponse(status=status, entries=[entry])
 
     def _queue_for(self, name: str, message: Outgoing) -> int:
         topic = self._s.store.topics.find(name)
@@ -372,8 +466,24 @@ class RocketMQ5Service:
     async def EndTransaction(
         self, request: svc.EndTransactionRequest, context: Context
     ) -> svc.EndTransactionResponse:
-        """Transactions are not supported yet (their sends are refused)."""
-        raise V2Error(v2.UNSUPPORTED, "transactional messages are not supported by this broker")
+        """Commit or roll back a half message; answered once that is durable.
+
+        The producer group is the topic (as the Apache proxy's); the transaction id is the
+        one SendMessage answered, and must be that of `message_id`.
+        """
+        name = topic_name(request.topic)
+        resolution = request.resolution
+        if resolution not in (v2.COMMIT, v2.ROLLBACK):
+            raise V2Error(v2.BAD_REQUEST, f"resolution {resolution} is neither COMMIT nor ROLLBACK")
+        txn_id = request.transaction_id
+        msg_hex = txn_id.partition("-")[0]
+        if not txn_id or msg_id_for_uniq_key(request.message_id).hex().upper() != msg_hex:
+            raise V2Error(
+                v2.INVALID_TRANSACTION_ID,
+                f"transaction id {txn_id!r} is not that of message {request.message_id!r}",
+            )
+        await self._s.transactions.end(name, txn_id, resolution == v2.COMMIT)
+        return svc.EndTransactionResponse(status=ok())
 
     @_answers(svc.SyncLiteSubscriptionResponse)
     async def SyncLiteSubscription(

@@ -11,9 +11,11 @@ use, status OK, as the Apache proxy merges them (ClientSettingsManager):
   timeout, and the redelivery back-off: the group's deliveries (17 by default) at
   RocketMQ's delay levels (1 s, 5 s, 10 s, 30 s, 1 min, ... 2 h).
 
-A push consumer does not start without this answer within 10 s. The server could also
-push commands on the stream (transaction checks, reconnect, stack traces, message
-verification); this broker sends none, and what clients write back to them is ignored.
+A push consumer does not start without this answer within 10 s. The server also pushes
+commands on the stream: a producer's transaction check-backs (service.py, as
+RecoverOrphanedTransactionCommand; the producer answers with EndTransaction); no
+reconnect, stack trace or message verification commands, and what clients write back to
+commands is ignored.
 
 `Sessions` remembers each client's settings while it has a Telemetry stream open, so that
 its heartbeats register it with its subscriptions.
