@@ -61,8 +61,14 @@ from mockbroker.retry import DEFAULT_MAX_RECONSUME_TIMES
 from mockbroker.state import BrokerState
 from mockbroker.store.consumequeue import ConsumeQueue
 from mockbroker.store.message_store import GetResult
-from mockbroker.topics import SCHEDULE_TOPIC, SYSTEM_PREFIX, Topic, check_group, check_user_topic
-from mockbroker.transactions import HALF_TOPIC
+from mockbroker.topics import (
+    HALF_TOPIC,
+    SCHEDULE_TOPIC,
+    SYSTEM_PREFIX,
+    Topic,
+    check_group,
+    check_user_topic,
+)
 from sdk._remoting.codes import RequestCode, ResponseCode
 from sdk._remoting.command import Fields, RemotingCommand, RemotingError
 from sdk._remoting.message_ids import (
