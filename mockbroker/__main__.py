@@ -311,6 +311,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="interface of the metrics page (default: loopback, whatever --host is)",
     )
     p.add_argument(
+        "--console-port",
+        type=int,
+        default=None,
+        help="serve the console (pages: the broker, topics, groups, lag, offset resets) on "
+        "this port (default: off; 0 picks a free one)",
+    )
+    p.add_argument(
+        "--console-host",
+        help="interface of the console (default: loopback, whatever --host is)",
+    )
+    p.add_argument(
         "--dedup-window-seconds",
         type=float,
         default=d.dedup_window_seconds,
@@ -389,6 +400,8 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             tls_client_ca=a.tls_client_ca,
             acl_file=a.acl_file,
             metrics_host=a.metrics_host,
+            console_port=a.console_port,
+            console_host=a.console_host,
             dedup_window_seconds=a.dedup_window_seconds,
             dedup_max_keys=a.dedup_max_keys,
         )
@@ -431,6 +444,8 @@ def announcements(broker: Broker) -> list[str]:
     lines = []
     if broker.metrics_address is not None:
         lines.append(f"mockbroker serving metrics and health checks on {broker.metrics_address}")
+    if broker.console_address is not None:
+        lines.append(f"mockbroker serving the console on {broker.console_address}")
     if broker.v2_address is not None:
         lines.append(f"mockbroker serving RocketMQ 5 clients on {broker.v2_address}")
     if broker.remoting is not None:

@@ -164,6 +164,10 @@ class BrokerConfig:
         acl_reload_seconds: How often the ACL file is looked at for changes.
         metrics_host: Interface of the metrics and health page (None: loopback, whatever
             `host` is; the page tells anyone who reaches it about topics and groups).
+        console_port: Serve the console (pages for people: the broker, topics, groups and
+            their lag, offset resets) at http://host:PORT/ (None: off; 0 picks a free
+            port). With TLS it is served over TLS; with an ACL it asks for an admin account.
+        console_host: Interface of the console (None: loopback, whatever `host` is).
         dedup_window_seconds: Broker-side deduplication (docs/dedup.md): a message whose
             idempotency key (its `IDEMPOTENCY_KEY` property, else its message id) was
             stored on the same topic this many seconds ago or less is answered with the
@@ -223,6 +227,8 @@ class BrokerConfig:
     acl_file: Path | None = None
     acl_reload_seconds: float = 5.0
     metrics_host: str | None = None
+    console_port: int | None = None
+    console_host: str | None = None
     dedup_window_seconds: float = 0.0
     dedup_max_keys: int = 1_000_000
 
@@ -230,7 +236,7 @@ class BrokerConfig:
         if self.flush_mode not in ("async", "sync"):
             raise ValueError(f"flush_mode must be 'async' or 'sync', not {self.flush_mode!r}")
         taken: dict[int, str] = {}
-        for name in ("port", "v2_port", "remoting_port", "namesrv_port"):
+        for name in ("port", "v2_port", "remoting_port", "namesrv_port", "console_port"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 65535:
                 raise ValueError(f"{name} {value} is outside 0..65535")

@@ -54,6 +54,11 @@ class EmbeddedBroker(InBackground):
         return address
 
     @property
+    def console_address(self) -> str | None:
+        """'host:port' of the console (config.console_port; None when off)."""
+        return self._broker.console_address
+
+    @property
     def broker(self) -> Broker:
         """The broker itself (its store and counters, for inspection)."""
         return self._broker

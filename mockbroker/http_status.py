@@ -118,14 +118,14 @@ def readiness_on_loop(broker: Broker, loop: asyncio.AbstractEventLoop) -> Readin
     return readiness
 
 
-class _QuietHandler(WSGIRequestHandler):
+class QuietHandler(WSGIRequestHandler):
     """No access log on stderr: probes come every few seconds."""
 
     def log_message(self, format: str, *args: object) -> None:
         """Drop the line."""
 
 
-def _server_class(host: str, port: int, tls: ssl.SSLContext | None) -> type[ThreadingWSGIServer]:
+def server_class(host: str, port: int, tls: ssl.SSLContext | None) -> type[ThreadingWSGIServer]:
     """The server class for `host`'s address family (IPv6 hosts need AF_INET6), and TLS."""
     infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
 
@@ -162,8 +162,8 @@ class StatusServer:
         host = host.strip("[]")  # "[::]" as gRPC spells it
         try:
             self._server = make_server(
-                host, port, app, server_class=_server_class(host, port, tls),
-                handler_class=_QuietHandler,
+                host, port, app, server_class=server_class(host, port, tls),
+                handler_class=QuietHandler,
             )  # fmt: skip
         except OSError as exc:
             raise OSError(

@@ -50,6 +50,7 @@ from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.log import log_event
 
 if TYPE_CHECKING:
+    from mockbroker.fronts.console import ConsoleServer
     from mockbroker.http_status import StatusServer
 
 log = logging.getLogger("mockbroker")
@@ -127,6 +128,7 @@ class Broker:
         self._server: grpc.aio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._http: StatusServer | None = None
+        self._console: ConsoleServer | None = None
         self._messaging: MessagingService | None = None
         #: RocketMQ remoting and its name server (None while not serving).
         self.remoting: RemotingFront | None = None
@@ -145,6 +147,13 @@ class Broker:
     def metrics_port(self) -> int | None:
         """The port /metrics, /healthz and /readyz are served on, when enabled."""
         return self._http.port if self._http is not None else None
+
+    @property
+    def console_address(self) -> str | None:
+        """'host:port' the console is served on, when enabled."""
+        if self._console is None:
+            return None
+        return f"{self._interface(self.config.console_host)}:{self._console.port}"
 
     @property
     def metrics_address(self) -> str | None:
@@ -338,7 +347,8 @@ class Broker:
         self._messaging = MessagingService(state, auth)
         services = pb.DESCRIPTOR.services_by_name
         add_service(server, services["MessagingService"], self._messaging, auth)
-        add_service(server, services["AdminService"], AdminService(state), auth)
+        admin = AdminService(state)
+        add_service(server, services["AdminService"], admin, auth)
         listen = f"{self.config.host}:{self.config.port}"
         try:
             self.port = (
@@ -398,15 +408,43 @@ class Broker:
                     register_seconds=self.config.register_seconds,
                 )  # fmt: skip
                 await self.registrar.start()
+        if self.config.console_port is not None:
+            from mockbroker.fronts.console import ConsoleServer  # only where it is asked for
+
+            self._console = ConsoleServer(
+                admin, self._front_addresses, self._interface(self.config.console_host),
+                self.config.console_port,
+                tls=self.tls.ssl_context() if self.tls is not None else None, acl=self.acl,
+            )  # fmt: skip
+            log.info("console on %s://%s/", "https" if self.tls else "http",
+                     self.console_address)  # fmt: skip
         log.info("broker %s (ordermq %s) serving on %s%s", self.config.broker_name, __version__,
                  self.address, " over TLS" if self.tls else "")  # fmt: skip
         self._warn_if_open()
 
+    def _front_addresses(self) -> list[tuple[str, str]]:
+        """Each front that is on, with the address it serves (for the console)."""
+        fronts = [("ordermq gRPC and admin", self.address)]
+        if self.v2_address is not None:
+            fronts.append(("RocketMQ 5 gRPC", self.v2_address))
+        if self.remoting is not None:
+            fronts.append(("RocketMQ remoting", self.remoting.broker_address or "-"))
+            if self.remoting.namesrv_address is not None:
+                fronts.append(("RocketMQ name server", self.remoting.namesrv_address))
+        if self.metrics_address is not None:
+            fronts.append(("metrics and health checks", self.metrics_address))
+        if self.console_address is not None:
+            fronts.append(("console", self.console_address))
+        return fronts
+
     def _metrics_host(self) -> str:
-        host = self.config.metrics_host
-        if host is None:
-            host = self.config.host if _is_loopback(self.config.host) else "127.0.0.1"
-        return host
+        return self._interface(self.config.metrics_host)
+
+    def _interface(self, configured: str | None) -> str:
+        """A page's interface: as configured, else loopback (`host` if it is loopback)."""
+        if configured is None:
+            return self.config.host if _is_loopback(self.config.host) else "127.0.0.1"
+        return configured
 
     def _warn_if_open(self) -> None:
         """One warning naming the ports served in plain text beyond this machine."""
@@ -424,6 +462,10 @@ class Broker:
                         ports.append(f"RocketMQ {name} {server.port}")
         if self._http is not None and not _is_loopback(self._metrics_host()):
             ports.append(f"metrics {self._http.port}")
+        if self._console is not None and not _is_loopback(
+            self._interface(self.config.console_host)
+        ):
+            ports.append(f"console {self._console.port}")
         if ports:
             log.warning(
                 "serving in plain text, without TLS, beyond this machine: %s; anyone who "
@@ -535,6 +577,9 @@ class Broker:
         if self.state is not None:
             await self.state.pop.stop()  # after the last ack, before the store closes
         await self._close_http()
+        if self._console is not None:
+            await asyncio.to_thread(self._console.close)  # pages in flight need this loop
+            self._console = None
         await self.store.close()
         log.info("broker %s stopped", self.config.broker_name)
 

@@ -78,6 +78,7 @@ class BrokerProcess:
         "--remoting-port": ("remoting", "mockbroker serving RocketMQ remoting on "),
         "--namesrv-port": ("namesrv", "mockbroker serving a RocketMQ name server on "),
         "--metrics-port": ("metrics", "mockbroker serving metrics and health checks on "),
+        "--console-port": ("console", "mockbroker serving the console on "),
     }
 
     def __init__(self, data_dir: Path, *extra_args: str, env: dict[str, str] | None = None) -> None:
