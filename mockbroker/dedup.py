@@ -22,6 +22,7 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from sdk._remoting.translate import UNIQ_KEY
 from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX, decode_properties
 from sdk.clock import Clock
 
@@ -40,6 +41,20 @@ class Placed:
     queue_id: int
     offset: int
     store_timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessagePlace:
+    """Where one message of a send is: stored now, or its first copy's (a duplicate)."""
+
+    queue_id: int
+    offset: int
+    store_timestamp_ms: int
+    #: The message id of the copy at that place (a duplicate's: its first copy's).
+    msg_id: bytes
+    duplicate: bool
+    #: A duplicate's: its first copy's properties (encoded), for a front to read its id.
+    properties: bytes = b""
 
 
 def digest(topic: str, key: bytes) -> bytes:
@@ -87,6 +102,33 @@ def frame_keys(topic: str, frames: bytes) -> list[bytes] | None:
         keys.append(digest(topic, message_key(msg_id, view[props_at : props_at + props_len])))
         pos = nxt
     return keys or None
+
+
+def frame_spans(frames: bytes) -> list[tuple[int, int, bytes]]:
+    """(start, end, message id) of each frame; call only on frames `frame_keys` parsed."""
+    spans: list[tuple[int, int, bytes]] = []
+    pos, end = 0, len(frames)
+    while pos < end:
+        (length,) = FRAME_LEN_PREFIX.unpack_from(frames, pos)
+        nxt = pos + FRAME_LEN_PREFIX.size + length
+        msg_id = frames[pos + FRAME_LEN_PREFIX.size : pos + FRAME_LEN_PREFIX.size + 16]
+        spans.append((pos, nxt, msg_id))
+        pos = nxt
+    return spans
+
+
+def frame_properties(frame: bytes) -> bytes:
+    """The encoded properties of one frame (which `frame_keys` parsed)."""
+    head = FRAME_LEN_PREFIX.size + FRAME_FIELDS.size
+    fields = FRAME_FIELDS.unpack_from(frame, FRAME_LEN_PREFIX.size)
+    at = head + fields[4] + fields[5] + fields[6]
+    return bytes(frame[at : at + fields[7]])
+
+
+def first_id(place: MessagePlace) -> str:
+    """The message id a RocketMQ client sees for a duplicate's first copy (its UNIQ_KEY)."""
+    props = decode_properties(place.properties) if place.properties else {}
+    return props.get(UNIQ_KEY) or place.msg_id.hex().upper()
 
 
 class DedupWindow:

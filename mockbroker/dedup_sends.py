@@ -1,9 +1,9 @@
 """Deduplicated sends: what Delivery asks before storing a batch, and tells after.
 
-`placed` finds, once `settle` waited for the writes of the same keys, a batch whose every
-message is a duplicate of one earlier send stored in one queue in that order (a retried
-request): it is answered with that send's place. Any other batch is stored whole
-(`storing`, then `stored`). A message whose first copy is
+`sort` tells, once `settle` waited for the writes of the same keys, which messages of a
+batch are duplicates (of an earlier send, or of an earlier message of the same batch):
+those are answered with their first copy's place, and only the new ones are stored
+(`storing`, then `stored`), in their order. A message whose first copy is
 still being written is answered only once that write is done, and only as durable as a
 flush then makes it: a duplicate never reports stored what could still be lost.
 
@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from mockbroker.dedup import (
     DedupWindow,
+    MessagePlace,
     Placed,
     digest,
     frame_keys,
+    frame_properties,
+    frame_spans,
     message_key,
     recent_keys,
 )
@@ -33,6 +38,56 @@ from sdk._wire import FRAME_FIELDS, RECORD, RECORD_MAGIC
 _Record = tuple[str, int, int, int, bytes, bytes]
 #: Index entries read at once by the rebuild.
 _READ_ENTRIES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class SortedBatch:
+    """A batch's messages: the new ones, to store, and the duplicates, answered."""
+
+    keys: list[bytes]
+    spans: list[tuple[int, int, bytes]]
+    #: Per message: its first copy's place (an earlier send's), the index of the batch's
+    #: message it repeats, or None for a new message.
+    firsts: list[MessagePlace | int | None]
+    #: The new messages' indexes, in order.
+    new: list[int]
+
+    @property
+    def duplicates(self) -> int:
+        """How many messages of the batch are duplicates."""
+        return len(self.keys) - len(self.new)
+
+    def new_keys(self) -> list[bytes]:
+        """The new messages' keys, in order."""
+        return [self.keys[i] for i in self.new]
+
+    def new_frames(self, frames: bytes) -> bytes:
+        """The new messages' frames, in order."""
+        spans = self.spans
+        return b"".join(frames[spans[i][0] : spans[i][1]] for i in self.new)
+
+    def answer(
+        self, frames: bytes, queue_id: int, first_offset: int, store_ms: int
+    ) -> list[MessagePlace]:
+        """Each message's place: the new ones (of `frames`) stored from `first_offset`.
+
+        In `queue_id`, at `store_ms`; a duplicate's is its first copy's.
+        """
+        stored = {
+            i: MessagePlace(queue_id, first_offset + n, store_ms, self.spans[i][2], False)
+            for n, i in enumerate(self.new)
+        }
+        places: list[MessagePlace] = []
+        for i, first in enumerate(self.firsts):
+            if first is None:
+                places.append(stored[i])
+            elif isinstance(first, int):
+                start, end, _ = self.spans[first]
+                props = frame_properties(frames[start:end])
+                places.append(dataclasses.replace(stored[first], duplicate=True, properties=props))
+            else:
+                places.append(first)
+        return places
 
 
 class DedupSends:
@@ -52,39 +107,57 @@ class DedupSends:
         while waits := {self._pending[k] for k in keys if k in self._pending}:
             await asyncio.wait(waits)
 
-    def placed(self, topic: str, keys: list[bytes]) -> Placed | None:
-        """The place of the earlier send `keys` all repeat, in its order; None if none does.
+    def sort(self, topic: str, frames: bytes, keys: list[bytes]) -> SortedBatch | None:
+        """The batch's messages sorted into new ones and duplicates; None if unparsed.
 
-        Each place is read back: a message no longer there (its topic deleted and made
-        again, or retention deleted it) or another there (after a restart that lost an
-        unsynced tail) makes the batch a new one.
+        A duplicate repeats an earlier send (its first copy read back: one no longer there,
+        its topic deleted and made again or retention deleted it, or another there after a
+        restart that lost an unsynced tail, makes the message new) or an earlier message of
+        the same batch.
         """
-        places = self.window.find_many(keys)
-        first = places[0] if places else None
-        if first is None or any(
-            p is None or p.queue_id != first.queue_id or p.offset != first.offset + i
-            for i, p in enumerate(places)
-        ):
+        if not keys:
             return None
-        if not all(self._holds(topic, key, p) for key, p in zip(keys, places, strict=True)):
-            return None
-        return first
+        firsts: list[MessagePlace | int | None] = []
+        new: list[int] = []
+        seen: dict[bytes, int] = {}
+        for i, (key, place) in enumerate(zip(keys, self.window.find_many(keys), strict=True)):
+            held = None if place is None else self._held(topic, key, place)
+            if place is not None and held is not None:
+                firsts.append(
+                    MessagePlace(
+                        place.queue_id,
+                        place.offset,
+                        place.store_timestamp_ms,
+                        held[0],
+                        True,
+                        held[1],
+                    )
+                )
+            elif (j := seen.get(key)) is not None:
+                firsts.append(j)
+            else:
+                seen[key] = i
+                new.append(i)
+                firsts.append(None)
+        return SortedBatch(keys, frame_spans(frames), firsts, new)
 
-    def _holds(self, topic_name: str, key: bytes, place: Placed | None) -> bool:
-        """True when the message at `place` has `key`."""
+    def _held(self, topic_name: str, key: bytes, place: Placed) -> tuple[bytes, bytes] | None:
+        """(message id, properties) of the message at `place` when it has `key`, else None."""
         store = self._store
         topic = store.topics.find(topic_name)
-        if place is None or topic is None or not 0 <= place.queue_id < topic.queue_count:
-            return False
+        if topic is None or not 0 <= place.queue_id < topic.queue_count:
+            return None
         cq = store.queue(topic, place.queue_id)
         if not cq.min_offset <= place.offset < cq.max_offset:
-            return False
+            return None
         try:
             position, size, _ = cq.entry(place.offset)
             found = _key_fields(store.commitlog.read(position, size))
         except (OSError, ValueError, struct.error):
-            return False
-        return found is not None and digest(topic_name, message_key(found[1], found[2])) == key
+            return None
+        if found is None or digest(topic_name, message_key(found[1], found[2])) != key:
+            return None
+        return bytes(found[1]), bytes(found[2])
 
     async def durable(self, count: int) -> bool:
         """Count `count` duplicates answered; whether what is written now is durable."""
