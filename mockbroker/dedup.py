@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from sdk._remoting.translate import UNIQ_KEY
 from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX, decode_properties
 from sdk.clock import Clock
+from sdk.message import IDEMPOTENCY_KEY_PROPERTY
 
-#: The user property that carries an idempotency key (else the message id is the key).
-IDEMPOTENCY_KEY_PROPERTY = "IDEMPOTENCY_KEY"
 _PROPERTY_BYTES = IDEMPOTENCY_KEY_PROPERTY.encode()
 DIGEST_BYTES = 16
 #: Bytes per key in the ring arrays: digest, queue id, offset, store time, added time.

@@ -164,3 +164,33 @@ def test_without_a_window_every_send_is_stored() -> None:
     with TestBroker(default_queues=QUEUES) as broker:
         first, again = send_twice(broker.address, frames(1), (0, 0))
         assert (first.first_offset, again.first_offset) == (0, 1)
+
+
+def test_a_batch_over_several_queues_answers_each_message(broker: TestBroker) -> None:
+    """The mixed-queue batch (one request with parts): each part answers message by message."""
+
+    def keyed(n: int, shard: str) -> Message:
+        return Message(
+            TOPIC, b"m%d" % n, sharding_key=shard, properties={"IDEMPOTENCY_KEY": str(n)}
+        )
+
+    with Producer(broker.address) as producer:
+        first = producer.send(keyed(1, "a"))
+        batch = [keyed(2, "a"), keyed(1, "a"), keyed(3, "b"), keyed(3, "b")]
+        results = producer.send_batch(batch)
+    assert len({r.queue.queue_id for r in results}) == 2
+    assert (results[1].msg_id, place(results[1])) == (first.msg_id, place(first))
+    assert (results[3].msg_id, place(results[3])) == (results[2].msg_id, place(results[2]))
+    assert place(results[0]) == (first.queue.queue_id, first.queue_offset + 1)
+    bodies = Counter(m.body for m in read_topic(broker.address, TOPIC, QUEUES))
+    assert bodies == Counter([b"m1", b"m2", b"m3"])
+
+
+def test_messages_with_the_same_idempotency_key_are_stored_once(broker: TestBroker) -> None:
+    """Message(idempotency_key=...): two sends of it are one message; received, it shows."""
+    with Producer(broker.address) as producer:
+        first = producer.send(Message(TOPIC, b"order 7", idempotency_key="order-7"))
+        again = producer.send(Message(TOPIC, b"order 7", idempotency_key="order-7"))
+    assert (again.msg_id, place(again)) == (first.msg_id, place(first))
+    (received,) = read_topic(broker.address, TOPIC, QUEUES)
+    assert received.idempotency_key == "order-7" and received.msg_id == first.msg_id
