@@ -89,6 +89,8 @@ class Delivery:
             return outcome
         stored: SendOutcome | None = None
         if batch.new:
+            check_user_topic(topic_name)
+            self._s.store.check(frames)  # a refusal names the frame by its place in `frames`
             new_keys = batch.new_keys()
             with dedup.storing(new_keys):
                 stored = await self._send(client, topic_name, queue_id, batch.new_frames(frames))
@@ -162,8 +164,14 @@ class Delivery:
             dedup.sort(topic_name, frames, part_keys)
             for (_, frames), part_keys in zip(parts, keys, strict=True)
         ]
-        rest = [i for i, b in enumerate(batches) if b is None or b.new]
         outcomes: dict[int, SendOutcome | BrokerError] = {}
+        for i, b in enumerate(batches):
+            if b is not None and b.new and b.duplicates:  # a refusal names its own frame
+                try:
+                    self._s.store.check(parts[i][1])
+                except BrokerError as exc:
+                    outcomes[i] = exc
+        rest = [i for i, b in enumerate(batches) if i not in outcomes and (b is None or b.new)]
         if rest:
             stored_keys: list[bytes] = []
             to_send: list[tuple[int, bytes]] = []

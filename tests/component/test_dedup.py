@@ -20,6 +20,8 @@ from sdk import Message, Producer, SendResult
 from sdk._transport.broker_client import BrokerClient
 from sdk._transport.codec import encode_message
 from sdk._transport.protocol import Appended
+from sdk._wire import pack_frame
+from sdk.errors import OrderMQError
 from sdk.testing import FakeClock, TestBroker
 from tests.component.pulling import read_topic
 
@@ -194,3 +196,31 @@ def test_messages_with_the_same_idempotency_key_are_stored_once(broker: TestBrok
     assert (again.msg_id, place(again)) == (first.msg_id, place(first))
     (received,) = read_topic(broker.address, TOPIC, QUEUES)
     assert received.idempotency_key == "order-7" and received.msg_id == first.msg_id
+
+
+def test_a_refused_batch_with_duplicates_names_its_own_frame_and_stores_nothing(
+    broker: TestBroker,
+) -> None:
+    """Its bad frame named by its index in the request, not among the new messages only."""
+    send_twice(broker.address, frames(1), (0, 0))
+    empty = pack_frame((9).to_bytes(16, "big"), 0, 0, 0, b"", b"", b"", b"", b"")
+    with pytest.raises(OrderMQError, match="frame 2: message body is empty"):
+        send_twice(broker.address, frames(1, 2) + empty, (0, 0))
+    assert len(read_topic(broker.address, TOPIC, QUEUES)) == 1
+
+
+def test_a_refused_part_with_duplicates_names_its_own_frame(broker: TestBroker) -> None:
+    send_twice(broker.address, frames(1), (0, 0))
+    empty = pack_frame((9).to_bytes(16, "big"), 0, 0, 0, b"", b"", b"", b"", b"")
+
+    async def run() -> list[Appended | OrderMQError]:
+        client = BrokerClient(broker.address)
+        try:
+            return await client.send_parts(TOPIC, [(0, frames(1, 2) + empty), (1, frames(3))])
+        finally:
+            await client.close()
+
+    refused, stored = asyncio.run(run())
+    assert isinstance(refused, OrderMQError) and "frame 2: message body is empty" in str(refused)
+    assert isinstance(stored, Appended) and (stored.first_offset, stored.count) == (0, 1)
+    assert len(read_topic(broker.address, TOPIC, QUEUES)) == 2
