@@ -189,6 +189,12 @@ class DedupWindow:
         self._expire(now)
         self._add(key, queue_id, offset, store_timestamp_ms, now if added_ms < 0 else added_ms)
 
+    def refill(self, kept: list[tuple[int, bytes, int, int]]) -> None:
+        """`add` of (store ms, key, queue id, offset) each, added when stored (a rebuild's)."""
+        self._expire(self._now_ms())
+        for store_ms, key, queue_id, offset in kept:
+            self._add(key, queue_id, offset, store_ms, store_ms)
+
     def add_run(self, keys: list[bytes], queue_id: int, first_offset: int, store_ms: int) -> None:
         """`add` of a batch stored in one queue from `first_offset`, with one look at the clock."""
         now = self._now_ms()

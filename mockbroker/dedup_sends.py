@@ -36,8 +36,8 @@ from sdk._wire import FRAME_FIELDS, RECORD, RECORD_MAGIC
 
 #: A record as the rebuild reads it: topic, queue id, offset, store ms, msg id, properties.
 _Record = tuple[str, int, int, int, bytes, bytes]
-#: Index entries read at once by the rebuild.
-_READ_ENTRIES = 4096
+#: Commit-log bytes read at once by the rebuild.
+_READ_BYTES = 8 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,31 +190,105 @@ class DedupSends:
 def rebuild(window: DedupWindow, store: MessageStore, now_ms: int) -> int:
     """Refill `window` from the user topics' records stored within it; how many kept."""
     kept = recent_keys(_recent_records(store, now_ms - window.window_ms), window.max_keys)
-    for store_ms, key, queue_id, offset in kept:
-        window.add(key, queue_id, offset, store_ms, added_ms=store_ms)
+    window.refill(kept)
     return len(kept)
 
 
 def _recent_records(store: MessageStore, horizon_ms: int) -> Iterator[_Record]:
-    """The user topics' records stored since `horizon_ms`, read entry by entry.
+    """The user topics' records stored since `horizon_ms`, read in commit-log order.
 
-    Only the fields the key needs are parsed, without the CRC (recovery checked the
-    records); a record that cannot be read or does not parse is passed over.
+    From the first position any user queue indexes at the horizon, the log is read in
+    large chunks and its records parsed in turn (recovery checked them; no CRC): only
+    the fields the key needs, and only records of a user topic's queue within the offsets
+    it still indexes. A record of a topic deleted and made again may name a place another
+    message now holds: `DedupSends.sort` reads each place back before answering from it.
     """
-    log = store.commitlog
+    start = -1
     for topic in store.topics.all():
         if is_system_topic(topic.name):
             continue
         for queue_id in range(topic.queue_count):
             cq = store.queue(topic, queue_id)
             offset = max(store.offset_for_timestamp(topic, queue_id, horizon_ms), cq.min_offset)
-            while entries := cq.read(offset, min(_READ_ENTRIES, cq.max_offset - offset)):
-                for position, size, _ in entries:
-                    with contextlib.suppress(OSError, ValueError, struct.error):
-                        found = _key_fields(log.read(position, size))
-                        if found is not None:
-                            yield (topic.name, queue_id, offset, *found)
-                    offset += 1
+            if offset < cq.max_offset:
+                with contextlib.suppress(OSError, ValueError, struct.error):
+                    position = cq.entry(offset)[0]
+                    start = position if start < 0 else min(start, position)
+    if start >= 0:
+        yield from _scan(store, max(start, store.commitlog.start), horizon_ms)
+
+
+def _scan(store: MessageStore, start: int, horizon_ms: int) -> Iterator[_Record]:
+    """The records from `start` on, segment by segment, `_READ_BYTES` at a time."""
+    log = store.commitlog
+    #: topic bytes -> (name, queue id -> (min offset, max offset)), None: not a user topic
+    topics: dict[bytes, tuple[str, dict[int, tuple[int, int]]] | None] = {}
+    head, fields = RECORD.size, FRAME_FIELDS.size
+    for base, size in list(log.segment_ranges(start)):
+        pos, end = max(start, base), base + size
+        while pos < end:
+            try:
+                chunk = log.read(pos, min(_READ_BYTES, end - pos))
+            except (OSError, ValueError):
+                break
+            at, n = 0, len(chunk)
+            while at + head <= n:
+                total, _, magic, queue_id, offset, store_ms, _, topic_len = RECORD.unpack_from(
+                    chunk, at
+                )
+                if magic != RECORD_MAGIC or total < head + topic_len + fields:
+                    at = -1  # not a record: the rest of this segment cannot be followed
+                    break
+                if at + total > n:
+                    break  # the next chunk starts with it
+                if store_ms >= horizon_ms:
+                    raw_topic = chunk[at + head : at + head + topic_len]
+                    if raw_topic in topics:
+                        known = topics[raw_topic]
+                    else:
+                        known = topics[raw_topic] = _user_topic(store, raw_topic)
+                    if known is not None and _indexed(store, known, queue_id, offset):
+                        frame_at = at + head + topic_len
+                        msg_id, _, _, _, tags, shard, keys, props, _ = FRAME_FIELDS.unpack_from(
+                            chunk, frame_at
+                        )
+                        props_at = frame_at + fields + tags + shard + keys
+                        yield (
+                            known[0], queue_id, offset, store_ms, msg_id,
+                            chunk[props_at : props_at + props],
+                        )  # fmt: skip
+                at += total
+            if at <= 0:
+                break  # not a record, or one larger than a chunk (never written)
+            pos += at
+
+
+def _user_topic(store: MessageStore, raw: bytes) -> tuple[str, dict[int, tuple[int, int]]] | None:
+    """A user topic's name and an empty cache of its queues' offsets; None for others."""
+    try:
+        name = raw.decode()
+    except UnicodeDecodeError:
+        return None
+    if is_system_topic(name) or store.topics.find(name) is None:
+        return None
+    return name, {}
+
+
+def _indexed(
+    store: MessageStore, known: tuple[str, dict[int, tuple[int, int]]], queue_id: int, offset: int
+) -> bool:
+    """True when the topic's queue still indexes `offset`."""
+    name, bounds = known
+    found = bounds.get(queue_id)
+    if found is None:
+        topic = store.topics.find(name)
+        if topic is None or not 0 <= queue_id < topic.queue_count:
+            found = (0, 0)
+        else:
+            cq = store.queue(topic, queue_id)
+            found = (cq.min_offset, cq.max_offset)
+        bounds[queue_id] = found
+    return found[0] <= offset < found[1]
 
 
 def _key_fields(raw: bytes) -> tuple[int, bytes, bytes] | None:
