@@ -22,11 +22,11 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from sdk._remoting.translate import UNIQ_KEY
 from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX, decode_properties
 from sdk.clock import Clock
+from sdk.message import IDEMPOTENCY_KEY_PROPERTY
 
-#: The user property that carries an idempotency key (else the message id is the key).
-IDEMPOTENCY_KEY_PROPERTY = "IDEMPOTENCY_KEY"
 _PROPERTY_BYTES = IDEMPOTENCY_KEY_PROPERTY.encode()
 DIGEST_BYTES = 16
 #: Bytes per key in the ring arrays: digest, queue id, offset, store time, added time.
@@ -40,6 +40,20 @@ class Placed:
     queue_id: int
     offset: int
     store_timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessagePlace:
+    """Where one message of a send is: stored now, or its first copy's (a duplicate)."""
+
+    queue_id: int
+    offset: int
+    store_timestamp_ms: int
+    #: The message id of the copy at that place (a duplicate's: its first copy's).
+    msg_id: bytes
+    duplicate: bool
+    #: A duplicate's: its first copy's properties (encoded), for a front to read its id.
+    properties: bytes = b""
 
 
 def digest(topic: str, key: bytes) -> bytes:
@@ -87,6 +101,33 @@ def frame_keys(topic: str, frames: bytes) -> list[bytes] | None:
         keys.append(digest(topic, message_key(msg_id, view[props_at : props_at + props_len])))
         pos = nxt
     return keys or None
+
+
+def frame_spans(frames: bytes) -> list[tuple[int, int, bytes]]:
+    """(start, end, message id) of each frame; call only on frames `frame_keys` parsed."""
+    spans: list[tuple[int, int, bytes]] = []
+    pos, end = 0, len(frames)
+    while pos < end:
+        (length,) = FRAME_LEN_PREFIX.unpack_from(frames, pos)
+        nxt = pos + FRAME_LEN_PREFIX.size + length
+        msg_id = frames[pos + FRAME_LEN_PREFIX.size : pos + FRAME_LEN_PREFIX.size + 16]
+        spans.append((pos, nxt, msg_id))
+        pos = nxt
+    return spans
+
+
+def frame_properties(frame: bytes) -> bytes:
+    """The encoded properties of one frame (which `frame_keys` parsed)."""
+    head = FRAME_LEN_PREFIX.size + FRAME_FIELDS.size
+    fields = FRAME_FIELDS.unpack_from(frame, FRAME_LEN_PREFIX.size)
+    at = head + fields[4] + fields[5] + fields[6]
+    return bytes(frame[at : at + fields[7]])
+
+
+def first_id(place: MessagePlace) -> str:
+    """The message id a RocketMQ client sees for a duplicate's first copy (its UNIQ_KEY)."""
+    props = decode_properties(place.properties) if place.properties else {}
+    return props.get(UNIQ_KEY) or place.msg_id.hex().upper()
 
 
 class DedupWindow:
@@ -147,6 +188,12 @@ class DedupWindow:
         now = self._now_ms()
         self._expire(now)
         self._add(key, queue_id, offset, store_timestamp_ms, now if added_ms < 0 else added_ms)
+
+    def refill(self, kept: list[tuple[int, bytes, int, int]]) -> None:
+        """`add` of (store ms, key, queue id, offset) each, added when stored (a rebuild's)."""
+        self._expire(self._now_ms())
+        for store_ms, key, queue_id, offset in kept:
+            self._add(key, queue_id, offset, store_ms, store_ms)
 
     def add_run(self, keys: list[bytes], queue_id: int, first_offset: int, store_ms: int) -> None:
         """`add` of a batch stored in one queue from `first_offset`, with one look at the clock."""

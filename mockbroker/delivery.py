@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from mockbroker.dedup import Placed
+from mockbroker.dedup import MessagePlace
+from mockbroker.dedup_sends import SortedBatch
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.fair_store import QueueHold
 from mockbroker.state import BrokerState
@@ -51,6 +52,9 @@ class SendOutcome:
     schedule_offset: int = -1
     #: A duplicate's: the queue its first copy is in (maybe not the one asked for); else -1.
     queue_id: int = -1
+    #: With dedup on, for a batch with duplicates: each message's place, in order (the
+    #: duplicates' their first copy's); empty when every message was stored.
+    messages: tuple[MessagePlace, ...] = ()
 
     @property
     def duplicate(self) -> bool:
@@ -76,14 +80,24 @@ class Delivery:
             return await self._send(client, topic_name, queue_id, frames)
         keys = dedup.keys(topic_name, frames)
         await dedup.settle(keys)
-        placed = dedup.placed(topic_name, keys)
-        if placed is not None:
-            return _duplicate(placed, len(keys), await dedup.durable(len(keys)))
-        with dedup.storing(keys):
-            outcome = await self._send(client, topic_name, queue_id, frames)
-            if not outcome.scheduled:
-                dedup.stored(keys, queue_id, outcome.first_offset, outcome.store_timestamp_ms)
-        return outcome
+        batch = dedup.sort(topic_name, frames, keys)
+        if batch is None or not batch.duplicates:
+            with dedup.storing(keys):
+                outcome = await self._send(client, topic_name, queue_id, frames)
+                if not outcome.scheduled:
+                    dedup.stored(keys, queue_id, outcome.first_offset, outcome.store_timestamp_ms)
+            return outcome
+        stored: SendOutcome | None = None
+        if batch.new:
+            check_user_topic(topic_name)
+            self._s.store.check(frames)  # a refusal names the frame by its place in `frames`
+            new_keys = batch.new_keys()
+            with dedup.storing(new_keys):
+                stored = await self._send(client, topic_name, queue_id, batch.new_frames(frames))
+                if not stored.scheduled:
+                    dedup.stored(new_keys, queue_id, stored.first_offset, stored.store_timestamp_ms)
+        durable = await dedup.durable(batch.duplicates)
+        return _answered(batch, frames, queue_id, stored, durable)
 
     async def _send(
         self, client: str, topic_name: str, queue_id: int, frames: bytes
@@ -146,30 +160,45 @@ class Delivery:
             return await self._send_parts(client, topic_name, parts)
         keys = [dedup.keys(topic_name, frames) for _, frames in parts]
         await dedup.settle([k for part in keys for k in part])
+        batches = [
+            dedup.sort(topic_name, frames, part_keys)
+            for (_, frames), part_keys in zip(parts, keys, strict=True)
+        ]
         outcomes: dict[int, SendOutcome | BrokerError] = {}
-        rest: list[int] = []
-        for index, part_keys in enumerate(keys):
-            placed = dedup.placed(topic_name, part_keys)
-            if placed is None:
-                rest.append(index)
-            else:
-                outcomes[index] = _duplicate(placed, len(part_keys), False)
+        for i, b in enumerate(batches):
+            if b is not None and b.new and b.duplicates:  # a refusal names its own frame
+                try:
+                    self._s.store.check(parts[i][1])
+                except BrokerError as exc:
+                    outcomes[i] = exc
+        rest = [i for i, b in enumerate(batches) if i not in outcomes and (b is None or b.new)]
         if rest:
-            with dedup.storing([k for index in rest for k in keys[index]]):
-                sent = await self._send_parts(client, topic_name, [parts[i] for i in rest])
+            stored_keys: list[bytes] = []
+            to_send: list[tuple[int, bytes]] = []
+            for i in rest:
+                b, (q, frames) = batches[i], parts[i]
+                stored_keys += keys[i] if b is None else b.new_keys()
+                to_send.append((q, frames if b is None else b.new_frames(frames)))
+            with dedup.storing(stored_keys):
+                sent = await self._send_parts(client, topic_name, to_send)
                 for index, outcome in zip(rest, sent, strict=True):
                     outcomes[index] = outcome
                     if isinstance(outcome, SendOutcome) and not outcome.scheduled:
+                        b = batches[index]
                         dedup.stored(
-                            keys[index], parts[index][0], outcome.first_offset,
-                            outcome.store_timestamp_ms,
+                            keys[index] if b is None else b.new_keys(), parts[index][0],
+                            outcome.first_offset, outcome.store_timestamp_ms,
                         )  # fmt: skip
-        answered = len(parts) - len(rest)
-        if answered:
-            durable = await dedup.durable(sum(len(keys[i]) for i in outcomes if i not in rest))
-            for index, outcome in outcomes.items():
-                if isinstance(outcome, SendOutcome) and outcome.duplicate:
-                    outcomes[index] = dataclasses.replace(outcome, durable=durable)
+        duplicates = sum(b.duplicates for b in batches if b is not None)
+        if duplicates:
+            durable = await dedup.durable(duplicates)
+            for index, b in enumerate(batches):
+                if b is None or not b.duplicates:
+                    continue
+                got = outcomes.get(index)
+                if isinstance(got, BrokerError):
+                    continue
+                outcomes[index] = _answered(b, parts[index][1], parts[index][0], got, durable)
         return [outcomes[index] for index in range(len(parts))]
 
     async def _send_parts(
@@ -399,10 +428,30 @@ class Delivery:
                 return got
 
 
-def _duplicate(placed: Placed, count: int, durable: bool) -> SendOutcome:
-    """The answer to a send that repeats an earlier one: the earlier one's place."""
-    return SendOutcome(
-        placed.offset, count, placed.store_timestamp_ms, durable, queue_id=placed.queue_id
+def _answered(
+    batch: SortedBatch, frames: bytes, queue_id: int, stored: SendOutcome | None, durable: bool
+) -> SendOutcome:
+    """The answer to a batch with duplicates: each message's place (`messages`).
+
+    `stored`: what became of its new messages (None: it had none). A batch that wholly
+    repeats one earlier send, in its order and one queue, is answered as that send
+    (`queue_id` set); any other keeps the queue asked for and the new messages' offsets.
+    """
+    if stored is None:
+        places = batch.answer(frames, queue_id, -1, 0)
+        first = places[0]
+        run = all(
+            p.queue_id == first.queue_id and p.offset == first.offset + i
+            for i, p in enumerate(places)
+        )
+        return SendOutcome(
+            first.offset, len(places), first.store_timestamp_ms, durable,
+            queue_id=first.queue_id if run else -1, messages=tuple(places),
+        )  # fmt: skip
+    first_offset = stored.schedule_offset if stored.scheduled else stored.first_offset
+    places = batch.answer(frames, queue_id, first_offset, stored.store_timestamp_ms)
+    return dataclasses.replace(
+        stored, count=len(places), durable=stored.durable and durable, messages=tuple(places)
     )
 
 

@@ -29,6 +29,11 @@ class Message:
         sharding_key: Messages with the same sharding key go to the same queue, in order.
         delay_seconds: Deliver this many seconds after sending.
         deliver_at: Deliver at this time (an aware datetime or epoch seconds).
+        idempotency_key: The message's key for a broker's deduplication (docs/dedup.md):
+            another message with the same key on the same topic within the broker's
+            window is answered with this one's place and not stored again. 1 to 128
+            characters of UTF-8 text, no control characters; kept as the
+            `IDEMPOTENCY_KEY` property. Without it a message's key is its message id.
     """
 
     __slots__ = (
@@ -54,6 +59,7 @@ class Message:
         sharding_key: str | None = None,
         delay_seconds: float | None = None,
         deliver_at: datetime | float | None = None,
+        idempotency_key: str | None = None,
     ) -> None:
         self.topic = check_topic(topic)
         if type(body) is not bytes:
@@ -85,6 +91,15 @@ class Message:
         if sharding_key is not None:
             _check_text("sharding_key", sharding_key)
         self.sharding_key = sharding_key
+        if idempotency_key is not None:
+            _check_idempotency_key(idempotency_key)
+            given = (properties or {}).get(IDEMPOTENCY_KEY_PROPERTY)
+            if given is not None and given != idempotency_key:
+                raise InvalidMessageError(
+                    f"idempotency_key {idempotency_key!r} differs from the "
+                    f"{IDEMPOTENCY_KEY_PROPERTY} property {given!r}: give one of them"
+                )
+            properties = {**(properties or {}), IDEMPOTENCY_KEY_PROPERTY: idempotency_key}
         if properties:
             self.properties = dict(properties)
             size = 0
@@ -118,6 +133,11 @@ class Message:
         self.deliver_at = deliver_at
 
     @property
+    def idempotency_key(self) -> str | None:
+        """The key a broker deduplicates the message by (its IDEMPOTENCY_KEY property)."""
+        return self.properties.get(IDEMPOTENCY_KEY_PROPERTY)
+
+    @property
     def encoded_properties(self) -> bytes:
         """The properties as the wire carries them."""
         return self._encoded_properties
@@ -126,6 +146,30 @@ class Message:
         return (
             f"Message(topic={self.topic!r}, body=<{len(self.body)} bytes>, tags={self.tags!r}, "
             f"keys={self.keys!r}, sharding_key={self.sharding_key!r})"
+        )
+
+
+#: The user property a message's idempotency key travels in (docs/dedup.md).
+IDEMPOTENCY_KEY_PROPERTY = "IDEMPOTENCY_KEY"
+#: The longest idempotency key, in characters.
+MAX_IDEMPOTENCY_KEY_CHARS = 128
+
+
+def _check_idempotency_key(key: str) -> None:
+    if not isinstance(key, str):
+        raise InvalidMessageError(f"idempotency_key must be a str, not {type(key).__name__}")
+    if not key:
+        raise InvalidMessageError("idempotency_key is empty")
+    if len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+        raise InvalidMessageError(
+            f"idempotency_key is {len(key)} characters, over the limit of "
+            f"{MAX_IDEMPOTENCY_KEY_CHARS}"
+        )
+    _utf8("idempotency_key", key)
+    control = next((c for c in key if c < " " or c == "\x7f"), None)
+    if control is not None:
+        raise InvalidMessageError(
+            f"idempotency_key must not hold control characters; it holds {control!r}"
         )
 
 
@@ -206,6 +250,11 @@ class MessageExt:
     #: Where a RocketMQ broker stores the message (its commit-log offset), for a message
     #: read over `rocketmq://`; -1 over ordermq's gRPC.
     commit_log_offset: int = field(default=-1, repr=False)
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """The key it was sent with for a broker's deduplication; None if none."""
+        return self.properties.get(IDEMPOTENCY_KEY_PROPERTY)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ The result types come from sdk._transport.protocol; they are importable from her
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -19,7 +19,14 @@ from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.codec import decode_records
 from sdk._transport.exchange import Exchange, ExchangeUnsupportedError
 from sdk._transport.port_probe import speaks_remoting
-from sdk._transport.protocol import Appended, GroupInfo, PullResult, PullStatus, SentBack
+from sdk._transport.protocol import (
+    Appended,
+    GroupInfo,
+    MessageAnswer,
+    PullResult,
+    PullStatus,
+    SentBack,
+)
 from sdk._transport.signing import CallSigner
 from sdk._transport.status import to_ordermq_error
 from sdk._wire import GRPC_CLIENT_CHANNEL_OPTIONS
@@ -298,7 +305,10 @@ class BrokerClient:
         request.frames = frames
         r = (await self._request(envelope, timeout)).send
         moved = r.queue_id if r.duplicate and r.queue_id != queue_id else -1
-        return Appended(r.status == pb.SEND_OK, r.first_queue_offset, r.count, r.scheduled, moved)
+        return Appended(
+            r.status == pb.SEND_OK, r.first_queue_offset, r.count, r.scheduled, moved,
+            _answers(r.messages),
+        )  # fmt: skip
 
     async def send_parts(
         self, topic: str, parts: Sequence[tuple[int, bytes]], *, timeout: float | None = None
@@ -328,7 +338,14 @@ class BrokerClient:
                 durable = r.status == pb.SEND_OK
                 moved = r.queue_id if r.duplicate and r.queue_id != queue_id else -1
                 outcomes.append(
-                    Appended(durable, r.first_queue_offset, r.count, r.scheduled, moved)
+                    Appended(
+                        durable,
+                        r.first_queue_offset,
+                        r.count,
+                        r.scheduled,
+                        moved,
+                        _answers(r.messages),
+                    )
                 )
         return outcomes
 
@@ -674,3 +691,10 @@ def _queues(queues: Sequence[MessageQueue]) -> list[pb.MessageQueue]:
         pb.MessageQueue(topic=q.topic, broker_name=q.broker_name, queue_id=q.queue_id)
         for q in queues
     ]
+
+
+def _answers(results: Iterable[pb.SendPartResult]) -> tuple[MessageAnswer, ...]:
+    """SendResponse.messages (a batch with duplicates) as MessageAnswers."""
+    return tuple(
+        MessageAnswer(r.queue_id, r.first_queue_offset, r.msg_id, r.duplicate) for r in results
+    )

@@ -43,6 +43,17 @@ class PullResult:
 
 
 @dataclass(frozen=True, slots=True)
+class MessageAnswer:
+    """Where one message of a batch is, as a dedup broker answers (Appended.messages)."""
+
+    queue_id: int
+    offset: int
+    #: The id of the copy there (a duplicate's first copy's); empty when not told.
+    msg_id: bytes = b""
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Appended:
     """Where a batch went: offsets [first_offset, first_offset + count), or scheduled."""
 
@@ -53,6 +64,9 @@ class Appended:
     #: The queue they are in when not the one asked for, else -1: they repeat an earlier
     #: send to another queue (broker-side dedup answers with that send's place).
     queue_id: int = -1
+    #: A batch with duplicates: each message's place, in order (then the fields above
+    #: tell only of the messages stored now); empty when every message was stored.
+    messages: tuple[MessageAnswer, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

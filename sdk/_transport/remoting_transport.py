@@ -57,6 +57,7 @@ from sdk._transport.protocol import (
     GroupInfo,
     HalfSent,
     LockResult,
+    MessageAnswer,
     PullResult,
     PullStatus,
     SendPart,
@@ -615,6 +616,8 @@ class RemotingTransport:
             raise InvalidMessageError(f"cannot send over {SCHEME}: {exc}") from None
         if len(messages) == 1 or any(m.delay_level for m in messages):
             sent = [await self._send_one(queue, m, timeout) for m in messages]
+            if len(sent) == 1:
+                return sent[0]
             return Appended(
                 all(s.durable for s in sent), sent[0].first_offset, len(sent), sent[0].scheduled
             )
@@ -669,7 +672,7 @@ class RemotingTransport:
         except ValueError:
             first, queue_id = -1, -1
         moved = queue_id if queue_id not in (-1, queue.queue_id) else -1
-        return Appended(durable, first, count, scheduled, moved)
+        return Appended(durable, first, count, scheduled, moved, _answers(fields, count))
 
     async def send_parts(
         self, parts: Sequence[SendPart], *, timeout: float | None = None
@@ -1235,3 +1238,34 @@ def _by_broker(queues: Sequence[MessageQueue]) -> dict[str, list[MessageQueue]]:
 async def _notify_all(condition: asyncio.Condition) -> None:
     async with condition:
         condition.notify_all()
+
+
+def _answers(fields: dict[str, str], count: int) -> tuple[MessageAnswer, ...]:
+    """Each message's place in a reply to a batch with duplicates; () when not told.
+
+    From ordermq's fields queueIds, queueOffsets and uniqKeys, one entry per message.
+    """
+    if "queueOffsets" not in fields:
+        return ()
+    try:
+        queue_ids = [int(q) for q in fields.get("queueIds", "").split(",")]
+        offsets = [int(o) for o in fields["queueOffsets"].split(",")]
+    except ValueError:
+        return ()
+    keys = fields.get("uniqKeys", "").split(",")
+    if not len(queue_ids) == len(offsets) == len(keys) == count:
+        return ()
+    return tuple(
+        MessageAnswer(q, o, _uniq_key_id(k), bool(k))
+        for q, o, k in zip(queue_ids, offsets, keys, strict=True)
+    )
+
+
+def _uniq_key_id(uniq_key: str) -> bytes:
+    """The 16-byte id an SDK's UNIQ_KEY stands for; empty for another client's key."""
+    if len(uniq_key) != 32:
+        return b""
+    try:
+        return bytes.fromhex(uniq_key)
+    except ValueError:
+        return b""

@@ -773,6 +773,18 @@ def _results(queue: MessageQueue, appended: Appended, ids: list[bytes]) -> list[
             code="OK",
             reason="FLUSH_DISK_TIMEOUT",
         )
+    if appended.messages:  # a batch with duplicates: each message's own place
+        return [
+            SendResult(
+                SendStatus.SEND_OK,
+                (m.msg_id or msg_id).hex().upper(),
+                queue
+                if m.queue_id == queue.queue_id
+                else dataclasses.replace(queue, queue_id=m.queue_id),
+                -1 if appended.scheduled else m.offset,
+            )
+            for m, msg_id in zip(appended.messages, ids, strict=True)
+        ]
     offsets = (
         itertools.repeat(-1, len(ids))
         if appended.scheduled

@@ -11,13 +11,17 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from mockbroker import BrokerConfig, EmbeddedBroker
 from sdk import Message, Producer, SendResult
 from sdk._transport.broker_client import BrokerClient
 from sdk._transport.codec import encode_message
 from sdk._transport.protocol import Appended
+from sdk._wire import pack_frame
+from sdk.errors import OrderMQError
 from sdk.testing import FakeClock, TestBroker
 from tests.component.pulling import read_topic
 
@@ -88,16 +92,57 @@ def test_a_resent_request_is_answered_with_the_first_place_even_on_another_queue
         assert len(read_topic(b.address, TOPIC, QUEUES)) == 3
 
 
-def test_a_batch_with_new_messages_is_stored_whole(broker: TestBroker) -> None:
-    """Only a wholly repeated send is answered from the window (docs/dedup.md).
+def places(appended: Appended) -> list[tuple[int, int, bool]]:
+    return [(m.queue_id, m.offset, m.duplicate) for m in appended.messages]
 
-    A batch with some new messages is stored whole; sent again, it is answered with
-    that copy.
-    """
+
+def test_a_batch_with_new_messages_stores_only_those(broker: TestBroker) -> None:
+    """A batch partly repeating an earlier send: its duplicates answered, the rest stored."""
     send_twice(broker.address, frames(1), (0, 0))
-    first, again = send_twice(broker.address, frames(1, 2), (0, 0))
-    assert (first.first_offset, again.first_offset) == (1, 1)
-    assert len(read_topic(broker.address, TOPIC, QUEUES)) == 3  # 1, then 1 and 2 once
+    first, again = send_twice(broker.address, frames(3, 1, 2), (0, 2))
+    assert places(first) == [(0, 1, False), (0, 0, True), (0, 2, False)]
+    assert places(again) == [(0, 1, True), (0, 0, True), (0, 2, True)]
+    assert [m.msg_id for m in first.messages] == [n.to_bytes(16, "big") for n in (3, 1, 2)]
+    assert first.durable and again.durable
+    assert len(read_topic(broker.address, TOPIC, QUEUES)) == 3  # 1, then 3 and 2 once
+
+
+def test_the_same_message_twice_in_a_batch_is_stored_once(broker: TestBroker) -> None:
+    first, again = send_twice(broker.address, frames(5, 6, 5, 7, 6), (1, 1))
+    assert places(first) == [
+        (1, 0, False), (1, 1, False), (1, 0, True), (1, 2, False), (1, 1, True),
+    ]  # fmt: skip
+    assert places(again) == [(1, 0, True), (1, 1, True), (1, 0, True), (1, 2, True), (1, 1, True)]
+    bodies = [m.body for m in read_topic(broker.address, TOPIC, QUEUES)]
+    assert bodies == [b"m5", b"m6", b"m7"]  # the new ones in their order
+
+
+@pytest.mark.parametrize("front", ["grpc", "remoting"])
+def test_a_batch_answered_by_the_key_reports_the_first_copys_id(front: str, tmp_path: Path) -> None:
+    """Matched by IDEMPOTENCY_KEY: the SDK reports the first copy's place and message id."""
+    config = BrokerConfig(
+        data_dir=tmp_path / "data", default_queues=QUEUES, dedup_window_seconds=600,
+        remoting_port=0, namesrv_port=0,
+    )  # fmt: skip
+    with (
+        EmbeddedBroker(config) as broker,
+        Producer(
+            broker.address if front == "grpc" else f"rocketmq://{broker.namesrv_address}"
+        ) as producer,
+    ):
+        first = producer.send(Message(TOPIC, b"a", properties={"IDEMPOTENCY_KEY": "k1"}))
+        batch = [
+            Message(TOPIC, b"b", properties={"IDEMPOTENCY_KEY": "k2"}),
+            Message(TOPIC, b"a again", properties={"IDEMPOTENCY_KEY": "k1"}),
+            Message(TOPIC, b"b again", properties={"IDEMPOTENCY_KEY": "k2"}),
+        ]
+        results = producer.send_batch(batch)
+        again = producer.send(Message(TOPIC, b"a 3", properties={"IDEMPOTENCY_KEY": "k1"}))
+        bodies = Counter(m.body for m in read_topic(broker.address, TOPIC, QUEUES))
+    assert results[1].msg_id == first.msg_id == again.msg_id
+    assert place(results[1]) == place(first) == place(again)
+    assert results[2].msg_id == results[0].msg_id and place(results[2]) == place(results[0])
+    assert bodies == Counter([b"a", b"b"])
 
 
 def test_a_key_outside_the_window_is_stored_again() -> None:
@@ -121,3 +166,61 @@ def test_without_a_window_every_send_is_stored() -> None:
     with TestBroker(default_queues=QUEUES) as broker:
         first, again = send_twice(broker.address, frames(1), (0, 0))
         assert (first.first_offset, again.first_offset) == (0, 1)
+
+
+def test_a_batch_over_several_queues_answers_each_message(broker: TestBroker) -> None:
+    """The mixed-queue batch (one request with parts): each part answers message by message."""
+
+    def keyed(n: int, shard: str) -> Message:
+        return Message(
+            TOPIC, b"m%d" % n, sharding_key=shard, properties={"IDEMPOTENCY_KEY": str(n)}
+        )
+
+    with Producer(broker.address) as producer:
+        first = producer.send(keyed(1, "a"))
+        batch = [keyed(2, "a"), keyed(1, "a"), keyed(3, "b"), keyed(3, "b")]
+        results = producer.send_batch(batch)
+    assert len({r.queue.queue_id for r in results}) == 2
+    assert (results[1].msg_id, place(results[1])) == (first.msg_id, place(first))
+    assert (results[3].msg_id, place(results[3])) == (results[2].msg_id, place(results[2]))
+    assert place(results[0]) == (first.queue.queue_id, first.queue_offset + 1)
+    bodies = Counter(m.body for m in read_topic(broker.address, TOPIC, QUEUES))
+    assert bodies == Counter([b"m1", b"m2", b"m3"])
+
+
+def test_messages_with_the_same_idempotency_key_are_stored_once(broker: TestBroker) -> None:
+    """Message(idempotency_key=...): two sends of it are one message; received, it shows."""
+    with Producer(broker.address) as producer:
+        first = producer.send(Message(TOPIC, b"order 7", idempotency_key="order-7"))
+        again = producer.send(Message(TOPIC, b"order 7", idempotency_key="order-7"))
+    assert (again.msg_id, place(again)) == (first.msg_id, place(first))
+    (received,) = read_topic(broker.address, TOPIC, QUEUES)
+    assert received.idempotency_key == "order-7" and received.msg_id == first.msg_id
+
+
+def test_a_refused_batch_with_duplicates_names_its_own_frame_and_stores_nothing(
+    broker: TestBroker,
+) -> None:
+    """Its bad frame named by its index in the request, not among the new messages only."""
+    send_twice(broker.address, frames(1), (0, 0))
+    empty = pack_frame((9).to_bytes(16, "big"), 0, 0, 0, b"", b"", b"", b"", b"")
+    with pytest.raises(OrderMQError, match="frame 2: message body is empty"):
+        send_twice(broker.address, frames(1, 2) + empty, (0, 0))
+    assert len(read_topic(broker.address, TOPIC, QUEUES)) == 1
+
+
+def test_a_refused_part_with_duplicates_names_its_own_frame(broker: TestBroker) -> None:
+    send_twice(broker.address, frames(1), (0, 0))
+    empty = pack_frame((9).to_bytes(16, "big"), 0, 0, 0, b"", b"", b"", b"", b"")
+
+    async def run() -> list[Appended | OrderMQError]:
+        client = BrokerClient(broker.address)
+        try:
+            return await client.send_parts(TOPIC, [(0, frames(1, 2) + empty), (1, frames(3))])
+        finally:
+            await client.close()
+
+    refused, stored = asyncio.run(run())
+    assert isinstance(refused, OrderMQError) and "frame 2: message body is empty" in str(refused)
+    assert isinstance(stored, Appended) and (stored.first_offset, stored.count) == (0, 1)
+    assert len(read_topic(broker.address, TOPIC, QUEUES)) == 2

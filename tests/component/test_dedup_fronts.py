@@ -52,6 +52,44 @@ def test_a_remoting_batch_retried_is_stored_once(tmp_path: Path) -> None:
     run(tmp_path, scenario, dedup_window_seconds=60)
 
 
+def test_a_remoting_batch_partly_repeated_stores_only_its_new_messages(tmp_path: Path) -> None:
+    """Each message answered: ordermq's queueIds/queueOffsets/uniqKeys, one offsetMsgId each."""
+
+    async def scenario(r: Remoting) -> None:
+        key = [UNIQ[:-1] + str(i) for i in range(3)]
+        await r.send("orders", b"m0", {"UNIQ_KEY": key[0]}, queue_id=0)
+        elements = [
+            BatchElement(b"m1", {"UNIQ_KEY": key[1]}),
+            BatchElement(b"m0", {"UNIQ_KEY": key[0]}),
+            BatchElement(b"m2", {"UNIQ_KEY": key[2]}),
+            BatchElement(b"m1", {"UNIQ_KEY": key[1]}),
+        ]
+        header = v2_header("orders", {"WAIT": "true"}, queue_id=0, batch=True)
+        reply = await r.call(RequestCode.SEND_BATCH_MESSAGE, header, encode_batch(elements))
+        assert reply.code == ResponseCode.SUCCESS
+        fields = reply.ext_fields
+        assert fields["queueOffsets"] == "1,0,2,1" and fields["queueIds"] == "0,0,0,0"
+        assert fields["uniqKeys"] == f",{key[0]},,{key[1]}"
+        ids = fields["msgId"].split(",")
+        assert len(ids) == 4 and ids[0] == ids[3] and len(set(ids)) == 3
+        assert [m.body for m in records(await r.pull("orders", 0, 0))] == [b"m0", b"m1", b"m2"]
+        assert r.stored == 3
+
+    run(tmp_path, scenario, dedup_window_seconds=60)
+
+
+def test_a_v2_send_of_several_messages_answers_each_entry(tmp_path: Path) -> None:
+    config = BrokerConfig(data_dir=tmp_path / "data", v2_port=0, dedup_window_seconds=60)
+    with EmbeddedBroker(config) as broker:
+        ids = [f"0102FC0000000126DF0B1658060000000{i}" for i in range(3)]
+        first = send(broker, v2_message(b"m0", ids[0])).entries[0]
+        batch = [v2_message(b"m1", ids[1]), v2_message(b"m0", ids[0]), v2_message(b"m1", ids[1])]
+        entries = send(broker, *batch).entries
+        assert [e.message_id for e in entries] == [ids[1], ids[0], ids[1]]
+        assert entries[1].offset == first.offset and entries[0].offset == entries[2].offset
+        assert sorted(m.body for m in read_topic(broker.address, "orders")) == [b"m0", b"m1"]
+
+
 def test_a_key_whose_message_is_gone_is_stored_again(tmp_path: Path) -> None:
     """Its topic deleted and made again within the window: the message is new there."""
 

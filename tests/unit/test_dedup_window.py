@@ -8,7 +8,9 @@ checks the window against a plain model of the same rules.
 
 from __future__ import annotations
 
+import asyncio
 import tracemalloc
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -23,8 +25,15 @@ from mockbroker.dedup import (
     message_key,
     recent_keys,
 )
+from mockbroker.dedup_sends import DedupSends, rebuild
+from mockbroker.store.message_store import MessageStore
+from sdk import Message
+from sdk._transport.codec import encode_message
+from sdk._validation import RETRY_PREFIX
 from sdk._wire import encode_frame, encode_properties
 from sdk.testing import FakeClock
+
+SYSTEM = RETRY_PREFIX + "group"
 
 
 def key(n: int, topic: str = "orders") -> bytes:
@@ -162,3 +171,47 @@ class WindowMachine(RuleBasedStateMachine):
 
 TestWindowMachine = WindowMachine.TestCase
 TestWindowMachine.settings = settings(max_examples=200, stateful_step_count=30, deadline=None)
+
+
+def test_the_rebuild_reads_the_log_in_order_and_keeps_only_indexed_user_records(
+    tmp_path: Path,
+) -> None:
+    """Records of a deleted topic, of a system topic or before the window are not kept."""
+
+    def frames(first: int, count: int, at: float) -> bytes:
+        return b"".join(
+            encode_message(
+                Message("t", b"x", properties={"IDEMPOTENCY_KEY": f"k{n}"}),
+                n.to_bytes(16, "big"),
+                at,
+            )
+            for n in range(first, first + count)
+        )
+
+    async def scenario() -> None:
+        clock = FakeClock(1_000_000.0)
+        store = MessageStore(
+            tmp_path, sync_flush=False, segment_bytes=64 << 10, flush_interval_seconds=1,
+            sync_flush_timeout_seconds=5, clock=clock,
+        )  # fmt: skip
+        store.open()
+        await store.start()
+        for name in ("gone", "orders", SYSTEM):
+            store.create_topic(name, 2)
+        old = frames(0, 5, clock.now())
+        store.write(store.topics.get("orders"), 0, old, store.check(old))
+        clock.advance(120)  # those 5 are out of a 60 s window
+        for i, name in enumerate(("gone", "orders", SYSTEM) * 40):
+            batch = frames(100 + 10 * i, 10, clock.now())
+            store.write(store.topics.get(name), i % 2, batch, store.check(batch))
+        await store.delete_topic("gone")
+        window = DedupWindow(60, 10_000, clock)
+        assert rebuild(window, store, int(clock.now() * 1000)) == 400  # orders' 40 batches
+        sends = DedupSends(window, store)
+        key = digest("orders", b"u:k110")
+        found = sends.sort("orders", frames(110, 1, clock.now()), [key])
+        assert found is not None and found.firsts[0] is not None  # read back: still there
+        assert sends.sort("orders", frames(0, 1, clock.now()), [digest("orders", b"u:k0")]).new
+        await store.close()
+
+    asyncio.run(scenario())

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterable
 
 from google.protobuf.message import Message
 
-from mockbroker.delivery import Delivery
+from mockbroker.delivery import Delivery, SendOutcome
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.fronts.grpc.auth import GrpcAuth
 from mockbroker.fronts.grpc.exchange import ExchangeStreams
@@ -139,6 +139,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             store_timestamp_ms=sent.store_timestamp_ms,
             scheduled=sent.scheduled,
             duplicate=sent.duplicate,
+            messages=_message_results(sent),
         )
 
     async def _send_parts(self, request: pb.SendRequest, client: str) -> pb.SendResponse:
@@ -162,6 +163,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                     store_timestamp_ms=outcome.store_timestamp_ms,
                     scheduled=outcome.scheduled,
                     duplicate=outcome.duplicate,
+                    messages=_message_results(outcome),
                 )
             )
         return pb.SendResponse(parts=results)
@@ -581,3 +583,21 @@ def parked_key_pb(entry: ParkedKey, broker_name: str) -> pb.ParkedKeyInfo:
         parked_messages=len(entry.copies),
         released_at_ms=entry.released_at_ms,
     )
+
+
+def _message_results(sent: SendOutcome) -> list[pb.SendPartResult]:
+    """A batch with duplicates: each message's place (SendResponse.messages)."""
+    status = pb.SEND_OK if sent.durable else pb.FLUSH_DISK_TIMEOUT
+    return [
+        pb.SendPartResult(
+            status=status,
+            queue_id=m.queue_id,
+            first_queue_offset=m.offset,
+            count=1,
+            store_timestamp_ms=m.store_timestamp_ms,
+            scheduled=sent.scheduled,
+            duplicate=m.duplicate,
+            msg_id=m.msg_id,
+        )
+        for m in sent.messages
+    ]

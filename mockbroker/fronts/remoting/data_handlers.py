@@ -51,7 +51,8 @@ import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from mockbroker.delivery import MAX_SUSPEND_MS, Delivery
+from mockbroker.dedup import first_id
+from mockbroker.delivery import MAX_SUSPEND_MS, Delivery, SendOutcome
 from mockbroker.errors import BrokerError
 from mockbroker.fronts.remoting.channel import ClientChannel, Handler
 from mockbroker.fronts.remoting.coordination import RemotingClients
@@ -255,6 +256,8 @@ class DataHandlers:
             raise refusal(exc) from None
         queue_id = sent.queue_id if sent.duplicate else queue_id  # a duplicate: its first's
         store = self._s.store
+        if sent.messages and not sent.scheduled:
+            return self._sent_each(sent, store.topics.get(header.topic))
         if sent.scheduled:
             index, first = store.queue(store.topics.get(SCHEDULE_TOPIC), 0), sent.schedule_offset
         else:
@@ -330,6 +333,28 @@ class DataHandlers:
         )
         code = ResponseCode.SUCCESS if durable else ResponseCode.FLUSH_DISK_TIMEOUT
         return code, {"msgId": msg_ids, "queueId": str(queue_id), "queueOffset": str(first)}
+
+    def _sent_each(self, sent: SendOutcome, topic: Topic) -> tuple[int, dict[str, str]]:
+        """The reply to a batch with duplicates: each message's offsetMsgId from its place.
+
+        queueId and queueOffset are the first message's; ordermq's fields `queueIds`,
+        `queueOffsets` and `uniqKeys` (a duplicate's: its first copy's) give each one's.
+        """
+        host, store = self._host(), self._s.store
+        places = sent.messages
+        offset_ids = [
+            create_offset_msg_id(host, store.queue(topic, p.queue_id).entry(p.offset)[0])
+            for p in places
+        ]
+        code = ResponseCode.SUCCESS if sent.durable else ResponseCode.FLUSH_DISK_TIMEOUT
+        return code, {
+            "msgId": ",".join(offset_ids),
+            "queueId": str(places[0].queue_id),
+            "queueOffset": str(places[0].offset),
+            "queueIds": ",".join(str(p.queue_id) for p in places),
+            "queueOffsets": ",".join(str(p.offset) for p in places),
+            "uniqKeys": ",".join(first_id(p) if p.duplicate else "" for p in places),
+        }
 
     def _queue_id(self, topic_name: str, asked: int, new_topic_queues: int) -> int:
         """The queue a send asked for; a random one of the topic's when it asked for < 0."""

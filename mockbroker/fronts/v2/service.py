@@ -47,6 +47,7 @@ from grpc import StatusCode
 
 from mockbroker._pb_v2.apache.rocketmq.v2 import definition_pb2 as v2
 from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2 as svc
+from mockbroker.dedup import first_id
 from mockbroker.delivery import Delivery
 from mockbroker.errors import BrokerError
 from mockbroker.fronts.grpc_errors import Context, MalformedRequest, add_service
@@ -391,6 +392,19 @@ class RocketMQ5Service:
             )
         )
         first = sent.schedule_offset if sent.scheduled else sent.first_offset
+        if sent.messages:  # a batch with duplicates: each entry its message's place
+            return svc.SendMessageResponse(
+                status=status,
+                entries=[
+                    svc.SendResultEntry(
+                        status=status,
+                        message_id=first_id(p) if p.duplicate else m.message_id,
+                        offset=p.offset,
+                        recall_handle=m.message_id if m.scheduled else "",
+                    )
+                    for m, p in zip(batch, sent.messages, strict=True)
+                ],
+            )
         return svc.SendMessageResponse(
             status=status,
             entries=[

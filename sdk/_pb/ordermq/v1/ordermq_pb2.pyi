@@ -567,6 +567,8 @@ class SendPartResult(_message.Message):
     SCHEDULED_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
+    MSG_ID_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
     status: Global___SendStatus.ValueType
     """SEND_STATUS_UNSPECIFIED when refused"""
     queue_id: _builtins.int
@@ -576,8 +578,14 @@ class SendPartResult(_message.Message):
     scheduled: _builtins.bool
     duplicate: _builtins.bool
     """as SendResponse.duplicate"""
+    msg_id: _builtins.bytes
+    """In `messages`: a duplicate's first copy's message id (its own when stored now)."""
     @_builtins.property
     def error(self) -> Global___ExchangeError: ...
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___SendPartResult]:
+        """as SendResponse.messages, for this part"""
+
     def __init__(
         self,
         *,
@@ -589,10 +597,12 @@ class SendPartResult(_message.Message):
         scheduled: _builtins.bool = ...,
         error: Global___ExchangeError | None = ...,
         duplicate: _builtins.bool = ...,
+        msg_id: _builtins.bytes = ...,
+        messages: _abc.Iterable[Global___SendPartResult] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "duplicate", b"duplicate", "error", b"error", "first_queue_offset", b"first_queue_offset", "queue_id", b"queue_id", "scheduled", b"scheduled", "status", b"status", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "duplicate", b"duplicate", "error", b"error", "first_queue_offset", b"first_queue_offset", "messages", b"messages", "msg_id", b"msg_id", "queue_id", b"queue_id", "scheduled", b"scheduled", "status", b"status", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -610,6 +620,7 @@ class SendResponse(_message.Message):
     SCHEDULED_FIELD_NUMBER: _builtins.int
     PARTS_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
     status: Global___SendStatus.ValueType
     queue_id: _builtins.int
     first_queue_offset: _builtins.int
@@ -628,6 +639,13 @@ class SendResponse(_message.Message):
     def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___SendPartResult]:
         """for a request with parts, one per part, in order"""
 
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___SendPartResult]:
+        """For a batch with duplicates (docs/dedup.md): one entry per message, in order, each
+        with count 1: a new message's place, or a duplicate's (duplicate set) first copy's
+        queue, offset, store time and message id. Empty when every message was stored.
+        """
+
     def __init__(
         self,
         *,
@@ -639,10 +657,11 @@ class SendResponse(_message.Message):
         scheduled: _builtins.bool = ...,
         parts: _abc.Iterable[Global___SendPartResult] | None = ...,
         duplicate: _builtins.bool = ...,
+        messages: _abc.Iterable[Global___SendPartResult] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "duplicate", b"duplicate", "first_queue_offset", b"first_queue_offset", "parts", b"parts", "queue_id", b"queue_id", "scheduled", b"scheduled", "status", b"status", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "duplicate", b"duplicate", "first_queue_offset", b"first_queue_offset", "messages", b"messages", "parts", b"parts", "queue_id", b"queue_id", "scheduled", b"scheduled", "status", b"status", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
