@@ -26,20 +26,20 @@ from rich.console import Console
 from rich.table import Table
 
 from sdk._transport import Transport, connect
-from sdk._transport.broker_client import BrokerClient, GroupInfo, PullStatus
+from sdk._transport.broker_client import BrokerClient
 from sdk._transport.grpc_transport import GrpcTransport
 from sdk._version import __version__
 from sdk._wire import DEFAULT_PORT
 from sdk.credentials import Credentials
-from sdk.errors import NotSupportedError, OrderMQError, TopicNotFoundError
-from sdk.message import Message, MessageExt, MessageQueue
+from sdk.errors import NotSupportedError, OrderMQError
+from sdk.message import MessageExt, MessageQueue
+from sdk.message_admin import by_sharding_key as find_by_sharding_key
+from sdk.message_admin import dead_letters, read_queues, resend_dead_letters
 from sdk.producer import Producer
-from sdk.selector import shard_index
 from sdk.tls import TLSConfig
 
 T = TypeVar("T")
 DEFAULT_BROKER = f"127.0.0.1:{DEFAULT_PORT}"
-ORIGIN_PROPERTIES = ("ORIGIN_TOPIC", "ORIGIN_QUEUE_ID", "ORIGIN_QUEUE_OFFSET")
 #: `messages find --sharding-key` reads at most this many of a queue's newest messages.
 SHARDING_KEY_SCAN = 10_000
 
@@ -406,21 +406,6 @@ def messages() -> None:
     """Read messages."""
 
 
-async def _read(
-    client: BrokerClient, queues: list[MessageQueue], starts: dict[MessageQueue, int], limit: int
-) -> list[MessageExt]:
-    out: list[MessageExt] = []
-    for queue in queues:
-        offset = starts[queue]
-        while len(out) < limit:
-            r = await client.pull("ordermq-cli", queue, offset, max_messages=min(1000, limit))
-            if r.status is not PullStatus.FOUND:
-                break
-            out += r.messages
-            offset = r.next_offset
-    return out[:limit]
-
-
 def _message_row(m: MessageExt) -> dict[str, Any]:
     return {
         "topic": m.topic, "queue": m.queue.queue_id, "offset": m.queue_offset,
@@ -482,24 +467,11 @@ def messages_find(
         )
         _print_messages(c, found, searched)
         return
-    found, queue, read = c.call(lambda b: _by_sharding_key(b, topic, key, scan, limit))
+    found, queue, read = c.call(lambda b: find_by_sharding_key(b, topic, key, scan, limit))
     _print_messages(
         c, found, f"none of the {read} newest messages of {topic} queue {queue.queue_id} "
         f"(where sharding key {key!r} goes) has that sharding key",
     )  # fmt: skip
-
-
-async def _by_sharding_key(
-    b: BrokerClient, topic: str, key: str, scan: int, limit: int
-) -> tuple[list[MessageExt], MessageQueue, int]:
-    """Messages of `topic` with sharding key `key`, newest first; the queue; how many read."""
-    queues = sorted((r.queue for r in await b.query_route(topic)), key=lambda q: q.queue_id)
-    queue = queues[shard_index(key, len(queues))]
-    low, high, _ = await b.queue_offsets(queue)
-    start = max(low, high - scan)
-    messages = await _read(b, [queue], {queue: start}, high - start)
-    found = [m for m in reversed(messages) if m.sharding_key == key]
-    return found[:limit], queue, len(messages)
 
 
 def _print_messages(c: Context, found: list[MessageExt], none_found: str) -> None:
@@ -527,7 +499,7 @@ def messages_tail(c: Context, topic: str, count: int, follow: bool) -> None:
         for q in queues:
             low, high, _ = await b.queue_offsets(q)
             starts[q] = max(low, high - count)
-        for m in await _read(b, queues, starts, count * len(queues)):
+        for m in await read_queues(b, queues, starts, count * len(queues)):
             _print_message(c, m)
             starts[m.queue] = m.queue_offset + 1
         if not follow:
@@ -573,22 +545,6 @@ def dlq() -> None:
     """A group's dead-letter queue."""
 
 
-def _dlq_messages(c: Context, group: str, limit: int) -> list[MessageExt]:
-    queue = MessageQueue(f"%DLQ%{group}", "", 0)
-
-    async def body(b: BrokerClient) -> list[MessageExt]:
-        try:
-            routes = await b.query_route(queue.topic)
-        except TopicNotFoundError:
-            return []  # the broker creates the topic with the group's first dead letter
-        q = routes[0].queue
-        low, _high, _ = await b.queue_offsets(q)
-        committed = await b.query_offset(f"{group}-dlq-resend", q)
-        return await _read(b, [q], {q: max(low, committed or 0)}, limit)
-
-    return c.call(body)
-
-
 @dlq.command("list")
 @click.argument("group")
 @click.option("--limit", type=int, default=100, show_default=True,
@@ -596,7 +552,7 @@ def _dlq_messages(c: Context, group: str, limit: int) -> list[MessageExt]:
 @click.pass_obj
 def dlq_list(c: Context, group: str, limit: int) -> None:
     """Dead letters of GROUP not resent yet."""
-    found = _dlq_messages(c, group, limit)
+    found = c.call(lambda b: dead_letters(b, group, limit))
     rows = [_message_row(m) for m in found]
     columns = ["offset", "origin", "sharding key", "keys", "tries", "body"]
     table = _table(f"dead letters of {group}", columns, [
@@ -613,29 +569,9 @@ def dlq_list(c: Context, group: str, limit: int) -> None:
 @click.pass_obj
 def dlq_resend(c: Context, group: str, limit: int) -> None:
     """Send GROUP's dead letters back to their original topics (each once)."""
-    found = _dlq_messages(c, group, limit)
     with Producer(c.broker, tls=c.tls, credentials=c.credentials) as producer:
-        for m in found:
-            producer.send(Message(
-                m.properties.get("ORIGIN_TOPIC", m.topic), m.body, tags=m.tags, keys=m.keys,
-                sharding_key=m.sharding_key,
-                properties={k: v for k, v in m.properties.items() if k not in ORIGIN_PROPERTIES},
-            ))  # fmt: skip
-    if found:
-        last = found[-1]
-
-        async def remember(b: BrokerClient) -> None:
-            marker = f"{group}-dlq-resend"
-            await b.heartbeat(marker, [_poll_group(marker)])
-            await b.commit_offsets(marker, marker, [(last.queue, last.queue_offset + 1, 0)])
-            await b.unregister(marker)
-
-        c.call(remember)
+        found = resend_dead_letters(c.call, producer.send, group, limit)
     c.emit({"resent": len(found)}, f"resent {len(found)} message(s) of {group}")
-
-
-def _poll_group(name: str) -> GroupInfo:
-    return GroupInfo(name, "CONSUME_POLL")
 
 
 @cli.group()
