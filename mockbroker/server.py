@@ -48,6 +48,7 @@ from sdk._version import __version__
 from sdk._wire import GRPC_CHANNEL_OPTIONS
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.log import log_event
+from sdk.tls import TLSConfig
 
 if TYPE_CHECKING:
     from mockbroker.fronts.console import ConsoleServer
@@ -410,17 +411,28 @@ class Broker:
                 await self.registrar.start()
         if self.config.console_port is not None:
             from mockbroker.fronts.console import ConsoleServer  # only where it is asked for
+            from mockbroker.fronts.console.data_path import DataPath
 
             self._console = ConsoleServer(
                 admin, self._front_addresses, self._interface(self.config.console_host),
                 self.config.console_port,
                 tls=self.tls.ssl_context() if self.tls is not None else None, acl=self.acl,
+                data_path=DataPath(lambda: self.address, *self._console_client_tls()),
             )  # fmt: skip
             log.info("console on %s://%s/", "https" if self.tls else "http",
                      self.console_address)  # fmt: skip
         log.info("broker %s (ordermq %s) serving on %s%s", self.config.broker_name, __version__,
                  self.address, " over TLS" if self.tls else "")  # fmt: skip
         self._warn_if_open()
+
+    def _console_client_tls(self) -> tuple[TLSConfig | None, str]:
+        """How the console connects to this broker as a client; why it cannot, if it cannot."""
+        if self.config.tls_cert is None:
+            return None, ""
+        if self.config.tls_client_ca is not None:
+            return None, ("the broker requires client certificates, which the console has "
+                          "none of: resend dead letters with `ordermq dlq resend`")  # fmt: skip
+        return TLSConfig(ca_file=self.config.tls_cert), ""
 
     def _front_addresses(self) -> list[tuple[str, str]]:
         """Each front that is on, with the address it serves (for the console)."""

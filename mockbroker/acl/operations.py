@@ -105,6 +105,7 @@ ORDERMQ_RPCS: dict[str, Needs] = {
     "ConsumerProgress": _KNOWN,
     "QueryMessageById": _KNOWN,
     "QueryMessagesByKey": _TOPIC_SUB,
+    "BrowseQueue": _TOPIC_SUB,
     "BrokerStatus": _KNOWN,
     # Backup writes files on the broker's machine.
     "Backup": _ADMIN,

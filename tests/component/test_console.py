@@ -11,6 +11,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,8 @@ from sdk import (
     Producer,
     PushConsumer,
 )
+from sdk._transport.broker_client import BrokerClient, GroupInfo
+from tests.component.admin_cli import client
 from tests.support import wait_until
 
 ACL = """\
@@ -60,6 +63,21 @@ def get(broker: EmbeddedBroker, path: str, auth: str | None = None) -> tuple[int
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+
+
+def get_raw(broker: EmbeddedBroker, path: str) -> tuple[int, str, str]:
+    """(status, body, Location) of a GET; redirects are not followed."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: object, **kwargs: object) -> None:
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(f"http://{broker.console_address}{path}", timeout=10) as r:
+            return r.status, r.read().decode(), r.headers.get("Location", "")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(), exc.headers.get("Location", "")
 
 
 def post(broker: EmbeddedBroker, path: str, **fields: str) -> tuple[int, str, str]:
@@ -157,3 +175,128 @@ def test_with_an_acl_the_console_asks_for_an_admin_account(tmp_path: Path) -> No
         assert get(b, "/", auth="app-key01:s3cret-app-key")[0] == 401
         assert get(b, "/", auth="console-admin:wrong")[0] == 401
         assert get(b, "/", auth="console-admin:s3cret-admin-key")[0] == 200
+
+
+class Collect(MessageListenerOrderly):
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    def consume_message(self, msgs: list[Any], context: object) -> ConsumeOrderlyStatus:
+        self.bodies += [m.body for m in msgs]
+        return ConsumeOrderlyStatus.SUCCESS
+
+
+def dead_letter(broker: EmbeddedBroker, group: str, body: bytes) -> str:
+    """Send `body` and dead-letter it for `group`; its message id."""
+    with Producer(broker.address) as p:
+        sent = p.send(Message("orders", body, sharding_key="poison-key", keys=["inv-9"]))
+
+    async def fail(c: BrokerClient) -> None:
+        await c.heartbeat("w", [GroupInfo(group, "CONSUME_ORDERLY")])
+        await c.send_back(group, sent.queue, sent.queue_offset, max_reconsume_times=1,
+                          reconsume_times=1)  # fmt: skip
+        await c.unregister("w")
+
+    client(broker, fail)
+    return sent.msg_id
+
+
+def test_a_message_is_found_by_id_key_and_sharding_key_and_shown_with_its_trace(
+    broker: EmbeddedBroker,
+) -> None:
+    msg_id = dead_letter(broker, "billing", b'{"order": 7, "items": ["<b>x</b>"]}')
+    status, _, where = get_raw(broker, f"/messages?id={msg_id}")
+    assert (status, where) == (303, f"/messages/{msg_id}")
+    status, page = get(broker, f"/messages/{msg_id}")
+    assert status == 200, page
+    assert '"order": 7,\n' in page.replace("&#34;", '"')  # pretty-printed JSON
+    assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page  # escaped
+    assert "stored by its producer" in page
+    assert "dead-lettered by group billing after 1 retries" in page
+    assert 'href="/groups/billing/dlq"' in page and "ORIGIN_TOPIC" not in page.split("Trace")[0]
+    assert "What it cannot know" in page
+    status, page = get(broker, f"/messages/{msg_id}?view=hex")
+    assert status == 200 and "7b 22 6f 72 64 65 72 22" in page  # {"order"
+    assert get(broker, f"/messages/{msg_id}?view=sideways")[0] == 400
+    status, page = get(broker, "/messages?topic=orders&key=inv-9&by=key")
+    assert status == 200 and f'href="/messages/{msg_id}"' in page
+    status, page = get(broker, "/messages?topic=orders&key=k3&by=sharding")
+    assert status == 200 and page.count('href="/messages/') == 1 and "o3" in page
+    status, page = get(broker, "/messages?topic=orders&key=k3&by=key")
+    assert status == 200 and "no message of orders has key" in page
+    for query, code, words in [
+        ("id=not-an-id", 400, "is not"),
+        ("id=" + "f" * 32, 404, "MESSAGE_NOT_FOUND"),
+        ("topic=nosuch&key=k1", 404, "TOPIC_NOT_FOUND"),
+        ("topic=orders&key=", 400, "say both the topic and the key"),
+        ("topic=orders&key=k1&by=color", 400, "say key or sharding"),
+        ("id=" + "a" * 20_000, 413, "over the limit"),
+    ]:
+        status, page = get(broker, f"/messages?{query}")
+        assert status == code and 'class="error"' in page and words in page, (query, page)
+        assert 'name="id"' in page or code == 413  # the form is there to try again
+
+
+def test_a_body_is_text_json_or_hex_and_a_huge_one_is_cut(broker: EmbeddedBroker) -> None:
+    with Producer(broker.address) as p:
+        binary = p.send(Message("orders", bytes(range(256)), sharding_key="b")).msg_id
+        huge = p.send(Message("orders", b"z" * 300_000, sharding_key="h")).msg_id
+        script = p.send(Message("orders", b"<script>alert(1)</script>", sharding_key="s")).msg_id
+    page = get(broker, f"/messages/{binary}")[1]
+    assert "it is not UTF-8" in page and "00000000  00 01 02 03" in page
+    page = get(broker, f"/messages/{huge}")[1]
+    assert "234464 more bytes not shown (of 300000)" in page
+    page = get(broker, f"/messages/{script}")[1]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>" not in page
+
+
+def test_a_queue_is_browsed_from_an_offset_page_by_page(broker: EmbeddedBroker) -> None:
+    with Producer(broker.address) as p:
+        sent = [p.send(Message("browse", b"b%d" % i, sharding_key="one")) for i in range(45)]
+    queue = sent[0].queue.queue_id
+    status, page = get(broker, f"/topics/browse/queues/{queue}")
+    assert status == 200 and "b44" in page and "b24" not in page  # the newest page
+    assert 'href="?offset=5"' in page and 'href="?offset=' in page
+    status, page = get(broker, f"/topics/browse/queues/{queue}?offset=0")
+    assert status == 200 and ">b0<" in page and ">b19<" in page and ">b20<" not in page
+    assert 'href="?offset=20">next' in page and "previous" not in page
+    assert f'href="/topics/browse/queues/{queue}"' in get(broker, "/topics/browse")[1]
+    for path, code, words in [
+        (f"/topics/browse/queues/{queue}?offset=999", 400, "INVALID_OFFSET"),
+        (f"/topics/browse/queues/{queue}?offset=-1", 400, "INVALID_OFFSET"),
+        (f"/topics/browse/queues/{queue}?offset=ten", 400, "is not a number"),
+        ("/topics/browse/queues/99", 404, "has no queue 99"),
+        ("/topics/browse/queues/x", 400, "is not a number"),
+        ("/topics/nosuch/queues/0", 404, "TOPIC_NOT_FOUND"),
+    ]:
+        status, page = get(broker, path)
+        assert status == code and 'class="error"' in page and words in page, (path, page)
+
+
+def test_a_dead_letter_resent_from_the_page_is_delivered_again(broker: EmbeddedBroker) -> None:
+    dead_letter(broker, "billing", b"poison")
+    status, page = get(broker, "/groups/billing/dlq")
+    assert status == 200 and ">poison<" in page and "resend the oldest" in page
+    status, page, _ = post(broker, "/groups/billing/dlq/resend", count="one")
+    assert status == 200 and "yes, resend" in page and ">poison<" in page
+    assert ">poison<" in get(broker, "/groups/billing/dlq")[1], "nothing resent before yes"
+    for fields, code, words in [
+        ({"count": "some"}, 400, "say one or all"),
+        ({"count": "one", "pad": "x" * 20_000}, 413, "over the limit"),
+    ]:
+        status, page, _ = post(broker, "/groups/billing/dlq/resend", **fields)
+        assert status == code and words in page, page
+    status, page, _ = post(broker, "/groups/billing/dlq/resend", count="one", confirm="yes")
+    assert status == 200 and "Resent 1 dead letter(s) of billing" in page, page
+    assert "No dead letters to resend" in get(broker, "/groups/billing/dlq")[1]
+    status, page, _ = post(broker, "/groups/billing/dlq/resend", count="all")
+    assert status == 400 and "has no dead letters to resend" in page
+    listener = Collect()
+    consumer = PushConsumer("billing", broker.address,
+                            consume_from_where=ConsumeFromWhere.FIRST_OFFSET)  # fmt: skip
+    consumer.subscribe("orders")
+    consumer.register_message_listener(listener)
+    with consumer:  # the original, and the copy the resend sent back to orders
+        wait_until(lambda: listener.bodies.count(b"poison") == 2, 15, "the resent message")
+        assert 'href="/groups/billing/dlq"' in get(broker, "/groups/billing")[1]
+    assert "No dead letters" in get(broker, "/groups/nosuch/dlq")[1]

@@ -67,7 +67,7 @@ REASONS = set(pb.ErrorReason.keys()) - {"ERROR_REASON_UNSPECIFIED"}
 READ_ONLY = {"Pull", "QueryQueueOffsets", "GetConsumerList", "WatchMembership",
              "QueryConsumerOffset", "ListTopics", "ListGroups", "DescribeTopic",
              "ConsumerProgress", "QueryMessageById", "QueryMessagesByKey",
-             "BrokerStatus"}  # fmt: skip
+             "BrowseQueue", "BrokerStatus"}  # fmt: skip
 #: RPCs that delete the topics and groups the others are fuzzed on: fuzzed after them all.
 DELETIONS = {"DeleteTopic", "DeleteGroup"}
 TOPIC, SMALL, G1, G2, G3, C1, KEY = "fz", "fz1", "g1", "g2", "g3", "c1", "k1"
@@ -216,6 +216,7 @@ def seed(f: Fuzzed) -> None:
         "ResetOffset": pb.ResetOffsetRequest(group=G2, topic=TOPIC, queue_id=2, offset=1),
         "QueryMessageById": pb.QueryMessageByIdRequest(msg_id=first_id),
         "QueryMessagesByKey": pb.QueryMessagesByKeyRequest(topic=TOPIC, key=KEY, max_messages=3),
+        "BrowseQueue": pb.BrowseQueueRequest(topic=TOPIC, queue_id=1, offset=0, max_messages=3),
         "BrokerStatus": pb.BrokerStatusRequest(),
         "DeleteTopic": pb.DeleteTopicRequest(topic=SMALL),
         "DeleteGroup": pb.DeleteGroupRequest(group=G2, force=True),

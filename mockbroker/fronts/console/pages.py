@@ -8,6 +8,11 @@
     GET  /groups/NAME           members, per queue lock owner, epoch, committed offset, lag;
                                 the group's lag over the time the page was watched
     POST /groups/NAME/reset     reset offsets: first a confirmation page, then the reset
+    GET  /messages              find messages: by id (any form), by key or sharding key
+    GET  /messages/ID           a message: body (text, JSON, hex), properties, its trace
+    GET  /topics/NAME/queues/N  browse a queue from ?offset=K, a page at a time
+    GET  /groups/NAME/dlq       a group's dead letters not resent yet
+    POST /groups/NAME/dlq/resend  resend the oldest one or all of them, in order (asks first)
 
 A refusal (bad input, an unknown topic, a group with live members) is shown on the page
 with the broker's words, with status 400 or 404, and changes nothing. With an ACL the
@@ -19,13 +24,14 @@ from __future__ import annotations
 
 import base64
 import hmac
+import json
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, quote, unquote
 from wsgiref.types import StartResponse, WSGIEnvironment
 
 from grpc import StatusCode
@@ -34,7 +40,12 @@ from markupsafe import Markup
 from mockbroker.acl import Acl
 from mockbroker.errors import BrokerError
 from mockbroker.fronts.console.admin_calls import AdminCalls
+from mockbroker.fronts.console.data_path import DataPath
 from mockbroker.fronts.console.templates import environment
+from sdk.credentials import Credentials
+from sdk.errors import OrderMQError
+from sdk.message import MessageExt
+from sdk.message_admin import by_sharding_key, dead_letters, resend_dead_letters
 
 #: Pages that change while watched reload themselves this often (seconds).
 REFRESH_SECONDS = 5
@@ -42,6 +53,15 @@ REFRESH_SECONDS = 5
 MAX_FORM_BYTES = 16 * 1024
 #: Lag samples kept per group (one per view of its page: at REFRESH_SECONDS, ten minutes).
 LAG_SAMPLES = 120
+#: Messages per page of a queue's browser and of a search's results.
+PAGE_MESSAGES = 20
+#: Of a message's body, at most this many bytes are shown (the page says how many were cut).
+SHOWN_BODY_BYTES = 64 * 1024
+#: A search by sharding key reads at most this many of the queue's newest messages.
+SHARDING_KEY_SCAN = 10_000
+#: Dead letters listed on a group's page, and resent at most by one "resend all".
+DLQ_LISTED = 100
+DLQ_RESEND_ALL = 1000
 
 Fronts = Callable[[], list[tuple[str, str]]]
 
@@ -97,12 +117,16 @@ def lag_chart(
 class ConsoleApp:
     """The WSGI application of the console."""
 
-    def __init__(self, admin: AdminCalls, fronts: Fronts, acl: Acl | None) -> None:
+    def __init__(
+        self, admin: AdminCalls, fronts: Fronts, acl: Acl | None, data_path: DataPath
+    ) -> None:
         self._admin = admin
         self._fronts = fronts
         self._acl = acl
+        self._data = data_path
         self._env = environment()
         self.lag = LagHistory()
+        self._local = threading.local()
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         """Answer one request."""
@@ -123,18 +147,21 @@ class ConsoleApp:
                              "is needed (access key as user name, secret key as password)"),
                 (("WWW-Authenticate", 'Basic realm="ordermq console", charset="UTF-8"'),),
             )  # fmt: skip
+        self._local.credentials = self._credentials(environ)
         method = environ.get("REQUEST_METHOD", "GET")
         path = unquote(environ.get("PATH_INFO", "/"))
         parts = [p for p in path.split("/") if p]
         try:
             if method in ("GET", "HEAD"):
-                return self._get(parts)
+                return self._get(parts, _query(environ))
             if method == "POST":
                 form = _form(environ)
                 if parts == ["topics"]:
                     return self._create_topic(form)
                 if len(parts) == 3 and parts[0] == "groups" and parts[2] == "reset":
                     return self._reset(parts[1], form)
+                if parts[:1] == ["groups"] and parts[2:] == ["dlq", "resend"] and len(parts) == 4:
+                    return self._resend(parts[1], form)
             return Page("405 Method Not Allowed", self._render("message", "Not allowed",
                         error=f"{method} {path} is not something the console does"),
                         (("Allow", "GET, HEAD, POST"),))  # fmt: skip
@@ -143,8 +170,11 @@ class ConsoleApp:
         except BrokerError as exc:
             status = "404 Not Found" if exc.status is StatusCode.NOT_FOUND else "400 Bad Request"
             return Page(status, self._render("message", "Refused", error=_words(exc)))
+        except OrderMQError as exc:  # the console's own client of the broker was refused
+            words = f"{exc.reason or exc.code or 'error'}: {exc}"
+            return Page("400 Bad Request", self._render("message", "Refused", error=words))
 
-    def _get(self, parts: list[str]) -> Page:
+    def _get(self, parts: list[str], query: dict[str, str]) -> Page:
         if parts == ["favicon.ico"]:  # every browser asks; the console has none
             return Page("204 No Content", b"")
         if not parts:
@@ -161,6 +191,14 @@ class ConsoleApp:
             return self._ok("groups", "Consumer groups", groups=groups)
         if len(parts) == 2 and parts[0] == "groups":
             return self._group(parts[1])
+        if len(parts) == 4 and parts[0] == "topics" and parts[2] == "queues":
+            return self._browse(parts[1], parts[3], query.get("offset", ""))
+        if parts == ["messages"]:
+            return self._search(query)
+        if len(parts) == 2 and parts[0] == "messages":
+            return self._message(parts[1], query.get("view", ""))
+        if len(parts) == 3 and parts[0] == "groups" and parts[2] == "dlq":
+            return self._dlq(parts[1])
         return Page("404 Not Found", self._render("message", "Not found",
                     error=f"no page at /{'/'.join(parts)}"))  # fmt: skip
 
@@ -213,14 +251,156 @@ class ConsoleApp:
         return self._ok("reset_done", f"Offsets of {group} on {topic} reset to {words}",
                         group=group, offsets=done["offsets"])  # fmt: skip
 
-    def _admitted(self, environ: WSGIEnvironment) -> bool:
-        header = environ.get("HTTP_AUTHORIZATION", "")
-        scheme, _, encoded = header.partition(" ")
-        if scheme.lower() != "basic" or self._acl is None:
-            return False
+    # ------------------------------------------------------------------ messages
+    def _search(self, query: dict[str, str]) -> Page:
+        form = {"id": query.get("id", "").strip(), "topic": query.get("topic", "").strip(),
+                "key": query.get("key", "").strip(), "by": query.get("by", "key")}  # fmt: skip
+        found: list[MessageExt] = []
+        searched = ""
         try:
-            user, _, secret = base64.b64decode(encoded, validate=True).decode().partition(":")
-        except (ValueError, UnicodeDecodeError):
+            if form["id"]:
+                self._admin.messages("QueryMessageById", msg_id=form["id"])
+                where = f"/messages/{quote(form['id'], safe='')}"
+                return Page("303 See Other", b"", (("Location", where),))
+            if form["key"] or form["topic"]:
+                found, searched = self._find(form)
+        except _FormError as exc:
+            return self._search_page(form, [], "", str(exc), exc.status)
+        except BrokerError as exc:
+            status = "404 Not Found" if exc.status is StatusCode.NOT_FOUND else "400 Bad Request"
+            return self._search_page(form, [], "", _words(exc), status)
+        return self._search_page(form, found, searched, "", "200 OK")
+
+    def _find(self, form: dict[str, str]) -> tuple[list[MessageExt], str]:
+        topic, key = form["topic"], form["key"]
+        if not topic or not key:
+            raise _FormError("say both the topic and the key to find")
+        if form["by"] not in ("key", "sharding"):
+            raise _FormError(f"find by {form['by']!r}: say key or sharding")
+        self._admin.call("DescribeTopic", topic=topic)  # TOPIC_NOT_FOUND, INVALID_TOPIC
+        if form["by"] == "key":
+            found, _ = self._admin.messages(
+                "QueryMessagesByKey", topic=topic, key=key, max_messages=PAGE_MESSAGES
+            )
+            return found, f"no message of {topic} has key {key!r} (keys=, not the sharding key)"
+        try:
+            found, queue, read = self._data.call(
+                lambda b: by_sharding_key(b, topic, key, SHARDING_KEY_SCAN, PAGE_MESSAGES),
+                self._local.credentials,
+            )
+        except OrderMQError as exc:
+            raise _FormError(f"{exc.reason or exc.code or 'error'}: {exc}") from None
+        return found, (
+            f"none of the {read} newest messages of {topic} queue {queue.queue_id} "
+            f"(where sharding key {key!r} goes) has that sharding key"
+        )
+
+    def _search_page(
+        self, form: dict[str, str], found: list[MessageExt], searched: str, error: str,
+        status: str,
+    ) -> Page:  # fmt: skip
+        page = self._render("search", "Messages", form=form, found=[_row(m) for m in found],
+                            searched=searched, error=error)  # fmt: skip
+        return Page(status, page)
+
+    def _message(self, msg_id: str, view: str) -> Page:
+        if view not in ("", "hex"):
+            raise _FormError(f"view {view!r}: say hex, or nothing for text")
+        copies, _ = self._admin.messages("QueryMessageById", msg_id=msg_id)
+        # Newest first: the original is the oldest copy that is not a retry or dead letter.
+        originals = [m for m in copies if not _is_copy(m.topic)]
+        shown = originals[-1] if originals else copies[-1]
+        trace = [_trace_copy(m) for m in reversed(copies)]
+        return self._ok("message_page", f"Message {msg_id}", m=_row(shown), msg_id=msg_id,
+                        body=body_view(shown.body, view), hex=view == "hex", trace=trace,
+                        groups=self._consumed_by(shown) if originals else [],
+                        original_kept=bool(originals))  # fmt: skip
+
+    def _consumed_by(self, m: MessageExt) -> list[dict[str, Any]]:
+        """Each group that reads `m`'s topic, and whether it committed past `m`'s offset."""
+        out = []
+        for g in self._admin.call("ListGroups")["groups"]:
+            if m.topic not in g["topics"]:
+                continue
+            try:
+                progress = self._admin.call("ConsumerProgress", group=g["group"], topic=m.topic)
+            except BrokerError:
+                continue
+            for q in progress["queues"]:
+                if int(q["queue"]["queue_id"]) == m.queue.queue_id:
+                    committed = int(q["consumer_offset"])
+                    out.append({"group": g["group"], "committed": committed,
+                                "past": committed > m.queue_offset})  # fmt: skip
+        return out
+
+    def _browse(self, topic: str, queue: str, offset_text: str) -> Page:
+        try:
+            queue_id = int(queue)
+        except ValueError:
+            raise _FormError(f"queue {queue!r} is not a number") from None
+        described = self._admin.call("DescribeTopic", topic=topic)["topic"]
+        queues = {int(q["queue_id"]): q for q in described["queues"]}
+        if queue_id not in queues:
+            raise _FormError(f"topic {topic} has no queue {queue_id} "
+                             f"(queues 0..{len(queues) - 1})", "404 Not Found")  # fmt: skip
+        low, high = int(queues[queue_id]["min_offset"]), int(queues[queue_id]["max_offset"])
+        if offset_text.strip():
+            try:
+                offset = int(offset_text)
+            except ValueError:
+                raise _FormError(f"offset {offset_text!r} is not a number") from None
+        else:
+            offset = max(low, high - PAGE_MESSAGES)  # the newest page
+        found, answer = self._admin.messages("BrowseQueue", topic=topic, queue_id=queue_id,
+                                             offset=offset, max_messages=PAGE_MESSAGES)  # fmt: skip
+        low, high = int(answer["min_offset"]), int(answer["max_offset"])
+        after = int(answer["next_offset"])
+        return self._ok(
+            "browse", f"{topic} queue {queue_id}", topic=topic, queue_id=queue_id, offset=offset,
+            low=low, high=high, found=[_row(m) for m in found],
+            previous=max(low, offset - PAGE_MESSAGES) if offset > low else None,
+            next=after if after < high else None,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ dead letters
+    def _dlq(self, group: str) -> Page:
+        found = self._data.call(
+            lambda b: dead_letters(b, group, DLQ_LISTED), self._local.credentials
+        )
+        return self._ok("dlq", f"Dead letters of {group}", group=group,
+                        found=[_row(m) for m in found], listed=DLQ_LISTED)  # fmt: skip
+
+    def _resend(self, group: str, form: dict[str, str]) -> Page:
+        count = form.get("count", "")
+        if count not in ("one", "all"):
+            raise _FormError(f"resend {count!r}: say one or all")
+        limit = 1 if count == "one" else DLQ_RESEND_ALL
+        if form.get("confirm") != "yes":
+            pending = self._data.call(
+                lambda b: dead_letters(b, group, limit), self._local.credentials
+            )
+            if not pending:
+                raise _FormError(f"group {group} has no dead letters to resend")
+            return self._ok("confirm_resend", f"Resend dead letters of {group}?", group=group,
+                            count=count, pending=[_row(m) for m in pending])  # fmt: skip
+        credentials = self._local.credentials
+        with self._data.sender(credentials) as sender:
+            resent = resend_dead_letters(
+                lambda body: self._data.call(body, credentials), sender.send, group, limit
+            )
+        return self._ok("resend_done", f"Resent {len(resent)} dead letter(s) of {group}",
+                        group=group, resent=[_row(m) for m in resent])  # fmt: skip
+
+    def _credentials(self, environ: WSGIEnvironment) -> Credentials | None:
+        """The signed-in account, for the console's own client of the broker."""
+        if self._acl is None:
+            return None
+        user, secret = _basic(environ)
+        return Credentials(user, secret) if user else None
+
+    def _admitted(self, environ: WSGIEnvironment) -> bool:
+        user, secret = _basic(environ)
+        if not user or self._acl is None:
             return False
         account = self._acl.rules.accounts.get(user)
         return (
@@ -261,6 +441,95 @@ def _form(environ: WSGIEnvironment) -> dict[str, str]:
     except UnicodeDecodeError:
         raise _FormError("the form is not UTF-8") from None
     return {k: v[0] for k, v in fields.items()}
+
+
+def _basic(environ: WSGIEnvironment) -> tuple[str, str]:
+    """(user, password) of the request's HTTP Basic authorization; ("", "") if none."""
+    scheme, _, encoded = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+    if scheme.lower() != "basic":
+        return "", ""
+    try:
+        user, _, secret = base64.b64decode(encoded, validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return "", ""
+    return user, secret
+
+
+def _query(environ: WSGIEnvironment) -> dict[str, str]:
+    """The query string's fields (the first value of each)."""
+    text = environ.get("QUERY_STRING", "")
+    if len(text) > MAX_FORM_BYTES:
+        raise _FormError(f"the query is {len(text)} bytes, over the limit of {MAX_FORM_BYTES}",
+                         "413 Content Too Large")  # fmt: skip
+    return {k: v[0] for k, v in parse_qs(text, keep_blank_values=True).items()}
+
+
+def _is_copy(topic: str) -> bool:
+    return topic.startswith(("%RETRY%", "%DLQ%"))
+
+
+def _row(m: MessageExt) -> dict[str, Any]:
+    """What the pages show of a message (its body only as a short preview)."""
+    preview = m.body[:80].decode(errors="replace")
+    return {
+        "topic": m.topic, "queue_id": m.queue.queue_id, "offset": m.queue_offset,
+        "msg_id": m.msg_id, "tags": m.tags or "", "key_list": list(m.keys),
+        "sharding_key": m.sharding_key or "", "properties": dict(sorted(m.properties.items())),
+        "reconsume_times": m.reconsume_times, "stored_ms": m.store_timestamp,
+        "born_ms": m.born_timestamp, "size": len(m.body),
+        "preview": preview + ("…" if len(m.body) > 80 else ""),
+        "origin": m.properties.get("ORIGIN_TOPIC", ""),
+    }  # fmt: skip
+
+
+def _trace_copy(m: MessageExt) -> dict[str, Any]:
+    """One stored copy of a message, in words: stored, retried by a group, dead-lettered."""
+    row = _row(m)
+    if m.topic.startswith("%RETRY%"):
+        group = m.topic.removeprefix("%RETRY%")
+        row.update(kind="retried", group=group,
+                   words=f"sent back by group {group} for retry {m.reconsume_times}")  # fmt: skip
+    elif m.topic.startswith("%DLQ%"):
+        group = m.topic.removeprefix("%DLQ%")
+        words = f"dead-lettered by group {group} after {m.reconsume_times} retries"
+        row.update(kind="dead-lettered", group=group, words=words)
+    else:
+        row.update(kind="stored", group="", words="stored by its producer")
+    return row
+
+
+def body_view(body: bytes, view: str = "") -> dict[str, Any]:
+    """How a body is shown: as text (UTF-8), JSON pretty-printed, or hex; and how much was cut.
+
+    `view` "hex" asks for hex whatever the body is. At most SHOWN_BODY_BYTES of the body
+    are shown; `cut` says how many bytes were left out.
+    """
+    kind = "hex"
+    text = ""
+    if view != "hex":
+        try:
+            text = body.decode()
+            kind = "text"
+        except UnicodeDecodeError:
+            pass
+    if kind == "text":
+        try:
+            text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+            kind = "json"
+        except ValueError:
+            pass
+        encoded = text.encode()
+        shown = encoded[:SHOWN_BODY_BYTES].decode(errors="ignore")  # whole characters
+        cut = len(encoded) - len(shown.encode())
+        return {"kind": kind, "text": shown, "cut": cut, "size": len(body)}
+    part = body[:SHOWN_BODY_BYTES]
+    lines = [
+        f"{i:08x}  {part[i:i + 16].hex(' '):<47}  "
+        + "".join(chr(c) if 32 <= c < 127 else "." for c in part[i : i + 16])
+        for i in range(0, len(part), 16)
+    ]  # fmt: skip
+    return {"kind": "hex", "text": "\n".join(lines), "cut": len(body) - len(part),
+            "size": len(body)}  # fmt: skip
 
 
 def _words(exc: BrokerError) -> str:

@@ -9,13 +9,18 @@ from wsgiref.simple_server import make_server
 
 from mockbroker.acl import Acl
 from mockbroker.fronts.console.admin_calls import AdminCalls
+from mockbroker.fronts.console.data_path import DataPath
 from mockbroker.fronts.console.pages import ConsoleApp, Fronts
 from mockbroker.fronts.grpc.admin_service import AdminService
 from mockbroker.http_status import QuietHandler, server_class
 
 
 class ConsoleServer:
-    """Serves the console for one broker (call from the broker's event loop)."""
+    """Serves the console for one broker (call from the broker's event loop).
+
+    `data_path` is the console's client of the broker, for resending dead letters and
+    searching by sharding key (default: plain gRPC to the first of `fronts`).
+    """
 
     def __init__(
         self,
@@ -26,9 +31,12 @@ class ConsoleServer:
         *,
         tls: ssl.SSLContext | None = None,
         acl: Acl | None = None,
+        data_path: DataPath | None = None,
     ) -> None:
         calls = AdminCalls(admin, asyncio.get_running_loop())
-        self.app = ConsoleApp(calls, fronts, acl)
+        if data_path is None:  # the first front is the broker's ordermq gRPC
+            data_path = DataPath(lambda: fronts()[0][1])
+        self.app = ConsoleApp(calls, fronts, acl, data_path)
         host = host.strip("[]")
         try:
             self._server = make_server(

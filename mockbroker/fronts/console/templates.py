@@ -27,11 +27,16 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .error { background: #fde8e8; border: 1px solid #e0a0a0; padding: 8px; margin: 8px 0; }
 .note { color: #5a6472; }
 form { margin: 8px 0 16px; }
+pre.body { background: #f7f9fb; border: 1px solid #dde3ea; padding: 8px; overflow-x: auto;
+ white-space: pre-wrap; word-break: break-all; max-width: 1100px; }
+td.id { font-family: ui-monospace, monospace; font-size: 12px; }
+form.inline { display: inline; margin: 0; }
 </style>
 </head>
 <body>
 <header><b>ordermq</b>
-<a href="/">overview</a><a href="/topics">topics</a><a href="/groups">groups</a></header>
+<a href="/">overview</a><a href="/topics">topics</a><a href="/groups">groups</a>
+<a href="/messages">messages</a></header>
 <main>
 <h1>{{ title }}</h1>
 {% if error %}<p class="error" role="alert">{{ error }}</p>{% endif %}
@@ -102,7 +107,8 @@ TOPIC = """\
 <table>
 <tr><th>queue</th><th>min offset</th><th>max offset</th><th>messages</th></tr>
 {% for q in t.queues %}
-<tr><td class="n">{{ q.queue_id }}</td><td class="n">{{ q.min_offset }}</td>
+<tr><td class="n"><a href="/topics/{{ t.topic | urlencode }}/queues/{{ q.queue_id }}">{{
+ q.queue_id }}</a></td><td class="n">{{ q.min_offset }}</td>
 <td class="n">{{ q.max_offset }}</td><td class="n">{{ q.max_offset - q.min_offset }}</td></tr>
 {% endfor %}
 </table>
@@ -143,6 +149,7 @@ GROUP = """\
 <td class="n">{{ q.skipped }}</td></tr>
 {% endfor %}
 </table>
+<p><a href="/groups/{{ group | urlencode }}/dlq">dead letters of {{ group }}</a></p>
 <h2>Reset offsets</h2>
 <form method="post" action="/groups/{{ group | urlencode }}/reset">
 <label>topic <select name="topic">
@@ -181,6 +188,182 @@ RESET_DONE = """\
 {% for o in offsets %}<tr><td>{{ o.topic }}</td><td class="n">{{ o.queue_id }}</td>
 <td class="n">{{ o.offset }}</td></tr>{% endfor %}</table>
 <p><a href="/groups/{{ group | urlencode }}">back to {{ group }}</a></p>
+{% endblock %}
+"""
+
+MESSAGE_ROWS = """\
+{% macro rows(found, with_topic=True) %}
+<table>
+<tr>{% if with_topic %}<th>topic</th><th>queue</th>{% endif %}<th>offset</th><th>stored</th>
+<th>id</th><th>sharding key</th><th>keys</th><th>tags</th><th>body</th></tr>
+{% for m in found %}
+<tr>{% if with_topic %}<td>{{ m.topic }}</td><td class="n">{{ m.queue_id }}</td>{% endif %}
+<td class="n">{{ m.offset }}</td><td>{{ m.stored_ms | ms }}</td>
+<td class="id"><a href="/messages/{{ m.msg_id | urlencode }}">{{ m.msg_id }}</a></td>
+<td>{{ m.sharding_key or "-" }}</td><td>{{ m.key_list | join(", ") or "-" }}</td>
+<td>{{ m.tags or "-" }}</td><td>{{ m.preview }}</td></tr>
+{% endfor %}
+</table>
+{% endmacro %}
+"""
+
+SEARCH = """\
+{% extends "layout" %}
+{% from "message_rows" import rows %}
+{% block body %}
+<h2>By id</h2>
+<form method="get" action="/messages">
+<label>id <input name="id" size="40" value="{{ form.id }}"></label>
+<button type="submit">show</button>
+<span class="note">ordermq's, RocketMQ 4.x's msgId or offsetMsgId, or RocketMQ 5's</span>
+</form>
+<h2>By key or sharding key</h2>
+<form method="get" action="/messages">
+<label>topic <input name="topic" value="{{ form.topic }}"></label>
+<label>key <input name="key" value="{{ form.key }}"></label>
+<label>which <select name="by">
+<option value="key"{% if form.by == "key" %} selected{% endif %}>a key (keys=)</option>
+<option value="sharding"{% if form.by == "sharding" %} selected{% endif %}>the sharding
+ key</option></select></label>
+<button type="submit">find</button>
+</form>
+{% if form.key and form.topic and not error %}
+{% if found %}<p>{{ found | length }} message(s), newest first.</p>{{ rows(found) }}
+{% else %}<p>{{ searched }}</p>{% endif %}
+{% endif %}
+<p class="note">A key is searched through the broker's index; a sharding key by reading the
+newest 10,000 messages of the queue it maps to.</p>
+{% endblock %}
+"""
+
+MESSAGE_PAGE = """\
+{% extends "layout" %}
+{% block body %}
+{% if not original_kept %}<p class="note">The original is no longer stored (retention or a
+deleted topic); this is its oldest copy.</p>{% endif %}
+<table>
+<tr><th>topic</th><td><a href="/topics/{{ m.topic | urlencode }}">{{ m.topic }}</a></td></tr>
+<tr><th>queue, offset</th><td><a href="/topics/{{ m.topic | urlencode }}/queues/{{
+ m.queue_id }}?offset={{ m.offset }}">queue {{ m.queue_id }}, offset {{ m.offset }}</a></td></tr>
+<tr><th>id</th><td class="id">{{ m.msg_id }}</td></tr>
+<tr><th>born / stored</th><td>{{ m.born_ms | ms }} / {{ m.stored_ms | ms }}</td></tr>
+<tr><th>sharding key</th><td>{{ m.sharding_key or "-" }}</td></tr>
+<tr><th>keys</th><td>{{ m.key_list | join(", ") or "-" }}</td></tr>
+<tr><th>tags</th><td>{{ m.tags or "-" }}</td></tr>
+<tr><th>body</th><td>{{ m.size | size }}</td></tr>
+</table>
+<h2>Body</h2>
+<p>{% if hex %}As hex. <a href="/messages/{{ msg_id | urlencode }}">as text</a>
+{% else %}As {{ "JSON (pretty-printed)" if body.kind == "json" else ("text" if body.kind ==
+ "text" else "hex: it is not UTF-8") }}.
+<a href="/messages/{{ msg_id | urlencode }}?view=hex">as hex</a>{% endif %}</p>
+<pre class="body">{{ body.text }}</pre>
+{% if body.cut %}<p class="note">{{ body.cut }} more bytes not shown (of {{ body.size }}).</p>
+{% endif %}
+<h2>Properties</h2>
+<table><tr><th>name</th><th>value</th></tr>
+{% for k, v in m.properties.items() %}<tr><td>{{ k }}</td><td>{{ v }}</td></tr>
+{% else %}<tr><td colspan="2">none</td></tr>{% endfor %}
+</table>
+<h2>Trace</h2>
+<table><tr><th>what</th><th>when</th><th>where</th><th>id</th></tr>
+{% for c in trace %}
+<tr><td>{{ c.words }}{% if c.kind == "dead-lettered" %}
+ (<a href="/groups/{{ c.group | urlencode }}/dlq">dead letters of {{ c.group }}</a>){% endif %}</td>
+<td>{{ c.stored_ms | ms }}</td><td>{{ c.topic }} queue {{ c.queue_id }} offset {{ c.offset }}</td>
+<td class="id">{{ c.msg_id }}</td></tr>
+{% endfor %}
+</table>
+{% if original_kept %}
+<table><tr><th>group reading {{ m.topic }}</th><th>committed on queue {{ m.queue_id }}</th>
+<th>this message</th></tr>
+{% for g in groups %}<tr><td><a href="/groups/{{ g.group | urlencode }}">{{ g.group }}</a></td>
+<td class="n">{{ g.committed if g.committed >= 0 else "-" }}</td>
+<td>{{ "delivered and consumed (committed past it)" if g.past else "not consumed yet" }}</td></tr>
+{% else %}<tr><td colspan="3">no group reads {{ m.topic }}</td></tr>{% endfor %}
+</table>
+{% endif %}
+<p class="note">What the broker knows: when and where it stored the message, the copies it
+stored for a retry or as a dead letter (with the group and the retry count), and which groups
+committed an offset past it (those consumed it). What it cannot know: which consumer of a
+group got each delivery, deliveries it served that were not committed, and what the
+application did with it.</p>
+{% endblock %}
+"""
+
+BROWSE = """\
+{% extends "layout" %}
+{% from "message_rows" import rows %}
+{% block body %}
+<p>Offsets {{ low }} to {{ high }} (exclusive) are stored; from offset {{ offset }}:</p>
+<form method="get" action="/topics/{{ topic | urlencode }}/queues/{{ queue_id }}">
+<label>offset <input name="offset" type="number" value="{{ offset }}"></label>
+<button type="submit">go</button>
+{% if previous is not none %}<a href="?offset={{ previous }}">previous</a>{% endif %}
+{% if next is not none %}<a href="?offset={{ next }}">next</a>{% endif %}
+<a href="/topics/{{ topic | urlencode }}">back to {{ topic }}</a>
+</form>
+{% if found %}{{ rows(found, False) }}{% else %}<p>no messages from offset {{ offset }}</p>
+{% endif %}
+{% endblock %}
+"""
+
+DLQ = """\
+{% extends "layout" %}
+{% block body %}
+{% if found %}
+<p>{{ found | length }} dead letter(s) not resent yet{% if found | length >= listed %} (the
+first {{ listed }} shown){% endif %}, oldest first. A resend sends them back to their
+original topic in order, each once.</p>
+<table>
+<tr><th>offset</th><th>origin</th><th>id</th><th>sharding key</th><th>keys</th><th>tries</th>
+<th>stored</th><th>body</th></tr>
+{% for m in found %}
+<tr><td class="n">{{ m.offset }}</td><td>{{ m.origin or "?" }}</td>
+<td class="id"><a href="/messages/{{ m.msg_id | urlencode }}">{{ m.msg_id }}</a></td>
+<td>{{ m.sharding_key or "-" }}</td><td>{{ m.key_list | join(", ") or "-" }}</td>
+<td class="n">{{ m.reconsume_times }}</td><td>{{ m.stored_ms | ms }}</td>
+<td>{{ m.preview }}</td></tr>
+{% endfor %}
+</table>
+<form method="post" action="/groups/{{ group | urlencode }}/dlq/resend" class="inline">
+<input type="hidden" name="count" value="one">
+<button type="submit">resend the oldest…</button></form>
+<form method="post" action="/groups/{{ group | urlencode }}/dlq/resend" class="inline">
+<input type="hidden" name="count" value="all">
+<button type="submit">resend all…</button></form>
+{% else %}<p>No dead letters to resend.</p>{% endif %}
+<p><a href="/groups/{{ group | urlencode }}">back to {{ group }}</a></p>
+{% endblock %}
+"""
+
+CONFIRM_RESEND = """\
+{% extends "layout" %}
+{% block body %}
+<p>Send {{ "this dead letter" if pending | length == 1 else "these " ~ (pending | length) ~
+ " dead letters" }} of group <b>{{ group }}</b> back to {{ "its" if pending | length == 1
+ else "their" }} original topic, in order? Each is sent once.</p>
+<table><tr><th>offset</th><th>origin</th><th>id</th><th>body</th></tr>
+{% for m in pending %}<tr><td class="n">{{ m.offset }}</td><td>{{ m.origin or "?" }}</td>
+<td class="id">{{ m.msg_id }}</td><td>{{ m.preview }}</td></tr>{% endfor %}
+</table>
+<form method="post" action="/groups/{{ group | urlencode }}/dlq/resend">
+<input type="hidden" name="count" value="{{ count }}">
+<input type="hidden" name="confirm" value="yes">
+<button type="submit">yes, resend</button>
+<a href="/groups/{{ group | urlencode }}/dlq">no, go back</a>
+</form>
+{% endblock %}
+"""
+
+RESEND_DONE = """\
+{% extends "layout" %}
+{% block body %}
+<table><tr><th>dead letter offset</th><th>sent to</th><th>id</th><th>body</th></tr>
+{% for m in resent %}<tr><td class="n">{{ m.offset }}</td><td>{{ m.origin or m.topic }}</td>
+<td class="id">{{ m.msg_id }}</td><td>{{ m.preview }}</td></tr>{% endfor %}
+</table>
+<p><a href="/groups/{{ group | urlencode }}/dlq">back to the dead letters of {{ group }}</a></p>
 {% endblock %}
 """
 
@@ -237,6 +420,13 @@ def environment() -> Environment:
                 "confirm_reset": CONFIRM_RESET,
                 "reset_done": RESET_DONE,
                 "message": MESSAGE,
+                "message_rows": MESSAGE_ROWS,
+                "search": SEARCH,
+                "message_page": MESSAGE_PAGE,
+                "browse": BROWSE,
+                "dlq": DLQ,
+                "confirm_resend": CONFIRM_RESEND,
+                "resend_done": RESEND_DONE,
             }
         ),
         autoescape=select_autoescape(default=True, default_for_string=True),

@@ -31,6 +31,8 @@ from sdk._wire import RECORD
 from sdk.log import log_event
 
 log = logging.getLogger("mockbroker.admin")
+#: BrowseQueue answers at most this many bytes of records (at least one record).
+BROWSE_MAX_BYTES = 4 * 1024 * 1024
 
 
 class AdminService(pb_grpc.AdminServiceServicer):
@@ -284,6 +286,49 @@ class AdminService(pb_grpc.AdminServiceServicer):
         found = self._s.store.records_by_key(request.topic, request.key)
         records = await asyncio.to_thread(kept, found, limit, self._half_record)
         return pb.QueryMessagesResponse(records=b"".join(records), record_count=len(records))
+
+    @answers_errors
+    async def BrowseQueue(
+        self, request: pb.BrowseQueueRequest, context: Context
+    ) -> pb.BrowseQueueResponse:
+        """A queue's stored messages from an offset, in order (at most max_messages, 1..1000).
+
+        Nothing is delivered or counted as served; a transaction's half message is left out.
+        """
+        check_any_topic(request.topic)
+        store = self._s.store
+        topic = store.topics.get(request.topic)
+        topic.check_queue(request.queue_id)
+        limit = request.max_messages or 32
+        if not 1 <= limit <= 1000:
+            raise invalid("INVALID_ARGUMENT", f"max_messages {limit} is outside 1..1000")
+        qid = request.queue_id
+        low, high = store.queue(topic, qid).min_offset, store.end_offset(topic, qid)
+        if not low <= request.offset <= high:
+            raise out_of_range(
+                "INVALID_OFFSET",
+                f"offset {request.offset} of {topic.name} queue {qid} is outside [{low}, {high}]",
+            )
+        end = min(high, request.offset + limit)
+
+        def read() -> list[bytes]:
+            out: list[bytes] = []
+            size = 0
+            for offset in range(request.offset, end):
+                record = store.read_record(topic, qid, offset)
+                if size and size + len(record) > BROWSE_MAX_BYTES:
+                    break
+                position = store.queue(topic, qid).entry(offset)[0]
+                size += len(record)
+                out.append(b"" if self._half_record(position, record) else record)
+            return out
+
+        read_records = await asyncio.to_thread(read)
+        records = [r for r in read_records if r]
+        return pb.BrowseQueueResponse(
+            records=b"".join(records), record_count=len(records), min_offset=low,
+            max_offset=high, next_offset=request.offset + len(read_records),
+        )  # fmt: skip
 
     def _half_record(self, position: int, record: bytes) -> bool:
         """True for a transaction's half message: lookups skip it (message_lookup.py)."""

@@ -2940,6 +2940,72 @@ class QueryMessagesResponse(_message.Message):
 Global___QueryMessagesResponse: _TypeAlias = QueryMessagesResponse  # noqa: Y015
 
 @_typing.final
+class BrowseQueueRequest(_message.Message):
+    """A queue's messages from an offset, as stored (for the console's queue browser)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_MESSAGES_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    queue_id: _builtins.int
+    offset: _builtins.int
+    """from min_offset to max_offset (max_offset: nothing to read yet)"""
+    max_messages: _builtins.int
+    """1..1000; 0: 32"""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        max_messages: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_messages", b"max_messages", "offset", b"offset", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BrowseQueueRequest: _TypeAlias = BrowseQueueRequest  # noqa: Y015
+
+@_typing.final
+class BrowseQueueResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDS_FIELD_NUMBER: _builtins.int
+    RECORD_COUNT_FIELD_NUMBER: _builtins.int
+    MIN_OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_OFFSET_FIELD_NUMBER: _builtins.int
+    NEXT_OFFSET_FIELD_NUMBER: _builtins.int
+    records: _builtins.bytes
+    """the stored records, in offset order"""
+    record_count: _builtins.int
+    min_offset: _builtins.int
+    max_offset: _builtins.int
+    """the offset after the last message a reader can get"""
+    next_offset: _builtins.int
+    """the offset after the last record answered"""
+    def __init__(
+        self,
+        *,
+        records: _builtins.bytes = ...,
+        record_count: _builtins.int = ...,
+        min_offset: _builtins.int = ...,
+        max_offset: _builtins.int = ...,
+        next_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_offset", b"max_offset", "min_offset", b"min_offset", "next_offset", b"next_offset", "record_count", b"record_count", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BrowseQueueResponse: _TypeAlias = BrowseQueueResponse  # noqa: Y015
+
+@_typing.final
 class BrokerStatusRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

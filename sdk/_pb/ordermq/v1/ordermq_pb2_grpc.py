@@ -1061,6 +1061,11 @@ class AdminServiceStub:
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.QueryMessagesByKeyRequest.SerializeToString,
                 response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.QueryMessagesResponse.FromString,
                 _registered_method=True)
+        self.BrowseQueue = channel.unary_unary(
+                '/ordermq.v1.AdminService/BrowseQueue',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.BrowseQueueRequest.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.BrowseQueueResponse.FromString,
+                _registered_method=True)
         self.BrokerStatus = channel.unary_unary(
                 '/ordermq.v1.AdminService/BrokerStatus',
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.BrokerStatusRequest.SerializeToString,
@@ -1144,6 +1149,12 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def QueryMessagesByKey(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BrowseQueue(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -1235,6 +1246,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.QueryMessagesByKey,
                     request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.QueryMessagesByKeyRequest.FromString,
                     response_serializer=ordermq_dot_v1_dot_ordermq__pb2.QueryMessagesResponse.SerializeToString,
+            ),
+            'BrowseQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.BrowseQueue,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.BrowseQueueRequest.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.BrowseQueueResponse.SerializeToString,
             ),
             'BrokerStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.BrokerStatus,
@@ -1488,6 +1504,33 @@ class AdminService:
             '/ordermq.v1.AdminService/QueryMessagesByKey',
             ordermq_dot_v1_dot_ordermq__pb2.QueryMessagesByKeyRequest.SerializeToString,
             ordermq_dot_v1_dot_ordermq__pb2.QueryMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BrowseQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordermq.v1.AdminService/BrowseQueue',
+            ordermq_dot_v1_dot_ordermq__pb2.BrowseQueueRequest.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.BrowseQueueResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -304,6 +304,7 @@ class AdminServiceStub:
     ResetOffset: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.ResetOffsetRequest, _ordermq_pb2.ResetOffsetResponse]
     QueryMessageById: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.QueryMessageByIdRequest, _ordermq_pb2.QueryMessagesResponse]
     QueryMessagesByKey: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.QueryMessagesByKeyRequest, _ordermq_pb2.QueryMessagesResponse]
+    BrowseQueue: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.BrowseQueueRequest, _ordermq_pb2.BrowseQueueResponse]
     BrokerStatus: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.BrokerStatusRequest, _ordermq_pb2.BrokerStatusResponse]
     DeleteTopic: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteTopicRequest, _ordermq_pb2.DeleteTopicResponse]
     DeleteGroup: _grpc.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteGroupRequest, _ordermq_pb2.DeleteGroupResponse]
@@ -326,6 +327,7 @@ class AdminServiceAsyncStub(AdminServiceStub):
     ResetOffset: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.ResetOffsetRequest, _ordermq_pb2.ResetOffsetResponse]  # type: ignore[assignment]
     QueryMessageById: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.QueryMessageByIdRequest, _ordermq_pb2.QueryMessagesResponse]  # type: ignore[assignment]
     QueryMessagesByKey: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.QueryMessagesByKeyRequest, _ordermq_pb2.QueryMessagesResponse]  # type: ignore[assignment]
+    BrowseQueue: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.BrowseQueueRequest, _ordermq_pb2.BrowseQueueResponse]  # type: ignore[assignment]
     BrokerStatus: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.BrokerStatusRequest, _ordermq_pb2.BrokerStatusResponse]  # type: ignore[assignment]
     DeleteTopic: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteTopicRequest, _ordermq_pb2.DeleteTopicResponse]  # type: ignore[assignment]
     DeleteGroup: _aio.UnaryUnaryMultiCallable[_ordermq_pb2.DeleteGroupRequest, _ordermq_pb2.DeleteGroupResponse]  # type: ignore[assignment]
@@ -393,6 +395,13 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _ordermq_pb2.QueryMessagesByKeyRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ordermq_pb2.QueryMessagesResponse, _abc.Awaitable[_ordermq_pb2.QueryMessagesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def BrowseQueue(
+        self,
+        request: _ordermq_pb2.BrowseQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ordermq_pb2.BrowseQueueResponse, _abc.Awaitable[_ordermq_pb2.BrowseQueueResponse]]: ...
 
     @_abc_1.abstractmethod
     def BrokerStatus(
