@@ -314,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--console-port",
         type=int,
         default=None,
-        help="serve the console (pages: the broker, topics, groups, lag, offset resets) on "
+        help="serve the console (pages: the broker, topics, groups, lag, offset resets, "
+        "messages, dead letters) on "
         "this port (default: off; 0 picks a free one)",
     )
     p.add_argument(

@@ -165,8 +165,9 @@ class BrokerConfig:
         metrics_host: Interface of the metrics and health page (None: loopback, whatever
             `host` is; the page tells anyone who reaches it about topics and groups).
         console_port: Serve the console (pages for people: the broker, topics, groups and
-            their lag, offset resets) at http://host:PORT/ (None: off; 0 picks a free
-            port). With TLS it is served over TLS; with an ACL it asks for an admin account.
+            their lag, offset resets, messages, dead letters and their resend) at
+            http://host:PORT/ (None: off; 0 picks a free port). With TLS it is served
+            over TLS; with an ACL it asks for an admin account.
         console_host: Interface of the console (None: loopback, whatever `host` is).
         dedup_window_seconds: Broker-side deduplication (docs/dedup.md): a message whose
             idempotency key (its `IDEMPOTENCY_KEY` property, else its message id) was

@@ -295,7 +295,9 @@ BROWSE = """\
 {% extends "layout" %}
 {% from "message_rows" import rows %}
 {% block body %}
-<p>Offsets {{ low }} to {{ high }} (exclusive) are stored; from offset {{ offset }}:</p>
+<p>{% if high > low %}{{ high - low }} messages stored, offsets {{ low }} to {{ high - 1 }};
+showing from offset {{ offset }}:{% else %}No messages stored (the next gets offset {{ high
+}}).{% endif %}</p>
 <form method="get" action="/topics/{{ topic | urlencode }}/queues/{{ queue_id }}">
 <label>offset <input name="offset" type="number" value="{{ offset }}"></label>
 <button type="submit">go</button>
