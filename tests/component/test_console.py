@@ -19,6 +19,7 @@ from mockbroker import BrokerConfig, EmbeddedBroker
 from sdk import (
     ConsumeFromWhere,
     ConsumeOrderlyStatus,
+    Credentials,
     Message,
     MessageListenerOrderly,
     Producer,
@@ -175,6 +176,15 @@ def test_with_an_acl_the_console_asks_for_an_admin_account(tmp_path: Path) -> No
         assert get(b, "/", auth="app-key01:s3cret-app-key")[0] == 401
         assert get(b, "/", auth="console-admin:wrong")[0] == 401
         assert get(b, "/", auth="console-admin:s3cret-admin-key")[0] == 200
+        # the console's own client of the broker signs with the signed-in admin's account
+        status, body = get(b, "/groups/billing/dlq", auth="console-admin:s3cret-admin-key")
+        assert status == 200 and "No dead letters to resend" in body, body
+        app = Credentials("app-key01", "s3cret-app-key")
+        with Producer(b.address, credentials=app) as p:
+            p.send(Message("orders", b"signed", sharding_key="k1"))
+        status, body = get(b, "/messages?topic=orders&key=k1&by=sharding",
+                           auth="console-admin:s3cret-admin-key")  # fmt: skip
+        assert status == 200 and ">signed<" in body, body
 
 
 class Collect(MessageListenerOrderly):
@@ -265,6 +275,7 @@ def test_a_queue_is_browsed_from_an_offset_page_by_page(broker: EmbeddedBroker) 
         (f"/topics/browse/queues/{queue}?offset=999", 400, "INVALID_OFFSET"),
         (f"/topics/browse/queues/{queue}?offset=-1", 400, "INVALID_OFFSET"),
         (f"/topics/browse/queues/{queue}?offset=ten", 400, "is not a number"),
+        (f"/topics/browse/queues/{queue}?offset={10**30}", 400, "is outside [0, 45]"),
         ("/topics/browse/queues/99", 404, "has no queue 99"),
         ("/topics/browse/queues/x", 400, "is not a number"),
         ("/topics/nosuch/queues/0", 404, "TOPIC_NOT_FOUND"),

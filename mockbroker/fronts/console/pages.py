@@ -349,6 +349,8 @@ class ConsoleApp:
                 offset = int(offset_text)
             except ValueError:
                 raise _FormError(f"offset {offset_text!r} is not a number") from None
+            if not -(2**63) <= offset < 2**63:  # the request's int64
+                raise _FormError(f"offset {offset} is outside [{low}, {high}]")
         else:
             offset = max(low, high - PAGE_MESSAGES)  # the newest page
         found, answer = self._admin.messages("BrowseQueue", topic=topic, queue_id=queue_id,
