@@ -285,7 +285,7 @@ def test_a_queue_is_browsed_from_an_offset_page_by_page(broker: EmbeddedBroker) 
 
 
 def test_a_dead_letter_resent_from_the_page_is_delivered_again(broker: EmbeddedBroker) -> None:
-    dead_letter(broker, "billing", b"poison")
+    msg_id = dead_letter(broker, "billing", b"poison")
     status, page = get(broker, "/groups/billing/dlq")
     assert status == 200 and ">poison<" in page and "resend the oldest" in page
     status, page, _ = post(broker, "/groups/billing/dlq/resend", count="one")
@@ -310,4 +310,7 @@ def test_a_dead_letter_resent_from_the_page_is_delivered_again(broker: EmbeddedB
     with consumer:  # the original, and the copy the resend sent back to orders
         wait_until(lambda: listener.bodies.count(b"poison") == 2, 15, "the resent message")
         assert 'href="/groups/billing/dlq"' in get(broker, "/groups/billing")[1]
+        consumed = "delivered and consumed (committed past it)"
+        wait_until(lambda: consumed in get(broker, f"/messages/{msg_id}")[1], 15,
+                   "the trace says billing consumed it")  # fmt: skip
     assert "No dead letters" in get(broker, "/groups/nosuch/dlq")[1]
