@@ -45,8 +45,8 @@ log = logging.getLogger("ordermq.consumer")
 RELOCK_FAILED_DELAY = 3.0
 RELOCK_OK_DELAY = 0.01
 #: Consecutive calls of a coroutine listener per turn on the loop, and the calls between
-#: two checks whether tracing was switched on (the check costs about as much as a small
-#: call).
+#: two checks whether tracing or metrics were switched on (each check costs about as much
+#: as a small call).
 CALLS_PER_HOP = 32
 TRACING_CHECK_CALLS = CALLS_PER_HOP
 #: Most calls of a plain listener per thread-pool hop. One hop (submit, a worker's
@@ -213,14 +213,14 @@ class ConsumeOrderlyService:
                 )
                 self._closed = True
                 return 0, None
-        traced = tracing.enabled()
+        traced, timed = tracing.enabled(), metrics.enabled()
         listener = cast(Callable[..., Awaitable[object]], self._listener.consume_message)
-        done = 0
+        group, success, done = self._group, ConsumeOrderlyStatus.SUCCESS, 0
         for batch, context in self._batches(queue, pq, taken, generation, started):
-            began = time.perf_counter()
+            began = time.perf_counter() if timed else 0.0
             try:
                 if traced:
-                    with tracing.consume_span(self._group, batch):
+                    with tracing.consume_span(group, batch):
                         result = await listener(batch, context)
                 else:
                     result = await listener(batch, context)
@@ -228,11 +228,9 @@ class ConsumeOrderlyService:
                 log.exception("orderly listener raised on %s; retrying it", queue)
                 result = None
             finally:
-                if metrics.enabled():  # no second clock reading when nobody records it
-                    metrics.observe_consume(
-                        self._group, batch[0].topic, time.perf_counter() - began
-                    )
-            if result is not ConsumeOrderlyStatus.SUCCESS:
+                if timed:  # no clock readings when nobody records them
+                    metrics.observe_consume(group, batch[0].topic, time.perf_counter() - began)
+            if result is not success:
                 _check_status(result)
                 return done, context
             done += 1
@@ -251,17 +249,19 @@ class ConsumeOrderlyService:
         The hop ends early (what is left goes back in front of the queue) once it has
         called for THREAD_HOP_SECONDS.
         """
-        listener, done, traced = self._listener.consume_message, 0, False
+        listener, done = self._listener.consume_message, 0
+        group, success = self._group, ConsumeOrderlyStatus.SUCCESS
+        traced = timed = False
         hop_began = time.perf_counter()
         for batch, context in self._batches(queue, pq, taken, generation, started):
             began = time.perf_counter()
             if done and began - hop_began > THREAD_HOP_SECONDS:
                 break
-            if done % TRACING_CHECK_CALLS == 0:
-                traced = tracing.enabled()
+            if done % TRACING_CHECK_CALLS == 0:  # each check costs about a small call
+                traced, timed = tracing.enabled(), metrics.enabled()
             try:
                 if traced:
-                    with tracing.consume_span(self._group, batch):
+                    with tracing.consume_span(group, batch):
                         result = listener(batch, context)
                 else:
                     result = listener(batch, context)
@@ -269,11 +269,9 @@ class ConsumeOrderlyService:
                 log.exception("orderly listener raised on %s; retrying it", queue)
                 result = None
             finally:
-                if metrics.enabled():  # no second clock reading when nobody records it
-                    metrics.observe_consume(
-                        self._group, batch[0].topic, time.perf_counter() - began
-                    )
-            if result is not ConsumeOrderlyStatus.SUCCESS:
+                if timed:  # no second clock reading when nobody records it
+                    metrics.observe_consume(group, batch[0].topic, time.perf_counter() - began)
+            if result is not success:
                 _check_status(result)
                 return done, context
             done += 1
@@ -287,7 +285,11 @@ class ConsumeOrderlyService:
         generation: int,
         started: float,
     ) -> Iterator[tuple[list[MessageExt], ConsumeOrderlyContext]]:
-        """`taken` batch by batch, each with a fresh context, while the checks pass.
+        """`taken` batch by batch, each with its context, while the checks pass.
+
+        A context the last call left as it was given is passed again (it costs about as
+        much as a small call to build); one the listener changed is replaced, so every
+        call starts from the consumer's suspend time.
 
         The checks, right before every listener call (in the worker thread for plain
         listeners): the consumer is not closing, the queue was not dropped or reset, its
@@ -295,6 +297,7 @@ class ConsumeOrderlyService:
         """
         size, suspend, clock = self._batch_size, self._suspend_time, self._clock
         max_continuous, locks, lease = self._max_continuous, self._locks, self._lease
+        context = ConsumeOrderlyContext(queue, suspend)
         for i in range(0, len(taken), size):
             now = clock.now()
             if (
@@ -306,8 +309,9 @@ class ConsumeOrderlyService:
                 or now - started > max_continuous
             ):
                 return
-            batch = [taken[i]] if size == 1 else taken[i : i + size]
-            yield batch, ConsumeOrderlyContext(queue, suspend)
+            if context.suspend_current_queue_time != suspend or context.queue is not queue:
+                context = ConsumeOrderlyContext(queue, suspend)  # the last call changed it
+            yield [taken[i]] if size == 1 else taken[i : i + size], context
 
     async def _retry_later(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from sdk.message import MessageExt
 
@@ -39,18 +39,21 @@ class ProcessQueue:
         self.room: asyncio.Event | None = None
 
     # ------------------------------------------------------------------ pulling
-    def put(self, messages: Iterable[MessageExt]) -> int:
+    def put(self, messages: Sequence[MessageExt]) -> int:
         """Add pulled messages (offset order); how many were new."""
-        added = 0
-        for m in messages:
-            if m.queue_offset <= self.max_offset_pulled:
-                continue  # a re-pull after a seek or retry: never buffer twice
-            self._buffer.append(m)
-            self.max_offset_pulled = m.queue_offset
-            self.count += 1
-            self.size += len(m.body)
-            added += 1
-        return added
+        pulled, start = self.max_offset_pulled, 0
+        # A re-pull after a seek or retry overlaps what is buffered only at its front:
+        # never buffer those twice. The rest goes in at once (a pull is hundreds).
+        while start < len(messages) and messages[start].queue_offset <= pulled:
+            start += 1
+        fresh = messages[start:] if start else messages
+        if not fresh:
+            return 0
+        self._buffer.extend(fresh)
+        self.max_offset_pulled = fresh[-1].queue_offset
+        self.count += len(fresh)
+        self.size += sum([len(m.body) for m in fresh])
+        return len(fresh)
 
     def clear(self) -> None:
         """Forget everything buffered (after a seek); pulled offsets restart."""
@@ -87,8 +90,11 @@ class ProcessQueue:
         buffer = self._buffer
         if n == 1:  # the default batch size: skip the comprehension
             batch = [buffer.popleft()] if buffer else []
+        elif n >= len(buffer):  # usual for a whole run or a poll: no pop per message
+            batch = list(buffer)
+            buffer.clear()
         else:
-            batch = [buffer.popleft() for _ in range(min(n, len(buffer)))]
+            batch = [buffer.popleft() for _ in range(n)]
         self._consuming.extend(batch)
         return batch
 
@@ -133,9 +139,8 @@ class ProcessQueue:
             candidates.append(self._buffer[0].queue_offset)
         return min(candidates) if candidates else self.max_offset_pulled + 1
 
-    def _forget(self, messages: Iterable[MessageExt]) -> None:
-        for m in messages:
-            self.count -= 1
-            self.size -= len(m.body)
+    def _forget(self, messages: list[MessageExt]) -> None:
+        self.count -= len(messages)
+        self.size -= sum([len(m.body) for m in messages])
         if self.room is not None:
             self.room.set()

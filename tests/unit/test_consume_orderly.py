@@ -468,8 +468,11 @@ class AsyncScripted(MessageListenerOrderly):
         return answer  # type: ignore[no-any-return]
 
 
-def test_async_calls_each_hold_the_consume_lock_get_a_fresh_context_and_commit() -> None:
+def test_async_calls_each_hold_the_consume_lock_start_from_the_suspend_time_and_commit() -> None:
+    given: list[float] = []
+
     def keep_a_long_suspend(offset: int, context: ConsumeOrderlyContext) -> None:
+        given.append(context.suspend_current_queue_time)
         context.suspend_current_queue_time = 20.0  # must not leak into the next call
 
     listener, host = AsyncScripted(during=keep_a_long_suspend), Host()
@@ -485,7 +488,33 @@ def test_async_calls_each_hold_the_consume_lock_get_a_fresh_context_and_commit()
     assert listener.seen == [(0,), (1,), (2,), (3,), (4,)]
     assert host.commits == [5], "the calls of a turn commit once, before the lock is let go"
     assert listener.lock_held == [True] * 5
-    assert len({id(c) for c in listener.contexts}) == 5, "a fresh context per call"
+    assert given == [1.0] * 5, "each call starts from the consumer's suspend time"
+    assert {c.queue for c in listener.contexts} == {Q}
+
+
+def test_a_context_changed_by_a_successful_plain_call_is_not_passed_again() -> None:
+    """Contexts left as given may be passed again; a changed one never is."""
+    given: list[float] = []
+
+    class Changing(Scripted):
+        def consume_message(
+            self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+        ) -> ConsumeOrderlyStatus | None:
+            given.append(context.suspend_current_queue_time)
+            if msgs[0].queue_offset % 2:
+                context.suspend_current_queue_time = 20.0
+            return super().consume_message(msgs, context)
+
+    listener, host = Changing(), Host()
+
+    async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        pq.put([msg(i) for i in range(6)])
+        service.submit(Q, pq)
+        await until(lambda: host.commits[-1:] == [6], "all committed")
+
+    run_service(test, listener, host, suspend_current_queue_time=2.5)
+    assert listener.seen == [(i,) for i in range(6)]
+    assert given == [2.5] * 6
 
 
 def test_async_suspend_exception_and_a_changed_suspend_time_retry_the_same_batch() -> None:

@@ -63,3 +63,13 @@ def test_orderly_take_one_at_a_time() -> None:
     assert [m.queue_offset for m in pq.take(1)] == [1]
     assert pq.settle(0) == -1 and pq.buffered == 1
     assert (pq.count, pq.size) == (1, 10)
+
+
+def test_a_whole_run_is_taken_at_once_and_a_repeated_pull_adds_nothing() -> None:
+    pq = ProcessQueue()
+    pq.put([msg(i, 10 + i) for i in range(4)])
+    assert pq.put([msg(2), msg(3)]) == 0, "all of it buffered already"
+    assert [m.queue_offset for m in pq.take(1024)] == [0, 1, 2, 3]
+    assert (pq.buffered, pq.take(5)) == (0, [])
+    assert pq.settle(3) == 3, "the first three done, the last back in front"
+    assert (pq.count, pq.size, pq.buffered) == (1, 13, 1)
