@@ -772,6 +772,10 @@ class Bench:
         }
         name = f"keymode.latency.{ordering.value}"
         title = f"send to call at {KEYMODE_RATE:,} msg/s, 5 ms listener, {ordering.value} mode"
+        return self._percentiles(name, title, params)
+
+    def _percentiles(self, name: str, title: str, params: dict[str, Any]) -> tuple[Figure, Figure]:
+        """The p50 and p99 figures (ms per message) of one latency measurement."""
         p50, p99 = (
             self._add(
                 Figure(
@@ -1090,19 +1094,7 @@ class Bench:
             }
             name = f"latency.e2e.{face}.rate{rate}"
             title = f"e2e latency at {rate:,} msg/s, {face} consumer"
-            p50, p99 = (
-                self._add(
-                    Figure(
-                        f"{name}.{q}",
-                        f"{title} {q}",
-                        "ms",
-                        {**params, "percentile": int(q[1:])},
-                        higher_is_better=False,
-                        per="msg",
-                    )
-                )
-                for q in ("p50", "p99")
-            )
+            p50, p99 = self._percentiles(name, title, params)
             sent = self._add(
                 Figure(
                     f"{name}.sent",

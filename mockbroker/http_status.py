@@ -149,7 +149,41 @@ def server_class(host: str, port: int, tls: ssl.SSLContext | None) -> type[Threa
     return Server
 
 
-class StatusServer:
+class WSGIThread:
+    """A WSGI application served in a daemon thread (a thread per request), with TLS if given."""
+
+    def __init__(
+        self,
+        app: WSGIApplication,
+        host: str,
+        port: int,
+        tls: ssl.SSLContext | None,
+        *,
+        what: str,
+        thread_name: str,
+    ) -> None:
+        host = host.strip("[]")  # "[::]" as gRPC spells it
+        try:
+            self._server = make_server(
+                host, port, app, server_class=server_class(host, port, tls),
+                handler_class=QuietHandler,
+            )  # fmt: skip
+        except OSError as exc:
+            raise OSError(f"cannot serve {what} on {host}:{port}: {exc.strerror or exc}") from exc
+        self.port = int(self._server.server_port)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name=thread_name, daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+class StatusServer(WSGIThread):
     """Serves StatusApp for one broker in a daemon thread."""
 
     def __init__(
@@ -159,24 +193,5 @@ class StatusServer:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(BrokerCollector(broker, loop))
         app = StatusApp(make_wsgi_app(registry), readiness_on_loop(broker, loop))
-        host = host.strip("[]")  # "[::]" as gRPC spells it
-        try:
-            self._server = make_server(
-                host, port, app, server_class=server_class(host, port, tls),
-                handler_class=QuietHandler,
-            )  # fmt: skip
-        except OSError as exc:
-            raise OSError(
-                f"cannot serve metrics and health checks on {host}:{port}: {exc.strerror or exc}"
-            ) from exc
-        self.port = int(self._server.server_port)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="ordermq-http-status", daemon=True
-        )
-        self._thread.start()
-
-    def close(self) -> None:
-        """Stop serving and release the port."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        super().__init__(app, host, port, tls, what="metrics and health checks",
+                         thread_name="ordermq-http-status")  # fmt: skip

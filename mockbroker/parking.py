@@ -33,13 +33,14 @@ from grpc import StatusCode
 
 from mockbroker.errors import BrokerError, invalid, not_found
 from mockbroker.retry import copy_frame
+from mockbroker.schedule import frame_of
 from mockbroker.store.files import write_atomically
 from mockbroker.store.message_store import GetResult, MessageStore
-from mockbroker.store.records import check_frames
+from mockbroker.store.records import check_frames, with_properties
 from mockbroker.topics import Topic, check_group
 from sdk._files import parse_json
 from sdk._validation import PARKED_PREFIX
-from sdk._wire import RECORD, decode_properties, encode_frame, encode_properties, iter_records
+from sdk._wire import RECORD, iter_records
 from sdk.clock import Clock
 from sdk.errors import CorruptFileError
 
@@ -315,19 +316,7 @@ class Parking:
 
 def _without_copy_properties(record: bytes) -> bytes:
     """A parked copy's message as a frame to store again: without its copy properties."""
-    r = next(iter_records(record))
-    props = decode_properties(r.properties) if r.properties else {}
-    for name in _COPY_PROPERTIES:
-        props.pop(name, None)
-    return encode_frame(
-        msg_id=r.msg_id,
-        born_timestamp_ms=r.born_timestamp_ms,
-        body=r.body,
-        tags=r.tags,
-        sharding_key=r.sharding_key,
-        keys=r.keys.split(b"\x00") if r.keys else (),
-        properties=encode_properties(props),
-    )
+    return with_properties(bytes(frame_of(record)), {}, drop=_COPY_PROPERTIES)
 
 
 def _parse(data: object) -> list[ParkedKey]:

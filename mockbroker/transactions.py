@@ -40,7 +40,7 @@ from grpc import StatusCode
 from mockbroker.errors import BrokerError, invalid, not_found
 from mockbroker.store.flush import FlushFailedError
 from mockbroker.store.message_store import MessageStore
-from mockbroker.store.records import CheckedFrames, tag_hash
+from mockbroker.store.records import CheckedFrames, tag_hash, with_properties
 from mockbroker.topics import HALF_OP_TOPIC as OP_TOPIC
 from mockbroker.topics import HALF_PROPERTY, HALF_TOPIC, Topic, check_group
 from sdk._wire import (
@@ -49,9 +49,7 @@ from sdk._wire import (
     RECORD,
     decode_properties,
     encode_frame,
-    encode_properties,
     iter_records,
-    pack_frame,
 )
 from sdk.clock import Clock
 
@@ -252,7 +250,7 @@ class Transactions:
             raise invalid("INVALID_ARGUMENT", f"a half message is one frame, not {len(checked)}")
         if checked.scheduled:
             raise invalid("INVALID_DELIVERY_TIME", "a transactional message cannot be delayed")
-        framed = _with_properties(
+        framed = with_properties(
             frame[FRAME_LEN_PREFIX.size :], {PROPERTY_TRANSACTION: "true", PROPERTY_GROUP: group}
         )
         # the properties may now be over their limit
@@ -333,7 +331,7 @@ class Transactions:
         half = next(iter_records(record))
         topic = self._store.topics.get(half.topic)
         topic_len = int.from_bytes(record[RECORD.size - 2 : RECORD.size], "little")
-        framed = _with_properties(record[RECORD.size + topic_len :], {}, drop=(HALF_PROPERTY,))
+        framed = with_properties(record[RECORD.size + topic_len :], {}, drop=(HALF_PROPERTY,))
         await self._store.append(topic, half.queue_id, framed, _checked(framed))
 
     async def _record(self, offset: int, msg_id: bytes, outcome: int) -> None:
@@ -463,27 +461,6 @@ class Transactions:
             finally:
                 sleeper.cancel()
                 changed.cancel()
-
-
-def _with_properties(frame: bytes, extra: dict[str, str], drop: tuple[str, ...] = ()) -> bytes:
-    """A frame (no length prefix) with `extra` properties set, those in `drop` removed.
-
-    Framed with its length prefix.
-    """
-    fields = FRAME_FIELDS.unpack_from(frame)
-    msg_id, born, deliver_at, level, tl, sl, kl, pl, bl = fields
-    p = FRAME_FIELDS.size
-    tags, p = frame[p : p + tl], p + tl
-    sharding, p = frame[p : p + sl], p + sl
-    keys, p = frame[p : p + kl], p + kl
-    properties, p = decode_properties(frame[p : p + pl]), p + pl
-    body = frame[p : p + bl]
-    properties.update(extra)
-    for name in drop:
-        properties.pop(name, None)
-    return pack_frame(
-        msg_id, born, deliver_at, level, tags, sharding, keys, encode_properties(properties), body
-    )
 
 
 def _checked(frames: bytes) -> CheckedFrames:

@@ -30,6 +30,8 @@ from sdk._wire import (
     RECORD_MAGIC,
     RECORD_TAIL,
     decode_properties,
+    encode_properties,
+    pack_frame,
 )
 
 _PREFIX = FRAME_LEN_PREFIX.size
@@ -410,3 +412,24 @@ __all__ = [
     "lay_out_records",
     "tag_hash",
 ]
+
+
+def with_properties(frame: bytes, extra: dict[str, str], drop: tuple[str, ...] = ()) -> bytes:
+    """A frame (no length prefix) with `extra` properties set, those in `drop` removed.
+
+    Framed with its length prefix. For frames the broker checked before (a stored record's).
+    """
+    fields = FRAME_FIELDS.unpack_from(frame)
+    msg_id, born, deliver_at, level, tl, sl, kl, pl, bl = fields
+    p = FRAME_FIELDS.size
+    tags, p = frame[p : p + tl], p + tl
+    sharding, p = frame[p : p + sl], p + sl
+    keys, p = frame[p : p + kl], p + kl
+    properties, p = decode_properties(frame[p : p + pl]), p + pl
+    body = frame[p : p + bl]
+    properties.update(extra)
+    for name in drop:
+        properties.pop(name, None)
+    return pack_frame(
+        msg_id, born, deliver_at, level, tags, sharding, keys, encode_properties(properties), body
+    )
