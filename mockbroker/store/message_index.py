@@ -6,6 +6,9 @@ hash of (topic, key) to one. Lookups scan newest first and every hit is checked 
 the record itself, so a stale or duplicated entry (after a crash, recovery appends the
 replayed records again) can never answer with a wrong message.
 
+A crash may tear the last entry of a file: it is cut off at open, and recovery indexes
+the records it replays again (MessageStore._reindex).
+
 Retention trims both files to follow the commit log: the entries that point below its new
 start are no longer scanned and their blocks are freed. Positions grow along each file
 (bar the few a recovery repeats), so the cut is found by bisection.
@@ -46,6 +49,10 @@ class MessageIndex:
         self.paths = (directory / "ids", directory / "keys")
         self._ids = open_durably(directory / "ids", os.O_RDWR | os.O_APPEND)
         self._keys = open_durably(directory / "keys", os.O_RDWR | os.O_APPEND)
+        for fd, entry in ((self._ids, _ID_ENTRY), (self._keys, _KEY_ENTRY)):
+            size = os.fstat(fd).st_size
+            if size % entry.size:  # a crash tore the last entry: later ones would be skewed
+                os.ftruncate(fd, size - size % entry.size)
         #: Per file, the first entry still pointing into the commit log.
         self._live_from: dict[int, int] = {self._ids: 0, self._keys: 0}
 

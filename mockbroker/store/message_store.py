@@ -48,7 +48,7 @@ from mockbroker.store.records import (
     check_frames,
     lay_out_records,
 )
-from mockbroker.store.recovery import RecoveryReport, recover
+from mockbroker.store.recovery import RecordHeader, RecoveryReport, recover
 from mockbroker.store.retention import (
     DiskProbe,
     DiskUsage,
@@ -245,6 +245,7 @@ class MessageStore:
             start = min(checkpoint.position, self.commitlog.end)
             log.warning("unclean shutdown detected: replaying the commit log from %d", start)
             self.recovering = True
+            replayed: list[tuple[RecordHeader, int]] = []
             try:
                 self.recovery = recover(
                     self.commitlog,
@@ -253,9 +254,11 @@ class MessageStore:
                     start,
                     counts,
                     deleted=lambda topic, position: not self.topics.holds(topic, position),
+                    replayed=replayed,
                 )
             finally:
                 self.recovering = False
+            self._reindex(replayed)
             self.stats.corrupt_records_detected += self.recovery.corrupt_records
             r = self.recovery
             log_event(
@@ -631,6 +634,27 @@ class MessageStore:
             return False
         log.error("disk full: the batch at commit-log position %d was rolled back", position)
         return True
+
+    def _reindex(self, replayed: list[tuple[RecordHeader, int]]) -> None:
+        """Index the records recovery replayed by id and key again.
+
+        The index files are synced with the commit log, but a power cut may keep a
+        record's bytes and lose its index entries (another file): without this, a lookup
+        by id would miss it (and a transaction's commit could be made twice). Entries the
+        index still held come twice; lookups take each position once.
+        """
+        assert self._index is not None
+        by_topic: dict[str, tuple[list[int], list[bytes], list[tuple[int, bytes]]]] = {}
+        for header, position in replayed:
+            if header.topic.startswith(SYSTEM_PREFIX):
+                continue  # not indexed when written either
+            positions, ids, keyed = by_topic.setdefault(header.topic, ([], [], []))
+            positions.append(position)
+            ids.append(header.msg_id)
+            if header.keys:
+                keyed.append((position, header.keys))
+        for topic, (positions, ids, keyed) in by_topic.items():
+            self._index.add(topic, positions, ids, keyed)
 
     def _index_parts(self, topic: str, parts: list[Batch], position: int, overhead: int) -> None:
         assert self._index is not None

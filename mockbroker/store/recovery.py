@@ -58,18 +58,22 @@ class RecoveryReport:
 
 
 @dataclass(frozen=True)
-class _Header:
+class RecordHeader:
+    """What recovery reads of a record: where it belongs, and what indexes it."""
+
     size: int
     queue_id: int
     queue_offset: int
     topic: str
     tags: bytes
+    msg_id: bytes
+    keys: bytes  # joined by NUL, as the frame holds them
     #: The broker's own queue (queue 0) it is indexed in instead of (topic, queue_id): a
     #: scheduled message's SCHEDULE_TOPIC, a half message's HALF_TOPIC; None for others.
     held_in: str | None
 
 
-def _parse(window: bytes, at: int, limit: int) -> tuple[_Header | None, bool]:
+def _parse(window: bytes, at: int, limit: int) -> tuple[RecordHeader | None, bool]:
     """Parse the record at `at`; returns (header or None, CRC ok)."""
     if at + RECORD.size > limit:
         return None, False
@@ -83,7 +87,7 @@ def _parse(window: bytes, at: int, limit: int) -> tuple[_Header | None, bool]:
     except UnicodeDecodeError:
         return None, False
     fields = FRAME_FIELDS.unpack_from(window, p + topic_len)
-    _id, _born, deliver_at, level, tl, sl, kl, pl = fields[:8]
+    msg_id, _born, deliver_at, level, tl, sl, kl, pl = fields[:8]
     tags_at = p + topic_len + FRAME_FIELDS.size
     ok = zlib.crc32(memoryview(window)[at + 8 : at + size]) == crc
     tags = window[tags_at : tags_at + tl]
@@ -95,7 +99,9 @@ def _parse(window: bytes, at: int, limit: int) -> tuple[_Header | None, bool]:
         properties = window[properties_at : properties_at + pl]
         if _HALF_MARK in properties and _is_half(properties):
             held_in = HALF_TOPIC
-    return _Header(size, queue_id, queue_offset, topic, tags, held_in), ok
+    keys_at = tags_at + tl + sl
+    keys = window[keys_at : keys_at + kl]
+    return RecordHeader(size, queue_id, queue_offset, topic, tags, msg_id, keys, held_in), ok
 
 
 #: How a half message's property reads in a frame: its length, then its name.
@@ -117,12 +123,15 @@ def recover(
     start: int,
     counts: dict[str, int] | None = None,
     deleted: DeletedLookup | None = None,
+    replayed: list[tuple[RecordHeader, int]] | None = None,
 ) -> RecoveryReport:
     """Rebuild the consume queues from commit log position `start` onwards.
 
     `counts`: the checkpoint's entry count of each queue (mockbroker/store/checkpoint.py);
     the entries past them are dropped unread. Without counts (an older checkpoint) a
-    queue keeps the entries that point below `start`.
+    queue keeps the entries that point below `start`. `replayed` gets each intact record
+    indexed again, with its position (the message index is rebuilt from them: its files
+    may have lost their last entries where the commit log kept the records).
     """
     durable = [(cq, _durable_entries(cq, start, counts)) for cq in existing]
     start = _record_boundary(commitlog, durable, start)
@@ -138,7 +147,8 @@ def recover(
             if header is None and len(window) == _WINDOW and at > 0:
                 break  # the record continues past this window: read the next one
             if header is not None and ok:
-                _index(queues, header, pos + at, report, deleted)
+                if _index(queues, header, pos + at, report, deleted) and replayed is not None:
+                    replayed.append((header, pos + at))
                 report.records_replayed += 1
                 at += header.size
                 continue
@@ -179,7 +189,7 @@ def _durable_entries(cq: ConsumeQueue, start: int, counts: dict[str, int] | None
 
 
 def _power_cut_hole(
-    commitlog: CommitLog, header: _Header | None, damaged: int, resume: int
+    commitlog: CommitLog, header: RecordHeader | None, damaged: int, resume: int
 ) -> bool:
     """The damage from `damaged` to the valid record at `resume` is pages a power cut lost."""
     if commitlog.zeros_to_page_end(damaged):
@@ -260,15 +270,19 @@ def _valid_follows(commitlog: CommitLog, position: int) -> bool:
 
 def _index(
     queues: QueueLookup,
-    header: _Header,
+    header: RecordHeader,
     position: int,
     report: RecoveryReport,
     deleted: DeletedLookup | None,
     corrupt: bool = False,
-) -> None:
+) -> bool:
+    """Index the record at `position` in its queue; whether it was (not left out).
+
+    A corrupt record is indexed as a gap entry: False too (it has no message to find).
+    """
     if header.held_in is None and deleted is not None and deleted(header.topic, position):
         report.deleted_records += 1  # its topic's deletion took it; a namesake starts afresh
-        return
+        return False
     cq = (
         queues(header.topic, header.queue_id)
         if header.held_in is None
@@ -276,9 +290,9 @@ def _index(
     )
     if cq is None:
         log.error("record at %d names unknown queue %s/%d", position, header.topic, header.queue_id)
-        return
+        return False
     if corrupt and header.queue_offset != cq.count:
-        return  # its header is not to be trusted either; the next record fills the gap
+        return False  # its header is not to be trusted; the next record fills the gap
     if header.queue_offset > position // MIN_RECORD_SIZE:
         # Each earlier offset of the queue has a record before this one: a CRC-valid header
         # claiming more is not marked as a gap (it could be one of 2**63 offsets).
@@ -288,13 +302,13 @@ def _index(
             position, header.topic, header.queue_id, header.queue_offset,
         )  # fmt: skip
         report.corrupt_records += 1
-        return
+        return False
     if header.queue_offset < cq.count:
         log.error(
             "record at %d repeats %s/%d offset %d; keeping the first",
             position, header.topic, header.queue_id, header.queue_offset,
         )  # fmt: skip
-        return
+        return False
     gap = header.queue_offset - cq.count
     if gap:
         log.error(
@@ -305,3 +319,4 @@ def _index(
         cq.append(ENTRY.pack(position, CORRUPT_SIZE, 0) * gap)
     size = CORRUPT_SIZE if corrupt else header.size
     cq.append(ENTRY.pack(position, size, tag_hash(header.tags)))
+    return not corrupt
