@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import big_backlog
+import console_watch as cons
 import consuming as cw
 import dedup
 import flood
@@ -219,9 +220,20 @@ class Bench:
         if self.args.profile is not None:
             profile = self.args.profile / f"broker-{name}.prof"
         data_dir = self._data_dir(name)
+        if self.args.console:
+            extra = (*extra, *cons.CONSOLE_OPTIONS)
         try:
             with broker_process(data_dir, flush_mode, profile, extra) as broker:
-                yield broker
+                if not self.args.console:
+                    yield broker
+                    return
+                with cons.Watcher(cons.console_of(broker)).watching() as watcher:
+                    yield broker
+                self.facts["console_pages"] = self.facts.get("console_pages", 0) + watcher.pages
+                if watcher.failures:
+                    self.facts["console_page_failures"] = (
+                        self.facts.get("console_page_failures", 0) + watcher.failures
+                    )
         finally:
             shutil.rmtree(data_dir, ignore_errors=True)
 
@@ -1811,6 +1823,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(slows everything down; figures are then not comparable)",
     )
     p.add_argument("--quiet", action="store_true", help="print only the table")
+    p.add_argument(
+        "--console",
+        action="store_true",
+        help="serve every broker's console and fetch its pages every second meanwhile "
+        "(compare with a run without: bench/console_watch.py)",
+    )
     a = p.parse_args(argv)
     a.runs = a.runs if a.runs is not None else (1 if a.quick else 3)
     a.messages = a.messages if a.messages is not None else (20_000 if a.quick else 200_000)
@@ -1869,6 +1887,7 @@ def main(argv: list[str] | None = None) -> int:
             "quick": args.quick,
             "groups": args.only,
             "profiled": args.profile is not None,
+            "console": args.console,
         },
         "facts": bench.facts,
         "figures": [f.summary() for f in bench.figures],

@@ -30,13 +30,13 @@ PARTS: dict[str, tuple[str, ...]] = {
 }
 
 
-def quick_run(group: str, tmp_path: Path) -> dict[str, Any]:
+def quick_run(group: str, tmp_path: Path, *options: str) -> dict[str, Any]:
     """Runs bench/run.py --quick on `group` alone; its JSON report, checked as a whole."""
     out = tmp_path / "quick.json"
     script = str(ROOT / "bench" / "run.py")
     proc = subprocess.run(
         [sys.executable, script, "--quick", "--messages", "2000", "--quiet", "--only", group,
-         "--output", str(out)],
+         "--output", str(out), *options],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
