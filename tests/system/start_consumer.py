@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import os
+import signal
 import threading
 import time
 
@@ -81,6 +83,8 @@ def main() -> None:
     parser.add_argument("--exit-after", type=int, default=0)
     parser.add_argument("--wait-for-signal", choices=["blocking", "asyncio"])
     args = parser.parse_args()
+    # The test sends SIGUSR1 to a process that does not end in time: every thread's stack.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     listener = LoggingListener(args.log, args.delay_ms / 1000)
     listener.exit_after = args.exit_after
     if args.wait_for_signal == "asyncio":

@@ -23,6 +23,7 @@ shutdown() call), and judges the end by what the broker says afterwards (admin A
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -68,6 +69,19 @@ class ConsumerProcess:
 
     def stderr(self) -> str:
         return self.err.read_text(errors="replace")
+
+    def exit_status(self, timeout: float) -> int:
+        """Its exit status once it ends; AssertionError with every thread's stack if it
+        has not ended within `timeout` (start_consumer.py dumps them on SIGUSR1)."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(3)
+            raise AssertionError(
+                f"not ended {timeout:g} s after the signal; its threads then:\n{self.stderr()}"
+            ) from None
 
     def client_id(self) -> str:
         return next(
@@ -201,7 +215,7 @@ def test_a_signal_ends_a_started_consumer_cleanly(
     # Every queue busy: listener calls are in flight when the signal comes.
     wait_until(lambda: len(consumer.queues_consumed()) == QUEUES, START_TIMEOUT, "all queues")
     consumer.proc.send_signal(sig)
-    assert consumer.proc.wait(EXIT_TIMEOUT) == -sig, consumer.stderr()
+    assert consumer.exit_status(EXIT_TIMEOUT) == -sig, consumer.stderr()
     # Python reports Ctrl+C in the main thread; nothing else may complain.
     assert tracebacks(consumer.stderr()) == user_traceback, consumer.stderr()
     assert complaints(consumer.stderr()) == [], consumer.stderr()
@@ -222,7 +236,7 @@ def test_waiting_for_a_shutdown_signal_shuts_down_cleanly_and_carries_on(
     consumer = start_consumer(address, "a", "--wait-for-signal", face)
     wait_until(lambda: len(consumer.queues_consumed()) == QUEUES, START_TIMEOUT, "all queues")
     consumer.proc.send_signal(sig)
-    assert consumer.proc.wait(EXIT_TIMEOUT) == 0, consumer.stderr()
+    assert consumer.exit_status(EXIT_TIMEOUT) == 0, consumer.stderr()
     assert consumer.stdout().splitlines()[-2:] == [f"signal {sig.name}", "stopped"]
     assert consumer.stderr() == ""
     assert_left_cleanly(address, consumer)
@@ -234,7 +248,7 @@ def test_a_main_thread_that_ends_shuts_the_consumer_down(
     address = start_broker(tmp_path / "broker").address
     send(address, 4000)
     consumer = start_consumer(address, "a", "--exit-after", "200")
-    assert consumer.proc.wait(EXIT_TIMEOUT) == 0, consumer.stderr()
+    assert consumer.exit_status(EXIT_TIMEOUT) == 0, consumer.stderr()
     assert "main thread ends" in consumer.stdout()
     assert consumer.stderr() == ""
     assert_left_cleanly(address, consumer)
@@ -293,5 +307,5 @@ def test_a_paused_consumer_keeps_its_queues_past_the_disconnect_grace(
         lambda: len(paused.queues_consumed()) == QUEUES, TAKEOVER_TIMEOUT, "paused on all queues"
     )
     paused.proc.send_signal(signal.SIGTERM)
-    assert paused.proc.wait(EXIT_TIMEOUT) == -signal.SIGTERM, paused.stderr()
+    assert paused.exit_status(EXIT_TIMEOUT) == -signal.SIGTERM, paused.stderr()
     assert_left_cleanly(address, paused)
