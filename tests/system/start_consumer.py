@@ -85,6 +85,10 @@ def main() -> None:
     args = parser.parse_args()
     # The test sends SIGUSR1 to a process that does not end in time: every thread's stack.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # Ctrl+C as a program started from a terminal has it. Started under a shell's background
+    # job (a CI script's `make test &`), SIGINT comes ignored, and Python keeps it ignored:
+    # the test's SIGINT would then do nothing and the process never end.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     listener = LoggingListener(args.log, args.delay_ms / 1000)
     listener.exit_after = args.exit_after
     if args.wait_for_signal == "asyncio":
