@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import TracebackType
-
 from sdk._career import (
     DEFAULT_EXECUTE_INTERVAL_SECONDS,
     DEFAULT_LEASE_SECONDS,
@@ -14,12 +12,13 @@ from sdk._career import (
     CareerView,
 )
 from sdk._transport import connect
+from sdk.aio._context import AsyncClientContext
 from sdk.clock import Clock
 from sdk.credentials import Credentials
 from sdk.tls import TLSConfig
 
 
-class Career(CareerView):
+class Career(CareerView, AsyncClientContext):
     """The asyncio career; arguments and behaviour as sdk.Career, with async callbacks.
 
     A deposed holder's running on_execute is cancelled at once.
@@ -67,15 +66,3 @@ class Career(CareerView):
     async def shutdown(self) -> None:
         """Hand over if holding, then leave the group and close the connections."""
         await self._core.shutdown()
-
-    async def __aenter__(self) -> Career:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.shutdown()

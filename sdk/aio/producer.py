@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any
 
 from sdk._transport import connect
+from sdk.aio._context import AsyncClientContext
 from sdk.clock import Clock
 from sdk.credentials import Credentials
 from sdk.message import Message, MessageQueue, SendResult
@@ -20,7 +20,7 @@ from sdk.tls import TLSConfig
 log = logging.getLogger("ordermq.producer")
 
 
-class Producer:
+class Producer(AsyncClientContext):
     """Send messages from asyncio code; see sdk.Producer for the arguments.
 
     Example::
@@ -101,15 +101,3 @@ class Producer:
     async def fetch_publish_message_queues(self, topic: str) -> list[MessageQueue]:
         """The queues of `topic` that sends choose among."""
         return await self._core.fetch_publish_message_queues(topic)
-
-    async def __aenter__(self) -> Producer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.shutdown()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
 
 from sdk._transport import connect
+from sdk.aio._context import AsyncClientContext
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import (
@@ -21,7 +21,7 @@ from sdk.credentials import Credentials
 from sdk.tls import TLSConfig
 
 
-class PushConsumer:
+class PushConsumer(AsyncClientContext):
     """The asyncio push consumer; arguments as sdk.PushConsumer.
 
     `async def consume_message` listeners run on the event loop; plain ones on the
@@ -91,15 +91,3 @@ class PushConsumer:
     async def shutdown(self) -> None:
         """Finish listener calls in flight, persist offsets, unlock, leave the group."""
         await self._core.shutdown()
-
-    async def __aenter__(self) -> PushConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.shutdown()

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from types import TracebackType
-
 from sdk._transport import connect
+from sdk.aio._context import AsyncClientContext
 from sdk.clock import Clock
 from sdk.consumer.simple_core import (
     DEFAULT_AWAIT_DURATION,
@@ -17,7 +16,7 @@ from sdk.message import MessageExt
 from sdk.tls import TLSConfig
 
 
-class SimpleConsumer:
+class SimpleConsumer(AsyncClientContext):
     """The asyncio simple consumer; arguments and behaviour as sdk.SimpleConsumer.
 
     Example::
@@ -102,15 +101,3 @@ class SimpleConsumer:
         `error` and `active`.
         """
         return self._core.keeper(message, invisible_duration)
-
-    async def __aenter__(self) -> SimpleConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.shutdown()

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any, Protocol
 
 from sdk._transaction import LocalTransactionState, TransactionCore, TransactionSendResult
 from sdk._transport import connect
+from sdk.aio._context import AsyncClientContext
 from sdk.clock import Clock
 from sdk.credentials import Credentials
 from sdk.message import Message, MessageExt
@@ -25,7 +25,7 @@ class TransactionListener(Protocol):
         ...
 
 
-class TransactionProducer:
+class TransactionProducer(AsyncClientContext):
     """The asyncio transaction producer; arguments and behaviour as sdk.TransactionProducer.
 
     Example::
@@ -73,15 +73,3 @@ class TransactionProducer:
         return await self._core.send_message_in_transaction(
             msg, arg, self._listener.execute_local_transaction
         )
-
-    async def __aenter__(self) -> TransactionProducer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.shutdown()
