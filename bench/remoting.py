@@ -1,7 +1,7 @@
 """The remoting group of `make bench`: RocketMQ's C++ client against mockbroker's remoting front.
 
 The client is rocketmq-client-cpp 1.2.3 (PyPI `rocketmq` 0.4.4), installed by
-tests/interop/provision.py into .cache/interop and run by tests/interop/cpp_driver.py in a
+tests/interop/provision.py into ~/.cache/ordermq/interop and run by tests/interop/cpp_driver.py in a
 process of its own; the figures are what that driver measures itself, from its first send
 (or pull) to its last, so process start-up and route lookups are not in them. They sit
 next to the gRPC figures of the same shape ("send: await send(), 1 at a time", "pull, 1

@@ -10,7 +10,10 @@
 - `node5`: npm `rocketmq-client-nodejs` 1.0.8, Apache RocketMQ's Node.js client of the
   same API, in a node_modules of its own.
 
-Both go to `.cache/interop/` (ORDERMQ_INTEROP_CACHE overrides it). Provisioning is
+They go to a per-user cache, `~/.cache/ordermq/interop/` (under `$XDG_CACHE_HOME` when set;
+ORDERMQ_INTEROP_CACHE overrides it), so every checkout on a machine shares one install:
+a fresh clone's `make test` does not install them again. A stamp names the package
+version it was made for; another version installs afresh. Provisioning is
 idempotent (a stamp file is written last, after the client passed its self-check: the
 driver imports the client and starts and stops it), and safe when several processes race
 (an exclusive file lock per client). A failure is remembered for FAILURE_TTL seconds, so a
@@ -38,7 +41,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-CACHE = Path(os.environ.get("ORDERMQ_INTEROP_CACHE", ROOT / ".cache" / "interop"))
+
+
+def _default_cache() -> Path:
+    """The per-user cache of the clients: $XDG_CACHE_HOME/ordermq/interop or ~/.cache/..."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ordermq" / "interop"
+
+
+CACHE = Path(os.environ.get("ORDERMQ_INTEROP_CACHE") or _default_cache())
 CPP_DRIVER = HERE / "cpp_driver.py"
 NODE_DRIVER = HERE / "ons_driver.js"
 PYTHON5_DRIVER = HERE / "rmq5_driver.py"
@@ -88,6 +99,8 @@ class Client:
     seconds: float = 0.0
     #: True when an earlier run installed it (this one found its stamp).
     cached: bool = False
+    #: The package it was installed from (a stamp of another one is not reused).
+    requirement: str = ""
 
     def command(self, *args: str) -> list[str]:
         """The command line that runs the driver with `args`."""
@@ -160,6 +173,8 @@ def _cached(name: str, retry_failed: bool) -> Client | None:
         driver = {"cpp": CPP_DRIVER, "node": NODE_DRIVER, "python5": PYTHON5_DRIVER,
                   "node5": NODE5_DRIVER}.get(name)  # fmt: skip
         record = _tuples(json.loads(stamp.read_text()))
+        if record.get("requirement", "") != REQUIREMENTS.get(name, ""):
+            return None  # made for another version of the client: install afresh
         if driver is not None:
             record["driver"] = str(driver)
         client = Client(**{**record, "cached": True})
@@ -228,7 +243,9 @@ def _venv_client(name: str, requirement: str, driver: Path, log: Path) -> Client
     detail = _self_check(
         [str(python), str(driver), "selfcheck"], log, env={**os.environ, "HOME": str(home)}
     )
-    return Client(name, True, "", str(python), str(driver), (), tuple(detail.items()))
+    return Client(
+        name, True, "", str(python), str(driver), (), tuple(detail.items()), requirement=requirement
+    )
 
 
 def _install_cpp(log: Path) -> Client:
@@ -272,7 +289,9 @@ def _npm_client(name: str, package: str, min_major: int, driver: Path, log: Path
     detail = _self_check(
         [node, str(driver), "selfcheck"], log, {**os.environ, **dict(env), "HOME": str(home)}
     )
-    return Client(name, True, "", node, str(driver), env, tuple(detail.items()))
+    return Client(
+        name, True, "", node, str(driver), env, tuple(detail.items()), requirement=package
+    )
 
 
 def _install_node(log: Path) -> Client:
@@ -288,6 +307,13 @@ _INSTALLERS = {
     "node": _install_node,
     "python5": _install_python5,
     "node5": _install_node5,
+}
+#: What each client is installed from; a stamp that names another is installed again.
+REQUIREMENTS = {
+    "cpp": ROCKETMQ_PYPI,
+    "node": ALI_ONS_NPM,
+    "python5": ROCKETMQ5_PYPI,
+    "node5": ROCKETMQ5_NPM,
 }
 _SESSION: dict[str, Client] = {}
 

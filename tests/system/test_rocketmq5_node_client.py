@@ -1,6 +1,6 @@
 """Apache RocketMQ's Node.js client (npm rocketmq-client-nodejs) against the v2 front.
 
-Installed into .cache/interop by tests/interop/provision.py (where Node.js and npm are
+Installed into ~/.cache/ordermq/interop by tests/interop/provision.py (where Node.js and npm are
 there) and run by tests/interop/rmq5_driver.js, each run with a HOME of its own (the
 client logs under ~/logs/rocketmq). The client differs from the Python one where it
 matters to a server: it writes a proper delivery Timestamp, names a queue id in its sends

@@ -1,6 +1,6 @@
 """Apache RocketMQ's Python client 5.x (PyPI rocketmq-python-client) against the v2 front.
 
-The client is installed into .cache/interop by tests/interop/provision.py and run by
+The client is installed into ~/.cache/ordermq/interop by tests/interop/provision.py and run by
 tests/interop/rmq5_driver.py in processes of its own (its generated protos clash with
 mockbroker's copy in one process), each with a HOME of its own (it logs under ~/logs).
 The broker is `python -m mockbroker --v2-port P`; what the client sends is read back over

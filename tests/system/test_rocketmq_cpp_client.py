@@ -1,7 +1,7 @@
 """RocketMQ's own C++ client against mockbroker's name server and remoting port (issue 23).
 
 The client is PyPI `rocketmq` 0.4.4 (a ctypes wrapper around rocketmq-client-cpp 1.2.3's
-librocketmq.so), installed into .cache/interop by tests/interop/provision.py and run by
+librocketmq.so), installed into ~/.cache/ordermq/interop by tests/interop/provision.py and run by
 tests/interop/cpp_driver.py in processes of its own; the tests skip with the reason when it
 cannot be installed (no network, not Linux x86-64) or when this mockbroker has no remoting
 front. The broker is `python -m mockbroker --remoting-port P --namesrv-port N` in a process.

@@ -1,6 +1,6 @@
 """npm ali-ons 3.12 (RocketMQ's remoting protocol in plain JavaScript) against mockbroker.
 
-ali-ons is installed into .cache/interop by tests/interop/provision.py (when Node.js and
+ali-ons is installed into ~/.cache/ordermq/interop by tests/interop/provision.py (when Node.js and
 npm are there) and run by tests/interop/ons_driver.js in processes of its own; the tests
 skip with the reason when it cannot be installed, or when this mockbroker has no remoting
 front. It speaks differently from the C++ client: SEND_MESSAGE_V2 with numbers and

@@ -57,10 +57,32 @@ def test_a_stamp_whose_interpreter_is_gone_is_installed_again(cache: Path) -> No
 
 def test_a_stamp_from_another_checkout_runs_this_checkouts_driver(cache: Path) -> None:
     record = {"name": "python5", "available": True, "executable": sys.executable,
-              "driver": "/elsewhere/tests/interop/rmq5_driver.py"}  # fmt: skip
+              "driver": "/elsewhere/tests/interop/rmq5_driver.py",
+              "requirement": p.ROCKETMQ5_PYPI}  # fmt: skip
     (cache / "python5.ready.json").write_text(json.dumps(record))
     client = p._provision("python5", False, False, Installer())
     assert client.cached and client.driver == str(p.PYTHON5_DRIVER)
+
+
+def test_a_stamp_made_for_another_version_of_the_client_is_installed_again(cache: Path) -> None:
+    older = "rocketmq-python-client==5.0.0"
+    record = {"name": "python5", "available": True, "executable": sys.executable,
+              "driver": str(p.PYTHON5_DRIVER), "requirement": older}  # fmt: skip
+    (cache / "python5.ready.json").write_text(json.dumps(record))
+    install = Installer()
+    assert not p._provision("python5", False, False, install).cached
+    assert install.calls == 1
+
+
+def test_the_clients_are_cached_once_per_user_not_per_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert p._default_cache() == tmp_path / "xdg" / "ordermq" / "interop"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert p._default_cache() == tmp_path / "home" / ".cache" / "ordermq" / "interop"
+    assert not p._default_cache().is_relative_to(p.ROOT)
 
 
 def test_a_failure_is_remembered_until_its_ttl_or_a_retry(
