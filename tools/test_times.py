@@ -1,9 +1,9 @@
 """Where `make test`'s time goes: each check's wall time, and pytest's time per tier.
 
-Runs the checks `make test` runs before pytest (each timed on its own), then pytest with
-a JUnit report, and prints a table per tier (unit, component, system, interop, examples,
-docs) with the number of tests, the seconds they took and their share, then the slowest
-tests. The figures are also written to build/test-times.json. Extra arguments go to
+Runs the checks `make test` runs beside pytest (here first, each timed on its own), then
+pytest with a JUnit report, and prints a table per tier (unit, component, system, interop,
+examples, docs) with the number of tests, the seconds they took and their share, then the
+slowest tests. The figures are also written to build/test-times.json. Extra arguments go to
 pytest (`make test-times PYTEST_ARGS="-x"`).
 
 --update-durations writes each test file's seconds into tests/durations.json (`make
