@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -8,7 +9,7 @@ import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
 from tests.chaos_report import REPORT_PATH_ENV, ChaosRecorder, ChaosReport
-from tools.test_times import read_durations, start_order
+from tools.test_times import CPU_DIR_ENV, read_durations, start_order
 
 _CHAOS = pytest.StashKey[ChaosReport]()
 
@@ -41,6 +42,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     paths = {item: _relative(item.path, config.rootpath) for item in items}
     keys = start_order(sorted(set(paths.values())), read_durations())
     items.sort(key=lambda item: keys[paths[item]])
+
+
+# make test-times: each file's CPU seconds (this process's and its reaped children's: the
+# brokers and clients its tests started), written per worker into $ORDERMQ_TEST_CPU_DIR.
+_CPU = pytest.StashKey[dict[str, float]]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    if not os.environ.get(CPU_DIR_ENV):
+        yield
+        return
+    before = os.times()
+    yield
+    after = os.times()
+    spent = sum(after[:4]) - sum(before[:4])  # user, system, children's user and system
+    per_file = item.config.stash.setdefault(_CPU, {})
+    path = _relative(item.path, item.config.rootpath)
+    per_file[path] = per_file.get(path, 0.0) + spent
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    directory = os.environ.get(CPU_DIR_ENV)
+    per_file = session.config.stash.get(_CPU, {})
+    if directory and per_file:
+        (Path(directory) / f"cpu-{os.getpid()}.json").write_text(json.dumps(per_file))
 
 
 def pytest_terminal_summary(

@@ -2,9 +2,11 @@
 
 Runs the checks `make test` runs beside pytest (here first, each timed on its own), then
 pytest with a JUnit report, and prints a table per tier (unit, component, system, interop,
-examples, docs) with the number of tests, the seconds they took and their share, then the
-slowest tests. The figures are also written to build/test-times.json. Extra arguments go to
-pytest (`make test-times PYTEST_ARGS="-x"`).
+examples, docs) with the number of tests, the seconds they took, their share and their CPU
+seconds (the test processes' own and their reaped children's: the brokers and clients the
+tests started; tests/conftest.py records them when ORDERMQ_TEST_CPU_DIR is set), then the
+slowest tests and the busiest files. The figures are also written to
+build/test-times.json. Extra arguments go to pytest (`make test-times PYTEST_ARGS="-x"`).
 
 --update-durations writes each test file's seconds into tests/durations.json (`make
 test-durations`), which tests/conftest.py reads to start the longest files first: the files
@@ -18,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -30,6 +34,8 @@ CHECKS = ("proto-check", "docs-check", "docs-api", "lint", "typecheck")
 TIERS = ("unit", "component", "system", "interop", "examples", "docs")
 INTEROP_PREFIX = "tests.system.test_rocketmq"
 DURATIONS = ROOT / "tests" / "durations.json"
+#: A directory where each pytest process writes its test files' CPU seconds (conftest.py).
+CPU_DIR_ENV = "ORDERMQ_TEST_CPU_DIR"
 
 
 def tier_of(classname: str) -> str:
@@ -78,6 +84,20 @@ def start_order(paths: list[str], durations: dict[str, float]) -> dict[str, tupl
     return {p: (-durations.get(p, 0.0), tier(p)) for p in paths}
 
 
+def tier_of_path(path: str) -> str:
+    """The tier of a test file by its path from the root (as tier_of for classnames)."""
+    return tier_of(path.removesuffix(".py").replace("/", "."))
+
+
+def read_cpu(directory: Path) -> dict[str, float]:
+    """Each test file's CPU seconds, summed over the files the pytest processes wrote."""
+    per_file: dict[str, float] = defaultdict(float)
+    for written in sorted(directory.glob("cpu-*.json")):
+        for path, seconds in json.loads(written.read_text()).items():
+            per_file[path] += seconds
+    return dict(per_file)
+
+
 def merged_durations(
     old: dict[str, float], measured: dict[str, float], root: Path = ROOT
 ) -> dict[str, float]:
@@ -114,7 +134,13 @@ def main() -> int:
                 return code
     report = build / "test-times.xml"
     command = [sys.executable, "-m", "pytest", "-q", f"--junitxml={report}", *pytest_args]
-    wall, code = timed(command)
+    with tempfile.TemporaryDirectory() as cpu_dir:
+        os.environ[CPU_DIR_ENV] = cpu_dir
+        wall, code = timed(command)
+        cpu = read_cpu(Path(cpu_dir))
+    cpu_per_tier: dict[str, float] = defaultdict(float)
+    for name, seconds in cpu.items():
+        cpu_per_tier[tier_of_path(name)] += seconds
     per_tier: dict[str, list[float]] = defaultdict(list)
     tests: list[tuple[float, str]] = []
     per_file: dict[str, float] = defaultdict(float)
@@ -130,10 +156,16 @@ def main() -> int:
     for check, seconds in checks.items():
         print(f"| make {check} | {seconds:.1f} |")
     print(f"| pytest | {wall:.1f} |")
-    print("\n| tier | tests | test s | share |\n|---|---|---|---|")
+    print("\n| tier | tests | test s | share | CPU s |\n|---|---|---|---|---|")
     for tier in TIERS:
         times = per_tier.get(tier, [])
-        print(f"| {tier} | {len(times)} | {sum(times):.1f} | {sum(times) / total:.0%} |")
+        print(
+            f"| {tier} | {len(times)} | {sum(times):.1f} | {sum(times) / total:.0%} "
+            f"| {cpu_per_tier.get(tier, 0.0):.1f} |"
+        )
+    print(f"\nCPU: {sum(cpu.values()):.1f} s in all; {args.slowest} busiest files:")
+    for name, seconds in sorted(cpu.items(), key=lambda kv: -kv[1])[: args.slowest]:
+        print(f"  {seconds:7.1f}  {name}")
     print(f"\n{args.slowest} slowest:")
     for seconds, name in sorted(tests, reverse=True)[: args.slowest]:
         print(f"  {seconds:7.1f}  {name}")
@@ -142,7 +174,11 @@ def main() -> int:
             {
                 "checks": checks,
                 "pytest_wall_seconds": wall,
-                "tiers": {t: {"tests": len(v), "seconds": sum(v)} for t, v in per_tier.items()},
+                "tiers": {
+                    t: {"tests": len(v), "seconds": sum(v), "cpu_seconds": cpu_per_tier.get(t, 0.0)}
+                    for t, v in per_tier.items()
+                },
+                "cpu_seconds_per_file": {f: round(s, 1) for f, s in sorted(cpu.items())},
                 "slowest": [[s, n] for s, n in sorted(tests, reverse=True)[: args.slowest]],
             },
             indent=1,

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tools.test_times import file_of, merged_durations, read_durations, start_order, tier_of
+from tests.support import ROOT
+from tools.test_times import (
+    CPU_DIR_ENV,
+    file_of,
+    merged_durations,
+    read_cpu,
+    read_durations,
+    start_order,
+    tier_of,
+    tier_of_path,
+)
 
 
 @pytest.mark.parametrize(
@@ -69,3 +83,32 @@ def test_the_committed_durations_give_seconds_by_file() -> None:
     assert durations, "tests/durations.json is missing or empty (make test-durations)"
     assert all(isinstance(seconds, float) and seconds >= 0 for seconds in durations.values())
     assert all(path.startswith("tests/") or path.endswith(".md") for path in durations)
+
+
+@pytest.mark.parametrize(
+    ("path", "tier"),
+    [
+        ("tests/unit/test_pop.py", "unit"),
+        ("tests/system/test_rocketmq_cpp_client.py", "interop"),
+        ("tests/system/test_cluster.py", "system"),
+        ("docs/operations.md", "docs"),
+    ],
+)
+def test_a_files_cpu_is_counted_in_its_tier(path: str, tier: str) -> None:
+    assert tier_of_path(path) == tier
+
+
+def test_each_files_cpu_seconds_are_recorded_per_process_and_summed(tmp_path: Path) -> None:
+    test = "tests/unit/test_selector.py"
+    env = {**os.environ, CPU_DIR_ENV: str(tmp_path)}
+    for _ in range(2):  # two pytest processes, as two xdist workers
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+            cwd=ROOT, env=env, check=True, capture_output=True,
+        )  # fmt: skip
+    written = sorted(tmp_path.glob("cpu-*.json"))
+    assert len(written) == 2
+    one = json.loads(written[0].read_text())
+    assert list(one) == [test] and one[test] > 0
+    both = read_cpu(tmp_path)
+    assert both[test] == pytest.approx(sum(json.loads(w.read_text())[test] for w in written))
