@@ -96,6 +96,7 @@ class Net:
         """Halt the producer, wait until everything sent is processed, stop `workers`."""
         scene, history = self.scene, self.history
         assert scene.producer is not None
+        scene.producer.hurry(MIN_ROUNDS)  # the scenario is over: the rest need no pace
         scene.until(
             lambda: scene.sent() >= MIN_ROUNDS, MIN_ROUNDS * ROUND_INTERVAL + 60, "all rounds"
         )

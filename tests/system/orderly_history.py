@@ -386,7 +386,8 @@ def key_history(timeline: list[Entry], around: Entry, width: int = 8) -> str:
 class PacedProducer(threading.Thread):
     """Sends round after round (seq = round number, one message per key) until halted.
 
-    The first `backlog` rounds go out at once, the others one per `interval`. A send waits
+    The first `backlog` rounds go out at once, the others one per `interval` (or at once
+    again up to a number of rounds given to `hurry`, once the faults are over). A send waits
     up to its deadline for an unreachable broker (`config`: the producer's settings).
     Without `retry_for` a failed send ends the thread (`error`). With it, the messages of a
     round that were not acknowledged (the broker was down too long, or died while
@@ -415,6 +416,8 @@ class PacedProducer(threading.Thread):
         self._retry_for = retry_for
         self._config = config
         self._halt = threading.Event()
+        self._wake = threading.Event()  # set by halt and hurry: the pause ends at once
+        self._hurry_to = 0
         self.rounds = 0  # rounds fully acknowledged
         self.sends = 0  # send_batch calls begun
         self.sending = False  # one is under way
@@ -429,8 +432,9 @@ class PacedProducer(threading.Thread):
                     seq = self.rounds
                     self._send_round(producer, seq)
                     self.rounds = seq + 1
-                    if self.rounds >= self._backlog:
-                        self._halt.wait(self._interval)  # the pace, not a wait for a condition
+                    if self.rounds >= max(self._backlog, self._hurry_to):
+                        self._wake.wait(self._interval)  # the pace, not a wait for a condition
+                        self._wake.clear()
         except BaseException as exc:
             self.error = exc
 
@@ -454,9 +458,19 @@ class PacedProducer(threading.Thread):
             finally:
                 self.sending = False
 
+    def hurry(self, rounds: int) -> None:
+        """Send the rounds up to `rounds` without pausing, then go on at the pace.
+
+        For the rounds a test needs in all once its faults are over: the pace only makes
+        each fault meet messages still arriving, so the rest need not wait for it.
+        """
+        self._hurry_to = rounds
+        self._wake.set()
+
     def halt(self) -> int:
         """Stop after the round in flight; the number of rounds sent."""
         self._halt.set()
+        self._wake.set()
         self.join(30 + self._retry_for)
         assert not self.is_alive(), "the producer did not stop"
         return self.rounds

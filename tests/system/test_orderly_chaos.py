@@ -162,7 +162,8 @@ def run_chaos(directory: Path) -> ChaosRun:
         until(lambda: history.started_after("w2", resumed), REJOIN_TIMEOUT, "w2 to rejoin")
         mark("w2 consuming again")
 
-        # Enough messages, then everything consumed.
+        # Enough messages (the chaos is over: the rest need no pace), then everything consumed.
+        producer.hurry(MIN_ROUNDS)
         until(lambda: sent() >= MIN_ROUNDS, MIN_ROUNDS * ROUND_INTERVAL + 60, "all rounds")
         rounds = producer.halt()
         mark(f"producer done: {rounds} rounds")
