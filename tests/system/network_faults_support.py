@@ -88,9 +88,13 @@ class Net:
         self.scene.until(lambda: self.scene.sent() >= 1, 30, "the first round (the topic)")
         return producer
 
-    def spawn(self, name: str, *args: str) -> None:
-        """Start worker `name` behind its own proxy."""
-        self.scene.spawn(name, *args, env=proxy_environment(self.proxy(name)))
+    def spawn(self, *names: str) -> None:
+        """Start workers `names` together, each behind its own proxy."""
+        self.spawn_all(dict.fromkeys(names, ()))
+
+    def spawn_all(self, workers: dict[str, tuple[str, ...]]) -> None:
+        """Start workers together (name: its extra arguments), each behind its own proxy."""
+        self.scene.spawn_all(workers, lambda name: proxy_environment(self.proxy(name)))
 
     def finish(self, workers: list[str]) -> int:
         """Halt the producer, wait until everything sent is processed, stop `workers`."""

@@ -18,7 +18,8 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -555,9 +556,40 @@ class Scene:
 
     def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
         """Start a worker (`env`: its environment) and follow its log."""
-        self.workers[name] = start_worker(name, self.broker.address, self.directory, *args, env=env)
-        self.history.add(name, self.workers[name].log)
-        self.mark(f"{name} ready")
+        self.spawn_all({name: args}, None if env is None else lambda _: env)
+
+    def spawn_all(
+        self,
+        workers: Mapping[str, Sequence[str]],
+        env: Callable[[str], dict[str, str]] | None = None,
+    ) -> None:
+        """Start workers together (name: its extra arguments; `env(name)`: its environment).
+
+        Each start is a Python process importing grpc: they overlap instead of queueing.
+        Returns once every one is ready; the workers that started are followed (and ended by
+        clean_up) even when another did not.
+        """
+        envs = {name: None if env is None else env(name) for name in workers}
+        with ThreadPoolExecutor(len(workers)) as pool:
+            starts = {
+                name: pool.submit(
+                    start_worker,
+                    name,
+                    self.broker.address,
+                    self.directory,
+                    *args,
+                    env=envs[name],
+                )
+                for name, args in workers.items()
+            }
+        failed = [f.exception() for f in starts.values() if f.exception() is not None]
+        for name, start in starts.items():
+            if start.exception() is None:
+                self.workers[name] = start.result()
+                self.history.add(name, self.workers[name].log)
+                self.mark(f"{name} ready")
+        if failed:
+            raise failed[0]
 
     def sent(self) -> int:
         """Rounds the producer had acknowledged; fails if it gave up."""

@@ -74,8 +74,7 @@ def test_delay_jitter_and_a_bandwidth_limit_on_every_link(
         for name in ("producer", "w1", "w2", "w3"):
             net.proxy(name).set(faults)
         net.start_producer()
-        net.spawn("w1")
-        net.spawn("w2")
+        net.spawn("w1", "w2")
         scene.until(lambda: history.frontier() >= 2, REJOIN_TIMEOUT, "w1 and w2 consuming")
         joined = scene.mark("w3 joins")
         net.spawn("w3")
@@ -108,8 +107,7 @@ def test_connections_reset_at_random(
         for name in ("producer", "w1", "w2", "w3"):
             net.proxy(name).set(RESET_LINK)
         producer = net.start_producer()
-        for name in ("w1", "w2", "w3"):
-            net.spawn(name)
+        net.spawn("w1", "w2", "w3")
         scene.until(lambda: history.frontier() >= 1, REJOIN_TIMEOUT, "the workers consuming")
         resetter = Resetter(list(net.proxies.values()), seed=21)
         resetter.start()

@@ -162,9 +162,7 @@ def test_a_consumer_cut_off_from_the_broker_while_it_holds_queues(
     with network(tmp_path, monkeypatch) as net:
         scene, history = net.scene, net.history
         net.start_producer(backlog=BACKLOG_ROUNDS)
-        net.spawn("w1", "--delay-ms", str(SLOW_DELAY_MS))
-        net.spawn("w2")
-        net.spawn("w3")
+        net.spawn_all({"w1": ("--delay-ms", str(SLOW_DELAY_MS)), "w2": (), "w3": ()})
         scene.until(lambda: history.frontier() >= 2, REJOIN_TIMEOUT, "the workers consuming")
         cuts = [cut_off_and_heal(net) for _ in range(PARTITIONS)]
         rounds = net.finish(["w1", "w2", "w3"])
@@ -205,8 +203,7 @@ def test_a_producer_cut_off_from_the_broker(
     with network(tmp_path, monkeypatch) as net:
         scene, history = net.scene, net.history
         producer = net.start_producer(config=config)
-        net.spawn("w1")
-        net.spawn("w2")
+        net.spawn("w1", "w2")
         scene.until(lambda: history.frontier() >= 2, REJOIN_TIMEOUT, "the workers consuming")
         # A spooling producer too, through the same proxy (this process's grpc_proxy).
         spool = Producer(
