@@ -1,4 +1,4 @@
-"""A fault-injecting TCP proxy for the network fault tests (tests/system/test_network_faults.py).
+"""A fault-injecting TCP proxy for the network fault tests (tests/system/test_network_faults_*.py).
 
 The machine's kernel may lack netem (`tc qdisc ... netem`), and CI may lack iptables, so
 the faults are made in user space: a client's connections pass through a FaultProxy, which

@@ -18,7 +18,8 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -386,7 +387,8 @@ def key_history(timeline: list[Entry], around: Entry, width: int = 8) -> str:
 class PacedProducer(threading.Thread):
     """Sends round after round (seq = round number, one message per key) until halted.
 
-    The first `backlog` rounds go out at once, the others one per `interval`. A send waits
+    The first `backlog` rounds go out at once, the others one per `interval` (or at once
+    again up to a number of rounds given to `hurry`, once the faults are over). A send waits
     up to its deadline for an unreachable broker (`config`: the producer's settings).
     Without `retry_for` a failed send ends the thread (`error`). With it, the messages of a
     round that were not acknowledged (the broker was down too long, or died while
@@ -415,6 +417,8 @@ class PacedProducer(threading.Thread):
         self._retry_for = retry_for
         self._config = config
         self._halt = threading.Event()
+        self._wake = threading.Event()  # set by halt and hurry: the pause ends at once
+        self._hurry_to = 0
         self.rounds = 0  # rounds fully acknowledged
         self.sends = 0  # send_batch calls begun
         self.sending = False  # one is under way
@@ -429,8 +433,9 @@ class PacedProducer(threading.Thread):
                     seq = self.rounds
                     self._send_round(producer, seq)
                     self.rounds = seq + 1
-                    if self.rounds >= self._backlog:
-                        self._halt.wait(self._interval)  # the pace, not a wait for a condition
+                    if self.rounds >= max(self._backlog, self._hurry_to):
+                        self._wake.wait(self._interval)  # the pace, not a wait for a condition
+                        self._wake.clear()
         except BaseException as exc:
             self.error = exc
 
@@ -454,9 +459,19 @@ class PacedProducer(threading.Thread):
             finally:
                 self.sending = False
 
+    def hurry(self, rounds: int) -> None:
+        """Send the rounds up to `rounds` without pausing, then go on at the pace.
+
+        For the rounds a test needs in all once its faults are over: the pace only makes
+        each fault meet messages still arriving, so the rest need not wait for it.
+        """
+        self._hurry_to = rounds
+        self._wake.set()
+
     def halt(self) -> int:
         """Stop after the round in flight; the number of rounds sent."""
         self._halt.set()
+        self._wake.set()
         self.join(30 + self._retry_for)
         assert not self.is_alive(), "the producer did not stop"
         return self.rounds
@@ -541,9 +556,40 @@ class Scene:
 
     def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
         """Start a worker (`env`: its environment) and follow its log."""
-        self.workers[name] = start_worker(name, self.broker.address, self.directory, *args, env=env)
-        self.history.add(name, self.workers[name].log)
-        self.mark(f"{name} ready")
+        self.spawn_all({name: args}, None if env is None else lambda _: env)
+
+    def spawn_all(
+        self,
+        workers: Mapping[str, Sequence[str]],
+        env: Callable[[str], dict[str, str]] | None = None,
+    ) -> None:
+        """Start workers together (name: its extra arguments; `env(name)`: its environment).
+
+        Each start is a Python process importing grpc: they overlap instead of queueing.
+        Returns once every one is ready; the workers that started are followed (and ended by
+        clean_up) even when another did not.
+        """
+        envs = {name: None if env is None else env(name) for name in workers}
+        with ThreadPoolExecutor(len(workers)) as pool:
+            starts = {
+                name: pool.submit(
+                    start_worker,
+                    name,
+                    self.broker.address,
+                    self.directory,
+                    *args,
+                    env=envs[name],
+                )
+                for name, args in workers.items()
+            }
+        failed = [f.exception() for f in starts.values() if f.exception() is not None]
+        for name, start in starts.items():
+            if start.exception() is None:
+                self.workers[name] = start.result()
+                self.history.add(name, self.workers[name].log)
+                self.mark(f"{name} ready")
+        if failed:
+            raise failed[0]
 
     def sent(self) -> int:
         """Rounds the producer had acknowledged; fails if it gave up."""

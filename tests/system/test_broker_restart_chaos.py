@@ -160,8 +160,7 @@ def run_restarts(directory: Path, ordering: str) -> RestartRun:
         producer.start()
         until(lambda: sent() >= BACKLOG_ROUNDS, 60, f"the backlog of {BACKLOG_ROUNDS} rounds")
         mark(f"backlog sent: {backlog()} messages")
-        for name in ("w1", "w2", "w3"):
-            scene.spawn(name, *delay)
+        scene.spawn_all(dict.fromkeys(("w1", "w2", "w3"), delay))
         until(
             lambda: all(history.started_after(w, 0) for w in ("w1", "w2", "w3")),
             REJOIN_TIMEOUT,

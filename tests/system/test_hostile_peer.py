@@ -236,8 +236,7 @@ def run_hostile(directory: Path) -> HostileRun:
         paced.start()
         until(lambda: sent() >= BACKLOG_ROUNDS, 60, f"the backlog of {BACKLOG_ROUNDS} rounds")
         mark("backlog sent")
-        for name in WORKERS:
-            scene.spawn(name, *delay)
+        scene.spawn_all(dict.fromkeys(WORKERS, delay))
         until(lambda: not history.queues_idle_since(0, QUEUES), REJOIN_TIMEOUT, "every queue busy")
         mark("every queue consumed")
 

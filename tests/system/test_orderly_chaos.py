@@ -122,8 +122,7 @@ def run_chaos(directory: Path) -> ChaosRun:
         scene.producer = producer = PacedProducer(broker.address, KEYS, ROUND_INTERVAL)
         producer.start()
         until(lambda: sent() >= 1, 30, "the first round (it creates the topic)")
-        for name in ("w1", "w2", "w3"):
-            scene.spawn(name)
+        scene.spawn_all(dict.fromkeys(("w1", "w2", "w3"), ()))
         until(lambda: history.lines() >= 1500, 60, "1 500 messages processed")
 
         # A fourth worker joins: the queues are spread over four.
@@ -162,7 +161,8 @@ def run_chaos(directory: Path) -> ChaosRun:
         until(lambda: history.started_after("w2", resumed), REJOIN_TIMEOUT, "w2 to rejoin")
         mark("w2 consuming again")
 
-        # Enough messages, then everything consumed.
+        # Enough messages (the chaos is over: the rest need no pace), then everything consumed.
+        producer.hurry(MIN_ROUNDS)
         until(lambda: sent() >= MIN_ROUNDS, MIN_ROUNDS * ROUND_INTERVAL + 60, "all rounds")
         rounds = producer.halt()
         mark(f"producer done: {rounds} rounds")
