@@ -1365,26 +1365,33 @@ class Bench:
             self.facts["transports_skipped"] = reason
             return
         batches = wl.make_batches(self.args.messages)
-        warmup = batches[: max(wl.QUEUES, min(40, len(batches) // 10))]
+        mixed = wl.make_mixed_batches(self.args.messages)
         common = {"flush_mode": "async", "keys": wl.KEYS, "queues": wl.QUEUES,
                   "body_bytes": wl.BODY_BYTES, "broker_fronts": "gRPC and remoting"}  # fmt: skip
         for transport, name in TRANSPORTS:
-            produce = self._add(
-                Figure(
-                    f"transports.{transport}.produce",
-                    f"over {name}: produce, async flush, 1 in flight",
-                    "msg/s",
-                    {
-                        **common,
-                        "transport": name,
-                        "api": "sdk.aio.Producer.send_batch",
-                        "batches_in_flight": 1,
-                        "batch_messages": wl.BATCH,
-                        "messages_per_run": len(batches) * wl.BATCH,
-                        "compare_with": "transports.grpc.produce",
-                    },
+            # One-queue batches, then mixed ones (keys in arrival order, every queue in each
+            # batch): one request over gRPC, one SEND_BATCH_MESSAGE per queue over remoting.
+            produces = {
+                kind: self._add(
+                    Figure(
+                        f"transports.{transport}.produce{kind}",
+                        f"over {name}: produce, async flush, 1 in flight"
+                        + (", mixed keys" if kind else ""),
+                        "msg/s",
+                        {
+                            **common,
+                            "transport": name,
+                            "api": "sdk.aio.Producer.send_batch",
+                            "batches_in_flight": 1,
+                            "batch_messages": wl.BATCH,
+                            "batch_spans": "every queue" if kind else "one queue",
+                            "messages_per_run": len(kind_batches) * wl.BATCH,
+                            "compare_with": f"transports.grpc.produce{kind}",
+                        },
+                    )
                 )
-            )
+                for kind, kind_batches in (("", batches), ("_mixed", mixed))
+            }
             consume = self._add(
                 Figure(
                     f"transports.{transport}.consume",
@@ -1404,13 +1411,16 @@ class Bench:
                     },
                 )
             )
-            for figure in (produce, consume):
+            sent = {produces[""].key: batches, produces["_mixed"].key: mixed}
+            for figure in (*produces.values(), consume):
                 self.say(f"{figure.title}: starting a broker")
                 with self._broker(figure.key, "async", rm.BROKER_OPTIONS) as broker:
                     namesrv = rm.namesrv_of(broker)
                     endpoint = broker.address if transport == "grpc" else rm.endpoint(namesrv)
-                    if figure is produce:
-                        await self._produce_figure(figure, broker, batches, warmup, 1, endpoint)
+                    if figure.key in sent:
+                        these = sent[figure.key]
+                        warmup = these[: max(wl.QUEUES, min(40, len(these) // 10))]
+                        await self._produce_figure(figure, broker, these, warmup, 1, endpoint)
                     else:
                         topic = "bench-consume"
                         group = f"transports_{transport}"
@@ -1419,6 +1429,7 @@ class Bench:
                             figure, broker, endpoint, topic, stored, "orderly-async", 32
                         )
         self.facts["transports_ratios"] = transport_ratios(self.figures)
+        self.facts["transports_mixed_over_one_queue"] = mixed_batch_costs(self.figures)
 
     # ------------------------------------------------------------------ tls
     async def tls(self) -> None:
@@ -1627,10 +1638,24 @@ def transport_ratios(figures: list[Figure]) -> dict[str, float]:
     """rocketmq:// over gRPC, per workload of the transports group (medians; those measured)."""
     medians = {f.key: statistics.median(f.values()) for f in figures if f.values()}
     out = {}
-    for workload in ("produce", "consume"):
+    for workload in ("produce", "produce_mixed", "consume"):
         grpc_, remoting = (medians.get(f"transports.{t}.{workload}") for t, _ in TRANSPORTS)
         if grpc_ and remoting:
             out[workload] = round(remoting / grpc_, 3)
+    return out
+
+
+def mixed_batch_costs(figures: list[Figure]) -> dict[str, float]:
+    """Per transport, a mixed-key batch's rate over a one-queue batch's (medians): what a
+    batch over every queue costs where it is one request (gRPC) and where it is one
+    SEND_BATCH_MESSAGE per queue (rocketmq://)."""
+    medians = {f.key: statistics.median(f.values()) for f in figures if f.values()}
+    out = {}
+    for transport, _ in TRANSPORTS:
+        one_queue = medians.get(f"transports.{transport}.produce")
+        mixed = medians.get(f"transports.{transport}.produce_mixed")
+        if one_queue and mixed:
+            out[transport] = round(mixed / one_queue, 3)
     return out
 
 
@@ -1643,10 +1668,18 @@ def transport_comparison(figures: list[Figure]) -> str:
         f"{fmt(medians[f'transports.grpc.{workload}'])} msg/s ({ratios[workload]:.2f}x)"
         for workload, what in (
             ("produce", "produce (send_batch of 100, 1 in flight)"),
+            ("produce_mixed", "produce, mixed keys"),
             ("consume", "orderly consume (async listener, batch 32)"),
         )
         if workload in ratios
     ]
+    costs = mixed_batch_costs(figures)
+    if costs:
+        names = dict(TRANSPORTS)
+        parts.append(
+            "mixed keys over one queue: "
+            + ", ".join(f"{names[t]} {ratio:.2f}x" for t, ratio in costs.items())
+        )
     return f"rocketmq:// vs gRPC: {'; '.join(parts)}" if parts else ""
 
 

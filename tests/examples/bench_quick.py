@@ -66,7 +66,10 @@ def _transports(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
     # produce and orderly consume over gRPC and rocketmq:// (issue 33), unless skipped
     transports = [f for f in figures if f["key"].startswith("transports.")]
     if "transports_skipped" not in facts:
-        assert len(transports) == 4 and all(f["median"] > 0 for f in transports)
+        assert len(transports) == 6 and all(f["median"] > 0 for f in transports)
+        # a mixed-key batch against a one-queue batch, per transport (issue 35)
+        costs = facts["transports_mixed_over_one_queue"]
+        assert sorted(costs) == ["grpc", "rocketmq"] and all(r > 0 for r in costs.values())
 
 
 def _tls(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""bench/run.py's tls group: the order its runs take turns in, its ratios, its certificates."""
+"""bench/run.py's tls group (the order its runs take turns in, its ratios, its certificates),
+and the transports group's ratios."""
 
 from __future__ import annotations
 
@@ -67,3 +68,18 @@ def test_the_certificates_are_made_locally_a_matching_pair_and_their_ca(tmp_path
     server.load_cert_chain(certs.cert, certs.key)  # the pair the broker is given
     client = ssl.create_default_context(cafile=str(certs.ca))
     assert client.cert_store_stats()["x509_ca"] == 1
+
+
+def test_the_transports_line_gives_each_transports_mixed_batch_over_its_one_queue_batch() -> None:
+    figures = [
+        figure("transports.grpc.produce", 100, 100, 100),
+        figure("transports.grpc.produce_mixed", 90, 100, 110),
+        figure("transports.rocketmq.produce", 40),
+        figure("transports.rocketmq.produce_mixed", 10, 12, 14),
+    ]
+    assert bench_run.mixed_batch_costs(figures) == {"grpc": 1.0, "rocketmq": 0.3}
+    assert bench_run.transport_ratios(figures) == {"produce": 0.4, "produce_mixed": 0.12}
+    line = bench_run.transport_comparison(figures)
+    assert line.endswith("mixed keys over one queue: gRPC 1.00x, rocketmq:// 0.30x"), line
+    assert "; produce, mixed keys 12.00 vs 100 msg/s (0.12x);" in line
+    assert bench_run.mixed_batch_costs(figures[:2]) == {"grpc": 1.0}
