@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,8 +172,9 @@ def test_the_broker_sends_no_more_than_the_credit_while_the_listener_is_slow(
 
 
 def test_a_lost_lock_ends_the_subscription_and_the_new_owner_goes_on_in_order(
-    broker: BrokerOver,
+    broker: BrokerOver, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, "ordermq.consumer")
     send(broker.address, 200)
     first = Recorder(hold=body(50))
     a = consumer(broker.address, first)
@@ -189,6 +191,8 @@ def test_a_lost_lock_ends_the_subscription_and_the_new_owner_goes_on_in_order(
         wait_until(lambda: len(second.bodies()) >= 150, 30, "b consumed the rest")
         pq = process_queue(a)
         assert pq is None or not pq.locked  # a was fenced (or gave the queue up)
+        # The broker ended a's subscription for its lost lock.
+        assert any("does not hold its lock" in r.getMessage() for r in caplog.records)
         first.go.set()  # a's listener call, running when the lock was lost, ends
         send(broker.address, 50, start=200)
         wait_until(lambda: second.bodies()[-1:] == [body(249)], 30, "b consumed the new ones")
