@@ -20,11 +20,14 @@ import pytest
 from mockbroker import BrokerConfig, EmbeddedBroker
 from mockbroker.push import Credit
 from sdk import (
+    ConsumeConcurrentlyContext,
+    ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
     Message,
     MessageExt,
+    MessageListenerConcurrently,
     MessageListenerOrderly,
     MessageQueue,
     Producer,
@@ -378,3 +381,31 @@ def test_credit_granted_later_lets_the_broker_send_more(broker: BrokerOver) -> N
             await client.close()
 
     asyncio.run(main())
+
+
+def test_a_concurrent_consumer_gets_every_message_through_push(broker: BrokerOver) -> None:
+    send(broker.address, 300)
+    seen: list[bytes] = []
+    lock = threading.Lock()
+
+    class Listener(MessageListenerConcurrently):
+        def consume_message(
+            self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
+        ) -> ConsumeConcurrentlyStatus:
+            with lock:
+                seen.extend(m.body for m in msgs)
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    c = PushConsumer(
+        "g", broker.address, config=PUSH, consume_from_where=ConsumeFromWhere.FIRST_OFFSET
+    )
+    c.subscribe("orders", "*")
+    c.register_message_listener(Listener())
+    c.start()
+    try:
+        wait_until(lambda: len(seen) >= 300, 30, "every message")
+        assert subscriptions(broker.embedded)
+    finally:
+        c.shutdown()
+    assert sorted(seen) == [body(i) for i in range(300)]
+    assert pulls(broker.embedded) == 0
