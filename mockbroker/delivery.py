@@ -487,7 +487,9 @@ class Delivery:
                     yield got
                     continue
                 wake.append(key)
-            await holder.wait_any(wake, state.clock.now() + SUBSCRIPTION_RECHECK)
+            # Without a lock nothing but an append or a grant (or a stop) changes anything.
+            recheck = SUBSCRIPTION_RECHECK if lock_epoch else MAX_SUSPEND_MS / 1000
+            await holder.wait_any(wake, state.clock.now() + recheck)
 
 
 def _answered(
