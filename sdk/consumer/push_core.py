@@ -204,7 +204,8 @@ class PushConsumerCore(ConsumerCore):
         when the broker says the lock is lost (fenced, as a refused commit: nothing
         buffered is handed to the listener until the lock is granted again), or when the
         connection breaks (subscribe again after pull_error_backoff). Without push at the
-        transport or the broker, this queue and every later one are pulled.
+        transport or the broker (a refusal, UNIMPLEMENTED or INVALID_ARGUMENT, before the
+        first batch), this queue and every later one are pulled.
         """
         c = self.config
         expression = self._subscriptions.get(queue.topic, "*")
@@ -268,7 +269,10 @@ class PushConsumerCore(ConsumerCore):
                 await self._accept(queue, pq, result)
                 if result.status is PullStatus.OFFSET_ILLEGAL:
                     return  # its last batch: subscribe again where the broker said
-        except NotSupportedError as exc:
+        except (NotSupportedError, InvalidArgumentError) as exc:
+            # Refused before any batch: a broker without push (UNIMPLEMENTED; one of before
+            # it answers INVALID_ARGUMENT, a body it does not know), or a request it will
+            # not serve: pulling does what it did before push existed.
             if not received:
                 self._no_push(exc)
             else:

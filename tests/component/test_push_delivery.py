@@ -14,10 +14,12 @@ import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker.errors import invalid
 from mockbroker.push import Credit
 from sdk import (
     ConsumeConcurrentlyContext,
@@ -299,10 +301,19 @@ def test_over_rocketmq_the_consumer_pulls(tmp_path: Path) -> None:
         assert listener.bodies() == [body(i) for i in range(100)]
 
 
-def test_a_broker_without_subscriptions_is_pulled_from(broker: BrokerOver) -> None:
+def _refuse_as_before_push(request: object, client: str) -> NoReturn:
+    """How a broker of before push delivery answered a Subscribe: an unknown body."""
+    raise invalid("INVALID_ARGUMENT", "request 1 carries no send, pull or cancel")
+
+
+@pytest.mark.parametrize("answer", ["UNIMPLEMENTED", "older broker"])
+def test_a_broker_without_subscriptions_is_pulled_from(broker: BrokerOver, answer: str) -> None:
     messaging = broker.broker._messaging
     assert messaging is not None
-    messaging.exchanges._subscribe = None  # as a broker of before push delivery answers
+    if answer == "UNIMPLEMENTED":
+        messaging.exchanges._subscribe = None  # a broker that does not serve them
+    else:
+        messaging.exchanges._subscribe = _refuse_as_before_push
     send(broker.address, 100)
     listener = Recorder()
     c = consumer(broker.address, listener)
