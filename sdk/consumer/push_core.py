@@ -280,7 +280,10 @@ class PushConsumerCore(ConsumerCore):
                 await sleep_for(self._clock, self.config.pull_error_backoff)
         except (LockNotHeldError, StaleEpochError) as exc:
             log.info("push subscription of %s ended: %s", queue, exc)
-            self._fenced(queue)
+            # A lock granted again since, at a new epoch (which ended this subscription
+            # at once), is ours: subscribe again at it. Otherwise the lock is lost.
+            if pq.lock_epoch == epoch:
+                self._fenced(queue)
         except OrderMQError as exc:
             log.warning("push subscription of %s ended: %s", queue, exc)
             await sleep_for(self._clock, self.config.pull_error_backoff)
