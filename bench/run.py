@@ -159,8 +159,9 @@ E2E_RATES = (500, 2000)
 E2E_SECONDS = 5.0
 E2E_QUICK_SECONDS = 1.0
 E2E_SENDS_IN_FLIGHT = 64
-#: The consumer faces the end-to-end figures are taken with ("blocking" is issue 7's).
-E2E_CONSUMERS = ("blocking", "aio")
+#: The consumer faces the end-to-end figures are taken with ("blocking" is issue 7's;
+#: "push" is "aio" with push delivery, issue 40).
+E2E_CONSUMERS = ("blocking", "aio", "push")
 #: send: messages per run of the one-at-a-time and the concurrent single sends (full and
 #: --quick; they are slow), most messages per accumulator run, and sends in flight.
 SEND_SEQUENTIAL, SEND_SEQUENTIAL_QUICK = 20_000, 2_000
@@ -1083,12 +1084,15 @@ class Bench:
 
         face "blocking": sdk.PushConsumer with a plain `def` listener (its own loop thread,
         listener on its thread pool), as a blocking service would run it; "aio":
-        sdk.aio.PushConsumer with an `async def` listener on the benchmark's own loop.
+        sdk.aio.PushConsumer with an `async def` listener on the benchmark's own loop;
+        "push": "aio" with PushConsumerConfig(delivery="push") (the broker sends each
+        queue's batches within credits instead of answering pulls).
         """
         topic = f"bench-e2e-{face}"
         api = {
             "blocking": "sdk.PushConsumer (blocking), orderly, plain def no-op listener",
             "aio": "sdk.aio.PushConsumer, orderly, async def no-op listener",
+            "push": "sdk.aio.PushConsumer, orderly, delivery='push', async def no-op listener",
         }[face]
         figures: list[tuple[int, Figure, Figure, Figure]] = []
         for rate in E2E_RATES:
@@ -1118,11 +1122,14 @@ class Bench:
             figures.append((rate, p50, p99, sent))
         await admin.create_topic(topic, wl.QUEUES)
         recorder = cw.LatencyRecorder()
-        listener = recorder if face == "aio" else cw.BlockingLatencyRecorder(recorder)
+        listener = recorder if face != "blocking" else cw.BlockingLatencyRecorder(recorder)
         consumer: PushConsumer | BlockingPushConsumer
-        if face == "aio":
+        if face != "blocking":
             consumer = PushConsumer(
-                f"{topic}-group", broker.address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET
+                f"{topic}-group",
+                broker.address,
+                consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+                config=PushConsumerConfig(delivery="push" if face == "push" else "pull"),
             )
         else:
             consumer = BlockingPushConsumer(
@@ -1135,7 +1142,8 @@ class Bench:
         else:
             await asyncio.to_thread(consumer.start)
         try:
-            await cw.until_held(admin, wl.QUEUES)  # every queue's pull is waiting
+            # every queue's pull (or push subscription) is waiting
+            await cw.until_held(admin, wl.QUEUES)
             keys = wl.make_keys()
             for rate, p50, p99, sent in figures:
 

@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -24,6 +24,7 @@ from mockbroker.dedup import MessagePlace
 from mockbroker.dedup_sends import SortedBatch
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.fair_store import QueueHold
+from mockbroker.push import SUBSCRIPTION_RECHECK, Credit, lock_wakeup
 from mockbroker.state import BrokerState
 from mockbroker.store.message_store import Batch, GetResult, PutResult, Written
 from mockbroker.store.records import CheckedFrame, CheckedFrames, as_checked
@@ -387,15 +388,7 @@ class Delivery:
         `tags` is a parsed tag expression (None: every message).
         """
         check_group(group)
-        if not 1 <= max_messages <= MAX_PULL_MESSAGES:
-            raise invalid(
-                "INVALID_ARGUMENT",
-                f"max_messages {max_messages} is outside 1..{MAX_PULL_MESSAGES}",
-            )
-        if not 1 <= max_bytes <= MAX_PULL_BYTES:
-            raise invalid(
-                "INVALID_ARGUMENT", f"max_bytes {max_bytes} is outside 1..{MAX_PULL_BYTES}"
-            )
+        _check_batch(max_messages, max_bytes)
         if not 0 <= suspend_ms <= MAX_SUSPEND_MS:
             raise invalid(
                 "INVALID_ARGUMENT",
@@ -403,29 +396,100 @@ class Delivery:
             )
         topic = self._s.topic_queue(topic_name, queue_id)
         deadline = self._s.clock.now() + suspend_ms / 1000
-        limits, sliced = self._s.limits, self._s.sliced
         while True:
-            if limits.over(client):
-                await limits.room(client)
-            if sliced is None:
-                got = self._s.store.get(
-                    topic, queue_id, offset, max_messages=max_messages, max_bytes=max_bytes,
-                    tags=tags,
-                )  # fmt: skip
-            else:
-                got = await sliced.get(
-                    client, topic, queue_id, offset, max_messages=max_messages,
-                    max_bytes=max_bytes, tags=tags,
-                )  # fmt: skip
-            got = await self._s.parking.filter(group, topic, queue_id, got)
-            caught_up = got.status == "NO_NEW_MESSAGE" or (
-                got.status == "NO_MATCHED_MESSAGE" and got.next_offset == got.max_offset
-            )
-            if not caught_up or not suspend_ms:
+            got = await self._read(client, group, topic, queue_id, offset, max_messages,
+                                   max_bytes, tags)  # fmt: skip
+            if not _caught_up(got) or not suspend_ms:
                 return got
             offset = got.next_offset
             if not await self._s.holder.wait((topic.name, queue_id), deadline):
                 return got
+
+    async def _read(
+        self,
+        client: str,
+        group: str,
+        topic: Topic,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        tags: frozenset[bytes] | None,
+    ) -> GetResult:
+        """One read of a queue for a pull or a subscription: limits, fairness, parking."""
+        limits, sliced = self._s.limits, self._s.sliced
+        if limits.over(client):
+            await limits.room(client)
+        if sliced is None:
+            got = self._s.store.get(
+                topic, queue_id, offset, max_messages=max_messages, max_bytes=max_bytes,
+                tags=tags,
+            )  # fmt: skip
+        else:
+            got = await sliced.get(
+                client, topic, queue_id, offset, max_messages=max_messages,
+                max_bytes=max_bytes, tags=tags,
+            )  # fmt: skip
+        return await self._s.parking.filter(group, topic, queue_id, got)
+
+    async def subscribe(
+        self,
+        client: str,
+        *,
+        group: str,
+        topic_name: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        tags: frozenset[bytes] | None,
+        client_id: str,
+        lock_epoch: int,
+        credit: Credit,
+    ) -> AsyncIterator[GetResult]:
+        """Push delivery: one queue's batches from `offset` on, as they arrive, within `credit`.
+
+        Each batch spends its count and record bytes of `credit` (mockbroker/push.py);
+        with none left it waits for a grant. With a `lock_epoch`, `client_id` must hold
+        the queue's lock at it before every batch: when it does not, the subscription ends
+        with LOCK_NOT_HELD or STALE_EPOCH (woken at once by a lock change at this broker,
+        within SUBSCRIPTION_RECHECK by an expiry). Batches with no records (the tag filter
+        skipped messages) spend nothing; an OFFSET_ILLEGAL batch is the last.
+        """
+        check_group(group)
+        _check_batch(max_messages, max_bytes)
+        topic = self._s.topic_queue(topic_name, queue_id)
+        key = (topic.name, queue_id)
+        lock_key = lock_wakeup(group, key)
+        state, holder = self._s, self._s.holder
+        while True:
+            if holder.closed:
+                raise BrokerError(
+                    grpc.StatusCode.UNAVAILABLE, "", "the broker is stopping: subscribe again"
+                )
+            if lock_epoch:
+                state.locks.check_lock(group, key, client_id, lock_epoch)
+            wake = [lock_key, credit.key]
+            if credit.open:
+                got = await self._read(
+                    client, group, topic, queue_id, offset,
+                    min(max_messages, credit.messages), credit.batch_bytes(max_bytes), tags,
+                )  # fmt: skip
+                if lock_epoch:  # the lock may have changed hands while the read waited
+                    state.locks.check_lock(group, key, client_id, lock_epoch)
+                if got.status == "OFFSET_ILLEGAL":
+                    yield got
+                    return
+                if got.count:
+                    credit.spend(got.count, len(got.records))
+                if got.count or got.next_offset != offset:
+                    offset = got.next_offset
+                    yield got
+                    continue
+                wake.append(key)
+            # Without a lock nothing but an append or a grant (or a stop) changes anything.
+            recheck = SUBSCRIPTION_RECHECK if lock_epoch else MAX_SUSPEND_MS / 1000
+            await holder.wait_any(wake, state.clock.now() + recheck)
 
 
 def _answered(
@@ -452,6 +516,22 @@ def _answered(
     places = batch.answer(frames, queue_id, first_offset, stored.store_timestamp_ms)
     return dataclasses.replace(
         stored, count=len(places), durable=stored.durable and durable, messages=tuple(places)
+    )
+
+
+def _check_batch(max_messages: int, max_bytes: int) -> None:
+    if not 1 <= max_messages <= MAX_PULL_MESSAGES:
+        raise invalid(
+            "INVALID_ARGUMENT",
+            f"max_messages {max_messages} is outside 1..{MAX_PULL_MESSAGES}",
+        )
+    if not 1 <= max_bytes <= MAX_PULL_BYTES:
+        raise invalid("INVALID_ARGUMENT", f"max_bytes {max_bytes} is outside 1..{MAX_PULL_BYTES}")
+
+
+def _caught_up(got: GetResult) -> bool:
+    return got.status == "NO_NEW_MESSAGE" or (
+        got.status == "NO_MATCHED_MESSAGE" and got.next_offset == got.max_offset
     )
 
 

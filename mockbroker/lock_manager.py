@@ -388,6 +388,24 @@ class RebalanceLockManager:
                 "only it may commit the queue's offset"
             )
 
+    def check_lock(self, group: str, queue: QueueKey, client_id: str, epoch: int) -> None:
+        """Refuse unless `client_id` holds a live lock on `queue` at `epoch`.
+
+        LOCK_NOT_HELD when it holds none (another owner, expired, unlocked), STALE_EPOCH
+        when its lock has another epoch: what a commit of the queue would be refused with.
+        """
+        name = f"{queue[0]} queue {queue[1]} of group {group!r}"
+        with self._global:
+            entry = self._table.get(group, {}).get(queue)
+            if (
+                entry is None
+                or entry.client_id != client_id
+                or not self._live(entry, self._clock.monotonic())
+            ):
+                raise lock_not_held(f"{name}: {client_id!r} does not hold its lock")
+            if entry.epoch != epoch:
+                raise stale_epoch(f"{name}: the lock's epoch is {entry.epoch}, not {epoch}")
+
     def is_locked_by(self, group: str, queue: QueueKey, client_id: str) -> bool:
         """True when `client_id` holds a live lock on `queue`."""
         with self._global:

@@ -33,6 +33,7 @@ from grpc import StatusCode
 
 from mockbroker.errors import BrokerError
 from mockbroker.lock_manager import QueueKey
+from mockbroker.push import lock_wakeup
 from mockbroker.state import BrokerState, check_client_id
 
 
@@ -65,13 +66,15 @@ class QueueLocks:
         if not member and not state.locks.holds_any(group, client_id):
             raise not_a_member(group, client_id)
         state.groups.alive(client_id, peer)
-        return state.locks.lock_batch(
+        held = state.locks.lock_batch(
             group,
             client_id,
             queues,
             renew_only=not member,
             max_held=state.config.client_max_locks,
         )
+        self._changed(group, queues)
+        return held
 
     def release(
         self, group: str, client_id: str, queues: Iterable[QueueKey], peer: str = ""
@@ -83,7 +86,14 @@ class QueueLocks:
         state = self._s
         queues = self._check(group, client_id, queues)
         state.groups.alive(client_id, peer)
-        return state.locks.unlock_batch(group, client_id, queues)
+        refused = state.locks.unlock_batch(group, client_id, queues)
+        self._changed(group, queues)
+        return refused
+
+    def _changed(self, group: str, queues: Iterable[QueueKey]) -> None:
+        """Wake the push subscriptions of `queues`: they check their lock again."""
+        for queue in queues:
+            self._s.holder.notify(*lock_wakeup(group, queue))
 
     def _check(self, group: str, client_id: str, queues: Iterable[QueueKey]) -> list[QueueKey]:
         check_client_id(client_id)

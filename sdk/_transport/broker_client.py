@@ -17,10 +17,11 @@ from google.protobuf import json_format
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.codec import decode_records
-from sdk._transport.exchange import Exchange, ExchangeUnsupportedError
+from sdk._transport.exchange import Exchange, ExchangeSubscription, ExchangeUnsupportedError
 from sdk._transport.port_probe import speaks_remoting
 from sdk._transport.protocol import (
     Appended,
+    CreditWindow,
     GroupInfo,
     MessageAnswer,
     PullResult,
@@ -35,6 +36,7 @@ from sdk.credentials import Credentials
 from sdk.errors import (
     BrokerError,
     BrokerUnavailableError,
+    NotSupportedError,
     OrderMQError,
     TLSError,
     WrongProtocolError,
@@ -381,6 +383,46 @@ class BrokerClient:
             decode_records(r.records, queue.broker_name) if r.records else [],
         )
 
+    async def subscribe(
+        self,
+        group: str,
+        queue: MessageQueue,
+        offset: int,
+        *,
+        client_id: str,
+        lock_epoch: int,
+        credit_messages: int,
+        credit_bytes: int,
+        max_messages: int = 1000,
+        max_bytes: int = 4 * 1024 * 1024,
+        tag_expression: str = "*",
+    ) -> GrpcSubscription:
+        """Push delivery of `queue` on the Exchange stream (Transport.subscribe)."""
+        request = pb.Subscribe(
+            group=group,
+            topic=queue.topic,
+            queue_id=queue.queue_id,
+            offset=offset,
+            tag_expression=tag_expression,
+            max_messages=max_messages,
+            max_bytes=max_bytes,
+            client_id=client_id,
+            lock_epoch=lock_epoch,
+            credit_messages=credit_messages,
+            credit_bytes=credit_bytes,
+        )
+        try:
+            opened = await self._exchange.subscribe(
+                pb.ExchangeRequest(subscribe=request), CONNECT_TIMEOUT
+            )
+        except ExchangeUnsupportedError as exc:
+            raise NotSupportedError(str(exc), code="UNIMPLEMENTED") from None
+        except BrokerUnavailableError as exc:
+            raise await self._why_unreachable("") or exc from None
+        window = CreditWindow()
+        window.granted(credit_messages, credit_bytes)
+        return GrpcSubscription(opened, queue.broker_name, window)
+
     async def receive(
         self,
         group: str,
@@ -698,3 +740,41 @@ def _answers(results: Iterable[pb.SendPartResult]) -> tuple[MessageAnswer, ...]:
     return tuple(
         MessageAnswer(r.queue_id, r.first_queue_offset, r.msg_id, r.duplicate) for r in results
     )
+
+
+class GrpcSubscription:
+    """A push subscription on a broker's Exchange stream, batches decoded (Subscription)."""
+
+    def __init__(self, opened: ExchangeSubscription, broker_name: str, credit: CreditWindow):
+        self._opened = opened
+        self._broker_name = broker_name
+        self._credit = credit
+
+    @property
+    def credit(self) -> CreditWindow:
+        """Credit granted and not yet used, as seen here."""
+        return self._credit
+
+    async def next(self) -> PullResult:
+        """The next batch (Subscription.next)."""
+        try:
+            r = await self._opened.next()
+        except ExchangeUnsupportedError as exc:
+            raise NotSupportedError(str(exc), code="UNIMPLEMENTED") from None
+        self._credit.received(r.record_count, len(r.records))
+        return PullResult(
+            PullStatus(pb.PullStatus.Name(r.status)),
+            r.next_offset,
+            r.min_offset,
+            r.max_offset,
+            decode_records(r.records, self._broker_name) if r.records else [],
+        )
+
+    def grant(self, messages: int, size: int) -> None:
+        """Let the broker send `messages` more records and `size` more bytes."""
+        self._credit.granted(messages, size)
+        self._opened.grant(messages, size)
+
+    def close(self) -> None:
+        """End the subscription; batches not yet read are dropped."""
+        self._opened.close()

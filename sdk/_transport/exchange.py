@@ -1,5 +1,8 @@
 """Exchange: Send and Pull requests multiplexed on one long-lived bidi stream to a broker.
 
+Push subscriptions (Subscribe) ride on it too: each is answered by many batches of its id
+until an error ends it; Credit requests of its id grant more, a cancel ends it.
+
 A unary call costs the client and the broker a few hundred microseconds of CPU whatever
 it carries; a request on an open stream about a hundred. Each request carries an id and
 its answer the same id; answers come in completion order. One writer task writes the
@@ -123,6 +126,26 @@ class Exchange:
             )
         return answer
 
+    async def subscribe(self, envelope: pb.ExchangeRequest, timeout: float) -> ExchangeSubscription:
+        """Open a subscription (`envelope` carries a Subscribe; its id is set here).
+
+        Waits up to `timeout` for the broker to be reachable (BrokerUnavailableError);
+        ExchangeUnsupportedError when the broker is known to have no Exchange. The
+        broker's refusal comes from the subscription's first `next()`.
+        """
+        if not self._supported:
+            raise ExchangeUnsupportedError("the broker does not serve Exchange")
+        if self._stream is None and not self._closed:
+            await self._connect(envelope, timeout)
+        if self._closed:
+            raise ClientStateError(f"the client of {self._target} is closed")
+        stream = self._stream
+        if stream is None:
+            stream = self._stream = _Stream(self._open_stream(None), self._target, self._ended)
+        self._last_id += 1
+        envelope.id = self._last_id
+        return stream.subscribe(envelope)
+
     async def _connect(self, envelope: pb.ExchangeRequest, timeout: float) -> None:
         """Wait up to `timeout` for the broker to be reachable before opening a stream.
 
@@ -166,6 +189,50 @@ class Exchange:
             self._supported = False
 
 
+class ExchangeSubscription:
+    """One Subscribe on a stream: its answers in order, and its credit grants."""
+
+    def __init__(self, stream: _Stream, rid: int) -> None:
+        self._stream = stream
+        self.id = rid
+        self._inbox: asyncio.Queue[pb.ExchangeResponse | Exception] = asyncio.Queue()
+        self._ended = False
+
+    def _deliver(self, answer: pb.ExchangeResponse | Exception) -> None:
+        self._inbox.put_nowait(answer)
+
+    async def next(self) -> pb.PullResponse:
+        """The next batch; raises what ended the subscription (the broker's error, ...)."""
+        item = await self._inbox.get()
+        if isinstance(item, Exception):
+            self._ended = True
+            raise item
+        if item.HasField("error"):
+            self._ended = True
+            e = item.error
+            raise error_from_status(e.code, e.reason or None, e.message or e.code)
+        if not item.HasField("pull"):
+            self._ended = True
+            raise BrokerError(
+                f"the broker answered subscription {self.id} with "
+                f"{item.WhichOneof('body')!r}, not 'pull'",
+                code="INTERNAL",
+            )
+        return item.pull
+
+    def grant(self, messages: int, size: int) -> None:
+        """Grant the broker `messages` more records and `size` more bytes to send."""
+        if not self._ended:
+            self._stream.control(pb.ExchangeRequest(id=self.id, credit=pb.Credit(
+                messages=messages, bytes=size)))  # fmt: skip
+
+    def close(self) -> None:
+        """End the subscription (the broker is told); batches not read yet are dropped."""
+        if not self._ended:
+            self._ended = True
+            self._stream.unsubscribe(self.id)
+
+
 class _Stream:
     """One Exchange call, its writer and reader tasks, and the requests awaiting answers."""
 
@@ -178,6 +245,7 @@ class _Stream:
         self._outbox: asyncio.Queue[pb.ExchangeRequest | None] = asyncio.Queue()
         self._pending: dict[int, asyncio.Future[pb.ExchangeResponse]] = {}
         self._unwritten: set[int] = set()  # requests in the outbox, not yet written
+        self._subscriptions: dict[int, ExchangeSubscription] = {}
         self._ended = False
         self._loop = asyncio.get_running_loop()
         self._writer = self._loop.create_task(self._write(), name=f"exchange-writer-{target}")
@@ -190,6 +258,26 @@ class _Stream:
         self._unwritten.add(envelope.id)
         self._outbox.put_nowait(envelope)
         return future
+
+    def subscribe(self, envelope: pb.ExchangeRequest) -> ExchangeSubscription:
+        """Queue a Subscribe for writing; the subscription its answers go to."""
+        subscription = ExchangeSubscription(self, envelope.id)
+        if self._ended:
+            subscription._deliver(_unavailable(f"the Exchange stream to {self._target} ended"))
+            return subscription
+        self._subscriptions[envelope.id] = subscription
+        self._outbox.put_nowait(envelope)
+        return subscription
+
+    def control(self, envelope: pb.ExchangeRequest) -> None:
+        """Queue a Credit (never answered) for writing."""
+        if not self._ended:
+            self._outbox.put_nowait(envelope)
+
+    def unsubscribe(self, rid: int) -> None:
+        """Forget subscription `rid` and tell the broker to end it."""
+        if self._subscriptions.pop(rid, None) is not None and not self._ended:
+            self._outbox.put_nowait(pb.ExchangeRequest(id=rid, cancel=pb.ExchangeCancel()))
 
     def abandon(self, rid: int, future: asyncio.Future[pb.ExchangeResponse]) -> None:
         """Forget request `rid`, so that the broker does not act on it.
@@ -224,6 +312,9 @@ class _Stream:
         for future in pending.values():
             if not future.done():
                 future.set_exception(error())
+        subscriptions, self._subscriptions = self._subscriptions, {}
+        for subscription in subscriptions.values():
+            subscription._deliver(error())
         self._on_end(self, error())
 
     async def _write(self) -> None:
@@ -232,7 +323,7 @@ class _Stream:
         )
         try:
             while (envelope := await self._outbox.get()) is not None:
-                if not envelope.HasField("cancel"):
+                if envelope.WhichOneof("body") not in ("cancel", "credit", "subscribe"):
                     if envelope.id not in self._unwritten:
                         continue  # abandoned before it was written
                     self._unwritten.discard(envelope.id)
@@ -251,6 +342,12 @@ class _Stream:
         )
         try:
             while isinstance(answer := await self._call.read(), pb.ExchangeResponse):
+                subscription = self._subscriptions.get(answer.id)
+                if subscription is not None:
+                    if not answer.HasField("pull"):
+                        del self._subscriptions[answer.id]  # its last answer
+                    subscription._deliver(answer)
+                    continue
                 future = self._pending.pop(answer.id, None)
                 if future is None or future.done():
                     continue  # abandoned by its caller
@@ -286,5 +383,8 @@ def _unavailable(message: str) -> Exception:
 def _describe(envelope: pb.ExchangeRequest) -> str:
     if envelope.HasField("send"):
         return f"send to {envelope.send.topic} queue {envelope.send.queue_id}"
+    if envelope.HasField("subscribe"):
+        sub = envelope.subscribe
+        return f"subscription to {sub.topic} queue {sub.queue_id} at offset {sub.offset}"
     pull = envelope.pull
     return f"pull of {pull.topic} queue {pull.queue_id} at offset {pull.offset}"

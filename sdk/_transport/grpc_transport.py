@@ -20,6 +20,7 @@ from sdk._transport.protocol import (
     PullResult,
     SendPart,
     SentBack,
+    Subscription,
     TransactionCheck,
     Unanswered,
     UnlockResult,
@@ -229,6 +230,36 @@ class GrpcTransport:
             tag_expression=tag_expression,
             suspend_timeout=suspend_timeout,
             timeout=timeout,
+        )
+
+    async def subscribe(
+        self,
+        group: str,
+        queue: MessageQueue,
+        offset: int,
+        *,
+        client_id: str,
+        lock_epoch: int,
+        credit_messages: int,
+        credit_bytes: int,
+        max_messages: int = 1000,
+        max_bytes: int = 4 * 1024 * 1024,
+        tag_expression: str = "*",
+    ) -> Subscription:
+        """Push delivery of `queue` at its broker (Transport.subscribe)."""
+        address = self._addresses[queue]
+        client = self._clients.get(address) or self.client(address)
+        return await client.subscribe(
+            group,
+            queue,
+            offset,
+            client_id=client_id,
+            lock_epoch=lock_epoch,
+            credit_messages=credit_messages,
+            credit_bytes=credit_bytes,
+            max_messages=max_messages,
+            max_bytes=max_bytes,
+            tag_expression=tag_expression,
         )
 
     async def queue_offsets(

@@ -42,6 +42,74 @@ class PullResult:
     messages: list[MessageExt]
 
 
+class CreditWindow:
+    """A push subscription's credit as its consumer sees it: granted and not yet used.
+
+    The broker spends a batch's records and their stored bytes (at least its bodies'
+    bytes) from what was granted; the client counts the same from what it received. Its
+    view never goes below zero, so a broker that went past the byte credit by one message
+    (as it may) is simply owed less.
+    """
+
+    __slots__ = ("bytes", "messages")
+
+    def __init__(self) -> None:
+        self.messages = 0
+        self.bytes = 0
+
+    def granted(self, messages: int, size: int) -> None:
+        """`messages` more records and `size` more bytes were granted."""
+        self.messages += messages
+        self.bytes += size
+
+    def received(self, count: int, size: int) -> None:
+        """A batch of `count` records, `size` stored bytes, arrived."""
+        self.messages = max(0, self.messages - count)
+        self.bytes = max(0, self.bytes - size)
+
+    def to_grant(
+        self, limit_messages: int, limit_bytes: int, count: int, size: int, min_messages: int
+    ) -> tuple[int, int]:
+        """What to grant now, for a cache of `count` messages and `size` bytes.
+
+        The cache plus the credit outstanding stays within `limit_messages` and
+        `limit_bytes`. Nothing (0, 0) until at least `min_messages` of room, or half the
+        bytes, is free: grants come in batches, not one per message consumed.
+        """
+        messages = limit_messages - count - self.messages
+        size_room = limit_bytes - size - self.bytes
+        if messages < max(1, min_messages) and size_room < limit_bytes // 2:
+            return 0, 0
+        return max(0, messages), max(0, size_room)
+
+
+class Subscription(Protocol):
+    """A push subscription to one queue (Transport.subscribe)."""
+
+    @property
+    def credit(self) -> CreditWindow:
+        """Credit granted and not yet used, as seen here."""
+        ...
+
+    async def next(self) -> PullResult:
+        """The next batch, as a pull's answer (FOUND, NO_MATCHED_MESSAGE or OFFSET_ILLEGAL).
+
+        Raises what ended the subscription: the broker's refusal (LockNotHeldError,
+        StaleEpochError when the lock is lost), BrokerUnavailableError when the
+        connection broke, NotSupportedError when the broker has no push delivery.
+        After OFFSET_ILLEGAL the subscription has ended.
+        """
+        ...
+
+    def grant(self, messages: int, size: int) -> None:
+        """Let the broker send `messages` more records and `size` more bytes."""
+        ...
+
+    def close(self) -> None:
+        """End the subscription; batches not yet read are dropped."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class MessageAnswer:
     """Where one message of a batch is, as a dedup broker answers (Appended.messages)."""
@@ -250,6 +318,29 @@ class Transport(Protocol):
         timeout: float | None = None,
     ) -> PullResult:
         """Read `queue` from `offset`; with `suspend_timeout`, wait that long for a message."""
+        ...
+
+    async def subscribe(
+        self,
+        group: str,
+        queue: MessageQueue,
+        offset: int,
+        *,
+        client_id: str,
+        lock_epoch: int,
+        credit_messages: int,
+        credit_bytes: int,
+        max_messages: int = 1000,
+        max_bytes: int = 4 * 1024 * 1024,
+        tag_expression: str = "*",
+    ) -> Subscription:
+        """Push delivery of `queue` from `offset`, within the credit granted.
+
+        `lock_epoch` (orderly consumers): the epoch of `client_id`'s lock on the queue;
+        the subscription ends when it is no longer held. NotSupportedError (at once, or
+        from the first `next()`) when the transport or the broker has no push delivery:
+        pull instead.
+        """
         ...
 
     async def queue_offsets(

@@ -62,6 +62,7 @@ from sdk._transport.protocol import (
     PullStatus,
     SendPart,
     SentBack,
+    Subscription,
     TransactionCheck,
     Unanswered,
     UnlockResult,
@@ -691,6 +692,23 @@ class RemotingTransport:
         raise unsupported(f"parking key {message.sharding_key!r} (KeyFailurePolicy.PARK)")
 
     # ------------------------------------------------------------------ consuming
+    async def subscribe(
+        self,
+        group: str,
+        queue: MessageQueue,
+        offset: int,
+        *,
+        client_id: str,
+        lock_epoch: int,
+        credit_messages: int,
+        credit_bytes: int,
+        max_messages: int = 1000,
+        max_bytes: int = 4 * 1024 * 1024,
+        tag_expression: str = "*",
+    ) -> Subscription:
+        """RocketMQ's remoting has no push delivery: the consumer pulls."""
+        raise unsupported("push delivery (delivery='push'); the consumer pulls instead")
+
     async def pull(
         self,
         group: str,

@@ -577,21 +577,25 @@ class ConsumerCore:
                 return
             if pq.generation != generation:
                 continue  # the queue was reset (seek, new owner) while this pull ran
-            if result.status is PullStatus.FOUND:
-                if queue.topic.startswith(RETRY_PREFIX):
-                    _restore_origin(result.messages)
-                pq.put(result.messages)
-                pq.next_offset = result.next_offset
-                self._deliver(queue, pq)
-            elif result.status is PullStatus.OFFSET_ILLEGAL:
-                self._offset_illegal(queue, pq.next_offset, result)
-                pq.next_offset = result.next_offset
-                self.offsets.update(queue, result.next_offset, increase_only=False)
-                await self._starting_offset(queue, result.next_offset)
-            else:
-                pq.next_offset = result.next_offset
-                if pq.count == 0:  # skipped only non-matching messages: move past them
-                    self._skipped_to(queue, result.next_offset)
+            await self._accept(queue, pq, result)
+
+    async def _accept(self, queue: MessageQueue, pq: ProcessQueue, result: PullResult) -> None:
+        """Buffer and hand on what a pull (or a push subscription) brought."""
+        if result.status is PullStatus.FOUND:
+            if queue.topic.startswith(RETRY_PREFIX):
+                _restore_origin(result.messages)
+            pq.put(result.messages)
+            pq.next_offset = result.next_offset
+            self._deliver(queue, pq)
+        elif result.status is PullStatus.OFFSET_ILLEGAL:
+            self._offset_illegal(queue, pq.next_offset, result)
+            pq.next_offset = result.next_offset
+            self.offsets.update(queue, result.next_offset, increase_only=False)
+            await self._starting_offset(queue, result.next_offset)
+        else:
+            pq.next_offset = result.next_offset
+            if pq.count == 0:  # skipped only non-matching messages: move past them
+                self._skipped_to(queue, result.next_offset)
 
     async def _wait_for_room(self, pq: ProcessQueue, seconds: float) -> None:
         """Flow control: wait `seconds`, or less: until messages leave `pq`'s cache.
@@ -632,11 +636,17 @@ class ConsumerCore:
         self.offsets.update(queue, offset)
 
     def _over_threshold(self, pq: ProcessQueue) -> bool:
-        t = self._tuning
-        limit = t.pull_threshold_for_queue
+        return (
+            pq.count >= self._queue_threshold()
+            or pq.size >= self._tuning.pull_threshold_bytes_for_queue
+        )
+
+    def _queue_threshold(self) -> int:
+        """Most messages one queue's cache holds before its pulls pause."""
+        limit = self._tuning.pull_threshold_for_queue
         if self._threshold_for_all > 0 and self._queues:
             limit = min(limit, max(1, self._threshold_for_all // len(self._queues)))
-        return pq.count >= limit or pq.size >= t.pull_threshold_bytes_for_queue
+        return limit
 
     async def _cancel_pulls(self, queues: list[MessageQueue]) -> None:
         tasks = [t for q in queues if (t := self._pulls.pop(q, None)) is not None]

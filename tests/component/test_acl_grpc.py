@@ -26,12 +26,14 @@ from sdk import (
     Message,
     MessageExt,
     MessageListenerOrderly,
+    MessageQueue,
     Producer,
     PushConsumer,
     aio,
 )
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
+from sdk._transport.broker_client import BrokerClient
 from sdk.cli import cli
 from sdk.credentials import signed_metadata
 from sdk.errors import (
@@ -220,6 +222,33 @@ def test_a_pub_only_account_cannot_pull(broker: EmbeddedBroker) -> None:
         consumer.start()
     consumer.shutdown()
     assert Snapshot(broker) == before
+
+
+def test_a_push_subscription_needs_pull_permissions(broker: EmbeddedBroker) -> None:
+    queue = MessageQueue(TOPIC, "broker-a", 0)
+    messaging = broker.broker._messaging
+    assert messaging is not None
+
+    async def subscribe(credentials: Credentials) -> None:
+        client = BrokerClient(broker.address, credentials=credentials)
+        try:
+            sub = await client.subscribe(
+                GROUP, queue, 0, client_id="c", lock_epoch=0, credit_messages=10,
+                credit_bytes=1 << 20,
+            )  # fmt: skip
+            if credentials is PRODUCER:
+                async with asyncio.timeout(10):
+                    await sub.next()  # its refusal
+            await asyncio.to_thread(
+                wait_until, lambda: len(messaging.exchanges.subscriptions) == 1, 10, "served"
+            )
+            sub.close()
+        finally:
+            await client.close()
+
+    with pytest.raises(PermissionDeniedError, match="may not SUB topic 'orders'"):
+        asyncio.run(subscribe(PRODUCER))
+    asyncio.run(subscribe(CONSUMER))
 
 
 def test_a_consumer_consumes_and_commits_in_its_group(broker: EmbeddedBroker) -> None:

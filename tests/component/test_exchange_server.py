@@ -181,7 +181,7 @@ def test_requests_without_a_body_or_with_an_id_in_flight_are_refused(
     assert (dup.id, dup.error.code, dup.error.reason) == (5, "INVALID_ARGUMENT", "INVALID_ARGUMENT")
     assert "already in flight" in dup.error.message
     assert (empty.id, empty.error.code) == (6, "INVALID_ARGUMENT")
-    assert "no send, pull or cancel" in empty.error.message
+    assert "carries no body" in empty.error.message
     assert sorted((a.id, a.WhichOneof("body")) for a in rest) == [(5, "pull"), (8, "send")]
 
 

@@ -111,6 +111,17 @@ def _keymode(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
     assert facts["keymode_p99_ratio"] > 0
 
 
+def _latency(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
+    # end-to-end latency through each consumer face, push delivery next to pull (issue 40)
+    e2e = {f["key"] for f in figures if f["key"].startswith("latency.e2e.")}
+    for face in ("blocking", "aio", "push"):
+        assert {k for k in e2e if k.startswith(f"latency.e2e.{face}.")} == {
+            f"latency.e2e.{face}.rate{rate}.{what}"
+            for rate in (500, 2000)
+            for what in ("p50", "p99", "sent")
+        }, face
+
+
 #: What each group's figures must show, beyond the run succeeding (the groups not named
 #: here were, and are, checked by the run's success alone).
 CHECKS = {
@@ -119,4 +130,5 @@ CHECKS = {
     "tls": _tls,
     "receive": _receive,
     "keymode": _keymode,
+    "latency": _latency,
 }

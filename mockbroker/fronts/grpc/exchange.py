@@ -1,4 +1,4 @@
-"""The Exchange stream: Send and Pull requests multiplexed on one long-lived gRPC call.
+"""The Exchange stream: Send, Pull and Subscribe requests multiplexed on one gRPC call.
 
 A unary call costs the broker a few hundred microseconds of CPU whatever it carries; a
 request on an open stream costs about half. Each request runs as a task of its own, so a
@@ -6,6 +6,10 @@ held pull does not hold up the requests behind it, and is answered (by id) when 
 completes. Sends are appended in the order they arrive: their tasks start in creation
 order and a send appends before its first await (only its flush wait comes after), or,
 with fair scheduling, holds its queue from its first step (mockbroker/fair_store.py).
+
+A Subscribe (push delivery, Delivery.subscribe) is answered many times: each batch is an
+answer with its id, until an error ends it or the client cancels it; its Credit requests
+grant more (mockbroker/push.py). It holds one slot of the stream while it lives.
 
 A client's sends' messages count against its limit (mockbroker/limits.py) from when they
 are read until they are stored, its pulls' answers until they are handed to gRPC; past
@@ -22,11 +26,13 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import grpc
 from google.protobuf.message import Message
 
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.fronts.grpc_errors import MalformedRequest
 from mockbroker.limits import ClientLimits
+from mockbroker.push import Credit
 from mockbroker.request_stats import RequestStats
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 
@@ -41,13 +47,15 @@ Incoming = pb.ExchangeRequest | MalformedRequest
 #: fills the answer it is given (the one inside the stream's envelope).
 SendHandler = Callable[[pb.SendRequest, str], Awaitable[pb.SendResponse]]
 PullHandler = Callable[[pb.PullRequest, str, pb.PullResponse], Awaitable[pb.PullResponse]]
+#: A subscription's credit (refusing a bad one) and its batches, for the request and client.
+SubscribeHandler = Callable[[pb.Subscribe, str], tuple[Credit, AsyncIterator[pb.PullResponse]]]
 #: The ACL's check of one request on the stream, as the RPC it carries ("Send", "Pull"):
 #: BrokerError (UNAUTHENTICATED, PERMISSION_DENIED) if refused (fronts/grpc/auth.py).
 RequestCheck = Callable[[str, Message], None]
 
 
 #: The RPC a request on the stream does the work of, by its body's field name.
-_METHODS = {"send": "Send", "pull": "Pull"}
+_METHODS = {"send": "Send", "pull": "Pull", "subscribe": "Pull"}
 
 
 def _error(request_id: int, code: str, reason: str, message: str) -> pb.ExchangeResponse:
@@ -71,14 +79,18 @@ class ExchangeStream:
         client: str,
         limits: ClientLimits,
         check: RequestCheck | None = None,
+        subscribe: SubscribeHandler | None = None,
     ) -> None:
         self._send = send
         self._pull = pull
+        self._subscribe = subscribe
+        self._credits: dict[int, Credit] = {}  # the open subscriptions' credit, by id
         self._stats = stats
         self._client = client
         self._check = check
         self._tasks: dict[int, asyncio.Task[bool]] = {}
-        self._answers: asyncio.Queue[tuple[pb.ExchangeResponse, int] | None] = asyncio.Queue()
+        # An answer, the bytes it holds, and whether handing it on frees its request's slot.
+        self._answers: asyncio.Queue[tuple[pb.ExchangeResponse, int, bool] | None] = asyncio.Queue()
         # A request holds a slot from when it is read until its answer has been handed to
         # gRPC: a client that sends faster than it reads is held back by flow control.
         self._room = asyncio.Semaphore(MAX_IN_FLIGHT)
@@ -99,10 +111,11 @@ class ExchangeStream:
         reader = asyncio.create_task(self._read(requests))
         try:
             while (item := await self._answers.get()) is not None:
-                answer, size = item
+                answer, size, last = item
                 yield answer
                 self._hold(-size)
-                self._room.release()
+                if last:
+                    self._room.release()
             if self._malformed is not None:
                 raise self._malformed.error
         finally:
@@ -151,15 +164,41 @@ class ExchangeStream:
                 task.cancel()
             self._room.release()  # a cancel is never answered
             return
-        if kind is None:
-            self._refuse(rid, f"request {rid} carries no send, pull or cancel")
+        if kind == "credit":
+            self._room.release()  # a credit is never answered
+            credit = self._credits.get(rid)
+            if credit is not None:
+                try:
+                    credit.grant(request.credit.messages, request.credit.bytes)
+                except BrokerError as exc:
+                    self._stats.refused("Exchange", exc)
+                    task = self._tasks.get(rid)
+                    if task is not None:
+                        task.cancel()
+                        self._answer(_refusal(rid, exc), last=False)
+            return
+        if kind is None and request.ByteSize() == pb.ExchangeRequest(id=rid).ByteSize():
+            self._refuse(
+                rid, f"request {rid} carries no body (send, pull, subscribe, credit, cancel)"
+            )
+            return
+        if kind is None or (kind == "subscribe" and self._subscribe is None):
+            # A body of a later protocol version (an unknown field), or one not served.
+            unserved = BrokerError(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "NOT_IMPLEMENTED",
+                f"request {rid} carries no body this broker serves",
+            )
+            self._stats.refused("Exchange", unserved)
+            self._answer(_refusal(rid, unserved))
             return
         if rid in self._tasks:
             self._refuse(rid, f"request id {rid} is already in flight on this stream")
             return
         size = request.ByteSize() if kind == "send" else 0
         self._hold(size)
-        task = asyncio.create_task(self._run(rid, request, _METHODS[kind], size))
+        run = self._run_subscription(rid, request) if kind == "subscribe" else None
+        task = asyncio.create_task(run or self._run(rid, request, _METHODS[kind], size))
         self._tasks[rid] = task
         task.add_done_callback(functools.partial(self._finished, rid))
 
@@ -198,11 +237,49 @@ class ExchangeStream:
         self._answer(answer)
         return True
 
-    def _answer(self, answer: pb.ExchangeResponse) -> None:
-        """Queue an answer for the client; its pulled messages count until handed on."""
+    async def _run_subscription(self, rid: int, request: pb.ExchangeRequest) -> bool:
+        """Serve one subscription: a batch answer each, until an error (its last answer)."""
+        try:
+            if self._check is not None:
+                self._check("Pull", request.subscribe)
+            assert self._subscribe is not None
+            credit, batches = self._subscribe(request.subscribe, self._client)
+            self._credits[rid] = credit
+            try:
+                async for batch in batches:
+                    self._answer(pb.ExchangeResponse(id=rid, pull=batch), last=False)
+            finally:
+                self._credits.pop(rid, None)
+            # A subscription ends only by an error or OFFSET_ILLEGAL: this is its last answer.
+            answer = _error(rid, "OUT_OF_RANGE", "", f"subscription {rid} ended")
+        except BrokerError as exc:
+            self._stats.refused("Subscribe", exc)
+            answer = _refusal(rid, exc)
+        except asyncio.CancelledError:
+            self._stats.cancelled("Subscribe")
+            return False
+        except Exception as exc:
+            self._stats.crashed("Subscribe")
+            log.exception("exchange subscription %d failed", rid)
+            answer = _error(rid, "UNKNOWN", "", f"Unexpected {type(exc)}: {exc}")
+        else:
+            self._stats.answered("Subscribe")
+        self._answer(answer)
+        return True
+
+    @property
+    def subscriptions(self) -> list[Credit]:
+        """The credit of every open subscription of this stream."""
+        return list(self._credits.values())
+
+    def _answer(self, answer: pb.ExchangeResponse, *, last: bool = True) -> None:
+        """Queue an answer for the client; its pulled messages count until handed on.
+
+        `last`: it ends its request (not a subscription's batch), freeing its slot.
+        """
         size = answer.pull.ByteSize() if answer.HasField("pull") else 0
         self._hold(size)
-        self._answers.put_nowait((answer, size))
+        self._answers.put_nowait((answer, size, last))
 
     def _finished(self, rid: int, task: asyncio.Task[bool]) -> None:
         # A done callback, not a finally in _run: it runs even for a task cancelled
@@ -218,10 +295,16 @@ class ExchangeStreams:
     """Every open Exchange stream of a broker, so that shutdown can end them."""
 
     def __init__(
-        self, send: SendHandler, pull: PullHandler, stats: RequestStats, limits: ClientLimits
+        self,
+        send: SendHandler,
+        pull: PullHandler,
+        stats: RequestStats,
+        limits: ClientLimits,
+        subscribe: SubscribeHandler | None = None,
     ) -> None:
         self._send = send
         self._pull = pull
+        self._subscribe = subscribe
         self._stats = stats
         self._limits = limits
         self._open: set[ExchangeStream] = set()
@@ -234,7 +317,9 @@ class ExchangeStreams:
 
         `check`: the ACL's check of each request (None: no ACL).
         """
-        stream = ExchangeStream(self._send, self._pull, self._stats, client, self._limits, check)
+        stream = ExchangeStream(
+            self._send, self._pull, self._stats, client, self._limits, check, self._subscribe
+        )
         if self._closed:
             stream.close()
         self._open.add(stream)
@@ -243,6 +328,11 @@ class ExchangeStreams:
                 yield answer
         finally:
             self._open.discard(stream)
+
+    @property
+    def subscriptions(self) -> list[Credit]:
+        """The credit of every open push subscription, over every stream."""
+        return [c for stream in self._open for c in stream.subscriptions]
 
     @property
     def open_streams(self) -> int:

@@ -27,10 +27,11 @@ from mockbroker.fronts.grpc_errors import (
 from mockbroker.groups import GroupMembership
 from mockbroker.offset_commits import Fenced, OffsetUpdate
 from mockbroker.parking import ParkedKey
+from mockbroker.push import Credit
 from mockbroker.queue_locks import QueueLocks
 from mockbroker.schedule import CANCELLED
 from mockbroker.state import BrokerState, check_client_id
-from mockbroker.store.message_store import parse_tag_expression
+from mockbroker.store.message_store import GetResult, parse_tag_expression
 from mockbroker.topics import (
     check_any_topic,
     check_group,
@@ -53,7 +54,9 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         self.requests = state.requests
         self._delivery = Delivery(state)
         self._locks = QueueLocks(state)
-        self.exchanges = ExchangeStreams(self.send, self.pull, state.requests, state.limits)
+        self.exchanges = ExchangeStreams(
+            self.send, self.pull, state.requests, state.limits, self.subscribe
+        )
 
     # ------------------------------------------------------------------ exchange
     async def Exchange(
@@ -195,15 +198,34 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             tags=parse_tag_expression(request.tag_expression),
             suspend_ms=request.suspend_timeout_ms,
         )
-        if answer is None:
-            answer = pb.PullResponse()
-        answer.status = pb.PullStatus.Value(got.status)
-        answer.next_offset = got.next_offset
-        answer.min_offset = got.min_offset
-        answer.max_offset = got.max_offset
-        answer.records = got.records
-        answer.record_count = got.count
-        return answer
+        return _pulled(got, pb.PullResponse() if answer is None else answer)
+
+    def subscribe(
+        self, request: pb.Subscribe, client: str
+    ) -> tuple[Credit, AsyncIterator[pb.PullResponse]]:
+        """A push subscription's credit and batches, for the Exchange stream (Delivery.subscribe).
+
+        Raises BrokerError for a bad credit; the batches raise it for anything else.
+        """
+        credit = Credit(self._s.holder, request.credit_messages, request.credit_bytes)
+
+        async def batches() -> AsyncIterator[pb.PullResponse]:
+            async for got in self._delivery.subscribe(
+                client,
+                group=request.group,
+                topic_name=request.topic,
+                queue_id=request.queue_id,
+                offset=request.offset,
+                max_messages=request.max_messages,
+                max_bytes=request.max_bytes,
+                tags=parse_tag_expression(request.tag_expression),
+                client_id=request.client_id,
+                lock_epoch=request.lock_epoch,
+                credit=credit,
+            ):
+                yield _pulled(got, pb.PullResponse())
+
+        return credit, batches()
 
     # ------------------------------------------------------------------ receive (pop)
     @answers_errors
@@ -601,3 +623,14 @@ def _message_results(sent: SendOutcome) -> list[pb.SendPartResult]:
         )
         for m in sent.messages
     ]
+
+
+def _pulled(got: GetResult, answer: pb.PullResponse) -> pb.PullResponse:
+    """Fill `answer` with what a read found."""
+    answer.status = pb.PullStatus.Value(got.status)
+    answer.next_offset = got.next_offset
+    answer.min_offset = got.min_offset
+    answer.max_offset = got.max_offset
+    answer.records = got.records
+    answer.record_count = got.count
+    return answer

@@ -1838,7 +1838,9 @@ class ExchangeRequest(_message.Message):
     """---------------------------------------------------------------- exchange
 
     One request carried by an Exchange stream: a Send or a Pull, exactly as the unary RPC
-    takes it, or the cancellation of an earlier request of the same stream.
+    takes it, a Subscribe (push delivery) or a Credit for one, or the cancellation of an
+    earlier request of the same stream. A body the broker does not know is answered with
+    UNIMPLEMENTED.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1847,6 +1849,8 @@ class ExchangeRequest(_message.Message):
     SEND_FIELD_NUMBER: _builtins.int
     PULL_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    SUBSCRIBE_FIELD_NUMBER: _builtins.int
+    CREDIT_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     """Chosen by the client; unique among the stream's requests still in flight. A cancel
     names the request it cancels by this id.
@@ -1857,6 +1861,10 @@ class ExchangeRequest(_message.Message):
     def pull(self) -> Global___PullRequest: ...
     @_builtins.property
     def cancel(self) -> Global___ExchangeCancel: ...
+    @_builtins.property
+    def subscribe(self) -> Global___Subscribe: ...
+    @_builtins.property
+    def credit(self) -> Global___Credit: ...
     def __init__(
         self,
         *,
@@ -1864,16 +1872,115 @@ class ExchangeRequest(_message.Message):
         send: Global___SendRequest | None = ...,
         pull: Global___PullRequest | None = ...,
         cancel: Global___ExchangeCancel | None = ...,
+        subscribe: Global___Subscribe | None = ...,
+        credit: Global___Credit | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "cancel", b"cancel", "pull", b"pull", "send", b"send"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "cancel", b"cancel", "credit", b"credit", "pull", b"pull", "send", b"send", "subscribe", b"subscribe"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "cancel", b"cancel", "id", b"id", "pull", b"pull", "send", b"send"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "cancel", b"cancel", "credit", b"credit", "id", b"id", "pull", b"pull", "send", b"send", "subscribe", b"subscribe"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["send", "pull", "cancel"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["send", "pull", "cancel", "subscribe", "credit"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___ExchangeRequest: _TypeAlias = ExchangeRequest  # noqa: Y015
+
+@_typing.final
+class Subscribe(_message.Message):
+    """Push delivery of one queue (a subscription): the broker sends the queue's records from
+    `offset` on, as they arrive, each batch as an ExchangeResponse carrying the subscribe's
+    id and a PullResponse (status FOUND; NO_MATCHED_MESSAGE with no records when the tag
+    filter skipped messages; OFFSET_ILLEGAL, then the subscription ends). It sends while the
+    subscription has credit: each batch spends its record count of `credit_messages`, never
+    going below zero, and its records' bytes of `credit_bytes` (0: no byte limit; a batch is
+    sent while any byte credit is left, so it may pass the byte credit by one message, as a
+    pull's max_bytes is). The client grants more with Credit requests of the same id and
+    ends it with an ExchangeCancel of the same id. With a `lock_epoch` (orderly consumers)
+    the client must hold the queue's lock at that epoch, checked before every batch: once it
+    does not (another owner, expiry, unlock) the subscription ends with the error a commit
+    would get (FAILED_PRECONDITION, LOCK_NOT_HELD or STALE_EPOCH). Any error ends it, as an
+    ExchangeError of its id. Permissions: those of Pull. Errors: as Pull's, and those above.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    TAG_EXPRESSION_FIELD_NUMBER: _builtins.int
+    MAX_MESSAGES_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    LOCK_EPOCH_FIELD_NUMBER: _builtins.int
+    CREDIT_MESSAGES_FIELD_NUMBER: _builtins.int
+    CREDIT_BYTES_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    topic: _builtins.str
+    queue_id: _builtins.int
+    offset: _builtins.int
+    tag_expression: _builtins.str
+    """"*" (or empty) for all, or "TagA || TagB" """
+    max_messages: _builtins.int
+    """most records one batch carries: 1 .. 10 000"""
+    max_bytes: _builtins.int
+    """most bytes one batch carries: 1 .. 64 MiB"""
+    client_id: _builtins.str
+    """with lock_epoch: the lock's owner"""
+    lock_epoch: _builtins.int
+    """0: no lock (a concurrent consumer)"""
+    credit_messages: _builtins.int
+    """records the broker may send before more credit comes"""
+    credit_bytes: _builtins.int
+    """record bytes likewise; 0: no byte limit"""
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        tag_expression: _builtins.str = ...,
+        max_messages: _builtins.int = ...,
+        max_bytes: _builtins.int = ...,
+        client_id: _builtins.str = ...,
+        lock_epoch: _builtins.int = ...,
+        credit_messages: _builtins.int = ...,
+        credit_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "credit_bytes", b"credit_bytes", "credit_messages", b"credit_messages", "group", b"group", "lock_epoch", b"lock_epoch", "max_bytes", b"max_bytes", "max_messages", b"max_messages", "offset", b"offset", "queue_id", b"queue_id", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Subscribe: _TypeAlias = Subscribe  # noqa: Y015
+
+@_typing.final
+class Credit(_message.Message):
+    """More credit for the subscription with the same id (the client made room). Never
+    answered; credit for a subscription that has ended is ignored.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    messages: _builtins.int
+    bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        messages: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Credit: _TypeAlias = Credit  # noqa: Y015
 
 @_typing.final
 class ExchangeCancel(_message.Message):
