@@ -31,9 +31,9 @@ def _relative(path: Path, root: Path) -> str:
         return path.as_posix()
 
 
-# make test runs files whole on two workers (--dist loadfile --no-loadscope-reorder), each
+# make test runs files whole on three workers (--dist loadfile --no-loadscope-reorder), each
 # worker taking the next file when it is almost done: the longest files first, so that the
-# last ones to start are short and both workers finish together. xdist's own order (most
+# last ones to start are short and the workers finish together. xdist's own order (most
 # tests first) left a system file last. A file's seconds come from tests/durations.json
 # (`make test-durations` refreshes it); files not in it follow, slowest tier first.
 @pytest.hookimpl(trylast=True)
