@@ -46,9 +46,12 @@ class CreditWindow:
     """A push subscription's credit as its consumer sees it: granted and not yet used.
 
     The broker spends a batch's records and their stored bytes (at least its bodies'
-    bytes) from what was granted; the client counts the same from what it received. Its
-    view never goes below zero, so a broker that went past the byte credit by one message
-    (as it may) is simply owed less.
+    bytes) from what was granted; the client counts the same from what it received. A
+    batch serves one record at least, so the broker may go past the byte credit: the
+    bytes go below zero here as they do there, and the next grant pays that debt as
+    well as the room. (A view that stopped at zero granted the debt's worth too little
+    each time: with messages larger than the byte room the debt grew by each one's
+    excess until the broker never sent again.)
     """
 
     __slots__ = ("bytes", "messages")
@@ -64,8 +67,8 @@ class CreditWindow:
 
     def received(self, count: int, size: int) -> None:
         """A batch of `count` records, `size` stored bytes, arrived."""
-        self.messages = max(0, self.messages - count)
-        self.bytes = max(0, self.bytes - size)
+        self.messages -= count
+        self.bytes -= size
 
     def to_grant(
         self, limit_messages: int, limit_bytes: int, count: int, size: int, min_messages: int

@@ -176,6 +176,30 @@ def test_the_broker_sends_no_more_than_the_credit_while_the_listener_is_slow(
     assert pulls(broker.embedded) == 0
 
 
+def test_messages_larger_than_the_byte_threshold_keep_coming_through_push(
+    broker: BrokerOver,
+) -> None:
+    # Each message is larger than the whole byte room: the broker sends it anyway (a
+    # batch serves one record at least) and goes into debt for the difference. A client
+    # whose view stopped at zero granted too little each time: the debt grew by a
+    # message's excess each time until the broker's credit never opened again.
+    n, big = 6, b"x" * (3 * MIB // 2)
+    with Producer(broker.address) as p:
+        for i in range(n):
+            p.send(Message("orders", big + body(i), sharding_key="k"))
+    listener = Recorder()
+    c = consumer(
+        broker.address, listener, dataclasses.replace(PUSH, pull_threshold_bytes_for_queue=MIB)
+    )
+    c.start()
+    try:
+        wait_until(lambda: len(listener.bodies()) >= n, 30, "every large message")
+    finally:
+        c.shutdown()
+    assert [b[len(big) :] for b in listener.bodies()] == [body(i) for i in range(n)]
+    assert pulls(broker.embedded) == 0
+
+
 def test_a_lost_lock_ends_the_subscription_and_the_new_owner_goes_on_in_order(
     broker: BrokerOver, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -101,10 +101,16 @@ def test_the_client_grants_only_the_room_its_cache_has() -> None:
     assert window.to_grant(100, 1000, 10, 50, 50) == (50, 250)
 
 
-def test_the_client_view_never_goes_below_zero() -> None:
+def test_the_client_view_keeps_the_brokers_byte_debt_and_pays_it() -> None:
     window = CreditWindow()
     window.granted(10, 100)
     window.received(10, 150)  # the broker went past the byte credit by one record
-    assert (window.messages, window.bytes) == (0, 0)
-    # Half the bytes free is enough to grant, however few messages are.
-    assert window.to_grant(10, 100, 10, 40, 5) == (0, 60)
+    assert (window.messages, window.bytes) == (0, -50)
+    # Half the bytes free is enough to grant, however few messages are; the grant pays
+    # the debt too, so that the broker is left with the room (60 bytes), as here.
+    assert window.to_grant(10, 100, 10, 40, 5) == (0, 110)
+    credit = Credit(PullHolder(FakeClock()), 10, 100)
+    credit.spend(10, 150)
+    credit.grant(0, 110)
+    window.granted(0, 110)
+    assert credit.bytes == window.bytes == 60
