@@ -19,6 +19,9 @@ the file's lock, so the lines of one file are in `end ns` order). Both come from
 time.monotonic_ns(), which on Linux is one clock for every process of the machine, so the
 files of several workers merge into one history.
 
+`--delivery push` has the broker push each held queue's batches within credits
+(PushConsumerConfig.delivery) instead of the consumer pulling them.
+
 Prints `ready <client id>` once started, a line per rebalance hook call, and runs until
 SIGTERM or SIGINT; then it shuts the consumer down and exits 0.
 """
@@ -26,6 +29,7 @@ SIGTERM or SIGINT; then it shuts the consumer down and exits 0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -121,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         "--ordering", choices=[o.value for o in ProcessingOrder], default="queue",
         help="what the listener keeps in order: the queue (default) or each key",
     )  # fmt: skip
+    parser.add_argument(
+        "--delivery", choices=["pull", "push"], default="pull",
+        help="how messages come: pulled (default), or pushed by the broker within credits",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     queue_base = {name: int(n) for name, _, n in (b.partition("=") for b in args.queue_base)}
     logging.basicConfig(
@@ -146,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         args.broker,
         consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
         ordering=ProcessingOrder(args.ordering),
-        config=CONFIG,
+        config=dataclasses.replace(CONFIG, delivery=args.delivery),
         on_queues_assigned=hook("assigned"),
         on_queues_revoked=hook("revoked"),
     )

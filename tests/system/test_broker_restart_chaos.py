@@ -1,8 +1,10 @@
 """Orderly consumption through broker crashes: kill -9 three times, and a rolling restart.
 
-The scenario runs twice: with the workers in queue mode (RocketMQ's) and in key mode
+The scenario runs three times: with the workers in queue mode (RocketMQ's), in key mode
 (ProcessingOrder.KEY: keys of a queue side by side, each in order), where exclusivity
-is checked per key instead of per queue.
+is checked per key instead of per queue, and in queue mode with push delivery
+(`--delivery push`: the broker sends each held queue's batches within credits; a
+subscription the crash cut is opened again, at the lock epoch the worker holds then).
 
 A broker process with a short lock lease (4 s) and client timeout (6 s); a producer in this
 process first sends a backlog (40 rounds of one message per key, 160 keys over 8 queues,
@@ -40,6 +42,7 @@ import pytest
 
 from sdk import shard_index
 from tests.chaos_report import ChaosRecorder
+from tests.component.scraping import scrape
 from tests.support import wait_until
 from tests.system.orderly_history import (
     BROKER_LEASE,
@@ -98,17 +101,21 @@ class RestartRun:
     failed_sends: int
     timeline: str
     ordering: str  # the workers' ProcessingOrder: "queue" or "key"
+    delivery: str  # the workers' PushConsumerConfig.delivery: "pull" or "push"
+    #: Requests the broker counted since its last restart, by method (Pull, Subscribe...).
+    requests: dict[str, float]
 
 
-def run_restarts(directory: Path, ordering: str) -> RestartRun:
+def run_restarts(directory: Path, ordering: str, delivery: str = "pull") -> RestartRun:
     """The scenario of the module docstring, with its logs and broker data in `directory`;
-    the workers keep `ordering` ("queue" or "key": ProcessingOrder's values)."""
+    the workers keep `ordering` ("queue" or "key": ProcessingOrder's values) and get their
+    messages by `delivery` ("pull" or "push")."""
     assert {shard_index(k, QUEUES) for k in KEYS} == set(range(QUEUES)), "keys cover queues"
-    broker = orderly_broker(directory / "broker", QUEUES)
+    broker = orderly_broker(directory / "broker", QUEUES, "--metrics-port", "0")
     history = History(KEYS)
     scene = Scene(directory, broker, history)
     mark, until, sent = scene.mark, scene.until, scene.sent
-    delay = ("--delay-ms", str(DELAY_MS), "--ordering", ordering)
+    delay = ("--delay-ms", str(DELAY_MS), "--ordering", ordering, "--delivery", delivery)
     outages: list[tuple[int, int]] = []
 
     def backlog() -> int:
@@ -180,11 +187,19 @@ def run_restarts(directory: Path, ordering: str) -> RestartRun:
         scene.stop_workers(["w2", "w3", "w4"])
         mark("workers stopped")
         history.refresh()
+        metrics_port = int(broker.fronts["metrics"].rsplit(":", 1)[1])
+        if delivery == "push":  # a subscription counts once the broker saw it end
+            wait_until(
+                lambda: requests_by_method(metrics_port).get("Subscribe", 0) >= QUEUES,
+                SLACK,
+                "the broker to count the workers' subscriptions as ended",
+            )
+        requests = requests_by_method(metrics_port)
     finally:
         scene.clean_up()
 
     lines = [
-        f"broker restarts, {ordering} mode: {total} messages sent in {rounds} rounds; "
+        f"broker restarts, {ordering} mode, {delivery}: {total} messages sent in {rounds} rounds; "
         f"logs in {directory}"
     ]
     return RestartRun(
@@ -195,17 +210,37 @@ def run_restarts(directory: Path, ordering: str) -> RestartRun:
         failed_sends=producer.failed_sends,
         timeline="\n".join(lines + scene.timeline()),
         ordering=ordering,
+        delivery=delivery,
+        requests=requests,
     )
 
 
-@pytest.fixture(scope="module", params=["queue", "key"])
+def requests_by_method(metrics_port: int) -> dict[str, float]:
+    """ordermq_rpc_requests_total summed over codes, by method (subscriptions count once
+    each ends: after the workers stopped, every one)."""
+    counts: dict[str, float] = {}
+    for (name, labels), value in scrape(metrics_port).items():
+        if name == "ordermq_rpc_requests_total":
+            method = dict(labels)["method"]
+            counts[method] = counts.get(method, 0) + value
+    return counts
+
+
+@pytest.fixture(
+    scope="module",
+    params=[("queue", "pull"), ("key", "pull"), ("queue", "push")],
+    ids=["queue", "key", "queue-push"],
+)
 def run(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RestartRun]:
-    """The scenario, run once per processing order for the tests of this module."""
+    """The scenario, run once per processing order (and with push delivery) for the tests
+    of this module."""
+    ordering, delivery = request.param
     began = time.monotonic()
-    result = run_restarts(tmp_path_factory.mktemp("broker-restarts"), request.param)
-    print(f"\nbroker restart chaos ({request.param} mode) took {time.monotonic() - began:.1f}s")
+    result = run_restarts(tmp_path_factory.mktemp("broker-restarts"), ordering, delivery)
+    took = time.monotonic() - began
+    print(f"\nbroker restart chaos ({ordering} mode, {delivery}) took {took:.1f}s")
     yield result
 
 
@@ -215,14 +250,21 @@ def test_every_acknowledged_message_in_order_through_broker_crashes(
     report = verify(run.entries, run.rounds, {}, KEYS, QUEUES, resends=True, exclusive=run.ordering)
     note = f"{len(run.outages)} restarts, {report.copies} copies from retried sends"
     what = "broker kill -9 and restart" + (", key mode" if run.ordering == "key" else "")
+    what += ", push delivery" if run.delivery == "push" else ""
     report.record(chaos_report, what, run.rounds, note)
-    text = f"{report.summary()}; {run.failed_sends} failed sends retried\n{run.timeline}"
+    text = (
+        f"{report.summary()}; {run.failed_sends} failed sends retried; requests since the "
+        f"last restart: {run.requests}\n{run.timeline}"
+    )
     print(text)
     assert not report.errors, f"{len(report.errors)} violations:\n" + (
         "\n".join(report.errors[:30]) + "\n" + text
     )
     idle = [f"w{i}" for i in range(1, 5) if not report.lines_by_worker.get(f"w{i}")]
     assert not idle, f"workers that processed nothing: {idle}\n{text}"
+    if run.delivery == "push":  # since the last restart the workers consumed through push
+        assert run.requests.get("Subscribe", 0) >= QUEUES, run.requests
+        assert run.requests.get("Pull", 0) == 0, run.requests
 
 
 def test_a_planned_handover_redelivers_nothing_between_crashes(run: RestartRun) -> None:
