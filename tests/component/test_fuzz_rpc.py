@@ -7,7 +7,8 @@ broker also sees what no stub would send:
 - a valid request (SEEDS) with one field, possibly nested, given another value;
 - a valid request's bytes mutated: bit flips, truncation, lengths set huge (malformed
   protobuf, strings that are not UTF-8).
-The Exchange stream gets sequences of such requests (sends, pulls, cancels, ids reused).
+The Exchange stream gets sequences of such requests (sends, pulls, push subscriptions and
+their credit grants, cancels, ids reused); a subscription is answered once per batch.
 
 Every call must end within its deadline (a pull the broker holds is the one call that may
 wait: the broker reports it held, and cancelling it frees it); never with UNKNOWN or
@@ -94,6 +95,10 @@ class Fuzzed:
     channel: grpc.Channel
     pools: Pools = field(default_factory=Pools)
     seeds: dict[str, Message] = field(default_factory=dict)
+    #: More valid requests of a method, mutated as its seed is (Exchange's other bodies).
+    more_seeds: dict[str, list[Message]] = field(default_factory=dict)
+    #: Valid inputs of a method always tried (Exchange: a subscription and its credit).
+    examples: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def broker(self) -> Broker:
@@ -179,6 +184,43 @@ def seed(f: Fuzzed) -> None:
         lock_epoch=epochs[1], reason="fuzz",
     )  # fmt: skip
     f.call("ParkKey", park)
+    # Push delivery of q1, whose lock c1 holds: one record a batch, two of credit (then
+    # it waits for a grant), and a grant of the same id for the third and later ones.
+    subscribe = pb.ExchangeRequest(
+        id=1,
+        subscribe=pb.Subscribe(
+            group=G1, topic=TOPIC, queue_id=1, offset=0, tag_expression="*", max_messages=1,
+            max_bytes=1 << 20, client_id=C1, lock_epoch=epochs[1], credit_messages=2,
+            credit_bytes=0,
+        ),
+    )  # fmt: skip
+    credit = pb.ExchangeRequest(id=1, credit=pb.Credit(messages=8, bytes=4096))
+    f.more_seeds = {"Exchange": [subscribe, credit]}
+    f.examples = {
+        "Exchange": [
+            [subscribe.SerializeToString(), credit.SerializeToString()],
+            [
+                subscribe.SerializeToString(),
+                pb.ExchangeRequest(id=1, cancel={}).SerializeToString(),
+            ],
+            # Past the queue's end: an OFFSET_ILLEGAL batch, then the error that ends the
+            # subscription (it carried no ErrorReason).
+            [
+                pb.ExchangeRequest(
+                    id=1,
+                    subscribe=pb.Subscribe(
+                        group=G1,
+                        topic=TOPIC,
+                        queue_id=2,
+                        offset=99,
+                        max_messages=1,
+                        max_bytes=1 << 20,
+                        credit_messages=2,
+                    ),
+                ).SerializeToString()
+            ],
+        ]
+    }
     f.seeds = {
         "SendHalfMessage": half,
         "EndTransaction": pb.EndTransactionRequest(
@@ -443,8 +485,13 @@ def exchange(f: Fuzzed, method: MethodDescriptor, requests: list[bytes]) -> Outc
     answerable = [
         b for b in bodies if b is not None and b.WhichOneof("body") not in ("cancel", "credit")
     ]
+    # A subscription is answered once per batch, then once more if an error ends it.
+    subscribed = any(b.WhichOneof("body") == "subscribe" for b in answerable)
     assert {a.id for a in got} <= sent_ids, what
-    assert len(got) <= len(answerable), what
+    if subscribed:
+        assert {b.id for b in answerable} >= {a.id for a in got}, what  # type: ignore[attr-defined]
+    else:
+        assert len(got) <= len(answerable), what
     for answer in got:
         if answer.HasField("error"):
             e = answer.error
@@ -452,7 +499,10 @@ def exchange(f: Fuzzed, method: MethodDescriptor, requests: list[bytes]) -> Outc
             assert e.reason in REASONS and e.message, f"{what}: answered {e}"
     kinds = {b.WhichOneof("body") for b in bodies if b is not None}
     if ended and code is grpc.StatusCode.OK and "cancel" not in kinds:
-        assert len(got) == len(answerable), f"{what}: {len(got)} answers"
+        if subscribed:  # each request answered (a subscription ended: by an error)
+            assert {a.id for a in got} == {b.id for b in answerable}, what  # type: ignore[attr-defined]
+        else:
+            assert len(got) == len(answerable), f"{what}: {len(got)} answers"
     # A send cancelled after it was appended stays appended, unanswered.
     unanswered_send = {"send", "cancel"} <= kinds
     sent = any(a.HasField("send") for a in got)
@@ -462,11 +512,17 @@ def exchange(f: Fuzzed, method: MethodDescriptor, requests: list[bytes]) -> Outc
 # ---------------------------------------------------------------------------- the tests
 def inputs(f: Fuzzed, method: MethodDescriptor) -> st.SearchStrategy[bytes]:
     """Generated, one-field-changed and byte-mutated requests of `method`, serialized."""
-    seed_request = f.seeds[method.name]
+    seed_requests = [f.seeds[method.name], *f.more_seeds.get(method.name, ())]
     return st.one_of(
         messages(method.input_type, f.pools).map(lambda m: m.SerializeToString()),
-        one_field_changed(seed_request, f.pools).map(lambda m: m.SerializeToString()),
-        st.just(seed_request.SerializeToString()).flatmap(mutated),
+        *(
+            one_field_changed(seed_request, f.pools).map(lambda m: m.SerializeToString())
+            for seed_request in seed_requests
+        ),
+        *(
+            st.just(seed_request.SerializeToString()).flatmap(mutated)
+            for seed_request in seed_requests
+        ),
     )
 
 
@@ -526,7 +582,7 @@ def fuzz_method(
         if not outcome.ok or method.name in READ_ONLY:
             assert snapshot(f.broker) == before, f"{method.name} changed the broker's state"
 
-    for data in REGRESSIONS.get(method.name, ()):
+    for data in [*REGRESSIONS.get(method.name, ()), *f.examples.get(method.name, ())]:
         run = example(data)(run)
     run()
 

@@ -250,8 +250,13 @@ class ExchangeStream:
                     self._answer(pb.ExchangeResponse(id=rid, pull=batch), last=False)
             finally:
                 self._credits.pop(rid, None)
-            # A subscription ends only by an error or OFFSET_ILLEGAL: this is its last answer.
-            answer = _error(rid, "OUT_OF_RANGE", "", f"subscription {rid} ended")
+            # A subscription ends only by an error or OFFSET_ILLEGAL: this is its last answer,
+            # with a reason as every refusal has.
+            answer = _error(
+                rid, "OUT_OF_RANGE", "INVALID_OFFSET",
+                f"subscription {rid} ended: its offset is outside the queue (the "
+                "OFFSET_ILLEGAL batch before this answer says where to start again)",
+            )  # fmt: skip
         except BrokerError as exc:
             self._stats.refused("Subscribe", exc)
             answer = _refusal(rid, exc)
