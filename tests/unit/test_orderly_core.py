@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from sdk._transport.protocol import CreditWindow, PullResult
 from sdk.consumer.config import ConsumeFromWhere, PushConsumerConfig
 from sdk.consumer.listener import (
     ConsumeOrderlyContext,
@@ -20,6 +21,7 @@ from sdk.consumer.listener import (
     MessageListenerOrderly,
 )
 from sdk.consumer.push_core import PushConsumerCore
+from sdk.errors import StaleEpochError
 from sdk.message import MessageExt, MessageQueue
 from sdk.testing import FakeClock
 from tests.unit.fake_transport import FakeBroker, FakeTransport
@@ -365,6 +367,88 @@ def test_a_lock_answer_that_arrives_late_does_not_extend_the_clients_lease() -> 
             clock.advance(0.5)
             await asyncio.sleep(0.01)
         assert listener.seen == [(0, 0), (0, 1)], "a listener call on another's queue"
+        await core.shutdown()
+
+    run(test)
+
+
+class ScriptedSubscription:
+    """A push subscription whose batches, and the error that ends it, the test hands it."""
+
+    def __init__(self, offset: int, lock_epoch: int) -> None:
+        self.offset = offset
+        self.lock_epoch = lock_epoch
+        self.credit = CreditWindow()
+        self.items: asyncio.Queue[PullResult | Exception] = asyncio.Queue()
+
+    async def next(self) -> PullResult:
+        item = await self.items.get()
+        if isinstance(item, Exception):
+            raise item
+        self.credit.received(len(item.messages), 0)
+        return item
+
+    def grant(self, messages: int, size: int) -> None:
+        self.credit.granted(messages, size)
+
+    def close(self) -> None:
+        pass
+
+
+class PushTransport(FakeTransport):
+    """The fake transport with push subscriptions the test scripts (every one kept)."""
+
+    def __init__(self, broker: FakeBroker) -> None:
+        super().__init__(broker)
+        self.subscriptions: list[ScriptedSubscription] = []
+
+    async def subscribe(
+        self, group: str, queue: MessageQueue, offset: int, *, lock_epoch: int,
+        credit_messages: int, credit_bytes: int, **_: Any,
+    ) -> ScriptedSubscription:  # fmt: skip
+        subscription = ScriptedSubscription(offset, lock_epoch)
+        subscription.credit.granted(credit_messages, credit_bytes)
+        self.subscriptions.append(subscription)
+        return subscription
+
+
+def test_a_push_subscription_the_old_lock_ended_after_a_relock_does_not_fence_the_queue() -> None:
+    """The broker ends a subscription at once when its lock changes; when the consumer has
+    taken the lock again at a new epoch by the time that end arrives, the queue is its own:
+    it subscribes again at the new epoch. Fenced instead, it would call no listener until
+    the next renewal (here: never, the clock stands still)."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        clock = broker.clock
+        transport = PushTransport(broker)
+        core = PushConsumerCore(
+            GROUP, transport, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            config=PushConsumerConfig(delivery="push"), clock=clock,
+        )  # fmt: skip
+        core.subscribe(broker.topic)
+        core.register_message_listener(listener)
+        await core.start()
+        await until(lambda: len(transport.subscriptions) == 1, "a subscription")
+        first = transport.subscriptions[0]
+        assert first.lock_epoch
+        broker.append(0, ["a"] * 2)
+        first.items.put_nowait(await transport.pull(GROUP, MQ, first.offset))
+        await until(lambda: listener.seen == [(0, 0), (0, 1)], "the first batch")
+        pq = core._queues[MQ]
+        broker.locks.release_client(core.client_id)  # the next renewal gets a new epoch
+        clock.advance(20)  # lock_renew_interval: the renewal runs
+        await until(
+            lambda: pq.locked and pq.lock_epoch != first.lock_epoch, "the relock at a new epoch"
+        )
+        # Only now does the end of the subscription at the old epoch come.
+        first.items.put_nowait(StaleEpochError("the lock of orders:0 is at a later epoch"))
+        await until(lambda: len(transport.subscriptions) == 2, "a subscription at the new epoch")
+        second = transport.subscriptions[1]
+        assert pq.locked and second.lock_epoch == pq.lock_epoch
+        broker.append(0, ["a"])
+        second.items.put_nowait(await transport.pull(GROUP, MQ, second.offset))
+        await until(lambda: listener.seen[-1:] == [(0, 2)], "a message at the new epoch")
         await core.shutdown()
 
     run(test)
