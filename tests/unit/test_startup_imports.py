@@ -22,6 +22,7 @@ OPTIONAL = (
     "mockbroker.fronts.console",
     "jinja2",
     "cryptography",
+    "sdk._transport.remoting_transport",  # only for rocketmq:// endpoints
 )
 
 
@@ -40,3 +41,7 @@ def test_the_broker_command_loads_no_front_or_feature_it_is_not_configured_for()
 
 def test_the_ordermq_command_loads_no_package_metadata() -> None:
     assert loaded_at_start("sdk.cli") == set()
+
+
+def test_a_client_of_ordermq_brokers_loads_no_rocketmq_remoting() -> None:
+    assert loaded_at_start("sdk") == set()
