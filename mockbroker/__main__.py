@@ -11,7 +11,6 @@ import signal
 import sys
 from pathlib import Path
 
-from mockbroker.acl import AclFileError
 from mockbroker.config import BrokerConfig
 from mockbroker.server import Broker
 from mockbroker.tls import TLSCertificateError
@@ -490,13 +489,23 @@ def raise_open_files_limit() -> None:
         )
 
 
+def _acl_file_error() -> type[Exception]:
+    """AclFileError, imported only once something has gone wrong.
+
+    A broker without an ACL file never loads the ACL package (nor yaml).
+    """
+    from mockbroker.acl import AclFileError
+
+    return AclFileError
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     config = parse_args(argv)
     raise_open_files_limit()
     try:
         asyncio.run(serve(config))
-    except (OSError, CorruptFileError, TLSCertificateError, AclFileError) as exc:
+    except (OSError, CorruptFileError, TLSCertificateError, _acl_file_error()) as exc:
         # in use, no room, a data file unreadable, a TLS file that cannot be served with,
         # an ACL file with a fault (FILE:LINE)
         print(f"mockbroker: {exc}", file=sys.stderr)

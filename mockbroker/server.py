@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from mockbroker.acl import Acl, AclWatcher, load_acl_file
 from mockbroker.config import BrokerConfig
 from mockbroker.dedup import DedupWindow
 from mockbroker.dedup_sends import DedupSends, rebuild
@@ -19,13 +18,8 @@ from mockbroker.errors import BrokerError
 from mockbroker.fair_store import SlicedStore
 from mockbroker.fairness import FairScheduler
 from mockbroker.fronts.grpc.admin_service import AdminService
-from mockbroker.fronts.grpc.auth import GrpcAuth
 from mockbroker.fronts.grpc.service import MessagingService
 from mockbroker.fronts.grpc_errors import add_service
-from mockbroker.fronts.remoting.front import RemotingFront
-from mockbroker.fronts.v2.auth import V2Auth
-from mockbroker.fronts.v2.front import V2Front
-from mockbroker.fronts.v2.pop_adapter import PopCoreAdapter
 from mockbroker.groups import ConsumerGroups
 from mockbroker.limits import ClientLimits
 from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
@@ -34,7 +28,6 @@ from mockbroker.offset_commits import OffsetCommits
 from mockbroker.offsets import ConsumerOffsets
 from mockbroker.parking import PARKING_FILE, Parking
 from mockbroker.pop import PopService
-from mockbroker.registrar import BrokerRegistrar
 from mockbroker.retry import RetryService
 from mockbroker.schedule import Scheduler
 from mockbroker.state import BrokerState
@@ -51,8 +44,15 @@ from sdk.log import log_event
 from sdk.tls import TLSConfig
 
 if TYPE_CHECKING:
+    # The fronts and features that are off unless configured are imported where they are
+    # built: each `python -m mockbroker` (tests start hundreds) pays only for what it serves.
+    from mockbroker.acl import Acl
     from mockbroker.fronts.console import ConsoleServer
+    from mockbroker.fronts.grpc.auth import GrpcAuth
+    from mockbroker.fronts.remoting.front import RemotingFront
+    from mockbroker.fronts.v2.front import V2Front
     from mockbroker.http_status import StatusServer
+    from mockbroker.registrar import BrokerRegistrar
 
 log = logging.getLogger("mockbroker")
 
@@ -207,6 +207,8 @@ class Broker:
             files = TLSFiles(config.tls_cert, config.tls_key, config.tls_client_ca)
             self.tls = await asyncio.to_thread(ServerTLS, files)  # TLSCertificateError
         if config.acl_file is not None:
+            from mockbroker.acl import Acl, load_acl_file
+
             # AclFileError (FILE:LINE: what is wrong) or OSError: the broker does not start.
             self.acl = Acl(await asyncio.to_thread(load_acl_file, config.acl_file))
         await asyncio.to_thread(_check_listenable, config.host, config.port)
@@ -340,11 +342,11 @@ class Broker:
         pop.sliced, pop.limits = state.sliced, state.limits  # receives share like pulls
         # Without so_reuseport=0 a second broker could bind the same port and share it.
         server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
-        auth = (
-            GrpcAuth(self.acl, self.clock, topic_of_scheduled=scheduler.topic_of)
-            if self.acl is not None
-            else None
-        )
+        auth: GrpcAuth | None = None
+        if self.acl is not None:
+            from mockbroker.fronts.grpc.auth import GrpcAuth
+
+            auth = GrpcAuth(self.acl, self.clock, topic_of_scheduled=scheduler.topic_of)
         self._messaging = MessagingService(state, auth)
         services = pb.DESCRIPTOR.services_by_name
         add_service(server, services["MessagingService"], self._messaging, auth)
@@ -361,6 +363,10 @@ class Broker:
             raise OSError(f"cannot listen on {self.config.host}:{self.config.port}: {exc}") from exc
         state.address = self.address
         if self.config.v2_port is not None:
+            from mockbroker.fronts.v2.auth import V2Auth  # its generated protos: only if on
+            from mockbroker.fronts.v2.front import V2Front
+            from mockbroker.fronts.v2.pop_adapter import PopCoreAdapter
+
             fifo = frozenset(self.config.fifo_groups)
             v2_auth = V2Auth(self.acl, self.clock) if self.acl is not None else None
             v2 = V2Front(state, PopCoreAdapter(pop, self.clock, fifo), v2_auth)
@@ -380,6 +386,8 @@ class Broker:
         pop.start()
         self._sweeper = asyncio.create_task(self._expire_clients(state), name="client-expiry")
         if self.acl is not None and self.config.acl_file is not None:
+            from mockbroker.acl import AclWatcher
+
             watcher = AclWatcher(
                 self.acl, self.config.acl_file, self.clock, self.config.acl_reload_seconds
             )
@@ -388,6 +396,9 @@ class Broker:
                      len(self.acl.rules.accounts))  # fmt: skip
         self.state, self._server = state, server
         if self.config.remoting_port is not None:
+            from mockbroker.fronts.remoting.front import RemotingFront
+            from mockbroker.registrar import BrokerRegistrar
+
             self.remoting = RemotingFront(
                 state, self._client_host(),
                 max_connections=self.config.remoting_max_connections,

@@ -1,8 +1,7 @@
-"""The installed ordermq's version, as the package metadata (pyproject.toml) gives it."""
+"""ordermq's version: the one place it is written (pyproject.toml reads it from here).
 
-from importlib.metadata import PackageNotFoundError, version
+A literal, not importlib.metadata: reading the installed metadata costs every process that
+imports `sdk` (each broker, worker and `ordermq` command) tens of milliseconds at start.
+"""
 
-try:
-    __version__ = version("ordermq")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+__version__ = "0.1.0"

@@ -14,14 +14,15 @@ from collections.abc import Sequence
 
 from sdk._transport.grpc_transport import GrpcTransport
 from sdk._transport.protocol import Transport
-from sdk._transport.remoting_transport import SCHEME as ROCKETMQ_SCHEME
-from sdk._transport.remoting_transport import RemotingTransport
 from sdk.clock import Clock
 from sdk.credentials import Credentials
 from sdk.errors import InvalidArgumentError
 from sdk.tls import TLSConfig
 
 __all__ = ["Transport", "connect", "split_endpoints"]
+
+#: How endpoints name RocketMQ name servers (the remoting transport).
+ROCKETMQ_SCHEME = "rocketmq://"
 
 #: What `connect` accepts, for error messages.
 ACCEPTED_FORMS = (
@@ -88,5 +89,8 @@ def connect(
             f"credentials must be an sdk.Credentials or None, not {type(credentials).__name__}"
         )
     if rocketmq:
+        # Imported only here: a client of ordermq brokers never loads RocketMQ remoting.
+        from sdk._transport.remoting_transport import RemotingTransport
+
         return RemotingTransport(addresses, tls, credentials)
     return GrpcTransport(addresses, tls, credentials, clock)

@@ -50,6 +50,7 @@ from sdk._remoting.translate import (
     retry_properties,
     to_message_ext,
 )
+from sdk._transport import ROCKETMQ_SCHEME
 from sdk._transport.codec import encode_message
 from sdk._transport.port_probe import speaks_http2
 from sdk._transport.protocol import (
@@ -97,7 +98,7 @@ from sdk.tls import TLSConfig, speaks_tls, tls_hint, tls_refusal
 log = logging.getLogger("ordermq.remoting")
 
 #: How endpoints name this transport.
-SCHEME = "rocketmq://"
+SCHEME = ROCKETMQ_SCHEME
 #: Routes older than this are asked again (RocketMQ's pollNameServerInterval).
 ROUTE_REFRESH_SECONDS = 30.0
 #: The deadline of a request made without one.

@@ -531,7 +531,12 @@ def start_worker(
         assert proc.poll() is None, f"{name} exited with {proc.returncode}:\n{worker.output()}"
         return "ready " in worker.output()
 
-    wait_until(ready, START_TIMEOUT, f"{name} to start")
+    try:
+        wait_until(ready, START_TIMEOUT, f"{name} to start")
+    except BaseException:
+        proc.kill()  # not left running (and holding its queues) after the test failed
+        proc.wait()
+        raise
     return worker
 
 

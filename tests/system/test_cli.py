@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import sdk
+from mockbroker.__main__ import main as broker_main
 from sdk import Message, Producer
 from sdk._transport.broker_client import BrokerClient
 from tests.support import ROOT, BrokerProcess
@@ -185,21 +186,28 @@ def test_the_ready_line_and_routes_carry_the_advertised_host(
         (["--data-dir", "x", "--advertised-host", "0.0.0.0"], "advertised_host"),
     ],
 )
-def test_bad_arguments_exit_2_with_a_message(tmp_path: Path, args: list[str], words: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "mockbroker", *args],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode == 2
-    assert words in proc.stderr
+def test_bad_arguments_exit_2_with_a_message(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    words: str,
+) -> None:
+    # The command's own entry point in this process: a new interpreter for each would
+    # only import the broker again (the process itself is tested above and below).
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        broker_main(args)
+    assert exited.value.code == 2
+    assert words in capsys.readouterr().err
 
 
-def test_the_broker_prints_its_version_and_logs_it_when_it_starts(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "mockbroker", "--version"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert (proc.returncode, proc.stdout) == (0, f"mockbroker {sdk.__version__}\n")
+def test_the_broker_prints_its_version_and_logs_it_when_it_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        broker_main(["--version"])
+    assert (exited.value.code, capsys.readouterr().out) == (0, f"mockbroker {sdk.__version__}\n")
     broker = BrokerProcess(tmp_path, "--log-level", "INFO")
     broker.start()
     try:

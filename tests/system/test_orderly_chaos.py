@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ import pytest
 from sdk import shard_index
 from tests.chaos_report import ChaosRecorder
 from tests.support import wait_until
+from tests.system import orderly_history
 from tests.system.orderly_history import (
     BROKER_LEASE,
     REJOIN_TIMEOUT,
@@ -56,6 +58,7 @@ from tests.system.orderly_history import (
     Revoke,
     Scene,
     orderly_broker,
+    start_worker,
     verify,
     verify_handovers,
 )
@@ -247,3 +250,24 @@ def test_the_checks_catch_disorder_loss_skips_overlaps_and_rewound_handovers() -
     [gap] = verify_handovers([*clean, e("w2", 4, 10, 11)], [Revoke("w1", q, 6)], {})
     assert "1 offsets skipped" in gap
     assert verify_handovers([*clean, e("w2", 3, 10, 11)], [Revoke("w1", q, 6)], {}) == []
+
+
+def test_a_worker_that_never_gets_ready_is_killed_and_reaped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    silent = tmp_path / "silent_worker.py"
+    silent.write_text("import signal\nsignal.pause()\n")  # never prints its ready line
+    monkeypatch.setattr(orderly_history, "WORKER", silent)
+    monkeypatch.setattr(orderly_history, "START_TIMEOUT", 0.5)
+    started: list[subprocess.Popen[bytes]] = []
+    popen = subprocess.Popen
+
+    def recording(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        started.append(popen(*args, **kwargs))  # type: ignore[call-overload]
+        return started[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", recording)
+    with pytest.raises(AssertionError, match="w1 to start"):
+        start_worker("w1", "127.0.0.1:1", tmp_path)
+    [proc] = started
+    assert proc.returncode is not None  # killed and waited for, not left running

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -65,6 +67,12 @@ def test_both_commands_print_the_version(capsys: pytest.CaptureFixture[str]) -> 
         build_parser().parse_args(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out == f"mockbroker {sdk.__version__}\n"
+
+
+def test_the_version_is_the_installed_package_version() -> None:
+    # sdk/_version.py is the one place the version is written; pyproject.toml takes it
+    # from there, so the metadata pip installs and what the commands report agree.
+    assert importlib.metadata.version("ordermq") == sdk.__version__
 
 
 def test_broker_status_units_are_for_people() -> None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING
 
 from google.protobuf.message import Message
 
 from mockbroker.delivery import Delivery, SendOutcome
 from mockbroker.errors import BrokerError, invalid
-from mockbroker.fronts.grpc.auth import GrpcAuth
 from mockbroker.fronts.grpc.exchange import ExchangeStreams
 from mockbroker.fronts.grpc_errors import (
     Context,
@@ -39,6 +39,9 @@ from mockbroker.topics import (
 )
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from mockbroker.fronts.grpc.auth import GrpcAuth  # built only with an ACL
 
 #: The Exchange stream's full method path, which its opening is signed with.
 EXCHANGE_PATH = "/ordermq.v1.MessagingService/Exchange"
