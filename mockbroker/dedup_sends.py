@@ -13,10 +13,11 @@ The window is refilled at start from the commit log (`rebuild`), not from a file
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from mockbroker.dedup import (
@@ -47,8 +48,9 @@ class SortedBatch:
     keys: list[bytes]
     spans: list[tuple[int, int, bytes]]
     #: Per message: its first copy's place (an earlier send's), the index of the batch's
-    #: message it repeats, or None for a new message.
-    firsts: list[MessagePlace | int | None]
+    #: message it repeats, (part, index) of the message it repeats in an earlier part of
+    #: the same request, or None for a new message.
+    firsts: list[MessagePlace | int | tuple[int, int] | None]
     #: The new messages' indexes, in order.
     new: list[int]
 
@@ -66,12 +68,44 @@ class SortedBatch:
         spans = self.spans
         return b"".join(frames[spans[i][0] : spans[i][1]] for i in self.new)
 
+    def repeating(self, earlier: dict[int, tuple[int, int]]) -> SortedBatch:
+        """The batch with some new messages made duplicates of earlier parts' messages.
+
+        `earlier` maps such a message's index to the (part, index) it repeats; the batch's
+        own later copies of it repeat that too.
+        """
+        firsts = [
+            earlier.get(first, first) if isinstance(first, int) else earlier.get(i, first)
+            for i, first in enumerate(self.firsts)
+        ]
+        new = [i for i in self.new if i not in earlier]
+        return SortedBatch(self.keys, self.spans, firsts, new)
+
+    def place(
+        self, frames: bytes, index: int, queue_id: int, first_offset: int, store_ms: int
+    ) -> MessagePlace:
+        """Where new message `index` is, as its duplicates are answered.
+
+        Its batch (`frames`) stored in `queue_id` from `first_offset`, at `store_ms`.
+        """
+        start, end, msg_id = self.spans[index]
+        return MessagePlace(
+            queue_id, first_offset + bisect.bisect_left(self.new, index), store_ms, msg_id, True,
+            frame_properties(frames[start:end]),
+        )  # fmt: skip
+
     def answer(
-        self, frames: bytes, queue_id: int, first_offset: int, store_ms: int
+        self,
+        frames: bytes,
+        queue_id: int,
+        first_offset: int,
+        store_ms: int,
+        earlier: Callable[[int, int], MessagePlace] | None = None,
     ) -> list[MessagePlace]:
         """Each message's place: the new ones (of `frames`) stored from `first_offset`.
 
-        In `queue_id`, at `store_ms`; a duplicate's is its first copy's.
+        In `queue_id`, at `store_ms`; a duplicate's is its first copy's (`earlier` gives
+        the place of a message of an earlier part: (part, index)).
         """
         stored = {
             i: MessagePlace(queue_id, first_offset + n, store_ms, self.spans[i][2], False)
@@ -85,9 +119,48 @@ class SortedBatch:
                 start, end, _ = self.spans[first]
                 props = frame_properties(frames[start:end])
                 places.append(dataclasses.replace(stored[first], duplicate=True, properties=props))
+            elif isinstance(first, tuple):
+                if earlier is None:
+                    raise ValueError("a message of an earlier part, without its place")
+                places.append(earlier(*first))
             else:
                 places.append(first)
         return places
+
+
+def shared_keys(batches: list[SortedBatch | None], parts: list[int]) -> set[bytes]:
+    """The keys new messages of more than one of `parts` (indexes into `batches`) carry."""
+    seen: set[bytes] = set()
+    shared: set[bytes] = set()
+    for p in parts:
+        batch = batches[p]
+        if batch is not None:
+            for key in {batch.keys[i] for i in batch.new}:
+                (shared if key in seen else seen).add(key)
+    return shared
+
+
+def across_parts(batches: list[SortedBatch | None], parts: list[int]) -> list[SortedBatch | None]:
+    """`batches` with the new messages that repeat one of an earlier part made duplicates.
+
+    Among `parts` (indexes into `batches`), in request order; the others as they are.
+    """
+    out = list(batches)
+    firsts: dict[bytes, tuple[int, int]] = {}
+    for p in sorted(parts):
+        batch = batches[p]
+        if batch is None:
+            continue
+        earlier: dict[int, tuple[int, int]] = {}
+        for i in batch.new:
+            key = batch.keys[i]
+            if key in firsts:
+                earlier[i] = firsts[key]
+            else:
+                firsts[key] = (p, i)
+        if earlier:
+            out[p] = batch.repeating(earlier)
+    return out
 
 
 class DedupSends:
@@ -117,7 +190,7 @@ class DedupSends:
         """
         if not keys:
             return None
-        firsts: list[MessagePlace | int | None] = []
+        firsts: list[MessagePlace | int | tuple[int, int] | None] = []
         new: list[int] = []
         seen: dict[bytes, int] = {}
         for i, (key, place) in enumerate(zip(keys, self.window.find_many(keys), strict=True)):

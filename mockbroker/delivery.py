@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import grpc
 
 from mockbroker.dedup import MessagePlace
-from mockbroker.dedup_sends import SortedBatch
+from mockbroker.dedup_sends import SortedBatch, across_parts, shared_keys
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.fair_store import QueueHold
 from mockbroker.push import SUBSCRIPTION_RECHECK, Credit, lock_wakeup
@@ -154,7 +154,9 @@ class Delivery:
     ) -> list[SendOutcome | BrokerError]:
         """Store a request's batches for several queues of one topic: (queue id, frames) each.
 
-        With dedup on, a part that repeats an earlier send is answered with its place.
+        With dedup on, a part that repeats an earlier send is answered with its place, and
+        a message that repeats one of an earlier part of the request with that one's
+        (`_across_parts`).
         """
         dedup = self._s.dedup
         if dedup is None:
@@ -172,6 +174,7 @@ class Delivery:
                     self._s.store.check(parts[i][1])
                 except BrokerError as exc:
                     outcomes[i] = exc
+        batches = self._across_parts(topic_name, parts, batches, outcomes)
         rest = [i for i, b in enumerate(batches) if i not in outcomes and (b is None or b.new)]
         if rest:
             stored_keys: list[bytes] = []
@@ -193,14 +196,72 @@ class Delivery:
         duplicates = sum(b.duplicates for b in batches if b is not None)
         if duplicates:
             durable = await dedup.durable(duplicates)
+            placed = dict(outcomes)  # before the answers replace them
+
+            def earlier(part: int, index: int) -> MessagePlace:
+                got, b = placed[part], batches[part]
+                assert isinstance(got, SendOutcome) and b is not None  # checked by the caller
+                queue_id, frames = parts[part]
+                return b.place(frames, index, queue_id, got.first_offset, got.store_timestamp_ms)
+
             for index, b in enumerate(batches):
                 if b is None or not b.duplicates:
                     continue
                 got = outcomes.get(index)
                 if isinstance(got, BrokerError):
                     continue
-                outcomes[index] = _answered(b, parts[index][1], parts[index][0], got, durable)
+                firsts = [placed[f[0]] for f in b.firsts if isinstance(f, tuple)]
+                # A first copy's part passed the same checks: only its topic deleted and made
+                # again meanwhile refuses it. Its copies are then answered with its refusal,
+                # and the request sent again stores them (the others are answered duplicates).
+                if refused := [f for f in firsts if isinstance(f, BrokerError)]:
+                    outcomes[index] = refused[0]
+                    continue
+                ok = durable and all(isinstance(f, SendOutcome) and f.durable for f in firsts)
+                outcomes[index] = _answered(b, parts[index][1], parts[index][0], got, ok, earlier)
         return [outcomes[index] for index in range(len(parts))]
+
+    def _across_parts(
+        self,
+        topic_name: str,
+        parts: list[tuple[int, bytes]],
+        batches: list[SortedBatch | None],
+        outcomes: dict[int, SendOutcome | BrokerError],
+    ) -> list[SortedBatch | None]:
+        """`batches` with the new messages that repeat one of an earlier part made duplicates.
+
+        Only among parts stored together or not at all: a part that _send_parts's checks
+        would refuse (refused whole) holds no first copy, so a later part's copy is the
+        first and is stored; it is refused here already (`outcomes`), naming its own frame.
+        Scheduled parts are left out (delayed messages are not deduplicated), as the
+        scheduler stores or refuses each on its own. The checks are _send_parts's, on the
+        whole part; for frames due now they do not depend on the clock.
+        """
+        candidates = [
+            i for i, b in enumerate(batches) if b is not None and b.new and i not in outcomes
+        ]
+        shared = shared_keys(batches, candidates)
+        if not shared:
+            return batches
+        try:
+            shape = self._shape(topic_name)
+        except BrokerError:
+            return batches  # _send_parts refuses every part
+        due_now: list[int] = []
+        for i in candidates:
+            b = batches[i]
+            if b is None or not any(b.keys[n] in shared for n in b.new):
+                continue
+            queue_id, frames = parts[i]
+            try:
+                shape.check_queue(queue_id)
+                scheduled = _scheduled(self._s.store.check(frames))
+            except BrokerError as exc:
+                outcomes[i] = exc
+                continue
+            if not scheduled:
+                due_now.append(i)
+        return across_parts(batches, due_now)
 
     async def _send_parts(
         self, client: str, topic_name: str, parts: list[tuple[int, bytes]]
@@ -493,16 +554,22 @@ class Delivery:
 
 
 def _answered(
-    batch: SortedBatch, frames: bytes, queue_id: int, stored: SendOutcome | None, durable: bool
+    batch: SortedBatch,
+    frames: bytes,
+    queue_id: int,
+    stored: SendOutcome | None,
+    durable: bool,
+    earlier: Callable[[int, int], MessagePlace] | None = None,
 ) -> SendOutcome:
     """The answer to a batch with duplicates: each message's place (`messages`).
 
     `stored`: what became of its new messages (None: it had none). A batch that wholly
     repeats one earlier send, in its order and one queue, is answered as that send
     (`queue_id` set); any other keeps the queue asked for and the new messages' offsets.
+    `earlier` places the messages of earlier parts of the request (SortedBatch.answer).
     """
     if stored is None:
-        places = batch.answer(frames, queue_id, -1, 0)
+        places = batch.answer(frames, queue_id, -1, 0, earlier)
         first = places[0]
         run = all(
             p.queue_id == first.queue_id and p.offset == first.offset + i
@@ -513,7 +580,7 @@ def _answered(
             queue_id=first.queue_id if run else -1, messages=tuple(places),
         )  # fmt: skip
     first_offset = stored.schedule_offset if stored.scheduled else stored.first_offset
-    places = batch.answer(frames, queue_id, first_offset, stored.store_timestamp_ms)
+    places = batch.answer(frames, queue_id, first_offset, stored.store_timestamp_ms, earlier)
     return dataclasses.replace(
         stored, count=len(places), durable=stored.durable and durable, messages=tuple(places)
     )

@@ -224,3 +224,84 @@ def test_a_refused_part_with_duplicates_names_its_own_frame(broker: TestBroker) 
     assert isinstance(refused, OrderMQError) and "frame 2: message body is empty" in str(refused)
     assert isinstance(stored, Appended) and (stored.first_offset, stored.count) == (0, 1)
     assert len(read_topic(broker.address, TOPIC, QUEUES)) == 2
+
+
+def send_parts(address: str, parts: list[tuple[int, bytes]]) -> list[Appended | OrderMQError]:
+    """One Send request with a part for each (queue id, frames)."""
+
+    async def run() -> list[Appended | OrderMQError]:
+        client = BrokerClient(address)
+        try:
+            await client.query_route(TOPIC, create_if_missing=True)
+            return await client.send_parts(TOPIC, parts)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("flush_mode", ["async", "sync"])
+def test_the_same_message_in_two_parts_of_a_request_is_stored_once(flush_mode: str) -> None:
+    """A key's second copy, in another queue's part, is a duplicate of its first."""
+    with TestBroker(default_queues=QUEUES, dedup_window_seconds=600, flush_mode=flush_mode) as b:
+        check_parts_share_first_copies(b)
+
+
+def check_parts_share_first_copies(broker: TestBroker) -> None:
+    first, second, third = send_parts(
+        broker.address, [(1, frames(1, 2)), (3, frames(3, 1, 1)), (2, frames(2))]
+    )
+    assert isinstance(first, Appended) and (first.first_offset, first.count) == (0, 2)
+    assert isinstance(second, Appended)
+    assert places(second) == [(3, 0, False), (1, 0, True), (1, 0, True)]
+    assert second.messages[1].msg_id == (1).to_bytes(16, "big") and second.durable
+    assert isinstance(third, Appended) and third.queue_id == 1
+    assert (third.first_offset, third.count) == (1, 1)  # wholly a duplicate: the first's place
+    bodies = Counter(m.body for m in read_topic(broker.address, TOPIC, QUEUES))
+    assert bodies == Counter([b"m1", b"m2", b"m3"])
+    again = send_parts(broker.address, [(3, frames(3, 1)), (0, frames(2))])
+    assert [places(a) for a in again if isinstance(a, Appended)] == [
+        [(3, 0, True), (1, 0, True)], [(1, 1, True)],
+    ]  # fmt: skip
+
+
+def test_a_key_whose_first_part_is_refused_is_stored_in_the_next(broker: TestBroker) -> None:
+    """A part is stored whole or refused whole: the other part's copy is then the first."""
+    empty = pack_frame((9).to_bytes(16, "big"), 0, 0, 0, b"", b"", b"", b"", b"")
+    refused, stored, out_of_range, last = send_parts(
+        broker.address,
+        [(0, frames(1) + empty), (2, frames(1, 2)), (QUEUES, frames(3)), (1, frames(3, 2))],
+    )
+    assert isinstance(refused, OrderMQError) and "frame 1: message body is empty" in str(refused)
+    assert isinstance(out_of_range, OrderMQError)
+    assert isinstance(stored, Appended) and (stored.first_offset, stored.count) == (0, 2)
+    assert isinstance(last, Appended) and places(last) == [(1, 0, False), (2, 1, True)]
+    bodies = Counter(m.body for m in read_topic(broker.address, TOPIC, QUEUES))
+    assert bodies == Counter([b"m1", b"m2", b"m3"])
+
+
+def test_send_batch_over_several_queues_stores_a_repeated_key_once(broker: TestBroker) -> None:
+    """Through the SDK: the same idempotency key under two sharding keys (two queues)."""
+
+    def keyed(body: bytes, shard: str, key: str) -> Message:
+        return Message(TOPIC, body, sharding_key=shard, idempotency_key=key)
+
+    with Producer(broker.address) as producer:
+        batch = [keyed(b"a", "a", "k1"), keyed(b"b", "b", "k2"), keyed(b"a again", "b", "k1")]
+        results = producer.send_batch(batch)
+    assert results[0].queue != results[1].queue
+    assert (results[2].msg_id, place(results[2])) == (results[0].msg_id, place(results[0]))
+    bodies = Counter(m.body for m in read_topic(broker.address, TOPIC, QUEUES))
+    assert bodies == Counter([b"a", b"b"])
+
+
+def test_a_scheduled_part_is_kept_out_of_the_request_wide_rule(broker: TestBroker) -> None:
+    """Delayed messages are not deduplicated: a scheduled part's copy is scheduled anyway."""
+    delayed = pack_frame((1).to_bytes(16, "big"), 0, 0, 1, b"", b"", b"", b"", b"later")
+    now, later = send_parts(broker.address, [(0, frames(1)), (1, delayed)])
+    assert isinstance(now, Appended) and (now.first_offset, now.count, now.scheduled) == (
+        0,
+        1,
+        False,
+    )
+    assert isinstance(later, Appended) and later.scheduled and not later.messages
