@@ -22,6 +22,7 @@ passed its release point.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -127,10 +128,18 @@ class Parking:
         log.info("%d parked keys", sum(not e.released for e in self._all()))
 
     def _save(self) -> None:
+        """Write the state file; DISK_FULL or STORE_UNAVAILABLE (retriable) if that fails."""
         if self._path is None:
             return
         data = {"version": 1, "keys": [asdict(e) for e in self._all()]}
-        write_atomically(self._path, json.dumps(data, indent=1).encode())
+        try:
+            write_atomically(self._path, json.dumps(data, indent=1).encode())
+        except OSError as exc:
+            raise BrokerError(
+                StatusCode.UNAVAILABLE,
+                "DISK_FULL" if exc.errno == errno.ENOSPC else "STORE_UNAVAILABLE",
+                f"the parked keys were not saved ({exc}); retry later",
+            ) from exc
 
     def _all(self) -> list[ParkedKey]:
         return [e for keys in self._by_queue.values() for e in keys.values()]
@@ -174,21 +183,41 @@ class Parking:
                 f"offset {from_offset} of {topic.name} queue {queue_id} is outside "
                 f"[{cq.min_offset}, {cq.max_offset})",
             )
-        keys = self._by_queue.setdefault((group, topic.name, queue_id), {})
-        entry = keys.get(key)
+        # The copies are new data: refused (DISK_FULL) while sends are, before any change.
+        self._store.check_accepting_sends()
+        queue = (group, topic.name, queue_id)
+        keys = self._by_queue.setdefault(queue, {})
+        entry = previous = keys.get(key)
         if entry is None or entry.released:
             entry = ParkedKey(group, topic.name, queue_id, key, reason,
                               int(self._clock.now() * 1000), from_offset - 1)  # fmt: skip
             keys[key] = entry
-        await self._copy(entry, topic, cq.max_offset)
+        try:
+            await self._copy(entry, topic, cq.max_offset)
+        except BaseException:
+            # Not parked: the consumer tries again, and its pulls still get the key.
+            if entry is not previous:
+                if previous is not None:
+                    keys[key] = previous
+                elif keys.get(key) is entry:
+                    del keys[key]
+                if not keys and self._by_queue.get(queue) is keys:
+                    del self._by_queue[queue]
+            raise
         log.warning("group %s parked key %r of %s queue %d from offset %d: %s (%d messages)",
                     group, key, topic.name, queue_id, from_offset, reason,
                     len(entry.copies))  # fmt: skip
         return entry
 
     async def _copy(self, entry: ParkedKey, topic: Topic, end: int) -> None:
-        """Copy the key's messages after `entry.through` up to `end` to the parked topic."""
+        """Copy the key's messages after `entry.through` up to `end` to the parked topic.
+
+        All or nothing: when the copies cannot be written or the state not saved
+        (DISK_FULL, STORE_UNAVAILABLE), `entry` is left as it was (copies written before
+        a failed save are named by nobody: the next try copies the messages again).
+        """
         found = self._key_records(entry, topic, end)
+        copies: range = range(0)
         if found:
             parked = self._system_topic(parked_topic(entry.group))
             extra = {REASON_PROPERTY: entry.reason}
@@ -198,9 +227,16 @@ class Parking:
             )
             checked = check_frames(frames, int(self._clock.now() * 1000))
             result = await self._store.append(parked, 0, frames, checked)
-            entry.copies.extend(range(result.first_offset, result.first_offset + len(found)))
+            copies = range(result.first_offset, result.first_offset + len(found))
+        through, copied = entry.through, len(entry.copies)
+        entry.copies.extend(copies)
         entry.through = max(entry.through, end - 1)
-        self._save()
+        try:
+            self._save()
+        except BrokerError:
+            entry.through = through
+            del entry.copies[copied:]
+            raise
 
     def _key_records(self, entry: ParkedKey, topic: Topic, end: int) -> list[tuple[int, bytes]]:
         """(offset, record) of the key's messages in (entry.through, end)."""
@@ -266,6 +302,8 @@ class Parking:
                 "PARKED_KEY_NOT_FOUND",
                 f"key {key!r} of {topic.name} queue {queue_id} is not parked for group {group!r}",
             )
+        # Refused (DISK_FULL) while sends are: the key stays parked, nothing appended.
+        self._store.check_accepting_sends()
         end = self._store.queue(topic, queue_id).max_offset
         parked = self._system_topic(parked_topic(group))
         frames = [

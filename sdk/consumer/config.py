@@ -72,6 +72,8 @@ class KeyFailurePolicy(enum.Enum):
     pulls, until an operator releases the key (`ordermq parked release`); the messages
     then come back, in order, after the queue's newer ones. Needs ordermq's broker
     (over rocketmq:// it raises UnsupportedByTransportError when a key would be parked).
+    A key the broker does not park (its disk full: DISK_FULL) stalls and is parked at a
+    later try; it is never dead-lettered instead.
     """
 
     DEAD_LETTER = "dead-letter"

@@ -295,23 +295,29 @@ class ConsumeByKeyService:
         batch: list[MessageExt],
         context: ConsumeOrderlyContext,
     ) -> None:
-        """The key retries its batch, or (retries used up) dead-letters it or parks."""
+        """The key retries its batch, or (retries used up) dead-letters it or parks.
+
+        A key the broker did not park (its disk full, say) stalls and tries again later:
+        it is never dead-lettered instead, which would let its next message go first.
+        """
         limit = self._max_reconsume
         if limit is not None and all(m.reconsume_times >= limit for m in batch):
-            if self._park and await self._parked(queue, run, key, batch):
-                return
-            moved = 0
-            for m in batch:
-                if not await self._host.send_to_dead_letter(m, m.reconsume_times):
-                    break
-                moved += 1
-            if moved:
-                self._host.commit(queue, run.pq.finish(batch[:moved]))
-            if moved == len(batch):
-                run.dispatch.done(key)
-                run.wake.set()
-                return
-            batch = batch[moved:]
+            if self._park:
+                if await self._parked(queue, run, key, batch):
+                    return
+            else:
+                moved = 0
+                for m in batch:
+                    if not await self._host.send_to_dead_letter(m, m.reconsume_times):
+                        break
+                    moved += 1
+                if moved:
+                    self._host.commit(queue, run.pq.finish(batch[:moved]))
+                if moved == len(batch):
+                    run.dispatch.done(key)
+                    run.wake.set()
+                    return
+                batch = batch[moved:]
         else:
             for m in batch:
                 m.reconsume_times += 1

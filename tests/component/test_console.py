@@ -314,3 +314,19 @@ def test_a_dead_letter_resent_from_the_page_is_delivered_again(broker: EmbeddedB
         wait_until(lambda: consumed in get(broker, f"/messages/{msg_id}")[1], 15,
                    "the trace says billing consumed it")  # fmt: skip
     assert "No dead letters" in get(broker, "/groups/nosuch/dlq")[1]
+
+
+def test_a_group_with_only_dead_letters_has_a_page_and_one_with_nothing_is_not_found(
+    broker: EmbeddedBroker,
+) -> None:
+    dead_letter(broker, "billing", b"poison")  # its only member left; it never committed
+    dead_letter(broker, "billing", b"poison again")
+    status, page = get(broker, "/groups/billing")
+    assert status == 200, page
+    assert "none now" in page and "<td>orders</td>" not in page  # no members, no queues
+    assert "2 dead letter(s) not resent yet" in page and 'href="/groups/billing/dlq"' in page
+    post(broker, "/groups/billing/dlq/resend", count="one", confirm="yes")
+    assert "1 dead letter(s) not resent yet" in get(broker, "/groups/billing")[1]
+    status, page = get(broker, "/groups/nosuch")
+    assert status == 404 and 'class="error"' in page, page
+    assert "no members, no offsets, no dead letters and no retry topic" in page

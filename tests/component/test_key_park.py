@@ -4,6 +4,10 @@ back in order (issue 20)."""
 
 from __future__ import annotations
 
+import errno
+import json
+import logging
+import os
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -11,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker.store import commitlog as commitlog_module
 from sdk import (
     ConsumeFromWhere,
     ConsumeOrderlyContext,
@@ -25,9 +31,10 @@ from sdk import (
     PushConsumer,
     PushConsumerConfig,
 )
+from sdk._transport.broker_client import BrokerClient, GroupInfo
 from sdk.errors import InvalidArgumentError
 from sdk.testing import TestBroker
-from tests.component.admin_cli import run, run_json
+from tests.component.admin_cli import client, run, run_json
 from tests.component.pulling import read_queue
 from tests.component.transports import broker_over
 from tests.support import wait_until
@@ -151,3 +158,128 @@ def test_a_parking_file_that_does_not_parse_is_set_aside_and_the_broker_starts(
     with TestBroker(tmp_path, default_queues=1) as broker:
         assert parked(broker) == []
     assert (tmp_path / "parking.json.corrupt").exists()
+
+
+class FullDisk:
+    """os.pwrite that fails ENOSPC while `full` is set (the store's writes: no room)."""
+
+    def __init__(self) -> None:
+        self.full = False
+        self.refused = 0
+        self.real = os.pwrite  # taken before the test patches it
+
+    def __call__(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        if self.full:
+            self.refused += 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.real(fd, data, offset)
+
+
+def disk_broker(tmp_path: Path) -> EmbeddedBroker:
+    """A broker on a simulated disk of 1 GB, empty (its refuse ratio 90%), checked often."""
+    usage = tmp_path / "disk.json"
+    usage.write_text(json.dumps({"total_bytes": 10**9, "other_used_bytes": 0}))
+    config = BrokerConfig(data_dir=tmp_path / "data", port=0, default_queues=1,
+                          disk_usage_file=usage, disk_check_seconds=0.05)  # fmt: skip
+    return EmbeddedBroker(config)
+
+
+def refused_parks(caplog: pytest.LogCaptureFixture, key: str) -> int:
+    """How many of the consumer's attempts to park `key` the broker answered DISK_FULL."""
+    return sum(
+        f"could not park key {key!r}" in r.getMessage()
+        and isinstance(r.args, tuple)
+        and getattr(r.args[-1], "reason", "") == "DISK_FULL"
+        and getattr(r.args[-1], "retriable", False)
+        for r in list(caplog.records)
+    )
+
+
+def messages_of(broker: Any, topic: str) -> list[bytes]:
+    return [m.body for m in read_queue(broker.address, MessageQueue(topic, "broker-a", 0))]
+
+
+def test_a_key_a_full_disk_cannot_park_stays_stalled_and_is_parked_once_there_is_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="ordermq.consumer")
+    disk = FullDisk()
+    monkeypatch.setattr(commitlog_module.os, "pwrite", disk)  # the os module: every write
+    with disk_broker(tmp_path) as broker:
+        send(broker.address, [(k, s) for s in range(3) for k in ("k00", "k01", "k02")])
+        state = broker.broker.state
+        assert state is not None
+        disk.full = True
+        listener = Accounts(poison=b"k00:0")
+        with consumer(broker.address, listener):
+            wait_until(lambda: listener.keys_done(3) == 2, 30, "k01 and k02 finished")
+            wait_until(lambda: refused_parks(caplog, "k00") >= 2, 30, "two refused parks")
+            assert disk.refused >= 1, "a copy was tried and the disk had no room"
+            assert parked(broker) == [], "a key the broker could not copy is not parked"
+            assert listener.handled("k00") == [], "stalled, not lost"
+            assert state.store.topics.find("%DLQ%g") is None, "nor dead-lettered"
+            disk.full = False  # room again: the consumer's next try parks it
+            wait_until(lambda: bool(parked(broker)), 30, "k00 parked")
+            [entry] = parked(broker)
+            assert (entry["sharding_key"], entry["parked_messages"]) == ("k00", 3)
+            assert messages_of(broker, "%PARKED%g") == [b"k00:0", b"k00:1", b"k00:2"]
+
+            listener.broken = False
+            disk.full = True
+            result = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes")
+            assert result.exit_code != 0 and "DISK_FULL" in result.output, result.output
+            [entry] = parked(broker)
+            assert not entry["released_at_ms"] and entry["parked_messages"] == 3
+            assert listener.handled("k00") == []
+            disk.full = False
+            wait_until(lambda: not state.store.refusing_sends, 10, "the disk check saw room")
+            result = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes")
+            assert result.exit_code == 0, result.output
+            wait_until(lambda: len(listener.handled("k00")) >= 3, 10, "k00 released")
+        assert listener.handled("k00") == [0, 1, 2], "each once, in the order sent"
+        assert messages_of(broker, TOPIC).count(b"k00:0") == 2, "the original and one copy"
+
+
+def test_a_key_is_not_parked_while_the_disk_is_over_its_refuse_ratio(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="ordermq.consumer")
+    with disk_broker(tmp_path) as broker:
+        send(broker.address, [(k, s) for s in range(2) for k in ("k00", "k01")])
+        state = broker.broker.state
+        assert state is not None
+        with Producer(broker.address) as p:  # the group has a dead-letter topic already
+            other = p.send(Message("other", b"other", sharding_key="x"))
+
+        async def dead_letter(c: BrokerClient) -> None:
+            await c.heartbeat("w", [GroupInfo("g", "CONSUME_ORDERLY")])
+            await c.send_back("g", other.queue, other.queue_offset, max_reconsume_times=1,
+                              reconsume_times=1)  # fmt: skip
+            await c.unregister("w")
+
+        client(broker, dead_letter)
+        usage = tmp_path / "disk.json"
+        usage.write_text(json.dumps({"total_bytes": 10**9, "other_used_bytes": 95 * 10**7}))
+        wait_until(lambda: state.store.refusing_sends, 10, "sends refused")
+        listener = Accounts(poison=b"k00:0")
+        with consumer(broker.address, listener):
+            wait_until(lambda: refused_parks(caplog, "k00") >= 2, 30, "two refused parks")
+            assert parked(broker) == [] and listener.handled("k00") == []
+            assert listener.handled("k01") == [0, 1]
+            assert messages_of(broker, "%DLQ%g") == [b"other"], "stalled, not dead-lettered"
+            usage.write_text(json.dumps({"total_bytes": 10**9, "other_used_bytes": 0}))
+            wait_until(lambda: bool(parked(broker)), 30, "k00 parked once there is room")
+            assert parked(broker)[0]["parked_messages"] == 2
+
+            listener.broken = False
+            usage.write_text(json.dumps({"total_bytes": 10**9, "other_used_bytes": 95 * 10**7}))
+            wait_until(lambda: state.store.refusing_sends, 10, "sends refused again")
+            result = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes")
+            assert result.exit_code != 0 and "DISK_FULL" in result.output, result.output
+            assert not parked(broker)[0]["released_at_ms"], "still parked"
+            usage.write_text(json.dumps({"total_bytes": 10**9, "other_used_bytes": 0}))
+            wait_until(lambda: not state.store.refusing_sends, 10, "sends accepted again")
+            result = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes")
+            assert result.exit_code == 0, result.output
+            wait_until(lambda: len(listener.handled("k00")) >= 2, 10, "k00 released")
+        assert listener.handled("k00") == [0, 1], "each once, in the order sent"

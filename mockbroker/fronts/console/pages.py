@@ -45,7 +45,12 @@ from mockbroker.fronts.console.templates import environment
 from sdk.credentials import Credentials
 from sdk.errors import OrderMQError
 from sdk.message import MessageExt
-from sdk.message_admin import by_sharding_key, dead_letters, resend_dead_letters
+from sdk.message_admin import (
+    by_sharding_key,
+    dead_letters,
+    marker_group,
+    resend_dead_letters,
+)
 
 #: Pages that change while watched reload themselves this often (seconds).
 REFRESH_SECONDS = 5
@@ -222,12 +227,53 @@ class ConsoleApp:
         return Page("303 See Other", b"", (("Location", where),))
 
     def _group(self, group: str) -> Page:
-        progress = self._admin.call("ConsumerProgress", group=group)
+        dead = self._dead_letter_count(group)
+        try:
+            progress = self._admin.call("ConsumerProgress", group=group)
+        except BrokerError as exc:
+            # A group its members left before committing anything still has what they
+            # left behind: dead letters to look at and resend, a retry topic.
+            if exc.reason != "GROUP_NOT_FOUND":
+                raise
+            if dead is None and not self._topic_exists(f"%RETRY%{group}"):
+                words = (f"GROUP_NOT_FOUND: consumer group {group!r} has no members, no "
+                         "offsets, no dead letters and no retry topic")  # fmt: skip
+                return Page("404 Not Found", self._render("message", "Not found", error=words))
+            progress = {"client_ids": [], "queues": []}
         total = sum(int(q["lag"]) for q in progress["queues"])
         chart = lag_chart(self.lag.add(group, total))
         topics = sorted({q["queue"]["topic"] for q in progress["queues"]})
         return self._ok("group", f"Group {group}", p=progress, group=group, total_lag=total,
-                        chart=chart, topics=topics, refresh=REFRESH_SECONDS)  # fmt: skip
+                        chart=chart, topics=topics, dead=dead,
+                        refresh=REFRESH_SECONDS)  # fmt: skip
+
+    def _dead_letter_count(self, group: str) -> int | None:
+        """`group`'s dead letters not resent yet; None when it has no dead-letter topic."""
+        dlq = f"%DLQ%{group}"
+        try:
+            queue = self._admin.call("DescribeTopic", topic=dlq)["topic"]["queues"][0]
+        except BrokerError as exc:
+            if exc.reason in ("TOPIC_NOT_FOUND", "INVALID_GROUP", "INVALID_TOPIC"):
+                return None
+            raise
+        start = int(queue["min_offset"])
+        try:
+            resent = self._admin.call("ConsumerProgress", group=marker_group(group), topic=dlq)
+        except BrokerError as exc:
+            if exc.reason not in ("GROUP_NOT_FOUND", "INVALID_GROUP"):
+                raise
+        else:
+            start = max(start, int(resent["queues"][0]["consumer_offset"]))
+        return max(0, int(queue["max_offset"]) - start)
+
+    def _topic_exists(self, topic: str) -> bool:
+        try:
+            self._admin.call("DescribeTopic", topic=topic)
+        except BrokerError as exc:
+            if exc.reason in ("TOPIC_NOT_FOUND", "INVALID_TOPIC"):
+                return False
+            raise
+        return True
 
     def _reset(self, group: str, form: dict[str, str]) -> Page:
         topic, to = form.get("topic", ""), form.get("to", "")

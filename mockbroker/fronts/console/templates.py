@@ -149,7 +149,10 @@ GROUP = """\
 <td class="n">{{ q.skipped }}</td></tr>
 {% endfor %}
 </table>
-<p><a href="/groups/{{ group | urlencode }}/dlq">dead letters of {{ group }}</a></p>
+<h2>Dead letters</h2>
+<p>{% if dead is none %}none: the group has no dead-letter topic yet{% else %}
+{{- dead }} dead letter(s) not resent yet{% endif %}:
+<a href="/groups/{{ group | urlencode }}/dlq">dead letters of {{ group }}</a></p>
 <h2>Reset offsets</h2>
 <form method="post" action="/groups/{{ group | urlencode }}/reset">
 <label>topic <select name="topic">
