@@ -26,10 +26,12 @@ bounded time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -244,13 +246,14 @@ def test_without_a_name_server_each_driver_ends_at_once_with_a_clear_error(
     namesrv = f"127.0.0.1:{free_port()}"  # nothing listens there
     common = ["--namesrv", namesrv, "--topic", "nowhere", "--group", "g", "--deadline", "60"]
     started = {
-        "produce": run("producer", "produce", *common),
+        # --route-timeout 0: the client's own failure of a send without a route
+        "produce": run("producer", "produce", *common, "--route-timeout", "0"),
         "push": run("push", "push", *common, "--orderly", "--route-timeout", "2"),
         "pull": run("pull", "pull", *common, "--route-timeout", "2"),
     }
     # With --resend a failed send is sent again (each failure printed) until the deadline.
     resender = run("resender", "produce", *common[:-1], "3", "--resend", "--resend-backoff",
-                   "0.2")  # fmt: skip
+                   "0.2", "--route-timeout", "0")  # fmt: skip
     for driver in started.values():
         assert driver.finish(60) == 2, driver.describe()
     assert resender.finish(60) == 3, resender.describe()
@@ -264,6 +267,69 @@ def test_without_a_name_server_each_driver_ends_at_once_with_a_clear_error(
         error = started[name].of("error")[0]["message"]
         assert f"no route for topic nowhere from the name server at {namesrv} within 2 s" in error
         assert not started[name].of("started")
+
+
+class LateForwarder:
+    """A port that refuses connections until `open()`, then forwards each to `target`."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self._target = (host, int(port))
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))  # bound, not listening: connections refused
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._threads: list[threading.Thread] = []
+
+    def open(self) -> None:
+        self._listener.listen(16)
+        self._spawn(self._accept)
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _spawn(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self._listener.accept()
+                server = socket.create_connection(self._target)
+                self._spawn(self._pipe, client, server)
+                self._spawn(self._pipe, server, client)
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+
+def test_a_producer_whose_first_route_request_fails_sends_once_a_route_comes(
+    run: Callable[..., Driver], broker: Callable[..., RemotingBroker]
+) -> None:
+    # The C++ client's first route request can fail at once (seen on a loaded machine with
+    # the name server up): the driver's producer sends its first message again while it
+    # fails for want of a route, up to --route-timeout, as its consumers wait for a route.
+    b = broker()
+    topic = "late-route"
+    GrpcView(b.address).create_topic(topic, QUEUES)
+    late = LateForwarder(b.namesrv)
+    try:
+        producer = run("producer", "produce", "--namesrv", late.address, "--topic", topic,
+                       "--group", "late-producer", "--keys", "3", "--rounds", "2",
+                       "--route-timeout", "60", "--deadline", "90")  # fmt: skip
+        waited = producer.wait_event("route_wait")
+        assert "No route info of this topic" in waited["message"], waited
+        late.open()
+        assert producer.finish(PRODUCE_TIMEOUT) == 0, producer.describe()
+    finally:
+        late.close()
+    assert len(producer.of("sent")) == 6, producer.describe()
 
 
 def test_a_silent_name_server_ends_the_drivers_within_their_bounds(
