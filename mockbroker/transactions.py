@@ -144,6 +144,9 @@ class Transactions:
         self.max_checks = max_checks
         self._pending: dict[int, _Pending] = {}  # half-queue offset -> pending transaction
         self._ended: dict[int, int] = {}  # half-queue offset -> outcome, since start
+        # Taken out of _pending while their outcome is written, and pending until it is
+        # on disk: no check-back and no second end meanwhile, and still counted.
+        self._ending = 0
         self._watchers: dict[str, list[_Watcher]] = {}
         self._turns = itertools.count()
         self._changed = asyncio.Event()
@@ -155,8 +158,8 @@ class Transactions:
 
     @property
     def pending(self) -> int:
-        """How many transactions wait for their end."""
-        return len(self._pending)
+        """How many transactions wait for their end (an outcome not yet on disk included)."""
+        return len(self._pending) + self._ending
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> None:
@@ -317,6 +320,7 @@ class Transactions:
         if self._pending.get(waiting.offset) is not waiting:
             return  # ended by a concurrent request meanwhile
         del self._pending[waiting.offset]  # no check-back, no second end, meanwhile
+        self._ending += 1
         try:
             if outcome == COMMITTED:
                 record = self._store.read_record(self._half, 0, waiting.offset)
@@ -325,6 +329,8 @@ class Transactions:
         except BaseException:
             self._pending[waiting.offset] = waiting
             raise
+        finally:
+            self._ending -= 1
         self._changed.set()
 
     async def _deliver(self, record: bytes) -> None:
@@ -433,11 +439,14 @@ class Transactions:
 
     async def _drop(self, waiting: _Pending) -> None:
         del self._pending[waiting.offset]
+        self._ending += 1
         try:
             await self._record(waiting.offset, waiting.msg_id, DROPPED)
         except BaseException:
             self._pending[waiting.offset] = waiting
             raise
+        finally:
+            self._ending -= 1
         log.warning(
             "transaction %s of group %s dropped: still unknown after %d check-backs",
             transaction_id(waiting.msg_id, waiting.offset), waiting.group, waiting.checks,

@@ -67,6 +67,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     directory = os.environ.get(CPU_DIR_ENV)
     per_file = session.config.stash.get(_CPU, {})
     if directory and per_file:
+        Path(directory).mkdir(parents=True, exist_ok=True)
         (Path(directory) / f"cpu-{os.getpid()}.json").write_text(json.dumps(per_file))
 
 

@@ -32,6 +32,9 @@ class LocalFileOffsetStore:
         self.path = Path(directory) / "offsets.json"
         self._offsets: dict[MessageQueue, int] = {}
         self._stored: dict[MessageQueue, int] = {}
+        # One write at a time: two share the temporary file, and an older snapshot
+        # written last would move the stored offsets back.
+        self._persisting = asyncio.Lock()
         if self.path.exists():
             self._stored = read_json(self.path, _parse)
 
@@ -59,11 +62,12 @@ class LocalFileOffsetStore:
 
     async def persist(self, queues: list[MessageQueue] | None = None) -> None:
         """Write every known offset to the file if any changed."""
-        merged = {**self._stored, **self._offsets}
-        if merged == self._stored:
-            return
-        await asyncio.to_thread(self._write, merged)
-        self._stored = merged
+        async with self._persisting:
+            merged = {**self._stored, **self._offsets}
+            if merged == self._stored:
+                return
+            await asyncio.to_thread(self._write, merged)
+            self._stored = merged
 
     def _write(self, offsets: dict[MessageQueue, int]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

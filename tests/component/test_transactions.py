@@ -191,6 +191,38 @@ def test_dropped_after_the_most_checks(
     assert f"transaction {sent.transaction_id} of group pg dropped" in caplog.text
 
 
+def test_a_transaction_stays_pending_until_its_outcome_is_on_disk(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # The pending count fell when the outcome's write began: a make test run saw no
+    # transaction pending and still no drop counted, and a reader could see neither the
+    # message nor the transaction (tests/component/test_transactions.py's drop test).
+    config = BrokerConfig(data_dir=tmp_path, transaction_max_checks=1)
+    recording, release = threading.Event(), threading.Event()
+    with (
+        EmbeddedBroker(config, clock=clock) as broker,
+        TransactionProducer(broker.address, Listener({}), group="pg") as producer,
+    ):
+        txns = transactions(broker)
+        record = txns._record
+
+        async def held_record(offset: int, msg_id: bytes, outcome: int) -> None:
+            recording.set()
+            await asyncio.to_thread(release.wait, 30)
+            await record(offset, msg_id, outcome)
+
+        txns._record = held_record  # type: ignore[method-assign]
+        producer.send_message_in_transaction(Message("orders", b"never"))
+        clock.advance(6.1)
+        wait_until(lambda: txns.checks_sent == 1)
+        clock.advance(60.1)
+        assert recording.wait(10), "the drop's outcome was never written"
+        assert txns.pending == 1, "pending while its outcome is not on disk"
+        release.set()
+        wait_until(lambda: txns.outcomes["dropped"] == 1)
+        assert txns.pending == 0
+
+
 def test_sharding_key_order_among_committed(broker: EmbeddedBroker, endpoint: str) -> None:
     listener = Listener({b"a1": COMMIT, b"a2": COMMIT, b"b1": ROLLBACK, b"a3": COMMIT})
     with TransactionProducer(endpoint, listener, group="pg") as producer:

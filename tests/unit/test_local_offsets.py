@@ -1,0 +1,62 @@
+"""A broadcasting member's offsets file: persists one at a time, never moving back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+
+from sdk.consumer.local_offsets import LocalFileOffsetStore
+from sdk.message import MessageQueue
+
+Q = MessageQueue("t", "b", 0)
+
+
+def stored_offset(path: Path) -> int:
+    [item] = json.loads(path.read_text())["offsets"]
+    return int(item["offset"])
+
+
+def test_a_persist_started_during_another_waits_and_the_newer_offset_is_written_last(
+    tmp_path: Path,
+) -> None:
+    # A shutdown's persist can start while the periodic one is still writing (a make test
+    # run failed so: the second rename found the shared temporary file gone, and had the
+    # older write ended last, the file would have moved the offset back).
+    store = LocalFileOffsetStore(tmp_path)
+    write = store._write
+    first_writing = threading.Event()
+    second_written = threading.Event()
+    writers = 0
+    most_at_once = 0
+    count = threading.Lock()
+
+    def observed_write(offsets: dict[MessageQueue, int]) -> None:
+        nonlocal writers, most_at_once
+        with count:
+            writers += 1
+            most_at_once = max(most_at_once, writers)
+            first = not first_writing.is_set()
+        first_writing.set()
+        if first:  # holds the first write back until the second ended, or could have
+            second_written.wait(timeout=0.5)
+        write(offsets)
+        with count:
+            writers -= 1
+        if not first:
+            second_written.set()
+
+    store._write = observed_write  # type: ignore[method-assign]
+
+    async def two_persists() -> None:
+        store.update(Q, 5)
+        periodic = asyncio.create_task(store.persist())
+        await asyncio.to_thread(first_writing.wait, 5)
+        store.update(Q, 9)
+        await asyncio.gather(periodic, store.persist())
+
+    asyncio.run(two_persists())
+    assert most_at_once == 1
+    assert stored_offset(store.path) == 9
+    assert asyncio.run(LocalFileOffsetStore(tmp_path).fetch(Q)) == 9
