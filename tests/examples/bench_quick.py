@@ -5,7 +5,7 @@ xdist worker while the other had nothing left to do. Each group now runs on its 
 same options: --quick on 2 000 messages instead of --quick's 20 000: the figures are only
 checked to be there, and the groups' fixed costs, brokers and paced latency runs, stay),
 and the groups are split over four files so that --dist loadfile spreads them over both
-workers. Seconds per group (bench/run.py's facts, 2 cores): remoting 14.6, latency 8.0,
+workers. Seconds per group (bench/run.py's facts, 2 cores): remoting 14.6, latency 5.2,
 tls 6.1, dedup 6.0, send 5.5, produce 4.7, receive 4.0, transports 4.0, consume 1.0,
 pull 0.8, poll 0.8, floor 0.6, micro 0.1.
 """

@@ -36,13 +36,16 @@ pytestmark = [pytest.mark.system, pytest.mark.chaos]
 
 #: Fixed so that a failure names the seed to run again with; override with ORDERMQ_SEED.
 SEED = int(os.environ.get("ORDERMQ_SEED", "20240917"))
-ROUNDS = scaled(24, 100)  # kills: all but 3 while sending, 3 quiet
+#: Kills: all but 3 while sending, 3 quiet. A round costs a broker start and a read-back of
+#: all that was ever stored, and every round makes the same checks, so the short form kills
+#: 12 times (the suite's longest test at 24: 35-55 s); `make chaos` kills 100 times.
+ROUNDS = scaled(12, 100)
 TOPIC = "chaos"
 QUEUES = 4
 KEYS = [f"key-{i}" for i in range(8)]  # 8 keys over 4 queues: queues interleave keys
 #: Rounds whose kill comes right after the producer stopped, not while it sends; the kill
 #: of every other round lands in the middle of the sending.
-QUIET_ROUNDS = frozenset({5, 11, 17})
+QUIET_ROUNDS = frozenset({3, 6, 9})
 #: Acknowledgements a round waits for before it starts the random countdown to the kill.
 MIN_ACKS_PER_ROUND = 10
 #: Seconds of sending after those before the kill (drawn uniformly). The kill lands on a
