@@ -15,7 +15,9 @@ Workloads (the same inputs as bench/run.py):
   the consumer's thread pool, batch 1;
 - poll-aio / poll-blocking: the poll loop of bench/run.py's poll figures over the same
   backlog, sdk.aio.LitePullConsumer or the blocking sdk.LitePullConsumer;
-- e2e: single sends at a fixed rate to an orderly blocking sdk.PushConsumer.
+- e2e: single sends at a fixed rate to an orderly blocking sdk.PushConsumer;
+- e2e-push: the same to an orderly sdk.aio.PushConsumer with push delivery and an
+  `async def` listener (bench/run.py's latency.e2e.push face).
 
     python bench/profile_shares.py                       # all three, ~1 minute
     python bench/profile_shares.py --only produce --seconds 10
@@ -44,7 +46,7 @@ import consuming as cw
 import workloads as wl
 from procs import ROOT, broker_process
 
-from sdk import ConsumeFromWhere, PushConsumer
+from sdk import ConsumeFromWhere, PushConsumer, PushConsumerConfig, aio
 from sdk._transport.broker_client import BrokerClient
 from sdk.aio import Producer
 
@@ -189,26 +191,43 @@ async def consume(trial: cw.ConsumeTrial | cw.PollTrial) -> int:
         await trial.close()
 
 
-async def e2e(address: str, seconds: float, rate: int) -> int:
-    """Single sends at `rate`/s to an orderly blocking push consumer."""
+async def e2e(address: str, seconds: float, rate: int, *, push: bool = False) -> int:
+    """Single sends at `rate`/s to an orderly blocking push consumer, or (`push`) to an
+    orderly aio one with push delivery and an `async def` listener."""
     admin = BrokerClient(address)
     producer = Producer(address)
-    consumer = PushConsumer(
-        "profile-e2e", address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET
-    )
+    recorder = cw.LatencyRecorder()
+    consumer: PushConsumer | aio.PushConsumer
+    if push:
+        consumer = aio.PushConsumer(
+            "profile-e2e",
+            address,
+            consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            config=PushConsumerConfig(delivery="push"),
+        )
+        consumer.register_message_listener(recorder)
+    else:
+        consumer = PushConsumer(
+            "profile-e2e", address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET
+        )
+        consumer.register_message_listener(cw.BlockingLatencyRecorder(recorder))
     try:
         await admin.create_topic("profile-e2e", wl.QUEUES)
         await producer.start()
-        recorder = cw.LatencyRecorder()
         consumer.subscribe("profile-e2e")
-        consumer.register_message_listener(cw.BlockingLatencyRecorder(recorder))
-        await asyncio.to_thread(consumer.start)
+        if isinstance(consumer, aio.PushConsumer):
+            await consumer.start()
+        else:
+            await asyncio.to_thread(consumer.start)
         await cw.until_held(admin, wl.QUEUES)
         count = int(rate * seconds)
         await cw.e2e_latency(producer, recorder, "profile-e2e", wl.make_keys(), rate, count, 64)
         return count
     finally:
-        await asyncio.to_thread(consumer.shutdown)
+        if isinstance(consumer, aio.PushConsumer):
+            await consumer.shutdown()
+        else:
+            await asyncio.to_thread(consumer.shutdown)
         await producer.shutdown()
         await admin.close()
 
@@ -242,8 +261,10 @@ async def profile(name: str, args: argparse.Namespace, tmp: Path) -> tuple[dict[
                 messages = await produce(
                     broker.address, args.seconds, mixed=name == "produce-mixed"
                 )
-            elif name == "e2e":
-                messages = await e2e(broker.address, args.seconds, args.e2e_rate)
+            elif name.startswith("e2e"):
+                messages = await e2e(
+                    broker.address, args.seconds, args.e2e_rate, push=name == "e2e-push"
+                )
             else:
                 assert trial is not None
                 messages = await consume(trial)
@@ -255,7 +276,7 @@ async def profile(name: str, args: argparse.Namespace, tmp: Path) -> tuple[dict[
 
 WORKLOADS = (
     "produce", "produce-mixed", "consume-batch1", "consume-batch32",
-    "consume-threads-batch1", "poll-aio", "poll-blocking", "e2e",
+    "consume-threads-batch1", "poll-aio", "poll-blocking", "e2e", "e2e-push",
 )  # fmt: skip
 
 
