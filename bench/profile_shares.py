@@ -97,6 +97,9 @@ class Shares:
     busy: int
     idle: int
     parts: dict[str, int]
+    #: The process's CPU time (user + system, every thread) while it was sampled; None
+    #: where /proc does not tell it.
+    cpu_seconds: float | None = None
 
     def table(self, title: str) -> str:
         lines = [f"{title}: {self.busy} busy samples ({self.idle} idle not counted)"]
@@ -148,6 +151,8 @@ class Sampler:
     def __init__(self, pid: int, out: Path, rate: int) -> None:
         exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         self.out = out
+        self.pid = pid
+        self.cpu_before = _cpu_seconds(pid)
         self.proc = subprocess.Popen(
             [exe, "record", "--pid", str(pid), "--native", "--rate", str(rate),
              "--format", "raw", "--output", str(out)],
@@ -155,11 +160,24 @@ class Sampler:
         )  # fmt: skip
 
     def stop(self) -> Shares:
+        after = _cpu_seconds(self.pid)
         self.proc.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl+C
         _, err = self.proc.communicate(timeout=60)
         if not self.out.exists():
             raise RuntimeError(f"py-spy wrote nothing: {err.strip()[-500:]}")
-        return fold(self.out.read_text())
+        shares = fold(self.out.read_text())
+        if after is not None and self.cpu_before is not None:
+            shares.cpu_seconds = after - self.cpu_before
+        return shares
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far (Linux /proc), else None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def produce(address: str, seconds: float, *, mixed: bool = False) -> int:
@@ -306,10 +324,14 @@ def main(argv: list[str] | None = None) -> int:
                 # Busy CPU per message: samples are taken `rate` times a second.
                 per_message_us = s.busy / args.rate / max(1, messages) * 1e6
                 print(s.table(f"{name}, {side}"))
-                print(f"  {messages} messages, busy CPU {per_message_us:.1f} us/msg")
+                cpu = s.cpu_seconds
+                cpu_us = None if cpu is None else cpu / max(1, messages) * 1e6
+                told = "" if cpu_us is None else f", process CPU time {cpu_us:.1f} us/msg"
+                print(f"  {messages} messages, busy CPU {per_message_us:.1f} us/msg{told}")
                 report.setdefault(name, {})[side] = {
                     "messages": messages,
                     "busy_us_per_message": round(per_message_us, 2),
+                    "process_cpu_us_per_message": None if cpu_us is None else round(cpu_us, 2),
                     "busy_samples": s.busy,
                     "idle_samples": s.idle,
                     "shares": {k: round(v / max(1, s.busy), 4) for k, v in s.parts.items()},
