@@ -15,7 +15,9 @@ Workloads (the same inputs as bench/run.py):
   the consumer's thread pool, batch 1;
 - poll-aio / poll-blocking: the poll loop of bench/run.py's poll figures over the same
   backlog, sdk.aio.LitePullConsumer or the blocking sdk.LitePullConsumer;
-- e2e: single sends at a fixed rate to an orderly blocking sdk.PushConsumer.
+- e2e: single sends at a fixed rate to an orderly blocking sdk.PushConsumer;
+- e2e-push: the same to an orderly sdk.aio.PushConsumer with push delivery and an
+  `async def` listener (bench/run.py's latency.e2e.push face).
 
     python bench/profile_shares.py                       # all three, ~1 minute
     python bench/profile_shares.py --only produce --seconds 10
@@ -44,7 +46,7 @@ import consuming as cw
 import workloads as wl
 from procs import ROOT, broker_process
 
-from sdk import ConsumeFromWhere, PushConsumer
+from sdk import ConsumeFromWhere, PushConsumer, PushConsumerConfig, aio
 from sdk._transport.broker_client import BrokerClient
 from sdk.aio import Producer
 
@@ -95,6 +97,9 @@ class Shares:
     busy: int
     idle: int
     parts: dict[str, int]
+    #: The process's CPU time (user + system, every thread) while it was sampled; None
+    #: where /proc does not tell it.
+    cpu_seconds: float | None = None
 
     def table(self, title: str) -> str:
         lines = [f"{title}: {self.busy} busy samples ({self.idle} idle not counted)"]
@@ -146,6 +151,8 @@ class Sampler:
     def __init__(self, pid: int, out: Path, rate: int) -> None:
         exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         self.out = out
+        self.pid = pid
+        self.cpu_before = _cpu_seconds(pid)
         self.proc = subprocess.Popen(
             [exe, "record", "--pid", str(pid), "--native", "--rate", str(rate),
              "--format", "raw", "--output", str(out)],
@@ -153,11 +160,24 @@ class Sampler:
         )  # fmt: skip
 
     def stop(self) -> Shares:
+        after = _cpu_seconds(self.pid)
         self.proc.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl+C
         _, err = self.proc.communicate(timeout=60)
         if not self.out.exists():
             raise RuntimeError(f"py-spy wrote nothing: {err.strip()[-500:]}")
-        return fold(self.out.read_text())
+        shares = fold(self.out.read_text())
+        if after is not None and self.cpu_before is not None:
+            shares.cpu_seconds = after - self.cpu_before
+        return shares
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far (Linux /proc), else None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def produce(address: str, seconds: float, *, mixed: bool = False) -> int:
@@ -189,26 +209,43 @@ async def consume(trial: cw.ConsumeTrial | cw.PollTrial) -> int:
         await trial.close()
 
 
-async def e2e(address: str, seconds: float, rate: int) -> int:
-    """Single sends at `rate`/s to an orderly blocking push consumer."""
+async def e2e(address: str, seconds: float, rate: int, *, push: bool = False) -> int:
+    """Single sends at `rate`/s to an orderly blocking push consumer, or (`push`) to an
+    orderly aio one with push delivery and an `async def` listener."""
     admin = BrokerClient(address)
     producer = Producer(address)
-    consumer = PushConsumer(
-        "profile-e2e", address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET
-    )
+    recorder = cw.LatencyRecorder()
+    consumer: PushConsumer | aio.PushConsumer
+    if push:
+        consumer = aio.PushConsumer(
+            "profile-e2e",
+            address,
+            consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            config=PushConsumerConfig(delivery="push"),
+        )
+        consumer.register_message_listener(recorder)
+    else:
+        consumer = PushConsumer(
+            "profile-e2e", address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET
+        )
+        consumer.register_message_listener(cw.BlockingLatencyRecorder(recorder))
     try:
         await admin.create_topic("profile-e2e", wl.QUEUES)
         await producer.start()
-        recorder = cw.LatencyRecorder()
         consumer.subscribe("profile-e2e")
-        consumer.register_message_listener(cw.BlockingLatencyRecorder(recorder))
-        await asyncio.to_thread(consumer.start)
+        if isinstance(consumer, aio.PushConsumer):
+            await consumer.start()
+        else:
+            await asyncio.to_thread(consumer.start)
         await cw.until_held(admin, wl.QUEUES)
         count = int(rate * seconds)
         await cw.e2e_latency(producer, recorder, "profile-e2e", wl.make_keys(), rate, count, 64)
         return count
     finally:
-        await asyncio.to_thread(consumer.shutdown)
+        if isinstance(consumer, aio.PushConsumer):
+            await consumer.shutdown()
+        else:
+            await asyncio.to_thread(consumer.shutdown)
         await producer.shutdown()
         await admin.close()
 
@@ -242,8 +279,10 @@ async def profile(name: str, args: argparse.Namespace, tmp: Path) -> tuple[dict[
                 messages = await produce(
                     broker.address, args.seconds, mixed=name == "produce-mixed"
                 )
-            elif name == "e2e":
-                messages = await e2e(broker.address, args.seconds, args.e2e_rate)
+            elif name.startswith("e2e"):
+                messages = await e2e(
+                    broker.address, args.seconds, args.e2e_rate, push=name == "e2e-push"
+                )
             else:
                 assert trial is not None
                 messages = await consume(trial)
@@ -255,7 +294,7 @@ async def profile(name: str, args: argparse.Namespace, tmp: Path) -> tuple[dict[
 
 WORKLOADS = (
     "produce", "produce-mixed", "consume-batch1", "consume-batch32",
-    "consume-threads-batch1", "poll-aio", "poll-blocking", "e2e",
+    "consume-threads-batch1", "poll-aio", "poll-blocking", "e2e", "e2e-push",
 )  # fmt: skip
 
 
@@ -285,10 +324,14 @@ def main(argv: list[str] | None = None) -> int:
                 # Busy CPU per message: samples are taken `rate` times a second.
                 per_message_us = s.busy / args.rate / max(1, messages) * 1e6
                 print(s.table(f"{name}, {side}"))
-                print(f"  {messages} messages, busy CPU {per_message_us:.1f} us/msg")
+                cpu = s.cpu_seconds
+                cpu_us = None if cpu is None else cpu / max(1, messages) * 1e6
+                told = "" if cpu_us is None else f", process CPU time {cpu_us:.1f} us/msg"
+                print(f"  {messages} messages, busy CPU {per_message_us:.1f} us/msg{told}")
                 report.setdefault(name, {})[side] = {
                     "messages": messages,
                     "busy_us_per_message": round(per_message_us, 2),
+                    "process_cpu_us_per_message": None if cpu_us is None else round(cpu_us, 2),
                     "busy_samples": s.busy,
                     "idle_samples": s.idle,
                     "shares": {k: round(v / max(1, s.busy), 4) for k, v in s.parts.items()},

@@ -523,6 +523,11 @@ class Delivery:
         key = (topic.name, queue_id)
         lock_key = lock_wakeup(group, key)
         state, holder = self._s, self._s.holder
+        # The last batch read to the queue's end: while the end is still there, wait for
+        # an append without reading again (an empty read per batch costs as much as a
+        # batch's at low rates). The end is looked at in the step that starts the wait,
+        # so no append comes between.
+        caught_up = False
         while True:
             if holder.closed:
                 raise BrokerError(
@@ -531,7 +536,9 @@ class Delivery:
             if lock_epoch:
                 state.locks.check_lock(group, key, client_id, lock_epoch)
             wake = [lock_key, credit.key]
-            if credit.open:
+            if credit.open and caught_up and state.store.end_offset(topic, queue_id) == offset:
+                wake.append(key)
+            elif credit.open:
                 got = await self._read(
                     client, group, topic, queue_id, offset,
                     min(max_messages, credit.messages), credit.batch_bytes(max_bytes), tags,
@@ -545,6 +552,7 @@ class Delivery:
                     credit.spend(got.count, len(got.records))
                 if got.count or got.next_offset != offset:
                     offset = got.next_offset
+                    caught_up = got.status == "FOUND" and offset == got.max_offset
                     yield got
                     continue
                 wake.append(key)

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterable
 
-from sdk.clock import Clock
+from sdk.clock import Clock, SystemClock
 
 QueueKey = tuple[str, int]
 
@@ -24,7 +24,9 @@ class PullHolder:
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
-        self._waiting: dict[QueueKey, set[asyncio.Future[None]]] = {}
+        #: Each waiter's future: True once an append (or the stop) released it, False
+        #: when its deadline passed (the real clock's timer sets that).
+        self._waiting: dict[QueueKey, set[asyncio.Future[bool]]] = {}
         self._closed = False
         self.held = 0
 
@@ -42,20 +44,31 @@ class PullHolder:
         if self._closed or self._clock.now() >= deadline:
             return False
         keys = tuple(queues)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
         joined = [self._waiting.setdefault(queue, set()) for queue in keys]
         for waiters in joined:
             waiters.add(future)
-        timer = asyncio.ensure_future(self._clock.sleep_until(deadline))
         self.held += 1
         try:
-            await asyncio.wait((future, timer), return_when=asyncio.FIRST_COMPLETED)
-            return future.done() and not self._closed
+            if type(self._clock) is SystemClock:
+                # The real clock's deadline is a timer on the loop, not a task sleeping
+                # beside the wait: a push subscription waits once per batch at low rates.
+                timer = loop.call_later(deadline - self._clock.now(), _expire, future)
+                try:
+                    return await future and not self._closed
+                finally:
+                    timer.cancel()
+            sleeper = asyncio.ensure_future(self._clock.sleep_until(deadline))
+            try:
+                await asyncio.wait((future, sleeper), return_when=asyncio.FIRST_COMPLETED)
+                return future.done() and not self._closed
+            finally:
+                sleeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.gather(sleeper, return_exceptions=True)
         finally:
             self.held -= 1
-            timer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(timer, return_exceptions=True)
             for queue, waiters in zip(keys, joined, strict=True):
                 waiters.discard(future)
                 if not waiters and self._waiting.get(queue) is waiters:
@@ -67,7 +80,7 @@ class PullHolder:
         if waiters:
             for future in waiters:
                 if not future.done():
-                    future.set_result(None)
+                    future.set_result(True)
 
     def close(self) -> None:
         """Release every held pull and hold no more (the broker is stopping)."""
@@ -75,5 +88,10 @@ class PullHolder:
         for waiters in self._waiting.values():
             for future in waiters:
                 if not future.done():
-                    future.set_result(None)
+                    future.set_result(True)
         self._waiting.clear()
+
+
+def _expire(future: asyncio.Future[bool]) -> None:
+    if not future.done():
+        future.set_result(False)

@@ -79,11 +79,20 @@ class CreditWindow:
         `limit_bytes`. Nothing (0, 0) until at least `min_messages` of room, or half the
         bytes, is free: grants come in batches, not one per message consumed.
         """
+        if not self.grantable(limit_messages, limit_bytes, count, size, min_messages):
+            return 0, 0
         messages = limit_messages - count - self.messages
         size_room = limit_bytes - size - self.bytes
-        if messages < max(1, min_messages) and size_room < limit_bytes // 2:
-            return 0, 0
         return max(0, messages), max(0, size_room)
+
+    def grantable(
+        self, limit_messages: int, limit_bytes: int, count: int, size: int, min_messages: int
+    ) -> bool:
+        """True when `to_grant` would grant something: the room is worth a grant."""
+        return (
+            limit_messages - count - self.messages >= max(1, min_messages)
+            or limit_bytes - size - self.bytes >= limit_bytes // 2
+        )
 
 
 class Subscription(Protocol):

@@ -597,14 +597,20 @@ class ConsumerCore:
             if pq.count == 0:  # skipped only non-matching messages: move past them
                 self._skipped_to(queue, result.next_offset)
 
-    async def _wait_for_room(self, pq: ProcessQueue, seconds: float) -> None:
+    async def _wait_for_room(
+        self, pq: ProcessQueue, seconds: float, when: Callable[[], bool] | None = None
+    ) -> None:
         """Flow control: wait `seconds`, or less: until messages leave `pq`'s cache.
+
+        With `when`, until they leave and `when()` says the room is enough (asked each
+        time some leave).
 
         Without the early wake a pull loop held back by a full cache slept the whole
         backoff after poll() or the listener had made room (issue 40: a blocking poll loop,
         whose caller lags its loop thread, did so about 50 times per 200 000 messages).
         """
         room = pq.room = asyncio.Event()
+        pq.room_when = when
         sleeper = asyncio.ensure_future(sleep_for(self._clock, seconds))
         trigger = asyncio.ensure_future(room.wait())
         try:
@@ -613,7 +619,7 @@ class ConsumerCore:
             sleeper.cancel()
             trigger.cancel()
             if pq.room is room:
-                pq.room = None
+                pq.room = pq.room_when = None
 
     def _offset_illegal(self, queue: MessageQueue, offset: int, result: PullResult) -> None:
         """Say why the pull's offset moves; count messages retention deleted (too small)."""

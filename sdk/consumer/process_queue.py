@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from sdk.message import MessageExt
 
@@ -37,6 +37,9 @@ class ProcessQueue:
         # Set when messages leave the cache, while a pull loop held back by flow control
         # waits for room (None otherwise: nothing to tell).
         self.room: asyncio.Event | None = None
+        # With `room`: what room is worth waking for (None: any message leaving). Asked
+        # each time messages leave, so that a waiter wakes once, not once per message.
+        self.room_when: Callable[[], bool] | None = None
 
     # ------------------------------------------------------------------ pulling
     def put(self, messages: Sequence[MessageExt]) -> int:
@@ -142,5 +145,6 @@ class ProcessQueue:
     def _forget(self, messages: list[MessageExt]) -> None:
         self.count -= len(messages)
         self.size -= sum([len(m.body) for m in messages])
-        if self.room is not None:
-            self.room.set()
+        room = self.room
+        if room is not None and (self.room_when is None or self.room_when()):
+            room.set()

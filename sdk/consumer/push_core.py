@@ -45,7 +45,7 @@ log = logging.getLogger("ordermq.consumer")
 __all__ = ["PushConsumerCore", "QueueHook"]
 
 #: Push delivery: a queue's credit is looked at again at least this often (seconds), as
-#: well as whenever messages leave its cache.
+#: well as whenever messages leaving its cache free a grant's worth of room.
 CREDIT_RECHECK = 1.0
 
 
@@ -292,17 +292,24 @@ class PushConsumerCore(ConsumerCore):
             subscription.close()
 
     async def _grant_credit(self, pq: ProcessQueue, subscription: Subscription) -> None:
-        """Grant a subscription more credit whenever the queue's cache has room for it."""
+        """Grant a subscription more credit whenever the queue's cache has room for it.
+
+        Sleeps until the room is worth a grant (CreditWindow.grantable: a batch's worth
+        of messages, or half the bytes), not woken by each message the listener consumes.
+        """
         c = self.config
+        credit, limit_bytes = subscription.credit, c.pull_threshold_bytes_for_queue
         while True:
-            await self._wait_for_room(pq, CREDIT_RECHECK)
             limit = self._queue_threshold()
-            messages, size = subscription.credit.to_grant(
-                limit, c.pull_threshold_bytes_for_queue, pq.count, pq.size,
-                min(c.pull_batch_size, limit // 2),
-            )  # fmt: skip
+            least = min(c.pull_batch_size, limit // 2)
+            messages, size = credit.to_grant(limit, limit_bytes, pq.count, pq.size, least)
             if messages or size:
                 subscription.grant(messages, size)
+
+            def worth_a_grant(limit: int = limit, least: int = least) -> bool:
+                return credit.grantable(limit, limit_bytes, pq.count, pq.size, least)
+
+            await self._wait_for_room(pq, CREDIT_RECHECK, worth_a_grant)
 
     def _no_push(self, exc: OrderMQError) -> None:
         if self._push:

@@ -445,3 +445,37 @@ def test_a_concurrent_consumer_gets_every_message_through_push(broker: BrokerOve
         c.shutdown()
     assert sorted(seen) == [body(i) for i in range(300)]
     assert pulls(broker.embedded) == 0
+
+
+def test_a_subscription_that_caught_up_waits_for_an_append_without_reading_again(
+    broker: BrokerOver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a low rate each batch is one message that reaches the queue's end: the broker
+    waits for the next append right away. It read the queue once more per batch (and
+    found nothing) before waiting: two reads per message, not one."""
+    state = broker.embedded.broker.state
+    assert state is not None
+    store = state.store
+    reads = 0
+    get = store.get
+
+    def counted(*args: object, **kwargs: object) -> object:
+        nonlocal reads
+        reads += 1
+        return get(*args, **kwargs)  # type: ignore[arg-type]
+
+    send(broker.address, 1)  # the topic
+    listener = Recorder()
+    c = consumer(broker.address, listener)
+    c.start()
+    try:
+        wait_until(lambda: len(listener.bodies()) == 1, 10, "the first message")
+        monkeypatch.setattr(store, "get", counted)
+        with Producer(broker.address) as p:
+            for i in range(1, 41):
+                p.send(Message("orders", body(i), sharding_key="k"))
+                wait_until(lambda i=i: len(listener.bodies()) == i + 1, 10, "the message")
+        assert listener.bodies() == [body(i) for i in range(41)]
+        assert reads <= 40 + 4, reads  # a few appends may be read before they are notified
+    finally:
+        c.shutdown()

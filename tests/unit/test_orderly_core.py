@@ -372,13 +372,28 @@ def test_a_lock_answer_that_arrives_late_does_not_extend_the_clients_lease() -> 
     run(test)
 
 
+class CountingWindow(CreditWindow):
+    """A credit window that counts the consumer's looks at what to grant, and its grants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looks = 0
+        self.grants: list[tuple[int, int]] = []
+
+    def to_grant(
+        self, limit_messages: int, limit_bytes: int, count: int, size: int, min_messages: int
+    ) -> tuple[int, int]:
+        self.looks += 1
+        return super().to_grant(limit_messages, limit_bytes, count, size, min_messages)
+
+
 class ScriptedSubscription:
     """A push subscription whose batches, and the error that ends it, the test hands it."""
 
     def __init__(self, offset: int, lock_epoch: int) -> None:
         self.offset = offset
         self.lock_epoch = lock_epoch
-        self.credit = CreditWindow()
+        self.credit = CountingWindow()
         self.items: asyncio.Queue[PullResult | Exception] = asyncio.Queue()
 
     async def next(self) -> PullResult:
@@ -389,6 +404,7 @@ class ScriptedSubscription:
         return item
 
     def grant(self, messages: int, size: int) -> None:
+        self.credit.grants.append((messages, size))
         self.credit.granted(messages, size)
 
     def close(self) -> None:
@@ -449,6 +465,41 @@ def test_a_push_subscription_the_old_lock_ended_after_a_relock_does_not_fence_th
         broker.append(0, ["a"])
         second.items.put_nowait(await transport.pull(GROUP, MQ, second.offset))
         await until(lambda: listener.seen[-1:] == [(0, 2)], "a message at the new epoch")
+        await core.shutdown()
+
+    run(test)
+
+
+def test_the_credit_granter_wakes_per_grant_not_per_consumed_message() -> None:
+    """Push delivery: the granter sleeps until the cache has a grant's worth of room (a
+    pull batch of messages, or half its bytes). It used to wake for each message the
+    listener consumed and find nothing to grant: a look per message, as here, where
+    each message comes alone (a stream at a low rate) and is consumed before the next."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        transport = PushTransport(broker)
+        core = PushConsumerCore(
+            GROUP, transport, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            config=PushConsumerConfig(delivery="push", pull_threshold_for_queue=64,
+                                      pull_batch_size=32),
+            clock=broker.clock,
+        )  # fmt: skip
+        core.subscribe(broker.topic)
+        core.register_message_listener(listener)
+        await core.start()
+        await until(lambda: len(transport.subscriptions) == 1, "a subscription")
+        sub = transport.subscriptions[0]
+        assert sub.credit.messages == 64  # the whole cache, granted at subscribing
+        for offset in range(128):
+            broker.append(0, ["k"])
+            sub.items.put_nowait(await transport.pull(GROUP, MQ, offset))
+            await until(lambda offset=offset: len(listener.seen) == offset + 1, "the message")
+        await until(lambda: sub.credit.messages == 64, "the credit back")
+        # Consumed one at a time (batch size 1): a grant once 32 or more are freed.
+        grants = sub.credit.grants
+        assert sum(m for m, _ in grants) == 128 and all(m >= 32 for m, _ in grants), grants
+        assert sub.credit.looks <= 1 + 2 * len(grants), (sub.credit.looks, grants)
         await core.shutdown()
 
     run(test)
