@@ -151,11 +151,20 @@ def test_check_back_goes_to_another_producer_when_the_first_is_gone(
 ) -> None:
     first = Listener({})
     second = Listener({}, {b"orphan": COMMIT})
+
+    def watching() -> int:
+        return len(transactions(broker)._watchers.get("pg", []))
+
+    # Each count is waited for in turn: one producer watching at the end is the second
+    # only once both were (over rocketmq:// a producer watches from its first heartbeat,
+    # so the first could be the one watching while the second was not yet).
     with TransactionProducer(endpoint, second, group="pg"):
+        wait_until(lambda: watching() == 1, what="the second producer watching")
         with TransactionProducer(endpoint, first, group="pg") as producer:
             sent = producer.send_message_in_transaction(Message("orders", b"orphan"))
+            wait_until(lambda: watching() == 2, what="both producers watching")
         # the first producer is gone: its stream closed
-        wait_until(lambda: len(transactions(broker)._watchers.get("pg", [])) == 1)
+        wait_until(lambda: watching() == 1, what="the first producer gone")
         clock.advance(6.1)
         wait_until(lambda: [m.body for m in read_queue(broker.address, sent.queue)] == [b"orphan"])
     assert first.checked == [] and [m.body for m in second.checked] == [b"orphan"]
