@@ -198,6 +198,8 @@ class MessageStore:
         #: max_data_bytes: sends are refused (refusal() says why).
         self.refusing_sends = False
         self._disk_refusing = False
+        #: A write failed for want of space since the last disk check (its figure is older).
+        self._out_of_space = False
         self._over_cap: int | None = None  # the commit log's bytes while over the cap
         #: The lowest commit-log position something outside the store still needs (the
         #: scheduler's oldest pending message), or None; retention deletes nothing there.
@@ -580,7 +582,7 @@ class MessageStore:
         except OSError as exc:
             if exc.errno == errno.ENOSPC and self._roll_back(position, firsts, index_sizes):
                 # Until the next disk check says otherwise.
-                self.refusing_sends = self._disk_refusing = True
+                self.refusing_sends = self._disk_refusing = self._out_of_space = True
                 raise BrokerError(
                     StatusCode.UNAVAILABLE,
                     "DISK_FULL",
@@ -1097,6 +1099,8 @@ class MessageStore:
                 f"(max_data_bytes) of {self.retention.max_data_bytes}, and the segments "
                 "over it are still needed"
             )
+        if self._out_of_space:
+            return "the broker's disk is full: a write found no space left on the device"
         used = f"{self.disk.ratio:.1%}" if self.disk is not None else "100%"
         return (
             f"the broker's disk is {used} full, over the limit of {self.retention.refuse_ratio:.0%}"
@@ -1129,7 +1133,7 @@ class MessageStore:
                 f"disk {usage.ratio:.1%} used ({usage.free_bytes} bytes free): sends {what}",
                 used_ratio=round(usage.ratio, 4), free_bytes=usage.free_bytes,
             )  # fmt: skip
-        self.disk, self._disk_refusing = usage, refusing
+        self.disk, self._disk_refusing, self._out_of_space = usage, refusing, False
         self.refusing_sends = refusing or capped
 
     def _deletable_limit(self) -> int:

@@ -303,6 +303,28 @@ def test_a_batch_cut_short_by_a_full_disk_fails_whole_and_nothing_of_it_is_serve
     loop.run_until_complete(store.close())
 
 
+def test_sends_refused_after_a_write_ran_out_of_space_say_so_until_the_next_disk_check(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The refusal said "the broker's disk is 10.0% full, over the limit of 90%": the last
+    # disk check's figure, from before the write that found no space.
+    store = open_store(loop, tmp_path, FakeClock(), FakeDisk())
+    topic, _ = store.create_topic("t", 1)
+    batch = encode_frame(msg_id=os.urandom(16), born_timestamp_ms=1, body=BODY)
+    monkeypatch.setattr(commitlog_module.os, "pwrite", FailingWrites(1))
+    with pytest.raises(BrokerError):
+        loop.run_until_complete(store.put(topic, 0, batch))
+    monkeypatch.undo()
+    with pytest.raises(BrokerError) as refused:
+        store.check_accepting_sends()
+    assert refused.value.reason == "DISK_FULL"
+    assert "no space left" in refused.value.message, refused.value.message
+    assert "10.0%" not in refused.value.message, refused.value.message
+    store.enforce_retention()  # the next disk check: room again
+    store.check_accepting_sends()
+    loop.run_until_complete(store.close())
+
+
 @pytest.mark.parametrize(
     "fail_at", [1, 2, 3], ids=["commit log write", "first queue's index", "second queue's index"]
 )
