@@ -95,13 +95,8 @@ class Exchange:
             started = loop.time()
             await self._connect(envelope, timeout)
             timeout = max(0.0, timeout - (loop.time() - started))
-        if self._closed:
-            raise ClientStateError(f"the client of {self._target} is closed")
-        stream = self._stream
-        if stream is None:
-            stream = self._stream = _Stream(self._open_stream(None), self._target, self._ended)
-        self._last_id += 1
-        rid = envelope.id = self._last_id
+        stream = self._stream_for(envelope)
+        rid = envelope.id
         future = stream.submit(envelope)
         try:
             async with asyncio.timeout(timeout):
@@ -137,6 +132,10 @@ class Exchange:
             raise ExchangeUnsupportedError("the broker does not serve Exchange")
         if self._stream is None and not self._closed:
             await self._connect(envelope, timeout)
+        return self._stream_for(envelope).subscribe(envelope)
+
+    def _stream_for(self, envelope: pb.ExchangeRequest) -> _Stream:
+        """The stream to write `envelope` on (opened if there is none), its id set."""
         if self._closed:
             raise ClientStateError(f"the client of {self._target} is closed")
         stream = self._stream
@@ -144,7 +143,7 @@ class Exchange:
             stream = self._stream = _Stream(self._open_stream(None), self._target, self._ended)
         self._last_id += 1
         envelope.id = self._last_id
-        return stream.subscribe(envelope)
+        return stream
 
     async def _connect(self, envelope: pb.ExchangeRequest, timeout: float) -> None:
         """Wait up to `timeout` for the broker to be reachable before opening a stream.
