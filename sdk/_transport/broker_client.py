@@ -375,13 +375,7 @@ class BrokerClient:
             suspend_timeout_ms=int(suspend_timeout * 1000),
         )
         r = (await self._request(pb.ExchangeRequest(pull=request), timeout)).pull
-        return PullResult(
-            PullStatus(pb.PullStatus.Name(r.status)),
-            r.next_offset,
-            r.min_offset,
-            r.max_offset,
-            decode_records(r.records, queue.broker_name) if r.records else [],
-        )
+        return _pull_result(r, r.records, queue.broker_name)
 
     async def subscribe(
         self,
@@ -761,14 +755,27 @@ class GrpcSubscription:
             r = await self._opened.next()
         except ExchangeUnsupportedError as exc:
             raise NotSupportedError(str(exc), code="UNIMPLEMENTED") from None
-        self._credit.received(r.record_count, len(r.records))
-        return PullResult(
-            PullStatus(pb.PullStatus.Name(r.status)),
-            r.next_offset,
-            r.min_offset,
-            r.max_offset,
-            decode_records(r.records, self._broker_name) if r.records else [],
-        )
+        return self._result(r)
+
+    def on_batch(self, handler: Callable[[PullResult], bool] | None) -> None:
+        """Hand batches to `handler` as they arrive (Subscription.on_batch)."""
+        if handler is None:
+            self._opened.on_batch(None)
+            return
+
+        def take(r: pb.PullResponse) -> bool:
+            records = r.records
+            if not handler(_pull_result(r, records, self._broker_name)):
+                return False  # next() returns it (decoded again: once per subscription)
+            self._credit.received(r.record_count, len(records))
+            return True
+
+        self._opened.on_batch(take)
+
+    def _result(self, r: pb.PullResponse) -> PullResult:
+        records = r.records
+        self._credit.received(r.record_count, len(records))
+        return _pull_result(r, records, self._broker_name)
 
     def grant(self, messages: int, size: int) -> None:
         """Let the broker send `messages` more records and `size` more bytes."""
@@ -778,3 +785,28 @@ class GrpcSubscription:
     def close(self) -> None:
         """End the subscription; batches not yet read are dropped."""
         self._opened.close()
+
+
+#: PullResponse.status -> PullStatus (an unknown one raises ValueError, as PullStatus would).
+_PULL_STATUS = {
+    value: PullStatus(name)
+    for name, value in pb.PullStatus.items()
+    if name in PullStatus.__members__
+}
+
+
+def _pull_result(r: pb.PullResponse, records: bytes, broker_name: str) -> PullResult:
+    """A pull's or a pushed batch's answer; `records` is `r.records`, read once.
+
+    Each read of a bytes field copies it.
+    """
+    status = _PULL_STATUS.get(r.status)
+    if status is None:
+        raise ValueError(f"{r.status} is not a valid PullStatus")
+    return PullResult(
+        status,
+        r.next_offset,
+        r.min_offset,
+        r.max_offset,
+        decode_records(records, broker_name) if records else [],
+    )

@@ -28,6 +28,8 @@ log = logging.getLogger("ordermq.transport")
 ExchangeCall = grpc.aio.StreamStreamCall[pb.ExchangeRequest, pb.ExchangeResponse]
 OpenExchange = grpc.aio.StreamStreamMultiCallable[pb.ExchangeRequest, pb.ExchangeResponse]
 ErrorFactory = Callable[[], Exception]
+#: Takes a subscription's batch in the stream's reader; False: not taken, call it no more.
+BatchHandler = Callable[[pb.PullResponse], bool]
 #: Requests one stream carries at once; more wait here for a free slot (the broker reads
 #: no more than this many at once either).
 MAX_IN_FLIGHT = 10_000
@@ -194,15 +196,38 @@ class ExchangeSubscription:
     def __init__(self, stream: _Stream, rid: int) -> None:
         self._stream = stream
         self.id = rid
-        self._inbox: asyncio.Queue[pb.ExchangeResponse | Exception] = asyncio.Queue()
+        self._inbox: asyncio.Queue[pb.ExchangeResponse | Exception | _Raised] = asyncio.Queue()
         self._ended = False
+        self._handler: BatchHandler | None = None
+
+    def on_batch(self, handler: BatchHandler | None) -> None:
+        """Hand each batch to `handler` in the stream's reader, in order, not to `next()`.
+
+        A batch queued for `next()` wakes the task awaiting it: one hand-off per batch.
+        Once `handler` returns False (it did not take the batch: `next()` returns it) or
+        raises (`next()` raises that), it is called no more and later batches queue for
+        `next()` as before; errors and the subscription's end always do.
+        """
+        self._handler = handler
 
     def _deliver(self, answer: pb.ExchangeResponse | Exception) -> None:
+        handler = self._handler
+        if handler is not None and not isinstance(answer, Exception) and answer.HasField("pull"):
+            try:
+                if handler(answer.pull):
+                    return
+            except Exception as exc:  # the reader serves every request: it must go on
+                self._handler = None
+                self._inbox.put_nowait(_Raised(exc))  # not the subscription's end
+                return
+            self._handler = None  # not taken: next() returns it, and the rest
         self._inbox.put_nowait(answer)
 
     async def next(self) -> pb.PullResponse:
         """The next batch; raises what ended the subscription (the broker's error, ...)."""
         item = await self._inbox.get()
+        if isinstance(item, _Raised):
+            raise item.error
         if isinstance(item, Exception):
             self._ended = True
             raise item
@@ -230,6 +255,15 @@ class ExchangeSubscription:
         if not self._ended:
             self._ended = True
             self._stream.unsubscribe(self.id)
+
+
+class _Raised:
+    """What a batch handler raised, for next() to raise: the subscription goes on."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
 class _Stream:

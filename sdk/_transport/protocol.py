@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -110,6 +110,17 @@ class Subscription(Protocol):
         StaleEpochError when the lock is lost), BrokerUnavailableError when the
         connection broke, NotSupportedError when the broker has no push delivery.
         After OFFSET_ILLEGAL the subscription has ended.
+        """
+        ...
+
+    def on_batch(self, handler: Callable[[PullResult], bool] | None) -> None:
+        """Hand batches to `handler` as they arrive, in order, instead of to `next()`.
+
+        Where batches arrive on a task of their own (a stream's reader), this saves a
+        task hand-off per batch. `handler` runs on the event loop, synchronously, and
+        returns True when it took the batch; on False `next()` returns that batch, in its
+        order, and `handler` is called no more. A transport may call it for none: the
+        subscription's end and errors always come from `next()`.
         """
         ...
 

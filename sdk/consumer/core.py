@@ -581,17 +581,22 @@ class ConsumerCore:
 
     async def _accept(self, queue: MessageQueue, pq: ProcessQueue, result: PullResult) -> None:
         """Buffer and hand on what a pull (or a push subscription) brought."""
+        if result.status is PullStatus.OFFSET_ILLEGAL:
+            self._offset_illegal(queue, pq.next_offset, result)
+            pq.next_offset = result.next_offset
+            self.offsets.update(queue, result.next_offset, increase_only=False)
+            await self._starting_offset(queue, result.next_offset)
+        else:
+            self._buffer(queue, pq, result)
+
+    def _buffer(self, queue: MessageQueue, pq: ProcessQueue, result: PullResult) -> None:
+        """`_accept` of a FOUND or NO_MATCHED_MESSAGE result: it needs no await."""
         if result.status is PullStatus.FOUND:
             if queue.topic.startswith(RETRY_PREFIX):
                 _restore_origin(result.messages)
             pq.put(result.messages)
             pq.next_offset = result.next_offset
             self._deliver(queue, pq)
-        elif result.status is PullStatus.OFFSET_ILLEGAL:
-            self._offset_illegal(queue, pq.next_offset, result)
-            pq.next_offset = result.next_offset
-            self.offsets.update(queue, result.next_offset, increase_only=False)
-            await self._starting_offset(queue, result.next_offset)
         else:
             pq.next_offset = result.next_offset
             if pq.count == 0:  # skipped only non-matching messages: move past them

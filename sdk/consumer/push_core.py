@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from sdk import metrics
-from sdk._transport.protocol import PullStatus, Subscription, Transport
+from sdk._transport.protocol import PullResult, PullStatus, Subscription, Transport
 from sdk._validation import RETRY_PREFIX
 from sdk.clock import Clock, sleep_for
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
@@ -258,6 +258,25 @@ class PushConsumerCore(ConsumerCore):
         """Take one subscription's batches until it ends or no longer fits the queue."""
         granter = asyncio.create_task(self._grant_credit(pq, subscription))
         received = False
+        locks = self.uses_locks
+
+        def take(result: PullResult) -> bool:
+            # In the transport's reader, as batches arrive: a batch the loop below would
+            # only buffer is buffered here, without waking it (a task hand-off per batch).
+            # Anything else goes to next(), where the loop makes its checks again.
+            nonlocal received
+            received = True
+            if (
+                result.status is PullStatus.OFFSET_ILLEGAL
+                or pq.dropped
+                or pq.generation != generation
+                or (locks and (not pq.locked or pq.lock_epoch != epoch))
+            ):
+                return False
+            self._buffer(queue, pq, result)
+            return True
+
+        subscription.on_batch(take)
         try:
             while not pq.dropped:
                 result = await subscription.next()
@@ -288,6 +307,7 @@ class PushConsumerCore(ConsumerCore):
             log.warning("push subscription of %s ended: %s", queue, exc)
             await sleep_for(self._clock, self.config.pull_error_backoff)
         finally:
+            subscription.on_batch(None)
             granter.cancel()
             subscription.close()
 

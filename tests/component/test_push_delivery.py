@@ -37,7 +37,7 @@ from sdk import (
     PushConsumerConfig,
 )
 from sdk._transport.broker_client import BrokerClient
-from sdk._transport.protocol import GroupInfo
+from sdk._transport.protocol import GroupInfo, PullResult
 from sdk.consumer.config import MIB
 from sdk.consumer.process_queue import ProcessQueue
 from sdk.errors import LockNotHeldError, StaleEpochError
@@ -409,6 +409,82 @@ def test_credit_granted_later_lets_the_broker_send_more(broker: BrokerOver) -> N
             while len(got) < 10:
                 got += [m.queue_offset for m in (await sub.next()).messages]
             assert got == list(range(10))
+            sub.close()
+            await asyncio.to_thread(
+                wait_until, lambda: subscriptions(broker.embedded) == [], 10, "cancelled"
+            )
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_a_batch_handler_takes_batches_in_the_stream_reader_until_it_declines_one(
+    broker: BrokerOver,
+) -> None:
+    """Subscription.on_batch: batches reach the handler in the Exchange stream's reader
+    task, in order, with no task hand-off; the batch it declines and the rest come from
+    next(), still in order, and the credit counts every batch once."""
+    send(broker.address, 10)
+    queue = MessageQueue("orders", "broker-a", 0)
+
+    async def main() -> None:
+        client = BrokerClient(broker.address)
+        taken: list[int] = []
+        tasks: set[str] = set()
+
+        def handler(result: PullResult) -> bool:
+            offsets = [m.queue_offset for m in result.messages]
+            if offsets[-1] >= 6:
+                return False
+            task = asyncio.current_task()
+            tasks.add(task.get_name() if task else "")
+            taken.extend(offsets)
+            return True
+
+        try:
+            sub = await client.subscribe(
+                "g", queue, 0, client_id="a", lock_epoch=0, credit_messages=10,
+                credit_bytes=MIB, max_messages=3,
+            )  # fmt: skip
+            sub.on_batch(handler)
+            got: list[int] = []
+            while len(taken) + len(got) < 10:
+                got += [m.queue_offset for m in (await sub.next()).messages]
+            assert taken + got == list(range(10)) and taken
+            assert all(name.startswith("exchange-reader") for name in tasks), tasks
+            assert sub.credit.messages == 0
+            sub.close()
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_a_batch_handler_that_raises_does_not_end_the_subscription_unseen(
+    broker: BrokerOver,
+) -> None:
+    """What the handler raises comes from next() (the stream's reader goes on serving the
+    others), and the subscription is still open: closing it cancels it at the broker,
+    which would otherwise keep sending into it up to its credit."""
+    send(broker.address, 3)
+    queue = MessageQueue("orders", "broker-a", 0)
+
+    async def main() -> None:
+        client = BrokerClient(broker.address)
+
+        def handler(result: PullResult) -> bool:
+            raise RuntimeError("cannot take it")
+
+        try:
+            sub = await client.subscribe(
+                "g", queue, 0, client_id="a", lock_epoch=0, credit_messages=10,
+                credit_bytes=MIB, max_messages=1,
+            )  # fmt: skip
+            sub.on_batch(handler)
+            with pytest.raises(RuntimeError, match="cannot take it"):
+                await sub.next()
+            assert [m.queue_offset for m in (await sub.next()).messages] == [1]
             sub.close()
             await asyncio.to_thread(
                 wait_until, lambda: subscriptions(broker.embedded) == [], 10, "cancelled"

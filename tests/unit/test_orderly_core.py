@@ -395,6 +395,21 @@ class ScriptedSubscription:
         self.lock_epoch = lock_epoch
         self.credit = CountingWindow()
         self.items: asyncio.Queue[PullResult | Exception] = asyncio.Queue()
+        self.handler: Callable[[PullResult], bool] | None = None
+        self.closed = False
+
+    def arrive(self, batch: PullResult) -> None:
+        """A batch arrives: to the handler, as a stream's reader hands it, or to next()."""
+        handler = self.handler
+        if handler is not None:
+            if handler(batch):
+                self.credit.received(len(batch.messages), 0)
+                return
+            self.handler = None  # this batch and the rest: through next()
+        self.items.put_nowait(batch)
+
+    def on_batch(self, handler: Callable[[PullResult], bool] | None) -> None:
+        self.handler = handler
 
     async def next(self) -> PullResult:
         item = await self.items.get()
@@ -408,7 +423,7 @@ class ScriptedSubscription:
         self.credit.granted(messages, size)
 
     def close(self) -> None:
-        pass
+        self.closed = True
 
 
 class PushTransport(FakeTransport):
@@ -500,6 +515,70 @@ def test_the_credit_granter_wakes_per_grant_not_per_consumed_message() -> None:
         grants = sub.credit.grants
         assert sum(m for m, _ in grants) == 128 and all(m >= 32 for m, _ in grants), grants
         assert sub.credit.looks <= 1 + 2 * len(grants), (sub.credit.looks, grants)
+        await core.shutdown()
+
+    run(test)
+
+
+def test_a_pushed_batch_is_buffered_as_it_arrives_without_a_hand_off_to_the_push_loop() -> None:
+    """Push delivery: a batch is in the queue's cache, and a consume task on its way, as
+    soon as the transport's reader hands it over. It used to be queued for the push loop,
+    a task wake-up per batch before the consume task's own (issue 40: most of the
+    client's CPU per pushed message went on such hops)."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        transport = PushTransport(broker)
+        core = PushConsumerCore(
+            GROUP, transport, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            config=PushConsumerConfig(delivery="push"), clock=broker.clock,
+        )  # fmt: skip
+        core.subscribe(broker.topic)
+        core.register_message_listener(listener)
+        await core.start()
+        await until(lambda: len(transport.subscriptions) == 1, "a subscription")
+        sub = transport.subscriptions[0]
+        pq = core._queues[MQ]
+        broker.append(0, ["a"] * 3)
+        sub.arrive(await transport.pull(GROUP, MQ, sub.offset))
+        # No await since: nothing else ran on the loop.
+        assert (pq.count, pq.next_offset, sub.items.qsize()) == (3, 3, 0)
+        await until(lambda: listener.seen == [(0, 0), (0, 1), (0, 2)], "the batch")
+        await core.shutdown()
+
+    run(test)
+
+
+def test_a_batch_pushed_after_the_lock_changed_epoch_is_not_buffered() -> None:
+    """Handed over in the transport's reader, a batch still passes the push loop's checks:
+    one of a subscription at an old lock epoch is not buffered, the subscription is
+    closed and the queue subscribed again at the new epoch, from its offset."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        clock = broker.clock
+        transport = PushTransport(broker)
+        core = PushConsumerCore(
+            GROUP, transport, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            config=PushConsumerConfig(delivery="push"), clock=clock,
+        )  # fmt: skip
+        core.subscribe(broker.topic)
+        core.register_message_listener(listener)
+        await core.start()
+        await until(lambda: len(transport.subscriptions) == 1, "a subscription")
+        first = transport.subscriptions[0]
+        pq = core._queues[MQ]
+        broker.locks.release_client(core.client_id)
+        clock.advance(20)  # lock_renew_interval: the renewal takes a new epoch
+        await until(lambda: pq.locked and pq.lock_epoch != first.lock_epoch, "a new epoch")
+        broker.append(0, ["a"] * 2)
+        first.arrive(await transport.pull(GROUP, MQ, first.offset))
+        assert pq.count == 0
+        await until(lambda: len(transport.subscriptions) == 2, "a subscription at the new epoch")
+        second = transport.subscriptions[1]
+        assert first.closed and second.lock_epoch == pq.lock_epoch and second.offset == 0
+        second.arrive(await transport.pull(GROUP, MQ, second.offset))
+        await until(lambda: listener.seen == [(0, 0), (0, 1)], "the batch, once")
         await core.shutdown()
 
     run(test)
