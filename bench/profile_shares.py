@@ -10,6 +10,8 @@ Workloads (the same inputs as bench/run.py):
 - produce: send_batch of 100 keyed messages, 1 batch in flight, async flush;
 - produce-mixed: the same with each batch's keys spread over every queue (one request
   in parts, written in one pass);
+- produce-callers: single `send()` calls from 8 concurrent callers, keys in arrival
+  order, on a producer with natural batching (bench/run.py's callers figure);
 - consume: an orderly sdk.aio.PushConsumer with a no-op async listener, batch 1 or 32,
   reading a backlog; consume-threads-batch1: the same with a plain `def` listener on
   the consumer's thread pool, batch 1;
@@ -46,7 +48,14 @@ import consuming as cw
 import workloads as wl
 from procs import ROOT, broker_process
 
-from sdk import ConsumeFromWhere, PushConsumer, PushConsumerConfig, aio
+from sdk import (
+    AccumulatorConfig,
+    ConsumeFromWhere,
+    ProducerConfig,
+    PushConsumer,
+    PushConsumerConfig,
+    aio,
+)
 from sdk._transport.broker_client import BrokerClient
 from sdk.aio import Producer
 
@@ -200,6 +209,24 @@ async def produce(address: str, seconds: float, *, mixed: bool = False) -> int:
         await producer.shutdown()
 
 
+async def produce_callers(address: str, seconds: float) -> int:
+    """Single sends from wl.CALLERS tasks on one producer with natural batching
+    (AccumulatorConfig(linger=0)), for about `seconds`."""
+    admin = BrokerClient(address)
+    await admin.create_topic("profile-produce", wl.QUEUES)
+    await admin.close()
+    producer = Producer(address, config=ProducerConfig(accumulator=AccumulatorConfig(linger=0)))
+    await producer.start()
+    try:
+        singles = wl.make_singles(wl.CALLERS * 500)
+        done, deadline = 0, time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            done += await wl.send_from_callers(producer, "profile-produce", singles)
+        return done
+    finally:
+        await producer.shutdown()
+
+
 async def consume(trial: cw.ConsumeTrial | cw.PollTrial) -> int:
     """An orderly aio push consumer draining the trial's backlog."""
     await trial.prepare()
@@ -275,7 +302,9 @@ async def profile(name: str, args: argparse.Namespace, tmp: Path) -> tuple[dict[
         }
         messages = 0
         try:
-            if name.startswith("produce"):
+            if name == "produce-callers":
+                messages = await produce_callers(broker.address, args.seconds)
+            elif name.startswith("produce"):
                 messages = await produce(
                     broker.address, args.seconds, mixed=name == "produce-mixed"
                 )
@@ -293,7 +322,7 @@ async def profile(name: str, args: argparse.Namespace, tmp: Path) -> tuple[dict[
 
 
 WORKLOADS = (
-    "produce", "produce-mixed", "consume-batch1", "consume-batch32",
+    "produce", "produce-mixed", "produce-callers", "consume-batch1", "consume-batch32",
     "consume-threads-batch1", "poll-aio", "poll-blocking", "e2e", "e2e-push",
 )  # fmt: skip
 
