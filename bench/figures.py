@@ -184,27 +184,43 @@ REDIS_PEER = "redis-everysec"
 REDIS_MISSING = "- (make bench-peers)"
 
 
+#: The keyed figures of single sends from concurrent callers: they also read against the
+#: peer's figure of the same shape (PeerFigure.callers), not only its pipelined batches.
+CALLERS_KEYS = ("produce.async.mixed.callers8", "produce.sync.mixed.callers8")
+
+
 @dataclass(frozen=True)
 class PeerFigure:
-    """A peer's produce rate in msg/s (median), and where it was measured."""
+    """A peer's produce rates in msg/s (medians), and where they were measured.
+
+    `value`: batches of 100 pipelined (bench/peers' `produce`); `callers`: single sends
+    from 8 concurrent callers, each awaiting its reply (`produce_callers`), None when the
+    peer's results do not have it.
+    """
 
     name: str
     value: float
     source: str
+    callers: float | None = None
 
 
 def peer_produce(path: Path, peer: str = REDIS_PEER) -> PeerFigure | None:
-    """`peer`'s produce median from a bench/peers results file (make bench-peers), or None
+    """`peer`'s produce medians from a bench/peers results file (make bench-peers), or None
     when the file is missing or unreadable, or the peer was skipped or not measured."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     entry = (data.get("peers") or {}).get(peer) or {}
-    value = (entry.get("median") or {}).get("produce")
+    median = entry.get("median") or {}
+    value = median.get("produce")
     if entry.get("skipped") or not value:
         return None
-    return PeerFigure(peer, float(value), f"{path.name} ({data.get('timestamp', 'no timestamp')})")
+    callers = median.get("produce_callers")
+    when = data.get("when") or data.get("timestamp") or "no timestamp"
+    return PeerFigure(
+        peer, float(value), f"{path.name} ({when})", float(callers) if callers else None
+    )
 
 
 def _medians(figures: list[Figure]) -> dict[str, float]:
@@ -213,8 +229,10 @@ def _medians(figures: list[Figure]) -> dict[str, float]:
 
 def keyed_ratios(figures: list[Figure], redis: PeerFigure | None) -> dict[str, dict[str, Any]]:
     """Per keyed figure measured: its median, broker CPU per message (us), and its ratios
-    to the gRPC floor of the same run, to Redis Streams and (batches) to the one-queue
-    batch of the same run; a ratio is None when its reference is missing."""
+    to the gRPC floor of the same run, to Redis Streams' pipelined batches (`vs_redis`),
+    to Redis Streams' 8 concurrent callers (`vs_redis_callers`, the callers figures only)
+    and (batches) to the one-queue batch of the same run; a ratio is None when its
+    reference is missing."""
     medians = _medians(figures)
     floor = medians.get(FLOOR_KEY)
     floor_msgs = floor * FLOOR_MESSAGES if floor else None
@@ -224,11 +242,13 @@ def keyed_ratios(figures: list[Figure], redis: PeerFigure | None) -> dict[str, d
             continue
         value = medians[f.key]
         one_queue = medians.get(ONE_QUEUE_OF.get(f.key, ""))
+        callers = redis.callers if redis and f.key in CALLERS_KEYS else None
         out[f.key] = {
             "median": value,
             "server_cpu_us_per_msg": f.summary().get("server_cpu_us_per_unit"),
             "vs_floor": round(value / floor_msgs, 3) if floor_msgs else None,
             "vs_redis": round(value / redis.value, 3) if redis else None,
+            "vs_redis_callers": round(value / callers, 3) if callers else None,
             "vs_one_queue": round(value / one_queue, 3) if one_queue else None,
         }
     return out
@@ -237,15 +257,17 @@ def keyed_ratios(figures: list[Figure], redis: PeerFigure | None) -> dict[str, d
 def keyed_table(figures: list[Figure], redis: PeerFigure | None) -> str:
     """The keyed workload's table (issue 35), the report's first: each keyed figure's
     median, min, max, broker CPU per message and its ratios to the gRPC floor of the same
-    run and to Redis Streams (AOF everysec), with a note on where each reference comes
-    from. Empty when no keyed figure ran."""
+    run and to Redis Streams (AOF everysec): to its pipelined batches, and (the 8-caller
+    rows) to its 8 concurrent callers, the same shape; with a note on where each reference
+    comes from. Empty when no keyed figure ran."""
     ratios = keyed_ratios(figures, redis)
     if not ratios:
         return ""
     medians = _medians(figures)
     by_key = {f.key: f for f in figures}
     header = ("keyed workload", "median", "min", "max", "unit", "broker CPU",
-              "vs gRPC floor", "vs Redis Streams", "vs one-queue batch")  # fmt: skip
+              "vs gRPC floor", "vs Redis pipelined", "vs Redis 8 callers",
+              "vs one-queue batch")  # fmt: skip
     rows = [header]
     for key in KEYED_KEYS:
         if key not in ratios:
@@ -253,6 +275,11 @@ def keyed_table(figures: list[Figure], redis: PeerFigure | None) -> str:
         f, r = by_key[key], ratios[key]
         values = f.values()
         cpu = r["server_cpu_us_per_msg"]
+        same_shape = ""  # a batch has no Redis figure of its shape beyond the pipelined one
+        if key in CALLERS_KEYS:
+            same_shape = (
+                REDIS_MISSING if r["vs_redis_callers"] is None else f"{r['vs_redis_callers']:.2f}x"
+            )
         rows.append(
             (
                 f.title,
@@ -263,6 +290,7 @@ def keyed_table(figures: list[Figure], redis: PeerFigure | None) -> str:
                 "-" if cpu is None else f"{fmt(cpu)} us/msg",
                 "-" if r["vs_floor"] is None else f"{r['vs_floor']:.2f}x",
                 REDIS_MISSING if r["vs_redis"] is None else f"{r['vs_redis']:.2f}x",
+                same_shape,
                 "" if r["vs_one_queue"] is None else f"{r['vs_one_queue']:.2f}x",
             )
         )
@@ -282,11 +310,24 @@ def keyed_table(figures: list[Figure], redis: PeerFigure | None) -> str:
         if floor
         else "gRPC floor: not measured in this run (the floor group did not run)"
     )
-    lines.append(
-        f"Redis Streams (AOF everysec, pipelines of {FLOOR_MESSAGES} XADD): "
-        f"{fmt(redis.value)} msg/s, from {redis.source}"
-        if redis
-        else "Redis Streams: not measured (Redis is not installed here and there is no "
-        "bench/results/peers.json): `make bench-peers` installs and measures it"
-    )
+    lines.append(redis_note(redis))
     return "\n".join(lines)
+
+
+def redis_note(redis: PeerFigure | None) -> str:
+    """The keyed table's line on the Redis Streams figures it reads against."""
+    if redis is None:
+        return (
+            "Redis Streams: not measured (Redis is not installed here and there is no "
+            "bench/results/peers.json): `make bench-peers` installs and measures it"
+        )
+    callers = (
+        f"{fmt(redis.callers)} msg/s"
+        if redis.callers
+        else "not in those results (measured since: `make bench-peers`)"
+    )
+    return (
+        f"Redis Streams (AOF everysec), from {redis.source}: pipelines of {FLOOR_MESSAGES} "
+        f"XADD {fmt(redis.value)} msg/s; 8 callers (redis.asyncio, one process, each "
+        f"XADD awaiting its reply before the caller's next) {callers}"
+    )

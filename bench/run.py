@@ -7,7 +7,9 @@ Figures (see bench/README.md for what each one measures and how to read it):
   the keyed workload of issue 35, printed first in a table of its own: batches of 100
   mixed keys in arrival order, and single send() calls from 8 concurrent callers (natural
   batching), with broker CPU per message and ratios to the gRPC floor of the same run and
-  to Redis Streams (measured now if Redis is installed, else the last make bench-peers);
+  to Redis Streams (measured now if Redis is installed, else the last make bench-peers):
+  to its pipelined batches of 100 XADD and, for the 8 callers, also to 8 concurrent
+  callers of single XADDs, the same shape;
 - send: sdk.aio.Producer.send of single messages, one at a time, 64 send tasks in flight,
   and through the accumulator (64 or 1 000 in flight), against send_batch above;
 - pull: reading a backlog of 200 000 messages back with the SDK's pull, decode included,
@@ -60,6 +62,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import dataclasses
 import datetime
 import functools
 import importlib.util
@@ -1795,7 +1798,8 @@ def git_revision() -> dict[str, Any]:
 def redis_reference(
     args: argparse.Namespace, tmp: Path, say: Callable[[str], None]
 ) -> PeerFigure | None:
-    """Redis Streams' produce rate to read the keyed figures against.
+    """Redis Streams' produce rates to read the keyed figures against: pipelined batches
+    and 8 concurrent callers (bench/peers' `produce` and `produce_callers`).
 
     Measured now, with bench/peers (`--only redis-everysec`, same --messages and --runs,
     nothing installed), when redis-server and the `redis` client are both here; else read
@@ -1811,7 +1815,7 @@ def redis_reference(
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         measured = peer_produce(out)
         if measured is not None:
-            return PeerFigure(measured.name, measured.value, "this run (bench/peers/run.py)")
+            return dataclasses.replace(measured, source="this run (bench/peers/run.py)")
         say(f"redis: not measured ({done.returncode}): {done.stderr.strip()[-300:]}")
     for name in ("peers-quick.json", "peers.json") if args.quick else ("peers.json",):
         found = peer_produce(RESULTS / name)
@@ -1915,7 +1919,14 @@ def main(argv: list[str] | None = None) -> int:
     if keyed:
         bench.facts["keyed_ratios"] = keyed
         bench.facts["keyed_redis"] = (
-            {"peer": redis.name, "produce": redis.value, "source": redis.source} if redis else None
+            {
+                "peer": redis.name,
+                "produce": redis.value,
+                "produce_callers": redis.callers,
+                "source": redis.source,
+            }
+            if redis
+            else None
         )
     host = machine()
     host["loadavg_before"], host["loadavg_after"] = load_before, host.pop("loadavg")

@@ -1,6 +1,9 @@
 """Redis Streams: 8 streams, one per queue; the key and the body are the entry's fields.
 
 produce: a pipeline of the batch's 100 XADDs, executed and answered before the next.
+produce_callers (shown beside it): the shape of ordermq's 8-caller figure, 8 asyncio tasks
+of one process (redis.asyncio, a pool of 8 connections), each doing one XADD and awaiting
+its reply before its next, the keys in arrival order (workload.arrivals, per_caller).
 consume (the figure compared): one consumer of a consumer group reading the backlog with
 XREADGROUP COUNT over all 8 streams and acknowledging each batch with XACK, pipelined with
 its next read. read_noack (shown beside it): one reader going through the same backlog with
@@ -9,10 +12,12 @@ plain XREAD, keeping its own position in each stream and acknowledging nothing.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import redis
+import redis.asyncio
 import workload as wl
 from workload import QUEUES, Batch
 
@@ -44,6 +49,41 @@ def produce(client: redis.Redis, batches: list[Batch]) -> float:
         if len(ids) != len(batch.keys):
             raise AssertionError("a pipeline lost XADDs")
     return time.perf_counter() - start
+
+
+def produce_callers(port: int, singles: list[wl.Single], callers: int = wl.CALLERS) -> float:
+    """Seconds for `callers` concurrent callers to XADD `singles`, one at a time each.
+
+    Caller c sends its share (wl.per_caller) one XADD after another, the next when the
+    previous was answered, all of them in one event loop over a pool of `callers`
+    connections, which are opened (one PING per caller) before the clock starts.
+    """
+    return asyncio.run(_produce_callers(port, wl.per_caller(singles, callers)))
+
+
+async def _produce_callers(port: int, shares: list[list[wl.Single]]) -> float:
+    pool = redis.asyncio.ConnectionPool(host="127.0.0.1", port=port, max_connections=len(shares))
+    client = redis.asyncio.Redis(connection_pool=pool)
+    added = 0
+
+    async def caller(share: list[wl.Single]) -> None:
+        nonlocal added
+        for key, queue, body in share:
+            await client.xadd(stream(queue), {"k": key, "b": body})
+            added += 1
+
+    try:
+        # concurrent PINGs: each holds a connection until answered, so all of them open
+        await asyncio.gather(*(client.ping() for _ in shares))
+        start = time.perf_counter()
+        await asyncio.gather(*(caller(share) for share in shares))
+        seconds = time.perf_counter() - start
+    finally:
+        await client.aclose()
+        await pool.disconnect()
+    if added != sum(len(share) for share in shares):
+        raise AssertionError(f"{added} XADDs answered of {sum(len(s) for s in shares)}")
+    return seconds
 
 
 def consume_xread(client: redis.Redis, expected: int) -> float:

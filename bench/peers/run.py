@@ -4,8 +4,9 @@ Peers: Redis Streams (AOF, appendfsync everysec and always), RabbitMQ (classic d
 queues, publisher confirms), NATS JetStream (defaults). Same workload everywhere: 100-byte
 bodies, 1 000 keys, 8 queues (the key's queue by ordermq's mmh3 formula), batches of 100.
 Figures per peer and setting: produce msgs/s, ordered consume msgs/s from the backlog, the
-broker's peak RSS, and optionally end-to-end latency at a paced rate. See
-bench/peers/README.md.
+broker's peak RSS, and optionally end-to-end latency at a paced rate. Redis also reports
+produce_callers: msgs/s of single XADDs from 8 concurrent callers, each awaiting its reply
+before its next (the shape of ordermq's 8-caller figure). See bench/peers/README.md.
 
 What a peer needs (its server from Debian, its client from PyPI) is installed when missing;
 a peer whose packages cannot be had is skipped with the reason. Each run starts the server
@@ -101,6 +102,9 @@ def _redis(appendfsync: str) -> RunOnce:
             out = {"produce": expected / rs.produce(client, batches)}
             out["consume"] = expected / rs.consume_group(client, expected)
             out["read_noack"] = expected / rs.consume_xread(client, expected)
+            rs.prepare(client)  # the callers write into empty streams, as produce did
+            singles = wl.arrivals(min(expected, wl.CALLERS_MESSAGES))
+            out["produce_callers"] = len(singles) / rs.produce_callers(port, singles)
             if args.latency:
                 out.update(rs.latency(client, port, args.latency_rate, args.latency_seconds))
             out["rss_mb"] = server.peak_rss_mb()
@@ -189,7 +193,8 @@ def _vs(value: float | None, ref: float | None) -> str:
 
 
 def table(chosen: list[Peer], latency: bool) -> str:
-    head = ["peer", "setting", "produce/s", "consume/s", "no-ack read/s", "peak RSS MB"]
+    head = ["peer", "setting", "produce/s", f"{wl.CALLERS} callers/s", "consume/s",
+            "no-ack read/s", "peak RSS MB"]  # fmt: skip
     if latency:
         head += ["e2e p50 ms", "e2e p99 ms"]
     rows = [head]
@@ -204,6 +209,7 @@ def table(chosen: list[Peer], latency: bool) -> str:
             p.name,
             p.setting,
             _rate(m.get("produce")) + _vs(m.get("produce"), ref.get("produce")),
+            _rate(m.get("produce_callers")),
             _rate(m.get("consume")) + _vs(m.get("consume"), ref.get("consume")),
             _rate(m.get("read_noack")),
             rss,
@@ -304,8 +310,10 @@ def main(argv: list[str] | None = None) -> int:
             peer.skipped = "every run failed: " + "; ".join(peer.notes[-1:])
     print(
         f"\n{wl.total(batches):,} messages of {wl.BODY_BYTES} B, {wl.KEYS} keys, "
-        f"{wl.QUEUES} queues, batches of {wl.BATCH}; median of {args.runs} run(s); "
-        "(+x%) against the reference figures\n"
+        f"{wl.QUEUES} queues, batches of {wl.BATCH}; {wl.CALLERS} callers/s: "
+        f"{min(wl.total(batches), wl.CALLERS_MESSAGES):,} single sends from {wl.CALLERS} "
+        f"concurrent callers, each awaiting its reply (Redis only); median of {args.runs} "
+        "run(s); (+x%) against the reference figures\n"
     )
     print(table(chosen, args.latency))
     for peer in chosen:
@@ -331,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
             "keys": wl.KEYS,
             "queues": wl.QUEUES,
             "batch": wl.BATCH,
+            "callers": wl.CALLERS,
+            "callers_messages": min(wl.total(batches), wl.CALLERS_MESSAGES),
             "runs": args.runs,
         },
         "peers": {

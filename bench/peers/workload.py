@@ -3,7 +3,10 @@
 100-byte bodies, 1 000 sharding keys, 8 queues; a key goes to queue
 `sdk.shard_index(key, 8)` (ordermq's mmh3 formula). Messages are sent in batches of 100,
 every message of a batch for the same queue: batch i is for queue i % 8, its keys taken
-round robin from that queue's keys. Inputs are built before any timing starts.
+round robin from that queue's keys. The single sends of CALLERS concurrent callers (the
+shape of bench/run.py's 8-caller figure) take the keys in arrival order instead: message
+i has key i % 1 000, and caller i % CALLERS sends it. Inputs are built before any timing
+starts.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ BODY_BYTES = 100
 KEYS = 1000
 QUEUES = 8
 BATCH = 100
+#: Concurrent callers of the single-send figure (bench/workloads.py's CALLERS) and the
+#: messages it sends (bench/run.py's CALLERS_MESSAGES, at most --messages).
+CALLERS = 8
+CALLERS_MESSAGES = 20_000
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,27 @@ def total(batches: list[Batch]) -> int:
     return sum(len(b.keys) for b in batches)
 
 
+#: One single send: (key, its queue, body).
+Single = tuple[str, int, bytes]
+
+
+def arrivals(messages: int, seed: int = 7) -> list[Single]:
+    """`messages` single sends in arrival order: message i has key i % KEYS (so consecutive
+    messages go to different queues) and body i % KEYS of a pool of KEYS bodies."""
+    keys = [f"key-{i:04d}" for i in range(KEYS)]
+    queues = [shard_index(k, QUEUES) for k in keys]
+    rng = random.Random(seed)
+    pool = [rng.randbytes(BODY_BYTES) for _ in range(KEYS)]
+    return [(keys[i % KEYS], queues[i % KEYS], pool[i % KEYS]) for i in range(messages)]
+
+
+def per_caller(singles: list[Single], callers: int = CALLERS) -> list[list[Single]]:
+    """What each of `callers` callers sends, in its order: message i goes to caller
+    i % `callers` (as bench/workloads.py's send_from_callers deals them). With `callers`
+    dividing KEYS each key has one caller, so per-key order is that caller's order."""
+    return [singles[c::callers] for c in range(callers)]
+
+
 # ---------------------------------------------------------------------- latency
 #: Messages sent in the first LATENCY_WARMUP of a latency run are not counted.
 LATENCY_WARMUP = 0.1
@@ -75,12 +103,8 @@ def paced(rate: float, seconds: float) -> list[tuple[float, str, int, bytes]]:
 
     Message i has key i % KEYS, so consecutive messages go to different queues.
     """
-    keys = [f"key-{i:04d}" for i in range(KEYS)]
-    queues = [shard_index(k, QUEUES) for k in keys]
-    rng = random.Random(5)
-    pool = [rng.randbytes(BODY_BYTES) for _ in range(KEYS)]
-    count = max(1, int(rate * seconds))
-    return [(i / rate, keys[i % KEYS], queues[i % KEYS], pool[i % KEYS]) for i in range(count)]
+    singles = arrivals(max(1, int(rate * seconds)), seed=5)
+    return [(i / rate, key, queue, body) for i, (key, queue, body) in enumerate(singles)]
 
 
 def latency_figures(ages_ms: list[float]) -> dict[str, float]:

@@ -60,6 +60,13 @@ def _produce(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
     keyed = facts["keyed_ratios"]
     assert len(keyed) == 4 and all(r["median"] > 0 for r in keyed.values())
     assert sum(r["vs_one_queue"] is not None for r in keyed.values()) == 2
+    # Redis measured in the run (where it is installed): its 8 callers beside its pipelines,
+    # and the 8-caller rows read against both
+    redis = facts["keyed_redis"]
+    if redis is not None and redis["source"].startswith("this run"):
+        assert redis["produce"] > 0 and redis["produce_callers"] > 0
+        callers_ratios = [r for key, r in keyed.items() if "callers" in key]
+        assert all(r["vs_redis"] and r["vs_redis_callers"] for r in callers_ratios)
 
 
 def _transports(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:

@@ -36,7 +36,7 @@ def figures() -> list[Figure]:
 
 
 def test_the_keyed_figures_read_against_the_floor_redis_and_the_one_queue_batch() -> None:
-    redis = PeerFigure("redis-everysec", 90_000, "peers.json (then)")
+    redis = PeerFigure("redis-everysec", 90_000, "peers.json (then)", callers=6_400)
     ratios = keyed_ratios(figures(), redis)
     assert list(ratios) == [
         "produce.async.mixed.inflight1",
@@ -50,21 +50,45 @@ def test_the_keyed_figures_read_against_the_floor_redis_and_the_one_queue_batch(
     assert batch["vs_one_queue"] == 0.9
     assert batch["server_cpu_us_per_msg"] == 20.0  # 0.9 of a core over 45 000 msg/s
     assert ratios["produce.sync.mixed.inflight1"]["vs_one_queue"] is None  # not measured
-    assert ratios["produce.async.mixed.callers8"]["vs_one_queue"] is None
+    callers = ratios["produce.async.mixed.callers8"]
+    assert callers["vs_one_queue"] is None
+    # 8 callers read against Redis's 8 callers (same shape) and its pipelined batches
+    assert callers["vs_redis_callers"] == 1.25
+    assert callers["vs_redis"] == 0.089
+    assert batch["vs_redis_callers"] is None  # a batch is not the callers' shape
+    without = keyed_ratios(figures(), PeerFigure("redis-everysec", 90_000, "old peers.json"))
+    assert without["produce.async.mixed.callers8"]["vs_redis_callers"] is None
 
 
 def test_the_table_lists_the_keyed_figures_with_their_ratios_and_sources() -> None:
-    redis = PeerFigure("redis-everysec", 90_000, "peers.json (then)")
+    redis = PeerFigure("redis-everysec", 90_000, "peers.json (then)", callers=6_400)
     lines = keyed_table(figures(), redis).splitlines()
     assert lines[0].split()[:2] == ["keyed", "workload"]
-    assert "vs gRPC floor" in lines[0] and "vs Redis Streams" in lines[0]
+    assert "vs gRPC floor" in lines[0]
+    assert "vs Redis pipelined" in lines[0] and "vs Redis 8 callers" in lines[0]
     rows = {line.split("  ")[0]: line for line in lines[2:5]}
     batch = rows["title of produce.async.mixed.inflight1"]
     assert "45,000" in batch and "20.00 us/msg" in batch
     assert batch.split()[-3:] == ["0.45x", "0.50x", "0.90x"]
-    assert rows["title of produce.async.mixed.callers8"].split()[-2:] == ["0.08x", "0.09x"]
+    callers = rows["title of produce.async.mixed.callers8"]
+    assert callers.split()[-3:] == ["0.08x", "0.09x", "1.25x"]
+    # each ratio under its own column: the same-shape one under "vs Redis 8 callers"
+    assert callers.index("1.25x") + 5 == lines[0].index("vs Redis 8 callers") + 18
     assert "100,000 msg/s" in lines[5]  # the floor, in messages
-    assert "90,000 msg/s, from peers.json (then)" in lines[6]
+    assert lines[6] == (
+        "Redis Streams (AOF everysec), from peers.json (then): pipelines of 100 XADD "
+        "90,000 msg/s; 8 callers (redis.asyncio, one process, each XADD awaiting its reply "
+        "before the caller's next) 6,400 msg/s"
+    )
+
+
+def test_redis_results_without_the_callers_figure_say_so_under_the_callers_rows() -> None:
+    old = PeerFigure("redis-everysec", 90_000, "peers.json (then)")
+    lines = keyed_table(figures(), old).splitlines()
+    rows = {line.split("  ")[0]: line for line in lines[2:5]}
+    assert rows["title of produce.async.mixed.callers8"].endswith("0.09x  - (make bench-peers)")
+    assert "- (make bench-peers)" not in rows["title of produce.async.mixed.inflight1"]
+    assert lines[6].endswith("not in those results (measured since: `make bench-peers`)")
 
 
 def test_without_redis_or_floor_the_table_says_where_to_get_them() -> None:
@@ -86,6 +110,12 @@ def test_redis_comes_from_a_peers_results_file(tmp_path: Path) -> None:
     path.write_text(json.dumps({"timestamp": "2026-11-27T07:00:00", "peers": peers}))
     assert peer_produce(path) == PeerFigure(
         "redis-everysec", 104_000.0, "peers.json (2026-11-27T07:00:00)"
+    )
+    # what bench/peers/run.py writes: its time under "when", the 8 callers' figure too
+    peers["redis-everysec"]["median"]["produce_callers"] = 6_400.0
+    path.write_text(json.dumps({"when": "2026-11-27T08:00:00+00:00", "peers": peers}))
+    assert peer_produce(path) == PeerFigure(
+        "redis-everysec", 104_000.0, "peers.json (2026-11-27T08:00:00+00:00)", 6_400.0
     )
     assert peer_produce(path, "nats") is None
     assert peer_produce(tmp_path / "missing.json") is None
