@@ -322,11 +322,13 @@ class Delivery:
             except BrokerError as exc:
                 outcomes.update((index, exc) for index, _ in now + later)
                 topic = None
-            if topic is not None:
+            if topic is not None and later:
                 await asyncio.gather(
                     self._write_parts(client, holds, topic, now, outcomes),
                     *(self._schedule_part(topic, index, batch, outcomes) for index, batch in later),
                 )
+            elif topic is not None:  # no task of its own: most requests schedule nothing
+                await self._write_parts(client, holds, topic, now, outcomes)
         self._send_seconds.observe(time.perf_counter() - started)
         return [outcomes[index] for index in range(len(parts))]
 

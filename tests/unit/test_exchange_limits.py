@@ -54,10 +54,13 @@ class Handlers:
         self.pulled = pulled
         self.clients: set[str] = set()
 
-    async def send(self, request: pb.SendRequest, client: str) -> pb.SendResponse:
+    async def send(
+        self, request: pb.SendRequest, client: str, answer: pb.SendResponse
+    ) -> pb.SendResponse:
         self.clients.add(client)
         await self.gate.wait()
-        return pb.SendResponse(count=1)
+        answer.count = 1
+        return answer
 
     async def pull(
         self, request: pb.PullRequest, client: str, answer: pb.PullResponse

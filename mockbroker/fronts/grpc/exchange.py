@@ -43,9 +43,9 @@ log = logging.getLogger("ordermq.broker")
 MAX_IN_FLIGHT = 10_000
 
 Incoming = pb.ExchangeRequest | MalformedRequest
-#: The handlers get the request and the client (its connection's peer); the pull handler
-#: fills the answer it is given (the one inside the stream's envelope).
-SendHandler = Callable[[pb.SendRequest, str], Awaitable[pb.SendResponse]]
+#: The handlers get the request and the client (its connection's peer), and fill the
+#: answer they are given (the one inside the stream's envelope).
+SendHandler = Callable[[pb.SendRequest, str, pb.SendResponse], Awaitable[pb.SendResponse]]
 PullHandler = Callable[[pb.PullRequest, str, pb.PullResponse], Awaitable[pb.PullResponse]]
 #: A subscription's credit (refusing a bad one) and its batches, for the request and client.
 SubscribeHandler = Callable[[pb.Subscribe, str], tuple[Credit, AsyncIterator[pb.PullResponse]]]
@@ -212,12 +212,10 @@ class ExchangeStream:
         try:
             if self._check is not None:
                 self._check(method, request.send if method == "Send" else request.pull)
+            answer = pb.ExchangeResponse(id=rid)
             if method == "Send":
-                answer = pb.ExchangeResponse(
-                    id=rid, send=await self._send(request.send, self._client)
-                )
+                await self._send(request.send, self._client, answer.send)
             else:
-                answer = pb.ExchangeResponse(id=rid)
                 await self._pull(request.pull, self._client, answer.pull)
         except BrokerError as exc:
             self._stats.refused(method, exc)

@@ -128,51 +128,58 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         with self._s.limits.unary(client, request.ByteSize()):
             return await self.send(request, client)
 
-    async def send(self, request: pb.SendRequest, client: str) -> pb.SendResponse:
+    async def send(
+        self, request: pb.SendRequest, client: str, answer: pb.SendResponse | None = None
+    ) -> pb.SendResponse:
         """Send's work, for the unary RPC and the Exchange stream (raises BrokerError).
 
-        `client` names the connection it came on (fairness between clients).
+        `client` names the connection it came on (fairness between clients). The answer
+        is filled into `answer` when given (the one inside the stream's envelope: a
+        message given to another's constructor is copied).
         """
+        response = pb.SendResponse() if answer is None else answer
         if request.parts:
-            return await self._send_parts(request, client)
+            return await self._send_parts(request, client, response)
         # Each read of a protobuf bytes field copies it: read the frames once.
         sent = await self._delivery.send(client, request.topic, request.queue_id, request.frames)
-        return pb.SendResponse(
-            status=pb.SEND_OK if sent.durable else pb.FLUSH_DISK_TIMEOUT,
-            queue_id=sent.queue_id if sent.duplicate else request.queue_id,
-            first_queue_offset=sent.first_offset,
-            count=sent.count,
-            store_timestamp_ms=sent.store_timestamp_ms,
-            scheduled=sent.scheduled,
-            duplicate=sent.duplicate,
-            messages=_message_results(sent),
-        )
+        response.status = pb.SEND_OK if sent.durable else pb.FLUSH_DISK_TIMEOUT
+        response.queue_id = sent.queue_id if sent.duplicate else request.queue_id
+        response.first_queue_offset = sent.first_offset
+        response.count = sent.count
+        response.store_timestamp_ms = sent.store_timestamp_ms
+        response.scheduled = sent.scheduled
+        response.duplicate = sent.duplicate
+        if sent.messages:
+            response.messages.extend(_message_results(sent))
+        return response
 
-    async def _send_parts(self, request: pb.SendRequest, client: str) -> pb.SendResponse:
+    async def _send_parts(
+        self, request: pb.SendRequest, client: str, response: pb.SendResponse
+    ) -> pb.SendResponse:
         """A batch over several queues: each part stored or refused on its own (send_parts)."""
         parts = [(p.queue_id, p.frames) for p in request.parts]  # each read copies: once
         sent = await self._delivery.send_parts(client, request.topic, parts)
-        results: list[pb.SendPartResult] = []
+        # Filled in place: a message given to a repeated field's constructor is copied.
+        add = response.parts.add
         for (queue_id, _), outcome in zip(parts, sent, strict=True):
             if isinstance(outcome, BrokerError):
-                error = pb.ExchangeError(
-                    code=outcome.status.name, reason=outcome.reason, message=outcome.message
-                )
-                results.append(pb.SendPartResult(queue_id=queue_id, error=error))
+                error = add(queue_id=queue_id).error
+                error.code = outcome.status.name
+                error.reason = outcome.reason
+                error.message = outcome.message
                 continue
-            results.append(
-                pb.SendPartResult(
-                    status=pb.SEND_OK if outcome.durable else pb.FLUSH_DISK_TIMEOUT,
-                    queue_id=outcome.queue_id if outcome.duplicate else queue_id,
-                    first_queue_offset=outcome.first_offset,
-                    count=outcome.count,
-                    store_timestamp_ms=outcome.store_timestamp_ms,
-                    scheduled=outcome.scheduled,
-                    duplicate=outcome.duplicate,
-                    messages=_message_results(outcome),
-                )
+            result = add(
+                status=pb.SEND_OK if outcome.durable else pb.FLUSH_DISK_TIMEOUT,
+                queue_id=outcome.queue_id if outcome.duplicate else queue_id,
+                first_queue_offset=outcome.first_offset,
+                count=outcome.count,
+                store_timestamp_ms=outcome.store_timestamp_ms,
+                scheduled=outcome.scheduled,
+                duplicate=outcome.duplicate,
             )
-        return pb.SendResponse(parts=results)
+            if outcome.messages:
+                result.messages.extend(_message_results(outcome))
+        return response
 
     # ------------------------------------------------------------------ pull
     @answers_errors
