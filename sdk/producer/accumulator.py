@@ -10,9 +10,10 @@ a request is in flight ride the next one.
 Each queue has at most one part in flight (its retries included), so messages of one
 queue (and so of one sharding key) reach the broker in the order they were accepted. A
 part that fails retriably is retried alone, per the producer's retry policy, while the
-later messages of its queue wait; the other parts of its request are not affected. The
-buffer over all queues is bounded: a send into a full buffer waits for room (up to
-`block_timeout`) or fails at once with BufferFullError, as configured.
+later messages of its queue wait (a part of keyless messages only may be retried on
+another queue, as a send of its own would); the other parts of its request are not
+affected. The buffer over all queues is bounded: a send into a full buffer waits for
+room (up to `block_timeout`) or fails at once with BufferFullError, as configured.
 
 Sends are numbered (tickets) as they are made. When a part fails, or a send fails before
 it was queued (no route, no room), the sends made until then that still wait to go to
@@ -38,9 +39,10 @@ from sdk.producer.retry import EarlierSendFailedError, describe, holds_back, is_
 Part = tuple[MessageQueue, list[bytes], list[bytes]]
 #: Sends parts in one request (no retries); each part's results, or what refused it.
 SendParts = Callable[[list[Part]], Awaitable[Sequence[list[SendResult] | BaseException]]]
-#: Retries one part that failed retriably (the failure given), per the retry policy.
+#: Retries one part that failed retriably (the failure given), per the retry policy; the
+#: last argument: every message of the part is keyless (it may move to another queue).
 RetryPart = Callable[
-    [MessageQueue, list[bytes], list[bytes], BaseException], Awaitable[list[SendResult]]
+    [MessageQueue, list[bytes], list[bytes], BaseException, bool], Awaitable[list[SendResult]]
 ]
 
 
@@ -51,6 +53,7 @@ class _Pending:
     future: asyncio.Future[SendResult]
     since: float
     ticket: int
+    movable: bool  # keyless: its retry may go to another queue
 
 
 class _QueueBuffer:
@@ -116,10 +119,16 @@ class Accumulator:
                 raise EarlierSendFailedError(text, held[1])
 
     async def enqueue(
-        self, queue: MessageQueue, prepared: bytes, msg_id: bytes, ticket: int
+        self,
+        queue: MessageQueue,
+        prepared: bytes,
+        msg_id: bytes,
+        ticket: int,
+        movable: bool = False,
     ) -> asyncio.Future[SendResult]:
         """Queue one prepared message (waiting for room); the future of its SendResult.
 
+        `movable`: the message is keyless, so a retry may send it to another queue.
         EarlierSendFailedError when an earlier send to its topic or queue failed.
         """
         self._check_holds(queue, ticket)
@@ -131,7 +140,7 @@ class Accumulator:
         if self._sender is None:
             self._sender = asyncio.create_task(self._send_forever(), name="accumulator")
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
-        buffer.items.append(_Pending(prepared, msg_id, future, self._clock.now(), ticket))
+        buffer.items.append(_Pending(prepared, msg_id, future, self._clock.now(), ticket, movable))
         buffer.bytes += len(prepared)
         self._pending += 1
         self._wake.set()
@@ -222,11 +231,18 @@ class Accumulator:
     async def _retry(
         self, queue: MessageQueue, batch: list[_Pending], failure: BaseException
     ) -> None:
-        """Retry one part alone while the later messages of its queue wait."""
+        """Retry one part alone while the later messages of its queue wait.
+
+        A part of keyless messages only may be retried on another queue.
+        """
         outcome: list[SendResult] | BaseException
         try:
             outcome = await self._retry_part(
-                queue, [p.prepared for p in batch], [p.msg_id for p in batch], failure
+                queue,
+                [p.prepared for p in batch],
+                [p.msg_id for p in batch],
+                failure,
+                all(p.movable for p in batch),
             )
         except Exception as exc:
             outcome = exc

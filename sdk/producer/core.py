@@ -282,7 +282,8 @@ class ProducerCore:
                 try:
                     queues = await self.writable_queues(message.topic)
                     queue = self._select(queues, message, selector, arg)
-                    future = await accumulator.enqueue(queue, prepared, msg_id, ticket)
+                    movable = selector is None and message.sharding_key is None
+                    future = await accumulator.enqueue(queue, prepared, msg_id, ticket, movable)
                 except EarlierSendFailedError:
                     raise
                 except OrderMQError as exc:  # the sends waiting behind this one must fail too
@@ -542,20 +543,47 @@ class ProducerCore:
             return [exc]
 
     async def _retry_part(
-        self, queue: MessageQueue, prepared: list[bytes], ids: list[bytes], failure: BaseException
+        self,
+        queue: MessageQueue,
+        prepared: list[bytes],
+        ids: list[bytes],
+        failure: BaseException,
+        movable: bool,
     ) -> list[SendResult]:
         """A part of a shared request failed retriably: its other attempts, alone.
 
-        The same queue, after the policy's backoff; `failure` again when no retry is left.
+        The same queue (another for a part of keyless messages, as for a send of its own),
+        after the policy's backoff; `failure` again when no retry is left.
         """
         if self.config.retry_times == 0:
             raise failure
         log.info("send to %s failed (%s); retrying", queue, failure)
+        failed: set[str] = set()
+        queue = await self._before_retry(queue, movable, failed)
+        await wait_before_retry(1, self.config.retry_backoff, self.config.retry_backoff_max)
+        retries = self.config.retry_times - 1
+        return await self._send_batch(
+            queue, prepared, ids, movable=movable, retry_times=retries, failed=failed
+        )
+
+    async def _before_retry(
+        self, queue: MessageQueue, movable: bool, failed: set[str]
+    ) -> MessageQueue:
+        """Refresh the route after a failed attempt on `queue`; the queue to try next.
+
+        A keyed send keeps its queue. A keyless one (`movable`) goes to the next queue on
+        a broker not in `failed` (to which the failed one is added), as RocketMQ's does.
+        """
         self._refreshed.pop(queue.topic, None)
         with contextlib.suppress(OrderMQError):
             await self._transport.writable_queues(queue.topic, refresh=True)
-        await wait_before_retry(1, self.config.retry_backoff, self.config.retry_backoff_max)
-        return await self._send_batch(queue, prepared, ids, retry_times=self.config.retry_times - 1)
+        if not movable:
+            return queue
+        failed.add(queue.broker_name)
+        self._failed_brokers[queue.broker_name] = (
+            self._clock.monotonic() + AVOID_FAILED_BROKER_SECONDS
+        )
+        return _next_queue(await self._transport.writable_queues(queue.topic), queue, failed)
 
     async def _send_batch(
         self,
@@ -565,15 +593,17 @@ class ProducerCore:
         timeout: float | None = None,
         movable: bool = False,
         retry_times: int | None = None,
+        failed: set[str] | None = None,
     ) -> list[SendResult]:
         """One request for one queue, retried per policy; keyed sends keep their queue.
 
-        `retry_times`: the retries left (None: the policy's).
+        `retry_times`: the retries left (None: the policy's). `failed`: the brokers a
+        keyless attempt failed on so far.
         """
         send = self._transport.send
         deadline = timeout if timeout is not None else self.config.send_timeout
         target = [queue]
-        failed: set[str] = set()  # brokers a keyless attempt failed on
+        failed = set() if failed is None else failed
 
         async def attempt(n: int) -> list[SendResult]:
             q = target[0]
@@ -584,16 +614,7 @@ class ProducerCore:
 
         async def before_retry(exc: BaseException) -> None:
             log.info("send to %s failed (%s); retrying", target[0], exc)
-            self._refreshed.pop(queue.topic, None)
-            with contextlib.suppress(OrderMQError):
-                await self._transport.writable_queues(queue.topic, refresh=True)
-            if movable:  # keyless: another queue will do, on a broker that has not failed
-                failed.add(target[0].broker_name)
-                self._failed_brokers[target[0].broker_name] = (
-                    self._clock.monotonic() + AVOID_FAILED_BROKER_SECONDS
-                )
-                queues = await self._transport.writable_queues(queue.topic)
-                target[0] = _next_queue(queues, target[0], failed)
+            target[0] = await self._before_retry(target[0], movable, failed)
 
         return await with_retries(
             attempt,

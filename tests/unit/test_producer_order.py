@@ -426,7 +426,7 @@ def accumulator(config: AccumulatorConfig, send: OneQueueSend) -> Accumulator:
         )
 
     async def retry_part(
-        q: MessageQueue, f: list[bytes], i: list[bytes], failure: BaseException
+        q: MessageQueue, f: list[bytes], i: list[bytes], failure: BaseException, movable: bool
     ) -> list[SendResult]:
         raise failure
 

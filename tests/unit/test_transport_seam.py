@@ -290,9 +290,10 @@ class FirstSendsFail(FakeTransport):
         return await super().send(queue, prepared, timeout=timeout)
 
 
+@pytest.mark.parametrize("accumulator", [None, AccumulatorConfig(linger=0)], ids=["own", "acc"])
 @pytest.mark.parametrize("keyed", [True, False])
 def test_a_failed_send_is_retried_on_its_queue_when_keyed_and_on_the_next_when_not(
-    keyed: bool, monkeypatch: pytest.MonkeyPatch
+    keyed: bool, accumulator: AccumulatorConfig | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def no_wait(seconds: float) -> None:
         pass
@@ -301,7 +302,8 @@ def test_a_failed_send_is_retried_on_its_queue_when_keyed_and_on_the_next_when_n
 
     async def test(broker: FakeBroker) -> None:
         transport = FirstSendsFail(broker, failures=1)
-        producer = ProducerCore(transport, config=ProducerConfig(retry_times=2))
+        config = ProducerConfig(retry_times=2, accumulator=accumulator)
+        producer = ProducerCore(transport, config=config)
         await producer.start()
         message = Message("orders", b"x", sharding_key="k" if keyed else None)
         result = await producer.send(message)
