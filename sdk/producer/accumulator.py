@@ -84,6 +84,7 @@ class Accumulator:
         self._request_max_bytes = request_max_bytes
         self._queues: dict[MessageQueue, _QueueBuffer] = {}
         self._pending = 0
+        self._buffered = 0  # messages in the buffers, not yet taken for a request
         self._room = asyncio.Condition()
         self._closed = False
         self._tickets = 0
@@ -143,6 +144,7 @@ class Accumulator:
         buffer.items.append(_Pending(prepared, msg_id, future, self._clock.now(), ticket, movable))
         buffer.bytes += len(prepared)
         self._pending += 1
+        self._buffered += 1
         self._wake.set()
         return future
 
@@ -206,6 +208,7 @@ class Accumulator:
             if parts and len(buffer.items[0].prepared) > room:
                 continue
             batch = _take(buffer, config.batch_max_messages, min(config.batch_max_bytes, room))
+            self._buffered -= len(batch)
             buffer.busy = True
             parts.append((queue, batch))
             size += sum(len(p.prepared) for p in batch)
@@ -221,7 +224,7 @@ class Accumulator:
             outcomes = [exc] * len(parts)
         finally:
             self._in_flight -= 1
-            self._wake.set()
+            self._wake_if_buffered()
         for (queue, batch), outcome in zip(parts, outcomes, strict=True):
             if isinstance(outcome, BaseException) and is_retriable(outcome):
                 self._spawn(self._retry(queue, batch, outcome))
@@ -265,15 +268,22 @@ class Accumulator:
                 buffer.bytes = 0
                 _fail(behind, EarlierSendFailedError(describe(queue), outcome))
                 self._pending -= len(behind)
+                self._buffered -= len(behind)
         else:
             for p, result in zip(batch, outcome, strict=True):
                 if not p.future.done():
                     p.future.set_result(result)
         self._pending -= len(batch)
         buffer.busy = False
-        self._wake.set()
+        self._wake_if_buffered()
         async with self._room:
             self._room.notify_all()
+
+    def _wake_if_buffered(self) -> None:
+        # A request ended or a queue is free again: that matters to the sender only when
+        # messages wait (a lone send's producer wakes nobody: one loop pass less).
+        if self._buffered:
+            self._wake.set()
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
