@@ -148,6 +148,60 @@ class Accumulator:
         self._wake.set()
         return future
 
+    def claim(
+        self,
+        queue: MessageQueue,
+        prepared: bytes,
+        msg_id: bytes,
+        ticket: int,
+        movable: bool = False,
+    ) -> _Pending | None:
+        """Take one message to send at once, in the caller's task (`send_claimed`).
+
+        Only with natural batching (no linger) and an idle producer: nothing buffered, no
+        request in flight (while one is, the sends that come wait to go together). The
+        message is then a request of its own, as without the accumulator, and the sends
+        that come meanwhile wait for it as for any request in flight. None: `enqueue` it.
+        EarlierSendFailedError as `enqueue` raises it.
+        """
+        config = self._config
+        if (
+            config.linger
+            or self._buffered
+            or self._closed
+            or self._in_flight
+            or self._pending >= config.buffer_max_messages
+        ):
+            return None
+        buffer = self._queues.get(queue)
+        if buffer is None:
+            buffer = self._queues[queue] = _QueueBuffer()
+        elif buffer.busy:
+            return None
+        self._check_holds(queue, ticket)
+        future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        buffer.busy = True
+        self._in_flight += 1
+        self._pending += 1
+        return _Pending(prepared, msg_id, future, self._clock.now(), ticket, movable)
+
+    async def send_claimed(self, queue: MessageQueue, claimed: _Pending) -> SendResult:
+        """Send a claimed message as a request of its own; its result (or its error).
+
+        Cancelled while its request is in flight, it may or may not be stored, and the
+        later sends of its queue go on, as with no accumulator.
+        """
+        try:
+            await self._request([(queue, [claimed])])
+        except asyncio.CancelledError:
+            if not claimed.future.done():
+                claimed.future.cancel()
+                self._pending -= 1
+                self._queues[queue].busy = False
+                self._wake_if_buffered()
+            raise
+        return await claimed.future
+
     async def _wait_for_room(self) -> None:
         limit = self._config.buffer_max_messages
         if self._pending < limit:

@@ -283,7 +283,9 @@ class ProducerCore:
                     queues = await self.writable_queues(message.topic)
                     queue = self._select(queues, message, selector, arg)
                     movable = selector is None and message.sharding_key is None
-                    future = await accumulator.enqueue(queue, prepared, msg_id, ticket, movable)
+                    claimed = accumulator.claim(queue, prepared, msg_id, ticket, movable)
+                    if claimed is None:
+                        future = await accumulator.enqueue(queue, prepared, msg_id, ticket, movable)
                 except EarlierSendFailedError:
                     raise
                 except OrderMQError as exc:  # the sends waiting behind this one must fail too
@@ -291,6 +293,8 @@ class ProducerCore:
                     raise
         finally:
             self._accepting -= 1
+        if claimed is not None:  # an idle producer: no hand-off to the accumulator's tasks
+            return await accumulator.send_claimed(queue, claimed)
         return await future
 
     async def send_batch(

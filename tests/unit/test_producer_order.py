@@ -838,3 +838,77 @@ def test_a_partial_batch_error_names_the_failed_messages_by_their_index_in_the_b
         "1 of 13 messages were stored; messages 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, ... (12 in all) "
         "failed: frame 0"
     )
+
+
+def test_a_send_to_an_idle_producer_goes_in_the_callers_task_not_the_accumulators(
+    broker: ScriptedBroker, routes: Routes
+) -> None:
+    """Natural batching cost a lone caller a hand-off to the accumulator's sender and a
+    task per request; a send that finds nothing in flight and nothing waiting is sent by
+    its caller, as with no accumulator (and what comes meanwhile waits for it)."""
+    tasks: list[asyncio.Task[Any] | None] = []
+    send = broker.send
+
+    async def noting(topic: str, queue_id: int, frames: bytes, **kw: Any) -> Appended:
+        tasks.append(asyncio.current_task())
+        return await send(topic, queue_id, frames, **kw)
+
+    broker.send = noting  # type: ignore[method-assign]
+
+    async def main() -> list[asyncio.Task[Any] | None]:
+        async with producer(routes, natural(), FakeClock()) as p:
+            callers = []
+            for m in keyed("a", 3):
+                callers.append(asyncio.create_task(p.send(m)))
+                await callers[-1]
+            return list(callers)
+
+    callers = asyncio.run(main())
+    assert tasks == callers
+    assert by_key(broker) == {"a": [0, 1, 2]}
+
+
+def test_a_lone_send_that_fails_fails_the_sends_of_its_queue_that_waited_behind_it(
+    broker: ScriptedBroker, routes: Routes
+) -> None:
+    broker.gate = asyncio.Event()
+    refused = InvalidMessageError("refused")
+    broker.refuse = lambda q, bodies: refused if len(broker.requests) == 1 else None
+    clock = FakeClock()
+
+    async def main() -> list[object]:
+        async with producer(routes, natural(), clock) as p:
+            first = await first_in_flight(p, broker, clock)  # sent by its caller
+            behind = [asyncio.create_task(p.send(m)) for m in keyed("a", 3)[1:]]
+            await all_waiting(p, 3, clock)
+            broker.gate.set()
+            return list(await asyncio.gather(first, *behind, return_exceptions=True))
+
+    first, *behind = asyncio.run(main())
+    assert first is refused
+    assert all(isinstance(e, EarlierSendFailedError) and e.cause is refused for e in behind)
+    assert by_key(broker) == {}
+
+
+def test_a_lone_send_cancelled_in_flight_lets_the_later_sends_of_its_queue_go(
+    broker: ScriptedBroker, routes: Routes
+) -> None:
+    broker.gate = asyncio.Event()
+    clock = FakeClock()
+
+    async def main() -> list[SendResult]:
+        async with producer(routes, natural(), clock) as p:
+            first = await first_in_flight(p, broker, clock)
+            behind = [asyncio.create_task(p.send(m)) for m in keyed("a", 3)[1:]]
+            await all_waiting(p, 3, clock)
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await first
+            broker.gate.set()
+            results = list(await asyncio.wait_for(asyncio.gather(*behind), 5))
+            assert p._accumulator is not None and p._accumulator.pending == 0
+            return results
+
+    results = asyncio.run(main())
+    assert [r.queue_offset for r in results] == [0, 1]
+    assert by_key(broker) == {"a": [1, 2]}
