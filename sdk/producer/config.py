@@ -58,6 +58,10 @@ class AccumulatorConfig:
             raise InvalidArgumentError("block_timeout must not be negative")
 
 
+#: The producer's default accumulator: natural batching (no linger).
+NATURAL_BATCHING = AccumulatorConfig(linger=0)
+
+
 @dataclass(frozen=True)
 class ProducerConfig:
     """Tuning of a producer; every duration is in seconds.
@@ -69,9 +73,11 @@ class ProducerConfig:
         retry_backoff: First wait between attempts; doubles, with jitter.
         retry_backoff_max: Longest wait between attempts.
         route_refresh_interval: Routes are re-read this often, and after routing errors.
-        accumulator: Gather concurrent sends into shared requests;
-            `AccumulatorConfig(linger=0)` is natural batching (None: every send is its
-            own request).
+        accumulator: Gather concurrent sends into shared requests. The default,
+            `AccumulatorConfig(linger=0)`, is natural batching: a send goes at once when
+            nothing is in flight, and the sends that come meanwhile share the next
+            request (None: every send is its own request). A producer with a
+            `spool_dir` has none by default (the spool batches).
         spool_dir: Keep accepted messages in an fsync-ed file here until the broker has
             them: sends return once spooled, and survive a broker outage or a producer
             crash (None: no spool).
@@ -82,7 +88,7 @@ class ProducerConfig:
     retry_backoff: float = 0.05
     retry_backoff_max: float = 2.0
     route_refresh_interval: float = 30.0
-    accumulator: AccumulatorConfig | None = None
+    accumulator: AccumulatorConfig | None = NATURAL_BATCHING
     spool_dir: Path | None = None
 
     def __post_init__(self) -> None:
@@ -96,3 +102,5 @@ class ProducerConfig:
             raise InvalidArgumentError("route_refresh_interval must be positive")
         if self.spool_dir is not None:
             object.__setattr__(self, "spool_dir", Path(self.spool_dir))
+            if self.accumulator is NATURAL_BATCHING:  # the default: the spool batches
+                object.__setattr__(self, "accumulator", None)

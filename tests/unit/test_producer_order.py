@@ -628,7 +628,8 @@ def test_concurrent_keyed_sends_without_the_accumulator_may_overtake_a_retry(
     clock = FakeClock()
 
     async def main() -> None:
-        async with producer(routes, ProducerConfig(retry_times=2), clock) as p:
+        config = ProducerConfig(retry_times=2, accumulator=None)
+        async with producer(routes, config, clock) as p:
             earlier = asyncio.create_task(p.send(first))
             await until(lambda: len(broker.requests) == 1, clock, "the failed attempt")
             await asyncio.wait_for(p.send(second), 5)  # while the first waits to retry
