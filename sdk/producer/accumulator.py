@@ -135,9 +135,7 @@ class Accumulator:
         self._check_holds(queue, ticket)
         await self._wait_for_room()
         self._check_holds(queue, ticket)  # a part of its queue may have failed meanwhile
-        buffer = self._queues.get(queue)
-        if buffer is None:
-            buffer = self._queues[queue] = _QueueBuffer()
+        buffer = self._buffer(queue)
         if self._sender is None:
             self._sender = asyncio.create_task(self._send_forever(), name="accumulator")
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
@@ -173,10 +171,8 @@ class Accumulator:
             or self._pending >= config.buffer_max_messages
         ):
             return None
-        buffer = self._queues.get(queue)
-        if buffer is None:
-            buffer = self._queues[queue] = _QueueBuffer()
-        elif buffer.busy:
+        buffer = self._buffer(queue)
+        if buffer.busy:
             return None
         self._check_holds(queue, ticket)
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
@@ -201,6 +197,12 @@ class Accumulator:
                 self._wake_if_buffered()
             raise
         return await claimed.future
+
+    def _buffer(self, queue: MessageQueue) -> _QueueBuffer:
+        buffer = self._queues.get(queue)
+        if buffer is None:
+            buffer = self._queues[queue] = _QueueBuffer()
+        return buffer
 
     async def _wait_for_room(self) -> None:
         limit = self._config.buffer_max_messages
