@@ -275,6 +275,7 @@ class Broker:
             self.config.data_dir / PARKING_FILE,
         )
         await asyncio.to_thread(parking.load)
+        await parking.recover()
         pop = PopService(
             self.config.data_dir / "pop",
             store=self.store,

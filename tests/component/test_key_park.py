@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker import parking as parking_module
 from mockbroker.store import commitlog as commitlog_module
 from sdk import (
     ConsumeFromWhere,
@@ -283,3 +284,52 @@ def test_a_key_is_not_parked_while_the_disk_is_over_its_refuse_ratio(
             assert result.exit_code == 0, result.output
             wait_until(lambda: len(listener.handled("k00")) >= 2, 10, "k00 released")
         assert listener.handled("k00") == [0, 1], "each once, in the order sent"
+
+
+class FailingSave:
+    """write_atomically of parking.py that fails (read-only disk) while `failing` is set."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.failing = False
+
+    def __call__(self, path: Path, data: bytes) -> None:
+        if self.failing:
+            raise OSError(errno.EROFS, "Read-only file system")
+        self.real(path, data)
+
+
+def parked_once(broker: TestBroker, listener: Accounts) -> None:
+    """k00 parked with its 3 messages, k01 handled; the consumer stopped."""
+    send(broker.address, [(k, s) for s in range(3) for k in ("k00", "k01")])
+    with consumer(broker.address, listener):
+        wait_until(lambda: bool(parked(broker)), 30, "k00 parked")
+        wait_until(lambda: listener.handled("k01") == [0, 1, 2], 10, "k01 handled")
+    assert parked(broker)[0]["parked_messages"] == 3
+
+
+def test_a_release_whose_state_cannot_be_saved_changes_nothing_and_sends_back_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    save = FailingSave(parking_module.write_atomically)
+    monkeypatch.setattr(parking_module, "write_atomically", save)
+    with TestBroker(default_queues=1) as broker:
+        listener = Accounts(poison=b"k00:0")
+        parked_once(broker, listener)
+        before = messages_of(broker, TOPIC)
+        save.failing = True
+        result = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes")
+        assert result.exit_code != 0 and "STORE_UNAVAILABLE" in result.output, result.output
+        assert messages_of(broker, TOPIC) == before, "nothing sent back"
+        assert not parked(broker)[0]["released_at_ms"], "still parked"
+        save.failing = False
+
+        broker.restart()  # what is on disk: parked, as the broker answered
+        assert not parked(broker)[0]["released_at_ms"]
+        result = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes")
+        assert result.exit_code == 0, result.output
+        assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
+        listener.broken = False
+        with consumer(broker.address, listener):
+            wait_until(lambda: len(listener.handled("k00")) >= 3, 10, "k00 released")
+        assert listener.handled("k00") == [0, 1, 2], "each once, in the order sent"
