@@ -18,6 +18,8 @@ import pytest
 from mockbroker import BrokerConfig, EmbeddedBroker
 from mockbroker import parking as parking_module
 from mockbroker.store import commitlog as commitlog_module
+from mockbroker.store.message_store import MessageStore
+from mockbroker.topics import Topic
 from sdk import (
     ConsumeFromWhere,
     ConsumeOrderlyContext,
@@ -333,3 +335,43 @@ def test_a_release_whose_state_cannot_be_saved_changes_nothing_and_sends_back_on
         with consumer(broker.address, listener):
             wait_until(lambda: len(listener.handled("k00")) >= 3, 10, "k00 released")
         assert listener.handled("k00") == [0, 1, 2], "each once, in the order sent"
+
+
+def test_a_release_a_crash_cuts_off_after_its_state_is_saved_is_finished_at_the_next_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    save = FailingSave(parking_module.write_atomically)
+    monkeypatch.setattr(parking_module, "write_atomically", save)
+    real_write = MessageStore.write
+    crash = threading.Event()
+
+    def write(store: MessageStore, topic: Topic, *args: Any, **kwargs: Any) -> Any:
+        if crash.is_set() and topic.name == TOPIC:
+            # The process dies here: parking.json says released, nothing was appended
+            # (the rollback's save fails as a dead process's would not happen).
+            save.failing = True
+            raise OSError(errno.EIO, "killed")
+        return real_write(store, topic, *args, **kwargs)
+
+    monkeypatch.setattr(MessageStore, "write", write)
+    with TestBroker(default_queues=1) as broker:
+        listener = Accounts(poison=b"k00:0")
+        parked_once(broker, listener)
+        before = messages_of(broker, TOPIC)
+        crash.set()
+        result = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes")
+        assert result.exit_code != 0, result.output
+        crash.clear()
+        save.failing = False
+        assert messages_of(broker, TOPIC) == before, "the crash came before the append"
+
+        broker.restart()  # the start finishes the release
+        assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
+        broker.restart()  # and only once
+        assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
+        listener.broken = False
+        with consumer(broker.address, listener):
+            wait_until(lambda: len(listener.handled("k00")) >= 3, 10, "k00 released")
+        assert listener.handled("k00") == [0, 1, 2], "each once, in the order sent"
+        again = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes", "--queue", "0")
+        assert again.exit_code != 0, again.output
