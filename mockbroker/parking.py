@@ -14,7 +14,9 @@ point (their copies come after). So the key's messages reach the group once each
 order they were sent, whichever consumer owns the queue meanwhile.
 
 The state is a small JSON file (`parking.json`, replaced atomically); the parked topic is
-where the messages are. A crash between a copy and the state naming it leaves a copy
+where the messages are. A release saves the state first (a failed save changes nothing),
+then appends; a crash between the two is finished at the next start (`Parking.recover`),
+so the messages go back once. A crash between a copy and the state naming it leaves a copy
 nobody names: the next pull copies the message again, and only named copies are
 released. A released key is forgotten once the group's committed offset of its queue has
 passed its release point.
