@@ -374,19 +374,26 @@ class Parking:
         the rest are appended.
         """
         for entry in self._all():
-            if not entry.released or not entry.released_count:
+            if not entry.released:
                 continue
             topic = self._store.topics.find(entry.topic)
             if topic is None:
                 continue
             start = entry.through + 1
             present = self._store.queue(topic, entry.queue_id).max_offset - start
-            if present >= entry.released_count:
-                continue
             if present < 0:
-                log.error("released key %r of %s queue %d: the queue ends before its release "
-                          "point %d; its messages are not sent back again",
-                          entry.key, entry.topic, entry.queue_id, start)  # fmt: skip
+                # The queue lost its tail (async flush): the release point moves back to
+                # its end, or the group's pulls would skip the key in what is sent next.
+                end = self._store.queue(topic, entry.queue_id).max_offset
+                log.error("released key %r of %s queue %d: the queue ends at %d, before its "
+                          "release point %d; its messages go back from there",
+                          entry.key, entry.topic, entry.queue_id, end, start)  # fmt: skip
+                entry.through = end - 1
+                entry.parked_through = min(entry.parked_through, end - 1)
+                entry.released_count = len(self._release_frames(entry, topic))
+                self._save()
+                present = 0
+            if present >= entry.released_count:
                 continue
             frames = self._release_frames(entry, topic)[present:]
             data = b"".join(frames)

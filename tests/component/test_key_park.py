@@ -375,3 +375,42 @@ def test_a_release_a_crash_cuts_off_after_its_state_is_saved_is_finished_at_the_
         assert listener.handled("k00") == [0, 1, 2], "each once, in the order sent"
         again = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes", "--queue", "0")
         assert again.exit_code != 0, again.output
+
+
+def test_a_cut_off_release_past_the_end_of_a_queue_that_lost_its_tail_goes_back_at_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    save = FailingSave(parking_module.write_atomically)
+    monkeypatch.setattr(parking_module, "write_atomically", save)
+    real_write = MessageStore.write
+    crash = threading.Event()
+
+    def write(store: MessageStore, topic: Topic, *args: Any, **kwargs: Any) -> Any:
+        if crash.is_set() and topic.name == TOPIC:
+            save.failing = True  # killed: released on disk, nothing appended
+            raise OSError(errno.EIO, "killed")
+        return real_write(store, topic, *args, **kwargs)
+
+    monkeypatch.setattr(MessageStore, "write", write)
+    with TestBroker(default_queues=1) as broker:
+        listener = Accounts(poison=b"k00:0")
+        parked_once(broker, listener)
+        before = messages_of(broker, TOPIC)
+        crash.set()
+        assert run(broker, "parked", "release", "g", TOPIC, "k00", "--yes").exit_code != 0
+        crash.clear()
+        save.failing = False
+        broker.stop()
+        # as if the queue's last 2 records were lost (async flush): its release point is
+        # past the queue's end
+        path = broker.data_dir / parking_module.PARKING_FILE
+        state = json.loads(path.read_text())
+        state["keys"][0]["through"] += 2
+        path.write_text(json.dumps(state))
+        broker.start()
+        assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
+        send(broker.address, [("k00", 3)])  # after the release point: not skipped
+        listener.broken = False
+        with consumer(broker.address, listener):
+            wait_until(lambda: len(listener.handled("k00")) >= 4, 10, "k00 released")
+        assert listener.handled("k00") == [0, 1, 2, 3], "each once, in the order sent"
