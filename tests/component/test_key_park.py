@@ -35,6 +35,7 @@ from sdk import (
     PushConsumerConfig,
 )
 from sdk._transport.broker_client import BrokerClient, GroupInfo
+from sdk._wire import FRAME_LEN_PREFIX
 from sdk.errors import InvalidArgumentError
 from sdk.testing import TestBroker
 from tests.component.admin_cli import client, run, run_json
@@ -414,3 +415,39 @@ def test_a_cut_off_release_past_the_end_of_a_queue_that_lost_its_tail_goes_back_
         with consumer(broker.address, listener):
             wait_until(lambda: len(listener.handled("k00")) >= 4, 10, "k00 released")
         assert listener.handled("k00") == [0, 1, 2, 3], "each once, in the order sent"
+
+
+def test_a_release_a_crash_tore_after_its_first_message_sends_back_only_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    save = FailingSave(parking_module.write_atomically)
+    monkeypatch.setattr(parking_module, "write_atomically", save)
+    real_write = MessageStore.write
+    crash = threading.Event()
+
+    def write(
+        store: MessageStore, topic: Topic, queue_id: int, frames: bytes, checked: Any, **kw: Any
+    ) -> Any:
+        if crash.is_set() and topic.name == TOPIC:
+            size = FRAME_LEN_PREFIX.unpack_from(frames)[0] + FRAME_LEN_PREFIX.size
+            real_write(store, topic, queue_id, frames[:size], checked[:1], **kw)
+            save.failing = True  # killed after the first record: released on disk
+            raise OSError(errno.EIO, "killed")
+        return real_write(store, topic, queue_id, frames, checked, **kw)
+
+    monkeypatch.setattr(MessageStore, "write", write)
+    with TestBroker(default_queues=1) as broker:
+        listener = Accounts(poison=b"k00:0")
+        parked_once(broker, listener)
+        before = messages_of(broker, TOPIC)
+        crash.set()
+        assert run(broker, "parked", "release", "g", TOPIC, "k00", "--yes").exit_code != 0
+        crash.clear()
+        save.failing = False
+        assert messages_of(broker, TOPIC) == [*before, b"k00:0"]
+        broker.restart()
+        assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
+        listener.broken = False
+        with consumer(broker.address, listener):
+            wait_until(lambda: len(listener.handled("k00")) >= 3, 10, "k00 released")
+        assert listener.handled("k00") == [0, 1, 2], "each once, in the order sent"
