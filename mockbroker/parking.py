@@ -14,7 +14,9 @@ point (their copies come after). So the key's messages reach the group once each
 order they were sent, whichever consumer owns the queue meanwhile.
 
 The state is a small JSON file (`parking.json`, replaced atomically); the parked topic is
-where the messages are. A crash between a copy and the state naming it leaves a copy
+where the messages are. A release saves the state first (a failed save changes nothing),
+then appends; a crash between the two is finished at the next start (`Parking.recover`),
+so the messages go back once. A crash between a copy and the state naming it leaves a copy
 nobody names: the next pull copies the message again, and only named copies are
 released. A released key is forgotten once the group's committed offset of its queue has
 passed its release point.
@@ -22,6 +24,7 @@ passed its release point.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -76,6 +79,10 @@ class ParkedKey:
     #: Offsets of the key's copies in the parked topic, in the queue's order.
     copies: list[int] = field(default_factory=list)
     released_at_ms: int = 0
+    #: `through` when released: the key's messages after it not in `copies` went back too.
+    parked_through: int = -1
+    #: How many messages the release sends back, at the queue's offsets after `through`.
+    released_count: int = 0
 
     @property
     def released(self) -> bool:
@@ -305,25 +312,97 @@ class Parking:
         # Refused (DISK_FULL) while sends are: the key stays parked, nothing appended.
         self._store.check_accepting_sends()
         end = self._store.queue(topic, queue_id).max_offset
-        parked = self._system_topic(parked_topic(group))
+        before = (entry.through, entry.released_at_ms, entry.parked_through, entry.released_count)
+        entry.parked_through = entry.through
+        entry.through = end - 1
+        entry.released_at_ms = int(self._clock.now() * 1000)
+        frames = self._release_frames(entry, topic)
+        entry.released_count = len(frames)
+        # The state is saved before the append, so a failed save changes nothing and a
+        # release on disk is one `recover` can finish. No await until the append's write:
+        # its records take the offsets from `end` on, where `recover` looks for them.
+        try:
+            self._save()
+        except BrokerError:
+            entry.through, entry.released_at_ms, entry.parked_through, entry.released_count = before
+            raise
+        if frames:
+            data = b"".join(frames)
+            try:
+                written = self._store.write(
+                    topic, queue_id, data, check_frames(data, int(self._clock.now() * 1000))
+                )
+            except BaseException:
+                # Nothing written (a failed write is rolled back): parked again, if that saves.
+                released = asdict(entry)
+                entry.through, entry.released_at_ms, entry.parked_through, entry.released_count = (
+                    before
+                )
+                try:
+                    self._save()
+                except BrokerError:
+                    for name, value in released.items():  # as on disk: `recover` finishes it
+                        setattr(entry, name, value)
+                    log.error("group %s released key %r of %s queue %d but its %d messages "
+                              "were not sent back yet: the broker's next start sends them",
+                              group, key, topic.name, queue_id, len(frames))  # fmt: skip
+                raise
+            await self._store.durable(written.end)
+        log.warning("group %s released key %r of %s queue %d: %d messages back at its end",
+                    group, key, topic.name, queue_id, len(frames))  # fmt: skip
+        return entry
+
+    def _release_frames(self, entry: ParkedKey, topic: Topic) -> list[bytes]:
+        """The frames a release of `entry` (its fields set as released) sends back, in order."""
+        parked = self._system_topic(parked_topic(entry.group))
         frames = [
             _without_copy_properties(self._store.read_record(parked, 0, offset))
             for offset in entry.copies
         ]
+        later = dataclasses.replace(entry, through=entry.parked_through)
         frames += [
-            _without_copy_properties(record) for _, record in self._key_records(entry, topic, end)
+            _without_copy_properties(record)
+            for _, record in self._key_records(later, topic, entry.through + 1)
         ]
-        if frames:
+        return frames
+
+    async def recover(self) -> None:
+        """Finish the releases a crash cut off between saving the state and the append.
+
+        Run once after `load`, before any write to the queues: the records of a release
+        start at its `through` + 1, so those there are a prefix of its frames, and only
+        the rest are appended.
+        """
+        for entry in self._all():
+            if not entry.released:
+                continue
+            topic = self._store.topics.find(entry.topic)
+            if topic is None:
+                continue
+            start = entry.through + 1
+            present = self._store.queue(topic, entry.queue_id).max_offset - start
+            if present < 0:
+                # The queue lost its tail (async flush): the release point moves back to
+                # its end, or the group's pulls would skip the key in what is sent next.
+                end = self._store.queue(topic, entry.queue_id).max_offset
+                log.error("released key %r of %s queue %d: the queue ends at %d, before its "
+                          "release point %d; its messages go back from there",
+                          entry.key, entry.topic, entry.queue_id, end, start)  # fmt: skip
+                entry.through = end - 1
+                entry.parked_through = min(entry.parked_through, end - 1)
+                entry.released_count = len(self._release_frames(entry, topic))
+                self._save()
+                present = 0
+            if present >= entry.released_count:
+                continue
+            frames = self._release_frames(entry, topic)[present:]
             data = b"".join(frames)
             await self._store.append(
-                topic, queue_id, data, check_frames(data, int(self._clock.now() * 1000))
+                topic, entry.queue_id, data, check_frames(data, int(self._clock.now() * 1000))
             )
-        entry.through = end - 1
-        entry.released_at_ms = int(self._clock.now() * 1000)
-        self._save()
-        log.warning("group %s released key %r of %s queue %d: %d messages back at its end",
-                    group, key, topic.name, queue_id, len(frames))  # fmt: skip
-        return entry
+            log.warning("group %s released key %r of %s queue %d: %d messages a crash cut "
+                        "off sent back", entry.group, entry.key, entry.topic,
+                        entry.queue_id, len(frames))  # fmt: skip
 
     def forget(self, which: Callable[[ParkedKey], bool]) -> int:
         """Forget the keys `which` picks (their group or topic was deleted); how many."""
@@ -374,7 +453,8 @@ def _entry(e: object) -> ParkedKey:
         raise ValueError(f"{e!r} is not an object")
     entry = ParkedKey(**e)
     texts = (entry.group, entry.topic, entry.key, entry.reason)
-    numbers = (entry.queue_id, entry.parked_at_ms, entry.through, entry.released_at_ms)
+    numbers = (entry.queue_id, entry.parked_at_ms, entry.through, entry.released_at_ms,
+               entry.parked_through, entry.released_count)  # fmt: skip
     if not all(isinstance(t, str) for t in texts) or not all(
         isinstance(n, int) for n in (*numbers, *entry.copies)
     ):

@@ -247,6 +247,22 @@ class Broker:
         )
         await asyncio.to_thread(locks.load, previous_run=bool(self.offsets.groups()))
         await self.store.start()
+        # Before anything else writes to the queues: it finishes releases a crash cut off.
+        creation = TopicCreation(
+            self.store,
+            max_topics=self.config.max_topics,
+            client_max_topics=self.config.client_max_topics,
+        )
+        parking = Parking(
+            self.store,
+            self.clock,
+            creation.system_topic,
+            locks.check_commit,
+            self.offsets.get,
+            self.config.data_dir / PARKING_FILE,
+        )
+        await asyncio.to_thread(parking.load)
+        await parking.recover()
         scheduler = Scheduler(self.store, self.clock)
         scheduler.load()
         transactions = Transactions(
@@ -260,21 +276,7 @@ class Broker:
         await transactions.recover()
         holder = PullHolder(self.clock)
         self.store.on_append = holder.notify
-        creation = TopicCreation(
-            self.store,
-            max_topics=self.config.max_topics,
-            client_max_topics=self.config.client_max_topics,
-        )
         retry = RetryService(self.store, scheduler, self.clock, creation)
-        parking = Parking(
-            self.store,
-            self.clock,
-            creation.system_topic,
-            locks.check_commit,
-            self.offsets.get,
-            self.config.data_dir / PARKING_FILE,
-        )
-        await asyncio.to_thread(parking.load)
         pop = PopService(
             self.config.data_dir / "pop",
             store=self.store,

@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker import parking as parking_module
 from mockbroker.store import commitlog as commitlog_module
+from mockbroker.store.message_store import MessageStore
+from mockbroker.topics import Topic
 from sdk import (
     ConsumeFromWhere,
     ConsumeOrderlyContext,
@@ -32,6 +35,7 @@ from sdk import (
     PushConsumerConfig,
 )
 from sdk._transport.broker_client import BrokerClient, GroupInfo
+from sdk._wire import FRAME_LEN_PREFIX
 from sdk.errors import InvalidArgumentError
 from sdk.testing import TestBroker
 from tests.component.admin_cli import client, run, run_json
@@ -283,3 +287,167 @@ def test_a_key_is_not_parked_while_the_disk_is_over_its_refuse_ratio(
             assert result.exit_code == 0, result.output
             wait_until(lambda: len(listener.handled("k00")) >= 2, 10, "k00 released")
         assert listener.handled("k00") == [0, 1], "each once, in the order sent"
+
+
+class FailingSave:
+    """write_atomically of parking.py that fails (read-only disk) while `failing` is set."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.failing = False
+
+    def __call__(self, path: Path, data: bytes) -> None:
+        if self.failing:
+            raise OSError(errno.EROFS, "Read-only file system")
+        self.real(path, data)
+
+
+def parked_once(broker: TestBroker, listener: Accounts) -> None:
+    """k00 parked with its 3 messages, k01 handled; the consumer stopped."""
+    send(broker.address, [(k, s) for s in range(3) for k in ("k00", "k01")])
+    with consumer(broker.address, listener):
+        wait_until(lambda: bool(parked(broker)), 30, "k00 parked")
+        wait_until(lambda: listener.handled("k01") == [0, 1, 2], 10, "k01 handled")
+    assert parked(broker)[0]["parked_messages"] == 3
+
+
+def test_a_release_whose_state_cannot_be_saved_changes_nothing_and_sends_back_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    save = FailingSave(parking_module.write_atomically)
+    monkeypatch.setattr(parking_module, "write_atomically", save)
+    with TestBroker(default_queues=1) as broker:
+        listener = Accounts(poison=b"k00:0")
+        parked_once(broker, listener)
+        before = messages_of(broker, TOPIC)
+        save.failing = True
+        result = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes")
+        assert result.exit_code != 0 and "STORE_UNAVAILABLE" in result.output, result.output
+        assert messages_of(broker, TOPIC) == before, "nothing sent back"
+        assert not parked(broker)[0]["released_at_ms"], "still parked"
+        save.failing = False
+
+        broker.restart()  # what is on disk: parked, as the broker answered
+        assert not parked(broker)[0]["released_at_ms"]
+        result = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes")
+        assert result.exit_code == 0, result.output
+        assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
+        listener.broken = False
+        with consumer(broker.address, listener):
+            wait_until(lambda: len(listener.handled("k00")) >= 3, 10, "k00 released")
+        assert listener.handled("k00") == [0, 1, 2], "each once, in the order sent"
+
+
+def test_a_release_a_crash_cuts_off_after_its_state_is_saved_is_finished_at_the_next_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    save = FailingSave(parking_module.write_atomically)
+    monkeypatch.setattr(parking_module, "write_atomically", save)
+    real_write = MessageStore.write
+    crash = threading.Event()
+
+    def write(store: MessageStore, topic: Topic, *args: Any, **kwargs: Any) -> Any:
+        if crash.is_set() and topic.name == TOPIC:
+            # The process dies here: parking.json says released, nothing was appended
+            # (the rollback's save fails as a dead process's would not happen).
+            save.failing = True
+            raise OSError(errno.EIO, "killed")
+        return real_write(store, topic, *args, **kwargs)
+
+    monkeypatch.setattr(MessageStore, "write", write)
+    with TestBroker(default_queues=1) as broker:
+        listener = Accounts(poison=b"k00:0")
+        parked_once(broker, listener)
+        before = messages_of(broker, TOPIC)
+        crash.set()
+        result = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes")
+        assert result.exit_code != 0, result.output
+        crash.clear()
+        save.failing = False
+        assert messages_of(broker, TOPIC) == before, "the crash came before the append"
+
+        broker.restart()  # the start finishes the release
+        assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
+        broker.restart()  # and only once
+        assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
+        listener.broken = False
+        with consumer(broker.address, listener):
+            wait_until(lambda: len(listener.handled("k00")) >= 3, 10, "k00 released")
+        assert listener.handled("k00") == [0, 1, 2], "each once, in the order sent"
+        again = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes", "--queue", "0")
+        assert again.exit_code != 0, again.output
+
+
+def test_a_cut_off_release_past_the_end_of_a_queue_that_lost_its_tail_goes_back_at_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    save = FailingSave(parking_module.write_atomically)
+    monkeypatch.setattr(parking_module, "write_atomically", save)
+    real_write = MessageStore.write
+    crash = threading.Event()
+
+    def write(store: MessageStore, topic: Topic, *args: Any, **kwargs: Any) -> Any:
+        if crash.is_set() and topic.name == TOPIC:
+            save.failing = True  # killed: released on disk, nothing appended
+            raise OSError(errno.EIO, "killed")
+        return real_write(store, topic, *args, **kwargs)
+
+    monkeypatch.setattr(MessageStore, "write", write)
+    with TestBroker(default_queues=1) as broker:
+        listener = Accounts(poison=b"k00:0")
+        parked_once(broker, listener)
+        before = messages_of(broker, TOPIC)
+        crash.set()
+        assert run(broker, "parked", "release", "g", TOPIC, "k00", "--yes").exit_code != 0
+        crash.clear()
+        save.failing = False
+        broker.stop()
+        # as if the queue's last 2 records were lost (async flush): its release point is
+        # past the queue's end
+        path = broker.data_dir / parking_module.PARKING_FILE
+        state = json.loads(path.read_text())
+        state["keys"][0]["through"] += 2
+        path.write_text(json.dumps(state))
+        broker.start()
+        assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
+        send(broker.address, [("k00", 3)])  # after the release point: not skipped
+        listener.broken = False
+        with consumer(broker.address, listener):
+            wait_until(lambda: len(listener.handled("k00")) >= 4, 10, "k00 released")
+        assert listener.handled("k00") == [0, 1, 2, 3], "each once, in the order sent"
+
+
+def test_a_release_a_crash_tore_after_its_first_message_sends_back_only_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    save = FailingSave(parking_module.write_atomically)
+    monkeypatch.setattr(parking_module, "write_atomically", save)
+    real_write = MessageStore.write
+    crash = threading.Event()
+
+    def write(
+        store: MessageStore, topic: Topic, queue_id: int, frames: bytes, checked: Any, **kw: Any
+    ) -> Any:
+        if crash.is_set() and topic.name == TOPIC:
+            size = FRAME_LEN_PREFIX.unpack_from(frames)[0] + FRAME_LEN_PREFIX.size
+            real_write(store, topic, queue_id, frames[:size], checked[:1], **kw)
+            save.failing = True  # killed after the first record: released on disk
+            raise OSError(errno.EIO, "killed")
+        return real_write(store, topic, queue_id, frames, checked, **kw)
+
+    monkeypatch.setattr(MessageStore, "write", write)
+    with TestBroker(default_queues=1) as broker:
+        listener = Accounts(poison=b"k00:0")
+        parked_once(broker, listener)
+        before = messages_of(broker, TOPIC)
+        crash.set()
+        assert run(broker, "parked", "release", "g", TOPIC, "k00", "--yes").exit_code != 0
+        crash.clear()
+        save.failing = False
+        assert messages_of(broker, TOPIC) == [*before, b"k00:0"]
+        broker.restart()
+        assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
+        listener.broken = False
+        with consumer(broker.address, listener):
+            wait_until(lambda: len(listener.handled("k00")) >= 3, 10, "k00 released")
+        assert listener.handled("k00") == [0, 1, 2], "each once, in the order sent"
