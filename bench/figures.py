@@ -194,14 +194,16 @@ class PeerFigure:
     """A peer's produce rates in msg/s (medians), and where they were measured.
 
     `value`: batches of 100 pipelined (bench/peers' `produce`); `callers`: single sends
-    from 8 concurrent callers, each awaiting its reply (`produce_callers`), None when the
-    peer's results do not have it.
+    from 8 concurrent callers, each awaiting its reply (`produce_callers`); `consume`: one
+    group member reading the backlog and acknowledging each batch (`consume`); None when
+    the peer's results do not have it.
     """
 
     name: str
     value: float
     source: str
     callers: float | None = None
+    consume: float | None = None
 
 
 def peer_produce(path: Path, peer: str = REDIS_PEER) -> PeerFigure | None:
@@ -217,9 +219,48 @@ def peer_produce(path: Path, peer: str = REDIS_PEER) -> PeerFigure | None:
     if entry.get("skipped") or not value:
         return None
     callers = median.get("produce_callers")
+    consume = median.get("consume")
     when = data.get("when") or data.get("timestamp") or "no timestamp"
     return PeerFigure(
-        peer, float(value), f"{path.name} ({when})", float(callers) if callers else None
+        peer,
+        float(value),
+        f"{path.name} ({when})",
+        float(callers) if callers else None,
+        float(consume) if consume else None,
+    )
+
+
+#: The consume figures (issue 40) read against the peer's group read: orderly push
+#: consumers and poll loops over the same backlog.
+CONSUME_KEYS = (
+    "consume.orderly.async.batch1",
+    "consume.orderly.threads.batch1",
+    "consume.orderly.async.batch32",
+    "poll.aio",
+    "poll.blocking",
+)
+
+
+def consume_ratios(figures: list[Figure], redis: PeerFigure | None) -> dict[str, float]:
+    """Each consume figure measured, as a ratio to Redis Streams' group read (`consume`);
+    empty without that figure."""
+    if redis is None or not redis.consume:
+        return {}
+    medians = _medians(figures)
+    return {k: round(medians[k] / redis.consume, 3) for k in CONSUME_KEYS if k in medians}
+
+
+def consume_line(figures: list[Figure], redis: PeerFigure | None) -> str:
+    """One line of the consume figures against Redis Streams' group read; empty when
+    neither side was measured."""
+    ratios = consume_ratios(figures, redis)
+    if not ratios or redis is None or redis.consume is None:
+        return ""
+    titles = {f.key: f.title for f in figures}
+    parts = ", ".join(f"{titles[k]} {r:.2f}x" for k, r in ratios.items())
+    return (
+        f"consume vs Redis Streams' group read (XREADGROUP + XACK, one reader, "
+        f"{fmt(redis.consume)} msg/s, {redis.source}): {parts}"
     )
 
 

@@ -89,12 +89,15 @@ import receiving as rc
 import remoting as rm
 import workloads as wl
 from figures import (
+    CONSUME_KEYS,
     KEYED_KEYS,
     REDIS_PEER,
     Figure,
     PeerFigure,
     Run,
     Timing,
+    consume_line,
+    consume_ratios,
     fmt,
     keyed_ratios,
     keyed_table,
@@ -1798,8 +1801,9 @@ def git_revision() -> dict[str, Any]:
 def redis_reference(
     args: argparse.Namespace, tmp: Path, say: Callable[[str], None]
 ) -> PeerFigure | None:
-    """Redis Streams' produce rates to read the keyed figures against: pipelined batches
-    and 8 concurrent callers (bench/peers' `produce` and `produce_callers`).
+    """Redis Streams' figures to read the keyed and consume figures against: pipelined
+    batches, 8 concurrent callers and a group read (bench/peers' `produce`,
+    `produce_callers` and `consume`).
 
     Measured now, with bench/peers (`--only redis-everysec`, same --messages and --runs,
     nothing installed), when redis-server and the `redis` client are both here; else read
@@ -1911,7 +1915,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # report what was measured, then fail
             failure = exc
         redis = None
-        if any(f.key in KEYED_KEYS for f in bench.figures):
+        if any(f.key in KEYED_KEYS or f.key in CONSUME_KEYS for f in bench.figures):
             redis = redis_reference(args, Path(tmp), bench.say)
     elapsed = time.perf_counter() - started
     bench.facts.pop("pull_records", None)
@@ -1923,11 +1927,15 @@ def main(argv: list[str] | None = None) -> int:
                 "peer": redis.name,
                 "produce": redis.value,
                 "produce_callers": redis.callers,
+                "consume": redis.consume,
                 "source": redis.source,
             }
             if redis
             else None
         )
+    consumed = consume_ratios(bench.figures, redis)
+    if consumed:
+        bench.facts["consume_vs_redis"] = consumed
     host = machine()
     host["loadavg_before"], host["loadavg_after"] = load_before, host.pop("loadavg")
     report: dict[str, Any] = {
@@ -1959,6 +1967,10 @@ def main(argv: list[str] | None = None) -> int:
     first = keyed_table(bench.figures, redis)
     if first:
         print(first)
+        print()
+    consume = consume_line(bench.figures, redis)
+    if consume:
+        print(consume)
         print()
     print(table([f for f in bench.figures if f.key not in KEYED_KEYS]))
     print(

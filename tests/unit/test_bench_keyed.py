@@ -16,7 +16,17 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import run as bench_run
 import workloads as wl
-from figures import KEYED_KEYS, Figure, PeerFigure, Run, keyed_ratios, keyed_table, peer_produce
+from figures import (
+    KEYED_KEYS,
+    Figure,
+    PeerFigure,
+    Run,
+    consume_line,
+    consume_ratios,
+    keyed_ratios,
+    keyed_table,
+    peer_produce,
+)
 
 
 def figure(key: str, *values: float, server_cpu: float | None = None) -> Figure:
@@ -113,9 +123,10 @@ def test_redis_comes_from_a_peers_results_file(tmp_path: Path) -> None:
     )
     # what bench/peers/run.py writes: its time under "when", the 8 callers' figure too
     peers["redis-everysec"]["median"]["produce_callers"] = 6_400.0
+    peers["redis-everysec"]["median"]["consume"] = 150_000.0
     path.write_text(json.dumps({"when": "2026-11-27T08:00:00+00:00", "peers": peers}))
     assert peer_produce(path) == PeerFigure(
-        "redis-everysec", 104_000.0, "peers.json (2026-11-27T08:00:00+00:00)", 6_400.0
+        "redis-everysec", 104_000.0, "peers.json (2026-11-27T08:00:00+00:00)", 6_400.0, 150_000.0
     )
     assert peer_produce(path, "nats") is None
     assert peer_produce(tmp_path / "missing.json") is None
@@ -159,3 +170,21 @@ def test_eight_callers_send_their_keys_in_arrival_order_one_after_another() -> N
     assert sorted(producer.sent) == sorted(singles.keys[i % wl.KEYS] for i in range(2_000))
     for key in ("key-0000", "key-0007", "key-0999"):
         assert producer.sent.count(key) == 2  # each key twice, from its one caller
+
+
+def test_the_consume_figures_read_against_redis_group_read() -> None:
+    """Issue 40 asks for consume rates as ratios to Redis Streams, from one run."""
+    measured = [
+        figure("consume.orderly.async.batch1", 60_000, 50_000),
+        figure("poll.aio", 90_000),
+        figure("produce.async.mixed.inflight1", 45_000),
+    ]
+    redis = PeerFigure("redis-everysec", 90_000, "this run", consume=120_000)
+    assert consume_ratios(measured, redis) == {
+        "consume.orderly.async.batch1": 0.458,  # the median of 60 000 and 50 000
+        "poll.aio": 0.75,
+    }
+    line = consume_line(measured, redis)
+    assert "120,000 msg/s" in line and "title of poll.aio 0.75x" in line
+    assert consume_ratios(measured, PeerFigure("redis-everysec", 90_000, "old")) == {}
+    assert consume_line(measured, None) == ""
