@@ -302,6 +302,39 @@ class FailingSave:
         self.real(path, data)
 
 
+class ReleaseCrash:
+    """Kills the release's append (`armed`): the queue write raises as a killed process
+    stops, after writing its first `keep` records, and parking.json cannot be saved again
+    (a dead process writes nothing more), so the disk holds the saved release and at most
+    those records."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, keep: int = 0) -> None:
+        self.save = FailingSave(parking_module.write_atomically)
+        monkeypatch.setattr(parking_module, "write_atomically", self.save)
+        self.armed = False
+        real_write = MessageStore.write
+
+        def write(
+            store: MessageStore, topic: Topic, queue_id: int, frames: bytes, checked: Any, **kw: Any
+        ) -> Any:
+            if not (self.armed and topic.name == TOPIC):
+                return real_write(store, topic, queue_id, frames, checked, **kw)
+            if keep:
+                size = sum(FRAME_LEN_PREFIX.size + c.end - c.start for c in checked[:keep])
+                real_write(store, topic, queue_id, frames[:size], checked[:keep], **kw)
+            self.save.failing = True
+            raise OSError(errno.EIO, "killed")
+
+        monkeypatch.setattr(MessageStore, "write", write)
+
+    def release(self, broker: TestBroker) -> None:
+        """Release k00, killed as described; then the disk works again."""
+        self.armed = True
+        assert run(broker, "parked", "release", "g", TOPIC, "k00", "--yes").exit_code != 0
+        self.armed = False
+        self.save.failing = False
+
+
 def parked_once(broker: TestBroker, listener: Accounts) -> None:
     """k00 parked with its 3 messages, k01 handled; the consumer stopped."""
     send(broker.address, [(k, s) for s in range(3) for k in ("k00", "k01")])
@@ -341,29 +374,12 @@ def test_a_release_whose_state_cannot_be_saved_changes_nothing_and_sends_back_on
 def test_a_release_a_crash_cuts_off_after_its_state_is_saved_is_finished_at_the_next_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    save = FailingSave(parking_module.write_atomically)
-    monkeypatch.setattr(parking_module, "write_atomically", save)
-    real_write = MessageStore.write
-    crash = threading.Event()
-
-    def write(store: MessageStore, topic: Topic, *args: Any, **kwargs: Any) -> Any:
-        if crash.is_set() and topic.name == TOPIC:
-            # The process dies here: parking.json says released, nothing was appended
-            # (the rollback's save fails as a dead process's would not happen).
-            save.failing = True
-            raise OSError(errno.EIO, "killed")
-        return real_write(store, topic, *args, **kwargs)
-
-    monkeypatch.setattr(MessageStore, "write", write)
+    crash = ReleaseCrash(monkeypatch)
     with TestBroker(default_queues=1) as broker:
         listener = Accounts(poison=b"k00:0")
         parked_once(broker, listener)
         before = messages_of(broker, TOPIC)
-        crash.set()
-        result = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes")
-        assert result.exit_code != 0, result.output
-        crash.clear()
-        save.failing = False
+        crash.release(broker)
         assert messages_of(broker, TOPIC) == before, "the crash came before the append"
 
         broker.restart()  # the start finishes the release
@@ -381,26 +397,12 @@ def test_a_release_a_crash_cuts_off_after_its_state_is_saved_is_finished_at_the_
 def test_a_cut_off_release_past_the_end_of_a_queue_that_lost_its_tail_goes_back_at_its_end(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    save = FailingSave(parking_module.write_atomically)
-    monkeypatch.setattr(parking_module, "write_atomically", save)
-    real_write = MessageStore.write
-    crash = threading.Event()
-
-    def write(store: MessageStore, topic: Topic, *args: Any, **kwargs: Any) -> Any:
-        if crash.is_set() and topic.name == TOPIC:
-            save.failing = True  # killed: released on disk, nothing appended
-            raise OSError(errno.EIO, "killed")
-        return real_write(store, topic, *args, **kwargs)
-
-    monkeypatch.setattr(MessageStore, "write", write)
+    crash = ReleaseCrash(monkeypatch)
     with TestBroker(default_queues=1) as broker:
         listener = Accounts(poison=b"k00:0")
         parked_once(broker, listener)
         before = messages_of(broker, TOPIC)
-        crash.set()
-        assert run(broker, "parked", "release", "g", TOPIC, "k00", "--yes").exit_code != 0
-        crash.clear()
-        save.failing = False
+        crash.release(broker)
         broker.stop()
         # as if the queue's last 2 records were lost (async flush): its release point is
         # past the queue's end
@@ -420,30 +422,12 @@ def test_a_cut_off_release_past_the_end_of_a_queue_that_lost_its_tail_goes_back_
 def test_a_release_a_crash_tore_after_its_first_message_sends_back_only_the_rest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    save = FailingSave(parking_module.write_atomically)
-    monkeypatch.setattr(parking_module, "write_atomically", save)
-    real_write = MessageStore.write
-    crash = threading.Event()
-
-    def write(
-        store: MessageStore, topic: Topic, queue_id: int, frames: bytes, checked: Any, **kw: Any
-    ) -> Any:
-        if crash.is_set() and topic.name == TOPIC:
-            size = FRAME_LEN_PREFIX.unpack_from(frames)[0] + FRAME_LEN_PREFIX.size
-            real_write(store, topic, queue_id, frames[:size], checked[:1], **kw)
-            save.failing = True  # killed after the first record: released on disk
-            raise OSError(errno.EIO, "killed")
-        return real_write(store, topic, queue_id, frames, checked, **kw)
-
-    monkeypatch.setattr(MessageStore, "write", write)
+    crash = ReleaseCrash(monkeypatch, keep=1)
     with TestBroker(default_queues=1) as broker:
         listener = Accounts(poison=b"k00:0")
         parked_once(broker, listener)
         before = messages_of(broker, TOPIC)
-        crash.set()
-        assert run(broker, "parked", "release", "g", TOPIC, "k00", "--yes").exit_code != 0
-        crash.clear()
-        save.failing = False
+        crash.release(broker)
         assert messages_of(broker, TOPIC) == [*before, b"k00:0"]
         broker.restart()
         assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
