@@ -443,6 +443,23 @@ class PushTransport(FakeTransport):
         return subscription
 
 
+async def push_core(
+    broker: FakeBroker, listener: Recorder, **config: Any
+) -> tuple[PushConsumerCore, PushTransport]:
+    """An orderly core with push delivery (`config`: more PushConsumerConfig), started on
+    `broker`'s topic, once its queue's subscription is open."""
+    transport = PushTransport(broker)
+    core = PushConsumerCore(
+        GROUP, transport, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+        config=PushConsumerConfig(delivery="push", **config), clock=broker.clock,
+    )  # fmt: skip
+    core.subscribe(broker.topic)
+    core.register_message_listener(listener)
+    await core.start()
+    await until(lambda: len(transport.subscriptions) == 1, "a subscription")
+    return core, transport
+
+
 def test_a_push_subscription_the_old_lock_ended_after_a_relock_does_not_fence_the_queue() -> None:
     """The broker ends a subscription at once when its lock changes; when the consumer has
     taken the lock again at a new epoch by the time that end arrives, the queue is its own:
@@ -452,15 +469,7 @@ def test_a_push_subscription_the_old_lock_ended_after_a_relock_does_not_fence_th
 
     async def test(broker: FakeBroker) -> None:
         clock = broker.clock
-        transport = PushTransport(broker)
-        core = PushConsumerCore(
-            GROUP, transport, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-            config=PushConsumerConfig(delivery="push"), clock=clock,
-        )  # fmt: skip
-        core.subscribe(broker.topic)
-        core.register_message_listener(listener)
-        await core.start()
-        await until(lambda: len(transport.subscriptions) == 1, "a subscription")
+        core, transport = await push_core(broker, listener)
         first = transport.subscriptions[0]
         assert first.lock_epoch
         broker.append(0, ["a"] * 2)
@@ -493,17 +502,9 @@ def test_the_credit_granter_wakes_per_grant_not_per_consumed_message() -> None:
     listener = Recorder()
 
     async def test(broker: FakeBroker) -> None:
-        transport = PushTransport(broker)
-        core = PushConsumerCore(
-            GROUP, transport, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-            config=PushConsumerConfig(delivery="push", pull_threshold_for_queue=64,
-                                      pull_batch_size=32),
-            clock=broker.clock,
-        )  # fmt: skip
-        core.subscribe(broker.topic)
-        core.register_message_listener(listener)
-        await core.start()
-        await until(lambda: len(transport.subscriptions) == 1, "a subscription")
+        core, transport = await push_core(
+            broker, listener, pull_threshold_for_queue=64, pull_batch_size=32
+        )
         sub = transport.subscriptions[0]
         assert sub.credit.messages == 64  # the whole cache, granted at subscribing
         for offset in range(128):
@@ -528,15 +529,7 @@ def test_a_pushed_batch_is_buffered_as_it_arrives_without_a_hand_off_to_the_push
     listener = Recorder()
 
     async def test(broker: FakeBroker) -> None:
-        transport = PushTransport(broker)
-        core = PushConsumerCore(
-            GROUP, transport, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-            config=PushConsumerConfig(delivery="push"), clock=broker.clock,
-        )  # fmt: skip
-        core.subscribe(broker.topic)
-        core.register_message_listener(listener)
-        await core.start()
-        await until(lambda: len(transport.subscriptions) == 1, "a subscription")
+        core, transport = await push_core(broker, listener)
         sub = transport.subscriptions[0]
         pq = core._queues[MQ]
         broker.append(0, ["a"] * 3)
@@ -557,15 +550,7 @@ def test_a_batch_pushed_after_the_lock_changed_epoch_is_not_buffered() -> None:
 
     async def test(broker: FakeBroker) -> None:
         clock = broker.clock
-        transport = PushTransport(broker)
-        core = PushConsumerCore(
-            GROUP, transport, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-            config=PushConsumerConfig(delivery="push"), clock=clock,
-        )  # fmt: skip
-        core.subscribe(broker.topic)
-        core.register_message_listener(listener)
-        await core.start()
-        await until(lambda: len(transport.subscriptions) == 1, "a subscription")
+        core, transport = await push_core(broker, listener)
         first = transport.subscriptions[0]
         pq = core._queues[MQ]
         broker.locks.release_client(core.client_id)
