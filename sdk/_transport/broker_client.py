@@ -787,7 +787,7 @@ class GrpcSubscription:
         self._opened.close()
 
 
-#: PullResponse.status -> PullStatus (an unknown one raises ValueError, as PullStatus would).
+#: PullResponse.status -> PullStatus.
 _PULL_STATUS = {
     value: PullStatus(name)
     for name, value in pb.PullStatus.items()
@@ -801,8 +801,12 @@ def _pull_result(r: pb.PullResponse, records: bytes, broker_name: str) -> PullRe
     Each read of a bytes field copies it.
     """
     status = _PULL_STATUS.get(r.status)
-    if status is None:
-        raise ValueError(f"{r.status} is not a valid PullStatus")
+    if status is None:  # a status of a later protocol version
+        raise BrokerError(
+            f"the broker answered a pull with status {r.status}, which this client does "
+            "not know (a broker newer than the client?)",
+            code="UNIMPLEMENTED",
+        )
     return PullResult(
         status,
         r.next_offset,
