@@ -1106,7 +1106,8 @@ class Bench:
         figures: list[tuple[int, Figure, Figure, Figure]] = []
         for rate in E2E_RATES:
             params = {
-                "api": f"sdk.aio.Producer.send per message -> {api}",
+                "api": f"sdk.aio.Producer.send per message (default ProducerConfig: "
+                f"natural batching) -> {api}",
                 "rate_msg_per_s": rate,
                 "seconds_per_run": seconds,
                 "messages_per_run": int(rate * seconds),
