@@ -260,18 +260,22 @@ class PushConsumerCore(ConsumerCore):
         received = False
         locks = self.uses_locks
 
+        def still_ours() -> bool:
+            # Not reset (seek, new owner) since it was opened, and (orderly) its lock held
+            # at the subscription's epoch.
+            return not (
+                pq.dropped
+                or pq.generation != generation
+                or (locks and (not pq.locked or pq.lock_epoch != epoch))
+            )
+
         def take(result: PullResult) -> bool:
             # In the transport's reader, as batches arrive: a batch the loop below would
             # only buffer is buffered here, without waking it (a task hand-off per batch).
             # Anything else goes to next(), where the loop makes its checks again.
             nonlocal received
             received = True
-            if (
-                result.status is PullStatus.OFFSET_ILLEGAL
-                or pq.dropped
-                or pq.generation != generation
-                or (locks and (not pq.locked or pq.lock_epoch != epoch))
-            ):
+            if result.status is PullStatus.OFFSET_ILLEGAL or not still_ours():
                 return False
             self._buffer(queue, pq, result)
             return True
@@ -281,10 +285,8 @@ class PushConsumerCore(ConsumerCore):
             while not pq.dropped:
                 result = await subscription.next()
                 received = True
-                if pq.dropped or pq.generation != generation:
-                    return  # reset (seek, new owner) since it was opened: subscribe again
-                if self.uses_locks and (not pq.locked or pq.lock_epoch != epoch):
-                    return
+                if not still_ours():
+                    return  # subscribe again (or not, the lock lost)
                 await self._accept(queue, pq, result)
                 if result.status is PullStatus.OFFSET_ILLEGAL:
                     return  # its last batch: subscribe again where the broker said
