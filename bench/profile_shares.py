@@ -76,7 +76,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("fsync", ("fdatasync", "os_fsync")),
     ("check frames (validation)", ("check_frames",)),
     ("build records (layout, CRC)", ("build_records", "lay_out_records")),
-    ("id/key index", ("_index_parts", "message_index.py")),
+    ("id/key index", ("IdKeyEntries", "message_index.py")),
     ("pull: read records, long polling", ("MessageStore.get ", "_read_records", "long_polling.py")),
     ("commit log / consume queue writes", ("commitlog.py", "consumequeue.py")),
     ("locks, groups, offsets", ("lock_manager.py", "groups.py", "offsets.py", "offset_store.py")),

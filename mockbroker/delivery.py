@@ -11,7 +11,6 @@ polling live here once. Every refusal is a BrokerError, raised before anything c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import time
@@ -38,7 +37,7 @@ MAX_SUSPEND_MS = 60_000
 _Append = Callable[[Topic, int, bytes, Sequence[CheckedFrame]], Awaitable[PutResult]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: that costs a call per field, per part of every send
 class SendOutcome:
     """What a send stored: its first offset (-1 when scheduled), count, time, durability.
 
@@ -298,20 +297,22 @@ class Delivery:
             else:
                 valid.append((index, queue_id, frames))
         sliced = self._s.sliced
-        async with contextlib.AsyncExitStack() as stack:
-            holds: list[QueueHold] = []
-            if sliced is not None:
-                for queue_id in sorted({queue_id for _, queue_id, _ in valid}):
-                    queue = (topic_name, queue_id)
-                    holds.append(await stack.enter_async_context(sliced.in_order(client, queue)))
+        holds: list[QueueHold] = []
+        if sliced is not None:
+            queues = sorted({queue_id for _, queue_id, _ in valid})
+            holds = await sliced.in_order_all(client, [(topic_name, q) for q in queues])
+        try:
+            checks: list[CheckedFrames | BrokerError]
+            if sliced is None:
+                checks = [_checked(self._s.store.check, frames) for _, _, frames in valid]
+            else:
+                checks = await sliced.check_parts(client, [frames for _, _, frames in valid])
             now: list[tuple[int, Batch]] = []
             later: list[tuple[int, Batch]] = []
-            for index, queue_id, frames in valid:
+            for (index, queue_id, frames), checked in zip(valid, checks, strict=True):
                 try:
-                    if sliced is None:
-                        checked = self._s.store.check(frames)
-                    else:
-                        checked, _ = await sliced.check(client, frames, _write_later)
+                    if isinstance(checked, BrokerError):
+                        raise checked
                     (later if _scheduled(checked) else now).append(
                         (index, Batch(queue_id, frames, checked))
                     )
@@ -329,6 +330,9 @@ class Delivery:
                 )
             elif topic is not None:  # no task of its own: most requests schedule nothing
                 await self._write_parts(client, holds, topic, now, outcomes)
+        finally:
+            for hold in holds:
+                hold.release()
         self._send_seconds.observe(time.perf_counter() - started)
         return [outcomes[index] for index in range(len(parts))]
 
@@ -612,9 +616,12 @@ def _caught_up(got: GetResult) -> bool:
     )
 
 
-def _write_later(checked: CheckedFrames) -> None:
-    """A request's parts are all checked before any is written (SlicedStore.check's `then`)."""
-    return None
+def _checked(check: Callable[[bytes], CheckedFrames], frames: bytes) -> CheckedFrames | BrokerError:
+    """check(frames), or its refusal."""
+    try:
+        return check(frames)
+    except BrokerError as exc:
+        return exc
 
 
 def _scheduled(checked: Sequence[CheckedFrame]) -> bool:

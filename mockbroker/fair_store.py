@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from types import TracebackType
 
 from mockbroker.errors import BrokerError
@@ -64,6 +64,16 @@ class SlicedStore:
         """
         return InOrder(self._orders, (client, queue))
 
+    async def in_order_all(
+        self, client: Hashable, queues: Iterable[tuple[str, int]]
+    ) -> list[QueueHold]:
+        """`in_order` for several queues of one send, taken in the order given.
+
+        The caller releases every hold when the send is done (QueueHold.release): those
+        `write_parts` let go are let go once.
+        """
+        return await self._orders.acquire_all([(client, queue) for queue in queues])
+
     def writing(self, queue: tuple[str, int]) -> bool:
         """True while a batch is written to `queue` slice by slice (nothing may come between)."""
         return self._writes.locked(queue)
@@ -90,11 +100,56 @@ class SlicedStore:
                     max_frames=self._messages,
                     max_bytes=self._bytes,
                 )
-                if not checked and part[-1].end == len(frames):
+                if not checked and part.last_end == len(frames):
                     return part, then(part)
             checked += part
-            start = part[-1].end
+            start = part.last_end
         return checked, None
+
+    async def check_parts(
+        self, client: Hashable, parts: Sequence[bytes]
+    ) -> list[CheckedFrames | BrokerError]:
+        """Each part's frames checked (store.check): its CheckedFrames, or its refusal.
+
+        As `check`, a slice per turn, but a turn goes on to the next part while the slice
+        has room: a request's small parts take one turn, not one each.
+        """
+        out: list[CheckedFrames | BrokerError] = []
+        checked = CheckedFrames()  # of the part being checked, so far
+        start = 0
+        index = 0
+        while index < len(parts):
+            async with self.scheduler.turn(client):
+                frames_left, bytes_left = self._messages, self._bytes
+                while index < len(parts) and frames_left > 0 and bytes_left > 0:
+                    frames = parts[index]
+                    try:
+                        got = self._store.check(
+                            frames,
+                            start=start,
+                            first_index=len(checked),
+                            max_frames=frames_left,
+                            max_bytes=bytes_left,
+                        )
+                    except BrokerError as exc:
+                        out.append(exc)
+                        index += 1
+                        checked, start = CheckedFrames(), 0
+                        continue
+                    end = got.last_end
+                    frames_left -= len(got)
+                    bytes_left -= end - start
+                    if checked:
+                        checked += got
+                    else:
+                        checked = got
+                    if end < len(frames):
+                        start = end  # the rest in the next slice
+                        continue
+                    out.append(checked)
+                    index += 1
+                    checked, start = CheckedFrames(), 0
+        return out
 
     async def append(
         self,
@@ -124,10 +179,10 @@ class SlicedStore:
 
         Waits until no other batch is being written to any of the parts' queues.
         """
-        wholes: list[QueueHold] = []
+        wholes = await self._writes.acquire_all(
+            [(topic.name, queue_id) for queue_id in sorted({part.queue_id for part in parts})]
+        )
         try:
-            for queue_id in sorted({part.queue_id for part in parts}):
-                wholes.append(await self._writes.acquire((topic.name, queue_id)))
             async with self.scheduler.turn(client):
                 written = self._store.write_parts(topic, parts)
         finally:
@@ -238,6 +293,23 @@ class _Locks:
 
     def locked(self, key: Hashable) -> bool:
         return key in self._waiting
+
+    async def acquire_all(self, keys: list[Hashable]) -> list[QueueHold]:
+        """A hold on each of `keys`, taken in the order given (none kept if cancelled)."""
+        holds: list[QueueHold] = []
+        waiting = self._waiting
+        try:
+            for key in keys:
+                if key in waiting:
+                    holds.append(await self.acquire(key))
+                else:  # free: taken without a coroutine
+                    waiting[key] = deque()
+                    holds.append(QueueHold(self, key))
+        except BaseException:
+            for hold in holds:
+                hold.release()
+            raise
+        return holds
 
     async def acquire(self, key: Hashable) -> QueueHold:
         waiting = self._waiting.get(key)

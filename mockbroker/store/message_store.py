@@ -44,6 +44,7 @@ from mockbroker.store.records import (
     MIN_RECORD_SIZE,
     CheckedFrame,
     CheckedFrames,
+    IdKeyEntries,
     as_checked,
     check_frames,
     lay_out_records,
@@ -93,7 +94,7 @@ class StoreCut:
     messages: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: that costs a call per field, on the path of every send
 class PutResult:
     """Where an appended batch went."""
 
@@ -103,7 +104,7 @@ class PutResult:
     durable: bool  # False: sync flush timed out (the records are written, fsync pending)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: see PutResult
 class Written:
     """Records written to the commit log and indexed, not necessarily synced yet."""
 
@@ -113,13 +114,24 @@ class Written:
     end: int  # the commit log's end after them: synced up to here, they are durable
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: see PutResult
 class Batch:
     """Checked frames for one queue: one part of a request that writes several (write_parts)."""
 
     queue_id: int
     frames: bytes
     checked: Sequence[CheckedFrame]
+
+
+class _QueueWrite:
+    """One queue's share of a write_parts: its index entries, the offsets they take."""
+
+    __slots__ = ("cq", "entries", "first_offset", "next_offset")
+
+    def __init__(self, cq: ConsumeQueue) -> None:
+        self.cq = cq
+        self.first_offset = self.next_offset = cq.count
+        self.entries: list[bytes] = []
 
 
 @dataclass(frozen=True)
@@ -429,7 +441,8 @@ class MessageStore:
         TOPIC_NOT_FOUND once the topic is deleted: a request that found it before (a held
         pull, a send in flight) neither reads nor writes it, nor opens its files again.
         """
-        if self.topics.find(topic.name) != topic:
+        found = self.topics.find(topic.name)
+        if found is not topic and found != topic:
             self.topics.get(topic.name)  # TOPIC_NOT_FOUND
             raise not_found(
                 "TOPIC_NOT_FOUND", f"topic {topic.name!r} was deleted and created again"
@@ -530,20 +543,21 @@ class MessageStore:
         the shared end), one index write per queue. Batches of one queue get consecutive
         offsets in the order given. All or nothing: a full disk rolls every batch back.
         """
-        keys: list[tuple[str, int]] = []  # the queue each batch is indexed in
-        firsts: dict[tuple[str, int], tuple[ConsumeQueue, int]] = {}  # where each one begins
+        queues: dict[tuple[str, int], _QueueWrite] = {}  # by the queue indexed in
+        targets: list[_QueueWrite] = []  # each batch's
         for part in parts:
             topic.check_queue(part.queue_id)
             index_topic, index_queue = index_into or (topic, part.queue_id)
             key = (index_topic.name, index_queue)
-            if key not in firsts:
-                cq = self.queue(index_topic, index_queue)
-                firsts[key] = (cq, cq.count)
-            keys.append(key)
+            target = queues.get(key)
+            if target is None:
+                target = queues[key] = _QueueWrite(self.queue(index_topic, index_queue))
+            targets.append(target)
         flusher = self._writable_flusher()
         store_ts = int(self._clock.now() * 1000)
         name = topic.name.encode()
         overhead = RECORD.size + len(name)
+        indexing = self._index is not None and not topic.name.startswith(SYSTEM_PREFIX)
         index_sizes = self._index.sizes() if self._index is not None else (0, 0)
         sizes = [
             as_checked(part.checked).frame_bytes() + len(part.checked) * overhead for part in parts
@@ -553,12 +567,11 @@ class MessageStore:
         try:
             position = self.commitlog.make_room(sum(sizes))
             pieces: list[bytes | memoryview] = []
-            entries: dict[tuple[str, int], list[bytes]] = {key: [] for key in firsts}
-            offsets = {key: first for key, (_, first) in firsts.items()}
+            index = IdKeyEntries() if indexing else None
             at = position
-            for part, key, size in zip(parts, keys, sizes, strict=True):
-                first = offsets[key]
-                entries[key].append(
+            for part, target, size in zip(parts, targets, sizes, strict=True):
+                first = target.next_offset
+                target.entries.append(
                     lay_out_records(
                         part.frames,
                         part.checked,
@@ -569,18 +582,21 @@ class MessageStore:
                         store_timestamp_ms=store_ts,
                         base_position=at,
                         reconsume_times=reconsume_times,
+                        index=index,
                     )
                 )
-                offsets[key] = first + len(part.checked)
-                written.append((first, len(part.checked)))
+                count = len(part.checked)
+                target.next_offset = first + count
+                written.append((first, count))
                 at += size
             self.commitlog.append(b"".join(pieces))
-            for key, (cq, _) in firsts.items():
-                cq.append(b"".join(entries[key]))
-            if self._index is not None and not topic.name.startswith(SYSTEM_PREFIX):
-                self._index_parts(topic.name, parts, position, overhead)
+            for target in queues.values():
+                target.cq.append(b"".join(target.entries))
+            if index is not None:
+                assert self._index is not None
+                self._index.add(topic.name, index.positions, index.ids, index.keyed)
         except OSError as exc:
-            if exc.errno == errno.ENOSPC and self._roll_back(position, firsts, index_sizes):
+            if exc.errno == errno.ENOSPC and self._roll_back(position, queues, index_sizes):
                 # Until the next disk check says otherwise.
                 self.refusing_sends = self._disk_refusing = self._out_of_space = True
                 raise BrokerError(
@@ -595,8 +611,8 @@ class MessageStore:
             ) from exc
         end = self.commitlog.end
         by_topic = self.stats.stored_by_topic
-        for key, (cq, first) in firsts.items():
-            count = cq.count - first
+        for key, target in queues.items():
+            count = target.next_offset - target.first_offset
             self.stats.messages_stored += count
             by_topic[key[0]] = by_topic.get(key[0], 0) + count
             if self.sync_flush:  # readable once synced
@@ -617,7 +633,7 @@ class MessageStore:
     def _roll_back(
         self,
         position: int,
-        firsts: dict[tuple[str, int], tuple[ConsumeQueue, int]],
+        queues: dict[tuple[str, int], _QueueWrite],
         index_sizes: tuple[int, int],
     ) -> bool:
         """Undo a write cut short by a full disk, back to where it began; True on success.
@@ -626,8 +642,8 @@ class MessageStore:
         entries go, so the next write takes the same position and offsets.
         """
         try:
-            for cq, first in firsts.values():
-                cq.truncate(first)
+            for target in queues.values():
+                target.cq.truncate(target.first_offset)
             if self._index is not None:
                 self._index.roll_back(index_sizes)
             self.commitlog.truncate(position)
@@ -657,24 +673,6 @@ class MessageStore:
                 keyed.append((position, header.keys))
         for topic, (positions, ids, keyed) in by_topic.items():
             self._index.add(topic, positions, ids, keyed)
-
-    def _index_parts(self, topic: str, parts: list[Batch], position: int, overhead: int) -> None:
-        assert self._index is not None
-        positions: list[int] = []
-        ids: list[bytes] = []
-        keyed: list[tuple[int, bytes]] = []
-        for part in parts:
-            frames = part.frames
-            checked = as_checked(part.checked)
-            for start, end, keys_at, keys_len in zip(
-                checked.starts, checked.ends, checked.keys_at, checked.keys_lens, strict=True
-            ):
-                positions.append(position)
-                ids.append(frames[start : start + 16])
-                if keys_len:
-                    keyed.append((position, frames[keys_at : keys_at + keys_len]))
-                position += overhead + end - start
-        self._index.add(topic, positions, ids, keyed)
 
     def find_by_id(self, msg_id: bytes, limit: int = 32) -> list[bytes]:
         """Stored records with this message id (original, retries, dead letter), newest first."""

@@ -169,6 +169,13 @@ class CheckedFrames(Sequence[CheckedFrame]):
         """... and their lengths (0: no keys)."""
         return self._data[5::_STRIDE]
 
+    @property
+    def last_end(self) -> int:
+        """Where the last frame ends (IndexError when there is none)."""
+        if not self._data:
+            raise IndexError("no frames")
+        return self._data[-_STRIDE + 1]
+
     def frame_bytes(self) -> int:
         """The frames' bytes, without their length prefixes."""
         return sum(self.ends) - sum(self.starts)
@@ -360,10 +367,13 @@ def lay_out_records(
     store_timestamp_ms: int,
     base_position: int,
     reconsume_times: int = 0,
+    index: IdKeyEntries | None = None,
 ) -> bytes:
     """`build_records`, adding the records' pieces to `into`; returns the index entries.
 
     Several batches laid out into one list are joined and written once (a request's parts).
+    With `index`, each record's position, message id and keys are added to it in the same
+    pass (for the id/key index).
     """
     entries: list[bytes] = []
     pack_head = RECORD_HEAD.pack
@@ -375,7 +385,8 @@ def lay_out_records(
     offset = first_offset
     view = memoryview(frames)
     columns = as_checked(checked)
-    for start, end, hash_ in zip(columns.starts, columns.ends, columns.tag_hashes, strict=True):
+    starts, ends = columns.starts, columns.ends
+    for start, end, hash_ in zip(starts, ends, columns.tag_hashes, strict=True):
         body = view[start:end]
         size = header_and_topic + len(body)
         tail = pack_tail(
@@ -392,7 +403,41 @@ def lay_out_records(
         entries.append(pack_entry(position, size, hash_))
         position += size
         offset += 1
+    if index is not None:
+        index.add(frames, starts, ends, columns, base_position, header_and_topic)
     return b"".join(entries)
+
+
+class IdKeyEntries:
+    """What the id/key index takes for a write: each record's position, id, and its keys."""
+
+    __slots__ = ("ids", "keyed", "positions")
+
+    def __init__(self) -> None:
+        self.positions: list[int] = []
+        self.ids: list[bytes] = []
+        #: (position, keys joined by NUL) of the records that carry keys.
+        self.keyed: list[tuple[int, bytes]] = []
+
+    def add(
+        self,
+        frames: bytes,
+        starts: list[int],
+        ends: list[int],
+        checked: CheckedFrames,
+        position: int,
+        overhead: int,
+    ) -> None:
+        """Add a batch's records, laid out from `position` (each `overhead` + its frame)."""
+        positions, ids, keyed = self.positions, self.ids, self.keyed
+        for start, end, keys_at, keys_len in zip(
+            starts, ends, checked.keys_at, checked.keys_lens, strict=True
+        ):
+            positions.append(position)
+            ids.append(frames[start : start + 16])
+            if keys_len:
+                keyed.append((position, frames[keys_at : keys_at + keys_len]))
+            position += overhead + end - start
 
 
 @functools.lru_cache(maxsize=256)
@@ -406,6 +451,7 @@ __all__ = [
     "BrokerError",
     "CheckedFrame",
     "CheckedFrames",
+    "IdKeyEntries",
     "as_checked",
     "build_records",
     "check_frames",

@@ -24,7 +24,7 @@ from mockbroker.fairness import FairScheduler
 from mockbroker.store import commitlog as commitlog_module
 from mockbroker.store.commitlog import CommitLog, FlushPlan
 from mockbroker.store.message_store import GetResult, MessageStore, PutResult, Written
-from mockbroker.store.records import CheckedFrame
+from mockbroker.store.records import CheckedFrame, CheckedFrames, check_frames
 from mockbroker.topics import Topic
 from sdk._wire import encode_frame, iter_records
 from sdk.testing import FakeClock
@@ -435,3 +435,56 @@ def test_a_full_disk_in_the_middle_of_a_large_batch_stores_nothing_of_it(
         return read_all(store, topic, 0)
 
     assert run(tmp_path, body) == [b"before", b"after"]
+
+
+def test_a_requests_small_parts_are_checked_in_one_turn_a_large_one_in_slices(
+    tmp_path: Path,
+) -> None:
+    half = SLICE_MESSAGES // 2
+    empty = encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"")
+
+    async def body(
+        store: MessageStore, sliced: SlicedStore, topic: Topic
+    ) -> tuple[list[object], list[object], int]:
+        small = [frames(numbered(half)), frames(numbered(half - 1)) + empty, frames([b"x"])]
+        got_small = await sliced.check_parts("a", small)
+        assert sliced.scheduler.slices == 1, "three parts within one slice: one turn"
+        large = frames(numbered(2 * SLICE_MESSAGES))
+        got_large = await sliced.check_parts("a", [frames([b"y"]), large, large + empty])
+        return got_small, got_large, sliced.scheduler.slices
+
+    got_small, got_large, turns = run(tmp_path, body)
+    first, refused, last = got_small
+    assert isinstance(first, CheckedFrames) and len(first) == half
+    assert isinstance(refused, BrokerError) and refused.reason == "EMPTY_BODY"
+    assert f"frame {half - 1}" in refused.message, "the refusal names the part's own frame"
+    assert isinstance(last, CheckedFrames) and len(last) == 1
+    one, large, large_refused = got_large
+    assert isinstance(one, CheckedFrames) and len(one) == 1
+    assert isinstance(large, CheckedFrames) and len(large) == 2 * SLICE_MESSAGES
+    assert large == CheckedFrames(check_frames(frames(numbered(2 * SLICE_MESSAGES)), 0))
+    assert isinstance(large_refused, BrokerError) and large_refused.reason == "EMPTY_BODY"
+    assert f"frame {2 * SLICE_MESSAGES}" in large_refused.message, "numbered across slices"
+    # 1 + 32 frames, then 32 + 1: at most a slice's 16 frames a turn, a part's rest next
+    assert turns == 1 + 5
+
+
+def test_holds_on_several_queues_are_all_let_go_when_waiting_for_one_is_cancelled(
+    tmp_path: Path,
+) -> None:
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> int:
+        queues = [(topic.name, q) for q in range(3)]
+        [busy] = await sliced.in_order_all("a", queues[2:])
+        waiting = asyncio.create_task(sliced.in_order_all("a", queues))
+        await asyncio.sleep(0)  # holds queues 0 and 1, waits for 2
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        async with asyncio.timeout(5):  # queues 0 and 1 are free again
+            got = await sliced.in_order_all("a", queues[:2])
+        busy.release()
+        async with asyncio.timeout(5):
+            again = await sliced.in_order_all("a", queues[2:])
+        return len(got) + len(again)
+
+    assert run(tmp_path, body) == 3
