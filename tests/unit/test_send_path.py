@@ -12,9 +12,9 @@ import pytest
 from sdk import Message, MessageQueue, PartialBatchError, ProducerConfig, SendResult, SendStatus
 from sdk._transport.protocol import Appended
 from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX
-from sdk.errors import TopicNotFoundError
+from sdk.errors import BrokerUnavailableError, TopicNotFoundError
 from sdk.message import build_send_results
-from sdk.producer.core import ProducerCore
+from sdk.producer.core import ProducerCore, _final, _first_parts
 from sdk.selector import shard_index
 from tests.unit.fake_transport import FramesTransport
 
@@ -176,3 +176,56 @@ def test_built_send_results_are_the_same_as_constructed_ones() -> None:
         built[0].queue_offset = 1  # type: ignore[misc]
     with pytest.raises(ValueError):
         build_send_results(SendStatus.SEND_OK, ids, queue, range(1))
+
+
+class FailingOnce(FakeBroker):
+    """Refuses the first request to each of `flaky` queues as unavailable (retriable)."""
+
+    def __init__(self, flaky: set[int]) -> None:
+        super().__init__()
+        self.flaky = set(flaky)
+
+    async def send(
+        self, topic: str, queue_id: int, frames: bytes, *, timeout: float | None = None
+    ) -> Appended:
+        if queue_id in self.flaky:
+            self.flaky.discard(queue_id)
+            raise BrokerUnavailableError(f"queue {queue_id} is busy")
+        return await super().send(topic, queue_id, frames, timeout=timeout)
+
+
+def test_a_part_refused_retriably_in_a_shared_request_is_retried_alone_on_its_queue() -> None:
+    broker = FailingOnce({2})
+    transport = FramesTransport(broker, writable_queues)
+    plan = [0, 2, 1, 2, 3]
+    messages = [Message("orders", b"x", sharding_key=key_for(q, i)) for i, q in enumerate(plan)]
+
+    async def main() -> list[SendResult]:
+        config = ProducerConfig(retry_times=1, retry_backoff=0)
+        producer = ProducerCore(transport, config=config)
+        await producer.start()
+        try:
+            return await producer.send_batch(messages)
+        finally:
+            await producer.shutdown()
+
+    results = asyncio.run(main())
+    assert transport.requests == [[(0, 1), (2, 2), (1, 1), (3, 1)], [(2, 2)]]
+    assert [r.queue.queue_id for r in results] == plan
+    assert [r.queue_offset for r in results] == [0, 200, 100, 201, 300]
+
+
+def test_only_a_retriable_failure_is_not_a_parts_last_word() -> None:
+    assert _final([]) and _final(TopicNotFoundError("gone"))
+    assert not _final(BrokerUnavailableError("busy"))
+
+
+def test_the_first_parts_are_each_queues_first_chunk_in_plan_order() -> None:
+    q0, q1 = (MessageQueue("orders", "broker-a", q) for q in range(2))
+    prepared = [b"a", b"b", b"c", b"d"]
+    ids = [b"0", b"1", b"2", b"3"]
+    plan = [(q1, [[3, 1], [2]], False), (q0, [[0]], True)]
+    assert _first_parts(plan, prepared, ids) == [
+        (q1, [b"d", b"b"], [b"3", b"1"]),
+        (q0, [b"a"], [b"0"]),
+    ]
