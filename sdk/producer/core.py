@@ -340,7 +340,6 @@ class ProducerCore:
         # Keyed by (topic, queue index, delayed): a MessageQueue's dataclass __hash__ would
         # run in Python for every message.
         groups: dict[tuple[str, int, bool], list[int]] = {}
-        keyed: set[tuple[str, int, bool]] = set()  # the groups a keyed message is in
         keyless: dict[str, int] = {}
         by_topic: dict[str, list[MessageQueue]] = {}
         for i, m in enumerate(messages):
@@ -360,15 +359,16 @@ class ProducerCore:
             if indexes is None:
                 indexes = groups[group] = []
             indexes.append(i)
-            if key is not None:
-                keyed.add(group)
         limit = self._transport.max_send_bytes
         # Within the limit whole (the usual batch): one chunk per queue, summed in one pass.
         whole = sum(map(len, prepared)) <= limit
         plan: list[tuple[MessageQueue, list[list[int]], bool]] = []
         for group, indexes in groups.items():
             queue = by_topic[group[0]][group[1]]
-            movable = group not in keyed
+            # Only a group on its topic's keyless queue may be all keyless: look there only.
+            movable = keyless.get(group[0]) == group[1] and all(
+                messages[i].sharding_key is None for i in indexes
+            )
             chunks = [indexes] if whole else _chunks_by_size(indexes, prepared, limit)
             if len(groups) == 1 and len(chunks) == 1:  # one request, results in input order
                 return await self._send_batch(queue, prepared, ids, timeout, movable)

@@ -178,24 +178,27 @@ def test_built_send_results_are_the_same_as_constructed_ones() -> None:
         build_send_results(SendStatus.SEND_OK, ids, queue, range(1))
 
 
-class FailingOnce(FakeBroker):
-    """Refuses the first request to each of `flaky` queues as unavailable (retriable)."""
+class Flaky(FakeBroker):
+    """Refuses the first requests to some queues as unavailable (retriable).
 
-    def __init__(self, flaky: set[int]) -> None:
+    `flaky`: queue id -> how many of its first requests it refuses.
+    """
+
+    def __init__(self, flaky: dict[int, int]) -> None:
         super().__init__()
-        self.flaky = set(flaky)
+        self.flaky = dict(flaky)
 
     async def send(
         self, topic: str, queue_id: int, frames: bytes, *, timeout: float | None = None
     ) -> Appended:
-        if queue_id in self.flaky:
-            self.flaky.discard(queue_id)
+        if self.flaky.get(queue_id, 0) > 0:
+            self.flaky[queue_id] -= 1
             raise BrokerUnavailableError(f"queue {queue_id} is busy")
         return await super().send(topic, queue_id, frames, timeout=timeout)
 
 
 def test_a_part_refused_retriably_in_a_shared_request_is_retried_alone_on_its_queue() -> None:
-    broker = FailingOnce({2})
+    broker = Flaky({2: 1})
     transport = FramesTransport(broker, writable_queues)
     plan = [0, 2, 1, 2, 3]
     messages = [Message("orders", b"x", sharding_key=key_for(q, i)) for i, q in enumerate(plan)]
@@ -213,6 +216,43 @@ def test_a_part_refused_retriably_in_a_shared_request_is_retried_alone_on_its_qu
     assert transport.requests == [[(0, 1), (2, 2), (1, 1), (3, 1)], [(2, 2)]]
     assert [r.queue.queue_id for r in results] == plan
     assert [r.queue_offset for r in results] == [0, 200, 100, 201, 300]
+
+
+def retried_batch(messages: list[Message], flaky: dict[int, int]) -> list[list[tuple[int, int]]]:
+    """The requests of a batch sent to a Flaky broker, one retry allowed."""
+    transport = FramesTransport(Flaky(flaky), writable_queues)
+
+    async def main() -> None:
+        config = ProducerConfig(retry_times=1, retry_backoff=0)
+        producer = ProducerCore(transport, config=config)
+        await producer.start()
+        try:
+            await producer.send_batch(messages)
+        finally:
+            await producer.shutdown()
+
+    asyncio.run(main())
+    return transport.requests
+
+
+def test_in_a_mixed_batch_only_an_all_keyless_part_is_retried_on_another_queue() -> None:
+    # The producer's first keyless queue in turn is queue 0. A part refused in the shared
+    # request is sent again alone on its queue, then retried per the policy.
+    keyless = [Message("orders", b"x"), Message("orders", b"y")]
+    keyed = [Message("orders", b"z", sharding_key=key_for(2))]
+    assert retried_batch(keyless + keyed, {0: 2, 2: 2}) == [
+        [(0, 2), (2, 1)],
+        [(0, 2)],
+        [(2, 1)],
+        [(1, 2)],  # keyless: the next queue
+        [(2, 1)],  # keyed: its own
+    ]
+    with_a_key = [Message("orders", b"w", sharding_key=key_for(0))]
+    assert retried_batch(keyless + with_a_key + keyed, {0: 2}) == [
+        [(0, 3), (2, 1)],
+        [(0, 3)],
+        [(0, 3)],  # a key among them: its queue
+    ]
 
 
 def test_only_a_retriable_failure_is_not_a_parts_last_word() -> None:
