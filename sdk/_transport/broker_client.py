@@ -332,23 +332,24 @@ class BrokerClient:
                 code="INTERNAL",
             )
         outcomes: list[Appended | OrderMQError] = []
+        ok = pb.SEND_OK
         for (queue_id, _), r in zip(parts, response.parts, strict=True):
             if r.HasField("error"):
                 e = r.error
                 outcomes.append(error_from_status(e.code, e.reason or None, e.message or e.code))
-            else:
-                durable = r.status == pb.SEND_OK
-                moved = r.queue_id if r.duplicate and r.queue_id != queue_id else -1
-                outcomes.append(
-                    Appended(
-                        durable,
-                        r.first_queue_offset,
-                        r.count,
-                        r.scheduled,
-                        moved,
-                        _answers(r.messages),
-                    )
+                continue
+            moved = r.queue_id if r.duplicate and r.queue_id != queue_id else -1
+            messages = r.messages  # each message's place: only a batch with duplicates has it
+            outcomes.append(
+                Appended(
+                    r.status == ok,
+                    r.first_queue_offset,
+                    r.count,
+                    r.scheduled,
+                    moved,
+                    _answers(messages) if messages else (),
                 )
+            )
         return outcomes
 
     async def pull(

@@ -191,7 +191,11 @@ class GrpcTransport:
             for i, answer in zip(indexes, answers, strict=True):
                 outcomes[i] = answer
 
-        await asyncio.gather(*(one_request(a, t, ix) for (a, t), ix in requests.items()))
+        if len(requests) == 1:  # the usual case: one broker, awaited here (no task)
+            [((address, topic), indexes)] = requests.items()
+            await one_request(address, topic, indexes)
+        else:
+            await asyncio.gather(*(one_request(a, t, ix) for (a, t), ix in requests.items()))
         return [o for o in outcomes if o is not None]
 
     async def cancel_scheduled(self, msg_id: str) -> bool:

@@ -16,8 +16,8 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Coroutine, Sequence
+from typing import Any, cast
 
 from sdk import metrics, tracing
 from sdk._transport.protocol import Appended, SendPart, Transport
@@ -347,27 +347,47 @@ class ProducerCore:
             queues = by_topic.get(topic)
             if queues is None:
                 queues = by_topic[topic] = await self.writable_queues(topic)
-            if m.sharding_key is not None:
-                index = shard_index(m.sharding_key, len(queues))
+            key = m.sharding_key
+            if key is not None:
+                index = shard_index(key, len(queues))
             else:
                 index = keyless.get(topic, -1)
                 if index < 0:
                     index = keyless[topic] = queues.index(self._keyless(queues, m))
-            groups.setdefault((topic, index, _delayed(m)), []).append(i)
+            group = (topic, index, m.delay_seconds is not None or m.deliver_at is not None)
+            indexes = groups.get(group)
+            if indexes is None:
+                indexes = groups[group] = []
+            indexes.append(i)
+        limit = self._transport.max_send_bytes
+        # Within the limit whole (the usual batch): one chunk per queue, summed in one pass.
+        whole = sum(map(len, prepared)) <= limit
         plan: list[tuple[MessageQueue, list[list[int]], bool]] = []
-        for (topic, index, _), indexes in groups.items():
-            queue = by_topic[topic][index]
-            movable = all(messages[i].sharding_key is None for i in indexes)
-            chunks = _chunks_by_size(indexes, prepared, self._transport.max_send_bytes)
+        for group, indexes in groups.items():
+            queue = by_topic[group[0]][group[1]]
+            # Only a group on its topic's keyless queue may be all keyless: look there only.
+            movable = keyless.get(group[0]) == group[1] and all(
+                messages[i].sharding_key is None for i in indexes
+            )
+            chunks = [indexes] if whole else _chunks_by_size(indexes, prepared, limit)
             if len(groups) == 1 and len(chunks) == 1:  # one request, results in input order
                 return await self._send_batch(queue, prepared, ids, timeout, movable)
             plan.append((queue, chunks, movable))
-        firsts = await self._send_first_chunks(plan, prepared, ids, timeout)
-        sends = [
-            self._send_in_order(queue, chunks, prepared, ids, timeout, movable, first)
-            for (queue, chunks, movable), first in zip(plan, firsts, strict=True)
-        ]
-        outcomes = await asyncio.gather(*sends, return_exceptions=True)
+        firsts = await self._send_first_chunks(plan, prepared, ids, timeout, whole)
+        # A queue whose one chunk went out with the others and got a final answer needs
+        # nothing more: only the queues with requests left (or a retry) run, side by side.
+        outcomes: list[list[tuple[list[int], list[SendResult] | OrderMQError]] | BaseException]
+        outcomes = [[] for _ in plan]
+        rest: dict[int, Coroutine[Any, Any, Any]] = {}
+        for n, ((queue, chunks, movable), first) in enumerate(zip(plan, firsts, strict=True)):
+            if len(chunks) == 1 and first is not None and _final(first):
+                outcomes[n] = [(chunks[0], first)]
+            else:
+                rest[n] = self._send_in_order(queue, chunks, prepared, ids, timeout, movable, first)
+        if rest:
+            done = await asyncio.gather(*rest.values(), return_exceptions=True)
+            for n, outcome in zip(rest, done, strict=True):
+                outcomes[n] = outcome
         results: list[SendResult | None] = [None] * len(messages)
         errors: list[OrderMQError] = []
         for outcome in outcomes:
@@ -383,7 +403,7 @@ class ProducerCore:
             if all(r is None for r in results):
                 raise errors[0]
             raise PartialBatchError(results, errors)
-        return [r for r in results if r is not None]
+        return cast(list[SendResult], results)  # every message has its result
 
     async def _send_in_order(
         self,
@@ -408,11 +428,7 @@ class ProducerCore:
             if failure is not None:
                 outcomes.append((chunk, EarlierSendFailedError(describe(queue), failure)))
                 continue
-            if (
-                n == 0
-                and first is not None
-                and not (isinstance(first, OrderMQError) and first.retriable)
-            ):
+            if n == 0 and first is not None and _final(first):
                 outcomes.append((chunk, first))
                 if isinstance(first, OrderMQError) and not movable and holds_back(first):
                     failure = first
@@ -472,15 +488,20 @@ class ProducerCore:
         prepared: list[bytes],
         ids: list[bytes],
         timeout: float | None,
+        whole: bool = False,
     ) -> list[list[SendResult] | OrderMQError | None]:
         """Send every queue's first chunk together, in as few requests as the wire takes.
 
         A batch over several queues is then one request (or a few, each within
         `max_send_bytes`) instead of one per queue; later chunks of a queue, and retries
         of a failed first one, go on alone (`_send_in_order`). Each queue's outcome.
+        `whole`: the batch is within `max_send_bytes`, so it is one request.
         """
         if len(plan) < 2:
             return [None] * len(plan)
+        deadline = timeout if timeout is not None else self.config.send_timeout
+        if whole:  # the usual batch: one request, awaited here (no task to gather)
+            return list(await self._request_parts(_first_parts(plan, prepared, ids), deadline))
         limit = self._transport.max_send_bytes
         requests: list[list[int]] = [[]]  # indexes into plan
         size = 0
@@ -491,14 +512,10 @@ class ProducerCore:
                 size = 0
             requests[-1].append(n)
             size += chunk_bytes
-        deadline = timeout if timeout is not None else self.config.send_timeout
         firsts: list[list[SendResult] | OrderMQError | None] = [None] * len(plan)
 
         async def one_request(members: list[int]) -> None:
-            parts = [
-                (plan[n][0], [prepared[i] for i in plan[n][1][0]], [ids[i] for i in plan[n][1][0]])
-                for n in members
-            ]
+            parts = _first_parts([plan[n] for n in members], prepared, ids)
             outcomes = await self._request_parts(parts, deadline)
             for n, outcome in zip(members, outcomes, strict=True):
                 firsts[n] = outcome
@@ -786,6 +803,22 @@ def _name_messages(indexes: list[int], shown: int = 10) -> str:
 
 def _delayed(message: Message) -> bool:
     return message.delay_seconds is not None or message.deliver_at is not None
+
+
+def _first_parts(
+    plan: list[tuple[MessageQueue, list[list[int]], bool]], prepared: list[bytes], ids: list[bytes]
+) -> list[Part]:
+    """The parts of one request: each planned queue's first chunk, frames and ids."""
+    parts: list[Part] = []
+    for queue, chunks, _ in plan:
+        chunk = chunks[0]
+        parts.append((queue, [prepared[i] for i in chunk], [ids[i] for i in chunk]))
+    return parts
+
+
+def _final(outcome: list[SendResult] | OrderMQError) -> bool:
+    """Whether a part's outcome is its last word: results, or a failure not to retry."""
+    return not (isinstance(outcome, OrderMQError) and outcome.retriable)
 
 
 def _results(queue: MessageQueue, appended: Appended, ids: list[bytes]) -> list[SendResult]:

@@ -12,9 +12,9 @@ import pytest
 from sdk import Message, MessageQueue, PartialBatchError, ProducerConfig, SendResult, SendStatus
 from sdk._transport.protocol import Appended
 from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX
-from sdk.errors import TopicNotFoundError
+from sdk.errors import BrokerUnavailableError, TopicNotFoundError
 from sdk.message import build_send_results
-from sdk.producer.core import ProducerCore
+from sdk.producer.core import ProducerCore, _final, _first_parts
 from sdk.selector import shard_index
 from tests.unit.fake_transport import FramesTransport
 
@@ -176,3 +176,96 @@ def test_built_send_results_are_the_same_as_constructed_ones() -> None:
         built[0].queue_offset = 1  # type: ignore[misc]
     with pytest.raises(ValueError):
         build_send_results(SendStatus.SEND_OK, ids, queue, range(1))
+
+
+class Flaky(FakeBroker):
+    """Refuses the first requests to some queues as unavailable (retriable).
+
+    `flaky`: queue id -> how many of its first requests it refuses.
+    """
+
+    def __init__(self, flaky: dict[int, int]) -> None:
+        super().__init__()
+        self.flaky = dict(flaky)
+
+    async def send(
+        self, topic: str, queue_id: int, frames: bytes, *, timeout: float | None = None
+    ) -> Appended:
+        if self.flaky.get(queue_id, 0) > 0:
+            self.flaky[queue_id] -= 1
+            raise BrokerUnavailableError(f"queue {queue_id} is busy")
+        return await super().send(topic, queue_id, frames, timeout=timeout)
+
+
+def test_a_part_refused_retriably_in_a_shared_request_is_retried_alone_on_its_queue() -> None:
+    broker = Flaky({2: 1})
+    transport = FramesTransport(broker, writable_queues)
+    plan = [0, 2, 1, 2, 3]
+    messages = [Message("orders", b"x", sharding_key=key_for(q, i)) for i, q in enumerate(plan)]
+
+    async def main() -> list[SendResult]:
+        config = ProducerConfig(retry_times=1, retry_backoff=0)
+        producer = ProducerCore(transport, config=config)
+        await producer.start()
+        try:
+            return await producer.send_batch(messages)
+        finally:
+            await producer.shutdown()
+
+    results = asyncio.run(main())
+    assert transport.requests == [[(0, 1), (2, 2), (1, 1), (3, 1)], [(2, 2)]]
+    assert [r.queue.queue_id for r in results] == plan
+    assert [r.queue_offset for r in results] == [0, 200, 100, 201, 300]
+
+
+def retried_batch(messages: list[Message], flaky: dict[int, int]) -> list[list[tuple[int, int]]]:
+    """The requests of a batch sent to a Flaky broker, one retry allowed."""
+    transport = FramesTransport(Flaky(flaky), writable_queues)
+
+    async def main() -> None:
+        config = ProducerConfig(retry_times=1, retry_backoff=0)
+        producer = ProducerCore(transport, config=config)
+        await producer.start()
+        try:
+            await producer.send_batch(messages)
+        finally:
+            await producer.shutdown()
+
+    asyncio.run(main())
+    return transport.requests
+
+
+def test_in_a_mixed_batch_only_an_all_keyless_part_is_retried_on_another_queue() -> None:
+    # The producer's first keyless queue in turn is queue 0. A part refused in the shared
+    # request is sent again alone on its queue, then retried per the policy.
+    keyless = [Message("orders", b"x"), Message("orders", b"y")]
+    keyed = [Message("orders", b"z", sharding_key=key_for(2))]
+    assert retried_batch(keyless + keyed, {0: 2, 2: 2}) == [
+        [(0, 2), (2, 1)],
+        [(0, 2)],
+        [(2, 1)],
+        [(1, 2)],  # keyless: the next queue
+        [(2, 1)],  # keyed: its own
+    ]
+    with_a_key = [Message("orders", b"w", sharding_key=key_for(0))]
+    assert retried_batch(keyless + with_a_key + keyed, {0: 2}) == [
+        [(0, 3), (2, 1)],
+        [(0, 3)],
+        [(0, 3)],  # a key among them: its queue
+    ]
+
+
+def test_only_a_retriable_failure_is_not_a_parts_last_word() -> None:
+    assert _final([]) and _final(TopicNotFoundError("gone"))
+    assert not _final(BrokerUnavailableError("busy"))
+
+
+def test_the_first_parts_are_each_queues_first_chunk_in_plan_order() -> None:
+    q0, q1 = (MessageQueue("orders", "broker-a", q) for q in range(2))
+    prepared = [b"a", b"b", b"c", b"d"]
+    ids = [b"0", b"1", b"2", b"3"]
+    plan = [(q1, [[3, 1], [2]], False), (q0, [[0]], True)]
+    assert _first_parts(plan, prepared, ids) == [
+        (q1, [b"d", b"b"], [b"3", b"1"]),
+        (q0, [b"a"], [b"0"]),
+    ]
