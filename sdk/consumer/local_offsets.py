@@ -66,7 +66,16 @@ class LocalFileOffsetStore:
             merged = {**self._stored, **self._offsets}
             if merged == self._stored:
                 return
-            await asyncio.to_thread(self._write, merged)
+            write = asyncio.ensure_future(asyncio.to_thread(self._write, merged))
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError:
+                # The thread writes on: the next persist waits for it (they would share
+                # the temporary file), then the cancellation goes on.
+                await asyncio.wait([write])
+                if write.exception() is None:
+                    self._stored = merged
+                raise
             self._stored = merged
 
     def _write(self, offsets: dict[MessageQueue, int]) -> None:
