@@ -30,6 +30,8 @@ GRPC_CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
 )
+
+
 #: The least time a client's connection attempt gets, TCP connect and HTTP/2 handshake
 #: (the broker's SETTINGS frame) together, in ms. gRPC core takes it from
 #: grpc.min_reconnect_backoff_ms, despite the name: MIN_CONNECT_TIMEOUT of gRPC's

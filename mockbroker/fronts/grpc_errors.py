@@ -105,6 +105,19 @@ def _deserializer(cls: type[Message]) -> Callable[[bytes], Message | MalformedRe
     return deserialize
 
 
+def _serializer(cls: type[Message]) -> Callable[[Message | bytes], bytes]:
+    """`cls`'s serializer, passing bytes through: a handler may answer serialized already.
+
+    ExchangeBatched joins its answers serialized (sdk._batching.join_repeated).
+    """
+    serialize = cls.SerializeToString
+
+    def serializer(message: Message | bytes) -> bytes:
+        return message if isinstance(message, bytes) else serialize(message)
+
+    return serializer
+
+
 _HANDLER_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler[Any, Any]]] = {
     (False, False): grpc.unary_unary_rpc_method_handler,
     (False, True): grpc.unary_stream_rpc_method_handler,
@@ -175,7 +188,7 @@ def add_service(
         method.name: _HANDLER_KINDS[(method.client_streaming, method.server_streaming)](
             behavior(method),
             request_deserializer=_deserializer(GetMessageClass(method.input_type)),
-            response_serializer=GetMessageClass(method.output_type).SerializeToString,
+            response_serializer=_serializer(GetMessageClass(method.output_type)),
         )
         for method in service.methods
     }

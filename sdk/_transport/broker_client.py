@@ -17,7 +17,13 @@ from google.protobuf import json_format
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.codec import decode_records
-from sdk._transport.exchange import Exchange, ExchangeSubscription, ExchangeUnsupportedError
+from sdk._transport.exchange import (
+    EXCHANGE_BATCHED_PATH,
+    Exchange,
+    ExchangeSubscription,
+    ExchangeUnsupportedError,
+    OpenBatched,
+)
 from sdk._transport.port_probe import speaks_remoting
 from sdk._transport.protocol import (
     Appended,
@@ -131,7 +137,12 @@ class BrokerClient:
         )
         self._messaging = pb_grpc.MessagingServiceStub(self._channel)
         self._admin = pb_grpc.AdminServiceStub(self._channel)
-        self._exchange = Exchange(self._messaging.Exchange, address, self._ready)
+        batched: OpenBatched = self._channel.stream_stream(
+            EXCHANGE_BATCHED_PATH,
+            request_serializer=None,  # written serialized (sdk._batching.join_repeated)
+            response_deserializer=pb.ExchangeResponses.FromString,
+        )
+        self._exchange = Exchange(self._messaging.Exchange, address, self._ready, batched)
 
     async def close(self) -> None:
         """Close the channel: calls in flight fail (ClientStateError on the Exchange stream)."""

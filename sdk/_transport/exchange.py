@@ -8,6 +8,12 @@ it carries; a request on an open stream about a hundred. Each request carries an
 its answer the same id; answers come in completion order. One writer task writes the
 requests in the order they were made (grpc.aio allows one write at a time on a call), so
 Sends to a queue reach the broker in call order; one reader task hands out the answers.
+
+With a broker that serves ExchangeBatched (it greets the stream; an older one answers
+UNIMPLEMENTED, and the requests go on an Exchange stream instead), the writer puts every
+request made while it wrote the previous message into the next one, and the broker does
+the same with its answers: a stream message costs about what a request did, whatever it
+carries.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
+from sdk._batching import join_repeated, settled
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._wire import GRPC_MAX_MESSAGE_BYTES
 from sdk.errors import BrokerError, ClientStateError, error_from_status
@@ -27,16 +34,33 @@ log = logging.getLogger("ordermq.transport")
 
 ExchangeCall = grpc.aio.StreamStreamCall[pb.ExchangeRequest, pb.ExchangeResponse]
 OpenExchange = grpc.aio.StreamStreamMultiCallable[pb.ExchangeRequest, pb.ExchangeResponse]
+#: ExchangeBatched, written serialized (ExchangeRequests, see sdk._batching.join_repeated).
+BatchedCall = grpc.aio.StreamStreamCall[bytes, pb.ExchangeResponses]
+OpenBatched = grpc.aio.StreamStreamMultiCallable[bytes, pb.ExchangeResponses]
+EXCHANGE_BATCHED_PATH = "/ordermq.v1.MessagingService/ExchangeBatched"
 ErrorFactory = Callable[[], Exception]
 #: Takes a subscription's batch in the stream's reader; False: not taken, call it no more.
 BatchHandler = Callable[[pb.PullResponse], bool]
 #: Requests one stream carries at once; more wait here for a free slot (the broker reads
 #: no more than this many at once either).
 MAX_IN_FLIGHT = 10_000
+#: Most requests one ExchangeBatched message carries...
+MAX_BATCH = 256
+#: ... and most bytes, unless one request alone has more.
+BATCH_BYTES = 1024 * 1024
+#: What carrying a request in an ExchangeRequests adds to it: its field's tag and length.
+_WRAPPING = 16
 
 
 class ExchangeUnsupportedError(Exception):
     """The broker does not serve Exchange (UNIMPLEMENTED): it served none of the requests."""
+
+
+class _BatchingUnsupportedError(Exception):
+    """The broker does not serve ExchangeBatched (UNIMPLEMENTED).
+
+    It served none of the requests, which go on an Exchange stream instead.
+    """
 
 
 class Exchange:
@@ -51,9 +75,14 @@ class Exchange:
         open_stream: OpenExchange,
         target: str,
         connected: Callable[[], Awaitable[None]] | None = None,
+        open_batched: OpenBatched | None = None,
     ) -> None:
-        """`connected`: returns once the channel is connected (triggering a connection)."""
+        """`connected`: returns once the channel is connected (triggering a connection).
+
+        `open_batched`: ExchangeBatched, tried first (None: Exchange only).
+        """
         self._open_stream = open_stream
+        self._open_batched = open_batched
         self._target = target
         self._connected = connected
         self._stream: _Stream | None = None
@@ -79,7 +108,7 @@ class Exchange:
         ExchangeUnsupportedError when the broker has no Exchange.
         """
         size = envelope.ByteSize()
-        if size > GRPC_MAX_MESSAGE_BYTES:  # as gRPC refuses such a unary call, locally
+        if size > GRPC_MAX_MESSAGE_BYTES - _WRAPPING:  # as gRPC refuses such a call, locally
             raise error_from_status(
                 "RESOURCE_EXHAUSTED",
                 None,
@@ -100,9 +129,13 @@ class Exchange:
         stream = self._stream_for(envelope)
         rid = envelope.id
         future = stream.submit(envelope)
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout_at(deadline):
                 answer = await future
+        except _BatchingUnsupportedError:  # not served: on an Exchange stream instead
+            left = None if deadline is None else deadline - asyncio.get_running_loop().time()
+            return await self._call(envelope, None if left is None else max(0.0, left))
         except TimeoutError:
             stream.abandon(rid, future)
             raise error_from_status(
@@ -134,7 +167,23 @@ class Exchange:
             raise ExchangeUnsupportedError("the broker does not serve Exchange")
         if self._stream is None and not self._closed:
             await self._connect(envelope, timeout)
-        return self._stream_for(envelope).subscribe(envelope)
+        stream = self._stream_for(envelope)
+        if stream.greeted is not None:
+            # A subscription is answered many times: it starts on a stream the broker
+            # serves, not one it might refuse whole after the first batch went to a caller.
+            try:
+                async with asyncio.timeout(timeout):
+                    await asyncio.shield(stream.greeted)
+            except _BatchingUnsupportedError:
+                return await self.subscribe(envelope, timeout)  # on Exchange
+            except TimeoutError:
+                raise _unavailable(
+                    f"{_describe(envelope)}: the broker at {self._target} did not open the "
+                    f"stream within {timeout:g}s (not sent)"
+                ) from None
+            except Exception:
+                pass
+        return stream.subscribe(envelope)
 
     def _stream_for(self, envelope: pb.ExchangeRequest) -> _Stream:
         """The stream to write `envelope` on (opened if there is none), its id set."""
@@ -142,7 +191,9 @@ class Exchange:
             raise ClientStateError(f"the client of {self._target} is closed")
         stream = self._stream
         if stream is None:
-            stream = self._stream = _Stream(self._open_stream(None), self._target, self._ended)
+            opener = self._open_batched
+            call = opener(None) if opener is not None else self._open_stream(None)
+            stream = self._stream = _Stream(call, self._target, self._ended, opener is not None)
         self._last_id += 1
         envelope.id = self._last_id
         return stream
@@ -188,6 +239,9 @@ class Exchange:
         if isinstance(error, ExchangeUnsupportedError):
             log.info("%s: %s; using unary Send and Pull", self._target, error)
             self._supported = False
+        elif isinstance(error, _BatchingUnsupportedError):
+            log.info("%s: %s; using Exchange", self._target, error)
+            self._open_batched = None
 
 
 class ExchangeSubscription:
@@ -270,9 +324,14 @@ class _Stream:
     """One Exchange call, its writer and reader tasks, and the requests awaiting answers."""
 
     def __init__(
-        self, call: ExchangeCall, target: str, on_end: Callable[[_Stream, Exception], None]
+        self,
+        call: ExchangeCall | BatchedCall,
+        target: str,
+        on_end: Callable[[_Stream, Exception], None],
+        batched: bool = False,
     ) -> None:
         self._call = call
+        self._batched = batched
         self._target = target
         self._on_end = on_end
         self._outbox: asyncio.Queue[pb.ExchangeRequest | None] = asyncio.Queue()
@@ -281,6 +340,12 @@ class _Stream:
         self._subscriptions: dict[int, ExchangeSubscription] = {}
         self._ended = False
         self._loop = asyncio.get_running_loop()
+        #: ExchangeBatched: done once the broker's greeting came (failed if the stream ended
+        #: before: with _BatchingUnsupportedError when the broker does not serve it).
+        self.greeted: asyncio.Future[None] | None = None
+        if batched:
+            self.greeted = self._loop.create_future()
+            self.greeted.add_done_callback(_retrieved)
         self._writer = self._loop.create_task(self._write(), name=f"exchange-writer-{target}")
         self._reader = self._loop.create_task(self._read(), name=f"exchange-reader-{target}")
 
@@ -348,6 +413,8 @@ class _Stream:
         subscriptions, self._subscriptions = self._subscriptions, {}
         for subscription in subscriptions.values():
             subscription._deliver(error())
+        if self.greeted is not None and not self.greeted.done():
+            self.greeted.set_exception(error())
         self._on_end(self, error())
 
     async def _write(self) -> None:
@@ -355,12 +422,12 @@ class _Stream:
             _unavailable, f"the Exchange stream to {self._target} stopped writing"
         )
         try:
-            while (envelope := await self._outbox.get()) is not None:
-                if envelope.WhichOneof("body") not in ("cancel", "credit", "subscribe"):
-                    if envelope.id not in self._unwritten:
-                        continue  # abandoned before it was written
-                    self._unwritten.discard(envelope.id)
-                await self._call.write(envelope)
+            if self._batched:
+                await self._write_batches()
+            else:
+                while (envelope := await self._outbox.get()) is not None:
+                    if self._writable(envelope):
+                        await self._call.write(envelope)  # type: ignore[arg-type]
         except grpc.aio.AioRpcError as exc:
             error = self._failure(exc)
         except asyncio.InvalidStateError:
@@ -368,35 +435,95 @@ class _Stream:
         finally:
             self._end(error)
 
+    async def _write_batches(self) -> None:
+        """Write the outbox as ExchangeRequests, the requests in the order they were made.
+
+        Each message carries every request queued while the last one was written (at most
+        MAX_BATCH, and BATCH_BYTES unless one alone is larger).
+        """
+        outbox = self._outbox
+        carried: bytes | None = None
+        while True:
+            if carried is None:
+                envelope = await outbox.get()
+                if envelope is None:
+                    return
+                if not self._writable(envelope):
+                    continue
+                carried = envelope.SerializeToString()
+            await settled(outbox)
+            batch, size, carried = [carried], len(carried), None
+            ended = False
+            while len(batch) < MAX_BATCH and not outbox.empty():
+                envelope = outbox.get_nowait()
+                if envelope is None:
+                    ended = True
+                    break
+                if not self._writable(envelope):
+                    continue
+                serialized = envelope.SerializeToString()
+                if size + len(serialized) > BATCH_BYTES:
+                    carried = serialized
+                    break
+                batch.append(serialized)
+                size += len(serialized)
+            await self._call.write(join_repeated(batch))  # type: ignore[arg-type]
+            if ended:
+                return
+
+    def _writable(self, envelope: pb.ExchangeRequest) -> bool:
+        """False for a request abandoned before it was written; it is written now."""
+        if envelope.WhichOneof("body") in ("cancel", "credit", "subscribe"):
+            return True
+        if envelope.id not in self._unwritten:
+            return False
+        self._unwritten.discard(envelope.id)
+        return True
+
     async def _read(self) -> None:
         # Whatever stops the reader ends the stream, so that no request waits forever.
         error: ErrorFactory = functools.partial(
             _unavailable, f"the Exchange stream to {self._target} closed before answering"
         )
+        call = self._call
         try:
-            while isinstance(answer := await self._call.read(), pb.ExchangeResponse):
-                subscription = self._subscriptions.get(answer.id)
-                if subscription is not None:
-                    if not answer.HasField("pull"):
-                        del self._subscriptions[answer.id]  # its last answer
-                    subscription._deliver(answer)
-                    continue
-                future = self._pending.pop(answer.id, None)
-                if future is None or future.done():
-                    continue  # abandoned by its caller
-                if answer.HasField("error"):
-                    e = answer.error
-                    future.set_exception(
-                        error_from_status(e.code, e.reason or None, e.message or e.code)
-                    )
-                else:
-                    future.set_result(answer)
+            if self.greeted is not None:
+                if isinstance(await call.read(), pb.ExchangeResponses):
+                    self.greeted.set_result(None)
+                while isinstance(message := await call.read(), pb.ExchangeResponses):
+                    for answer in message.responses:
+                        self._take(answer)
+            else:
+                while isinstance(single := await call.read(), pb.ExchangeResponse):
+                    self._take(single)
         except grpc.aio.AioRpcError as exc:
             error = self._failure(exc)
         finally:
             self._end(error)
 
+    def _take(self, answer: pb.ExchangeResponse) -> None:
+        """Hand `answer` to its subscription or to the request awaiting it."""
+        subscription = self._subscriptions.get(answer.id)
+        if subscription is not None:
+            if not answer.HasField("pull"):
+                del self._subscriptions[answer.id]  # its last answer
+            subscription._deliver(answer)
+            return
+        future = self._pending.pop(answer.id, None)
+        if future is None or future.done():
+            return  # abandoned by its caller
+        if answer.HasField("error"):
+            e = answer.error
+            future.set_exception(error_from_status(e.code, e.reason or None, e.message or e.code))
+        else:
+            future.set_result(answer)
+
     def _failure(self, exc: grpc.aio.AioRpcError) -> ErrorFactory:
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED and self._batched:
+            return functools.partial(
+                _BatchingUnsupportedError,
+                f"the broker does not serve ExchangeBatched: {exc.details()}",
+            )
         if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
             return functools.partial(
                 ExchangeUnsupportedError, f"the broker does not serve Exchange: {exc.details()}"
@@ -407,6 +534,12 @@ class _Stream:
             _unavailable,
             f"the Exchange stream to {self._target} ended: {exc.code().name} {exc.details()}",
         )
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """Mark a future's exception as seen (nobody may await it)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _unavailable(message: str) -> Exception:

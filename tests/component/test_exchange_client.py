@@ -14,6 +14,7 @@ import pytest
 from mockbroker import BrokerConfig, EmbeddedBroker
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
+from sdk._transport import exchange as exchange_module
 from sdk._transport.broker_client import BrokerClient, PullStatus
 from sdk._transport.status import to_ordermq_error
 from sdk._wire import encode_frame
@@ -301,3 +302,30 @@ def test_a_dropped_connection_fails_pending_calls_and_later_calls_succeed(
         await proxy.close()
 
     run(main)
+
+
+def test_concurrent_requests_share_stream_messages_and_each_gets_its_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written: list[int] = []
+    join = exchange_module.join_repeated
+
+    def counted(serialized: list[bytes]) -> bytes:
+        written.append(len(serialized))
+        return join(serialized)
+
+    monkeypatch.setattr(exchange_module, "join_repeated", counted)
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "b")) as broker:
+
+        async def main() -> list[int]:
+            client = BrokerClient(broker.address)
+            try:
+                await client.create_topic("t", 2)
+                sends = [client.send("t", 1, frame(b"m%d" % n, n)) for n in range(40)]
+                return [a.first_offset for a in await asyncio.gather(*sends)]
+            finally:
+                await client.close()
+
+        offsets = run(main)
+    assert offsets == list(range(40)), "stored in call order, each answered"
+    assert sum(written) == 40 and len(written) < 10, written

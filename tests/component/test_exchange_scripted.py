@@ -17,7 +17,7 @@ import pytest
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.broker_client import Appended, BrokerClient, PullStatus
-from sdk._transport.exchange import Exchange
+from sdk._transport.exchange import EXCHANGE_BATCHED_PATH, Exchange
 from sdk._transport.status import REASON_KEY, to_ordermq_error
 from sdk._wire import GRPC_MAX_MESSAGE_BYTES
 from sdk.errors import (
@@ -406,10 +406,50 @@ def test_a_broker_without_exchange_gets_unary_send_and_pull() -> None:
             assert [r.frames for r in broker.unary_sends] == [b"one", b"two"]
             assert [r.offset for r in broker.unary_pulls] == [4]
             assert broker.methods == [
+                f"/{SERVICE}/ExchangeBatched",  # tried once: UNIMPLEMENTED
                 f"/{SERVICE}/Exchange",  # tried once: UNIMPLEMENTED
                 f"/{SERVICE}/Send",
                 f"/{SERVICE}/Send",
                 f"/{SERVICE}/Pull",
             ]
+
+    run(main)
+
+
+def test_on_a_broker_without_exchange_batched_calls_and_subscriptions_go_on_exchange() -> None:
+    """An older broker refuses ExchangeBatched whole (UNIMPLEMENTED) before it serves any
+    of it: what was made meanwhile goes on an Exchange stream, once each, in call order."""
+
+    async def main() -> None:
+        broker = ScriptedBroker()
+        await broker.server.start()
+        channel = grpc.aio.insecure_channel(broker.address)
+        batched = channel.stream_stream(
+            EXCHANGE_BATCHED_PATH, response_deserializer=pb.ExchangeResponses.FromString
+        )
+        client = Exchange(pb_grpc.MessagingServiceStub(channel).Exchange, broker.address,
+                          open_batched=batched)  # fmt: skip
+        try:
+            first = asyncio.create_task(client.call(send(frames=b"a")))
+            second = asyncio.create_task(client.call(send(frames=b"b")))
+            subscribe = pb.ExchangeRequest(subscribe=pb.Subscribe(topic="t", queue_id=1))
+            subscription = await client.subscribe(subscribe, WAIT)
+            stream = await broker.next_stream()
+            got = [await stream.next_request() for _ in range(3)]
+            assert [r.WhichOneof("body") for r in got] == ["send", "send", "subscribe"]
+            assert [r.send.frames for r in got[:2]] == [b"a", b"b"]
+            for request, offset in zip(got[:2], (10, 11), strict=True):
+                await stream.answer(sent(request.id, offset))
+            batch = pb.PullResponse(status=pb.FOUND, next_offset=1)
+            await stream.answer(pb.ExchangeResponse(id=got[2].id, pull=batch))
+            assert (await first).send.first_queue_offset == 10
+            assert (await second).send.first_queue_offset == 11
+            assert (await subscription.next()).next_offset == 1
+            assert broker.methods == [f"/{SERVICE}/ExchangeBatched", f"/{SERVICE}/Exchange"]
+            assert broker.streams.empty(), "one Exchange stream"
+        finally:
+            await client.close()
+            await channel.close(None)
+            await broker.server.stop(None)
 
     run(main)

@@ -1,5 +1,9 @@
 """The broker's Exchange stream, spoken over raw gRPC: each request as its unary RPC would
-answer it, concurrently, matched by id; cancels, half-close and shutdown end it cleanly."""
+answer it, concurrently, matched by id; cancels, half-close and shutdown end it cleanly.
+
+Every test runs on Exchange and on ExchangeBatched (requests and answers several to a
+stream message), which must behave alike request by request.
+"""
 
 from __future__ import annotations
 
@@ -72,16 +76,68 @@ def exbroker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
         yield b
 
 
+class Batched:
+    """An ExchangeBatched call read and written as an Exchange call: one request a message
+    written (or several, `write_many`), answers read one by one from their messages."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._ready: list[pb.ExchangeResponse] = []
+        self._greeted = False
+        self.messages_read = 0
+
+    async def write(self, request: pb.ExchangeRequest) -> None:
+        await self.write_many([request])
+
+    async def write_many(self, requests: list[pb.ExchangeRequest]) -> None:
+        await self._call.write(pb.ExchangeRequests(requests=requests))
+
+    async def read(self) -> Any:
+        if not self._greeted:
+            greeting = await self._call.read()
+            assert greeting == pb.ExchangeResponses(), "the first message carries no answer"
+            self._greeted = True
+        while not self._ready:
+            message = await self._call.read()
+            if message is grpc.aio.EOF:
+                return message
+            self.messages_read += 1
+            self._ready.extend(message.responses)
+        return self._ready.pop(0)
+
+    async def done_writing(self) -> None:
+        await self._call.done_writing()
+
+    async def code(self) -> grpc.StatusCode:
+        return await self._call.code()  # type: ignore[no-any-return]
+
+
+#: The RPC the tests of this module run on (the autouse fixture `rpc` sets it).
+RPC = ["Exchange"]
+
+
+@pytest.fixture(autouse=True, params=["Exchange", "ExchangeBatched"])
+def rpc(request: pytest.FixtureRequest) -> Iterator[str]:
+    RPC[0] = request.param
+    yield request.param
+    RPC[0] = "Exchange"
+
+
+def open_stream(stub: pb_grpc.MessagingServiceStub) -> Any:
+    """An Exchange stream on `stub`, or an ExchangeBatched one read and written alike."""
+    return stub.Exchange() if RPC[0] == "Exchange" else Batched(stub.ExchangeBatched())
+
+
 def run(
     broker: EmbeddedBroker,
     body: Callable[[pb_grpc.MessagingServiceStub, Any], Awaitable[T]],
 ) -> T:
-    """Run `body(stub, stream)` with one open Exchange stream."""
+    """Run `body(stub, stream)` with one open Exchange (or ExchangeBatched) stream."""
 
     async def main() -> T:
         async with grpc.aio.insecure_channel(broker.address) as ch:
             stub = pb_grpc.MessagingServiceStub(ch)
-            return await body(stub, stub.Exchange())
+            return await body(stub, open_stream(stub))
 
     return asyncio.run(main())
 
@@ -226,7 +282,7 @@ def test_broker_shutdown_answers_held_pulls_and_ends_streams_without_waiting_out
             nonlocal stopped
             async with grpc.aio.insecure_channel(broker.address) as ch:
                 stub = pb_grpc.MessagingServiceStub(ch)
-                stream = stub.Exchange()
+                stream = open_stream(stub)
                 await stream.write(send(1, 0, frame() + frame()))
                 await stream.read()
                 await stream.write(pull(2, 0, 2, suspend_ms=30_000))
@@ -294,3 +350,23 @@ def test_an_unexpected_failure_is_answered_as_grpc_answers_a_unary_call(
     assert (got.error.code, got.error.message) == unary == (
         "UNKNOWN", "Unexpected <class 'RuntimeError'>: boom",
     )  # fmt: skip
+
+
+def test_answers_ready_together_go_in_one_message_and_sends_keep_their_order(
+    exbroker: EmbeddedBroker, rpc: str
+) -> None:
+    if rpc == "Exchange":
+        pytest.skip("one answer a message on Exchange")
+
+    async def body(stub: Any, stream: Any) -> tuple[list[pb.ExchangeResponse], int]:
+        await stream.write_many([send(rid, 1, frame(bytes([rid]))) for rid in range(1, 51)])
+        got = await answers(stream, 50)
+        await stream.done_writing()
+        return got, stream.messages_read
+
+    got, messages = run(exbroker, body)
+    assert sorted((a.id, a.send.first_queue_offset) for a in got) == [
+        (rid, rid - 1) for rid in range(1, 51)
+    ]
+    # 50 sends read from one message are stored before their answers are written.
+    assert messages < 10, f"{messages} messages for 50 answers"

@@ -195,8 +195,17 @@ def seed(f: Fuzzed) -> None:
         ),
     )  # fmt: skip
     credit = pb.ExchangeRequest(id=1, credit=pb.Credit(messages=8, bytes=4096))
-    f.more_seeds = {"Exchange": [subscribe, credit]}
+    f.more_seeds = {
+        "Exchange": [subscribe, credit],
+        "ExchangeBatched": [pb.ExchangeRequests(requests=[subscribe, credit])],
+    }
     f.examples = {
+        "ExchangeBatched": [
+            [
+                pb.ExchangeRequests(requests=[subscribe]).SerializeToString(),
+                pb.ExchangeRequests(requests=[credit]).SerializeToString(),
+            ],
+        ],
         "Exchange": [
             [subscribe.SerializeToString(), credit.SerializeToString()],
             [
@@ -219,7 +228,7 @@ def seed(f: Fuzzed) -> None:
                     ),
                 ).SerializeToString()
             ],
-        ]
+        ],
     }
     f.seeds = {
         "SendHalfMessage": half,
@@ -250,6 +259,17 @@ def seed(f: Fuzzed) -> None:
             group=G3, receipt_handle=handles[1], invisible_duration_ms=30_000
         ),
         "Exchange": pb.ExchangeRequest(id=1, pull=pull),
+        "ExchangeBatched": pb.ExchangeRequests(
+            requests=[
+                pb.ExchangeRequest(id=1, pull=pull),
+                pb.ExchangeRequest(
+                    id=2,
+                    send=pb.SendRequest(
+                        topic=TOPIC, queue_id=1, frames=frames(b"b", now_ms=now_ms)
+                    ),
+                ),
+            ]
+        ),
         "CreateTopic": pb.CreateTopicRequest(topic=TOPIC, queue_count=4),
         "SetTopicRetention": pb.SetTopicRetentionRequest(
             topic=TOPIC, retention=pb.RetentionSettings(hours=24, bytes_per_queue=1 << 20)
@@ -455,10 +475,16 @@ def exchange(f: Fuzzed, method: MethodDescriptor, requests: list[bytes]) -> Outc
     call = f.channel.stream_stream(rpc_path(method))(iter(requests), timeout=DEADLINE)
     got: list[pb.ExchangeResponse] = []
     waiter = Waiter()
+    # ExchangeBatched carries several of Exchange's requests and answers to a message.
+    batched = method.name == "ExchangeBatched"
 
     def read() -> None:
         try:
-            got.extend(pb.ExchangeResponse.FromString(r) for r in call)
+            for r in call:
+                if batched:
+                    got.extend(pb.ExchangeResponses.FromString(r).responses)
+                else:
+                    got.append(pb.ExchangeResponse.FromString(r))
         except grpc.RpcError:
             pass
         finally:
@@ -472,7 +498,9 @@ def exchange(f: Fuzzed, method: MethodDescriptor, requests: list[bytes]) -> Outc
         wait_until(lambda: held_pulls(f) == 0, DEADLINE, "the cancelled pull to be released")
     reader.join(DEADLINE)
     wait_until(lambda: f.broker.exchange_streams == 0, DEADLINE, "the stream to close")
-    bodies = [parsed(method, r) for r in requests]
+    bodies: list[Any] = [parsed(method, r) for r in requests]
+    if batched:
+        bodies = [request for b in bodies for request in (b.requests if b else [None])]
     code = call.code()
     if not ended:
         assert code is grpc.StatusCode.CANCELLED, (what, code, call.details())
@@ -613,9 +641,10 @@ def test_every_rpc_of_every_service_is_fuzzed(fuzzed: Fuzzed) -> None:
     for method in METHODS:
         assert fuzzed.seeds[method.name].DESCRIPTOR is method.input_type
         if method.client_streaming:
-            assert method.full_name == "ordermq.v1.MessagingService.Exchange", (
-                f"{method.full_name}: write a driver for this stream (see exchange())"
-            )
+            assert method.full_name in (
+                "ordermq.v1.MessagingService.Exchange",
+                "ordermq.v1.MessagingService.ExchangeBatched",
+            ), f"{method.full_name}: write a driver for this stream (see exchange())"
     assert set(REGRESSIONS) <= names
 
 

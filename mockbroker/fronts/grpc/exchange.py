@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 
 import grpc
 from google.protobuf.message import Message
@@ -34,6 +34,7 @@ from mockbroker.fronts.grpc_errors import MalformedRequest
 from mockbroker.limits import ClientLimits
 from mockbroker.push import Credit
 from mockbroker.request_stats import RequestStats
+from sdk._batching import settled
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 
 log = logging.getLogger("ordermq.broker")
@@ -53,6 +54,13 @@ SubscribeHandler = Callable[[pb.Subscribe, str], tuple[Credit, AsyncIterator[pb.
 #: BrokerError (UNAUTHENTICATED, PERMISSION_DENIED) if refused (fronts/grpc/auth.py).
 RequestCheck = Callable[[str, Message], None]
 
+
+#: Most answers one ExchangeBatched message carries...
+MAX_BATCH = 256
+#: ... and most bytes of pulled records, unless one answer alone has more.
+BATCH_BYTES = 1024 * 1024
+#: An answer, the bytes it holds, and whether handing it on frees its request's slot.
+_Answer = tuple[pb.ExchangeResponse, int, bool]
 
 #: The RPC a request on the stream does the work of, by its body's field name.
 _METHODS = {"send": "Send", "pull": "Pull", "subscribe": "Pull"}
@@ -89,8 +97,7 @@ class ExchangeStream:
         self._client = client
         self._check = check
         self._tasks: dict[int, asyncio.Task[bool]] = {}
-        # An answer, the bytes it holds, and whether handing it on frees its request's slot.
-        self._answers: asyncio.Queue[tuple[pb.ExchangeResponse, int, bool] | None] = asyncio.Queue()
+        self._answers: asyncio.Queue[_Answer | None] = asyncio.Queue()
         # A request holds a slot from when it is read until its answer has been handed to
         # gRPC: a client that sends faster than it reads is held back by flow control.
         self._room = asyncio.Semaphore(MAX_IN_FLIGHT)
@@ -102,20 +109,50 @@ class ExchangeStream:
     def _hold(self, n: int) -> None:
         self._limits.hold(self._client, n)
 
-    async def serve(self, requests: AsyncIterator[Incoming]) -> AsyncIterator[pb.ExchangeResponse]:
+    async def serve(self, requests: AsyncIterator[Incoming]) -> AsyncGenerator[pb.ExchangeResponse]:
         """Answer `requests` until the client half-closes (and all are answered).
 
         A request that does not parse is read as the stream's last: once the requests
         before it are answered, serve raises its BrokerError (INVALID_ARGUMENT).
         """
-        reader = asyncio.create_task(self._read(requests))
-        try:
-            while (item := await self._answers.get()) is not None:
-                answer, size, last = item
+        async with contextlib.aclosing(self.serve_batches(requests, most=1)) as batches:
+            async for [answer] in batches:
                 yield answer
-                self._hold(-size)
-                if last:
-                    self._room.release()
+
+    async def serve_batches(
+        self, requests: AsyncIterator[Incoming], *, most: int = MAX_BATCH
+    ) -> AsyncGenerator[list[pb.ExchangeResponse]]:
+        """`serve`, several answers at a time: those ready when the next is asked for.
+
+        At most `most` answers, whose pulled records come to at most BATCH_BYTES unless
+        the first alone is larger. gRPC asks for the next once it has written one, so
+        what becomes ready meanwhile goes together.
+        """
+        reader = asyncio.create_task(self._read(requests))
+        answers = self._answers
+        carried: _Answer | None = None
+        try:
+            while (first := carried or await answers.get()) is not None:
+                if most > 1:
+                    await settled(answers)
+                batch, taken, carried, ended = [first], first[1], None, False
+                while len(batch) < most and not answers.empty():
+                    item = answers.get_nowait()
+                    if item is None:
+                        ended = True
+                        break
+                    if item[1] and taken + item[1] > BATCH_BYTES:
+                        carried = item
+                        break
+                    batch.append(item)
+                    taken += item[1]
+                yield [answer for answer, _, _ in batch]
+                for _, size, last in batch:
+                    self._hold(-size)
+                    if last:
+                        self._room.release()
+                if ended:
+                    break
             if self._malformed is not None:
                 raise self._malformed.error
         finally:
@@ -315,11 +352,27 @@ class ExchangeStreams:
 
     async def serve(
         self, requests: AsyncIterator[Incoming], client: str, check: RequestCheck | None = None
-    ) -> AsyncIterator[pb.ExchangeResponse]:
+    ) -> AsyncGenerator[pb.ExchangeResponse]:
         """One stream's answers; see ExchangeStream.serve. `client`: its connection's peer.
 
         `check`: the ACL's check of each request (None: no ACL).
         """
+        with self._opened(client, check) as stream:
+            async with contextlib.aclosing(stream.serve(requests)) as answers:
+                async for answer in answers:
+                    yield answer
+
+    async def serve_batches(
+        self, requests: AsyncIterator[Incoming], client: str, check: RequestCheck | None = None
+    ) -> AsyncGenerator[list[pb.ExchangeResponse]]:
+        """`serve`, several answers at a time (ExchangeStream.serve_batches)."""
+        with self._opened(client, check) as stream:
+            async with contextlib.aclosing(stream.serve_batches(requests)) as batches:
+                async for batch in batches:
+                    yield batch
+
+    @contextlib.contextmanager
+    def _opened(self, client: str, check: RequestCheck | None) -> Iterator[ExchangeStream]:
         stream = ExchangeStream(
             self._send, self._pull, self._stats, client, self._limits, check, self._subscribe
         )
@@ -327,8 +380,7 @@ class ExchangeStreams:
             stream.close()
         self._open.add(stream)
         try:
-            async for answer in stream.serve(requests):
-                yield answer
+            yield stream
         finally:
             self._open.discard(stream)
 

@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 
 from mockbroker.delivery import Delivery, SendOutcome
 from mockbroker.errors import BrokerError, invalid
-from mockbroker.fronts.grpc.exchange import ExchangeStreams
+from mockbroker.fronts.grpc.exchange import ExchangeStreams, RequestCheck
 from mockbroker.fronts.grpc_errors import (
     Context,
     MalformedRequest,
@@ -37,6 +37,7 @@ from mockbroker.topics import (
     check_group,
     check_user_topic,
 )
+from sdk._batching import join_repeated
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 
 #: The Exchange stream's full method path, which its opening is signed with.
 EXCHANGE_PATH = "/ordermq.v1.MessagingService/Exchange"
+EXCHANGE_BATCHED_PATH = "/ordermq.v1.MessagingService/ExchangeBatched"
 
 
 class MessagingService(pb_grpc.MessagingServiceServicer):
@@ -72,25 +74,60 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         With an ACL the stream's opening is signed, and each request is checked as the
         RPC it carries (a send needs Send's permissions, a pull Pull's).
         """
-        check = None
-        auth = self._auth
-        if auth is not None:
-            try:
-                caller = auth.caller(EXCHANGE_PATH, context, None)
-            except BrokerError as exc:
-                self.requests.refused("Exchange", exc)
-                await abort(context, exc)
-                return
-
-            def check(method: str, request: Message) -> None:
-                auth.authorize(caller, method, request)
-
+        checked, check = await self._opening(context, EXCHANGE_PATH, "Exchange")
+        if not checked:
+            return
         async with self._stream_of(context, "Exchange"):
             try:
                 async for answer in self.exchanges.serve(request_iterator, context.peer(), check):
                     yield answer
             except BrokerError as exc:  # a request that did not parse ends the stream
                 await abort(context, exc)
+
+    async def ExchangeBatched(  # type: ignore[override]  # answers serialized, see below
+        self,
+        request_iterator: AsyncIterator[pb.ExchangeRequests | MalformedRequest],
+        context: Context,
+    ) -> AsyncIterator[bytes]:
+        """Exchange with several requests and answers to a stream message.
+
+        Its first message carries no answer (the client learns the broker serves it).
+        The answers are serialized here, each once, and framed as ExchangeResponses: a
+        message put into another's repeated field would be copied, records and all.
+        """
+        checked, check = await self._opening(context, EXCHANGE_BATCHED_PATH, "ExchangeBatched")
+        if not checked:
+            return
+        async with self._stream_of(context, "ExchangeBatched"):
+            yield b""  # an ExchangeResponses with no answers
+            try:
+                requests = _each_request(request_iterator)
+                async for batch in self.exchanges.serve_batches(requests, context.peer(), check):
+                    yield join_repeated([answer.SerializeToString() for answer in batch])
+            except BrokerError as exc:  # a request that did not parse ends the stream
+                await abort(context, exc)
+
+    async def _opening(
+        self, context: Context, path: str, method: str
+    ) -> tuple[bool, RequestCheck | None]:
+        """An Exchange stream's opening checked by the ACL: (admitted, each request's check).
+
+        A refused opening is aborted here (False).
+        """
+        auth = self._auth
+        if auth is None:
+            return True, None
+        try:
+            caller = auth.caller(path, context, None)
+        except BrokerError as exc:
+            self.requests.refused(method, exc)
+            await abort(context, exc)
+            return False, None
+
+        def check(method: str, request: Message) -> None:
+            auth.authorize(caller, method, request)
+
+        return True, check
 
     # ------------------------------------------------------------------ routing, send
     @answers_errors
@@ -644,3 +681,15 @@ def _pulled(got: GetResult, answer: pb.PullResponse) -> pb.PullResponse:
     answer.records = got.records
     answer.record_count = got.count
     return answer
+
+
+async def _each_request(
+    messages: AsyncIterator[pb.ExchangeRequests | MalformedRequest],
+) -> AsyncIterator[pb.ExchangeRequest | MalformedRequest]:
+    """The requests of an ExchangeBatched stream's messages, one by one, in order."""
+    async for message in messages:
+        if isinstance(message, MalformedRequest):
+            yield message
+            return
+        for request in message.requests:
+            yield request

@@ -2039,6 +2039,55 @@ class ExchangeResponse(_message.Message):
 Global___ExchangeResponse: _TypeAlias = ExchangeResponse  # noqa: Y015
 
 @_typing.final
+class ExchangeRequests(_message.Message):
+    """Several requests of an ExchangeBatched stream, in the order they were made: each is
+    handled exactly as the same request arriving alone on an Exchange stream.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ExchangeRequest]: ...
+    def __init__(
+        self,
+        *,
+        requests: _abc.Iterable[Global___ExchangeRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExchangeRequests: _TypeAlias = ExchangeRequests  # noqa: Y015
+
+@_typing.final
+class ExchangeResponses(_message.Message):
+    """Several answers of an ExchangeBatched stream, in completion order. The broker's first
+    message on a stream carries none: a client waiting for it learns the broker serves
+    ExchangeBatched (an older one ends the call with UNIMPLEMENTED).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def responses(self) -> _containers.RepeatedCompositeFieldContainer[Global___ExchangeResponse]: ...
+    def __init__(
+        self,
+        *,
+        responses: _abc.Iterable[Global___ExchangeResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["responses", b"responses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExchangeResponses: _TypeAlias = ExchangeResponses  # noqa: Y015
+
+@_typing.final
 class ExchangeError(_message.Message):
     """A request that failed: what the unary RPC would have ended with."""
 

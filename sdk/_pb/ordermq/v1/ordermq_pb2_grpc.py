@@ -146,6 +146,11 @@ class MessagingServiceStub:
                 request_serializer=ordermq_dot_v1_dot_ordermq__pb2.ExchangeRequest.SerializeToString,
                 response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ExchangeResponse.FromString,
                 _registered_method=True)
+        self.ExchangeBatched = channel.stream_stream(
+                '/ordermq.v1.MessagingService/ExchangeBatched',
+                request_serializer=ordermq_dot_v1_dot_ordermq__pb2.ExchangeRequests.SerializeToString,
+                response_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ExchangeResponses.FromString,
+                _registered_method=True)
 
 
 class MessagingServiceServicer:
@@ -293,6 +298,18 @@ class MessagingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExchangeBatched(self, request_iterator, context):
+        """Exchange with several requests, and several answers, to a stream message: what was
+        made while the previous message was being written goes in the next. A stream message
+        costs the client and the broker about as much CPU as a request does on Exchange,
+        whatever it carries (docs/wire-format.md). Everything else is as Exchange: ids,
+        answers in completion order, Sends appended in the order they are carried, limits,
+        the signed opening (of this method's path).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MessagingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -405,6 +422,11 @@ def add_MessagingServiceServicer_to_server(servicer, server):
                     servicer.Exchange,
                     request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ExchangeRequest.FromString,
                     response_serializer=ordermq_dot_v1_dot_ordermq__pb2.ExchangeResponse.SerializeToString,
+            ),
+            'ExchangeBatched': grpc.stream_stream_rpc_method_handler(
+                    servicer.ExchangeBatched,
+                    request_deserializer=ordermq_dot_v1_dot_ordermq__pb2.ExchangeRequests.FromString,
+                    response_serializer=ordermq_dot_v1_dot_ordermq__pb2.ExchangeResponses.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1001,6 +1023,33 @@ class MessagingService:
             '/ordermq.v1.MessagingService/Exchange',
             ordermq_dot_v1_dot_ordermq__pb2.ExchangeRequest.SerializeToString,
             ordermq_dot_v1_dot_ordermq__pb2.ExchangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExchangeBatched(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/ordermq.v1.MessagingService/ExchangeBatched',
+            ordermq_dot_v1_dot_ordermq__pb2.ExchangeRequests.SerializeToString,
+            ordermq_dot_v1_dot_ordermq__pb2.ExchangeResponses.FromString,
             options,
             channel_credentials,
             insecure,

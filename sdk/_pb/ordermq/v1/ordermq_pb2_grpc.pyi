@@ -85,6 +85,14 @@ class MessagingServiceStub:
     10 000 requests in flight: the broker reads no more until one is answered. A request
     that fails unexpectedly is answered UNKNOWN, as a unary call would be.
     """
+    ExchangeBatched: _grpc.StreamStreamMultiCallable[_ordermq_pb2.ExchangeRequests, _ordermq_pb2.ExchangeResponses]
+    """Exchange with several requests, and several answers, to a stream message: what was
+    made while the previous message was being written goes in the next. A stream message
+    costs the client and the broker about as much CPU as a request does on Exchange,
+    whatever it carries (docs/wire-format.md). Everything else is as Exchange: ids,
+    answers in completion order, Sends appended in the order they are carried, limits,
+    the signed opening (of this method's path).
+    """
 
 @_typing.type_check_only
 class MessagingServiceAsyncStub(MessagingServiceStub):
@@ -121,6 +129,14 @@ class MessagingServiceAsyncStub(MessagingServiceStub):
     client cancels the call, its requests in flight are cancelled. A stream has at most
     10 000 requests in flight: the broker reads no more until one is answered. A request
     that fails unexpectedly is answered UNKNOWN, as a unary call would be.
+    """
+    ExchangeBatched: _aio.StreamStreamMultiCallable[_ordermq_pb2.ExchangeRequests, _ordermq_pb2.ExchangeResponses]  # type: ignore[assignment]
+    """Exchange with several requests, and several answers, to a stream message: what was
+    made while the previous message was being written goes in the next. A stream message
+    costs the client and the broker about as much CPU as a request does on Exchange,
+    whatever it carries (docs/wire-format.md). Everything else is as Exchange: ids,
+    answers in completion order, Sends appended in the order they are carried, limits,
+    the signed opening (of this method's path).
     """
 
 class MessagingServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -287,6 +303,20 @@ class MessagingServiceServicer(metaclass=_abc_1.ABCMeta):
         client cancels the call, its requests in flight are cancelled. A stream has at most
         10 000 requests in flight: the broker reads no more until one is answered. A request
         that fails unexpectedly is answered UNKNOWN, as a unary call would be.
+        """
+
+    @_abc_1.abstractmethod
+    def ExchangeBatched(
+        self,
+        request_iterator: _MaybeAsyncIterator[_ordermq_pb2.ExchangeRequests],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_ordermq_pb2.ExchangeResponses], _abc.AsyncIterator[_ordermq_pb2.ExchangeResponses]]:
+        """Exchange with several requests, and several answers, to a stream message: what was
+        made while the previous message was being written goes in the next. A stream message
+        costs the client and the broker about as much CPU as a request does on Exchange,
+        whatever it carries (docs/wire-format.md). Everything else is as Exchange: ids,
+        answers in completion order, Sends appended in the order they are carried, limits,
+        the signed opening (of this method's path).
         """
 
 def add_MessagingServiceServicer_to_server(servicer: MessagingServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
