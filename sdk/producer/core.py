@@ -44,7 +44,6 @@ from sdk.producer.retry import (
     describe,
     holds_back,
     is_retriable,
-    wait_before_retry,
     with_retries,
 )
 from sdk.producer.spool import Spool, Spooled, spool_frame
@@ -418,7 +417,8 @@ class ProducerCore:
         """One queue's requests, one after another; each chunk's results or failure.
 
         `first`: what became of the first chunk, sent already with other queues' (None:
-        not sent yet); a retriable failure of it is retried here, per the retry policy.
+        not sent yet); a retriable failure of it is retried here, that request counted as
+        its first attempt.
         After a keyed request fails, the later ones are not sent (EarlierSendFailedError):
         they would be stored ahead of the failed messages.
         """
@@ -433,9 +433,16 @@ class ProducerCore:
                 if isinstance(first, OrderMQError) and not movable and holds_back(first):
                     failure = first
                 continue
+            # A retriable failure in the shared request: that was this chunk's first attempt.
+            tried = first if n == 0 and isinstance(first, OrderMQError) else None
             try:
                 sent = await self._send_batch(
-                    queue, [prepared[i] for i in chunk], [ids[i] for i in chunk], timeout, movable
+                    queue,
+                    [prepared[i] for i in chunk],
+                    [ids[i] for i in chunk],
+                    timeout,
+                    movable,
+                    failure=tried,
                 )
             except OrderMQError as exc:
                 outcomes.append((chunk, exc))
@@ -573,19 +580,10 @@ class ProducerCore:
     ) -> list[SendResult]:
         """A part of a shared request failed retriably: its other attempts, alone.
 
-        The same queue (another for a part of keyless messages, as for a send of its own),
-        after the policy's backoff; `failure` again when no retry is left.
+        The shared request was its first attempt: the retries follow as for a send of its
+        own; `failure` again when no retry is left.
         """
-        if self.config.retry_times == 0:
-            raise failure
-        log.info("send to %s failed (%s); retrying", queue, failure)
-        failed: set[str] = set()
-        queue = await self._before_retry(queue, movable, failed)
-        await wait_before_retry(1, self.config.retry_backoff, self.config.retry_backoff_max)
-        retries = self.config.retry_times - 1
-        return await self._send_batch(
-            queue, prepared, ids, movable=movable, retry_times=retries, failed=failed
-        )
+        return await self._send_batch(queue, prepared, ids, movable=movable, failure=failure)
 
     async def _before_retry(
         self, queue: MessageQueue, movable: bool, failed: set[str]
@@ -613,18 +611,18 @@ class ProducerCore:
         ids: list[bytes],
         timeout: float | None = None,
         movable: bool = False,
-        retry_times: int | None = None,
-        failed: set[str] | None = None,
+        failure: BaseException | None = None,
     ) -> list[SendResult]:
         """One request for one queue, retried per policy; keyed sends keep their queue.
 
-        `retry_times`: the retries left (None: the policy's). `failed`: the brokers a
-        keyless attempt failed on so far.
+        `failure`: the first attempt was made already, in a request shared with other
+        queues, and failed so: it counts as one of the policy's attempts, and the retries
+        (backoff, route refresh, another queue when `movable`) go as after a send's own.
         """
         send = self._transport.send
         deadline = timeout if timeout is not None else self.config.send_timeout
         target = [queue]
-        failed = set() if failed is None else failed
+        failed: set[str] = set()  # the brokers a keyless attempt failed on so far
 
         async def attempt(n: int) -> list[SendResult]:
             q = target[0]
@@ -639,10 +637,11 @@ class ProducerCore:
 
         return await with_retries(
             attempt,
-            retry_times=self.config.retry_times if retry_times is None else retry_times,
+            retry_times=self.config.retry_times,
             backoff=self.config.retry_backoff,
             backoff_max=self.config.retry_backoff_max,
             before_retry=before_retry,
+            failure=failure,
         )
 
     # ------------------------------------------------------------------ spool

@@ -64,11 +64,6 @@ def backoff_delay(failed_attempts: int, backoff: float, backoff_max: float) -> f
     return min(backoff * 2.0 ** (failed_attempts - 1), backoff_max) + random.uniform(0, backoff)
 
 
-async def wait_before_retry(failed_attempts: int, backoff: float, backoff_max: float) -> None:
-    """Sleep the backoff after failed attempt `failed_attempts`, as `with_retries` does."""
-    await _sleep(backoff_delay(failed_attempts, backoff, backoff_max))
-
-
 async def with_retries(
     attempt: Callable[[int], Awaitable[T]],
     *,
@@ -76,25 +71,33 @@ async def with_retries(
     backoff: float,
     backoff_max: float,
     before_retry: Callable[[BaseException], Awaitable[None]] | None = None,
+    failure: BaseException | None = None,
 ) -> T:
     """Call `attempt(n)` (n = 0, 1, ...) until it succeeds, fails for good, or runs out.
 
     The wait after failed attempt n (1-based) is min(backoff * 2^(n-1), backoff_max) plus
-    up to `backoff` of jitter.
+    up to `backoff` of jitter. `failure`: attempt 0 was made already (a part of a shared
+    request) and failed so; it counts as one, with the same wait and `before_retry` after.
     """
 
     def wait(failed_attempts: int) -> float:
         return backoff_delay(failed_attempts, backoff, backoff_max)
 
-    # The first attempt runs bare: tenacity's machinery costs ~20 us per call, and almost
-    # every send succeeds first time.
-    try:
-        return await attempt(0)
-    except BaseException as exc:
-        if retry_times == 0 or not is_retriable(exc):
-            raise
+    if failure is not None:
+        if retry_times == 0 or not is_retriable(failure):
+            raise failure
         if before_retry is not None:
-            await before_retry(exc)
+            await before_retry(failure)
+    else:
+        # The first attempt runs bare: tenacity's machinery costs ~20 us per call, and
+        # almost every send succeeds first time.
+        try:
+            return await attempt(0)
+        except BaseException as exc:
+            if retry_times == 0 or not is_retriable(exc):
+                raise
+            if before_retry is not None:
+                await before_retry(exc)
     await _sleep(wait(1))
 
     async def before_sleep(state: RetryCallState) -> None:

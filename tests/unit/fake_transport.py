@@ -480,8 +480,10 @@ class FramesTransport:
         self.max_send_bytes = max_send_bytes
         # The requests the producer made, send or send_parts: (queue id, messages) per part.
         self.requests: list[list[tuple[int, int]]] = []
+        self.refreshes = 0  # the route lookups that asked for a refresh
 
     async def writable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
+        self.refreshes += refresh
         return await self._writable_queues(topic)
 
     async def send(

@@ -9,11 +9,20 @@ from collections.abc import Iterator
 
 import pytest
 
-from sdk import Message, MessageQueue, PartialBatchError, ProducerConfig, SendResult, SendStatus
+from sdk import (
+    AccumulatorConfig,
+    Message,
+    MessageQueue,
+    PartialBatchError,
+    ProducerConfig,
+    SendResult,
+    SendStatus,
+)
 from sdk._transport.protocol import Appended
 from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX
 from sdk.errors import BrokerUnavailableError, TopicNotFoundError
 from sdk.message import build_send_results
+from sdk.producer import retry
 from sdk.producer.core import ProducerCore, _final, _first_parts
 from sdk.selector import shard_index
 from tests.unit.fake_transport import FramesTransport
@@ -236,23 +245,73 @@ def retried_batch(messages: list[Message], flaky: dict[int, int]) -> list[list[t
 
 
 def test_in_a_mixed_batch_only_an_all_keyless_part_is_retried_on_another_queue() -> None:
-    # The producer's first keyless queue in turn is queue 0. A part refused in the shared
-    # request is sent again alone on its queue, then retried per the policy.
+    # The producer's first keyless queue in turn is queue 0. The shared request was each
+    # part's first attempt: the one retry allowed goes alone, where a send's retry would.
     keyless = [Message("orders", b"x"), Message("orders", b"y")]
     keyed = [Message("orders", b"z", sharding_key=key_for(2))]
-    assert retried_batch(keyless + keyed, {0: 2, 2: 2}) == [
-        [(0, 2), (2, 1)],
-        [(0, 2)],
-        [(2, 1)],
+    first, *retries = retried_batch(keyless + keyed, {0: 1, 2: 1})
+    assert first == [(0, 2), (2, 1)]
+    assert sorted(retries) == [
         [(1, 2)],  # keyless: the next queue
         [(2, 1)],  # keyed: its own
     ]
     with_a_key = [Message("orders", b"w", sharding_key=key_for(0))]
-    assert retried_batch(keyless + with_a_key + keyed, {0: 2}) == [
+    assert retried_batch(keyless + with_a_key + keyed, {0: 1}) == [
         [(0, 3), (2, 1)],
-        [(0, 3)],
         [(0, 3)],  # a key among them: its queue
     ]
+
+
+WAYS = ["send", "send_batch to one queue", "send_batch over two queues", "accumulator"]
+
+
+@pytest.mark.parametrize("retry_times", [0, 2])
+@pytest.mark.parametrize("way", WAYS)
+def test_a_refused_message_has_the_policys_attempts_waits_and_refreshes_however_carried(
+    way: str, retry_times: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part of a shared request counts that request as its first attempt: it gets
+    retry_times more, each after the backoff and a route refresh, as a send of its own."""
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr(retry, "_sleep", sleep)
+    monkeypatch.setattr(retry.random, "uniform", lambda low, high: 0.0)  # no jitter
+    transport = FramesTransport(Flaky({2: 100}), writable_queues)
+    refused = Message("orders", b"x", sharding_key=key_for(2))
+    config = ProducerConfig(
+        retry_times=retry_times,
+        retry_backoff=0.1,
+        retry_backoff_max=1.0,
+        accumulator=AccumulatorConfig(linger=0) if way == "accumulator" else None,
+    )
+
+    async def main() -> None:
+        producer = ProducerCore(transport, config=config)
+        await producer.start()
+        try:
+            if way == "send_batch over two queues":
+                others = [Message("orders", b"y", sharding_key=key_for(1))]
+                with pytest.raises(PartialBatchError):
+                    await producer.send_batch([refused, *others])
+            elif way.startswith("send_batch"):
+                with pytest.raises(BrokerUnavailableError):
+                    await producer.send_batch([refused])
+            else:
+                with pytest.raises(BrokerUnavailableError):
+                    await producer.send(refused)
+        finally:
+            await producer.shutdown()
+
+    asyncio.run(main())
+    attempts = [r for r in transport.requests if (2, 1) in r]
+    assert len(attempts) == 1 + retry_times
+    if way == "send_batch over two queues":
+        assert attempts[0] == [(2, 1), (1, 1)]  # the first attempt: the shared request
+    assert waits == pytest.approx([0.1, 0.2][:retry_times])
+    assert transport.refreshes == retry_times
 
 
 def test_only_a_retriable_failure_is_not_a_parts_last_word() -> None:

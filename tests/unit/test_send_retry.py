@@ -115,3 +115,53 @@ def test_a_send_refused_for_the_clients_in_flight_limit_is_retried_after_a_back_
 def test_no_retries_when_told_so() -> None:
     calls, outcome = run([BrokerUnavailableError("down")], retry_times=0)
     assert calls == 1 and isinstance(outcome, BrokerUnavailableError)
+
+
+def test_a_failure_already_had_counts_as_the_first_attempt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As for a part of a shared request: the same attempts, waits and before_retry as if
+    attempt 0 had been made here."""
+    waits: list[float] = []
+    calls: list[int] = []
+    retried: list[str] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr(retry, "_sleep", sleep)
+    monkeypatch.setattr(retry.random, "uniform", lambda low, high: 0.0)  # no jitter
+
+    async def attempt(n: int) -> str:
+        calls.append(n)
+        raise BrokerUnavailableError(f"down {n}")
+
+    async def before_retry(exc: BaseException) -> None:
+        retried.append(str(exc))
+
+    def run_after(failure: OrderMQError, retry_times: int) -> OrderMQError:
+        with pytest.raises(OrderMQError) as info:
+            asyncio.run(
+                with_retries(
+                    attempt,
+                    retry_times=retry_times,
+                    backoff=0.1,
+                    backoff_max=1.0,
+                    before_retry=before_retry,
+                    failure=failure,
+                )
+            )
+        return info.value
+
+    assert str(run_after(BrokerUnavailableError("down 0"), retry_times=2)) == "down 2"
+    assert calls == [1, 2] and retried == ["down 0", "down 1"]
+    assert waits == pytest.approx([0.1, 0.2])
+    calls.clear()
+    waits.clear()
+    retried.clear()
+    for failure, retry_times in [
+        (BrokerUnavailableError("down"), 0),
+        (TopicNotFoundError("no"), 2),
+    ]:
+        assert run_after(failure, retry_times) is failure
+    assert calls == [] and waits == [] and retried == []
