@@ -87,6 +87,7 @@ import flood
 import grpc
 import receiving as rc
 import remoting as rm
+import stream as st
 import workloads as wl
 from figures import (
     CONSUME_KEYS,
@@ -130,8 +131,8 @@ KEYMODE_QUICK = 2_000
 #: queue, 1 600 on 8 queues, so queue mode runs at 62 % of it), seconds per run.
 KEYMODE_RATE = 1_000
 KEYMODE_LATENCY_SECONDS, KEYMODE_LATENCY_QUICK_SECONDS = 4.0, 1.0
-GROUPS = ("produce", "send", "pull", "consume", "keymode", "poll", "receive", "latency", "floor",
-          "micro", "remoting", "transports", "tls", "dedup")  # fmt: skip
+GROUPS = ("produce", "send", "pull", "consume", "keymode", "poll", "receive", "latency", "stream",
+          "floor", "micro", "remoting", "transports", "tls", "dedup")  # fmt: skip
 #: Groups run only when --only names them (make bench-backlog): they take minutes and GBs.
 EXTRA_GROUPS = ("backlog", "flood")
 #: The transports group's transports: figure key part, name in titles ("grpc" first).
@@ -168,6 +169,11 @@ E2E_SECONDS = 5.0
 #: --quick's CPU, paced sends and a consumer at 2 000 msg/s.
 E2E_QUICK_SECONDS = 0.25
 E2E_SENDS_IN_FLIGHT = 64
+#: stream: messages per run of the 8 callers' single sends (--quick: CALLERS_QUICK), the
+#: end-to-end rate (msg/s) and seconds per run (--quick: E2E_QUICK_SECONDS).
+STREAM_CALLERS_MESSAGES = 10_000
+STREAM_E2E_RATE = 2000
+STREAM_E2E_SECONDS = 3.0
 #: The consumer faces the end-to-end figures are taken with ("blocking" is issue 7's;
 #: "push" is "aio" with push delivery, issue 40).
 E2E_CONSUMERS = ("blocking", "aio", "push")
@@ -1173,6 +1179,173 @@ class Bench:
             else:
                 await asyncio.to_thread(consumer.shutdown)
 
+    # ------------------------------------------------------------------ stream
+    async def stream(self) -> None:
+        """ExchangeBatched against plain Exchange on one broker (issues 35 and 40).
+
+        The 8 callers' single sends (as produce's, async flush; and again on producers
+        without an accumulator) on a producer per way, the ways taking turns run by run;
+        then end-to-end latency at STREAM_E2E_RATE through the orderly aio PushConsumer,
+        pull and push delivery, each way in turn (its own producer, consumer and topic).
+        What the writers wrote is counted (bench/stream.py).
+        """
+        quick = self.args.quick
+        count = min(self.args.messages, CALLERS_QUICK if quick else STREAM_CALLERS_MESSAGES)
+        seconds = E2E_QUICK_SECONDS if quick else STREAM_E2E_SECONDS
+        natural = AccumulatorConfig(linger=0)
+        # The natural batching producer's accumulator already makes one request of what
+        # the callers send meanwhile; without one, each send is a request of its own.
+        workloads = (
+            (f"callers{wl.CALLERS}", natural, "natural batching"),
+            (f"callers{wl.CALLERS}.unbatched", None, "no accumulator"),
+        )
+        callers: dict[tuple[str, str], Figure] = {}
+        for workload, acc, how in workloads:
+            for mode, name in st.MODES:
+                callers[(workload, mode)] = self._add(
+                    Figure(
+                        f"stream.{mode}.{workload}",
+                        f"stream: send(), {wl.CALLERS} callers, {how}, {name}",
+                        "msg/s",
+                        {
+                            "api": "sdk.aio.Producer.send, one message per call, each "
+                            "caller's next send when its previous returned",
+                            "stream": name,
+                            "flush_mode": "async",
+                            "callers": wl.CALLERS,
+                            "accumulator": None
+                            if acc is None
+                            else {
+                                "linger_seconds": acc.linger,
+                                "max_requests_in_flight": acc.max_requests_in_flight,
+                            },
+                            "body_bytes": wl.BODY_BYTES,
+                            "keys": wl.KEYS,
+                            "queues": wl.QUEUES,
+                            "messages_per_run": count,
+                            "compare_with": f"stream.plain.{workload}",
+                        },
+                    )
+                )
+        per_message: dict[str, dict[str, float | None]] = {}
+        singles = wl.make_singles(count)
+        warmup = wl.make_singles(max(wl.QUEUES * wl.CALLERS, min(2000, count // 10)))
+        self.say("stream: starting a broker")
+        with self._broker("stream", "async") as broker, st.counting() as written:
+            admin = BrokerClient(broker.address)
+            producers: dict[tuple[str, str], Producer] = {}
+            try:
+                await admin.create_topic(PRODUCE_TOPIC, wl.QUEUES)
+                for workload, acc, _how in workloads:
+                    for mode, _name in st.MODES:
+                        with st.plain_exchange() if mode == "plain" else contextlib.nullcontext():
+                            producer = producers[(workload, mode)] = Producer(
+                                broker.address, config=ProducerConfig(accumulator=acc)
+                            )
+                            await producer.start()
+                            await wl.send_from_callers(producer, PRODUCE_TOPIC, warmup)
+                for workload, _acc, _how in workloads:
+                    runs: dict[str, list[float | None]] = {mode: [] for mode, _name in st.MODES}
+                    for i in range(self.args.runs):
+                        for mode, _name in st.MODES:  # in turns: drift hits both ways
+                            figure = callers[(workload, mode)]
+                            written.reset()
+                            await self._measure(
+                                figure,
+                                functools.partial(
+                                    wl.send_from_callers,
+                                    producers[(workload, mode)],
+                                    PRODUCE_TOPIC,
+                                    singles,
+                                ),
+                                broker,
+                                run_numbers=[i],
+                            )
+                            written.check(mode, figure.title)
+                            runs[mode].append(written.per_message(mode))
+                    per_message[workload] = _median_of(runs)
+                for face in ("aio", "push"):
+                    runs = {mode: [] for mode, _name in st.MODES}
+                    for mode, name in st.MODES:
+                        p50, p99 = self._percentiles(
+                            f"stream.{mode}.e2e.{face}.rate{STREAM_E2E_RATE}",
+                            f"stream: e2e latency at {STREAM_E2E_RATE:,} msg/s, {face} "
+                            f"consumer, {name}",
+                            {
+                                "api": "sdk.aio.Producer.send per message (natural batching) "
+                                "-> sdk.aio.PushConsumer, orderly, async def no-op listener, "
+                                f"delivery={'push' if face == 'push' else 'pull'}",
+                                "stream": name,
+                                "rate_msg_per_s": STREAM_E2E_RATE,
+                                "seconds_per_run": seconds,
+                                "max_sends_in_flight": E2E_SENDS_IN_FLIGHT,
+                                "queues": wl.QUEUES,
+                                "keys": wl.KEYS,
+                                "body_bytes": wl.BODY_BYTES,
+                                "compare_with": f"stream.plain.e2e.{face}.rate{STREAM_E2E_RATE}",
+                            },
+                        )
+                        await self._stream_e2e(
+                            broker, admin, mode, face, seconds, p50, p99, written, runs[mode]
+                        )
+                    per_message[f"e2e.{face}"] = _median_of(runs)
+            finally:
+                for producer in producers.values():
+                    await producer.shutdown()
+                await admin.close()
+        self.facts["stream_ratios"] = st.ratios(self.figures)
+        self.facts["stream_requests_per_message"] = per_message
+
+    async def _stream_e2e(
+        self, broker: ServerProcess, admin: BrokerClient, mode: str, face: str, seconds: float,
+        p50: Figure, p99: Figure, written: st.WriterCount, per_message: list[float | None],
+    ) -> None:  # fmt: skip
+        """One way's end-to-end latency figures through one aio consumer face, on clients
+        of their own; each run's requests per stream message into `per_message`."""
+        # Plain: for the whole figure, since the consumer makes clients as it goes.
+        with st.plain_exchange() if mode == "plain" else contextlib.nullcontext():
+            await self._stream_e2e_runs(broker, admin, mode, face, seconds, p50, p99, written,
+                                        per_message)  # fmt: skip
+
+    async def _stream_e2e_runs(
+        self, broker: ServerProcess, admin: BrokerClient, mode: str, face: str, seconds: float,
+        p50: Figure, p99: Figure, written: st.WriterCount, per_message: list[float | None],
+    ) -> None:  # fmt: skip
+        topic = f"bench-stream-{face}-{mode}"
+        await admin.create_topic(topic, wl.QUEUES)
+        recorder = cw.LatencyRecorder()
+        producer = Producer(broker.address)
+        consumer = PushConsumer(
+            f"{topic}-group",
+            broker.address,
+            consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            config=PushConsumerConfig(delivery="push" if face == "push" else "pull"),
+        )
+        consumer.subscribe(topic)
+        consumer.register_message_listener(recorder)
+        await producer.start()
+        await consumer.start()
+        try:
+            await cw.until_held(admin, wl.QUEUES)  # every queue's pull (or push) is waiting
+            keys = wl.make_keys()
+
+            async def send(n: int) -> tuple[list[float], dict[str, float]]:
+                written.reset()
+                got = await cw.e2e_latency(
+                    producer, recorder, topic, keys, STREAM_E2E_RATE, n, E2E_SENDS_IN_FLIGHT
+                )
+                written.check(mode, p50.title)
+                per_message.append(written.per_message(mode))
+                return got
+
+            count = int(STREAM_E2E_RATE * seconds)
+            await send(min(STREAM_E2E_RATE // 2, count))  # warm up
+            per_message.clear()
+            await self._measure_latency(p50, p99, lambda: send(count), broker)
+        finally:
+            await consumer.shutdown()
+            await producer.shutdown()
+
     # ------------------------------------------------------------------ floor
     async def floor(self) -> None:
         send_request = wl.send_payload()
@@ -1637,6 +1810,15 @@ class Bench:
 
 
 # ---------------------------------------------------------------------- output
+def _median_of(runs: dict[str, list[float | None]]) -> dict[str, float | None]:
+    """Per mode, the median of its runs' values (None where none was measured)."""
+    out: dict[str, float | None] = {}
+    for mode, values in runs.items():
+        known = [v for v in values if v is not None]
+        out[mode] = round(statistics.median(known), 2) if known else None
+    return out
+
+
 def send_comparison(figures: list[Figure]) -> str:
     """A line setting the single-send figures against send_batch of 100 (if both ran)."""
     medians = {f.key: statistics.median(f.values()) for f in figures if f.values()}
@@ -2004,6 +2186,7 @@ def main(argv: list[str] | None = None) -> int:
         send_comparison(bench.figures),
         transport_comparison(bench.figures),
         tls_comparison(bench.figures),
+        st.comparison(bench.figures, bench.facts.get("stream_requests_per_message", {})),
     )
     for comparison in comparisons:
         if comparison:

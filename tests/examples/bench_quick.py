@@ -6,8 +6,8 @@ same options: --quick on 2 000 messages instead of --quick's 20 000: the figures
 checked to be there, and the groups' fixed costs, brokers and paced latency runs, stay),
 and the groups are split over four files so that --dist loadfile spreads them over both
 workers. Seconds per group (bench/run.py's facts, 2 cores): remoting 14.6, latency 5.2,
-tls 6.1, dedup 6.0, send 5.5, produce 4.7, receive 4.0, transports 4.0, consume 1.0,
-pull 0.8, poll 0.8, floor 0.6, micro 0.1.
+tls 6.1, dedup 6.0, stream 6.0, send 5.5, produce 4.7, receive 4.0, transports 4.0,
+consume 1.0, pull 0.8, poll 0.8, floor 0.6, micro 0.1.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests.support import ROOT
 PARTS: dict[str, tuple[str, ...]] = {
     "remoting": ("remoting",),
     "produce": ("produce", "send", "receive"),
-    "latency": ("latency", "pull", "consume", "keymode", "poll", "floor", "micro"),
+    "latency": ("latency", "pull", "consume", "keymode", "poll", "stream", "floor", "micro"),
     "tls": ("tls", "transports", "dedup"),
 }
 
@@ -129,6 +129,28 @@ def _latency(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
         }, face
 
 
+def _stream(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
+    # ExchangeBatched against plain Exchange (issues 35 and 40): the 8 callers with and
+    # without an accumulator, e2e latency through the pull and push aio consumers, each
+    # both ways, the ratios of the same run and the requests each stream message carried
+    workloads = ["callers8", "callers8.unbatched"] + [
+        f"e2e.{face}.rate2000.{q}" for face in ("aio", "push") for q in ("p50", "p99")
+    ]
+    stream = {f["key"]: f for f in figures if f["key"].startswith("stream.")}
+    assert sorted(stream) == sorted(
+        f"stream.{m}.{w}" for m in ("batched", "plain") for w in workloads
+    )
+    assert all(f["median"] > 0 for f in stream.values())
+    ratios = facts["stream_ratios"]
+    assert sorted(ratios) == sorted(workloads)
+    assert all(r["value"] and r["client_us_per_msg"] and r["broker_us_per_msg"]
+               for r in ratios.values())  # fmt: skip
+    carried = facts["stream_requests_per_message"]
+    assert sorted(carried) == ["callers8", "callers8.unbatched", "e2e.aio", "e2e.push"]
+    for modes in carried.values():
+        assert modes["plain"] == 1.0 and modes["batched"] >= 1.0, carried
+
+
 #: What each group's figures must show, beyond the run succeeding (the groups not named
 #: here were, and are, checked by the run's success alone).
 CHECKS = {
@@ -138,4 +160,5 @@ CHECKS = {
     "receive": _receive,
     "keymode": _keymode,
     "latency": _latency,
+    "stream": _stream,
 }

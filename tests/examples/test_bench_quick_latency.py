@@ -1,5 +1,5 @@
-"""bench/run.py --quick measures the latency, pull, consume, poll, floor and micro groups
-(tests/examples/bench_quick.py)."""
+"""bench/run.py --quick measures the latency, pull, consume, keymode, poll, stream, floor and
+micro groups (tests/examples/bench_quick.py)."""
 
 from __future__ import annotations
 
