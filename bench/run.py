@@ -347,10 +347,12 @@ class Bench:
         work: Callable[[], Awaitable[tuple[list[float], dict[str, float]]]],
         server: ServerProcess | None,
         sent: Figure | None = None,
+        run_numbers: Sequence[int] | None = None,
     ) -> None:
         """Run `work` --runs times; each run's samples (ms) give one p50 and one p99 run.
 
         `sent`, if given, gets each run's `detail["sent_rate"]` (msg/s) as its value.
+        `run_numbers`: only these of the --runs runs (0-based; figures measured in turns).
         """
         profiler = cProfile.Profile() if self.args.profile is not None else None
         got: list[tuple[list[float], dict[str, float]]] = []
@@ -359,7 +361,7 @@ class Bench:
             got.append(await work())
             return len(got[-1][0])
 
-        for i in range(self.args.runs):
+        for i in range(self.args.runs) if run_numbers is None else run_numbers:
             if profiler is not None:
                 profiler.enable()
             try:
@@ -382,7 +384,8 @@ class Bench:
                 + ")"
             )
         if profiler is not None:
-            profiler.dump_stats(self.args.profile / f"client-{p50.key}.prof")
+            runs = "" if run_numbers is None else "-run" + "-".join(str(i + 1) for i in run_numbers)
+            profiler.dump_stats(self.args.profile / f"client-{p50.key}{runs}.prof")
 
     def _add(self, figure: Figure) -> Figure:
         self.figures.append(figure)
@@ -1231,14 +1234,18 @@ class Bench:
         singles = wl.make_singles(count)
         warmup = wl.make_singles(max(wl.QUEUES * wl.CALLERS, min(2000, count // 10)))
         self.say("stream: starting a broker")
-        with self._broker("stream", "async") as broker, st.counting() as written:
+        with (
+            self._broker("stream", "async") as broker,
+            st.counting() as written,
+            st.forcing(),
+        ):
             admin = BrokerClient(broker.address)
             producers: dict[tuple[str, str], Producer] = {}
             try:
                 await admin.create_topic(PRODUCE_TOPIC, wl.QUEUES)
                 for workload, acc, _how in workloads:
                     for mode, _name in st.MODES:
-                        with st.plain_exchange() if mode == "plain" else contextlib.nullcontext():
+                        with _way(mode):
                             producer = producers[(workload, mode)] = Producer(
                                 broker.address, config=ProducerConfig(accumulator=acc)
                             )
@@ -1250,45 +1257,25 @@ class Bench:
                         for mode, _name in st.MODES:  # in turns: drift hits both ways
                             figure = callers[(workload, mode)]
                             written.reset()
-                            await self._measure(
-                                figure,
-                                functools.partial(
-                                    wl.send_from_callers,
-                                    producers[(workload, mode)],
-                                    PRODUCE_TOPIC,
-                                    singles,
-                                ),
-                                broker,
-                                run_numbers=[i],
-                            )
+                            with _way(mode):
+                                await self._measure(
+                                    figure,
+                                    functools.partial(
+                                        wl.send_from_callers,
+                                        producers[(workload, mode)],
+                                        PRODUCE_TOPIC,
+                                        singles,
+                                    ),
+                                    broker,
+                                    run_numbers=[i],
+                                )
                             written.check(mode, figure.title)
                             runs[mode].append(written.per_message(mode))
                     per_message[workload] = _median_of(runs)
                 for face in ("aio", "push"):
-                    runs = {mode: [] for mode, _name in st.MODES}
-                    for mode, name in st.MODES:
-                        p50, p99 = self._percentiles(
-                            f"stream.{mode}.e2e.{face}.rate{STREAM_E2E_RATE}",
-                            f"stream: e2e latency at {STREAM_E2E_RATE:,} msg/s, {face} "
-                            f"consumer, {name}",
-                            {
-                                "api": "sdk.aio.Producer.send per message (natural batching) "
-                                "-> sdk.aio.PushConsumer, orderly, async def no-op listener, "
-                                f"delivery={'push' if face == 'push' else 'pull'}",
-                                "stream": name,
-                                "rate_msg_per_s": STREAM_E2E_RATE,
-                                "seconds_per_run": seconds,
-                                "max_sends_in_flight": E2E_SENDS_IN_FLIGHT,
-                                "queues": wl.QUEUES,
-                                "keys": wl.KEYS,
-                                "body_bytes": wl.BODY_BYTES,
-                                "compare_with": f"stream.plain.e2e.{face}.rate{STREAM_E2E_RATE}",
-                            },
-                        )
-                        await self._stream_e2e(
-                            broker, admin, mode, face, seconds, p50, p99, written, runs[mode]
-                        )
-                    per_message[f"e2e.{face}"] = _median_of(runs)
+                    per_message[f"e2e.{face}"] = await self._stream_e2e(
+                        broker, admin, face, seconds, written
+                    )
             finally:
                 for producer in producers.values():
                     await producer.shutdown()
@@ -1297,24 +1284,66 @@ class Bench:
         self.facts["stream_requests_per_message"] = per_message
 
     async def _stream_e2e(
-        self, broker: ServerProcess, admin: BrokerClient, mode: str, face: str, seconds: float,
-        p50: Figure, p99: Figure, written: st.WriterCount, per_message: list[float | None],
-    ) -> None:  # fmt: skip
-        """One way's end-to-end latency figures through one aio consumer face, on clients
-        of their own; each run's requests per stream message into `per_message`."""
-        # Plain: for the whole figure, since the consumer makes clients as it goes.
-        with st.plain_exchange() if mode == "plain" else contextlib.nullcontext():
-            await self._stream_e2e_runs(broker, admin, mode, face, seconds, p50, p99, written,
-                                        per_message)  # fmt: skip
+        self, broker: ServerProcess, admin: BrokerClient, face: str, seconds: float,
+        written: st.WriterCount,
+    ) -> dict[str, float | None]:  # fmt: skip
+        """Both ways' end-to-end latency figures through one aio consumer face, each way on
+        a producer, consumer and topic of its own, all up at once and the ways taking turns
+        run by run. Returns each way's median requests per stream message."""
+        ways: dict[str, tuple[Figure, Figure, Callable[[int], Awaitable[Any]]]] = {}
+        runs: dict[str, list[float | None]] = {mode: [] for mode, _name in st.MODES}
+        async with contextlib.AsyncExitStack() as stack:
+            for mode, name in st.MODES:
+                p50, p99 = self._percentiles(
+                    f"stream.{mode}.e2e.{face}.rate{STREAM_E2E_RATE}",
+                    f"stream: e2e latency at {STREAM_E2E_RATE:,} msg/s, {face} consumer, {name}",
+                    {
+                        "api": "sdk.aio.Producer.send per message (natural batching) -> "
+                        "sdk.aio.PushConsumer, orderly, async def no-op listener, "
+                        f"delivery={'push' if face == 'push' else 'pull'}",
+                        "stream": name,
+                        "rate_msg_per_s": STREAM_E2E_RATE,
+                        "seconds_per_run": seconds,
+                        "max_sends_in_flight": E2E_SENDS_IN_FLIGHT,
+                        "queues": wl.QUEUES,
+                        "keys": wl.KEYS,
+                        "body_bytes": wl.BODY_BYTES,
+                        "compare_with": f"stream.plain.e2e.{face}.rate{STREAM_E2E_RATE}",
+                    },
+                )
+                with _way(mode):  # the consumer's tasks, and the clients they make, too
+                    send = await self._stream_e2e_clients(
+                        broker, admin, mode, face, stack, written, p50.title, runs[mode]
+                    )
+                ways[mode] = (p50, p99, send)
+            await cw.until_held(admin, len(st.MODES) * wl.QUEUES)  # every pull (or push) waits
+            count = int(STREAM_E2E_RATE * seconds)
+            for mode, (_p50, _p99, send) in ways.items():
+                with _way(mode):
+                    await send(min(STREAM_E2E_RATE // 2, count))  # warm up
+                runs[mode].clear()
+            for i in range(self.args.runs):
+                for mode, (p50, p99, send) in ways.items():  # in turns: drift hits both ways
+                    with _way(mode):
+                        await self._measure_latency(
+                            p50, p99, lambda send=send: send(count), broker, run_numbers=[i]
+                        )
+        return _median_of(runs)
 
-    async def _stream_e2e_runs(
-        self, broker: ServerProcess, admin: BrokerClient, mode: str, face: str, seconds: float,
-        p50: Figure, p99: Figure, written: st.WriterCount, per_message: list[float | None],
-    ) -> None:  # fmt: skip
+    async def _stream_e2e_clients(
+        self, broker: ServerProcess, admin: BrokerClient, mode: str, face: str,
+        stack: contextlib.AsyncExitStack, written: st.WriterCount, what: str,
+        per_message: list[float | None],
+    ) -> Callable[[int], Awaitable[tuple[list[float], dict[str, float]]]]:  # fmt: skip
+        """A started producer and consumer of a topic of their own (shut down by `stack`);
+        a function sending n messages at STREAM_E2E_RATE and awaiting the consumer's
+        samples, which counts what the writers wrote into `per_message`."""
         topic = f"bench-stream-{face}-{mode}"
         await admin.create_topic(topic, wl.QUEUES)
         recorder = cw.LatencyRecorder()
         producer = Producer(broker.address)
+        await producer.start()
+        stack.push_async_callback(producer.shutdown)
         consumer = PushConsumer(
             f"{topic}-group",
             broker.address,
@@ -1323,28 +1352,20 @@ class Bench:
         )
         consumer.subscribe(topic)
         consumer.register_message_listener(recorder)
-        await producer.start()
         await consumer.start()
-        try:
-            await cw.until_held(admin, wl.QUEUES)  # every queue's pull (or push) is waiting
-            keys = wl.make_keys()
+        stack.push_async_callback(consumer.shutdown)
+        keys = wl.make_keys()
 
-            async def send(n: int) -> tuple[list[float], dict[str, float]]:
-                written.reset()
-                got = await cw.e2e_latency(
-                    producer, recorder, topic, keys, STREAM_E2E_RATE, n, E2E_SENDS_IN_FLIGHT
-                )
-                written.check(mode, p50.title)
-                per_message.append(written.per_message(mode))
-                return got
+        async def send(n: int) -> tuple[list[float], dict[str, float]]:
+            written.reset()
+            got = await cw.e2e_latency(
+                producer, recorder, topic, keys, STREAM_E2E_RATE, n, E2E_SENDS_IN_FLIGHT
+            )
+            written.check(mode, what)
+            per_message.append(written.per_message(mode))
+            return got
 
-            count = int(STREAM_E2E_RATE * seconds)
-            await send(min(STREAM_E2E_RATE // 2, count))  # warm up
-            per_message.clear()
-            await self._measure_latency(p50, p99, lambda: send(count), broker)
-        finally:
-            await consumer.shutdown()
-            await producer.shutdown()
+        return send
 
     # ------------------------------------------------------------------ floor
     async def floor(self) -> None:
@@ -1810,6 +1831,11 @@ class Bench:
 
 
 # ---------------------------------------------------------------------- output
+def _way(mode: str) -> contextlib.AbstractContextManager[None]:
+    """The context of a stream-group way's clients: plain Exchange for "plain"."""
+    return st.plain_exchange() if mode == "plain" else contextlib.nullcontext()
+
+
 def _median_of(runs: dict[str, list[float | None]]) -> dict[str, float | None]:
     """Per mode, the median of its runs' values (None where none was measured)."""
     out: dict[str, float | None] = {}

@@ -2,8 +2,9 @@
 SDK's stream writers write (bench/run.py's `stream` group, issues 35 and 40).
 
 The SDK writes on ExchangeBatched by default (several requests to a stream message);
-`plain_exchange()` makes the clients created under it use plain Exchange (one request to
-a stream message), as against a broker that does not serve ExchangeBatched. `WriterCount`
+within `forcing()`, `plain_exchange()` makes the clients created in its context use plain
+Exchange (one request to a stream message), as against a broker that does not serve
+ExchangeBatched, so that both ways can run side by side in one process. `WriterCount`
 counts, in this process only, the requests the writers write and the stream messages
 they make of them, per kind of stream, so that a figure can say how many requests a
 message carried and check that it ran on the streams it meant to.
@@ -12,6 +13,7 @@ message carried and check that it ran on the streams it meant to.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import statistics
 from collections.abc import Iterable, Iterator
@@ -25,23 +27,40 @@ import sdk._transport.exchange as exchange_module
 MODES = (("batched", "ExchangeBatched"), ("plain", "Exchange"))
 
 
+#: Whether clients made in this context use plain Exchange (see `plain_exchange`).
+_PLAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("bench_plain_exchange", default=False)
+
+
 @contextlib.contextmanager
-def plain_exchange() -> Iterator[None]:
-    """Clients (BrokerClient, so producers and consumers) created meanwhile use Exchange
-    only: their Exchange is made without ExchangeBatched, as the SDK does after a broker
-    answered UNIMPLEMENTED to it."""
+def forcing() -> Iterator[None]:
+    """Let `plain_exchange()` decide, meanwhile, which stream the clients made use."""
     cls = exchange_module.Exchange
     original = cls.__init__
 
-    def init(self: Any, open_stream: Any, target: str, connected: Any = None, *_: Any,
-             **__: Any) -> None:  # fmt: skip
-        original(self, open_stream, target, connected, None)
+    def init(self: Any, open_stream: Any, target: str, connected: Any = None,
+             open_batched: Any = None) -> None:  # fmt: skip
+        original(self, open_stream, target, connected, None if _PLAIN.get() else open_batched)
 
     cls.__init__ = init  # type: ignore[method-assign]
     try:
         yield
     finally:
         cls.__init__ = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def plain_exchange() -> Iterator[None]:
+    """Clients (BrokerClient, so producers and consumers) made in this context use
+    Exchange only: made meanwhile, or later by tasks started meanwhile (a consumer's,
+    say: tasks inherit the context), within `forcing()`. Their Exchange is made without
+    ExchangeBatched, as the SDK does after a broker answered UNIMPLEMENTED to it."""
+    if exchange_module.Exchange.__init__.__module__ != __name__:
+        raise RuntimeError("plain_exchange() outside forcing() changes nothing")
+    token = _PLAIN.set(True)
+    try:
+        yield
+    finally:
+        _PLAIN.reset(token)
 
 
 @dataclasses.dataclass

@@ -29,14 +29,14 @@ async def _send(address: str, sends: int) -> None:
         await asyncio.gather(*(producer.send(Message(TOPIC, b"x")) for _ in range(sends)))
 
 
-def test_clients_made_under_plain_exchange_write_on_exchange_the_others_batched(
+def test_clients_made_in_plain_exchange_s_context_write_on_exchange_the_others_batched(
     broker: EmbeddedBroker,
 ) -> None:
     async def main() -> tuple[st.WriterCount, st.WriterCount]:
         admin = BrokerClient(broker.address)
         await admin.create_topic(TOPIC, 4)
         await admin.close()
-        with st.counting() as written:
+        with st.counting() as written, st.forcing():
             with st.plain_exchange():
                 await _send(broker.address, 8)
             plain = st.WriterCount(dict(written.requests), written.messages)
@@ -63,7 +63,9 @@ def test_the_counting_and_the_forcing_end_with_their_blocks(broker: EmbeddedBrok
 
     init, writable = exchange_module.Exchange.__init__, exchange_module._Stream._writable
     join = exchange_module.join_repeated
-    with st.counting(), st.plain_exchange():
+    with pytest.raises(RuntimeError, match="outside forcing"), st.plain_exchange():
+        pass
+    with st.counting(), st.forcing(), st.plain_exchange():
         assert exchange_module.Exchange.__init__ is not init
         assert exchange_module.join_repeated is not join
     assert exchange_module.Exchange.__init__ is init
