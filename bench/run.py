@@ -25,6 +25,10 @@ Figures (see bench/README.md for what each one measures and how to read it):
 - latency: how fast a held (long-polling) pull wakes when a message arrives, and the
   end-to-end latency of single messages sent at 500 and 2 000 msg/s to an orderly push
   consumer;
+- stream: ExchangeBatched against the same SDK forced onto plain Exchange, on one broker,
+  the ways taking turns: 8 callers' single sends (natural batching, and no accumulator),
+  end-to-end latency at 2 000 msg/s through the orderly aio PushConsumer (pull and push
+  delivery), and requests per stream message on the client's writers (bench/stream.py);
 - floor: a bare grpc.aio server/client pair moving the same bytes (what gRPC alone costs);
 - micro: per-message SDK costs measured in-process (build, encode, decode);
 - remoting: RocketMQ's C++ client (rocketmq-client-cpp 1.2.3, PyPI rocketmq 0.4.4) over
