@@ -58,6 +58,16 @@ def test_clients_made_in_plain_exchange_s_context_write_on_exchange_the_others_b
     batched.check("batched", "batched")
 
 
+def test_the_check_lets_the_other_way_s_idle_clients_through_and_no_more() -> None:
+    count = st.WriterCount({"batched": 4000, "plain": 3}, 500)
+    count.check("batched", "idle plain clients")
+    count.requests["plain"] = 400
+    with pytest.raises(RuntimeError, match="meant to run on batched streams"):
+        count.check("batched", "a plain client of the batched way")
+    with pytest.raises(RuntimeError, match="meant to run on plain streams"):
+        st.WriterCount({"batched": 0, "plain": 0}).check("plain", "nothing written")
+
+
 def test_the_counting_and_the_forcing_end_with_their_blocks(broker: EmbeddedBroker) -> None:
     import sdk._transport.exchange as exchange_module
 
