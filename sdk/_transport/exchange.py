@@ -451,7 +451,10 @@ class _Stream:
                 if not self._writable(envelope):
                     continue
                 carried = envelope.SerializeToString()
-            await settled(outbox)
+            if not outbox.empty():
+                # Others are queued: callers are active, more may be about to come. A lone
+                # request is written at once (its callers' wakeups ran before this task's).
+                await settled(outbox)
             batch, size, carried = [carried], len(carried), None
             ended = False
             while len(batch) < MAX_BATCH and not outbox.empty():

@@ -329,3 +329,30 @@ def test_concurrent_requests_share_stream_messages_and_each_gets_its_answer(
         offsets = run(main)
     assert offsets == list(range(40)), "stored in call order, each answered"
     assert sum(written) == 40 and len(written) < 10, written
+
+
+def test_a_lone_request_is_written_at_once_and_a_crowd_after_the_loop_settled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settles: list[int] = []
+    settled = exchange_module.settled
+
+    async def counted(queue: asyncio.Queue[object]) -> None:
+        settles.append(queue.qsize())
+        await settled(queue)
+
+    monkeypatch.setattr(exchange_module, "settled", counted)
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "b")) as broker:
+
+        async def main() -> None:
+            client = BrokerClient(broker.address)
+            try:
+                await client.create_topic("t", 2)
+                await client.send("t", 0, frame(b"alone"))
+                assert settles == [], "one request queued: written without waiting"
+                await asyncio.gather(*(client.send("t", 1, frame(b"m%d" % n, n)) for n in range(5)))
+                assert settles and settles[0] >= 1, "others were queued: the loop settled first"
+            finally:
+                await client.close()
+
+        run(main)
