@@ -19,6 +19,35 @@ def stored_offset(path: Path) -> int:
     return int(item["offset"])
 
 
+class ObservedWrites:
+    """A store's file writes, counted as they overlap; the first one held back until
+    `release_first` is set (or `hold_seconds` passed)."""
+
+    def __init__(self, store: LocalFileOffsetStore, hold_seconds: float) -> None:
+        self._write = store._write
+        self._hold_seconds = hold_seconds
+        self.first_writing = threading.Event()
+        self.release_first = threading.Event()
+        self.most_at_once = 0
+        self._writers = 0
+        self._count = threading.Lock()
+        store._write = self  # type: ignore[method-assign]
+
+    def __call__(self, offsets: dict[MessageQueue, int]) -> None:
+        with self._count:
+            self._writers += 1
+            self.most_at_once = max(self.most_at_once, self._writers)
+            first = not self.first_writing.is_set()
+        self.first_writing.set()
+        if first:
+            self.release_first.wait(timeout=self._hold_seconds)
+        self._write(offsets)
+        with self._count:
+            self._writers -= 1
+        if not first:
+            self.release_first.set()
+
+
 def test_a_persist_started_during_another_waits_and_the_newer_offset_is_written_last(
     tmp_path: Path,
 ) -> None:
@@ -26,39 +55,18 @@ def test_a_persist_started_during_another_waits_and_the_newer_offset_is_written_
     # run failed so: the second rename found the shared temporary file gone, and had the
     # older write ended last, the file would have moved the offset back).
     store = LocalFileOffsetStore(tmp_path)
-    write = store._write
-    first_writing = threading.Event()
-    second_written = threading.Event()
-    writers = 0
-    most_at_once = 0
-    count = threading.Lock()
-
-    def observed_write(offsets: dict[MessageQueue, int]) -> None:
-        nonlocal writers, most_at_once
-        with count:
-            writers += 1
-            most_at_once = max(most_at_once, writers)
-            first = not first_writing.is_set()
-        first_writing.set()
-        if first:  # holds the first write back until the second ended, or could have
-            second_written.wait(timeout=0.5)
-        write(offsets)
-        with count:
-            writers -= 1
-        if not first:
-            second_written.set()
-
-    store._write = observed_write  # type: ignore[method-assign]
+    # The first write is held back until the second ended, or could have.
+    writes = ObservedWrites(store, hold_seconds=0.5)
 
     async def two_persists() -> None:
         store.update(Q, 5)
         periodic = asyncio.create_task(store.persist())
-        await asyncio.to_thread(first_writing.wait, 5)
+        await asyncio.to_thread(writes.first_writing.wait, 5)
         store.update(Q, 9)
         await asyncio.gather(periodic, store.persist())
 
     asyncio.run(two_persists())
-    assert most_at_once == 1
+    assert writes.most_at_once == 1
     assert stored_offset(store.path) == 9
     assert asyncio.run(LocalFileOffsetStore(tmp_path).fetch(Q)) == 9
 
@@ -67,47 +75,27 @@ def test_a_persist_cancelled_while_it_writes_holds_the_file_until_its_write_ende
     tmp_path: Path,
 ) -> None:
     # A consumer's stop cancels the periodic persist, whose write goes on in its thread;
-    # the shutdown's persist that follows must not write beside it (a make test run
-    # failed so: FileNotFoundError, the shared temporary file renamed by the other).
+    # the shutdown's persist that follows must not write beside it (a test run failed
+    # so: FileNotFoundError, the shared temporary file renamed by the other).
     store = LocalFileOffsetStore(tmp_path)
-    write = store._write
-    first_writing = threading.Event()
-    release_first = threading.Event()
-    writers = 0
-    most_at_once = 0
-    count = threading.Lock()
-
-    def observed_write(offsets: dict[MessageQueue, int]) -> None:
-        nonlocal writers, most_at_once
-        with count:
-            writers += 1
-            most_at_once = max(most_at_once, writers)
-            first = not first_writing.is_set()
-        first_writing.set()
-        if first:
-            release_first.wait(timeout=5)
-        write(offsets)
-        with count:
-            writers -= 1
-
-    store._write = observed_write  # type: ignore[method-assign]
+    writes = ObservedWrites(store, hold_seconds=5)
 
     async def cancelled_then_persisted() -> bool:
         store.update(Q, 5)
         periodic = asyncio.create_task(store.persist())
-        await asyncio.to_thread(first_writing.wait, 5)
+        await asyncio.to_thread(writes.first_writing.wait, 5)
         periodic.cancel()
         for _ in range(10):  # turns of the loop: the cancellation is delivered
             await asyncio.sleep(0)
         held = store._persisting.locked()
         store.update(Q, 9)
         shutdown = asyncio.create_task(store.persist())
-        release_first.set()
+        writes.release_first.set()
         await shutdown
         with contextlib.suppress(asyncio.CancelledError):
             await periodic
         return held
 
     assert asyncio.run(cancelled_then_persisted()), "held while the cancelled write runs"
-    assert most_at_once == 1
+    assert writes.most_at_once == 1
     assert stored_offset(store.path) == 9
