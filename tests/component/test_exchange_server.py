@@ -370,3 +370,31 @@ def test_answers_ready_together_go_in_one_message_and_sends_keep_their_order(
     ]
     # 50 sends read from one message are stored before their answers are written.
     assert messages < 10, f"{messages} messages for 50 answers"
+
+
+def test_a_lone_answer_is_written_at_once_and_answers_ready_together_after_the_loop_settled(
+    exbroker: EmbeddedBroker, rpc: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if rpc == "Exchange":
+        pytest.skip("one answer a message on Exchange")
+    settles: list[int] = []
+    settled = exchange.settled
+
+    async def counted(queue: asyncio.Queue[object]) -> None:
+        settles.append(queue.qsize())
+        await settled(queue)
+
+    monkeypatch.setattr(exchange, "settled", counted)
+
+    async def body(stub: Any, stream: Any) -> tuple[list[int], list[int]]:
+        await stream.write(send(1, 0, frame()))
+        await answers(stream, 1)
+        alone = list(settles)
+        await stream.write_many([send(rid, 2, frame()) for rid in range(2, 12)])
+        await answers(stream, 10)
+        await stream.done_writing()
+        return alone, settles
+
+    alone, crowd = run(exbroker, body)
+    assert alone == [], "one answer ready: written without waiting"
+    assert crowd and crowd[0] >= 1, "others were ready: the loop settled first"

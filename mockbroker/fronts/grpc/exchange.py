@@ -133,7 +133,9 @@ class ExchangeStream:
         carried: _Answer | None = None
         try:
             while (first := carried or await answers.get()) is not None:
-                if most > 1:
+                if most > 1 and not answers.empty():
+                    # Others are ready: requests are finishing together, more may be about
+                    # to. A lone answer is written at once.
                     await settled(answers)
                 batch, taken, carried, ended = [first], first[1], None, False
                 while len(batch) < most and not answers.empty():
