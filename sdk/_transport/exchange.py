@@ -181,7 +181,7 @@ class Exchange:
                     f"{_describe(envelope)}: the broker at {self._target} did not open the "
                     f"stream within {timeout:g}s (not sent)"
                 ) from None
-            except Exception:
+            except Exception:  # the stream ended: subscribe() hands that on
                 pass
         return stream.subscribe(envelope)
 

@@ -63,8 +63,10 @@ class ScriptedBroker(grpc.GenericRpcHandler):  # type: ignore[type-arg]
     With exchange=False it has no Exchange method: the client gets UNIMPLEMENTED.
     """
 
-    def __init__(self, *, exchange: bool = True) -> None:
+    def __init__(self, *, exchange: bool = True, silent_batched: bool = False) -> None:
+        """`silent_batched`: ExchangeBatched is served but never greets (a stuck broker)."""
         self.exchange = exchange
+        self.silent_batched = silent_batched
         self.methods: list[str] = []  # every method called, in order
         self.unary_sends: list[pb.SendRequest] = []
         self.unary_pulls: list[pb.PullRequest] = []
@@ -78,6 +80,8 @@ class ScriptedBroker(grpc.GenericRpcHandler):  # type: ignore[type-arg]
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         method = handler_call_details.method
         self.methods.append(method)
+        if method == f"/{SERVICE}/ExchangeBatched" and self.silent_batched:
+            return grpc.stream_stream_rpc_method_handler(self._silent)
         if method == f"/{SERVICE}/Exchange" and self.exchange:
             return grpc.stream_stream_rpc_method_handler(
                 self._exchange,
@@ -119,6 +123,9 @@ class ScriptedBroker(grpc.GenericRpcHandler):  # type: ignore[type-arg]
             reader.cancel()
         if outcome is not None:
             await context.abort(*outcome)
+
+    async def _silent(self, _: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await asyncio.Event().wait()  # until the client cancels the call
 
     async def _send(self, request: pb.SendRequest, _: object) -> pb.SendResponse:
         self.unary_sends.append(request)
@@ -447,6 +454,32 @@ def test_on_a_broker_without_exchange_batched_calls_and_subscriptions_go_on_exch
             assert (await subscription.next()).next_offset == 1
             assert broker.methods == [f"/{SERVICE}/ExchangeBatched", f"/{SERVICE}/Exchange"]
             assert broker.streams.empty(), "one Exchange stream"
+        finally:
+            await client.close()
+            await channel.close(None)
+            await broker.server.stop(None)
+
+    run(main)
+
+
+def test_a_subscription_on_a_stream_the_broker_never_opens_fails_within_its_timeout() -> None:
+    """A subscription waits for the broker's greeting before it is written: a broker that
+    never greets is unavailable (the subscription is not sent), within the timeout."""
+
+    async def main() -> None:
+        broker = ScriptedBroker(silent_batched=True)
+        await broker.server.start()
+        channel = grpc.aio.insecure_channel(broker.address)
+        batched = channel.stream_stream(
+            EXCHANGE_BATCHED_PATH, response_deserializer=pb.ExchangeResponses.FromString
+        )
+        client = Exchange(pb_grpc.MessagingServiceStub(channel).Exchange, broker.address,
+                          open_batched=batched)  # fmt: skip
+        try:
+            subscribe = pb.ExchangeRequest(subscribe=pb.Subscribe(topic="t", queue_id=1))
+            with pytest.raises(BrokerUnavailableError, match="did not open the stream"):
+                await client.subscribe(subscribe, 0.2)
+            assert broker.methods == [f"/{SERVICE}/ExchangeBatched"]
         finally:
             await client.close()
             await channel.close(None)

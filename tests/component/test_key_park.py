@@ -335,6 +335,15 @@ class ReleaseCrash:
         self.save.failing = False
 
 
+def consumed_once_in_order(broker: TestBroker, listener: Accounts, expected: list[int]) -> None:
+    """With the listener mended, a consumer gets key k00's released messages: each once,
+    in the order they were sent."""
+    listener.broken = False
+    with consumer(broker.address, listener):
+        wait_until(lambda: len(listener.handled("k00")) >= len(expected), 10, "k00 released")
+    assert listener.handled("k00") == expected, "each once, in the order sent"
+
+
 def parked_once(broker: TestBroker, listener: Accounts) -> None:
     """k00 parked with its 3 messages, k01 handled; the consumer stopped."""
     send(broker.address, [(k, s) for s in range(3) for k in ("k00", "k01")])
@@ -365,10 +374,7 @@ def test_a_release_whose_state_cannot_be_saved_changes_nothing_and_sends_back_on
         result = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes")
         assert result.exit_code == 0, result.output
         assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
-        listener.broken = False
-        with consumer(broker.address, listener):
-            wait_until(lambda: len(listener.handled("k00")) >= 3, 10, "k00 released")
-        assert listener.handled("k00") == [0, 1, 2], "each once, in the order sent"
+        consumed_once_in_order(broker, listener, [0, 1, 2])
 
 
 def test_a_release_a_crash_cuts_off_after_its_state_is_saved_is_finished_at_the_next_start(
@@ -386,10 +392,7 @@ def test_a_release_a_crash_cuts_off_after_its_state_is_saved_is_finished_at_the_
         assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
         broker.restart()  # and only once
         assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
-        listener.broken = False
-        with consumer(broker.address, listener):
-            wait_until(lambda: len(listener.handled("k00")) >= 3, 10, "k00 released")
-        assert listener.handled("k00") == [0, 1, 2], "each once, in the order sent"
+        consumed_once_in_order(broker, listener, [0, 1, 2])
         again = run(broker, "parked", "release", "g", TOPIC, "k00", "--yes", "--queue", "0")
         assert again.exit_code != 0, again.output
 
@@ -413,10 +416,7 @@ def test_a_cut_off_release_past_the_end_of_a_queue_that_lost_its_tail_goes_back_
         broker.start()
         assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
         send(broker.address, [("k00", 3)])  # after the release point: not skipped
-        listener.broken = False
-        with consumer(broker.address, listener):
-            wait_until(lambda: len(listener.handled("k00")) >= 4, 10, "k00 released")
-        assert listener.handled("k00") == [0, 1, 2, 3], "each once, in the order sent"
+        consumed_once_in_order(broker, listener, [0, 1, 2, 3])
 
 
 def test_a_release_a_crash_tore_after_its_first_message_sends_back_only_the_rest(
@@ -431,7 +431,4 @@ def test_a_release_a_crash_tore_after_its_first_message_sends_back_only_the_rest
         assert messages_of(broker, TOPIC) == [*before, b"k00:0"]
         broker.restart()
         assert messages_of(broker, TOPIC) == [*before, b"k00:0", b"k00:1", b"k00:2"]
-        listener.broken = False
-        with consumer(broker.address, listener):
-            wait_until(lambda: len(listener.handled("k00")) >= 3, 10, "k00 released")
-        assert listener.handled("k00") == [0, 1, 2], "each once, in the order sent"
+        consumed_once_in_order(broker, listener, [0, 1, 2])
