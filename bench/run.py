@@ -24,7 +24,11 @@ Figures (see bench/README.md for what each one measures and how to read it):
   (bench/receiving.py);
 - latency: how fast a held (long-polling) pull wakes when a message arrives, and the
   end-to-end latency of single messages sent at 500 and 2 000 msg/s to an orderly push
-  consumer;
+  consumer; then the same with the paced producer in a process of its own, at 2 000 and
+  20 000 msg/s, through the orderly and the concurrent push consumer and a lite pull
+  consumer's poll loop (async flush; and the orderly one at 2 000 msg/s with sync
+  flush), with Redis Streams' e2e at the same rates beside them when Redis is installed
+  (bench/e2e_procs.py);
 - stream: ExchangeBatched against the same SDK forced onto plain Exchange, on one broker,
   the ways taking turns: 8 callers' single sends (natural batching, and no accumulator),
   end-to-end latency at 2 000 msg/s through the orderly aio PushConsumer (pull and push
@@ -55,7 +59,7 @@ Figures (see bench/README.md for what each one measures and how to read it):
 Servers run as separate processes; the client is this process. Every figure is the median
 of --runs runs. Usage:
 
-    python bench/run.py                   # the full run (about 6-7 minutes on 2 cores)
+    python bench/run.py                   # the full run (about 10-11 minutes on 2 cores)
     python bench/run.py --quick           # a smoke run (seconds; writes results/quick.json)
     python bench/run.py --only pull --runs 5 --messages 50000
 """
@@ -87,6 +91,7 @@ import big_backlog
 import console_watch as cons
 import consuming as cw
 import dedup
+import e2e_procs as ep
 import flood
 import grpc
 import receiving as rc
@@ -124,7 +129,7 @@ from sdk import (
 from sdk import PushConsumer as BlockingPushConsumer
 from sdk._transport.broker_client import BrokerClient
 from sdk._wire import GRPC_CHANNEL_OPTIONS
-from sdk.aio import Producer, PushConsumer
+from sdk.aio import LitePullConsumer, Producer, PushConsumer
 
 #: The keymode group: listener work per message, listener threads, backlog sizes.
 KEYMODE_WORK = 0.005
@@ -216,6 +221,8 @@ class Bench:
         #: Peak RSS (MB) of the broker of each backlog group ("pull", "consume"), read
         #: just before that broker is stopped.
         self.backlog_rss_mb: dict[str, float] = {}
+        #: Redis Streams' e2e latency of this run (e2e_procs.redis_latency), if measured.
+        self.e2e_redis: dict[str, dict[int, dict[str, float]]] = {}
 
     # ------------------------------------------------------------------ helpers
     def say(self, text: str) -> None:
@@ -1093,6 +1100,7 @@ class Bench:
             finally:
                 await producer.shutdown()
                 await admin.close()
+        await self._e2e_procs()
 
     async def _e2e(
         self,
@@ -1185,6 +1193,133 @@ class Bench:
                 await consumer.shutdown()
             else:
                 await asyncio.to_thread(consumer.shutdown)
+
+    async def _e2e_procs(self) -> None:
+        """End-to-end latency with the paced producer in a process of its own (issue 40):
+        each (face, flush mode, rate) of e2e_procs.plan(), one broker per flush mode, then
+        Redis Streams' at the same rates when it is installed, and the ratios."""
+        seconds = ep.QUICK_SECONDS if self.args.quick else ep.SECONDS
+        figures = {
+            (face, flush, rate): self._e2e_procs_figures(face, flush, rate, seconds)
+            for face, flush, rate in ep.plan()
+        }
+        for flush in dict.fromkeys(flush for _, flush, _ in figures):
+            self.say(f"latency: separate producer process, starting a broker ({flush} flush)")
+            with self._broker(f"latency-procs-{flush}", flush) as broker:
+                admin = BrokerClient(broker.address)
+                try:
+                    async with ep.producer_process(broker.address, E2E_SENDS_IN_FLIGHT) as sender:
+                        for face in dict.fromkeys(f for f, fl, _ in figures if fl == flush):
+                            runs = {
+                                r: fs
+                                for (f, fl, r), fs in figures.items()
+                                if (f, fl) == (face, flush)
+                            }
+                            await self._e2e_procs_face(
+                                face, flush, runs, seconds, admin, sender, broker
+                            )
+                finally:
+                    await admin.close()
+        missing = ep.redis_missing()
+        if missing is None:
+            settings = {ep.REDIS_FSYNC["async"]: ep.RATES, ep.REDIS_FSYNC["sync"]: ep.SYNC_RATES}
+            self.say("latency: Redis Streams' e2e at the same rates")
+            try:
+                self.e2e_redis = await asyncio.to_thread(
+                    ep.redis_latency, settings, seconds, self.args.runs, self.say
+                )
+            except Exception as exc:  # the peer's failure is a note, not ordermq's failure
+                missing = f"failed: {type(exc).__name__}: {exc}"
+        self.facts["e2e_procs_redis"] = {
+            fsync: {str(rate): v for rate, v in by_rate.items()}
+            for fsync, by_rate in self.e2e_redis.items()
+        }
+        if missing is not None:
+            self.facts["e2e_procs_redis_skipped"] = missing
+        self.facts["e2e_procs"] = ep.ratios(ep.medians(self.figures), self.e2e_redis)
+
+    def _e2e_procs_figures(
+        self, face: str, flush: str, rate: int, seconds: float
+    ) -> tuple[Figure, Figure, Figure]:
+        """The p50, p99 and rate-sent figures of one separate-process e2e measurement."""
+        params = {
+            "api": f"sdk.aio.Producer.send per message (default ProducerConfig: natural "
+            f"batching) in bench/paced_producer.py -> {ep.API[face]}",
+            "separate_processes": True,
+            "processes": "the paced producer runs in a process of its own; this process "
+            "only consumes",
+            "flush_mode": flush,
+            "rate_msg_per_s": rate,
+            "seconds_per_run": seconds,
+            "messages_per_run": int(rate * seconds),
+            "max_sends_in_flight": E2E_SENDS_IN_FLIGHT,
+            "queues": wl.QUEUES,
+            "keys": wl.KEYS,
+            "body_bytes": wl.BODY_BYTES,
+            "clock": "time.perf_counter_ns (CLOCK_MONOTONIC, shared by the processes)",
+        }
+        name = ep.figure_name(face, flush, rate)
+        title = f"e2e latency at {rate:,} msg/s, {face} consumer, {flush} flush, separate processes"
+        p50, p99 = self._percentiles(name, title, params)
+        what = "messages sent / time from the first to the last send (the producer's process)"
+        sent = self._add(
+            Figure(f"{name}.sent", f"{title}: rate sent", "msg/s", {**params, "what": what})
+        )
+        return p50, p99, sent
+
+    async def _e2e_procs_face(
+        self,
+        face: str,
+        flush: str,
+        runs: dict[int, tuple[Figure, Figure, Figure]],
+        seconds: float,
+        admin: BrokerClient,
+        sender: ep.ProducerProcess,
+        broker: ServerProcess,
+    ) -> None:
+        """One consumer face (e2e_procs.FACES) at each rate of `runs`, fed by `sender`."""
+        topic = f"bench-e2e-procs-{face}-{flush}"
+        group = f"{topic}-group"
+        await admin.create_topic(topic, wl.QUEUES)
+        recorder = cw.LatencyRecorder()
+        consumer: PushConsumer | LitePullConsumer
+        poller: asyncio.Task[None] | None = None
+        if face == "litepull":
+            consumer = LitePullConsumer(
+                group, broker.address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET
+            )
+            consumer.subscribe(topic)
+            await consumer.start()
+            poller = asyncio.create_task(ep.poll_into(consumer, recorder))
+        else:
+            consumer = PushConsumer(
+                group,
+                broker.address,
+                consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+                config=PushConsumerConfig(delivery="push"),
+            )
+            consumer.subscribe(topic)
+            listener = recorder if face == "push" else ep.ConcurrentLatencyRecorder(recorder)
+            consumer.register_message_listener(listener)
+            await consumer.start()
+        try:
+            await cw.until_held(admin, wl.QUEUES)
+            for rate, (p50, p99, sent) in runs.items():
+
+                def send(n: int, rate: int = rate) -> Awaitable[Any]:
+                    return ep.e2e_latency(sender, recorder, topic, rate, n)
+
+                count = int(rate * seconds)
+                await send(min(rate // 2, count))  # warm up: half a second, at most a run
+                await self._measure_latency(
+                    p50, p99, lambda send=send, count=count: send(count), broker, sent
+                )
+        finally:
+            if poller is not None:
+                poller.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await poller
+            await consumer.shutdown()
 
     # ------------------------------------------------------------------ stream
     async def stream(self) -> None:
@@ -2221,6 +2356,13 @@ def main(argv: list[str] | None = None) -> int:
     for comparison in comparisons:
         if comparison:
             print(comparison)
+    e2e = ep.comparison(
+        bench.facts.get("e2e_procs", {}),
+        bench.e2e_redis,
+        bench.facts.get("e2e_procs_redis_skipped"),
+    )
+    if e2e:
+        print(e2e)
     floods = flood.summary(bench.figures)
     if floods:
         print(floods)

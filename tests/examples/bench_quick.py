@@ -5,7 +5,7 @@ xdist worker while the other had nothing left to do. Each group now runs on its 
 same options: --quick on 2 000 messages instead of --quick's 20 000: the figures are only
 checked to be there, and the groups' fixed costs, brokers and paced latency runs, stay),
 and the groups are split over four files so that --dist loadfile spreads them over both
-workers. Seconds per group (bench/run.py's facts, 2 cores): remoting 14.6, latency 5.2,
+workers. Seconds per group (bench/run.py's facts, 2 cores): remoting 14.6, latency 5.9,
 tls 6.1, dedup 6.0, stream 6.0, send 5.5, produce 4.7, receive 4.0, transports 4.0,
 consume 1.0, pull 0.8, poll 0.8, floor 0.6, micro 0.1.
 """
@@ -127,6 +127,20 @@ def _latency(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
             for rate in (500, 2000)
             for what in ("p50", "p99", "sent")
         }, face
+    # the same with the producer in a process of its own, each face at 2 000 and 20 000
+    # msg/s (async flush) and the push face at 2 000 with sync flush, read against Redis
+    # Streams when it is installed (issue 40)
+    procs = {f["key"]: f for f in figures if f["key"].startswith("latency.e2e_procs.")}
+    faces = ("push", "concurrent", "litepull")
+    names = [
+        f"latency.e2e_procs.{face}.async.rate{rate}" for face in faces for rate in (2000, 20000)
+    ]
+    names.append("latency.e2e_procs.push.sync.rate2000")
+    assert sorted(procs) == sorted(f"{n}.{what}" for n in names for what in ("p50", "p99", "sent"))
+    assert all(f["median"] > 0 and f["params"]["separate_processes"] for f in procs.values())
+    assert list(facts["e2e_procs"]) == names
+    if "e2e_procs_redis_skipped" not in facts:
+        assert all(row["p99_vs_redis"] for row in facts["e2e_procs"].values())
 
 
 def _stream(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
