@@ -77,7 +77,8 @@ class BrokerConfig:
             checking a send's messages and reading a pull's or a receive's run in slices of
             at most `fair_slice_messages` messages and `fair_slice_bytes` bytes; while several
             clients wait, they get a slice each in turn, and the loop reads sockets and
-            answers between slices. A batch is written in one piece (all or nothing).
+            answers between slices. A large batch's records are laid out in slices too, then
+            written in one piece (all or nothing).
             Off: each request's store work runs whole, in order of arrival.
         fair_slice_messages: Most messages one slice of store work checks or reads.
         fair_slice_bytes: Most bytes one slice checks or reads (a slice holds at least

@@ -20,7 +20,14 @@ from types import TracebackType
 
 from mockbroker.errors import BrokerError
 from mockbroker.fairness import FairScheduler
-from mockbroker.store.message_store import Batch, GetResult, MessageStore, PutResult, Written
+from mockbroker.store.message_store import (
+    Batch,
+    GetResult,
+    LaidOut,
+    MessageStore,
+    PutResult,
+    Written,
+)
 from mockbroker.store.records import CheckedFrame, CheckedFrames
 from mockbroker.topics import Topic
 
@@ -162,9 +169,10 @@ class SlicedStore:
     ) -> PutResult:
         """store.append in one turn, within the queue's `hold` (see in_order).
 
-        The write is not sliced: one store.write is what makes a batch all-or-nothing (a
-        full disk rolls back that write whole, and readers never see part of a batch).
-        Its cost is bounded by the request size limit (MAX_SEND_BYTES).
+        One store.write is what makes a batch all-or-nothing (a full disk rolls back that
+        write whole, and readers never see part of a batch); a large batch's records are
+        laid out before it, in slices (write_parts), so that the write's turn is mostly
+        copying bytes.
         """
         [written] = await self.write_parts(
             client, [hold], topic, [Batch(queue_id, frames, checked)]
@@ -177,20 +185,59 @@ class SlicedStore:
     ) -> list[Written]:
         """store.write_parts in one turn, then the queues' `holds` let go (see in_order).
 
-        Waits until no other batch is being written to any of the parts' queues.
+        Waits until no other batch is being written to any of the parts' queues. Parts
+        of more than a slice are laid out first, a slice per turn (`_lay_out`), so that
+        the write's turn costs little more than copying their bytes.
         """
         wholes = await self._writes.acquire_all(
             [(topic.name, queue_id) for queue_id in sorted({part.queue_id for part in parts})]
         )
         try:
+            laid_out = await self._lay_out(client, topic, parts)
             async with self.scheduler.turn(client):
-                written = self._store.write_parts(topic, parts)
+                written = self._store.write_parts(topic, parts, laid_out=laid_out)
         finally:
             for whole in wholes:
                 whole.release()
         for hold in holds:
             hold.release()
         return written
+
+    async def _lay_out(
+        self, client: Hashable, topic: Topic, parts: list[Batch]
+    ) -> list[LaidOut | None]:
+        """Each part's records laid out a slice per turn (store.lay_out), or [] (small).
+
+        A request of a slice or less is laid out by its write. A part is laid out at the
+        offsets its queue gives it now: the caller holds the parts' queues for writing,
+        so only a write past the sliced store (a scheduled message falling due) can move
+        an offset meanwhile, and the write then lays that part out again.
+        """
+        if (
+            sum(len(p.checked) for p in parts) <= self._messages
+            and sum(len(p.frames) for p in parts) <= self._bytes
+        ):
+            return []
+        out: list[LaidOut | None] = []
+        next_offsets: dict[int, int] = {}  # of the queues laid out so far in this request
+        for part in parts:
+            laid: LaidOut | None = None
+            while laid is None or laid.count < len(part.checked):
+                async with self.scheduler.turn(client):
+                    first = next_offsets.get(part.queue_id)
+                    if first is None:
+                        first = self._store.queue(topic, part.queue_id).count
+                    laid = self._store.lay_out(
+                        topic,
+                        part,
+                        laid,
+                        first_offset=first,
+                        max_frames=self._messages,
+                        max_bytes=self._bytes,
+                    )
+            next_offsets[part.queue_id] = laid.first_offset + laid.count
+            out.append(laid)
+        return out
 
     async def get(
         self,

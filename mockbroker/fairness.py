@@ -8,8 +8,9 @@ message's way through the loop (read, append, answer) waits behind whatever stor
 ready at that moment.
 
 So the work is cut into *slices* (a slice checks or reads at most `slice_messages`
-messages and `slice_bytes` bytes; a batch's write is one slice of its own,
-whatever its size, so that it is all or nothing) and each slice takes a turn here first:
+messages and `slice_bytes` bytes; a large batch's records are laid out in slices
+too, then written in one slice of its own, so that it is all or nothing) and each slice
+takes a turn here first:
 
 - uncontended, a turn is free (no await): while nobody waits and the store work done since
   the loop last went round is under `turn_seconds`, the slice runs at once;

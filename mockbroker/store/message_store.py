@@ -48,6 +48,7 @@ from mockbroker.store.records import (
     as_checked,
     check_frames,
     lay_out_records,
+    rebase_entries,
 )
 from mockbroker.store.recovery import RecordHeader, RecoveryReport, recover
 from mockbroker.store.retention import (
@@ -121,6 +122,24 @@ class Batch:
     queue_id: int
     frames: bytes
     checked: Sequence[CheckedFrame]
+
+
+@dataclass(slots=True)
+class LaidOut:
+    """A batch's records laid out ahead of its write, a slice at a time (MessageStore.lay_out).
+
+    Positions count from the batch's first record; the write moves them to where it
+    appends. It holds while the queue's next offset is still `first_offset` (the write
+    lays the batch out again otherwise).
+    """
+
+    first_offset: int
+    store_timestamp_ms: int
+    index: IdKeyEntries | None
+    pieces: list[bytes | memoryview] = field(default_factory=list)
+    entries: list[bytes] = field(default_factory=list)
+    size: int = 0  # bytes laid out
+    count: int = 0  # records laid out
 
 
 class _QueueWrite:
@@ -529,6 +548,47 @@ class MessageStore:
         )
         return written
 
+    def lay_out(
+        self,
+        topic: Topic,
+        batch: Batch,
+        laid: LaidOut | None,
+        *,
+        first_offset: int,
+        max_frames: int,
+        max_bytes: int,
+    ) -> LaidOut:
+        """Lay out `batch`'s next records for write_parts; what earlier calls laid out too.
+
+        At most `max_frames` records and `max_bytes` (but one record whatever its size),
+        after `laid` (None: the first, at `first_offset`).
+        Nothing is written: a write of a large batch stays one write (all or nothing),
+        while the work of laying it out is done in slices before.
+        """
+        if laid is None:
+            indexing = self._index is not None and not topic.name.startswith(SYSTEM_PREFIX)
+            laid = LaidOut(
+                first_offset, int(self._clock.now() * 1000), IdKeyEntries() if indexing else None
+            )
+        section = as_checked(batch.checked).section(laid.count, laid.count + max_frames, max_bytes)
+        name = topic.name.encode()
+        laid.entries.append(
+            lay_out_records(
+                batch.frames,
+                section,
+                laid.pieces,
+                topic=name,
+                queue_id=batch.queue_id,
+                first_offset=laid.first_offset + laid.count,
+                store_timestamp_ms=laid.store_timestamp_ms,
+                base_position=laid.size,
+                index=laid.index,
+            )
+        )
+        laid.count += len(section)
+        laid.size += section.frame_bytes() + len(section) * (RECORD.size + len(name))
+        return laid
+
     def write_parts(
         self,
         topic: Topic,
@@ -536,12 +596,15 @@ class MessageStore:
         *,
         index_into: tuple[Topic, int] | None = None,
         reconsume_times: int = 0,
+        laid_out: Sequence[LaidOut | None] = (),
     ) -> list[Written]:
         """Write and index batches for several queues of `topic` in one pass; one Written each.
 
         One commit-log write for them all (so one fsync makes them durable: `durable` with
         the shared end), one index write per queue. Batches of one queue get consecutive
         offsets in the order given. All or nothing: a full disk rolls every batch back.
+        `laid_out`: each batch's records laid out before (lay_out; None: not), used where
+        they are whole and still take the offsets they were laid out at.
         """
         queues: dict[tuple[str, int], _QueueWrite] = {}  # by the queue indexed in
         targets: list[_QueueWrite] = []  # each batch's
@@ -563,31 +626,44 @@ class MessageStore:
             as_checked(part.checked).frame_bytes() + len(part.checked) * overhead for part in parts
         ]
         position = self.commitlog.end
-        written: list[tuple[int, int]] = []  # (first offset, count) of each batch
+        written: list[tuple[int, int, int]] = []  # (first offset, count, store time) each
         try:
             position = self.commitlog.make_room(sum(sizes))
             pieces: list[bytes | memoryview] = []
             index = IdKeyEntries() if indexing else None
             at = position
-            for part, target, size in zip(parts, targets, sizes, strict=True):
+            for i, (part, target, size) in enumerate(zip(parts, targets, sizes, strict=True)):
                 first = target.next_offset
-                target.entries.append(
-                    lay_out_records(
-                        part.frames,
-                        part.checked,
-                        pieces,
-                        topic=name,
-                        queue_id=part.queue_id,
-                        first_offset=first,
-                        store_timestamp_ms=store_ts,
-                        base_position=at,
-                        reconsume_times=reconsume_times,
-                        index=index,
-                    )
-                )
                 count = len(part.checked)
+                laid = laid_out[i] if i < len(laid_out) else None
+                if (
+                    laid is not None
+                    and laid.first_offset == first
+                    and laid.count == count
+                    and not reconsume_times
+                ):
+                    pieces += laid.pieces
+                    target.entries.append(rebase_entries(b"".join(laid.entries), at))
+                    if index is not None and laid.index is not None:
+                        index.take(laid.index, at)
+                    written.append((first, count, laid.store_timestamp_ms))
+                else:
+                    target.entries.append(
+                        lay_out_records(
+                            part.frames,
+                            part.checked,
+                            pieces,
+                            topic=name,
+                            queue_id=part.queue_id,
+                            first_offset=first,
+                            store_timestamp_ms=store_ts,
+                            base_position=at,
+                            reconsume_times=reconsume_times,
+                            index=index,
+                        )
+                    )
+                    written.append((first, count, store_ts))
                 target.next_offset = first + count
-                written.append((first, count))
                 at += size
             self.commitlog.append(b"".join(pieces))
             for target in queues.values():
@@ -619,7 +695,7 @@ class MessageStore:
                 self._unannounced.append((end, key))
             elif self.on_append is not None:
                 self.on_append(*key)
-        return [Written(first, count, store_ts, end) for first, count in written]
+        return [Written(first, count, ts, end) for first, count, ts in written]
 
     async def durable(self, end: int) -> bool:
         """Sync mode: wait until the commit log is synced up to `end` (False: that timed out).

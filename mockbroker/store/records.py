@@ -180,6 +180,23 @@ class CheckedFrames(Sequence[CheckedFrame]):
         """The frames' bytes, without their length prefixes."""
         return sum(self.ends) - sum(self.starts)
 
+    def section(self, start: int, stop: int, max_bytes: int) -> CheckedFrames:
+        """Frames `start` up to `stop` (indexes), as CheckedFrames of their own.
+
+        Cut where their bytes would pass `max_bytes` (one frame at least).
+        """
+        data = self._data[start * _STRIDE : stop * _STRIDE]
+        taken = 0
+        for at in range(0, len(data), _STRIDE):
+            taken += data[at + 1] - data[at]
+            if taken > max_bytes and at:
+                del data[at:]
+                break
+        out = CheckedFrames()
+        out._data = data
+        out.scheduled = sum(1 for due in data[3::_STRIDE] if due)
+        return out
+
 
 def as_checked(checked: Sequence[CheckedFrame]) -> CheckedFrames:
     """`checked` as CheckedFrames (itself when it is one)."""
@@ -408,6 +425,14 @@ def lay_out_records(
     return b"".join(entries)
 
 
+def rebase_entries(entries: bytes, delta: int) -> bytes:
+    """Consume-queue entries laid out from one position, moved `delta` bytes on."""
+    if not delta:
+        return entries
+    pack = ENTRY.pack
+    return b"".join([pack(p + delta, size, h) for p, size, h in ENTRY.iter_unpack(entries)])
+
+
 class IdKeyEntries:
     """What the id/key index takes for a write: each record's position, id, and its keys."""
 
@@ -418,6 +443,12 @@ class IdKeyEntries:
         self.ids: list[bytes] = []
         #: (position, keys joined by NUL) of the records that carry keys.
         self.keyed: list[tuple[int, bytes]] = []
+
+    def take(self, other: IdKeyEntries, delta: int) -> None:
+        """Add `other`'s entries, their positions moved `delta` bytes on."""
+        self.positions += [p + delta for p in other.positions]
+        self.ids += other.ids
+        self.keyed += [(p + delta, keys) for p, keys in other.keyed]
 
     def add(
         self,

@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -22,8 +22,9 @@ from mockbroker.errors import BrokerError
 from mockbroker.fair_store import SlicedStore
 from mockbroker.fairness import FairScheduler
 from mockbroker.store import commitlog as commitlog_module
+from mockbroker.store import message_store as message_store_module
 from mockbroker.store.commitlog import CommitLog, FlushPlan
-from mockbroker.store.message_store import GetResult, MessageStore, PutResult, Written
+from mockbroker.store.message_store import Batch, GetResult, MessageStore, PutResult, Written
 from mockbroker.store.records import CheckedFrame, CheckedFrames, check_frames
 from mockbroker.topics import Topic
 from sdk._wire import encode_frame, iter_records
@@ -45,10 +46,12 @@ class TickingTimer:
         return self.now
 
 
-def frames(bodies: list[bytes], tags: list[bytes] | None = None) -> bytes:
+def frames(
+    bodies: list[bytes], tags: list[bytes] | None = None, keys: list[bytes] | None = None
+) -> bytes:
     return b"".join(
         encode_frame(msg_id=i.to_bytes(16, "big"), born_timestamp_ms=1, body=body,
-                     tags=tags[i] if tags else b"")
+                     tags=tags[i] if tags else b"", keys=[keys[i]] if keys else ())
         for i, body in enumerate(bodies)
     )  # fmt: skip
 
@@ -61,6 +64,19 @@ def numbered(count: int, size: int = 100, prefix: bytes = b"m") -> list[bytes]:
     return [prefix + str(i).encode().rjust(size - len(prefix), b".") for i in range(count)]
 
 
+def new_store(path: Path, sync: bool = False) -> MessageStore:
+    store = MessageStore(
+        path,
+        sync_flush=sync,
+        segment_bytes=1 << 24,
+        flush_interval_seconds=60,
+        sync_flush_timeout_seconds=5,
+        clock=FakeClock(),
+    )
+    store.open()
+    return store
+
+
 def run(
     tmp_path: Path,
     body: Callable[[MessageStore, SlicedStore, Topic], Awaitable[T]],
@@ -70,15 +86,7 @@ def run(
     """`body(store, sliced, topic)` on a fresh store whose topic "t" has 4 queues."""
 
     async def main() -> T:
-        store = MessageStore(
-            tmp_path / "store",
-            sync_flush=sync,
-            segment_bytes=1 << 24,
-            flush_interval_seconds=60,
-            sync_flush_timeout_seconds=5,
-            clock=FakeClock(),
-        )
-        store.open()
+        store = new_store(tmp_path / "store", sync)
         await store.start()
         try:
             topic, _ = store.create_topic("t", 4)
@@ -488,3 +496,107 @@ def test_holds_on_several_queues_are_all_let_go_when_waiting_for_one_is_cancelle
         return len(got) + len(again)
 
     assert run(tmp_path, body) == 3
+
+
+class CountedLayouts:
+    """Counts the store's calls of lay_out_records (each lays out a slice or a batch)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = message_store_module.lay_out_records
+
+        def counted(*args: Any, **kwargs: Any) -> bytes:
+            self.calls += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(message_store_module, "lay_out_records", counted)
+
+
+def stored_as_one_write(tmp_path: Path, batches: list[tuple[int, bytes]]) -> list[bytes]:
+    """What a fresh store holds in queues 0 and 1 of "t" after one write_parts of `batches`."""
+
+    async def main() -> list[bytes]:
+        store = new_store(tmp_path)
+        await store.start()
+        try:
+            topic, _ = store.create_topic("t", 4)
+            store.write_parts(topic, [Batch(q, data, store.check(data)) for q, data in batches])
+            return [store.get(topic, q, 0, max_messages=10_000, max_bytes=1 << 30).records
+                    for q in (0, 1)]  # fmt: skip
+        finally:
+            await store.close()
+
+    return asyncio.run(main())
+
+
+def test_a_large_batch_is_laid_out_a_slice_per_turn_and_written_as_one_write_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    count = 5 * SLICE_MESSAGES + 3
+    data = frames(numbered(count), keys=[b"key-%d" % i for i in range(count)])
+    layouts = CountedLayouts(monkeypatch)
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> tuple[bytes, int]:
+        result = await send(store, sliced, "a", topic, 0, data)
+        assert (result.first_offset, result.count) == (0, count)
+        by_key = store.find_by_key("t", "key-70")
+        assert by_key == store.find_by_id((70).to_bytes(16, "big")), "indexed where it lies"
+        assert [r.body for r in iter_records(by_key[0])] == [numbered(count)[70]]
+        got = store.get(topic, 0, 0, max_messages=10_000, max_bytes=1 << 30).records
+        return got, sliced.scheduler.slices
+
+    stored, turns = run(tmp_path, body)
+    assert turns == 6 + 6 + 1, "checked in 6 slices, laid out in 6, written in one turn"
+    assert layouts.calls == 6, "the write laid nothing out again"
+    assert stored == stored_as_one_write(tmp_path / "one", [(0, data)])[0]
+
+
+def test_a_requests_parts_laid_out_in_slices_take_their_queues_next_offsets_in_order(
+    tmp_path: Path,
+) -> None:
+    a, b, c = (frames(numbered(20, prefix=p)) for p in (b"a", b"b", b"c"))
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[bytes]:
+        await send(store, sliced, "x", topic, 0, frames([b"first"]))
+        parts = [
+            Batch(0, a, store.check(a)),
+            Batch(1, b, store.check(b)),
+            Batch(0, c, store.check(c)),
+        ]
+        written = await sliced.write_parts("x", [], topic, parts)
+        assert [(w.first_offset, w.count) for w in written] == [(1, 20), (0, 20), (21, 20)]
+        assert sliced.scheduler.slices == 1 + 2 + 2 + 2 + 1
+        return [store.get(topic, q, 0, max_messages=10_000, max_bytes=1 << 30).records
+                for q in (0, 1)]  # fmt: skip
+
+    expected = stored_as_one_write(
+        tmp_path / "one", [(0, frames([b"first"])), (0, a), (1, b), (0, c)]
+    )
+    assert run(tmp_path, body) == expected
+
+
+def test_a_batch_whose_queue_moved_on_while_it_was_laid_out_is_laid_out_again_by_its_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bodies = numbered(3 * SLICE_MESSAGES)
+    layouts = CountedLayouts(monkeypatch)
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[int]:
+        real = store.lay_out
+        due = frames([b"due"])
+
+        def lay_out_then_a_message_falls_due(*args: Any, **kwargs: Any) -> Any:
+            laid = real(*args, **kwargs)
+            if laid.count == SLICE_MESSAGES:  # past the sliced store, as the schedule writes
+                store.write(topic, 0, due, store.check(due))
+            return laid
+
+        monkeypatch.setattr(store, "lay_out", lay_out_then_a_message_falls_due)
+        result = await send(store, sliced, "a", topic, 0, frames(bodies))
+        assert (result.first_offset, result.count) == (1, len(bodies))
+        assert read_all(store, topic, 0) == [b"due", *bodies]
+        got = store.get(topic, 0, 0, max_messages=10_000, max_bytes=1 << 30).records
+        return [r.queue_offset for r in iter_records(got)]
+
+    assert run(tmp_path, body) == list(range(1 + 3 * SLICE_MESSAGES))
+    assert layouts.calls == 3 + 1 + 1, "3 slices, the message due, the batch again"

@@ -8,7 +8,16 @@ import pytest
 
 from mockbroker.errors import BrokerError
 from mockbroker.store.consumequeue import ENTRY
-from mockbroker.store.records import _HEADER, CheckedFrames, as_checked, build_records, check_frames
+from mockbroker.store.records import (
+    _HEADER,
+    CheckedFrames,
+    IdKeyEntries,
+    as_checked,
+    build_records,
+    check_frames,
+    lay_out_records,
+    rebase_entries,
+)
 from sdk._wire import (
     FRAME_FIELDS,
     FRAME_LEN_PREFIX,
@@ -228,3 +237,62 @@ def test_checked_frames_are_columns_that_read_as_one_checked_frame_each() -> Non
     # A plain list of CheckedFrame lays out the same records as the columns.
     kw = dict(topic=b"t", queue_id=1, first_offset=5, store_timestamp_ms=NOW_MS, base_position=9)
     assert build_records(joined, one_by_one, **kw) == build_records(joined, checked, **kw)  # type: ignore[arg-type]
+
+
+def test_a_batch_laid_out_in_sections_from_position_0_then_moved_is_the_batch_laid_out_whole() -> (
+    None
+):
+    frames = [mixed(i) for i in range(10)]
+    joined = b"".join(frames)
+    checked = check_frames(joined, NOW_MS)
+    kw = dict(topic=b"t", queue_id=1, store_timestamp_ms=NOW_MS)
+    whole: list[bytes | memoryview] = []
+    whole_index = IdKeyEntries()
+    whole_entries = lay_out_records(
+        joined,
+        checked,
+        whole,
+        first_offset=5,
+        base_position=900,
+        index=whole_index,
+        **kw,  # type: ignore[arg-type]
+    )
+    pieces: list[bytes | memoryview] = []
+    entries: list[bytes] = []
+    index = IdKeyEntries()
+    done = size = 0
+    while done < len(checked):
+        section = checked.section(done, done + 4, max_bytes=1 << 20)
+        entries.append(
+            lay_out_records(
+                joined, section, pieces, first_offset=5 + done, base_position=size,
+                index=index, **kw,  # type: ignore[arg-type]
+            )
+        )  # fmt: skip
+        done += len(section)
+        size = sum(len(p) for p in pieces)
+    moved = IdKeyEntries()
+    moved.take(index, 900)
+    assert b"".join(pieces) == b"".join(whole)
+    assert rebase_entries(b"".join(entries), 900) == whole_entries
+    assert rebase_entries(whole_entries, 0) == whole_entries
+    assert (moved.positions, moved.ids, moved.keyed) == (
+        whole_index.positions,
+        whole_index.ids,
+        whole_index.keyed,
+    )
+    assert moved.keyed, "the batch has keyed messages"
+
+
+def test_a_section_of_checked_frames_stops_at_its_byte_budget_but_takes_one_frame() -> None:
+    later = encode_frame(msg_id=bytes(16), born_timestamp_ms=NOW_MS, body=b"x" * 50,
+                         deliver_at_ms=NOW_MS + 60_000)  # fmt: skip
+    frames = [mixed(0), later, mixed(2), mixed(3)]
+    checked = check_frames(b"".join(frames), NOW_MS)
+    sizes = [end - start for start, end in zip(checked.starts, checked.ends, strict=True)]
+    assert checked.section(1, 3, max_bytes=1 << 20) == checked[1:3]
+    assert checked.section(1, 3, max_bytes=1 << 20).scheduled == 1
+    assert checked.section(0, 4, max_bytes=sizes[0] + sizes[1]) == checked[0:2]
+    assert checked.section(0, 4, max_bytes=sizes[0] + sizes[1] - 1) == checked[0:1]
+    assert checked.section(2, 4, max_bytes=1) == checked[2:3], "one frame whatever its size"
+    assert checked.section(3, 9, max_bytes=1 << 20) == checked[3:4]
