@@ -49,10 +49,14 @@ class MessageIndex:
         self.paths = (directory / "ids", directory / "keys")
         self._ids = open_durably(directory / "ids", os.O_RDWR | os.O_APPEND)
         self._keys = open_durably(directory / "keys", os.O_RDWR | os.O_APPEND)
+        #: Each file's size, kept here: a write would cost two fstat calls to read them.
+        self._sizes: dict[int, int] = {}
         for fd, entry in ((self._ids, _ID_ENTRY), (self._keys, _KEY_ENTRY)):
             size = os.fstat(fd).st_size
             if size % entry.size:  # a crash tore the last entry: later ones would be skewed
-                os.ftruncate(fd, size - size % entry.size)
+                size -= size % entry.size
+                os.ftruncate(fd, size)
+            self._sizes[fd] = size
         #: Per file, the first entry still pointing into the commit log.
         self._live_from: dict[int, int] = {self._ids: 0, self._keys: 0}
 
@@ -64,7 +68,9 @@ class MessageIndex:
         keyed: list[tuple[int, bytes]],
     ) -> None:
         """Index a batch: every message by id, and `keyed` (position, keys joined by NUL)."""
-        os.write(self._ids, b"".join(map(_ID_ENTRY.pack, msg_ids, positions)))
+        self._sizes[self._ids] += os.write(
+            self._ids, b"".join(map(_ID_ENTRY.pack, msg_ids, positions))
+        )
         if not keyed:
             return
         # Hashing the prefix once and copying its state gives key_hash's digest at half
@@ -77,7 +83,7 @@ class MessageIndex:
                 h = prefix.copy()
                 h.update(key)
                 entries.append(pack(h.digest(), position))
-        os.write(self._keys, b"".join(entries))
+        self._sizes[self._keys] += os.write(self._keys, b"".join(entries))
 
     def positions_of_id(self, msg_id: bytes) -> Iterator[int]:
         """Commit-log positions indexed under `msg_id`, newest first."""
@@ -103,13 +109,15 @@ class MessageIndex:
 
     def sizes(self) -> tuple[int, int]:
         """The byte sizes of the id and key files (to roll back a failed batch)."""
-        return os.fstat(self._ids).st_size, os.fstat(self._keys).st_size
+        return self._sizes[self._ids], self._sizes[self._keys]
 
     def roll_back(self, sizes: tuple[int, int]) -> None:
         """Cut both files back to `sizes` (entries of a batch that failed to be stored)."""
         for fd, size in zip((self._ids, self._keys), sizes, strict=True):
-            if os.fstat(fd).st_size > size:
+            actual = os.fstat(fd).st_size
+            if actual > size:
                 os.ftruncate(fd, size)
+            self._sizes[fd] = min(actual, size)
 
     def trim_below(self, position: int) -> None:
         """Stop scanning, and free, the entries that point below commit-log `position`."""
