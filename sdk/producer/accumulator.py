@@ -7,6 +7,14 @@ at most `max_requests_in_flight` requests at a time. With `linger=0` this is nat
 batching: a send goes at once when nothing is in flight, and the sends that arrive while
 a request is in flight ride the next one.
 
+Callers that send one after another (each awaiting its send) send again on the turn of
+the event loop their answers come. A request ends once the callers it answered have had
+that turn, so what they send then goes in one request (none of them alone, as to an idle
+producer); and while a request is in flight, sends made on an answer's turn wait for it
+instead of opening another (sends that come on their own still go beside it). Otherwise
+such callers split into groups whose requests take turns, each carrying a share of them,
+though a request costs both sides about the same whatever it carries.
+
 Each queue has at most one part in flight (its retries included), so messages of one
 queue (and so of one sharding key) reach the broker in the order they were accepted. A
 part that fails retriably is retried alone, per the producer's retry policy, while the
@@ -54,6 +62,7 @@ class _Pending:
     since: float
     ticket: int
     movable: bool  # keyless: its retry may go to another queue
+    prompted: bool  # made on the turn a request's answers were given (see _answered)
 
 
 class _QueueBuffer:
@@ -92,6 +101,9 @@ class Accumulator:
         self._holds: dict[str | MessageQueue, tuple[int, BaseException]] = {}
         self._wake = asyncio.Event()
         self._in_flight = 0
+        # Requests whose callers are having their turn, answered (see _answered).
+        self._answering = 0
+        self._unprompted = 0  # buffered messages that did not come on an answer's turn
         self._tasks: set[asyncio.Task[None]] = set()
         self._sender: asyncio.Task[None] | None = None
 
@@ -139,10 +151,15 @@ class Accumulator:
         if self._sender is None:
             self._sender = asyncio.create_task(self._send_forever(), name="accumulator")
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
-        buffer.items.append(_Pending(prepared, msg_id, future, self._clock.now(), ticket, movable))
+        prompted = self._answering > 0
+        buffer.items.append(
+            _Pending(prepared, msg_id, future, self._clock.now(), ticket, movable, prompted)
+        )
         buffer.bytes += len(prepared)
         self._pending += 1
         self._buffered += 1
+        if not prompted:
+            self._unprompted += 1
         self._wake.set()
         return future
 
@@ -179,7 +196,7 @@ class Accumulator:
         buffer.busy = True
         self._in_flight += 1
         self._pending += 1
-        return _Pending(prepared, msg_id, future, self._clock.now(), ticket, movable)
+        return _Pending(prepared, msg_id, future, self._clock.now(), ticket, movable, False)
 
     async def send_claimed(self, queue: MessageQueue, claimed: _Pending) -> SendResult:
         """Send a claimed message as a request of its own; its result (or its error).
@@ -188,7 +205,7 @@ class Accumulator:
         later sends of its queue go on, as with no accumulator.
         """
         try:
-            await self._request([(queue, [claimed])])
+            await self._request([(queue, [claimed])], claimed=True)
         except asyncio.CancelledError:
             if not claimed.future.done():
                 claimed.future.cancel()
@@ -223,10 +240,16 @@ class Accumulator:
                 ) from None
 
     async def _send_forever(self) -> None:
-        """Start a request whenever one may go and queues are ready; else wait."""
+        """Start a request whenever one may go and queues are ready; else wait.
+
+        While a request is in flight, another goes only for a message that did not come
+        on an answer's turn: those wait to go with the sends of the callers it answers.
+        """
         while True:
             self._wake.clear()
-            if self._in_flight >= self._config.max_requests_in_flight:
+            if self._in_flight >= self._config.max_requests_in_flight or (
+                self._in_flight and not self._unprompted
+            ):
                 await self._wake.wait()
                 continue
             parts, next_ready = self._take_ready()
@@ -265,27 +288,54 @@ class Accumulator:
                 continue
             batch = _take(buffer, config.batch_max_messages, min(config.batch_max_bytes, room))
             self._buffered -= len(batch)
+            self._unprompted -= sum(not p.prompted for p in batch)
             buffer.busy = True
             parts.append((queue, batch))
             size += sum(len(p.prepared) for p in batch)
         return parts, next_ready
 
-    async def _request(self, parts: list[tuple[MessageQueue, list[_Pending]]]) -> None:
-        """Send `parts` in one request; settle each part, or hand it to a retry."""
+    async def _request(
+        self, parts: list[tuple[MessageQueue, list[_Pending]]], claimed: bool = False
+    ) -> None:
+        """Send `parts` in one request; settle each part, or hand it to a retry.
+
+        `claimed`: sent in its caller's task (send_claimed), which goes on at once.
+        """
         try:
             outcomes = await self._send_parts(
                 [(q, [p.prepared for p in b], [p.msg_id for p in b]) for q, b in parts]
             )
         except Exception as exc:  # the whole request failed
             outcomes = [exc] * len(parts)
-        finally:
+        except BaseException:
             self._in_flight -= 1
             self._wake_if_buffered()
-        for (queue, batch), outcome in zip(parts, outcomes, strict=True):
-            if isinstance(outcome, BaseException) and is_retriable(outcome):
-                self._spawn(self._retry(queue, batch, outcome))
-            else:
-                await self._settle(queue, batch, outcome)
+            raise
+        self._answering += 1
+        try:
+            for (queue, batch), outcome in zip(parts, outcomes, strict=True):
+                if isinstance(outcome, BaseException) and is_retriable(outcome):
+                    self._spawn(self._retry(queue, batch, outcome))
+                else:
+                    await self._settle(queue, batch, outcome, wake=False)
+        finally:
+            if claimed:  # its caller goes on now, and may send again as a lone send would
+                self._in_flight -= 1
+            # The sender runs after the callers woken above, and may take what waited
+            # meanwhile (beside this request if it may, before it ends).
+            self._wake_if_buffered()
+            asyncio.get_running_loop().call_soon(self._answered, not claimed)
+
+    def _answered(self, ends_request: bool) -> None:
+        """The callers a request answered have had their turn (their tasks woke first).
+
+        `ends_request`: the request counted as in flight until now, so that they sent in
+        one request what they sent meanwhile (none of them alone, as an idle producer's).
+        """
+        self._answering -= 1
+        if ends_request:
+            self._in_flight -= 1
+        self._wake_if_buffered()
 
     async def _retry(
         self, queue: MessageQueue, batch: list[_Pending], failure: BaseException
@@ -312,8 +362,12 @@ class Accumulator:
         queue: MessageQueue,
         batch: list[_Pending],
         outcome: list[SendResult] | BaseException,
+        wake: bool = True,
     ) -> None:
-        """Answer a part's callers; after a failure, fail those waiting behind it."""
+        """Answer a part's callers; after a failure, fail those waiting behind it.
+
+        `wake`: wake the sender if messages wait (False: the caller will).
+        """
         buffer = self._queues[queue]
         if isinstance(outcome, BaseException):
             _fail(batch, outcome)
@@ -325,13 +379,15 @@ class Accumulator:
                 _fail(behind, EarlierSendFailedError(describe(queue), outcome))
                 self._pending -= len(behind)
                 self._buffered -= len(behind)
+                self._unprompted -= sum(not p.prompted for p in behind)
         else:
             for p, result in zip(batch, outcome, strict=True):
                 if not p.future.done():
                     p.future.set_result(result)
         self._pending -= len(batch)
         buffer.busy = False
-        self._wake_if_buffered()
+        if wake:
+            self._wake_if_buffered()
         async with self._room:
             self._room.notify_all()
 

@@ -464,6 +464,94 @@ def test_a_lone_caller_does_not_wake_the_accumulator_when_its_send_is_answered(
     assert looks <= 2 * 20 + 1  # was 61: once more after every request, finding nothing
 
 
+class AnsweredByHand:
+    """An accumulator (natural batching, two requests in flight) whose requests wait until
+    the test answers them; `requests`: each request's frames."""
+
+    def __init__(self) -> None:
+        self.requests: list[list[bytes]] = []
+        self.answers: list[asyncio.Event] = []
+        config = AccumulatorConfig(linger=0, max_requests_in_flight=2)
+        self.acc = Accumulator(config, self._send_parts, self._retry, FakeClock(), MAX_SEND_BYTES)
+
+    async def _send_parts(self, parts: list[Part]) -> list[list[SendResult] | BaseException]:
+        self.requests.append([frame for _, frames, _ in parts for frame in frames])
+        self.answers.append(asyncio.Event())
+        await self.answers[-1].wait()
+        return [stored_results(q, ids) for q, _, ids in parts]
+
+    async def _retry(
+        self, q: MessageQueue, f: list[bytes], i: list[bytes], failure: BaseException, m: bool
+    ) -> list[SendResult]:
+        raise failure
+
+    async def caller(self, queue: MessageQueue, frames: list[bytes]) -> None:
+        """Send `frames` one after another, each once the previous one was answered."""
+        for frame in frames:
+            await (await self.acc.enqueue(queue, frame, frame, self.acc.ticket()))
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        for _ in range(100):
+            if condition():
+                return
+            await asyncio.sleep(0)
+        raise AssertionError("not within 100 turns")
+
+
+def test_a_send_made_as_its_answer_comes_waits_for_the_request_in_flight() -> None:
+    """Two callers sending one after another, two requests in flight: each sent again as
+    its answer came, beside the other's request, a request each for good where one could
+    carry both. A send made on the turn its answer came now waits for the request in
+    flight; a send that comes on its own still goes beside it."""
+    qa, qb = MessageQueue(TOPIC, "broker-a", 0), MessageQueue(TOPIC, "broker-a", 1)
+    s = AnsweredByHand()
+
+    async def main() -> None:
+        a = asyncio.create_task(s.caller(qa, [b"a0", b"a1"]))
+        await s.until(lambda: len(s.requests) == 1)
+        b = asyncio.create_task(s.caller(qb, [b"b0", b"b1"]))
+        await s.until(lambda: len(s.requests) == 2)  # on its own: beside the first
+        s.answers[0].set()
+        await s.until(lambda: s.acc.pending == 2)  # a sent again
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert len(s.requests) == 2  # went at once as a third request
+        s.answers[1].set()
+        await s.until(lambda: len(s.requests) == 3)
+        s.answers[2].set()
+        await asyncio.gather(a, b)
+        await s.acc.close()
+
+    asyncio.run(main())
+    assert s.requests == [[b"a0"], [b"b0"], [b"a1", b"b1"]]
+
+
+def test_the_sender_looks_again_once_every_part_of_an_answered_request_was_settled() -> None:
+    """A message waited behind a busy queue as a request of two parts came back. The sender
+    woke as the first part was settled, before the callers of the second had run, and sent
+    it with only the first part's caller's next message: the second's went alone after."""
+    qa, qb = MessageQueue(TOPIC, "broker-a", 0), MessageQueue(TOPIC, "broker-a", 1)
+    s = AnsweredByHand()
+
+    async def main() -> None:
+        callers = [
+            asyncio.create_task(s.caller(qa, [b"a0", b"a1"])),
+            asyncio.create_task(s.caller(qb, [b"b0", b"b1"])),
+        ]
+        await s.until(lambda: len(s.requests) == 1)
+        callers.append(asyncio.create_task(s.caller(qa, [b"x"])))  # qa is busy: it waits
+        await s.until(lambda: s.acc.pending == 3)
+        s.answers[0].set()
+        while not all(c.done() for c in callers):  # answer the rest as they come
+            await asyncio.sleep(0)
+            for answer in s.answers:
+                answer.set()
+        await s.acc.close()
+
+    asyncio.run(main())
+    assert s.requests == [[b"a0", b"b0"], [b"x", b"a1", b"b1"]]
+
+
 @pytest.mark.parametrize(
     ("failure", "holds_back"),
     [
@@ -751,6 +839,46 @@ def test_sends_made_while_a_request_is_in_flight_share_the_next_one_each_its_own
         assert result.queue.queue_id == shard_index(m.sharding_key, QUEUES)
         stored = broker.stored[result.queue.queue_id][result.queue_offset]
         assert stored == m.body  # its own result: where its message was stored
+
+
+def test_callers_that_send_one_after_another_go_together_not_in_staggered_groups(
+    broker: ScriptedBroker,
+) -> None:
+    """Eight callers, each sending again as its send returns, on the default producer
+    (natural batching, two requests in flight). The first of the callers a request answered
+    found the producer idle and sent alone, the others in the next request: two requests
+    a round where one carries all eight (issue 35; over gRPC the groups' requests took
+    turns, 2.5 messages a request). A request now ends once the callers it answered have
+    sent again, and their sends do not open a request beside one in flight."""
+
+    async def cached_routes(topic: str) -> list[MessageQueue]:
+        return [MessageQueue(topic, "broker-a", q) for q in range(QUEUES)]  # no lookup
+
+    transport = FramesTransport(broker, cached_routes)
+    rounds = 10
+
+    async def main() -> None:
+        core_ = ProducerCore(transport, config=ProducerConfig(), clock=FakeClock())
+        await core_.start()
+
+        async def caller(key: str) -> None:
+            for n in range(rounds):
+                await core_.send(Message(TOPIC, f"{key}:{n}".encode(), sharding_key=key))
+
+        try:
+            keys = [key_for(q, n) for q in range(QUEUES) for n in range(2)]
+            await asyncio.wait_for(asyncio.gather(*(caller(k) for k in keys)), 5)
+        finally:
+            await core_.shutdown()
+
+    asyncio.run(main())
+    sizes = [sum(n for _, n in request) for request in transport.requests]
+    # The idle producer's first send went at once; the first caller is a round ahead.
+    # Was [1, 8, 1, 8, ...]: each round in two requests, one caller alone in the first.
+    assert sizes == [1] + [8] * (rounds - 1) + [7]
+    assert {k: len(v) for k, v in by_key(broker).items()} == {
+        key_for(q, n): rounds for q in range(QUEUES) for n in range(2)
+    }
 
 
 def test_a_refused_part_of_a_shared_request_fails_only_its_callers(
