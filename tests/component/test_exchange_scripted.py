@@ -509,6 +509,56 @@ def test_on_a_broker_without_exchange_batched_calls_and_subscriptions_go_on_exch
     run(main)
 
 
+def test_a_fallback_lasts_as_long_as_the_connection_that_learned_it() -> None:
+    """Refused on one connection, ExchangeBatched is asked for once more on the next (the
+    broker behind the address may have been upgraded), not on each call meanwhile."""
+
+    async def main() -> None:
+        broker = ScriptedBroker()
+        await broker.server.start()
+        channel = grpc.aio.insecure_channel(broker.address)
+        batched = channel.stream_stream(
+            EXCHANGE_BATCHED_PATH, response_deserializer=pb.ExchangeResponses.FromString
+        )
+        losses: asyncio.Queue[None] = asyncio.Queue()  # a connection lost, as the channel tells
+
+        async def disconnected() -> None:
+            await losses.get()
+
+        client = Exchange(pb_grpc.MessagingServiceStub(channel).Exchange, broker.address,
+                          open_batched=batched, disconnected=disconnected)  # fmt: skip
+        refused_once = [f"/{SERVICE}/ExchangeBatched", *2 * [f"/{SERVICE}/Exchange"]]
+        try:
+            for offset in range(3):
+                call = asyncio.create_task(client.call(send()))
+                if offset == 0:
+                    stream = await broker.next_stream()
+                request = await stream.next_request()
+                await stream.answer(sent(request.id, offset))
+                assert (await call).send.first_queue_offset == offset
+            assert broker.methods == refused_once  # the probe of Exchange, then its stream
+            losses.put_nowait(None)
+            stream.end(grpc.StatusCode.UNAVAILABLE, "connection lost")
+            await asyncio.wait_for(stream_ended(client), WAIT)
+            call = asyncio.create_task(client.call(send()))
+            stream = await broker.next_stream()
+            request = await stream.next_request()
+            await stream.answer(sent(request.id, 3))
+            assert (await call).send.first_queue_offset == 3
+            assert broker.methods == 2 * refused_once
+        finally:
+            await client.close()
+            await channel.close(None)
+            await broker.server.stop(None)
+
+    run(main)
+
+
+async def stream_ended(client: Exchange) -> None:
+    while client._stream is not None:
+        await asyncio.sleep(0.01)
+
+
 def test_nothing_is_written_on_exchange_batched_before_the_broker_greets() -> None:
     """A write racing an older broker's refusal fails the call with INTERNAL in grpc.aio
     (the UNIMPLEMENTED lost, the fallback not taken): requests wait for the greeting."""
