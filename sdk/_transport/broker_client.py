@@ -142,7 +142,9 @@ class BrokerClient:
             request_serializer=None,  # written serialized (sdk._batching.join_repeated)
             response_deserializer=pb.ExchangeResponses.FromString,
         )
-        self._exchange = Exchange(self._messaging.Exchange, address, self._ready, batched)
+        self._exchange = Exchange(
+            self._messaging.Exchange, address, self._ready, batched, self._disconnected
+        )
 
     async def close(self) -> None:
         """Close the channel: calls in flight fail (ClientStateError on the Exchange stream)."""
@@ -192,6 +194,13 @@ class BrokerClient:
             await self._channel.wait_for_state_change(state)
             state = self._channel.get_state(try_to_connect=True)
         self._connected_once = True
+
+    async def _disconnected(self) -> None:
+        """Return once the channel's connection is lost (it is no longer READY)."""
+        state = self._channel.get_state()
+        while state == grpc.ChannelConnectivity.READY:
+            await self._channel.wait_for_state_change(state)
+            state = self._channel.get_state()
 
     async def _unless_tls_fails(self, pending: Awaitable[T]) -> T:
         """Await a call waiting for the connection; fail at once if TLS or the port fails it."""

@@ -19,6 +19,7 @@ carries.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -76,13 +77,21 @@ class Exchange:
         target: str,
         connected: Callable[[], Awaitable[None]] | None = None,
         open_batched: OpenBatched | None = None,
+        disconnected: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """`connected`: returns once the channel is connected (triggering a connection).
 
         `open_batched`: ExchangeBatched, tried first (None: Exchange only).
+        `disconnected`: returns once the channel's connection is lost; a fallback learned
+        on a connection holds until then (None: for the life of the client).
         """
         self._open_stream = open_stream
         self._open_batched = open_batched
+        self._batched_opener = open_batched
+        self._disconnected = disconnected
+        self._fallback_watch: asyncio.Task[None] | None = None
+        #: Asks whether the broker serves Exchange, once ExchangeBatched was refused.
+        self._probe: asyncio.Task[None] | None = None
         self._target = target
         self._connected = connected
         self._stream: _Stream | None = None
@@ -121,6 +130,8 @@ class Exchange:
     async def _call(
         self, envelope: pb.ExchangeRequest, timeout: float | None
     ) -> pb.ExchangeResponse:
+        if self._probe is not None:
+            timeout = await self._probed(envelope, timeout)
         if self._stream is None and timeout is not None and not self._closed:
             loop = asyncio.get_running_loop()
             started = loop.time()
@@ -163,6 +174,8 @@ class Exchange:
         ExchangeUnsupportedError when the broker is known to have no Exchange. The
         broker's refusal comes from the subscription's first `next()`.
         """
+        if self._probe is not None:
+            await self._probed(envelope, timeout)
         if not self._supported:
             raise ExchangeUnsupportedError("the broker does not serve Exchange")
         if self._stream is None and not self._closed:
@@ -184,6 +197,55 @@ class Exchange:
             except Exception:  # the stream ended: subscribe() hands that on
                 pass
         return stream.subscribe(envelope)
+
+    async def _probed(self, envelope: pb.ExchangeRequest, timeout: float | None) -> float | None:
+        """Wait for the probe of Exchange; the time left of `timeout`.
+
+        ExchangeUnsupportedError if the broker does not serve it.
+        """
+        probe = self._probe
+        assert probe is not None
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(probe)
+        except TimeoutError:
+            raise _unavailable(
+                f"{_describe(envelope)}: the broker at {self._target} did not tell whether "
+                f"it serves Exchange within {timeout:g}s (not sent)"
+            ) from None
+        except asyncio.CancelledError:
+            if not probe.cancelled():
+                raise  # the caller was
+            raise ClientStateError(f"the client of {self._target} was closed") from None
+        if not self._supported:
+            raise ExchangeUnsupportedError("the broker does not serve Exchange")
+        return None if timeout is None else max(0.0, timeout - (loop.time() - started))
+
+    async def _probe_exchange(self) -> None:
+        """Ask whether the broker serves Exchange: open it, write nothing, half-close.
+
+        A broker that serves it ends the stream at once (OK), an older one answers
+        UNIMPLEMENTED. Requests are not written on the stream while this is unknown: a
+        write racing the refusal fails the call with INTERNAL in grpc.aio, and the
+        requests would not know to go unary.
+        """
+        call = self._open_stream(None)
+        try:
+            with contextlib.suppress(Exception):  # the call ended: read() tells how
+                await call.done_writing()
+            while isinstance(await call.read(), pb.ExchangeResponse):
+                pass
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                log.info("%s: the broker does not serve Exchange either; using unary Send "
+                         "and Pull", self._target)  # fmt: skip
+                self._supported = False
+            # Anything else: the requests go on Exchange, and meet what broke it there.
+        finally:
+            call.cancel()
+            self._probe = None
 
     def _stream_for(self, envelope: pb.ExchangeRequest) -> _Stream:
         """The stream to write `envelope` on (opened if there is none), its id set."""
@@ -227,6 +289,14 @@ class Exchange:
         Not a retriable error: a request cut off by closing its client must not be resent.
         """
         self._closed = True
+        watch, self._fallback_watch = self._fallback_watch, None
+        if watch is not None:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        probe = self._probe
+        if probe is not None:
+            probe.cancel()
+            await asyncio.gather(probe, return_exceptions=True)
         stream, self._stream = self._stream, None
         if stream is not None:
             await stream.close(
@@ -239,9 +309,40 @@ class Exchange:
         if isinstance(error, ExchangeUnsupportedError):
             log.info("%s: %s; using unary Send and Pull", self._target, error)
             self._supported = False
+            self._until_disconnected()
         elif isinstance(error, _BatchingUnsupportedError):
             log.info("%s: %s; using Exchange", self._target, error)
             self._open_batched = None
+            self._until_disconnected()
+            if self._probe is None and not self._closed:
+                self._probe = asyncio.get_running_loop().create_task(
+                    self._probe_exchange(), name=f"exchange-probe-{self._target}"
+                )
+
+    def _until_disconnected(self) -> None:
+        """Keep the fallback while the connection that learned it lasts.
+
+        The broker behind the address may be replaced (rolled back, upgraded) only by
+        one that takes new connections: the next connection tries ExchangeBatched again,
+        and a broker that still lacks it is asked once more per connection, not per call.
+        """
+        if self._disconnected is None or self._fallback_watch is not None or self._closed:
+            return
+        self._fallback_watch = asyncio.get_running_loop().create_task(
+            self._forget_fallback(self._disconnected), name=f"exchange-fallback-{self._target}"
+        )
+
+    async def _forget_fallback(self, disconnected: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await disconnected()
+        except Exception:  # the channel closed under the wait: close() follows
+            return
+        finally:
+            self._fallback_watch = None
+        if not self._closed:
+            log.info("%s: connection lost; ExchangeBatched is tried again", self._target)
+            self._supported = True
+            self._open_batched = self._batched_opener
 
 
 class ExchangeSubscription:
@@ -441,6 +542,14 @@ class _Stream:
         Each message carries every request queued while the last one was written (at most
         MAX_BATCH, and BATCH_BYTES unless one alone is larger).
         """
+        assert self.greeted is not None
+        try:
+            # Nothing is written before the broker greets: a write racing an older broker's
+            # refusal fails the call with INTERNAL in grpc.aio, the UNIMPLEMENTED lost, and
+            # the requests would not go on Exchange. Requests made meanwhile wait queued.
+            await asyncio.shield(self.greeted)
+        except Exception:
+            return  # not served: the reader ended the stream, with the reason
         outbox = self._outbox
         carried: bytes | None = None
         while True:

@@ -63,10 +63,23 @@ class ScriptedBroker(grpc.GenericRpcHandler):  # type: ignore[type-arg]
     With exchange=False it has no Exchange method: the client gets UNIMPLEMENTED.
     """
 
-    def __init__(self, *, exchange: bool = True, silent_batched: bool = False) -> None:
-        """`silent_batched`: ExchangeBatched is served but never greets (a stuck broker)."""
+    def __init__(
+        self,
+        *,
+        exchange: bool = True,
+        silent_batched: bool = False,
+        greeting: asyncio.Event | None = None,
+    ) -> None:
+        """`silent_batched`: ExchangeBatched is served but never greets (a stuck broker).
+
+        `greeting`: ExchangeBatched is served, greeting once it is set; its messages go
+        to `batched` with whether the greeting had been written, each send answered.
+        """
         self.exchange = exchange
         self.silent_batched = silent_batched
+        self.greeting = greeting
+        self.batched: list[tuple[bool, pb.ExchangeRequests]] = []
+        self.exchange_probes = 0  # Exchange streams half-closed with nothing written
         self.methods: list[str] = []  # every method called, in order
         self.unary_sends: list[pb.SendRequest] = []
         self.unary_pulls: list[pb.PullRequest] = []
@@ -82,6 +95,8 @@ class ScriptedBroker(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         self.methods.append(method)
         if method == f"/{SERVICE}/ExchangeBatched" and self.silent_batched:
             return grpc.stream_stream_rpc_method_handler(self._silent)
+        if method == f"/{SERVICE}/ExchangeBatched" and self.greeting is not None:
+            return grpc.stream_stream_rpc_method_handler(self._greeting_when_told)
         if method == f"/{SERVICE}/Exchange" and self.exchange:
             return grpc.stream_stream_rpc_method_handler(
                 self._exchange,
@@ -106,7 +121,14 @@ class ScriptedBroker(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         return await asyncio.wait_for(self.streams.get(), WAIT)
 
     async def _exchange(self, _: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        first = await context.read()
+        if not isinstance(first, pb.ExchangeRequest):
+            # Half-closed with nothing written (the client asks whether Exchange is
+            # served): ended at once, OK, as the broker does.
+            self.exchange_probes += 1
+            return
         stream = ScriptedStream(context)
+        stream.requests.put_nowait(first)
         self.streams.put_nowait(stream)
 
         async def read() -> None:
@@ -126,6 +148,28 @@ class ScriptedBroker(grpc.GenericRpcHandler):  # type: ignore[type-arg]
 
     async def _silent(self, _: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         await asyncio.Event().wait()  # until the client cancels the call
+
+    async def _greeting_when_told(
+        self, _: object, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        assert self.greeting is not None
+        greeted = False
+
+        async def read() -> None:
+            while isinstance(message := await context.read(), bytes):
+                requests = pb.ExchangeRequests.FromString(message)
+                self.batched.append((greeted, requests))
+                answers = [sent(r.id, 5) for r in requests.requests if r.HasField("send")]
+                await context.write(pb.ExchangeResponses(responses=answers).SerializeToString())
+
+        reader = asyncio.create_task(read())
+        try:
+            await self.greeting.wait()
+            await context.write(b"")  # an ExchangeResponses with no answers
+            greeted = True
+            await reader
+        finally:
+            reader.cancel()
 
     async def _send(self, request: pb.SendRequest, _: object) -> pb.SendResponse:
         self.unary_sends.append(request)
@@ -425,7 +469,8 @@ def test_a_broker_without_exchange_gets_unary_send_and_pull() -> None:
 
 def test_on_a_broker_without_exchange_batched_calls_and_subscriptions_go_on_exchange() -> None:
     """An older broker refuses ExchangeBatched whole (UNIMPLEMENTED) before it serves any
-    of it: what was made meanwhile goes on an Exchange stream, once each, in call order."""
+    of it: what was made meanwhile goes on an Exchange stream, once each, in call order,
+    once the broker was asked whether it serves Exchange."""
 
     async def main() -> None:
         broker = ScriptedBroker()
@@ -452,11 +497,88 @@ def test_on_a_broker_without_exchange_batched_calls_and_subscriptions_go_on_exch
             assert (await first).send.first_queue_offset == 10
             assert (await second).send.first_queue_offset == 11
             assert (await subscription.next()).next_offset == 1
-            assert broker.methods == [f"/{SERVICE}/ExchangeBatched", f"/{SERVICE}/Exchange"]
+            # Exchange is asked for with nothing written first, then carries the requests.
+            assert broker.methods == [f"/{SERVICE}/ExchangeBatched"] + 2 * [f"/{SERVICE}/Exchange"]
+            assert broker.exchange_probes == 1
             assert broker.streams.empty(), "one Exchange stream"
         finally:
             await client.close()
             await channel.close(None)
+            await broker.server.stop(None)
+
+    run(main)
+
+
+def test_a_fallback_lasts_as_long_as_the_connection_that_learned_it() -> None:
+    """Refused on one connection, ExchangeBatched is asked for once more on the next (the
+    broker behind the address may have been upgraded), not on each call meanwhile."""
+
+    async def main() -> None:
+        broker = ScriptedBroker()
+        await broker.server.start()
+        channel = grpc.aio.insecure_channel(broker.address)
+        batched = channel.stream_stream(
+            EXCHANGE_BATCHED_PATH, response_deserializer=pb.ExchangeResponses.FromString
+        )
+        losses: asyncio.Queue[None] = asyncio.Queue()  # a connection lost, as the channel tells
+
+        async def disconnected() -> None:
+            await losses.get()
+
+        client = Exchange(pb_grpc.MessagingServiceStub(channel).Exchange, broker.address,
+                          open_batched=batched, disconnected=disconnected)  # fmt: skip
+        refused_once = [f"/{SERVICE}/ExchangeBatched", *2 * [f"/{SERVICE}/Exchange"]]
+        try:
+            for offset in range(3):
+                call = asyncio.create_task(client.call(send()))
+                if offset == 0:
+                    stream = await broker.next_stream()
+                request = await stream.next_request()
+                await stream.answer(sent(request.id, offset))
+                assert (await call).send.first_queue_offset == offset
+            assert broker.methods == refused_once  # the probe of Exchange, then its stream
+            losses.put_nowait(None)
+            stream.end(grpc.StatusCode.UNAVAILABLE, "connection lost")
+            await asyncio.wait_for(stream_ended(client), WAIT)
+            call = asyncio.create_task(client.call(send()))
+            stream = await broker.next_stream()
+            request = await stream.next_request()
+            await stream.answer(sent(request.id, 3))
+            assert (await call).send.first_queue_offset == 3
+            assert broker.methods == 2 * refused_once
+        finally:
+            await client.close()
+            await channel.close(None)
+            await broker.server.stop(None)
+
+    run(main)
+
+
+async def stream_ended(client: Exchange) -> None:
+    while client._stream is not None:
+        await asyncio.sleep(0.01)
+
+
+def test_nothing_is_written_on_exchange_batched_before_the_broker_greets() -> None:
+    """A write racing an older broker's refusal fails the call with INTERNAL in grpc.aio
+    (the UNIMPLEMENTED lost, the fallback not taken): requests wait for the greeting."""
+
+    async def main() -> None:
+        greeting = asyncio.Event()
+        broker = ScriptedBroker(greeting=greeting)
+        await broker.server.start()
+        client = BrokerClient(broker.address)
+        try:
+            calls = [asyncio.create_task(client.send("t", 1, b"a")) for _ in range(3)]
+            await asyncio.sleep(0.2)  # what is written now reaches the broker meanwhile
+            assert broker.methods == [f"/{SERVICE}/ExchangeBatched"]
+            assert broker.batched == []
+            greeting.set()
+            assert [a.first_offset for a in await asyncio.gather(*calls)] == [5, 5, 5]
+            assert [greeted for greeted, _ in broker.batched] == [True] * len(broker.batched)
+            assert sum(len(r.requests) for _, r in broker.batched) == 3
+        finally:
+            await client.close()
             await broker.server.stop(None)
 
     run(main)
