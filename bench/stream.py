@@ -38,8 +38,10 @@ def forcing() -> Iterator[None]:
     original = cls.__init__
 
     def init(self: Any, open_stream: Any, target: str, connected: Any = None,
-             open_batched: Any = None) -> None:  # fmt: skip
-        original(self, open_stream, target, connected, None if _PLAIN.get() else open_batched)
+             open_batched: Any = None, *rest: Any) -> None:  # fmt: skip
+        original(
+            self, open_stream, target, connected, None if _PLAIN.get() else open_batched, *rest
+        )
 
     cls.__init__ = init  # type: ignore[method-assign]
     try:
