@@ -181,12 +181,29 @@ class ScriptedBroker(grpc.GenericRpcHandler):  # type: ignore[type-arg]
 
 
 @contextlib.asynccontextmanager
-async def scripted(exchange: bool = True) -> AsyncIterator[tuple[ScriptedBroker, Exchange]]:
-    """A scripted broker and an Exchange client of it, closed afterwards."""
-    broker = ScriptedBroker(exchange=exchange)
+async def scripted(
+    exchange: bool = True,
+    *,
+    batched: bool = False,
+    silent_batched: bool = False,
+    disconnected: Callable[[], Awaitable[None]] | None = None,
+) -> AsyncIterator[tuple[ScriptedBroker, Exchange]]:
+    """A scripted broker and an Exchange client of it, closed afterwards.
+
+    `batched`: the client tries ExchangeBatched first, as BrokerClient's does.
+    """
+    broker = ScriptedBroker(exchange=exchange, silent_batched=silent_batched)
     await broker.server.start()
     channel = grpc.aio.insecure_channel(broker.address)
-    client = Exchange(pb_grpc.MessagingServiceStub(channel).Exchange, broker.address)
+    open_batched = (
+        channel.stream_stream(
+            EXCHANGE_BATCHED_PATH, response_deserializer=pb.ExchangeResponses.FromString
+        )
+        if batched
+        else None
+    )
+    client = Exchange(pb_grpc.MessagingServiceStub(channel).Exchange, broker.address,
+                      open_batched=open_batched, disconnected=disconnected)  # fmt: skip
     try:
         yield broker, client
     finally:
@@ -473,15 +490,7 @@ def test_on_a_broker_without_exchange_batched_calls_and_subscriptions_go_on_exch
     once the broker was asked whether it serves Exchange."""
 
     async def main() -> None:
-        broker = ScriptedBroker()
-        await broker.server.start()
-        channel = grpc.aio.insecure_channel(broker.address)
-        batched = channel.stream_stream(
-            EXCHANGE_BATCHED_PATH, response_deserializer=pb.ExchangeResponses.FromString
-        )
-        client = Exchange(pb_grpc.MessagingServiceStub(channel).Exchange, broker.address,
-                          open_batched=batched)  # fmt: skip
-        try:
+        async with scripted(batched=True) as (broker, client):
             first = asyncio.create_task(client.call(send(frames=b"a")))
             second = asyncio.create_task(client.call(send(frames=b"b")))
             subscribe = pb.ExchangeRequest(subscribe=pb.Subscribe(topic="t", queue_id=1))
@@ -501,10 +510,6 @@ def test_on_a_broker_without_exchange_batched_calls_and_subscriptions_go_on_exch
             assert broker.methods == [f"/{SERVICE}/ExchangeBatched"] + 2 * [f"/{SERVICE}/Exchange"]
             assert broker.exchange_probes == 1
             assert broker.streams.empty(), "one Exchange stream"
-        finally:
-            await client.close()
-            await channel.close(None)
-            await broker.server.stop(None)
 
     run(main)
 
@@ -514,21 +519,13 @@ def test_a_fallback_lasts_as_long_as_the_connection_that_learned_it() -> None:
     broker behind the address may have been upgraded), not on each call meanwhile."""
 
     async def main() -> None:
-        broker = ScriptedBroker()
-        await broker.server.start()
-        channel = grpc.aio.insecure_channel(broker.address)
-        batched = channel.stream_stream(
-            EXCHANGE_BATCHED_PATH, response_deserializer=pb.ExchangeResponses.FromString
-        )
         losses: asyncio.Queue[None] = asyncio.Queue()  # a connection lost, as the channel tells
 
         async def disconnected() -> None:
             await losses.get()
 
-        client = Exchange(pb_grpc.MessagingServiceStub(channel).Exchange, broker.address,
-                          open_batched=batched, disconnected=disconnected)  # fmt: skip
         refused_once = [f"/{SERVICE}/ExchangeBatched", *2 * [f"/{SERVICE}/Exchange"]]
-        try:
+        async with scripted(batched=True, disconnected=disconnected) as (broker, client):
             for offset in range(3):
                 call = asyncio.create_task(client.call(send()))
                 if offset == 0:
@@ -546,10 +543,6 @@ def test_a_fallback_lasts_as_long_as_the_connection_that_learned_it() -> None:
             await stream.answer(sent(request.id, 3))
             assert (await call).send.first_queue_offset == 3
             assert broker.methods == 2 * refused_once
-        finally:
-            await client.close()
-            await channel.close(None)
-            await broker.server.stop(None)
 
     run(main)
 
@@ -589,22 +582,10 @@ def test_a_subscription_on_a_stream_the_broker_never_opens_fails_within_its_time
     never greets is unavailable (the subscription is not sent), within the timeout."""
 
     async def main() -> None:
-        broker = ScriptedBroker(silent_batched=True)
-        await broker.server.start()
-        channel = grpc.aio.insecure_channel(broker.address)
-        batched = channel.stream_stream(
-            EXCHANGE_BATCHED_PATH, response_deserializer=pb.ExchangeResponses.FromString
-        )
-        client = Exchange(pb_grpc.MessagingServiceStub(channel).Exchange, broker.address,
-                          open_batched=batched)  # fmt: skip
-        try:
+        async with scripted(batched=True, silent_batched=True) as (broker, client):
             subscribe = pb.ExchangeRequest(subscribe=pb.Subscribe(topic="t", queue_id=1))
             with pytest.raises(BrokerUnavailableError, match="did not open the stream"):
                 await client.subscribe(subscribe, 0.2)
             assert broker.methods == [f"/{SERVICE}/ExchangeBatched"]
-        finally:
-            await client.close()
-            await channel.close(None)
-            await broker.server.stop(None)
 
     run(main)
