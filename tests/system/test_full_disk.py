@@ -79,14 +79,14 @@ def start(data_dir: Path, *args: str) -> BrokerProcess:
     return broker
 
 
-async def send_until_refused(client: BrokerClient, acked: dict[int, bytes]) -> None:
-    """Send one message at a time until the broker answers DISK_FULL (retriable)."""
+async def send_until_refused(client: BrokerClient, acked: dict[int, bytes]) -> str:
+    """Send one message at a time until the broker answers DISK_FULL (retriable); its why."""
     for _ in range(2000):
         try:
             acked.update(await send(client, len(acked), 1))
         except BrokerUnavailableError as exc:
             assert exc.reason == "DISK_FULL" and exc.retriable, exc
-            return
+            return str(exc)
     raise AssertionError("sends were never refused")
 
 
@@ -125,9 +125,15 @@ def test_a_real_disk_over_the_limit_refuses_sends_then_resumes_and_survives_kill
             await client.admin("CreateTopic", topic="t", queue_count=1)
             acked.update(await send(client, 0, 20))
             fill(filler, 0.85)  # another program takes most of the disk
-            await send_until_refused(client, acked)
+            refused = await send_until_refused(client, acked)
             status = await client.admin("BrokerStatus")
-            assert status["sends_refused"] and status["disk_used_ratio"] >= 0.9, status
+            # Seen once (fresh CI run 31, 2026-11-28): refused, the ratio 0.8945; which of
+            # the two refusals (over the ratio, or ENOSPC on a write) is not known yet.
+            why = (
+                f"{refused!r}; disk now {used_ratio(small_disk):.4f} used; {status}; "
+                f"the broker's log ends: {broker.stderr()[-3000:]}"
+            )
+            assert status["sends_refused"] and status["disk_used_ratio"] >= 0.9, why
             await reads_and_commits_work(client, acked)
         finally:
             await client.close()
