@@ -1051,7 +1051,18 @@ class MessageStore:
         """Delete the segments past the age limit, and more while the disk is too full.
 
         Updates the disk usage and whether sends are refused; returns the bytes deleted.
+        When deleting fails, the disk is read again and sends are refused or accepted by
+        it before the error is raised: a failing deletion must not leave sends accepted
+        while the disk fills (they would run into ENOSPC instead of the refuse ratio).
         """
+        try:
+            return self._enforce_retention()
+        except Exception:
+            with contextlib.suppress(Exception):  # the deletion's error is the one to raise
+                self._set_disk(self._probe(), self.commitlog.total_bytes())
+            raise
+
+    def _enforce_retention(self) -> int:
         policy = self.retention
         usage = self._probe()
         if self._retention_holds:  # a backup is copying: deletion waits for the next check

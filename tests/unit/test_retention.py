@@ -412,3 +412,27 @@ def test_a_failing_retention_check_is_retried_at_the_next_one(
     assert not failures
     assert not store.refusing_sends, "the checks after the failures ran"
     loop.run_until_complete(store.close())
+
+
+def test_a_disk_filling_while_deletion_fails_still_refuses_sends_at_the_limit(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock, disk = FakeClock(), FakeDisk()
+    store = open_store(loop, tmp_path, clock, disk)
+    topic, _ = store.create_topic("t", 1)
+    send(loop, store, topic, 60)
+    checkpoint(loop, store)
+
+    def cannot_delete(floor: int) -> int:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(store.commitlog, "delete_below", cannot_delete)
+    disk.ratio = 0.95  # over the refuse ratio, and deletion is due
+    with pytest.raises(OSError):
+        store.enforce_retention()
+    assert store.refusing_sends, "refused by the disk's reading though deleting failed"
+    assert store.disk is not None and store.disk.ratio == 0.95
+    disk.ratio = 0.50  # space freed elsewhere: nothing to delete, sends accepted
+    store.enforce_retention()
+    assert not store.refusing_sends
+    loop.run_until_complete(store.close())
