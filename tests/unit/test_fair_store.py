@@ -600,3 +600,29 @@ def test_a_batch_whose_queue_moved_on_while_it_was_laid_out_is_laid_out_again_by
 
     assert run(tmp_path, body) == list(range(1 + 3 * SLICE_MESSAGES))
     assert layouts.calls == 3 + 1 + 1, "3 slices, the message due, the batch again"
+
+
+def test_a_batch_whose_request_is_cancelled_while_it_is_laid_out_stores_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bodies = numbered(3 * SLICE_MESSAGES)
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[bytes]:
+        real, laid_out = store.lay_out, asyncio.Event()
+
+        def lay_out(*args: Any, **kwargs: Any) -> Any:
+            laid_out.set()
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(store, "lay_out", lay_out)
+        task = asyncio.create_task(send(store, sliced, "a", topic, 0, frames(bodies)))
+        await laid_out.wait()  # its first slice is laid out, the rest wait for their turns
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not sliced.writing((topic.name, 0)), "its hold on the queue was let go"
+        after = await asyncio.wait_for(send(store, sliced, "b", topic, 0, frames([b"after"])), 10)
+        assert after.first_offset == 0, "nothing of the cancelled batch took an offset"
+        return read_all(store, topic, 0)
+
+    assert run(tmp_path, body) == [b"after"]
