@@ -24,6 +24,7 @@ passed its release point.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import errno
 import json
@@ -112,6 +113,10 @@ class Parking:
         self._system_topic = system_topic
         self._path = path
         self._by_queue: dict[QueueKey, dict[str, ParkedKey]] = {}
+        # Held by whatever changes a key's copies or releases it: a copy awaits its
+        # append, and a second copy of the same messages, or a release, in between would
+        # park them twice or leave copies the release did not send back.
+        self._changing = asyncio.Lock()
 
     # ------------------------------------------------------------------ state
     def load(self) -> None:
@@ -192,6 +197,13 @@ class Parking:
             )
         # The copies are new data: refused (DISK_FULL) while sends are, before any change.
         self._store.check_accepting_sends()
+        async with self._changing:
+            return await self._park(group, topic, queue_id, key, from_offset, reason)
+
+    async def _park(
+        self, group: str, topic: Topic, queue_id: int, key: str, from_offset: int, reason: str
+    ) -> ParkedKey:
+        cq = self._store.queue(topic, queue_id)
         queue = (group, topic.name, queue_id)
         keys = self._by_queue.setdefault(queue, {})
         entry = previous = keys.get(key)
@@ -286,7 +298,12 @@ class Parking:
                 else:
                     to_copy.add(entry.key)
         for key in to_copy:
-            await self._copy(keys[key], topic, got.next_offset)
+            async with self._changing:
+                entry = keys.get(key)
+                # Released meanwhile: the release sent these messages back (their copies
+                # come after), so they are skipped all the same.
+                if entry is not None and not entry.released:
+                    await self._copy(entry, topic, got.next_offset)
         if len(kept) == got.count:
             return got
         if not kept:
@@ -303,6 +320,10 @@ class Parking:
         """
         check_group(group)
         topic.check_queue(queue_id)
+        async with self._changing:
+            return await self._release(group, topic, queue_id, key)
+
+    async def _release(self, group: str, topic: Topic, queue_id: int, key: str) -> ParkedKey:
         entry = self._by_queue.get((group, topic.name, queue_id), {}).get(key)
         if entry is None or entry.released:
             raise not_found(
