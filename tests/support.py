@@ -31,6 +31,19 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str =
         time.sleep(0.01)
 
 
+def written_lines(path: Path) -> list[str]:
+    """The lines another process has written to `path` so far, whole ones only.
+
+    A reader can catch a writer's write() half done: a last line without its newline is
+    still being written, and is read with the next look. No file: no lines.
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return text[: text.rfind("\n") + 1].splitlines()
+
+
 class LineReader:
     """Lines a child process prints, read from its stdout's descriptor with a timeout.
 

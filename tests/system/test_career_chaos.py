@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, written_lines
 from tests.system.conftest import StartBroker
 
 pytestmark = [pytest.mark.system, pytest.mark.chaos]
@@ -51,9 +51,7 @@ class Attempt:
 
 def attempts(store: Path) -> list[Attempt]:
     path = store.with_name(store.name + ".attempts")
-    if not path.exists():
-        return []
-    rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
+    rows = [line.split() for line in written_lines(path) if line.strip()]
     return [Attempt(v == "ok", int(e), w, what, int(ns)) for v, e, w, what, ns in rows]
 
 

@@ -37,7 +37,7 @@ import pytest
 
 from sdk import Message, Producer
 from sdk._transport.broker_client import BrokerClient
-from tests.support import ROOT, BrokerProcess, wait_until
+from tests.support import ROOT, BrokerProcess, wait_until, written_lines
 from tests.system.start_consumer import GROUP, TOPIC
 
 pytestmark = [pytest.mark.system, pytest.mark.chaos]
@@ -100,7 +100,7 @@ class ConsumerProcess:
     def last_offsets(self) -> dict[int, int]:
         """The highest offset it processed per queue."""
         last: dict[int, int] = {}
-        for line in self.log.read_text().splitlines():
+        for line in written_lines(self.log):
             queue, offset = map(int, line.split())
             last[queue] = max(last.get(queue, -1), offset)
         return last

@@ -28,7 +28,7 @@ import pytest
 
 from sdk import Message, Producer
 from tests.chaos_report import ChaosRecorder, scaled
-from tests.support import ROOT, BrokerProcess, wait_until
+from tests.support import ROOT, BrokerProcess, wait_until, written_lines
 
 pytestmark = [pytest.mark.system, pytest.mark.chaos]
 
@@ -66,11 +66,10 @@ class Events:
 
 def read_log(path: Path) -> Events:
     events = Events()
-    if path.exists():
-        for line in path.read_text().splitlines():
-            kind, job, *_ = words = line.split()
-            getattr(events, kind).append(job)
-            events.lines.append(words)
+    for line in written_lines(path):
+        kind, job, *_ = words = line.split()
+        getattr(events, kind).append(job)
+        events.lines.append(words)
     return events
 
 
