@@ -608,13 +608,20 @@ class MessageStore:
         """
         queues: dict[tuple[str, int], _QueueWrite] = {}  # by the queue indexed in
         targets: list[_QueueWrite] = []  # each batch's
+        first_queue = True
         for part in parts:
             topic.check_queue(part.queue_id)
             index_topic, index_queue = index_into or (topic, part.queue_id)
             key = (index_topic.name, index_queue)
             target = queues.get(key)
             if target is None:
-                target = queues[key] = _QueueWrite(self.queue(index_topic, index_queue))
+                if first_queue:  # the topic's lookup (`queue`) once: every queue is of it
+                    cq = self.queue(index_topic, index_queue)
+                    first_queue = False
+                else:
+                    index_topic.check_queue(index_queue)
+                    cq = self._queue_for(index_topic, index_queue)
+                target = queues[key] = _QueueWrite(cq)
             targets.append(target)
         flusher = self._writable_flusher()
         store_ts = int(self._clock.now() * 1000)
