@@ -75,7 +75,7 @@ IDLE_FRAMES = (
 PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("fsync", ("fdatasync", "os_fsync")),
     ("check frames (validation)", ("check_frames",)),
-    ("build records (layout, CRC)", ("build_records", "lay_out_records")),
+    ("build records (layout, CRC)", ("build_records", "lay_out_records", "lay_out_parts")),
     ("id/key index", ("IdKeyEntries", "message_index.py")),
     ("pull: read records, long polling", ("MessageStore.get ", "_read_records", "long_polling.py")),
     ("commit log / consume queue writes", ("commitlog.py", "consumequeue.py")),

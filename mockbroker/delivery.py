@@ -302,22 +302,44 @@ class Delivery:
             queues = sorted({queue_id for _, queue_id, _ in valid})
             holds = await sliced.in_order_all(client, [(topic_name, q) for q in queues])
         try:
+            sorted_checks: list[tuple[list[tuple[int, Batch]], list[tuple[int, Batch]]]] = []
+
+            def write_now(checks: list[CheckedFrames | BrokerError]) -> list[Written] | None:
+                """In the checks' turn: a request all due now is written at once (as `_send`)."""
+                now, later = _sort_checks(valid, checks, outcomes)
+                sorted_checks.append((now, later))
+                assert sliced is not None
+                if (
+                    not now
+                    or later
+                    or any(sliced.writing((topic_name, b.queue_id)) for _, b in now)
+                ):
+                    return None
+                try:
+                    topic = self._accepting(client, topic_name)
+                    return self._s.store.write_parts(topic, [batch for _, batch in now])
+                except BrokerError as exc:
+                    outcomes.update((index, exc) for index, _ in now)
+                    return []
+
             checks: list[CheckedFrames | BrokerError]
             if sliced is None:
                 checks = [_checked(self._s.store.check, frames) for _, _, frames in valid]
             else:
-                checks = await sliced.check_parts(client, [frames for _, _, frames in valid])
-            now: list[tuple[int, Batch]] = []
-            later: list[tuple[int, Batch]] = []
-            for (index, queue_id, frames), checked in zip(valid, checks, strict=True):
-                try:
-                    if isinstance(checked, BrokerError):
-                        raise checked
-                    (later if _scheduled(checked) else now).append(
-                        (index, Batch(queue_id, frames, checked))
-                    )
-                except BrokerError as exc:
-                    outcomes[index] = exc
+                checks, written = await sliced.check_parts_then(
+                    client, [frames for _, _, frames in valid], write_now
+                )
+                if written is not None:
+                    for hold in holds:  # written: the queues' next sends need not wait for fsync
+                        hold.release()
+                    if written:
+                        await self._written_parts(sorted_checks[0][0], written, outcomes)
+                    self._send_seconds.observe(time.perf_counter() - started)
+                    return [outcomes[index] for index in range(len(parts))]
+            if sorted_checks:
+                now, later = sorted_checks[0]
+            else:
+                now, later = _sort_checks(valid, checks, outcomes)
             try:
                 topic = self._accepting(client, topic_name) if now or later else None
             except BrokerError as exc:
@@ -354,7 +376,20 @@ class Delivery:
                 written = store.write_parts(topic, parts)
             else:
                 written = await sliced.write_parts(client, holds, topic, parts)
-            durable = await store.durable(written[0].end)
+        except BrokerError as exc:
+            outcomes.update((index, exc) for index, _ in batches)
+            return
+        await self._written_parts(batches, written, outcomes)
+
+    async def _written_parts(
+        self,
+        batches: list[tuple[int, Batch]],
+        written: list[Written],
+        outcomes: dict[int, SendOutcome | BrokerError],
+    ) -> None:
+        """The outcomes of parts written already: each stored, durable once synced."""
+        try:
+            durable = await self._s.store.durable(written[0].end)
         except BrokerError as exc:
             outcomes.update((index, exc) for index, _ in batches)
             return
@@ -622,6 +657,26 @@ def _checked(check: Callable[[bytes], CheckedFrames], frames: bytes) -> CheckedF
         return check(frames)
     except BrokerError as exc:
         return exc
+
+
+def _sort_checks(
+    valid: list[tuple[int, int, bytes]],
+    checks: list[CheckedFrames | BrokerError],
+    outcomes: dict[int, SendOutcome | BrokerError],
+) -> tuple[list[tuple[int, Batch]], list[tuple[int, Batch]]]:
+    """The checked parts (index, batch) due now and those scheduled; refusals to `outcomes`."""
+    now: list[tuple[int, Batch]] = []
+    later: list[tuple[int, Batch]] = []
+    for (index, queue_id, frames), checked in zip(valid, checks, strict=True):
+        try:
+            if isinstance(checked, BrokerError):
+                raise checked
+            (later if _scheduled(checked) else now).append(
+                (index, Batch(queue_id, frames, checked))
+            )
+        except BrokerError as exc:
+            outcomes[index] = exc
+    return now, later
 
 
 def _scheduled(checked: Sequence[CheckedFrame]) -> bool:

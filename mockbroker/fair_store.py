@@ -17,6 +17,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from types import TracebackType
+from typing import TypeVar
 
 from mockbroker.errors import BrokerError
 from mockbroker.fairness import FairScheduler
@@ -30,6 +31,8 @@ from mockbroker.store.message_store import (
 )
 from mockbroker.store.records import CheckedFrame, CheckedFrames
 from mockbroker.topics import Topic
+
+T = TypeVar("T")
 
 
 class SlicedStore:
@@ -121,10 +124,25 @@ class SlicedStore:
         As `check`, a slice per turn, but a turn goes on to the next part while the slice
         has room: a request's small parts take one turn, not one each.
         """
+        checks, _ = await self.check_parts_then(client, parts, None)
+        return checks
+
+    async def check_parts_then(
+        self,
+        client: Hashable,
+        parts: Sequence[bytes],
+        then: Callable[[list[CheckedFrames | BrokerError]], T] | None,
+    ) -> tuple[list[CheckedFrames | BrokerError], T | None]:
+        """`check_parts`, and what `then` made of the checks (None: not called).
+
+        As with `check`, a request checked whole in its first turn goes on to `then` in
+        that turn (which may write it: one turn instead of two); a larger one does not.
+        """
         out: list[CheckedFrames | BrokerError] = []
         checked = CheckedFrames()  # of the part being checked, so far
         start = 0
         index = 0
+        first = True
         while index < len(parts):
             async with self.scheduler.turn(client):
                 frames_left, bytes_left = self._messages, self._bytes
@@ -156,7 +174,10 @@ class SlicedStore:
                     out.append(checked)
                     index += 1
                     checked, start = CheckedFrames(), 0
-        return out
+                if first and index == len(parts) and then is not None:
+                    return out, then(out)
+            first = False
+        return out, None
 
     async def append(
         self,

@@ -47,6 +47,7 @@ from mockbroker.store.records import (
     IdKeyEntries,
     as_checked,
     check_frames,
+    lay_out_parts,
     lay_out_records,
     rebase_entries,
 )
@@ -608,13 +609,20 @@ class MessageStore:
         """
         queues: dict[tuple[str, int], _QueueWrite] = {}  # by the queue indexed in
         targets: list[_QueueWrite] = []  # each batch's
+        first_queue = True
         for part in parts:
             topic.check_queue(part.queue_id)
             index_topic, index_queue = index_into or (topic, part.queue_id)
             key = (index_topic.name, index_queue)
             target = queues.get(key)
             if target is None:
-                target = queues[key] = _QueueWrite(self.queue(index_topic, index_queue))
+                if first_queue:  # the topic's lookup (`queue`) once: every queue is of it
+                    cq = self.queue(index_topic, index_queue)
+                    first_queue = False
+                else:
+                    index_topic.check_queue(index_queue)
+                    cq = self._queue_for(index_topic, index_queue)
+                target = queues[key] = _QueueWrite(cq)
             targets.append(target)
         flusher = self._writable_flusher()
         store_ts = int(self._clock.now() * 1000)
@@ -632,39 +640,58 @@ class MessageStore:
             pieces: list[bytes | memoryview] = []
             index = IdKeyEntries() if indexing else None
             at = position
-            for i, (part, target, size) in enumerate(zip(parts, targets, sizes, strict=True)):
-                first = target.next_offset
-                count = len(part.checked)
-                laid = laid_out[i] if i < len(laid_out) else None
-                if (
-                    laid is not None
-                    and laid.first_offset == first
-                    and laid.count == count
-                    and not reconsume_times
-                ):
-                    pieces += laid.pieces
-                    target.entries.append(rebase_entries(b"".join(laid.entries), at))
-                    if index is not None and laid.index is not None:
-                        index.take(laid.index, at)
-                    written.append((first, count, laid.store_timestamp_ms))
-                else:
-                    target.entries.append(
-                        lay_out_records(
-                            part.frames,
-                            part.checked,
-                            pieces,
-                            topic=name,
-                            queue_id=part.queue_id,
-                            first_offset=first,
-                            store_timestamp_ms=store_ts,
-                            base_position=at,
-                            reconsume_times=reconsume_times,
-                            index=index,
+            if not laid_out:  # the usual request: every batch laid out here, in one call
+                firsts: list[int] = []
+                for part, target in zip(parts, targets, strict=True):
+                    firsts.append(target.next_offset)
+                    target.next_offset += len(part.checked)
+                laid_parts = [
+                    (part.frames, part.checked, part.queue_id, first)
+                    for part, first in zip(parts, firsts, strict=True)
+                ]
+                entries = lay_out_parts(
+                    laid_parts, pieces, topic=name, store_timestamp_ms=store_ts,
+                    base_position=position, reconsume_times=reconsume_times, index=index,
+                )  # fmt: skip
+                for target, part_entries in zip(targets, entries, strict=True):
+                    target.entries.append(part_entries)
+                written = [
+                    (f, len(p.checked), store_ts) for p, f in zip(parts, firsts, strict=True)
+                ]
+            else:
+                for i, (part, target, size) in enumerate(zip(parts, targets, sizes, strict=True)):
+                    first = target.next_offset
+                    count = len(part.checked)
+                    laid = laid_out[i] if i < len(laid_out) else None
+                    if (
+                        laid is not None
+                        and laid.first_offset == first
+                        and laid.count == count
+                        and not reconsume_times
+                    ):
+                        pieces += laid.pieces
+                        target.entries.append(rebase_entries(b"".join(laid.entries), at))
+                        if index is not None and laid.index is not None:
+                            index.take(laid.index, at)
+                        written.append((first, count, laid.store_timestamp_ms))
+                    else:
+                        target.entries.append(
+                            lay_out_records(
+                                part.frames,
+                                part.checked,
+                                pieces,
+                                topic=name,
+                                queue_id=part.queue_id,
+                                first_offset=first,
+                                store_timestamp_ms=store_ts,
+                                base_position=at,
+                                reconsume_times=reconsume_times,
+                                index=index,
+                            )
                         )
-                    )
-                    written.append((first, count, store_ts))
-                target.next_offset = first + count
-                at += size
+                        written.append((first, count, store_ts))
+                    target.next_offset = first + count
+                    at += size
             self.commitlog.append(b"".join(pieces))
             for target in queues.values():
                 target.cq.append(b"".join(target.entries))

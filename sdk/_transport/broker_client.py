@@ -33,6 +33,7 @@ from sdk._transport.protocol import (
     PullResult,
     PullStatus,
     SentBack,
+    appended,
 )
 from sdk._transport.signing import CallSigner
 from sdk._transport.status import to_ordermq_error
@@ -358,8 +359,13 @@ class BrokerClient:
                 e = r.error
                 outcomes.append(error_from_status(e.code, e.reason or None, e.message or e.code))
                 continue
-            moved = r.queue_id if r.duplicate and r.queue_id != queue_id else -1
             messages = r.messages  # each message's place: only a batch with duplicates has it
+            if not (messages or r.duplicate):
+                outcomes.append(
+                    appended(r.status == ok, r.first_queue_offset, r.count, r.scheduled)
+                )
+                continue
+            moved = r.queue_id if r.duplicate and r.queue_id != queue_id else -1
             outcomes.append(
                 Appended(
                     r.status == ok,

@@ -160,6 +160,29 @@ class Appended:
     messages: tuple[MessageAnswer, ...] = ()
 
 
+_new_appended = object.__new__
+_set_durable, _set_first_offset, _set_count, _set_scheduled, _set_queue_id, _set_messages = (
+    Appended.__dict__[name].__set__
+    for name in ("durable", "first_offset", "count", "scheduled", "queue_id", "messages")
+)
+
+
+def appended(durable: bool, first_offset: int, count: int, scheduled: bool) -> Appended:
+    """`Appended(durable, first_offset, count, scheduled)`, faster (one per part of a send).
+
+    The frozen dataclass's constructor sets each field through object.__setattr__; this
+    sets the slots directly (the same fields, so equal and immutable alike).
+    """
+    result = _new_appended(Appended)
+    _set_durable(result, durable)
+    _set_first_offset(result, first_offset)
+    _set_count(result, count)
+    _set_scheduled(result, scheduled)
+    _set_queue_id(result, -1)
+    _set_messages(result, ())
+    return result
+
+
 @dataclass(frozen=True, slots=True)
 class HalfSent:
     """A stored half message: its transaction, and the broker that holds it (opaque)."""

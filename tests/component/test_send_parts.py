@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import time
 from collections.abc import Iterator
@@ -282,3 +283,59 @@ def test_a_refused_message_of_a_one_part_batch_fails_the_batch_whole_and_is_name
     state = broker.broker.state
     assert state is not None and state.scheduler.pending == 0
     assert read_topic(broker.address, TOPIC) == []
+
+
+def test_a_request_checked_in_one_turn_is_written_in_that_turn(
+    broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a one-queue send: checks and write share one turn of the fair scheduler (a second
+    turn, its locks and its await cost each mixed-key batch more than a one-queue one)."""
+    state = broker.broker.state
+    assert state is not None and state.sliced is not None
+    send_parts(broker, [(0, frames(b"warm-up"))])  # the topic exists
+    scheduler = state.sliced.scheduler
+    turns: list[object] = []
+    real_turn = scheduler.turn
+
+    def counting_turn(client: Any) -> Any:
+        turns.append(client)
+        return real_turn(client)
+
+    monkeypatch.setattr(scheduler, "turn", counting_turn)
+    outcomes = send_parts(
+        broker, [(1, frames(b"b0", b"b1")), (2, frames(b"c0")), (1, frames(b"b2"))]
+    )
+    assert outcomes == [Appended(True, 0, 2), Appended(True, 0, 1), Appended(True, 2, 1)]
+    assert len(turns) == 1
+    queue = MessageQueue(TOPIC, "broker-a", 1)
+    assert [m.body for m in read_queue(broker.address, queue)] == [b"b0", b"b1", b"b2"]
+
+
+def test_a_full_disk_in_the_middle_of_a_requests_write_refuses_every_part_and_stores_nothing(
+    broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit-log write cut short by ENOSPC half-way: rolled back whole, every part
+    refused with DISK_FULL, and the queues taken again at the offsets they had."""
+    state = broker.broker.state
+    assert state is not None
+    store = state.store
+    send_parts(broker, [(0, frames(b"before"))])
+    real_append = store.commitlog.append
+
+    def half_then_full(data: bytes) -> int:
+        real_append(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store.commitlog, "append", half_then_full)
+    outcomes = send_parts(
+        broker, [(0, frames(b"a1", b"a2")), (3, frames(b"d0")), (0, frames(b"a3"))]
+    )
+    assert all(isinstance(o, BrokerUnavailableError) and o.reason == "DISK_FULL" for o in outcomes)
+    monkeypatch.setattr(store.commitlog, "append", real_append)
+    store.refusing_sends = False  # as the next disk check would find
+    assert send_parts(broker, [(3, frames(b"d1")), (0, frames(b"after"))]) == [
+        Appended(True, 0, 1), Appended(True, 1, 1)
+    ]  # fmt: skip
+    for queue_id, bodies in ((0, [b"before", b"after"]), (3, [b"d1"])):
+        queue = MessageQueue(TOPIC, "broker-a", queue_id)
+        assert [m.body for m in read_queue(broker.address, queue)] == bodies

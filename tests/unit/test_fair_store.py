@@ -499,17 +499,24 @@ def test_holds_on_several_queues_are_all_let_go_when_waiting_for_one_is_cancelle
 
 
 class CountedLayouts:
-    """Counts the store's calls of lay_out_records (each lays out a slice or a batch)."""
+    """Counts the slices and batches the store lays out (lay_out_records, one each;
+    lay_out_parts, each batch of the call)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
         real = message_store_module.lay_out_records
+        real_parts = message_store_module.lay_out_parts
 
         def counted(*args: Any, **kwargs: Any) -> bytes:
             self.calls += 1
             return real(*args, **kwargs)
 
+        def counted_parts(parts: Any, *args: Any, **kwargs: Any) -> list[bytes]:
+            self.calls += len(parts)
+            return real_parts(parts, *args, **kwargs)
+
         monkeypatch.setattr(message_store_module, "lay_out_records", counted)
+        monkeypatch.setattr(message_store_module, "lay_out_parts", counted_parts)
 
 
 def stored_as_one_write(tmp_path: Path, batches: list[tuple[int, bytes]]) -> list[bytes]:

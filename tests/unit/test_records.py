@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from mockbroker.store.records import (
     as_checked,
     build_records,
     check_frames,
+    lay_out_parts,
     lay_out_records,
     rebase_entries,
 )
@@ -282,6 +284,46 @@ def test_a_batch_laid_out_in_sections_from_position_0_then_moved_is_the_batch_la
         whole_index.keyed,
     )
     assert moved.keyed, "the batch has keyed messages"
+
+
+def test_batches_laid_out_in_one_call_are_those_laid_out_one_call_each() -> None:
+    """lay_out_parts (a request's parts, with keys, a plain list of CheckedFrame, a
+    retry's reconsume count) lays out the records, entries and id/key entries that a
+    lay_out_records call per batch does, each batch after the one before."""
+    batches = [
+        b"".join(mixed(i) for i in range(n, n + size)) for n, size in ((0, 3), (3, 1), (4, 5))
+    ]
+    checked: list[Any] = [check_frames(b, NOW_MS) for b in batches]
+    checked[1] = list(checked[1])  # a plain list of CheckedFrame, as for a scheduled batch
+    kw = dict(topic=b"topic", store_timestamp_ms=NOW_MS, reconsume_times=2)
+    one_each: list[bytes | memoryview] = []
+    one_each_index = IdKeyEntries()
+    one_each_entries = []
+    position = 700
+    for queue_id, (frames, part) in enumerate(zip(batches, checked, strict=True)):
+        before = sum(len(p) for p in one_each)
+        one_each_entries.append(
+            lay_out_records(
+                frames, part, one_each, queue_id=queue_id, first_offset=10 * queue_id,
+                base_position=position, index=one_each_index, **kw,  # type: ignore[arg-type]
+            )
+        )  # fmt: skip
+        position += sum(len(p) for p in one_each) - before
+    together: list[bytes | memoryview] = []
+    index = IdKeyEntries()
+    entries = lay_out_parts(
+        [(f, c, q, 10 * q) for q, (f, c) in enumerate(zip(batches, checked, strict=True))],
+        together, base_position=700, index=index, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert b"".join(together) == b"".join(one_each)
+    assert entries == one_each_entries
+    assert (index.positions, index.ids, index.keyed) == (
+        one_each_index.positions, one_each_index.ids, one_each_index.keyed,
+    )  # fmt: skip
+    assert index.keyed and len(index.ids) == 9
+    unindexed: list[bytes | memoryview] = []
+    assert lay_out_parts([(batches[0], checked[0], 0, 0)], unindexed, topic=b"t",
+                         store_timestamp_ms=NOW_MS, base_position=0)  # fmt: skip
 
 
 def test_a_section_of_checked_frames_stops_at_its_byte_budget_but_takes_one_frame() -> None:

@@ -198,6 +198,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         sent = await self._delivery.send_parts(client, request.topic, parts)
         # Filled in place: a message given to a repeated field's constructor is copied.
         add = response.parts.add
+        ok = pb.SEND_OK
         for (queue_id, _), outcome in zip(parts, sent, strict=True):
             if isinstance(outcome, BrokerError):
                 error = add(queue_id=queue_id).error
@@ -205,8 +206,18 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                 error.reason = outcome.reason
                 error.message = outcome.message
                 continue
+            if not (outcome.scheduled or outcome.queue_id >= 0 or outcome.messages):
+                # The usual part: only the fields it sets (each keyword costs a lookup).
+                add(
+                    status=ok if outcome.durable else pb.FLUSH_DISK_TIMEOUT,
+                    queue_id=queue_id,
+                    first_queue_offset=outcome.first_offset,
+                    count=outcome.count,
+                    store_timestamp_ms=outcome.store_timestamp_ms,
+                )
+                continue
             result = add(
-                status=pb.SEND_OK if outcome.durable else pb.FLUSH_DISK_TIMEOUT,
+                status=ok if outcome.durable else pb.FLUSH_DISK_TIMEOUT,
                 queue_id=outcome.queue_id if outcome.duplicate else queue_id,
                 first_queue_offset=outcome.first_offset,
                 count=outcome.count,
