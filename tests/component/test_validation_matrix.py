@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker.store.checkpoint import read_checkpoint
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._wire import (
@@ -62,8 +63,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedB
                 group="g", offsets=[pb.OffsetCommit(topic="orders", queue_id=0, offset=1)]
             )
         )
-        # the first background checkpoint lands once; after that an idle broker writes nothing
-        wait_until(lambda: (data / "checkpoint").exists(), what="the first checkpoint")
+        # A checkpoint taken before the send (at position 0) is not the last: wait for the
+        # one that covers the commit log's end; after that an idle broker writes nothing.
+        end = broker.broker.store.commitlog.end
+        wait_until(
+            lambda: read_checkpoint(data / "checkpoint").position == end,
+            what="the checkpoint of the commit log's end",
+        )
         yield broker, wire
         wire.channel.close()
 
