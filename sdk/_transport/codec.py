@@ -83,6 +83,7 @@ def decode_records(records: bytes, broker_name: str) -> list[MessageExt]:
     unpack_fields = FRAME_FIELDS.unpack_from
     rec_size, fields_size = RECORD.size, FRAME_FIELDS.size
     crc32 = zlib.crc32
+    new_message = object.__new__
     pos, end = 0, len(records)
     # The last topic's header-topic-fields layout, its size and raw topic; the queue of
     # the last record.
@@ -142,12 +143,26 @@ def decode_records(records: bytes, broker_name: str) -> list[MessageExt]:
             p += kl
             props = decode_properties(view[p : p + pl]) if pl else {}
             p += pl
-            append(
-                MessageExt(
-                    topic, records[p:stop], tags, keys, props, sharding, msg_id.hex().upper(),
-                    queue, queue_offset, reconsume, born, store_ts, deliver_at,
-                )
-            )  # fmt: skip
+            # MessageExt's fields set in place: its dataclass __init__ is a call frame
+            # more per message (tests compare with MessageExt(...)).
+            m = new_message(MessageExt)
+            m.topic = topic
+            m.body = records[p:stop]
+            m.tags = tags
+            m.keys = keys
+            m.properties = props
+            m.sharding_key = sharding
+            m.msg_id = msg_id.hex().upper()
+            m.queue = queue
+            m.queue_offset = queue_offset
+            m.reconsume_times = reconsume
+            m.born_timestamp = born
+            m.store_timestamp = store_ts
+            m.deliver_at = deliver_at
+            m.delivery_attempt = 0
+            m.receipt = None
+            m.commit_log_offset = -1
+            append(m)
             pos = stop
     except RecordFormatError:
         raise

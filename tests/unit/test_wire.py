@@ -6,7 +6,7 @@ import pytest
 
 from mockbroker.errors import BrokerError
 from mockbroker.store.records import build_records, check_frames
-from sdk import Message
+from sdk import Message, MessageExt, MessageQueue
 from sdk._transport.codec import MessageIdGenerator, decode_records, encode_message
 from sdk._wire import (
     GRPC_CLIENT_CHANNEL_OPTIONS,
@@ -102,6 +102,30 @@ def test_decode_records_reads_records_of_several_topics_and_queues_in_one_buffer
     assert {m.queue.broker_name for m in messages} == {"broker-a"}
     assert (messages[0].tags, messages[0].keys, messages[2].sharding_key) == ("T", ("k",), "s")
     assert messages[3].properties == {"p": "v"} and messages[3].queue.queue_id == -1
+
+
+def test_decode_records_builds_messages_equal_to_constructed_ones_in_every_field() -> None:
+    # decode_records sets MessageExt's fields without its __init__: a field it missed
+    # (one added to MessageExt later) would be unset, and the comparison would raise.
+    frames = frame(
+        b"payload",
+        tags=b"TagA",
+        sharding_key=b"order-1",
+        keys=[b"k1", b"k2"],
+        properties=encode_properties({"p": "v"}),
+        deliver_at_ms=NOW_MS + 5,
+    ) + frame(b"plain")
+    first, second = decode_records(stored(frames, 7), "broker-a")
+    queue = MessageQueue("orders", "broker-a", 3)
+    msg_id = MSG_ID.hex().upper()
+    assert first == MessageExt(
+        "orders", b"payload", "TagA", ("k1", "k2"), {"p": "v"}, "order-1", msg_id, queue, 7,
+        0, NOW_MS, 1_700_000_000_123, NOW_MS + 5,
+    )  # fmt: skip
+    assert second == MessageExt(
+        "orders", b"plain", None, (), {}, None, msg_id, queue, 8, 0, NOW_MS, 1_700_000_000_123
+    )
+    assert (second.delivery_attempt, second.receipt, second.commit_log_offset) == (0, None, -1)
 
 
 def test_decode_records_refuses_a_damaged_record_after_good_ones_of_its_topic() -> None:
