@@ -6,7 +6,11 @@ frame): the one place either is built or read.
 
 from __future__ import annotations
 
+import functools
+import struct
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 from sdk._wire import (
     FRAME_FIELDS,
@@ -65,9 +69,13 @@ def encode_message(
 def decode_records(records: bytes, broker_name: str) -> list[MessageExt]:
     """Stored records (as a pull returns them) -> MessageExt, in order, CRCs checked.
 
-    One pass straight into MessageExt: this runs for every consumed message.
+    One pass straight into MessageExt: this runs for every consumed message. The records
+    of a pull share one topic: after the first, a record's header, topic and frame fields
+    are read in one unpack (checked against that topic); a record of another topic takes
+    the general path, and the next ones its topic.
     """
     out: list[MessageExt] = []
+    append = out.append
     queues: dict[tuple[str, int], MessageQueue] = {}
     topics: dict[bytes, str] = {}
     view = memoryview(records)
@@ -75,32 +83,58 @@ def decode_records(records: bytes, broker_name: str) -> list[MessageExt]:
     unpack_fields = FRAME_FIELDS.unpack_from
     rec_size, fields_size = RECORD.size, FRAME_FIELDS.size
     crc32 = zlib.crc32
+    new_message = object.__new__
     pos, end = 0, len(records)
+    # The last topic's header-topic-fields layout, its size and raw topic; the queue of
+    # the last record.
+    unpack_same: Callable[[bytes, int], tuple[Any, ...]] | None = None
+    same_size, same_topic, topic = 0, b"", ""
+    last_queue_id: int | None = None
+    queue = MessageQueue(topic, broker_name, -1)
     try:
         while pos < end:
-            if pos + rec_size > end:
-                raise RecordFormatError(f"record header truncated at byte {pos}")
-            size, crc, magic, queue_id, queue_offset, store_ts, reconsume, topic_len = (
-                unpack_record(records, pos)
-            )
-            stop = pos + size
-            if magic != RECORD_MAGIC or size < rec_size + topic_len + fields_size or stop > end:
-                raise RecordFormatError(f"malformed record at byte {pos}")
-            if crc32(view[pos + 8 : stop]) != crc:
-                raise RecordFormatError(f"record at byte {pos} fails its CRC check")
-            p = pos + rec_size
-            raw_topic = records[p : p + topic_len]
-            topic = topics.get(raw_topic)
-            if topic is None:
-                topic = topics[raw_topic] = raw_topic.decode()
-            p += topic_len
-            msg_id, born, deliver_at, _level, tl, sl, kl, pl, bl = unpack_fields(records, p)
-            p += fields_size
+            if unpack_same is not None and pos + same_size <= end:
+                (size, crc, magic, queue_id, queue_offset, store_ts, reconsume, topic_len,
+                 raw_topic, msg_id, born, deliver_at, _level, tl, sl, kl, pl, bl,
+                 ) = unpack_same(records, pos)  # fmt: skip
+                if raw_topic != same_topic or topic_len != len(same_topic):
+                    unpack_same = None  # another topic: the general path reads it
+                    continue
+                stop = pos + size
+                if magic != RECORD_MAGIC or size < same_size or stop > end:
+                    raise RecordFormatError(f"malformed record at byte {pos}")
+                if crc32(view[pos + 8 : stop]) != crc:
+                    raise RecordFormatError(f"record at byte {pos} fails its CRC check")
+                p = pos + same_size
+            else:
+                if pos + rec_size > end:
+                    raise RecordFormatError(f"record header truncated at byte {pos}")
+                size, crc, magic, queue_id, queue_offset, store_ts, reconsume, topic_len = (
+                    unpack_record(records, pos)
+                )
+                stop = pos + size
+                if magic != RECORD_MAGIC or size < rec_size + topic_len + fields_size or stop > end:
+                    raise RecordFormatError(f"malformed record at byte {pos}")
+                if crc32(view[pos + 8 : stop]) != crc:
+                    raise RecordFormatError(f"record at byte {pos} fails its CRC check")
+                p = pos + rec_size
+                raw_topic = records[p : p + topic_len]
+                known = topics.get(raw_topic)
+                if known is None:
+                    known = topics[raw_topic] = raw_topic.decode()
+                topic = known
+                p += topic_len
+                msg_id, born, deliver_at, _level, tl, sl, kl, pl, bl = unpack_fields(records, p)
+                p += fields_size
+                unpack_same = _same_topic_layout(topic_len)
+                same_size, same_topic, last_queue_id = p - pos, raw_topic, None
             if p + tl + sl + kl + pl + bl != stop:
                 raise RecordFormatError(f"record at byte {pos} has inconsistent lengths")
-            queue = queues.get((topic, queue_id))
-            if queue is None:
-                queue = queues[(topic, queue_id)] = MessageQueue(topic, broker_name, queue_id)
+            if queue_id != last_queue_id:
+                found = queues.get((topic, queue_id))
+                if found is None:
+                    found = queues[(topic, queue_id)] = MessageQueue(topic, broker_name, queue_id)
+                queue, last_queue_id = found, queue_id
             tags = records[p : p + tl].decode() if tl else None
             p += tl
             sharding = records[p : p + sl].decode() if sl else None
@@ -109,15 +143,35 @@ def decode_records(records: bytes, broker_name: str) -> list[MessageExt]:
             p += kl
             props = decode_properties(view[p : p + pl]) if pl else {}
             p += pl
-            out.append(
-                MessageExt(
-                    topic, records[p : p + bl], tags, keys, props, sharding, msg_id.hex().upper(),
-                    queue, queue_offset, reconsume, born, store_ts, deliver_at,
-                )
-            )  # fmt: skip
+            # MessageExt's fields set in place: its dataclass __init__ is a call frame
+            # more per message (tests compare with MessageExt(...)).
+            m = new_message(MessageExt)
+            m.topic = topic
+            m.body = records[p:stop]
+            m.tags = tags
+            m.keys = keys
+            m.properties = props
+            m.sharding_key = sharding
+            m.msg_id = msg_id.hex().upper()
+            m.queue = queue
+            m.queue_offset = queue_offset
+            m.reconsume_times = reconsume
+            m.born_timestamp = born
+            m.store_timestamp = store_ts
+            m.deliver_at = deliver_at
+            m.delivery_attempt = 0
+            m.receipt = None
+            m.commit_log_offset = -1
+            append(m)
             pos = stop
     except RecordFormatError:
         raise
     except ValueError as exc:  # text that is not UTF-8, properties that do not parse
         raise RecordFormatError(f"record at byte {pos} does not decode: {exc}") from None
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _same_topic_layout(topic_len: int) -> Callable[[bytes, int], tuple[Any, ...]]:
+    """unpack_from of a record's header, a topic of `topic_len` bytes and frame fields."""
+    return struct.Struct(RECORD.format + f"{topic_len}s" + FRAME_FIELDS.format[1:]).unpack_from

@@ -6,8 +6,8 @@ import pytest
 
 from mockbroker.errors import BrokerError
 from mockbroker.store.records import build_records, check_frames
-from sdk import Message
-from sdk._transport.codec import MessageIdGenerator, encode_message
+from sdk import Message, MessageExt, MessageQueue
+from sdk._transport.codec import MessageIdGenerator, decode_records, encode_message
 from sdk._wire import (
     GRPC_CLIENT_CHANNEL_OPTIONS,
     MAX_BODY_BYTES,
@@ -27,12 +27,14 @@ def frame(body: bytes = b"body", **kw: object) -> bytes:
     return encode_frame(msg_id=MSG_ID, born_timestamp_ms=1_700_000_000_000, body=body, **kw)  # type: ignore[arg-type]
 
 
-def stored(frames: bytes, first_offset: int = 0) -> bytes:
+def stored(
+    frames: bytes, first_offset: int = 0, *, topic: bytes = b"orders", queue_id: int = 3
+) -> bytes:
     records, _ = build_records(
         frames,
         check_frames(frames, NOW_MS),
-        topic=b"orders",
-        queue_id=3,
+        topic=topic,
+        queue_id=queue_id,
         first_offset=first_offset,
         store_timestamp_ms=1_700_000_000_123,
         base_position=0,
@@ -77,6 +79,66 @@ def test_a_flipped_bit_anywhere_in_a_record_fails_its_crc() -> None:
         damaged[byte] ^= 0x10
         with pytest.raises(RecordFormatError):
             list(iter_records(bytes(damaged)))
+
+
+def test_decode_records_reads_records_of_several_topics_and_queues_in_one_buffer() -> None:
+    # A pull's records share a topic, and after the first are read in one unpack each;
+    # a topic of the same length or another one, or another queue, must not be taken
+    # for the previous one.
+    parts = [
+        (b"orders", 3, frame(b"a", tags=b"T", keys=[b"k"]) + frame(b"b")),
+        (b"orderz", 3, frame(b"c", sharding_key=b"s")),
+        (b"orders", -1, frame(b"d", properties=encode_properties({"p": "v"}))),
+        (b"o", 0, frame(b"e") + frame(b"f")),
+        (b"orders", 3, frame(b"g")),
+    ]
+    records = b"".join(stored(f, 10, topic=t, queue_id=q) for t, q, f in parts)
+    messages = decode_records(records, "broker-a")
+    expected = list(iter_records(records))
+    assert [
+        (m.topic, m.queue.topic, m.queue.queue_id, m.queue_offset, m.body) for m in messages
+    ] == [(r.topic, r.topic, r.queue_id, r.queue_offset, r.body) for r in expected]
+    assert [m.body for m in messages] == [b"a", b"b", b"c", b"d", b"e", b"f", b"g"]
+    assert {m.queue.broker_name for m in messages} == {"broker-a"}
+    assert (messages[0].tags, messages[0].keys, messages[2].sharding_key) == ("T", ("k",), "s")
+    assert messages[3].properties == {"p": "v"} and messages[3].queue.queue_id == -1
+
+
+def test_decode_records_builds_messages_equal_to_constructed_ones_in_every_field() -> None:
+    # decode_records sets MessageExt's fields without its __init__: a field it missed
+    # (one added to MessageExt later) would be unset, and the comparison would raise.
+    frames = frame(
+        b"payload",
+        tags=b"TagA",
+        sharding_key=b"order-1",
+        keys=[b"k1", b"k2"],
+        properties=encode_properties({"p": "v"}),
+        deliver_at_ms=NOW_MS + 5,
+    ) + frame(b"plain")
+    first, second = decode_records(stored(frames, 7), "broker-a")
+    queue = MessageQueue("orders", "broker-a", 3)
+    msg_id = MSG_ID.hex().upper()
+    assert first == MessageExt(
+        "orders", b"payload", "TagA", ("k1", "k2"), {"p": "v"}, "order-1", msg_id, queue, 7,
+        0, NOW_MS, 1_700_000_000_123, NOW_MS + 5,
+    )  # fmt: skip
+    assert second == MessageExt(
+        "orders", b"plain", None, (), {}, None, msg_id, queue, 8, 0, NOW_MS, 1_700_000_000_123
+    )
+    assert (second.delivery_attempt, second.receipt, second.commit_log_offset) == (0, None, -1)
+
+
+def test_decode_records_refuses_a_damaged_record_after_good_ones_of_its_topic() -> None:
+    good = stored(frame(b"first") + frame(b"second", tags=b"T"))
+    second = len(stored(frame(b"first")))
+    for byte in range(second, len(good)):
+        damaged = bytearray(good)
+        damaged[byte] ^= 0x10
+        with pytest.raises(RecordFormatError):
+            decode_records(bytes(damaged), "b")
+    for cut in range(second + 1, len(good)):
+        with pytest.raises(RecordFormatError):
+            decode_records(good[:cut], "b")
 
 
 @pytest.mark.parametrize(
