@@ -388,41 +388,16 @@ def lay_out_records(
 ) -> bytes:
     """`build_records`, adding the records' pieces to `into`; returns the index entries.
 
-    Several batches laid out into one list are joined and written once (a request's parts).
-    With `index`, each record's position, message id and keys are added to it in the same
-    pass (for the id/key index).
+    Several batches laid out into one list are joined and written once (a request's parts:
+    `lay_out_parts` does them in one call). With `index`, each record's position, message
+    id and keys are added to it in the same pass (for the id/key index).
     """
-    entries: list[bytes] = []
-    pack_head = RECORD_HEAD.pack
-    pack_tail = _tail_with_topic(len(topic)).pack
-    pack_entry = ENTRY.pack
-    crc32 = zlib.crc32
-    header_and_topic = RECORD.size + len(topic)
-    position = base_position
-    offset = first_offset
-    view = memoryview(frames)
-    columns = as_checked(checked)
-    starts, ends = columns.starts, columns.ends
-    for start, end, hash_ in zip(starts, ends, columns.tag_hashes, strict=True):
-        body = view[start:end]
-        size = header_and_topic + len(body)
-        tail = pack_tail(
-            RECORD_MAGIC,
-            queue_id,
-            offset,
-            store_timestamp_ms,
-            reconsume_times,
-            len(topic),
-            topic,
-        )
-        # The CRC covers the tail and topic (one buffer here), then the frame.
-        into += (pack_head(size, crc32(body, crc32(tail))), tail, body)
-        entries.append(pack_entry(position, size, hash_))
-        position += size
-        offset += 1
-    if index is not None:
-        index.add(frames, starts, ends, columns, base_position, header_and_topic)
-    return b"".join(entries)
+    [entries] = lay_out_parts(
+        [(frames, checked, queue_id, first_offset)], into, topic=topic,
+        store_timestamp_ms=store_timestamp_ms, base_position=base_position,
+        reconsume_times=reconsume_times, index=index,
+    )  # fmt: skip
+    return entries
 
 
 def lay_out_parts(
@@ -503,26 +478,6 @@ class IdKeyEntries:
         self.positions += [p + delta for p in other.positions]
         self.ids += other.ids
         self.keyed += [(p + delta, keys) for p, keys in other.keyed]
-
-    def add(
-        self,
-        frames: bytes,
-        starts: list[int],
-        ends: list[int],
-        checked: CheckedFrames,
-        position: int,
-        overhead: int,
-    ) -> None:
-        """Add a batch's records, laid out from `position` (each `overhead` + its frame)."""
-        positions, ids, keyed = self.positions, self.ids, self.keyed
-        for start, end, keys_at, keys_len in zip(
-            starts, ends, checked.keys_at, checked.keys_lens, strict=True
-        ):
-            positions.append(position)
-            ids.append(frames[start : start + 16])
-            if keys_len:
-                keyed.append((position, frames[keys_at : keys_at + keys_len]))
-            position += overhead + end - start
 
 
 @functools.lru_cache(maxsize=256)

@@ -286,41 +286,40 @@ def test_a_batch_laid_out_in_sections_from_position_0_then_moved_is_the_batch_la
     assert moved.keyed, "the batch has keyed messages"
 
 
-def test_batches_laid_out_in_one_call_are_those_laid_out_one_call_each() -> None:
+def test_batches_laid_out_in_one_call_are_each_batch_s_records_one_after_another() -> None:
     """lay_out_parts (a request's parts, with keys, a plain list of CheckedFrame, a
-    retry's reconsume count) lays out the records, entries and id/key entries that a
-    lay_out_records call per batch does, each batch after the one before."""
-    batches = [
-        b"".join(mixed(i) for i in range(n, n + size)) for n, size in ((0, 3), (3, 1), (4, 5))
-    ]
+    retry's reconsume count): each batch's records in its queue from its first offset,
+    after the batch before; entries and id/key entries point at them."""
+    frames = [mixed(i) for i in range(9)]
+    batches = [b"".join(frames[n : n + size]) for n, size in ((0, 3), (3, 1), (4, 5))]
     checked: list[Any] = [check_frames(b, NOW_MS) for b in batches]
     checked[1] = list(checked[1])  # a plain list of CheckedFrame, as for a scheduled batch
-    kw = dict(topic=b"topic", store_timestamp_ms=NOW_MS, reconsume_times=2)
-    one_each: list[bytes | memoryview] = []
-    one_each_index = IdKeyEntries()
-    one_each_entries = []
-    position = 700
-    for queue_id, (frames, part) in enumerate(zip(batches, checked, strict=True)):
-        before = sum(len(p) for p in one_each)
-        one_each_entries.append(
-            lay_out_records(
-                frames, part, one_each, queue_id=queue_id, first_offset=10 * queue_id,
-                base_position=position, index=one_each_index, **kw,  # type: ignore[arg-type]
-            )
-        )  # fmt: skip
-        position += sum(len(p) for p in one_each) - before
-    together: list[bytes | memoryview] = []
+    laid: list[bytes | memoryview] = []
     index = IdKeyEntries()
     entries = lay_out_parts(
         [(f, c, q, 10 * q) for q, (f, c) in enumerate(zip(batches, checked, strict=True))],
-        together, base_position=700, index=index, **kw,  # type: ignore[arg-type]
+        laid, topic=b"topic", store_timestamp_ms=NOW_MS, base_position=700,
+        reconsume_times=2, index=index,
     )  # fmt: skip
-    assert b"".join(together) == b"".join(one_each)
-    assert entries == one_each_entries
-    assert (index.positions, index.ids, index.keyed) == (
-        one_each_index.positions, one_each_index.ids, one_each_index.keyed,
-    )  # fmt: skip
-    assert index.keyed and len(index.ids) == 9
+    data = b"".join(laid)
+    records = list(iter_records(data))
+    assert [(r.queue_id, r.queue_offset) for r in records] == [
+        (0, 0), (0, 1), (0, 2), (1, 10), (2, 20), (2, 21), (2, 22), (2, 23), (2, 24)
+    ]  # fmt: skip
+    assert all(r.topic == "topic" and r.reconsume_times == 2 for r in records)
+    assert [r.msg_id for r in records] == [i.to_bytes(16, "big") for i in range(9)]
+    assert [r.body for r in records] == [b"body-%d" % i * (1 + i % 4) for i in range(9)]
+    at = [ENTRY.unpack(e[n : n + ENTRY.size]) for e in entries
+          for n in range(0, len(e), ENTRY.size)]  # fmt: skip
+    assert [len(e) // ENTRY.size for e in entries] == [3, 1, 5]
+    positions = [position for position, _, _ in at]
+    assert positions[0] == 700 and sum(size for _, size, _ in at) == len(data)
+    for (position, size, _), record in zip(at, records, strict=True):
+        assert next(iter_records(data[position - 700 : position - 700 + size])) == record
+    assert index.positions == positions
+    assert index.ids == [r.msg_id for r in records]
+    assert index.keyed == [(p, r.keys) for p, r in zip(positions, records, strict=True) if r.keys]
+    assert index.keyed, "the batches have keyed messages"
     unindexed: list[bytes | memoryview] = []
     assert lay_out_parts([(batches[0], checked[0], 0, 0)], unindexed, topic=b"t",
                          store_timestamp_ms=NOW_MS, base_position=0)  # fmt: skip
