@@ -23,6 +23,7 @@ from mockbroker.dedup import MessagePlace
 from mockbroker.dedup_sends import SortedBatch, across_parts, shared_keys
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.fair_store import QueueHold
+from mockbroker.long_polling import QueueKey
 from mockbroker.push import SUBSCRIPTION_RECHECK, Credit, lock_wakeup
 from mockbroker.state import BrokerState
 from mockbroker.store.message_store import Batch, GetResult, PutResult, Written
@@ -528,6 +529,9 @@ class Delivery:
         topic = self._s.topic_queue(topic_name, queue_id)
         key = (topic.name, queue_id)
         lock_key = lock_wakeup(group, key)
+        # What a wait is woken by: the lock, a grant, and (when caught up) an append.
+        on_change: tuple[QueueKey, ...] = (lock_key, credit.key)
+        on_append: tuple[QueueKey, ...] = (lock_key, credit.key, key)
         state, holder = self._s, self._s.holder
         # The last batch read to the queue's end: while the end is still there, wait for
         # an append without reading again (an empty read per batch costs as much as a
@@ -541,9 +545,9 @@ class Delivery:
                 )
             if lock_epoch:
                 state.locks.check_lock(group, key, client_id, lock_epoch)
-            wake = [lock_key, credit.key]
+            wake = on_change
             if credit.open and caught_up and state.store.end_offset(topic, queue_id) == offset:
-                wake.append(key)
+                wake = on_append
             elif credit.open:
                 got = await self._read(
                     client, group, topic, queue_id, offset,
@@ -561,7 +565,7 @@ class Delivery:
                     caught_up = got.status == "FOUND" and offset == got.max_offset
                     yield got
                     continue
-                wake.append(key)
+                wake = on_append
             # Without a lock nothing but an append or a grant (or a stop) changes anything.
             recheck = SUBSCRIPTION_RECHECK if lock_epoch else MAX_SUSPEND_MS / 1000
             await holder.wait_any(wake, state.clock.now() + recheck)

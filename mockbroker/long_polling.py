@@ -46,9 +46,14 @@ class PullHolder:
         keys = tuple(queues)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()
-        joined = [self._waiting.setdefault(queue, set()) for queue in keys]
-        for waiters in joined:
+        waiting = self._waiting
+        joined: list[set[asyncio.Future[bool]]] = []
+        for queue in keys:  # no set made for a key already waited on
+            waiters = waiting.get(queue)
+            if waiters is None:
+                waiters = waiting[queue] = set()
             waiters.add(future)
+            joined.append(waiters)
         self.held += 1
         try:
             if type(self._clock) is SystemClock:
