@@ -538,6 +538,10 @@ class Delivery:
         # batch's at low rates). The end is looked at in the step that starts the wait,
         # so no append comes between.
         caught_up = False
+        # Without a lock nothing but an append or a grant (or a stop) changes anything.
+        recheck = SUBSCRIPTION_RECHECK if lock_epoch else MAX_SUSPEND_MS / 1000
+        # Every wait until then ends by then: one timer a recheck, not one a batch.
+        recheck_at = 0.0
         while True:
             if holder.closed:
                 raise BrokerError(
@@ -566,9 +570,8 @@ class Delivery:
                     yield got
                     continue
                 wake = on_append
-            # Without a lock nothing but an append or a grant (or a stop) changes anything.
-            recheck = SUBSCRIPTION_RECHECK if lock_epoch else MAX_SUSPEND_MS / 1000
-            await holder.wait_any(wake, state.clock.now() + recheck)
+            recheck_at = next_recheck(recheck_at, state.clock.now(), recheck)
+            await holder.wait_any(wake, recheck_at, shared=True)
 
 
 def _answered(
@@ -602,6 +605,16 @@ def _answered(
     return dataclasses.replace(
         stored, count=len(places), durable=stored.durable and durable, messages=tuple(places)
     )
+
+
+def next_recheck(recheck_at: float, now: float, recheck: float) -> float:
+    """The latest end of a subscription's wait starting `now`.
+
+    `recheck_at` while it is ahead, by at most `recheck` (the waits share that deadline's
+    timer, PullHolder's `shared`); else `recheck` from now (it passed, or the clock was
+    set back).
+    """
+    return recheck_at if 0 < recheck_at - now <= recheck else now + recheck
 
 
 def _check_batch(max_messages: int, max_bytes: int) -> None:
