@@ -23,6 +23,7 @@ from mockbroker.dedup import MessagePlace
 from mockbroker.dedup_sends import SortedBatch, across_parts, shared_keys
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.fair_store import QueueHold
+from mockbroker.long_polling import QueueKey
 from mockbroker.push import SUBSCRIPTION_RECHECK, Credit, lock_wakeup
 from mockbroker.state import BrokerState
 from mockbroker.store.message_store import Batch, GetResult, PutResult, Written
@@ -563,12 +564,19 @@ class Delivery:
         topic = self._s.topic_queue(topic_name, queue_id)
         key = (topic.name, queue_id)
         lock_key = lock_wakeup(group, key)
+        # What a wait is woken by: the lock, a grant, and (when caught up) an append.
+        on_change: tuple[QueueKey, ...] = (lock_key, credit.key)
+        on_append: tuple[QueueKey, ...] = (lock_key, credit.key, key)
         state, holder = self._s, self._s.holder
         # The last batch read to the queue's end: while the end is still there, wait for
         # an append without reading again (an empty read per batch costs as much as a
         # batch's at low rates). The end is looked at in the step that starts the wait,
         # so no append comes between.
         caught_up = False
+        # Without a lock nothing but an append or a grant (or a stop) changes anything.
+        recheck = SUBSCRIPTION_RECHECK if lock_epoch else MAX_SUSPEND_MS / 1000
+        # Every wait until then ends by then: one timer a recheck, not one a batch.
+        recheck_at = 0.0
         while True:
             if holder.closed:
                 raise BrokerError(
@@ -576,9 +584,9 @@ class Delivery:
                 )
             if lock_epoch:
                 state.locks.check_lock(group, key, client_id, lock_epoch)
-            wake = [lock_key, credit.key]
+            wake = on_change
             if credit.open and caught_up and state.store.end_offset(topic, queue_id) == offset:
-                wake.append(key)
+                wake = on_append
             elif credit.open:
                 got = await self._read(
                     client, group, topic, queue_id, offset,
@@ -596,10 +604,9 @@ class Delivery:
                     caught_up = got.status == "FOUND" and offset == got.max_offset
                     yield got
                     continue
-                wake.append(key)
-            # Without a lock nothing but an append or a grant (or a stop) changes anything.
-            recheck = SUBSCRIPTION_RECHECK if lock_epoch else MAX_SUSPEND_MS / 1000
-            await holder.wait_any(wake, state.clock.now() + recheck)
+                wake = on_append
+            recheck_at = next_recheck(recheck_at, state.clock.now(), recheck)
+            await holder.wait_any(wake, recheck_at, shared=True)
 
 
 def _answered(
@@ -633,6 +640,16 @@ def _answered(
     return dataclasses.replace(
         stored, count=len(places), durable=stored.durable and durable, messages=tuple(places)
     )
+
+
+def next_recheck(recheck_at: float, now: float, recheck: float) -> float:
+    """The latest end of a subscription's wait starting `now`.
+
+    `recheck_at` while it is ahead, by at most `recheck` (the waits share that deadline's
+    timer, PullHolder's `shared`); else `recheck` from now (it passed, or the clock was
+    set back).
+    """
+    return recheck_at if 0 < recheck_at - now <= recheck else now + recheck
 
 
 def _check_batch(max_messages: int, max_bytes: int) -> None:

@@ -94,6 +94,11 @@ def lock_not_held(message: str) -> BrokerError:
     return BrokerError(StatusCode.FAILED_PRECONDITION, "LOCK_NOT_HELD", message)
 
 
+def _queue_name(group: str, queue: QueueKey) -> str:
+    # Built only for a refusal: a push subscription checks its lock before every batch.
+    return f"{queue[0]} queue {queue[1]} of group {group!r}"
+
+
 def stale_epoch(message: str) -> BrokerError:
     """FAILED_PRECONDITION / STALE_EPOCH."""
     return BrokerError(StatusCode.FAILED_PRECONDITION, "STALE_EPOCH", message)
@@ -394,7 +399,6 @@ class RebalanceLockManager:
         LOCK_NOT_HELD when it holds none (another owner, expired, unlocked), STALE_EPOCH
         when its lock has another epoch: what a commit of the queue would be refused with.
         """
-        name = f"{queue[0]} queue {queue[1]} of group {group!r}"
         with self._global:
             entry = self._table.get(group, {}).get(queue)
             if (
@@ -402,8 +406,10 @@ class RebalanceLockManager:
                 or entry.client_id != client_id
                 or not self._live(entry, self._clock.monotonic())
             ):
+                name = _queue_name(group, queue)
                 raise lock_not_held(f"{name}: {client_id!r} does not hold its lock")
             if entry.epoch != epoch:
+                name = _queue_name(group, queue)
                 raise stale_epoch(f"{name}: the lock's epoch is {entry.epoch}, not {epoch}")
 
     def is_locked_by(self, group: str, queue: QueueKey, client_id: str) -> bool:

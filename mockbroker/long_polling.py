@@ -27,6 +27,8 @@ class PullHolder:
         #: Each waiter's future: True once an append (or the stop) released it, False
         #: when its deadline passed (the real clock's timer sets that).
         self._waiting: dict[QueueKey, set[asyncio.Future[bool]]] = {}
+        #: The waits of each shared deadline (wait_any's `shared`), its timer's to expire.
+        self._shared: dict[float, set[asyncio.Future[bool]]] = {}
         self._closed = False
         self.held = 0
 
@@ -39,21 +41,35 @@ class PullHolder:
         """Wait for an append to `queue` until `deadline`; True when woken by one."""
         return await self.wait_any((queue,), deadline)
 
-    async def wait_any(self, queues: Iterable[QueueKey], deadline: float) -> bool:
-        """Wait for an append to any of `queues` until `deadline`; True when woken by one."""
+    async def wait_any(
+        self, queues: Iterable[QueueKey], deadline: float, *, shared: bool = False
+    ) -> bool:
+        """Wait for an append to any of `queues` until `deadline`; True when woken by one.
+
+        `shared`: other waits will have the same deadline (a push subscription waits once
+        per batch until its next recheck): on the real clock its timer is kept for them
+        until it fires, not made and cancelled per wait.
+        """
         if self._closed or self._clock.now() >= deadline:
             return False
         keys = tuple(queues)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()
-        joined = [self._waiting.setdefault(queue, set()) for queue in keys]
-        for waiters in joined:
+        waiting = self._waiting
+        joined: list[set[asyncio.Future[bool]]] = []
+        for queue in keys:  # no set made for a key already waited on
+            waiters = waiting.get(queue)
+            if waiters is None:
+                waiters = waiting[queue] = set()
             waiters.add(future)
+            joined.append(waiters)
         self.held += 1
         try:
             if type(self._clock) is SystemClock:
                 # The real clock's deadline is a timer on the loop, not a task sleeping
                 # beside the wait: a push subscription waits once per batch at low rates.
+                if shared:
+                    return await self._wait_shared(future, deadline)
                 timer = loop.call_later(deadline - self._clock.now(), _expire, future)
                 try:
                     return await future and not self._closed
@@ -73,6 +89,22 @@ class PullHolder:
                 waiters.discard(future)
                 if not waiters and self._waiting.get(queue) is waiters:
                     del self._waiting[queue]
+
+    async def _wait_shared(self, future: asyncio.Future[bool], deadline: float) -> bool:
+        waits = self._shared.get(deadline)
+        if waits is None:
+            waits = self._shared[deadline] = set()
+            delay = deadline - self._clock.now()
+            asyncio.get_running_loop().call_later(delay, self._expire_shared, deadline)
+        waits.add(future)
+        try:
+            return await future and not self._closed
+        finally:
+            waits.discard(future)
+
+    def _expire_shared(self, deadline: float) -> None:
+        for future in self._shared.pop(deadline, ()):
+            _expire(future)
 
     def notify(self, topic: str, queue_id: int) -> None:
         """A message was appended to (topic, queue_id): release its held pulls."""

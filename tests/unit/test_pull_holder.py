@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from mockbroker.delivery import next_recheck
 from mockbroker.long_polling import PullHolder
 from sdk.clock import SystemClock
 
@@ -80,3 +81,47 @@ def test_closing_releases_the_waits_as_not_woken_and_holds_no_more() -> None:
         assert await holder.wait_any([("t", 0)], clock.now() + 60) is False
 
     run(main())
+
+
+def test_waits_with_a_shared_deadline_share_one_timer_that_expires_them() -> None:
+    async def main() -> None:
+        clock = SystemClock()
+        holder = PullHolder(clock)
+        loop = asyncio.get_running_loop()
+        timers: list[float] = []
+        call_later = loop.call_later
+
+        def counted(delay: float, *args: Any) -> asyncio.TimerHandle:
+            timers.append(delay)
+            return call_later(delay, *args)
+
+        loop.call_later = counted  # type: ignore[method-assign]
+        deadline = clock.now() + 0.2
+        for _ in range(3):  # a subscription's batches: each wait woken by an append
+            waiter = asyncio.create_task(holder.wait_any([("t", 0)], deadline, shared=True))
+            await asyncio.sleep(0)
+            holder.notify("t", 0)
+            assert await waiter is True
+            assert idle(holder)
+        assert len(timers) == 1
+        # Two waits still there at the deadline both end unwoken, by that one timer.
+        waiters = [
+            asyncio.create_task(holder.wait_any([("t", q)], deadline, shared=True)) for q in (0, 1)
+        ]
+        assert await asyncio.gather(*waiters) == [False, False]
+        assert len(timers) == 1
+        assert idle(holder) and not holder._shared
+        # A wait of another deadline has a timer of its own.
+        assert await holder.wait_any([("t", 0)], clock.now() + 0.01, shared=True) is False
+        assert len(timers) == 2 and not holder._shared
+
+    run(main())
+
+
+def test_a_subscriptions_waits_share_a_deadline_at_most_a_recheck_ahead() -> None:
+    # Delivery.subscribe's deadline: kept while ahead, renewed once passed; a clock set
+    # back an hour does not leave its lock unchecked for that hour.
+    assert next_recheck(0.0, 100.0, 1.0) == 101.0  # the first wait
+    assert next_recheck(101.0, 100.5, 1.0) == 101.0  # the waits until then share it
+    assert next_recheck(101.0, 101.0, 1.0) == 102.0  # passed
+    assert next_recheck(101.0, 100.0 - 3600, 1.0) == 100.0 - 3600 + 1.0  # set back

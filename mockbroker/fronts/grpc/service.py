@@ -683,9 +683,13 @@ def _message_results(sent: SendOutcome) -> list[pb.SendPartResult]:
     ]
 
 
+#: PullStatus numbers by name: a dict lookup, where PullStatus.Value is a Python call.
+_PULL_STATUS: dict[str, int] = dict(pb.PullStatus.items())
+
+
 def _pulled(got: GetResult, answer: pb.PullResponse) -> pb.PullResponse:
     """Fill `answer` with what a read found."""
-    answer.status = pb.PullStatus.Value(got.status)
+    answer.status = _PULL_STATUS[got.status]  # type: ignore[assignment]
     answer.next_offset = got.next_offset
     answer.min_offset = got.min_offset
     answer.max_offset = got.max_offset
