@@ -6,12 +6,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from mockbroker import BrokerConfig, EmbeddedBroker
 from tests.chaos_report import REPORT_PATH_ENV, ChaosRecorder, ChaosReport
 from tools.test_times import CPU_DIR_ENV, read_durations, start_order
 
 _CHAOS = pytest.StashKey[ChaosReport]()
+
+# Hypothesis times each example against the wall clock (a 200 ms deadline, and a health
+# check of slow data generation): on a loaded machine a process stopped for a moment fails
+# a test that is correct ("Unreliable test timings!"). Tests here assert no timing.
+settings.register_profile("ordermq", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ordermq")
 
 
 def pytest_configure(config: pytest.Config) -> None:

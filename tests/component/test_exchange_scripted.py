@@ -547,6 +547,13 @@ def test_a_fallback_lasts_as_long_as_the_connection_that_learned_it() -> None:
     run(main)
 
 
+async def called(broker: ScriptedBroker) -> None:
+    """Until a call of the client has reached `broker` (a loaded machine can take long)."""
+    async with asyncio.timeout(WAIT):
+        while not broker.methods:
+            await asyncio.sleep(0.01)
+
+
 async def stream_ended(client: Exchange) -> None:
     while client._stream is not None:
         await asyncio.sleep(0.01)
@@ -563,6 +570,7 @@ def test_nothing_is_written_on_exchange_batched_before_the_broker_greets() -> No
         client = BrokerClient(broker.address)
         try:
             calls = [asyncio.create_task(client.send("t", 1, b"a")) for _ in range(3)]
+            await called(broker)  # the stream is open: what is written now can arrive
             await asyncio.sleep(0.2)  # what is written now reaches the broker meanwhile
             assert broker.methods == [f"/{SERVICE}/ExchangeBatched"]
             assert broker.batched == []
