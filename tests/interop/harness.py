@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -175,13 +175,27 @@ def drivers(client: Client, workdir: Path) -> Iterator[Callable[..., Driver]]:
 
 
 def wait_across(
-    running: list[Driver], condition: Callable[[], bool], timeout: float, what: str
+    running: list[Driver],
+    condition: Callable[[], bool],
+    timeout: float,
+    what: str,
+    *,
+    finishing: Sequence[Driver] = (),
 ) -> None:
-    """Wait until `condition()` holds, failing fast if one of `running` ends meanwhile."""
+    """Wait until `condition()` holds, failing fast if one of `running` ends meanwhile.
+
+    `finishing`: drivers that end by themselves (a producer that sent everything): the
+    wait fails fast only if one reports an error or exits with a status other than 0.
+    """
     deadline = time.monotonic() + timeout
     while not condition():
         for driver in running:
             driver.check(what)
+        for driver in finishing:
+            if driver.of("error") or driver.proc.poll() not in (None, 0):
+                raise AssertionError(
+                    f"{driver.name} failed while waiting for {what}: {driver.describe()}"
+                )
         if time.monotonic() > deadline:
             states = "\n".join(d.describe() for d in running)
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}:\n{states}")

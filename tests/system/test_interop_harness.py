@@ -35,6 +35,8 @@ elif part == "error":
     sys.exit(2)
 elif part == "exit":
     sys.exit(5)
+elif part == "done":
+    emit("done")
 elif part == "hang":
     stop.wait()
 """
@@ -91,3 +93,16 @@ def test_a_wait_across_drivers_fails_when_one_of_them_ends(run: Callable[..., Dr
         wait_across([alive, failing], lambda: False, 600, "everything")
     with pytest.raises(AssertionError, match=r"timed out after 0\.3 s waiting for nothing"):
         wait_across([alive], lambda: False, 0.3, "nothing")
+
+
+def test_a_wait_across_drivers_lets_a_finishing_one_end_well_but_not_fail(
+    run: Callable[..., Driver],
+) -> None:
+    done, failing = run("producer", "done"), run("failing", "error")
+    assert done.finish(60) == 0
+    with pytest.raises(AssertionError, match=r"timed out after 0\.3 s waiting for half"):
+        wait_across([], lambda: False, 0.3, "half", finishing=[done])
+    with pytest.raises(AssertionError, match="failing failed while waiting for half"):
+        wait_across([], lambda: False, 600, "half", finishing=[done, failing])
+    with pytest.raises(AssertionError, match="producer ended while waiting for half"):
+        wait_across([done], lambda: False, 600, "half")
