@@ -536,7 +536,7 @@ def test_a_fallback_lasts_as_long_as_the_connection_that_learned_it() -> None:
             assert broker.methods == refused_once  # the probe of Exchange, then its stream
             losses.put_nowait(None)
             stream.end(grpc.StatusCode.UNAVAILABLE, "connection lost")
-            await asyncio.wait_for(stream_ended(client), WAIT)
+            await stream_ended(client)
             call = asyncio.create_task(client.call(send()))
             stream = await broker.next_stream()
             request = await stream.next_request()
@@ -555,8 +555,10 @@ async def called(broker: ScriptedBroker) -> None:
 
 
 async def stream_ended(client: Exchange) -> None:
-    while client._stream is not None:
-        await asyncio.sleep(0.01)
+    """Until the client has let its stream go."""
+    async with asyncio.timeout(WAIT):
+        while client._stream is not None:
+            await asyncio.sleep(0.01)
 
 
 def test_nothing_is_written_on_exchange_batched_before_the_broker_greets() -> None:
