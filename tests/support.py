@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import random
 import select
 import signal
 import socket
@@ -110,15 +111,47 @@ class BrokerProcess:
     def start(self, timeout: float = 30.0, port: int | None = 0) -> str:
         """Start the broker on `port` (0: a free one; None: the command's default port).
 
-        Returns its address once it prints its ready line.
+        Returns its address once it prints its ready line. A port given as 0 (this one or
+        a front's in `extra_args`) is a free port below the kernel's ephemeral range
+        (`stable_ports`), and `restart` serves on the same ports again.
         """
+        zeros = [option for option in self.FRONTS if self._option(option) == "0"]
+        if port != 0 and not zeros:
+            return self._launch(timeout, port)
+        for attempt in range(_PORT_ATTEMPTS):
+            ports = stable_ports(1 + len(zeros))
+            args = list(self.extra_args)
+            for option, chosen in zip(zeros, ports[1:], strict=True):
+                args[args.index(option) + 1] = str(chosen)
+            try:
+                return self._launch(timeout, ports[0] if port == 0 else port, tuple(args))
+            except PortTaken:
+                # Another process bound a chosen port between its choice and our bind.
+                if attempt == _PORT_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _option(self, option: str) -> str | None:
+        """The value `extra_args` gives `option`, or None."""
+        args = self.extra_args
+        return args[args.index(option) + 1] if option in args else None
+
+    def _launch(self, timeout: float, port: int | None, args: tuple[str, ...] | None = None) -> str:
+        """Start the broker process with `args` (default: `extra_args`) and wait for it.
+
+        On success `args` become `extra_args`, with each front's announced port pinned.
+        Raises PortTaken if it exited because a port was taken.
+        """
+        args = self.extra_args if args is None else args
         cmd = [
             sys.executable, "-m", "mockbroker",
             "--host", "127.0.0.1", *(["--port", str(port)] if port is not None else []),
             "--data-dir", str(self.data_dir),
             "--log-level", "WARNING",
-            *self.extra_args,
+            *args,
         ]  # fmt: skip
+        self._stderr.seek(0, os.SEEK_END)
+        written_before = self._stderr.tell()
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
@@ -129,13 +162,14 @@ class BrokerProcess:
         if not line.startswith("mockbroker listening on "):
             self.proc.kill()
             self.proc.wait()
-            raise AssertionError(
-                f"broker did not start within {timeout}s: {line!r}\n{self.stderr()}"
-            )
+            said = self.stderr()[written_before:]
+            error = PortTaken if "Address already in use" in said else AssertionError
+            raise error(f"broker did not start within {timeout}s: {line!r}\n{said}")
         self.address = line.split()[-1]
+        self.extra_args = args
         self.fronts = {}
         for option, (front, prefix) in self.FRONTS.items():
-            if option in self.extra_args:
+            if option in args:
                 announced = lines.find(prefix, timeout)
                 assert announced, f"no {front} address announced: {self.stderr()[-2000:]}"
                 self.fronts[front] = announced.split()[-1]
@@ -199,6 +233,52 @@ def pinned(config: BrokerConfig, broker: EmbeddedBroker) -> BrokerConfig:
         namesrv_port=port(broker.namesrv_address),
         v2_port=port(broker.v2_address) if config.v2_port is not None else None,
     )
+
+
+#: How many sets of stable ports `BrokerProcess.start` tries before it gives up.
+_PORT_ATTEMPTS = 5
+
+#: Where `stable_ports` begins: above the ports of well-known services and of RocketMQ's
+#: defaults (8080, 8081, 9876, 10909, 10911).
+_STABLE_PORTS_FROM = 20000
+
+
+class PortTaken(AssertionError):
+    """A broker process exited at start because a port it was given was taken."""
+
+
+def ephemeral_ports() -> range:
+    """The kernel's range of local ports for outgoing connections (Linux; else IANA's)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    except (OSError, ValueError):
+        return range(49152, 65536)
+    return range(int(low), int(high) + 1)
+
+
+def stable_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports nobody listens on now, on 127.0.0.1, below the kernel's
+    ephemeral range.
+
+    For a server stopped and started again on its ports: while it is down, a port of the
+    ephemeral range may become an outgoing connection's local port (a long outage with
+    clients reconnecting made a restart fail with "Address already in use"); the kernel
+    never gives a connection a port below that range. Chosen at random, so that tests
+    choosing at once seldom meet; a start that meets another's port chooses again.
+    """
+    below = range(_STABLE_PORTS_FROM, ephemeral_ports().start)
+    with contextlib.ExitStack() as stack:
+        chosen: list[int] = []
+        for candidate in random.sample(below, min(len(below), 64 * count)):
+            s = stack.enter_context(socket.socket())
+            try:
+                s.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            chosen.append(candidate)
+            if len(chosen) == count:
+                return chosen
+    raise AssertionError(f"no {count} free ports in {below}")
 
 
 def free_ports(count: int) -> list[int]:

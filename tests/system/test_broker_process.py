@@ -1,0 +1,58 @@
+"""The tests' broker process (tests/support.py BrokerProcess): where it serves, so that a
+restart after a long outage finds its ports free."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+import tests.support
+from tests.support import BrokerProcess, ephemeral_ports
+
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def test_a_broker_given_port_0_serves_below_the_ephemeral_range_and_restarts_there(
+    tmp_path: Path,
+) -> None:
+    broker = BrokerProcess(tmp_path / "data", "--metrics-port", "0")
+    address = broker.start()
+    try:
+        metrics = broker.fronts["metrics"]
+        # An outgoing connection may take any port of the ephemeral range while the
+        # broker is down; none is given a port below it.
+        assert port_of(address) < ephemeral_ports().start
+        assert port_of(metrics) < ephemeral_ports().start
+        broker.terminate()
+        assert broker.restart() == address
+        assert broker.fronts["metrics"] == metrics
+    finally:
+        broker.kill9()
+
+
+def test_a_start_meeting_a_taken_port_chooses_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        taken_port = int(taken.getsockname()[1])
+        choices = [[taken_port]]
+        choose = tests.support.stable_ports
+
+        def taken_first(count: int) -> list[int]:
+            return choices.pop() if choices else choose(count)
+
+        monkeypatch.setattr(tests.support, "stable_ports", taken_first)
+        broker = BrokerProcess(tmp_path / "data")
+        try:
+            address = broker.start()
+            assert not choices, "the taken port was not chosen first"
+            assert port_of(address) != taken_port
+            assert "Address already in use" in broker.stderr()
+        finally:
+            broker.kill9()
