@@ -8,7 +8,6 @@ WrongProtocolError naming what answers there, not "cannot reach the broker withi
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -24,9 +23,6 @@ from sdk import (
     PushConsumer,
 )
 from sdk.errors import WrongProtocolError
-
-#: Well within the 5 s a route lookup waits for an unreachable broker.
-PROMPTLY = 4.0
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +40,12 @@ class Never(MessageListenerOrderly):
         raise AssertionError("no message can arrive through a port of another protocol")
 
 
-def refused(attempt: Callable[[], object]) -> tuple[WrongProtocolError, float]:
-    started = time.monotonic()
+def refused(attempt: Callable[[], object]) -> WrongProtocolError:
+    """The error `attempt` raised: WrongProtocolError, where a client that only timed out
+    would raise "cannot reach the broker" (BrokerUnavailableError)."""
     with pytest.raises(WrongProtocolError) as caught:
         attempt()
-    return caught.value, time.monotonic() - started
+    return caught.value
 
 
 def send_with(endpoints: str) -> Callable[[], object]:
@@ -64,21 +61,20 @@ def test_an_ordermq_client_at_a_remoting_port_is_told_to_use_rocketmq(
     broker: EmbeddedBroker, port: str
 ) -> None:
     address = getattr(broker, port)
-    error, took = refused(send_with(address))
+    error = refused(send_with(address))
     assert f"{address} answers RocketMQ remoting" in str(error)
     assert f"rocketmq://{address}" in str(error)
-    assert took < PROMPTLY
 
 
 def test_an_ordermq_client_at_the_rocketmq5_port_is_told_what_answers_there(
     broker: EmbeddedBroker,
 ) -> None:
-    error, _ = refused(send_with(broker.v2_address))
+    error = refused(send_with(broker.v2_address))
     assert f"{broker.v2_address} answers RocketMQ 5's gRPC" in str(error)
     consumer = PushConsumer("wrong-port", broker.v2_address)
     consumer.subscribe("wrong-port")
     consumer.register_message_listener(Never())
-    error, _ = refused(consumer.start)
+    error = refused(consumer.start)
     assert "RocketMQ 5's gRPC" in str(error)
 
 
@@ -87,9 +83,8 @@ def test_a_rocketmq_client_at_a_grpc_port_is_told_to_drop_the_scheme(
     broker: EmbeddedBroker, port: str
 ) -> None:
     address = getattr(broker, port)
-    error, took = refused(send_with(f"rocketmq://{address}"))
+    error = refused(send_with(f"rocketmq://{address}"))
     assert f"{address} answers gRPC (HTTP/2), not RocketMQ remoting" in str(error)
-    assert took < PROMPTLY
 
 
 def test_the_right_ports_still_work(broker: EmbeddedBroker) -> None:
