@@ -29,15 +29,17 @@ _tracer = trace.get_tracer("ordermq")
 # then the check is whether OpenTelemetry's global was set, plus whether the environment
 # names a provider, as read by the last refresh(): trace.get_tracer_provider() looks the
 # variable up in os.environ on every call, which cost 0.6-1.3 us a check (issue 40).
+# An OpenTelemetry without that global (a later version) gets the full check each time.
 _on = False
 _named_in_environment = OTEL_PYTHON_TRACER_PROVIDER in os.environ
+_global_readable = hasattr(trace, "_TRACER_PROVIDER")
 
 
 def enabled() -> bool:
     """True once the application has installed a tracer provider."""
     if _on:
         return True
-    if trace._TRACER_PROVIDER is None and not _named_in_environment:
+    if _global_readable and trace._TRACER_PROVIDER is None and not _named_in_environment:
         return False
     return refresh()
 

@@ -74,3 +74,14 @@ def test_a_check_does_not_read_the_environment(
     for _ in range(3):
         assert tracing.enabled()
     assert Counting.lookups <= 1  # once, when the provider first shows
+
+
+def test_without_opentelemetrys_global_every_check_asks_opentelemetry(
+    no_provider: pytest.MonkeyPatch,
+) -> None:
+    # A later OpenTelemetry may not have the private global the quick check reads.
+    no_provider.setattr(tracing, "_global_readable", False)
+    assert not tracing.enabled()
+    provider = TracerProvider()
+    no_provider.setattr(trace, "get_tracer_provider", lambda: provider)
+    assert tracing.enabled()
