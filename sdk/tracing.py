@@ -4,24 +4,57 @@ A no-op unless the application installs a tracer provider (opentelemetry-sdk's
 `trace.set_tracer_provider(...)`). Then each sent message gets a PRODUCER span whose
 context travels in the message's properties (W3C `traceparent`), and each listener call
 runs in a CONSUMER span that continues that trace.
+
+Whether tracing is on is asked for every send and every listener call, so `enabled()`
+answers from a cached state; `refresh()` reads it again (after OTEL_PYTHON_TRACER_PROVIDER
+changed in the environment, or a test reset OpenTelemetry's global provider).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from opentelemetry import propagate, trace
+from opentelemetry.environment_variables import OTEL_PYTHON_TRACER_PROVIDER
 
 from sdk.message import MessageExt
 
 _tracer = trace.get_tracer("ordermq")
 
 
+# A provider, once installed, stays (OpenTelemetry sets it once): True is kept. Until
+# then the check is whether OpenTelemetry's global was set, plus whether the environment
+# names a provider, as read by the last refresh(): trace.get_tracer_provider() looks the
+# variable up in os.environ on every call, which cost 0.6-1.3 us a check (issue 40).
+# An OpenTelemetry without that global (a later version) gets the full check each time.
+_on = False
+_named_in_environment = OTEL_PYTHON_TRACER_PROVIDER in os.environ
+_global_readable = hasattr(trace, "_TRACER_PROVIDER")
+
+
 def enabled() -> bool:
     """True once the application has installed a tracer provider."""
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    if _on:
+        return True
+    if _global_readable and trace._TRACER_PROVIDER is None and not _named_in_environment:
+        return False
+    return refresh()
+
+
+def refresh() -> bool:
+    """Read again whether a tracer provider is installed, and what `enabled()` says.
+
+    Needed only after the environment's OTEL_PYTHON_TRACER_PROVIDER changed in this
+    process, or after OpenTelemetry's global provider was reset (tests): a provider
+    installed with `trace.set_tracer_provider` is seen without it.
+    """
+    global _on, _named_in_environment
+    _named_in_environment = OTEL_PYTHON_TRACER_PROVIDER in os.environ
+    _on = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    return _on
 
 
 def start_send_span(topic: str, msg_id: str) -> tuple[Any, dict[str, str]]:
