@@ -275,6 +275,48 @@ def test_one_batch_mixing_tagged_and_untagged_messages_filters_by_tag(
     loop.run_until_complete(store.close())
 
 
+@pytest.mark.parametrize("damage", ["crc", "size field"])
+def test_a_read_of_one_stretch_serves_the_records_before_a_corrupt_one(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, damage: str
+) -> None:
+    """Records are served from the pread in runs: a skipped or corrupt one ends a run.
+
+    The two tags share a CRC32, so the index's tag hashes leave the others in the read.
+    """
+    store = opened(loop, tmp_path)
+    topic, _ = store.create_topic("t", 1)
+    a, b = b"plumless", b"buckeroo"
+    assert zlib.crc32(a) == zlib.crc32(b)
+    tags = [a, b, a, a, b, a, a]
+    batch = b"".join(
+        encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"%d" % i, tags=t)
+        for i, t in enumerate(tags)
+    )
+    loop.run_until_complete(store.put(topic, 0, batch))
+    position, size, _ = store.queue(topic, 0).entry(5)
+    segment = next((store.data_dir / "commitlog").iterdir())
+    fd = os.open(segment, os.O_WRONLY)
+    try:
+        if damage == "crc":
+            os.pwrite(fd, b"\xff", position + size - 1)  # the last body byte
+        else:  # the CRC does not cover it; the index's size must agree
+            os.pwrite(fd, struct.pack("<I", size + 1), position)
+    finally:
+        os.close(fd)
+    only_a = store.get(topic, 0, 0, max_messages=10, max_bytes=1 << 20, tags=frozenset([a]))
+    assert (only_a.status, only_a.count, only_a.next_offset) == ("FOUND", 3, 5)
+    assert bodies(only_a.records) == [b"0", b"2", b"3"]
+    every = store.get(topic, 0, 0, max_messages=10, max_bytes=1 << 20)
+    assert (every.count, every.next_offset) == (5, 5)
+    assert bodies(every.records) == [b"0", b"1", b"2", b"3", b"4"]
+    after = store.get(topic, 0, 6, max_messages=10, max_bytes=1 << 20)
+    assert bodies(after.records) == [b"6"]
+    with pytest.raises(BrokerError) as caught:
+        store.get(topic, 0, 5, max_messages=10, max_bytes=1 << 20)
+    assert caught.value.reason == "CORRUPT_RECORD"
+    loop.run_until_complete(store.close())
+
+
 def test_messages_are_found_by_id_and_by_each_of_their_keys(
     loop: asyncio.AbstractEventLoop, tmp_path: Path
 ) -> None:
