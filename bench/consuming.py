@@ -179,7 +179,8 @@ class ConsumeTrial:
     it and returns once its listener has been handed `expected` messages; `close`
     (untimed) shuts it down. `endpoint` is any the SDK takes: the broker's gRPC
     "host:port" or "rocketmq://<name server>"; `tls` how to reach a broker serving TLS;
-    `credentials` how to sign for one with an ACL.
+    `credentials` how to sign for one with an ACL; `delivery` PushConsumerConfig.delivery
+    ("pull", or "push": the broker sends batches within the consumer's credit).
     """
 
     def __init__(
@@ -191,6 +192,7 @@ class ConsumeTrial:
         batch: int,
         tls: TLSConfig | None = None,
         credentials: Credentials | None = None,
+        delivery: str = "pull",
     ):
         self.endpoint = endpoint
         self.tls = tls
@@ -198,7 +200,7 @@ class ConsumeTrial:
         self.topic = topic
         self.expected = expected
         self.listener = LISTENERS[listener]
-        self.config = PushConsumerConfig(consume_message_batch_max_size=batch)
+        self.config = PushConsumerConfig(consume_message_batch_max_size=batch, delivery=delivery)
         self.consumer: sdk.aio.PushConsumer | None = None
         self.tally: Tally | None = None
 

@@ -231,11 +231,14 @@ def peer_produce(path: Path, peer: str = REDIS_PEER) -> PeerFigure | None:
 
 
 #: The consume figures (issue 40) read against the peer's group read: orderly push
-#: consumers and poll loops over the same backlog.
+#: consumers (pull and push delivery) and poll loops over the same backlog.
 CONSUME_KEYS = (
     "consume.orderly.async.batch1",
     "consume.orderly.threads.batch1",
     "consume.orderly.async.batch32",
+    "consume.orderly.async.batch1.push",
+    "consume.orderly.threads.batch1.push",
+    "consume.orderly.async.batch32.push",
     "poll.aio",
     "poll.blocking",
 )

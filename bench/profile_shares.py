@@ -14,7 +14,8 @@ Workloads (the same inputs as bench/run.py):
   order, on a producer with natural batching (bench/run.py's callers figure);
 - consume: an orderly sdk.aio.PushConsumer with a no-op async listener, batch 1 or 32,
   reading a backlog; consume-threads-batch1: the same with a plain `def` listener on
-  the consumer's thread pool, batch 1;
+  the consumer's thread pool, batch 1; consume-push-batch1 / consume-push-batch32: the
+  async ones with push delivery (the broker sends within the consumer's credit);
 - poll-aio / poll-blocking: the poll loop of bench/run.py's poll figures over the same
   backlog, sdk.aio.LitePullConsumer or the blocking sdk.LitePullConsumer;
 - e2e: single sends at a fixed rate to an orderly blocking sdk.PushConsumer;
@@ -78,6 +79,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("build records (layout, CRC)", ("build_records", "lay_out_records", "lay_out_parts")),
     ("id/key index", ("IdKeyEntries", "message_index.py")),
     ("pull: read records, long polling", ("MessageStore.get ", "_read_records", "long_polling.py")),
+    ("push delivery (credits, subscriptions)", ("mockbroker/push.py", "Delivery.subscribe ")),
     ("commit log / consume queue writes", ("commitlog.py", "consumequeue.py")),
     ("locks, groups, offsets", ("lock_manager.py", "groups.py", "offsets.py", "offset_store.py")),
     ("other broker code", ("(mockbroker/",)),  # entry frames excepted, see ENTRY_FRAMES
@@ -288,8 +290,9 @@ async def profile(name: str, args: argparse.Namespace, tmp: Path) -> tuple[dict[
             await wl.fill_backlog(broker.address, "profile-consume", args.backlog)
             listener = "orderly-sync" if name.startswith("consume-threads") else "orderly-async"
             batch = int(name.rpartition("-batch")[2])
+            delivery = "push" if name.startswith("consume-push") else "pull"
             trial = cw.ConsumeTrial(
-                broker.address, "profile-consume", args.backlog, listener, batch
+                broker.address, "profile-consume", args.backlog, listener, batch, delivery=delivery
             )
         elif name.startswith("poll"):
             await wl.fill_backlog(broker.address, "profile-consume", args.backlog)
@@ -323,7 +326,8 @@ async def profile(name: str, args: argparse.Namespace, tmp: Path) -> tuple[dict[
 
 WORKLOADS = (
     "produce", "produce-mixed", "produce-callers", "consume-batch1", "consume-batch32",
-    "consume-threads-batch1", "poll-aio", "poll-blocking", "e2e", "e2e-push",
+    "consume-threads-batch1", "consume-push-batch1", "consume-push-batch32", "poll-aio",
+    "poll-blocking", "e2e", "e2e-push",
 )  # fmt: skip
 
 

@@ -15,7 +15,8 @@ Figures (see bench/README.md for what each one measures and how to read it):
 - pull: reading a backlog of 200 000 messages back with the SDK's pull, decode included,
   one pull at a time or with every queue's next pull in flight;
 - consume: one sdk.aio.PushConsumer reading a 200 000-message backlog with a no-op
-  listener (orderly async at batch 1 and 32, orderly on the thread pool, concurrent);
+  listener (orderly async at batch 1 and 32, orderly on the thread pool, concurrent),
+  each with pull delivery and with push delivery (credits), the two taking turns;
 - poll: one lite pull consumer (sdk.aio and blocking) draining the same backlog with a
   plain `while batch := poll(timeout)` loop;
 - receive: 8 workers sharing one SimpleConsumer (asyncio tasks on sdk.aio's, threads on
@@ -678,16 +679,21 @@ class Bench:
         }
         cases = [
             ("orderly.async.batch1", "consume orderly, async listener, batch 1",
-             "orderly-async", 1),
+             "orderly-async", 1, "pull"),
             ("orderly.async.batch32", "consume orderly, async listener, batch 32",
-             "orderly-async", 32),
+             "orderly-async", 32, "pull"),
             ("orderly.threads.batch1", "consume orderly, thread-pool listener, batch 1",
-             "orderly-sync", 1),
+             "orderly-sync", 1, "pull"),
             ("orderly.threads.batch32", "consume orderly, thread-pool listener, batch 32",
-             "orderly-sync", 32),
+             "orderly-sync", 32, "pull"),
             ("concurrent.async.batch32", "consume concurrently, async listener, batch 32",
-             "concurrent-async", 32),
+             "concurrent-async", 32, "pull"),
         ]  # fmt: skip
+        # each with push delivery too (issue 40), its runs taking turns with the pull one's
+        cases += [
+            (f"{key}.push", f"{title}, push delivery", listener, batch, "push")
+            for key, title, listener, batch, _ in cases
+        ]
         figures = [
             self._add(
                 Figure(
@@ -703,18 +709,33 @@ class Bench:
                             "concurrent-async": "MessageListenerConcurrently, async def, no-op",
                         }[listener],
                         "consume_message_batch_max_size": batch,
+                        "delivery": delivery,
+                        "runs_taken": "in turns, pull and push delivery alternating",
                     },
                 )
             )
-            for key, title, listener, batch in cases
+            for key, title, listener, batch, delivery in cases
         ]
         self.say("consume: starting a broker")
         with self._broker("consume", "async") as broker:
             stored = await self._consume_backlog("consume", broker, topic, broker.address)
-            for figure, (_key, _title, listener, batch) in zip(figures, cases, strict=True):
-                await self._consume_figure(figure, broker, broker.address, topic, stored,
-                                           listener, batch)  # fmt: skip
+            pairs = len(cases) // 2
+            for i in range(self.args.runs):
+                for p in range(pairs):
+                    # pull then push, push then pull: a change of load falls on both
+                    pair = (p, p + pairs) if (i + p) % 2 == 0 else (p + pairs, p)
+                    for n in pair:
+                        _key, _title, listener, batch, delivery = cases[n]
+                        await self._consume_figure(figures[n], broker, broker.address, topic,
+                                                   stored, listener, batch, delivery=delivery,
+                                                   run_numbers=[i])  # fmt: skip
             self._note_rss("consume", broker)
+        ways = zip(cases[:pairs], figures[:pairs], figures[pairs:], strict=True)
+        self.facts["consume_push_over_pull"] = {
+            key: round(statistics.median(push.values()) / statistics.median(pull.values()), 3)
+            for (key, *_), pull, push in ways
+            if pull.values() and push.values()
+        }
 
     async def keymode(self) -> None:
         """Orderly listeners that work 5 ms a message, in queue mode and in key mode.
@@ -914,10 +935,14 @@ class Bench:
         listener: str,
         batch: int,
         tls: TLSConfig | None = None,
+        delivery: str = "pull",
+        run_numbers: Sequence[int] | None = None,
     ) -> None:
-        """--runs fresh push consumers on `endpoint`, each reading the whole backlog."""
-        trial = cw.ConsumeTrial(endpoint, topic, stored, listener, batch, tls)
-        await self._measure(figure, trial.run, broker, setup=trial.prepare, teardown=trial.close)
+        """--runs fresh push consumers on `endpoint` (or the runs of `run_numbers`), each
+        reading the whole backlog with `delivery`."""
+        trial = cw.ConsumeTrial(endpoint, topic, stored, listener, batch, tls, delivery=delivery)
+        await self._measure(figure, trial.run, broker, setup=trial.prepare, teardown=trial.close,
+                            run_numbers=run_numbers)  # fmt: skip
         if any(r.units != stored for r in figure.runs):
             raise RuntimeError(
                 f"{figure.title}: listener saw {[r.units for r in figure.runs]} "

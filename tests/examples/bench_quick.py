@@ -103,6 +103,21 @@ def _receive(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
     assert all(f["median"] > 0 for f in receive.values())
 
 
+def _consume(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
+    # each consumer face with pull delivery and with push delivery, the runs taking turns,
+    # and push's ratio to pull per face (issue 40)
+    faces = ["orderly.async.batch1", "orderly.async.batch32", "orderly.threads.batch1",
+             "orderly.threads.batch32", "concurrent.async.batch32"]  # fmt: skip
+    consume = {f["key"]: f for f in figures if f["key"].startswith("consume.")}
+    assert sorted(consume) == sorted(
+        f"consume.{face}{way}" for face in faces for way in ("", ".push")
+    )
+    assert all(f["median"] > 0 for f in consume.values())
+    assert {f["params"]["delivery"] for f in consume.values()} == {"pull", "push"}
+    assert sorted(facts["consume_push_over_pull"]) == sorted(faces)
+    assert all(r > 0 for r in facts["consume_push_over_pull"].values())
+
+
 def _keymode(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
     # 5 ms listeners in queue mode and in key mode, and their ratio; each mode's send-to-call
     # latency at a paced rate, and the p99 ratio (issue 20)
@@ -172,6 +187,7 @@ CHECKS = {
     "transports": _transports,
     "tls": _tls,
     "receive": _receive,
+    "consume": _consume,
     "keymode": _keymode,
     "latency": _latency,
     "stream": _stream,

@@ -176,12 +176,14 @@ def test_the_consume_figures_read_against_redis_group_read() -> None:
     """Issue 40 asks for consume rates as ratios to Redis Streams, from one run."""
     measured = [
         figure("consume.orderly.async.batch1", 60_000, 50_000),
+        figure("consume.orderly.async.batch1.push", 240_000),  # push delivery's face
         figure("poll.aio", 90_000),
         figure("produce.async.mixed.inflight1", 45_000),
     ]
     redis = PeerFigure("redis-everysec", 90_000, "this run", consume=120_000)
     assert consume_ratios(measured, redis) == {
         "consume.orderly.async.batch1": 0.458,  # the median of 60 000 and 50 000
+        "consume.orderly.async.batch1.push": 2.0,
         "poll.aio": 0.75,
     }
     line = consume_line(measured, redis)

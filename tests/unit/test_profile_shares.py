@@ -62,3 +62,18 @@ def test_the_innermost_frame_of_a_part_names_it_and_system_calls_count_for_their
         "fsync": 4,
     }
     assert "build records (layout, CRC)" in shares.table("broker")
+
+
+def test_push_subscriptions_and_credits_are_a_part_of_their_own() -> None:
+    # the push workloads' broker side (issue 40): the subscription loop and its credit,
+    # not "other broker code"; a send through the same module stays where it was
+    push = f"{ENTRY};{LOOP};{GRPC};MessagingService.Exchange (mockbroker/service.py:300)"
+    shares = ps.fold(
+        raw(
+            (f"{push};Delivery.subscribe (mockbroker/delivery.py:590)", 3),
+            (f"{push};Credit.spend (mockbroker/push.py:57)", 2),
+            (f"{push};Delivery._send (mockbroker/delivery.py:120)", 1),
+        )
+    )
+    assert shares.parts == {"push delivery (credits, subscriptions)": 5, "other broker code": 1}
+    assert {"consume-push-batch1", "consume-push-batch32"} <= set(ps.WORKLOADS)
