@@ -121,14 +121,15 @@ class PushConsumerConfig:
         key_failure_policy: Key mode: what becomes of a key whose batch failed
             1 + `max_reconsume_times` times (KeyFailurePolicy: dead-letter the batch, or
             park the key; PARK needs `max_reconsume_times`).
-        delivery: How messages reach the consumer. "pull" (the default): it asks the
-            broker for each batch, a round trip each. "push" (new, opt-in): it subscribes
+        delivery: How messages reach the consumer. "push" (the default): it subscribes
             to each queue it holds and the broker sends batches as messages arrive, within
             credit the consumer grants as its cache frees room, so a queue's cache stays
             within `pull_threshold_for_queue` messages (and about
             `pull_threshold_bytes_for_queue` bytes). Orderly consumers keep their locks:
             the broker ends a queue's subscription when its lock is lost. Over rocketmq://,
-            or with a broker that has no push delivery, the consumer pulls.
+            or with a broker that has no push delivery, the consumer pulls. "pull": it
+            asks the broker for each batch, a round trip each (RocketMQ's way; slower:
+            docs/performance.md).
     """
 
     consume_threads: int = 20
@@ -154,7 +155,7 @@ class PushConsumerConfig:
     young_queue_max_messages: int = YOUNG_QUEUE_MAX_MESSAGES
     max_keys_in_flight_per_queue: int = 16
     key_failure_policy: KeyFailurePolicy = KeyFailurePolicy.DEAD_LETTER
-    delivery: str = "pull"
+    delivery: str = "push"
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
