@@ -39,6 +39,7 @@ from sdk.errors import (
     InvalidReceiptError,
     LockNotHeldError,
     MessageNotFoundError,
+    NotSupportedError,
     OrderMQError,
     ReceiptExpiredError,
     StaleEpochError,
@@ -291,6 +292,12 @@ class FakeTransport:
             finally:
                 arrived.cancel()
                 timer.cancel()
+
+    async def subscribe(self, group: str, queue: MessageQueue, offset: int, **_: Any) -> Any:
+        """The fake broker serves pulls only: a push consumer pulls, as with a broker
+        without push delivery."""
+        self._check_up()
+        raise NotSupportedError("the fake broker has no push delivery")
 
     async def queue_offsets(
         self, queue: MessageQueue, timestamp_ms: int = 0
