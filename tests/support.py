@@ -189,12 +189,28 @@ class BrokerProcess:
         self.extra_args = tuple(args)
 
     def restart(self, timeout: float = 30.0) -> str:
-        """Start the stopped broker again on its port and data dir, so clients reconnect."""
+        """Start the stopped broker again on its port and data dir, so clients reconnect.
+
+        A port still taken is tried again for up to `timeout` seconds, and what held it
+        (`ss`) is printed: a restart after a long outage met its port taken, with no
+        known cause (stop 57; the ports are outside the ephemeral range).
+        """
         assert self.proc is not None and self.proc.poll() is not None, "still running"
         port = int(self.address.rsplit(":", 1)[1])
         address = self.address
-        assert self.start(timeout, port) == address, f"restarted at {self.address}"
-        return address
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                assert self.start(timeout, port) == address, f"restarted at {self.address}"
+                return address
+            except PortTaken as exc:
+                held = _sockets_on(
+                    [port, *(int(a.rsplit(":", 1)[1]) for a in self.fronts.values())]
+                )
+                print(f"restart: a port was taken; sockets on the broker's ports:\n{held}")
+                if time.monotonic() > deadline:
+                    raise PortTaken(f"{exc}\nsockets on the broker's ports:\n{held}") from exc
+                time.sleep(0.5)
 
     def kill9(self) -> None:
         """SIGKILL the broker and reap it."""
@@ -245,6 +261,20 @@ _STABLE_PORTS_FROM = 20000
 
 class PortTaken(AssertionError):
     """A broker process exited at start because a port it was given was taken."""
+
+
+def _sockets_on(ports: list[int]) -> str:
+    """What `ss` shows of the TCP sockets on these local ports (for a failure's text)."""
+    try:
+        shown = subprocess.run(
+            ["ss", "-tanpe"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"(ss: {exc})"
+    ends = tuple(f":{port}" for port in ports)
+    return "\n".join(
+        line for line in shown.splitlines() if line.split()[3:4] and line.split()[3].endswith(ends)
+    )
 
 
 def ephemeral_ports() -> range:

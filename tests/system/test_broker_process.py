@@ -4,6 +4,7 @@ restart after a long outage finds its ports free."""
 from __future__ import annotations
 
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,23 @@ def test_a_start_meeting_a_taken_port_chooses_again(
             assert "Address already in use" in broker.stderr()
         finally:
             broker.kill9()
+
+
+def test_a_restart_waits_for_its_port_to_be_let_go(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broker = BrokerProcess(tmp_path / "data")
+    address = broker.start()
+    broker.terminate()
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port_of(address)))
+    holder.listen()
+    released = threading.Timer(1.0, holder.close)
+    released.start()
+    try:
+        assert broker.restart() == address
+        assert "a port was taken" in capsys.readouterr().out
+    finally:
+        released.cancel()
+        holder.close()
+        broker.kill9()
