@@ -407,6 +407,8 @@ class ConsumerCore:
                 await step()
             except OrderMQError as exc:
                 log.warning("%s failed: %s", step.__name__, exc)
+            except Exception:  # a bug below: the loop must not end with it
+                log.exception("%s failed unexpectedly", step.__name__)
 
     async def _heartbeat(self) -> None:
         model = "BROADCASTING" if self.broadcasting else "CLUSTERING"
@@ -457,6 +459,8 @@ class ConsumerCore:
                     self._rebalance_now.set()
             except OrderMQError as exc:
                 log.debug("membership watch interrupted: %s", exc)
+            except Exception:  # a bug below: the watch must not end with it
+                log.exception("membership watch failed unexpectedly")
             await sleep_for(self._clock, self._tuning.pull_error_backoff)
             with contextlib.suppress(OrderMQError):
                 await self._heartbeat()  # a broker that restarted learns of us at once
@@ -471,6 +475,8 @@ class ConsumerCore:
                     self._rebalance_now.set()
             except OrderMQError as exc:
                 log.debug("looking up topics that did not exist failed: %s", exc)
+            except Exception:  # a bug below: the loop must not end with it
+                log.exception("looking up topics that did not exist failed unexpectedly")
 
     async def _lock_renewal_loop(self) -> None:
         await sleep_for(self._clock, FIRST_LOCK_RENEWAL)
@@ -479,6 +485,8 @@ class ConsumerCore:
                 await self._renew_locks()
             except OrderMQError as exc:
                 log.warning("lock renewal failed: %s", exc)
+            except Exception:  # a bug below: the renewals must not end with it
+                log.exception("lock renewal failed unexpectedly")
             await sleep_for(self._clock, self._tuning.lock_renew_interval)
 
     async def _renew_locks(self) -> None:
@@ -571,6 +579,10 @@ class ConsumerCore:
                 )
             except OrderMQError as exc:
                 log.warning("pull of %s failed: %s", queue, exc)
+                await sleep_for(self._clock, t.pull_error_backoff)
+                continue
+            except Exception:  # a bug below: this queue's task must not end with it
+                log.exception("pull of %s failed unexpectedly", queue)
                 await sleep_for(self._clock, t.pull_error_backoff)
                 continue
             if pq.dropped:

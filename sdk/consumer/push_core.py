@@ -242,6 +242,10 @@ class PushConsumerCore(ConsumerCore):
                 log.warning("subscribing to %s failed: %s", queue, exc)
                 await sleep_for(self._clock, c.pull_error_backoff)
                 continue
+            except Exception:  # a bug below: this queue's task must not end with it
+                log.exception("subscribing to %s failed unexpectedly", queue)
+                await sleep_for(self._clock, c.pull_error_backoff)
+                continue
             if pq.dropped or pq.generation != generation:
                 subscription.close()
                 continue
@@ -307,6 +311,9 @@ class PushConsumerCore(ConsumerCore):
                 self._fenced(queue)
         except OrderMQError as exc:
             log.warning("push subscription of %s ended: %s", queue, exc)
+            await sleep_for(self._clock, self.config.pull_error_backoff)
+        except Exception:  # a bug below: this queue's task must not end with it
+            log.exception("push subscription of %s ended unexpectedly", queue)
             await sleep_for(self._clock, self.config.pull_error_backoff)
         finally:
             subscription.on_batch(None)

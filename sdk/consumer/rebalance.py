@@ -140,6 +140,9 @@ class Rebalancer:
         except OrderMQError as exc:
             log.warning("rebalance of group %s postponed: %s", self._group, exc)
             return False
+        except Exception:  # an allocate strategy's (the user's) bug: retry, as RocketMQ does
+            log.exception("rebalance of group %s failed: its allocation raised", self._group)
+            return False
         # A postponed release is finished first even when the queue is wanted again:
         # its pull loop stopped, so it is taken back afresh once released.
         to_release = sorted((set(self._host.held()) - wanted) | set(self._host.releasing()))

@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from sdk._transport.protocol import CreditWindow, PullResult
+from sdk.consumer.allocate import AllocateMessageQueueAveragely
 from sdk.consumer.config import ConsumeFromWhere, PushConsumerConfig
 from sdk.consumer.listener import (
     ConsumeOrderlyContext,
@@ -567,3 +568,191 @@ def test_a_batch_pushed_after_the_lock_changed_epoch_is_not_buffered() -> None:
         await core.shutdown()
 
     run(test)
+
+
+class FailingOnce(PushTransport):
+    """Push subscriptions whose first `subscribe` (or, with `pulls`, first pull) raises an
+    error no transport should: a bug below the consumer, not an OrderMQError."""
+
+    def __init__(self, broker: FakeBroker, *, pulls: bool = False) -> None:
+        super().__init__(broker)
+        self.failures = 1
+        self.pulls = pulls
+
+    def _fail_once(self) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("a transport bug")
+
+    async def subscribe(self, *args: Any, **kwargs: Any) -> ScriptedSubscription:
+        if not self.pulls:
+            self._fail_once()
+        return await super().subscribe(*args, **kwargs)
+
+    async def pull(self, *args: Any, **kwargs: Any) -> PullResult:
+        if self.pulls and args[0] == GROUP and kwargs.get("suspend_timeout"):
+            self._fail_once()
+        return await super().pull(*args, **kwargs)
+
+
+def test_an_unexpected_error_in_a_push_or_pull_loop_is_logged_and_the_queue_served_again(
+    caplog: Any,
+) -> None:
+    """A transport error that is not an OrderMQError (a bug) while subscribing, ending a
+    subscription, or pulling is logged with its traceback and the queue subscribed to or
+    pulled again after pull_error_backoff. It used to end that queue's task: the queue was
+    held and never consumed again, and nothing said why."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        clock = broker.clock
+        # subscribe raises once
+        transport = FailingOnce(broker)
+        core = PushConsumerCore(
+            GROUP, transport, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            config=PushConsumerConfig(delivery="push"), clock=clock,
+        )  # fmt: skip
+        core.subscribe(broker.topic)
+        core.register_message_listener(listener)
+        await core.start()
+        await until(lambda: transport.failures == 0, "the failed subscribe")
+        await asyncio.sleep(0.01)
+        clock.advance(core.config.pull_error_backoff)
+        await until(lambda: len(transport.subscriptions) == 1, "a subscription after the error")
+        # the subscription ends with a non-OrderMQError
+        first = transport.subscriptions[0]
+        first.items.put_nowait(RuntimeError("a reader bug"))
+        await until(lambda: first.items.empty(), "the error taken")
+        await asyncio.sleep(0.01)
+        clock.advance(core.config.pull_error_backoff)
+        await until(lambda: len(transport.subscriptions) == 2, "a subscription again")
+        assert first.closed
+        second = transport.subscriptions[1]
+        broker.append(0, ["a"])
+        second.arrive(await transport.pull(GROUP, MQ, second.offset))
+        await until(lambda: listener.seen == [(0, 0)], "the message")
+        await core.shutdown()
+
+    with caplog.at_level("ERROR", logger="ordermq"):
+        run(test)
+    errors = [r for r in caplog.records if r.levelname == "ERROR" and r.exc_info]
+    assert len(errors) == 2, [r.getMessage() for r in caplog.records]
+
+
+def test_an_unexpected_error_in_a_pull_is_logged_and_the_queue_pulled_again(caplog: Any) -> None:
+    """As above, for a consumer that pulls."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        clock = broker.clock
+        transport = FailingOnce(broker, pulls=True)
+        core = PushConsumerCore(
+            GROUP, transport, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            config=PushConsumerConfig(delivery="pull"), clock=clock,
+        )  # fmt: skip
+        core.subscribe(broker.topic)
+        core.register_message_listener(listener)
+        await core.start()
+        await until(lambda: transport.failures == 0, "the failed pull")
+        await asyncio.sleep(0.01)
+        clock.advance(core.config.pull_error_backoff)
+        broker.append(0, ["a", "b"])
+        await until(lambda: listener.seen == [(0, 0), (0, 1)], "the messages")
+        await core.shutdown()
+
+    with caplog.at_level("ERROR", logger="ordermq"):
+        run(test)
+    errors = [r for r in caplog.records if r.levelname == "ERROR" and r.exc_info]
+    assert len(errors) == 1, [r.getMessage() for r in caplog.records]
+
+
+class RenewalFailingOnce(FakeTransport):
+    """A transport whose lock call raises, once when told to, an error no transport
+    should (a bug, not an OrderMQError), and counts the calls after it."""
+
+    def __init__(self, broker: FakeBroker) -> None:
+        super().__init__(broker)
+        self.fail = False
+        self.calls_after = 0
+
+    async def lock_batch(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fail:
+            self.fail = False
+            raise RuntimeError("a transport bug")
+        self.calls_after += 1
+        return await super().lock_batch(*args, **kwargs)
+
+
+def test_an_unexpected_error_in_a_lock_renewal_is_logged_and_the_next_renewal_runs(
+    caplog: Any,
+) -> None:
+    """Lock renewal (like heartbeats, offset persistence and the membership watch) goes on
+    after an error that is not an OrderMQError: it used to end the loop, and the consumer
+    lost its locks at the lease's end for good."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        clock = broker.clock
+        transport = RenewalFailingOnce(broker)
+        core = PushConsumerCore(
+            GROUP, transport, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            config=PushConsumerConfig(delivery="pull"), clock=clock,
+        )  # fmt: skip
+        core.subscribe(broker.topic)
+        core.register_message_listener(listener)
+        await core.start()
+        await until(lambda: MQ in core._queues and core._queues[MQ].locked, "the lock")
+        transport.fail, transport.calls_after = True, 0
+        clock.advance(20)  # lock_renew_interval: this renewal raises
+        await until(lambda: not transport.fail, "the failed renewal")
+        await asyncio.sleep(0.01)
+        clock.advance(core.config.lock_renew_interval)
+        await until(lambda: transport.calls_after > 0, "the next renewal")
+        await core.shutdown()
+
+    with caplog.at_level("ERROR", logger="ordermq"):
+        run(test)
+    assert any(r.exc_info for r in caplog.records if r.levelname == "ERROR")
+
+
+class FailingOnceStrategy(AllocateMessageQueueAveragely):
+    """The usual allocation, but its first answer is an exception (a user's bug)."""
+
+    def __init__(self) -> None:
+        self.failures = 1
+
+    def allocate(self, *args: Any, **kwargs: Any) -> list[MessageQueue]:
+        if self.failures:
+            self.failures -= 1
+            raise ValueError("a bug in the user's strategy")
+        return super().allocate(*args, **kwargs)
+
+
+def test_an_allocate_strategy_that_raises_is_logged_and_the_rebalance_retried(
+    caplog: Any,
+) -> None:
+    """A custom allocate strategy raising is logged with its traceback and the rebalance
+    tried again (as RocketMQ does). It used to end the consumer's rebalance loop: the
+    consumer never took a queue."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        strategy = FailingOnceStrategy()
+        core = PushConsumerCore(
+            GROUP, FakeTransport(broker), consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            config=PushConsumerConfig(delivery="pull"), clock=broker.clock,
+            allocate_strategy=strategy,
+        )  # fmt: skip
+        core.subscribe(broker.topic)
+        core.register_message_listener(listener)
+        await core.start()
+        await until(lambda: strategy.failures == 0, "the failed allocation")
+        await asyncio.sleep(0.01)
+        broker.clock.advance(1)  # REBALANCE_RETRY
+        broker.append(0, ["a"])
+        await until(lambda: listener.seen == [(0, 0)], "the message")
+        await core.shutdown()
+
+    with caplog.at_level("ERROR", logger="ordermq"):
+        run(test)
+    assert any(r.exc_info for r in caplog.records if r.levelname == "ERROR")
