@@ -32,6 +32,7 @@ from sdk import (
     ConsumeOrderlyStatus,
     Credentials,
     LitePullConsumer,
+    LitePullConsumerConfig,
     Message,
     MessageExt,
     MessageListenerConcurrently,
@@ -273,18 +274,22 @@ class PollTrial:
     `blocking` False: `sdk.aio.LitePullConsumer` polled from this event loop; True:
     `sdk.LitePullConsumer` (its own loop thread) polled from a worker thread, as a plain
     blocking program would. Either way `auto_commit` is on and the consumer starts at
-    ConsumeFromWhere.FIRST_OFFSET in a group of its own. `prepare` (untimed) builds and
+    ConsumeFromWhere.FIRST_OFFSET in a group of its own, with `delivery` ("push", the
+    default, or "pull"). `prepare` (untimed) builds and
     subscribes it; `run` (timed) starts it and runs
     `while batch := poll(POLL_TIMEOUT_SECONDS)`, counting, until `expected` messages
     came back (so the final empty poll's wait is not timed); `close` (untimed) shuts it
     down, which commits.
     """
 
-    def __init__(self, address: str, topic: str, expected: int, blocking: bool) -> None:
+    def __init__(
+        self, address: str, topic: str, expected: int, blocking: bool, delivery: str = "push"
+    ) -> None:
         self.address = address
         self.topic = topic
         self.expected = expected
         self.blocking = blocking
+        self.delivery = delivery
         self.consumer: sdk.aio.LitePullConsumer | LitePullConsumer | None = None
 
     async def prepare(self) -> None:
@@ -294,6 +299,7 @@ class PollTrial:
             self.address,
             auto_commit=True,
             consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+            config=LitePullConsumerConfig(delivery=self.delivery),
         )
         consumer.subscribe(self.topic)
         self.consumer = consumer

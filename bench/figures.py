@@ -241,6 +241,8 @@ CONSUME_KEYS = (
     "consume.orderly.async.batch32.push",
     "poll.aio",
     "poll.blocking",
+    "poll.aio.pull",
+    "poll.blocking.pull",
 )
 
 

@@ -334,7 +334,8 @@ class Bench:
         trials: Sequence[tuple[Figure, Trial]],
         stored: int,
     ) -> None:
-        """Run `warm` once, unmeasured, then measure each figure's trial over a backlog.
+        """Run `warm` once, unmeasured, then measure each figure's trial over a backlog,
+        the figures' runs taking turns (a change of load falls on all of them).
 
         Every run must take all `stored` messages of the backlog.
         """
@@ -343,10 +344,11 @@ class Bench:
             await warm.run()
         finally:
             await warm.close()
-        for figure, trial in trials:
-            await self._measure(
-                figure, trial.run, broker, setup=trial.prepare, teardown=trial.close
-            )
+        for i in range(self.args.runs):
+            for figure, trial in trials:
+                await self._measure(figure, trial.run, broker, setup=trial.prepare,
+                                    teardown=trial.close, run_numbers=[i])  # fmt: skip
+        for figure, _trial in trials:
             if any(r.units != stored for r in figure.runs):
                 raise RuntimeError(
                     f"{figure.title}: took {[r.units for r in figure.runs]} of {stored} messages"
@@ -1008,13 +1010,18 @@ class Bench:
         }
         cases = [
             ("poll.aio", "poll loop, sdk.aio.LitePullConsumer", False,
-             "sdk.aio.LitePullConsumer, `while batch := await c.poll(timeout)`"),
+             "sdk.aio.LitePullConsumer, `while batch := await c.poll(timeout)`", "push"),
             ("poll.blocking", "poll loop, blocking sdk.LitePullConsumer", True,
-             "sdk.LitePullConsumer, `while batch := c.poll(timeout)` in a thread"),
+             "sdk.LitePullConsumer, `while batch := c.poll(timeout)` in a thread", "push"),
         ]  # fmt: skip
+        # each with pull delivery too (issue 40: push is the default), runs taking turns
+        cases += [
+            (f"{key}.pull", f"{title}, pull delivery", blocking, api, "pull")
+            for key, title, blocking, api, _ in cases
+        ]
         figures = [
-            self._add(Figure(key, title, "msg/s", {**params, "api": api}))
-            for key, title, _blocking, api in cases
+            self._add(Figure(key, title, "msg/s", {**params, "api": api, "delivery": delivery}))
+            for key, title, _blocking, api, delivery in cases
         ]
         self.say("poll: starting a broker")
         with self._broker("poll", "async") as broker:
@@ -1026,10 +1033,18 @@ class Bench:
             )
             warm = cw.PollTrial(broker.address, topic, max(1, stored // 10), False)
             trials = [
-                (figure, cw.PollTrial(broker.address, topic, stored, blocking))
-                for figure, (_key, _title, blocking, _api) in zip(figures, cases, strict=True)
+                (figure, cw.PollTrial(broker.address, topic, stored, blocking, delivery))
+                for figure, (_key, _title, blocking, _api, delivery) in zip(
+                    figures, cases, strict=True
+                )
             ]
             await self._measure_trials(broker, warm, trials, stored)
+        ways = zip(cases[:2], figures[:2], figures[2:], strict=True)
+        self.facts["poll_push_over_pull"] = {
+            key: round(statistics.median(push.values()) / statistics.median(pull.values()), 3)
+            for (key, *_), push, pull in ways
+            if pull.values() and push.values()
+        }
 
     # ------------------------------------------------------------------ receive
     async def receive(self) -> None:

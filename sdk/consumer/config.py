@@ -239,6 +239,14 @@ class LitePullConsumerConfig:
             is still stored and it holds at most this many messages (RocketMQ's broker
             starts a new group at 0 while the queue's first message is in memory). 0: always
             at the end.
+        delivery: How messages reach the cache poll() reads. "push" (the default): it
+            subscribes to each queue it holds and the broker sends batches as messages
+            arrive, within credit the consumer grants as poll() frees room (a queue's
+            share of `pull_threshold_for_all`, at most `pull_threshold_for_queue`
+            messages, and about `pull_threshold_bytes_for_queue` bytes). A paused queue
+            gets no new subscription; one open keeps its credit, the messages wait in the
+            cache. Over rocketmq://, or with a broker that has no push delivery, the
+            consumer pulls. "pull": a round trip per batch (RocketMQ's way; slower).
     """
 
     pull_batch_size: int = 512
@@ -257,12 +265,14 @@ class LitePullConsumerConfig:
     persist_interval: float = 5.0
     heartbeat_interval: float = 10.0
     young_queue_max_messages: int = YOUNG_QUEUE_MAX_MESSAGES
+    delivery: str = "push"
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
             if not ok:
                 raise InvalidArgumentError(what)
 
+        need(self.delivery in ("pull", "push"), "delivery must be 'pull' or 'push'")
         need(1 <= self.pull_batch_size <= 10_000, "pull_batch_size must be within 1..10000")
         need(1024 <= self.pull_max_bytes <= 32 * MIB, "pull_max_bytes: 1 KiB..32 MiB")
         need(self.pull_threshold_for_all >= 1, "pull_threshold_for_all must be at least 1")

@@ -20,15 +20,16 @@ from sdk._transport.protocol import Transport
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, LitePullConsumerConfig
-from sdk.consumer.core import ConsumerCore, QueueHook
+from sdk.consumer.core import QueueHook
 from sdk.consumer.process_queue import ProcessQueue
+from sdk.consumer.push_delivery import PushDeliveryCore
 from sdk.errors import ClientStateError, InvalidArgumentError, InvalidOffsetError
 from sdk.message import MessageExt, MessageQueue
 
 log = logging.getLogger("ordermq.consumer")
 
 
-class LitePullConsumerCore(ConsumerCore):
+class LitePullConsumerCore(PushDeliveryCore):
     """Subscribe or assign, then poll."""
 
     consume_type = "CONSUME_POLL"
@@ -64,6 +65,7 @@ class LitePullConsumerCore(ConsumerCore):
             clock=clock,
         )
         self.auto_commit = auto_commit
+        self._push = c.delivery == "push"
         self._consumed: dict[MessageQueue, int] = {}  # the end of the done batches
         # The queue of the batch the last poll() returned, and where that batch ends.
         self._last: tuple[MessageQueue, int] | None = None
@@ -335,6 +337,11 @@ class LitePullConsumerCore(ConsumerCore):
 
     def _deliver(self, queue: MessageQueue, pq: ProcessQueue) -> None:
         self._ready.set()
+
+    def _credit_limit(self) -> int:
+        # A share of the total: subscriptions hold their credit while others' caches fill.
+        share = self.config.pull_threshold_for_all // max(1, len(self._queues))
+        return max(1, min(self.config.pull_threshold_for_queue, share))
 
     def _may_pull(self, queue: MessageQueue, pq: ProcessQueue) -> bool:
         total = sum(p.count for p in self._queues.values())

@@ -118,6 +118,18 @@ def _consume(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
     assert all(r > 0 for r in facts["consume_push_over_pull"].values())
 
 
+def _poll(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
+    # both poll loops with push delivery (the default) and with pull, push's ratio to pull
+    poll = {f["key"]: f for f in figures if f["key"].startswith("poll.")}
+    assert sorted(poll) == sorted(
+        f"poll.{face}{way}" for face in ("aio", "blocking") for way in ("", ".pull")
+    )
+    assert all(f["median"] > 0 for f in poll.values())
+    assert {f["params"]["delivery"] for f in poll.values()} == {"pull", "push"}
+    assert sorted(facts["poll_push_over_pull"]) == ["poll.aio", "poll.blocking"]
+    assert all(r > 0 for r in facts["poll_push_over_pull"].values())
+
+
 def _keymode(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
     # 5 ms listeners in queue mode and in key mode, and their ratio; each mode's send-to-call
     # latency at a paced rate, and the p99 ratio (issue 20)
@@ -188,6 +200,7 @@ CHECKS = {
     "tls": _tls,
     "receive": _receive,
     "consume": _consume,
+    "poll": _poll,
     "keymode": _keymode,
     "latency": _latency,
     "stream": _stream,
