@@ -8,10 +8,10 @@ message costs the broker one header parse, one CRC and one index entry, and no r
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from sdk._crc import crc32 as crc32_of
 from sdk.errors import CorruptRecordError
 
 #: Where `python -m mockbroker` listens and the `ordermq` command looks by default.
@@ -177,7 +177,7 @@ def iter_records(data: bytes, *, verify_crc: bool = True) -> Iterator[StoredReco
         )
         if magic != RECORD_MAGIC or size < rec_size + topic_len + frame_size or pos + size > end:
             raise RecordFormatError(f"malformed record at byte {pos}")
-        if verify_crc and zlib.crc32(view[pos + 8 : pos + size]) != crc:
+        if verify_crc and crc32_of(view[pos + 8 : pos + size]) != crc:
             raise RecordFormatError(f"record at byte {pos} fails its CRC check")
         p = pos + rec_size
         try:

@@ -63,6 +63,7 @@ from mockbroker.store.retention import (
 )
 from mockbroker.store.topic_expiry import SizeWindow
 from mockbroker.topics import MAX_QUEUES, SYSTEM_PREFIX, Topic, TopicRegistry, TopicRetention
+from sdk._crc import crc32 as crc32_of
 from sdk._validation import split_tag_expression
 from sdk._wire import (
     FRAME_FIELDS,
@@ -980,7 +981,7 @@ class MessageStore:
         out: list[bytes] = []
         served = 0
         log_end = self.commitlog.end
-        crc32, unpack_head = zlib.crc32, RECORD_HEAD.unpack_from
+        crc32, unpack_head = crc32_of, RECORD_HEAD.unpack_from
         i = 0
         while i < len(chosen):
             first_offset, start, first_size = chosen[i]
@@ -1371,7 +1372,7 @@ def _intact(record: memoryview, size: int) -> bool:
     The CRC covers everything after the size and CRC fields; the size field must agree with
     the index, or a reader would cut the answer apart wrongly.
     """
-    return zlib.crc32(record[8:]) == int.from_bytes(record[4:8], "little") and (
+    return crc32_of(record[8:]) == int.from_bytes(record[4:8], "little") and (
         int.from_bytes(record[:4], "little") == size
     )
 

@@ -19,6 +19,7 @@ from typing import overload
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.store.consumequeue import ENTRY
 from mockbroker.topics import HALF_PROPERTY
+from sdk._crc import crc32 as crc32_of
 from sdk._wire import (
     DELAY_LEVEL_SECONDS,
     FRAME_FIELDS,
@@ -420,7 +421,7 @@ def lay_out_parts(
     pack_head = RECORD_HEAD.pack
     pack_tail = _tail_with_topic(len(topic)).pack
     pack_entry = ENTRY.pack
-    crc32 = zlib.crc32
+    crc32 = crc32_of
     header_and_topic = RECORD.size + len(topic)
     topic_len = len(topic)
     position = base_position

@@ -25,7 +25,6 @@ body holds a page of zeros can still be taken for a hole, past the checkpoint on
 from __future__ import annotations
 
 import logging
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +32,7 @@ from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import CORRUPT_SIZE, ENTRY, ConsumeQueue
 from mockbroker.store.records import MIN_RECORD_SIZE, tag_hash
 from mockbroker.topics import HALF_PROPERTY, HALF_TOPIC, SCHEDULE_TOPIC
+from sdk._crc import crc32 as crc32_of
 from sdk._wire import FRAME_FIELDS, RECORD, RECORD_MAGIC, decode_properties, encode_properties
 
 log = logging.getLogger("mockbroker.recovery")
@@ -89,7 +89,7 @@ def _parse(window: bytes, at: int, limit: int) -> tuple[RecordHeader | None, boo
     fields = FRAME_FIELDS.unpack_from(window, p + topic_len)
     msg_id, _born, deliver_at, level, tl, sl, kl, pl = fields[:8]
     tags_at = p + topic_len + FRAME_FIELDS.size
-    ok = zlib.crc32(memoryview(window)[at + 8 : at + size]) == crc
+    ok = crc32_of(memoryview(window)[at + 8 : at + size]) == crc
     tags = window[tags_at : tags_at + tl]
     held_in = None
     if deliver_at or level:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import functools
 import struct
-import zlib
 from collections.abc import Callable
 from typing import Any
 
+from sdk._crc import crc32 as crc32_of
 from sdk._wire import (
     FRAME_FIELDS,
     KEY_SEPARATOR,
@@ -82,7 +82,7 @@ def decode_records(records: bytes, broker_name: str) -> list[MessageExt]:
     unpack_record = RECORD.unpack_from
     unpack_fields = FRAME_FIELDS.unpack_from
     rec_size, fields_size = RECORD.size, FRAME_FIELDS.size
-    crc32 = zlib.crc32
+    crc32 = crc32_of
     new_message = object.__new__
     pos, end = 0, len(records)
     # The last topic's header-topic-fields layout, its size and raw topic; the queue of
