@@ -702,7 +702,11 @@ class MessageStore:
                 self._index.add(topic.name, index.positions, index.ids, index.keyed)
         except OSError as exc:
             if exc.errno == errno.ENOSPC and self._roll_back(position, queues, index_sizes):
-                # Until the next disk check says otherwise.
+                # Until the next disk check says otherwise. The disk is read again now:
+                # sends that filled it since the last check would otherwise leave that
+                # check's figure in the broker's status (under the refuse ratio).
+                with contextlib.suppress(OSError):
+                    self.disk = self._probe()
                 self.refusing_sends = self._disk_refusing = self._out_of_space = True
                 raise BrokerError(
                     StatusCode.UNAVAILABLE,

@@ -127,8 +127,9 @@ def test_a_real_disk_over_the_limit_refuses_sends_then_resumes_and_survives_kill
             fill(filler, 0.85)  # another program takes most of the disk
             refused = await send_until_refused(client, acked)
             status = await client.admin("BrokerStatus")
-            # Seen once (fresh CI run 31, 2026-11-28): refused, the ratio 0.8945; which of
-            # the two refusals (over the ratio, or ENOSPC on a write) is not known yet.
+            # Refused by ENOSPC on a write (sends filled the disk between two disk checks),
+            # the status used to give the last check's ratio (0.8945, 0.8962: fresh CI runs
+            # 31 and 54); the broker reads the disk again when a write finds it full.
             why = (
                 f"{refused!r}; disk now {used_ratio(small_disk):.4f} used; {status}; "
                 f"the broker's log ends: {broker.stderr()[-3000:]}"

@@ -325,6 +325,26 @@ def test_sends_refused_after_a_write_ran_out_of_space_say_so_until_the_next_disk
     loop.run_until_complete(store.close())
 
 
+def test_a_write_that_ran_out_of_space_reads_the_disk_again(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # BrokerStatus said 0.896 used (the last disk check's figure) while the disk was full:
+    # sends that fill the disk between two checks meet ENOSPC before the refuse ratio
+    # (tests/system/test_full_disk.py, fresh CI runs 31 and 54).
+    disk = FakeDisk()
+    store = open_store(loop, tmp_path, FakeClock(), disk)
+    topic, _ = store.create_topic("t", 1)
+    batch = encode_frame(msg_id=os.urandom(16), born_timestamp_ms=1, body=BODY)
+    disk.ratio = 0.999  # filled since the last check
+    monkeypatch.setattr(commitlog_module.os, "pwrite", FailingWrites(1))
+    with pytest.raises(BrokerError):
+        loop.run_until_complete(store.put(topic, 0, batch))
+    monkeypatch.undo()
+    assert store.disk is not None and store.disk.ratio == pytest.approx(0.999)
+    assert store.refusing_sends
+    loop.run_until_complete(store.close())
+
+
 @pytest.mark.parametrize(
     "fail_at", [1, 2, 3], ids=["commit log write", "first queue's index", "second queue's index"]
 )
