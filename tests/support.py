@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import os
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -157,6 +159,7 @@ class BrokerProcess:
             cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )  # fmt: skip
+        _LAUNCHED.add(self)
         assert self.proc.stdout is not None
         lines = LineReader(self.proc.stdout.fileno())
         line = lines.readline(timeout)
@@ -230,6 +233,21 @@ class BrokerProcess:
         self._stderr.flush()
         self._stderr.seek(0)
         return self._stderr.read()
+
+
+#: Every BrokerProcess launched by this process (see `_kill_leftover_brokers`).
+_LAUNCHED: weakref.WeakSet[BrokerProcess] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_leftover_brokers() -> None:
+    """Kill the broker processes a test left running (one that failed before stopping its
+    broker): they outlived the test run, holding a port and a data directory (fresh CI
+    run 54's full-disk test left one on its tmpfs)."""
+    for broker in list(_LAUNCHED):
+        if broker.proc is not None and broker.proc.poll() is None:
+            broker.proc.kill()
+            broker.proc.wait()
 
 
 def pinned(config: BrokerConfig, broker: EmbeddedBroker) -> BrokerConfig:

@@ -3,7 +3,11 @@ restart after a long outage finds its ports free."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -77,3 +81,25 @@ def test_a_restart_waits_for_its_port_to_be_let_go(
         released.cancel()
         holder.close()
         broker.kill9()
+
+
+def test_a_broker_a_test_left_running_is_killed_when_the_test_process_exits(
+    tmp_path: Path,
+) -> None:
+    """A test that fails before stopping its broker leaves no broker process behind the
+    run (one outlived fresh CI run 54 on its test's tmpfs)."""
+    code = (
+        "import sys; from pathlib import Path; from tests.support import BrokerProcess; "
+        "b = BrokerProcess(Path(sys.argv[1])); b.start(); print(b.proc.pid)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "data")],
+        cwd=tests.support.ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    pid = int(out.stdout.split()[-1])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return  # gone, as it should be
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError(f"the broker (pid {pid}) outlived the process that started it")
