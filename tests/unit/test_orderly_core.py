@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import pytest
+
 from sdk._transport.protocol import CreditWindow, PullResult
 from sdk.consumer.allocate import AllocateMessageQueueAveragely
 from sdk.consumer.config import ConsumeFromWhere, PushConsumerConfig
@@ -66,14 +68,19 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 5.0) 
 
 
 def consumer(
-    broker: FakeBroker, listener: MessageListenerOrderly, **config: Any
+    broker: FakeBroker,
+    listener: MessageListenerOrderly,
+    transport: FakeTransport | None = None,
+    allocate_strategy: AllocateMessageQueueAveragely | None = None,
+    **config: Any,
 ) -> PushConsumerCore:
     core = PushConsumerCore(
         GROUP,
-        FakeTransport(broker),
+        transport or FakeTransport(broker),
         consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
         config=PushConsumerConfig(**config),
         clock=broker.clock,
+        allocate_strategy=allocate_strategy,
     )
     core.subscribe(broker.topic)
     core.register_message_listener(listener)
@@ -570,6 +577,15 @@ def test_a_batch_pushed_after_the_lock_changed_epoch_is_not_buffered() -> None:
     run(test)
 
 
+def logged_errors(
+    caplog: pytest.LogCaptureFixture, test: Callable[[FakeBroker], Coroutine[Any, Any, None]]
+) -> int:
+    """Runs `test`; how many errors it logged with a traceback."""
+    with caplog.at_level("ERROR", logger="ordermq"):
+        run(test)
+    return sum(1 for r in caplog.records if r.levelname == "ERROR" and r.exc_info)
+
+
 class FailingOnce(PushTransport):
     """Push subscriptions whose first `subscribe` (or, with `pulls`, first pull) raises an
     error no transport should: a bug below the consumer, not an OrderMQError."""
@@ -596,7 +612,7 @@ class FailingOnce(PushTransport):
 
 
 def test_an_unexpected_error_in_a_push_or_pull_loop_is_logged_and_the_queue_served_again(
-    caplog: Any,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A transport error that is not an OrderMQError (a bug) while subscribing, ending a
     subscription, or pulling is logged with its traceback and the queue subscribed to or
@@ -608,12 +624,7 @@ def test_an_unexpected_error_in_a_push_or_pull_loop_is_logged_and_the_queue_serv
         clock = broker.clock
         # subscribe raises once
         transport = FailingOnce(broker)
-        core = PushConsumerCore(
-            GROUP, transport, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-            config=PushConsumerConfig(delivery="push"), clock=clock,
-        )  # fmt: skip
-        core.subscribe(broker.topic)
-        core.register_message_listener(listener)
+        core = consumer(broker, listener, transport, delivery="push")
         await core.start()
         await until(lambda: transport.failures == 0, "the failed subscribe")
         await asyncio.sleep(0.01)
@@ -633,25 +644,19 @@ def test_an_unexpected_error_in_a_push_or_pull_loop_is_logged_and_the_queue_serv
         await until(lambda: listener.seen == [(0, 0)], "the message")
         await core.shutdown()
 
-    with caplog.at_level("ERROR", logger="ordermq"):
-        run(test)
-    errors = [r for r in caplog.records if r.levelname == "ERROR" and r.exc_info]
-    assert len(errors) == 2, [r.getMessage() for r in caplog.records]
+    assert logged_errors(caplog, test) == 2
 
 
-def test_an_unexpected_error_in_a_pull_is_logged_and_the_queue_pulled_again(caplog: Any) -> None:
+def test_an_unexpected_error_in_a_pull_is_logged_and_the_queue_pulled_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """As above, for a consumer that pulls."""
     listener = Recorder()
 
     async def test(broker: FakeBroker) -> None:
         clock = broker.clock
         transport = FailingOnce(broker, pulls=True)
-        core = PushConsumerCore(
-            GROUP, transport, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-            config=PushConsumerConfig(delivery="pull"), clock=clock,
-        )  # fmt: skip
-        core.subscribe(broker.topic)
-        core.register_message_listener(listener)
+        core = consumer(broker, listener, transport, delivery="pull")
         await core.start()
         await until(lambda: transport.failures == 0, "the failed pull")
         await asyncio.sleep(0.01)
@@ -660,10 +665,7 @@ def test_an_unexpected_error_in_a_pull_is_logged_and_the_queue_pulled_again(capl
         await until(lambda: listener.seen == [(0, 0), (0, 1)], "the messages")
         await core.shutdown()
 
-    with caplog.at_level("ERROR", logger="ordermq"):
-        run(test)
-    errors = [r for r in caplog.records if r.levelname == "ERROR" and r.exc_info]
-    assert len(errors) == 1, [r.getMessage() for r in caplog.records]
+    assert logged_errors(caplog, test) == 1
 
 
 class RenewalFailingOnce(FakeTransport):
@@ -684,7 +686,7 @@ class RenewalFailingOnce(FakeTransport):
 
 
 def test_an_unexpected_error_in_a_lock_renewal_is_logged_and_the_next_renewal_runs(
-    caplog: Any,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Lock renewal (like heartbeats, offset persistence and the membership watch) goes on
     after an error that is not an OrderMQError: it used to end the loop, and the consumer
@@ -694,12 +696,7 @@ def test_an_unexpected_error_in_a_lock_renewal_is_logged_and_the_next_renewal_ru
     async def test(broker: FakeBroker) -> None:
         clock = broker.clock
         transport = RenewalFailingOnce(broker)
-        core = PushConsumerCore(
-            GROUP, transport, consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-            config=PushConsumerConfig(delivery="pull"), clock=clock,
-        )  # fmt: skip
-        core.subscribe(broker.topic)
-        core.register_message_listener(listener)
+        core = consumer(broker, listener, transport, delivery="pull")
         await core.start()
         await until(lambda: MQ in core._queues and core._queues[MQ].locked, "the lock")
         transport.fail, transport.calls_after = True, 0
@@ -710,9 +707,7 @@ def test_an_unexpected_error_in_a_lock_renewal_is_logged_and_the_next_renewal_ru
         await until(lambda: transport.calls_after > 0, "the next renewal")
         await core.shutdown()
 
-    with caplog.at_level("ERROR", logger="ordermq"):
-        run(test)
-    assert any(r.exc_info for r in caplog.records if r.levelname == "ERROR")
+    assert logged_errors(caplog, test) >= 1
 
 
 class FailingOnceStrategy(AllocateMessageQueueAveragely):
@@ -729,7 +724,7 @@ class FailingOnceStrategy(AllocateMessageQueueAveragely):
 
 
 def test_an_allocate_strategy_that_raises_is_logged_and_the_rebalance_retried(
-    caplog: Any,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A custom allocate strategy raising is logged with its traceback and the rebalance
     tried again (as RocketMQ does). It used to end the consumer's rebalance loop: the
@@ -738,13 +733,7 @@ def test_an_allocate_strategy_that_raises_is_logged_and_the_rebalance_retried(
 
     async def test(broker: FakeBroker) -> None:
         strategy = FailingOnceStrategy()
-        core = PushConsumerCore(
-            GROUP, FakeTransport(broker), consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-            config=PushConsumerConfig(delivery="pull"), clock=broker.clock,
-            allocate_strategy=strategy,
-        )  # fmt: skip
-        core.subscribe(broker.topic)
-        core.register_message_listener(listener)
+        core = consumer(broker, listener, allocate_strategy=strategy, delivery="pull")
         await core.start()
         await until(lambda: strategy.failures == 0, "the failed allocation")
         await asyncio.sleep(0.01)
@@ -753,6 +742,4 @@ def test_an_allocate_strategy_that_raises_is_logged_and_the_rebalance_retried(
         await until(lambda: listener.seen == [(0, 0)], "the message")
         await core.shutdown()
 
-    with caplog.at_level("ERROR", logger="ordermq"):
-        run(test)
-    assert any(r.exc_info for r in caplog.records if r.levelname == "ERROR")
+    assert logged_errors(caplog, test) >= 1
