@@ -33,7 +33,21 @@ def shard_index(key: str, queue_count: int) -> int:
     """The queue index for a sharding key among `queue_count` queues."""
     if queue_count <= 0:
         raise InvalidArgumentError("there are no writable queues to choose from")
-    return int(mmh3.hash(key.encode("utf-8"), 0, signed=False)) % queue_count
+    if type(key) is str and key.isascii():
+        # ASCII is its own UTF-8: mmh3 hashes the str as is (half the cost, once per
+        # message). Only text that is surely valid UTF-8 goes in as a str: mmh3 5.x
+        # crashes the interpreter on a lone surrogate.
+        return mmh3.hash(key, 0, False) % queue_count
+    if not isinstance(key, str):
+        raise InvalidArgumentError(f"a sharding key is a str, not {type(key).__name__}")
+    try:
+        data = key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"sharding key {key!r} is not UTF-8 text: it holds a lone surrogate at index "
+            f"{exc.start}"
+        ) from None
+    return mmh3.hash(data, 0, False) % queue_count
 
 
 class SelectMessageQueueByHash:

@@ -8,6 +8,8 @@ import sys
 
 import mmh3
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sdk import (
     Message,
@@ -26,6 +28,18 @@ def test_sharding_follows_the_published_formula() -> None:
     for key in ["order-1", "账户-7", "", "x" * 300]:
         expected = mmh3.hash(key.encode("utf-8"), 0, signed=False) % 8
         assert shard_index(key, 8) == expected
+
+
+@given(st.text(max_size=64), st.integers(min_value=1, max_value=1024))
+def test_any_text_key_follows_the_published_formula(key: str, queues: int) -> None:
+    assert shard_index(key, queues) == mmh3.hash(key.encode("utf-8"), 0, signed=False) % queues
+
+
+def test_a_key_that_is_not_utf8_text_is_refused_clearly() -> None:
+    with pytest.raises(InvalidArgumentError, match="not UTF-8 text: it holds a lone surrogate"):
+        shard_index("order-\ud800", 8)
+    with pytest.raises(InvalidArgumentError, match="a sharding key is a str, not int"):
+        shard_index(42, 8)  # type: ignore[arg-type]
 
 
 def test_known_values_never_change_between_releases() -> None:
