@@ -55,8 +55,8 @@ class PushDeliveryCore(ConsumerCore):
         the batches as a pull's, and grants more as room frees. A subscription ends when
         the queue is reset or changes lock epoch (subscribe again from the new offset),
         when the broker says the lock is lost (fenced, as a refused commit: nothing
-        buffered is handed on (listener, poll()) until the lock is granted again), or when the
-        connection breaks (subscribe again after pull_error_backoff). Without push at the
+        buffered goes to a listener or poll() until the lock is granted again), or when
+        the connection breaks (subscribe again after pull_error_backoff). Without push at the
         transport or the broker (a refusal, UNIMPLEMENTED or INVALID_ARGUMENT, before the
         first batch), this queue and every later one are pulled.
         """

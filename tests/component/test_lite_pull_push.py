@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import sdk.aio
+from mockbroker import BrokerConfig, EmbeddedBroker
 from sdk import (
     ConsumeFromWhere,
     LitePullConsumer,
@@ -164,3 +165,32 @@ def test_over_rocketmq_the_lite_pull_consumer_pulls(tmp_path: Path) -> None:
         with c:
             got = drain(c, 300)
         assert len(got) == 300 and in_queue_order(got)
+
+
+def test_after_a_broker_restart_poll_goes_on_from_where_it_was(tmp_path: Path) -> None:
+    """The broker stops while the consumer holds subscriptions; started again on the same
+    port, the consumer subscribes again from each queue's next offset: every message once,
+    in queue order, and through push again."""
+    data = tmp_path / "broker"
+    with EmbeddedBroker(BrokerConfig(data_dir=data, default_queues=2)) as first:
+        address = first.address
+        port = int(address.rsplit(":", 1)[1])
+        fill(address, 400)
+        c = LitePullConsumer("batch", address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET)
+        c.subscribe("orders")
+        c.start()
+        try:
+            got = drain(c, 400)
+        except BaseException:
+            c.shutdown()
+            raise
+    try:
+        with EmbeddedBroker(BrokerConfig(data_dir=data, default_queues=2, port=port)) as second:
+            fill(second.address, 400, start=400)
+            got += drain(c, 400, timeout=30)
+            assert len(subscriptions(second)) == 2
+            assert pulls(second) == 0
+    finally:
+        c.shutdown()
+    assert len(got) == 800 and len({m.msg_id for m in got}) == 800
+    assert in_queue_order(got)
