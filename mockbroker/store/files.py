@@ -106,6 +106,23 @@ def write_atomically(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def bytes_on_disk(directory: Path) -> int:
+    """The disk space the files under `directory` take, in bytes.
+
+    The broker renames and deletes files while it counts (a temporary file replacing its
+    target, a segment retention removes): one gone by the time it is looked at takes nothing.
+    """
+    total = 0
+    for root, _dirs, names in os.walk(directory):
+        for name in names:
+            try:
+                info = os.lstat(os.path.join(root, name))
+            except FileNotFoundError:
+                continue
+            total += info.st_blocks * 512
+    return total
+
+
 def punch_hole(fd: int, length: int) -> None:
     """Free the disk blocks of a file's first `length` bytes; they read back as zeros.
 

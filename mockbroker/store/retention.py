@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mockbroker.store.files import bytes_on_disk
+
 
 @dataclass(frozen=True)
 class DiskUsage:
@@ -111,8 +113,7 @@ def file_probe(settings: Path, directory: Path) -> DiskProbe:
             # Caught while a test rewrites it (write_text truncates first): like a failed
             # read of the disk's size, the check is tried again at the next one.
             raise OSError(f"{settings}: not a disk description ({exc}): {text[:80]!r}") from None
-        used = sum(p.stat().st_blocks * 512 for p in directory.rglob("*") if p.is_file())
-        return DiskUsage(total, other + used)
+        return DiskUsage(total, other + bytes_on_disk(directory))
 
     return probe
 

@@ -16,6 +16,7 @@ from mockbroker.fronts.grpc.service import parked_key_pb
 from mockbroker.fronts.grpc_errors import Context, answers_errors
 from mockbroker.fronts.message_lookup import find_by_any_id, kept
 from mockbroker.state import BrokerState
+from mockbroker.store.files import bytes_on_disk
 from mockbroker.topics import (
     Topic,
     TopicRetention,
@@ -350,9 +351,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
             uptime_ms=int((self._s.clock.now() - self._s.started) * 1000),
             flush_mode=self._s.config.flush_mode,
             commit_log_bytes=store.commitlog.total_bytes(),
-            disk_bytes=sum(
-                p.stat().st_blocks * 512 for p in store.data_dir.rglob("*") if p.is_file()
-            ),
+            disk_bytes=bytes_on_disk(store.data_dir),
             messages_stored=store.stats.messages_stored,
             messages_served=store.stats.messages_served,
             recovered_from_crash=store.recovery.crashed,
