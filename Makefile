@@ -30,7 +30,8 @@ help:
 	@echo "make docs-api        build the guides and the API reference into build/site (strict)"
 	@echo "make test-docs       run every code block of README.md and docs/, then make docs-api"
 
-$(STAMP): pyproject.toml
+# sdk/_speedups.c is compiled by the install: a change to it installs again.
+$(STAMP): pyproject.toml sdk/_speedups.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from sdk._crc import crc32 as crc32_of
 from sdk._wire import (
@@ -68,6 +68,19 @@ def encode_message(
 
 def decode_records(records: bytes, broker_name: str) -> list[MessageExt]:
     """Stored records (as a pull returns them) -> MessageExt, in order, CRCs checked.
+
+    RecordFormatError names the first record that does not parse, fails its CRC or does
+    not decode. This runs for every consumed message: sdk._speedups does it in C where it
+    was built (a third of the time), `decode_records_in_python` elsewhere; both give the
+    same messages and the same errors.
+    """
+    if _decode_in_c is not None:
+        return cast(list[MessageExt], _decode_in_c(records, broker_name))
+    return decode_records_in_python(records, broker_name)
+
+
+def decode_records_in_python(records: bytes, broker_name: str) -> list[MessageExt]:
+    """decode_records in Python: the reference the C decode is tested against.
 
     One pass straight into MessageExt: this runs for every consumed message. The records
     of a pull share one topic: after the first, a record's header, topic and frame fields
@@ -169,6 +182,24 @@ def decode_records(records: bytes, broker_name: str) -> list[MessageExt]:
     except ValueError as exc:  # text that is not UTF-8, properties that do not parse
         raise RecordFormatError(f"record at byte {pos} does not decode: {exc}") from None
     return out
+
+
+def _c_decoder() -> Callable[[bytes, str], list[Any]] | None:
+    """sdk._speedups.decode_records, ready; None where it was not built or does not fit."""
+    try:
+        from sdk import _speedups
+    except ImportError:  # built without a C compiler: the Python decode
+        return None
+    try:
+        _speedups.configure(
+            MessageExt, MessageQueue, RecordFormatError, crc32_of, decode_properties
+        )
+    except TypeError:  # MessageExt's fields changed and the C code was not: stay correct
+        return None
+    return _speedups.decode_records
+
+
+_decode_in_c = _c_decoder()
 
 
 @functools.lru_cache(maxsize=64)

@@ -64,6 +64,7 @@ from sdk.producer.spool import Spool
 from sdk.testing import FakeClock
 from tests.chaos_report import ChaosRecorder
 from tests.fuzzing import fix_crcs, fuzz_settings, mutated
+from tests.support import assert_decoders_agree
 
 pytestmark = pytest.mark.chaos
 
@@ -201,7 +202,12 @@ def test_message_frames_are_refused_with_a_reason_or_stored_and_read_back(
 
 # ---------------------------------------------------------------------------- records
 def records_oracle(data: bytes) -> None:
-    """Both record decoders raise RecordFormatError (a CorruptRecordError) or agree."""
+    """Both record decoders raise RecordFormatError (a CorruptRecordError) or agree.
+
+    decode_records (in C where built) also gives what the Python one gives, messages or
+    the same error.
+    """
+    assert_decoders_agree(data)
     outcomes: list[list[tuple[bytes, bytes]] | None] = []
     for decode in (
         lambda: [(r.msg_id, r.body) for r in iter_records(data)],

@@ -1,0 +1,138 @@
+"""sdk._speedups: records decoded in C give the Python decode's messages and errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mockbroker.store.records import build_records, check_frames
+from sdk import MessageExt, MessageQueue
+from sdk._crc import crc32
+from sdk._transport import codec
+from sdk._wire import (
+    RECORD_HEAD,
+    RECORD_MAGIC,
+    RECORD_TAIL,
+    RecordFormatError,
+    decode_properties,
+    encode_frame,
+    encode_properties,
+)
+from tests.support import assert_decoders_agree
+
+NOW_MS = 1_700_000_000_000
+
+texts = st.text(max_size=12)
+frames = st.builds(
+    lambda msg_id, body, tags, key, keys, props, deliver: encode_frame(
+        msg_id=msg_id,
+        born_timestamp_ms=NOW_MS - 5,
+        body=body,
+        tags=tags.encode(),
+        sharding_key=key.encode(),
+        keys=[k.encode() for k in keys],
+        properties=encode_properties(props),
+        deliver_at_ms=deliver,
+    ),
+    st.binary(min_size=16, max_size=16),
+    st.binary(min_size=1, max_size=64),
+    texts,
+    texts,
+    st.lists(st.text(min_size=1, max_size=6).filter(lambda k: "\0" not in k), max_size=3),
+    st.dictionaries(texts, texts, max_size=3),
+    st.sampled_from([0, NOW_MS + 1000]),
+)
+#: Batches of frames, each stored to a topic and queue: a buffer mixing both, as a pull
+#: of one topic's queue does not, but decode_records must read.
+batches = st.lists(
+    st.tuples(
+        st.sampled_from(["orders", "orderz", "o", "заказы"]),
+        st.integers(min_value=-1, max_value=9),
+        st.lists(frames, min_size=1, max_size=4),
+    ),
+    min_size=1,
+    max_size=5,
+)
+
+
+def stored(topic: str, queue_id: int, batch: list[bytes], offset: int) -> bytes:
+    data = b"".join(batch)
+    records, _ = build_records(
+        data, check_frames(data, NOW_MS), topic=topic.encode(), queue_id=queue_id,
+        first_offset=offset, store_timestamp_ms=NOW_MS, base_position=0,
+    )  # fmt: skip
+    return records
+
+
+def test_the_c_decoder_is_built_and_in_use_here() -> None:
+    # `make setup` builds it (a C compiler is there): without it every consumer decodes
+    # about four times slower, and the parity tests below would compare Python with itself.
+    assert codec._decode_in_c is not None
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches)
+def test_any_records_decode_to_the_same_messages_in_c_and_in_python(
+    parts: list[tuple[str, int, list[bytes]]],
+) -> None:
+    records = b"".join(stored(t, q, b, 40 + i) for i, (t, q, b) in enumerate(parts))
+    assert_decoders_agree(records)
+    messages = codec.decode_records(records, "broker-a")
+    assert sum(len(b) for _, _, b in parts) == len(messages)
+    first = messages[0]
+    assert first.queue == MessageQueue(parts[0][0], "broker-a", parts[0][1])
+    assert (first.delivery_attempt, first.receipt, first.commit_log_offset) == (0, None, -1)
+
+
+def test_every_cut_and_every_flipped_byte_gives_the_same_error_in_c_and_in_python() -> None:
+    records = stored("orders", 3, [encode_frame(
+        msg_id=bytes(range(16)), born_timestamp_ms=NOW_MS, body=b"body", tags=b"T",
+        sharding_key=b"k", keys=[b"a", b"b"], properties=encode_properties({"p": "v"}),
+    )] * 2, 0)  # fmt: skip
+    for cut in range(len(records)):
+        assert_decoders_agree(records[:cut])
+    for at in range(len(records)):
+        damaged = bytearray(records)
+        damaged[at] ^= 0x41
+        assert_decoders_agree(bytes(damaged))
+
+
+@pytest.mark.parametrize("where", ["topic", "tags", "sharding key", "keys", "properties"])
+def test_text_that_is_not_utf8_behind_a_good_crc_is_refused_alike(where: str) -> None:
+    # What a broken broker could serve: the CRC covers the bytes, not their meaning.
+    bad = b"\xff\xfe"
+    frame = encode_frame(
+        msg_id=bytes(16), born_timestamp_ms=NOW_MS, body=b"x",
+        tags=bad if where == "tags" else b"t",
+        sharding_key=bad if where == "sharding key" else b"",
+        keys=[bad] if where == "keys" else [],
+        properties=b"\x01\x00\xff\x00\x00" if where == "properties" else b"",
+    )  # fmt: skip
+    records = unchecked_record(frame, b"\xc3" if where == "topic" else b"t")
+    with pytest.raises(RecordFormatError, match="record at byte 0 does not decode"):
+        codec.decode_records(records, "b")
+    assert_decoders_agree(records)
+
+
+def unchecked_record(frame: bytes, topic: bytes) -> bytes:
+    """A record around `frame` with a good CRC, laid out without the broker's checks."""
+    tail = RECORD_TAIL.pack(RECORD_MAGIC, 0, 0, NOW_MS, 0, len(topic)) + topic + frame[4:]
+    return RECORD_HEAD.pack(RECORD_HEAD.size + len(tail), crc32(tail)) + tail
+
+
+def test_configure_refuses_a_message_type_whose_fields_differ() -> None:
+    speedups: Any = pytest.importorskip("sdk._speedups")
+
+    class Other:
+        __slots__ = ("body", "topic")
+
+    with pytest.raises(TypeError, match="slots"):
+        speedups.configure(Other, MessageQueue, RecordFormatError, len, decode_properties)
+    # the module keeps the configuration it had
+    assert codec.decode_records(stored("t", 0, [encode_frame(
+        msg_id=bytes(16), born_timestamp_ms=0, body=b"x")], 0), "b")[0].body == b"x"  # fmt: skip
+    assert isinstance(codec.decode_records(b"", "b"), list)
+    assert MessageExt.__slots__  # the decoder relies on them
