@@ -26,3 +26,22 @@ except ImportError:  # pragma: no cover - a platform without python-isal's wheel
     crc32, IMPLEMENTATION = zlib.crc32, "zlib"
 else:
     IMPLEMENTATION = "isal"
+
+
+def native_address() -> int | None:
+    """The C entry of `crc32` (ISA-L's crc32_gzip_refl), for sdk._speedups to call directly.
+
+    None with zlib's, or where the library does not export it; sdk._speedups checks it
+    against `crc32` before it uses it.
+    """
+    if IMPLEMENTATION != "isal":
+        return None
+    import ctypes
+
+    from isal import isal_zlib
+
+    try:
+        entry = ctypes.CDLL(isal_zlib.__file__).crc32_gzip_refl
+    except (OSError, AttributeError):
+        return None
+    return ctypes.cast(entry, ctypes.c_void_p).value

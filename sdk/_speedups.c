@@ -45,6 +45,10 @@ static PyObject *format_error = NULL;
 static PyObject *crc32_func = NULL;
 static PyObject *decode_properties_func = NULL;
 static Py_ssize_t offsets[F_COUNT];
+/* The CRC function's C entry, where the installed library has one (ISA-L's): called
+ * directly instead of through Python. configure() checks it against `crc32_func` first. */
+typedef uint32_t (*native_crc_fn)(uint32_t, const unsigned char *, uint64_t);
+static native_crc_fn native_crc = NULL;
 static PyObject *zero = NULL;
 static PyObject *minus_one = NULL;
 static PyObject *nul = NULL;
@@ -62,12 +66,62 @@ static void set_field(PyObject *obj, int field, PyObject *value) /* steals value
     Py_XDECREF(old);
 }
 
+/* The CRC-32 of n bytes at p, continuing from `init`; -1 with an exception on failure. */
+static int
+crc_of(const unsigned char *p, Py_ssize_t n, uint32_t init, uint32_t *out)
+{
+    if (native_crc != NULL) {
+        *out = native_crc(init, p, (uint64_t)n);
+        return 0;
+    }
+    PyObject *view = PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
+    if (view == NULL)
+        return -1;
+    PyObject *got = init ? PyObject_CallFunction(crc32_func, "Ok", view, (unsigned long)init)
+                         : PyObject_CallOneArg(crc32_func, view);
+    Py_DECREF(view);
+    if (got == NULL)
+        return -1;
+    unsigned long value = PyLong_AsUnsignedLong(got);
+    Py_DECREF(got);
+    if (value == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (uint32_t)value;
+    return 0;
+}
+
+/* Whether `candidate` gives what crc32_func gives, on inputs of several sizes and starts. */
+static int
+native_crc_agrees(native_crc_fn candidate)
+{
+    unsigned char data[300];
+    for (int i = 0; i < 300; i++)
+        data[i] = (unsigned char)(i * 131 + 7);
+    static const Py_ssize_t sizes[] = {0, 1, 7, 16, 63, 190, 300};
+    static const uint32_t inits[] = {0, 1, 0xDEADBEEFu};
+    native_crc_fn saved = native_crc;
+    native_crc = NULL;  /* crc_of through Python */
+    int same = 1;
+    for (size_t i = 0; same && i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        for (size_t j = 0; same && j < sizeof(inits) / sizeof(inits[0]); j++) {
+            uint32_t expected;
+            if (crc_of(data, sizes[i], inits[j], &expected) < 0) {
+                native_crc = saved;
+                return -1;
+            }
+            same = candidate(inits[j], data, (uint64_t)sizes[i]) == expected;
+        }
+    }
+    native_crc = saved;
+    return same;
+}
+
 static PyObject *
 configure(PyObject *module, PyObject *args)
 {
-    PyObject *mtype, *qtype, *err, *crc, *props;
-    if (!PyArg_ParseTuple(args, "O!OOOO:configure", &PyType_Type, &mtype, &qtype, &err, &crc,
-                          &props))
+    PyObject *mtype, *qtype, *err, *crc, *props, *address = Py_None;
+    if (!PyArg_ParseTuple(args, "O!OOOO|O:configure", &PyType_Type, &mtype, &qtype, &err, &crc,
+                          &props, &address))
         return NULL;
     PyObject *slots = PyObject_GetAttrString(mtype, "__slots__");
     if (slots == NULL)
@@ -106,7 +160,18 @@ configure(PyObject *module, PyObject *args)
     Py_INCREF(err); Py_XSETREF(format_error, err);
     Py_INCREF(crc); Py_XSETREF(crc32_func, crc);
     Py_INCREF(props); Py_XSETREF(decode_properties_func, props);
-    Py_RETURN_NONE;
+    native_crc = NULL;
+    if (address != Py_None) {
+        native_crc_fn candidate = (native_crc_fn)PyLong_AsVoidPtr(address);
+        if (candidate == NULL)
+            return NULL;
+        int agrees = native_crc_agrees(candidate);
+        if (agrees < 0)
+            return NULL;
+        if (agrees)
+            native_crc = candidate;
+    }
+    return PyBool_FromLong(native_crc != NULL);
 }
 
 static void
@@ -158,21 +223,12 @@ text_or_none(const unsigned char *p, Py_ssize_t n)
 }
 
 static int
-crc_matches(const unsigned char *base, Py_ssize_t from, Py_ssize_t stop,
-            uint32_t expected)
+crc_matches(const unsigned char *base, Py_ssize_t from, Py_ssize_t stop, uint32_t expected)
 {
-    PyObject *view = PyMemoryView_FromMemory((char *)base + from, stop - from, PyBUF_READ);
-    if (view == NULL)
+    uint32_t got;
+    if (crc_of(base + from, stop - from, 0, &got) < 0)
         return -1;
-    PyObject *got = PyObject_CallOneArg(crc32_func, view);
-    Py_DECREF(view);
-    if (got == NULL)
-        return -1;
-    unsigned long value = PyLong_AsUnsignedLong(got);
-    Py_DECREF(got);
-    if (value == (unsigned long)-1 && PyErr_Occurred())
-        return -1;
-    return value == expected;
+    return got == expected;
 }
 
 /* One record's message, from its fields at p (after the topic) to stop; NULL on error. */
@@ -378,11 +434,287 @@ error:
     return NULL;
 }
 
+
+/* ---------------------------------------------------------------- the broker's send path
+ *
+ * scan_frames: mockbroker/store/records.py's check_frames for the usual batch, which it
+ * answers with CheckedFrames' six ints per frame; None for anything else (a frame that
+ * fails a check, has a due time, non-ASCII text or properties that are not plain ASCII, or
+ * carries the half-message property), which check_frames then checks in Python, raising
+ * the error that names the frame. So every refusal is Python's, word for word.
+ *
+ * lay_out_parts: records.py's lay_out_parts, each part's records in one bytes object.
+ */
+#define FRAME_PREFIX 4
+#define FRAME_FIELDS 47
+
+static int
+all_ascii(const unsigned char *p, Py_ssize_t n)
+{
+    unsigned char seen = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        seen |= p[i];
+    return seen < 0x80;
+}
+
+/* Properties (u16 key length, key, u16 value length, value, ...) that parse, are ASCII and
+ * hold no key equal to `half` (unless `half_allowed`). */
+static int
+plain_properties(const unsigned char *p, Py_ssize_t n, const char *half, Py_ssize_t half_len,
+                 int half_allowed)
+{
+    Py_ssize_t pos = 0;
+    if (!all_ascii(p, n))
+        return 0;
+    while (pos < n) {
+        if (pos + 2 > n)
+            return 0;
+        Py_ssize_t klen = u16(p + pos);
+        pos += 2;
+        if (pos + klen + 2 > n)
+            return 0;
+        if (!half_allowed && klen == half_len && memcmp(p + pos, half, half_len) == 0)
+            return 0;
+        pos += klen;
+        Py_ssize_t vlen = u16(p + pos);
+        pos += 2;
+        if (pos + vlen > n)
+            return 0;
+        pos += vlen;
+    }
+    return 1;
+}
+
+static PyObject *
+scan_frames(PyObject *module, PyObject *args)
+{
+    Py_buffer frames;
+    Py_ssize_t start, last_index, first_index, stop_at, max_body, max_properties;
+    const char *half;
+    Py_ssize_t half_len;
+    int half_allowed;
+    if (!PyArg_ParseTuple(args, "y*nnnnnns#p:scan_frames", &frames, &start, &first_index,
+                          &last_index, &stop_at, &max_body, &max_properties, &half, &half_len,
+                          &half_allowed))
+        return NULL;
+    const unsigned char *base = frames.buf;
+    Py_ssize_t end = frames.len, pos = start, index = first_index;
+    PyObject *out = PyList_New(0);
+    if (out == NULL || end == 0 || start < 0)
+        goto other;
+    if (stop_at > end)
+        stop_at = end;
+    while (pos < stop_at && index < last_index) {
+        if (pos + FRAME_PREFIX + FRAME_FIELDS > end)
+            goto other;
+        const unsigned char *h = base + pos;
+        Py_ssize_t length = u32(h);
+        const unsigned char *f = h + FRAME_PREFIX;
+        int64_t deliver_at = i64(f + 24);
+        unsigned char level = f[32];
+        Py_ssize_t tl = u16(f + 33), sl = u16(f + 35), kl = u16(f + 37);
+        Py_ssize_t pl = u32(f + 39), bl = u32(f + 43);
+        Py_ssize_t s = pos + FRAME_PREFIX, stop = s + length;
+        if (length != FRAME_FIELDS + tl + sl + kl + pl + bl || stop > end || bl == 0
+            || bl > max_body || pl > max_properties || deliver_at != 0 || level != 0)
+            goto other;
+        Py_ssize_t p = s + FRAME_FIELDS;
+        if (!all_ascii(base + p, tl + sl + kl))
+            goto other;
+        if (pl && !plain_properties(base + p + tl + sl + kl, pl, half, half_len, half_allowed))
+            goto other;
+        uint32_t tags_hash = 0;
+        if (tl && crc_of(base + p, tl, 0, &tags_hash) < 0)
+            goto error;
+        PyObject *item[6];
+        item[0] = PyLong_FromSsize_t(s);
+        item[1] = PyLong_FromSsize_t(stop);
+        item[2] = PyLong_FromUnsignedLong(tags_hash);
+        item[3] = Py_NewRef(zero);
+        item[4] = PyLong_FromSsize_t(p + tl + sl);
+        item[5] = PyLong_FromSsize_t(kl);
+        int bad = 0;
+        for (int i = 0; i < 6; i++) {
+            if (!bad && (item[i] == NULL || PyList_Append(out, item[i]) < 0))
+                bad = 1;
+            Py_XDECREF(item[i]);
+        }
+        if (bad)
+            goto error;
+        pos = stop;
+        index++;
+    }
+    PyBuffer_Release(&frames);
+    return out;
+other:
+    Py_XDECREF(out);
+    PyBuffer_Release(&frames);
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(out);
+    PyBuffer_Release(&frames);
+    return NULL;
+}
+
+static int
+append_stolen(PyObject *list, PyObject *item)
+{
+    if (item == NULL)
+        return -1;
+    int r = PyList_Append(list, item);
+    Py_DECREF(item);
+    return r;
+}
+
+/* One part: (frames, CheckedFrames' ints, queue id, first offset). Its records are added
+ * to `into` as one bytes object; returns its consume-queue entries. */
+static PyObject *
+lay_out_part(PyObject *part, PyObject *into, const char *topic, Py_ssize_t topic_len,
+             int64_t store_ts, int32_t reconsume, int64_t *position, PyObject *positions,
+             PyObject *ids, PyObject *keyed)
+{
+    PyObject *frames_obj, *data;
+    int queue_id;
+    long long offset;
+    if (!PyArg_ParseTuple(part, "SO!iL:part", &frames_obj, &PyList_Type, &data, &queue_id,
+                          &offset))
+        return NULL;
+    const unsigned char *frames = (const unsigned char *)PyBytes_AS_STRING(frames_obj);
+    Py_ssize_t frames_len = PyBytes_GET_SIZE(frames_obj);
+    Py_ssize_t n = PyList_GET_SIZE(data);
+    if (n % 6 != 0) {
+        PyErr_SetString(PyExc_ValueError, "checked frames are six ints each");
+        return NULL;
+    }
+    Py_ssize_t count = n / 6, total = 0;
+    Py_ssize_t overhead = RECORD_SIZE + topic_len;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t s = PyLong_AsSsize_t(PyList_GET_ITEM(data, 6 * i));
+        Py_ssize_t e = PyLong_AsSsize_t(PyList_GET_ITEM(data, 6 * i + 1));
+        if (PyErr_Occurred())
+            return NULL;
+        if (s < 0 || e < s || e > frames_len) {
+            PyErr_SetString(PyExc_ValueError, "a checked frame lies outside its frames");
+            return NULL;
+        }
+        total += overhead + (e - s);
+    }
+    PyObject *records = PyBytes_FromStringAndSize(NULL, total);
+    PyObject *entries = PyBytes_FromStringAndSize(NULL, count * 20);
+    if (records == NULL || entries == NULL)
+        goto error;
+    unsigned char *r = (unsigned char *)PyBytes_AS_STRING(records);
+    unsigned char *en = (unsigned char *)PyBytes_AS_STRING(entries);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject **f = &PyList_GET_ITEM(data, 6 * i);
+        Py_ssize_t s = PyLong_AsSsize_t(f[0]), e = PyLong_AsSsize_t(f[1]);
+        long long tag_hash = PyLong_AsLongLong(f[2]);
+        Py_ssize_t keys_at = PyLong_AsSsize_t(f[4]), keys_len = PyLong_AsSsize_t(f[5]);
+        if (PyErr_Occurred())
+            goto error;
+        if (keys_len && (keys_at < 0 || keys_len < 0 || keys_at + keys_len > frames_len)) {
+            PyErr_SetString(PyExc_ValueError, "a checked frame's keys lie outside its frames");
+            goto error;
+        }
+        uint32_t size = (uint32_t)(overhead + (e - s));
+        uint32_t magic = RECORD_MAGIC;
+        int32_t qid = queue_id;
+        int64_t off = offset + i;
+        uint16_t tlen = (uint16_t)topic_len;
+        memcpy(r, &size, 4);
+        memcpy(r + 8, &magic, 4);
+        memcpy(r + 12, &qid, 4);
+        memcpy(r + 16, &off, 8);
+        memcpy(r + 24, &store_ts, 8);
+        memcpy(r + 32, &reconsume, 4);
+        memcpy(r + 36, &tlen, 2);
+        memcpy(r + RECORD_SIZE, topic, topic_len);
+        memcpy(r + overhead, frames + s, e - s);
+        uint32_t crc;
+        if (crc_of(r + CRC_FROM, size - CRC_FROM, 0, &crc) < 0)
+            goto error;
+        memcpy(r + 4, &crc, 4);
+        int64_t at = *position;
+        int32_t entry_size = (int32_t)size;
+        int64_t hash = tag_hash;
+        memcpy(en, &at, 8);
+        memcpy(en + 8, &entry_size, 4);
+        memcpy(en + 12, &hash, 8);
+        if (positions != NULL) {
+            if (append_stolen(positions, PyLong_FromLongLong(at)) < 0
+                || append_stolen(ids, PyBytes_FromStringAndSize((const char *)frames + s, 16)) < 0)
+                goto error;
+            if (keys_len) {
+                PyObject *keys = PyBytes_FromStringAndSize((const char *)frames + keys_at, keys_len);
+                PyObject *pair = keys != NULL ? Py_BuildValue("(LN)", (long long)at, keys) : NULL;
+                if (append_stolen(keyed, pair) < 0)
+                    goto error;
+            }
+        }
+        r += size;
+        en += 20;
+        *position += size;
+    }
+    if (PyList_Append(into, records) < 0)
+        goto error;
+    Py_DECREF(records);
+    return entries;
+error:
+    Py_XDECREF(records);
+    Py_XDECREF(entries);
+    return NULL;
+}
+
+static PyObject *
+lay_out_parts(PyObject *module, PyObject *args)
+{
+    PyObject *parts, *into, *positions, *ids, *keyed;
+    const char *topic;
+    Py_ssize_t topic_len;
+    long long store_ts, base_position;
+    int reconsume;
+    if (!PyArg_ParseTuple(args, "O!O!y#LLiOOO:lay_out_parts", &PyList_Type, &parts,
+                          &PyList_Type, &into, &topic, &topic_len, &store_ts, &base_position,
+                          &reconsume, &positions, &ids, &keyed))
+        return NULL;
+    if (positions == Py_None) {
+        positions = ids = keyed = NULL;
+    } else if (!PyList_Check(positions) || !PyList_Check(ids) || !PyList_Check(keyed)) {
+        PyErr_SetString(PyExc_TypeError, "the index's positions, ids and keyed are lists");
+        return NULL;
+    }
+    if (topic_len > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "a topic name is at most 65535 bytes");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(parts);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    int64_t position = base_position;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *entries = lay_out_part(PyList_GET_ITEM(parts, i), into, topic, topic_len,
+                                         store_ts, reconsume, &position, positions, ids, keyed);
+        if (entries == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, entries);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(MessageExt, MessageQueue, RecordFormatError, crc32, decode_properties)"},
     {"decode_records", decode_records, METH_VARARGS,
      "decode_records(records, broker_name) -> list[MessageExt]: as codec.decode_records"},
+    {"scan_frames", scan_frames, METH_VARARGS,
+     "scan_frames(frames, start, first_index, last_index, stop_at, max_body, max_properties, "
+     "half_key, half_allowed) -> CheckedFrames' ints, or None: check in Python"},
+    {"lay_out_parts", lay_out_parts, METH_VARARGS,
+     "lay_out_parts(parts, into, topic, store_ts, base_position, reconsume_times, positions, "
+     "ids, keyed) -> each part's entries: as records.lay_out_parts"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,5 +9,28 @@ def configure(
     format_error: type[Exception],
     crc32: Callable[[memoryview], int],
     decode_properties: Callable[[bytes], dict[str, str]],
-) -> None: ...
+    native_crc: int | None = None,
+) -> bool: ...
 def decode_records(records: bytes, broker_name: str) -> list[Any]: ...
+def scan_frames(
+    frames: bytes | memoryview,
+    start: int,
+    first_index: int,
+    last_index: int,
+    stop_at: int,
+    max_body: int,
+    max_properties: int,
+    half_key: str,
+    half_allowed: bool,
+) -> list[int] | None: ...
+def lay_out_parts(
+    parts: list[tuple[bytes, list[int], int, int]],
+    into: list[Any],
+    topic: bytes,
+    store_timestamp_ms: int,
+    base_position: int,
+    reconsume_times: int,
+    positions: list[int] | None,
+    ids: list[bytes] | None,
+    keyed: list[tuple[int, bytes]] | None,
+) -> list[bytes]: ...

@@ -5,6 +5,9 @@ one index entry per message. Everything is checked before anything is built, so 
 with one bad frame stores nothing. What the check finds is kept as plain ints in one flat
 list per batch (CheckedFrames), not an object per message: those objects were most of the
 broker's CPU per message and, through gen-2 collections, of its send tail (issue 35).
+
+Where sdk._speedups was built, the usual batch is checked and laid out in C (the same
+ints, the same bytes); anything unusual, every refusal included, is checked here.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ from __future__ import annotations
 import functools
 import struct
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
 
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.store.consumequeue import ENTRY
 from mockbroker.topics import HALF_PROPERTY
+from sdk._accel import speedups
 from sdk._crc import crc32 as crc32_of
 from sdk._wire import (
     DELAY_LEVEL_SECONDS,
@@ -228,6 +232,14 @@ def tag_hash(tags: bytes) -> int:
     return zlib.crc32(tags) if tags else 0
 
 
+_scan_in_c: Callable[..., list[int] | None] | None = (
+    speedups.scan_frames if speedups is not None else None
+)
+_lay_out_in_c: Callable[..., list[bytes]] | None = (
+    speedups.lay_out_parts if speedups is not None else None
+)
+
+
 def check_frames(
     frames: bytes,
     now_ms: int,
@@ -246,6 +258,37 @@ def check_frames(
     message's record: refused unless `half` (a transactional send).
     """
     end = len(frames)
+    last_index = end if max_frames is None else first_index + max_frames
+    stop_at = end if max_bytes is None else min(end, start + max_bytes)
+    if _scan_in_c is not None:
+        data = _scan_in_c(
+            frames, start, first_index, last_index, stop_at, MAX_BODY_BYTES,
+            MAX_PROPERTIES_BYTES, HALF_PROPERTY, half,
+        )  # fmt: skip
+        if data is not None:  # the usual batch; anything else is checked below
+            out = CheckedFrames()
+            out._data = data
+            return out
+    return check_frames_in_python(
+        frames, now_ms, start=start, first_index=first_index, max_frames=max_frames,
+        max_bytes=max_bytes, half=half,
+    )  # fmt: skip
+
+
+def check_frames_in_python(
+    frames: bytes,
+    now_ms: int,
+    *,
+    start: int = 0,
+    first_index: int = 0,
+    max_frames: int | None = None,
+    max_bytes: int | None = None,
+    half: bool = False,
+) -> CheckedFrames:
+    """check_frames in Python: every batch the C scan leaves, and the reference for it."""
+    end = len(frames)
+    last_index = end if max_frames is None else first_index + max_frames
+    stop_at = end if max_bytes is None else min(end, start + max_bytes)
     if end == 0:
         raise invalid("MALFORMED_FRAME", "the request carries no message frames")
     out = CheckedFrames()
@@ -254,8 +297,6 @@ def check_frames(
     unpack_header = _HEADER.unpack_from
     view = memoryview(frames)
     pos, index = start, first_index
-    last_index = end if max_frames is None else first_index + max_frames
-    stop_at = end if max_bytes is None else min(end, start + max_bytes)
     while pos < stop_at and index < last_index:
         if pos + _PREFIX + _FIELDS > end:
             raise invalid("MALFORMED_FRAME", f"frame {index}: header truncated at byte {pos}")
@@ -416,7 +457,34 @@ def lay_out_parts(
     Each batch is (frames, checked, queue id, first offset), laid out after the one before
     from `base_position`. The same records, entries and id/key entries as a call per
     batch, without a call's setup per batch (a request over 8 queues has 8 small batches).
+    In C where built (each batch's records as one piece of `into`), else in Python.
     """
+    if _lay_out_in_c is not None:
+        laid = [(bytes(f), as_checked(c)._data, q, o) for f, c, q, o in parts]
+        if index is None:
+            return _lay_out_in_c(laid, into, topic, store_timestamp_ms, base_position,
+                                 reconsume_times, None, None, None)  # fmt: skip
+        return _lay_out_in_c(
+            laid, into, topic, store_timestamp_ms, base_position, reconsume_times,
+            index.positions, index.ids, index.keyed,
+        )  # fmt: skip
+    return lay_out_parts_in_python(
+        parts, into, topic=topic, store_timestamp_ms=store_timestamp_ms,
+        base_position=base_position, reconsume_times=reconsume_times, index=index,
+    )  # fmt: skip
+
+
+def lay_out_parts_in_python(
+    parts: Sequence[tuple[bytes, Sequence[CheckedFrame], int, int]],
+    into: list[bytes | memoryview],
+    *,
+    topic: bytes,
+    store_timestamp_ms: int,
+    base_position: int,
+    reconsume_times: int = 0,
+    index: IdKeyEntries | None = None,
+) -> list[bytes]:
+    """lay_out_parts in Python: the reference the C one is tested against."""
     out: list[bytes] = []
     pack_head = RECORD_HEAD.pack
     pack_tail = _tail_with_topic(len(topic)).pack

@@ -9,8 +9,9 @@ from __future__ import annotations
 import functools
 import struct
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
+from sdk._accel import speedups
 from sdk._crc import crc32 as crc32_of
 from sdk._wire import (
     FRAME_FIELDS,
@@ -75,7 +76,7 @@ def decode_records(records: bytes, broker_name: str) -> list[MessageExt]:
     same messages and the same errors.
     """
     if _decode_in_c is not None:
-        return cast(list[MessageExt], _decode_in_c(records, broker_name))
+        return _decode_in_c(records, broker_name)
     return decode_records_in_python(records, broker_name)
 
 
@@ -184,22 +185,9 @@ def decode_records_in_python(records: bytes, broker_name: str) -> list[MessageEx
     return out
 
 
-def _c_decoder() -> Callable[[bytes, str], list[Any]] | None:
-    """sdk._speedups.decode_records, ready; None where it was not built or does not fit."""
-    try:
-        from sdk import _speedups
-    except ImportError:  # built without a C compiler: the Python decode
-        return None
-    try:
-        _speedups.configure(
-            MessageExt, MessageQueue, RecordFormatError, crc32_of, decode_properties
-        )
-    except TypeError:  # MessageExt's fields changed and the C code was not: stay correct
-        return None
-    return _speedups.decode_records
-
-
-_decode_in_c = _c_decoder()
+_decode_in_c: Callable[[bytes, str], list[MessageExt]] | None = (
+    speedups.decode_records if speedups is not None else None
+)
 
 
 @functools.lru_cache(maxsize=64)

@@ -45,7 +45,12 @@ from mockbroker.store.checkpoint import (
 from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.consumequeue import ENTRY, ConsumeQueue
 from mockbroker.store.message_store import MessageStore, parse_tag_expression
-from mockbroker.store.records import CheckedFrame, build_records, check_frames
+from mockbroker.store.records import (
+    CheckedFrame,
+    build_records,
+    check_frames,
+    check_frames_in_python,
+)
 from mockbroker.store.recovery import recover
 from mockbroker.topics import TopicRegistry
 from sdk._transport.codec import decode_records
@@ -155,10 +160,20 @@ def record_row(report: ChaosRecorder, fault: str, rounds: int, note: str) -> Non
 
 # ---------------------------------------------------------------------------- frames
 def check_frames_oracle(data: bytes) -> None:
-    """Refused with a frame reason, or stored and read back (broker and SDK) unchanged."""
+    """Refused with a frame reason, or stored and read back (broker and SDK) unchanged.
+
+    check_frames (in C for the usual frames, where built) agrees with its Python version.
+    """
+    reference: object
+    try:
+        reference = check_frames_in_python(data, NOW_MS)
+    except BrokerError as exc:
+        reference = exc.message
     try:
         checked = check_frames(data, NOW_MS)
+        assert checked == reference
     except BrokerError as exc:
+        assert exc.message == reference
         assert exc.status.name == "INVALID_ARGUMENT", exc.status
         assert exc.reason in FRAME_REASONS, exc.reason
         assert exc.message.startswith(("frame ", "the request")), exc.message

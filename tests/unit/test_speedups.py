@@ -1,18 +1,31 @@
-"""sdk._speedups: records decoded in C give the Python decode's messages and errors."""
+"""sdk._speedups: decoding, frame checks and record layout in C give what Python gives."""
 
 from __future__ import annotations
 
+import string
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mockbroker.store.records import build_records, check_frames
+from mockbroker.errors import BrokerError
+from mockbroker.store.records import (
+    IdKeyEntries,
+    build_records,
+    check_frames,
+    check_frames_in_python,
+    lay_out_parts,
+    lay_out_parts_in_python,
+)
+from mockbroker.topics import HALF_PROPERTY
 from sdk import MessageExt, MessageQueue
+from sdk._accel import speedups
 from sdk._crc import crc32
 from sdk._transport import codec
 from sdk._wire import (
+    MAX_BODY_BYTES,
+    MAX_PROPERTIES_BYTES,
     RECORD_HEAD,
     RECORD_MAGIC,
     RECORD_TAIL,
@@ -25,7 +38,11 @@ from tests.support import assert_decoders_agree
 
 NOW_MS = 1_700_000_000_000
 
-texts = st.text(max_size=12)
+#: Mostly ASCII, as usual sends are (the C checks take those), sometimes any text.
+texts = st.one_of(
+    st.text(alphabet=string.ascii_letters + string.digits + "-_.", max_size=12),
+    st.text(max_size=12),
+)
 frames = st.builds(
     lambda msg_id, body, tags, key, keys, props, deliver: encode_frame(
         msg_id=msg_id,
@@ -136,3 +153,101 @@ def test_configure_refuses_a_message_type_whose_fields_differ() -> None:
         msg_id=bytes(16), born_timestamp_ms=0, body=b"x")], 0), "b")[0].body == b"x"  # fmt: skip
     assert isinstance(codec.decode_records(b"", "b"), list)
     assert MessageExt.__slots__  # the decoder relies on them
+
+
+# ---------------------------------------------------------------------------- the send path
+def check_outcome(check: Any, frames: bytes, **kw: Any) -> object:
+    try:
+        return check(frames, NOW_MS, **kw)._data
+    except BrokerError as exc:
+        return (exc.status, exc.reason, exc.message)
+
+
+any_frames = st.builds(
+    lambda msg_id, body, tags, key, keys, props, deliver, level: encode_frame(
+        msg_id=msg_id, born_timestamp_ms=NOW_MS, body=body, tags=tags.encode(),
+        sharding_key=key.encode(), keys=[k.encode() for k in keys],
+        properties=encode_properties(props), deliver_at_ms=deliver, delay_level=level,
+    ),
+    st.binary(min_size=16, max_size=16),
+    st.binary(max_size=8),  # empty bodies are refused
+    texts,
+    texts,
+    st.lists(st.text(min_size=1, max_size=6).filter(lambda k: "\0" not in k), max_size=3),
+    st.dictionaries(st.sampled_from(["a", "TRAN_MSG", "ключ", "UNIQ_KEY"]), texts, max_size=2),
+    st.sampled_from([0, 0, NOW_MS + 1000, NOW_MS - 10**9]),
+    st.sampled_from([0, 0, 0, 3]),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(any_frames, min_size=0, max_size=5).map(b"".join),
+    st.integers(0, 3),
+    st.one_of(st.none(), st.integers(1, 4)),
+    st.one_of(st.none(), st.integers(1, 400)),
+    st.booleans(),
+    st.integers(0, 40),
+)
+def test_any_batch_is_checked_alike_in_c_and_in_python(
+    frames: bytes,
+    first_index: int,
+    max_frames: int | None,
+    max_bytes: int | None,
+    half: bool,
+    cut: int,
+) -> None:
+    for data in (frames, frames[: max(0, len(frames) - cut)]):
+        kw = {"first_index": first_index, "max_frames": max_frames, "max_bytes": max_bytes,
+              "half": half}  # fmt: skip
+        assert check_outcome(check_frames, data, **kw) == check_outcome(
+            check_frames_in_python, data, **kw
+        )
+
+
+def test_the_usual_batch_is_checked_in_c() -> None:
+    # ASCII tags, keys and properties, due now: the broker's usual send. Falling back to
+    # Python for it would cost every send, and nothing else would notice.
+    assert speedups is not None
+    frames = b"".join(
+        encode_frame(
+            msg_id=bytes(16),
+            born_timestamp_ms=NOW_MS,
+            body=b"x" * 100,
+            tags=b"T",
+            sharding_key=f"key-{i}".encode(),
+            keys=[b"k"],
+            properties=encode_properties({"trace": "abc"}),
+        )
+        for i in range(5)
+    )
+    data = speedups.scan_frames(
+        frames, 0, 0, len(frames), len(frames), MAX_BODY_BYTES, MAX_PROPERTIES_BYTES,
+        HALF_PROPERTY, False,
+    )  # fmt: skip
+    assert data is not None and data == check_frames_in_python(frames, NOW_MS)._data
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches, st.integers(0, 2), st.booleans())
+def test_parts_are_laid_out_alike_in_c_and_in_python(
+    parts: list[tuple[str, int, list[bytes]]], reconsume: int, indexed: bool
+) -> None:
+    laid = []
+    for i, (_, queue_id, batch) in enumerate(parts):
+        data = b"".join(batch)
+        laid.append((data, check_frames(data, NOW_MS), queue_id, 10 * i))
+    outcomes = []
+    for lay_out in (lay_out_parts, lay_out_parts_in_python):
+        into: list[bytes | memoryview] = []
+        index = IdKeyEntries() if indexed else None
+        entries = lay_out(
+            laid, into, topic="заказы".encode(), store_timestamp_ms=NOW_MS,
+            base_position=4096, reconsume_times=reconsume, index=index,
+        )  # fmt: skip
+        found = (index.positions, index.ids, index.keyed) if index is not None else None
+        outcomes.append((b"".join(into), entries, found))
+    assert outcomes[0] == outcomes[1]
+    records = outcomes[0][0]
+    assert_decoders_agree(records)
+    assert len(codec.decode_records(records, "b")) == sum(len(b) for _, _, b in parts)
