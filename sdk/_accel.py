@@ -1,8 +1,9 @@
 """sdk._speedups (sdk/_speedups.c), configured once, or None.
 
-Records decoded, frames checked and records laid out in C. None where it was not built
-(no C compiler at install) or does not fit this code (MessageExt's fields changed): every
-caller then runs its Python version, which gives the same results.
+Messages encoded, records decoded, frames checked and records laid out in C. None where
+it was not built (no C compiler at install) or does not fit this code (Message's or
+MessageExt's fields changed): every caller then runs its Python version, which gives the
+same results.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from types import ModuleType
 
 from sdk._crc import crc32, native_address
 from sdk._wire import RecordFormatError, decode_properties
-from sdk.message import MessageExt, MessageQueue
+from sdk.message import Message, MessageExt, MessageQueue
 
 
 def _load() -> ModuleType | None:
@@ -23,6 +24,7 @@ def _load() -> ModuleType | None:
         _speedups.configure(
             MessageExt, MessageQueue, RecordFormatError, crc32, decode_properties, native_address()
         )
+        _speedups.configure_encode(Message)
     except TypeError:
         return None
     return _speedups

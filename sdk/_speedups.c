@@ -704,11 +704,196 @@ lay_out_parts(PyObject *module, PyObject *args)
     return out;
 }
 
+
+/* ---------------------------------------------------------------- the producer's encode
+ *
+ * encode_frames: codec.encode_message for each message of a send, the frames in order.
+ * A Message due now is laid out here from its slots; any other (delayed, a subclass, a
+ * field of an unexpected type) goes to `fallback(message, msg_id, now_s)`, the Python
+ * encode, so the frames are always encode_message's.
+ */
+enum { M_PROPERTIES, M_BODY, M_DELAY, M_DELIVER_AT, M_KEYS, M_SHARDING_KEY, M_TAGS, M_COUNT };
+static const char *message_fields[M_COUNT] = {
+    "_encoded_properties", "body", "delay_seconds", "deliver_at", "keys", "sharding_key", "tags",
+};
+static PyTypeObject *send_type = NULL;
+static Py_ssize_t send_offsets[M_COUNT];
+
+static PyObject *
+configure_encode(PyObject *module, PyObject *mtype)
+{
+    if (!PyType_Check(mtype)) {
+        PyErr_SetString(PyExc_TypeError, "configure_encode takes the Message class");
+        return NULL;
+    }
+    Py_ssize_t found[M_COUNT];
+    for (int i = 0; i < M_COUNT; i++) {
+        PyObject *descr = PyDict_GetItemString(((PyTypeObject *)mtype)->tp_dict, message_fields[i]);
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)
+            || ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX) {
+            PyErr_Format(PyExc_TypeError, "Message.%s is not a slot", message_fields[i]);
+            return NULL;
+        }
+        found[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
+    }
+    memcpy(send_offsets, found, sizeof(send_offsets));
+    Py_INCREF(mtype);
+    Py_XSETREF(send_type, (PyTypeObject *)mtype);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+slot_of(PyObject *m, int field)
+{
+    return *(PyObject **)((char *)m + send_offsets[field]);  /* borrowed; NULL if unset */
+}
+
+/* A str's UTF-8 (cached in the str), or empty for None and ""; 0 when not a str or None. */
+static int
+utf8_of(PyObject *value, const char **data, Py_ssize_t *size)
+{
+    if (value == Py_None) {
+        *data = "";
+        *size = 0;
+        return 1;
+    }
+    if (!PyUnicode_CheckExact(value))
+        return 0;
+    *data = PyUnicode_AsUTF8AndSize(value, size);
+    return *data != NULL ? 1 : -1;
+}
+
+/* One message's frame, or Py_None (not a usual message: the caller falls back). */
+static PyObject *
+frame_of(PyObject *m, PyObject *msg_id, int64_t born_ms)
+{
+    if (Py_TYPE(m) != send_type || !PyBytes_CheckExact(msg_id) || PyBytes_GET_SIZE(msg_id) != 16)
+        Py_RETURN_NONE;
+    PyObject *f[M_COUNT];
+    for (int i = 0; i < M_COUNT; i++) {
+        f[i] = slot_of(m, i);
+        if (f[i] == NULL)
+            Py_RETURN_NONE;
+    }
+    if (f[M_DELAY] != Py_None || f[M_DELIVER_AT] != Py_None || !PyBytes_CheckExact(f[M_BODY])
+        || !PyBytes_CheckExact(f[M_PROPERTIES]) || !PyTuple_CheckExact(f[M_KEYS]))
+        Py_RETURN_NONE;
+    const char *tags, *key;
+    Py_ssize_t tl, sl, kl = 0;
+    int ok = utf8_of(f[M_TAGS], &tags, &tl);
+    if (ok > 0)
+        ok = utf8_of(f[M_SHARDING_KEY], &key, &sl);
+    if (ok < 0)
+        return NULL;
+    if (ok == 0)
+        Py_RETURN_NONE;
+    Py_ssize_t nkeys = PyTuple_GET_SIZE(f[M_KEYS]);
+    for (Py_ssize_t i = 0; i < nkeys; i++) {
+        PyObject *k = PyTuple_GET_ITEM(f[M_KEYS], i);
+        if (!PyUnicode_CheckExact(k))
+            Py_RETURN_NONE;
+        Py_ssize_t n;
+        if (PyUnicode_AsUTF8AndSize(k, &n) == NULL)
+            return NULL;
+        kl += n + (i > 0);
+    }
+    Py_ssize_t pl = PyBytes_GET_SIZE(f[M_PROPERTIES]), bl = PyBytes_GET_SIZE(f[M_BODY]);
+    if (tl > 0xFFFF || sl > 0xFFFF || kl > 0xFFFF || pl > 0xFFFFFFFFLL || bl > 0xFFFFFFFFLL)
+        Py_RETURN_NONE;  /* struct.pack refuses it there, with its own error */
+    Py_ssize_t length = FRAME_FIELDS + tl + sl + kl + pl + bl;
+    PyObject *frame = PyBytes_FromStringAndSize(NULL, FRAME_PREFIX + length);
+    if (frame == NULL)
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(frame);
+    uint32_t len32 = (uint32_t)length, pl32 = (uint32_t)pl, bl32 = (uint32_t)bl;
+    uint16_t tl16 = (uint16_t)tl, sl16 = (uint16_t)sl, kl16 = (uint16_t)kl;
+    int64_t deliver = 0;
+    memcpy(o, &len32, 4);
+    memcpy(o + 4, PyBytes_AS_STRING(msg_id), 16);
+    memcpy(o + 20, &born_ms, 8);
+    memcpy(o + 28, &deliver, 8);
+    o[36] = 0;
+    memcpy(o + 37, &tl16, 2);
+    memcpy(o + 39, &sl16, 2);
+    memcpy(o + 41, &kl16, 2);
+    memcpy(o + 43, &pl32, 4);
+    memcpy(o + 47, &bl32, 4);
+    o += FRAME_PREFIX + FRAME_FIELDS;
+    memcpy(o, tags, tl);
+    o += tl;
+    memcpy(o, key, sl);
+    o += sl;
+    for (Py_ssize_t i = 0; i < nkeys; i++) {
+        Py_ssize_t n;
+        const char *k = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(f[M_KEYS], i), &n);
+        if (i > 0)
+            *o++ = 0;
+        memcpy(o, k, n);
+        o += n;
+    }
+    memcpy(o, PyBytes_AS_STRING(f[M_PROPERTIES]), pl);
+    o += pl;
+    memcpy(o, PyBytes_AS_STRING(f[M_BODY]), bl);
+    return frame;
+}
+
+static PyObject *
+encode_frames(PyObject *module, PyObject *args)
+{
+    PyObject *messages, *ids, *now_s, *fallback;
+    long long born_ms;
+    if (!PyArg_ParseTuple(args, "OOLOO:encode_frames", &messages, &ids, &born_ms, &now_s,
+                          &fallback))
+        return NULL;
+    if (send_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "sdk._speedups.configure_encode() was not called");
+        return NULL;
+    }
+    PyObject *ms = PySequence_Fast(messages, "messages must be a sequence");
+    if (ms == NULL)
+        return NULL;
+    PyObject *is = PySequence_Fast(ids, "ids must be a sequence");
+    if (is == NULL) {
+        Py_DECREF(ms);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ms);
+    PyObject *out = NULL;
+    if (PySequence_Fast_GET_SIZE(is) != n) {
+        PyErr_SetString(PyExc_ValueError, "one id per message");
+        goto done;
+    }
+    out = PyList_New(n);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = PySequence_Fast_GET_ITEM(ms, i), *id = PySequence_Fast_GET_ITEM(is, i);
+        PyObject *frame = frame_of(m, id, born_ms);
+        if (frame == Py_None) {
+            Py_DECREF(frame);
+            frame = PyObject_CallFunctionObjArgs(fallback, m, id, now_s, NULL);
+        }
+        if (frame == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, frame);
+    }
+done:
+    Py_DECREF(ms);
+    Py_DECREF(is);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(MessageExt, MessageQueue, RecordFormatError, crc32, decode_properties)"},
     {"decode_records", decode_records, METH_VARARGS,
      "decode_records(records, broker_name) -> list[MessageExt]: as codec.decode_records"},
+    {"configure_encode", configure_encode, METH_O, "configure_encode(Message)"},
+    {"encode_frames", encode_frames, METH_VARARGS,
+     "encode_frames(messages, ids, born_ms, now_s, fallback) -> each message's frame: as "
+     "codec.encode_message"},
     {"scan_frames", scan_frames, METH_VARARGS,
      "scan_frames(frames, start, first_index, last_index, stop_at, max_body, max_properties, "
      "half_key, half_allowed) -> CheckedFrames' ints, or None: check in Python"},

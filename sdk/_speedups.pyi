@@ -1,6 +1,6 @@
 """Types of sdk._speedups (sdk/_speedups.c): decode_records in C."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 def configure(
@@ -33,4 +33,12 @@ def lay_out_parts(
     positions: list[int] | None,
     ids: list[bytes] | None,
     keyed: list[tuple[int, bytes]] | None,
+) -> list[bytes]: ...
+def configure_encode(message_type: type) -> None: ...
+def encode_frames(
+    messages: Sequence[Any],
+    ids: Sequence[bytes],
+    born_ms: int,
+    now_s: float,
+    fallback: Callable[[Any, bytes, float], bytes],
 ) -> list[bytes]: ...

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sdk._accel import speedups
@@ -41,6 +41,32 @@ def encode_message(
     `extra_properties` (a trace context) are added unless they would break the limit.
     With `delay_level` (a RocketMQ delay level), the message's delay is that level instead.
     """
+    if _encode_in_c is not None and not extra_properties and not delay_level:
+        frames = _encode_in_c(
+            (message,), (msg_id,), int(now_s * 1000), now_s, encode_message_in_python
+        )
+        return frames[0]
+    return encode_message_in_python(
+        message, msg_id, now_s, extra_properties, delay_level=delay_level
+    )
+
+
+def encode_messages(messages: Sequence[Message], ids: Sequence[bytes], now_s: float) -> list[bytes]:
+    """encode_message for each message of a send, in order: in one C call where built."""
+    if _encode_in_c is not None:
+        return _encode_in_c(messages, ids, int(now_s * 1000), now_s, encode_message_in_python)
+    return [encode_message_in_python(m, i, now_s) for m, i in zip(messages, ids, strict=True)]
+
+
+def encode_message_in_python(
+    message: Message,
+    msg_id: bytes,
+    now_s: float,
+    extra_properties: dict[str, str] | None = None,
+    *,
+    delay_level: int = 0,
+) -> bytes:
+    """encode_message in Python: every message the C encode leaves, and its reference."""
     properties = message.encoded_properties
     if extra_properties:
         merged = encode_properties({**message.properties, **extra_properties})
@@ -185,6 +211,9 @@ def decode_records_in_python(records: bytes, broker_name: str) -> list[MessageEx
     return out
 
 
+_encode_in_c: Callable[..., list[bytes]] | None = (
+    speedups.encode_frames if speedups is not None else None
+)
 _decode_in_c: Callable[[bytes, str], list[MessageExt]] | None = (
     speedups.decode_records if speedups is not None else None
 )

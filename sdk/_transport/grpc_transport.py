@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Seque
 from typing import Any, TypeVar
 
 from sdk._transport.broker_client import BrokerClient, QueueRoute
-from sdk._transport.codec import encode_message
+from sdk._transport.codec import encode_message, encode_messages
 from sdk._transport.protocol import (
     Appended,
     GroupInfo,
@@ -54,6 +54,8 @@ class GrpcTransport:
     max_send_bytes = MAX_SEND_BYTES
     #: A message's frame (see Transport.prepare).
     prepare = staticmethod(encode_message)
+    #: Each message's frame, in one call (see Transport.prepare_many).
+    prepare_many = staticmethod(encode_messages)
 
     def __init__(
         self,

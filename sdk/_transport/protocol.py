@@ -321,6 +321,12 @@ class Transport(Protocol):
         """
         ...
 
+    def prepare_many(
+        self, messages: Sequence[Message], ids: Sequence[bytes], now_s: float
+    ) -> list[bytes]:
+        """`prepare` for each message of a send (without extra properties), in order."""
+        ...
+
     def prepare_spooled(self, record: bytes) -> bytes:
         """A message the producer's spool kept (see sdk/producer/spool.py), for `send`."""
         ...

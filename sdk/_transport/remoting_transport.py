@@ -599,6 +599,12 @@ class RemotingTransport:
             level = DELAY_LEVEL_SECONDS.index(message.delay_seconds) + 1
         return encode_message(message, msg_id, now_s, extra_properties, delay_level=level)
 
+    def prepare_many(
+        self, messages: Sequence[Message], ids: Sequence[bytes], now_s: float
+    ) -> list[bytes]:
+        """`prepare` for each message of a send, in order."""
+        return [self.prepare(m, i, now_s) for m, i in zip(messages, ids, strict=True)]
+
     @staticmethod
     def prepare_spooled(record: bytes) -> bytes:
         """The spool keeps frames without their length prefix: put it back."""

@@ -319,8 +319,10 @@ class ProducerCore:
                 span, carrier = tracing.start_send_span(m.topic, msg_id.hex().upper())
                 spans.append(span)
                 encoded.append(encode(m, msg_id, now, carrier))
-        else:
+        elif self._spool is not None:
             encoded = [encode(m, ids[i], now) for i, m in enumerate(messages)]
+        else:
+            encoded = self._transport.prepare_many(messages, ids, now)
         try:
             if self._spool is not None:
                 return await self._spool_messages(list(messages), encoded, ids)

@@ -219,6 +219,11 @@ class FakeTransport:
                   msg_id, int(now_s * 1000), int(deliver_at * 1000))  # fmt: skip
         return pickle.dumps(fields)
 
+    def prepare_many(
+        self, messages: Sequence[Message], ids: Sequence[bytes], now_s: float
+    ) -> list[bytes]:
+        return [self.prepare(m, i, now_s) for m, i in zip(messages, ids, strict=True)]
+
     def prepare_spooled(self, record: bytes) -> bytes:
         """What a transport of another layout does: read the spool's frame, prepare anew."""
         msg_id, born, deliver_at, _level, tl, sl, kl, pl, bl = FRAME_FIELDS.unpack_from(record)
@@ -475,6 +480,7 @@ class FramesTransport:
 
     prepare = staticmethod(encode_message)
     prepare_spooled = staticmethod(GrpcTransport.prepare_spooled)
+    prepare_many = staticmethod(GrpcTransport.prepare_many)
 
     def __init__(
         self,

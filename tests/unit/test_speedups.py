@@ -19,10 +19,11 @@ from mockbroker.store.records import (
     lay_out_parts_in_python,
 )
 from mockbroker.topics import HALF_PROPERTY
-from sdk import MessageExt, MessageQueue
+from sdk import Message, MessageExt, MessageQueue
 from sdk._accel import speedups
 from sdk._crc import crc32
 from sdk._transport import codec
+from sdk._transport.codec import encode_message, encode_message_in_python, encode_messages
 from sdk._wire import (
     MAX_BODY_BYTES,
     MAX_PROPERTIES_BYTES,
@@ -251,3 +252,47 @@ def test_parts_are_laid_out_alike_in_c_and_in_python(
     records = outcomes[0][0]
     assert_decoders_agree(records)
     assert len(codec.decode_records(records, "b")) == sum(len(b) for _, _, b in parts)
+
+
+# ---------------------------------------------------------------------------- the producer
+#: What a Message takes: text without NUL or lone surrogates.
+message_texts = st.one_of(
+    st.text(alphabet=string.ascii_letters, max_size=12),
+    st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0"), max_size=12),
+)
+messages = st.builds(
+    lambda body, tags, key, keys, props, delay: Message(
+        "orders", body, tags=tags or None, sharding_key=key or None, keys=keys,
+        properties=props, delay_seconds=delay,
+    ),
+    st.binary(min_size=1, max_size=64),
+    st.sampled_from(["", "TagA", "標籤", "a-b_c"]),
+    message_texts,
+    st.lists(message_texts.filter(bool), max_size=3),
+    st.dictionaries(st.sampled_from(["a", "ключ", "UNIQ_KEY"]), message_texts, max_size=2),
+    st.sampled_from([None, None, None, 2.5]),
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(messages, min_size=1, max_size=6), st.floats(1.6e9, 1.9e9))
+def test_messages_are_encoded_alike_in_c_and_in_python(batch: list[Message], now: float) -> None:
+    ids = [bytes([i]) * 16 for i in range(len(batch))]
+    expected = [encode_message_in_python(m, i, now) for m, i in zip(batch, ids, strict=True)]
+    assert encode_messages(batch, ids, now) == expected
+    assert [encode_message(m, i, now) for m, i in zip(batch, ids, strict=True)] == expected
+
+
+def test_the_usual_message_is_encoded_in_c() -> None:
+    assert speedups is not None
+
+    def python_encode(*args: object) -> bytes:
+        raise AssertionError(f"encoded in Python: {args}")
+
+    usual = [Message("t", b"body", tags="T", keys=["k"], sharding_key="order-1",
+                     properties={"p": "v"}), Message("t", b"x")]  # fmt: skip
+    ids = [bytes(16), bytes(range(16))]
+    frames = speedups.encode_frames(usual, ids, 1_700_000_000_000, 1.7e9, python_encode)
+    assert frames == [
+        encode_message_in_python(m, i, 1.7e9) for m, i in zip(usual, ids, strict=True)
+    ]
