@@ -1,16 +1,21 @@
-/* sdk._speedups: decode_records in C, the same as sdk/_transport/codec.py's Python one.
+/* sdk._speedups: the per-message paths of ordermq's wire in C, the same as their Python.
  *
- * Decoding runs for every message a consumer receives and was half of a consumer's CPU in
- * Python (about 0.9 us a message). This does the same walk over the records: the same
- * checks in the same order, the same errors, the same MessageExt objects. The Python
- * function stays the reference (and what runs where this did not compile); the tests
- * compare the two on generated and corrupted records.
+ * - decode_records: codec.decode_records (records -> MessageExt), for every message a
+ *   consumer receives; about 0.9 us a message in Python, half of a consumer's CPU.
+ * - encode_frames: codec.encode_message (Message -> frame), for every message sent.
+ * - scan_frames, lay_out_parts: the broker's check_frames and lay_out_parts
+ *   (mockbroker/store/records.py) for the usual batch.
  *
- * configure() is given what the decode needs from Python once: MessageExt, MessageQueue,
- * RecordFormatError, the CRC-32 function and decode_properties. MessageExt's fields are
- * slots; their offsets are read from its member descriptors, so each field is stored
- * without an attribute lookup. configure() refuses a MessageExt whose slots are not
- * exactly the fields below (codec.py then uses the Python decode).
+ * Each does what its Python version does: the same checks in the same order, the same
+ * errors, the same bytes and objects; where a case is unusual it hands it to the Python
+ * version (a fallback function, or None for the caller to run it), so every refusal is
+ * worded in one place. The Python versions stay the reference, and what runs where this
+ * did not compile; the tests compare the two on generated, cut and damaged input.
+ *
+ * configure() and configure_encode() are given what the code needs from Python once.
+ * MessageExt's and Message's fields are slots; their offsets are read from the member
+ * descriptors, so each field is read or stored without an attribute lookup. Both refuse
+ * a class whose slots are not the ones below (sdk/_accel.py then leaves this module out).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -446,7 +451,6 @@ error:
  * lay_out_parts: records.py's lay_out_parts, each part's records in one bytes object.
  */
 #define FRAME_PREFIX 4
-#define FRAME_FIELDS 47
 
 static int
 all_ascii(const unsigned char *p, Py_ssize_t n)
@@ -505,7 +509,7 @@ scan_frames(PyObject *module, PyObject *args)
     if (stop_at > end)
         stop_at = end;
     while (pos < stop_at && index < last_index) {
-        if (pos + FRAME_PREFIX + FRAME_FIELDS > end)
+        if (pos + FRAME_PREFIX + FIELDS_SIZE > end)
             goto other;
         const unsigned char *h = base + pos;
         Py_ssize_t length = u32(h);
@@ -515,10 +519,10 @@ scan_frames(PyObject *module, PyObject *args)
         Py_ssize_t tl = u16(f + 33), sl = u16(f + 35), kl = u16(f + 37);
         Py_ssize_t pl = u32(f + 39), bl = u32(f + 43);
         Py_ssize_t s = pos + FRAME_PREFIX, stop = s + length;
-        if (length != FRAME_FIELDS + tl + sl + kl + pl + bl || stop > end || bl == 0
+        if (length != FIELDS_SIZE + tl + sl + kl + pl + bl || stop > end || bl == 0
             || bl > max_body || pl > max_properties || deliver_at != 0 || level != 0)
             goto other;
-        Py_ssize_t p = s + FRAME_FIELDS;
+        Py_ssize_t p = s + FIELDS_SIZE;
         if (!all_ascii(base + p, tl + sl + kl))
             goto other;
         if (pl && !plain_properties(base + p + tl + sl + kl, pl, half, half_len, half_allowed))
@@ -593,7 +597,7 @@ lay_out_part(PyObject *part, PyObject *into, const char *topic, Py_ssize_t topic
         Py_ssize_t e = PyLong_AsSsize_t(PyList_GET_ITEM(data, 6 * i + 1));
         if (PyErr_Occurred())
             return NULL;
-        if (s < 0 || e < s || e > frames_len) {
+        if (s < 0 || e - s < FIELDS_SIZE || e > frames_len) {
             PyErr_SetString(PyExc_ValueError, "a checked frame lies outside its frames");
             return NULL;
         }
@@ -800,7 +804,7 @@ frame_of(PyObject *m, PyObject *msg_id, int64_t born_ms)
     Py_ssize_t pl = PyBytes_GET_SIZE(f[M_PROPERTIES]), bl = PyBytes_GET_SIZE(f[M_BODY]);
     if (tl > 0xFFFF || sl > 0xFFFF || kl > 0xFFFF || pl > 0xFFFFFFFFLL || bl > 0xFFFFFFFFLL)
         Py_RETURN_NONE;  /* struct.pack refuses it there, with its own error */
-    Py_ssize_t length = FRAME_FIELDS + tl + sl + kl + pl + bl;
+    Py_ssize_t length = FIELDS_SIZE + tl + sl + kl + pl + bl;
     PyObject *frame = PyBytes_FromStringAndSize(NULL, FRAME_PREFIX + length);
     if (frame == NULL)
         return NULL;
@@ -818,7 +822,7 @@ frame_of(PyObject *m, PyObject *msg_id, int64_t born_ms)
     memcpy(o + 41, &kl16, 2);
     memcpy(o + 43, &pl32, 4);
     memcpy(o + 47, &bl32, 4);
-    o += FRAME_PREFIX + FRAME_FIELDS;
+    o += FRAME_PREFIX + FIELDS_SIZE;
     memcpy(o, tags, tl);
     o += tl;
     memcpy(o, key, sl);

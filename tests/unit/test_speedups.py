@@ -296,3 +296,14 @@ def test_the_usual_message_is_encoded_in_c() -> None:
     assert frames == [
         encode_message_in_python(m, i, 1.7e9) for m, i in zip(usual, ids, strict=True)
     ]
+
+
+def test_laying_out_frames_that_lie_outside_their_bytes_raises_rather_than_reads_past() -> None:
+    # CheckedFrames come from the checks; a bad one (a bug) must not read other memory.
+    assert speedups is not None
+    frames = encode_frame(msg_id=bytes(16), born_timestamp_ms=NOW_MS, body=b"x")
+    for start, end in [(4, len(frames) + 1), (4, 20), (-1, len(frames))]:
+        with pytest.raises(ValueError, match="outside its frames"):
+            speedups.lay_out_parts(
+                [(frames, [start, end, 0, 0, 0, 0], 0, 0)], [], b"t", 0, 0, 0, None, None, None
+            )
