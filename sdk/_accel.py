@@ -8,14 +8,21 @@ same results.
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 
 from sdk._crc import crc32, native_address
 from sdk._wire import RecordFormatError, decode_properties
 from sdk.message import Message, MessageExt, MessageQueue
 
+#: Set (to anything but "" or "0") to run without the C paths, as an install without a C
+#: compiler does: to compare, or to rule them out when something looks wrong.
+DISABLE_VARIABLE = "ORDERMQ_NO_SPEEDUPS"
+
 
 def _load() -> ModuleType | None:
+    if os.environ.get(DISABLE_VARIABLE, "") not in ("", "0"):
+        return None
     try:
         from sdk import _speedups
     except ImportError:
