@@ -15,7 +15,8 @@ Workloads (the same inputs as bench/run.py):
 - consume: an orderly sdk.aio.PushConsumer with a no-op async listener, batch 1 or 32,
   reading a backlog; consume-threads-batch1: the same with a plain `def` listener on
   the consumer's thread pool, batch 1; consume-push-batch1 / consume-push-batch32: the
-  async ones with push delivery (the broker sends within the consumer's credit);
+  async ones with push delivery (the broker sends within the consumer's credit), and
+  consume-push-threads-batch1 the thread-pool one;
 - poll-aio / poll-blocking: the poll loop of bench/run.py's poll figures over the same
   backlog, sdk.aio.LitePullConsumer or the blocking sdk.LitePullConsumer;
 - e2e: single sends at a fixed rate to an orderly blocking sdk.PushConsumer;
@@ -288,7 +289,7 @@ async def profile(name: str, args: argparse.Namespace, tmp: Path) -> tuple[dict[
         trial = None
         if name.startswith("consume"):  # filled before sampling starts
             await wl.fill_backlog(broker.address, "profile-consume", args.backlog)
-            listener = "orderly-sync" if name.startswith("consume-threads") else "orderly-async"
+            listener = "orderly-sync" if "-threads-" in name else "orderly-async"
             batch = int(name.rpartition("-batch")[2])
             delivery = "push" if name.startswith("consume-push") else "pull"
             trial = cw.ConsumeTrial(
@@ -326,7 +327,8 @@ async def profile(name: str, args: argparse.Namespace, tmp: Path) -> tuple[dict[
 
 WORKLOADS = (
     "produce", "produce-mixed", "produce-callers", "consume-batch1", "consume-batch32",
-    "consume-threads-batch1", "consume-push-batch1", "consume-push-batch32", "poll-aio",
+    "consume-threads-batch1", "consume-push-batch1", "consume-push-batch32",
+    "consume-push-threads-batch1", "poll-aio",
     "poll-blocking", "e2e", "e2e-push",
 )  # fmt: skip
 

@@ -76,4 +76,6 @@ def test_push_subscriptions_and_credits_are_a_part_of_their_own() -> None:
         )
     )
     assert shares.parts == {"push delivery (credits, subscriptions)": 5, "other broker code": 1}
-    assert {"consume-push-batch1", "consume-push-batch32"} <= set(ps.WORKLOADS)
+    assert {"consume-push-batch1", "consume-push-batch32", "consume-push-threads-batch1"} <= set(
+        ps.WORKLOADS
+    )
