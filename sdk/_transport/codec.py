@@ -98,7 +98,7 @@ def decode_records(records: bytes, broker_name: str) -> list[MessageExt]:
 
     RecordFormatError names the first record that does not parse, fails its CRC or does
     not decode. This runs for every consumed message: sdk._speedups does it in C where it
-    was built (a third of the time), `decode_records_in_python` elsewhere; both give the
+    was built (about a sixth of the time), `decode_records_in_python` elsewhere; both give the
     same messages and the same errors.
     """
     if _decode_in_c is not None:
