@@ -80,6 +80,15 @@ class FakeClock:
         with self._lock:
             return sum(not s.future.done() for s in self._sleepers)
 
+    def sleeping_until(self, deadline: float) -> int:
+        """How many sleepers wait for exactly `deadline`: a test waits for one timer armed.
+
+        `sleep_for(clock, seconds)` waits for `clock.now() + seconds`; a test that knows
+        when a timer was set can wait for it by its deadline, rather than for any sleeper.
+        """
+        with self._lock:
+            return sum(s.deadline == deadline and not s.future.done() for s in self._sleepers)
+
 
 def _wake(future: asyncio.Future[None]) -> None:
     if not future.done():

@@ -18,6 +18,7 @@ import pytest
 from sdk._transport.protocol import CreditWindow, PullResult
 from sdk.consumer.allocate import AllocateMessageQueueAveragely
 from sdk.consumer.config import ConsumeFromWhere, PushConsumerConfig
+from sdk.consumer.core import REBALANCE_RETRY
 from sdk.consumer.listener import (
     ConsumeOrderlyContext,
     ConsumeOrderlyStatus,
@@ -611,6 +612,10 @@ class FailingOnce(PushTransport):
         return await super().pull(*args, **kwargs)
 
 
+#: The tests' pull_error_backoff: no other timer of the consumer is due at that time.
+BACKOFF = 2.75
+
+
 def test_an_unexpected_error_in_a_push_or_pull_loop_is_logged_and_the_queue_served_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -624,18 +629,17 @@ def test_an_unexpected_error_in_a_push_or_pull_loop_is_logged_and_the_queue_serv
         clock = broker.clock
         # subscribe raises once
         transport = FailingOnce(broker)
-        core = consumer(broker, listener, transport, delivery="push")
+        core = consumer(broker, listener, transport, delivery="push", pull_error_backoff=BACKOFF)
         await core.start()
-        await until(lambda: transport.failures == 0, "the failed subscribe")
-        await asyncio.sleep(0.01)
-        clock.advance(core.config.pull_error_backoff)
+        await until(lambda: clock.sleeping_until(clock.now() + BACKOFF), "the backoff")
+        assert transport.failures == 0
+        clock.advance(BACKOFF)
         await until(lambda: len(transport.subscriptions) == 1, "a subscription after the error")
         # the subscription ends with a non-OrderMQError
         first = transport.subscriptions[0]
         first.items.put_nowait(RuntimeError("a reader bug"))
-        await until(lambda: first.items.empty(), "the error taken")
-        await asyncio.sleep(0.01)
-        clock.advance(core.config.pull_error_backoff)
+        await until(lambda: clock.sleeping_until(clock.now() + BACKOFF), "the backoff again")
+        clock.advance(BACKOFF)
         await until(lambda: len(transport.subscriptions) == 2, "a subscription again")
         assert first.closed
         second = transport.subscriptions[1]
@@ -656,11 +660,11 @@ def test_an_unexpected_error_in_a_pull_is_logged_and_the_queue_pulled_again(
     async def test(broker: FakeBroker) -> None:
         clock = broker.clock
         transport = FailingOnce(broker, pulls=True)
-        core = consumer(broker, listener, transport, delivery="pull")
+        core = consumer(broker, listener, transport, delivery="pull", pull_error_backoff=BACKOFF)
         await core.start()
-        await until(lambda: transport.failures == 0, "the failed pull")
-        await asyncio.sleep(0.01)
-        clock.advance(core.config.pull_error_backoff)
+        await until(lambda: clock.sleeping_until(clock.now() + BACKOFF), "the backoff")
+        assert transport.failures == 0
+        clock.advance(BACKOFF)
         broker.append(0, ["a", "b"])
         await until(lambda: listener.seen == [(0, 0), (0, 1)], "the messages")
         await core.shutdown()
@@ -696,14 +700,16 @@ def test_an_unexpected_error_in_a_lock_renewal_is_logged_and_the_next_renewal_ru
     async def test(broker: FakeBroker) -> None:
         clock = broker.clock
         transport = RenewalFailingOnce(broker)
-        core = consumer(broker, listener, transport, delivery="pull")
+        # an interval of its own: its timer is then the only one due at that time
+        core = consumer(broker, listener, transport, delivery="pull", lock_renew_interval=17.0)
         await core.start()
         await until(lambda: MQ in core._queues and core._queues[MQ].locked, "the lock")
         transport.fail, transport.calls_after = True, 0
-        clock.advance(20)  # lock_renew_interval: this renewal raises
-        await until(lambda: not transport.fail, "the failed renewal")
-        await asyncio.sleep(0.01)
-        clock.advance(core.config.lock_renew_interval)
+        await until(lambda: clock.sleeping_until(clock.now() + 1.0), "the first renewal's timer")
+        clock.advance(1.0)  # FIRST_LOCK_RENEWAL: this renewal raises
+        await until(lambda: clock.sleeping_until(clock.now() + 17.0), "the next renewal's timer")
+        assert not transport.fail
+        clock.advance(17.0)
         await until(lambda: transport.calls_after > 0, "the next renewal")
         await core.shutdown()
 
@@ -736,10 +742,22 @@ def test_an_allocate_strategy_that_raises_is_logged_and_the_rebalance_retried(
         core = consumer(broker, listener, allocate_strategy=strategy, delivery="pull")
         await core.start()
         await until(lambda: strategy.failures == 0, "the failed allocation")
-        await asyncio.sleep(0.01)
-        broker.clock.advance(1)  # REBALANCE_RETRY
         broker.append(0, ["a"])
-        await until(lambda: listener.seen == [(0, 0)], "the message")
+        # REBALANCE_RETRY's timer shares its deadline with the missing-topic watch's: move
+        # time on a retry at a time (at most 20, 10 s: no lease or interval runs out) until
+        # the rebalance tried again has taken the queue and its message arrived
+        steps = 0
+
+        def retried() -> bool:
+            nonlocal steps
+            if listener.seen == [(0, 0)]:
+                return True
+            if steps < 20:
+                broker.clock.advance(REBALANCE_RETRY)
+                steps += 1
+            return False
+
+        await until(retried, "the message after the rebalance tried again")
         await core.shutdown()
 
     assert logged_errors(caplog, test) >= 1
