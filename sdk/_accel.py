@@ -1,6 +1,7 @@
 """sdk._speedups (sdk/_speedups.c), configured once, or None.
 
-Messages encoded, records decoded, frames checked and records laid out in C. None where
+Messages encoded, batches grouped by queue, send results built, records decoded, frames
+checked and records laid out in C. None where
 it was not built (no C compiler at install) or does not fit this code (Message's or
 MessageExt's fields changed): every caller then runs its Python version, which gives the
 same results.
@@ -13,7 +14,7 @@ from types import ModuleType
 
 from sdk._crc import crc32, native_address
 from sdk._wire import RecordFormatError, decode_properties
-from sdk.message import Message, MessageExt, MessageQueue
+from sdk.message import Message, MessageExt, MessageQueue, SendResult
 
 #: Set (to anything but "" or "0") to run without the C paths, as an install without a C
 #: compiler does: to compare, or to rule them out when something looks wrong.
@@ -32,6 +33,7 @@ def _load() -> ModuleType | None:
             MessageExt, MessageQueue, RecordFormatError, crc32, decode_properties, native_address()
         )
         _speedups.configure_encode(Message)
+        _speedups.configure_results(SendResult)
     except TypeError:
         return None
     return _speedups

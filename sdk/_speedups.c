@@ -5,6 +5,8 @@
  * - encode_frames: codec.encode_message (Message -> frame), for every message sent.
  * - scan_frames, lay_out_parts: the broker's check_frames and lay_out_parts
  *   (mockbroker/store/records.py) for the usual batch.
+ * - shard_groups, send_results: a producer's batch grouped by queue (selector.shard_index
+ *   for each message), and its SendResults built (message.build_send_results).
  *
  * Each does what its Python version does: the same checks in the same order, the same
  * errors, the same bytes and objects; where a case is unusual it hands it to the Python
@@ -121,6 +123,29 @@ native_crc_agrees(native_crc_fn candidate)
     return same;
 }
 
+/* Where each of `count` object slots `names` of class `type` lives in its instances, into
+ * `out` (untouched on failure: a TypeError naming the field that is not an object slot). */
+static int
+slot_offsets(PyObject *type, const char *what, const char **names, int count, Py_ssize_t *out)
+{
+    Py_ssize_t found[32];
+    if (count > 32) {
+        PyErr_SetString(PyExc_SystemError, "too many slots");
+        return -1;
+    }
+    for (int i = 0; i < count; i++) {
+        PyObject *descr = PyDict_GetItemString(((PyTypeObject *)type)->tp_dict, names[i]);
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)
+            || ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", what, names[i]);
+            return -1;
+        }
+        found[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
+    }
+    memcpy(out, found, (size_t)count * sizeof(Py_ssize_t));
+    return 0;
+}
+
 static PyObject *
 configure(PyObject *module, PyObject *args)
 {
@@ -145,21 +170,8 @@ configure(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "MessageExt's slots are not the fields this decoder sets");
         return NULL;
     }
-    Py_ssize_t found[F_COUNT];
-    for (int i = 0; i < F_COUNT; i++) {
-        PyObject *descr = PyDict_GetItemString(((PyTypeObject *)mtype)->tp_dict, field_names[i]);
-        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-            PyErr_Format(PyExc_TypeError, "MessageExt.%s is not a slot", field_names[i]);
-            return NULL;
-        }
-        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-        if (member->type != T_OBJECT_EX) {
-            PyErr_Format(PyExc_TypeError, "MessageExt.%s is not an object slot", field_names[i]);
-            return NULL;
-        }
-        found[i] = member->offset;
-    }
-    memcpy(offsets, found, sizeof(offsets));
+    if (slot_offsets(mtype, "MessageExt", field_names, F_COUNT, offsets) < 0)
+        return NULL;
     Py_INCREF(mtype); Py_XSETREF(message_type, (PyTypeObject *)mtype);
     Py_INCREF(qtype); Py_XSETREF(queue_type, qtype);
     Py_INCREF(err); Py_XSETREF(format_error, err);
@@ -716,9 +728,12 @@ lay_out_parts(PyObject *module, PyObject *args)
  * field of an unexpected type) goes to `fallback(message, msg_id, now_s)`, the Python
  * encode, so the frames are always encode_message's.
  */
-enum { M_PROPERTIES, M_BODY, M_DELAY, M_DELIVER_AT, M_KEYS, M_SHARDING_KEY, M_TAGS, M_COUNT };
+enum {
+    M_PROPERTIES, M_BODY, M_DELAY, M_DELIVER_AT, M_KEYS, M_SHARDING_KEY, M_TAGS, M_TOPIC, M_COUNT
+};
 static const char *message_fields[M_COUNT] = {
     "_encoded_properties", "body", "delay_seconds", "deliver_at", "keys", "sharding_key", "tags",
+    "topic",
 };
 static PyTypeObject *send_type = NULL;
 static Py_ssize_t send_offsets[M_COUNT];
@@ -730,17 +745,8 @@ configure_encode(PyObject *module, PyObject *mtype)
         PyErr_SetString(PyExc_TypeError, "configure_encode takes the Message class");
         return NULL;
     }
-    Py_ssize_t found[M_COUNT];
-    for (int i = 0; i < M_COUNT; i++) {
-        PyObject *descr = PyDict_GetItemString(((PyTypeObject *)mtype)->tp_dict, message_fields[i]);
-        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)
-            || ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX) {
-            PyErr_Format(PyExc_TypeError, "Message.%s is not a slot", message_fields[i]);
-            return NULL;
-        }
-        found[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
-    }
-    memcpy(send_offsets, found, sizeof(send_offsets));
+    if (slot_offsets(mtype, "Message", message_fields, M_COUNT, send_offsets) < 0)
+        return NULL;
     Py_INCREF(mtype);
     Py_XSETREF(send_type, (PyTypeObject *)mtype);
     Py_RETURN_NONE;
@@ -889,6 +895,196 @@ done:
     return out;
 }
 
+/* ---------------------------------------------------------------- the producer's batch
+ *
+ * shard_groups: ProducerCore._send_prepared's grouping of a batch by queue, for the usual
+ * batch: Messages of one topic, due now, each with an ASCII sharding key (selector.
+ * shard_index: murmur3's 32-bit hash of the key's UTF-8, seed 0, unsigned, modulo the
+ * queue count). Any other batch is None: the caller groups it in Python.
+ * send_results: build_send_results for offsets first, first + step, ...
+ */
+static uint32_t rotl32(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
+
+static uint32_t
+murmur3_32(const unsigned char *p, Py_ssize_t len)
+{
+    const uint32_t c1 = 0xcc9e2d51u, c2 = 0x1b873593u;
+    uint32_t h = 0, k;
+    Py_ssize_t i = 0;
+    for (; i + 4 <= len; i += 4) {
+        k = rotl32(u32(p + i) * c1, 15) * c2;
+        h = rotl32(h ^ k, 13) * 5 + 0xe6546b64u;
+    }
+    k = 0;
+    switch (len & 3) {
+    case 3:
+        k ^= (uint32_t)p[i + 2] << 16;
+        /* fall through */
+    case 2:
+        k ^= (uint32_t)p[i + 1] << 8;
+        /* fall through */
+    case 1:
+        k ^= p[i];
+        h ^= rotl32(k * c1, 15) * c2;
+    }
+    h ^= (uint32_t)len;
+    h = (h ^ (h >> 16)) * 0x85ebca6bu;
+    h = (h ^ (h >> 13)) * 0xc2b2ae35u;
+    return h ^ (h >> 16);
+}
+
+/* The queue index of a usual message of `topic` (see shard_groups), or -1 if unusual. */
+static Py_ssize_t
+usual_shard(PyObject *m, PyObject *topic, Py_ssize_t count)
+{
+    if (Py_TYPE(m) != send_type)
+        return -1;
+    PyObject *t = slot_of(m, M_TOPIC), *key = slot_of(m, M_SHARDING_KEY);
+    if (t == NULL || key == NULL || slot_of(m, M_DELAY) != Py_None
+        || slot_of(m, M_DELIVER_AT) != Py_None || !PyUnicode_CheckExact(key)
+        || !PyUnicode_IS_ASCII(key))
+        return -1;
+    if (t != topic && (!PyUnicode_CheckExact(t) || PyUnicode_Compare(t, topic) != 0))
+        return -1;
+    return (Py_ssize_t)(murmur3_32(PyUnicode_1BYTE_DATA(key), PyUnicode_GET_LENGTH(key))
+                        % (uint32_t)count);
+}
+
+static PyObject *
+shard_groups(PyObject *module, PyObject *args)
+{
+    PyObject *messages, *topic;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "OUn:shard_groups", &messages, &topic, &count))
+        return NULL;
+    if (send_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "sdk._speedups.configure_encode() was not called");
+        return NULL;
+    }
+    if (count <= 0 || count > 0xFFFFFFFFLL)
+        Py_RETURN_NONE;
+    PyObject *ms = PySequence_Fast(messages, "messages must be a sequence");
+    if (ms == NULL)
+        return NULL;
+    PyObject **lists = PyMem_Calloc((size_t)count, sizeof(PyObject *));  /* borrowed */
+    PyObject *groups = PyDict_New();
+    if (lists == NULL || groups == NULL) {
+        if (lists == NULL)
+            PyErr_NoMemory();
+        goto failed;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ms);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t index = usual_shard(PySequence_Fast_GET_ITEM(ms, i), topic, count);
+        if (index < 0) {
+            Py_CLEAR(groups);
+            groups = Py_NewRef(Py_None);
+            break;
+        }
+        if (lists[index] == NULL) {
+            PyObject *key = PyLong_FromSsize_t(index), *list = PyList_New(0);
+            int set = key != NULL && list != NULL ? PyDict_SetItem(groups, key, list) : -1;
+            Py_XDECREF(key);
+            Py_XDECREF(list);
+            if (set < 0)
+                goto failed;
+            lists[index] = list;
+        }
+        PyObject *at = PyLong_FromSsize_t(i);
+        if (at == NULL || PyList_Append(lists[index], at) < 0) {
+            Py_XDECREF(at);
+            goto failed;
+        }
+        Py_DECREF(at);
+    }
+    PyMem_Free(lists);
+    Py_DECREF(ms);
+    return groups;
+failed:
+    PyMem_Free(lists);
+    Py_XDECREF(groups);
+    Py_DECREF(ms);
+    return NULL;
+}
+
+static PyObject *
+shard_hash(PyObject *module, PyObject *data)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t h = murmur3_32(view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(h);
+}
+
+enum { R_STATUS, R_MSG_ID, R_QUEUE, R_QUEUE_OFFSET, R_COUNT };
+static const char *result_fields[R_COUNT] = {"status", "msg_id", "queue", "queue_offset"};
+static PyTypeObject *result_type = NULL;
+static Py_ssize_t result_offsets[R_COUNT];
+
+static PyObject *
+configure_results(PyObject *module, PyObject *rtype)
+{
+    if (!PyType_Check(rtype)) {
+        PyErr_SetString(PyExc_TypeError, "configure_results takes the SendResult class");
+        return NULL;
+    }
+    if (slot_offsets(rtype, "SendResult", result_fields, R_COUNT, result_offsets) < 0)
+        return NULL;
+    Py_INCREF(rtype);
+    Py_XSETREF(result_type, (PyTypeObject *)rtype);
+    Py_RETURN_NONE;
+}
+
+static void
+set_result_field(PyObject *obj, int field, PyObject *value) /* steals value; slot is empty */
+{
+    *(PyObject **)((char *)obj + result_offsets[field]) = value;
+}
+
+static PyObject *
+send_results(PyObject *module, PyObject *args)
+{
+    PyObject *status, *ids, *queue;
+    long long first, step;
+    if (!PyArg_ParseTuple(args, "OOOLL:send_results", &status, &ids, &queue, &first, &step))
+        return NULL;
+    if (result_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "sdk._speedups.configure_results() was not called");
+        return NULL;
+    }
+    PyObject *is = PySequence_Fast(ids, "ids must be a sequence");
+    if (is == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(is);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *id = PySequence_Fast_GET_ITEM(is, i);
+        if (!PyBytes_CheckExact(id) || PyBytes_GET_SIZE(id) != 16) {
+            PyErr_SetString(PyExc_ValueError, "message ids are 16 bytes");
+            Py_CLEAR(out);
+            break;
+        }
+        PyObject *r = result_type->tp_alloc(result_type, 0);
+        PyObject *text = r != NULL ? hex_id((const unsigned char *)PyBytes_AS_STRING(id)) : NULL;
+        PyObject *offset = text != NULL ? PyLong_FromLongLong(first + step * i) : NULL;
+        if (offset == NULL) {
+            Py_XDECREF(text);
+            Py_XDECREF(r);
+            Py_CLEAR(out);
+            break;
+        }
+        set_result_field(r, R_STATUS, Py_NewRef(status));
+        set_result_field(r, R_MSG_ID, text);
+        set_result_field(r, R_QUEUE, Py_NewRef(queue));
+        set_result_field(r, R_QUEUE_OFFSET, offset);
+        PyList_SET_ITEM(out, i, r);
+    }
+    Py_DECREF(is);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(MessageExt, MessageQueue, RecordFormatError, crc32, decode_properties)"},
@@ -904,6 +1100,14 @@ static PyMethodDef methods[] = {
     {"lay_out_parts", lay_out_parts, METH_VARARGS,
      "lay_out_parts(parts, into, topic, store_ts, base_position, reconsume_times, positions, "
      "ids, keyed) -> each part's entries: as records.lay_out_parts"},
+    {"shard_groups", shard_groups, METH_VARARGS,
+     "shard_groups(messages, topic, queue_count) -> {queue index: [message index]}, or None: "
+     "group in Python"},
+    {"shard_hash", shard_hash, METH_O, "shard_hash(data) -> murmur3's unsigned 32-bit hash, seed 0"},
+    {"configure_results", configure_results, METH_O, "configure_results(SendResult)"},
+    {"send_results", send_results, METH_VARARGS,
+     "send_results(status, ids, queue, first_offset, step) -> list[SendResult]: as "
+     "build_send_results"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -16,10 +16,11 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, cast
 
 from sdk import metrics, tracing
+from sdk._accel import speedups
 from sdk._transport.protocol import Appended, SendPart, Transport
 from sdk._validation import check_group, check_topic
 from sdk.clock import Clock, SystemClock, sleep_for
@@ -59,6 +60,12 @@ SPOOL_BATCH = 1000
 #: How long keyless sends pass over a broker after one failed there (as RocketMQ's
 #: producer isolates a failing broker with sendLatencyFaultEnable).
 AVOID_FAILED_BROKER_SECONDS = 30.0
+
+#: sdk._speedups' grouping of a batch by queue and its SendResults, where it was built.
+_shard_groups_in_c = speedups.shard_groups if speedups is not None else None
+_send_results_in_c: Callable[..., list[SendResult]] | None = (
+    speedups.send_results if speedups is not None else None
+)
 
 
 class PartialBatchError(OrderMQError):
@@ -342,8 +349,17 @@ class ProducerCore:
         # run in Python for every message.
         groups: dict[tuple[str, int, bool], list[int]] = {}
         keyless: dict[str, int] = {}
-        by_topic: dict[str, list[MessageQueue]] = {}
-        for i, m in enumerate(messages):
+        lead = messages[0].topic
+        by_topic: dict[str, list[MessageQueue]] = {lead: await self.writable_queues(lead)}
+        # The usual batch (one topic's keyed messages, due now) is grouped in C.
+        grouped = (
+            _shard_groups_in_c(messages, lead, len(by_topic[lead]))
+            if _shard_groups_in_c is not None
+            else None
+        )
+        if grouped is not None:
+            groups = {(lead, index, False): indexes for index, indexes in grouped.items()}
+        for i, m in enumerate(messages if grouped is None else ()):
             topic = m.topic
             queues = by_topic.get(topic)
             if queues is None:
@@ -844,13 +860,16 @@ def _results(queue: MessageQueue, appended: Appended, ids: list[bytes]) -> list[
             )
             for m, msg_id in zip(appended.messages, ids, strict=True)
         ]
+    if 0 <= appended.queue_id != queue.queue_id:  # a duplicate of a send to another queue
+        queue = dataclasses.replace(queue, queue_id=appended.queue_id)
+    if _send_results_in_c is not None:
+        first, step = (-1, 0) if appended.scheduled else (appended.first_offset, 1)
+        return _send_results_in_c(SendStatus.SEND_OK, ids, queue, first, step)
     offsets = (
         itertools.repeat(-1, len(ids))
         if appended.scheduled
         else range(appended.first_offset, appended.first_offset + len(ids))
     )
-    if 0 <= appended.queue_id != queue.queue_id:  # a duplicate of a send to another queue
-        queue = dataclasses.replace(queue, queue_id=appended.queue_id)
     return build_send_results(SendStatus.SEND_OK, ids, queue, offsets)
 
 

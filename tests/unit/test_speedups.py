@@ -5,6 +5,7 @@ from __future__ import annotations
 import string
 from typing import Any
 
+import mmh3
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,6 +36,8 @@ from sdk._wire import (
     encode_frame,
     encode_properties,
 )
+from sdk.message import SendResult, SendStatus, build_send_results
+from sdk.selector import shard_index
 from tests.support import assert_decoders_agree
 
 NOW_MS = 1_700_000_000_000
@@ -296,6 +299,96 @@ def test_the_usual_message_is_encoded_in_c() -> None:
     assert frames == [
         encode_message_in_python(m, i, 1.7e9) for m, i in zip(usual, ids, strict=True)
     ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40))
+def test_the_c_shard_hash_is_murmur3_as_mmh3_computes_it(data: bytes) -> None:
+    assert speedups is not None
+    assert speedups.shard_hash(data) == mmh3.hash(data, 0, signed=False)
+
+
+def grouped_in_python(batch: list[Message], count: int) -> dict[int, list[int]]:
+    groups: dict[int, list[int]] = {}
+    for i, m in enumerate(batch):
+        assert m.sharding_key is not None
+        groups.setdefault(shard_index(m.sharding_key, count), []).append(i)
+    return groups
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(message_texts, st.none()),
+            st.sampled_from(["orders"] * 8 + ["refunds"]),
+            st.sampled_from([None] * 8 + [2.5]),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.integers(1, 12),
+)
+def test_a_batch_is_grouped_by_queue_in_c_as_shard_index_groups_it_or_handed_back(
+    shape: list[tuple[str | None, str, float | None]], count: int
+) -> None:
+    assert speedups is not None
+    batch = [
+        Message(topic, b"x", sharding_key=key or None, delay_seconds=delay)
+        for key, topic, delay in shape
+    ]
+    usual = all(
+        m.sharding_key is not None
+        and m.sharding_key.isascii()
+        and m.topic == "orders"
+        and m.delay_seconds is None
+        for m in batch
+    )
+    got = speedups.shard_groups(batch, "orders", count)
+    if usual:
+        assert got is not None
+        assert list(got.items()) == list(grouped_in_python(batch, count).items())
+    else:
+        assert got is None
+
+
+def test_batches_c_does_not_group_are_handed_back() -> None:
+    assert speedups is not None
+
+    class Subclass(Message):
+        __slots__ = ()
+
+    keyed = Message("orders", b"x", sharding_key="k")
+    assert speedups.shard_groups([keyed], "orders", 0) is None  # shard_index's error
+    assert speedups.shard_groups([Subclass("orders", b"x", sharding_key="k")], "orders", 4) is None
+    assert (
+        speedups.shard_groups([keyed, Message("orders", b"x", deliver_at=2e9)], "orders", 4) is None
+    )
+    assert speedups.shard_groups([keyed], "orders", 4) == {shard_index("k", 4): [0]}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.binary(min_size=16, max_size=16), max_size=8),
+    st.integers(-1, 2**62),
+    st.booleans(),
+    st.sampled_from(list(SendStatus)),
+)
+def test_send_results_are_built_alike_in_c_and_in_python(
+    ids: list[bytes], first: int, scheduled: bool, status: SendStatus
+) -> None:
+    assert speedups is not None
+    queue = MessageQueue("orders", "broker-a", 3)
+    offsets = [-1] * len(ids) if scheduled else range(first, first + len(ids))
+    expected = build_send_results(status, ids, queue, offsets)
+    got = speedups.send_results(
+        status, ids, queue, -1 if scheduled else first, 0 if scheduled else 1
+    )
+    assert got == expected
+    assert [type(r) for r in got] == [SendResult] * len(ids)
+    assert [hash(r) for r in got] == [hash(r) for r in expected]
+    with pytest.raises(ValueError, match="16 bytes"):
+        speedups.send_results(status, [*ids, b"short"], queue, 0, 1)
 
 
 def test_laying_out_frames_that_lie_outside_their_bytes_raises_rather_than_reads_past() -> None:
