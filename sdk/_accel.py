@@ -10,6 +10,7 @@ same results.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from types import ModuleType
 
 from sdk._crc import crc32, native_address
@@ -41,3 +42,16 @@ def _load() -> ModuleType | None:
 
 #: The configured module, or None.
 speedups = _load()
+
+
+def _tracked_already(messages: list[MessageExt]) -> None:
+    """Without the extension every message is decoded in Python, tracked: nothing to do."""
+
+
+#: Gives messages decoded for a consumer's buffer (`codec.decode_records(...,
+#: buffered=True)`, kept out of the cycle collector while they wait) back to the collector:
+#: called as they are handed to a listener or a poll, and by anything else that hands a
+#: pull's messages on.
+hand_out: Callable[[list[MessageExt]], None] = (
+    speedups.track if speedups is not None else _tracked_already
+)

@@ -25,6 +25,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from sdk._accel import hand_out
 from sdk._transport import Transport, connect
 from sdk._transport.broker_client import BrokerClient
 from sdk._transport.grpc_transport import GrpcTransport
@@ -522,6 +523,7 @@ async def _follow(c: Context, b: BrokerClient, queue: MessageQueue, offset: int)
     """Print `queue`'s messages from `offset` on as they arrive, until cancelled."""
     while True:
         result = await b.pull("ordermq-cli", queue, offset, suspend_timeout=15, timeout=30)
+        hand_out(result.messages)
         for m in result.messages:
             _print_message(c, m)
         offset = result.next_offset

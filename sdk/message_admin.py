@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from sdk._accel import hand_out
 from sdk._transport.broker_client import BrokerClient, GroupInfo, PullStatus
 from sdk.errors import TopicNotFoundError
 from sdk.message import Message, MessageExt, MessageQueue
@@ -42,6 +43,7 @@ async def read_queues(
             r = await client.pull(READER_GROUP, queue, offset, max_messages=min(1000, limit))
             if r.status is not PullStatus.FOUND:
                 break
+            hand_out(r.messages)  # out of the SDK: back in the cycle collector's care
             out += r.messages
             offset = r.next_offset
     return out[:limit]

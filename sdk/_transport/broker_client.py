@@ -839,5 +839,5 @@ def _pull_result(r: pb.PullResponse, records: bytes, broker_name: str) -> PullRe
         r.next_offset,
         r.min_offset,
         r.max_offset,
-        decode_records(records, broker_name) if records else [],
+        decode_records(records, broker_name, buffered=True) if records else [],
     )

@@ -93,16 +93,20 @@ def encode_message_in_python(
     )
 
 
-def decode_records(records: bytes, broker_name: str) -> list[MessageExt]:
+def decode_records(records: bytes, broker_name: str, *, buffered: bool = False) -> list[MessageExt]:
     """Stored records (as a pull returns them) -> MessageExt, in order, CRCs checked.
 
     RecordFormatError names the first record that does not parse, fails its CRC or does
     not decode. This runs for every consumed message: sdk._speedups does it in C where it
     was built (about a sixth of the time), `decode_records_in_python` elsewhere; both give the
     same messages and the same errors.
+
+    `buffered`: the messages wait in a consumer's buffer; the C decode keeps them out of
+    the cycle collector until `sdk._accel.hand_out` gives them back (a buffer of thousands
+    would be traversed by every collection while the consumer decodes more).
     """
     if _decode_in_c is not None:
-        return _decode_in_c(records, broker_name)
+        return _decode_in_c(records, broker_name, not buffered)
     return decode_records_in_python(records, broker_name)
 
 
@@ -214,7 +218,7 @@ def decode_records_in_python(records: bytes, broker_name: str) -> list[MessageEx
 _encode_in_c: Callable[..., list[bytes]] | None = (
     speedups.encode_frames if speedups is not None else None
 )
-_decode_in_c: Callable[[bytes, str], list[MessageExt]] | None = (
+_decode_in_c: Callable[[bytes, str, bool], list[MessageExt]] | None = (
     speedups.decode_records if speedups is not None else None
 )
 

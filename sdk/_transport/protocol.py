@@ -33,7 +33,12 @@ class PullStatus(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class PullResult:
-    """A pull's answer, messages decoded."""
+    """A pull's answer, messages decoded.
+
+    The messages are decoded for a consumer's buffer (`codec.decode_records(...,
+    buffered=True)`): whoever hands them on to a user's code calls `sdk._accel.hand_out`
+    on them first (ProcessQueue does as a listener or a poll takes them).
+    """
 
     status: PullStatus
     next_offset: int

@@ -290,6 +290,8 @@ class ConsumerCore:
         with contextlib.suppress(OrderMQError):
             await self._transport.unregister(self.client_id)
         await self._transport.close()
+        for pq in self._queues.values():
+            pq.let_go()
         self._queues.clear()
         self._state = "shut down"
 
@@ -384,7 +386,9 @@ class ConsumerCore:
         if self.uses_locks:
             await self._unlock(ready)
         for queue in ready:
-            self._queues.pop(queue, None)
+            released = self._queues.pop(queue, None)
+            if released is not None:
+                released.let_go()
             self._releasing_since.pop(queue, None)
             self.offsets.remove(queue)
             log_event(log, logging.INFO, "queue.removed", f"gave up {queue}", group=self.group,

@@ -2,6 +2,14 @@
 
 It holds the pulled messages in offset order, the batch a listener is working on, counts
 and byte sizes for flow control, and the flags rebalance and the orderly service use.
+
+Pulled messages come decoded for a buffer (`codec.decode_records(..., buffered=True)`):
+outside the cycle collector's generations, where thousands of them would be traversed by
+every collection while the consumer decodes more. They stay so while a listener or a
+poll has them, and go back to the collector once done with (committed, settled,
+finished) or when the queue is cleared or let go: a reference cycle a user's code made
+through one is collected from then on. Tracking them at hand-out instead would put a
+whole run back in the youngest generation at once, which costs most of what this saves.
 Every method is synchronous and touches only this object: callers on one event loop need
 no lock around it.
 """
@@ -12,6 +20,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
+from sdk._accel import hand_out
 from sdk.message import MessageExt
 
 
@@ -60,6 +69,7 @@ class ProcessQueue:
 
     def clear(self) -> None:
         """Forget everything buffered (after a seek); pulled offsets restart."""
+        self.let_go()
         self._buffer.clear()
         self._consuming.clear()
         self._inflight.clear()
@@ -142,7 +152,17 @@ class ProcessQueue:
             candidates.append(self._buffer[0].queue_offset)
         return min(candidates) if candidates else self.max_offset_pulled + 1
 
+    def let_go(self) -> None:
+        """Give every message held back to the cycle collector.
+
+        For a queue the consumer gives up: a listener may still hold some of its messages.
+        """
+        hand_out(list(self._buffer))
+        hand_out(self._consuming)
+        hand_out(list(self._inflight.values()))
+
     def _forget(self, messages: list[MessageExt]) -> None:
+        hand_out(messages)  # done with: a listener may keep them
         self.count -= len(messages)
         self.size -= sum([len(m.body) for m in messages])
         room = self.room

@@ -1,7 +1,17 @@
-"""ProcessQueue accounting: counts, bytes, take / commit / settle, concurrent finish."""
+"""ProcessQueue accounting: counts, bytes, take / commit / settle, concurrent finish; its
+messages kept out of the cycle collector while buffered."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
+import pytest
+
+from mockbroker.store.records import build_records, check_frames
+from sdk._accel import speedups
+from sdk._transport.codec import decode_records
+from sdk._wire import encode_frame
 from sdk.consumer.process_queue import ProcessQueue
 from sdk.message import MessageExt, MessageQueue
 
@@ -73,3 +83,69 @@ def test_a_whole_run_is_taken_at_once_and_a_repeated_pull_adds_nothing() -> None
     assert (pq.buffered, pq.take(5)) == (0, [])
     assert pq.settle(3) == 3, "the first three done, the last back in front"
     assert (pq.count, pq.size, pq.buffered) == (1, 13, 1)
+
+
+def buffered(n: int) -> list[MessageExt]:
+    """n messages decoded as a pull's are, for a consumer's buffer."""
+    frames = b"".join(
+        encode_frame(msg_id=bytes([i]) * 16, born_timestamp_ms=1, body=b"x") for i in range(n)
+    )
+    records, _ = build_records(
+        frames, check_frames(frames, 2), topic=b"t", queue_id=0, first_offset=0,
+        store_timestamp_ms=2, base_position=0,
+    )  # fmt: skip
+    return decode_records(records, "b", buffered=True)
+
+
+class Holder:
+    def __init__(self, message: MessageExt) -> None:
+        self.message = message
+
+
+@pytest.mark.parametrize("done_with", ["commit", "settle", "finish", "clear", "let_go"])
+def test_a_cycle_made_through_a_message_is_collected_once_the_queue_is_done_with_it(
+    done_with: str,
+) -> None:
+    pq = ProcessQueue()
+    pq.put(buffered(3))
+    taken = pq.take_all(3) if done_with == "finish" else pq.take(3)
+    if speedups is not None:
+        assert not any(gc.is_tracked(m) for m in taken)  # out of the collector while held
+    holder = Holder(taken[1])
+    taken[1].properties["holder"] = holder  # type: ignore[assignment]  # as a user might
+    ref = weakref.ref(holder)
+    if done_with == "commit":
+        pq.commit()
+    elif done_with == "settle":
+        pq.settle(3)
+    elif done_with == "finish":
+        pq.finish(taken)
+    elif done_with == "clear":
+        pq.clear()
+    else:
+        pq.let_go()
+    assert all(gc.is_tracked(m) for m in taken)
+    del taken, holder, pq
+    gc.collect()
+    assert ref() is None
+
+
+def test_messages_settled_back_into_the_buffer_stay_out_of_the_collector_until_done() -> None:
+    pq = ProcessQueue()
+    pq.put(buffered(3))
+    taken = pq.take(3)
+    assert pq.settle(1) == 1
+    assert gc.is_tracked(taken[0])
+    if speedups is not None:
+        assert not gc.is_tracked(taken[1]) and not gc.is_tracked(taken[2])
+    assert pq.take(2) == taken[1:] and pq.commit() == 3
+    assert all(gc.is_tracked(m) for m in taken)
+
+
+def test_messages_decoded_for_anything_but_a_buffer_are_tracked() -> None:
+    frames = encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=b"x")
+    records, _ = build_records(
+        frames, check_frames(frames, 2), topic=b"t", queue_id=0, first_offset=0,
+        store_timestamp_ms=2, base_position=0,
+    )  # fmt: skip
+    assert all(gc.is_tracked(m) for m in decode_records(records, "b"))

@@ -1,0 +1,146 @@
+"""Received messages wait in a consumer's buffer outside the cycle collector, and go back
+to it once done with: a reference cycle a user's code made through one is collected.
+
+Every consumer face, through its public API, against an in-process broker. Where
+sdk._speedups was not built, messages are decoded in Python and always tracked: the
+cycles are collected alike, and only the check that the buffer kept them out is skipped.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sdk import (
+    ConsumeConcurrentlyContext,
+    ConsumeConcurrentlyStatus,
+    ConsumeFromWhere,
+    ConsumeOrderlyContext,
+    ConsumeOrderlyStatus,
+    LitePullConsumer,
+    Message,
+    MessageExt,
+    MessageListenerConcurrently,
+    MessageListenerOrderly,
+    Producer,
+    PushConsumer,
+    PushConsumerConfig,
+)
+from sdk._accel import speedups
+from tests.component.transports import BrokerOver, broker_over
+from tests.support import wait_until
+
+COUNT = 200
+
+
+class Holder:
+    """What a user's code might keep a message in, while the message refers to it."""
+
+    def __init__(self, message: MessageExt) -> None:
+        self.message = message
+
+
+class Cycles:
+    """Makes a reference cycle through every message it is handed; weak refs to see them go."""
+
+    def __init__(self) -> None:
+        self.refs: list[weakref.ref[Holder]] = []
+        self.tracked: list[bool] = []
+        self.lock = threading.Lock()
+
+    def make(self, messages: list[MessageExt]) -> None:
+        with self.lock:
+            for m in messages:
+                self.tracked.append(gc.is_tracked(m))
+                holder = Holder(m)
+                m.properties["holder"] = holder  # type: ignore[assignment]  # as a user might
+                self.refs.append(weakref.ref(holder))
+
+    def seen(self) -> int:
+        with self.lock:
+            return len(self.refs)
+
+    def alive(self) -> int:
+        gc.collect()
+        return sum(ref() is not None for ref in self.refs)
+
+
+class Orderly(MessageListenerOrderly):
+    def __init__(self, cycles: Cycles) -> None:
+        self.cycles = cycles
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        self.cycles.make(msgs)
+        return ConsumeOrderlyStatus.SUCCESS
+
+
+class Concurrent(MessageListenerConcurrently):
+    def __init__(self, cycles: Cycles) -> None:
+        self.cycles = cycles
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeConcurrentlyContext
+    ) -> ConsumeConcurrentlyStatus:
+        self.cycles.make(msgs)
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerOver]:
+    with broker_over("grpc", tmp_path / "broker", default_queues=2) as b:
+        with Producer(b.address) as p:
+            p.send_batch(
+                [Message("orders", f"{i}".encode(), sharding_key=f"k{i % 7}") for i in range(COUNT)]
+            )
+        yield b
+
+
+def check(cycles: Cycles, *, untracked_in_hand: bool) -> None:
+    assert cycles.seen() == COUNT
+    if speedups is not None and untracked_in_hand:  # decoded in C for the buffer
+        assert not any(cycles.tracked)
+    assert cycles.alive() == 0, "a cycle through a received message was never collected"
+
+
+@pytest.mark.parametrize("delivery", ["pull", "push"])
+@pytest.mark.parametrize("kind", ["orderly", "concurrent"])
+def test_cycles_through_messages_a_listener_was_given_are_collected(
+    broker: BrokerOver, delivery: str, kind: str
+) -> None:
+    cycles = Cycles()
+    c = PushConsumer(
+        f"g-{kind}-{delivery}",
+        broker.address,
+        config=PushConsumerConfig(delivery=delivery),
+        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+    )
+    c.subscribe("orders", "*")
+    c.register_message_listener(Orderly(cycles) if kind == "orderly" else Concurrent(cycles))
+    c.start()
+    try:
+        wait_until(lambda: cycles.seen() >= COUNT, 30, "every message")
+    finally:
+        c.shutdown()
+    del c
+    check(cycles, untracked_in_hand=True)  # back in the collector's care once committed
+
+
+def test_cycles_through_polled_messages_are_collected(broker: BrokerOver) -> None:
+    cycles = Cycles()
+    c = LitePullConsumer("g-poll", broker.address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET)
+    c.subscribe("orders", "*")
+    c.start()
+    try:
+        while cycles.seen() < COUNT:
+            cycles.make(c.poll(10))
+    finally:
+        c.shutdown()
+    del c
+    check(cycles, untracked_in_hand=False)  # a poll's caller may keep them: tracked at once
