@@ -13,6 +13,7 @@ something to consume; --broker HOST:PORT uses an existing broker instead.
 from __future__ import annotations
 
 import argparse
+import queue
 import signal
 import tempfile
 import threading
@@ -64,9 +65,13 @@ def feed(address: str, stop: threading.Event) -> None:
 
 
 def serve(address: str) -> int:
-    stop = threading.Event()
+    # A signal handler runs in the main thread between any two of its steps, so it may
+    # only do what is safe at any of them: SimpleQueue.put is. (Event.set is not: it
+    # takes the lock the main thread holds inside Event.wait, and the service would hang.)
+    signals: queue.SimpleQueue[int] = queue.SimpleQueue()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _frame: signals.put(signum))
+    stop = threading.Event()
     listener = Balances()
     consumer = PushConsumer("balances", address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET)
     consumer.subscribe(TOPIC)
@@ -75,7 +80,8 @@ def serve(address: str) -> int:
     print(f"consuming {TOPIC} as {consumer.client_id}; Ctrl+C to stop", flush=True)
     feeder = threading.Thread(target=feed, args=(address, stop), daemon=True)
     feeder.start()
-    stop.wait()
+    signals.get()
+    stop.set()
     print("stopping: finishing in-flight work, committing offsets, releasing locks", flush=True)
     feeder.join()
     consumer.shutdown()
