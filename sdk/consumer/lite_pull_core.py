@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Generator
 from datetime import datetime
 
+from sdk._accel import hand_out
 from sdk._transport.protocol import Transport
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
@@ -69,6 +70,10 @@ class LitePullConsumerCore(PushDeliveryCore):
         self._consumed: dict[MessageQueue, int] = {}  # the end of the done batches
         # The queue of the batch the last poll() returned, and where that batch ends.
         self._last: tuple[MessageQueue, int] | None = None
+        # The messages of that batch: out of the cycle collector (see ProcessQueue) until
+        # the caller is done with them, so that a poll's batch is not traversed by every
+        # collection while the caller works through it.
+        self._lent: list[MessageExt] = []
         self._paused: set[MessageQueue] = set()
         self._ready = asyncio.Event()
         self._turn = 0
@@ -241,7 +246,8 @@ class LitePullConsumerCore(PushDeliveryCore):
             await pq.consume_lock.acquire()  # free: this does not wait
             self._in_hand = pq
             batch = pq.take(self.config.pull_batch_size)
-            self._last = (queue, pq.commit())
+            self._last = (queue, pq.commit(lent=True))
+            self._lent = batch
             self._turn = (self._turn + i + 1) % len(queues)
             return batch
         return []
@@ -255,13 +261,17 @@ class LitePullConsumerCore(PushDeliveryCore):
             if pq.dropped or queue in self._paused or not pq.buffered:
                 continue
             batch = pq.take(self.config.pull_batch_size)
-            self._last = (queue, pq.commit())
+            self._last = (queue, pq.commit(lent=True))
+            self._lent = batch
             self._turn = (self._turn + i + 1) % len(queues)
             return batch
         return []
 
     def _put_down(self, done: bool = True) -> None:
         """The caller is done with the last batch it polled (`done`), or gave up on it."""
+        if self._lent:
+            hand_out(self._lent)
+            self._lent = []
         if self._last is not None:
             queue, end = self._last
             self._last = None

@@ -7,7 +7,8 @@ Pulled messages come decoded for a buffer (`codec.decode_records(..., buffered=T
 outside the cycle collector's generations, where thousands of them would be traversed by
 every collection while the consumer decodes more. They stay so while a listener or a
 poll has them, and go back to the collector once done with (committed, settled,
-finished) or when the queue is cleared or let go: a reference cycle a user's code made
+finished) or when the queue is cleared or let go, and a poll's once its caller is done
+with them (the next poll, a commit or the shutdown): a reference cycle a user's code made
 through one is collected from then on. Tracking them at hand-out instead would put a
 whole run back in the youngest generation at once, which costs most of what this saves.
 Every method is synchronous and touches only this object: callers on one event loop need
@@ -111,12 +112,16 @@ class ProcessQueue:
         self._consuming.extend(batch)
         return batch
 
-    def commit(self) -> int:
-        """Drop the consuming batch as done; the offset to commit next (-1: nothing)."""
+    def commit(self, *, lent: bool = False) -> int:
+        """Drop the consuming batch as done; the offset to commit next (-1: nothing).
+
+        `lent`: the caller still has the batch (a poll's, handed out just now) and gives it
+        back to the cycle collector (`sdk._accel.hand_out`) once it is done with it.
+        """
         if not self._consuming:
             return -1
         offset = self._consuming[-1].queue_offset + 1
-        self._forget(self._consuming)
+        self._forget(self._consuming, lent)
         self._consuming = []
         return offset
 
@@ -161,8 +166,9 @@ class ProcessQueue:
         hand_out(self._consuming)
         hand_out(list(self._inflight.values()))
 
-    def _forget(self, messages: list[MessageExt]) -> None:
-        hand_out(messages)  # done with: a listener may keep them
+    def _forget(self, messages: list[MessageExt], lent: bool = False) -> None:
+        if not lent:
+            hand_out(messages)  # done with: a listener may keep them
         self.count -= len(messages)
         self.size -= sum([len(m.body) for m in messages])
         room = self.room
