@@ -71,8 +71,8 @@ class LitePullConsumerCore(PushDeliveryCore):
         # The queue of the batch the last poll() returned, and where that batch ends.
         self._last: tuple[MessageQueue, int] | None = None
         # The messages of that batch: out of the cycle collector (see ProcessQueue) until
-        # the caller is done with them, so that a poll's batch is not traversed by every
-        # collection while the caller works through it.
+        # the next batch is handed out or the consumer shuts down, so that collections do
+        # not traverse a poll's batch while the caller works through it.
         self._lent: list[MessageExt] = []
         self._paused: set[MessageQueue] = set()
         self._ready = asyncio.Event()
@@ -162,6 +162,7 @@ class LitePullConsumerCore(PushDeliveryCore):
         if self._assignment is not None:
             self._assignment.cancel()
             await asyncio.wait([self._assignment])
+        self._lend([])
         held = await self._stop_pulling()
         if self.auto_commit:
             self._take_consumed(held)
@@ -247,7 +248,7 @@ class LitePullConsumerCore(PushDeliveryCore):
             self._in_hand = pq
             batch = pq.take(self.config.pull_batch_size)
             self._last = (queue, pq.commit(lent=True))
-            self._lent = batch
+            self._lend(batch)
             self._turn = (self._turn + i + 1) % len(queues)
             return batch
         return []
@@ -262,16 +263,13 @@ class LitePullConsumerCore(PushDeliveryCore):
                 continue
             batch = pq.take(self.config.pull_batch_size)
             self._last = (queue, pq.commit(lent=True))
-            self._lent = batch
+            self._lend(batch)
             self._turn = (self._turn + i + 1) % len(queues)
             return batch
         return []
 
     def _put_down(self, done: bool = True) -> None:
         """The caller is done with the last batch it polled (`done`), or gave up on it."""
-        if self._lent:
-            hand_out(self._lent)
-            self._lent = []
         if self._last is not None:
             queue, end = self._last
             self._last = None
@@ -280,6 +278,15 @@ class LitePullConsumerCore(PushDeliveryCore):
         if self._in_hand is not None:
             self._in_hand.consume_lock.release()
             self._in_hand = None
+
+    def _lend(self, batch: list[MessageExt]) -> None:
+        """Hand out `batch`; the last one goes back to the cycle collector.
+
+        Not before: the caller still has the last batch while poll() waits for the next,
+        and collections then would traverse it (and keep it as if long-lived).
+        """
+        hand_out(self._lent)
+        self._lent = batch
 
     def handed_out(self, message: MessageExt) -> None:
         """The caller was given `message` of the last batch, and not yet what follows it."""

@@ -143,10 +143,12 @@ def test_cycles_through_polled_messages_are_collected(broker: BrokerOver) -> Non
     finally:
         c.shutdown()
     del c
-    check(cycles)  # back in the collector's care at the next poll, or the shutdown
+    check(cycles)  # back in the collector's care as the next poll returns, or at shutdown
 
 
-def test_a_polled_batch_goes_back_to_the_collector_at_the_next_poll(broker: BrokerOver) -> None:
+def test_a_polled_batch_goes_back_to_the_collector_as_the_next_poll_returns(
+    broker: BrokerOver,
+) -> None:
     c = LitePullConsumer("g-next", broker.address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET)
     c.subscribe("orders", "*")
     c.start()
@@ -156,7 +158,7 @@ def test_a_polled_batch_goes_back_to_the_collector_at_the_next_poll(broker: Brok
         if speedups is not None:
             assert not any(gc.is_tracked(m) for m in first)
         second = c.poll(10)
-        assert all(gc.is_tracked(m) for m in first)  # the caller is done with them
+        assert all(gc.is_tracked(m) for m in first)  # the caller moves on from them
         if speedups is not None:
             assert second and not any(gc.is_tracked(m) for m in second)
     finally:
