@@ -252,12 +252,13 @@ class ConsumeOrderlyService:
         listener, done = self._listener.consume_message, 0
         group, success = self._group, ConsumeOrderlyStatus.SUCCESS
         traced = timed = False
-        hop_began = time.perf_counter()
+        perf_counter = time.perf_counter
+        hop_ends = perf_counter() + THREAD_HOP_SECONDS
         for batch, context in self._batches(queue, pq, taken, generation, started):
-            began = time.perf_counter()
-            if done and began - hop_began > THREAD_HOP_SECONDS:
+            began = perf_counter()
+            if done and began > hop_ends:
                 break
-            if done % TRACING_CHECK_CALLS == 0:  # each check costs about a small call
+            if not done % TRACING_CHECK_CALLS:  # each check costs about a small call
                 traced, timed = tracing.enabled(), metrics.enabled()
             try:
                 if traced:
@@ -295,11 +296,11 @@ class ConsumeOrderlyService:
         listeners): the consumer is not closing, the queue was not dropped or reset, its
         lease is valid and it has not been consumed for longer than max_continuous.
         """
-        size, suspend, clock = self._batch_size, self._suspend_time, self._clock
+        size, suspend, clock_now = self._batch_size, self._suspend_time, self._clock.now
         max_continuous, locks, lease = self._max_continuous, self._locks, self._lease
         context = ConsumeOrderlyContext(queue, suspend)
         for i in range(0, len(taken), size):
-            now = clock.now()
+            now = clock_now()
             if (
                 self._closed
                 or pq.dropped
