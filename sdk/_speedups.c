@@ -743,18 +743,26 @@ static const char *message_fields[M_COUNT] = {
 static PyTypeObject *send_type = NULL;
 static Py_ssize_t send_offsets[M_COUNT];
 
+/* `*into` = `type` once its `count` object slots `names` are found (into `offsets`). */
+static PyObject *
+configure_type(PyObject *type, const char *what, const char **names, int count,
+               Py_ssize_t *offsets, PyTypeObject **into)
+{
+    if (!PyType_Check(type)) {
+        PyErr_Format(PyExc_TypeError, "takes the %s class", what);
+        return NULL;
+    }
+    if (slot_offsets(type, what, names, count, offsets) < 0)
+        return NULL;
+    Py_INCREF(type);
+    Py_XSETREF(*into, (PyTypeObject *)type);
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 configure_encode(PyObject *module, PyObject *mtype)
 {
-    if (!PyType_Check(mtype)) {
-        PyErr_SetString(PyExc_TypeError, "configure_encode takes the Message class");
-        return NULL;
-    }
-    if (slot_offsets(mtype, "Message", message_fields, M_COUNT, send_offsets) < 0)
-        return NULL;
-    Py_INCREF(mtype);
-    Py_XSETREF(send_type, (PyTypeObject *)mtype);
-    Py_RETURN_NONE;
+    return configure_type(mtype, "Message", message_fields, M_COUNT, send_offsets, &send_type);
 }
 
 static PyObject *
@@ -1031,15 +1039,8 @@ static Py_ssize_t result_offsets[R_COUNT];
 static PyObject *
 configure_results(PyObject *module, PyObject *rtype)
 {
-    if (!PyType_Check(rtype)) {
-        PyErr_SetString(PyExc_TypeError, "configure_results takes the SendResult class");
-        return NULL;
-    }
-    if (slot_offsets(rtype, "SendResult", result_fields, R_COUNT, result_offsets) < 0)
-        return NULL;
-    Py_INCREF(rtype);
-    Py_XSETREF(result_type, (PyTypeObject *)rtype);
-    Py_RETURN_NONE;
+    return configure_type(rtype, "SendResult", result_fields, R_COUNT, result_offsets,
+                          &result_type);
 }
 
 static void

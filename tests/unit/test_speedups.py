@@ -367,6 +367,22 @@ def test_batches_c_does_not_group_are_handed_back() -> None:
     assert speedups.shard_groups([keyed], "orders", 4) == {shard_index("k", 4): [0]}
 
 
+def test_configuring_a_class_without_the_slots_is_refused_and_changes_nothing() -> None:
+    assert speedups is not None
+
+    class Other:
+        __slots__ = ("status",)
+
+    for configure in (speedups.configure_results, speedups.configure_encode):
+        with pytest.raises(TypeError, match="is not an object slot"):
+            configure(Other)
+        with pytest.raises(TypeError, match="takes the"):
+            configure(1)
+    queue = MessageQueue("orders", "b", 0)
+    [result] = speedups.send_results(SendStatus.SEND_OK, [bytes(16)], queue, 7, 1)
+    assert result == SendResult(SendStatus.SEND_OK, "0" * 32, queue, 7)
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.binary(min_size=16, max_size=16), max_size=8),
