@@ -24,6 +24,7 @@ from sdk.consumer.listener import (
     ConsumeOrderlyStatus,
     MessageListenerOrderly,
 )
+from sdk.consumer.process_queue import ProcessQueue
 from sdk.consumer.push_core import PushConsumerCore
 from sdk.errors import StaleEpochError
 from sdk.message import MessageExt, MessageQueue
@@ -68,6 +69,34 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 5.0) 
         await asyncio.sleep(0.002)
 
 
+async def settle() -> None:
+    """Let what is ready on the loop run, and what that makes ready, some turns deep.
+
+    Counted in loop turns, not real time: a loaded machine runs as many, only slower.
+    """
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+async def run_clock(
+    clock: FakeClock, step: float, steps: int, condition: Callable[[], bool], what: str
+) -> None:
+    """Move `clock` on `step` at a time (at most `steps` times) until `condition`, letting
+    what each step woke run before the next; then wait (real time) for `condition`."""
+    for _ in range(steps):
+        if condition():
+            return
+        clock.advance(step)
+        await settle()
+    await until(condition, what)
+
+
+def armed(clock: FakeClock, *seconds: float) -> bool:
+    """Whether timers wait for now + each of `seconds` (as many as it is repeated)."""
+    now = clock.now()
+    return all(clock.sleeping_until(now + s) >= seconds.count(s) for s in seconds)
+
+
 def consumer(
     broker: FakeBroker,
     listener: MessageListenerOrderly,
@@ -109,18 +138,21 @@ def test_a_lease_expiring_during_a_call_when_the_lock_comes_back_with_a_new_epoc
         listener.gate.clear()
         broker.append(0, ["a"] * 2)
         await until(listener.in_call.is_set, "a call in flight")
+        pq = core._queues[MQ]
+        epoch = pq.lock_epoch
         broker.locks.release_client(core.client_id)  # as when the broker expired the client
         # (it was silent too long): the next renewal gets a new epoch
         clock.advance(20)  # the renewal runs while the call is in flight
-        await asyncio.sleep(0.05)
+        await until(lambda: pq.locked and pq.lock_epoch != epoch, "the lock at a new epoch")
         clock.advance(11)  # and the client-side lease (30 s) runs out during the call
         listener.gate.set()
         await until(lambda: len(listener.seen) >= 4, "the call in flight to finish")
-        for _ in range(50):  # let re-lock, renewal and retries run their course
-            clock.advance(0.5)
-            await asyncio.sleep(0.01)
-            if len(listener.seen) >= 5 and listener.seen[-1] == (0, 4):
-                break
+
+        def message_4() -> bool:
+            return len(listener.seen) >= 5 and listener.seen[-1] == (0, 4)
+
+        # let re-lock, renewal and retries run their course (25 s at most)
+        await run_clock(clock, 0.5, 50, message_4, "message 4: the queue is stuck")
         assert listener.seen[-1] == (0, 4), f"the queue is stuck: {listener.seen}"
         broker.append(0, ["a"])
         await until(lambda: listener.seen[-1] == (0, 5), "a message after the restart")
@@ -140,6 +172,20 @@ def count_rounds(core: PushConsumerCore) -> list[bool]:
         return outcome
 
     core._rebalancer.rebalance = counted  # type: ignore[method-assign]
+    return outcomes
+
+
+def count_relocks(core: PushConsumerCore) -> list[bool]:
+    """The outcome of every re-lock a consume task asks for from now on (True: locked)."""
+    outcomes: list[bool] = []
+    relock = core.relock
+
+    async def counted(queue: MessageQueue, pq: ProcessQueue) -> bool:
+        outcome = await relock(queue, pq)
+        outcomes.append(outcome)
+        return outcome
+
+    core.relock = counted  # type: ignore[method-assign]
     return outcomes
 
 
@@ -168,9 +214,13 @@ def test_a_pull_in_flight_when_the_queue_changes_owner_does_not_skip_messages() 
         await until(lambda: listener.calls == 4 and clock.sleepers >= 5, "message 3 suspended")
         broker.locks.release_client(core.client_id)  # as when the broker expired the client
         clock.advance(21)  # the renewal gets a new epoch and resets to the committed 0
-        await until(lambda: core._queues[broker.queues()[0]].next_offset == 0, "the reset")
+        pq = core._queues[broker.queues()[0]]
+        await until(lambda: pq.next_offset == 0, "the reset")
         broker.append(0, ["a"])  # answers the pull that was waiting at offset 10
-        await asyncio.sleep(0.05)
+        await until(  # the pull from the reset offset has messages 0-10 and waits for more
+            lambda: pq.next_offset == 11 and clock.sleeping_until(clock.now() + 60),
+            "messages 0-10 pulled again",
+        )
         clock.advance(30)  # the suspended retry
         await until(lambda: (0, 10) in listener.seen, "message 10")
         await core.shutdown()
@@ -202,11 +252,7 @@ def test_a_queue_given_back_while_its_release_waits_for_a_call_is_consumed_again
         await until(lambda: len(rounds) == 2, "the next round")
         await until(lambda: len(listener.seen) == 3, "the call in flight")
         broker.append(0, ["a"])
-        for _ in range(60):
-            clock.advance(0.5)
-            await asyncio.sleep(0.01)
-            if len(listener.seen) >= 4:
-                break
+        await run_clock(clock, 0.5, 60, lambda: len(listener.seen) >= 4, "message 3")
         assert listener.seen[-1] == (0, 3), f"the queue is dead: {listener.seen}"
         assert broker.locks.is_locked_by(GROUP, ("orders", 0), core.client_id)
         await core.shutdown()
@@ -277,8 +323,11 @@ def test_a_consumer_whose_commit_is_fenced_stops_calling_its_listener_at_once() 
         await until(lambda: listener.calls == 3, "the call that was under way")
         clock.advance(0.5)  # the periodic commit, refused (before any renewal): LOCK_NOT_HELD
         await until(lambda: not core._queues[MQ].locked, "the queue marked as not locked")
+        pq = core._queues[MQ]
         listener.gate.set()
-        await asyncio.sleep(0.05)
+        # The consume task's turn ends (it gives the queue's object lock back) when the
+        # check before its next call fails; a call after the fencing would come first.
+        await until(lambda: not pq.object_lock.locked(), "the end of the consume turn")
         assert listener.calls == 3, "a listener call after the queue was fenced"
         assert broker.offsets.get((GROUP, 0)) is None, "the fenced consumer moved the offset"
         await core.shutdown()
@@ -299,7 +348,7 @@ def test_a_renewal_that_cannot_reach_the_broker_leaves_the_lease_running() -> No
         await until(listener.in_call.is_set, "a call in flight, two more buffered")
         broker.down = True  # a restart under way
         clock.advance(20)  # the renewal fails: 20 s into a 30 s lease
-        await asyncio.sleep(0.05)
+        await until(lambda: clock.sleeping_until(clock.now() + 20), "the next renewal's timer")
         listener.gate.set()
         await until(lambda: len(listener.seen) == 3, "the buffered messages, broker or not")
         broker.down = False
@@ -321,19 +370,14 @@ def test_a_queue_moves_only_once_its_listener_call_returns_however_long_it_takes
         await until(listener.in_call.is_set, "a call in flight")
         rounds = count_rounds(core)
         broker.join(GROUP, "0-another-member")  # sorts first: the queue is now its
-        deadline = time.monotonic() + 10
-        while len(rounds) < 30:  # 30 s and more of rounds that find the call still running
-            assert time.monotonic() < deadline, f"only {len(rounds)} rebalance rounds"
-            clock.advance(0.5)
-            await asyncio.sleep(0.005)
+        # 30 s and more of rounds that find the call still running
+        await run_clock(clock, 0.5, 120, lambda: len(rounds) >= 30, "30 rebalance rounds")
         assert broker.locks.is_locked_by(GROUP, ("orders", 0), core.client_id)
         assert MQ in core.held()
         listener.gate.set()
         await until(lambda: listener.seen == [(0, 0)], "the call to return")
-        while core.held():  # the next round releases it
-            assert time.monotonic() < deadline, "the queue was not released"
-            clock.advance(0.5)
-            await asyncio.sleep(0.005)
+        # the next round releases it
+        await run_clock(clock, 0.5, 40, lambda: not core.held(), "the queue released")
         assert not broker.locks.is_locked_by(GROUP, ("orders", 0), core.client_id)
         await core.shutdown()
 
@@ -357,24 +401,35 @@ def test_a_lock_answer_that_arrives_late_does_not_extend_the_clients_lease() -> 
         await core.start()
         broker.append(0, ["a"] * 2)
         await until(lambda: len(listener.seen) == 2, "the first messages")
+        pq = core._queues[MQ]
         clock.advance(1)  # the first renewal
-        await asyncio.sleep(0.05)
+        await until(lambda: clock.sleeping_until(clock.now() + 20), "the next renewal's timer")
         link.lock_answers_held = True  # the way back is cut...
         clock.advance(20)  # ...as the next renewal reaches the broker
         await until(lambda: link.answers_waiting == 1, "the renewal to be held")
         link.partitioned = True  # then the way there
         clock.advance(61)  # beyond both leases: the broker expires the client
-        await asyncio.sleep(0.05)
+        # Every loop that woke meets the partition and sleeps again: the missing-topic
+        # poll, the rebalance retry, the pull's backoff, persist and heartbeat.
+        await until(lambda: armed(clock, 0.5, 0.5, 3.0, 5.0, 10.0), "the loops cut off")
         key = (broker.topic, 0)
         broker.locks.release_client(core.client_id)
         assert broker.locks.lock_batch(GROUP, "another", [key])  # which takes the queue
         link.partitioned = False  # the heal: the held answer arrives
         link.lock_answers_held = False
-        await asyncio.sleep(0.05)
+        await until(lambda: clock.sleeping_until(clock.now() + 20), "the renewal's answer")
+        relocks = count_relocks(core)
         broker.append(0, ["a"])  # a message for the queue's new owner
-        for _ in range(20):  # pulls, re-lock attempts: a few seconds, not a renewal period
+        # Pulls, re-lock attempts: a few seconds, not a renewal period. A listener call must
+        # not come: each step's wait is a bounded number of loop turns (settle), then the
+        # message buffered and two re-locks refused prove the consume task had its chances.
+        for _ in range(20):
             clock.advance(0.5)
-            await asyncio.sleep(0.01)
+            await settle()
+        await until(
+            lambda: len(listener.seen) > 2 or (pq.count == 1 and len(relocks) >= 2),
+            "the message buffered and re-locks refused",
+        )
         assert listener.seen == [(0, 0), (0, 1)], "a listener call on another's queue"
         await core.shutdown()
 
