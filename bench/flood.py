@@ -349,6 +349,8 @@ def _describe(s: Sample) -> str:
             f"; flooder {s.flooder.get('messages_per_second', 0):,.0f} msg/s, "
             f"{s.flooder.get('refused', 0)} refused"
         )
+        if s.flooder.get("pull_statuses"):
+            text += f", pulls answered {s.flooder['pull_statuses']}"
     return text
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -62,6 +63,7 @@ class Flood:
         self.messages = 0
         self.bytes = 0
         self.refused = 0
+        self.pull_statuses: collections.Counter[str] = collections.Counter()
         self.started = time.perf_counter()
 
     def answered(self, messages: int, size: int) -> None:
@@ -87,6 +89,7 @@ class Flood:
             "bytes": self.bytes,
             "refused": self.refused,
             "messages_per_second": round(self.messages / seconds, 1) if seconds else 0.0,
+            "pull_statuses": dict(self.pull_statuses),
         }
 
 
@@ -144,9 +147,19 @@ async def pull_worker(
             continue
         backoff = BACKOFF
         flood.answered(answer.record_count, len(answer.records))
-        offset = answer.next_offset
-        if answer.status != pb.FOUND or offset >= answer.max_offset:
-            offset = 0
+        flood.pull_statuses[pb.PullStatus.Name(answer.status)] += 1
+        offset = next_pull_offset(answer)
+
+
+def next_pull_offset(answer: pb.PullResponse) -> int:
+    """Where a pull worker reads next: on from `answer`, and back to the oldest message
+    still stored at the end or when the answer did not find its offset. (Offset 0 is not
+    that once retention deleted the backlog's start, as it may while a send flood fills
+    the disk: every pull then asked for an offset no longer stored and read nothing.)"""
+    moved_on = answer.status in (pb.FOUND, pb.NO_MATCHED_MESSAGE)
+    if moved_on and answer.next_offset < answer.max_offset:
+        return answer.next_offset
+    return answer.min_offset
 
 
 async def flood(args: argparse.Namespace) -> dict[str, Any]:
