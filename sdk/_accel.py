@@ -1,10 +1,9 @@
 """sdk._speedups (sdk/_speedups.c), configured once, or None.
 
 Messages encoded, batches grouped by queue, send results built, records decoded, frames
-checked and records laid out in C. None where
-it was not built (no C compiler at install) or does not fit this code (Message's or
-MessageExt's fields changed): every caller then runs its Python version, which gives the
-same results.
+checked and records laid out in C. None where it was not built (no C compiler at install)
+or does not fit this code (Message's or MessageExt's fields changed): every caller then
+runs its Python version, which gives the same results.
 """
 
 from __future__ import annotations
@@ -49,9 +48,9 @@ def _tracked_already(messages: list[MessageExt]) -> None:
 
 
 #: Gives messages decoded for a consumer's buffer (`codec.decode_records(...,
-#: buffered=True)`, kept out of the cycle collector while they wait) back to the collector:
-#: called as they are handed to a listener or a poll, and by anything else that hands a
-#: pull's messages on.
+#: buffered=True)`, kept out of the cycle collector) back to the collector: called once the
+#: consumer lets go of them (ProcessQueue; a poll's batch when the next one is handed out),
+#: and by anything else that hands a pull's messages on, before it does.
 hand_out: Callable[[list[MessageExt]], None] = (
     speedups.track if speedups is not None else _tracked_already
 )

@@ -36,8 +36,9 @@ class PullResult:
     """A pull's answer, messages decoded.
 
     The messages are decoded for a consumer's buffer (`codec.decode_records(...,
-    buffered=True)`): whoever hands them on to a user's code calls `sdk._accel.hand_out`
-    on them first (ProcessQueue does as a listener or a poll takes them).
+    buffered=True)`), outside the cycle collector: whoever hands them on to a user's code
+    calls `sdk._accel.hand_out` on them while it still holds them (ProcessQueue does once
+    it lets go of them).
     """
 
     status: PullStatus
