@@ -250,6 +250,8 @@ def flooder(address: str, mode: str, topic: str, stats: dict[str, Any]) -> Itera
         try:
             if code == 0:
                 stats.update(json.loads(path.read_text()))
+            else:  # no counts: the phase's line says so rather than showing 0 msg/s
+                stats["flooder_exit"] = code
         finally:
             path.unlink(missing_ok=True)
 
@@ -344,6 +346,8 @@ def _describe(s: Sample) -> str:
         )
     elif s.flooder.get("consumer_starved"):
         text += "; the consumer got the last messages only after the flood stopped"
+    if "flooder_exit" in s.flooder:
+        text += f"; the flooder exited with {s.flooder['flooder_exit']}: no counts"
     if "messages_per_second" in s.flooder:
         text += (
             f"; flooder {s.flooder.get('messages_per_second', 0):,.0f} msg/s, "
