@@ -267,7 +267,11 @@ async def measure(
         samples: dict[str, list[Sample]] = {phase: [] for phase in PHASES}
         data_dir = Path(tempfile.mkdtemp(prefix=f"flood-{name}-", dir=tmp))
         say(f"flood ({name}): starting a broker {' '.join(extra)}")
-        with broker_process(data_dir, "async", extra=extra) as broker:
+        # Retention off (disk-use ratios at 1): the send floods write gigabytes, and on a
+        # disk near the broker's 75% mark it deleted the pull flooder's backlog early.
+        no_retention = ("--disk-high-ratio", "1", "--disk-force-ratio", "1",
+                        "--disk-refuse-ratio", "1")  # fmt: skip
+        with broker_process(data_dir, "async", extra=(*extra, *no_retention)) as broker:
             stored = await wl.fill_backlog(broker.address, PULL_TOPIC, backlog)
             say(f"  pull flooder's backlog: {stored} messages")
             admin = BrokerClient(broker.address)
