@@ -164,3 +164,47 @@ def test_a_polled_batch_goes_back_to_the_collector_as_the_next_poll_returns(
     finally:
         c.shutdown()
     assert all(gc.is_tracked(m) for m in second)
+
+
+class Stuck(MessageListenerOrderly):
+    """Makes a cycle through the first message it is given, then holds that call."""
+
+    def __init__(self, cycles: Cycles) -> None:
+        self.cycles = cycles
+        self.holding = threading.Event()
+        self.go = threading.Event()
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        if not self.holding.is_set():
+            self.cycles.make(msgs[:1])
+            self.holding.set()
+            self.go.wait(30)
+        return ConsumeOrderlyStatus.SUCCESS
+
+
+def test_a_message_in_a_call_that_outlives_the_shutdown_goes_back_to_the_collector(
+    broker: BrokerOver,
+) -> None:
+    # The call is given up (shutdown_timeout), so its batch is never settled: the
+    # consumer lets go of the queue, and that must hand the message back.
+    cycles = Cycles()
+    listener = Stuck(cycles)
+    c = PushConsumer(
+        "g-stuck",
+        broker.address,
+        config=PushConsumerConfig(shutdown_timeout=0.2),
+        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+    )
+    c.subscribe("orders", "*")
+    c.register_message_listener(listener)
+    c.start()
+    try:
+        assert listener.holding.wait(30)
+    finally:
+        c.shutdown()
+        listener.go.set()
+    del c
+    assert cycles.seen() == 1
+    wait_until(lambda: cycles.alive() == 0, 10, "the cycle through the held message collected")
