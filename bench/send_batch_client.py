@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import workloads as wl
 
 from sdk import Message, MessageQueue
-from sdk._transport.codec import encode_message
+from sdk._transport.codec import encode_message, encode_messages
 from sdk._transport.protocol import Appended, SendPart
 from sdk._wire import MAX_SEND_BYTES
 from sdk.errors import OrderMQError
@@ -34,6 +34,7 @@ class AnsweringTransport:
     """What a producer's send_batch uses of a Transport; every send is stored at once."""
 
     prepare = staticmethod(encode_message)
+    prepare_many = staticmethod(encode_messages)
     max_send_bytes = MAX_SEND_BYTES
 
     def __init__(self) -> None:

@@ -10,7 +10,9 @@ every later write is refused, because the kernel may have dropped the dirty page
 
 A checkpoint that cannot be written for want of space (ENOSPC) is not such a failure: the
 data is synced, only the shortcut for recovery is older (it replays from the previous
-checkpoint), and the next checkpoint is tried at the next flush.
+checkpoint), and the next checkpoint is tried at the next flush. The same holds for the
+consume-queue entries each queue keeps in memory (consumequeue.py): they are written
+before the checkpoint that counts them, and none is written while any of them cannot be.
 """
 
 from __future__ import annotations
@@ -113,12 +115,17 @@ class Flusher:
             plan = self._log.begin_flush()
             record: Checkpoint | None = None
             if checkpoint:
-                # Taken with the log's end: the counts cover exactly the entries below it.
                 queues = list(self._queues())
-                record = Checkpoint(plan.target, {q.name: q.count for q in queues})
                 dirty = [q for q in queues if q.dirty]
-                for q in dirty:
-                    q.dirty = False
+                try:
+                    written = self._write_tails(dirty)
+                except OSError as exc:
+                    raise self._failed(exc) from exc
+                if written:  # a count must not name entries the queue's file lacks
+                    # Taken with the log's end: the counts cover exactly the entries below it.
+                    record = Checkpoint(plan.target, {q.name: q.count for q in queues})
+                    for q in dirty:
+                        q.dirty = False
                 plan.fds += [q.fileno() for q in dirty]
                 plan.fds += self._extra_fds()
             started = time.perf_counter()
@@ -133,17 +140,41 @@ class Flusher:
                     self.failure = work.exception()  # type: ignore[assignment]
                 raise
             except OSError as exc:
-                self.failure = exc
-                log.critical("fsync failed; the store now refuses writes: %s", exc)
-                self._fail_waiters()
-                raise FlushFailedError(str(exc)) from exc
+                raise self._failed(exc) from exc
             self.flush_seconds.observe(time.perf_counter() - started)
             self._log.complete_flush(plan)
-            if checkpoint and work.result():
+            if record is not None and work.result():
                 self._checkpointed = plan.target
             self._release_waiters()
             if self._on_flushed is not None:
                 self._on_flushed(plan.target)
+
+    def _failed(self, exc: OSError) -> FlushFailedError:
+        """Refuse writes from now on: the kernel may have dropped what it was to write."""
+        self.failure = exc
+        log.critical("a write or fsync failed; the store now refuses writes: %s", exc)
+        self._fail_waiters()
+        return FlushFailedError(str(exc))
+
+    def _write_tails(self, queues: list[ConsumeQueue]) -> bool:
+        """Write the entries the queues keep in memory; False when the disk had no room.
+
+        Then no checkpoint is written this time (as when the checkpoint itself finds the
+        disk full): they stay in memory and the next flush tries again.
+        """
+        try:
+            for q in queues:
+                q.write_tail()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            if not self._checkpoint_failing:
+                log.error("cannot write consume-queue entries (%s): recovery after a crash "
+                          "would replay from the previous checkpoint; retried at every "
+                          "flush", exc)  # fmt: skip
+            self._checkpoint_failing = True
+            return False
+        return True
 
     def _execute(self, checkpoint: Checkpoint | None, plan: FlushPlan) -> bool:
         """Sync the plan, then write the checkpoint; False when the disk had no room for it."""

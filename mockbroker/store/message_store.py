@@ -355,6 +355,13 @@ class MessageStore:
         if self._flusher is not None:
             await self._flusher.stop()
             clean = self._flusher.failure is None
+        try:  # a clean start trusts the queue files whole (the flusher's stop wrote them)
+            for cq in self._queues.values():
+                cq.write_tail()
+        except OSError as exc:
+            log.error("cannot write consume-queue entries at close (%s): the next start "
+                      "replays the commit log", exc)  # fmt: skip
+            clean = False
         if clean:
             mark_clean_shutdown(self._marker)
         for cq in self._queues.values():
@@ -370,13 +377,15 @@ class MessageStore:
 
         Taken on the event loop, where every write is made whole between two awaits: no
         record, queue entry or index entry is half in it. The bytes below these ends never
-        change afterwards, except by retention (hold it with `retention_held`).
+        change afterwards, except by retention (hold it with `retention_held`). The queues'
+        entries kept in memory are written first (OSError when they cannot be).
         """
         end = self.commitlog.end
         extents = self.commitlog.extents(end)
         counts: dict[str, int] = {}
         messages = 0
         for cq in self._queues.values():
+            cq.write_tail()  # the copy reads the file
             extents.append((cq.path, cq.count * ENTRY.size))
             counts[cq.name] = cq.count
             messages += cq.count - cq.min_offset

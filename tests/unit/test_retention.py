@@ -13,6 +13,7 @@ import pytest
 from mockbroker.errors import BrokerError
 from mockbroker.schedule import Scheduler
 from mockbroker.store import commitlog as commitlog_module
+from mockbroker.store import consumequeue as consumequeue_module
 from mockbroker.store.checkpoint import write_positions
 from mockbroker.store.consumequeue import ENTRY, ConsumeQueue
 from mockbroker.store.message_store import Batch, MessageStore
@@ -280,8 +281,11 @@ def test_a_batch_cut_short_by_a_full_disk_fails_whole_and_nothing_of_it_is_serve
     )
     failing = FailingWrites(fail_at)
     monkeypatch.setattr(commitlog_module.os, "pwrite", failing)  # the os module: every write
+    # The queue writes its entries to its file once its tail holds 6: in this batch.
+    monkeypatch.setattr(consumequeue_module, "TAIL_BYTES", 6 * ENTRY.size)
     with pytest.raises(BrokerError) as full:
         loop.run_until_complete(store.put(topic, 0, batch))
+    assert failing.calls == fail_at
     monkeypatch.undo()
     assert full.value.reason == "DISK_FULL"
     assert store.queue(topic, 0).max_offset == 3
@@ -369,9 +373,13 @@ def test_a_request_for_several_queues_cut_short_by_a_full_disk_stores_none_of_it
 
     parts = [batch(0, 2), batch(1, 2), batch(0, 1)]
     end = store.commitlog.end
-    monkeypatch.setattr(commitlog_module.os, "pwrite", FailingWrites(fail_at))
+    failing = FailingWrites(fail_at)
+    monkeypatch.setattr(commitlog_module.os, "pwrite", failing)
+    # Each queue writes its entries to its file at once (none kept in memory).
+    monkeypatch.setattr(consumequeue_module, "TAIL_BYTES", ENTRY.size)
     with pytest.raises(BrokerError) as full:
         store.write_parts(topic, parts)
+    assert failing.calls == fail_at
     monkeypatch.undo()
     assert full.value.reason == "DISK_FULL"
     assert store.commitlog.end == end
