@@ -27,6 +27,7 @@ from sdk import (
     MessageExt,
     MessageListenerConcurrently,
     MessageListenerOrderly,
+    MessageQueue,
     Producer,
     PushConsumer,
     PushConsumerConfig,
@@ -208,3 +209,75 @@ def test_a_message_in_a_call_that_outlives_the_shutdown_goes_back_to_the_collect
     del c
     assert cycles.seen() == 1
     wait_until(lambda: cycles.alive() == 0, 10, "the cycle through the held message collected")
+
+
+class SuspendsFirst(MessageListenerOrderly):
+    """Makes a cycle through the first message of each queue it is given, and suspends
+    that queue (SUSPEND_CURRENT_QUEUE_A_MOMENT): the message waits, untracked, in the
+    consumer's buffer for the retry, and the listener's cycle keeps it."""
+
+    def __init__(self, cycles: Cycles) -> None:
+        self.cycles = cycles
+        self.first: dict[int, weakref.ref[Holder]] = {}  # queue id -> the cycle's holder
+        self.lock = threading.Lock()
+
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        queue_id = msgs[0].queue.queue_id
+        with self.lock:
+            if queue_id in self.first:
+                return ConsumeOrderlyStatus.SUCCESS
+            self.cycles.make(msgs[:1])
+            self.first[queue_id] = self.cycles.refs[-1]
+        return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+
+
+def held_message_tracked(ref: weakref.ref[Holder]) -> bool:
+    """Whether the message a listener's cycle goes through is in the collector's care."""
+    holder = ref()
+    return holder is None or gc.is_tracked(holder.message)
+
+
+@pytest.mark.skipif(speedups is None, reason="without sdk._speedups messages are always tracked")
+def test_messages_of_a_queue_a_rebalance_moves_away_go_back_to_the_collector(
+    broker: BrokerOver,
+) -> None:
+    # A second member joins: the first gives one of its two queues up while the message
+    # its listener made a cycle through waits in that queue's buffer for a retry. Once
+    # given up, the queue's messages are the collector's again (ProcessQueue.let_go at
+    # release); the kept queue's stay out of its generations.
+    cycles = Cycles()
+    listener = SuspendsFirst(cycles)
+    revoked: list[MessageQueue] = []
+    first = PushConsumer(
+        "g-moved",
+        broker.address,
+        config=PushConsumerConfig(suspend_current_queue_time=30),
+        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+        on_queues_revoked=revoked.extend,
+    )
+    first.subscribe("orders", "*")
+    first.register_message_listener(listener)
+    second = PushConsumer(
+        "g-moved", broker.address, consume_from_where=ConsumeFromWhere.FIRST_OFFSET
+    )
+    second.subscribe("orders", "*")
+    second.register_message_listener(Orderly(Cycles()))
+    first.start()
+    try:
+        wait_until(lambda: len(listener.first) == 2, 30, "a suspended message on each queue")
+        assert not any(cycles.tracked)
+        second.start()
+        wait_until(lambda: bool(revoked), 30, "a queue moved to the second member")
+        [moved] = revoked
+        [kept] = set(listener.first) - {moved.queue_id}
+        wait_until(
+            lambda: held_message_tracked(listener.first[moved.queue_id]),
+            10,
+            "the moved queue's message back in the collector's care",
+        )
+        assert not held_message_tracked(listener.first[kept]), "the kept queue's message"
+    finally:
+        second.shutdown()
+        first.shutdown()

@@ -126,7 +126,78 @@ def run(test: Callable[[FakeBroker], Coroutine[Any, Any, None]], queues: int = 1
 
 
 def test_a_lease_expiring_during_a_call_when_the_lock_comes_back_with_a_new_epoch() -> None:
-    """Defect 1: re-lock with a new epoch while the consume task holds the object lock."""
+    """Defect 1: re-lock with a new epoch while the consume task holds the object lock.
+
+    No renewal reaches the broker while a listener call runs: the client's lease runs
+    out during the call, and the broker expires the client meanwhile. The consume task,
+    which held the queue's object lock through the call, then re-locks and gets the lock
+    back at a new epoch. It used to re-lock with the object lock held, and the reset a new
+    epoch brings took that lock too: the queue was stuck for good. It re-locks with
+    neither lock held, and the queue starts again from its committed offset.
+    """
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        clock = broker.clock
+        # a renewal interval of its own: its timer is the only one due at that time
+        core = consumer(broker, listener, lock_renew_interval=17.0)
+        await core.start()
+        broker.append(0, ["a"] * 3)
+        await until(lambda: listener.seen == [(0, 0), (0, 1), (0, 2)], "the first messages")
+        pq = core._queues[MQ]
+        epoch = pq.lock_epoch
+        clock.advance(5)  # the first renewal (at 5 s) and persist: offset 3 at the broker
+        renewed = clock.now()
+        await until(
+            lambda: broker.offsets.get((GROUP, 0)) == 3 and pq.last_lock_time == renewed,
+            "offset 3 committed and the lock renewed",
+        )
+        relocks: list[tuple[bool, bool, bool, int]] = []  # outcome, locks held, epoch after
+        relock = core.relock
+
+        async def watched(queue: MessageQueue, queue_pq: ProcessQueue) -> bool:
+            held = queue_pq.object_lock.locked(), queue_pq.consume_lock.locked()
+            outcome = await relock(queue, queue_pq)
+            relocks.append((outcome, *held, queue_pq.lock_epoch))
+            return outcome
+
+        core.relock = watched  # type: ignore[method-assign]
+        listener.gate.clear()
+        broker.append(0, ["a"] * 2)
+        await until(listener.in_call.is_set, "the call on message 3 in flight")
+        broker.down = True  # no renewal reaches the broker...
+        clock.advance(31)  # ...and the lease (30 s from 5 s) runs out during the call
+        await until(lambda: clock.sleeping_until(clock.now() + 17), "the failed renewal")
+        broker.locks.release_client(core.client_id)  # the broker expired the client
+        assert listener.in_call.is_set() and pq.object_lock.locked()
+        assert pq.locked and pq.lock_epoch == epoch and not pq.lease_fresh(clock.now(), 30.0)
+        broker.down = False
+        listener.gate.set()  # the call returns; the consume task finds the lease gone
+        await until(lambda: bool(relocks), "the consume task's re-lock")
+        assert relocks == [(True, False, False, pq.lock_epoch)], relocks
+        assert pq.lock_epoch != epoch, "the lock did not come back at a new epoch"
+        assert listener.seen == [(0, 0), (0, 1), (0, 2), (0, 3)]
+        # The new epoch resets the queue to the broker's committed offset: 3 and 4 again.
+        await run_clock(
+            clock, 0.5, 20, lambda: len(listener.seen) >= 6, "messages 3 and 4 after the re-lock"
+        )
+        broker.append(0, ["a"])
+        await until(lambda: len(listener.seen) >= 7, "a message after the re-lock")
+        assert [offset for _, offset in listener.seen] == [0, 1, 2, 3, 3, 4, 5]
+        await run_clock(  # persist, at the new epoch
+            clock, 0.5, 20, lambda: broker.offsets.get((GROUP, 0)) == 6, "offset 6 committed"
+        )
+        assert broker.commits[-1][-1] == pq.lock_epoch
+        assert relocks == [(True, False, False, pq.lock_epoch)], "a second re-lock"
+        await core.shutdown()
+
+    run(test)
+
+
+def test_a_renewal_that_takes_a_new_epoch_during_a_call_does_not_wait_for_the_call() -> None:
+    """The lock renewal takes a new epoch while a listener call runs (the consume task
+    holds the queue's object lock): the queue is reset at once, not once the call ends,
+    and consumed again from its committed offset after it."""
     listener = Recorder()
 
     async def test(broker: FakeBroker) -> None:
@@ -144,18 +215,57 @@ def test_a_lease_expiring_during_a_call_when_the_lock_comes_back_with_a_new_epoc
         # (it was silent too long): the next renewal gets a new epoch
         clock.advance(20)  # the renewal runs while the call is in flight
         await until(lambda: pq.locked and pq.lock_epoch != epoch, "the lock at a new epoch")
-        clock.advance(11)  # and the client-side lease (30 s) runs out during the call
+        assert listener.in_call.is_set() and pq.object_lock.locked()
         listener.gate.set()
         await until(lambda: len(listener.seen) >= 4, "the call in flight to finish")
 
         def message_4() -> bool:
             return len(listener.seen) >= 5 and listener.seen[-1] == (0, 4)
 
-        # let re-lock, renewal and retries run their course (25 s at most)
         await run_clock(clock, 0.5, 50, message_4, "message 4: the queue is stuck")
-        assert listener.seen[-1] == (0, 4), f"the queue is stuck: {listener.seen}"
         broker.append(0, ["a"])
-        await until(lambda: listener.seen[-1] == (0, 5), "a message after the restart")
+        await until(lambda: listener.seen[-1] == (0, 5), "a message after the new epoch")
+        await core.shutdown()
+
+    run(test)
+
+
+def test_a_queue_whose_lease_ran_out_is_consumed_again_once_its_consume_task_relocks() -> None:
+    """The consume task re-locks a queue whose lease ran out, and retries a re-lock that
+    failed (RELOCK_FAILED_DELAY later): delivery resumes as soon as the broker grants the
+    lock again, not at the next lock renewal."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        clock = broker.clock
+        # a renewal interval of its own: its timer is the only one due at that time
+        core = consumer(broker, listener, lock_renew_interval=17.0)
+        await core.start()
+        broker.append(0, ["a"] * 2)
+        await until(lambda: listener.seen == [(0, 0), (0, 1)], "the first messages")
+        pq = core._queues[MQ]
+        epoch = pq.lock_epoch
+        relocks = count_relocks(core)
+        listener.gate.clear()
+        broker.append(0, ["a"] * 3)
+        await until(listener.in_call.is_set, "the call on message 2 in flight, 3 and 4 taken")
+        broker.down = True  # no renewal reaches the broker...
+        clock.advance(31)  # ...and the lease (30 s) runs out during the call
+        await until(lambda: clock.sleeping_until(clock.now() + 17), "the failed renewal")
+        renewal = clock.now() + 17
+        listener.gate.set()  # the call returns; the consume task finds the lease gone
+        await until(lambda: relocks == [False], "a re-lock the broker did not answer")
+        assert not pq.lease_fresh(clock.now(), 30.0)
+        broker.down = False
+        await run_clock(  # the re-lock again (3 s later), then messages 3 and 4
+            clock, 0.5, 20, lambda: len(listener.seen) >= 5, "messages 3 and 4 after the re-lock"
+        )
+        assert clock.now() < renewal, "only the lock renewal brought the queue back"
+        assert relocks == [False, True], relocks
+        assert pq.lease_fresh(clock.now(), 30.0) and pq.lock_epoch == epoch
+        assert listener.seen == [(0, i) for i in range(5)]
+        broker.append(0, ["a"])
+        await until(lambda: listener.seen[-1:] == [(0, 5)], "a message after the re-lock")
         await core.shutdown()
 
     run(test)
