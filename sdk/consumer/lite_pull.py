@@ -93,6 +93,7 @@ class LitePullConsumer(BlockingClient):
             on_queues_revoked=on_queues_revoked,
             clock=clock,
         )
+        self._core.batches_lent = 2  # see LitePullConsumerCore.batches_lent
         super().__init__(self._core, f"ordermq-pull-{group}")
 
     @property

@@ -73,7 +73,12 @@ class LitePullConsumerCore(PushDeliveryCore):
         # The messages of that batch: out of the cycle collector (see ProcessQueue) until
         # the next batch is handed out or the consumer shuts down, so that collections do
         # not traverse a poll's batch while the caller works through it.
-        self._lent: list[MessageExt] = []
+        self._lent: list[list[MessageExt]] = []
+        #: How many of the last batches handed out stay out of the cycle collector. The
+        #: blocking face keeps two: its caller still holds the last one until poll()'s
+        #: answer reaches its thread, and collections the loop's thread runs meanwhile
+        #: would traverse it (and move it a generation up, as if long-lived).
+        self.batches_lent = 1
         self._paused: set[MessageQueue] = set()
         self._ready = asyncio.Event()
         self._turn = 0
@@ -162,7 +167,9 @@ class LitePullConsumerCore(PushDeliveryCore):
         if self._assignment is not None:
             self._assignment.cancel()
             await asyncio.wait([self._assignment])
-        self._lend([])
+        for lent in self._lent:
+            hand_out(lent)
+        self._lent = []
         held = await self._stop_pulling()
         if self.auto_commit:
             self._take_consumed(held)
@@ -280,13 +287,15 @@ class LitePullConsumerCore(PushDeliveryCore):
             self._in_hand = None
 
     def _lend(self, batch: list[MessageExt]) -> None:
-        """Hand out `batch`; the last one goes back to the cycle collector.
+        """Hand out `batch`; the batch `batches_lent` before it goes back to the collector.
 
         Not before: the caller still has the last batch while poll() waits for the next,
         and collections then would traverse it (and keep it as if long-lived).
         """
-        hand_out(self._lent)
-        self._lent = batch
+        lent = self._lent
+        lent.append(batch)
+        if len(lent) > self.batches_lent:
+            hand_out(lent.pop(0))
 
     def handed_out(self, message: MessageExt) -> None:
         """The caller was given `message` of the last batch, and not yet what follows it."""
