@@ -64,6 +64,16 @@ class BrokerCollector(Collector):
                 value=int(ready),
             )
         ]
+        lag = self._broker.loop_lag
+        families.append(
+            _histogram(
+                "ordermq_event_loop_lag_seconds",
+                f"How late the broker's event loop woke a timer due (sampled every "
+                f"{lag.interval * 1000:g} ms): its stalls, which delay every client",
+                {},
+                lag.seconds,
+            )
+        )
         if self._broker.state is not None:
             families += _state_families(self._broker.state)
         if self._broker.remoting is not None:

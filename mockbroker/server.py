@@ -24,6 +24,7 @@ from mockbroker.groups import ConsumerGroups
 from mockbroker.limits import ClientLimits
 from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
 from mockbroker.long_polling import PullHolder
+from mockbroker.loop_lag import LoopLag
 from mockbroker.offset_commits import OffsetCommits
 from mockbroker.offsets import ConsumerOffsets
 from mockbroker.parking import PARKING_FILE, Parking
@@ -128,6 +129,9 @@ class Broker:
         self.state: BrokerState | None = None
         self._server: grpc.aio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        #: How late the event loop runs what is due (ordermq_event_loop_lag_seconds).
+        self.loop_lag = LoopLag()
+        self._lag_probe: asyncio.Task[None] | None = None
         self._http: StatusServer | None = None
         self._console: ConsoleServer | None = None
         self._messaging: MessagingService | None = None
@@ -387,6 +391,7 @@ class Broker:
         transactions.start()
         pop.start()
         self._sweeper = asyncio.create_task(self._expire_clients(state), name="client-expiry")
+        self._lag_probe = asyncio.create_task(self.loop_lag.run(), name="loop-lag-probe")
         if self.acl is not None and self.config.acl_file is not None:
             from mockbroker.acl import AclWatcher
 
@@ -589,10 +594,11 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._acl_watcher
             self._acl_watcher = None
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        for task in (self._sweeper, self._lag_probe):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._v2 is not None:
             await self._v2.stop(left())
             self._v2 = None

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import platform
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -180,6 +181,35 @@ def test_flush_seconds_is_a_histogram_with_buckets_from_sub_millisecond_to_secon
         after = scrape(port)
     assert after[("ordermq_flush_seconds_count", ())] > before
     assert_histogram(after, "ordermq_flush_seconds", after[("ordermq_flush_seconds_count", ())])
+
+
+def test_a_stalled_event_loop_shows_in_the_loop_lag_histogram(tmp_path: Path) -> None:
+    config = BrokerConfig(data_dir=tmp_path, metrics_port=0)
+    with EmbeddedBroker(config) as broker:
+        port = metrics_port(broker)
+        assert types(port)["ordermq_event_loop_lag_seconds"] == "histogram"
+        key = ("ordermq_event_loop_lag_seconds_bucket", (("le", "0.1"),))
+        wait_until(
+            lambda: scrape(port)[("ordermq_event_loop_lag_seconds_count", ())] > 0,
+            10,
+            "the probe's first wake-up",
+        )
+        counted = scrape(port)[("ordermq_event_loop_lag_seconds_count", ())]
+
+        async def stall() -> None:
+            time.sleep(0.3)  # a blocking call on the broker's loop
+
+        broker._runner.call(stall)
+        wait_until(
+            lambda: scrape(port)[("ordermq_event_loop_lag_seconds_count", ())] > counted,
+            10,
+            "the probe's wake-up after the stall",
+        )
+        after = scrape(port)
+    count = after[("ordermq_event_loop_lag_seconds_count", ())]
+    assert after[key] < count, "a wake-up over 100 ms late"
+    assert after[("ordermq_event_loop_lag_seconds_sum", ())] >= 0.2
+    assert_histogram(after, "ordermq_event_loop_lag_seconds", count)
 
 
 # ---------------------------------------------------------------------- requests
@@ -374,6 +404,7 @@ DOCUMENTED = {
     "ordermq_dedup_duplicates": "counter",
     "ordermq_dedup_keys": "gauge",
     "ordermq_flush_seconds": "histogram",
+    "ordermq_event_loop_lag_seconds": "histogram",
     "ordermq_fair_slices": "counter",
     "ordermq_fair_slices_waited": "counter",
     "ordermq_client_limit_refusals": "counter",
