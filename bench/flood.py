@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ import consuming as cw
 import workloads as wl
 from figures import Figure, Run
 from procs import BENCH, ServerProcess, broker_process
+from prometheus_client.parser import text_string_to_metric_families
 
 from sdk import (
     ConsumeFromWhere,
@@ -64,6 +66,9 @@ NORMAL_TOPIC = "bench-flood-normal"
 SEND_TOPIC = "bench-flood-bulk"
 PULL_TOPIC = "bench-flood-backlog"
 PHASES = ("baseline", "send flood", "pull flood")
+#: A broker loop wake-up later than this (ms; a histogram bound) counts as a stall.
+LOOP_STALL_MS = 5.0
+LOOP_LAG = "ordermq_event_loop_lag_seconds"
 #: Broker configurations compared in one run: (name, extra mockbroker arguments).
 CONFIGS: list[tuple[str, tuple[str, ...]]] = [
     ("default", ()),
@@ -84,6 +89,10 @@ class Sample:
     #: clients themselves were held up (other processes on the machine), not the broker.
     client_stall_p99_ms: float
     flooder: dict[str, Any] = field(default_factory=dict)
+    #: The broker's event loop meanwhile (ordermq_event_loop_lag_seconds): its wake-ups
+    #: over LOOP_STALL_MS late, and the bucket bound (ms) the slowest one was within.
+    broker_stalls: int = 0
+    broker_lag_max_ms: float = 0.0
 
 
 class PhaseRecorder(MessageListenerOrderly):
@@ -271,7 +280,9 @@ async def measure(
         # disk near the broker's 75% mark it deleted the pull flooder's backlog early.
         no_retention = ("--disk-high-ratio", "1", "--disk-force-ratio", "1",
                         "--disk-refuse-ratio", "1")  # fmt: skip
-        with broker_process(data_dir, "async", extra=(*extra, *no_retention)) as broker:
+        metrics = ("--metrics-port", "0")  # the loop lag of each phase
+        with broker_process(data_dir, "async", extra=(*extra, *no_retention, *metrics)) as broker:
+            metrics_url = _metrics_url(broker)
             stored = await wl.fill_backlog(broker.address, PULL_TOPIC, backlog)
             say(f"  pull flooder's backlog: {stored} messages")
             admin = BrokerClient(broker.address)
@@ -280,7 +291,7 @@ async def measure(
                 await load.start(admin)
                 for i in range(args.runs):
                     for phase in PHASES:
-                        sample = await _phase(load, broker, phase, seconds)
+                        sample = await _phase(load, broker, metrics_url, phase, seconds)
                         samples[phase].append(sample)
                         say(f"  {name} run {i + 1}/{args.runs} {phase}: {_describe(sample)}")
             finally:
@@ -291,7 +302,47 @@ async def measure(
     return facts
 
 
-async def _phase(load: NormalLoad, broker: ServerProcess, phase: str, seconds: float) -> Sample:
+def _metrics_url(broker: ServerProcess) -> str:
+    """The broker's /metrics URL, from the line it prints after its ready line."""
+    prefix = "mockbroker serving metrics and health checks on "
+    assert broker.lines is not None
+    for _ in range(5):
+        line = broker.lines.readline(10.0)
+        if line.startswith(prefix):
+            return f"http://{line.removeprefix(prefix).strip()}/metrics"
+    raise RuntimeError(f"{broker.name} printed no metrics address")
+
+
+def _loop_lag(url: str) -> dict[float, float]:
+    """The broker's loop-lag histogram now: upper bound (s) -> wake-ups at or below it."""
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == LOOP_LAG:
+            return {
+                float(sample.labels["le"]): sample.value
+                for sample in family.samples
+                if sample.name == f"{LOOP_LAG}_bucket"
+            }
+    raise RuntimeError(f"the broker exports no {LOOP_LAG}")
+
+
+def _stalls(before: dict[float, float], after: dict[float, float]) -> tuple[int, float]:
+    """Wake-ups over LOOP_STALL_MS late between two scrapes, and the bound (ms) the
+    slowest of them was within (0: no wake-up observed)."""
+    bounds = sorted(after)
+    grown = [after[b] - before.get(b, 0.0) for b in bounds]  # cumulative, as scraped
+    total = grown[-1]
+    if not total:
+        return 0, 0.0
+    stalls = total - grown[bounds.index(LOOP_STALL_MS / 1000)]
+    slowest = next(b for b, n in zip(bounds, grown, strict=True) if n == total)
+    return int(stalls), slowest * 1000
+
+
+async def _phase(
+    load: NormalLoad, broker: ServerProcess, metrics_url: str, phase: str, seconds: float
+) -> Sample:
     stats: dict[str, Any] = {}
     flood: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if phase == "send flood":
@@ -302,6 +353,7 @@ async def _phase(load: NormalLoad, broker: ServerProcess, phase: str, seconds: f
         if phase != "baseline":
             await asyncio.sleep(FLOOD_SETTLE_SECONDS)
         cpu_before = broker.cpu_seconds()
+        lag_before = _loop_lag(metrics_url)
         started = time.perf_counter()
         stalls: list[float] = []
         watch = asyncio.create_task(_timer_lateness(stalls))
@@ -311,6 +363,7 @@ async def _phase(load: NormalLoad, broker: ServerProcess, phase: str, seconds: f
             watch.cancel()
         elapsed = time.perf_counter() - started
         cpu_after = broker.cpu_seconds()
+        loop_stalls, lag_max_ms = _stalls(lag_before, _loop_lag(metrics_url))
         # Without protection a flood can starve the consumer: then the rest arrives once
         # the flooder stopped (their latency counts), and the phase says so.
         starved = not await load.received()
@@ -323,7 +376,7 @@ async def _phase(load: NormalLoad, broker: ServerProcess, phase: str, seconds: f
     if cpu_before is not None and cpu_after is not None:
         server_cpu = (cpu_after - cpu_before) / elapsed
     stall = cw.percentile(stalls, 99) if stalls else 0.0
-    return Sample(sends, e2e, elapsed, rate, server_cpu, stall, stats)
+    return Sample(sends, e2e, elapsed, rate, server_cpu, stall, stats, loop_stalls, lag_max_ms)
 
 
 async def _timer_lateness(out: list[float]) -> None:
@@ -341,7 +394,9 @@ def _describe(s: Sample) -> str:
         f"e2e p50 {p(s.e2e_ms, 50):.2f} p99 {p(s.e2e_ms, 99):.2f} ms, "
         f"sent {s.sent_rate:.0f} msg/s, broker CPU "
         + ("-" if s.server_cpu is None else f"{s.server_cpu * 100:.0f}%")
-        + f", client stalls p99 {s.client_stall_p99_ms:.1f} ms"
+        + f", client stalls p99 {s.client_stall_p99_ms:.1f} ms, broker loop: "
+        + f"{s.broker_stalls} wake-ups over {LOOP_STALL_MS:g} ms late, the slowest within "
+        + f"{s.broker_lag_max_ms:g} ms"
     )
     if s.flooder.get("never_received"):
         text += (
@@ -397,7 +452,9 @@ def _figures(
                     figure.runs.append(
                         Run(cw.percentile(pick(s), q), s.seconds, len(pick(s)),
                             server_cpu=s.server_cpu, rate=s.sent_rate,
-                            detail={"client_stall_p99_ms": round(s.client_stall_p99_ms, 3)})
+                            detail={"client_stall_p99_ms": round(s.client_stall_p99_ms, 3),
+                                    "broker_loop_stalls": s.broker_stalls,
+                                    "broker_loop_lag_max_ms": s.broker_lag_max_ms})
                     )  # fmt: skip
         if phase == "baseline":
             continue
