@@ -1220,8 +1220,22 @@ class MessageStore:
         """DISK_FULL (retriable) while sends are refused.
 
         That is while the disk is over the refuse ratio, or the commit log stays over
-        `max_data_bytes`.
+        `max_data_bytes`. While the last reading found the disk over the clean ratio
+        (`disk_high_ratio`), every call reads it again: sends could otherwise fill it to
+        the last byte between two checks, and then nothing else (the lock table, offsets,
+        a checkpoint) could be saved.
         """
+        if (
+            not self.refusing_sends
+            and self.disk is not None
+            and self.disk.ratio >= self.retention.clean_ratio
+        ):
+            with contextlib.suppress(OSError):  # unreadable: the periodic check decides
+                usage = self._probe()
+                if usage.ratio >= self.retention.refuse_ratio:
+                    self._set_disk(usage, self.commitlog.total_bytes())
+                else:
+                    self.disk = usage
         if self.refusing_sends:
             self.retention_stats.sends_refused += 1
             raise BrokerError(

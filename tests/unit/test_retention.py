@@ -307,6 +307,34 @@ def test_a_batch_cut_short_by_a_full_disk_fails_whole_and_nothing_of_it_is_serve
     loop.run_until_complete(store.close())
 
 
+def test_a_nearly_full_disk_is_read_at_every_send_so_sends_stop_at_the_limit(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    # Sends of 20 KB filled a 32 MB disk from 85% to the last byte within one check
+    # interval (fresh CI 89): the lock table could not be saved after. Over the clean
+    # ratio each send reads the disk; below it, the periodic check alone decides.
+    clock, disk = FakeClock(), FakeDisk()
+    store = open_store(loop, tmp_path, clock, disk)
+    disk.ratio = 0.50
+    store.enforce_retention()
+    disk.ratio = 0.95  # filled since the check: not read again at this usage
+    store.check_accepting_sends()
+    disk.ratio = 0.80
+    store.enforce_retention()  # over the clean ratio
+    disk.ratio = 0.89
+    store.check_accepting_sends()
+    assert store.disk is not None and store.disk.ratio == 0.89, "read again, under the limit"
+    disk.ratio = 0.95  # the next sends filled it past the limit before the next check
+    with pytest.raises(BrokerError) as refused:
+        store.check_accepting_sends()
+    assert refused.value.reason == "DISK_FULL" and "95.0%" in refused.value.message
+    assert store.refusing_sends
+    disk.ratio = 0.60
+    store.enforce_retention()  # the periodic check lets sends in again
+    store.check_accepting_sends()
+    loop.run_until_complete(store.close())
+
+
 def test_sends_refused_after_a_write_ran_out_of_space_say_so_until_the_next_disk_check(
     loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
