@@ -54,6 +54,7 @@ import argparse
 import ctypes
 import json
 import os
+import queue
 import signal
 import sys
 import threading
@@ -141,11 +142,15 @@ def quiet_logs(set_level: Any, set_size: Any, handle: Any, level: str) -> None:
     set_size(handle, 3, 20 * 1024 * 1024)
 
 
-def stop_signal() -> threading.Event:
-    """An event set by SIGTERM or SIGINT."""
-    stop = threading.Event()
+def stop_signal() -> queue.SimpleQueue[int]:
+    """A queue SIGTERM and SIGINT put their number in (`get()` waits for one).
+
+    Not a threading.Event: a handler's set() that lands while the main thread is inside
+    the Event's wait() (holding its lock) blocks for good. SimpleQueue.put is safe there.
+    """
+    stop: queue.SimpleQueue[int] = queue.SimpleQueue()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _frame: stop.put(signum))
     return stop
 
 
@@ -335,7 +340,7 @@ def push(a: argparse.Namespace) -> None:
     consumer.start()
     emit("started", pid=os.getpid(), orderly=a.orderly, group=a.group, topic=a.topic)
     phase("consuming")
-    stop.wait()
+    stop.get()
     emit("stopping")
     phase("shutting down (offsets persisted, queues unlocked, client unregistered)")
     began = time.monotonic()

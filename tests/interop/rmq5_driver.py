@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import signal
 import sys
 import threading
@@ -262,9 +263,11 @@ def push(a: argparse.Namespace) -> int:
             emit("message", **describe(message))
             return ConsumeResult.SUCCESS
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # Not a threading.Event: a handler's set() that lands while this thread is inside the
+    # Event's wait() (holding its lock) blocks for good. SimpleQueue.put is safe there.
+    stop: queue.SimpleQueue[int] = queue.SimpleQueue()
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stop.put(signum))
+    signal.signal(signal.SIGINT, lambda signum, _frame: stop.put(signum))
     _phase[0] = "startup"
     consumer = PushConsumer(
         config(a.endpoints, a), a.group, Listener(), {a.topic: FilterExpression(a.tag)},
@@ -273,7 +276,7 @@ def push(a: argparse.Namespace) -> int:
     consumer.startup()
     emit("started", client_id=consumer.client_id, fifo=consumer.fifo)
     _phase[0] = "consuming"
-    stop.wait()
+    stop.get()
     emit("stopping")
     consumer.shutdown()
     emit("stopped")

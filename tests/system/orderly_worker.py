@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
@@ -137,9 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s {args.id} %(levelname)s %(name)s %(message)s",
     )
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # Not a threading.Event: a handler's set() that lands while this thread is inside the
+    # Event's wait() (holding its lock) blocks for good. SimpleQueue.put is safe there.
+    stop: queue.SimpleQueue[int] = queue.SimpleQueue()
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stop.put(signum))
+    signal.signal(signal.SIGINT, lambda signum, _frame: stop.put(signum))
 
     def hook(what: str) -> Callable[[list[MessageQueue]], None]:
         def report(queues: list[MessageQueue]) -> None:
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     consumer.register_message_listener(listener)
     consumer.start()
     print(f"ready {consumer.client_id}", flush=True)
-    stop.wait()
+    stop.get()
     consumer.shutdown()
     listener.close()
     print("stopped", flush=True)

@@ -18,17 +18,17 @@ from tests.interop.provision import Client
 pytestmark = [pytest.mark.system, pytest.mark.interop]
 
 STAND_IN = """
-import json, os, signal, sys, threading
+import json, os, queue, signal, sys
 def emit(event, **f):
     print(json.dumps({"event": event, **f}), flush=True)
 part = sys.argv[1]
-stop = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: stop.set())
+stop = queue.SimpleQueue()  # not an Event: its set() in a handler can deadlock its wait()
+signal.signal(signal.SIGTERM, lambda *_: stop.put(None))
 emit("started", home=os.environ["HOME"], extra=os.environ.get("EXTRA"))
 if part == "serve":
     print("a line of the client library", flush=True)
     emit("message", n=1)
-    stop.wait()
+    stop.get()
     emit("stopped")
 elif part == "error":
     emit("error", message="the send failed")
@@ -38,7 +38,7 @@ elif part == "exit":
 elif part == "done":
     emit("done")
 elif part == "hang":
-    stop.wait()
+    stop.get()
 """
 
 
