@@ -70,9 +70,10 @@ class LitePullConsumerCore(PushDeliveryCore):
         self._consumed: dict[MessageQueue, int] = {}  # the end of the done batches
         # The queue of the batch the last poll() returned, and where that batch ends.
         self._last: tuple[MessageQueue, int] | None = None
-        # The messages of that batch: out of the cycle collector (see ProcessQueue) until
-        # the next batch is handed out or the consumer shuts down, so that collections do
-        # not traverse a poll's batch while the caller works through it.
+        # The last batches handed out, oldest first: out of the cycle collector (see
+        # ProcessQueue) until `batches_lent` later ones are handed out or the consumer
+        # shuts down, so that collections do not traverse a poll's batch while the caller
+        # works through it.
         self._lent: list[list[MessageExt]] = []
         #: How many of the last batches handed out stay out of the cycle collector. The
         #: blocking face keeps two: its caller still holds the last one until poll()'s

@@ -7,9 +7,10 @@ Pulled messages come decoded for a buffer (`codec.decode_records(..., buffered=T
 outside the cycle collector's generations, where thousands of them would be traversed by
 every collection while the consumer decodes more. They stay so while a listener or a
 poll has them, and go back to the collector once done with (committed, settled,
-finished), when the queue is cleared or let go, and a poll's once the next poll hands out
-its batch or the consumer shuts down: a reference cycle a user's code made through one is
-collected from then on. Tracking them at hand-out instead would put a whole run back in
+finished), when the queue is cleared or let go, and a poll's once a later poll hands out
+its batch (LitePullConsumerCore.batches_lent: the next one, or for the blocking face the
+one after) or the consumer shuts down: a reference cycle a user's code made through one
+is collected from then on. Tracking them at hand-out instead would put a whole run back in
 the youngest generation at once, which costs most of what this saves.
 
 Every method is synchronous and touches only this object: callers on one event loop need

@@ -231,3 +231,26 @@ def test_a_tail_the_full_disk_will_not_take_holds_the_checkpoint_back_until_it_i
     assert not store.recovery.crashed
     assert stored(store) == list(range(7))
     loop.run_until_complete(store.close())
+
+
+def test_a_close_that_cannot_write_the_tails_is_not_clean_and_the_next_start_replays(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A clean start trusts the queue files whole: a close whose tails found the disk full
+    # must not mark the shutdown clean, or the entries kept in memory would be lost.
+    store = open_store(loop, tmp_path)
+    store.create_topic("t", 1)
+    send(loop, store, 2)
+    checkpoint(loop, store)
+    send(loop, store, 3)
+
+    def no_room(fd: int, data: bytes | memoryview, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(consumequeue_module.os, "pwrite", no_room)
+    loop.run_until_complete(store.close())
+    monkeypatch.undo()
+    store = open_store(loop, tmp_path)
+    assert store.recovery.crashed and store.recovery.records_replayed == 3
+    assert stored(store) == list(range(5))
+    loop.run_until_complete(store.close())
