@@ -29,7 +29,10 @@ class BrokerConfig:
         default_queues: Queue count of topics created on first send.
         auto_create_topics: Whether a send or producer route query creates a topic.
         broker_name: The name queues report as their broker.
-        segment_bytes: Size at which the commit log rolls to a new segment file.
+        segment_bytes: Size at which the commit log rolls to a new segment file. The
+            next segment is allocated ahead of the writes while the disk is under
+            `disk_high_ratio`: the commit log takes up to two segments more disk than
+            its records (that one, and the unwritten rest of the one being written).
         flush_interval_seconds: Period of background flushes and checkpoints.
         sync_flush_timeout_seconds: How long a sync-mode send waits for its fsync before
             answering FLUSH_DISK_TIMEOUT.

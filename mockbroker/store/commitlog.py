@@ -12,6 +12,11 @@ Reads may run in worker threads (message queries) while the event loop appends a
 retention deletes: a segment is looked up and read under the same lock under which
 retention takes it out and closes its file, so a read never uses a closed descriptor,
 or one the number of which was given to another file meanwhile.
+
+The next segment is made ahead of the writes, in a thread (segment_allocator.py): a roll
+renames the spare, and the directory's sync that makes the new name durable is left to
+the next flush, before which nothing in the new segment counts as durable. Neither waits
+on the event loop for the file system's journal.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ from __future__ import annotations
 import bisect
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mockbroker.store.checkpoint import read_positions, write_positions
 from mockbroker.store.files import fault_point, fsync_dir, make_dirs
+from mockbroker.store.segment_allocator import SegmentAllocator
 
 _NAME_DIGITS = 20
 _FLOOR_FILE = "floor"
@@ -38,6 +44,8 @@ class FlushPlan:
 
     target: int
     fds: list[int] = field(default_factory=list)
+    #: A directory whose entries (a rolled-to segment's name) must be synced too.
+    directory: Path | None = None
 
 
 @dataclass
@@ -49,9 +57,19 @@ class _Segment:
 
 
 class CommitLog:
-    """Append-only segmented log with positional reads."""
+    """Append-only segmented log with positional reads.
 
-    def __init__(self, directory: Path, segment_bytes: int) -> None:
+    `may_preallocate` says whether a spare segment may take its disk space now (see the
+    module docstring); without it none is made.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        segment_bytes: int,
+        *,
+        may_preallocate: Callable[[], bool] | None = None,
+    ) -> None:
         self._dir = directory
         self._segment_bytes = segment_bytes
         self._segments: list[_Segment] = []
@@ -60,24 +78,30 @@ class CommitLog:
         self.flushed = 0
         #: Held while reading a segment and while taking one out (see the docstring).
         self._guard = threading.Lock()
+        self._may_preallocate = may_preallocate
+        self._allocator = SegmentAllocator(directory, segment_bytes)
+        self._unsynced_name = False  # a roll's new name awaits the directory's sync
+        self._allocated_ahead = False  # the active segment was a spare: blocks past its end
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
         """Open the existing segments, or create the first one."""
         make_dirs(self._dir)
+        self._allocator.remove_leftover()
         for path in sorted(self._dir.iterdir()):
             if path.name.isdigit() and len(path.name) == _NAME_DIGITS:
                 fd = os.open(path, os.O_RDWR)
                 self._add(_Segment(int(path.name), path, fd, os.fstat(fd).st_size))
         if not self._segments:
-            self._create(0)
+            self._create_first()
         floor = (read_positions(self._dir / _FLOOR_FILE, 1) or (0,))[0]
         if floor > self.start:
             self._unlink_below(floor)  # a deletion the last run did not finish
         self.flushed = self.end
 
     def close(self) -> None:
-        """Close every segment file (does not flush)."""
+        """Close every segment file (does not flush) and remove the spare."""
+        self._allocator.close()
         with self._guard:
             for seg in self._segments:
                 os.close(seg.fd)
@@ -106,7 +130,7 @@ class CommitLog:
         last = self._segments[-1]
         if last.size > 0 and last.size + size > self._segment_bytes:
             self._unsynced_rolled.append(last.fd)
-            self._create(last.base + last.size)
+            self._roll_to(last.base + last.size)
         return self.end
 
     def append(self, data: bytes) -> int:
@@ -127,17 +151,60 @@ class CommitLog:
         """Capture what must be synced to make everything appended so far durable."""
         fds = [*self._unsynced_rolled, self._segments[-1].fd]
         self._unsynced_rolled = []
-        return FlushPlan(self.end, fds)
+        directory = self._dir if self._unsynced_name else None
+        self._unsynced_name = False
+        return FlushPlan(self.end, fds, directory)
 
     @staticmethod
     def execute_flush(plan: FlushPlan) -> None:
         """Fdatasync the plan's files; runs in a worker thread. Raises OSError on failure."""
+        if plan.directory is not None:
+            fsync_dir(plan.directory)
         for fd in plan.fds:
             os.fdatasync(fd)
 
     def complete_flush(self, plan: FlushPlan) -> None:
         """Record a successful flush."""
         self.flushed = max(self.flushed, plan.target)
+
+    # ------------------------------------------------------------------ the spare segment
+    def prepare_spare(self) -> None:
+        """Have a spare segment made in a thread, if `may_preallocate` allows it."""
+        if self._may_preallocate is not None and self._may_preallocate():
+            self._allocator.want()
+
+    def settle(self) -> None:
+        """Wait for the allocator's thread to finish what it was given (tests)."""
+        self._allocator.settle()
+
+    @property
+    def spare_ready(self) -> bool:
+        """True when the next roll will rename a spare instead of creating a file."""
+        return self._allocator.ready
+
+    def give_back_space(self) -> None:
+        """Free what was allocated ahead: the spare, and the active segment's unwritten rest.
+
+        For a disk that is filling up. Raises OSError when the rest cannot be freed.
+        """
+        self._allocator.drop()
+        if self._allocated_ahead:
+            last = self._segments[-1]
+            os.ftruncate(last.fd, last.size)  # the size it has: frees the blocks past it
+            self._allocated_ahead = False
+
+    def _roll_to(self, base: int) -> None:
+        rolled = self._segments[-1]
+        if self._allocated_ahead:
+            self._allocator.trim_later(rolled.fd, rolled.size)
+        path = self._dir / f"{base:0{_NAME_DIGITS}d}"
+        fd = self._allocator.take(path)
+        self._allocated_ahead = fd is not None
+        if fd is None:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self._add(_Segment(base, path, fd, 0))
+        self._unsynced_name = True
+        self.prepare_spare()
 
     # ------------------------------------------------------------------ reading
     def read(self, position: int, size: int) -> bytes:
@@ -228,6 +295,8 @@ class CommitLog:
     # ------------------------------------------------------------------ recovery
     def truncate(self, position: int) -> int:
         """Drop everything at and after `position`; return the number of bytes dropped."""
+        self._allocator.void_trims()
+        self._allocated_ahead = True  # the new end may be a former spare's, left untrimmed
         dropped = 0
         while len(self._segments) > 1 and self._segments[-1].base >= position:
             with self._guard:
@@ -258,10 +327,8 @@ class CommitLog:
         self._segments.append(seg)
         self._bases.append(seg.base)
 
-    def _create(self, base: int) -> _Segment:
-        path = self._dir / f"{base:0{_NAME_DIGITS}d}"
+    def _create_first(self) -> None:
+        path = self._dir / f"{0:0{_NAME_DIGITS}d}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         fsync_dir(self._dir)
-        seg = _Segment(base, path, fd, 0)
-        self._add(seg)
-        return seg
+        self._add(_Segment(0, path, fd, 0))

@@ -123,6 +123,17 @@ def bytes_on_disk(directory: Path) -> int:
     return total
 
 
+def allocate(fd: int, length: int) -> None:
+    """Allocate disk blocks for a file's first `length` bytes, leaving its size as it is.
+
+    Writes into allocated blocks need no allocation while the file system is busy writing
+    back. Raises OSError where there is no room or the file system cannot do it.
+    """
+    if _libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, 0, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
 def punch_hole(fd: int, length: int) -> None:
     """Free the disk blocks of a file's first `length` bytes; they read back as zeros.
 

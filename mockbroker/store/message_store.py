@@ -202,7 +202,9 @@ class MessageStore:
         self._sync_timeout = sync_flush_timeout_seconds
         self._clock: Clock = clock or SystemClock()
         self.topics = TopicRegistry(data_dir / "topics.json")
-        self.commitlog = CommitLog(data_dir / "commitlog", segment_bytes)
+        self.commitlog = CommitLog(
+            data_dir / "commitlog", segment_bytes, may_preallocate=self._room_for_spare
+        )
         self._cq_dir = data_dir / "consumequeue"
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._checkpoint = data_dir / "checkpoint"
@@ -717,6 +719,7 @@ class MessageStore:
                 with contextlib.suppress(OSError):
                     self.disk = self._probe()
                 self.refusing_sends = self._disk_refusing = self._out_of_space = True
+                self._give_back_space()
                 raise BrokerError(
                     StatusCode.UNAVAILABLE,
                     "DISK_FULL",
@@ -1289,6 +1292,28 @@ class MessageStore:
             )  # fmt: skip
         self.disk, self._disk_refusing, self._out_of_space = usage, refusing, False
         self.refusing_sends = refusing or capped
+        if self._room_for_spare():
+            self.commitlog.prepare_spare()
+        else:
+            self._give_back_space()
+
+    def _give_back_space(self) -> None:
+        """The disk is filling up: free what the commit log allocated ahead of its writes."""
+        try:
+            self.commitlog.give_back_space()
+        except OSError as exc:
+            log.warning("cannot free the commit log's space allocated ahead: %s", exc)
+
+    def _room_for_spare(self) -> bool:
+        """Whether the commit log may keep a spare segment (it takes a segment's space).
+
+        Only while the disk is under the clean ratio (`disk_high_ratio`) and no write has
+        found it full since the last check: the space is better left to the writes.
+        """
+        disk = self.disk
+        return (
+            disk is not None and not self._out_of_space and disk.ratio < self.retention.clean_ratio
+        )
 
     def _deletable_limit(self) -> int:
         """Nothing at or past this position may be deleted."""
