@@ -16,22 +16,13 @@ from mockbroker.errors import BrokerError
 from mockbroker.store.commitlog import CommitLog
 from mockbroker.store.files import allocate
 from mockbroker.store.message_store import MessageStore
-from mockbroker.store.retention import DiskUsage, RetentionPolicy
+from mockbroker.store.retention import RetentionPolicy
 from mockbroker.store.segment_allocator import SegmentAllocator
 from sdk._wire import encode_frame
+from tests.unit.test_retention import FakeDisk
 
 SEGMENT = 64 * 1024
 RECORD = b"r" * 1000
-
-
-class Disk:
-    """A disk-usage probe whose used share a test sets."""
-
-    def __init__(self) -> None:
-        self.ratio = 0.10
-
-    def __call__(self) -> DiskUsage:
-        return DiskUsage(1000, int(self.ratio * 1000))
 
 
 @pytest.fixture
@@ -177,12 +168,14 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 
 @pytest.fixture
-def disk() -> Disk:
-    return Disk()
+def disk() -> FakeDisk:
+    return FakeDisk()
 
 
 @pytest.fixture
-def store(loop: asyncio.AbstractEventLoop, tmp_path: Path, disk: Disk) -> Iterator[MessageStore]:
+def store(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, disk: FakeDisk
+) -> Iterator[MessageStore]:
     store = MessageStore(
         tmp_path,
         sync_flush=False,
@@ -202,7 +195,7 @@ def store(loop: asyncio.AbstractEventLoop, tmp_path: Path, disk: Disk) -> Iterat
 
 
 def test_the_store_keeps_a_spare_only_while_the_disk_has_room(
-    store: MessageStore, disk: Disk, loop: asyncio.AbstractEventLoop, tmp_path: Path
+    store: MessageStore, disk: FakeDisk, loop: asyncio.AbstractEventLoop, tmp_path: Path
 ) -> None:
     topic, _ = store.create_topic("t", 1)
     frame = encode_frame(msg_id=bytes(16), born_timestamp_ms=1, body=RECORD)
