@@ -180,11 +180,14 @@ class Parking:
     def _all(self) -> list[ParkedKey]:
         return [e for keys in self._by_queue.values() for e in keys.values()]
 
-    async def entries(self, group: str | None = None) -> list[ParkedKey]:
-        """Every parked (and released, not yet passed) key, of one group or all."""
+    def entries(self, group: str | None = None) -> list[ParkedKey]:
+        """Every parked (and released, not yet forgotten) key, of one group or all."""
+        return [e for e in self._all() if group is None or e.group == group]
+
+    async def forget_passed(self) -> None:
+        """Forget every released key its group's committed offset has passed."""
         for queue in {(e.group, e.topic, e.queue_id) for e in self._all() if e.released}:
             await self._forget_passed(*queue)
-        return [e for e in self._all() if group is None or e.group == group]
 
     # ------------------------------------------------------------------ parking
     async def park(

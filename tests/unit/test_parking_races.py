@@ -117,7 +117,7 @@ async def parked_again_while_copying(tmp_path: Path) -> None:
     appends.go.set()
     await asyncio.gather(first, second)
 
-    [entry] = await parking.entries("billing")
+    [entry] = parking.entries("billing")
     parked = store.topics.find(parked_topic("billing"))
     assert parked is not None
     assert bodies_from(store, parked, 0, 0) == [b"m0", b"m1", b"m2"]
@@ -146,7 +146,7 @@ async def released_while_copying(tmp_path: Path) -> None:
     appends.go.set()
     await asyncio.gather(copying, releasing)
 
-    [entry] = await parking.entries("billing")
+    [entry] = parking.entries("billing")
     assert entry.released
     assert bodies_from(store, topic, 0, 2) == [b"m0", b"m1"]
     # What `recover` would send back after a crash is what the release sent back: no
