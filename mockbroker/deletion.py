@@ -96,7 +96,7 @@ async def delete_group(state: BrokerState, group: str, *, force: bool) -> GroupD
     if state.locks.forget(lambda g, _queue: g == group):
         await state.locks.save()
     await state.pop.forget(group)
-    state.parking.forget(lambda e: e.group == group)
+    await state.parking.forget(lambda e: e.group == group)
     for name in own:
         await _delete_topic(state, name, forced=[])
     log_event(log, logging.WARNING, "group.deleted",
@@ -129,7 +129,7 @@ async def _delete_topic(state: BrokerState, name: str, *, forced: list[str]) -> 
     groups |= {g for g, _, _ in await state.offsets.forget(of_topic)}
     for group in sorted(state.pop.groups()):
         await state.pop.forget(group, name)
-    state.parking.forget(lambda e: e.topic == name)
+    await state.parking.forget(lambda e: e.topic == name)
     also = f", forced: {', '.join(forced)} subscribe" if forced else ""
     log_event(log, logging.WARNING, "topic.deleted",
               f"topic {name} deleted ({topic.queue_count} queues, offsets of "

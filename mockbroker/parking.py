@@ -14,7 +14,10 @@ point (their copies come after). So the key's messages reach the group once each
 order they were sent, whichever consumer owns the queue meanwhile.
 
 The state is a small JSON file (`parking.json`, replaced atomically); the parked topic is
-where the messages are. A release saves the state first (a failed save changes nothing),
+where the messages are. Pulls save it as they copy a parked key's new messages, so it is
+written in a worker thread (its fsyncs wait on the disk: on the event loop they would hold
+up every client); a release writes it on the loop, where no other write can come between
+its save and its append. A release saves the state first (a failed save changes nothing),
 then appends; a crash between the two is finished at the next start (`Parking.recover`),
 so the messages go back once. A crash between a copy and the state naming it leaves a copy
 nobody names: the next pull copies the message again, and only named copies are
@@ -140,27 +143,51 @@ class Parking:
         log.info("%d parked keys", sum(not e.released for e in self._all()))
 
     def _save(self) -> None:
-        """Write the state file; DISK_FULL or STORE_UNAVAILABLE (retriable) if that fails."""
+        """Write the state file on the loop (a release: see the module docstring).
+
+        DISK_FULL or STORE_UNAVAILABLE (retriable) if that fails.
+        """
         if self._path is None:
             return
-        data = {"version": 1, "keys": [asdict(e) for e in self._all()]}
         try:
-            write_atomically(self._path, json.dumps(data, indent=1).encode())
+            write_atomically(self._path, self._snapshot())
         except OSError as exc:
-            raise BrokerError(
-                StatusCode.UNAVAILABLE,
-                "DISK_FULL" if exc.errno == errno.ENOSPC else "STORE_UNAVAILABLE",
-                f"the parked keys were not saved ({exc}); retry later",
-            ) from exc
+            raise _not_saved(exc) from exc
+
+    async def _save_in_thread(self) -> None:
+        """`_save`, the file written in a worker thread; call with `_changing` held.
+
+        The lock is kept until the write is done, even when the caller is cancelled: the
+        next save must not write the file at the same time.
+        """
+        if self._path is None:
+            return
+        work = asyncio.ensure_future(
+            asyncio.to_thread(write_atomically, self._path, self._snapshot())
+        )
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            await asyncio.wait([work])
+            raise
+        except OSError as exc:
+            raise _not_saved(exc) from exc
+
+    def _snapshot(self) -> bytes:
+        data = {"version": 1, "keys": [asdict(e) for e in self._all()]}
+        return json.dumps(data, indent=1).encode()
 
     def _all(self) -> list[ParkedKey]:
         return [e for keys in self._by_queue.values() for e in keys.values()]
 
     def entries(self, group: str | None = None) -> list[ParkedKey]:
-        """Every parked (and released, not yet passed) key, of one group or all."""
-        for queue in {(e.group, e.topic, e.queue_id) for e in self._all() if e.released}:
-            self._forget_passed(*queue)
+        """Every parked (and released, not yet forgotten) key, of one group or all."""
         return [e for e in self._all() if group is None or e.group == group]
+
+    async def forget_passed(self) -> None:
+        """Forget every released key its group's committed offset has passed."""
+        for queue in {(e.group, e.topic, e.queue_id) for e in self._all() if e.released}:
+            await self._forget_passed(*queue)
 
     # ------------------------------------------------------------------ parking
     async def park(
@@ -251,7 +278,7 @@ class Parking:
         entry.copies.extend(copies)
         entry.through = max(entry.through, end - 1)
         try:
-            self._save()
+            await self._save_in_thread()
         except BrokerError:
             entry.through = through
             del entry.copies[copied:]
@@ -279,7 +306,7 @@ class Parking:
         if not keys or not got.count:
             return got
         if any(e.released for e in keys.values()):
-            self._forget_passed(group, topic.name, queue_id)
+            await self._forget_passed(group, topic.name, queue_id)
             keys = self._by_queue.get((group, topic.name, queue_id))
             if not keys:
                 return got
@@ -425,31 +452,40 @@ class Parking:
                         "off sent back", entry.group, entry.key, entry.topic,
                         entry.queue_id, len(frames))  # fmt: skip
 
-    def forget(self, which: Callable[[ParkedKey], bool]) -> int:
+    async def forget(self, which: Callable[[ParkedKey], bool]) -> int:
         """Forget the keys `which` picks (their group or topic was deleted); how many."""
-        gone = 0
-        for queue, keys in list(self._by_queue.items()):
-            for key, entry in list(keys.items()):
-                if which(entry):
-                    del keys[key]
-                    gone += 1
-            if not keys:
-                del self._by_queue[queue]
-        if gone:
-            self._save()
-        return gone
+        async with self._changing:
+            gone = 0
+            for queue, keys in list(self._by_queue.items()):
+                for key, entry in list(keys.items()):
+                    if which(entry):
+                        del keys[key]
+                        gone += 1
+                if not keys:
+                    del self._by_queue[queue]
+            if gone:
+                await self._save_in_thread()
+            return gone
 
-    def _forget_passed(self, group: str, topic: str, queue_id: int) -> None:
+    async def _forget_passed(self, group: str, topic: str, queue_id: int) -> None:
         """Forget the queue's released keys its group committed past: it skips no more."""
         offset = self._committed(group, topic, queue_id)
         if offset is not None:
-            self.forget(
+            await self.forget(
                 lambda e: (
                     (e.group, e.topic, e.queue_id) == (group, topic, queue_id)
                     and e.released
                     and offset > e.through
                 )
             )
+
+
+def _not_saved(exc: OSError) -> BrokerError:
+    return BrokerError(
+        StatusCode.UNAVAILABLE,
+        "DISK_FULL" if exc.errno == errno.ENOSPC else "STORE_UNAVAILABLE",
+        f"the parked keys were not saved ({exc}); retry later",
+    )
 
 
 def _without_copy_properties(record: bytes) -> bytes:

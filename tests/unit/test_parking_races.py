@@ -9,10 +9,15 @@ the release names copies it did not send back.
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+import mockbroker.parking as parking_module
 from mockbroker.parking import Parking, parked_topic
 from mockbroker.store.message_store import MessageStore
 from mockbroker.store.records import check_frames
@@ -148,3 +153,31 @@ async def released_while_copying(tmp_path: Path) -> None:
     # copy named after the release was decided.
     assert entry.released_count == 2
     assert [r[-2:] for r in parking._release_frames(entry, topic)] == [b"m0", b"m1"]
+
+
+def test_pulls_and_forgetting_save_the_parked_keys_in_a_worker_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asyncio.run(saved_off_the_loop(tmp_path, monkeypatch))
+
+
+async def saved_off_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store, topic, parking, send = await parked_world(tmp_path)
+    await send(b"m0")
+    await park(parking, topic, 0)
+    writers: list[int] = []
+    write = parking_module.write_atomically
+
+    def recording(path: Path, data: bytes) -> None:
+        writers.append(threading.get_ident())
+        write(path, data)
+
+    monkeypatch.setattr(parking_module, "write_atomically", recording)
+    await send(b"m1")
+    got = store.get(topic, 0, 0, max_messages=10, max_bytes=1 << 20)
+    assert (await parking.filter("billing", topic, 0, got)).count == 0, "both are the key's"
+    assert len(writers) == 1, "the pull copied m1 and saved that"
+    await parking.forget(lambda entry: True)
+    assert len(writers) == 2
+    assert threading.get_ident() not in writers, "written on the event loop"
+    assert json.loads((tmp_path / "parking.json").read_bytes())["keys"] == []

@@ -73,6 +73,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
         if request.group:
             check_group(request.group)
         name = self._s.config.broker_name
+        await self._s.parking.forget_passed()
         entries = self._s.parking.entries(request.group or None)
         return pb.ListParkedKeysResponse(keys=[parked_key_pb(e, name) for e in entries])
 
