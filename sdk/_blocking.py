@@ -7,8 +7,11 @@ shutdown() does it, the last started first:
   before Python stops its thread pools, which would otherwise refuse the clients' work
   ("cannot schedule new futures after shutdown") while their loops still run;
 - on SIGTERM, when the process had no SIGTERM handler of its own when a client started:
-  the handler shuts the clients down, then lets SIGTERM end the process as it would have
-  (exit status -15, no atexit callbacks, as without ordermq).
+  the clients are shut down, then SIGTERM ends the process as it would have (exit status
+  -15, no atexit callbacks, as without ordermq). The handler itself only wakes a thread
+  that does this: it runs in the main thread between any two of its steps, and whatever
+  the main thread held there (the registry's lock, a future's condition) would be held
+  against a shutdown run inside it, for ever.
 
 A second Ctrl+C or SIGTERM while that shutdown runs ends the process at once.
 """
@@ -20,6 +23,7 @@ import concurrent.futures.thread  # its exit hook must be registered before ours
 import contextlib
 import logging
 import os
+import queue
 import select
 import signal
 import socket
@@ -41,6 +45,9 @@ _registry_lock = threading.Lock()
 _running: list[BlockingClient] = []
 _exit_hook_registered = False
 _terminating = False  # SIGTERM came: end the process once no client runs
+# Woken by the SIGTERM handler (SimpleQueue.put is safe in one); started with the handler.
+_sigterm_wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+_sigterm_thread_pid = 0  # the process whose thread waits on it (a fork's child has none)
 
 
 class AsyncCore(Protocol):
@@ -200,7 +207,12 @@ def _handle_sigterm() -> None:
     """Take SIGTERM where nothing else handles it (signal handlers: main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         return
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    handler = signal.getsignal(signal.SIGTERM)
+    if handler is signal.SIG_DFL or handler is _on_sigterm:  # ours: a fork's child's too
+        global _sigterm_thread_pid
+        if _sigterm_thread_pid != os.getpid():
+            _sigterm_thread_pid = os.getpid()
+            threading.Thread(target=_terminate_on_wake, name="ordermq-sigterm", daemon=True).start()
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
@@ -215,6 +227,15 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     global _terminating
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
     _terminating = True
+    if _sigterm_thread_pid == os.getpid():
+        _sigterm_wake.put(None)
+    else:  # a fork's child that started no client in its main thread: nothing to wait for
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _terminate_on_wake() -> None:
+    """The SIGTERM thread: once woken, shut the clients down, then end the process."""
+    _sigterm_wake.get()
     shutdown_running_clients()
     _end_if_terminating()
 

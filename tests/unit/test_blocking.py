@@ -10,8 +10,11 @@ import asyncio
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -214,3 +217,39 @@ def test_the_asyncio_wait_refuses_what_it_cannot_do() -> None:
     thread.join()
     assert "main thread" in str(raised[0])
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+_INTERRUPTED_HOLDING_THE_REGISTRY = """
+import os, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+from sdk import _blocking
+from tests.unit.test_blocking import Client, Core
+
+class Reporting(Core):
+    async def shutdown(self):
+        print("shut down", flush=True)
+
+Client(Reporting("c", [])).start()
+print("started", flush=True)
+with _blocking._registry_lock:  # as inside a client's start() or shutdown()
+    os.kill(os.getpid(), signal.SIGTERM)  # handled here, with the lock held
+    time.sleep(0.5)
+time.sleep(10)
+print("not ended", flush=True)
+"""
+
+
+def test_sigterm_handled_while_the_main_thread_holds_the_registry_shuts_down_and_ends(
+    tmp_path: Path,
+) -> None:
+    # The handler runs in the main thread wherever it was: it shut the clients down right
+    # there, and waited for ever for the registry's lock its own thread held.
+    root = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_HOLDING_THE_REGISTRY, root],
+        capture_output=True,
+        timeout=20,
+        cwd=tmp_path,
+    )
+    assert proc.stdout.decode().splitlines() == ["started", "shut down"], proc.stderr.decode()
+    assert proc.returncode == -signal.SIGTERM
