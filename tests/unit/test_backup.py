@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 from pathlib import Path
 
+import pytest
+from grpc import StatusCode
+
 from mockbroker.backup import Backups
+from mockbroker.errors import BrokerError
+from mockbroker.store.consumequeue import ConsumeQueue
 from mockbroker.store.message_store import MessageStore
 from sdk._wire import encode_frame, iter_records
 from sdk.testing import FakeClock
@@ -87,3 +93,42 @@ def test_writes_after_the_cut_are_not_in_the_copy_and_those_before_are_whole(
             await store.close()
 
     asyncio.run(restored())
+
+
+def test_a_cut_that_cannot_write_the_queues_entries_fails_the_backup_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cut writes the entries each queue keeps in memory, so that the copy can read
+    # them from the files: a full disk then fails the backup, not the store.
+    copy = tmp_path / "copy"
+    write_tail = ConsumeQueue.write_tail
+
+    def full(self: ConsumeQueue) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def run() -> None:
+        store = make_store(tmp_path / "live")
+        store.open()
+        await store.start()
+        try:
+            topic, _ = store.create_topic("t", 1)
+            await store.put(topic, 0, frames(b"a"))
+            backups = Backups(store, FakeClock())
+            monkeypatch.setattr(ConsumeQueue, "write_tail", full)
+            with pytest.raises(BrokerError, match="No space left") as failed:
+                await backups.backup(str(copy))
+            assert failed.value.status is StatusCode.FAILED_PRECONDITION
+            assert not copy.exists() or not any(copy.iterdir()), "nothing copied"
+            monkeypatch.setattr(ConsumeQueue, "write_tail", write_tail)
+            await store.put(topic, 0, frames(b"b"))  # the store goes on
+            assert store.enforce_retention() == 0  # retention is not held
+            report = await backups.backup(str(copy))
+            assert report.messages == 2
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+    store = make_store(copy)
+    store.open()
+    assert queue_bodies(store, "t", 0) == [b"a", b"b"]
+    asyncio.run(store.close())
