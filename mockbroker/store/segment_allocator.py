@@ -45,6 +45,7 @@ class SegmentAllocator:
         self._spare: int | None = None  # the spare's descriptor, once it is made
         self._wanted = False
         self._unable = False  # the file system cannot allocate blocks ahead
+        self._no_room = False  # the last try found the disk full (logged once)
         self._trims: list[_Trim] = []
         self._worker: threading.Thread | None = None
         #: Held while a rolled segment is truncated, and while the log voids those pending.
@@ -164,12 +165,15 @@ class SegmentAllocator:
             if fd is not None:
                 self._discard(fd)
             if exc.errno == errno.ENOSPC:  # tried again at the next roll or disk check
-                log.info("no room for a spare commit-log segment: %s", exc)
+                if not self._no_room:
+                    log.info("no room for a spare commit-log segment: %s", exc)
+                self._no_room = True
             else:  # a file system without fallocate: it will not have it at the next try
                 self._unable = True
                 log.warning("cannot allocate commit-log segments ahead (%s): each is created "
                             "at its roll", exc)  # fmt: skip
             return None
+        self._no_room = False
         return fd
 
     def _discard(self, fd: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -240,7 +241,11 @@ def test_a_write_that_finds_the_disk_full_gives_the_spare_space_back(
     ("error", "tries"), [(errno.ENOSPC, 2), (errno.EOPNOTSUPP, 1)], ids=["full", "unsupported"]
 )
 def test_a_file_system_without_fallocate_is_not_asked_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: int, tries: int
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    error: int,
+    tries: int,
 ) -> None:
     calls: list[int] = []
 
@@ -250,8 +255,10 @@ def test_a_file_system_without_fallocate_is_not_asked_again(
 
     monkeypatch.setattr(segment_allocator_module, "allocate", refuse)
     allocator = SegmentAllocator(tmp_path, SEGMENT)
+    caplog.set_level(logging.INFO, "mockbroker.store")
     for _ in range(2):
         allocator.want()
         allocator.settle()
         assert not allocator.ready and not spare(tmp_path).exists()
     assert len(calls) == tries
+    assert len(caplog.records) == 1, "said once"
