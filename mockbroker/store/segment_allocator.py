@@ -66,7 +66,8 @@ class SegmentAllocator:
             if self._unable:
                 return
             self._wanted = True
-            self._start_locked()
+            if self._spare is None:  # else nothing to do: no thread
+                self._start_locked()
 
     def take(self, path: Path) -> int | None:
         """Rename the spare to `path` and return its descriptor (None: there is none).

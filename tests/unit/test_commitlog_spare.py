@@ -50,6 +50,8 @@ def test_a_roll_renames_the_spare_made_ahead_and_a_new_one_is_made(
     log.prepare_spare()
     log.settle()
     assert log.spare_ready
+    log.prepare_spare()  # as every disk check asks
+    assert log._allocator._worker is None, "no thread while a spare is ready"
     made = os.stat(spare(tmp_path))
     assert made.st_size == 0, "its blocks are allocated, its size stays 0"
     assert made.st_blocks * 512 >= SEGMENT

@@ -201,6 +201,11 @@ def test_a_checkpoint_writes_the_tails_it_counts_and_a_crash_after_it_loses_noth
     loop.run_until_complete(store.close())
 
 
+def no_room(fd: int, data: bytes | memoryview, offset: int) -> int:
+    """os.pwrite on a full disk."""
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
 def test_a_tail_the_full_disk_will_not_take_holds_the_checkpoint_back_until_it_is_written(
     loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -210,9 +215,6 @@ def test_a_tail_the_full_disk_will_not_take_holds_the_checkpoint_back_until_it_i
     checkpoint(loop, store)
     send(loop, store, 4)
     real_pwrite = os.pwrite
-
-    def no_room(fd: int, data: bytes | memoryview, offset: int) -> int:
-        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(consumequeue_module.os, "pwrite", no_room)
     checkpoint(loop, store)  # the commit log is synced; the checkpoint stays where it was
@@ -243,9 +245,6 @@ def test_a_close_that_cannot_write_the_tails_is_not_clean_and_the_next_start_rep
     send(loop, store, 2)
     checkpoint(loop, store)
     send(loop, store, 3)
-
-    def no_room(fd: int, data: bytes | memoryview, offset: int) -> int:
-        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(consumequeue_module.os, "pwrite", no_room)
     loop.run_until_complete(store.close())
