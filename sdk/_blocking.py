@@ -155,19 +155,22 @@ def shutdown_running_clients() -> None:
 
     A client whose shutdown() another thread is running is waited for; one whose start()
     or shutdown() this very thread was in (a signal handler interrupted it) is left to it.
+    After SIGTERM, the process then ends by SIGTERM: also when the main thread's exit hook
+    gets here first, as the SIGTERM thread (a daemon) may not outlive the interpreter.
     """
     me = threading.get_ident()
     while True:
         with _registry_lock:
             waiting = [c for c in _running if c._lifecycle_thread != me]
         if not waiting:
-            return
+            break
         client = waiting[-1]
         try:
             client.shutdown()
         except Exception:
             log.exception("shutting down %s failed", type(client).__name__)
             _stopped(client)
+    _end_if_terminating()
 
 
 def _started(client: BlockingClient) -> None:
@@ -237,7 +240,6 @@ def _terminate_on_wake() -> None:
     """The SIGTERM thread: once woken, shut the clients down, then end the process."""
     _sigterm_wake.get()
     shutdown_running_clients()
-    _end_if_terminating()
 
 
 def _end_if_terminating() -> None:

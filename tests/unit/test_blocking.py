@@ -253,3 +253,45 @@ def test_sigterm_handled_while_the_main_thread_holds_the_registry_shuts_down_and
     )
     assert proc.stdout.decode().splitlines() == ["started", "shut down"], proc.stderr.decode()
     assert proc.returncode == -signal.SIGTERM
+
+
+_MAIN_THREAD_ENDS_DURING_THE_SIGTERM_SHUTDOWN = """
+import os, signal, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from sdk import _blocking
+from tests.unit.test_blocking import Client, Core
+
+class Slow(Core):
+    async def shutdown(self):
+        print("shut down", flush=True)
+
+end = _blocking._end_if_terminating
+
+def late_end():  # the SIGTERM thread, slow to end the process: the main thread ends first
+    if threading.current_thread().name == "ordermq-sigterm":
+        time.sleep(2)
+    end()
+
+_blocking._end_if_terminating = late_end
+Client(Slow("c", [])).start()
+print("started", flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.5)  # the SIGTERM thread has shut the client down; main returns now
+"""
+
+
+def test_sigterm_ends_the_process_by_sigterm_when_the_main_thread_ends_first(
+    tmp_path: Path,
+) -> None:
+    # The main thread's exit hook found the client shut down by the SIGTERM thread and
+    # returned: the interpreter ended (status 0, atexit callbacks run) before that daemon
+    # thread re-raised SIGTERM.
+    root = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-c", _MAIN_THREAD_ENDS_DURING_THE_SIGTERM_SHUTDOWN, root],
+        capture_output=True,
+        timeout=20,
+        cwd=tmp_path,
+    )
+    assert proc.stdout.decode().splitlines() == ["started", "shut down"], proc.stderr.decode()
+    assert proc.returncode == -signal.SIGTERM
