@@ -22,7 +22,7 @@ from mockbroker.store.files import write_atomically
 from mockbroker.store.message_store import MessageStore
 from mockbroker.store.retention import DiskUsage
 from mockbroker.topic_creation import TopicCreation
-from mockbroker.topics import Topic, TopicRegistry
+from mockbroker.topics import Topic, TopicRegistry, TopicRetention
 from sdk.testing import FakeClock
 
 
@@ -352,3 +352,46 @@ def test_a_store_topic_whose_save_fails_leaves_nothing_after_a_restart(
         loop.run_until_complete(store.close())
     finally:
         loop.close()
+
+
+def test_an_operators_change_during_a_creation_loses_neither_from_the_registry_file(
+    store: MessageStore,
+    loop: asyncio.AbstractEventLoop,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = loop.run_until_complete
+    creation = TopicCreation(store, max_topics=100, client_max_topics=100)
+    run(creation.create("old", 1))
+    run(creation.create("gone", 1))
+    saving, go = threading.Event(), threading.Event()
+
+    def held(path: Path, data: bytes) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            saving.set()  # the creation's save, in its worker thread: held until `go`
+            go.wait(5)
+        write_atomically(path, data)
+
+    monkeypatch.setattr(topics_module, "write_atomically", held)
+
+    async def together() -> None:
+        creating = asyncio.ensure_future(creation.create("new", 2))
+        while not saving.is_set():
+            await asyncio.sleep(0.001)
+        changes = asyncio.gather(
+            store.set_topic_retention("old", TopicRetention(hours=1)),
+            store.delete_topic("gone"),
+        )
+        await asyncio.sleep(0.01)  # as far as they go while the creation's save is held
+        go.set()
+        await asyncio.gather(creating, changes)
+
+    run(together())
+    reloaded = TopicRegistry(tmp_path / "data" / "topics.json")
+    reloaded.load()
+    assert [t.name for t in reloaded.all() if not t.name.startswith("rmq_sys_")] == [
+        "new",
+        "old",
+    ]
+    assert reloaded.get("old").retention == TopicRetention(hours=1)
+    assert "gone" in reloaded.deleted()
