@@ -123,23 +123,25 @@ class Delivery:
         if sliced is None:
             checked = store.check(frames)
             outcome = await self._store(
-                self._accepted(client, topic_name, checked), queue_id, frames, checked,
+                await self._accepted(client, topic_name, checked), queue_id, frames, checked,
                 store.append,
             )  # fmt: skip
         else:
             queue = (topic_name, queue_id)
 
             def write_now(checked: CheckedFrames) -> Written | None:
-                found = self._accepted(client, topic_name, checked)
-                if _scheduled(checked) or sliced.writing(queue):
-                    return None  # append writes it, once the batch being written is whole
+                found = self._found(topic_name, checked)
+                if found is None or _scheduled(checked) or sliced.writing(queue):
+                    # append writes it, once the batch being written is whole or the topic
+                    # is created (its file work is awaited: not in this turn)
+                    return None
                 return store.write(found, queue_id, frames, checked)
 
             async with sliced.in_order(client, queue) as hold:
                 checked, written = await sliced.check(client, frames, write_now)
                 if written is None:
                     append = functools.partial(sliced.append, client, hold)
-                    found = self._accepted(client, topic_name, checked)
+                    found = await self._accepted(client, topic_name, checked)
                     outcome = await self._store(found, queue_id, frames, checked, append)
             if written is not None:
                 durable = await store.durable(written.end)
@@ -317,7 +319,10 @@ class Delivery:
                 ):
                     return None
                 try:
-                    topic = self._accepting(client, topic_name)
+                    self._s.store.check_accepting_sends()
+                    topic = self._s.store.topics.find(topic_name)
+                    if topic is None:
+                        return None  # created below, where its file work can be awaited
                     return self._s.store.write_parts(topic, [batch for _, batch in now])
                 except BrokerError as exc:
                     outcomes.update((index, exc) for index, _ in now)
@@ -342,7 +347,7 @@ class Delivery:
             else:
                 now, later = _sort_checks(valid, checks, outcomes)
             try:
-                topic = self._accepting(client, topic_name) if now or later else None
+                topic = await self._accepting(client, topic_name) if now or later else None
             except BrokerError as exc:
                 outcomes.update((index, exc) for index, _ in now + later)
                 topic = None
@@ -428,7 +433,7 @@ class Delivery:
         self._shape(topic_name).check_queue(queue_id)
         transactions = self._s.transactions
         framed, checked = transactions.check_half(group, frame)
-        topic = self._accepting(client, topic_name)
+        topic = await self._accepting(client, topic_name)
         return await transactions.store_half(group, topic, queue_id, framed, checked)
 
     def _shape(self, topic_name: str) -> Topic:
@@ -439,15 +444,23 @@ class Delivery:
             topic = store.topics.get(topic_name)  # TOPIC_NOT_FOUND
         return topic or Topic(topic_name, self._s.config.default_queues)
 
-    def _accepted(self, client: str, topic_name: str, checked: Sequence[CheckedFrame]) -> Topic:
+    async def _accepted(
+        self, client: str, topic_name: str, checked: Sequence[CheckedFrame]
+    ) -> Topic:
         """The topic to store `checked` in, once the last checks passed (created if need be)."""
         _scheduled(checked)  # INVALID_DELIVERY_TIME for a mixed batch
-        return self._accepting(client, topic_name)
+        return await self._accepting(client, topic_name)
 
-    def _accepting(self, client: str, topic_name: str) -> Topic:
+    def _found(self, topic_name: str, checked: Sequence[CheckedFrame]) -> Topic | None:
+        """_accepted() without creating: None for a topic that is missing."""
+        _scheduled(checked)
+        self._s.store.check_accepting_sends()
+        return self._s.store.topics.find(topic_name)
+
+    async def _accepting(self, client: str, topic_name: str) -> Topic:
         """The topic to store in while the disk takes sends (created if need be)."""
         self._s.store.check_accepting_sends()
-        return self._s.topic_creation.user_topic(
+        return await self._s.topic_creation.user_topic(
             topic_name, self._s.config.default_queues, client=client
         )
 

@@ -33,7 +33,7 @@ import errno
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -104,7 +104,7 @@ class Parking:
         self,
         store: MessageStore,
         clock: Clock,
-        system_topic: Callable[[str], Topic],
+        system_topic: Callable[[str], Awaitable[Topic]],
         check_holder: Callable[[str, tuple[str, int], str, int], None],
         committed: Callable[[str, str, int], int | None],
         path: Path | None,
@@ -230,6 +230,9 @@ class Parking:
     async def _park(
         self, group: str, topic: Topic, queue_id: int, key: str, from_offset: int, reason: str
     ) -> ParkedKey:
+        # Its creation awaits file work: done before the entry shows, so that no listing
+        # shows a parked key whose messages are not copied yet for that long.
+        await self._system_topic(parked_topic(group))
         cq = self._store.queue(topic, queue_id)
         queue = (group, topic.name, queue_id)
         keys = self._by_queue.setdefault(queue, {})
@@ -265,7 +268,7 @@ class Parking:
         found = self._key_records(entry, topic, end)
         copies: range = range(0)
         if found:
-            parked = self._system_topic(parked_topic(entry.group))
+            parked = await self._system_topic(parked_topic(entry.group))
             extra = {REASON_PROPERTY: entry.reason}
             frames = b"".join(
                 copy_frame(record, topic.name, entry.queue_id, offset, delay_level=0, extra=extra)
@@ -402,11 +405,13 @@ class Parking:
 
     def _release_frames(self, entry: ParkedKey, topic: Topic) -> list[bytes]:
         """The frames a release of `entry` (its fields set as released) sends back, in order."""
-        parked = self._system_topic(parked_topic(entry.group))
-        frames = [
-            _without_copy_properties(self._store.read_record(parked, 0, offset))
-            for offset in entry.copies
-        ]
+        frames = []
+        if entry.copies:  # then _copy created the parked topic
+            parked = self._store.topics.get(parked_topic(entry.group))
+            frames = [
+                _without_copy_properties(self._store.read_record(parked, 0, offset))
+                for offset in entry.copies
+            ]
         later = dataclasses.replace(entry, through=entry.parked_through)
         frames += [
             _without_copy_properties(record)

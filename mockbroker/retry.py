@@ -83,7 +83,7 @@ class RetryService:
         limit = max_reconsume_times or DEFAULT_MAX_RECONSUME_TIMES
         if times >= limit:
             return await self._dead_letter(group, topic, queue_id, queue_offset, record, times)
-        retry = self._system_topic(RETRY_PREFIX + group)
+        retry = await self._system_topic(RETRY_PREFIX + group)
         level = min(delay_level or 3 + times, len(DELAY_LEVEL_SECONDS))
         frame = copy_frame(record, topic.name, queue_id, queue_offset, delay_level=level)
         checked = self._store.check(frame)
@@ -106,15 +106,15 @@ class RetryService:
     async def _dead_letter(
         self, group: str, topic: Topic, queue_id: int, queue_offset: int, record: bytes, times: int
     ) -> SentBack:
-        dlq = self._system_topic(DLQ_PREFIX + group)
+        dlq = await self._system_topic(DLQ_PREFIX + group)
         frame = copy_frame(record, topic.name, queue_id, queue_offset, delay_level=0)
         checked = check_frames(frame, int(self._clock.now() * 1000))
         await self._store.append(dlq, 0, frame, checked, reconsume_times=times)
         self.dead_lettered[group] = self.dead_lettered.get(group, 0) + 1
         return SentBack(True, dlq.name, times)
 
-    def _system_topic(self, name: str) -> Topic:
-        return self.topics.system_topic(name)
+    async def _system_topic(self, name: str) -> Topic:
+        return await self.topics.system_topic(name)
 
 
 def copy_frame(

@@ -16,7 +16,10 @@ in this order, are made once, before anything is created:
    (TOO_MANY_TOPICS) naming the limit, and nothing of it is created.
 
 A topic exists once `topics.json` holds it (TopicRegistry.create): one whose save fails is
-refused (DISK_FULL, STORE_UNAVAILABLE) and leaves no trace. The count per client lives in
+refused (DISK_FULL, STORE_UNAVAILABLE) and leaves no trace. The file work of a creation
+(fsync'd) runs in a worker thread (MessageStore.create_topics), never on the event loop
+every client waits on; finding a topic that exists awaits nothing. Creations are one at a
+time, so the limits are checked again just before the files are made. The count per client lives in
 memory, one entry per client that had a topic created, so never more than `max_topics`.
 """
 
@@ -49,43 +52,63 @@ class TopicCreation:
         #: Creations refused, by cause: "disk_full", "max_topics", "client_max_topics".
         self.refused: dict[str, int] = {}
 
-    def user_topic(self, name: str, queue_count: int, *, client: Hashable) -> Topic:
+    async def user_topic(self, name: str, queue_count: int, *, client: Hashable) -> Topic:
         """The user topic `name`, created with `queue_count` queues if it is missing."""
         check_user_topic(name)
-        return self._ensure([name], queue_count, client)[0]
+        topic = self._store.topics.find(name)
+        if topic is not None:
+            return topic
+        return (await self._ensure([name], queue_count, client))[0]
 
-    def retry_topics(self, groups: Iterable[str], *, client: Hashable) -> None:
+    async def retry_topics(self, groups: Iterable[str], *, client: Hashable) -> None:
         """Each group's retry topic (one queue), created where missing: all, or none."""
         names = []
         for group in groups:
             check_group(group)
             names.append(RETRY_PREFIX + group)
-        self._ensure(names, 1, client)
+        await self._ensure(names, 1, client)
 
-    def system_topic(self, name: str) -> Topic:
+    async def system_topic(self, name: str) -> Topic:
         """A group's retry or dead-letter topic (one queue), for the broker's own use."""
         check_any_topic(name)
-        return self._ensure([name], 1, None)[0]
+        topic = self._store.topics.find(name)
+        if topic is not None:
+            return topic
+        return (await self._ensure([name], 1, None))[0]
 
-    def create(
+    async def create(
         self, name: str, queue_count: int, retention: TopicRetention | None = None
     ) -> tuple[Topic, bool]:
         """An operator's topic: (topic, created); the same settings again are no error."""
         check_user_topic(name)
-        if self._store.topics.find(name) is None:
-            self._check([name], None)
-        return self._store.create_topic(name, queue_count, retention)
+        existing = self._store.topics.existing(name, queue_count, retention)
+        if existing is not None:
+            return existing, False
+        self._check([name], None)
+        created = await self._store.create_topics(
+            [name], queue_count, retention, check=lambda missing: self._check(missing, None)
+        )
+        return created[0]
 
-    def _ensure(self, names: list[str], queue_count: int, client: Hashable | None) -> list[Topic]:
+    async def _ensure(
+        self, names: list[str], queue_count: int, client: Hashable | None
+    ) -> list[Topic]:
         topics = self._store.topics
         missing = [n for n in dict.fromkeys(names) if topics.find(n) is None]
         if missing:
             self._check(missing, client)
-        for name in missing:
-            _, created = self._store.create_topic(name, queue_count)
-            if created and client is not None:
-                self._created_by[client] = self._created_by.get(client, 0) + 1
+            # Checked again where the answer could have changed: under the registry's lock.
+            await self._store.create_topics(
+                missing,
+                queue_count,
+                check=lambda new: self._check(new, client),
+                created=lambda new: self._count(new, client),
+            )
         return [topics.get(n) for n in names]
+
+    def _count(self, created: list[str], client: Hashable | None) -> None:
+        if client is not None:
+            self._created_by[client] = self._created_by.get(client, 0) + len(created)
 
     def _check(self, missing: list[str], client: Hashable | None) -> None:
         """DISK_FULL or TOO_MANY_TOPICS unless every topic of `missing` may be created."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -176,6 +177,11 @@ class TopicRegistry:
         self.version = 0
         #: Called after each saved change (the name-server registrar registers again).
         self.on_change: Callable[[], None] | None = None
+        #: Held by every change made while the broker serves (MessageStore.create_topics,
+        #: delete_topic, set_topic_retention) from building the file's data until the
+        #: change applies, so that a save whose file work runs in a worker thread never
+        #: races another one: each file holds every change applied before it.
+        self.lock = asyncio.Lock()
 
     def load(self) -> None:
         """Read the registry file, if any; CorruptFileError when it cannot be read."""
@@ -199,8 +205,9 @@ class TopicRegistry:
         topic = self.get(name)
         topics = {n: t for n, t in self._topics.items() if n != name}
         deleted = {**self._deleted, name: max(position, self._deleted.get(name, 0))}
-        self._save(topics, name, deleted, "deleted")
+        self.write(self._data(topics, deleted), [name], "deleted")
         self._topics, self._deleted = topics, deleted
+        self._saved()
         return topic
 
     def get(self, name: str) -> Topic:
@@ -232,43 +239,66 @@ class TopicRegistry:
         and leaves the registry as it was, so nothing is ever stored into a topic that a
         restart would not find.
         """
+        existing = self.existing(name, queue_count, retention)
+        if existing is not None:
+            return existing, False
+        topic = Topic(name, queue_count, retention or DEFAULT_RETENTION)
+        self.write(self.data_with([topic]), [name], "created")
+        self.add([topic])  # only once the file holds it: a restart finds it
+        return topic, True
+
+    def existing(
+        self, name: str, queue_count: int, retention: TopicRetention | None = None
+    ) -> Topic | None:
+        """The topic `name` if it exists as asked (see create()), None if it is missing.
+
+        INVALID_ARGUMENT for a queue count out of range, TOPIC_EXISTS for an existing topic
+        with another queue count or (`retention` given) another retention.
+        """
         if not 1 <= queue_count <= MAX_QUEUES:
             raise invalid(
                 "INVALID_ARGUMENT", f"queue count {queue_count} must be within 1..{MAX_QUEUES}"
             )
         existing = self._topics.get(name)
-        if existing is not None:
-            if existing.queue_count != queue_count:
-                raise BrokerError(
-                    StatusCode.ALREADY_EXISTS,
-                    "TOPIC_EXISTS",
-                    f"topic {name!r} exists with {existing.queue_count} queues, not {queue_count}",
-                )
-            if retention is not None and retention != existing.retention:
-                raise BrokerError(
-                    StatusCode.ALREADY_EXISTS,
-                    "TOPIC_EXISTS",
-                    f"topic {name!r} exists with retention {existing.retention.describe()}, "
-                    f"not {retention.describe()}; change it with `ordermq topics "
-                    "set-retention` (AdminService.SetTopicRetention)",
-                )
-            return existing, False
-        topic = Topic(name, queue_count, retention or DEFAULT_RETENTION)
-        self._save({**self._topics, name: topic}, name, self._deleted, "created")
-        self._topics[name] = topic  # only once the file holds it: a restart finds it
-        return topic, True
+        if existing is None:
+            return None
+        if existing.queue_count != queue_count:
+            raise BrokerError(
+                StatusCode.ALREADY_EXISTS,
+                "TOPIC_EXISTS",
+                f"topic {name!r} exists with {existing.queue_count} queues, not {queue_count}",
+            )
+        if retention is not None and retention != existing.retention:
+            raise BrokerError(
+                StatusCode.ALREADY_EXISTS,
+                "TOPIC_EXISTS",
+                f"topic {name!r} exists with retention {existing.retention.describe()}, "
+                f"not {retention.describe()}; change it with `ordermq topics "
+                "set-retention` (AdminService.SetTopicRetention)",
+            )
+        return existing
+
+    def data_with(self, new: Iterable[Topic]) -> bytes:
+        """The registry file's content once `new` (missing topics) are added."""
+        return self._data({**self._topics, **{t.name: t for t in new}}, self._deleted)
+
+    def add(self, new: Iterable[Topic]) -> None:
+        """Apply `new`, once a file written with data_with(new) holds them."""
+        for topic in new:
+            self._topics[topic.name] = topic
+        self._saved()
 
     def set_retention(self, name: str, retention: TopicRetention) -> Topic:
         """Change a topic's own retention (TOPIC_NOT_FOUND); saved before it applies."""
         topic = replace(self.get(name), retention=retention)
-        self._save({**self._topics, name: topic}, name, self._deleted, "changed")
+        self.write(self._data({**self._topics, name: topic}, self._deleted), [name], "changed")
         self._topics[name] = topic
+        self._saved()
         return topic
 
-    def _save(
-        self, topics: dict[str, Topic], name: str, deleted: dict[str, int], change: str
-    ) -> None:
-        """Write `topics` as the registry file; DISK_FULL / STORE_UNAVAILABLE if it fails."""
+    @staticmethod
+    def _data(topics: Mapping[str, Topic], deleted: Mapping[str, int]) -> bytes:
+        """The registry file's content for `topics` and the `deleted` marks."""
         data: dict[str, Any] = {"topics": {n: topics[n].queue_count for n in sorted(topics)}}
         # A key of its own, so that a broker of an older version still reads the file.
         retention = {
@@ -280,16 +310,29 @@ class TopicRegistry:
             data["retention"] = retention
         if deleted:
             data["deleted"] = {n: deleted[n] for n in sorted(deleted)}
+        return json.dumps(data, indent=1).encode()
+
+    def write(self, data: bytes, names: list[str], change: str) -> None:
+        """Replace the registry file with `data`; DISK_FULL / STORE_UNAVAILABLE if it fails.
+
+        Changes nothing in memory, so it may run in a worker thread.
+        """
         try:
-            write_atomically(self._path, json.dumps(data, indent=1).encode())
+            write_atomically(self._path, data)
         except OSError as exc:
             full = exc.errno == errno.ENOSPC
+            what = (
+                f"topic {names[0]!r} was"
+                if len(names) == 1
+                else f"topics {', '.join(map(repr, names))} were"
+            )
             raise BrokerError(
                 StatusCode.UNAVAILABLE,
                 "DISK_FULL" if full else "STORE_UNAVAILABLE",
-                f"topic {name!r} was not {change}: saving the topic registry failed ({exc}); "
-                "retry later",
+                f"{what} not {change}: saving the topic registry failed ({exc}); retry later",
             ) from exc
+
+    def _saved(self) -> None:
         self.version += 1
         if self.on_change is not None:
             self.on_change()

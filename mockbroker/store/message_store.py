@@ -62,7 +62,14 @@ from mockbroker.store.retention import (
     statvfs_probe,
 )
 from mockbroker.store.topic_expiry import SizeWindow
-from mockbroker.topics import MAX_QUEUES, SYSTEM_PREFIX, Topic, TopicRegistry, TopicRetention
+from mockbroker.topics import (
+    DEFAULT_RETENTION,
+    MAX_QUEUES,
+    SYSTEM_PREFIX,
+    Topic,
+    TopicRegistry,
+    TopicRetention,
+)
 from sdk._crc import crc32 as crc32_of
 from sdk._validation import split_tag_expression
 from sdk._wire import (
@@ -207,6 +214,8 @@ class MessageStore:
         )
         self._cq_dir = data_dir / "consumequeue"
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        #: Each topic a creation (create_topics) is under way for -> that creation.
+        self._creating: dict[str, asyncio.Task[list[str]]] = {}
         self._checkpoint = data_dir / "checkpoint"
         self._marker = data_dir / "running"
         self._flush_interval = flush_interval_seconds
@@ -412,8 +421,10 @@ class MessageStore:
 
         Its queue files are opened before it is registered: a topic the process has no
         file descriptors left for is refused whole (TOO_MANY_OPEN_FILES), and so is one
-        the registry could not save (DISK_FULL, STORE_UNAVAILABLE). Fronts create topics
-        through mockbroker/topic_creation.py, which checks the disk and the limits first.
+        the registry could not save (DISK_FULL, STORE_UNAVAILABLE). Its file work runs on
+        the calling thread: for the broker's start; a serving broker creates topics with
+        create_topics(), through mockbroker/topic_creation.py, which checks the disk and
+        the limits first.
         """
         opened: list[tuple[str, int]] = []
         try:
@@ -431,9 +442,99 @@ class MessageStore:
             self._queue_for(topic, qid)
         return topic, created
 
-    def set_topic_retention(self, name: str, retention: TopicRetention) -> Topic:
+    async def create_topics(
+        self,
+        names: Sequence[str],
+        queue_count: int,
+        retention: TopicRetention | None = None,
+        *,
+        check: Callable[[list[str]], None] | None = None,
+        created: Callable[[list[str]], None] | None = None,
+    ) -> list[tuple[Topic, bool]]:
+        """create_topic() for each of `names` while the broker serves: all, or none.
+
+        The file work (opening the queue files, saving the registry, each fsync'd) runs in
+        a worker thread, so that no client waits on it; the topics exist once the registry
+        file holds them, as with create_topic(). Creations are one at a time (the
+        registry's lock); one of a topic whose creation is under way waits for that one and
+        answers as it did: (topic, False), or the same error. `check(missing)` is called
+        under the lock before anything is created (it raises to refuse the creation) and
+        `created(missing)` once they exist: another creation may have changed the answer.
+        """
+        registry = self.topics
+        while pending := {self._creating[n] for n in names if n in self._creating}:
+            for task in pending:
+                await asyncio.shield(task)
+        missing = [
+            n for n in dict.fromkeys(names) if registry.existing(n, queue_count, retention) is None
+        ]
+        made: list[str] = []
+        if missing:
+            task = asyncio.ensure_future(
+                self._create(missing, queue_count, retention, check, created)
+            )
+            for name in missing:
+                self._creating[name] = task
+            task.add_done_callback(lambda done: self._created(done, missing))
+            made = await asyncio.shield(task)
+        return [(registry.get(n), n in made) for n in names]
+
+    async def _create(
+        self,
+        names: list[str],
+        queue_count: int,
+        retention: TopicRetention | None,
+        check: Callable[[list[str]], None] | None,
+        created: Callable[[list[str]], None] | None,
+    ) -> list[str]:
+        """Create those of `names` still missing under the lock; the names it created."""
+        registry = self.topics
+        async with registry.lock:
+            # Created meanwhile by create_topic(), or a concurrent creation changed the limits.
+            names = [n for n in names if registry.existing(n, queue_count, retention) is None]
+            if not names:
+                return names
+            if check is not None:
+                check(names)
+            new = [Topic(n, queue_count, retention or DEFAULT_RETENTION) for n in names]
+            data = registry.data_with(new)
+            opened = await asyncio.to_thread(self._create_files, new, data)
+            for key, cq in opened:
+                if self._queues.setdefault(key, cq) is not cq:
+                    cq.close()
+            registry.add(new)
+            if created is not None:
+                created(names)
+        return names
+
+    def _create_files(
+        self, new: list[Topic], data: bytes
+    ) -> list[tuple[tuple[str, int], ConsumeQueue]]:
+        """In a worker thread: open the queue files of `new`, then save the registry."""
+        opened: list[tuple[tuple[str, int], ConsumeQueue]] = []
+        try:
+            for topic in new:
+                for qid in range(topic.queue_count):
+                    if (topic.name, qid) not in self._queues:
+                        opened.append(((topic.name, qid), self._open_queue(topic.name, qid)))
+            self.topics.write(data, [t.name for t in new], "created")
+        except BaseException:
+            for _, cq in opened:
+                cq.close()
+            raise
+        return opened
+
+    def _created(self, task: asyncio.Task[list[str]], names: list[str]) -> None:
+        for name in names:
+            if self._creating.get(name) is task:
+                del self._creating[name]
+        if not task.cancelled():
+            task.exception()  # retrieved: every caller waiting for it may have been cancelled
+
+    async def set_topic_retention(self, name: str, retention: TopicRetention) -> Topic:
         """Change a topic's own retention; it applies from the next retention check."""
-        topic = self.topics.set_retention(name, retention)
+        async with self.topics.lock:
+            topic = self.topics.set_retention(name, retention)
         log_event(
             log, logging.INFO, "retention.topic_changed",
             f"topic {name} retention: {retention.describe()}",
@@ -452,7 +553,10 @@ class MessageStore:
         them to the next start (_load), never to a topic created again.
         """
         flusher = self._flusher
-        async with flusher.lock if flusher is not None else contextlib.nullcontext():
+        async with (
+            self.topics.lock,
+            flusher.lock if flusher is not None else contextlib.nullcontext(),
+        ):
             topic = self.topics.delete(name, self.commitlog.end)
             fault_point("topic-delete-registered")
             for qid in range(topic.queue_count):
@@ -1396,20 +1500,23 @@ class MessageStore:
         key = (topic.name, queue_id)
         cq = self._queues.get(key)
         if cq is None:
-            try:
-                cq = ConsumeQueue(self._cq_dir / topic.name / str(queue_id))
-            except OSError as exc:
-                if exc.errno not in (errno.EMFILE, errno.ENFILE):
-                    raise
-                raise BrokerError(
-                    StatusCode.RESOURCE_EXHAUSTED,
-                    "TOO_MANY_OPEN_FILES",
-                    f"cannot open the files of {topic.name} queue {queue_id}: {exc.strerror}; "
-                    "each queue keeps a file open: raise the broker's open-files limit "
-                    "(ulimit -n, systemd LimitNOFILE=)",
-                ) from exc
-            self._queues[key] = cq
+            cq = self._queues[key] = self._open_queue(topic.name, queue_id)
         return cq
+
+    def _open_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """A queue's index file, created if missing (TOO_MANY_OPEN_FILES)."""
+        try:
+            return ConsumeQueue(self._cq_dir / topic / str(queue_id))
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            raise BrokerError(
+                StatusCode.RESOURCE_EXHAUSTED,
+                "TOO_MANY_OPEN_FILES",
+                f"cannot open the files of {topic} queue {queue_id}: {exc.strerror}; "
+                "each queue keeps a file open: raise the broker's open-files limit "
+                "(ulimit -n, systemd LimitNOFILE=)",
+            ) from exc
 
     def _lookup(self, topic_name: str, queue_id: int) -> ConsumeQueue | None:
         topic = self.topics.find(topic_name)

@@ -80,7 +80,9 @@ def test_a_size_cap_keeps_each_queues_newest_bytes_counting_only_what_is_new(
     capped, _ = store.create_topic("capped", 1)
     send(loop, store, capped, 10)
     size = record_size(store, capped)
-    store.set_topic_retention("capped", TopicRetention(bytes_per_queue=3 * size))
+    loop.run_until_complete(
+        store.set_topic_retention("capped", TopicRetention(bytes_per_queue=3 * size))
+    )
     store.enforce_retention()
     assert store.queue(capped, 0).min_offset == 7
     assert offsets_served(store, capped, 7) == [7, 8, 9]
@@ -89,7 +91,7 @@ def test_a_size_cap_keeps_each_queues_newest_bytes_counting_only_what_is_new(
     store.enforce_retention()
     assert store.queue(capped, 0).min_offset == 9
 
-    store.set_topic_retention("capped", TopicRetention(bytes_per_queue=1))
+    loop.run_until_complete(store.set_topic_retention("capped", TopicRetention(bytes_per_queue=1)))
     store.enforce_retention()
     assert offsets_served(store, capped, 11) == [11], "the newest message always stays"
 
@@ -99,7 +101,7 @@ def test_a_size_cap_keeps_each_queues_newest_bytes_counting_only_what_is_new(
     assert offsets_served(store, capped, 0) == [], "below the min offset: nothing"
     assert store.queue(capped, 0).min_offset == 11, "a restart serves no expired message"
 
-    store.set_topic_retention("capped", TopicRetention())
+    loop.run_until_complete(store.set_topic_retention("capped", TopicRetention()))
     send(loop, store, capped, 3)
     store.enforce_retention()
     assert store.queue(capped, 0).min_offset == 11, "back to the default: nothing more expires"

@@ -50,7 +50,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
     ) -> pb.CreateTopicResponse:
         """Create a topic with a queue count (idempotent for the same count)."""
         retention = retention_from_pb(request.retention) if request.HasField("retention") else None
-        topic, created = self._s.topic_creation.create(
+        topic, created = await self._s.topic_creation.create(
             request.topic, request.queue_count, retention
         )
         return pb.CreateTopicResponse(topic=self._info(topic, describe=False), created=created)
@@ -62,7 +62,7 @@ class AdminService(pb_grpc.AdminServiceServicer):
         """Change a user topic's own retention (zeros: back to the broker's default)."""
         check_user_topic(request.topic)
         retention = retention_from_pb(request.retention)
-        topic = self._s.store.set_topic_retention(request.topic, retention)
+        topic = await self._s.store.set_topic_retention(request.topic, retention)
         return pb.SetTopicRetentionResponse(topic=self._info(topic, describe=False))
 
     @answers_errors

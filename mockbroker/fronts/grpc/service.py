@@ -139,7 +139,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         store = self._s.store
         topic = store.topics.find(request.topic)
         if topic is None and request.create_if_missing and self._s.config.auto_create_topics:
-            topic = self._s.topic_creation.user_topic(
+            topic = await self._s.topic_creation.user_topic(
                 request.topic, self._s.config.default_queues, client=context.peer()
             )
         if topic is None:
@@ -431,7 +431,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
             )
         for producer_group in request.producer_groups:
             check_group(producer_group)
-        self._s.topic_creation.retry_topics(  # concurrent members consume their retries
+        await self._s.topic_creation.retry_topics(  # concurrent members consume their retries
             [g for g, m in groups.items() if m.consume_type == "CONSUME_CONCURRENTLY"],
             client=context.peer(),
         )

@@ -226,7 +226,7 @@ class _Coordination:
             joined = groups.groups_of(client_id)
         # RocketMQ's broker creates each group's retry topic at its first heartbeat; past
         # client_max_topics or on a full disk the heartbeat is refused whole
-        self._s.topic_creation.retry_topics(joined, client=channel.peer)
+        await self._s.topic_creation.retry_topics(joined, client=channel.peer)
         self._clients.seen(client_id, channel)
         self._clients.producer(client_id, channel, _producer_groups(data))
         groups.heartbeat(client_id, joined, channel.peer)

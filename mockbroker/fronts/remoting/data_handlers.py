@@ -285,7 +285,7 @@ class DataHandlers:
         store = self._s.store
         checked = store.check(frames)
         store.check_accepting_sends()
-        topic = self._s.topic_creation.system_topic(name)
+        topic = await self._s.topic_creation.system_topic(name)
         times = header.reconsume_times
         if checked[0].due_ms:
             put = await self._s.scheduler.schedule_stored(

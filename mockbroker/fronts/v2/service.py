@@ -188,7 +188,7 @@ class RocketMQ5Service:
         store = self._s.store
         topic = store.topics.find(name)
         if topic is None and self._s.config.auto_create_topics and not is_system_topic(name):
-            topic = self._s.topic_creation.user_topic(
+            topic = await self._s.topic_creation.user_topic(
                 name, self._s.config.default_queues, client=context.peer()
             )
         if topic is None:
