@@ -7,11 +7,12 @@ STAMP := $(VENV)/.installed
 LINTED := sdk mockbroker
 
 PHONY_DOCS := docs-api test-docs bench-sizing
-.PHONY: help setup proto proto-check docs docs-check $(PHONY_DOCS) lint typecheck checks bytecode test test-suite test-fast test-times test-durations test-stateful chaos fuzz fuzz-atheris demo bench bench-backlog bench-profile bench-peers interop-setup interop clean
+.PHONY: help setup proto proto-check docs docs-check $(PHONY_DOCS) lint typecheck checks bytecode test test-suite test-pythons test-fast test-times test-durations test-stateful chaos fuzz fuzz-atheris demo bench bench-backlog bench-profile bench-peers interop-setup interop clean
 
 help:
 	@echo "make demo    run the main job on an embedded broker"
 	@echo "make test    lint, type-check and run every test tier"
+	@echo "make test-pythons    the unit tier on Python 3.12 and 3.13, where installed (part of make test)"
 	@echo "make test-times      make test with the time of each check and tier, and the slowest tests"
 	@echo "make test-durations  the tests alone, writing each file's seconds to tests/durations.json"
 	@echo "make chaos   the fault suite's long form, with its summary table"
@@ -92,7 +93,7 @@ XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # leave about a third of two cores idle (they wait on sockets, child processes and leases),
 # and the checks of a fresh clone (no mypy cache) take that room. Either failing fails
 # make test (after the other has finished).
-CHECKS := proto-check docs-check docs-api lint typecheck
+CHECKS := proto-check docs-check docs-api lint typecheck test-pythons
 test: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 test-suite checks
 
@@ -109,6 +110,11 @@ test-times: bytecode
 # sets make test's start order; PYTEST_ARGS="tests/system" refreshes those files only.
 test-durations: bytecode
 	$(PY) tools/test_times.py --skip-checks --update-durations $(XDIST) $(PYTEST_ARGS)
+
+# The unit tier on the other Pythons pyproject.toml promises (3.12, 3.13), each that is
+# installed, in a virtualenv of its own (.venv-3.12, ...): tools/other_pythons.py.
+test-pythons: $(STAMP)
+	$(PY) tools/other_pythons.py
 
 # Unit and component tiers only, for a quick loop while editing (make test-docs: the docs).
 test-fast: bytecode

@@ -418,8 +418,11 @@ class Accumulator:
         pending = [p.future for b in self._queues.values() for p in b.items]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-        while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Until none is left unfinished: a finished task leaves the set only in a later
+        # pass of the loop, and from Python 3.12 gather() over finished tasks returns
+        # without letting the loop run, so waiting for the set to empty never ended.
+        while running := [t for t in self._tasks if not t.done()]:
+            await asyncio.gather(*running, return_exceptions=True)
         if self._sender is not None:
             self._sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -464,6 +464,43 @@ def test_a_lone_caller_does_not_wake_the_accumulator_when_its_send_is_answered(
     assert looks <= 2 * 20 + 1  # was 61: once more after every request, finding nothing
 
 
+def test_close_returns_when_gather_over_finished_tasks_does_not_yield(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """From Python 3.12, gather() over finished tasks returns without letting the loop
+    run: close() waited for its task set to empty, which happens only in a later pass,
+    and spun for ever (Producer.shutdown() hung at 100% CPU)."""
+    real_gather, calls = asyncio.gather, 0
+
+    def gather_as_in_python_312(*aws: Any, return_exceptions: bool = False) -> Any:
+        nonlocal calls
+        calls += 1
+        assert calls < 1000, "gather() called over and over: close() does not end"
+        futures = [asyncio.ensure_future(a) for a in aws]
+        if futures and all(f.done() for f in futures):
+            answer = asyncio.get_running_loop().create_future()
+            answer.set_result([f.exception() or f.result() for f in futures])
+            return answer
+        return real_gather(*futures, return_exceptions=return_exceptions)
+
+    monkeypatch.setattr(asyncio, "gather", gather_as_in_python_312)
+    queue = MessageQueue(TOPIC, "broker-a", 0)
+
+    async def send(q: MessageQueue, frames: list[bytes], ids: list[bytes]) -> list[SendResult]:
+        await asyncio.sleep(0)
+        return stored_results(q, ids)
+
+    async def main() -> int:
+        acc = accumulator(AccumulatorConfig(linger=0), send)
+        sent = [await acc.enqueue(queue, b"m%d" % n, b"%d" % n, acc.ticket()) for n in range(5)]
+        for result in sent:
+            await result
+        await acc.close()
+        return len(sent)
+
+    assert asyncio.run(main()) == 5
+
+
 class AnsweredByHand:
     """An accumulator (natural batching, two requests in flight) whose requests wait until
     the test answers them; `requests`: each request's frames."""
