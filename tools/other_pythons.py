@@ -83,14 +83,17 @@ def main() -> int:
         if python is None:
             print(f"python{version}: not installed, skipped")
             continue
-        print(f"python{version}: tests/unit", flush=True)
+        # Its output at the end, in one piece: make test prints the suite's beside it.
         run = subprocess.run(
             [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit",
              *pytest_args],
-            cwd=ROOT,
+            cwd=ROOT, capture_output=True, text=True,
         )  # fmt: skip
+        lines = run.stdout.strip().splitlines()
         if run.returncode:
             failed.append(version)
+            print(run.stdout, run.stderr, sep="\n")
+        print(f"python{version}, tests/unit: {lines[-1] if lines else run.stderr.strip()}")
     if failed:
         print(f"tests/unit failed on Python {', '.join(failed)}")
     return 1 if failed else 0
