@@ -283,18 +283,29 @@ class TopicRegistry:
         return self._data({**self._topics, **{t.name: t for t in new}}, self._deleted)
 
     def add(self, new: Iterable[Topic]) -> None:
-        """Apply `new`, once a file written with data_with(new) holds them."""
+        """Apply `new` (new or changed topics), once the file holds them.
+
+        The file's content: data_with() or with_retention().
+        """
         for topic in new:
             self._topics[topic.name] = topic
         self._saved()
 
     def set_retention(self, name: str, retention: TopicRetention) -> Topic:
         """Change a topic's own retention (TOPIC_NOT_FOUND); saved before it applies."""
-        topic = replace(self.get(name), retention=retention)
-        self.write(self._data({**self._topics, name: topic}, self._deleted), [name], "changed")
-        self._topics[name] = topic
-        self._saved()
+        topic, data = self.with_retention(name, retention)
+        self.write(data, [name], "changed")
+        self.add([topic])
         return topic
+
+    def with_retention(self, name: str, retention: TopicRetention) -> tuple[Topic, bytes]:
+        """`name` with `retention`, and the registry file's content with it.
+
+        Changes nothing (TOPIC_NOT_FOUND if missing): add() applies it once a file holds
+        that content.
+        """
+        topic = replace(self.get(name), retention=retention)
+        return topic, self._data({**self._topics, name: topic}, self._deleted)
 
     @staticmethod
     def _data(topics: Mapping[str, Topic], deleted: Mapping[str, int]) -> bytes:

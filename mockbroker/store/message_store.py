@@ -533,8 +533,17 @@ class MessageStore:
 
     async def set_topic_retention(self, name: str, retention: TopicRetention) -> Topic:
         """Change a topic's own retention; it applies from the next retention check."""
-        async with self.topics.lock:
-            topic = self.topics.set_retention(name, retention)
+        registry = self.topics
+
+        async def change() -> Topic:
+            async with registry.lock:  # saved (fsync'd) in a worker thread, as a creation
+                topic, data = registry.with_retention(name, retention)
+                await asyncio.to_thread(registry.write, data, [name], "changed")
+                registry.add([topic])
+            return topic
+
+        # Shielded: a cancelled caller must not leave the file changed and memory not.
+        topic = await asyncio.shield(asyncio.ensure_future(change()))
         log_event(
             log, logging.INFO, "retention.topic_changed",
             f"topic {name} retention: {retention.describe()}",

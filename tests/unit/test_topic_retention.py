@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -197,3 +198,26 @@ def test_a_size_window_counts_afresh_once_the_queue_head_moves_under_it(tmp_path
     cq.append(ENTRY.pack(1000, 25, 0))
     assert window.floor(cq, 30) == 10 and window.bytes == 25
     cq.close()
+
+
+def test_a_retention_change_saves_the_registry_in_a_worker_thread_not_on_the_loop(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(loop, tmp_path, FakeClock(), FakeDisk())
+    store.create_topic("capped", 1)
+    saved_on: list[threading.Thread] = []
+    write = TopicRegistry.write
+
+    def recorded(self: TopicRegistry, data: bytes, names: list[str], change: str) -> None:
+        saved_on.append(threading.current_thread())
+        write(self, data, names, change)
+
+    monkeypatch.setattr(TopicRegistry, "write", recorded)
+    day = TopicRetention(hours=24)
+    loop.run_until_complete(store.set_topic_retention("capped", day))
+    assert saved_on and threading.current_thread() not in saved_on, "an fsync on the loop"
+    assert store.topics.get("capped").retention == day
+    loop.run_until_complete(store.close())
+    reopened = open_store(loop, tmp_path, FakeClock(), FakeDisk())
+    assert reopened.topics.get("capped").retention == day, "saved before it applied"
+    loop.run_until_complete(reopened.close())
