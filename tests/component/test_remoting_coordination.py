@@ -18,12 +18,15 @@ import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
 from mockbroker import offsets as offsets_module
+from mockbroker.fronts.remoting.coordination import RemotingClients, coordination_handlers
 from sdk import Message, Producer
 from sdk._remoting.codec import encode
 from sdk._remoting.codes import RequestCode, ResponseCode
 from sdk._remoting.command import RemotingCommand
 from sdk._remoting.message_ids import decode_offset_msg_id
 from sdk.testing import FakeClock
+from tests.component.test_remoting_data import FakeChannel, Remoting
+from tests.component.test_remoting_data import run as run_core
 from tests.remoting_client import RemotingClient
 from tests.support import wait_until
 
@@ -619,3 +622,25 @@ def test_a_pulls_commit_is_ignored_while_another_client_holds_the_queues_lock(
     assert query.ext_fields == {"offset": "2"}, "the non-owner's commit bit moved the offset"
     assert own_pull.code == ResponseCode.SUCCESS
     assert state.offsets.get(GROUP, "orders", q) == 4, "the owner's commit bit commits"
+
+
+def test_a_member_joining_before_its_groups_watcher_first_ran_is_told_to_the_others(
+    tmp_path: Path,
+) -> None:
+    # Seen on a loaded machine: two heartbeats were handled before the watcher task the
+    # first one started had run once; it watched from the second's version, so that
+    # change reached nobody (the first member never heard of the second).
+    async def scenario(r: Remoting) -> list[list[int]]:
+        clients = RemotingClients(r.state)
+        heartbeat = coordination_handlers(r.state, clients)[RequestCode.HEART_BEAT]
+        await r.state.topic_creation.retry_topics([GROUP], client=None)  # no await below
+        first, second = FakeChannel(peer="10.0.0.1:1"), FakeChannel(peer="10.0.0.2:2")
+        for client_id, channel in (("z@1", first), ("a@1", second)):  # one loop pass
+            body = java_heartbeat(client_id, GROUP)
+            await heartbeat(RemotingCommand(RequestCode.HEART_BEAT, body=body), channel)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return [[c.code for c in channel.sent] for channel in (first, second)]
+
+    told = run_core(tmp_path, scenario)
+    assert told[0] == [RequestCode.NOTIFY_CONSUMER_IDS_CHANGED], "the first member heard nothing"

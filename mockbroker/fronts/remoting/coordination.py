@@ -159,8 +159,11 @@ class RemotingClients:
         """Tell the group's remoting members of every change of its membership."""
         task = self._watchers.get(group)
         if task is None or task.done():
+            # From the version now, not when the task first runs: a member joining before
+            # that (another heartbeat handled in between) would be told to nobody.
+            since = self._state.groups.version(group)
             self._watchers[group] = asyncio.create_task(
-                self._notify_changes(group), name=f"remoting-notify-{group}"
+                self._notify_changes(group, since), name=f"remoting-notify-{group}"
             )
 
     def close(self) -> None:
@@ -170,9 +173,9 @@ class RemotingClients:
         for task in self._producers.values():
             task.cancel()
 
-    async def _notify_changes(self, group: str) -> None:
+    async def _notify_changes(self, group: str, since: int) -> None:
         groups = self._state.groups
-        watch = groups.watch(group, groups.version(group))
+        watch = groups.watch(group, since)
         async with contextlib.aclosing(watch):
             async for _version, members in watch:
                 channels = {c for m in members for c in self._channels.get(m, ())}
