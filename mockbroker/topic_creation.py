@@ -19,8 +19,9 @@ A topic exists once `topics.json` holds it (TopicRegistry.create): one whose sav
 refused (DISK_FULL, STORE_UNAVAILABLE) and leaves no trace. The file work of a creation
 (fsync'd) runs in a worker thread (MessageStore.create_topics), never on the event loop
 every client waits on; finding a topic that exists awaits nothing. Creations are one at a
-time, so the limits are checked again just before the files are made. The count per client lives in
-memory, one entry per client that had a topic created, so never more than `max_topics`.
+time, so the limits are checked again just before the files are made. The count per
+client lives in memory, one entry per client that had a topic created, so never more than
+`max_topics`.
 """
 
 from __future__ import annotations

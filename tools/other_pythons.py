@@ -29,7 +29,11 @@ INSTALL_INPUTS = (ROOT / "pyproject.toml", ROOT / "sdk" / "_speedups.c")
 
 
 def installed(version: str) -> Path | None:
-    """`.venv-<version>` set up to run the tests; None when that Python is not on PATH."""
+    """`.venv-<version>` set up to run the tests; None when that Python is not installed
+    or cannot make a virtualenv (a distribution's Python without its venv module).
+
+    CalledProcessError when the project does not install there: that is a finding.
+    """
     interpreter = _interpreter(version)
     if interpreter is None:
         return None
@@ -40,7 +44,11 @@ def installed(version: str) -> Path | None:
     if stamp.exists() and stamp.stat().st_mtime >= newest:
         return python
     if not python.exists():
-        subprocess.run([interpreter, "-m", "venv", str(venv)], check=True)
+        made = subprocess.run([interpreter, "-m", "venv", str(venv)], capture_output=True)
+        if made.returncode:
+            print(f"{interpreter}: no virtualenv ({made.stderr.decode().strip()[-200:]})")
+            shutil.rmtree(venv, ignore_errors=True)
+            return None
     subprocess.run(
         [str(python), "-m", "pip", "install", "--quiet", "-e", ".[dev]"], check=True, cwd=ROOT
     )
@@ -81,7 +89,7 @@ def main() -> int:
             continue
         python = installed(version)
         if python is None:
-            print(f"python{version}: not installed, skipped")
+            print(f"python{version}: not installed (or no venv), skipped")
             continue
         # Its output at the end, in one piece: make test prints the suite's beside it.
         run = subprocess.run(

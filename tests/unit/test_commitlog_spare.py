@@ -164,13 +164,6 @@ def test_a_spare_left_by_a_crash_is_not_a_segment(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture
 def disk() -> FakeDisk:
     return FakeDisk()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -123,13 +122,6 @@ def test_a_roll_back_cuts_the_tail_or_the_file_and_drops_what_a_failed_write_lef
 class FakeDisk:
     def __call__(self) -> DiskUsage:
         return DiskUsage(1000, 100)
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 def open_store(loop: asyncio.AbstractEventLoop, path: Path) -> MessageStore:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,13 +34,6 @@ class FakeDisk:
 
     def __call__(self) -> DiskUsage:
         return DiskUsage(1000, int(self.ratio * 1000))
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 def open_store(

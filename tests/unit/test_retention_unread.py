@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -73,13 +72,6 @@ def test_unread_counts_each_group_from_its_offset_and_ignores_topics_nobody_read
     ]
     assert unread_by_group(trims, committed) == {"behind": 20, "older": 35}
     assert unread_by_group({("lonely", 0): (0, 100)}, committed) == {}
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 def filled(loop: asyncio.AbstractEventLoop, path: Path, disk: FakeDisk) -> MessageStore:

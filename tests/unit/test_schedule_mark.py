@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,6 @@ from sdk.testing import FakeClock
 from tests.unit.test_retention import HOUR, FakeDisk, checkpoint, open_store, send
 
 SHORT, LONG = 1 * HOUR, 100 * HOUR
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 def schedule(

@@ -8,7 +8,6 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,13 +39,6 @@ def make_store(path: Path, *, sync: bool = False, segment: int = 1 << 20) -> Mes
         sync_flush_timeout_seconds=5,
         clock=FakeClock(),
     )
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 def opened(loop: asyncio.AbstractEventLoop, path: Path, **kw: object) -> MessageStore:

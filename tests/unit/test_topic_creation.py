@@ -83,13 +83,6 @@ def disk() -> Disk:
 
 
 @pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture
 def store(tmp_path: Path, disk: Disk, loop: asyncio.AbstractEventLoop) -> Iterator[MessageStore]:
     store = MessageStore(
         tmp_path / "data", sync_flush=False, segment_bytes=1 << 20, flush_interval_seconds=60,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,13 +22,6 @@ def frames(*bodies: bytes, first_id: int = 0, keys: tuple[bytes, ...] = ()) -> b
         )
         for i, b in enumerate(bodies)
     )
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 def opened(loop: asyncio.AbstractEventLoop, path: Path) -> MessageStore:

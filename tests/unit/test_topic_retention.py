@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,6 @@ from mockbroker.topics import Topic, TopicRegistry, TopicRetention
 from sdk.errors import CorruptFileError
 from sdk.testing import FakeClock
 from tests.unit.test_retention import HOUR, FakeDisk, checkpoint, offsets_served, open_store, send
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 def record_size(store: MessageStore, topic: Topic) -> int:
