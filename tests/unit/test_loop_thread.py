@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from typing import Any
 
 import pytest
 
@@ -61,3 +63,55 @@ def test_run_or_call_answers_from_the_function_or_else_from_the_coroutine() -> N
             loop_thread.run_or_call(lambda: None, fail)
     finally:
         loop_thread.stop()
+
+
+def test_calls_from_many_threads_while_the_loop_is_busy_share_one_wake_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop_thread = LoopThread("test-loop")
+    wakes = 0
+    call_soon_threadsafe = loop_thread._loop.call_soon_threadsafe
+
+    def counting(callback: Any, *args: Any) -> Any:
+        nonlocal wakes
+        wakes += 1
+        return call_soon_threadsafe(callback, *args)
+
+    async def double(n: int) -> int:
+        await asyncio.sleep(0)
+        return 2 * n
+
+    results: dict[int, int] = {}
+    release = loop_thread.hold()
+    try:
+        monkeypatch.setattr(loop_thread._loop, "call_soon_threadsafe", counting)
+        callers = [
+            threading.Thread(target=lambda n=n: results.update({n: loop_thread.run(double(n))}))
+            for n in range(8)
+        ]
+        for caller in callers:
+            caller.start()
+        deadline = time.monotonic() + 5
+        while len(loop_thread._incoming) < len(callers) and time.monotonic() < deadline:
+            time.sleep(0.001)  # until every call waits for the loop
+        release.set()
+        for caller in callers:
+            caller.join(5)
+        assert results == {n: 2 * n for n in range(8)}
+        assert wakes == 1  # one write to the loop's wake-up pipe, not eight
+    finally:
+        release.set()
+        loop_thread.stop()
+
+
+def test_a_call_after_stop_raises_instead_of_waiting() -> None:
+    loop_thread = LoopThread("test-loop")
+    loop_thread.stop()
+
+    async def nothing() -> None:
+        return None
+
+    coro = nothing()
+    with pytest.raises(RuntimeError, match="closed"):
+        loop_thread.run(coro)
+    coro.close()
