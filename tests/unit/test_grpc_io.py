@@ -57,3 +57,9 @@ def test_importing_sdk_or_mockbroker_first_sets_it_before_grpc_loads() -> None:
     assert _experiments_after("import mockbroker") == expected
     assert _experiments_after("import sdk", **{OPT_OUT: "1"}) == "None"
     assert _experiments_after("import grpc, sdk") == "None"  # too late to matter: left alone
+
+
+def test_the_grpcio_version_is_read_from_its_file_as_its_metadata_says() -> None:
+    import importlib.metadata
+
+    assert _grpcio_version() == importlib.metadata.version("grpcio")
