@@ -438,7 +438,8 @@ class ProducerCore:
         not sent yet); a retriable failure of it is retried here, that request counted as
         its first attempt.
         After a keyed request fails, the later ones are not sent (EarlierSendFailedError):
-        they would be stored ahead of the failed messages.
+        they would be stored ahead of the failed messages. Keyless chunks (`movable`) each
+        go to the queue the chunk before was stored on, which a retry may have changed.
         """
         outcomes: list[tuple[list[int], list[SendResult] | OrderMQError]] = []
         failure: OrderMQError | None = None
@@ -468,6 +469,8 @@ class ProducerCore:
                     failure = exc
                 continue
             outcomes.append((chunk, sent))
+            if movable and sent:  # a retry moved it: the later chunks follow, not the dead queue
+                queue = sent[-1].queue
         return outcomes
 
     async def cancel(self, msg_id: str) -> bool:
