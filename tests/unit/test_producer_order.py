@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -845,6 +845,57 @@ def test_send_batch_keeps_sending_keyless_requests_after_one_fails(
     error = asyncio.run(main())
     assert [r is not None for r in error.results] == [False] * 3 + [True] * 6
     assert [type(e) for e in error.errors] == [InvalidMessageError]
+
+
+class TwoBrokers(FramesTransport):
+    """Queues 0 and 1 on broker-a and on broker-b, each broker a ScriptedBroker of its own."""
+
+    def __init__(self) -> None:
+        self.brokers = {name: ScriptedBroker() for name in ("broker-a", "broker-b")}
+        super().__init__(self.brokers["broker-a"], self.routes)
+
+    async def routes(self, topic: str) -> list[MessageQueue]:
+        return [MessageQueue(topic, name, q) for name in self.brokers for q in range(2)]
+
+    async def _send(
+        self, queue: MessageQueue, prepared: Sequence[bytes], *, timeout: float | None = None
+    ) -> Appended:
+        broker = self.brokers[queue.broker_name]
+        return await broker.send(queue.topic, queue.queue_id, b"".join(prepared), timeout=timeout)
+
+
+@pytest.mark.parametrize("first_chunk", ["alone", "shared with a keyed queue's"])
+def test_a_keyless_batchs_later_requests_follow_its_first_to_the_queue_it_failed_over_to(
+    first_chunk: str,
+) -> None:
+    """A keyless batch over three requests; broker-a, where its queue is, is down. The
+    first request goes on to broker-b after its failure; the later ones went to broker-a
+    again first, each costing an attempt, a backoff and a route refresh."""
+    transport = TwoBrokers()
+    transport.max_send_bytes = 2000  # three 500-byte messages a request
+    down, up = transport.brokers["broker-a"], transport.brokers["broker-b"]
+    down.refuse = lambda q, bodies: BrokerUnavailableError("broker-a is down")
+    keyless = [Message(TOPIC, f"m{n}:".encode().ljust(500, b".")) for n in range(9)]
+    # Queue 3 of the route: broker-b's queue 1; its request succeeds with the shared one.
+    keyed = [Message(TOPIC, b"k", sharding_key=key_for(3))] if first_chunk != "alone" else []
+
+    async def main() -> list[SendResult]:
+        config = ProducerConfig(retry_times=1, retry_backoff=0)
+        p = ProducerCore(transport, config=config, clock=FakeClock())
+        await p.start()
+        try:
+            return await p.send_batch(keyless + keyed)
+        finally:
+            await p.shutdown()
+
+    results = asyncio.run(main())
+    if keyed:  # the first request carried both queues' first chunks
+        assert transport.requests[0] == [(0, 3), (1, 1)]
+        assert results[-1].queue == MessageQueue(TOPIC, "broker-b", 1)
+    assert [q for q, _ in down.requests] == [0]  # the first chunk's first attempt only
+    assert [len(bodies) for q, bodies in up.requests if q == 0] == [3, 3, 3]
+    assert {r.queue for r in results[:9]} == {MessageQueue(TOPIC, "broker-b", 0)}
+    assert up.stored[0] == [m.body for m in keyless]  # one queue, in batch order
 
 
 # ---------------------------------------------------------------------------- natural batching
