@@ -2,10 +2,8 @@
 
 gRPC 1.85 runs channels' and servers' sockets on its EventEngine by default; its older
 code path (iomgr's epoll poller) is still there, chosen by the experiments below. On
-Linux the older path costs both sides less per request: single `send()` calls from 8
-asyncio callers went from 14 500-15 200 to 17 800-18 700 msg/s, the client's CPU per
-message from 40 to 33 us and the broker's from 33 to 28 us, a request's round trip from
-410 to 320 us (three runs each, taking turns; docs/performance.md).
+Linux the older path costs both sides less per request (with the EventEngine part of
+each read and write runs on gRPC's own threads): docs/performance.md has the figures.
 
 gRPC reads GRPC_EXPERIMENTS once, when `grpc` is first imported, so this module sets it
 when `sdk` is imported first (mockbroker imports `sdk`), and only where it was measured:
