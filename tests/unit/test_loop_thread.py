@@ -115,3 +115,25 @@ def test_a_call_after_stop_raises_instead_of_waiting() -> None:
     with pytest.raises(RuntimeError, match="closed"):
         loop_thread.run(coro)
     coro.close()
+
+
+def test_a_coroutine_that_cannot_be_made_is_raised_to_its_caller_not_left_waiting() -> None:
+    loop_thread = LoopThread("test-loop")
+    raised: list[BaseException] = []
+
+    def later() -> Any:
+        raise ValueError("cannot make it")
+
+    def call() -> None:
+        try:
+            loop_thread.run_or_call(lambda: None, later)
+        except ValueError as exc:
+            raised.append(exc)
+
+    caller = threading.Thread(target=call, daemon=True)
+    try:
+        caller.start()
+        caller.join(5)
+        assert [str(e) for e in raised] == ["cannot make it"]
+    finally:
+        loop_thread.stop()
