@@ -328,25 +328,3 @@ def test_the_first_parts_are_each_queues_first_chunk_in_plan_order() -> None:
         (q1, [b"d", b"b"], [b"3", b"1"]),
         (q0, [b"a"], [b"0"]),
     ]
-
-
-def test_the_later_chunks_of_a_keyless_batch_follow_the_queue_a_retry_moved_the_first_to() -> None:
-    # Queue 0 (the first keyless queue in turn) refuses three attempts. Without following,
-    # every later chunk would try it again first: an attempt, a backoff and a refresh each.
-    transport = FramesTransport(Flaky({0: 3}), writable_queues, max_send_bytes=2_000)
-    messages = [Message("orders", bytes([n]) * 500) for n in range(9)]
-
-    async def main() -> list[SendResult]:
-        producer = ProducerCore(transport, config=ProducerConfig(retry_times=1, retry_backoff=0))
-        await producer.start()
-        try:
-            return await producer.send_batch(messages)
-        finally:
-            await producer.shutdown()
-
-    results = asyncio.run(main())
-    queues = [[q for q, _ in request] for request in transport.requests]
-    assert queues[0] == [0] and len(queues) > 2  # refused once, then several chunks
-    assert all(q == [1] for q in queues[1:])
-    assert {r.queue.queue_id for r in results} == {1}
-    assert [r.queue_offset for r in results] == list(range(100, 109))
