@@ -64,7 +64,6 @@ from mockbroker.store.retention import (
 from mockbroker.store.topic_expiry import SizeWindow
 from mockbroker.topics import (
     DEFAULT_RETENTION,
-    MAX_QUEUES,
     SYSTEM_PREFIX,
     Topic,
     TopicRegistry,
@@ -426,21 +425,15 @@ class MessageStore:
         create_topics(), through mockbroker/topic_creation.py, which checks the disk and
         the limits first.
         """
-        opened: list[tuple[str, int]] = []
-        try:
-            if self.topics.find(name) is None and 1 <= queue_count <= MAX_QUEUES:
-                for qid in range(queue_count):
-                    if (name, qid) not in self._queues:
-                        self._queue_for(Topic(name, queue_count), qid)
-                        opened.append((name, qid))
-            topic, created = self.topics.create(name, queue_count, retention)
-        except BrokerError:
-            for key in opened:
-                self._queues.pop(key).close()
-            raise
-        for qid in range(topic.queue_count):
-            self._queue_for(topic, qid)
-        return topic, created
+        existing = self.topics.existing(name, queue_count, retention)
+        if existing is not None:
+            for qid in range(existing.queue_count):
+                self._queue_for(existing, qid)
+            return existing, False
+        topic = Topic(name, queue_count, retention or DEFAULT_RETENTION)
+        self._queues.update(self._create_files([topic], self.topics.data_with([topic])))
+        self.topics.add([topic])  # only once the file holds it: a restart finds it
+        return topic, True
 
     async def create_topics(
         self,
