@@ -11,6 +11,7 @@ test_broker_restart_chaos.py (the broker is killed with -9 and restarted).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sdk import Message, OrderMQError, PartialBatchError, Producer, ProducerConfig, shard_index
 from tests.chaos_report import ChaosRecorder
@@ -419,9 +421,11 @@ class PacedProducer(threading.Thread):
         self._halt = threading.Event()
         self._wake = threading.Event()  # set by halt and hurry: the pause ends at once
         self._hurry_to = 0
+        self._producer: Producer | None = None
         self.rounds = 0  # rounds fully acknowledged
         self.sends = 0  # send_batch calls begun
         self.sending = False  # one is under way
+        self.sending_since = 0.0  # when the send under way began (monotonic)
         self.failed_sends = 0  # send_batch calls that failed (and were retried)
         self.failures: list[OrderMQError] = []  # what they raised
         self.error: BaseException | None = None
@@ -429,6 +433,7 @@ class PacedProducer(threading.Thread):
     def run(self) -> None:
         try:
             with Producer(self._address, config=self._config) as producer:
+                self._producer = producer
                 while not self._halt.is_set():
                     seq = self.rounds
                     self._send_round(producer, seq)
@@ -444,7 +449,7 @@ class PacedProducer(threading.Thread):
         deadline = time.monotonic() + self._retry_for
         while True:
             self.sends += 1
-            self.sending = True
+            self.sending, self.sending_since = True, time.monotonic()
             try:
                 producer.send_batch(messages)
                 return
@@ -458,6 +463,39 @@ class PacedProducer(threading.Thread):
                 time.sleep(0.1)  # a retry's back-off while the broker restarts
             finally:
                 self.sending = False
+
+    def describe(self) -> str:
+        """Its state for a test's failure message: sends, failures, and where it is now."""
+        state = f"producer: {self.sends} sends begun, {self.failed_sends} failed"
+        if self.failures:
+            state += f" (the last: {self.failures[-1]!r})"
+        if not self.sending:
+            return f"{state}, none under way"
+        return (
+            f"{state}, one under way for {time.monotonic() - self.sending_since:.1f}s; "
+            f"its client's tasks:\n{self._tasks()}"
+        )
+
+    def _tasks(self) -> str:
+        """Where the tasks on the producer's loop are: what a send that hangs waits on."""
+        thread = self._producer._loop if self._producer is not None else None
+        if thread is None:
+            return "(no client)"
+        lines = []
+        # Read from this thread while the loop runs: good enough for a failure message.
+        for task in list(asyncio.all_tasks(thread._loop))[:8]:
+            awaiting: Any = task.get_coro()
+            where = []
+            while awaiting is not None and len(where) < 12:  # down the chain of awaits
+                frame = getattr(awaiting, "cr_frame", None) or getattr(awaiting, "gi_frame", None)
+                if frame is not None:
+                    name = frame.f_code.co_filename.rpartition("/")[2]
+                    where.append(f"{frame.f_code.co_name} ({name}:{frame.f_lineno})")
+                awaiting = getattr(awaiting, "cr_await", None) or getattr(
+                    awaiting, "gi_yieldfrom", None
+                )
+            lines.append(f"  {task.get_name()}: {' -> '.join(where) or 'done'}")
+        return "\n".join(lines) or "(none)"
 
     def hurry(self, rounds: int) -> None:
         """Send the rounds up to `rounds` without pausing, then go on at the pace.
@@ -627,6 +665,8 @@ class Scene:
                 f"frontier {h.frontier()}, rounds sent {self.sent()}, lines {h.lines()}, "
                 f"distinct {len(h.distinct)}, logs in {self.directory}"
             )
+            if self.producer is not None:
+                state += f"; {self.producer.describe()}"
             raise AssertionError(f"{exc} ({state})") from None
 
     def stop_workers(self, names: list[str]) -> None:
