@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, TypeVarTuple, Unpack, cast
 
 T = TypeVar("T")
+_Ts = TypeVarTuple("_Ts")
 #: How long stop() lets the loop's remaining tasks finish after cancelling them.
 DRAIN_SECONDS = 2.0
 
@@ -30,11 +32,37 @@ async def _cancel_the_rest() -> None:
         await asyncio.wait(tasks, timeout=DRAIN_SECONDS)
 
 
+#: The module of gRPC's asyncio completion callbacks (`_handle_callback_wrapper`).
+GRPC_CALLBACKS_MODULE = "grpc._cython.cygrpc"
+
+
+class _ClientLoop(asyncio.SelectorEventLoop):
+    """A blocking client's loop: gRPC's completions that come after it closed are dropped.
+
+    gRPC's asyncio poller (grpcio 1.85) hands each completion of a call to whichever
+    bound loop reads its socket first, and that loop passes it on with the call's loop's
+    call_soon_threadsafe. A call cancelled at a client's shutdown can complete after the
+    client's loop closed: the RuntimeError ("Event loop is closed") then ended the other
+    loop's callback, which asyncio logged as an error on a client that did nothing wrong.
+    Nothing waits for such a completion any more.
+    """
+
+    def call_soon_threadsafe(
+        self,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Handle:
+        if self.is_closed() and getattr(callback, "__module__", None) == GRPC_CALLBACKS_MODULE:
+            return asyncio.Handle(_nothing, (), self, context)  # never run
+        return super().call_soon_threadsafe(callback, *args, context=context)
+
+
 class LoopThread:
     """Run coroutines on a dedicated loop from any thread."""
 
     def __init__(self, name: str) -> None:
-        self._loop = asyncio.new_event_loop()
+        self._loop = _ClientLoop()
         self._incoming: deque[Callable[[], None]] = deque()
         self._wake_pending = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)

@@ -137,3 +137,19 @@ def test_a_coroutine_that_cannot_be_made_is_raised_to_its_caller_not_left_waitin
         assert [str(e) for e in raised] == ["cannot make it"]
     finally:
         loop_thread.stop()
+
+
+def test_grpc_completions_for_a_closed_client_loop_are_dropped_not_raised() -> None:
+    """gRPC's poller passes a call's completion on with its loop's call_soon_threadsafe,
+    from whichever loop read it: one for a call cancelled at shutdown may come after the
+    client's loop closed, and raised "Event loop is closed" in another client's loop."""
+    from grpc._cython import cygrpc
+
+    loop_thread = LoopThread("test-loop")
+    loop_thread.stop()
+    loop = loop_thread._loop
+    assert loop.is_closed()
+    loop.call_soon_threadsafe(cygrpc._handle_callback_wrapper, None, 0)  # dropped
+    # Anything else still raises: a caller of a stopped client is told, not left waiting.
+    with pytest.raises(RuntimeError, match="closed"):
+        loop.call_soon_threadsafe(print)
