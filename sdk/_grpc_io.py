@@ -2,7 +2,7 @@
 
 gRPC 1.85 runs channels' and servers' sockets on its EventEngine by default; its older
 code path (iomgr's epoll poller) is still there, chosen by the experiments below. On
-Linux the older path costs both sides less per request (with the EventEngine part of
+Linux the older path costs both sides less per request (with the EventEngine, part of
 each read and write runs on gRPC's own threads): docs/performance.md has the figures.
 
 gRPC reads GRPC_EXPERIMENTS once, when `grpc` is first imported, so this module sets it

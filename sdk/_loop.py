@@ -12,7 +12,7 @@ import contextvars
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar, TypeVarTuple, Unpack, cast
+from typing import Any, TypeVar, TypeVarTuple, cast
 
 T = TypeVar("T")
 _Ts = TypeVarTuple("_Ts")
@@ -49,7 +49,7 @@ class _ClientLoop(asyncio.SelectorEventLoop):
 
     def call_soon_threadsafe(
         self,
-        callback: Callable[[Unpack[_Ts]], object],
+        callback: Callable[[*_Ts], object],
         *args: *_Ts,
         context: contextvars.Context | None = None,
     ) -> asyncio.Handle:
