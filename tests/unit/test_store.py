@@ -742,3 +742,45 @@ def test_lookups_by_id_and_key_answer_positions(
     assert bodies(record) == [b"m1"] and store.read_at(position) == record
     assert store.find_by_key("orders", "k", limit=2) == [r for _, r in by_key[:2]]
     loop.run_until_complete(store.close())
+
+
+def test_queue_files_of_a_creation_cut_off_before_the_registry_was_saved_stay_harmless(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker that dies after a new topic's queue files exist but before topics.json
+    names it: at the restart the topic does not exist (its creation was never answered),
+    the store opens (the files stay, empty: nothing could be sent to the topic), and
+    creating the topic again takes them over, each queue starting at offset 0."""
+    store = opened(loop, tmp_path)
+    kept, _ = store.create_topic("kept", 2)
+    loop.run_until_complete(store.put(kept, 1, frames(b"before")))
+
+    def dies(data: bytes, names: list[str], change: str) -> None:
+        raise SystemExit("killed between the queue files and the registry's save")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(store.topics, "write", dies)
+        with pytest.raises(SystemExit):
+            store.create_topic("late", 4)
+    left = sorted(p.name for p in (tmp_path / "consumequeue" / "late").iterdir())
+    assert left == ["0", "1", "2", "3"], "the cut-off creation's queue files are on disk"
+    loop.run_until_complete(store.close())
+
+    again = opened(loop, tmp_path)
+    assert again.topics.find("late") is None, "a creation never saved does not exist"
+    left_sizes = [p.stat().st_size for p in (tmp_path / "consumequeue" / "late").iterdir()]
+    assert left_sizes == [0, 0, 0, 0], "left as they were: empty, nothing was sent to them"
+    got = again.get(again.topics.get("kept"), 1, 0, max_messages=10, max_bytes=1 << 20)
+    assert bodies(got.records) == [b"before"]
+    [(late, created)] = loop.run_until_complete(again.create_topics(["late"], 4))
+    assert created and late.queue_count == 4
+    for queue_id in range(4):
+        result = loop.run_until_complete(again.put(late, queue_id, frames(b"q%d" % queue_id)))
+        assert result.first_offset == 0
+    loop.run_until_complete(again.close())
+    reopened = opened(loop, tmp_path)
+    late = reopened.topics.get("late")
+    for queue_id in range(4):
+        got = reopened.get(late, queue_id, 0, max_messages=10, max_bytes=1 << 20)
+        assert bodies(got.records) == [b"q%d" % queue_id]
+    loop.run_until_complete(reopened.close())
