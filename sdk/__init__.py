@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from sdk import _grpc_io as _grpc_io  # first: it chooses gRPC's socket code before grpc loads
 from sdk._version import __version__ as __version__
 from sdk.consumer.allocate import (
     AllocateMessageQueueAveragely,
