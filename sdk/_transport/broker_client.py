@@ -45,6 +45,7 @@ from sdk.errors import (
     BrokerUnavailableError,
     NotSupportedError,
     OrderMQError,
+    RequestTimeoutError,
     TLSError,
     WrongProtocolError,
     error_from_status,
@@ -68,6 +69,11 @@ T = TypeVar("T")
 #: How long a route lookup or a heartbeat waits, unless given a deadline: it waits for a
 #: broker that is not reachable yet (starting, restarting) this long before it fails.
 CONNECT_TIMEOUT = 5.0
+#: The deadline of a call that is given none (an ack, an offset commit, a lock): it
+#: does not wait for an unreachable broker (it fails at once), but one sent on a
+#: connection that then dies without a word (a cut cable, a peer gone without a reset)
+#: fails after this long instead of waiting for good.
+CALL_DEADLINE = 30.0
 #: Each channel keeps its own connections. gRPC otherwise shares them between channels to
 #: one address, and a new client would inherit another client's reconnect backoff from a
 #: broker that has restarted since, and fail its first calls.
@@ -98,10 +104,10 @@ class BrokerClient:
     """One channel to one broker. Create and use it on one event loop.
 
     Send and Pull travel on the channel's Exchange stream; with a broker that has none,
-    as unary calls. A call with a deadline (every Send, Pull, route lookup and heartbeat)
-    waits within it for the broker to be reachable, so a client works at once when its
-    broker comes up or back within the deadline; a call without one fails at once while
-    the broker cannot be reached.
+    as unary calls. Sends, pulls, route lookups and heartbeats wait within their deadline
+    for the broker to be reachable, so a client works at once when its broker comes up or
+    back within the deadline; the other calls fail at once while the broker cannot be
+    reached, and by CALL_DEADLINE when their connection goes silent once they are sent.
     """
 
     def __init__(
@@ -152,8 +158,18 @@ class BrokerClient:
         await self._exchange.close()
         await self._channel.close(None)
 
-    async def _call(self, call: Callable[[], Awaitable[T]], waited: float | None = None) -> T:
-        """Run a call; `waited`: the deadline it waited for the broker to be reachable."""
+    async def _unary(self, method: Callable[..., Awaitable[T]], request: object) -> T:
+        """A call of `method` that has no deadline of its own: CALL_DEADLINE bounds it."""
+        return await self._call(lambda: method(request, timeout=CALL_DEADLINE), deadline=True)
+
+    async def _call(
+        self, call: Callable[[], Awaitable[T]], waited: float | None = None, deadline: bool = False
+    ) -> T:
+        """Run a call, its gRPC errors raised as OrderMQErrors.
+
+        `waited`: the deadline it waited for the broker to be reachable; `deadline`: it
+        is bounded by CALL_DEADLINE (`_unary`).
+        """
         try:
             ready = self._channel.get_state() == grpc.ChannelConnectivity.READY
             if waited is not None and not ready:
@@ -170,6 +186,10 @@ class BrokerClient:
             ):
                 error: OrderMQError = BrokerUnavailableError(
                     f"cannot reach the broker at {self.address} within {waited:g}s"
+                )
+            elif deadline and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                error = RequestTimeoutError(
+                    f"no answer from the broker at {self.address} within {CALL_DEADLINE:g}s"
                 )
             else:
                 error = to_ordermq_error(exc)
@@ -484,7 +504,7 @@ class BrokerClient:
     async def ack(self, receipt: Receipt) -> None:
         """Settle the message `receipt` holds."""
         request = pb.AckRequest(group=receipt.group, receipt_handle=receipt.handle)
-        await self._call(lambda: self._messaging.Ack(request))
+        await self._unary(self._messaging.Ack, request)
 
     async def change_invisible_duration(self, receipt: Receipt, seconds: float) -> Receipt:
         """Hide the message `receipt` holds for `seconds` from now; its new receipt."""
@@ -493,7 +513,7 @@ class BrokerClient:
             receipt_handle=receipt.handle,
             invisible_duration_ms=_ms(seconds),
         )
-        r = await self._call(lambda: self._messaging.ChangeInvisibleDuration(request))
+        r = await self._unary(self._messaging.ChangeInvisibleDuration, request)
         return self._receipt(receipt.group, r.lease, seconds)
 
     def _receipt(self, group: str, lease: pb.Lease, invisible_duration: float) -> Receipt:
@@ -512,7 +532,7 @@ class BrokerClient:
         request = pb.QueryQueueOffsetsRequest(
             topic=queue.topic, queue_id=queue.queue_id, timestamp_ms=timestamp_ms
         )
-        r = await self._call(lambda: self._messaging.QueryQueueOffsets(request))
+        r = await self._unary(self._messaging.QueryQueueOffsets, request)
         return r.min_offset, r.max_offset, r.offset_at_time
 
     async def query_offset(self, group: str, queue: MessageQueue) -> int | None:
@@ -520,7 +540,7 @@ class BrokerClient:
         request = pb.QueryConsumerOffsetRequest(
             group=group, topic=queue.topic, queue_id=queue.queue_id
         )
-        r = await self._call(lambda: self._messaging.QueryConsumerOffset(request))
+        r = await self._unary(self._messaging.QueryConsumerOffset, request)
         return r.offset if r.found else None
 
     async def commit_offsets(
@@ -535,7 +555,7 @@ class BrokerClient:
                 for q, o, e in offsets
             ],
         )
-        await self._call(lambda: self._messaging.CommitConsumerOffsets(request))
+        await self._unary(self._messaging.CommitConsumerOffsets, request)
 
     # ------------------------------------------------------------------ coordination
     async def heartbeat(
@@ -565,12 +585,12 @@ class BrokerClient:
     async def unregister(self, client_id: str) -> None:
         """Leave every group and release every lock."""
         request = pb.UnregisterClientRequest(client_id=client_id)
-        await self._call(lambda: self._messaging.UnregisterClient(request))
+        await self._unary(self._messaging.UnregisterClient, request)
 
     async def consumer_list(self, group: str) -> tuple[list[str], int]:
         """(sorted member ids, membership version) of a group."""
         request = pb.GetConsumerListRequest(group=group)
-        r = await self._call(lambda: self._messaging.GetConsumerList(request))
+        r = await self._unary(self._messaging.GetConsumerList, request)
         return list(r.client_ids), r.membership_version
 
     async def send_half(
@@ -593,7 +613,7 @@ class BrokerClient:
             resolution=pb.TRANSACTION_COMMIT if commit else pb.TRANSACTION_ROLLBACK,
             from_check=from_check,
         )
-        await self._call(lambda: self._messaging.EndTransaction(request))
+        await self._unary(self._messaging.EndTransaction, request)
 
     async def watch_transaction_checks(
         self, group: str, client_id: str
@@ -629,7 +649,7 @@ class BrokerClient:
     ) -> dict[MessageQueue, int]:
         """Take or renew locks; the queues now held, with their fencing epochs."""
         request = pb.LockBatchRequest(group=group, client_id=client_id, queues=_queues(queues))
-        r = await self._call(lambda: self._messaging.LockBatch(request))
+        r = await self._unary(self._messaging.LockBatch, request)
         return {
             MessageQueue(q.queue.topic, q.queue.broker_name, q.queue.queue_id): q.epoch
             for q in r.locked
@@ -640,7 +660,7 @@ class BrokerClient:
     ) -> list[MessageQueue]:
         """Release locks the client holds; the queues another client holds, left locked."""
         request = pb.UnlockBatchRequest(group=group, client_id=client_id, queues=_queues(queues))
-        r = await self._call(lambda: self._messaging.UnlockBatch(request))
+        r = await self._unary(self._messaging.UnlockBatch, request)
         return [MessageQueue(q.topic, q.broker_name, q.queue_id) for q in r.not_held]
 
     async def send_back(
@@ -662,7 +682,7 @@ class BrokerClient:
             max_reconsume_times=max_reconsume_times,
             reconsume_times=reconsume_times,
         )
-        r = await self._call(lambda: self._messaging.SendBack(request))
+        r = await self._unary(self._messaging.SendBack, request)
         return SentBack(r.destination == pb.DEAD_LETTER, r.topic, r.reconsume_times)
 
     async def park_key(
@@ -686,13 +706,13 @@ class BrokerClient:
             lock_epoch=epoch,
             reason=reason,
         )
-        r = await self._call(lambda: self._messaging.ParkKey(request))
+        r = await self._unary(self._messaging.ParkKey, request)
         return r.parked.through_offset
 
     async def cancel_scheduled(self, topic: str, msg_id: str) -> bool:
         """Cancel a scheduled message; False when it had already been delivered."""
         request = pb.CancelScheduledRequest(topic=topic, msg_id=msg_id)
-        r = await self._call(lambda: self._messaging.CancelScheduled(request))
+        r = await self._unary(self._messaging.CancelScheduled, request)
         return r.result == pb.CANCELLED
 
     # ------------------------------------------------------------------ admin

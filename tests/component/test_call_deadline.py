@@ -1,0 +1,63 @@
+"""A call sent on a connection that then goes silent fails by its deadline.
+
+Acks, offset commits and queries, locks and the other calls a client makes without a
+deadline of their own get CALL_DEADLINE (sdk/_transport/broker_client.py): without it,
+one sent just before its connection went silent (a cut cable, a peer gone without a
+reset) waited for good, and with it whatever waited on it, such as a worker's ack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from mockbroker import EmbeddedBroker
+from sdk._transport import broker_client
+from sdk._transport.broker_client import BrokerClient
+from sdk.errors import RequestTimeoutError
+from sdk.message import MessageQueue
+from tests.faultproxy import NO_PROXY_VARIABLES, FaultProxy
+
+DEADLINE = 1.0
+
+
+@pytest.fixture
+def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
+    """A fault proxy this process's next gRPC channels go through (grpc_proxy)."""
+    with FaultProxy(seed=5) as p:
+        monkeypatch.setenv("grpc_proxy", p.url)
+        for name in NO_PROXY_VARIABLES:
+            monkeypatch.delenv(name, raising=False)
+        yield p
+
+
+def test_a_call_on_a_connection_gone_silent_fails_by_its_deadline_not_never(
+    broker: EmbeddedBroker, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(broker_client, "CALL_DEADLINE", DEADLINE)
+
+    async def main() -> None:
+        client = BrokerClient(broker.address)
+        try:
+            await client.create_topic("t", 1)
+            queue = MessageQueue("t", "", 0)
+            assert await client.query_offset("g", queue) is None  # connected, answered
+            proxy.partition("both")
+            started = time.monotonic()
+            with pytest.raises(RequestTimeoutError) as timed_out:
+                async with asyncio.timeout(DEADLINE + 9):  # without the deadline: hangs
+                    await client.query_offset("g", queue)
+            assert time.monotonic() - started < DEADLINE + 4
+            assert f"no answer from the broker at {broker.address} within 1s" in str(
+                timed_out.value
+            )
+            proxy.heal()
+            assert await client.query_offset("g", queue) is None, "answered again once healed"
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+    assert proxy.stats().connections >= 1, "the client went through the proxy"
