@@ -160,16 +160,15 @@ class BrokerClient:
 
     async def _unary(self, method: Callable[..., Awaitable[T]], request: object) -> T:
         """A call of `method` that has no deadline of its own: CALL_DEADLINE bounds it."""
-        return await self._call(lambda: method(request, timeout=CALL_DEADLINE), deadline=True)
+        try:
+            return await self._call(lambda: method(request, timeout=CALL_DEADLINE))
+        except RequestTimeoutError:
+            raise RequestTimeoutError(
+                f"no answer from the broker at {self.address} within {CALL_DEADLINE:g}s"
+            ) from None
 
-    async def _call(
-        self, call: Callable[[], Awaitable[T]], waited: float | None = None, deadline: bool = False
-    ) -> T:
-        """Run a call, its gRPC errors raised as OrderMQErrors.
-
-        `waited`: the deadline it waited for the broker to be reachable; `deadline`: it
-        is bounded by CALL_DEADLINE (`_unary`).
-        """
+    async def _call(self, call: Callable[[], Awaitable[T]], waited: float | None = None) -> T:
+        """Run a call; `waited`: the deadline it waited for the broker to be reachable."""
         try:
             ready = self._channel.get_state() == grpc.ChannelConnectivity.READY
             if waited is not None and not ready:
@@ -186,10 +185,6 @@ class BrokerClient:
             ):
                 error: OrderMQError = BrokerUnavailableError(
                     f"cannot reach the broker at {self.address} within {waited:g}s"
-                )
-            elif deadline and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                error = RequestTimeoutError(
-                    f"no answer from the broker at {self.address} within {CALL_DEADLINE:g}s"
                 )
             else:
                 error = to_ordermq_error(exc)

@@ -9,7 +9,6 @@ reset) waited for good, and with it whatever waited on it, such as a worker's ac
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -46,11 +45,10 @@ def test_a_call_on_a_connection_gone_silent_fails_by_its_deadline_not_never(
             queue = MessageQueue("t", "", 0)
             assert await client.query_offset("g", queue) is None  # connected, answered
             proxy.partition("both")
-            started = time.monotonic()
             with pytest.raises(RequestTimeoutError) as timed_out:
-                async with asyncio.timeout(DEADLINE + 9):  # without the deadline: hangs
+                async with asyncio.timeout(DEADLINE + 9):  # without the deadline: it hangs
                     await client.query_offset("g", queue)
-            assert time.monotonic() - started < DEADLINE + 4
+            # The call's own deadline ended it, not the guard above.
             assert f"no answer from the broker at {broker.address} within 1s" in str(
                 timed_out.value
             )
