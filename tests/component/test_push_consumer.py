@@ -103,10 +103,14 @@ def test_three_consumers_share_the_queues_without_overlap_and_keep_key_order(
         c.start()
     try:
         wait_until(lambda: sum(len(lst.seen) for lst in listeners) >= 3000, 30)
-        wait_until(lambda: len(set(lock_owners(broker).values())) == 3, 30, "three owners")
-        owners = lock_owners(broker)
-        assert sorted(owners) == list(range(8))
-        assert sorted(list(owners.values()).count(c.client_id) for c in consumers) == [2, 3, 3]
+
+        def shares() -> list[int]:
+            owners = list(lock_owners(broker).values())
+            return sorted(owners.count(c.client_id) for c in consumers)
+
+        # Three owners may show while a queue moves (released, not locked yet): the
+        # rebalance is over once all 8 queues are held, 3, 3 and 2.
+        wait_until(lambda: shares() == [2, 3, 3], 30, "the 8 queues shared 2, 3, 3")
     finally:
         for c in consumers:
             c.shutdown()
