@@ -63,7 +63,9 @@ frames = st.builds(
     texts,
     texts,
     st.lists(st.text(min_size=1, max_size=6).filter(lambda k: "\0" not in k), max_size=3),
-    st.dictionaries(texts, texts, max_size=3),
+    # Any name but the one stored frames may not carry (hypothesis draws it: it takes
+    # string constants from the code under test).
+    st.dictionaries(texts.filter(lambda name: name != HALF_PROPERTY), texts, max_size=3),
     st.sampled_from([0, NOW_MS + 1000]),
 )
 #: Batches of frames, each stored to a topic and queue: a buffer mixing both, as a pull
