@@ -39,7 +39,7 @@ from mockbroker.topic_creation import TopicCreation
 from mockbroker.transactions import Transactions
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._version import __version__
-from sdk._wire import GRPC_CHANNEL_OPTIONS
+from sdk._wire import GRPC_SERVER_OPTIONS
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.log import log_event
 from sdk.tls import TLSConfig
@@ -346,8 +346,7 @@ class Broker:
             parking=parking,
         )
         pop.sliced, pop.limits = state.sliced, state.limits  # receives share like pulls
-        # Without so_reuseport=0 a second broker could bind the same port and share it.
-        server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
+        server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
         auth: GrpcAuth | None = None
         if self.acl is not None:
             from mockbroker.fronts.grpc.auth import GrpcAuth

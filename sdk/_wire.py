@@ -48,6 +48,36 @@ GRPC_CLIENT_CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", GRPC_MIN_CONNECT_TIMEOUT_MS),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
+#: A client pings a connection that carries calls once it has read nothing on it for this
+#: long (ms), and closes it when a ping is not answered within as long: its calls fail
+#: with BrokerUnavailableError (retriable) and the next ones connect again. Without it a
+#: connection gone silent (a cable cut, a NAT or a firewall that forgot it, a host gone
+#: without a reset) kept its calls until TCP gave up, after many minutes, and every
+#: request on its Exchange stream failed by its deadline meanwhile. gRPC's ping timeout
+#: is set too: a ping of its own (BDP) in flight when the connection went silent is the
+#: one a keepalive waits for, with that timeout (60 s by default).
+GRPC_KEEPALIVE_MS = 10_000
+#: A broker takes a client's pings this often (ms) even when neither side sends data:
+#: gRPC's default (5 min) would answer the clients' keepalive with GOAWAY too_many_pings.
+GRPC_SERVER_MIN_PING_INTERVAL_MS = 5_000
+#: A broker's listener: one port per broker (without so_reuseport=0 a second broker
+#: could bind the same port and share it), and its clients' keepalive pings welcome.
+GRPC_SERVER_OPTIONS = (
+    *GRPC_CHANNEL_OPTIONS,
+    ("grpc.so_reuseport", 0),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", GRPC_SERVER_MIN_PING_INTERVAL_MS),
+)
+
+
+def grpc_keepalive_options() -> tuple[tuple[str, int], ...]:
+    """A client channel's keepalive options (GRPC_KEEPALIVE_MS, read at each call)."""
+    ms = GRPC_KEEPALIVE_MS
+    return (
+        ("grpc.keepalive_time_ms", ms),
+        ("grpc.keepalive_timeout_ms", ms),
+        ("grpc.http2.ping_timeout_ms", ms),
+    )
+
 
 # Frame: u32 length of what follows, then the fields below, then the variable parts in
 # this order: tags, sharding key, keys (joined by NUL), properties, body.

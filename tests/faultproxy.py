@@ -12,6 +12,9 @@ forwards the bytes of each direction of each connection while it
   that waited, as TCP's retransmissions would after a partition shorter than its
   retransmission timeout. A connection opened during a partition gets no answer to its
   CONNECT until the heal (a SYN that is dropped);
+- silences the connections open now (`silence()`), both ways and for good, while new ones
+  pass: a cable cut on one path, a NAT or a middlebox that forgot them, a peer's host
+  gone without a reset. Only a keepalive tells such a connection from an idle one;
 - resets them (`reset()`): both sockets are closed with an RST, the loss TCP cannot hide.
 
 What a proxy cannot do: reorder or drop packets. TCP delivers a byte stream, so a chunk is
@@ -194,6 +197,10 @@ class Pipe:
     async def _wait_moved(self) -> None:
         await self._moved.wait()
 
+    def silence(self) -> None:
+        """Forward nothing more and read no more, for good, whatever the link's faults."""
+        self._link = Link(LinkFaults(blackhole=True))
+
     def _signal(self) -> None:
         self._moved.set()
         self._moved = asyncio.Event()
@@ -230,6 +237,12 @@ class _Connection:
             self.up.stats.bytes if self.up is not None else 0,
             self.down.stats.bytes if self.down is not None else 0,
         )
+
+    def silence(self) -> None:
+        """Forward nothing more either way, keeping both sockets open."""
+        for pipe in (self.up, self.down):
+            if pipe is not None:
+                pipe.silence()
 
     def reset(self) -> None:
         """Close both sockets with an RST (SO_LINGER 0), as a reset network does."""
@@ -323,6 +336,19 @@ class FaultProxy:
             yield self._up
         if direction in ("down", "both"):
             yield self._down
+
+    def silence(self) -> int:
+        """Blackhole the connections open now, both ways and for good; how many.
+
+        Their sockets stay open; connections made later pass as the links' faults say.
+        """
+        return self._loop.run(self._silence())
+
+    async def _silence(self) -> int:
+        conns = list(self._connections)
+        for conn in conns:
+            conn.silence()
+        return len(conns)
 
     def reset(self, count: int | None = None, *, busy: bool = False) -> int:
         """Reset `count` connections picked at random (None: all); how many were reset.

@@ -37,7 +37,7 @@ from sdk._transport.protocol import (
 )
 from sdk._transport.signing import CallSigner
 from sdk._transport.status import to_ordermq_error
-from sdk._wire import GRPC_CLIENT_CHANNEL_OPTIONS
+from sdk._wire import GRPC_CLIENT_CHANNEL_OPTIONS, grpc_keepalive_options
 from sdk.clock import Clock, SystemClock
 from sdk.credentials import Credentials
 from sdk.errors import (
@@ -130,17 +130,16 @@ class BrokerClient:
             if credentials is not None
             else None
         )
+        options = (*_CHANNEL_OPTIONS, *grpc_keepalive_options())
         self._channel = (
             grpc.aio.secure_channel(
                 address,
                 tls.grpc_credentials(),
-                options=(*_CHANNEL_OPTIONS, *tls.grpc_options()),
+                options=(*options, *tls.grpc_options()),
                 interceptors=interceptors,
             )
             if tls is not None
-            else grpc.aio.insecure_channel(
-                address, options=_CHANNEL_OPTIONS, interceptors=interceptors
-            )
+            else grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
         )
         self._messaging = pb_grpc.MessagingServiceStub(self._channel)
         self._admin = pb_grpc.AdminServiceStub(self._channel)

@@ -121,6 +121,25 @@ def test_a_one_way_partition_lets_requests_through_and_holds_the_answers(
         assert read_until(sock, b"\n") == b"request\n"
 
 
+def test_silence_blackholes_the_open_connections_for_good_and_lets_new_ones_pass(
+    proxy: FaultProxy, echo: str
+) -> None:
+    with connect(proxy, echo) as old:
+        old.sendall(b"before\n")
+        read_until(old, b"\n")
+        assert proxy.silence() == 1
+        old.sendall(b"after\n")
+        wait_until(lambda: proxy.stats().held == 6, 10, "the proxy to hold the bytes")
+        with connect(proxy, echo) as new:
+            new.sendall(b"new\n")
+            assert read_until(new, b"\n") == b"new\n"
+        proxy.heal()  # a heal of the links does not reach a silenced connection
+        old.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            old.recv(1024)
+        assert proxy.stats().bytes_up == 7 + 4
+
+
 def test_a_reset_closes_both_sides_with_an_rst(proxy: FaultProxy, echo: str) -> None:
     with connect(proxy, echo) as sock:
         assert proxy.reset() == 1

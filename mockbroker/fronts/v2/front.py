@@ -8,7 +8,7 @@ from mockbroker.fronts.v2.auth import V2Auth
 from mockbroker.fronts.v2.pop import PopCore
 from mockbroker.fronts.v2.service import RocketMQ5Service, add_to
 from mockbroker.state import BrokerState
-from sdk._wire import GRPC_CHANNEL_OPTIONS
+from sdk._wire import GRPC_SERVER_OPTIONS
 
 
 class V2Front:
@@ -34,8 +34,7 @@ class V2Front:
 
         OSError when the port cannot be taken.
         """
-        # Without so_reuseport=0 a second broker could bind the same port and share it.
-        server = grpc.aio.server(options=(*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
+        server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
         add_to(server, self.service)
         try:
             self.port = (
