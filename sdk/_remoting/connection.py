@@ -6,6 +6,12 @@ reached or the connection ends (requests in flight fail with it), RequestTimeout
 when an answer does not come in time, BrokerError (code MALFORMED_RESPONSE) when the
 server sends bytes that are no remoting frame (the connection is closed: nothing after
 them can be trusted). No call waits without a bound.
+
+A request that times out while nothing at all came in on its connection closes the
+connection: it may have gone silent (a cable cut, a NAT or a firewall that forgot it, a
+host gone without a reset), which TCP tells only after many minutes, and the remoting
+protocol has no ping. The next request opens a new one. RocketMQ's own client closes a
+channel on any timeout; a connection that still carries other answers is kept.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class RemotingConnection:
         self._opaques = itertools.count(1)
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._failure: Exception | None = None
+        self._frames_read = 0  # what came in so far: a timed-out request asks if anything did
         self._write_lock = asyncio.Lock()
         self._reading = asyncio.create_task(self._read(), name=f"remoting-read-{address}")
 
@@ -96,6 +103,7 @@ class RemotingConnection:
         command.opaque = next(self._opaques)
         future: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
         self._pending[command.opaque] = future
+        frames_read = self._frames_read
         try:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation
             # that arrives as the answer does, and the cancelled caller would run on.
@@ -103,11 +111,28 @@ class RemotingConnection:
                 await self._write(encode(command))
                 return await future
         except TimeoutError:
-            raise RequestTimeoutError(
+            message = (
                 f"{self.address} did not answer request code {command.code} within {timeout:g} s"
-            ) from None
+            )
+            if self._frames_read == frames_read and self._failure is None:
+                message += " and sent nothing else meanwhile: the connection is closed as silent"
+                self._close_silent(timeout)
+            raise RequestTimeoutError(message) from None
         finally:
             self._pending.pop(command.opaque, None)
+
+    def _close_silent(self, timeout: float) -> None:
+        """Close a connection that sent nothing for `timeout`; requests in flight fail."""
+        log.warning("remoting %s: nothing came in for %g s; closing the connection",
+                    self.address, timeout)  # fmt: skip
+        self._fail(
+            BrokerUnavailableError(
+                f"the connection to {self.address} was closed: nothing came in on it for "
+                f"{timeout:g} s"
+            )
+        )
+        self._reading.cancel()
+        self._writer.close()
 
     async def oneway(self, command: RemotingCommand) -> None:
         """Send `command` expecting no answer."""
@@ -151,6 +176,7 @@ class RemotingConnection:
         failure: Exception = BrokerUnavailableError(f"{self.address} closed the connection")
         try:
             while (command := await read_command(self._reader)) is not None:
+                self._frames_read += 1
                 if command.is_response:
                     future = self._pending.get(command.opaque)
                     if future is not None and not future.done():
