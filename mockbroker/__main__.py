@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
         "this long without a heartbeat (default %(default)s)",
     )
     p.add_argument(
+        "--keepalive-seconds",
+        type=float,
+        default=d.keepalive_seconds,
+        help="ping a client connection quiet for this long; close it when the ping is not "
+        "answered within as long (default %(default)s)",
+    )
+    p.add_argument(
         "--no-auto-create-topics",
         action="store_true",
         help="refuse sends to topics that were not created explicitly",
@@ -365,6 +372,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             segment_bytes=a.segment_bytes,
             client_timeout_seconds=a.client_timeout_seconds,
             disconnect_grace_seconds=a.disconnect_grace_seconds,
+            keepalive_seconds=a.keepalive_seconds,
             metrics_port=a.metrics_port,
             remoting_port=a.remoting_port,
             namesrv_port=a.namesrv_port,

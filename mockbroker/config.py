@@ -45,6 +45,12 @@ class BrokerConfig:
             `heartbeat_interval` (a client that merely reconnected heartbeats within
             it) and at least their `lock_lease` (a client cut off from the broker stops
             consuming within its lease, before its queues are given away).
+        keepalive_seconds: The broker pings a client connection (gRPC and the v2 front)
+            it has read nothing on for this long, and closes it when the ping is not
+            answered within as long: a connection gone silent (a client's host gone
+            without a reset, a NAT or a firewall that forgot it) and what it held (its
+            streams, push subscriptions) go within twice this, not when TCP gives up.
+            Clients answer pings by themselves, even while their process is busy.
         metrics_port: Serve Prometheus metrics at http://host:PORT/metrics, and health
             checks at /healthz (liveness) and /readyz (readiness: 503 while starting or
             recovering, or once the store refuses writes) (None: off; 0 picks a free port).
@@ -195,6 +201,7 @@ class BrokerConfig:
     sync_flush_timeout_seconds: float = 5.0
     client_timeout_seconds: float = 120.0
     disconnect_grace_seconds: float = 30.0
+    keepalive_seconds: float = 60.0
     metrics_port: int | None = None
     advertised_host: str | None = None
     retention_hours: float = 72.0
@@ -266,6 +273,7 @@ class BrokerConfig:
                 self.sync_flush_timeout_seconds,
                 self.client_timeout_seconds,
                 self.disconnect_grace_seconds,
+                self.keepalive_seconds,
             )
             <= 0
         ):

@@ -39,7 +39,7 @@ from mockbroker.topic_creation import TopicCreation
 from mockbroker.transactions import Transactions
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._version import __version__
-from sdk._wire import GRPC_SERVER_OPTIONS
+from sdk._wire import grpc_server_options
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.log import log_event
 from sdk.tls import TLSConfig
@@ -346,7 +346,8 @@ class Broker:
             parking=parking,
         )
         pop.sliced, pop.limits = state.sliced, state.limits  # receives share like pulls
-        server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
+        options = grpc_server_options(self.config.keepalive_seconds)
+        server = grpc.aio.server(options=options)
         auth: GrpcAuth | None = None
         if self.acl is not None:
             from mockbroker.fronts.grpc.auth import GrpcAuth
@@ -378,7 +379,7 @@ class Broker:
             try:
                 await v2.start(
                     self.config.host, self.config.v2_port, self._client_host(),
-                    self.tls.grpc_credentials() if self.tls is not None else None,
+                    self.tls.grpc_credentials() if self.tls is not None else None, options,
                 )  # fmt: skip
             except BaseException:
                 await server.stop(None)

@@ -48,6 +48,8 @@ GRPC_CLIENT_CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", GRPC_MIN_CONNECT_TIMEOUT_MS),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
+#: Options of a gRPC channel or server: (name, value) pairs.
+GrpcOptions = tuple[tuple[str, int], ...]
 #: A client pings a connection that carries calls once it has read nothing on it for this
 #: long (ms), and closes it when a ping is not answered within as long: its calls fail
 #: with BrokerUnavailableError (retriable) and the next ones connect again. Without it a
@@ -69,7 +71,24 @@ GRPC_SERVER_OPTIONS = (
 )
 
 
-def grpc_keepalive_options() -> tuple[tuple[str, int], ...]:
+def grpc_server_options(keepalive_seconds: float) -> GrpcOptions:
+    """A broker listener's options: GRPC_SERVER_OPTIONS, and its keepalive.
+
+    It pings a connection it has read nothing on for `keepalive_seconds`, with calls or
+    without, and closes it when a ping is not answered within as long.
+    """
+    ms = max(1, round(keepalive_seconds * 1000))
+    return (
+        *GRPC_SERVER_OPTIONS,
+        ("grpc.keepalive_time_ms", ms),
+        ("grpc.keepalive_timeout_ms", ms),
+        ("grpc.http2.ping_timeout_ms", ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),  # an idle connection can die too
+    )
+
+
+def grpc_keepalive_options() -> GrpcOptions:
     """A client channel's keepalive options (GRPC_KEEPALIVE_MS, read at each call)."""
     ms = GRPC_KEEPALIVE_MS
     return (

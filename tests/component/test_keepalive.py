@@ -1,23 +1,28 @@
-"""A client whose connection goes silent finds out by its keepalive and connects again.
+"""Connections that go silent are found out by keepalive pings, on both sides.
 
 A silent connection (a cable cut, a NAT or a firewall that forgot it, a peer's host gone
 without a reset) looks idle: no error comes, and TCP gives up only after many minutes.
-Without a keepalive, every request on its Exchange stream failed by its deadline until
-then; with it, the ping that is not answered closes the connection, its calls fail as
-retriable, and the next ones connect again (sdk/_wire.py GRPC_KEEPALIVE_MS).
+Without a keepalive, every request on a client's Exchange stream failed by its deadline
+until then, and the broker kept the connection's streams and push subscriptions. With
+it, the client's ping that is not answered closes its end: its calls fail as retriable
+and the next ones connect again (sdk/_wire.py GRPC_KEEPALIVE_MS); the broker's closes
+its end, and what the connection held goes (BrokerConfig.keepalive_seconds).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from mockbroker import EmbeddedBroker
+from mockbroker import BrokerConfig, EmbeddedBroker
 from sdk import Message, Producer, ProducerConfig, _wire
 from sdk.errors import OrderMQError
+from tests.component.test_push_delivery import Recorder, consumer, send, subscriptions
 from tests.faultproxy import NO_PROXY_VARIABLES, FaultProxy
+from tests.support import wait_until
 
 KEEPALIVE_MS = 500
 #: Sends are tried this long after the silence: without the keepalive, all of them fail.
@@ -56,3 +61,30 @@ def test_sends_go_on_over_a_new_connection_once_the_old_one_went_silent(
                     f"{failures[-1]!r} (and {len(failures) - 1} before)"
                 )
         assert proxy.stats().connections == 2, "the send went on a new connection"
+
+
+def test_the_broker_drops_the_push_subscriptions_of_a_connection_gone_silent(
+    tmp_path: Path, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_wire, "GRPC_KEEPALIVE_MS", KEEPALIVE_MS)
+    config = BrokerConfig(data_dir=tmp_path / "broker", keepalive_seconds=KEEPALIVE_MS / 1000)
+    with EmbeddedBroker(config) as broker:
+        send(broker.address, 100)
+        listener = Recorder()
+        c = consumer(broker.address, listener)
+        c.start()
+        try:
+            wait_until(lambda: len(listener.bodies()) == 100, 30, "the first 100")
+            assert len(subscriptions(broker)) == 8  # one per queue held
+            proxy.silence()
+            send(broker.address, 100, start=100)  # on a connection of its own
+            wait_until(lambda: len(listener.bodies()) == 200, PATIENCE, "the next 100")
+            # The client subscribed again on a new connection; without the broker's
+            # keepalive, the old subscriptions stayed as long as the client did.
+            wait_until(
+                lambda: len(subscriptions(broker)) == 8, PATIENCE, "the old subscriptions to go"
+            )
+        finally:
+            c.shutdown()
+        # At least once: what was consumed before the silence may come again.
+        assert set(listener.bodies()) == {f"{i:05d}".encode() for i in range(200)}

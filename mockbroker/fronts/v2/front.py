@@ -8,7 +8,7 @@ from mockbroker.fronts.v2.auth import V2Auth
 from mockbroker.fronts.v2.pop import PopCore
 from mockbroker.fronts.v2.service import RocketMQ5Service, add_to
 from mockbroker.state import BrokerState
-from sdk._wire import GRPC_SERVER_OPTIONS
+from sdk._wire import GRPC_SERVER_OPTIONS, GrpcOptions
 
 
 class V2Front:
@@ -27,14 +27,16 @@ class V2Front:
         port: int,
         advertised_host: str,
         credentials: grpc.ServerCredentials | None = None,
+        options: GrpcOptions = GRPC_SERVER_OPTIONS,
     ) -> int:
         """Listen on host:port (0: a free port); clients are sent to advertised_host.
 
-        With `credentials`, over TLS only.
+        With `credentials`, over TLS only; `options`: the gRPC server's (the broker's
+        listener's, keepalive included).
 
         OSError when the port cannot be taken.
         """
-        server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
+        server = grpc.aio.server(options=options)
         add_to(server, self.service)
         try:
             self.port = (
