@@ -59,27 +59,28 @@ GrpcOptions = tuple[tuple[str, int], ...]
 #: is set too: a ping of its own (BDP) in flight when the connection went silent is the
 #: one a keepalive waits for, with that timeout (60 s by default).
 GRPC_KEEPALIVE_MS = 10_000
-#: A broker takes a client's pings this often (ms) even when neither side sends data:
-#: gRPC's default (5 min) would answer the clients' keepalive with GOAWAY too_many_pings.
+#: A broker takes a client's pings this often (ms) even when it sends no data: with
+#: gRPC's default (5 min), a client whose keepalive pinged a connection the broker sent
+#: nothing on (an idle stream, long polls held) got GOAWAY too_many_pings after three,
+#: and its calls failed. (gRPC's C name, GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_
+#: DATA_MS, is not its string: an option by the C name is ignored.)
 GRPC_SERVER_MIN_PING_INTERVAL_MS = 5_000
-#: A broker's listener: one port per broker (without so_reuseport=0 a second broker
-#: could bind the same port and share it), and its clients' keepalive pings welcome.
-GRPC_SERVER_OPTIONS = (
-    *GRPC_CHANNEL_OPTIONS,
-    ("grpc.so_reuseport", 0),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", GRPC_SERVER_MIN_PING_INTERVAL_MS),
-)
+#: A broker listener's options but its keepalive: one port per broker (without
+#: so_reuseport=0 a second broker could bind the same port and share it).
+GRPC_SERVER_OPTIONS = (*GRPC_CHANNEL_OPTIONS, ("grpc.so_reuseport", 0))
 
 
 def grpc_server_options(keepalive_seconds: float) -> GrpcOptions:
     """A broker listener's options: GRPC_SERVER_OPTIONS, and its keepalive.
 
     It pings a connection it has read nothing on for `keepalive_seconds`, with calls or
-    without, and closes it when a ping is not answered within as long.
+    without, and closes it when a ping is not answered within as long; it takes the
+    clients' pings every GRPC_SERVER_MIN_PING_INTERVAL_MS (read at each call).
     """
     ms = max(1, round(keepalive_seconds * 1000))
     return (
         *GRPC_SERVER_OPTIONS,
+        ("grpc.http2.min_ping_interval_without_data_ms", GRPC_SERVER_MIN_PING_INTERVAL_MS),
         ("grpc.keepalive_time_ms", ms),
         ("grpc.keepalive_timeout_ms", ms),
         ("grpc.http2.ping_timeout_ms", ms),

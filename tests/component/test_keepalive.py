@@ -11,14 +11,18 @@ its end, and what the connection held goes (BrokerConfig.keepalive_seconds).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
 from sdk import Message, Producer, ProducerConfig, _wire
+from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
+from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk.errors import OrderMQError
 from tests.component.test_push_delivery import Recorder, consumer, send, subscriptions
 from tests.faultproxy import NO_PROXY_VARIABLES, FaultProxy
@@ -88,3 +92,35 @@ def test_the_broker_drops_the_push_subscriptions_of_a_connection_gone_silent(
             c.shutdown()
         # At least once: what was consumed before the silence may come again.
         assert set(listener.bodies()) == {f"{i:05d}".encode() for i in range(200)}
+
+
+def test_the_broker_takes_pings_as_often_as_it_says_without_a_goaway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A client pinging every second on a stream the broker sends nothing on, against a
+    # broker that takes pings every half second. Without the broker's setting (gRPC's
+    # default is 5 min), its third bad ping got GOAWAY too_many_pings, and the stream
+    # failed ("Too many pings": seen in make bench, with the clients' 10 s keepalive).
+    monkeypatch.setattr(_wire, "GRPC_SERVER_MIN_PING_INTERVAL_MS", 500)
+    pinging = (
+        ("grpc.keepalive_time_ms", 1000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    )
+    pull = pb.ExchangeRequest(id=1, pull=pb.PullRequest(
+        group="g", topic="orders", queue_id=0, offset=0, max_messages=1))  # fmt: skip
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(broker.address, options=pinging) as channel:
+            stream = pb_grpc.MessagingServiceStub(channel).Exchange()
+            await stream.write(pull)
+            assert (await stream.read()).id == 1
+            await asyncio.sleep(5)  # 5 pings, and nothing from the broker
+            pull.id = 2
+            await stream.write(pull)
+            assert (await stream.read()).id == 2, "the stream outlived the pings"
+            stream.cancel()
+
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "broker")) as broker:
+        send(broker.address, 1)
+        asyncio.run(main())
