@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, settings
 
 from mockbroker import BrokerConfig, EmbeddedBroker
 from tests.chaos_report import REPORT_PATH_ENV, ChaosRecorder, ChaosReport
+from tests.faultproxy import NO_PROXY_VARIABLES, FaultProxy
 from tools.test_times import CPU_DIR_ENV, read_durations, start_order
 
 _CHAOS = pytest.StashKey[ChaosReport]()
@@ -95,6 +96,16 @@ def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
     """An embedded broker on port 0 with its data in a temporary directory."""
     with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "broker")) as b:
         yield b
+
+
+@pytest.fixture
+def process_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
+    """A fault proxy that this process's gRPC channels made from now on go through."""
+    with FaultProxy(seed=5) as p:
+        monkeypatch.setenv("grpc_proxy", p.url)
+        for name in NO_PROXY_VARIABLES:
+            monkeypatch.delenv(name, raising=False)
+        yield p
 
 
 @pytest.fixture

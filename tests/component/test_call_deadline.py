@@ -9,7 +9,6 @@ reset) waited for good, and with it whatever waited on it, such as a worker's ac
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,23 +17,13 @@ from sdk._transport import broker_client
 from sdk._transport.broker_client import BrokerClient
 from sdk.errors import RequestTimeoutError
 from sdk.message import MessageQueue
-from tests.faultproxy import NO_PROXY_VARIABLES, FaultProxy
+from tests.faultproxy import FaultProxy
 
 DEADLINE = 1.0
 
 
-@pytest.fixture
-def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
-    """A fault proxy this process's next gRPC channels go through (grpc_proxy)."""
-    with FaultProxy(seed=5) as p:
-        monkeypatch.setenv("grpc_proxy", p.url)
-        for name in NO_PROXY_VARIABLES:
-            monkeypatch.delenv(name, raising=False)
-        yield p
-
-
 def test_a_call_on_a_connection_gone_silent_fails_by_its_deadline_not_never(
-    broker: EmbeddedBroker, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+    broker: EmbeddedBroker, process_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(broker_client, "CALL_DEADLINE", DEADLINE)
 
@@ -44,7 +33,7 @@ def test_a_call_on_a_connection_gone_silent_fails_by_its_deadline_not_never(
             await client.create_topic("t", 1)
             queue = MessageQueue("t", "", 0)
             assert await client.query_offset("g", queue) is None  # connected, answered
-            proxy.partition("both")
+            process_proxy.partition("both")
             with pytest.raises(RequestTimeoutError) as timed_out:
                 async with asyncio.timeout(DEADLINE + 9):  # without the deadline: it hangs
                     await client.query_offset("g", queue)
@@ -52,10 +41,10 @@ def test_a_call_on_a_connection_gone_silent_fails_by_its_deadline_not_never(
             assert f"no answer from the broker at {broker.address} within 1s" in str(
                 timed_out.value
             )
-            proxy.heal()
+            process_proxy.heal()
             assert await client.query_offset("g", queue) is None, "answered again once healed"
         finally:
             await client.close()
 
     asyncio.run(main())
-    assert proxy.stats().connections >= 1, "the client went through the proxy"
+    assert process_proxy.stats().connections >= 1, "the client went through the proxy"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -25,7 +24,7 @@ from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk.errors import OrderMQError
 from tests.component.test_push_delivery import Recorder, consumer, send, subscriptions
-from tests.faultproxy import NO_PROXY_VARIABLES, FaultProxy
+from tests.faultproxy import FaultProxy
 from tests.support import wait_until
 
 KEEPALIVE_MS = 500
@@ -33,25 +32,15 @@ KEEPALIVE_MS = 500
 PATIENCE = 15.0
 
 
-@pytest.fixture
-def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
-    """A fault proxy this process's next gRPC channels go through (grpc_proxy)."""
-    with FaultProxy(seed=11) as p:
-        monkeypatch.setenv("grpc_proxy", p.url)
-        for name in NO_PROXY_VARIABLES:
-            monkeypatch.delenv(name, raising=False)
-        yield p
-
-
 def test_sends_go_on_over_a_new_connection_once_the_old_one_went_silent(
-    broker: EmbeddedBroker, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+    broker: EmbeddedBroker, process_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_wire, "GRPC_KEEPALIVE_MS", KEEPALIVE_MS)
     config = ProducerConfig(send_timeout=1.0, retry_times=0, accumulator=None)
     with Producer(broker.address, config=config) as producer:
         producer.send(Message("orders", b"before", sharding_key="k"))
-        assert proxy.stats().connections == 1
-        assert proxy.silence() == 1
+        assert process_proxy.stats().connections == 1
+        assert process_proxy.silence() == 1
         failures: list[OrderMQError] = []
         given_up = time.monotonic() + PATIENCE
         while True:
@@ -64,11 +53,11 @@ def test_sends_go_on_over_a_new_connection_once_the_old_one_went_silent(
                     f"still failing {PATIENCE:g}s after the connection went silent: "
                     f"{failures[-1]!r} (and {len(failures) - 1} before)"
                 )
-        assert proxy.stats().connections == 2, "the send went on a new connection"
+        assert process_proxy.stats().connections == 2, "the send went on a new connection"
 
 
 def test_the_broker_drops_the_push_subscriptions_of_a_connection_gone_silent(
-    tmp_path: Path, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, process_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_wire, "GRPC_KEEPALIVE_MS", KEEPALIVE_MS)
     config = BrokerConfig(data_dir=tmp_path / "broker", keepalive_seconds=KEEPALIVE_MS / 1000)
@@ -80,7 +69,7 @@ def test_the_broker_drops_the_push_subscriptions_of_a_connection_gone_silent(
         try:
             wait_until(lambda: len(listener.bodies()) == 100, 30, "the first 100")
             assert len(subscriptions(broker)) == 8  # one per queue held
-            proxy.silence()
+            process_proxy.silence()
             send(broker.address, 100, start=100)  # on a connection of its own
             wait_until(lambda: len(listener.bodies()) == 200, PATIENCE, "the next 100")
             # The client subscribed again on a new connection; without the broker's
