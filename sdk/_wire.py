@@ -81,9 +81,7 @@ def grpc_server_options(keepalive_seconds: float) -> GrpcOptions:
     return (
         *GRPC_SERVER_OPTIONS,
         ("grpc.http2.min_ping_interval_without_data_ms", GRPC_SERVER_MIN_PING_INTERVAL_MS),
-        ("grpc.keepalive_time_ms", ms),
-        ("grpc.keepalive_timeout_ms", ms),
-        ("grpc.http2.ping_timeout_ms", ms),
+        *_keepalive(ms),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),  # an idle connection can die too
     )
@@ -91,7 +89,11 @@ def grpc_server_options(keepalive_seconds: float) -> GrpcOptions:
 
 def grpc_keepalive_options() -> GrpcOptions:
     """A client channel's keepalive options (GRPC_KEEPALIVE_MS, read at each call)."""
-    ms = GRPC_KEEPALIVE_MS
+    return _keepalive(GRPC_KEEPALIVE_MS)
+
+
+def _keepalive(ms: int) -> GrpcOptions:
+    """Ping after `ms` without a read; close when a ping (any: BDP too) waits `ms`."""
     return (
         ("grpc.keepalive_time_ms", ms),
         ("grpc.keepalive_timeout_ms", ms),

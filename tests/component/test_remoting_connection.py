@@ -29,11 +29,9 @@ class ScriptedServer:
 
     def __init__(self) -> None:
         self.silent = asyncio.Event()
-        self.connections = 0
         self.address = ""
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             while not self.silent.is_set():
                 read = asyncio.ensure_future(read_command(reader))
