@@ -132,11 +132,15 @@ class Exchange:
     ) -> pb.ExchangeResponse:
         if self._probe is not None:
             timeout = await self._probed(envelope, timeout)
+        if not self._supported:
+            raise ExchangeUnsupportedError("the broker does not serve Exchange")
         if self._stream is None and timeout is not None and not self._closed:
             loop = asyncio.get_running_loop()
             started = loop.time()
             await self._connect(envelope, timeout)
             timeout = max(0.0, timeout - (loop.time() - started))
+            if self._learning():
+                return await self._call(envelope, timeout)
         stream = self._stream_for(envelope)
         rid = envelope.id
         future = stream.submit(envelope)
@@ -180,6 +184,8 @@ class Exchange:
             raise ExchangeUnsupportedError("the broker does not serve Exchange")
         if self._stream is None and not self._closed:
             await self._connect(envelope, timeout)
+            if self._learning():
+                return await self.subscribe(envelope, timeout)
         stream = self._stream_for(envelope)
         if stream.greeted is not None:
             # A subscription is answered many times: it starts on a stream the broker
@@ -197,6 +203,14 @@ class Exchange:
             except Exception:  # the stream ended: subscribe() hands that on
                 pass
         return stream.subscribe(envelope)
+
+    def _learning(self) -> bool:
+        """Whether a stream another caller opened was refused, while this one connected.
+
+        The caller then goes as that refusal tells (once the probe of Exchange answered),
+        not on a stream of the method the broker just refused.
+        """
+        return self._probe is not None or not self._supported
 
     async def _probed(self, envelope: pb.ExchangeRequest, timeout: float | None) -> float | None:
         """Wait for the probe of Exchange; the time left of `timeout`.

@@ -17,7 +17,7 @@ import pytest
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.broker_client import Appended, BrokerClient, PullStatus
-from sdk._transport.exchange import EXCHANGE_BATCHED_PATH, Exchange
+from sdk._transport.exchange import EXCHANGE_BATCHED_PATH, Exchange, ExchangeUnsupportedError
 from sdk._transport.status import REASON_KEY, to_ordermq_error
 from sdk._wire import GRPC_MAX_MESSAGE_BYTES
 from sdk.errors import (
@@ -186,6 +186,7 @@ async def scripted(
     *,
     batched: bool = False,
     silent_batched: bool = False,
+    connected: Callable[[], Awaitable[None]] | None = None,
     disconnected: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncIterator[tuple[ScriptedBroker, Exchange]]:
     """A scripted broker and an Exchange client of it, closed afterwards.
@@ -203,7 +204,8 @@ async def scripted(
         else None
     )
     client = Exchange(pb_grpc.MessagingServiceStub(channel).Exchange, broker.address,
-                      open_batched=open_batched, disconnected=disconnected)  # fmt: skip
+                      connected=connected, open_batched=open_batched,
+                      disconnected=disconnected)  # fmt: skip
     try:
         yield broker, client
     finally:
@@ -510,6 +512,47 @@ def test_on_a_broker_without_exchange_batched_calls_and_subscriptions_go_on_exch
             assert broker.methods == [f"/{SERVICE}/ExchangeBatched"] + 2 * [f"/{SERVICE}/Exchange"]
             assert broker.exchange_probes == 1
             assert broker.streams.empty(), "one Exchange stream"
+
+    run(main)
+
+
+@pytest.mark.parametrize("request_kind", ["call", "subscription"])
+def test_a_caller_still_connecting_when_another_learned_the_fallback_takes_it(
+    request_kind: str,
+) -> None:
+    """The first request on a connection to a broker without Exchange meets the refusals
+    (ExchangeBatched, then Exchange); one that waited for the connection meanwhile goes
+    unary too, without asking the broker for Exchange once more (it did: CI, stop 66)."""
+
+    async def main() -> None:
+        held = asyncio.Event()  # the second caller's wait for the connection ends
+        callers = 0
+
+        async def connected() -> None:
+            nonlocal callers
+            callers += 1
+            caller = callers
+            await asyncio.sleep(0)  # both callers wait for the connection
+            if caller > 1:
+                await held.wait()
+
+        async with scripted(exchange=False, batched=True, connected=connected) as (
+            broker,
+            client,
+        ):
+            first = asyncio.create_task(client.call(send(), WAIT))
+            if request_kind == "call":
+                second = asyncio.create_task(client.call(send(), WAIT))
+            else:
+                subscribe = pb.ExchangeRequest(subscribe=pb.Subscribe(topic="t", queue_id=1))
+                second = asyncio.create_task(client.subscribe(subscribe, WAIT))
+            with pytest.raises(ExchangeUnsupportedError):
+                await first
+            assert not client.supported
+            held.set()
+            with pytest.raises(ExchangeUnsupportedError):
+                await second
+            assert broker.methods == [f"/{SERVICE}/ExchangeBatched", f"/{SERVICE}/Exchange"]
 
     run(main)
 
