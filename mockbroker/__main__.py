@@ -126,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on this port (default: off; 0 picks a free one)",
     )
     p.add_argument(
+        "--exchange-port",
+        type=int,
+        default=None,
+        help="also serve ordermq's Exchange stream (sends, pulls, push delivery) over "
+        "framed TCP on this port (default: off; 0 picks a free one; not with --acl-file)",
+    )
+    p.add_argument(
         "--v2-port",
         type=int,
         default=None,
@@ -397,6 +404,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             max_topics=a.max_topics,
             client_max_topics=a.client_max_topics,
             v2_port=a.v2_port,
+            exchange_port=a.exchange_port,
             pop_max_in_flight=a.pop_max_in_flight,
             pop_max_delivery_attempts=a.pop_max_delivery_attempts,
             transaction_timeout_seconds=a.transaction_timeout_seconds,
@@ -456,6 +464,8 @@ def announcements(broker: Broker) -> list[str]:
         lines.append(f"mockbroker serving the console on {broker.console_address}")
     if broker.v2_address is not None:
         lines.append(f"mockbroker serving RocketMQ 5 clients on {broker.v2_address}")
+    if broker.exchange_address is not None:
+        lines.append(f"mockbroker serving the Exchange port on {broker.exchange_address}")
     if broker.remoting is not None:
         lines.append(f"mockbroker serving RocketMQ remoting on {broker.remoting.broker_address}")
         if broker.remoting.namesrv_address is not None:

@@ -94,6 +94,10 @@ class BrokerConfig:
             one message, however large).
         fair_turn_ms: Store work the broker does, while nobody waits, before it lets its
             event loop go round (read sockets, answer, see who else waits).
+        exchange_port: Also serve ordermq's Exchange stream (sends, pulls, push
+            subscriptions) over framed TCP on this port, without gRPC's per-request cost
+            (None: off; 0 picks a free port); TLS as the other ports. Not with `acl_file`
+            yet (it does not authenticate). The wire: docs/wire-format.md.
         v2_port: Also serve RocketMQ 5's gRPC API (apache.rocketmq.v2.MessagingService, for
             RocketMQ 5's official clients) on this port (None: off; 0 picks a free one, see
             `v2_address` once started). Producers and consumers (receive, ack, change
@@ -227,6 +231,7 @@ class BrokerConfig:
     remoting_max_connections: int = 4096
     remoting_max_connections_per_host: int = 1024
     v2_port: int | None = None
+    exchange_port: int | None = None
     pop_max_in_flight: int = 1024
     pop_max_delivery_attempts: int = 17
     transaction_timeout_seconds: float = 6.0
@@ -248,13 +253,20 @@ class BrokerConfig:
         if self.flush_mode not in ("async", "sync"):
             raise ValueError(f"flush_mode must be 'async' or 'sync', not {self.flush_mode!r}")
         taken: dict[int, str] = {}
-        for name in ("port", "v2_port", "remoting_port", "namesrv_port", "console_port"):
+        ports = ("port", "v2_port", "remoting_port", "namesrv_port", "console_port",
+                 "exchange_port")  # fmt: skip
+        for name in ports:
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 65535:
                 raise ValueError(f"{name} {value} is outside 0..65535")
             if value and value in taken:  # None is off, 0 picks a free port
                 raise ValueError(f"{taken[value]} and {name} are both {value}: give each its own")
             taken[value] = name
+        if self.exchange_port is not None and self.acl_file is not None:
+            raise ValueError(
+                "exchange_port cannot be used with acl_file: the Exchange port does not "
+                "authenticate clients yet (they are served over gRPC, which does)"
+            )
         if self.namesrv_port is not None and self.remoting_port is None:
             raise ValueError(
                 "namesrv_port needs remoting_port: the name server's routes point at the "

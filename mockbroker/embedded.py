@@ -54,6 +54,11 @@ class EmbeddedBroker(InBackground):
         return address
 
     @property
+    def exchange_address(self) -> str | None:
+        """'host:port' of the Exchange port (config.exchange_port; None when off)."""
+        return self._broker.exchange_address
+
+    @property
     def console_address(self) -> str | None:
         """'host:port' of the console (config.console_port; None when off)."""
         return self._broker.console_address

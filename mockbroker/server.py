@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     # built: each `python -m mockbroker` (tests start hundreds) pays only for what it serves.
     from mockbroker.acl import Acl
     from mockbroker.fronts.console import ConsoleServer
+    from mockbroker.fronts.exchange_port import ExchangePort
     from mockbroker.fronts.grpc.auth import GrpcAuth
     from mockbroker.fronts.remoting.front import RemotingFront
     from mockbroker.fronts.v2.front import V2Front
@@ -140,6 +141,8 @@ class Broker:
         #: Registers with standalone name servers (config.namesrv_addr; None: none).
         self.registrar: BrokerRegistrar | None = None
         self._v2: V2Front | None = None
+        #: ordermq's Exchange over framed TCP (config.exchange_port; None while off).
+        self.exchange_port: ExchangePort | None = None
         self._stopping = False
         self.port = 0
         #: The TLS every port is served with (None: plain text).
@@ -194,6 +197,12 @@ class Broker:
         """'host:port' of the RocketMQ 5 (apache.rocketmq.v2) front, when it is on."""
         return f"{self._client_host()}:{self._v2.port}" if self._v2 is not None else None
 
+    @property
+    def exchange_address(self) -> str | None:
+        """'host:port' of the Exchange port (framed TCP), when it is on."""
+        port = self.exchange_port
+        return f"{self._client_host()}:{port.port}" if port is not None else None
+
     def _client_host(self) -> str:
         host = self.config.advertised_host
         if host is None:
@@ -216,7 +225,8 @@ class Broker:
             # AclFileError (FILE:LINE: what is wrong) or OSError: the broker does not start.
             self.acl = Acl(await asyncio.to_thread(load_acl_file, config.acl_file))
         await asyncio.to_thread(_check_listenable, config.host, config.port)
-        for port in (config.v2_port, config.remoting_port, config.namesrv_port):
+        for port in (config.v2_port, config.remoting_port, config.namesrv_port,
+                     config.exchange_port):  # fmt: skip
             if port is not None:  # refused here, before anything has started serving
                 await asyncio.to_thread(_check_listenable, config.host, port)
         if config.metrics_port is not None:
@@ -386,6 +396,28 @@ class Broker:
                 raise
             self._v2 = v2
             log.info("RocketMQ 5 (apache.rocketmq.v2) clients served on %s", self.v2_address)
+        if self.config.exchange_port is not None:
+            from mockbroker.fronts.exchange_port import ExchangePort  # only where it is on
+
+            exchange_port = ExchangePort(
+                self._messaging.exchanges,
+                keepalive_seconds=self.config.keepalive_seconds,
+                clock=self.clock,
+            )
+            try:
+                await exchange_port.start(
+                    self.config.host, self.config.exchange_port,
+                    self.tls.ssl_context() if self.tls is not None else None,
+                )  # fmt: skip
+            except BaseException:
+                if self._v2 is not None:
+                    await self._v2.stop(0)
+                    self._v2 = None
+                await server.stop(None)
+                raise
+            self.exchange_port = exchange_port
+            state.exchange_address = self.exchange_address or ""
+            log.info("ordermq Exchange over framed TCP on %s", self.exchange_address)
         await server.start()
         scheduler.start()
         transactions.start()
@@ -457,6 +489,8 @@ class Broker:
         fronts = [("ordermq gRPC and admin", self.address)]
         if self.v2_address is not None:
             fronts.append(("RocketMQ 5 gRPC", self.v2_address))
+        if self.exchange_address is not None:
+            fronts.append(("ordermq Exchange (framed TCP)", self.exchange_address))
         if self.remoting is not None:
             fronts.append(("RocketMQ remoting", self.remoting.broker_address or "-"))
             if self.remoting.namesrv_address is not None:
@@ -485,6 +519,8 @@ class Broker:
             ports.append(f"ordermq gRPC and admin {self.port}")
             if self._v2 is not None:
                 ports.append(f"RocketMQ 5 {self._v2.port}")
+            if self.exchange_port is not None:
+                ports.append(f"ordermq Exchange {self.exchange_port.port}")
             if self.remoting is not None:
                 for name, server in (("remoting", self.remoting.broker),
                                      ("name server", self.remoting.namesrv)):  # fmt: skip
@@ -602,6 +638,9 @@ class Broker:
         if self._v2 is not None:
             await self._v2.stop(left())
             self._v2 = None
+        if self.exchange_port is not None:
+            await self.exchange_port.stop(left())  # its streams were closed above
+            self.exchange_port = None
         if self._server is not None:
             await self._server.stop(left())
             self._server = None

@@ -80,6 +80,8 @@ class BrokerState:
     parking: Parking
     started: float = 0.0
     address: str = ""
+    #: 'host:port' of the Exchange port (framed TCP) clients are routed to ("" when off).
+    exchange_address: str = ""
     rates: RateMeter = field(default_factory=RateMeter)
     requests: RequestStats = field(default_factory=RequestStats)
     #: Sends and pulls go through it when config.fair_scheduling is on.

@@ -7,6 +7,7 @@ message costs the broker one header parse, one CRC and one index entry, and no r
 
 from __future__ import annotations
 
+import socket
 import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ DELAY_LEVEL_SECONDS = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540,
                        1200, 1800, 3600, 7200)  # fmt: skip
 #: gRPC message size limit on both sides: a full send or pull plus protobuf overhead.
 GRPC_MAX_MESSAGE_BYTES = MAX_SEND_BYTES + 1024 * 1024
+#: What a client of a broker's Exchange port (framed TCP) sends first: the protocol's
+#: magic and its version, 1 (docs/wire-format.md).
+EXCHANGE_PORT_PREAMBLE = b"OMQX\x00\x00\x00\x01"
 GRPC_CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
@@ -85,6 +89,22 @@ def grpc_server_options(keepalive_seconds: float) -> GrpcOptions:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),  # an idle connection can die too
     )
+
+
+def set_tcp_keepalive(sock: socket.socket | None, idle_seconds: float) -> None:
+    """Have the kernel probe `sock` after `idle_seconds` without traffic.
+
+    It closes the connection when three probes, a third of that apart, go unanswered: a
+    framed-TCP connection's keepalive, as gRPC's pings are a channel's. None: nothing.
+    """
+    if sock is None:
+        return
+    idle = max(1, int(idle_seconds))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_KEEPIDLE"):  # Linux; elsewhere the system's defaults
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, idle // 3))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
 
 
 def grpc_keepalive_options() -> GrpcOptions:

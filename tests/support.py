@@ -95,6 +95,7 @@ class BrokerProcess:
         "--namesrv-port": ("namesrv", "mockbroker serving a RocketMQ name server on "),
         "--metrics-port": ("metrics", "mockbroker serving metrics and health checks on "),
         "--console-port": ("console", "mockbroker serving the console on "),
+        "--exchange-port": ("exchange", "mockbroker serving the Exchange port on "),
     }
 
     def __init__(self, data_dir: Path, *extra_args: str, env: dict[str, str] | None = None) -> None:
@@ -267,6 +268,7 @@ def pinned(config: BrokerConfig, broker: EmbeddedBroker) -> BrokerConfig:
         remoting_port=port(broker.remoting_address),
         namesrv_port=port(broker.namesrv_address),
         v2_port=port(broker.v2_address) if config.v2_port is not None else None,
+        exchange_port=port(broker.exchange_address),
     )
 
 

@@ -7,6 +7,7 @@ The result types come from sdk._transport.protocol; they are importable from her
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -24,7 +25,8 @@ from sdk._transport.exchange import (
     ExchangeUnsupportedError,
     OpenBatched,
 )
-from sdk._transport.port_probe import speaks_remoting
+from sdk._transport.exchange_port import PortCall
+from sdk._transport.port_probe import speaks_exchange_port, speaks_remoting
 from sdk._transport.protocol import (
     Appended,
     CreditWindow,
@@ -98,6 +100,8 @@ class QueueRoute:
     writable: bool
     #: Its broker takes batches over several queues in one Send (SendRequest.parts).
     takes_send_parts: bool = False
+    #: Its broker's Exchange port, "host:port" ("": none).
+    exchange_address: str = ""
 
 
 class BrokerClient:
@@ -119,6 +123,8 @@ class BrokerClient:
     ) -> None:
         self.address = address
         self._tls = tls
+        self._signed = credentials is not None
+        self._exchange_port = ""
         #: Whether a connection was ever made: TLS failures are looked for until then.
         self._connected_once = False
         #: Whether a call was ever answered: until then "no such method" may mean that
@@ -151,6 +157,20 @@ class BrokerClient:
         self._exchange = Exchange(
             self._messaging.Exchange, address, self._ready, batched, self._disconnected
         )
+
+    def use_exchange_port(self, address: str) -> None:
+        """Carry sends, pulls and subscriptions on the broker's Exchange port at `address`.
+
+        As a route names it; the same address again changes nothing. Not for a client
+        with credentials (the port does not authenticate; a broker with an ACL has none).
+        """
+        if not address or address == self._exchange_port or self._signed:
+            return
+        self._exchange_port = address
+        tls = self._tls
+        context = tls.ssl_context() if tls is not None else None
+        server_name = tls.server_name if tls is not None else None
+        self._exchange.use_port(functools.partial(PortCall, address, context, server_name))
 
     async def close(self) -> None:
         """Close the channel: calls in flight fail (ClientStateError on the Exchange stream)."""
@@ -256,6 +276,11 @@ class BrokerClient:
                     f"{self.address} answers RocketMQ remoting, not ordermq's gRPC: use "
                     f"rocketmq://{self.address}, or the broker's ordermq port"
                 )
+            if await speaks_exchange_port(self.address):
+                return WrongProtocolError(
+                    f"{self.address} is an ordermq broker's Exchange port (framed TCP), not "
+                    "its gRPC port: give the client the broker's gRPC port (--port)"
+                )
             return None
         reason = details if handshake_failure(details) else None
         reason = reason or await tls_refusal(self.address, self._tls)
@@ -326,6 +351,7 @@ class BrokerClient:
                 r.readable,
                 r.writable,
                 response.takes_send_parts,
+                r.exchange_address,
             )
             for r in response.queues
         ]

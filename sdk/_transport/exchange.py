@@ -28,6 +28,7 @@ import grpc
 
 from sdk._batching import join_repeated, settled
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
+from sdk._transport.exchange_port import PortCall
 from sdk._wire import GRPC_MAX_MESSAGE_BYTES
 from sdk.errors import BrokerError, ClientStateError, error_from_status
 
@@ -38,6 +39,8 @@ OpenExchange = grpc.aio.StreamStreamMultiCallable[pb.ExchangeRequest, pb.Exchang
 #: ExchangeBatched, written serialized (ExchangeRequests, see sdk._batching.join_repeated).
 BatchedCall = grpc.aio.StreamStreamCall[bytes, pb.ExchangeResponses]
 OpenBatched = grpc.aio.StreamStreamMultiCallable[bytes, pb.ExchangeResponses]
+#: Opens a connection to the broker's Exchange port (sdk/_transport/exchange_port.py).
+OpenPort = Callable[[], PortCall]
 EXCHANGE_BATCHED_PATH = "/ordermq.v1.MessagingService/ExchangeBatched"
 ErrorFactory = Callable[[], Exception]
 #: Takes a subscription's batch in the stream's reader; False: not taken, call it no more.
@@ -55,6 +58,13 @@ _WRAPPING = 16
 
 class ExchangeUnsupportedError(Exception):
     """The broker does not serve Exchange (UNIMPLEMENTED): it served none of the requests."""
+
+
+class _PortUnavailableError(Exception):
+    """The broker's Exchange port could not be reached: the stream was never greeted.
+
+    It served none of the requests, which go on a gRPC stream instead.
+    """
 
 
 class _BatchingUnsupportedError(Exception):
@@ -89,6 +99,10 @@ class Exchange:
         self._open_batched = open_batched
         self._batched_opener = open_batched
         self._disconnected = disconnected
+        #: Opens a stream on the broker's Exchange port (None: none, or not reachable on
+        #: this connection), and the one the broker offered.
+        self._open_port: OpenPort | None = None
+        self._port_opener: OpenPort | None = None
         self._fallback_watch: asyncio.Task[None] | None = None
         #: Asks whether the broker serves Exchange, once ExchangeBatched was refused.
         self._probe: asyncio.Task[None] | None = None
@@ -99,6 +113,14 @@ class Exchange:
         self._supported = True
         self._closed = False
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+
+    def use_port(self, opener: OpenPort) -> None:
+        """Open the next streams with `opener`, on the broker's Exchange port.
+
+        Should the port not answer, the requests go on gRPC, for as long as the connection
+        that learned it lasts (then the port is tried again).
+        """
+        self._open_port = self._port_opener = opener
 
     @property
     def supported(self) -> bool:
@@ -148,7 +170,7 @@ class Exchange:
         try:
             async with asyncio.timeout_at(deadline):
                 answer = await future
-        except _BatchingUnsupportedError:  # not served: on an Exchange stream instead
+        except (_BatchingUnsupportedError, _PortUnavailableError):  # on another stream
             left = None if deadline is None else deadline - asyncio.get_running_loop().time()
             return await self._call(envelope, None if left is None else max(0.0, left))
         except TimeoutError:
@@ -193,8 +215,8 @@ class Exchange:
             try:
                 async with asyncio.timeout(timeout):
                     await asyncio.shield(stream.greeted)
-            except _BatchingUnsupportedError:
-                return await self.subscribe(envelope, timeout)  # on Exchange
+            except (_BatchingUnsupportedError, _PortUnavailableError):
+                return await self.subscribe(envelope, timeout)  # on another stream
             except TimeoutError:
                 raise _unavailable(
                     f"{_describe(envelope)}: the broker at {self._target} did not open the "
@@ -266,7 +288,10 @@ class Exchange:
         if self._closed:
             raise ClientStateError(f"the client of {self._target} is closed")
         stream = self._stream
-        if stream is None:
+        if stream is None and self._open_port is not None and self._supported:
+            port = self._open_port()
+            stream = self._stream = _Stream(port, self._target, self._ended, True, port=True)
+        elif stream is None:
             opener = self._open_batched
             call = opener(None) if opener is not None else self._open_stream(None)
             stream = self._stream = _Stream(call, self._target, self._ended, opener is not None)
@@ -324,6 +349,10 @@ class Exchange:
             log.info("%s: %s; using unary Send and Pull", self._target, error)
             self._supported = False
             self._until_disconnected()
+        elif isinstance(error, _PortUnavailableError):
+            log.warning("%s: %s; using gRPC", self._target, error)
+            self._open_port = None
+            self._until_disconnected()
         elif isinstance(error, _BatchingUnsupportedError):
             log.info("%s: %s; using Exchange", self._target, error)
             self._open_batched = None
@@ -357,6 +386,7 @@ class Exchange:
             log.info("%s: connection lost; ExchangeBatched is tried again", self._target)
             self._supported = True
             self._open_batched = self._batched_opener
+            self._open_port = self._port_opener
 
 
 class ExchangeSubscription:
@@ -440,13 +470,17 @@ class _Stream:
 
     def __init__(
         self,
-        call: ExchangeCall | BatchedCall,
+        call: ExchangeCall | BatchedCall | PortCall,
         target: str,
         on_end: Callable[[_Stream, Exception], None],
         batched: bool = False,
+        *,
+        port: bool = False,
     ) -> None:
+        """`batched`: an ExchangeBatched call; `port`: a PortCall (batched too)."""
         self._call = call
         self._batched = batched
+        self._port = port
         self._target = target
         self._on_end = on_end
         self._outbox: asyncio.Queue[pb.ExchangeRequest | None] = asyncio.Queue()
@@ -645,6 +679,10 @@ class _Stream:
             future.set_result(answer)
 
     def _failure(self, exc: grpc.aio.AioRpcError) -> ErrorFactory:
+        if self._port and self.greeted is not None and not self.greeted.done():
+            return functools.partial(
+                _PortUnavailableError, f"the Exchange port is not reachable: {exc.details()}"
+            )
         if exc.code() == grpc.StatusCode.UNIMPLEMENTED and self._batched:
             return functools.partial(
                 _BatchingUnsupportedError,

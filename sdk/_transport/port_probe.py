@@ -15,6 +15,7 @@ from typing import TypeVar
 from sdk._remoting.codec import encode, read_command
 from sdk._remoting.codes import RequestCode
 from sdk._remoting.command import RemotingCommand
+from sdk._wire import EXCHANGE_PORT_PREAMBLE
 
 #: What an HTTP/2 client sends first (RFC 9113, 3.4), then an empty SETTINGS frame.
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -45,6 +46,15 @@ async def speaks_remoting(address: str, timeout: float = 1.0) -> bool:
         address, encode(probe), lambda r: read_command(r, _MAX_PROBE_FRAME), timeout
     )
     return answer is not None and answer.is_response and answer.opaque == _PROBE_OPAQUE
+
+
+async def speaks_exchange_port(address: str, timeout: float = 1.0) -> bool:
+    """Whether `address` ("host:port") is an ordermq broker's Exchange port (framed TCP).
+
+    It greets the preamble with an empty frame.
+    """
+    greeting = await _ask(address, EXCHANGE_PORT_PREAMBLE, lambda r: r.readexactly(4), timeout)
+    return greeting == bytes(4)
 
 
 async def _ask(

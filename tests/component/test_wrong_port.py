@@ -28,7 +28,8 @@ from sdk.errors import WrongProtocolError
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     data = tmp_path_factory.mktemp("wrong-port") / "data"
-    config = BrokerConfig(data_dir=data, remoting_port=0, namesrv_port=0, v2_port=0)
+    config = BrokerConfig(data_dir=data, remoting_port=0, namesrv_port=0, v2_port=0,
+                          exchange_port=0)  # fmt: skip
     with EmbeddedBroker(config) as b:
         yield b
 
@@ -64,6 +65,15 @@ def test_an_ordermq_client_at_a_remoting_port_is_told_to_use_rocketmq(
     error = refused(send_with(address))
     assert f"{address} answers RocketMQ remoting" in str(error)
     assert f"rocketmq://{address}" in str(error)
+
+
+def test_an_ordermq_client_at_the_exchange_port_is_told_to_give_the_grpc_port(
+    broker: EmbeddedBroker,
+) -> None:
+    address = broker.exchange_address
+    assert address is not None
+    error = refused(send_with(address))
+    assert f"{address} is an ordermq broker's Exchange port" in str(error)
 
 
 def test_an_ordermq_client_at_the_rocketmq5_port_is_told_what_answers_there(

@@ -57,16 +57,16 @@ def test_a_bad_namesrv_addr_is_refused_at_start(tmp_path: Path) -> None:
 
 
 def test_fronts_on_port_0_are_announced_and_kept_across_a_restart(tmp_path: Path) -> None:
-    """Each RocketMQ front given port 0 prints the address it bound after the ready line,
-    accepting connections by then; a restart (after kill -9) takes the same ports."""
+    """Each front given port 0 prints the address it bound after the ready line, accepting
+    connections by then; a restart (after kill -9) takes the same ports."""
     broker = BrokerProcess(tmp_path, "--remoting-port", "0", "--namesrv-port", "0",
-                           "--v2-port", "0")  # fmt: skip
+                           "--v2-port", "0", "--exchange-port", "0")  # fmt: skip
     broker.start()
     try:
         first = dict(broker.fronts)
-        assert set(first) == {"remoting", "namesrv", "v2"}
+        assert set(first) == {"remoting", "namesrv", "v2", "exchange"}
         ports = {int(address.rsplit(":", 1)[1]) for address in first.values()}
-        assert len(ports) == 3 and 0 not in ports, first
+        assert len(ports) == 4 and 0 not in ports, first
         assert all(accepts(port) for port in ports), "accepting once announced"
         broker.kill9()
         broker.restart()

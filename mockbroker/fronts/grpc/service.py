@@ -152,6 +152,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                     broker_address=self._s.address,
                     readable=True,
                     writable=True,
+                    exchange_address=self._s.exchange_address,
                 )
                 for qid in range(topic.queue_count)
             ],

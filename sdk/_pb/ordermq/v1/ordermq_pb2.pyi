@@ -428,10 +428,16 @@ class QueueRoute(_message.Message):
     BROKER_ADDRESS_FIELD_NUMBER: _builtins.int
     READABLE_FIELD_NUMBER: _builtins.int
     WRITABLE_FIELD_NUMBER: _builtins.int
+    EXCHANGE_ADDRESS_FIELD_NUMBER: _builtins.int
     broker_address: _builtins.str
     """"host:port" of the broker that serves this queue"""
     readable: _builtins.bool
     writable: _builtins.bool
+    exchange_address: _builtins.str
+    """"host:port" of that broker's Exchange port (the Exchange stream over framed TCP,
+    docs/wire-format.md); empty when it serves none. Clients may carry their sends,
+    pulls and subscriptions there instead of on ExchangeBatched.
+    """
     @_builtins.property
     def queue(self) -> Global___MessageQueue: ...
     def __init__(
@@ -441,10 +447,11 @@ class QueueRoute(_message.Message):
         broker_address: _builtins.str = ...,
         readable: _builtins.bool = ...,
         writable: _builtins.bool = ...,
+        exchange_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_address", b"broker_address", "queue", b"queue", "readable", b"readable", "writable", b"writable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_address", b"broker_address", "exchange_address", b"exchange_address", "queue", b"queue", "readable", b"readable", "writable", b"writable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

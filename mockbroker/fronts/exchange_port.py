@@ -1,0 +1,245 @@
+"""The Exchange port: ordermq's Exchange stream over plain TCP (or TLS) frames, no gRPC.
+
+The same requests and answers as the ExchangeBatched RPC (Send, Pull, Subscribe, Credit,
+Cancel), served by the same core (ExchangeStreams), each connection being one stream.
+gRPC costs both sides most of a small request's round trip; framed TCP is what Kafka,
+NATS and Redis speak. The wire (docs/wire-format.md, "The Exchange port"):
+
+- the client opens with PREAMBLE (b"OMQX" and the version, 1, as 4 bytes big-endian);
+- then each side sends frames: a 4-byte big-endian length, then that many bytes; the
+  client's frames are ExchangeRequests, the broker's ExchangeResponses;
+- the broker's first frame carries no answer (its greeting: the preamble was taken);
+- the client's end of input (a half-close) ends its requests: the broker answers those
+  in flight, then closes;
+- an error of the whole connection (a wrong preamble, a frame over the size limit or that
+  does not parse) is the broker's last frame: one answer of id 0 (no request's) with an
+  ExchangeError, after the answers to the requests before it; then the broker closes.
+
+No ACL here yet: the broker refuses to start with both (BrokerConfig). As on the other
+fronts, no wait on a peer is unbounded: a client that connects and sends no preamble, or
+stops reading what it is sent, is dropped after `peer_wait_seconds`; past
+`max_connections` open connections, or `max_connections_per_host` from one address, a new
+connection is closed as soon as it is accepted; idle connections are probed by TCP
+keepalive (`keepalive_seconds`) and closed by the kernel when the peer is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import struct
+from collections.abc import AsyncIterator
+
+from google.protobuf.message import DecodeError
+from grpc import StatusCode
+
+from mockbroker.errors import BrokerError, invalid
+from mockbroker.fronts.grpc.exchange import ExchangeStreams, Incoming
+from mockbroker.fronts.grpc_errors import MalformedRequest
+from mockbroker.fronts.remoting.server import (
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_HOST,
+    PEER_WAIT_SECONDS,
+    STOP_FLUSH_SECONDS,
+)
+from mockbroker.tls import HANDSHAKE_TIMEOUT_SECONDS
+from sdk._batching import join_repeated
+from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
+from sdk._wire import EXCHANGE_PORT_PREAMBLE, GRPC_MAX_MESSAGE_BYTES, set_tcp_keepalive
+from sdk.clock import Clock, SystemClock, wait_within
+
+log = logging.getLogger("ordermq.broker.exchange_port")
+
+#: What a client sends first: the protocol's magic and its version.
+PREAMBLE = EXCHANGE_PORT_PREAMBLE
+_LENGTH = struct.Struct(">I")
+#: The largest frame either side may send: the gRPC front's message limit.
+MAX_FRAME_BYTES = GRPC_MAX_MESSAGE_BYTES
+
+
+def frame(body: bytes) -> bytes:
+    """`body` with its length in front, as it goes on the wire."""
+    return _LENGTH.pack(len(body)) + body
+
+
+def connection_error(exc: BrokerError) -> bytes:
+    """The frame that ends a connection with `exc` (an answer of id 0)."""
+    answer = pb.ExchangeResponse(
+        id=0, error=pb.ExchangeError(code=exc.status.name, reason=exc.reason, message=exc.message)
+    )
+    return frame(pb.ExchangeResponses(responses=[answer]).SerializeToString())
+
+
+class ExchangePort:
+    """A listener serving the Exchange stream over frames, one stream per connection."""
+
+    def __init__(
+        self,
+        exchanges: ExchangeStreams,
+        *,
+        keepalive_seconds: float,
+        clock: Clock | None = None,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        peer_wait_seconds: float = PEER_WAIT_SECONDS,
+        max_connections: int = MAX_CONNECTIONS,
+        max_connections_per_host: int = MAX_CONNECTIONS_PER_HOST,
+    ) -> None:
+        self._exchanges = exchanges
+        self._keepalive = keepalive_seconds
+        self._clock = clock or SystemClock()
+        self.max_frame_bytes = max_frame_bytes
+        self.peer_wait_seconds = peer_wait_seconds
+        self.max_connections = max_connections
+        self.max_connections_per_host = max_connections_per_host
+        #: Connections closed on accept, for being past a limit.
+        self.refused_connections = 0
+        self.port = 0
+        self._per_host: dict[str, int] = {}
+        self._connections: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+        self._stopping = False
+
+    @property
+    def connections(self) -> int:
+        """How many connections are open."""
+        return len(self._connections)
+
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
+        """Listen on host:port (0: a free port), over TLS with `tls`; the port bound."""
+        self._server = await asyncio.start_server(
+            self._accept, host, port, ssl=tls,
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_SECONDS if tls is not None else None,
+        )  # fmt: skip
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def stop(self, grace_seconds: float = 0.0) -> None:
+        """Stop listening; connections get `grace_seconds` to finish, then are dropped.
+
+        The broker has already closed its Exchange streams (ExchangeStreams.close): each
+        answers what is in flight and ends, and its connection closes after it, with
+        STOP_FLUSH_SECONDS for its last answers to go out.
+        """
+        self._stopping = True
+        if self._server is not None:
+            self._server.close()
+        if self._connections:
+            await asyncio.wait(set(self._connections), timeout=grace_seconds)
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        if (
+            len(self._connections) >= self.max_connections
+            or self._per_host.get(host, 0) >= self.max_connections_per_host
+        ):
+            self.refused_connections += 1
+            log.warning("Exchange port: %s refused, past the connection limits", client)
+            writer.transport.abort()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        self._per_host[host] = self._per_host.get(host, 0) + 1
+        try:
+            set_tcp_keepalive(writer.get_extra_info("socket"), self._keepalive)
+            await self._serve(reader, writer, client)
+        except (ConnectionError, OSError, asyncio.IncompleteReadError):
+            pass  # the peer went away: its stream has ended with it
+        finally:
+            self._per_host[host] -= 1
+            if not self._per_host[host]:
+                del self._per_host[host]
+            self._connections.discard(task)
+            await self._close(writer, client)
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: str
+    ) -> None:
+        opening = asyncio.ensure_future(reader.readexactly(len(PREAMBLE)))
+        if not await wait_within(self._clock, opening, self.peer_wait_seconds):
+            log.info("Exchange port: %s sent no preamble within %g s", client,
+                     self.peer_wait_seconds)  # fmt: skip
+            return
+        if opening.result() != PREAMBLE:
+            await self._write(writer, connection_error(BrokerError(
+                StatusCode.FAILED_PRECONDITION, "NOT_EXCHANGE_PROTOCOL",
+                f"not ordermq's Exchange protocol: a connection opens with {PREAMBLE!r} "
+                "(this port serves ordermq clients' Exchange streams, not gRPC nor "
+                "RocketMQ remoting)",
+            )))  # fmt: skip
+            return
+        await self._write(writer, frame(b""))  # the greeting
+        try:
+            requests = self._requests(reader)
+            async for batch in self._exchanges.serve_batches(requests, client):
+                body = join_repeated([answer.SerializeToString() for answer in batch])
+                await self._write(writer, frame(body))
+        except BrokerError as exc:  # a frame that did not parse ends the connection
+            await self._write(writer, connection_error(exc))
+
+    async def _requests(self, reader: asyncio.StreamReader) -> AsyncIterator[Incoming]:
+        """The requests of the client's frames, one by one, until its end of input.
+
+        A frame over the limit or that does not parse is the last thing read: it comes
+        as a MalformedRequest, which ends the stream once what came before is answered.
+        """
+        limit = self.max_frame_bytes
+        while True:
+            try:
+                length = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))[0]
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial:
+                    yield MalformedRequest(invalid("FRAME_CUT_OFF", "the input ended in a frame"))
+                return  # the client half-closed
+            if length > limit:
+                yield MalformedRequest(BrokerError(
+                    StatusCode.RESOURCE_EXHAUSTED, "FRAME_TOO_LARGE",
+                    f"a frame of {length} bytes, over the limit of {limit}",
+                ))  # fmt: skip
+                return
+            try:
+                body = await reader.readexactly(length)
+            except asyncio.IncompleteReadError:
+                yield MalformedRequest(invalid("FRAME_CUT_OFF", "the input ended in a frame"))
+                return
+            try:
+                message = pb.ExchangeRequests.FromString(body)
+            except DecodeError as exc:
+                yield MalformedRequest(
+                    invalid("INVALID_ARGUMENT", f"the request does not parse: {exc}")
+                )
+                return
+            for request in message.requests:
+                yield request
+
+    async def _write(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        """Write `data`; a peer that does not read it within peer_wait_seconds is dropped."""
+        writer.write(data)
+        transport = writer.transport
+        if transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[1]:
+            return  # not held back: drain() would return at once
+        if not await wait_within(self._clock, writer.drain(), self.peer_wait_seconds):
+            raise ConnectionError(f"the peer read nothing for {self.peer_wait_seconds:g} s")
+
+    async def _close(self, writer: asyncio.StreamWriter, client: str) -> None:
+        writer.close()
+        closed = asyncio.ensure_future(_closed_quietly(writer))
+        if self._stopping:
+            flushed = await wait_within(SystemClock(), closed, STOP_FLUSH_SECONDS)
+        else:
+            flushed = await wait_within(self._clock, closed, self.peer_wait_seconds)
+        if not flushed:
+            log.warning("Exchange port: %s reads nothing; dropping what it was sent", client)
+            writer.transport.abort()
+
+
+async def _closed_quietly(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError, OSError):
+        await writer.wait_closed()

@@ -1,0 +1,160 @@
+"""The client side of a broker's Exchange port: one connection as one Exchange stream.
+
+The broker's route names the port (QueueRoute.exchange_address); the client's Exchange
+then opens its streams there instead of on ExchangeBatched (sdk/_transport/exchange.py).
+A PortCall stands for the gRPC call the stream would otherwise be: `write` takes an
+ExchangeRequests message serialized, `read` gives the next ExchangeResponses, `cancel`
+ends it; what ends the connection is raised as the gRPC status it stands for (an
+AioRpcError), so the stream ends its requests as it would on gRPC. The wire:
+docs/wire-format.md, "The Exchange port".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import struct
+from typing import Any
+
+import grpc
+
+from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
+from sdk._wire import (
+    EXCHANGE_PORT_PREAMBLE,
+    GRPC_KEEPALIVE_MS,
+    GRPC_MAX_MESSAGE_BYTES,
+    set_tcp_keepalive,
+)
+
+_LENGTH = struct.Struct(">I")
+#: How long a connection to the port may take (TLS handshake and greeting included)
+#: before the stream is given up and the client goes back to gRPC.
+CONNECT_SECONDS = 5.0
+#: TCP keepalive: idle seconds before the first probe, as the gRPC client's keepalive.
+KEEPALIVE_SECONDS = GRPC_KEEPALIVE_MS / 1000
+
+
+def _status(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, None)
+
+
+class PortCall:
+    """One connection to an Exchange port, as the Exchange stream uses a gRPC call.
+
+    Connects at once (in a task). Its first read gives the broker's greeting once the
+    broker took the preamble, or raises UNAVAILABLE if the connection could not be made.
+    """
+
+    def __init__(self, address: str, tls: ssl.SSLContext | None, server_name: str | None) -> None:
+        self.address = address
+        self._cancelled = False
+        self._greeting_read = False
+        self._writer: asyncio.StreamWriter | None = None
+        self._open_connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._opened = asyncio.ensure_future(self._open(tls, server_name))
+
+    async def _open(
+        self, tls: ssl.SSLContext | None, server_name: str | None
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        host, _, port = self.address.rpartition(":")
+        host = host.strip("[]")
+        try:
+            async with asyncio.timeout(CONNECT_SECONDS):
+                reader, writer = await asyncio.open_connection(
+                    host, int(port), ssl=tls,
+                    server_hostname=(server_name or host) if tls is not None else None,
+                )  # fmt: skip
+                self._writer = writer
+                set_tcp_keepalive(writer.get_extra_info("socket"), KEEPALIVE_SECONDS)
+                writer.write(EXCHANGE_PORT_PREAMBLE)
+                greeting = await reader.readexactly(_LENGTH.size)
+        except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as exc:
+            self._drop()
+            raise _status(
+                grpc.StatusCode.UNAVAILABLE,
+                f"cannot open the Exchange port at {self.address}: {exc or type(exc).__name__}",
+            ) from None
+        if greeting != bytes(_LENGTH.size):  # not the port's empty greeting
+            self._drop()
+            raise _status(
+                grpc.StatusCode.UNAVAILABLE,
+                f"{self.address} did not greet as an Exchange port",
+            )
+        self._open_connection = reader, writer
+        return reader, writer
+
+    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self._open_connection is not None and not self._cancelled:
+            return self._open_connection
+        if self._cancelled:
+            raise _status(grpc.StatusCode.CANCELLED, "the stream was cancelled")
+        try:
+            return await asyncio.shield(self._opened)
+        except asyncio.CancelledError:
+            if self._cancelled:
+                raise _status(grpc.StatusCode.CANCELLED, "the stream was cancelled") from None
+            raise
+
+    async def write(self, message: bytes) -> None:
+        """Send one serialized ExchangeRequests."""
+        _, writer = await self._connection()
+        try:
+            writer.write(_LENGTH.pack(len(message)) + message)
+            await writer.drain()
+        except (OSError, RuntimeError) as exc:
+            raise self._lost(exc) from None
+
+    async def read(self) -> pb.ExchangeResponses:
+        """The next ExchangeResponses; what ended the connection, as a status.
+
+        The first is the broker's greeting (no answers), read while connecting.
+        """
+        reader, _ = await self._connection()
+        if not self._greeting_read:
+            self._greeting_read = True
+            return pb.ExchangeResponses()
+        try:
+            (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+            if length > GRPC_MAX_MESSAGE_BYTES:
+                raise _status(
+                    grpc.StatusCode.INTERNAL,
+                    f"the Exchange port at {self.address} sent a frame of {length} bytes, over "
+                    f"the limit of {GRPC_MAX_MESSAGE_BYTES}",
+                )
+            message = pb.ExchangeResponses.FromString(await reader.readexactly(length))
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            raise self._lost(exc) from None
+        if len(message.responses) == 1 and message.responses[0].id == 0:
+            error = message.responses[0].error  # the connection's end, and why
+            code = getattr(grpc.StatusCode, error.code, grpc.StatusCode.UNKNOWN)
+            raise _status(code, error.message or error.code)
+        return message
+
+    def _lost(self, exc: BaseException) -> grpc.aio.AioRpcError:
+        if self._cancelled:
+            return _status(grpc.StatusCode.CANCELLED, "the stream was cancelled")
+        why = str(exc) or "the broker closed the connection"
+        return _status(grpc.StatusCode.UNAVAILABLE, f"Exchange port {self.address}: {why}")
+
+    def _drop(self) -> None:
+        if self._writer is not None:
+            self._writer.transport.abort()
+
+    def cancel(self) -> bool:
+        """End the connection; reads and writes under way fail with CANCELLED."""
+        if self._cancelled:
+            return False
+        self._cancelled = True
+        if self._writer is not None:
+            self._drop()
+        else:
+            self._opened.cancel()
+        self._opened.add_done_callback(_retrieved)
+        return True
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        with contextlib.suppress(BaseException):
+            future.exception()

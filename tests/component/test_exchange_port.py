@@ -1,0 +1,351 @@
+"""The broker's Exchange port: ordermq's Exchange stream over framed TCP (or TLS).
+
+A client here speaks the wire as docs/wire-format.md gives it (the preamble, then
+length-prefixed ExchangeRequests and ExchangeResponses), against an embedded broker with
+`exchange_port=0`. What it stores is read back over gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import struct
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker.__main__ import parse_args
+from mockbroker.fronts.exchange_port import PREAMBLE
+from sdk import Message
+from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
+from sdk._transport.codec import MessageIdGenerator, encode_message
+from sdk._wire import GRPC_MAX_MESSAGE_BYTES
+from sdk.message import MessageQueue
+from tests.component.pulling import read_queue
+from tests.tls_certs import Issued, issue
+
+WAIT = 10.0  # seconds any answer may take before the test fails
+IDS = MessageIdGenerator()
+
+
+class PortClient:
+    """One connection to the Exchange port: frames out, frames in."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls, address: str, *, preamble: bytes = PREAMBLE, tls: ssl.SSLContext | None = None
+    ) -> AsyncIterator[PortClient]:
+        host, port = address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port), ssl=tls)
+        writer.write(preamble)
+        try:
+            yield cls(reader, writer)
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError, ssl.SSLError):
+                await writer.wait_closed()
+
+    def write(self, *requests: pb.ExchangeRequest) -> None:
+        self.write_frame(pb.ExchangeRequests(requests=requests).SerializeToString())
+
+    def write_frame(self, body: bytes, length: int | None = None) -> None:
+        self.writer.write(struct.pack(">I", len(body) if length is None else length) + body)
+
+    async def read(self) -> list[pb.ExchangeResponse] | None:
+        """The answers of the next frame; None at the end of the connection."""
+        async with asyncio.timeout(WAIT):
+            try:
+                (length,) = struct.unpack(">I", await self.reader.readexactly(4))
+                body = await self.reader.readexactly(length)
+            except asyncio.IncompleteReadError:
+                return None
+        return list(pb.ExchangeResponses.FromString(body).responses)
+
+    async def greeted(self) -> None:
+        assert await self.read() == [], "the broker's first frame carries no answer"
+
+    async def answers(self, count: int) -> dict[int, pb.ExchangeResponse]:
+        """The next `count` answers (over as many frames as they come in), by id."""
+        got: dict[int, pb.ExchangeResponse] = {}
+        while len(got) < count:
+            frame = await self.read()
+            assert frame is not None, f"the connection ended after {len(got)} answers"
+            got.update((a.id, a) for a in frame)
+        return got
+
+
+def send(rid: int, body: bytes, queue_id: int = 0) -> pb.ExchangeRequest:
+    frames = encode_message(Message("orders", body, sharding_key="k"), IDS.next(), time.time())
+    request = pb.SendRequest(topic="orders", queue_id=queue_id, frames=frames)
+    return pb.ExchangeRequest(id=rid, send=request)
+
+
+def start(tmp_path: Path, **config: Any) -> EmbeddedBroker:
+    broker = EmbeddedBroker(
+        BrokerConfig(data_dir=tmp_path / "data", exchange_port=0, default_queues=1, **config)
+    )
+    broker.start()
+    return broker
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
+    b = start(tmp_path)
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def address(b: EmbeddedBroker) -> str:
+    assert b.exchange_address is not None
+    return b.exchange_address
+
+
+def stored(b: EmbeddedBroker, topic: str = "orders") -> list[bytes]:
+    return [m.body for m in read_queue(b.address, MessageQueue(topic, "broker-a", 0))]
+
+
+def test_sends_and_a_pull_are_answered_by_id_and_stored_in_order(
+    broker: EmbeddedBroker,
+) -> None:
+    async def main() -> None:
+        async with PortClient.open(address(broker)) as client:
+            await client.greeted()
+            client.write(send(1, b"a"), send(2, b"b"))
+            client.write(send(3, b"c"))
+            sent = await client.answers(3)
+            assert [sent[i].send.first_queue_offset for i in (1, 2, 3)] == [0, 1, 2]
+            pull = pb.PullRequest(group="g", topic="orders", queue_id=0, offset=1, max_messages=8,
+                                  max_bytes=1 << 20, tag_expression="*")  # fmt: skip
+            client.write(pb.ExchangeRequest(id=4, pull=pull))
+            (answer,) = (await client.answers(1)).values()
+            assert answer.id == 4 and answer.pull.status == pb.FOUND
+            assert answer.pull.next_offset == 3
+
+    asyncio.run(main())
+    assert stored(broker) == [b"a", b"b", b"c"]
+
+
+def test_a_request_the_broker_refuses_is_answered_with_its_error_and_the_stream_goes_on(
+    broker: EmbeddedBroker,
+) -> None:
+    async def main() -> None:
+        async with PortClient.open(address(broker)) as client:
+            await client.greeted()
+            client.write(send(1, b"x", queue_id=9), send(2, b"ok"))  # the topic has 1 queue
+            answers = await client.answers(2)
+            assert answers[1].error.code == "OUT_OF_RANGE", answers[1]
+            assert answers[2].send.first_queue_offset == 0
+
+    asyncio.run(main())
+    assert stored(broker) == [b"ok"]
+
+
+def test_a_push_subscription_delivers_within_its_credit(broker: EmbeddedBroker) -> None:
+    async def main() -> None:
+        async with PortClient.open(address(broker)) as client:
+            await client.greeted()
+            client.write(*(send(i, b"m%d" % i) for i in range(1, 6)))
+            await client.answers(5)
+            subscribe = pb.Subscribe(group="g", topic="orders", queue_id=0, offset=0,
+                                     tag_expression="*", max_messages=32, max_bytes=1 << 20,
+                                     credit_messages=2)  # fmt: skip
+            client.write(pb.ExchangeRequest(id=10, subscribe=subscribe))
+            batch = (await client.answers(1))[10].pull
+            assert batch.status == pb.FOUND and batch.next_offset == 2  # 2 credits
+            client.write(pb.ExchangeRequest(id=10, credit=pb.Credit(messages=3)))
+            batch = (await client.answers(1))[10].pull
+            assert batch.next_offset == 5
+
+    asyncio.run(main())
+
+
+def test_the_end_of_the_clients_input_ends_the_stream_once_its_requests_are_answered(
+    broker: EmbeddedBroker,
+) -> None:
+    async def main() -> None:
+        async with PortClient.open(address(broker)) as client:
+            await client.greeted()
+            client.write(send(1, b"last"))
+            client.writer.write_eof()
+            assert list(await client.answers(1)) == [1]
+            assert await client.read() is None
+
+    asyncio.run(main())
+    assert stored(broker) == [b"last"]
+
+
+@pytest.mark.parametrize(
+    ("frame", "length", "code", "reason"),
+    [
+        (b"\xff\xff\xff", None, "INVALID_ARGUMENT", "INVALID_ARGUMENT"),  # does not parse
+        (b"", GRPC_MAX_MESSAGE_BYTES + 1, "RESOURCE_EXHAUSTED", "FRAME_TOO_LARGE"),
+    ],
+    ids=["malformed", "too large"],
+)
+def test_a_bad_frame_ends_the_connection_with_an_error_after_the_answers_before_it(
+    broker: EmbeddedBroker, frame: bytes, length: int | None, code: str, reason: str
+) -> None:
+    async def main() -> None:
+        async with PortClient.open(address(broker)) as client:
+            await client.greeted()
+            client.write(send(1, b"before"))
+            client.write_frame(frame, length)
+            client.write(send(2, b"after"))  # never read
+            answers = await client.answers(2)
+            assert answers[1].send.first_queue_offset == 0
+            assert (answers[0].error.code, answers[0].error.reason) == (code, reason)
+            assert await client.read() is None
+
+    asyncio.run(main())
+    assert stored(broker) == [b"before"]
+
+
+def test_a_connection_without_the_preamble_is_told_what_the_port_serves_and_closed(
+    broker: EmbeddedBroker,
+) -> None:
+    async def main() -> None:
+        async with PortClient.open(address(broker), preamble=b"PRI * HTTP/2.0\r\n") as client:
+            (answer,) = await client.read() or [None]
+            assert answer is not None and answer.id == 0
+            assert answer.error.reason == "NOT_EXCHANGE_PROTOCOL"
+            assert "not ordermq's Exchange protocol" in answer.error.message
+            assert await client.read() is None
+
+    asyncio.run(main())
+
+
+def test_a_client_that_sends_no_preamble_is_dropped_after_the_peer_wait(
+    broker: EmbeddedBroker,
+) -> None:
+    port = broker.broker.exchange_port
+    assert port is not None
+    port.peer_wait_seconds = 0.2
+
+    async def main() -> None:
+        async with PortClient.open(address(broker), preamble=b"") as client:
+            assert await client.read() is None
+
+    asyncio.run(main())
+
+
+def test_connections_past_the_per_host_limit_are_closed_at_once(
+    broker: EmbeddedBroker,
+) -> None:
+    port = broker.broker.exchange_port
+    assert port is not None
+    port.max_connections_per_host = 1
+
+    async def main() -> None:
+        async with PortClient.open(address(broker)) as first:
+            await first.greeted()
+            async with PortClient.open(address(broker)) as second:
+                with contextlib.suppress(ConnectionError):
+                    assert await second.read() is None
+            first.write(send(1, b"still served"))
+            assert 1 in await first.answers(1)
+        assert port.refused_connections == 1
+
+    asyncio.run(main())
+
+
+def test_over_tls_with_the_brokers_certificate(tmp_path: Path) -> None:
+    certs: Issued = issue(tmp_path / "certs")
+    b = start(tmp_path, tls_cert=certs.cert, tls_key=certs.key)
+    try:
+
+        async def main() -> None:
+            context = ssl.create_default_context(cafile=str(certs.ca))
+            async with PortClient.open(address(b), tls=context) as client:
+                await client.greeted()
+                client.write(send(1, b"private"))
+                assert (await client.answers(1))[1].send.first_queue_offset == 0
+            with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)):
+                async with PortClient.open(address(b)) as plain:  # no TLS: not served
+                    assert await plain.read() is None
+                    raise ConnectionError("closed")
+
+        asyncio.run(main())
+    finally:
+        b.stop()
+
+
+def test_with_an_acl_file_the_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="exchange_port cannot be used with acl_file"):
+        BrokerConfig(data_dir=tmp_path, exchange_port=0, acl_file=tmp_path / "plain_acl.yml")
+
+
+def test_the_command_line_turns_it_on(tmp_path: Path) -> None:
+    args = ["--data-dir", str(tmp_path), "--exchange-port", "0"]
+    assert parse_args(args).exchange_port == 0
+
+
+def test_a_client_that_stops_reading_is_dropped_and_holds_up_nobody(
+    broker: EmbeddedBroker,
+) -> None:
+    """Its subscription's batches fill the socket: the broker waits peer_wait_seconds for
+    it to read, then drops it, while another client's requests are answered meanwhile."""
+    port = broker.broker.exchange_port
+    assert port is not None
+    port.peer_wait_seconds = 0.5
+    body = b"x" * 4000
+
+    async def main() -> None:
+        async with PortClient.open(address(broker)) as writer:
+            await writer.greeted()
+            for i in range(0, 2000, 100):
+                writer.write(*(send(i + j + 1, body) for j in range(100)))
+                await writer.answers(100)
+            async with PortClient.open(address(broker)) as stalled:
+                subscribe = pb.Subscribe(group="g", topic="orders", queue_id=0, offset=0,
+                                         tag_expression="*", max_messages=100,
+                                         max_bytes=1 << 20, credit_messages=10_000)  # fmt: skip
+                stalled.write(pb.ExchangeRequest(id=1, subscribe=subscribe))  # never read
+                for i in range(5):
+                    writer.write(send(10_000 + i, b"on"))
+                    assert 10_000 + i in await writer.answers(1)
+                    await asyncio.sleep(0.2)
+                async with asyncio.timeout(WAIT):
+                    while port.connections > 1:
+                        await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+
+
+def test_stop_ends_the_connections_of_clients_that_wait_on_subscriptions(
+    tmp_path: Path,
+) -> None:
+    b = start(tmp_path)
+    stopped = False
+    try:
+
+        async def main() -> None:
+            nonlocal stopped
+            async with PortClient.open(address(b)) as client:
+                await client.greeted()
+                subscribe = pb.Subscribe(group="g", topic="orders", queue_id=0, offset=0,
+                                         tag_expression="*", max_messages=32,
+                                         max_bytes=1 << 20, credit_messages=100)  # fmt: skip
+                client.write(pb.ExchangeRequest(id=1, subscribe=subscribe))
+                await asyncio.sleep(0.2)  # the subscription waits for messages
+                async with asyncio.timeout(WAIT):
+                    await asyncio.to_thread(b.stop)
+                stopped = True
+                while (frame := await client.read()) is not None:
+                    assert all(a.id == 1 for a in frame)
+
+        asyncio.run(main())
+    finally:
+        if not stopped:
+            b.stop()

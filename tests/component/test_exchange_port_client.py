@@ -1,0 +1,198 @@
+"""ordermq's clients on a broker's Exchange port: the route names it, they carry their
+sends, pulls and push subscriptions there instead of on gRPC's ExchangeBatched, and go
+back to gRPC when the port cannot be reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker.fronts.exchange_port import ExchangePort
+from sdk import (
+    ConsumeFromWhere,
+    Credentials,
+    LitePullConsumer,
+    Message,
+    ProducerConfig,
+    PushConsumer,
+    PushConsumerConfig,
+    TLSConfig,
+)
+from sdk import Producer as BlockingProducer
+from sdk.aio import Producer
+from tests.component.test_exchange_downgrade import Recorder
+from tests.support import pinned, wait_until
+from tests.tls_certs import issue
+
+WAIT = 10.0
+KEYS = [f"order-{k}" for k in range(4)]
+
+
+def start(config: BrokerConfig) -> EmbeddedBroker:
+    broker = EmbeddedBroker(config)
+    broker.start()
+    return broker
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
+    b = start(BrokerConfig(data_dir=tmp_path / "data", exchange_port=0, default_queues=4))
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def port_of(broker: EmbeddedBroker) -> ExchangePort:
+    port = broker.broker.exchange_port
+    assert port is not None
+    return port
+
+
+def only_on_the_port(broker: EmbeddedBroker) -> bool:
+    """Every Exchange stream the broker serves is a connection to its port."""
+    return broker.broker.exchange_streams == port_of(broker).connections > 0
+
+
+def send_keys(producer: BlockingProducer, round_: int, per_key: int = 5) -> list[str]:
+    sent = []
+    for i in range(per_key):
+        for key in KEYS:
+            body = f"{round_}:{key}:{i}"
+            producer.send(Message("orders", body.encode(), sharding_key=key))
+            sent.append(body)
+    return sent
+
+
+def in_key_order(seen: list[str], sent: list[str]) -> None:
+    for key in KEYS:
+        mine = [b for b in seen if b.split(":")[1] == key]
+        assert mine == [b for b in sent if b.split(":")[1] == key], key
+
+
+def test_a_producer_and_an_orderly_push_consumer_go_on_the_port(
+    broker: EmbeddedBroker,
+) -> None:
+    listener = Recorder()
+    consumer = PushConsumer(
+        "g", broker.address, config=PushConsumerConfig(delivery="push"),
+        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+    )  # fmt: skip
+    consumer.subscribe("orders", "*")
+    consumer.register_message_listener(listener)
+    with BlockingProducer(broker.address) as producer:
+        sent = send_keys(producer, 0)
+        consumer.start()
+        try:
+            wait_until(lambda: len(listener.distinct()) == len(sent), WAIT, "all consumed")
+            assert only_on_the_port(broker)
+            in_key_order(listener.distinct(), sent)
+        finally:
+            consumer.shutdown()
+
+
+def test_a_lite_pull_consumer_polls_through_the_port(broker: EmbeddedBroker) -> None:
+    with BlockingProducer(broker.address) as producer:
+        sent = send_keys(producer, 0)
+    consumer = LitePullConsumer("lp", broker.address)
+    consumer.subscribe("orders", "*")
+    consumer.start()
+    try:
+        seen: list[str] = []
+        wait_until(
+            lambda: (
+                bool(seen.extend(m.body.decode() for m in consumer.poll(0.2)))
+                or len(seen) >= len(sent)
+            ),
+            WAIT,
+            "all polled",
+        )
+        assert only_on_the_port(broker)
+        in_key_order(seen, sent)
+    finally:
+        consumer.shutdown()
+
+
+def test_sends_go_back_to_grpc_when_the_port_cannot_be_reached(tmp_path: Path) -> None:
+    """A route naming a port nothing listens on (a firewall, a proxy that passes only
+    gRPC): the requests made meanwhile go on ExchangeBatched, once each, and so do the
+    next ones for as long as that connection lasts."""
+    b = start(BrokerConfig(data_dir=tmp_path / "data", default_queues=4))  # no port
+
+    async def main() -> list[int]:
+        async with Producer(b.address) as producer:
+            client = producer._core._transport.client(b.address)  # type: ignore[attr-defined]
+            client.use_exchange_port("127.0.0.1:1")  # refused at once
+            results = await asyncio.gather(
+                *(producer.send(Message("orders", b"m%d" % i, sharding_key="k")) for i in range(6))
+            )
+            again = await producer.send(Message("orders", b"later", sharding_key="k"))
+            assert client._exchange._open_port is None, "the port is tried again meanwhile"
+            assert b.broker.exchange_streams == 1  # the producer's, on gRPC
+            return [r.queue_offset for r in [*results, again]]
+
+    try:
+        assert asyncio.run(main()) == list(range(7))  # each stored once, in order
+    finally:
+        b.stop()
+
+
+def test_the_port_is_used_again_after_a_broker_restart(tmp_path: Path) -> None:
+    config = BrokerConfig(data_dir=tmp_path / "data", exchange_port=0, default_queues=4)
+    b = start(config)
+    config = pinned(config, b)
+    assert config.exchange_port == port_of(b).port
+    try:
+        with BlockingProducer(b.address, config=ProducerConfig(retry_times=4)) as producer:
+            sent = send_keys(producer, 0)
+            assert only_on_the_port(b)
+            b.stop()
+            b = start(config)
+            sent += send_keys(producer, 1)
+            assert only_on_the_port(b)
+    finally:
+        b.stop()
+    b = start(dataclasses.replace(config, exchange_port=None))
+    try:
+        consumer = LitePullConsumer("check", b.address)
+        consumer.subscribe("orders", "*")
+        consumer.start()
+        seen: list[str] = []
+        wait_until(
+            lambda: (
+                bool(seen.extend(m.body.decode() for m in consumer.poll(0.2)))
+                or len(seen) >= len(sent)
+            ),
+            WAIT,
+            "all stored",
+        )
+        consumer.shutdown()
+        assert sorted(seen) == sorted(sent)
+    finally:
+        b.stop()
+
+
+def test_over_tls_the_client_takes_the_port_with_its_tls_settings(tmp_path: Path) -> None:
+    certs = issue(tmp_path / "certs")
+    b = start(BrokerConfig(data_dir=tmp_path / "data", exchange_port=0,
+                           tls_cert=certs.cert, tls_key=certs.key))  # fmt: skip
+    try:
+        with BlockingProducer(b.address, tls=TLSConfig(ca_file=certs.ca)) as producer:
+            producer.send(Message("orders", b"private", sharding_key="k"))
+            assert only_on_the_port(b)
+    finally:
+        b.stop()
+
+
+def test_a_client_with_credentials_stays_on_grpc(broker: EmbeddedBroker) -> None:
+    """Its calls are signed; the port has no signatures (a broker with an ACL has none)."""
+    credentials = Credentials("AK", "SECRET-KEY")
+    with BlockingProducer(broker.address, credentials=credentials) as producer:
+        producer.send(Message("orders", b"signed", sharding_key="k"))
+        assert broker.broker.exchange_streams == 1 and port_of(broker).connections == 0
