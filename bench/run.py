@@ -250,6 +250,9 @@ class Bench:
         data_dir = self._data_dir(name)
         if self.args.console:
             extra = (*extra, *cons.CONSOLE_OPTIONS)
+        if self.args.exchange_port and "--acl-file" not in extra:  # the port has no ACL
+            extra = (*extra, "--exchange-port", "0")
+            self.facts["exchange_port"] = True
         try:
             with broker_process(data_dir, flush_mode, profile, extra) as broker:
                 if not self.args.console:
@@ -2263,6 +2266,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(slows everything down; figures are then not comparable)",
     )
     p.add_argument("--quiet", action="store_true", help="print only the table")
+    p.add_argument(
+        "--exchange-port",
+        action="store_true",
+        help="start every broker with its Exchange port (--exchange-port 0): the clients' "
+        "sends, pulls and subscriptions go over framed TCP instead of gRPC (compare with a "
+        "run without)",
+    )
     p.add_argument(
         "--console",
         action="store_true",

@@ -29,6 +29,7 @@ from mockbroker.histogram import Histogram
 from sdk._version import __version__
 
 if TYPE_CHECKING:
+    from mockbroker.fronts.exchange_port import ExchangePort
     from mockbroker.fronts.remoting.front import RemotingFront
     from mockbroker.server import Broker
     from mockbroker.state import BrokerState
@@ -78,6 +79,8 @@ class BrokerCollector(Collector):
             families += _state_families(self._broker.state)
         if self._broker.remoting is not None:
             families += _remoting_families(self._broker.remoting)
+        if self._broker.exchange_port is not None:
+            families += _exchange_port_families(self._broker.exchange_port)
         return families
 
 
@@ -207,6 +210,23 @@ def _remoting_families(front: RemotingFront) -> Iterator[Metric]:
         refused.add_metric([name], server.refused_connections)
     yield open_now
     yield refused
+
+
+def _exchange_port_families(port: ExchangePort) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "ordermq_exchange_port_connections", "Open connections to the Exchange port",
+        value=port.connections,
+    )  # fmt: skip
+    yield CounterMetricFamily(
+        "ordermq_exchange_port_connections_accepted",
+        "Connections to the Exchange port whose preamble was taken (each an Exchange stream)",
+        value=port.accepted_connections,
+    )
+    yield CounterMetricFamily(
+        "ordermq_exchange_port_connections_refused",
+        "Exchange port connections closed on accept, past the connection limits",
+        value=port.refused_connections,
+    )
 
 
 def _fairness_families(s: BrokerState) -> Iterator[Metric]:

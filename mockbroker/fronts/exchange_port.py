@@ -95,6 +95,8 @@ class ExchangePort:
         self.max_connections_per_host = max_connections_per_host
         #: Connections closed on accept, for being past a limit.
         self.refused_connections = 0
+        #: Connections whose preamble was taken (streams served), since the start.
+        self.accepted_connections = 0
         self.port = 0
         self._per_host: dict[str, int] = {}
         self._connections: set[asyncio.Task[None]] = set()
@@ -175,6 +177,7 @@ class ExchangePort:
                 "RocketMQ remoting)",
             )))  # fmt: skip
             return
+        self.accepted_connections += 1
         await self._write(writer, frame(b""))  # the greeting
         try:
             requests = self._requests(reader)

@@ -27,6 +27,7 @@ from sdk._transport.codec import MessageIdGenerator, encode_message
 from sdk._wire import GRPC_MAX_MESSAGE_BYTES
 from sdk.message import MessageQueue
 from tests.component.pulling import read_queue
+from tests.component.scraping import scrape
 from tests.tls_certs import Issued, issue
 
 WAIT = 10.0  # seconds any answer may take before the test fails
@@ -349,3 +350,27 @@ def test_stop_ends_the_connections_of_clients_that_wait_on_subscriptions(
     finally:
         if not stopped:
             b.stop()
+
+
+def test_the_metrics_count_the_ports_connections(tmp_path: Path) -> None:
+    b = start(tmp_path, metrics_port=0)
+    try:
+        assert b.broker.metrics_port is not None
+        metrics_port = b.broker.metrics_port
+
+        def sample(name: str) -> float:
+            return scrape(metrics_port)[(f"ordermq_exchange_port_connections{name}", ())]
+
+        async def main() -> None:
+            async with PortClient.open(address(b)) as client:
+                await client.greeted()
+                assert await asyncio.to_thread(sample, "") == 1
+            async with asyncio.timeout(WAIT):
+                while await asyncio.to_thread(sample, "") != 0:
+                    await asyncio.sleep(0.05)
+
+        asyncio.run(main())
+        assert sample("_accepted_total") == 1
+        assert sample("_refused_total") == 0
+    finally:
+        b.stop()

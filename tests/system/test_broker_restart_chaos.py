@@ -102,16 +102,21 @@ class RestartRun:
     timeline: str
     ordering: str  # the workers' ProcessingOrder: "queue" or "key"
     delivery: str  # the workers' PushConsumerConfig.delivery: "pull" or "push"
+    port: bool  # the broker had its Exchange port on (the clients' streams went there)
     #: Requests the broker counted since its last restart, by method (Pull, Subscribe...).
     requests: dict[str, float]
 
 
-def run_restarts(directory: Path, ordering: str, delivery: str = "pull") -> RestartRun:
+def run_restarts(
+    directory: Path, ordering: str, delivery: str = "pull", port: bool = False
+) -> RestartRun:
     """The scenario of the module docstring, with its logs and broker data in `directory`;
     the workers keep `ordering` ("queue" or "key": ProcessingOrder's values) and get their
-    messages by `delivery` ("pull" or "push")."""
+    messages by `delivery` ("pull" or "push"); with `port` the broker serves its Exchange
+    port, which its routes name, so the clients' sends and subscriptions go there."""
     assert {shard_index(k, QUEUES) for k in KEYS} == set(range(QUEUES)), "keys cover queues"
-    broker = orderly_broker(directory / "broker", QUEUES, "--metrics-port", "0")
+    port_args = ("--exchange-port", "0") if port else ()
+    broker = orderly_broker(directory / "broker", QUEUES, "--metrics-port", "0", *port_args)
     history = History(KEYS)
     scene = Scene(directory, broker, history)
     mark, until, sent = scene.mark, scene.until, scene.sent
@@ -195,11 +200,17 @@ def run_restarts(directory: Path, ordering: str, delivery: str = "pull") -> Rest
                 "the broker to count the workers' subscriptions as ended",
             )
         requests = requests_by_method(metrics_port)
+        if port:
+            accepted = scrape(metrics_port)[
+                ("ordermq_exchange_port_connections_accepted_total", ())
+            ]
+            requests["exchange port connections"] = accepted
     finally:
         scene.clean_up()
 
     lines = [
-        f"broker restarts, {ordering} mode, {delivery}: {total} messages sent in {rounds} rounds; "
+        f"broker restarts, {ordering} mode, {delivery}{' on the Exchange port' * port}: "
+        f"{total} messages sent in {rounds} rounds; "
         f"logs in {directory}"
     ]
     return RestartRun(
@@ -211,6 +222,7 @@ def run_restarts(directory: Path, ordering: str, delivery: str = "pull") -> Rest
         timeline="\n".join(lines + scene.timeline()),
         ordering=ordering,
         delivery=delivery,
+        port=port,
         requests=requests,
     )
 
@@ -228,19 +240,20 @@ def requests_by_method(metrics_port: int) -> dict[str, float]:
 
 @pytest.fixture(
     scope="module",
-    params=[("queue", "pull"), ("key", "pull"), ("queue", "push")],
-    ids=["queue", "key", "queue-push"],
-)
+    params=[("queue", "pull", False), ("key", "pull", False), ("queue", "push", False),
+            ("queue", "push", True)],
+    ids=["queue", "key", "queue-push", "queue-push-port"],
+)  # fmt: skip
 def run(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RestartRun]:
     """The scenario, run once per processing order (and with push delivery) for the tests
     of this module."""
-    ordering, delivery = request.param
+    ordering, delivery, port = request.param
     began = time.monotonic()
-    result = run_restarts(tmp_path_factory.mktemp("broker-restarts"), ordering, delivery)
+    result = run_restarts(tmp_path_factory.mktemp("broker-restarts"), ordering, delivery, port)
     took = time.monotonic() - began
-    print(f"\nbroker restart chaos ({ordering} mode, {delivery}) took {took:.1f}s")
+    print(f"\nbroker restart chaos ({ordering} mode, {delivery}, port {port}) took {took:.1f}s")
     yield result
 
 
@@ -251,6 +264,7 @@ def test_every_acknowledged_message_in_order_through_broker_crashes(
     note = f"{len(run.outages)} restarts, {report.copies} copies from retried sends"
     what = "broker kill -9 and restart" + (", key mode" if run.ordering == "key" else "")
     what += ", push delivery" if run.delivery == "push" else ""
+    what += " on the Exchange port" if run.port else ""
     report.record(chaos_report, what, run.rounds, note)
     text = (
         f"{report.summary()}; {run.failed_sends} failed sends retried; requests since the "
@@ -265,6 +279,8 @@ def test_every_acknowledged_message_in_order_through_broker_crashes(
     if run.delivery == "push":  # since the last restart the workers consumed through push
         assert run.requests.get("Subscribe", 0) >= QUEUES, run.requests
         assert run.requests.get("Pull", 0) == 0, run.requests
+    if run.port:  # since the last restart: the producer's and the workers' streams
+        assert run.requests.get("exchange port connections", 0) >= 4, run.requests
 
 
 def test_a_planned_handover_redelivers_nothing_between_crashes(run: RestartRun) -> None:
