@@ -158,8 +158,10 @@ class ExchangePort:
             self._per_host[host] -= 1
             if not self._per_host[host]:
                 del self._per_host[host]
-            self._connections.discard(task)
-            await self._close(writer, client)
+            try:
+                await self._close(writer, client)
+            finally:
+                self._connections.discard(task)  # stop() awaits it until here
 
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: str

@@ -13,7 +13,8 @@ With a broker that serves ExchangeBatched (it greets the stream; an older one an
 UNIMPLEMENTED, and the requests go on an Exchange stream instead), the writer puts every
 request made while it wrote the previous message into the next one, and the broker does
 the same with its answers: a stream message costs about what a request did, whatever it
-carries.
+carries. When the broker's route names its Exchange port (framed TCP, no gRPC), the same
+messages go there (sdk/_transport/exchange_port.py), back on gRPC should it not answer.
 """
 
 from __future__ import annotations
@@ -383,7 +384,7 @@ class Exchange:
         finally:
             self._fallback_watch = None
         if not self._closed:
-            log.info("%s: connection lost; ExchangeBatched is tried again", self._target)
+            log.info("%s: connection lost; what it fell back from is tried again", self._target)
             self._supported = True
             self._open_batched = self._batched_opener
             self._open_port = self._port_opener
