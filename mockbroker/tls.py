@@ -13,10 +13,12 @@ bad set of files is refused whole and the old certificate stays.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import ssl
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +33,20 @@ log = logging.getLogger("mockbroker.tls")
 #: How long a connection to a TLS port may take to finish its handshake: a peer that
 #: opens sockets and never speaks must not hold them for the default minute.
 HANDSHAKE_TIMEOUT_SECONDS = 10.0
+
+
+async def listen(
+    accept: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    host: str,
+    port: int,
+    tls: ssl.SSLContext | None,
+) -> tuple[asyncio.Server, int]:
+    """A TCP server on host:port (0: a free port), over TLS with `tls`; the port bound."""
+    server = await asyncio.start_server(
+        accept, host, port, ssl=tls,
+        ssl_handshake_timeout=HANDSHAKE_TIMEOUT_SECONDS if tls is not None else None,
+    )  # fmt: skip
+    return server, int(server.sockets[0].getsockname()[1])
 
 
 class TLSCertificateError(ValueError):
@@ -209,4 +225,4 @@ def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-__all__ = ["HANDSHAKE_TIMEOUT_SECONDS", "ServerTLS", "TLSCertificateError", "TLSFiles"]
+__all__ = ["HANDSHAKE_TIMEOUT_SECONDS", "ServerTLS", "TLSCertificateError", "TLSFiles", "listen"]

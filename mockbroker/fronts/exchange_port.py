@@ -44,7 +44,7 @@ from mockbroker.fronts.remoting.server import (
     PEER_WAIT_SECONDS,
     STOP_FLUSH_SECONDS,
 )
-from mockbroker.tls import HANDSHAKE_TIMEOUT_SECONDS
+from mockbroker.tls import listen
 from sdk._batching import join_repeated
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._wire import EXCHANGE_PORT_PREAMBLE, GRPC_MAX_MESSAGE_BYTES, set_tcp_keepalive
@@ -110,11 +110,7 @@ class ExchangePort:
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
         """Listen on host:port (0: a free port), over TLS with `tls`; the port bound."""
-        self._server = await asyncio.start_server(
-            self._accept, host, port, ssl=tls,
-            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_SECONDS if tls is not None else None,
-        )  # fmt: skip
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        self._server, self.port = await listen(self._accept, host, port, tls)
         return self.port
 
     async def stop(self, grace_seconds: float = 0.0) -> None:

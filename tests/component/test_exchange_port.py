@@ -91,6 +91,14 @@ def send(rid: int, body: bytes, queue_id: int = 0) -> pb.ExchangeRequest:
     return pb.ExchangeRequest(id=rid, send=request)
 
 
+def subscribe(rid: int, credit: int, max_messages: int = 32) -> pb.ExchangeRequest:
+    """A push subscription of queue 0 from offset 0, with `credit` messages of credit."""
+    request = pb.Subscribe(group="g", topic="orders", queue_id=0, offset=0, tag_expression="*",
+                           max_messages=max_messages, max_bytes=1 << 20,
+                           credit_messages=credit)  # fmt: skip
+    return pb.ExchangeRequest(id=rid, subscribe=request)
+
+
 def start(tmp_path: Path, **config: Any) -> EmbeddedBroker:
     broker = EmbeddedBroker(
         BrokerConfig(data_dir=tmp_path / "data", exchange_port=0, default_queues=1, **config)
@@ -159,10 +167,7 @@ def test_a_push_subscription_delivers_within_its_credit(broker: EmbeddedBroker) 
             await client.greeted()
             client.write(*(send(i, b"m%d" % i) for i in range(1, 6)))
             await client.answers(5)
-            subscribe = pb.Subscribe(group="g", topic="orders", queue_id=0, offset=0,
-                                     tag_expression="*", max_messages=32, max_bytes=1 << 20,
-                                     credit_messages=2)  # fmt: skip
-            client.write(pb.ExchangeRequest(id=10, subscribe=subscribe))
+            client.write(subscribe(10, credit=2))
             batch = (await client.answers(1))[10].pull
             assert batch.status == pb.FOUND and batch.next_offset == 2  # 2 credits
             client.write(pb.ExchangeRequest(id=10, credit=pb.Credit(messages=3)))
@@ -309,10 +314,7 @@ def test_a_client_that_stops_reading_is_dropped_and_holds_up_nobody(
                 writer.write(*(send(i + j + 1, body) for j in range(100)))
                 await writer.answers(100)
             async with PortClient.open(address(broker)) as stalled:
-                subscribe = pb.Subscribe(group="g", topic="orders", queue_id=0, offset=0,
-                                         tag_expression="*", max_messages=100,
-                                         max_bytes=1 << 20, credit_messages=10_000)  # fmt: skip
-                stalled.write(pb.ExchangeRequest(id=1, subscribe=subscribe))  # never read
+                stalled.write(subscribe(1, credit=10_000, max_messages=100))  # never read
                 for i in range(5):
                     writer.write(send(10_000 + i, b"on"))
                     assert 10_000 + i in await writer.answers(1)
@@ -335,10 +337,7 @@ def test_stop_ends_the_connections_of_clients_that_wait_on_subscriptions(
             nonlocal stopped
             async with PortClient.open(address(b)) as client:
                 await client.greeted()
-                subscribe = pb.Subscribe(group="g", topic="orders", queue_id=0, offset=0,
-                                         tag_expression="*", max_messages=32,
-                                         max_bytes=1 << 20, credit_messages=100)  # fmt: skip
-                client.write(pb.ExchangeRequest(id=1, subscribe=subscribe))
+                client.write(subscribe(1, credit=100))
                 await asyncio.sleep(0.2)  # the subscription waits for messages
                 async with asyncio.timeout(WAIT):
                     await asyncio.to_thread(b.stop)

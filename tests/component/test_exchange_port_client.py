@@ -76,6 +76,18 @@ def in_key_order(seen: list[str], sent: list[str]) -> None:
         assert mine == [b for b in sent if b.split(":")[1] == key], key
 
 
+def poll_all(consumer: LitePullConsumer, count: int, what: str) -> list[str]:
+    """The bodies `consumer` polls until it has `count`, in the order polled."""
+    seen: list[str] = []
+
+    def polled() -> bool:
+        seen.extend(m.body.decode() for m in consumer.poll(0.2))
+        return len(seen) >= count
+
+    wait_until(polled, WAIT, what)
+    return seen
+
+
 def test_a_producer_and_an_orderly_push_consumer_go_on_the_port(
     broker: EmbeddedBroker,
 ) -> None:
@@ -104,15 +116,7 @@ def test_a_lite_pull_consumer_polls_through_the_port(broker: EmbeddedBroker) -> 
     consumer.subscribe("orders", "*")
     consumer.start()
     try:
-        seen: list[str] = []
-        wait_until(
-            lambda: (
-                bool(seen.extend(m.body.decode() for m in consumer.poll(0.2)))
-                or len(seen) >= len(sent)
-            ),
-            WAIT,
-            "all polled",
-        )
+        seen = poll_all(consumer, len(sent), "all polled")
         assert only_on_the_port(broker)
         in_key_order(seen, sent)
     finally:
@@ -163,15 +167,7 @@ def test_the_port_is_used_again_after_a_broker_restart(tmp_path: Path) -> None:
         consumer = LitePullConsumer("check", b.address)
         consumer.subscribe("orders", "*")
         consumer.start()
-        seen: list[str] = []
-        wait_until(
-            lambda: (
-                bool(seen.extend(m.body.decode() for m in consumer.poll(0.2)))
-                or len(seen) >= len(sent)
-            ),
-            WAIT,
-            "all stored",
-        )
+        seen = poll_all(consumer, len(sent), "all stored")
         consumer.shutdown()
         assert sorted(seen) == sorted(sent)
     finally:

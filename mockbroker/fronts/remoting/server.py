@@ -37,7 +37,7 @@ from mockbroker.errors import BrokerError
 from mockbroker.fronts.remoting.channel import Handler
 from mockbroker.fronts.remoting.errors import refusal
 from mockbroker.limits import ClientLimits
-from mockbroker.tls import HANDSHAKE_TIMEOUT_SECONDS
+from mockbroker.tls import listen
 from sdk._remoting.codec import MAX_FRAME_BYTES, FrameError, decode, encode, read_frame
 from sdk._remoting.codes import ResponseCode
 from sdk._remoting.command import FLAG_ONEWAY, RemotingCommand, RemotingError
@@ -241,11 +241,7 @@ class RemotingServer:
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> int:
         """Listen on host:port (0: a free port), over TLS with `tls`; the port bound."""
-        self._server = await asyncio.start_server(
-            self._accept, host, port, ssl=tls,
-            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_SECONDS if tls is not None else None,
-        )  # fmt: skip
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        self._server, self.port = await listen(self._accept, host, port, tls)
         self._idle_task = asyncio.create_task(self._close_idle(), name=f"{self.name}-idle")
         return self.port
 
