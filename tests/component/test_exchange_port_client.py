@@ -1,6 +1,7 @@
 """ordermq's clients on a broker's Exchange port: the route names it, they carry their
 sends, pulls and push subscriptions there instead of on gRPC's ExchangeBatched, and go
-back to gRPC when the port cannot be reached.
+back to gRPC when the port cannot be reached. The last tests drive the client's side of
+the wire (PortCall) against scripted servers.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from mockbroker import BrokerConfig, EmbeddedBroker
-from mockbroker.fronts.exchange_port import ExchangePort
+from mockbroker.errors import invalid
+from mockbroker.fronts.exchange_port import ExchangePort, connection_error, frame
 from sdk import (
     ConsumeFromWhere,
     Credentials,
@@ -25,6 +28,8 @@ from sdk import (
     TLSConfig,
 )
 from sdk import Producer as BlockingProducer
+from sdk._transport.exchange_port import PortCall
+from sdk._wire import EXCHANGE_PORT_PREAMBLE
 from sdk.aio import Producer
 from tests.component.test_exchange_downgrade import Recorder
 from tests.support import pinned, wait_until
@@ -192,3 +197,60 @@ def test_a_client_with_credentials_stays_on_grpc(broker: EmbeddedBroker) -> None
     with BlockingProducer(broker.address, credentials=credentials) as producer:
         producer.send(Message("orders", b"signed", sharding_key="k"))
         assert broker.broker.exchange_streams == 1 and port_of(broker).connections == 0
+
+
+async def scripted_port(script: bytes) -> tuple[asyncio.Server, str]:
+    """A server that reads the preamble and writes `script`, then keeps the connection."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(len(EXCHANGE_PORT_PREAMBLE))
+        writer.write(script)
+        await reader.read()  # until the client goes
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+def test_the_port_call_raises_the_connections_error_as_its_status() -> None:
+    """An answer of id 0 ends the connection with its error: the stream ends as a gRPC
+    call with that status would."""
+    ended = connection_error(invalid("FRAME_CUT_OFF", "the input ended in a frame"))
+
+    async def main() -> None:
+        server, address = await scripted_port(frame(b"") + ended)
+        call = PortCall(address, None, None)
+        try:
+            assert list((await call.read()).responses) == []  # the greeting
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await call.read()
+            assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert raised.value.details() == "the input ended in a frame"
+        finally:
+            call.cancel()
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_a_port_that_does_not_greet_is_unavailable_and_a_cancel_ends_a_read() -> None:
+    async def main() -> None:
+        server, address = await scripted_port(frame(b"\x0a\x00"))  # not the greeting
+        call = PortCall(address, None, None)
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await call.read()
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "did not greet" in (raised.value.details() or "")
+        server.close()
+
+        server, address = await scripted_port(frame(b""))
+        call = PortCall(address, None, None)
+        assert list((await call.read()).responses) == []
+        reading = asyncio.ensure_future(call.read())
+        await asyncio.sleep(0.05)
+        call.cancel()
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await reading
+        assert raised.value.code() == grpc.StatusCode.CANCELLED
+        server.close()
+
+    asyncio.run(main())
