@@ -138,7 +138,14 @@ class ExchangePort:
             or self._per_host.get(host, 0) >= self.max_connections_per_host
         ):
             self.refused_connections += 1
-            log.warning("Exchange port: %s refused, past the connection limits", client)
+            refused = self.refused_connections
+            if refused & (refused - 1) == 0:  # 1, 2, 4, ...: a storm does not flood the log
+                log.warning(
+                    "Exchange port: connection from %s closed: %d open, %d from that host "
+                    "(limits %d and %d per host); %d refused so far",
+                    client, len(self._connections), self._per_host.get(host, 0),
+                    self.max_connections, self.max_connections_per_host, refused,
+                )  # fmt: skip
             writer.transport.abort()
             return
         task = asyncio.current_task()

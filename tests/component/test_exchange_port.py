@@ -247,7 +247,7 @@ def test_a_client_that_sends_no_preamble_is_dropped_after_the_peer_wait(
 
 
 def test_connections_past_the_per_host_limit_are_closed_at_once(
-    broker: EmbeddedBroker,
+    broker: EmbeddedBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
     port = broker.broker.exchange_port
     assert port is not None
@@ -264,6 +264,7 @@ def test_connections_past_the_per_host_limit_are_closed_at_once(
         assert port.refused_connections == 1
 
     asyncio.run(main())
+    assert "(limits 4096 and 1 per host); 1 refused so far" in caplog.text
 
 
 def test_over_tls_with_the_brokers_certificate(tmp_path: Path) -> None:
