@@ -14,6 +14,7 @@ bad set of files is refused whole and the old certificate stays.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import ssl
@@ -47,6 +48,12 @@ async def listen(
         ssl_handshake_timeout=HANDSHAKE_TIMEOUT_SECONDS if tls is not None else None,
     )  # fmt: skip
     return server, int(server.sockets[0].getsockname()[1])
+
+
+async def closed_quietly(writer: asyncio.StreamWriter) -> None:
+    """Wait for `writer`'s connection to close; a peer that reset it is closed too."""
+    with contextlib.suppress(ConnectionError, OSError):
+        await writer.wait_closed()
 
 
 class TLSCertificateError(ValueError):
@@ -225,4 +232,11 @@ def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-__all__ = ["HANDSHAKE_TIMEOUT_SECONDS", "ServerTLS", "TLSCertificateError", "TLSFiles", "listen"]
+__all__ = [
+    "HANDSHAKE_TIMEOUT_SECONDS",
+    "ServerTLS",
+    "TLSCertificateError",
+    "TLSFiles",
+    "closed_quietly",
+    "listen",
+]

@@ -26,25 +26,23 @@ keepalive (`keepalive_seconds`) and closed by the kernel when the peer is gone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 import struct
 from collections.abc import AsyncIterator
 
-from google.protobuf.message import DecodeError
 from grpc import StatusCode
 
 from mockbroker.errors import BrokerError, invalid
 from mockbroker.fronts.grpc.exchange import ExchangeStreams, Incoming
-from mockbroker.fronts.grpc_errors import MalformedRequest
+from mockbroker.fronts.grpc_errors import MalformedRequest, deserializer
 from mockbroker.fronts.remoting.server import (
     MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_HOST,
     PEER_WAIT_SECONDS,
     STOP_FLUSH_SECONDS,
 )
-from mockbroker.tls import listen
+from mockbroker.tls import closed_quietly, listen
 from sdk._batching import join_repeated
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._wire import EXCHANGE_PORT_PREAMBLE, GRPC_MAX_MESSAGE_BYTES, set_tcp_keepalive
@@ -198,13 +196,14 @@ class ExchangePort:
         A frame over the limit or that does not parse is the last thing read: it comes
         as a MalformedRequest, which ends the stream once what came before is answered.
         """
-        limit = self.max_frame_bytes
+        limit, parse = self.max_frame_bytes, deserializer(pb.ExchangeRequests)
+        cut_off = MalformedRequest(invalid("FRAME_CUT_OFF", "the input ended in a frame"))
         while True:
             try:
                 length = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))[0]
             except asyncio.IncompleteReadError as exc:
                 if exc.partial:
-                    yield MalformedRequest(invalid("FRAME_CUT_OFF", "the input ended in a frame"))
+                    yield cut_off
                 return  # the client half-closed
             if length > limit:
                 yield MalformedRequest(BrokerError(
@@ -213,17 +212,14 @@ class ExchangePort:
                 ))  # fmt: skip
                 return
             try:
-                body = await reader.readexactly(length)
+                message = parse(await reader.readexactly(length))
             except asyncio.IncompleteReadError:
-                yield MalformedRequest(invalid("FRAME_CUT_OFF", "the input ended in a frame"))
+                yield cut_off
                 return
-            try:
-                message = pb.ExchangeRequests.FromString(body)
-            except DecodeError as exc:
-                yield MalformedRequest(
-                    invalid("INVALID_ARGUMENT", f"the request does not parse: {exc}")
-                )
+            if isinstance(message, MalformedRequest):
+                yield message
                 return
+            assert isinstance(message, pb.ExchangeRequests)
             for request in message.requests:
                 yield request
 
@@ -238,7 +234,7 @@ class ExchangePort:
 
     async def _close(self, writer: asyncio.StreamWriter, client: str) -> None:
         writer.close()
-        closed = asyncio.ensure_future(_closed_quietly(writer))
+        closed = asyncio.ensure_future(closed_quietly(writer))
         if self._stopping:
             flushed = await wait_within(SystemClock(), closed, STOP_FLUSH_SECONDS)
         else:
@@ -246,8 +242,3 @@ class ExchangePort:
         if not flushed:
             log.warning("Exchange port: %s reads nothing; dropping what it was sent", client)
             writer.transport.abort()
-
-
-async def _closed_quietly(writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(ConnectionError, OSError):
-        await writer.wait_closed()

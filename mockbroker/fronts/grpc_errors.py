@@ -91,7 +91,8 @@ def answers_errors(handler: Handler[S, Req, Resp]) -> Handler[S, Req, Resp]:
     return wrapper
 
 
-def _deserializer(cls: type[Message]) -> Callable[[bytes], Message | MalformedRequest]:
+def deserializer(cls: type[Message]) -> Callable[[bytes], Message | MalformedRequest]:
+    """`cls`'s parser: a MalformedRequest (INVALID_ARGUMENT) for bytes that do not parse."""
     parse = cls.FromString
 
     def deserialize(data: bytes) -> Message | MalformedRequest:
@@ -187,7 +188,7 @@ def add_service(
     handlers = {
         method.name: _HANDLER_KINDS[(method.client_streaming, method.server_streaming)](
             behavior(method),
-            request_deserializer=_deserializer(GetMessageClass(method.input_type)),
+            request_deserializer=deserializer(GetMessageClass(method.input_type)),
             response_serializer=_serializer(GetMessageClass(method.output_type)),
         )
         for method in service.methods

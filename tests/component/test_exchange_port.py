@@ -99,6 +99,12 @@ def subscribe(rid: int, credit: int, max_messages: int = 32) -> pb.ExchangeReque
     return pb.ExchangeRequest(id=rid, subscribe=request)
 
 
+def subscriptions(b: EmbeddedBroker) -> int:
+    """Push subscriptions the broker serves now."""
+    assert b.broker._messaging is not None
+    return len(b.broker._messaging.exchanges.subscriptions)
+
+
 def start(tmp_path: Path, **config: Any) -> EmbeddedBroker:
     broker = EmbeddedBroker(
         BrokerConfig(data_dir=tmp_path / "data", exchange_port=0, default_queues=1, **config)
@@ -338,13 +344,16 @@ def test_stop_ends_the_connections_of_clients_that_wait_on_subscriptions(
             nonlocal stopped
             async with PortClient.open(address(b)) as client:
                 await client.greeted()
-                client.write(subscribe(1, credit=100))
-                await asyncio.sleep(0.2)  # the subscription waits for messages
+                client.write(send(1, b"only"))  # the topic exists: the subscription waits
+                await client.answers(1)
+                client.write(subscribe(2, credit=100))
+                assert (await client.answers(1))[2].pull.next_offset == 1  # then waits
+                assert subscriptions(b) == 1
                 async with asyncio.timeout(WAIT):
                     await asyncio.to_thread(b.stop)
                 stopped = True
                 while (frame := await client.read()) is not None:
-                    assert all(a.id == 1 for a in frame)
+                    assert all(a.id == 2 for a in frame)
 
         asyncio.run(main())
     finally:

@@ -246,7 +246,7 @@ def test_a_port_that_does_not_greet_is_unavailable_and_a_cancel_ends_a_read() ->
         call = PortCall(address, None, None)
         assert list((await call.read()).responses) == []
         reading = asyncio.ensure_future(call.read())
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # the read starts waiting for a frame
         call.cancel()
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await reading

@@ -26,7 +26,6 @@ neither the broker's file descriptors nor the others' room.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import socket
@@ -37,7 +36,7 @@ from mockbroker.errors import BrokerError
 from mockbroker.fronts.remoting.channel import Handler
 from mockbroker.fronts.remoting.errors import refusal
 from mockbroker.limits import ClientLimits
-from mockbroker.tls import listen
+from mockbroker.tls import closed_quietly, listen
 from sdk._remoting.codec import MAX_FRAME_BYTES, FrameError, decode, encode, read_frame
 from sdk._remoting.codes import ResponseCode
 from sdk._remoting.command import FLAG_ONEWAY, RemotingCommand, RemotingError
@@ -153,15 +152,11 @@ class Connection:
             clock, bound = self._server.clock, self._server.peer_wait_seconds
         else:
             clock, bound = SystemClock(), flush_seconds
-        flushed = await wait_within(clock, self._closed_quietly(), bound)
+        flushed = await wait_within(clock, closed_quietly(self._writer), bound)
         if not flushed:
             log.warning("remoting %s: %s reads nothing; dropping what it was sent",
                         self._server.name, self._peer)  # fmt: skip
             self._writer.transport.abort()
-
-    async def _closed_quietly(self) -> None:
-        with contextlib.suppress(ConnectionError, OSError):
-            await self._writer.wait_closed()
 
     def _hold(self, limits: ClientLimits, task: asyncio.Task[None], size: int) -> None:
         # Released when the task ends, however it ends (even cancelled before it ran).
