@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="also serve ordermq's Exchange stream (sends, pulls, push delivery) over "
-        "framed TCP on this port (default: off; 0 picks a free one; not with --acl-file)",
+        "framed TCP on this port (default: off; 0 picks a free one)",
     )
     p.add_argument(
         "--v2-port",

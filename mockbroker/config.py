@@ -96,8 +96,8 @@ class BrokerConfig:
             event loop go round (read sockets, answer, see who else waits).
         exchange_port: Also serve ordermq's Exchange stream (sends, pulls, push
             subscriptions) over framed TCP on this port, without gRPC's per-request cost
-            (None: off; 0 picks a free port); TLS as the other ports. Not with `acl_file`
-            yet (it does not authenticate). The wire: docs/wire-format.md.
+            (None: off; 0 picks a free port); TLS and `acl_file` as on gRPC (clients sign
+            their connection's first frame). The wire: docs/wire-format.md.
         v2_port: Also serve RocketMQ 5's gRPC API (apache.rocketmq.v2.MessagingService, for
             RocketMQ 5's official clients) on this port (None: off; 0 picks a free one, see
             `v2_address` once started). Producers and consumers (receive, ack, change
@@ -262,11 +262,6 @@ class BrokerConfig:
             if value and value in taken:  # None is off, 0 picks a free port
                 raise ValueError(f"{taken[value]} and {name} are both {value}: give each its own")
             taken[value] = name
-        if self.exchange_port is not None and self.acl_file is not None:
-            raise ValueError(
-                "exchange_port cannot be used with acl_file: the Exchange port does not "
-                "authenticate clients yet (they are served over gRPC, which does)"
-            )
         if self.namesrv_port is not None and self.remoting_port is None:
             raise ValueError(
                 "namesrv_port needs remoting_port: the name server's routes point at the "

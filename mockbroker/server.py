@@ -403,6 +403,8 @@ class Broker:
                 self._messaging.exchanges,
                 keepalive_seconds=self.config.keepalive_seconds,
                 clock=self.clock,
+                auth=auth,
+                refused=self._messaging.requests.refused,
             )
             try:
                 await exchange_port.start(

@@ -15,12 +15,17 @@ NATS and Redis speak. The wire (docs/wire-format.md, "The Exchange port"):
   does not parse) is the broker's last frame: one answer of id 0 (no request's) with an
   ExchangeError, after the answers to the requests before it; then the broker closes.
 
-No ACL here yet: the broker refuses to start with both (BrokerConfig). As on the other
-fronts, no wait on a peer is unbounded: a client that connects and sends no preamble, or
-stops reading what it is sent, is dropped after `peer_wait_seconds`; past
-`max_connections` open connections, or `max_connections_per_host` from one address, a new
-connection is closed as soon as it is accepted; idle connections are probed by TCP
-keepalive (`keepalive_seconds`) and closed by the kernel when the peer is gone.
+A client's first frame carries its hello (ExchangeRequests.hello): the account it signs
+for, as an ExchangeBatched call's metadata would. With an ACL the broker checks it (its
+first frame must come within `peer_wait_seconds`) and then each request as the RPC it
+carries, as the gRPC front does; a refused hello ends the connection with
+UNAUTHENTICATED or PERMISSION_DENIED (an answer of id 0), a refused request is answered
+with its error. Without an ACL the hello is ignored. As on the other fronts, no wait on
+a peer is unbounded: a client that connects and sends no preamble, or stops reading what
+it is sent, is dropped after `peer_wait_seconds`; past `max_connections` open
+connections, or `max_connections_per_host` from one address, a new connection is closed
+as soon as it is accepted; idle connections are probed by TCP keepalive
+(`keepalive_seconds`) and closed by the kernel when the peer is gone.
 """
 
 from __future__ import annotations
@@ -29,12 +34,15 @@ import asyncio
 import logging
 import ssl
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
+from google.protobuf.message import Message
 from grpc import StatusCode
 
 from mockbroker.errors import BrokerError, invalid
-from mockbroker.fronts.grpc.exchange import ExchangeStreams, Incoming
+from mockbroker.fronts.grpc.exchange import ExchangeStreams, Incoming, RequestCheck
+from mockbroker.fronts.grpc.service import EXCHANGE_BATCHED_PATH
 from mockbroker.fronts.grpc_errors import MalformedRequest, deserializer
 from mockbroker.fronts.remoting.server import (
     MAX_CONNECTIONS,
@@ -47,6 +55,10 @@ from sdk._batching import join_repeated
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._wire import EXCHANGE_PORT_PREAMBLE, GRPC_MAX_MESSAGE_BYTES, set_tcp_keepalive
 from sdk.clock import Clock, SystemClock, wait_within
+from sdk.credentials import ACCESS_KEY_HEADER, DATE_HEADER, SIGNATURE_HEADER
+
+if TYPE_CHECKING:
+    from mockbroker.fronts.grpc.auth import GrpcAuth
 
 log = logging.getLogger("ordermq.broker.exchange_port")
 
@@ -70,6 +82,16 @@ def connection_error(exc: BrokerError) -> bytes:
     return frame(pb.ExchangeResponses(responses=[answer]).SerializeToString())
 
 
+def hello_headers(hello: pb.ExchangeHello) -> dict[str, str]:
+    """A hello's values as the gRPC metadata headers they stand for (the unset left out)."""
+    headers = {
+        ACCESS_KEY_HEADER: hello.access_key,
+        DATE_HEADER: str(hello.date_ms) if hello.date_ms else "",
+        SIGNATURE_HEADER: hello.signature,
+    }
+    return {key: value for key, value in headers.items() if value}
+
+
 class ExchangePort:
     """A listener serving the Exchange stream over frames, one stream per connection."""
 
@@ -83,8 +105,12 @@ class ExchangePort:
         peer_wait_seconds: float = PEER_WAIT_SECONDS,
         max_connections: int = MAX_CONNECTIONS,
         max_connections_per_host: int = MAX_CONNECTIONS_PER_HOST,
+        auth: GrpcAuth | None = None,
+        refused: Callable[[str, BrokerError], None] = lambda _method, _exc: None,
     ) -> None:
         self._exchanges = exchanges
+        self._auth = auth
+        self._refused = refused
         self._keepalive = keepalive_seconds
         self._clock = clock or SystemClock()
         self.max_frame_bytes = max_frame_bytes
@@ -152,7 +178,7 @@ class ExchangePort:
         self._per_host[host] = self._per_host.get(host, 0) + 1
         try:
             set_tcp_keepalive(writer.get_extra_info("socket"), self._keepalive)
-            await self._serve(reader, writer, client)
+            await self._serve(reader, writer, host, client)
         except (ConnectionError, OSError, asyncio.IncompleteReadError):
             pass  # the peer went away: its stream has ended with it
         finally:
@@ -165,7 +191,7 @@ class ExchangePort:
                 self._connections.discard(task)  # stop() awaits it until here
 
     async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: str
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, client: str
     ) -> None:
         opening = asyncio.ensure_future(reader.readexactly(len(PREAMBLE)))
         if not await wait_within(self._clock, opening, self.peer_wait_seconds):
@@ -182,16 +208,69 @@ class ExchangePort:
             return
         self.accepted_connections += 1
         await self._write(writer, frame(b""))  # the greeting
+        frames = self._frames(reader)
         try:
-            requests = self._requests(reader)
-            async for batch in self._exchanges.serve_batches(requests, client):
+            check, first = await self._opening(frames, host)
+            requests = self._requests(first, frames)
+            async for batch in self._exchanges.serve_batches(requests, client, check):
                 body = join_repeated([answer.SerializeToString() for answer in batch])
                 await self._write(writer, frame(body))
-        except BrokerError as exc:  # a frame that did not parse ends the connection
+        except BrokerError as exc:  # a refused hello or a frame that did not parse
             await self._write(writer, connection_error(exc))
 
-    async def _requests(self, reader: asyncio.StreamReader) -> AsyncIterator[Incoming]:
-        """The requests of the client's frames, one by one, until its end of input.
+    async def _opening(
+        self, frames: AsyncIterator[pb.ExchangeRequests | MalformedRequest], host: str
+    ) -> tuple[RequestCheck | None, pb.ExchangeRequests | MalformedRequest | None]:
+        """With an ACL: the first frame's hello checked, each request's check and that frame.
+
+        Raises BrokerError for a hello that is refused or that does not come in time.
+        """
+        auth = self._auth
+        if auth is None:
+            return None, None
+        first = asyncio.ensure_future(anext(frames, None))
+        if not await wait_within(self._clock, first, self.peer_wait_seconds):
+            raise BrokerError(StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED",
+                              f"no hello within {self.peer_wait_seconds:g} s")  # fmt: skip
+        message = first.result()
+        if not isinstance(message, pb.ExchangeRequests):
+            return None, message  # a malformed frame or none: ends the stream as it is
+        try:
+            caller = auth.signed_caller(
+                EXCHANGE_BATCHED_PATH, hello_headers(message.hello), host, None
+            )
+        except BrokerError as exc:
+            self._refused("ExchangePort", exc)
+            raise
+
+        def check(method: str, request: Message) -> None:
+            auth.authorize(caller, method, request)
+
+        return check, message
+
+    async def _requests(
+        self,
+        first: pb.ExchangeRequests | MalformedRequest | None,
+        frames: AsyncIterator[pb.ExchangeRequests | MalformedRequest],
+    ) -> AsyncIterator[Incoming]:
+        """The requests of `first` and of the frames after it, one by one."""
+        if isinstance(first, MalformedRequest):
+            yield first
+            return
+        if first is not None:
+            for request in first.requests:
+                yield request
+        async for message in frames:
+            if isinstance(message, MalformedRequest):
+                yield message
+                return
+            for request in message.requests:
+                yield request
+
+    async def _frames(
+        self, reader: asyncio.StreamReader
+    ) -> AsyncIterator[pb.ExchangeRequests | MalformedRequest]:
+        """The client's frames, parsed, until its end of input.
 
         A frame over the limit or that does not parse is the last thing read: it comes
         as a MalformedRequest, which ends the stream once what came before is answered.
@@ -216,12 +295,10 @@ class ExchangePort:
             except asyncio.IncompleteReadError:
                 yield cut_off
                 return
+            assert isinstance(message, (pb.ExchangeRequests, MalformedRequest))
+            yield message
             if isinstance(message, MalformedRequest):
-                yield message
                 return
-            assert isinstance(message, pb.ExchangeRequests)
-            for request in message.requests:
-                yield request
 
     async def _write(self, writer: asyncio.StreamWriter, data: bytes) -> None:
         """Write `data`; a peer that does not read it within peer_wait_seconds is dropped."""

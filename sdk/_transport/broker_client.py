@@ -37,7 +37,7 @@ from sdk._transport.protocol import (
     SentBack,
     appended,
 )
-from sdk._transport.signing import CallSigner
+from sdk._transport.signing import CallSigner, signed_hello
 from sdk._transport.status import to_ordermq_error
 from sdk._wire import GRPC_CLIENT_CHANNEL_OPTIONS, grpc_keepalive_options
 from sdk.clock import Clock, SystemClock
@@ -123,7 +123,11 @@ class BrokerClient:
     ) -> None:
         self.address = address
         self._tls = tls
-        self._signed = credentials is not None
+        self._hello: Callable[[], pb.ExchangeHello] = pb.ExchangeHello
+        if credentials is not None:
+            self._hello = functools.partial(
+                signed_hello, credentials, clock or SystemClock(), EXCHANGE_BATCHED_PATH
+            )
         self._exchange_port = ""
         #: Whether a connection was ever made: TLS failures are looked for until then.
         self._connected_once = False
@@ -161,16 +165,18 @@ class BrokerClient:
     def use_exchange_port(self, address: str) -> None:
         """Carry sends, pulls and subscriptions on the broker's Exchange port at `address`.
 
-        As a route names it; the same address again changes nothing. Not for a client
-        with credentials (the port does not authenticate; a broker with an ACL has none).
+        As a route names it; the same address again changes nothing. With credentials
+        each connection's hello is signed, as an ExchangeBatched call's opening.
         """
-        if not address or address == self._exchange_port or self._signed:
+        if not address or address == self._exchange_port:
             return
         self._exchange_port = address
         tls = self._tls
         context = tls.ssl_context() if tls is not None else None
         server_name = tls.server_name if tls is not None else None
-        self._exchange.use_port(functools.partial(PortCall, address, context, server_name))
+        self._exchange.use_port(
+            functools.partial(PortCall, address, context, server_name, self._hello)
+        )
 
     async def close(self) -> None:
         """Close the channel: calls in flight fail (ClientStateError on the Exchange stream)."""

@@ -2,11 +2,12 @@
 
 The broker's route names the port (QueueRoute.exchange_address); the client's Exchange
 then opens its streams there instead of on ExchangeBatched (sdk/_transport/exchange.py).
-A PortCall stands for the gRPC call the stream would otherwise be: `write` takes an
-ExchangeRequests message serialized, `read` gives the next ExchangeResponses, `cancel`
-ends it; what ends the connection is raised as the gRPC status it stands for (an
-AioRpcError), so the stream ends its requests as it would on gRPC. The wire:
-docs/wire-format.md, "The Exchange port".
+A connection opens with the preamble and a hello frame: the client's account, signed (an
+empty hello without credentials). A PortCall stands for the gRPC call the stream would
+otherwise be: `write` takes an ExchangeRequests message serialized, `read` gives the
+next ExchangeResponses, `cancel` ends it; what ends the connection is raised as the gRPC
+status it stands for (an AioRpcError), so the stream ends its requests as it would on
+gRPC. The wire: docs/wire-format.md, "The Exchange port".
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import ssl
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -42,20 +44,30 @@ def _status(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 class PortCall:
     """One connection to an Exchange port, as the Exchange stream uses a gRPC call.
 
-    Connects at once (in a task). Its first read gives the broker's greeting once the
-    broker took the preamble, or raises UNAVAILABLE if the connection could not be made.
+    Connects at once (in a task), sending `hello()`'s account. Its first read gives the
+    broker's greeting once the broker took the preamble, or raises UNAVAILABLE if the
+    connection could not be made.
     """
 
-    def __init__(self, address: str, tls: ssl.SSLContext | None, server_name: str | None) -> None:
+    def __init__(
+        self,
+        address: str,
+        tls: ssl.SSLContext | None,
+        server_name: str | None,
+        hello: Callable[[], pb.ExchangeHello] = pb.ExchangeHello,
+    ) -> None:
         self.address = address
         self._cancelled = False
         self._greeting_read = False
         self._writer: asyncio.StreamWriter | None = None
         self._open_connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        self._opened = asyncio.ensure_future(self._open(tls, server_name))
+        self._opened = asyncio.ensure_future(self._open(tls, server_name, hello))
 
     async def _open(
-        self, tls: ssl.SSLContext | None, server_name: str | None
+        self,
+        tls: ssl.SSLContext | None,
+        server_name: str | None,
+        hello: Callable[[], pb.ExchangeHello],
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         host, _, port = self.address.rpartition(":")
         host = host.strip("[]")
@@ -67,7 +79,8 @@ class PortCall:
                 )  # fmt: skip
                 self._writer = writer
                 set_tcp_keepalive(writer.get_extra_info("socket"), KEEPALIVE_SECONDS)
-                writer.write(EXCHANGE_PORT_PREAMBLE)
+                opening = pb.ExchangeRequests(hello=hello()).SerializeToString()
+                writer.write(EXCHANGE_PORT_PREAMBLE + _LENGTH.pack(len(opening)) + opening)
                 greeting = await reader.readexactly(_LENGTH.size)
         except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as exc:
             self._drop()

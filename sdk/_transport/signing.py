@@ -1,8 +1,9 @@
-"""Signing every gRPC call of a client that has credentials (sdk/credentials.py).
+"""Signing every call of a client that has credentials (sdk/credentials.py).
 
 A grpc.aio client interceptor on the channel: it covers unary calls, WatchMembership's
 server stream and the Exchange stream (whose opening metadata is signed, over an empty
-request) without touching the call sites. A channel without credentials has none.
+request) without touching the call sites. A channel without credentials has none. On an
+Exchange port, the connection's hello frame carries the same signature (signed_hello).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf.message import Message
 
+from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk.clock import Clock
-from sdk.credentials import Credentials, signed_metadata
+from sdk.credentials import Credentials, sign, signed_metadata
 
 Details = grpc.aio.ClientCallDetails
 
@@ -27,6 +29,16 @@ else:
     _UnaryUnary = grpc.aio.UnaryUnaryClientInterceptor
     _UnaryStream = grpc.aio.UnaryStreamClientInterceptor
     _StreamStream = grpc.aio.StreamStreamClientInterceptor
+
+
+def signed_hello(credentials: Credentials, clock: Clock, method_path: str) -> pb.ExchangeHello:
+    """The Exchange port's hello for `credentials`, dated now.
+
+    Signed as the opening of a call of `method_path` (over no bytes), which it stands for.
+    """
+    date_ms = int(clock.now() * 1000)
+    signature = sign(credentials.secret_key, method_path, date_ms, b"")
+    return pb.ExchangeHello(access_key=credentials.access_key, date_ms=date_ms, signature=signature)
 
 
 class CallSigner:

@@ -294,11 +294,6 @@ def test_over_tls_with_the_brokers_certificate(tmp_path: Path) -> None:
         b.stop()
 
 
-def test_with_an_acl_file_the_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="exchange_port cannot be used with acl_file"):
-        BrokerConfig(data_dir=tmp_path, exchange_port=0, acl_file=tmp_path / "plain_acl.yml")
-
-
 def test_the_command_line_turns_it_on(tmp_path: Path) -> None:
     args = ["--data-dir", str(tmp_path), "--exchange-port", "0"]
     assert parse_args(args).exchange_port == 0

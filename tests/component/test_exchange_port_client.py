@@ -19,7 +19,6 @@ from mockbroker.errors import invalid
 from mockbroker.fronts.exchange_port import ExchangePort, connection_error, frame
 from sdk import (
     ConsumeFromWhere,
-    Credentials,
     LitePullConsumer,
     Message,
     ProducerConfig,
@@ -189,14 +188,6 @@ def test_over_tls_the_client_takes_the_port_with_its_tls_settings(tmp_path: Path
             assert only_on_the_port(b)
     finally:
         b.stop()
-
-
-def test_a_client_with_credentials_stays_on_grpc(broker: EmbeddedBroker) -> None:
-    """Its calls are signed; the port has no signatures (a broker with an ACL has none)."""
-    credentials = Credentials("AK", "SECRET-KEY")
-    with BlockingProducer(broker.address, credentials=credentials) as producer:
-        producer.send(Message("orders", b"signed", sharding_key="k"))
-        assert broker.broker.exchange_streams == 1 and port_of(broker).connections == 0
 
 
 async def scripted_port(script: bytes) -> tuple[asyncio.Server, str]:

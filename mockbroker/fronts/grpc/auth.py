@@ -100,7 +100,15 @@ class GrpcAuth:
         metadata: dict[str, str] = {}
         for key, value in context.invocation_metadata() or ():
             metadata[key] = value if isinstance(value, str) else value.decode("latin-1")
-        host = client_host(context.peer())
+        return self.signed_caller(method_path, metadata, client_host(context.peer()), request)
+
+    def signed_caller(
+        self, method_path: str, metadata: dict[str, str], host: str, request: Message | None
+    ) -> Caller:
+        """`caller` for a call from `host` whose signature headers are in `metadata`.
+
+        The Exchange port's hello carries the same three values as a frame.
+        """
         access_key = metadata.get(ACCESS_KEY_HEADER) or None
         if not self._acl.signature_required(access_key, host):
             return Caller(access_key, host)

@@ -2054,20 +2054,58 @@ class ExchangeRequests(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     REQUESTS_FIELD_NUMBER: _builtins.int
+    HELLO_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ExchangeRequest]: ...
+    @_builtins.property
+    def hello(self) -> Global___ExchangeHello:
+        """Only on the Exchange port, in a connection's first frame: who the client is. The
+        broker ignores it where it has no ACL and on gRPC (whose calls carry metadata).
+        """
+
     def __init__(
         self,
         *,
         requests: _abc.Iterable[Global___ExchangeRequest] | None = ...,
+        hello: Global___ExchangeHello | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["hello", b"hello"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hello", b"hello", "requests", b"requests"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExchangeRequests: _TypeAlias = ExchangeRequests  # noqa: Y015
+
+@_typing.final
+class ExchangeHello(_message.Message):
+    """A client's account on the Exchange port, signed as the opening of an ExchangeBatched
+    call is in its metadata (sdk/credentials.py: the method path, the date, no bytes).
+    Empty for a client without credentials.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCESS_KEY_FIELD_NUMBER: _builtins.int
+    DATE_MS_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    access_key: _builtins.str
+    date_ms: _builtins.int
+    signature: _builtins.str
+    def __init__(
+        self,
+        *,
+        access_key: _builtins.str = ...,
+        date_ms: _builtins.int = ...,
+        signature: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access_key", b"access_key", "date_ms", b"date_ms", "signature", b"signature"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExchangeHello: _TypeAlias = ExchangeHello  # noqa: Y015
 
 @_typing.final
 class ExchangeResponses(_message.Message):
