@@ -281,7 +281,10 @@ async def measure(
         no_retention = ("--disk-high-ratio", "1", "--disk-force-ratio", "1",
                         "--disk-refuse-ratio", "1")  # fmt: skip
         metrics = ("--metrics-port", "0")  # the loop lag of each phase
-        with broker_process(data_dir, "async", extra=(*extra, *no_retention, *metrics)) as broker:
+        # --exchange-port: the normal clients on the port, the flooder's raw requests on gRPC
+        port = ("--exchange-port", "0") if getattr(args, "exchange_port", False) else ()
+        options = (*extra, *no_retention, *metrics, *port)
+        with broker_process(data_dir, "async", extra=options) as broker:
             metrics_url = _metrics_url(broker)
             stored = await wl.fill_backlog(broker.address, PULL_TOPIC, backlog)
             say(f"  pull flooder's backlog: {stored} messages")

@@ -25,6 +25,7 @@ Workloads (the same inputs as bench/run.py):
 
     python bench/profile_shares.py                       # all three, ~1 minute
     python bench/profile_shares.py --only produce --seconds 10
+    python bench/profile_shares.py --exchange-port   # the clients on the broker's port
 
 py-spy comes with the `bench` extra (pip install -e '.[bench]'); it needs permission to
 ptrace the processes it samples (root, or kernel.yama.ptrace_scope 0).
@@ -81,6 +82,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("id/key index", ("IdKeyEntries", "message_index.py")),
     ("pull: read records, long polling", ("MessageStore.get ", "_read_records", "long_polling.py")),
     ("push delivery (credits, subscriptions)", ("mockbroker/push.py", "Delivery.subscribe ")),
+    ("Exchange port framing (both sides)", ("exchange_port.py",)),
     ("commit log / consume queue writes", ("commitlog.py", "consumequeue.py")),
     ("locks, groups, offsets", ("lock_manager.py", "groups.py", "offsets.py", "offset_store.py")),
     ("other broker code", ("(mockbroker/",)),  # entry frames excepted, see ENTRY_FRAMES
@@ -284,7 +286,8 @@ async def profile(name: str, args: argparse.Namespace, tmp: Path) -> tuple[dict[
     """Run workload `name` against a fresh broker: the broker's and the client's shares,
     and how many messages the workload sent or consumed."""
     data_dir = Path(tempfile.mkdtemp(dir=tmp))
-    with broker_process(data_dir, "async") as broker:
+    extra = ("--exchange-port", "0") if args.exchange_port else ()
+    with broker_process(data_dir, "async", extra=extra) as broker:
         assert broker.proc is not None
         trial = None
         if name.startswith("consume"):  # filled before sampling starts
@@ -341,6 +344,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--e2e-rate", type=int, default=500, help="e2e send rate, msg/s")
     ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     ap.add_argument("--output", type=Path, default=RESULTS / "profile.json")
+    ap.add_argument(
+        "--exchange-port",
+        action="store_true",
+        help="start the broker with its Exchange port: the clients' sends, pulls and "
+        "subscriptions go over framed TCP instead of gRPC",
+    )
     ap.add_argument("--keep", type=Path, help="keep py-spy's raw stacks in this directory")
     args = ap.parse_args(argv)
     chosen = [w.strip() for w in args.only.split(",") if w.strip()]

@@ -250,7 +250,7 @@ class Bench:
         data_dir = self._data_dir(name)
         if self.args.console:
             extra = (*extra, *cons.CONSOLE_OPTIONS)
-        if self.args.exchange_port and "--acl-file" not in extra:  # the port has no ACL
+        if self.args.exchange_port:
             extra = (*extra, "--exchange-port", "0")
             self.facts["exchange_port"] = True
         try:

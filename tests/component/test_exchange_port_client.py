@@ -27,6 +27,7 @@ from sdk import (
     TLSConfig,
 )
 from sdk import Producer as BlockingProducer
+from sdk._transport import exchange_port
 from sdk._transport.exchange_port import PortCall
 from sdk._wire import EXCHANGE_PORT_PREAMBLE
 from sdk.aio import Producer
@@ -127,23 +128,33 @@ def test_a_lite_pull_consumer_polls_through_the_port(broker: EmbeddedBroker) -> 
         consumer.shutdown()
 
 
-def test_sends_go_back_to_grpc_when_the_port_cannot_be_reached(tmp_path: Path) -> None:
-    """A route naming a port nothing listens on (a firewall, a proxy that passes only
-    gRPC): the requests made meanwhile go on ExchangeBatched, once each, and so do the
-    next ones for as long as that connection lasts."""
+@pytest.mark.parametrize("port", ["refused", "silent"])
+def test_sends_go_back_to_grpc_when_the_port_cannot_be_reached(
+    tmp_path: Path, port: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A route naming a port nothing listens on, or one that takes the connection and
+    says nothing (a firewall, a proxy that passes only gRPC): the requests made meanwhile
+    go on ExchangeBatched, once each, and so do the next ones for as long as that
+    connection lasts."""
+    monkeypatch.setattr(exchange_port, "CONNECT_SECONDS", 0.3)
     b = start(BrokerConfig(data_dir=tmp_path / "data", default_queues=4))  # no port
 
     async def main() -> list[int]:
+        silent, address = await scripted_port(b"")  # takes the preamble, never greets
+        if port == "refused":
+            silent.close()
+            address = "127.0.0.1:1"
         async with Producer(b.address) as producer:
             client = producer._core._transport.client(b.address)  # type: ignore[attr-defined]
-            client.use_exchange_port("127.0.0.1:1")  # refused at once
+            client.use_exchange_port(address)
             results = await asyncio.gather(
                 *(producer.send(Message("orders", b"m%d" % i, sharding_key="k")) for i in range(6))
             )
             again = await producer.send(Message("orders", b"later", sharding_key="k"))
             assert client._exchange._open_port is None, "the port is tried again meanwhile"
             assert b.broker.exchange_streams == 1  # the producer's, on gRPC
-            return [r.queue_offset for r in [*results, again]]
+        silent.close()
+        return [r.queue_offset for r in [*results, again]]
 
     try:
         assert asyncio.run(main()) == list(range(7))  # each stored once, in order
