@@ -7,7 +7,9 @@ empty hello without credentials). A PortCall stands for the gRPC call the stream
 otherwise be: `write` takes an ExchangeRequests message serialized, `read` gives the
 next ExchangeResponses, `cancel` ends it; what ends the connection is raised as the gRPC
 status it stands for (an AioRpcError), so the stream ends its requests as it would on
-gRPC. The wire: docs/wire-format.md, "The Exchange port".
+gRPC. The wire: docs/wire-format.md, "The Exchange port". A connection goes through the
+HTTP CONNECT proxy that gRPC's channels take to the same host, if any
+(sdk/_transport/http_proxy.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import grpc
 
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
+from sdk._transport.http_proxy import open_tunnel, proxy_for
 from sdk._wire import (
     EXCHANGE_PORT_PREAMBLE,
     GRPC_KEEPALIVE_MS,
@@ -73,10 +76,7 @@ class PortCall:
         host = host.strip("[]")
         try:
             async with asyncio.timeout(CONNECT_SECONDS):
-                reader, writer = await asyncio.open_connection(
-                    host, int(port), ssl=tls,
-                    server_hostname=(server_name or host) if tls is not None else None,
-                )  # fmt: skip
+                reader, writer = await _connect(host, int(port), tls, server_name)
                 self._writer = writer
                 set_tcp_keepalive(writer.get_extra_info("socket"), KEEPALIVE_SECONDS)
                 opening = pb.ExchangeRequests(hello=hello()).SerializeToString()
@@ -165,6 +165,24 @@ class PortCall:
             self._opened.cancel()
         self._opened.add_done_callback(_retrieved)
         return True
+
+
+async def _connect(
+    host: str, port: int, tls: ssl.SSLContext | None, server_name: str | None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to host:port, through the HTTP proxy gRPC would take to it if any."""
+    hostname = (server_name or host) if tls is not None else None
+    proxy = proxy_for(host)
+    if proxy is None:
+        return await asyncio.open_connection(host, port, ssl=tls, server_hostname=hostname)
+    reader, writer = await open_tunnel(proxy, host, port)
+    if tls is not None:
+        try:
+            await writer.start_tls(tls, server_hostname=hostname)
+        except BaseException:
+            writer.transport.abort()
+            raise
+    return reader, writer
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:

@@ -32,6 +32,7 @@ from sdk._transport.exchange_port import PortCall
 from sdk._wire import EXCHANGE_PORT_PREAMBLE
 from sdk.aio import Producer
 from tests.component.test_exchange_downgrade import Recorder
+from tests.faultproxy import FaultProxy
 from tests.support import pinned, wait_until
 from tests.tls_certs import issue
 
@@ -197,6 +198,43 @@ def test_over_tls_the_client_takes_the_port_with_its_tls_settings(tmp_path: Path
         with BlockingProducer(b.address, tls=TLSConfig(ca_file=certs.ca)) as producer:
             producer.send(Message("orders", b"private", sharding_key="k"))
             assert only_on_the_port(b)
+    finally:
+        b.stop()
+
+
+def test_the_port_is_reached_through_the_proxy_grpc_takes(
+    broker: EmbeddedBroker, process_proxy: FaultProxy
+) -> None:
+    """grpc_proxy names the proxy this client reaches brokers through: the port's
+    connections take it too (not straight to the port, where nothing may answer), and
+    one that the proxy resets is opened again through it."""
+    with BlockingProducer(broker.address, config=ProducerConfig(retry_times=4)) as producer:
+        sent = send_keys(producer, 0)
+        assert only_on_the_port(broker)
+        assert process_proxy.stats().targets == {broker.address, broker.exchange_address}
+        assert process_proxy.reset() >= 2
+        sent += send_keys(producer, 1)
+        assert only_on_the_port(broker)
+    consumer = LitePullConsumer("check", broker.address)
+    consumer.subscribe("orders", "*")
+    consumer.start()
+    try:
+        seen = poll_all(consumer, len(sent), "all stored")
+    finally:
+        consumer.shutdown()
+    assert sorted(seen) == sorted(sent)  # each once
+    in_key_order(seen, sent)
+
+
+def test_over_tls_through_a_proxy(tmp_path: Path, process_proxy: FaultProxy) -> None:
+    certs = issue(tmp_path / "certs")
+    b = start(BrokerConfig(data_dir=tmp_path / "data", exchange_port=0,
+                           tls_cert=certs.cert, tls_key=certs.key))  # fmt: skip
+    try:
+        with BlockingProducer(b.address, tls=TLSConfig(ca_file=certs.ca)) as producer:
+            producer.send(Message("orders", b"private", sharding_key="k"))
+            assert only_on_the_port(b)
+            assert b.exchange_address in process_proxy.stats().targets
     finally:
         b.stop()
 

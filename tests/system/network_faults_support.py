@@ -120,17 +120,22 @@ class Net:
             stats = proxy.stats()
             assert stats.connections >= 1, f"{name} never connected through its proxy"
             assert stats.bytes_down > 0, f"{name}'s proxy carried no answer"
-            assert stats.targets == {self.scene.broker.address}, stats.targets
+            broker = self.scene.broker
+            assert stats.targets == {broker.address, *broker.fronts.values()}, stats.targets
 
     def timeline(self) -> str:
         return "\n".join(self.scene.timeline())
 
 
 @contextlib.contextmanager
-def network(directory: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Net]:
-    """A broker started; clients are added by the test; everything ends on the way out."""
+def network(directory: Path, monkeypatch: pytest.MonkeyPatch, *broker_args: str) -> Iterator[Net]:
+    """A broker started; clients are added by the test; everything ends on the way out.
+
+    `broker_args`: more options of the broker (a front its clients use: they reach it
+    through their proxies too).
+    """
     assert {shard_index(k, QUEUES) for k in KEYS} == set(range(QUEUES)), "keys cover queues"
-    broker = orderly_broker(directory / "broker", QUEUES)
+    broker = orderly_broker(directory / "broker", QUEUES, *broker_args)
     history = History(KEYS)
     net = Net(Scene(directory, broker, history), history, monkeypatch)
     try:

@@ -99,10 +99,14 @@ def test_delay_jitter_and_a_bandwidth_limit_on_every_link(
 
 
 # ---------------------------------------------------------------------------- (b) resets
+@pytest.mark.parametrize("front", ["grpc", "exchange-port"])
 def test_connections_reset_at_random(
-    tmp_path: Path, chaos_report: ChaosRecorder, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, chaos_report: ChaosRecorder, monkeypatch: pytest.MonkeyPatch, front: str
 ) -> None:
-    with network(tmp_path, monkeypatch) as net:
+    """On the Exchange port, the clients' sends and push subscriptions go over framed TCP
+    through their proxies (as gRPC's channels do), and are reset there too."""
+    port = ("--exchange-port", "0") if front == "exchange-port" else ()
+    with network(tmp_path, monkeypatch, *port) as net:
         scene, history = net.scene, net.history
         for name in ("producer", "w1", "w2", "w3"):
             net.proxy(name).set(RESET_LINK)
@@ -127,7 +131,8 @@ def test_connections_reset_at_random(
         net.check_traffic_went_through_the_proxies()
     report = verify(history.entries(), rounds, {}, KEYS, QUEUES, resends=True)
     note = f"{resets} resets, {report.copies} copies from retried sends"
-    report.record(chaos_report, "connection resets", rounds, note)
+    fault = "connection resets" + (", Exchange port" if port else "")
+    report.record(chaos_report, fault, rounds, note)
     check(report, net, f"; {producer.failed_sends} failed sends retried")
     assert resets >= FAULT_ROUNDS // 4, f"only {resets} resets"
 
