@@ -388,7 +388,9 @@ class ConsumerCore:
         for queue in ready:
             released = self._queues.pop(queue, None)
             if released is not None:
-                released.let_go()
+                # Its buffer goes now: a consume task may hold the queue a while yet
+                # (waiting out a suspend, up to 30 s), and its messages with it.
+                released.clear()
             self._releasing_since.pop(queue, None)
             self.offsets.remove(queue)
             log_event(log, logging.INFO, "queue.removed", f"gave up {queue}", group=self.group,

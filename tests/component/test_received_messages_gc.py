@@ -314,6 +314,13 @@ def test_messages_of_a_queue_a_rebalance_moves_away_go_back_to_the_collector(
             "the moved queue's message back in the collector's care",
         )
         assert not held_message_tracked(listener.first[kept]), "the kept queue's message"
+        # And its buffer is emptied at once: the suspended message waited there for its
+        # retry, 30 s away, and kept the listener's cycle alive until then.
+        wait_until(
+            lambda: gc.collect() >= 0 and listener.first[moved.queue_id]() is None,
+            10,
+            "the moved queue's suspended message freed",
+        )
     finally:
         second.shutdown()
         first.shutdown()
