@@ -41,8 +41,8 @@ from google.protobuf.message import Message
 from grpc import StatusCode
 
 from mockbroker.errors import BrokerError, invalid
-from mockbroker.fronts.grpc.exchange import ExchangeStreams, Incoming, RequestCheck
-from mockbroker.fronts.grpc.service import EXCHANGE_BATCHED_PATH
+from mockbroker.fronts.grpc.exchange import ExchangeStreams, RequestCheck
+from mockbroker.fronts.grpc.service import EXCHANGE_BATCHED_PATH, each_request
 from mockbroker.fronts.grpc_errors import MalformedRequest, deserializer
 from mockbroker.fronts.remoting.server import (
     MAX_CONNECTIONS,
@@ -211,7 +211,7 @@ class ExchangePort:
         frames = self._frames(reader)
         try:
             check, first = await self._opening(frames, host)
-            requests = self._requests(first, frames)
+            requests = each_request(self._after(first, frames))
             async for batch in self._exchanges.serve_batches(requests, client, check):
                 body = join_repeated([answer.SerializeToString() for answer in batch])
                 await self._write(writer, frame(body))
@@ -248,24 +248,16 @@ class ExchangePort:
 
         return check, message
 
-    async def _requests(
-        self,
+    @staticmethod
+    async def _after(
         first: pb.ExchangeRequests | MalformedRequest | None,
         frames: AsyncIterator[pb.ExchangeRequests | MalformedRequest],
-    ) -> AsyncIterator[Incoming]:
-        """The requests of `first` and of the frames after it, one by one."""
-        if isinstance(first, MalformedRequest):
-            yield first
-            return
+    ) -> AsyncIterator[pb.ExchangeRequests | MalformedRequest]:
+        """`first` (read already, if any), then the frames after it."""
         if first is not None:
-            for request in first.requests:
-                yield request
+            yield first
         async for message in frames:
-            if isinstance(message, MalformedRequest):
-                yield message
-                return
-            for request in message.requests:
-                yield request
+            yield message
 
     async def _frames(
         self, reader: asyncio.StreamReader

@@ -190,7 +190,11 @@ def test_the_port_is_used_again_after_a_broker_restart(tmp_path: Path) -> None:
         b.stop()
 
 
-def test_over_tls_the_client_takes_the_port_with_its_tls_settings(tmp_path: Path) -> None:
+@pytest.mark.parametrize("proxied", [False, True], ids=["direct", "through-a-proxy"])
+def test_over_tls_the_client_takes_the_port_with_its_tls_settings(
+    tmp_path: Path, proxied: bool, request: pytest.FixtureRequest
+) -> None:
+    proxy: FaultProxy | None = request.getfixturevalue("process_proxy") if proxied else None
     certs = issue(tmp_path / "certs")
     b = start(BrokerConfig(data_dir=tmp_path / "data", exchange_port=0,
                            tls_cert=certs.cert, tls_key=certs.key))  # fmt: skip
@@ -198,6 +202,8 @@ def test_over_tls_the_client_takes_the_port_with_its_tls_settings(tmp_path: Path
         with BlockingProducer(b.address, tls=TLSConfig(ca_file=certs.ca)) as producer:
             producer.send(Message("orders", b"private", sharding_key="k"))
             assert only_on_the_port(b)
+            if proxy is not None:  # TLS started inside the proxy's tunnel
+                assert b.exchange_address in proxy.stats().targets
     finally:
         b.stop()
 
@@ -224,19 +230,6 @@ def test_the_port_is_reached_through_the_proxy_grpc_takes(
         consumer.shutdown()
     assert sorted(seen) == sorted(sent)  # each once
     in_key_order(seen, sent)
-
-
-def test_over_tls_through_a_proxy(tmp_path: Path, process_proxy: FaultProxy) -> None:
-    certs = issue(tmp_path / "certs")
-    b = start(BrokerConfig(data_dir=tmp_path / "data", exchange_port=0,
-                           tls_cert=certs.cert, tls_key=certs.key))  # fmt: skip
-    try:
-        with BlockingProducer(b.address, tls=TLSConfig(ca_file=certs.ca)) as producer:
-            producer.send(Message("orders", b"private", sharding_key="k"))
-            assert only_on_the_port(b)
-            assert b.exchange_address in process_proxy.stats().targets
-    finally:
-        b.stop()
 
 
 async def scripted_port(script: bytes) -> tuple[asyncio.Server, str]:

@@ -101,7 +101,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
         async with self._stream_of(context, "ExchangeBatched"):
             yield b""  # an ExchangeResponses with no answers
             try:
-                requests = _each_request(request_iterator)
+                requests = each_request(request_iterator)
                 async for batch in self.exchanges.serve_batches(requests, context.peer(), check):
                     yield join_repeated([answer.SerializeToString() for answer in batch])
             except BrokerError as exc:  # a request that did not parse ends the stream
@@ -699,7 +699,7 @@ def _pulled(got: GetResult, answer: pb.PullResponse) -> pb.PullResponse:
     return answer
 
 
-async def _each_request(
+async def each_request(
     messages: AsyncIterator[pb.ExchangeRequests | MalformedRequest],
 ) -> AsyncIterator[pb.ExchangeRequest | MalformedRequest]:
     """The requests of an ExchangeBatched stream's messages, one by one, in order."""
