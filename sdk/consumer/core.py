@@ -506,7 +506,10 @@ class ConsumerCore:
             if pq.dropped or queue in unanswered:
                 continue  # a broker that did not answer took nothing: the lease runs on
             if queue in epochs:
-                await self._apply_lock(queue, pq, epochs[queue], asked)
+                try:
+                    await self._apply_lock(queue, pq, epochs[queue], asked)
+                except OrderMQError as exc:  # the other queues' grants still count
+                    log.warning("taking %s at its new lock epoch failed: %s", queue, exc)
             elif pq.locked:
                 log_event(log, logging.WARNING, "lock.lost", f"lost the lock of {queue}",
                           group=self.group, topic=queue.topic, queue=queue.queue_id)  # fmt: skip

@@ -26,7 +26,7 @@ from sdk.consumer.listener import (
 )
 from sdk.consumer.process_queue import ProcessQueue
 from sdk.consumer.push_core import PushConsumerCore
-from sdk.errors import StaleEpochError
+from sdk.errors import BrokerError, StaleEpochError
 from sdk.message import MessageExt, MessageQueue
 from sdk.testing import FakeClock
 from tests.unit.fake_transport import FakeBroker, FakeTransport
@@ -465,6 +465,51 @@ def test_a_renewal_that_cannot_reach_the_broker_leaves_the_lease_running() -> No
         await core.shutdown()
 
     run(test)
+
+
+class OffsetReadFails(FakeTransport):
+    """Its committed-offset reads of the queues in `failing` fail (not retriably)."""
+
+    def __init__(self, broker: FakeBroker) -> None:
+        super().__init__(broker)
+        self.failing: set[MessageQueue] = set()
+
+    async def query_offset(self, group: str, queue: MessageQueue) -> int | None:
+        if queue in self.failing:
+            raise BrokerError("the fake broker failed to read the offset", code="INTERNAL")
+        return await super().query_offset(group, queue)
+
+
+def test_a_renewal_whose_offset_read_fails_for_one_queue_takes_the_others_grants() -> None:
+    """Both queues come back at new epochs; re-reading the first one's committed offset
+    fails. The second is taken at its new epoch in the same renewal (it was skipped, its
+    lease left to run out, while the first failed); the first waits for the next one."""
+    listener = Recorder()
+
+    async def test(broker: FakeBroker) -> None:
+        clock = broker.clock
+        transport = OffsetReadFails(broker)
+        core = consumer(broker, listener, transport)
+        await core.start()
+        await until(lambda: len(core._queues) == 2, "both queues held")
+        first, second = core._queues
+        epochs = {q: pq.lock_epoch for q, pq in core._queues.items()}
+        transport.failing.add(first)
+        broker.locks.release_client(core.client_id)  # the next renewal gets new epochs
+        clock.advance(20)
+        pq = core._queues[second]
+        await until(lambda: pq.lock_epoch != epochs[second], "the second queue's new epoch")
+        assert pq.locked
+        assert core._queues[first].lock_epoch == epochs[first], "taken without its offset"
+        assert not core._queues[first].locked
+        transport.failing.clear()
+        await run_clock(
+            clock, 1.0, 60, lambda: core._queues[first].locked, "the first queue, next time"
+        )
+        assert core._queues[first].lock_epoch != epochs[first]
+        await core.shutdown()
+
+    run(test, queues=2)
 
 
 def test_a_queue_moves_only_once_its_listener_call_returns_however_long_it_takes() -> None:
