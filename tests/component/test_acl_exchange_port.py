@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker import EmbeddedBroker
 from sdk import Credentials, LitePullConsumer, Message, MessageExt, Producer
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._transport.exchange import EXCHANGE_BATCHED_PATH
@@ -24,18 +24,14 @@ from sdk.errors import PermissionDeniedError
 from sdk.testing import FakeClock
 from tests.component.test_acl_grpc import ACL, ADMIN, CONSUMER, GROUP, PRODUCER, TOPIC, Snapshot
 from tests.component.test_acl_grpc import acl_file as write_acl
-from tests.component.test_exchange_port import PortClient, send
+from tests.component.test_exchange_port import PortClient, address, send
+from tests.component.test_exchange_port import start as start_with_port
+from tests.component.test_exchange_port_client import only_on_the_port
 from tests.support import wait_until
 
 
 def start(tmp_path: Path, text: str = ACL) -> EmbeddedBroker:
-    config = BrokerConfig(
-        data_dir=tmp_path / "data", acl_file=write_acl(tmp_path / "plain_acl.yml", text),
-        exchange_port=0, default_queues=1,
-    )  # fmt: skip
-    broker = EmbeddedBroker(config)
-    broker.start()
-    return broker
+    return start_with_port(tmp_path, acl_file=write_acl(tmp_path / "plain_acl.yml", text))
 
 
 @pytest.fixture
@@ -49,11 +45,6 @@ def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
         b.stop()
 
 
-def port_address(b: EmbeddedBroker) -> str:
-    assert b.exchange_address is not None
-    return b.exchange_address
-
-
 def hello(credentials: Credentials, at: float | None = None) -> pb.ExchangeRequests:
     clock = FakeClock(start=time.time() if at is None else at)
     return pb.ExchangeRequests(hello=signed_hello(credentials, clock, EXCHANGE_BATCHED_PATH))
@@ -63,6 +54,15 @@ def pull(rid: int) -> pb.ExchangeRequest:
     request = pb.PullRequest(group=GROUP, topic=TOPIC, queue_id=0, offset=0, max_messages=8,
                              max_bytes=1 << 20, tag_expression="*")  # fmt: skip
     return pb.ExchangeRequest(id=rid, pull=request)
+
+
+async def send_answer(address: str, opening: pb.ExchangeRequests) -> pb.ExchangeResponse:
+    """The answer to a send that rides in `opening`, the connection's first frame."""
+    async with PortClient.open(address) as client:
+        await client.greeted()
+        opening.requests.append(send(1, b"a"))
+        client.write_frame(opening.SerializeToString())
+        return (await client.answers(1))[1]
 
 
 async def refusal(address: str, opening: pb.ExchangeRequests | None) -> pb.ExchangeError:
@@ -85,7 +85,7 @@ def test_a_signed_hello_is_served_and_each_request_checked_as_its_rpc(
     before = Snapshot(broker)
 
     async def main() -> None:
-        async with PortClient.open(port_address(broker)) as client:
+        async with PortClient.open(address(broker)) as client:
             await client.greeted()
             opening = hello(PRODUCER)
             opening.requests.extend([send(1, b"a"), pull(2)])
@@ -117,7 +117,7 @@ def test_a_hello_the_acl_refuses_ends_the_connection_and_nothing_is_stored(
     broker: EmbeddedBroker, opening: Callable[[], pb.ExchangeRequests], words: str
 ) -> None:
     before = Snapshot(broker)
-    error = asyncio.run(refusal(port_address(broker), opening()))
+    error = asyncio.run(refusal(address(broker), opening()))
     assert error.code == "UNAUTHENTICATED" and words in error.message, error
     assert "secret" not in error.message.replace("secret key", "")
     assert Snapshot(broker) == before
@@ -129,65 +129,44 @@ def test_a_client_that_sends_no_hello_is_dropped_after_the_peer_wait(
     port = broker.broker.exchange_port
     assert port is not None
     port.peer_wait_seconds = 0.2
-    error = asyncio.run(refusal(port_address(broker), None))
+    error = asyncio.run(refusal(address(broker), None))
     assert error.code == "UNAUTHENTICATED" and "no hello within 0.2 s" in error.message
     wait_until(lambda: port.connections == 0, 10, "the connection closed")
 
 
 def test_a_global_white_address_needs_no_hello_signature(tmp_path: Path) -> None:
     b = start(tmp_path, "globalWhiteRemoteAddresses:\n  - 127.0.0.*\n" + ACL)
-
-    async def main() -> None:
-        async with PortClient.open(port_address(b)) as client:
-            await client.greeted()
-            client.write_frame(
-                pb.ExchangeRequests(hello=pb.ExchangeHello(), requests=[send(1, b"a")])
-                .SerializeToString()
-            )  # fmt: skip
-            assert (await client.answers(1))[1].send.first_queue_offset == 0
-
     try:
-        asyncio.run(main())
+        opening = pb.ExchangeRequests(hello=pb.ExchangeHello())
+        answer = asyncio.run(send_answer(address(b), opening))
+        assert answer.send.first_queue_offset == 0, answer
     finally:
         b.stop()
 
 
 def test_without_an_acl_the_hello_is_not_looked_at(tmp_path: Path) -> None:
-    b = EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "data", exchange_port=0))
-    b.start()
-
-    async def main() -> None:
-        async with PortClient.open(port_address(b)) as client:
-            await client.greeted()
-            opening = hello(Credentials("producer-key", "wrong-one"))
-            opening.requests.append(send(1, b"a"))
-            client.write_frame(opening.SerializeToString())
-            assert (await client.answers(1))[1].send.first_queue_offset == 0
-
+    b = start_with_port(tmp_path)
     try:
-        asyncio.run(main())
+        opening = hello(Credentials("producer-key", "wrong-one"))
+        answer = asyncio.run(send_answer(address(b), opening))
+        assert answer.send.first_queue_offset == 0, answer
     finally:
         b.stop()
 
 
 # ---------------------------------------------------------------- the SDK's clients
-def on_the_port(b: EmbeddedBroker) -> bool:
-    port = b.broker.exchange_port
-    return port is not None and b.broker.exchange_streams == port.connections > 0
-
-
 def test_clients_with_credentials_produce_and_consume_on_the_port(
     broker: EmbeddedBroker,
 ) -> None:
     with Producer(broker.address, credentials=PRODUCER) as p:
         p.send(Message(TOPIC, b"m2", sharding_key="k"))
-        assert on_the_port(broker)
+        assert only_on_the_port(broker)
     consumer = LitePullConsumer(GROUP, broker.address, credentials=CONSUMER, auto_commit=False)
     consumer.subscribe(TOPIC)
     with consumer:
         got: list[MessageExt] = []
         wait_until(lambda: bool(got.extend(consumer.poll(0.2))) or len(got) >= 3, what="3")
-        assert on_the_port(broker)
+        assert only_on_the_port(broker)
     assert [m.body for m in got] == [b"m0", b"m1", b"m2"]
 
 
@@ -196,7 +175,7 @@ def test_a_sub_only_account_cannot_send_on_the_port(broker: EmbeddedBroker) -> N
     with Producer(broker.address, credentials=CONSUMER) as p:
         with pytest.raises(PermissionDeniedError) as e:
             p.send(Message(TOPIC, b"refused", sharding_key="k"))
-        assert on_the_port(broker)
+        assert only_on_the_port(broker)
     assert "'consumer-key'" in str(e.value) and "PUB" in str(e.value)
     assert not e.value.retriable
     assert Snapshot(broker) == before
