@@ -14,7 +14,11 @@ UNIMPLEMENTED, and the requests go on an Exchange stream instead), the writer pu
 request made while it wrote the previous message into the next one, and the broker does
 the same with its answers: a stream message costs about what a request did, whatever it
 carries. When the broker's route names its Exchange port (framed TCP, no gRPC), the same
-messages go there (sdk/_transport/exchange_port.py), back on gRPC should it not answer.
+messages go there (sdk/_transport/exchange_port.py): the port is connected beside the gRPC
+stream, which carries the requests until the broker greets on the port, and all of them
+should it not answer (a firewall, a NAT that maps only the gRPC port). Requests made
+after the move to the port may overtake ones made before it, still in flight on gRPC:
+the producer never has two requests of one queue in flight, so its per-queue order holds.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ class ExchangeUnsupportedError(Exception):
 class _PortUnavailableError(Exception):
     """The broker's Exchange port could not be reached: the stream was never greeted.
 
-    It served none of the requests, which go on a gRPC stream instead.
+    No request was written on it: they went on a gRPC stream.
     """
 
 
@@ -104,6 +108,9 @@ class Exchange:
         #: this connection), and the one the broker offered.
         self._open_port: OpenPort | None = None
         self._port_opener: OpenPort | None = None
+        #: A stream on the port being connected beside the current one; it takes over
+        #: once the broker greets on it.
+        self._port_attempt: _Stream | None = None
         self._fallback_watch: asyncio.Task[None] | None = None
         #: Asks whether the broker serves Exchange, once ExchangeBatched was refused.
         self._probe: asyncio.Task[None] | None = None
@@ -118,10 +125,12 @@ class Exchange:
     def use_port(self, opener: OpenPort) -> None:
         """Open the next streams with `opener`, on the broker's Exchange port.
 
-        Should the port not answer, the requests go on gRPC, for as long as the connection
-        that learned it lasts (then the port is tried again).
+        The port is connected at once, beside gRPC. Should it not answer, the requests go
+        on gRPC, for as long as the connection that learned it lasts (then the port is
+        tried again).
         """
         self._open_port = self._port_opener = opener
+        self._try_port()
 
     @property
     def supported(self) -> bool:
@@ -171,7 +180,7 @@ class Exchange:
         try:
             async with asyncio.timeout_at(deadline):
                 answer = await future
-        except (_BatchingUnsupportedError, _PortUnavailableError):  # on another stream
+        except _BatchingUnsupportedError:  # on another stream
             left = None if deadline is None else deadline - asyncio.get_running_loop().time()
             return await self._call(envelope, None if left is None else max(0.0, left))
         except TimeoutError:
@@ -199,7 +208,9 @@ class Exchange:
 
         Waits up to `timeout` for the broker to be reachable (BrokerUnavailableError);
         ExchangeUnsupportedError when the broker is known to have no Exchange. The
-        broker's refusal comes from the subscription's first `next()`.
+        broker's refusal comes from the subscription's first `next()`. A subscription
+        stays on the stream it was opened on: while the port is being connected, it
+        waits for it (within `timeout`; then it goes on gRPC).
         """
         if self._probe is not None:
             await self._probed(envelope, timeout)
@@ -209,6 +220,10 @@ class Exchange:
             await self._connect(envelope, timeout)
             if self._learning():
                 return await self.subscribe(envelope, timeout)
+        attempt = self._try_port()
+        if attempt is not None:
+            assert attempt.greeted is not None
+            await asyncio.wait([attempt.greeted], timeout=timeout)
         stream = self._stream_for(envelope)
         if stream.greeted is not None:
             # A subscription is answered many times: it starts on a stream the broker
@@ -216,7 +231,7 @@ class Exchange:
             try:
                 async with asyncio.timeout(timeout):
                     await asyncio.shield(stream.greeted)
-            except (_BatchingUnsupportedError, _PortUnavailableError):
+            except _BatchingUnsupportedError:
                 return await self.subscribe(envelope, timeout)  # on another stream
             except TimeoutError:
                 raise _unavailable(
@@ -289,16 +304,40 @@ class Exchange:
         if self._closed:
             raise ClientStateError(f"the client of {self._target} is closed")
         stream = self._stream
-        if stream is None and self._open_port is not None and self._supported:
-            port = self._open_port()
-            stream = self._stream = _Stream(port, self._target, self._ended, True, port=True)
-        elif stream is None:
+        if stream is None:
             opener = self._open_batched
             call = opener(None) if opener is not None else self._open_stream(None)
             stream = self._stream = _Stream(call, self._target, self._ended, opener is not None)
+            self._try_port()
         self._last_id += 1
         envelope.id = self._last_id
         return stream
+
+    def _try_port(self) -> _Stream | None:
+        """The stream on the port being connected, started unless on it already; or None.
+
+        Requests go on as they do until the broker greets on it: then it is the stream,
+        and the one before ends once nothing on it awaits an answer.
+        """
+        if self._port_attempt is not None or self._open_port is None or self._closed:
+            return self._port_attempt
+        if self._stream is not None and self._stream.port:
+            return None
+        attempt = _Stream(self._open_port(), self._target, self._ended, True, port=True)
+        self._port_attempt = attempt
+        assert attempt.greeted is not None
+        attempt.greeted.add_done_callback(functools.partial(self._port_greeted, attempt))
+        return attempt
+
+    def _port_greeted(self, attempt: _Stream, greeted: asyncio.Future[None]) -> None:
+        if self._port_attempt is not attempt:
+            return  # ended meanwhile (_ended)
+        self._port_attempt = None
+        if greeted.cancelled() or greeted.exception() is not None or attempt.ended:
+            return  # _ended took what it tells
+        previous, self._stream = self._stream, attempt
+        if previous is not None:
+            previous.retire()
 
     async def _connect(self, envelope: pb.ExchangeRequest, timeout: float) -> None:
         """Wait up to `timeout` for the broker to be reachable before opening a stream.
@@ -337,15 +376,17 @@ class Exchange:
         if probe is not None:
             probe.cancel()
             await asyncio.gather(probe, return_exceptions=True)
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            await stream.close(
-                functools.partial(ClientStateError, f"the client of {self._target} was closed")
-            )
+        closed = functools.partial(ClientStateError, f"the client of {self._target} was closed")
+        for stream in (self._stream, self._port_attempt):
+            if stream is not None:
+                await stream.close(closed)
+        self._stream = self._port_attempt = None
 
     def _ended(self, stream: _Stream, error: Exception) -> None:
         if self._stream is stream:
             self._stream = None
+        if self._port_attempt is stream:
+            self._port_attempt = None
         if isinstance(error, ExchangeUnsupportedError):
             log.info("%s: %s; using unary Send and Pull", self._target, error)
             self._supported = False
@@ -489,6 +530,7 @@ class _Stream:
         self._unwritten: set[int] = set()  # requests in the outbox, not yet written
         self._subscriptions: dict[int, ExchangeSubscription] = {}
         self._ended = False
+        self._retired = False
         self._loop = asyncio.get_running_loop()
         #: ExchangeBatched: done once the broker's greeting came (failed if the stream ended
         #: before: with _BatchingUnsupportedError when the broker does not serve it).
@@ -498,6 +540,26 @@ class _Stream:
             self.greeted.add_done_callback(_retrieved)
         self._writer = self._loop.create_task(self._write(), name=f"exchange-writer-{target}")
         self._reader = self._loop.create_task(self._read(), name=f"exchange-reader-{target}")
+
+    @property
+    def port(self) -> bool:
+        """Whether this is a connection to the broker's Exchange port."""
+        return self._port
+
+    @property
+    def ended(self) -> bool:
+        """Whether the stream has ended (it takes no more requests)."""
+        return self._ended
+
+    def retire(self) -> None:
+        """End the stream once nothing on it awaits an answer: another took its place."""
+        self._retired = True
+        self._end_if_idle()
+
+    def _end_if_idle(self) -> None:
+        if self._retired and not self._pending and not self._subscriptions:
+            self._end(functools.partial(_unavailable, f"the Exchange stream to {self._target} "
+                                        "was replaced"))  # fmt: skip
 
     def submit(self, envelope: pb.ExchangeRequest) -> asyncio.Future[pb.ExchangeResponse]:
         """Queue `envelope` for writing; the future of its answer."""
@@ -526,6 +588,7 @@ class _Stream:
         """Forget subscription `rid` and tell the broker to end it."""
         if self._subscriptions.pop(rid, None) is not None and not self._ended:
             self._outbox.put_nowait(pb.ExchangeRequest(id=rid, cancel=pb.ExchangeCancel()))
+            self._end_if_idle()
 
     def abandon(self, rid: int, future: asyncio.Future[pb.ExchangeResponse]) -> None:
         """Forget request `rid`, so that the broker does not act on it.
@@ -541,6 +604,7 @@ class _Stream:
             self._unwritten.discard(rid)  # the writer skips it
         else:
             self._outbox.put_nowait(pb.ExchangeRequest(id=rid, cancel=pb.ExchangeCancel()))
+        self._end_if_idle()
 
     async def close(self, error: ErrorFactory) -> None:
         """End the stream, failing what awaits an answer with `error()`, and await its tasks."""
@@ -668,9 +732,12 @@ class _Stream:
         if subscription is not None:
             if not answer.HasField("pull"):
                 del self._subscriptions[answer.id]  # its last answer
+                self._end_if_idle()
             subscription._deliver(answer)
             return
         future = self._pending.pop(answer.id, None)
+        if self._retired:
+            self._end_if_idle()
         if future is None or future.done():
             return  # abandoned by its caller
         if answer.HasField("error"):

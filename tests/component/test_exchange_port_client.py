@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -62,8 +64,15 @@ def port_of(broker: EmbeddedBroker) -> ExchangePort:
 
 
 def only_on_the_port(broker: EmbeddedBroker) -> bool:
-    """Every Exchange stream the broker serves is a connection to its port."""
-    return broker.broker.exchange_streams == port_of(broker).connections > 0
+    """Every Exchange stream the broker serves is a connection to its port, now or within
+    WAIT: a gRPC stream a client began on ends once its port stream took over and the
+    gRPC stream's last answer came."""
+    deadline = time.monotonic() + WAIT
+    while not broker.broker.exchange_streams == port_of(broker).connections > 0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def send_keys(producer: BlockingProducer, round_: int, per_key: int = 5) -> list[str]:
@@ -129,38 +138,140 @@ def test_a_lite_pull_consumer_polls_through_the_port(broker: EmbeddedBroker) -> 
         consumer.shutdown()
 
 
+async def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
 @pytest.mark.parametrize("port", ["refused", "silent"])
-def test_sends_go_back_to_grpc_when_the_port_cannot_be_reached(
+def test_sends_go_on_grpc_while_the_port_cannot_be_reached(
     tmp_path: Path, port: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A route naming a port nothing listens on, or one that takes the connection and
-    says nothing (a firewall, a proxy that passes only gRPC): the requests made meanwhile
-    go on ExchangeBatched, once each, and so do the next ones for as long as that
-    connection lasts."""
-    monkeypatch.setattr(exchange_port, "CONNECT_SECONDS", 0.3)
+    says nothing (a firewall, a proxy that passes only gRPC): the requests go on
+    ExchangeBatched meanwhile, none waiting for the port, once each; once the port is
+    given up (refused at once, silent after CONNECT_SECONDS), the next requests go there
+    too, for as long as that connection lasts."""
     b = start(BrokerConfig(data_dir=tmp_path / "data", default_queues=4))  # no port
 
-    async def main() -> list[int]:
-        silent, address = await scripted_port(b"")  # takes the preamble, never greets
-        if port == "refused":
-            silent.close()
-            address = "127.0.0.1:1"
+    async def sends(address: str) -> list[int]:
         async with Producer(b.address) as producer:
             client = producer._core._transport.client(b.address)  # type: ignore[attr-defined]
             client.use_exchange_port(address)
             results = await asyncio.gather(
                 *(producer.send(Message("orders", b"m%d" % i, sharding_key="k")) for i in range(6))
             )
+            if port == "silent":
+                assert client._exchange._port_attempt is not None, "the sends waited for it"
+            await until(lambda: client._exchange._open_port is None, "the port given up")
             again = await producer.send(Message("orders", b"later", sharding_key="k"))
-            assert client._exchange._open_port is None, "the port is tried again meanwhile"
             assert b.broker.exchange_streams == 1  # the producer's, on gRPC
-        silent.close()
         return [r.queue_offset for r in [*results, again]]
 
+    async def main() -> list[int]:
+        silent, address = await scripted_port(b"")  # takes the preamble, never greets
+        if port == "refused":
+            silent.close()
+            address = "127.0.0.1:1"
+        try:
+            return await sends(address)
+        finally:
+            silent.close()
+
+    monkeypatch.setattr(exchange_port, "CONNECT_SECONDS", 2.0)
     try:
         assert asyncio.run(main()) == list(range(7))  # each stored once, in order
     finally:
         b.stop()
+
+
+def held_port(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """An event the clients' connections to a port wait for before they connect."""
+    opened = threading.Event()
+    connect = exchange_port._connect
+
+    async def held(*args: object) -> object:
+        while not opened.is_set():
+            await asyncio.sleep(0.005)
+        return await connect(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(exchange_port, "_connect", held)
+    return opened
+
+
+def test_sends_move_to_the_port_once_it_greets(
+    broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sends made while the port connects go on gRPC; once the broker greets on the
+    port, the next go there, and the gRPC stream ends after its last answer. Sends in
+    flight across the move are stored once each, every key's in the order sent."""
+    opened = held_port(monkeypatch)
+    keys = [f"k{n}" for n in range(8)]
+
+    async def main() -> list[str]:
+        async with Producer(broker.address) as producer:
+            sent = []
+            for n in range(8):  # one after another, on gRPC
+                body = f"{keys[n]}:{n // 8}"
+                await producer.send(Message("orders", body.encode(), sharding_key=keys[n]))
+                sent.append(body)
+            assert (broker.broker.exchange_streams, port_of(broker).connections) == (1, 0)
+            bodies = [f"{keys[n % 8]}:{n // 8}" for n in range(8, 800)]
+            moving = [
+                asyncio.ensure_future(producer.send(Message("orders", body.encode(),
+                                                            sharding_key=body.split(":")[0])))
+                for body in bodies
+            ]  # fmt: skip
+            opened.set()  # the port connects while these are in flight
+            await asyncio.gather(*moving)
+            sent += bodies
+            await until(lambda: broker.broker.exchange_streams == port_of(broker).connections,
+                        "the gRPC stream ended")  # fmt: skip
+            return sent
+
+    sent = asyncio.run(main())
+    consumer = LitePullConsumer("check", broker.address)
+    consumer.subscribe("orders", "*")
+    consumer.start()
+    try:
+        seen = poll_all(consumer, len(sent), "all stored")
+    finally:
+        consumer.shutdown()
+    assert sorted(seen) == sorted(sent)  # each once
+    for key in keys:
+        assert [b for b in seen if b.startswith(key + ":")] == [
+            b for b in sent if b.startswith(key + ":")
+        ], key
+
+
+def test_a_push_subscription_waits_for_the_port_being_connected(
+    broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subscription stays on the stream it was opened on: one made while the port
+    connects waits for it, so that a push consumer does not stay on gRPC."""
+    opened = held_port(monkeypatch)
+    with BlockingProducer(broker.address) as producer:
+        sent = send_keys(producer, 0)
+    assert port_of(broker).connections == 0
+    listener = Recorder()
+    consumer = PushConsumer(
+        "g", broker.address, config=PushConsumerConfig(delivery="push"),
+        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
+    )  # fmt: skip
+    consumer.subscribe("orders", "*")
+    consumer.register_message_listener(listener)
+    consumer.start()
+    try:
+        time.sleep(0.3)  # the consumer locks its queues and subscribes meanwhile
+        assert listener.distinct() == []
+        opened.set()
+        wait_until(lambda: len(listener.distinct()) == len(sent), WAIT, "all consumed")
+        assert only_on_the_port(broker)
+        in_key_order(listener.distinct(), sent)
+    finally:
+        consumer.shutdown()
 
 
 def test_the_port_is_used_again_after_a_broker_restart(tmp_path: Path) -> None:
