@@ -45,12 +45,14 @@ class BrokerConfig:
             `heartbeat_interval` (a client that merely reconnected heartbeats within
             it) and at least their `lock_lease` (a client cut off from the broker stops
             consuming within its lease, before its queues are given away).
-        keepalive_seconds: The broker pings a client connection (gRPC and the v2 front)
-            it has read nothing on for this long, and closes it when the ping is not
-            answered within as long: a connection gone silent (a client's host gone
-            without a reset, a NAT or a firewall that forgot it) and what it held (its
-            streams, push subscriptions) go within twice this, not when TCP gives up.
-            Clients answer pings by themselves, even while their process is busy.
+        keepalive_seconds: The broker pings a client connection (gRPC, the v2 front and
+            the Exchange port) it has read nothing on for this long, and closes it when
+            the ping is not answered within as long: a connection gone silent (a
+            client's host gone without a reset, a NAT or a firewall that forgot it) and
+            what it held (its streams, push subscriptions) go within twice this, not
+            when TCP gives up. gRPC clients answer pings by themselves, even while their
+            process is busy; ordermq's clients answer the Exchange port's on their event
+            loop.
         metrics_port: Serve Prometheus metrics at http://host:PORT/metrics, and health
             checks at /healthz (liveness) and /readyz (readiness: 503 while starting or
             recovering, or once the store refuses writes) (None: off; 0 picks a free port).

@@ -24,8 +24,12 @@ with its error. Without an ACL the hello is ignored. As on the other fronts, no 
 a peer is unbounded: a client that connects and sends no preamble, or stops reading what
 it is sent, is dropped after `peer_wait_seconds`; past `max_connections` open
 connections, or `max_connections_per_host` from one address, a new connection is closed
-as soon as it is accepted; idle connections are probed by TCP keepalive
-(`keepalive_seconds`) and closed by the kernel when the peer is gone.
+as soon as it is accepted. A connection the broker has read nothing on for
+`keepalive_seconds` is pinged (a frame of ExchangeResponses.ping), and closed if nothing
+comes within `keepalive_seconds` more: a peer gone silent (a cable cut, a NAT that forgot
+the connection, a proxy that stopped passing it) ends its streams and push
+subscriptions, as the gRPC front's pings end its connections. A client's ping is
+answered with a pong at once; clients ping the broker the same way.
 """
 
 from __future__ import annotations
@@ -72,6 +76,20 @@ MAX_FRAME_BYTES = GRPC_MAX_MESSAGE_BYTES
 def frame(body: bytes) -> bytes:
     """`body` with its length in front, as it goes on the wire."""
     return _LENGTH.pack(len(body)) + body
+
+
+#: The broker's keepalive frames (ExchangeResponses.ping and .pong).
+PING = frame(pb.ExchangeResponses(ping=True).SerializeToString())
+PONG = frame(pb.ExchangeResponses(pong=True).SerializeToString())
+
+
+class _LastRead:
+    """When a frame was last read from a connection (on the broker's clock)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: float) -> None:
+        self.at = at
 
 
 def connection_error(exc: BrokerError) -> bytes:
@@ -208,7 +226,11 @@ class ExchangePort:
             return
         self.accepted_connections += 1
         await self._write(writer, frame(b""))  # the greeting
-        frames = self._frames(reader)
+        last_read = _LastRead(asyncio.get_running_loop().time())
+        connection = asyncio.current_task()
+        assert connection is not None
+        keepalive = asyncio.ensure_future(self._keep_alive(writer, last_read, client, connection))
+        frames = self._frames(reader, writer, last_read)
         try:
             check, first = await self._opening(frames, host)
             requests = each_request(self._after(first, frames))
@@ -217,6 +239,36 @@ class ExchangePort:
                 await self._write(writer, frame(body))
         except BrokerError as exc:  # a refused hello or a frame that did not parse
             await self._write(writer, connection_error(exc))
+        finally:
+            keepalive.cancel()
+
+    async def _keep_alive(
+        self,
+        writer: asyncio.StreamWriter,
+        last_read: _LastRead,
+        client: str,
+        connection: asyncio.Task[None],
+    ) -> None:
+        """Ping the peer after `keepalive_seconds` of silence; drop it if it stays silent.
+
+        On the loop's time, as gRPC's pings are on real time: a test's fake clock jumping
+        ahead must not drop connections.
+        """
+        interval, loop = self._keepalive, asyncio.get_running_loop()
+        while True:
+            quiet = loop.time() - last_read.at
+            if quiet < interval:
+                await asyncio.sleep(interval - quiet)
+                continue
+            pinged = loop.time()
+            writer.write(PING)
+            await asyncio.sleep(interval)
+            if last_read.at < pinged:
+                log.info("Exchange port: %s answered no ping within %g s; closing", client,
+                         interval)  # fmt: skip
+                writer.transport.abort()
+                connection.cancel()  # its stream ends, push subscriptions and all
+                return
 
     async def _opening(
         self, frames: AsyncIterator[pb.ExchangeRequests | MalformedRequest], host: str
@@ -260,14 +312,15 @@ class ExchangePort:
             yield message
 
     async def _frames(
-        self, reader: asyncio.StreamReader
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, last_read: _LastRead
     ) -> AsyncIterator[pb.ExchangeRequests | MalformedRequest]:
-        """The client's frames, parsed, until its end of input.
+        """The client's frames, parsed, until its end of input; pings answered, not given.
 
         A frame over the limit or that does not parse is the last thing read: it comes
         as a MalformedRequest, which ends the stream once what came before is answered.
         """
         limit, parse = self.max_frame_bytes, deserializer(pb.ExchangeRequests)
+        now = asyncio.get_running_loop().time
         cut_off = MalformedRequest(invalid("FRAME_CUT_OFF", "the input ended in a frame"))
         while True:
             try:
@@ -287,7 +340,12 @@ class ExchangePort:
             except asyncio.IncompleteReadError:
                 yield cut_off
                 return
+            last_read.at = now()
             assert isinstance(message, (pb.ExchangeRequests, MalformedRequest))
+            if isinstance(message, pb.ExchangeRequests) and (message.ping or message.pong):
+                if message.ping:
+                    await self._write(writer, PONG)
+                continue
             yield message
             if isinstance(message, MalformedRequest):
                 return

@@ -9,7 +9,10 @@ next ExchangeResponses, `cancel` ends it; what ends the connection is raised as 
 status it stands for (an AioRpcError), so the stream ends its requests as it would on
 gRPC. The wire: docs/wire-format.md, "The Exchange port". A connection goes through the
 HTTP CONNECT proxy that gRPC's channels take to the same host, if any
-(sdk/_transport/http_proxy.py).
+(sdk/_transport/http_proxy.py). A connection the client has read nothing on for
+GRPC_KEEPALIVE_MS is pinged, and dropped (UNAVAILABLE) if nothing comes within as long
+again, as a gRPC channel's keepalive does: a silent peer does not hold its requests until
+their deadlines, one after another.
 """
 
 from __future__ import annotations
@@ -23,21 +26,24 @@ from typing import Any
 
 import grpc
 
+from sdk import _wire
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._transport.http_proxy import open_tunnel, proxy_for
-from sdk._wire import (
-    EXCHANGE_PORT_PREAMBLE,
-    GRPC_KEEPALIVE_MS,
-    GRPC_MAX_MESSAGE_BYTES,
-    set_tcp_keepalive,
-)
+from sdk._wire import EXCHANGE_PORT_PREAMBLE, GRPC_MAX_MESSAGE_BYTES, set_tcp_keepalive
 
 _LENGTH = struct.Struct(">I")
 #: How long a connection to the port may take (TLS handshake and greeting included)
 #: before the stream is given up and the client goes back to gRPC.
 CONNECT_SECONDS = 5.0
-#: TCP keepalive: idle seconds before the first probe, as the gRPC client's keepalive.
-KEEPALIVE_SECONDS = GRPC_KEEPALIVE_MS / 1000
+
+
+def _framed(message: pb.ExchangeRequests) -> bytes:
+    body = message.SerializeToString()
+    return _LENGTH.pack(len(body)) + body
+
+
+_PING = _framed(pb.ExchangeRequests(ping=True))
+_PONG = _framed(pb.ExchangeRequests(pong=True))
 
 
 def _status(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -63,6 +69,12 @@ class PortCall:
         self._cancelled = False
         self._greeting_read = False
         self._writer: asyncio.StreamWriter | None = None
+        self._loop = asyncio.get_running_loop()
+        #: When a frame was last read (the loop's time), and the keepalive's task.
+        self._read_at = 0.0
+        self._keepalive: asyncio.Task[None] | None = None
+        #: The keepalive interval the peer stayed silent for, once it was dropped for it.
+        self._silent_for: float | None = None
         self._open_connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._opened = asyncio.ensure_future(self._open(tls, server_name, hello))
 
@@ -74,13 +86,13 @@ class PortCall:
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         host, _, port = self.address.rpartition(":")
         host = host.strip("[]")
+        keepalive = _wire.GRPC_KEEPALIVE_MS / 1000  # read at each connection, as gRPC's
         try:
             async with asyncio.timeout(CONNECT_SECONDS):
                 reader, writer = await _connect(host, int(port), tls, server_name)
                 self._writer = writer
-                set_tcp_keepalive(writer.get_extra_info("socket"), KEEPALIVE_SECONDS)
-                opening = pb.ExchangeRequests(hello=hello()).SerializeToString()
-                writer.write(EXCHANGE_PORT_PREAMBLE + _LENGTH.pack(len(opening)) + opening)
+                set_tcp_keepalive(writer.get_extra_info("socket"), keepalive)
+                writer.write(EXCHANGE_PORT_PREAMBLE + _framed(pb.ExchangeRequests(hello=hello())))
                 greeting = await reader.readexactly(_LENGTH.size)
         except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as exc:
             self._drop()
@@ -95,7 +107,25 @@ class PortCall:
                 f"{self.address} did not greet as an Exchange port",
             )
         self._open_connection = reader, writer
+        self._read_at = self._loop.time()
+        self._keepalive = asyncio.ensure_future(self._keep_alive(writer, keepalive))
         return reader, writer
+
+    async def _keep_alive(self, writer: asyncio.StreamWriter, interval: float) -> None:
+        """Ping after `interval` without a frame read; drop the connection if it stays silent."""
+        loop = self._loop
+        while True:
+            quiet = loop.time() - self._read_at
+            if quiet < interval:
+                await asyncio.sleep(interval - quiet)
+                continue
+            pinged = loop.time()
+            writer.write(_PING)
+            await asyncio.sleep(interval)
+            if self._read_at < pinged:
+                self._silent_for = interval
+                writer.transport.abort()  # the read under way fails: the stream ends
+                return
 
     async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self._open_connection is not None and not self._cancelled:
@@ -123,21 +153,27 @@ class PortCall:
 
         The first is the broker's greeting (no answers), read while connecting.
         """
-        reader, _ = await self._connection()
+        reader, writer = await self._connection()
         if not self._greeting_read:
             self._greeting_read = True
             return pb.ExchangeResponses()
-        try:
-            (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
-            if length > GRPC_MAX_MESSAGE_BYTES:
-                raise _status(
-                    grpc.StatusCode.INTERNAL,
-                    f"the Exchange port at {self.address} sent a frame of {length} bytes, over "
-                    f"the limit of {GRPC_MAX_MESSAGE_BYTES}",
-                )
-            message = pb.ExchangeResponses.FromString(await reader.readexactly(length))
-        except (OSError, asyncio.IncompleteReadError) as exc:
-            raise self._lost(exc) from None
+        while True:
+            try:
+                (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+                if length > GRPC_MAX_MESSAGE_BYTES:
+                    raise _status(
+                        grpc.StatusCode.INTERNAL,
+                        f"the Exchange port at {self.address} sent a frame of {length} bytes, "
+                        f"over the limit of {GRPC_MAX_MESSAGE_BYTES}",
+                    )
+                message = pb.ExchangeResponses.FromString(await reader.readexactly(length))
+            except (OSError, asyncio.IncompleteReadError) as exc:
+                raise self._lost(exc) from None
+            self._read_at = self._loop.time()
+            if not (message.ping or message.pong):
+                break
+            if message.ping:
+                writer.write(_PONG)
         if len(message.responses) == 1 and message.responses[0].id == 0:
             error = message.responses[0].error  # the connection's end, and why
             code = getattr(grpc.StatusCode, error.code, grpc.StatusCode.UNKNOWN)
@@ -148,9 +184,14 @@ class PortCall:
         if self._cancelled:
             return _status(grpc.StatusCode.CANCELLED, "the stream was cancelled")
         why = str(exc) or "the broker closed the connection"
+        if self._silent_for is not None:
+            why = f"no answer to a keepalive ping within {self._silent_for:g}s"
+        self._drop()
         return _status(grpc.StatusCode.UNAVAILABLE, f"Exchange port {self.address}: {why}")
 
     def _drop(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
         if self._writer is not None:
             self._writer.transport.abort()
 

@@ -62,15 +62,20 @@ class PortClient:
     def write_frame(self, body: bytes, length: int | None = None) -> None:
         self.writer.write(struct.pack(">I", len(body) if length is None else length) + body)
 
-    async def read(self) -> list[pb.ExchangeResponse] | None:
-        """The answers of the next frame; None at the end of the connection."""
+    async def message(self) -> pb.ExchangeResponses | None:
+        """The next frame; None at the end of the connection."""
         async with asyncio.timeout(WAIT):
             try:
                 (length,) = struct.unpack(">I", await self.reader.readexactly(4))
                 body = await self.reader.readexactly(length)
             except asyncio.IncompleteReadError:
                 return None
-        return list(pb.ExchangeResponses.FromString(body).responses)
+        return pb.ExchangeResponses.FromString(body)
+
+    async def read(self) -> list[pb.ExchangeResponse] | None:
+        """The answers of the next frame; None at the end of the connection."""
+        message = await self.message()
+        return None if message is None else list(message.responses)
 
     async def greeted(self) -> None:
         assert await self.read() == [], "the broker's first frame carries no answer"
@@ -297,6 +302,46 @@ def test_over_tls_with_the_brokers_certificate(tmp_path: Path) -> None:
 def test_the_command_line_turns_it_on(tmp_path: Path) -> None:
     args = ["--data-dir", str(tmp_path), "--exchange-port", "0"]
     assert parse_args(args).exchange_port == 0
+
+
+def test_a_ping_is_answered_and_a_client_silent_after_the_brokers_ping_is_closed(
+    tmp_path: Path,
+) -> None:
+    """Keepalive: a client's ping gets a pong at once. The broker pings a connection it
+    has read nothing on for keepalive_seconds: one that answers stays open, one that
+    answers nothing within as long again is closed, its push subscription with it."""
+    b = start(tmp_path, keepalive_seconds=0.3)
+    ping = pb.ExchangeRequests(ping=True).SerializeToString()
+    pong = pb.ExchangeRequests(pong=True).SerializeToString()
+
+    async def main() -> None:
+        async with PortClient.open(address(b)) as answering, PortClient.open(address(b)) as silent:
+            await answering.greeted()
+            await silent.greeted()
+            answering.write(send(1, b"first"))
+            assert list(await answering.answers(1)) == [1]
+            silent.write(subscribe(1, credit=10))
+            answering.write_frame(ping)
+            answer = await answering.message()
+            assert answer is not None and answer.pong and not answer.responses
+            for _ in range(3):  # the broker's pings, each answered
+                answer = await answering.message()
+                assert answer is not None and answer.ping
+                answering.write_frame(pong)
+            answer = await silent.message()
+            assert answer is not None and [a.id for a in answer.responses] == [1]  # pushed
+            answer = await silent.message()
+            assert answer is not None and answer.ping
+            assert await silent.message() is None, "the silent client is closed"
+            answering.write(send(2, b"still open"))
+            assert list(await answering.answers(1)) == [2]
+
+    try:
+        asyncio.run(main())
+        assert subscriptions(b) == 0
+        assert stored(b) == [b"first", b"still open"]
+    finally:
+        b.stop()
 
 
 def test_a_client_that_stops_reading_is_dropped_and_holds_up_nobody(

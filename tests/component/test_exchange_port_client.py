@@ -7,7 +7,9 @@ the wire (PortCall) against scripted servers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,8 +29,10 @@ from sdk import (
     PushConsumer,
     PushConsumerConfig,
     TLSConfig,
+    _wire,
 )
 from sdk import Producer as BlockingProducer
+from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._transport import exchange_port
 from sdk._transport.exchange_port import PortCall
 from sdk._wire import EXCHANGE_PORT_PREAMBLE
@@ -374,6 +378,48 @@ def test_the_port_call_raises_the_connections_error_as_its_status() -> None:
             server.close()
 
     asyncio.run(main())
+
+
+def test_the_port_call_answers_pings_and_drops_a_port_that_answers_none_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Keepalive: the broker's ping is answered with a pong; after GRPC_KEEPALIVE_MS with
+    nothing read the client pings, and drops a connection that stays silent as long
+    again (a read under way fails as UNAVAILABLE, so the stream's requests are retried)."""
+    monkeypatch.setattr(_wire, "GRPC_KEEPALIVE_MS", 200)
+    received = bytearray()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(len(EXCHANGE_PORT_PREAMBLE))
+        writer.write(frame(b"") + frame(pb.ExchangeResponses(ping=True).SerializeToString()))
+        with contextlib.suppress(ConnectionError):
+            while chunk := await reader.read(65536):
+                received.extend(chunk)
+
+    async def main() -> None:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        call = PortCall(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", None, None)
+        try:
+            assert list((await call.read()).responses) == []  # the greeting
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await call.read()  # the ping is answered, not returned
+            assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "no answer to a keepalive ping within 0.2s" in (raised.value.details() or "")
+        finally:
+            call.cancel()
+            server.close()
+
+    asyncio.run(main())
+    frames, rest = [], bytes(received)
+    while rest:
+        (length,) = struct.unpack(">I", rest[:4])
+        frames.append(pb.ExchangeRequests.FromString(rest[4 : 4 + length]))
+        rest = rest[4 + length :]
+    assert [(f.HasField("hello"), f.pong, f.ping) for f in frames] == [
+        (True, False, False),  # the opening
+        (False, True, False),  # the pong
+        (False, False, True),  # the client's ping, never answered
+    ]
 
 
 def test_a_port_that_does_not_greet_is_unavailable_and_a_cancel_ends_a_read() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -23,6 +24,7 @@ from sdk import Message, Producer, ProducerConfig, _wire
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk.errors import OrderMQError
+from tests.component.test_exchange_port_client import only_on_the_port, port_of
 from tests.component.test_push_delivery import Recorder, consumer, send, subscriptions
 from tests.faultproxy import FaultProxy
 from tests.support import wait_until
@@ -32,15 +34,35 @@ KEEPALIVE_MS = 500
 PATIENCE = 15.0
 
 
+FRONTS = ["grpc", "exchange-port"]
+
+
+def keepalive_broker(tmp_path: Path, front: str, **config: Any) -> EmbeddedBroker:
+    """A broker whose clients use gRPC, or its Exchange port."""
+    port = 0 if front == "exchange-port" else None
+    return EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "broker", exchange_port=port,
+                                       **config))  # fmt: skip
+
+
+@pytest.mark.parametrize("front", FRONTS)
 def test_sends_go_on_over_a_new_connection_once_the_old_one_went_silent(
-    broker: EmbeddedBroker, process_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, front: str, process_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On the Exchange port, the client's own pings find the silence (TCP's keepalive
+    would not: the proxy's end of the connection still answers it)."""
     monkeypatch.setattr(_wire, "GRPC_KEEPALIVE_MS", KEEPALIVE_MS)
     config = ProducerConfig(send_timeout=1.0, retry_times=0, accumulator=None)
-    with Producer(broker.address, config=config) as producer:
+    with (
+        keepalive_broker(tmp_path, front) as broker,
+        Producer(broker.address, config=config) as producer,
+    ):
         producer.send(Message("orders", b"before", sharding_key="k"))
-        assert process_proxy.stats().connections == 1
-        assert process_proxy.silence() == 1
+        connections = 1
+        if front == "exchange-port":
+            assert only_on_the_port(broker)
+            connections = 2  # gRPC's and the port's
+        assert process_proxy.stats().connections == connections
+        assert process_proxy.silence() == connections
         failures: list[OrderMQError] = []
         given_up = time.monotonic() + PATIENCE
         while True:
@@ -53,15 +75,19 @@ def test_sends_go_on_over_a_new_connection_once_the_old_one_went_silent(
                     f"still failing {PATIENCE:g}s after the connection went silent: "
                     f"{failures[-1]!r} (and {len(failures) - 1} before)"
                 )
-        assert process_proxy.stats().connections == 2, "the send went on a new connection"
+        if front == "exchange-port":
+            assert only_on_the_port(broker), "the sends went on a new port connection"
+            assert port_of(broker).accepted_connections == 2
+        else:
+            assert process_proxy.stats().connections == 2, "the send went on a new connection"
 
 
+@pytest.mark.parametrize("front", FRONTS)
 def test_the_broker_drops_the_push_subscriptions_of_a_connection_gone_silent(
-    tmp_path: Path, process_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, front: str, process_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_wire, "GRPC_KEEPALIVE_MS", KEEPALIVE_MS)
-    config = BrokerConfig(data_dir=tmp_path / "broker", keepalive_seconds=KEEPALIVE_MS / 1000)
-    with EmbeddedBroker(config) as broker:
+    with keepalive_broker(tmp_path, front, keepalive_seconds=KEEPALIVE_MS / 1000) as broker:
         send(broker.address, 100)
         listener = Recorder()
         c = consumer(broker.address, listener)
@@ -69,6 +95,8 @@ def test_the_broker_drops_the_push_subscriptions_of_a_connection_gone_silent(
         try:
             wait_until(lambda: len(listener.bodies()) == 100, 30, "the first 100")
             assert len(subscriptions(broker)) == 8  # one per queue held
+            if front == "exchange-port":
+                assert only_on_the_port(broker)
             process_proxy.silence()
             send(broker.address, 100, start=100)  # on a connection of its own
             wait_until(lambda: len(listener.bodies()) == 200, PATIENCE, "the next 100")

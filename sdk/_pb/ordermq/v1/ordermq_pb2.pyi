@@ -2055,6 +2055,15 @@ class ExchangeRequests(_message.Message):
 
     REQUESTS_FIELD_NUMBER: _builtins.int
     HELLO_FIELD_NUMBER: _builtins.int
+    PING_FIELD_NUMBER: _builtins.int
+    PONG_FIELD_NUMBER: _builtins.int
+    ping: _builtins.bool
+    """Only on the Exchange port (gRPC has its own pings), each alone in a frame: a side
+    that has read nothing for its keepalive interval sends a ping, and closes the
+    connection if it reads nothing within another; the other side answers a ping with
+    a pong at once.
+    """
+    pong: _builtins.bool
     @_builtins.property
     def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ExchangeRequest]: ...
     @_builtins.property
@@ -2068,10 +2077,12 @@ class ExchangeRequests(_message.Message):
         *,
         requests: _abc.Iterable[Global___ExchangeRequest] | None = ...,
         hello: Global___ExchangeHello | None = ...,
+        ping: _builtins.bool = ...,
+        pong: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["hello", b"hello"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hello", b"hello", "requests", b"requests"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hello", b"hello", "ping", b"ping", "pong", b"pong", "requests", b"requests"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2117,16 +2128,23 @@ class ExchangeResponses(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RESPONSES_FIELD_NUMBER: _builtins.int
+    PING_FIELD_NUMBER: _builtins.int
+    PONG_FIELD_NUMBER: _builtins.int
+    ping: _builtins.bool
+    """Only on the Exchange port: keepalive, as ExchangeRequests' ping and pong."""
+    pong: _builtins.bool
     @_builtins.property
     def responses(self) -> _containers.RepeatedCompositeFieldContainer[Global___ExchangeResponse]: ...
     def __init__(
         self,
         *,
         responses: _abc.Iterable[Global___ExchangeResponse] | None = ...,
+        ping: _builtins.bool = ...,
+        pong: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["responses", b"responses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ping", b"ping", "pong", b"pong", "responses", b"responses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
