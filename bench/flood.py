@@ -37,7 +37,7 @@ from typing import Any
 import consuming as cw
 import workloads as wl
 from figures import Figure, Run
-from procs import BENCH, ServerProcess, broker_process
+from procs import BENCH, ServerProcess, broker_process, exchange_port_option
 from prometheus_client.parser import text_string_to_metric_families
 
 from sdk import (
@@ -281,8 +281,9 @@ async def measure(
         no_retention = ("--disk-high-ratio", "1", "--disk-force-ratio", "1",
                         "--disk-refuse-ratio", "1")  # fmt: skip
         metrics = ("--metrics-port", "0")  # the loop lag of each phase
-        # --exchange-port: the normal clients on the port, the flooder's raw requests on gRPC
-        port = ("--exchange-port", "0") if getattr(args, "exchange_port", False) else ()
+        # The normal clients on the port (unless --no-exchange-port), the flooder's raw
+        # requests on gRPC.
+        port = exchange_port_option(args)
         options = (*extra, *no_retention, *metrics, *port)
         with broker_process(data_dir, "async", extra=options) as broker:
             metrics_url = _metrics_url(broker)

@@ -160,6 +160,11 @@ def machine_busy_seconds() -> float | None:
     return (user + nice + system + irq + softirq + steal) / _TICKS
 
 
+def exchange_port_option(args: object) -> tuple[str, ...]:
+    """The broker option a run's `--no-exchange-port` asks for: the port off, or none (on)."""
+    return ("--exchange-port", "off") if getattr(args, "no_exchange_port", False) else ()
+
+
 def broker_process(
     data_dir: Path, flush_mode: str, profile: Path | None = None, extra: Sequence[str] = ()
 ) -> ServerProcess:

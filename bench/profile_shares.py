@@ -25,7 +25,7 @@ Workloads (the same inputs as bench/run.py):
 
     python bench/profile_shares.py                       # all three, ~1 minute
     python bench/profile_shares.py --only produce --seconds 10
-    python bench/profile_shares.py --exchange-port   # the clients on the broker's port
+    python bench/profile_shares.py --no-exchange-port   # the clients on gRPC, not the port
 
 py-spy comes with the `bench` extra (pip install -e '.[bench]'); it needs permission to
 ptrace the processes it samples (root, or kernel.yama.ptrace_scope 0).
@@ -49,7 +49,7 @@ from pathlib import Path
 
 import consuming as cw
 import workloads as wl
-from procs import ROOT, broker_process
+from procs import ROOT, broker_process, exchange_port_option
 
 from sdk import (
     AccumulatorConfig,
@@ -286,7 +286,7 @@ async def profile(name: str, args: argparse.Namespace, tmp: Path) -> tuple[dict[
     """Run workload `name` against a fresh broker: the broker's and the client's shares,
     and how many messages the workload sent or consumed."""
     data_dir = Path(tempfile.mkdtemp(dir=tmp))
-    extra = ("--exchange-port", "0") if args.exchange_port else ()
+    extra = exchange_port_option(args)
     with broker_process(data_dir, "async", extra=extra) as broker:
         assert broker.proc is not None
         trial = None
@@ -345,10 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     ap.add_argument("--output", type=Path, default=RESULTS / "profile.json")
     ap.add_argument(
-        "--exchange-port",
+        "--no-exchange-port",
         action="store_true",
-        help="start the broker with its Exchange port: the clients' sends, pulls and "
-        "subscriptions go over framed TCP instead of gRPC",
+        help="start the broker without its Exchange port: the clients' sends, pulls and "
+        "subscriptions go over gRPC instead of framed TCP",
     )
     ap.add_argument("--keep", type=Path, help="keep py-spy's raw stacks in this directory")
     args = ap.parse_args(argv)

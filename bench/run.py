@@ -115,7 +115,14 @@ from figures import (
     peer_produce,
     table,
 )
-from procs import ROOT, ServerProcess, broker_process, floor_process, machine_busy_seconds
+from procs import (
+    ROOT,
+    ServerProcess,
+    broker_process,
+    exchange_port_option,
+    floor_process,
+    machine_busy_seconds,
+)
 
 from sdk import (
     AccumulatorConfig,
@@ -250,9 +257,9 @@ class Bench:
         data_dir = self._data_dir(name)
         if self.args.console:
             extra = (*extra, *cons.CONSOLE_OPTIONS)
-        if self.args.exchange_port:
-            extra = (*extra, "--exchange-port", "0")
-            self.facts["exchange_port"] = True
+        if "--exchange-port" not in extra:
+            extra = (*extra, *exchange_port_option(self.args))
+            self.facts["exchange_port"] = not self.args.no_exchange_port
         try:
             with broker_process(data_dir, flush_mode, profile, extra) as broker:
                 if not self.args.console:
@@ -1417,7 +1424,8 @@ class Bench:
         warmup = wl.make_singles(max(wl.QUEUES * wl.CALLERS, min(2000, count // 10)))
         self.say("stream: starting a broker")
         with (
-            self._broker("stream", "async") as broker,
+            # ExchangeBatched against Exchange: both on gRPC, so the port is off
+            self._broker("stream", "async", ("--exchange-port", "off")) as broker,
             st.counting() as written,
             st.forcing(),
         ):
@@ -2267,11 +2275,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--quiet", action="store_true", help="print only the table")
     p.add_argument(
-        "--exchange-port",
+        "--no-exchange-port",
         action="store_true",
-        help="start every broker with its Exchange port (--exchange-port 0): the clients' "
-        "sends, pulls and subscriptions go over framed TCP instead of gRPC (compare with a "
-        "run without)",
+        help="start every broker without its Exchange port (--exchange-port off): the "
+        "clients' sends, pulls and subscriptions go over gRPC's ExchangeBatched instead of "
+        "framed TCP (compare with a run without)",
     )
     p.add_argument(
         "--console",

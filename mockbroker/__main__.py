@@ -20,6 +20,16 @@ from sdk.errors import CorruptFileError
 from sdk.log import JsonFormatter
 
 
+def _port_or_off(text: str) -> int | None:
+    """A port number, or None for 'off'."""
+    if text == "off":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number or 'off'") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line's options; every one has help, defaults from BrokerConfig."""
     d = BrokerConfig()
@@ -127,10 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--exchange-port",
-        type=int,
-        default=None,
+        type=_port_or_off,
+        default=d.exchange_port,
         help="also serve ordermq's Exchange stream (sends, pulls, push delivery) over "
-        "framed TCP on this port (default: off; 0 picks a free one)",
+        "framed TCP on this port; routes name it, and ordermq's clients use it where they "
+        "can reach it (default 0: a free one; 'off': none)",
     )
     p.add_argument(
         "--v2-port",

@@ -98,8 +98,11 @@ class BrokerConfig:
             event loop go round (read sockets, answer, see who else waits).
         exchange_port: Also serve ordermq's Exchange stream (sends, pulls, push
             subscriptions) over framed TCP on this port, without gRPC's per-request cost
-            (None: off; 0 picks a free port); TLS and `acl_file` as on gRPC (clients sign
-            their connection's first frame). The wire: docs/wire-format.md.
+            (0, the default: a free port; None: off). Routes name it; ordermq's clients
+            connect to it beside gRPC and move there once it answers, staying on gRPC
+            where it cannot be reached (give it a fixed port to open it through a
+            firewall). TLS and `acl_file` as on gRPC (clients sign their connection's
+            first frame). The wire: docs/wire-format.md.
         v2_port: Also serve RocketMQ 5's gRPC API (apache.rocketmq.v2.MessagingService, for
             RocketMQ 5's official clients) on this port (None: off; 0 picks a free one, see
             `v2_address` once started). Producers and consumers (receive, ack, change
@@ -233,7 +236,7 @@ class BrokerConfig:
     remoting_max_connections: int = 4096
     remoting_max_connections_per_host: int = 1024
     v2_port: int | None = None
-    exchange_port: int | None = None
+    exchange_port: int | None = 0
     pop_max_in_flight: int = 1024
     pop_max_delivery_attempts: int = 17
     transaction_timeout_seconds: float = 6.0

@@ -84,6 +84,11 @@ class LineReader:
         return found[0]
 
 
+def _given(args: tuple[str, ...] | list[str], option: str) -> bool:
+    """Whether `args` turn a front's `option` on (a port, not 'off')."""
+    return option in args and args[args.index(option) + 1] != "off"
+
+
 class BrokerProcess:
     """`python -m mockbroker` in a child process, started and waited for by its ready line."""
 
@@ -100,6 +105,8 @@ class BrokerProcess:
 
     def __init__(self, data_dir: Path, *extra_args: str, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
+        if "--exchange-port" not in extra_args:  # on by default: chosen, announced, pinned
+            extra_args = (*extra_args, "--exchange-port", "0")
         self.extra_args = extra_args
         #: Variables added to this process's environment at every start.
         self.env = dict(env or {})
@@ -174,7 +181,7 @@ class BrokerProcess:
         self.extra_args = args
         self.fronts = {}
         for option, (front, prefix) in self.FRONTS.items():
-            if option in args:
+            if _given(args, option):
                 announced = lines.find(prefix, timeout)
                 assert announced, f"no {front} address announced: {self.stderr()[-2000:]}"
                 self.fronts[front] = announced.split()[-1]
@@ -189,7 +196,7 @@ class BrokerProcess:
         """
         args = list(self.extra_args)
         for option, (front, _) in self.FRONTS.items():
-            if option in args:
+            if _given(args, option):
                 args[args.index(option) + 1] = self.fronts[front].rsplit(":", 1)[1]
         self.extra_args = tuple(args)
 

@@ -125,12 +125,14 @@ class Exchange:
     def use_port(self, opener: OpenPort) -> None:
         """Open the next streams with `opener`, on the broker's Exchange port.
 
-        The port is connected at once, beside gRPC. Should it not answer, the requests go
-        on gRPC, for as long as the connection that learned it lasts (then the port is
-        tried again).
+        The port is connected beside gRPC: at once if a stream is open on gRPC, else
+        when the next one opens (a client that makes no Exchange request makes no
+        connection). Should it not answer, the requests go on gRPC, for as long as the
+        connection that learned it lasts (then the port is tried again).
         """
         self._open_port = self._port_opener = opener
-        self._try_port()
+        if self._stream is not None:
+            self._try_port()
 
     @property
     def supported(self) -> bool:

@@ -84,7 +84,8 @@ class Versions:
     """One broker address and data directory, served by the current or an older broker."""
 
     def __init__(self, data_dir: Path) -> None:
-        self.config = BrokerConfig(data_dir=data_dir, port=0, default_queues=4)
+        # Without the Exchange port: these are gRPC's methods (older brokers have no port).
+        self.config = BrokerConfig(data_dir=data_dir, port=0, default_queues=4, exchange_port=None)
         self.broker: EmbeddedBroker | None = None
         #: Calls of a method the running older broker left out, in order.
         self.refused_calls: list[str] = []

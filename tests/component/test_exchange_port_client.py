@@ -158,7 +158,7 @@ def test_sends_go_on_grpc_while_the_port_cannot_be_reached(
     ExchangeBatched meanwhile, none waiting for the port, once each; once the port is
     given up (refused at once, silent after CONNECT_SECONDS), the next requests go there
     too, for as long as that connection lasts."""
-    b = start(BrokerConfig(data_dir=tmp_path / "data", default_queues=4))  # no port
+    b = start(BrokerConfig(data_dir=tmp_path / "data", default_queues=4, exchange_port=None))
 
     async def sends(address: str) -> list[int]:
         async with Producer(b.address) as producer:

@@ -196,7 +196,8 @@ def test_grpc_clients_of_a_process_go_through_the_proxy_named_by_grpc_proxy(
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "0"
     stats = proxy.stats()
-    assert stats.targets == {broker.address}
+    # The Exchange port's connection takes the same proxy, if it was made before the end.
+    assert broker.address in stats.targets <= {broker.address, broker.exchange_address}
     assert stats.bytes_up > 0 and stats.bytes_down > 0
     # And a client of this process, without the variable, does not.
     before = proxy.stats().connections

@@ -431,6 +431,9 @@ DOCUMENTED = {
     "ordermq_retention_early_deletions": "counter",
     "ordermq_queue_min_offset": "gauge",
     "ordermq_consumer_retention_skipped": "counter",
+    "ordermq_exchange_port_connections": "gauge",
+    "ordermq_exchange_port_connections_accepted": "counter",
+    "ordermq_exchange_port_connections_refused": "counter",
 }
 
 

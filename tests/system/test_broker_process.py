@@ -46,11 +46,11 @@ def test_a_start_meeting_a_taken_port_chooses_again(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         taken_port = int(taken.getsockname()[1])
-        choices = [[taken_port]]
+        choices = [taken_port]
         choose = tests.support.stable_ports
 
-        def taken_first(count: int) -> list[int]:
-            return choices.pop() if choices else choose(count)
+        def taken_first(count: int) -> list[int]:  # the broker's port, then its fronts'
+            return [choices.pop(), *choose(count - 1)] if choices else choose(count)
 
         monkeypatch.setattr(tests.support, "stable_ports", taken_first)
         broker = BrokerProcess(tmp_path / "data")

@@ -115,7 +115,7 @@ def run_restarts(
     messages by `delivery` ("pull" or "push"); with `port` the broker serves its Exchange
     port, which its routes name, so the clients' sends and subscriptions go there."""
     assert {shard_index(k, QUEUES) for k in KEYS} == set(range(QUEUES)), "keys cover queues"
-    port_args = ("--exchange-port", "0") if port else ()
+    port_args = ("--exchange-port", "0" if port else "off")
     broker = orderly_broker(directory / "broker", QUEUES, "--metrics-port", "0", *port_args)
     history = History(KEYS)
     scene = Scene(directory, broker, history)

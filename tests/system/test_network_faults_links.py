@@ -105,7 +105,7 @@ def test_connections_reset_at_random(
 ) -> None:
     """On the Exchange port, the clients' sends and push subscriptions go over framed TCP
     through their proxies (as gRPC's channels do), and are reset there too."""
-    port = ("--exchange-port", "0") if front == "exchange-port" else ()
+    port = ("--exchange-port", "0" if front == "exchange-port" else "off")
     with network(tmp_path, monkeypatch, *port) as net:
         scene, history = net.scene, net.history
         for name in ("producer", "w1", "w2", "w3"):

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from mockbroker import BrokerConfig
 from mockbroker.embedded import EmbeddedBroker
 from sdk import Message, ProducerConfig
 from sdk._transport.broker_client import BrokerClient
@@ -20,6 +23,13 @@ import stream as st
 from figures import Figure, Run
 
 TOPIC = "stream-bench"
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
+    """Without the Exchange port, as the stream group's: both ways are gRPC's."""
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "broker", exchange_port=None)) as b:
+        yield b
 
 
 async def _send(address: str, sends: int) -> None:
