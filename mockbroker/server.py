@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from mockbroker.broker_id import broker_id
 from mockbroker.config import BrokerConfig
 from mockbroker.dedup import DedupWindow
 from mockbroker.dedup_sends import DedupSends, rebuild
@@ -399,8 +400,10 @@ class Broker:
         if self.config.exchange_port is not None:
             from mockbroker.fronts.exchange_port import ExchangePort  # only where it is on
 
+            state.exchange_broker_id = broker_id(self.config.data_dir)
             exchange_port = ExchangePort(
                 self._messaging.exchanges,
+                broker_id=state.exchange_broker_id,
                 keepalive_seconds=self.config.keepalive_seconds,
                 clock=self.clock,
                 auth=auth,

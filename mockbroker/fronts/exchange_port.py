@@ -8,7 +8,8 @@ NATS and Redis speak. The wire (docs/wire-format.md, "The Exchange port"):
 - the client opens with PREAMBLE (b"OMQX" and the version, 1, as 4 bytes big-endian);
 - then each side sends frames: a 4-byte big-endian length, then that many bytes; the
   client's frames are ExchangeRequests, the broker's ExchangeResponses;
-- the broker's first frame carries no answer (its greeting: the preamble was taken);
+- the broker's first frame carries no answer, only the broker's id (its greeting: the
+  preamble was taken; clients check the id against their route's);
 - the client's end of input (a half-close) ends its requests: the broker answers those
   in flight, then closes;
 - an error of the whole connection (a wrong preamble, a frame over the size limit or that
@@ -117,6 +118,7 @@ class ExchangePort:
         self,
         exchanges: ExchangeStreams,
         *,
+        broker_id: str = "",
         keepalive_seconds: float,
         clock: Clock | None = None,
         max_frame_bytes: int = MAX_FRAME_BYTES,
@@ -127,6 +129,8 @@ class ExchangePort:
         refused: Callable[[str, BrokerError], None] = lambda _method, _exc: None,
     ) -> None:
         self._exchanges = exchanges
+        #: The greeting: a frame of ExchangeResponses carrying only the broker's id.
+        self._greeting = frame(pb.ExchangeResponses(broker_id=broker_id).SerializeToString())
         self._auth = auth
         self._refused = refused
         self._keepalive = keepalive_seconds
@@ -225,7 +229,7 @@ class ExchangePort:
             )))  # fmt: skip
             return
         self.accepted_connections += 1
-        await self._write(writer, frame(b""))  # the greeting
+        await self._write(writer, self._greeting)
         last_read = _LastRead(asyncio.get_running_loop().time())
         connection = asyncio.current_task()
         assert connection is not None

@@ -100,8 +100,10 @@ class QueueRoute:
     writable: bool
     #: Its broker takes batches over several queues in one Send (SendRequest.parts).
     takes_send_parts: bool = False
-    #: Its broker's Exchange port, "host:port" ("": none).
+    #: Its broker's Exchange port, "host:port" ("": none), and the broker's id, which
+    #: the port greets with.
     exchange_address: str = ""
+    exchange_broker_id: str = ""
 
 
 class BrokerClient:
@@ -128,7 +130,7 @@ class BrokerClient:
             self._hello = functools.partial(
                 signed_hello, credentials, clock or SystemClock(), EXCHANGE_BATCHED_PATH
             )
-        self._exchange_port = ""
+        self._exchange_port = ("", "")  # the address and broker id last given
         #: Whether a connection was ever made: TLS failures are looked for until then.
         self._connected_once = False
         #: Whether a call was ever answered: until then "no such method" may mean that
@@ -162,20 +164,21 @@ class BrokerClient:
             self._messaging.Exchange, address, self._ready, batched, self._disconnected
         )
 
-    def use_exchange_port(self, address: str) -> None:
+    def use_exchange_port(self, address: str, broker_id: str = "") -> None:
         """Carry sends, pulls and subscriptions on the broker's Exchange port at `address`.
 
-        As a route names it; the same address again changes nothing. With credentials
-        each connection's hello is signed, as an ExchangeBatched call's opening.
+        As a route names it, with the id the port must greet with (`broker_id`; "": any);
+        the same again changes nothing. With credentials each connection's hello is
+        signed, as an ExchangeBatched call's opening.
         """
-        if not address or address == self._exchange_port:
+        if not address or (address, broker_id) == self._exchange_port:
             return
-        self._exchange_port = address
+        self._exchange_port = address, broker_id
         tls = self._tls
         context = tls.ssl_context() if tls is not None else None
         server_name = tls.server_name if tls is not None else None
         self._exchange.use_port(
-            functools.partial(PortCall, address, context, server_name, self._hello)
+            functools.partial(PortCall, address, context, server_name, self._hello, broker_id)
         )
 
     async def close(self) -> None:
@@ -358,6 +361,7 @@ class BrokerClient:
                 r.writable,
                 response.takes_send_parts,
                 r.exchange_address,
+                r.exchange_broker_id,
             )
             for r in response.queues
         ]

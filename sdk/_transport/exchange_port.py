@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from sdk import _wire
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
@@ -44,6 +45,23 @@ def _framed(message: pb.ExchangeRequests) -> bytes:
 
 _PING = _framed(pb.ExchangeRequests(ping=True))
 _PONG = _framed(pb.ExchangeRequests(pong=True))
+#: A greeting is a small frame: a larger first frame is not one.
+_MAX_GREETING_BYTES = 1024
+
+
+async def read_greeting(reader: asyncio.StreamReader) -> pb.ExchangeResponses | None:
+    """The broker's greeting: its first frame, no answers, the broker's id.
+
+    None if the first frame is not one.
+    """
+    (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    if length > _MAX_GREETING_BYTES:
+        return None
+    try:
+        greeting = pb.ExchangeResponses.FromString(await reader.readexactly(length))
+    except DecodeError:
+        return None
+    return None if greeting.responses else greeting
 
 
 def _status(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -64,8 +82,11 @@ class PortCall:
         tls: ssl.SSLContext | None,
         server_name: str | None,
         hello: Callable[[], pb.ExchangeHello] = pb.ExchangeHello,
+        broker_id: str = "",
     ) -> None:
+        """`broker_id`: the id the route gives the port's broker ("": any broker's)."""
         self.address = address
+        self._broker_id = broker_id
         self._cancelled = False
         self._greeting_read = False
         self._writer: asyncio.StreamWriter | None = None
@@ -93,18 +114,26 @@ class PortCall:
                 self._writer = writer
                 set_tcp_keepalive(writer.get_extra_info("socket"), keepalive)
                 writer.write(EXCHANGE_PORT_PREAMBLE + _framed(pb.ExchangeRequests(hello=hello())))
-                greeting = await reader.readexactly(_LENGTH.size)
+                greeting = await read_greeting(reader)
         except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as exc:
             self._drop()
             raise _status(
                 grpc.StatusCode.UNAVAILABLE,
                 f"cannot open the Exchange port at {self.address}: {exc or type(exc).__name__}",
             ) from None
-        if greeting != bytes(_LENGTH.size):  # not the port's empty greeting
+        if greeting is None:
             self._drop()
             raise _status(
                 grpc.StatusCode.UNAVAILABLE,
                 f"{self.address} did not greet as an Exchange port",
+            )
+        if self._broker_id and greeting.broker_id != self._broker_id:
+            self._drop()
+            raise _status(
+                grpc.StatusCode.UNAVAILABLE,
+                f"{self.address} is the Exchange port of another broker (id "
+                f"{greeting.broker_id or 'none'}, not {self._broker_id}): the route is older "
+                "than a restart",
             )
         self._open_connection = reader, writer
         self._read_at = self._loop.time()

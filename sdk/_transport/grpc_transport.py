@@ -119,7 +119,8 @@ class GrpcTransport:
             for r in routes:
                 self._addresses[r.queue] = r.broker_address
                 if r.exchange_address:
-                    self.client(r.broker_address).use_exchange_port(r.exchange_address)
+                    client = self.client(r.broker_address)
+                    client.use_exchange_port(r.exchange_address, r.exchange_broker_id)
             self._takes_parts[topic] = bool(routes) and all(r.takes_send_parts for r in routes)
         return routes
 

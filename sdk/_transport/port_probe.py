@@ -15,6 +15,7 @@ from typing import TypeVar
 from sdk._remoting.codec import encode, read_command
 from sdk._remoting.codes import RequestCode
 from sdk._remoting.command import RemotingCommand
+from sdk._transport.exchange_port import read_greeting
 from sdk._wire import EXCHANGE_PORT_PREAMBLE
 
 #: What an HTTP/2 client sends first (RFC 9113, 3.4), then an empty SETTINGS frame.
@@ -51,10 +52,10 @@ async def speaks_remoting(address: str, timeout: float = 1.0) -> bool:
 async def speaks_exchange_port(address: str, timeout: float = 1.0) -> bool:
     """Whether `address` ("host:port") is an ordermq broker's Exchange port (framed TCP).
 
-    It greets the preamble with an empty frame.
+    It greets the preamble with a frame of ExchangeResponses without answers.
     """
-    greeting = await _ask(address, EXCHANGE_PORT_PREAMBLE, lambda r: r.readexactly(4), timeout)
-    return greeting == bytes(4)
+    greeting = await _ask(address, EXCHANGE_PORT_PREAMBLE, read_greeting, timeout)
+    return greeting is not None
 
 
 async def _ask(

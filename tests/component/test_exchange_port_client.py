@@ -191,6 +191,65 @@ def test_sends_go_on_grpc_while_the_port_cannot_be_reached(
         b.stop()
 
 
+def route_of(broker: EmbeddedBroker) -> tuple[str, str]:
+    """The Exchange port's address and the broker's id, as the broker's routes give them."""
+    with BlockingProducer(broker.address) as producer:
+        producer.send(Message("orders", b"route", sharding_key="k"))
+        routes = producer._core._transport._routes["orders"]  # type: ignore[attr-defined]
+    return routes[0].exchange_address, routes[0].exchange_broker_id
+
+
+def test_the_broker_keeps_its_id_across_restarts_and_another_broker_has_its_own(
+    tmp_path: Path,
+) -> None:
+    config = BrokerConfig(data_dir=tmp_path / "a", exchange_port=0)
+    a = start(config)
+    try:
+        first = route_of(a)
+    finally:
+        a.stop()
+    a = start(config)
+    other = start(BrokerConfig(data_dir=tmp_path / "b", exchange_port=0))
+    try:
+        again, elsewhere = route_of(a), route_of(other)
+    finally:
+        a.stop()
+        other.stop()
+    assert len(first[1]) == 32 and again[1] == first[1]  # a port of its own each start
+    assert elsewhere[1] not in ("", first[1])
+
+
+def test_a_port_that_greets_with_another_brokers_id_is_not_used(tmp_path: Path) -> None:
+    """A route older than a restart names a port another broker now serves (the port
+    moved, and another broker on the host took its number): the client sees the other
+    id in the greeting and stays on gRPC; nothing reaches the other broker."""
+    a = start(BrokerConfig(data_dir=tmp_path / "a", exchange_port=0, default_queues=4))
+    b = start(BrokerConfig(data_dir=tmp_path / "b", exchange_port=0, default_queues=4))
+
+    _, a_id = route_of(a)  # stores "route" at offset 0
+
+    async def main() -> list[int]:
+        async with Producer(a.address) as producer:
+            await producer._core.writable_queues("orders")  # a's route, read
+            client = producer._core._transport.client(a.address)  # type: ignore[attr-defined]
+            client.use_exchange_port(b.exchange_address, a_id)  # b's port, a's id
+            results = [
+                await producer.send(Message("orders", b"m%d" % i, sharding_key="k"))
+                for i in range(1, 6)
+            ]
+            await until(lambda: client._exchange._open_port is None, "b's port given up")
+            assert a.broker.exchange_streams == 1  # the producer's, on gRPC
+        return [r.queue_offset for r in results]
+
+    try:
+        assert asyncio.run(main()) == list(range(1, 6))
+        assert port_of(b).accepted_connections == 1  # greeted, then left
+        assert b.broker.store.topics.find("orders") is None, "a send reached broker b"
+    finally:
+        a.stop()
+        b.stop()
+
+
 def held_port(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """An event the clients' connections to a port wait for before they connect."""
     opened = threading.Event()

@@ -153,6 +153,7 @@ class MessagingService(pb_grpc.MessagingServiceServicer):
                     readable=True,
                     writable=True,
                     exchange_address=self._s.exchange_address,
+                    exchange_broker_id=self._s.exchange_broker_id,
                 )
                 for qid in range(topic.queue_count)
             ],

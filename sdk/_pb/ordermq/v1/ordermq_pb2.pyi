@@ -429,6 +429,7 @@ class QueueRoute(_message.Message):
     READABLE_FIELD_NUMBER: _builtins.int
     WRITABLE_FIELD_NUMBER: _builtins.int
     EXCHANGE_ADDRESS_FIELD_NUMBER: _builtins.int
+    EXCHANGE_BROKER_ID_FIELD_NUMBER: _builtins.int
     broker_address: _builtins.str
     """"host:port" of the broker that serves this queue"""
     readable: _builtins.bool
@@ -437,6 +438,11 @@ class QueueRoute(_message.Message):
     """"host:port" of that broker's Exchange port (the Exchange stream over framed TCP,
     docs/wire-format.md); empty when it serves none. Clients may carry their sends,
     pulls and subscriptions there instead of on ExchangeBatched.
+    """
+    exchange_broker_id: _builtins.str
+    """That broker's id (kept in its data directory, so the same across its restarts),
+    which the port's greeting repeats: a client that reaches a port greeting with
+    another id (another broker took that port since the route was read) does not use it.
     """
     @_builtins.property
     def queue(self) -> Global___MessageQueue: ...
@@ -448,10 +454,11 @@ class QueueRoute(_message.Message):
         readable: _builtins.bool = ...,
         writable: _builtins.bool = ...,
         exchange_address: _builtins.str = ...,
+        exchange_broker_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_address", b"broker_address", "exchange_address", b"exchange_address", "queue", b"queue", "readable", b"readable", "writable", b"writable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_address", b"broker_address", "exchange_address", b"exchange_address", "exchange_broker_id", b"exchange_broker_id", "queue", b"queue", "readable", b"readable", "writable", b"writable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2130,9 +2137,14 @@ class ExchangeResponses(_message.Message):
     RESPONSES_FIELD_NUMBER: _builtins.int
     PING_FIELD_NUMBER: _builtins.int
     PONG_FIELD_NUMBER: _builtins.int
+    BROKER_ID_FIELD_NUMBER: _builtins.int
     ping: _builtins.bool
     """Only on the Exchange port: keepalive, as ExchangeRequests' ping and pong."""
     pong: _builtins.bool
+    broker_id: _builtins.str
+    """Only on the Exchange port, in the broker's greeting: its id (QueueRoute.
+    exchange_broker_id).
+    """
     @_builtins.property
     def responses(self) -> _containers.RepeatedCompositeFieldContainer[Global___ExchangeResponse]: ...
     def __init__(
@@ -2141,10 +2153,11 @@ class ExchangeResponses(_message.Message):
         responses: _abc.Iterable[Global___ExchangeResponse] | None = ...,
         ping: _builtins.bool = ...,
         pong: _builtins.bool = ...,
+        broker_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ping", b"ping", "pong", b"pong", "responses", b"responses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "ping", b"ping", "pong", b"pong", "responses", b"responses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
