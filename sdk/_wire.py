@@ -7,9 +7,10 @@ message costs the broker one header parse, one CRC and one index entry, and no r
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from sdk._crc import crc32 as crc32_of
@@ -105,6 +106,27 @@ def set_tcp_keepalive(sock: socket.socket | None, idle_seconds: float) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, idle // 3))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+
+
+async def until_silent(ping: Callable[[], None], last_read: Callable[[], float],
+                       interval: float) -> None:  # fmt: skip
+    """Return once a framed-TCP peer stays silent: a keepalive, as gRPC's pings.
+
+    After `interval` seconds without a frame read (`last_read()`: when one last was, on
+    the loop's time) it calls `ping()`, and returns if nothing is read within `interval`
+    more. Real time, as gRPC's pings: a test's fake clock jumping ahead drops nobody.
+    """
+    loop = asyncio.get_running_loop()
+    while True:
+        quiet = loop.time() - last_read()
+        if quiet < interval:
+            await asyncio.sleep(interval - quiet)
+            continue
+        pinged = loop.time()
+        ping()
+        await asyncio.sleep(interval)
+        if last_read() < pinged:
+            return
 
 
 def grpc_keepalive_options() -> GrpcOptions:

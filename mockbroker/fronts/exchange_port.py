@@ -58,7 +58,12 @@ from mockbroker.fronts.remoting.server import (
 from mockbroker.tls import closed_quietly, listen
 from sdk._batching import join_repeated
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
-from sdk._wire import EXCHANGE_PORT_PREAMBLE, GRPC_MAX_MESSAGE_BYTES, set_tcp_keepalive
+from sdk._wire import (
+    EXCHANGE_PORT_PREAMBLE,
+    GRPC_MAX_MESSAGE_BYTES,
+    set_tcp_keepalive,
+    until_silent,
+)
 from sdk.clock import Clock, SystemClock, wait_within
 from sdk.credentials import ACCESS_KEY_HEADER, DATE_HEADER, SIGNATURE_HEADER
 
@@ -253,26 +258,12 @@ class ExchangePort:
         client: str,
         connection: asyncio.Task[None],
     ) -> None:
-        """Ping the peer after `keepalive_seconds` of silence; drop it if it stays silent.
-
-        On the loop's time, as gRPC's pings are on real time: a test's fake clock jumping
-        ahead must not drop connections.
-        """
-        interval, loop = self._keepalive, asyncio.get_running_loop()
-        while True:
-            quiet = loop.time() - last_read.at
-            if quiet < interval:
-                await asyncio.sleep(interval - quiet)
-                continue
-            pinged = loop.time()
-            writer.write(PING)
-            await asyncio.sleep(interval)
-            if last_read.at < pinged:
-                log.info("Exchange port: %s answered no ping within %g s; closing", client,
-                         interval)  # fmt: skip
-                writer.transport.abort()
-                connection.cancel()  # its stream ends, push subscriptions and all
-                return
+        """Ping the peer after `keepalive_seconds` of silence; drop it if it stays silent."""
+        await until_silent(lambda: writer.write(PING), lambda: last_read.at, self._keepalive)
+        log.info("Exchange port: %s answered no ping within %g s; closing", client,
+                 self._keepalive)  # fmt: skip
+        writer.transport.abort()
+        connection.cancel()  # its stream ends, push subscriptions and all
 
     async def _opening(
         self, frames: AsyncIterator[pb.ExchangeRequests | MalformedRequest], host: str

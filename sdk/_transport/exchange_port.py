@@ -30,7 +30,12 @@ from google.protobuf.message import DecodeError
 from sdk import _wire
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._transport.http_proxy import open_tunnel, proxy_for
-from sdk._wire import EXCHANGE_PORT_PREAMBLE, GRPC_MAX_MESSAGE_BYTES, set_tcp_keepalive
+from sdk._wire import (
+    EXCHANGE_PORT_PREAMBLE,
+    GRPC_MAX_MESSAGE_BYTES,
+    set_tcp_keepalive,
+    until_silent,
+)
 
 _LENGTH = struct.Struct(">I")
 #: How long a connection to the port may take (TLS handshake and greeting included)
@@ -142,19 +147,9 @@ class PortCall:
 
     async def _keep_alive(self, writer: asyncio.StreamWriter, interval: float) -> None:
         """Ping after `interval` without a frame read; drop the connection if it stays silent."""
-        loop = self._loop
-        while True:
-            quiet = loop.time() - self._read_at
-            if quiet < interval:
-                await asyncio.sleep(interval - quiet)
-                continue
-            pinged = loop.time()
-            writer.write(_PING)
-            await asyncio.sleep(interval)
-            if self._read_at < pinged:
-                self._silent_for = interval
-                writer.transport.abort()  # the read under way fails: the stream ends
-                return
+        await until_silent(lambda: writer.write(_PING), lambda: self._read_at, interval)
+        self._silent_for = interval
+        writer.transport.abort()  # the read under way fails: the stream ends
 
     async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self._open_connection is not None and not self._cancelled:

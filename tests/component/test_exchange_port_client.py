@@ -95,6 +95,17 @@ def in_key_order(seen: list[str], sent: list[str]) -> None:
         assert mine == [b for b in sent if b.split(":")[1] == key], key
 
 
+def all_stored(broker: EmbeddedBroker, count: int) -> list[str]:
+    """The `count` bodies stored on "orders", polled by a group of their own, in order."""
+    consumer = LitePullConsumer("check", broker.address)
+    consumer.subscribe("orders", "*")
+    consumer.start()
+    try:
+        return poll_all(consumer, count, "all stored")
+    finally:
+        consumer.shutdown()
+
+
 def poll_all(consumer: LitePullConsumer, count: int, what: str) -> list[str]:
     """The bodies `consumer` polls until it has `count`, in the order polled."""
     seen: list[str] = []
@@ -107,16 +118,22 @@ def poll_all(consumer: LitePullConsumer, count: int, what: str) -> list[str]:
     return seen
 
 
-def test_a_producer_and_an_orderly_push_consumer_go_on_the_port(
-    broker: EmbeddedBroker,
-) -> None:
-    listener = Recorder()
+def push_consumer(broker: EmbeddedBroker, listener: Recorder) -> PushConsumer:
+    """An orderly push consumer of "orders" from its first offset, with push delivery."""
     consumer = PushConsumer(
         "g", broker.address, config=PushConsumerConfig(delivery="push"),
         consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
     )  # fmt: skip
     consumer.subscribe("orders", "*")
     consumer.register_message_listener(listener)
+    return consumer
+
+
+def test_a_producer_and_an_orderly_push_consumer_go_on_the_port(
+    broker: EmbeddedBroker,
+) -> None:
+    listener = Recorder()
+    consumer = push_consumer(broker, listener)
     with BlockingProducer(broker.address) as producer:
         sent = send_keys(producer, 0)
         consumer.start()
@@ -295,13 +312,7 @@ def test_sends_move_to_the_port_once_it_greets(
             return sent
 
     sent = asyncio.run(main())
-    consumer = LitePullConsumer("check", broker.address)
-    consumer.subscribe("orders", "*")
-    consumer.start()
-    try:
-        seen = poll_all(consumer, len(sent), "all stored")
-    finally:
-        consumer.shutdown()
+    seen = all_stored(broker, len(sent))
     assert sorted(seen) == sorted(sent)  # each once
     for key in keys:
         assert [b for b in seen if b.startswith(key + ":")] == [
@@ -319,12 +330,7 @@ def test_a_push_subscription_waits_for_the_port_being_connected(
         sent = send_keys(producer, 0)
     assert port_of(broker).connections == 0
     listener = Recorder()
-    consumer = PushConsumer(
-        "g", broker.address, config=PushConsumerConfig(delivery="push"),
-        consume_from_where=ConsumeFromWhere.FIRST_OFFSET,
-    )  # fmt: skip
-    consumer.subscribe("orders", "*")
-    consumer.register_message_listener(listener)
+    consumer = push_consumer(broker, listener)
     consumer.start()
     try:
         time.sleep(0.3)  # the consumer locks its queues and subscribes meanwhile
@@ -354,12 +360,7 @@ def test_the_port_is_used_again_after_a_broker_restart(tmp_path: Path) -> None:
         b.stop()
     b = start(dataclasses.replace(config, exchange_port=None))
     try:
-        consumer = LitePullConsumer("check", b.address)
-        consumer.subscribe("orders", "*")
-        consumer.start()
-        seen = poll_all(consumer, len(sent), "all stored")
-        consumer.shutdown()
-        assert sorted(seen) == sorted(sent)
+        assert sorted(all_stored(b, len(sent))) == sorted(sent)
     finally:
         b.stop()
 
@@ -395,13 +396,7 @@ def test_the_port_is_reached_through_the_proxy_grpc_takes(
         assert process_proxy.reset() >= 2
         sent += send_keys(producer, 1)
         assert only_on_the_port(broker)
-    consumer = LitePullConsumer("check", broker.address)
-    consumer.subscribe("orders", "*")
-    consumer.start()
-    try:
-        seen = poll_all(consumer, len(sent), "all stored")
-    finally:
-        consumer.shutdown()
+    seen = all_stored(broker, len(sent))
     assert sorted(seen) == sorted(sent)  # each once
     in_key_order(seen, sent)
 
