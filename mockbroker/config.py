@@ -98,9 +98,10 @@ class BrokerConfig:
             event loop go round (read sockets, answer, see who else waits).
         exchange_port: Also serve ordermq's Exchange stream (sends, pulls, push
             subscriptions) over framed TCP on this port, without gRPC's per-request cost
-            (0, the default: a free port; None: off). Routes name it; ordermq's clients
-            connect to it beside gRPC and move there once it answers, staying on gRPC
-            where it cannot be reached (give it a fixed port to open it through a
+            (0, the default: a free port, kept in the data directory and taken again at
+            the next start while it is free; None: off). Routes name it; ordermq's
+            clients connect to it beside gRPC and move there once it answers, staying on
+            gRPC where it cannot be reached (give it a fixed port to open it through a
             firewall). TLS and `acl_file` as on gRPC (clients sign their connection's
             first frame). The wire: docs/wire-format.md.
         v2_port: Also serve RocketMQ 5's gRPC API (apache.rocketmq.v2.MessagingService, for

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from mockbroker.broker_id import broker_id
 from mockbroker.config import BrokerConfig
 from mockbroker.dedup import DedupWindow
 from mockbroker.dedup_sends import DedupSends, rebuild
@@ -22,6 +21,7 @@ from mockbroker.fronts.grpc.admin_service import AdminService
 from mockbroker.fronts.grpc.service import MessagingService
 from mockbroker.fronts.grpc_errors import add_service
 from mockbroker.groups import ConsumerGroups
+from mockbroker.identity import broker_id, keep_exchange_port, kept_exchange_port
 from mockbroker.limits import ClientLimits
 from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
 from mockbroker.long_polling import PullHolder
@@ -409,11 +409,20 @@ class Broker:
                 auth=auth,
                 refused=self._messaging.requests.refused,
             )
+            tls = self.tls.ssl_context() if self.tls is not None else None
+            chosen = self.config.exchange_port  # 0: the last start's, while it is free
+            kept = kept_exchange_port(self.config.data_dir) if chosen == 0 else None
             try:
-                await exchange_port.start(
-                    self.config.host, self.config.exchange_port,
-                    self.tls.ssl_context() if self.tls is not None else None,
-                )  # fmt: skip
+                try:
+                    await exchange_port.start(self.config.host, kept or chosen, tls)
+                except OSError:
+                    if kept is None:
+                        raise
+                    log.info("the Exchange port kept from the last start, %d, is taken; "
+                             "choosing another", kept)  # fmt: skip
+                    await exchange_port.start(self.config.host, 0, tls)
+                if chosen == 0:
+                    keep_exchange_port(self.config.data_dir, exchange_port.port)
             except BaseException:
                 if self._v2 is not None:
                     await self._v2.stop(0)

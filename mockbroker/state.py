@@ -82,7 +82,7 @@ class BrokerState:
     address: str = ""
     #: 'host:port' of the Exchange port (framed TCP) clients are routed to ("" when off).
     exchange_address: str = ""
-    #: The broker's id, which routes give beside exchange_address (mockbroker/broker_id.py).
+    #: The broker's id, which routes give beside exchange_address (mockbroker/identity.py).
     exchange_broker_id: str = ""
     rates: RateMeter = field(default_factory=RateMeter)
     requests: RequestStats = field(default_factory=RequestStats)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import socket
 import struct
 import threading
 import time
@@ -234,6 +235,39 @@ def test_the_broker_keeps_its_id_across_restarts_and_another_broker_has_its_own(
         other.stop()
     assert len(first[1]) == 32 and again[1] == first[1]  # a port of its own each start
     assert elsewhere[1] not in ("", first[1])
+
+
+def test_a_free_port_is_chosen_again_at_the_next_start_while_it_is_free(
+    tmp_path: Path,
+) -> None:
+    """exchange_port=0 (the default): the port chosen is kept in the data directory and
+    taken again at the next start, so that clients reconnect where they were; when
+    another process holds it meanwhile, the broker takes another (and keeps that)."""
+    config = BrokerConfig(data_dir=tmp_path / "data", exchange_port=0)
+    ports = []
+    for _ in range(2):
+        b = start(config)
+        ports.append(port_of(b).port)
+        b.stop()
+    assert ports[1] == ports[0]
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", ports[0]))
+        holder.listen()
+        b = start(config)
+        try:
+            ports.append(port_of(b).port)
+            assert ports[2] != ports[0]
+            with BlockingProducer(b.address) as producer:
+                producer.send(Message("orders", b"moved", sharding_key="k"))
+                assert only_on_the_port(b)
+        finally:
+            b.stop()
+    b = start(config)
+    try:
+        assert port_of(b).port == ports[2]
+    finally:
+        b.stop()
 
 
 def test_a_port_that_greets_with_another_brokers_id_is_not_used(tmp_path: Path) -> None:
