@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mockbroker import EmbeddedBroker
-from sdk import Credentials, LitePullConsumer, Message, MessageExt, Producer
+from sdk import Credentials, LitePullConsumer, Message, MessageExt, Producer, ProducerConfig
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._transport.exchange import EXCHANGE_BATCHED_PATH
 from sdk._transport.signing import signed_hello
@@ -26,8 +26,8 @@ from tests.component.test_acl_grpc import ACL, ADMIN, CONSUMER, GROUP, PRODUCER,
 from tests.component.test_acl_grpc import acl_file as write_acl
 from tests.component.test_exchange_port import PortClient, address, send
 from tests.component.test_exchange_port import start as start_with_port
-from tests.component.test_exchange_port_client import only_on_the_port
-from tests.support import wait_until
+from tests.component.test_exchange_port_client import only_on_the_port, port_of
+from tests.support import pinned, wait_until
 
 
 def start(tmp_path: Path, text: str = ACL) -> EmbeddedBroker:
@@ -168,6 +168,33 @@ def test_clients_with_credentials_produce_and_consume_on_the_port(
         wait_until(lambda: bool(got.extend(consumer.poll(0.2))) or len(got) >= 3, what="3")
         assert only_on_the_port(broker)
     assert [m.body for m in got] == [b"m0", b"m1", b"m2"]
+
+
+def test_a_producer_with_credentials_is_back_on_the_port_after_a_broker_restart(
+    broker: EmbeddedBroker,
+) -> None:
+    """Each connection signs a fresh hello: the one made after the restart (on the same
+    ports and data) is served, and the sends go on the port again."""
+    config = pinned(broker.broker.config, broker)
+    with Producer(broker.address, credentials=PRODUCER,
+                  config=ProducerConfig(retry_times=4)) as p:  # fmt: skip
+        p.send(Message(TOPIC, b"m2", sharding_key="k"))
+        assert only_on_the_port(broker)
+        broker.stop()
+        again = EmbeddedBroker(config)
+        again.start()
+        try:
+            p.send(Message(TOPIC, b"m3", sharding_key="k"))
+            assert only_on_the_port(again)
+            assert port_of(again).accepted_connections == 1
+            admin = LitePullConsumer("check", again.address, credentials=ADMIN)
+            admin.subscribe(TOPIC)
+            with admin:
+                got: list[MessageExt] = []
+                wait_until(lambda: bool(got.extend(admin.poll(0.2))) or len(got) >= 4, what="4")
+        finally:
+            again.stop()  # the fixture's stop of the first changes nothing
+    assert [m.body for m in got] == [b"m0", b"m1", b"m2", b"m3"]
 
 
 def test_a_sub_only_account_cannot_send_on_the_port(broker: EmbeddedBroker) -> None:
