@@ -111,6 +111,8 @@ class Exchange:
         #: A stream on the port being connected beside the current one; it takes over
         #: once the broker greets on it.
         self._port_attempt: _Stream | None = None
+        #: Streams the port's took the place of, until what awaits an answer on them has it.
+        self._retiring: set[_Stream] = set()
         self._fallback_watch: asyncio.Task[None] | None = None
         #: Asks whether the broker serves Exchange, once ExchangeBatched was refused.
         self._probe: asyncio.Task[None] | None = None
@@ -339,6 +341,7 @@ class Exchange:
             return  # _ended took what it tells
         previous, self._stream = self._stream, attempt
         if previous is not None:
+            self._retiring.add(previous)
             previous.retire()
 
     async def _connect(self, envelope: pb.ExchangeRequest, timeout: float) -> None:
@@ -379,7 +382,7 @@ class Exchange:
             probe.cancel()
             await asyncio.gather(probe, return_exceptions=True)
         closed = functools.partial(ClientStateError, f"the client of {self._target} was closed")
-        for stream in (self._stream, self._port_attempt):
+        for stream in (self._stream, self._port_attempt, *self._retiring):
             if stream is not None:
                 await stream.close(closed)
         self._stream = self._port_attempt = None
@@ -389,6 +392,7 @@ class Exchange:
             self._stream = None
         if self._port_attempt is stream:
             self._port_attempt = None
+        self._retiring.discard(stream)
         if isinstance(error, ExchangeUnsupportedError):
             log.info("%s: %s; using unary Send and Pull", self._target, error)
             self._supported = False

@@ -31,13 +31,17 @@ from sdk import (
     PushConsumerConfig,
     TLSConfig,
     _wire,
+    shard_index,
 )
 from sdk import Producer as BlockingProducer
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._transport import exchange_port
+from sdk._transport.broker_client import BrokerClient
 from sdk._transport.exchange_port import PortCall
 from sdk._wire import EXCHANGE_PORT_PREAMBLE
 from sdk.aio import Producer
+from sdk.errors import ClientStateError
+from sdk.message import MessageQueue
 from tests.component.test_exchange_downgrade import Recorder
 from tests.faultproxy import FaultProxy
 from tests.support import pinned, wait_until
@@ -352,6 +356,35 @@ def test_sends_move_to_the_port_once_it_greets(
         assert [b for b in seen if b.startswith(key + ":")] == [
             b for b in sent if b.startswith(key + ":")
         ], key
+
+
+def test_closing_the_client_fails_a_request_left_on_the_replaced_grpc_stream_as_closed(
+    broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long-polling pull made before the move to the port stays on the gRPC stream,
+    which ends after its answer; closing the client meanwhile fails it as any request
+    cut off by the close (ClientStateError: not to be resent), not as a lost connection."""
+    opened = held_port(monkeypatch)
+    with BlockingProducer(broker.address) as producer:
+        producer.send(Message("orders", b"m", sharding_key="k"))
+    empty = next(q for q in range(4) if q != shard_index("k", 4))  # the key's is not
+    queue = MessageQueue("orders", "broker-a", empty)
+
+    async def main() -> None:
+        client = BrokerClient(broker.address)
+        await client.query_route("orders")
+        client.use_exchange_port(*route_of(broker))
+        pulling = asyncio.ensure_future(client.pull("g", queue, 0, suspend_timeout=30))
+        await until(lambda: broker.broker.exchange_streams == 1, "the pull on gRPC")
+        opened.set()
+        await until(lambda: port_of(broker).connections == 1, "the port connected")
+        await until(lambda: client._exchange._stream is not None
+                    and client._exchange._stream.port, "the move to the port")  # fmt: skip
+        await client.close()
+        with pytest.raises(ClientStateError):
+            await pulling
+
+    asyncio.run(main())
 
 
 def test_a_push_subscription_waits_for_the_port_being_connected(
