@@ -168,12 +168,16 @@ class BrokerClient:
         """Carry sends, pulls and subscriptions on the broker's Exchange port at `address`.
 
         As a route names it, with the id the port must greet with (`broker_id`; "": any);
-        the same again changes nothing. With credentials each connection's hello is
+        the same again changes nothing, and "" (a route without a port: the broker was
+        restarted without it) forgets it. With credentials each connection's hello is
         signed, as an ExchangeBatched call's opening.
         """
-        if not address or (address, broker_id) == self._exchange_port:
+        if (address, broker_id) == self._exchange_port:
             return
         self._exchange_port = address, broker_id
+        if not address:
+            self._exchange.use_port(None)
+            return
         tls = self._tls
         context = tls.ssl_context() if tls is not None else None
         server_name = tls.server_name if tls is not None else None

@@ -124,8 +124,8 @@ class Exchange:
         self._closed = False
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
 
-    def use_port(self, opener: OpenPort) -> None:
-        """Open the next streams with `opener`, on the broker's Exchange port.
+    def use_port(self, opener: OpenPort | None) -> None:
+        """Open the next streams with `opener`, on the broker's Exchange port (None: none).
 
         The port is connected beside gRPC: at once if a stream is open on gRPC, else
         when the next one opens (a client that makes no Exchange request makes no
@@ -133,7 +133,7 @@ class Exchange:
         connection that learned it lasts (then the port is tried again).
         """
         self._open_port = self._port_opener = opener
-        if self._stream is not None:
+        if self._stream is not None and opener is not None:
             self._try_port()
 
     @property

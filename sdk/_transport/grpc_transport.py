@@ -118,9 +118,8 @@ class GrpcTransport:
             self._writable[topic] = sorted((r.queue for r in routes if r.writable), key=queue_order)
             for r in routes:
                 self._addresses[r.queue] = r.broker_address
-                if r.exchange_address:
-                    client = self.client(r.broker_address)
-                    client.use_exchange_port(r.exchange_address, r.exchange_broker_id)
+                client = self.client(r.broker_address)
+                client.use_exchange_port(r.exchange_address, r.exchange_broker_id)
             self._takes_parts[topic] = bool(routes) and all(r.takes_send_parts for r in routes)
         return routes
 

@@ -184,6 +184,7 @@ def test_sends_go_on_grpc_while_the_port_cannot_be_reached(
 
     async def sends(address: str) -> list[int]:
         async with Producer(b.address) as producer:
+            await producer._core.writable_queues("orders")  # the route first: it has no port
             client = producer._core._transport.client(b.address)  # type: ignore[attr-defined]
             client.use_exchange_port(address)
             results = await asyncio.gather(
@@ -430,6 +431,35 @@ def test_the_port_is_used_again_after_a_broker_restart(tmp_path: Path) -> None:
         assert sorted(all_stored(b, len(sent))) == sorted(sent)
     finally:
         b.stop()
+
+
+def test_a_route_without_the_port_makes_the_client_forget_it(tmp_path: Path) -> None:
+    """A broker restarted with its port off: once the client reads its route again, it no
+    longer tries the old port at each new stream (refused, or another service's now)."""
+    config = BrokerConfig(data_dir=tmp_path / "data", exchange_port=0, default_queues=4)
+    b = start(config)
+    config = pinned(config, b)
+
+    async def main(restarted: list[EmbeddedBroker]) -> None:
+        async with Producer(b.address, config=ProducerConfig(retry_times=4)) as producer:
+            await producer.send(Message("orders", b"on the port", sharding_key="k"))
+            transport = producer._core._transport  # type: ignore[attr-defined]
+            exchange = transport.client(b.address)._exchange
+            assert exchange._stream is not None and exchange._stream.port
+            b.stop()
+            restarted.append(start(dataclasses.replace(config, exchange_port=None)))
+            await producer.send(Message("orders", b"on gRPC", sharding_key="k"))
+            await transport.writable_queues("orders", refresh=True)
+            assert exchange._port_opener is None, "the port is still tried"
+
+    restarted: list[EmbeddedBroker] = []
+    try:
+        asyncio.run(main(restarted))
+        assert len(all_stored(restarted[0], 2)) == 2
+    finally:
+        b.stop()
+        for again in restarted:
+            again.stop()
 
 
 @pytest.mark.parametrize("proxied", [False, True], ids=["direct", "through-a-proxy"])
