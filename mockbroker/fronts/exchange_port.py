@@ -90,7 +90,7 @@ PONG = frame(pb.ExchangeResponses(pong=True).SerializeToString())
 
 
 class _LastRead:
-    """When a frame was last read from a connection (on the broker's clock)."""
+    """When a frame was last read from a connection (the loop's time, as keepalive's)."""
 
     __slots__ = ("at",)
 

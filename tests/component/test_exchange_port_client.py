@@ -306,18 +306,30 @@ def test_a_port_that_greets_with_another_brokers_id_is_not_used(tmp_path: Path) 
         b.stop()
 
 
+class HeldPort:
+    """The clients' connections to a port wait for `opened` before they connect."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.opened = threading.Event()
+        #: Connections waiting now (cancelled ones leave).
+        self.waiting = 0
+        connect = exchange_port._connect
+
+        async def held(*args: object) -> object:
+            self.waiting += 1
+            try:
+                while not self.opened.is_set():
+                    await asyncio.sleep(0.005)
+            finally:
+                self.waiting -= 1
+            return await connect(*args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(exchange_port, "_connect", held)
+
+
 def held_port(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """An event the clients' connections to a port wait for before they connect."""
-    opened = threading.Event()
-    connect = exchange_port._connect
-
-    async def held(*args: object) -> object:
-        while not opened.is_set():
-            await asyncio.sleep(0.005)
-        return await connect(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(exchange_port, "_connect", held)
-    return opened
+    return HeldPort(monkeypatch).opened
 
 
 def test_sends_move_to_the_port_once_it_greets(
@@ -393,7 +405,7 @@ def test_a_push_subscription_waits_for_the_port_being_connected(
 ) -> None:
     """A subscription stays on the stream it was opened on: one made while the port
     connects waits for it, so that a push consumer does not stay on gRPC."""
-    opened = held_port(monkeypatch)
+    held = HeldPort(monkeypatch)
     with BlockingProducer(broker.address) as producer:
         sent = send_keys(producer, 0)
     assert port_of(broker).connections == 0
@@ -401,9 +413,10 @@ def test_a_push_subscription_waits_for_the_port_being_connected(
     consumer = push_consumer(broker, listener)
     consumer.start()
     try:
-        time.sleep(0.3)  # the consumer locks its queues and subscribes meanwhile
+        # Its first Exchange request is a subscription: it started the port's connection.
+        wait_until(lambda: held.waiting == 1, WAIT, "the consumer's subscriptions waiting")
         assert listener.distinct() == []
-        opened.set()
+        held.opened.set()
         wait_until(lambda: len(listener.distinct()) == len(sent), WAIT, "all consumed")
         assert only_on_the_port(broker)
         in_key_order(listener.distinct(), sent)
