@@ -145,6 +145,13 @@ class SlicedStore:
         first = True
         while index < len(parts):
             async with self.scheduler.turn(client):
+                if first:  # the usual request: every part whole in one call
+                    usual = self._store.check_usual_parts(
+                        parts, max_frames=self._messages, max_bytes=self._bytes
+                    )
+                    if usual is not None:
+                        out += usual
+                        return out, None if then is None else then(out)
                 frames_left, bytes_left = self._messages, self._bytes
                 while index < len(parts) and frames_left > 0 and bytes_left > 0:
                     frames = parts[index]

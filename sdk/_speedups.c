@@ -3,7 +3,7 @@
  * - decode_records: codec.decode_records (records -> MessageExt), for every message a
  *   consumer receives; about 0.9 us a message in Python, half of a consumer's CPU.
  * - encode_frames: codec.encode_message (Message -> frame), for every message sent.
- * - scan_frames, lay_out_parts: the broker's check_frames and lay_out_parts
+ * - scan_frames, scan_parts, lay_out_parts: the broker's check_frames and lay_out_parts
  *   (mockbroker/store/records.py) for the usual batch.
  * - shard_groups, send_results: a producer's batch grouped by queue (selector.shard_index
  *   for each message), and its SendResults built (message.build_send_results).
@@ -465,6 +465,9 @@ error:
  * carries the half-message property), which check_frames then checks in Python, raising
  * the error that names the frame. So every refusal is Python's, word for word.
  *
+ * scan_parts: scan_frames of a request's parts, each whole, in one call (a mixed-key
+ * batch is a part per queue).
+ *
  * lay_out_parts: records.py's lay_out_parts, each part's records in one bytes object.
  */
 #define FRAME_PREFIX 4
@@ -506,47 +509,38 @@ plain_properties(const unsigned char *p, Py_ssize_t n, const char *half, Py_ssiz
     return 1;
 }
 
-static PyObject *
-scan_frames(PyObject *module, PyObject *args)
+/* The usual frames of base[pos:stop_at) (up to frame index `last_index`) appended to `out`,
+ * six ints each; *pos and *index are moved past them. 1: every frame seen was usual; 0:
+ * one was not (check it in Python); -1: an error is set. */
+static int
+scan_into(PyObject *out, const unsigned char *base, Py_ssize_t end, Py_ssize_t *pos,
+          Py_ssize_t *index, Py_ssize_t last_index, Py_ssize_t stop_at, Py_ssize_t max_body,
+          Py_ssize_t max_properties, const char *half, Py_ssize_t half_len, int half_allowed)
 {
-    Py_buffer frames;
-    Py_ssize_t start, last_index, first_index, stop_at, max_body, max_properties;
-    const char *half;
-    Py_ssize_t half_len;
-    int half_allowed;
-    if (!PyArg_ParseTuple(args, "y*nnnnnns#p:scan_frames", &frames, &start, &first_index,
-                          &last_index, &stop_at, &max_body, &max_properties, &half, &half_len,
-                          &half_allowed))
-        return NULL;
-    const unsigned char *base = frames.buf;
-    Py_ssize_t end = frames.len, pos = start, index = first_index;
-    PyObject *out = PyList_New(0);
-    if (out == NULL || end == 0 || start < 0)
-        goto other;
     if (stop_at > end)
         stop_at = end;
-    while (pos < stop_at && index < last_index) {
-        if (pos + FRAME_PREFIX + FIELDS_SIZE > end)
-            goto other;
-        const unsigned char *h = base + pos;
+    while (*pos < stop_at && *index < last_index) {
+        if (*pos + FRAME_PREFIX + FIELDS_SIZE > end)
+            return 0;
+        const unsigned char *h = base + *pos;
         Py_ssize_t length = u32(h);
         const unsigned char *f = h + FRAME_PREFIX;
         int64_t deliver_at = i64(f + 24);
         unsigned char level = f[32];
         Py_ssize_t tl = u16(f + 33), sl = u16(f + 35), kl = u16(f + 37);
         Py_ssize_t pl = u32(f + 39), bl = u32(f + 43);
-        Py_ssize_t s = pos + FRAME_PREFIX, stop = s + length;
+        Py_ssize_t s = *pos + FRAME_PREFIX, stop = s + length;
         if (length != FIELDS_SIZE + tl + sl + kl + pl + bl || stop > end || bl == 0
             || bl > max_body || pl > max_properties || deliver_at != 0 || level != 0)
-            goto other;
+            return 0;
         Py_ssize_t p = s + FIELDS_SIZE;
         if (!all_ascii(base + p, tl + sl + kl))
-            goto other;
+            return 0;
         if (pl && !plain_properties(base + p + tl + sl + kl, pl, half, half_len, half_allowed))
-            goto other;
+            return 0;
         uint32_t tags_hash = 0;
         if (tl && crc_of(base + p, tl, 0, &tags_hash) < 0)
-            goto error;
+            return -1;
         PyObject *item[6];
         item[0] = PyLong_FromSsize_t(s);
         item[1] = PyLong_FromSsize_t(stop);
@@ -561,19 +555,89 @@ scan_frames(PyObject *module, PyObject *args)
             Py_XDECREF(item[i]);
         }
         if (bad)
-            goto error;
-        pos = stop;
-        index++;
+            return -1;
+        *pos = stop;
+        (*index)++;
     }
+    return 1;
+}
+
+static PyObject *
+scan_frames(PyObject *module, PyObject *args)
+{
+    Py_buffer frames;
+    Py_ssize_t start, last_index, first_index, stop_at, max_body, max_properties;
+    const char *half;
+    Py_ssize_t half_len;
+    int half_allowed;
+    if (!PyArg_ParseTuple(args, "y*nnnnnns#p:scan_frames", &frames, &start, &first_index,
+                          &last_index, &stop_at, &max_body, &max_properties, &half, &half_len,
+                          &half_allowed))
+        return NULL;
+    Py_ssize_t pos = start, index = first_index;
+    PyObject *out = PyList_New(0);
+    int usual = 0;
+    if (out != NULL && frames.len > 0 && start >= 0)
+        usual = scan_into(out, frames.buf, frames.len, &pos, &index, last_index, stop_at,
+                          max_body, max_properties, half, half_len, half_allowed);
     PyBuffer_Release(&frames);
-    return out;
-other:
+    if (usual == 1)
+        return out;
     Py_XDECREF(out);
-    PyBuffer_Release(&frames);
+    if (usual < 0)
+        return NULL;
     Py_RETURN_NONE;
+}
+
+/* scan_frames of every part of a request whole, in one call: each part's ints, or None
+ * when any part is not the usual one (empty, a frame to check in Python) or the parts
+ * hold over `max_frames` frames or `max_bytes` bytes in all. */
+static PyObject *
+scan_parts(PyObject *module, PyObject *args)
+{
+    PyObject *parts;
+    Py_ssize_t max_frames, max_bytes, max_body, max_properties;
+    const char *half;
+    Py_ssize_t half_len;
+    int half_allowed;
+    if (!PyArg_ParseTuple(args, "O!nnnns#p:scan_parts", &PyList_Type, &parts, &max_frames,
+                          &max_bytes, &max_body, &max_properties, &half, &half_len,
+                          &half_allowed))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(parts), total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *part = PyList_GET_ITEM(parts, i);
+        if (!PyBytes_Check(part) || PyBytes_GET_SIZE(part) == 0)
+            Py_RETURN_NONE;
+        total += PyBytes_GET_SIZE(part);
+    }
+    if (total > max_bytes)
+        Py_RETURN_NONE;
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    Py_ssize_t frames_left = max_frames;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *part = PyList_GET_ITEM(parts, i);
+        PyObject *data = PyList_New(0);
+        if (data == NULL)
+            goto error;
+        PyList_SET_ITEM(out, i, data);
+        Py_ssize_t end = PyBytes_GET_SIZE(part), pos = 0, index = 0;
+        int usual = scan_into(data, (const unsigned char *)PyBytes_AS_STRING(part), end, &pos,
+                              &index, frames_left, end, max_body, max_properties, half,
+                              half_len, half_allowed);
+        if (usual < 0)
+            goto error;
+        if (usual == 0 || pos != end) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        frames_left -= index;
+    }
+    return out;
 error:
-    Py_XDECREF(out);
-    PyBuffer_Release(&frames);
+    Py_DECREF(out);
     return NULL;
 }
 
@@ -1129,6 +1193,9 @@ static PyMethodDef methods[] = {
     {"scan_frames", scan_frames, METH_VARARGS,
      "scan_frames(frames, start, first_index, last_index, stop_at, max_body, max_properties, "
      "half_key, half_allowed) -> CheckedFrames' ints, or None: check in Python"},
+    {"scan_parts", scan_parts, METH_VARARGS,
+     "scan_parts(parts, max_frames, max_bytes, max_body, max_properties, half_key, "
+     "half_allowed) -> each part's CheckedFrames' ints, or None: check part by part"},
     {"lay_out_parts", lay_out_parts, METH_VARARGS,
      "lay_out_parts(parts, into, topic, store_ts, base_position, reconsume_times, positions, "
      "ids, keyed) -> each part's entries: as records.lay_out_parts"},

@@ -23,6 +23,15 @@ def scan_frames(
     half_key: str,
     half_allowed: bool,
 ) -> list[int] | None: ...
+def scan_parts(
+    parts: list[bytes],
+    max_frames: int,
+    max_bytes: int,
+    max_body: int,
+    max_properties: int,
+    half_key: str,
+    half_allowed: bool,
+) -> list[list[int]] | None: ...
 def lay_out_parts(
     parts: list[tuple[bytes, list[int], int, int]],
     into: list[Any],

@@ -47,6 +47,8 @@ from mockbroker.store.records import (
     IdKeyEntries,
     as_checked,
     check_frames,
+    check_usual_parts,
+    counts_and_sizes,
     lay_out_parts,
     lay_out_records,
     rebase_entries,
@@ -614,6 +616,16 @@ class MessageStore:
             half=half,
         )
 
+    def check_usual_parts(
+        self, parts: Sequence[bytes], *, max_frames: int, max_bytes: int
+    ) -> list[CheckedFrames] | None:
+        """`check` of each part whole, in one call, for the usual request.
+
+        None when that does not apply (records.check_usual_parts): check the parts one
+        by one then.
+        """
+        return check_usual_parts(parts, max_frames=max_frames, max_bytes=max_bytes)
+
     async def put(self, topic: Topic, queue_id: int, frames: bytes) -> PutResult:
         """Validate and append a batch of frames that are due now."""
         checked = self.check(frames)
@@ -728,30 +740,29 @@ class MessageStore:
         """
         queues: dict[tuple[str, int], _QueueWrite] = {}  # by the queue indexed in
         targets: list[_QueueWrite] = []  # each batch's
-        first_queue = True
+        index_topic = topic if index_into is None else index_into[0]
+        index_name = index_topic.name
         for part in parts:
             topic.check_queue(part.queue_id)
-            index_topic, index_queue = index_into or (topic, part.queue_id)
-            key = (index_topic.name, index_queue)
+            index_queue = part.queue_id if index_into is None else index_into[1]
+            key = (index_name, index_queue)
             target = queues.get(key)
             if target is None:
-                if first_queue:  # the topic's lookup (`queue`) once: every queue is of it
+                if not queues:  # the topic's lookup (`queue`) once: every queue is of it
                     cq = self.queue(index_topic, index_queue)
-                    first_queue = False
                 else:
-                    index_topic.check_queue(index_queue)
+                    if index_into is not None:  # else checked above, as the batch's queue
+                        index_topic.check_queue(index_queue)
                     cq = self._queue_for(index_topic, index_queue)
                 target = queues[key] = _QueueWrite(cq)
             targets.append(target)
         flusher = self._writable_flusher()
         store_ts = int(self._clock.now() * 1000)
         name = topic.name.encode()
-        overhead = RECORD.size + len(name)
         indexing = self._index is not None and not topic.name.startswith(SYSTEM_PREFIX)
         index_sizes = self._index.sizes() if self._index is not None else (0, 0)
-        sizes = [
-            as_checked(part.checked).frame_bytes() + len(part.checked) * overhead for part in parts
-        ]
+        checks = [as_checked(part.checked) for part in parts]
+        counts, sizes = counts_and_sizes(checks, RECORD.size + len(name))
         position = self.commitlog.end
         written: list[tuple[int, int, int]] = []  # (first offset, count, store time) each
         try:
@@ -760,27 +771,25 @@ class MessageStore:
             index = IdKeyEntries() if indexing else None
             at = position
             if not laid_out:  # the usual request: every batch laid out here, in one call
-                firsts: list[int] = []
-                for part, target in zip(parts, targets, strict=True):
-                    firsts.append(target.next_offset)
-                    target.next_offset += len(part.checked)
-                laid_parts = [
-                    (part.frames, part.checked, part.queue_id, first)
-                    for part, first in zip(parts, firsts, strict=True)
-                ]
+                laid_parts = []
+                for part, checked, count, target in zip(
+                    parts, checks, counts, targets, strict=True
+                ):
+                    first = target.next_offset
+                    target.next_offset = first + count
+                    laid_parts.append((part.frames, checked, part.queue_id, first))
+                    written.append((first, count, store_ts))
                 entries = lay_out_parts(
                     laid_parts, pieces, topic=name, store_timestamp_ms=store_ts,
                     base_position=position, reconsume_times=reconsume_times, index=index,
                 )  # fmt: skip
                 for target, part_entries in zip(targets, entries, strict=True):
                     target.entries.append(part_entries)
-                written = [
-                    (f, len(p.checked), store_ts) for p, f in zip(parts, firsts, strict=True)
-                ]
             else:
-                for i, (part, target, size) in enumerate(zip(parts, targets, sizes, strict=True)):
+                for i, (part, target, size, count) in enumerate(
+                    zip(parts, targets, sizes, counts, strict=True)
+                ):
                     first = target.next_offset
-                    count = len(part.checked)
                     laid = laid_out[i] if i < len(laid_out) else None
                     if (
                         laid is not None

@@ -208,6 +208,18 @@ def as_checked(checked: Sequence[CheckedFrame]) -> CheckedFrames:
     return checked if isinstance(checked, CheckedFrames) else CheckedFrames(checked)
 
 
+def counts_and_sizes(checks: Iterable[CheckedFrames], overhead: int) -> tuple[list[int], list[int]]:
+    """Each batch's number of frames, and the bytes its frames take with `overhead` each."""
+    counts: list[int] = []
+    sizes: list[int] = []
+    for checked in checks:
+        data = checked._data
+        count = len(data) // _STRIDE
+        counts.append(count)
+        sizes.append(sum(data[1::_STRIDE]) - sum(data[0::_STRIDE]) + count * overhead)
+    return counts, sizes
+
+
 def due_time_ms(deliver_at_ms: int, delay_level: int, stored_ms: int) -> int:
     """When a scheduled message falls due (0 when it is not scheduled)."""
     if delay_level:
@@ -234,6 +246,9 @@ def tag_hash(tags: bytes) -> int:
 
 _scan_in_c: Callable[..., list[int] | None] | None = (
     speedups.scan_frames if speedups is not None else None
+)
+_scan_parts_in_c: Callable[..., list[list[int]] | None] | None = (
+    speedups.scan_parts if speedups is not None else None
 )
 _lay_out_in_c: Callable[..., list[bytes]] | None = (
     speedups.lay_out_parts if speedups is not None else None
@@ -273,6 +288,33 @@ def check_frames(
         frames, now_ms, start=start, first_index=first_index, max_frames=max_frames,
         max_bytes=max_bytes, half=half,
     )  # fmt: skip
+
+
+def check_usual_parts(
+    parts: Sequence[bytes], *, max_frames: int, max_bytes: int
+) -> list[CheckedFrames] | None:
+    """check_frames of each part whole, in one call, for the usual request (in C).
+
+    None when a part is not the usual (empty, or a frame that check_frames would check
+    in Python: a refusal, a due time, text that is not ASCII), when the parts hold over
+    `max_frames` frames or `max_bytes` bytes in all, or without the C build: check them
+    part by part then. A request over 8 queues is 8 parts, and a call each cost more
+    than their scans.
+    """
+    if _scan_parts_in_c is None:
+        return None
+    datas = _scan_parts_in_c(
+        parts if type(parts) is list else list(parts), max_frames, max_bytes, MAX_BODY_BYTES,
+        MAX_PROPERTIES_BYTES, HALF_PROPERTY, False,
+    )  # fmt: skip
+    if datas is None:
+        return None
+    out = []
+    for data in datas:
+        checked = CheckedFrames()
+        checked._data = data
+        out.append(checked)
+    return out
 
 
 def check_frames_in_python(
@@ -460,7 +502,9 @@ def lay_out_parts(
     In C where built (each batch's records as one piece of `into`), else in Python.
     """
     if _lay_out_in_c is not None:
-        laid = [(bytes(f), as_checked(c)._data, q, o) for f, c, q, o in parts]
+        laid = [
+            (f if type(f) is bytes else bytes(f), as_checked(c)._data, q, o) for f, c, q, o in parts
+        ]
         if index is None:
             return _lay_out_in_c(laid, into, topic, store_timestamp_ms, base_position,
                                  reconsume_times, None, None, None)  # fmt: skip

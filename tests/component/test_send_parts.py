@@ -160,7 +160,14 @@ def test_a_refused_part_fails_its_messages_and_the_rest_are_stored(
             raise invalid("MALFORMED_FRAME", "refused for the test")
         return real_check(frames, **kw)
 
+    real_usual = state.store.check_usual_parts
+
+    def not_usual(parts: list[bytes], **kw: Any) -> Any:
+        # as scan_parts does for a request with a part its checks refuse: part by part
+        return None if any(b"order-3" in p for p in parts) else real_usual(parts, **kw)
+
     monkeypatch.setattr(state.store, "check", refusing)
+    monkeypatch.setattr(state.store, "check_usual_parts", not_usual)
     batch = mixed(40, keys=8)
     with (
         Producer(broker.address, config=ProducerConfig(retry_times=0)) as producer,

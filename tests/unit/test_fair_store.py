@@ -477,6 +477,34 @@ def test_a_requests_small_parts_are_checked_in_one_turn_a_large_one_in_slices(
     assert turns == 1 + 5
 
 
+def test_a_requests_usual_parts_are_checked_in_one_call_as_part_by_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parts = [frames(numbered(3, prefix=f"q{q}-".encode())) for q in range(4)]
+    within = [frames(numbered(SLICE_MESSAGES // 4, prefix=b"w"))] * 4  # a slice's frames
+    over = [*within, frames([b"one more"])]
+    calls: list[int] = []
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[object]:
+        check = store.check
+
+        def counted(frames: bytes, **kw: Any) -> CheckedFrames:
+            calls.append(len(frames))
+            return check(frames, **kw)
+
+        monkeypatch.setattr(store, "check", counted)
+        got = [await sliced.check_parts("a", request) for request in (parts, within)]
+        assert calls == [], "usual parts within a slice: no check of a part on its own"
+        assert sliced.scheduler.slices == 2, "a turn each"
+        got.append(await sliced.check_parts("a", over))
+        assert len(calls) == len(over), "over a slice: part by part"
+        return got
+
+    got_parts, got_within, got_over = run(tmp_path, body)
+    for request, got in ((parts, got_parts), (within, got_within), (over, got_over)):
+        assert got == [check_frames(part, 0) for part in request]
+
+
 def test_holds_on_several_queues_are_all_let_go_when_waiting_for_one_is_cancelled(
     tmp_path: Path,
 ) -> None:

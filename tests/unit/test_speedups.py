@@ -16,6 +16,7 @@ from mockbroker.store.records import (
     build_records,
     check_frames,
     check_frames_in_python,
+    check_usual_parts,
     lay_out_parts,
     lay_out_parts_in_python,
 )
@@ -26,6 +27,7 @@ from sdk._crc import crc32
 from sdk._transport import codec
 from sdk._transport.codec import encode_message, encode_message_in_python, encode_messages
 from sdk._wire import (
+    FRAME_LEN_PREFIX,
     MAX_BODY_BYTES,
     MAX_PROPERTIES_BYTES,
     RECORD_HEAD,
@@ -232,6 +234,96 @@ def test_the_usual_batch_is_checked_in_c() -> None:
         HALF_PROPERTY, False,
     )  # fmt: skip
     assert data is not None and data == check_frames_in_python(frames, NOW_MS)._data
+
+
+def frame_count(frames: bytes) -> int:
+    """How many frames `frames` holds, by their length prefixes."""
+    count = pos = 0
+    while pos < len(frames):
+        pos += FRAME_LEN_PREFIX.size + FRAME_LEN_PREFIX.unpack_from(frames, pos)[0]
+        count += 1
+    return count
+
+
+ascii_texts = st.text(alphabet=string.ascii_letters + string.digits + "-_.", max_size=12)
+#: Frames as usual sends carry them (ASCII text, due now), which the C checks take.
+usual_frames = st.builds(
+    lambda msg_id, body, tags, key, keys, props: encode_frame(
+        msg_id=msg_id, born_timestamp_ms=NOW_MS, body=body, tags=tags.encode(),
+        sharding_key=key.encode(), keys=[k.encode() for k in keys],
+        properties=encode_properties(props),
+    ),
+    st.binary(min_size=16, max_size=16),
+    st.binary(min_size=1, max_size=64),
+    ascii_texts,
+    ascii_texts,
+    st.lists(ascii_texts.filter(bool), max_size=2),
+    st.dictionaries(ascii_texts.filter(bool), ascii_texts, max_size=2),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            *[st.lists(usual_frames, min_size=1, max_size=4).map(b"".join)] * 8,
+            st.lists(st.one_of(usual_frames, any_frames), max_size=4).map(b"".join),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    st.integers(-1, 3),
+    st.integers(-40, 80),
+)
+def test_a_requests_parts_checked_in_one_call_are_checked_as_each_alone(
+    parts: list[bytes], frames_over: int, bytes_over: int
+) -> None:
+    # the limits near the request's own size: within, just within, just over
+    max_frames = max(1, sum(map(frame_count, parts)) + frames_over)
+    max_bytes = max(1, sum(map(len, parts)) + bytes_over)
+    assert speedups is not None
+    got = check_usual_parts(parts, max_frames=max_frames, max_bytes=max_bytes)
+    # Each part alone: scan_frames takes it (the usual part; checked against Python above)
+    scans = [
+        speedups.scan_frames(part, 0, 0, len(part), len(part), MAX_BODY_BYTES,
+                             MAX_PROPERTIES_BYTES, HALF_PROPERTY, False) if part else None
+        for part in parts
+    ]  # fmt: skip
+    datas = [scan for scan in scans if scan is not None]
+    usual = len(datas) == len(parts)
+    within = sum(map(len, parts)) <= max_bytes and sum(map(len, datas)) // 6 <= max_frames
+    if not (usual and within):
+        assert got is None
+        return
+    assert got is not None
+    assert [checked._data for checked in got] == [
+        check_outcome(check_frames_in_python, part) for part in parts
+    ]
+
+
+def test_the_usual_request_over_several_queues_is_checked_in_one_call() -> None:
+    parts = [
+        b"".join(
+            encode_frame(
+                msg_id=bytes(16),
+                born_timestamp_ms=NOW_MS,
+                body=b"x" * 100,
+                tags=b"T",
+                sharding_key=f"key-{q}-{i}".encode(),
+                keys=[b"k"],
+                properties=encode_properties({"trace": "abc"}),
+            )
+            for i in range(3)
+        )
+        for q in range(8)
+    ]
+    got = check_usual_parts(parts, max_frames=24, max_bytes=sum(map(len, parts)))
+    assert got is not None, "the usual mixed-key request fell back to a check per part"
+    assert [c._data for c in got] == [check_frames_in_python(p, NOW_MS)._data for p in parts]
+    # over the limits in all: part by part (which slices them across turns)
+    assert check_usual_parts(parts, max_frames=23, max_bytes=10**6) is None
+    assert check_usual_parts(parts, max_frames=24, max_bytes=sum(map(len, parts)) - 1) is None
+    assert check_usual_parts([*parts, b""], max_frames=99, max_bytes=10**6) is None
 
 
 @settings(max_examples=100, deadline=None)
