@@ -163,6 +163,19 @@ class PortCall:
                 raise _status(grpc.StatusCode.CANCELLED, "the stream was cancelled") from None
             raise
 
+    def writable_now(self) -> bool:
+        """Whether the connection is open with nothing buffered: `write_now` then sends."""
+        connection = self._open_connection
+        if connection is None or self._cancelled:
+            return False
+        transport = connection[1].transport
+        return not transport.is_closing() and transport.get_write_buffer_size() == 0
+
+    def write_now(self, message: bytes) -> None:
+        """`write` without waiting, for when `writable_now()` (nothing to drain)."""
+        assert self._open_connection is not None
+        self._open_connection[1].write(_LENGTH.pack(len(message)) + message)
+
     async def write(self, message: bytes) -> None:
         """Send one serialized ExchangeRequests."""
         _, writer = await self._connection()

@@ -37,6 +37,7 @@ from sdk import Producer as BlockingProducer
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._transport import exchange_port
 from sdk._transport.broker_client import BrokerClient
+from sdk._transport.codec import encode_message
 from sdk._transport.exchange_port import PortCall
 from sdk._wire import EXCHANGE_PORT_PREAMBLE
 from sdk.aio import Producer
@@ -368,6 +369,62 @@ def test_sends_move_to_the_port_once_it_greets(
     for key in keys:
         assert [b for b in seen if b.startswith(key + ":")] == [
             b for b in sent if b.startswith(key + ":")
+        ], key
+
+
+def test_a_lone_callers_requests_are_written_at_once_and_concurrent_ones_joined(
+    broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One send after another skips the writer task (its wake-up costs a turn of the
+    loop); sends made while others are in flight are joined into writes by it."""
+    writes: list[tuple[str, int]] = []  # (by whom, requests in the write)
+    real_write, real_write_now = PortCall.write, PortCall.write_now
+
+    async def write(self: PortCall, message: bytes) -> None:
+        writes.append(("writer", len(pb.ExchangeRequests.FromString(message).requests)))
+        await real_write(self, message)
+
+    def write_now(self: PortCall, message: bytes) -> None:
+        writes.append(("at once", len(pb.ExchangeRequests.FromString(message).requests)))
+        real_write_now(self, message)
+
+    monkeypatch.setattr(PortCall, "write", write)
+    monkeypatch.setattr(PortCall, "write_now", write_now)
+    bodies = [f"{KEYS[n % 4]}:{n}" for n in range(60)]
+
+    def sending(body: str) -> Message:
+        return Message("orders", body.encode(), sharding_key=body.split(":")[0])
+
+    async def main() -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        async with Producer(broker.address) as producer:
+            await producer.send(sending(bodies[0]))
+            await until(lambda: port_of(broker).connections == 1, "on the port")
+            await until(lambda: broker.broker.exchange_streams == 1, "gRPC's stream ended")
+            writes.clear()
+            for body in bodies[1:20]:
+                await producer.send(sending(body))
+            lone = writes[:]
+            writes.clear()
+            # requests made together (the producer's accumulator would join these sends)
+            client = producer._core._transport.client(broker.address)  # type: ignore[attr-defined]
+            now = time.time()
+            await asyncio.gather(*(
+                client.send("orders", shard_index(body.split(":")[0], 4),
+                            encode_message(sending(body), n.to_bytes(16, "big"), now))
+                for n, body in enumerate(bodies[20:])
+            ))  # fmt: skip
+            return lone, writes[:]
+
+    lone, together = asyncio.run(main())
+    assert lone == [("at once", 1)] * 19
+    assert sum(n for _, n in together) == 40
+    assert together[0] == ("at once", 1), "the first of them found the writer idle"
+    assert any(by == "writer" and n > 1 for by, n in together), together
+    assert any(by == "writer" and n > 1 for by, n in together), together
+    seen = all_stored(broker, len(bodies))
+    for key in KEYS:
+        assert [b for b in seen if b.startswith(key + ":")] == [
+            b for b in bodies if b.startswith(key + ":")
         ], key
 
 
