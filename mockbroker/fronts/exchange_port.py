@@ -243,7 +243,15 @@ class ExchangePort:
         try:
             check, first = await self._opening(frames, host)
             requests = each_request(self._after(first, frames))
-            async for batch in self._exchanges.serve_batches(requests, client, check):
+
+            def write_now(body: bytes) -> bool:
+                transport = writer.transport
+                if transport.is_closing() or transport.get_write_buffer_size():
+                    return False
+                writer.write(frame(body))
+                return True
+
+            async for batch in self._exchanges.serve_batches(requests, client, check, write_now):
                 body = join_repeated([answer.SerializeToString() for answer in batch])
                 await self._write(writer, frame(body))
         except BrokerError as exc:  # a refused hello or a frame that did not parse

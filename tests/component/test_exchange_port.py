@@ -21,6 +21,7 @@ import pytest
 from mockbroker import BrokerConfig, EmbeddedBroker
 from mockbroker.__main__ import parse_args
 from mockbroker.fronts.exchange_port import PREAMBLE
+from mockbroker.fronts.grpc.exchange import ExchangeStream
 from sdk import Message
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._transport.codec import MessageIdGenerator, encode_message
@@ -155,6 +156,44 @@ def test_sends_and_a_pull_are_answered_by_id_and_stored_in_order(
 
     asyncio.run(main())
     assert stored(broker) == [b"a", b"b", b"c"]
+
+
+def test_the_answer_of_a_lone_request_is_written_at_once_and_answers_together_joined(
+    broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no other request in flight, an answer skips the stream's queue (its task's
+    wake-up costs a turn of the loop); answers of requests in flight together are
+    joined into frames by it."""
+    at_once: list[bool] = []
+    real = ExchangeStream._written_now
+
+    def spied(self: ExchangeStream, answer: pb.ExchangeResponse) -> bool:
+        at_once.append(real(self, answer))
+        return at_once[-1]
+
+    monkeypatch.setattr(ExchangeStream, "_written_now", spied)
+
+    async def main() -> list[int]:
+        async with PortClient.open(address(broker)) as client:
+            await client.greeted()
+            for rid in range(1, 6):  # one after another
+                client.write(send(rid, b"lone %d" % rid))
+                assert (await client.answers(1))[rid].send.first_queue_offset == rid - 1
+            client.write(*(send(rid, b"together %d" % rid) for rid in range(6, 14)))
+            frames = []
+            while sum(frames) < 8:
+                answers = await client.read()
+                assert answers is not None
+                frames.append(len(answers))
+            return frames
+
+    frames = asyncio.run(main())
+    assert at_once[:5] == [True] * 5
+    assert len(at_once) == 13 and not any(at_once[5:])
+    assert len(frames) < 8, f"the answers together went one a frame: {frames}"
+    assert stored(broker) == [b"lone %d" % i for i in range(1, 6)] + [
+        b"together %d" % i for i in range(6, 14)
+    ]
 
 
 def test_a_request_the_broker_refuses_is_answered_with_its_error_and_the_stream_goes_on(
