@@ -242,7 +242,8 @@ class ExchangePort:
         frames = self._frames(reader, writer, last_read)
         try:
             check, first = await self._opening(frames, host)
-            requests = each_request(self._after(first, frames))
+            # The first frame was read already only with an ACL (its hello).
+            requests = each_request(frames if first is None else self._after(first, frames))
 
             def write_now(body: bytes) -> bool:
                 transport = writer.transport

@@ -213,22 +213,27 @@ def test_any_batch_is_checked_alike_in_c_and_in_python(
         )
 
 
-def test_the_usual_batch_is_checked_in_c() -> None:
-    # ASCII tags, keys and properties, due now: the broker's usual send. Falling back to
-    # Python for it would cost every send, and nothing else would notice.
-    assert speedups is not None
-    frames = b"".join(
+def usual_batch(key_prefix: str, count: int) -> bytes:
+    """`count` frames as the broker's usual send carries them: ASCII text, due now."""
+    return b"".join(
         encode_frame(
             msg_id=bytes(16),
             born_timestamp_ms=NOW_MS,
             body=b"x" * 100,
             tags=b"T",
-            sharding_key=f"key-{i}".encode(),
+            sharding_key=f"{key_prefix}-{i}".encode(),
             keys=[b"k"],
             properties=encode_properties({"trace": "abc"}),
         )
-        for i in range(5)
+        for i in range(count)
     )
+
+
+def test_the_usual_batch_is_checked_in_c() -> None:
+    # ASCII tags, keys and properties, due now: the broker's usual send. Falling back to
+    # Python for it would cost every send, and nothing else would notice.
+    assert speedups is not None
+    frames = usual_batch("key", 5)
     data = speedups.scan_frames(
         frames, 0, 0, len(frames), len(frames), MAX_BODY_BYTES, MAX_PROPERTIES_BYTES,
         HALF_PROPERTY, False,
@@ -302,21 +307,7 @@ def test_a_requests_parts_checked_in_one_call_are_checked_as_each_alone(
 
 
 def test_the_usual_request_over_several_queues_is_checked_in_one_call() -> None:
-    parts = [
-        b"".join(
-            encode_frame(
-                msg_id=bytes(16),
-                born_timestamp_ms=NOW_MS,
-                body=b"x" * 100,
-                tags=b"T",
-                sharding_key=f"key-{q}-{i}".encode(),
-                keys=[b"k"],
-                properties=encode_properties({"trace": "abc"}),
-            )
-            for i in range(3)
-        )
-        for q in range(8)
-    ]
+    parts = [usual_batch(f"key-{q}", 3) for q in range(8)]
     got = check_usual_parts(parts, max_frames=24, max_bytes=sum(map(len, parts)))
     assert got is not None, "the usual mixed-key request fell back to a check per part"
     assert [c._data for c in got] == [check_frames_in_python(p, NOW_MS)._data for p in parts]
