@@ -101,6 +101,13 @@ def in_key_order(seen: list[str], sent: list[str]) -> None:
         assert mine == [b for b in sent if b.split(":")[1] == key], key
 
 
+def each_key_in_order(seen: list[str], sent: list[str], keys: list[str]) -> None:
+    """Bodies "key:..." seen in the order sent, key by key."""
+    for key in keys:
+        mine = [b for b in seen if b.startswith(key + ":")]
+        assert mine == [b for b in sent if b.startswith(key + ":")], key
+
+
 def all_stored(broker: EmbeddedBroker, count: int) -> list[str]:
     """The `count` bodies stored on "orders", polled by a group of their own, in order."""
     consumer = LitePullConsumer("check", broker.address)
@@ -366,10 +373,7 @@ def test_sends_move_to_the_port_once_it_greets(
     sent = asyncio.run(main())
     seen = all_stored(broker, len(sent))
     assert sorted(seen) == sorted(sent)  # each once
-    for key in keys:
-        assert [b for b in seen if b.startswith(key + ":")] == [
-            b for b in sent if b.startswith(key + ":")
-        ], key
+    each_key_in_order(seen, sent, keys)
 
 
 def test_a_lone_callers_requests_are_written_at_once_and_concurrent_ones_joined(
@@ -420,12 +424,7 @@ def test_a_lone_callers_requests_are_written_at_once_and_concurrent_ones_joined(
     assert sum(n for _, n in together) == 40
     assert together[0] == ("at once", 1), "the first of them found the writer idle"
     assert any(by == "writer" and n > 1 for by, n in together), together
-    assert any(by == "writer" and n > 1 for by, n in together), together
-    seen = all_stored(broker, len(bodies))
-    for key in KEYS:
-        assert [b for b in seen if b.startswith(key + ":")] == [
-            b for b in bodies if b.startswith(key + ":")
-        ], key
+    each_key_in_order(all_stored(broker, len(bodies)), bodies, KEYS)
 
 
 def test_closing_the_client_fails_a_request_left_on_the_replaced_grpc_stream_as_closed(
