@@ -292,13 +292,15 @@ class Delivery:
         except BrokerError as exc:
             return [exc] * len(parts)
         valid: list[tuple[int, int, bytes]] = []  # (index, queue id, frames)
+        queue_count = shape.queue_count
         for index, (queue_id, frames) in enumerate(parts):
-            try:
-                shape.check_queue(queue_id)
-            except BrokerError as exc:
-                outcomes[index] = exc
-            else:
-                valid.append((index, queue_id, frames))
+            if not 0 <= queue_id < queue_count:
+                try:
+                    shape.check_queue(queue_id)  # INVALID_QUEUE
+                except BrokerError as exc:
+                    outcomes[index] = exc
+                    continue
+            valid.append((index, queue_id, frames))
         sliced = self._s.sliced
         holds: list[QueueHold] = []
         if sliced is not None:
@@ -312,11 +314,7 @@ class Delivery:
                 now, later = _sort_checks(valid, checks, outcomes)
                 sorted_checks.append((now, later))
                 assert sliced is not None
-                if (
-                    not now
-                    or later
-                    or any(sliced.writing((topic_name, b.queue_id)) for _, b in now)
-                ):
+                if not now or later or sliced.writing_any(topic_name, [b.queue_id for _, b in now]):
                     return None
                 try:
                     self._s.store.check_accepting_sends()
@@ -338,6 +336,7 @@ class Delivery:
                 if written is not None:
                     for hold in holds:  # written: the queues' next sends need not wait for fsync
                         hold.release()
+                    holds = []  # let go: nothing left for the `finally` below
                     if written:
                         await self._written_parts(sorted_checks[0][0], written, outcomes)
                     self._send_seconds.observe(time.perf_counter() - started)
@@ -394,8 +393,9 @@ class Delivery:
         outcomes: dict[int, SendOutcome | BrokerError],
     ) -> None:
         """The outcomes of parts written already: each stored, durable once synced."""
+        store = self._s.store
         try:
-            durable = await self._s.store.durable(written[0].end)
+            durable = not store.sync_flush or await store.durable(written[0].end)
         except BrokerError as exc:
             outcomes.update((index, exc) for index, _ in batches)
             return

@@ -88,6 +88,11 @@ class SlicedStore:
         """True while a batch is written to `queue` slice by slice (nothing may come between)."""
         return self._writes.locked(queue)
 
+    def writing_any(self, topic: str, queue_ids: Iterable[int]) -> bool:
+        """`writing` for any of `queue_ids` of `topic`."""
+        writes = self._writes
+        return writes.any_locked() and any(writes.locked((topic, q)) for q in queue_ids)
+
     async def check(
         self,
         client: Hashable,
@@ -368,6 +373,9 @@ class _Locks:
 
     def locked(self, key: Hashable) -> bool:
         return key in self._waiting
+
+    def any_locked(self) -> bool:
+        return bool(self._waiting)
 
     async def acquire_all(self, keys: list[Hashable]) -> list[QueueHold]:
         """A hold on each of `keys`, taken in the order given (none kept if cancelled)."""

@@ -738,15 +738,17 @@ class MessageStore:
         `laid_out`: each batch's records laid out before (lay_out; None: not), used where
         they are whole and still take the offsets they were laid out at.
         """
-        queues: dict[tuple[str, int], _QueueWrite] = {}  # by the queue indexed in
+        queues: dict[int, _QueueWrite] = {}  # by the queue indexed in (of index_name)
         targets: list[_QueueWrite] = []  # each batch's
         index_topic = topic if index_into is None else index_into[0]
         index_name = index_topic.name
+        queue_count = topic.queue_count
         for part in parts:
-            topic.check_queue(part.queue_id)
-            index_queue = part.queue_id if index_into is None else index_into[1]
-            key = (index_name, index_queue)
-            target = queues.get(key)
+            queue_id = part.queue_id
+            if not 0 <= queue_id < queue_count:
+                topic.check_queue(queue_id)  # INVALID_QUEUE
+            index_queue = queue_id if index_into is None else index_into[1]
+            target = queues.get(index_queue)
             if target is None:
                 if not queues:  # the topic's lookup (`queue`) once: every queue is of it
                     cq = self.queue(index_topic, index_queue)
@@ -754,7 +756,7 @@ class MessageStore:
                     if index_into is not None:  # else checked above, as the batch's queue
                         index_topic.check_queue(index_queue)
                     cq = self._queue_for(index_topic, index_queue)
-                target = queues[key] = _QueueWrite(cq)
+                target = queues[index_queue] = _QueueWrite(cq)
             targets.append(target)
         flusher = self._writable_flusher()
         store_ts = int(self._clock.now() * 1000)
@@ -846,15 +848,15 @@ class MessageStore:
                 StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", f"write failed: {exc}"
             ) from exc
         end = self.commitlog.end
+        stored = sum(counts)
+        self.stats.messages_stored += stored
         by_topic = self.stats.stored_by_topic
-        for key, target in queues.items():
-            count = target.next_offset - target.first_offset
-            self.stats.messages_stored += count
-            by_topic[key[0]] = by_topic.get(key[0], 0) + count
-            if self.sync_flush:  # readable once synced
-                self._unannounced.append((end, key))
-            elif self.on_append is not None:
-                self.on_append(*key)
+        by_topic[index_name] = by_topic.get(index_name, 0) + stored
+        if self.sync_flush:  # readable once synced
+            self._unannounced.extend((end, (index_name, q)) for q in queues)
+        elif self.on_append is not None:
+            for q in queues:
+                self.on_append(index_name, q)
         return [Written(first, count, ts, end) for first, count, ts in written]
 
     async def durable(self, end: int) -> bool:
@@ -869,7 +871,7 @@ class MessageStore:
     def _roll_back(
         self,
         position: int,
-        queues: dict[tuple[str, int], _QueueWrite],
+        queues: dict[int, _QueueWrite],
         index_sizes: tuple[int, int],
     ) -> bool:
         """Undo a write cut short by a full disk, back to where it began; True on success.

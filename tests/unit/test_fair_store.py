@@ -171,6 +171,28 @@ def test_nothing_comes_between_the_slices_of_a_batch_being_written(tmp_path: Pat
     assert run(tmp_path, body) == big + small
 
 
+def test_writing_any_names_a_batch_being_written_in_slices_to_one_of_the_queues(
+    tmp_path: Path,
+) -> None:
+    """What a request over several queues asks before writing in its checks' turn."""
+    big = numbered(300, prefix=b"big")
+
+    async def body(store: MessageStore, sliced: SlicedStore, topic: Topic) -> list[bool]:
+        seen = [sliced.writing_any("t", [0, 1, 2])]
+        first = asyncio.create_task(send(store, sliced, "a", topic, 1, frames(big)))
+        while not sliced.writing(("t", 1)):  # until it is laid out, a slice per turn
+            await asyncio.sleep(0)
+        seen += [
+            sliced.writing_any("t", [0, 1, 2]),
+            sliced.writing_any("t", [0, 2, 3]),
+            sliced.writing_any("other", [1]),
+        ]
+        await first
+        return [*seen, sliced.writing_any("t", [1])]
+
+    assert run(tmp_path, body) == [False, True, False, False, False]
+
+
 def test_a_send_waiting_for_its_turn_does_not_hold_up_other_clients_sends_to_its_queue(
     tmp_path: Path,
 ) -> None:
