@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from sdk._wire import read_in_chunks
+
 if TYPE_CHECKING:
     from cryptography import x509
 
@@ -42,9 +44,17 @@ async def listen(
     port: int,
     tls: ssl.SSLContext | None,
 ) -> tuple[asyncio.Server, int]:
-    """A TCP server on host:port (0: a free port), over TLS with `tls`; the port bound."""
+    """A TCP server on host:port (0: a free port), over TLS with `tls`; the port bound.
+
+    Its connections read at most STREAM_READ_BYTES a call (see there).
+    """
+
+    async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        read_in_chunks(writer)
+        await accept(reader, writer)
+
     server = await asyncio.start_server(
-        accept, host, port, ssl=tls,
+        accepted, host, port, ssl=tls,
         ssl_handshake_timeout=HANDSHAKE_TIMEOUT_SECONDS if tls is not None else None,
     )  # fmt: skip
     return server, int(server.sockets[0].getsockname()[1])

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from sdk._remoting.codec import FrameError, encode, read_command
 from sdk._remoting.command import FLAG_ONEWAY, RemotingCommand
+from sdk._wire import read_in_chunks
 from sdk.errors import BrokerError, BrokerUnavailableError, RequestTimeoutError, TLSError
 from sdk.tls import TLSConfig, tls_hint
 
@@ -81,6 +82,7 @@ class RemotingConnection:
                     host, int(port), ssl=tls_context,
                     server_hostname=(tls.server_name or host) if tls is not None else None,
                 )  # fmt: skip
+            read_in_chunks(writer)
         except ssl.SSLError as exc:
             assert tls is not None
             raise TLSError(

@@ -33,6 +33,7 @@ from sdk._transport.http_proxy import open_tunnel, proxy_for
 from sdk._wire import (
     EXCHANGE_PORT_PREAMBLE,
     GRPC_MAX_MESSAGE_BYTES,
+    read_in_chunks,
     set_tcp_keepalive,
     until_silent,
 )
@@ -252,14 +253,18 @@ async def _connect(
     hostname = (server_name or host) if tls is not None else None
     proxy = proxy_for(host)
     if proxy is None:
-        return await asyncio.open_connection(host, port, ssl=tls, server_hostname=hostname)
-    reader, writer = await open_tunnel(proxy, host, port)
-    if tls is not None:
-        try:
-            await writer.start_tls(tls, server_hostname=hostname)
-        except BaseException:
-            writer.transport.abort()
-            raise
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=tls, server_hostname=hostname
+        )
+    else:
+        reader, writer = await open_tunnel(proxy, host, port)
+        if tls is not None:
+            try:
+                await writer.start_tls(tls, server_hostname=hostname)
+            except BaseException:
+                writer.transport.abort()
+                raise
+    read_in_chunks(writer)
     return reader, writer
 
 
