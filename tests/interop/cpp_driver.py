@@ -142,8 +142,12 @@ def quiet_logs(set_level: Any, set_size: Any, handle: Any, level: str) -> None:
     set_size(handle, 3, 20 * 1024 * 1024)
 
 
+#: How often wait_for_stop looks for the stop signal.
+STOP_POLL_SECONDS = 0.1
+
+
 def stop_signal() -> queue.SimpleQueue[int]:
-    """A queue SIGTERM and SIGINT put their number in (`get()` waits for one).
+    """A queue SIGTERM and SIGINT put their number in (`wait_for_stop` waits for one).
 
     Not a threading.Event: a handler's set() that lands while the main thread is inside
     the Event's wait() (holding its lock) blocks for good. SimpleQueue.put is safe there.
@@ -152,6 +156,21 @@ def stop_signal() -> queue.SimpleQueue[int]:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stop.put(signum))
     return stop
+
+
+def wait_for_stop(stop: queue.SimpleQueue[int]) -> int:
+    """The first signal `stop_signal`'s queue got, waiting for it in short steps.
+
+    The kernel hands a process's signal to any of its threads, the client's too; one
+    that lands on another thread does not wake the main thread from a blocking get(),
+    and Python runs the handler only when the main thread next runs Python code. A
+    plain get() then waited for good (a SIGTERM'd driver did not stop in 60 s).
+    """
+    while True:
+        try:
+            return stop.get(timeout=STOP_POLL_SECONDS)
+        except queue.Empty:
+            continue
 
 
 # ---------------------------------------------------------------------------- commands
@@ -340,7 +359,7 @@ def push(a: argparse.Namespace) -> None:
     consumer.start()
     emit("started", pid=os.getpid(), orderly=a.orderly, group=a.group, topic=a.topic)
     phase("consuming")
-    stop.get()
+    wait_for_stop(stop)
     emit("stopping")
     phase("shutting down (offsets persisted, queues unlocked, client unregistered)")
     began = time.monotonic()

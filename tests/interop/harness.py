@@ -134,7 +134,15 @@ class Driver:
     # ------------------------------------------------------------------ ending
     def finish(self, timeout: float = STOP_TIMEOUT) -> int:
         """Wait for a driver that ends by itself (produce, pull); its exit code."""
-        code = self.proc.wait(timeout)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self._reader.join(10)
+            raise AssertionError(
+                f"{self.name} did not end within {timeout:g} s (killed): {self.describe()}"
+            ) from None
         self._reader.join(10)
         return code
 

@@ -60,6 +60,8 @@ from typing import Any
 
 _out = threading.Lock()
 _phase = ["starting"]
+#: How often the push command looks for the stop signal (see push).
+STOP_POLL_SECONDS = 0.1
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -276,7 +278,11 @@ def push(a: argparse.Namespace) -> int:
     consumer.startup()
     emit("started", client_id=consumer.client_id, fifo=consumer.fifo)
     _phase[0] = "consuming"
-    stop.get()
+    # In short steps: a signal the kernel hands to one of the client's threads does not
+    # wake a blocking get(), and its handler runs only when this thread runs Python code
+    # again (a plain get() once left a SIGTERM'd driver waiting for good).
+    while stop.empty():
+        time.sleep(STOP_POLL_SECONDS)
     emit("stopping")
     consumer.shutdown()
     emit("stopped")
