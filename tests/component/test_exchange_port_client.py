@@ -73,6 +73,15 @@ def port_of(broker: EmbeddedBroker) -> ExchangePort:
     return port
 
 
+def streams_served(broker: EmbeddedBroker) -> str:
+    """What a failed only_on_the_port saw: the broker's streams and its port's connections."""
+    port = port_of(broker)
+    return (
+        f"{broker.broker.exchange_streams} Exchange stream(s) served, {port.connections} "
+        f"on the port ({port.accepted_connections} port connection(s) accepted in all)"
+    )
+
+
 def only_on_the_port(broker: EmbeddedBroker) -> bool:
     """Every Exchange stream the broker serves is a connection to its port, now or within
     WAIT: a gRPC stream a client began on ends once its port stream took over and the

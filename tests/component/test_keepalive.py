@@ -12,6 +12,7 @@ its end, and what the connection held goes (BrokerConfig.keepalive_seconds).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from sdk import Message, Producer, ProducerConfig, _wire
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk.errors import OrderMQError
-from tests.component.test_exchange_port_client import only_on_the_port, port_of
+from tests.component.test_exchange_port_client import only_on_the_port, port_of, streams_served
 from tests.component.test_push_delivery import Recorder, consumer, send, subscriptions
 from tests.faultproxy import FaultProxy
 from tests.support import wait_until
@@ -46,11 +47,16 @@ def keepalive_broker(tmp_path: Path, front: str, **config: Any) -> EmbeddedBroke
 
 @pytest.mark.parametrize("front", FRONTS)
 def test_sends_go_on_over_a_new_connection_once_the_old_one_went_silent(
-    tmp_path: Path, front: str, process_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    front: str,
+    process_proxy: FaultProxy,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """On the Exchange port, the client's own pings find the silence (TCP's keepalive
     would not: the proxy's end of the connection still answers it)."""
     monkeypatch.setattr(_wire, "GRPC_KEEPALIVE_MS", KEEPALIVE_MS)
+    caplog.set_level(logging.INFO, logger="ordermq.transport")
     config = ProducerConfig(send_timeout=1.0, retry_times=0, accumulator=None)
     with (
         keepalive_broker(tmp_path, front) as broker,
@@ -76,7 +82,11 @@ def test_sends_go_on_over_a_new_connection_once_the_old_one_went_silent(
                     f"{failures[-1]!r} (and {len(failures) - 1} before)"
                 )
         if front == "exchange-port":
-            assert only_on_the_port(broker), "the sends went on a new port connection"
+            assert only_on_the_port(broker), (
+                f"the sends went on a new port connection: {streams_served(broker)} after "
+                f"{len(failures)} failed send(s): {failures!r}; the transport logged "
+                f"{[r.getMessage() for r in caplog.records if r.name == 'ordermq.transport']}"
+            )
             assert port_of(broker).accepted_connections == 2
         else:
             assert process_proxy.stats().connections == 2, "the send went on a new connection"
