@@ -972,6 +972,46 @@ done:
     return out;
 }
 
+/* ---------------------------------------------------------------- the id index
+ *
+ * pack_id_entries: message_index's id entries for a write, as
+ * b"".join(map(struct.Struct("<16sq").pack, ids, positions)), without a bytes object
+ * and a call per entry.
+ */
+static PyObject *
+pack_id_entries(PyObject *module, PyObject *args)
+{
+    PyObject *ids, *positions;
+    if (!PyArg_ParseTuple(args, "O!O!:pack_id_entries", &PyList_Type, &ids, &PyList_Type,
+                          &positions))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(ids);
+    if (PyList_GET_SIZE(positions) != n) {
+        PyErr_SetString(PyExc_ValueError, "one position per id");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 24);
+    if (out == NULL)
+        return NULL;
+    char *o = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++, o += 24) {
+        PyObject *id = PyList_GET_ITEM(ids, i);
+        if (!PyBytes_Check(id) || PyBytes_GET_SIZE(id) != 16) {
+            PyErr_SetString(PyExc_ValueError, "message ids are 16 bytes");
+            Py_DECREF(out);
+            return NULL;
+        }
+        int64_t position = PyLong_AsLongLong(PyList_GET_ITEM(positions, i));
+        if (position == -1 && PyErr_Occurred()) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        memcpy(o, PyBytes_AS_STRING(id), 16);
+        memcpy(o + 16, &position, 8);
+    }
+    return out;
+}
+
 /* ---------------------------------------------------------------- the producer's batch
  *
  * shard_groups: ProducerCore._send_prepared's grouping of a batch by queue, for the usual
@@ -1199,6 +1239,8 @@ static PyMethodDef methods[] = {
     {"lay_out_parts", lay_out_parts, METH_VARARGS,
      "lay_out_parts(parts, into, topic, store_ts, base_position, reconsume_times, positions, "
      "ids, keyed) -> each part's entries: as records.lay_out_parts"},
+    {"pack_id_entries", pack_id_entries, METH_VARARGS,
+     "pack_id_entries(ids, positions) -> the id index's entries (<16sq each), joined"},
     {"shard_groups", shard_groups, METH_VARARGS,
      "shard_groups(messages, topic, queue_count) -> {queue index: [message index]}, or None: "
      "group in Python"},

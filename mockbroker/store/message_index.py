@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mockbroker.store.files import open_durably, punch_hole
+from sdk._accel import speedups
 
 _ID_ENTRY = struct.Struct("<16sq")
 _KEY_ENTRY = struct.Struct("<8sq")
@@ -39,6 +40,14 @@ def key_hash(topic: str, key: bytes) -> bytes:
     h = _key_hasher(topic)
     h.update(key)
     return h.digest()
+
+
+def _id_entries_in_python(msg_ids: list[bytes], positions: list[int]) -> bytes:
+    """The id file's entries of a write, joined (the C build packs them in one call)."""
+    return b"".join(map(_ID_ENTRY.pack, msg_ids, positions))
+
+
+_id_entries = speedups.pack_id_entries if speedups is not None else _id_entries_in_python
 
 
 class MessageIndex:
@@ -68,9 +77,7 @@ class MessageIndex:
         keyed: list[tuple[int, bytes]],
     ) -> None:
         """Index a batch: every message by id, and `keyed` (position, keys joined by NUL)."""
-        self._sizes[self._ids] += os.write(
-            self._ids, b"".join(map(_ID_ENTRY.pack, msg_ids, positions))
-        )
+        self._sizes[self._ids] += os.write(self._ids, _id_entries(msg_ids, positions))
         if not keyed:
             return
         # Hashing the prefix once and copying its state gives key_hash's digest at half

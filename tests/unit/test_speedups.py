@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mockbroker.errors import BrokerError
+from mockbroker.store import message_index
 from mockbroker.store.records import (
     IdKeyEntries,
     build_records,
@@ -501,3 +502,26 @@ def test_laying_out_frames_that_lie_outside_their_bytes_raises_rather_than_reads
             speedups.lay_out_parts(
                 [(frames, [start, end, 0, 0, 0, 0], 0, 0)], [], b"t", 0, 0, 0, None, None, None
             )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.binary(min_size=16, max_size=16), st.integers(-(2**63), 2**63 - 1))))
+def test_id_index_entries_are_packed_alike_in_c_and_in_python(
+    entries: list[tuple[bytes, int]],
+) -> None:
+    assert speedups is not None
+    ids, positions = [i for i, _ in entries], [p for _, p in entries]
+    assert speedups.pack_id_entries(ids, positions) == message_index._id_entries_in_python(
+        ids, positions
+    )
+    assert message_index._id_entries is speedups.pack_id_entries  # what the index writes with
+
+
+def test_packing_id_entries_refuses_what_the_index_never_holds() -> None:
+    assert speedups is not None
+    with pytest.raises(ValueError, match="16 bytes"):
+        speedups.pack_id_entries([b"short"], [0])
+    with pytest.raises(ValueError, match="one position per id"):
+        speedups.pack_id_entries([bytes(16)], [])
+    with pytest.raises(OverflowError):
+        speedups.pack_id_entries([bytes(16)], [2**63])
