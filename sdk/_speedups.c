@@ -972,6 +972,45 @@ done:
     return out;
 }
 
+/* ---------------------------------------------------------------- message ids
+ *
+ * message_ids: MessageIdGenerator.take's ids, prefix + each number as 8 big-endian
+ * bytes, without a to_bytes call and a concatenation per id.
+ */
+static PyObject *
+message_ids(PyObject *module, PyObject *args)
+{
+    Py_buffer prefix;
+    PyObject *numbers;
+    if (!PyArg_ParseTuple(args, "y*O!:message_ids", &prefix, &PyList_Type, &numbers))
+        return NULL;
+    PyObject *out = NULL;
+    if (prefix.len != 8) {
+        PyErr_SetString(PyExc_ValueError, "message ids start with 8 bytes");
+        goto done;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(numbers);
+    out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        unsigned long long v = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(numbers, i));
+        PyObject *id = v == (unsigned long long)-1 && PyErr_Occurred()
+                           ? NULL
+                           : PyBytes_FromStringAndSize(NULL, 16);
+        if (id == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        unsigned char *o = (unsigned char *)PyBytes_AS_STRING(id);
+        memcpy(o, prefix.buf, 8);
+        for (int b = 15; b >= 8; b--, v >>= 8)
+            o[b] = (unsigned char)(v & 0xFF);
+        PyList_SET_ITEM(out, i, id);
+    }
+done:
+    PyBuffer_Release(&prefix);
+    return out;
+}
+
 /* ---------------------------------------------------------------- the id index
  *
  * pack_id_entries: message_index's id entries for a write, as
@@ -1239,6 +1278,8 @@ static PyMethodDef methods[] = {
     {"lay_out_parts", lay_out_parts, METH_VARARGS,
      "lay_out_parts(parts, into, topic, store_ts, base_position, reconsume_times, positions, "
      "ids, keyed) -> each part's entries: as records.lay_out_parts"},
+    {"message_ids", message_ids, METH_VARARGS,
+     "message_ids(prefix, numbers) -> a 16-byte id each: prefix + the number, big-endian"},
     {"pack_id_entries", pack_id_entries, METH_VARARGS,
      "pack_id_entries(ids, positions) -> the id index's entries (<16sq each), joined"},
     {"shard_groups", shard_groups, METH_VARARGS,

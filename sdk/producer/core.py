@@ -66,6 +66,8 @@ _shard_groups_in_c = speedups.shard_groups if speedups is not None else None
 _send_results_in_c: Callable[..., list[SendResult]] | None = (
     speedups.send_results if speedups is not None else None
 )
+#: A batch's message ids in C, where it was built.
+_message_ids_in_c = speedups.message_ids if speedups is not None else None
 
 
 class PartialBatchError(OrderMQError):
@@ -108,7 +110,7 @@ class ProducerCore:
         if self.config.spool_dir is not None and self.config.accumulator is not None:
             raise InvalidArgumentError("spool_dir and accumulator are exclusive: the spool batches")
         self._clock: Clock = clock or SystemClock()
-        self._ids = MessageIdGenerator()
+        self._ids = MessageIdGenerator(_message_ids_in_c)
         self._round_robin = RoundRobinSelector()
         #: Broker name -> until when (clock.monotonic) keyless sends pass over it.
         self._failed_brokers: dict[str, float] = {}

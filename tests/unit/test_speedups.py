@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import string
+import types
 from typing import Any
 
 import mmh3
@@ -39,7 +40,8 @@ from sdk._wire import (
     encode_frame,
     encode_properties,
 )
-from sdk.message import SendResult, SendStatus, build_send_results
+from sdk.message import SendResult, SendStatus, build_send_results, message_ids_in_python
+from sdk.producer.core import ProducerCore
 from sdk.selector import shard_index
 from tests.support import assert_decoders_agree
 
@@ -525,3 +527,25 @@ def test_packing_id_entries_refuses_what_the_index_never_holds() -> None:
         speedups.pack_id_entries([bytes(16)], [])
     with pytest.raises(OverflowError):
         speedups.pack_id_entries([bytes(16)], [2**63])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=8, max_size=8), st.lists(st.integers(0, 2**64 - 1), max_size=40))
+def test_message_ids_are_built_alike_in_c_and_in_python(prefix: bytes, numbers: list[int]) -> None:
+    assert speedups is not None
+    assert speedups.message_ids(prefix, numbers) == message_ids_in_python(prefix, numbers)
+
+
+def test_a_producer_takes_its_batches_ids_in_c() -> None:
+    assert speedups is not None
+    transport = types.SimpleNamespace(prepare=encode_message)  # what a core reads at once
+    assert ProducerCore(transport)._ids._make is speedups.message_ids  # type: ignore[arg-type]
+
+
+def test_message_ids_refuse_a_prefix_or_number_out_of_shape() -> None:
+    assert speedups is not None
+    with pytest.raises(ValueError, match="8 bytes"):
+        speedups.message_ids(b"short", [0])
+    for number in (-1, 2**64):
+        with pytest.raises(OverflowError):
+            speedups.message_ids(bytes(8), [number])

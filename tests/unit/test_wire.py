@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from mockbroker.errors import BrokerError
@@ -223,6 +225,23 @@ def test_message_ids_share_a_random_prefix_and_count_from_zero() -> None:
     assert all(len(i) == 16 and i[:8] == first[0][:8] for i in first)
     assert [int.from_bytes(i[8:], "big") for i in first] == [0, 1, 2, 3, 4, 5]
     assert a.take(0) == [] and b.next()[:8] != first[0][:8]
+
+
+def test_message_ids_taken_from_many_threads_at_once_are_each_taken_once() -> None:
+    ids = MessageIdGenerator()
+    taken: list[list[bytes]] = [[] for _ in range(8)]
+
+    def take(into: list[bytes]) -> None:
+        for n in range(200):
+            into.extend(ids.take(n % 7) if n % 2 else [ids.next()])
+
+    threads = [threading.Thread(target=take, args=(t,)) for t in taken]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    counters = sorted(int.from_bytes(i[8:], "big") for got in taken for i in got)
+    assert counters == list(range(len(counters)))  # none twice, none skipped
 
 
 def test_the_frame_of_a_full_message_is_byte_for_byte_the_documented_layout() -> None:
