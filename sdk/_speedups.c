@@ -972,6 +972,68 @@ done:
     return out;
 }
 
+/* ---------------------------------------------------------------- a batch's parts
+ *
+ * pick(items, indexes): [items[i] for i in indexes]; put_at(into, indexes, values):
+ * into[indexes[k]] = values[k] for each k. A mixed-key batch is split into a part per
+ * queue and its results put back in input order: a list comprehension and a loop per
+ * part in Python. Indexes are within the list (no negative ones): IndexError otherwise.
+ */
+static int
+index_within(PyObject *list, PyObject *index, Py_ssize_t *at)
+{
+    *at = PyLong_AsSsize_t(index);
+    if (*at == -1 && PyErr_Occurred())
+        return -1;
+    if (*at < 0 || *at >= PyList_GET_SIZE(list)) {
+        PyErr_SetString(PyExc_IndexError, "index out of range");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+pick(PyObject *module, PyObject *args)
+{
+    PyObject *items, *indexes;
+    if (!PyArg_ParseTuple(args, "O!O!:pick", &PyList_Type, &items, &PyList_Type, &indexes))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(indexes);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t k = 0; out != NULL && k < n; k++) {
+        Py_ssize_t at;
+        if (index_within(items, PyList_GET_ITEM(indexes, k), &at) < 0) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, k, Py_NewRef(PyList_GET_ITEM(items, at)));
+    }
+    return out;
+}
+
+static PyObject *
+put_at(PyObject *module, PyObject *args)
+{
+    PyObject *into, *indexes, *values;
+    if (!PyArg_ParseTuple(args, "O!O!O!:put_at", &PyList_Type, &into, &PyList_Type, &indexes,
+                          &PyList_Type, &values))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(indexes);
+    if (PyList_GET_SIZE(values) != n) {
+        PyErr_SetString(PyExc_ValueError, "one value per index");
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t at;
+        if (index_within(into, PyList_GET_ITEM(indexes, k), &at) < 0)
+            return NULL;
+        PyObject *old = PyList_GET_ITEM(into, at);
+        PyList_SET_ITEM(into, at, Py_NewRef(PyList_GET_ITEM(values, k)));
+        Py_DECREF(old);
+    }
+    Py_RETURN_NONE;
+}
+
 /* ---------------------------------------------------------------- message ids
  *
  * message_ids: MessageIdGenerator.take's ids, prefix + each number as 8 big-endian
@@ -1278,6 +1340,9 @@ static PyMethodDef methods[] = {
     {"lay_out_parts", lay_out_parts, METH_VARARGS,
      "lay_out_parts(parts, into, topic, store_ts, base_position, reconsume_times, positions, "
      "ids, keyed) -> each part's entries: as records.lay_out_parts"},
+    {"pick", pick, METH_VARARGS, "pick(items, indexes) -> [items[i] for i in indexes]"},
+    {"put_at", put_at, METH_VARARGS,
+     "put_at(into, indexes, values): into[indexes[k]] = values[k] for each k"},
     {"message_ids", message_ids, METH_VARARGS,
      "message_ids(prefix, numbers) -> a 16-byte id each: prefix + the number, big-endian"},
     {"pack_id_entries", pack_id_entries, METH_VARARGS,

@@ -70,6 +70,25 @@ _send_results_in_c: Callable[..., list[SendResult]] | None = (
 _message_ids_in_c = speedups.message_ids if speedups is not None else None
 
 
+def _pick_in_python(items: list[Any], indexes: list[int]) -> list[Any]:
+    return [items[i] for i in indexes]
+
+
+def _put_at_in_python(into: list[Any], indexes: list[int], values: list[Any]) -> None:
+    for i, value in zip(indexes, values, strict=True):
+        into[i] = value
+
+
+#: A mixed-key batch's parts picked from it, and their results put back in input order:
+#: in C where it was built (a list comprehension and a loop per part otherwise).
+_pick: Callable[[list[Any], list[int]], list[Any]] = (
+    speedups.pick if speedups is not None else _pick_in_python
+)
+_put_at: Callable[[list[Any], list[int], list[Any]], None] = (
+    speedups.put_at if speedups is not None else _put_at_in_python
+)
+
+
 class PartialBatchError(OrderMQError):
     """Some queues of a batch were stored and others were not.
 
@@ -416,8 +435,7 @@ class ProducerCore:
                 if isinstance(sent, OrderMQError):
                     errors.append(sent)
                     continue
-                for i, result in zip(chunk, sent, strict=True):
-                    results[i] = result
+                _put_at(results, chunk, sent)
         if errors:
             if all(r is None for r in results):
                 raise errors[0]
@@ -834,7 +852,7 @@ def _first_parts(
     parts: list[Part] = []
     for queue, chunks, _ in plan:
         chunk = chunks[0]
-        parts.append((queue, [prepared[i] for i in chunk], [ids[i] for i in chunk]))
+        parts.append((queue, _pick(prepared, chunk), _pick(ids, chunk)))
     return parts
 
 

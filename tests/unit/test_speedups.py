@@ -41,6 +41,7 @@ from sdk._wire import (
     encode_properties,
 )
 from sdk.message import SendResult, SendStatus, build_send_results, message_ids_in_python
+from sdk.producer import core
 from sdk.producer.core import ProducerCore
 from sdk.selector import shard_index
 from tests.support import assert_decoders_agree
@@ -549,3 +550,31 @@ def test_message_ids_refuse_a_prefix_or_number_out_of_shape() -> None:
     for number in (-1, 2**64):
         with pytest.raises(OverflowError):
             speedups.message_ids(bytes(8), [number])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(), max_size=30), st.data())
+def test_a_batchs_parts_are_picked_and_put_back_alike_in_c_and_in_python(
+    items: list[int], data: st.DataObject
+) -> None:
+    assert speedups is not None
+    indexes = data.draw(st.lists(st.integers(0, len(items) - 1), max_size=30)) if items else []
+    assert speedups.pick(items, indexes) == core._pick_in_python(items, indexes)
+    values = [object() for _ in indexes]
+    into_c: list[Any] = [None] * len(items)
+    into_python: list[Any] = [None] * len(items)
+    speedups.put_at(into_c, indexes, values)
+    core._put_at_in_python(into_python, indexes, values)
+    assert into_c == into_python
+    assert core._pick is speedups.pick and core._put_at is speedups.put_at
+
+
+def test_picking_and_putting_refuse_an_index_outside_the_list() -> None:
+    assert speedups is not None
+    for index in (-1, 3, 2**70):
+        with pytest.raises((IndexError, OverflowError)):
+            speedups.pick([1, 2, 3], [index])
+        with pytest.raises((IndexError, OverflowError)):
+            speedups.put_at([1, 2, 3], [index], [0])
+    with pytest.raises(ValueError, match="one value per index"):
+        speedups.put_at([1, 2, 3], [0, 1], [0])
