@@ -69,6 +69,9 @@ CALL_START_SLACK = 0.5
 #: of work), when it is cut off.
 BACKLOG_ROUNDS = 12
 SLOW_DELAY_MS = 25
+#: (c): the queues w1 holds are those only it began listener calls on this recently (it
+#: calls each of its queues every SLOW_DELAY_MS or so).
+HOLDING_WINDOW_NS = 2_000_000_000
 #: (c): how many times it is cut off and healed.
 PARTITIONS = scaled(1, 6)
 #: (d): the producer's send deadline, and how long it is cut off (longer than the deadline).
@@ -124,13 +127,15 @@ class Cut:
 def cut_off_and_heal(net: Net) -> Cut:
     """Cut w1 off while it consumes queues (the way back first); heal once they moved."""
     scene, history, proxy = net.scene, net.history, net.proxy("w1")
-    warm = time.monotonic_ns()
-    scene.until(
-        lambda: len(recent_queues(history, "w1", warm)) >= 2,
-        REJOIN_TIMEOUT,
-        "w1 consuming its queues",
-    )
-    held = frozenset(recent_queues(history, "w1", warm))
+
+    def holding() -> set[int]:
+        # Over a sliding window, not since a fixed time: calls another worker began on a
+        # queue before a rebalance gave it to w1 (the first worker up takes every queue
+        # until the others join) would otherwise keep that queue out for good.
+        return recent_queues(history, "w1", time.monotonic_ns() - HOLDING_WINDOW_NS)
+
+    scene.until(lambda: len(holding()) >= 2, REJOIN_TIMEOUT, "w1 consuming its queues")
+    held = frozenset(holding())
     proxy.partition("down")
     cut = scene.mark(f"w1 cut off (answers first), holding queues {sorted(held)}")
     time.sleep(ONE_WAY)  # the fault's shape: requests still arrive, answers do not
