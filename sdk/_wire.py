@@ -96,7 +96,7 @@ def grpc_server_options(keepalive_seconds: float) -> GrpcOptions:
 #: 256 KiB, a buffer over glibc's threshold for mapping memory (128 KiB until the process
 #: frees a larger block, which many never do): every read then maps and unmaps 256 KiB
 #: and faults its pages in. A small read cost 16 us that way on the bench machine, 2 us
-#: from the heap at 64 KiB; a one-request round trip's client CPU about 15 us.
+#: from the heap at 64 KiB: 15-20 us of a producer's CPU per request.
 STREAM_READ_BYTES = 64 * 1024
 
 
