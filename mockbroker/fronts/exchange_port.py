@@ -148,6 +148,8 @@ class ExchangePort:
         self.refused_connections = 0
         #: Connections whose preamble was taken (streams served), since the start.
         self.accepted_connections = 0
+        #: Connections whose stream is being served (their opening done), of those open.
+        self.streams = 0
         self.port = 0
         self._per_host: dict[str, int] = {}
         self._connections: set[asyncio.Task[None]] = set()
@@ -240,10 +242,13 @@ class ExchangePort:
         assert connection is not None
         keepalive = asyncio.ensure_future(self._keep_alive(writer, last_read, client, connection))
         frames = self._frames(reader, writer, last_read)
+        served = False
         try:
             check, first = await self._opening(frames, host)
             # The first frame was read already only with an ACL (its hello).
             requests = each_request(frames if first is None else self._after(first, frames))
+            self.streams += 1
+            served = True
 
             def write_now(body: bytes) -> bool:
                 transport = writer.transport
@@ -259,6 +264,8 @@ class ExchangePort:
             await self._write(writer, connection_error(exc))
         finally:
             keepalive.cancel()
+            if served:
+                self.streams -= 1
 
     async def _keep_alive(
         self,

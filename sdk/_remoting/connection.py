@@ -90,7 +90,8 @@ class RemotingConnection:
             ) from None
         except (OSError, TimeoutError, ValueError) as exc:
             raise BrokerUnavailableError(
-                f"cannot connect to {address} over RocketMQ remoting: {exc or type(exc).__name__}"
+                f"cannot connect to {address} over RocketMQ remoting: "
+                f"{str(exc) or type(exc).__name__}"
             ) from None
         return cls(address, reader, writer, on_request, tls)
 

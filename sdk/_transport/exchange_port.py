@@ -125,7 +125,8 @@ class PortCall:
             self._drop()
             raise _status(
                 grpc.StatusCode.UNAVAILABLE,
-                f"cannot open the Exchange port at {self.address}: {exc or type(exc).__name__}",
+                f"cannot open the Exchange port at {self.address}: "
+                f"{str(exc) or type(exc).__name__}",
             ) from None
         if greeting is None:
             self._drop()

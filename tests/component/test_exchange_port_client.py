@@ -77,8 +77,9 @@ def streams_served(broker: EmbeddedBroker) -> str:
     """What a failed only_on_the_port saw: the broker's streams and its port's connections."""
     port = port_of(broker)
     return (
-        f"{broker.broker.exchange_streams} Exchange stream(s) served, {port.connections} "
-        f"on the port ({port.accepted_connections} port connection(s) accepted in all)"
+        f"{broker.broker.exchange_streams} Exchange stream(s) served, {port.streams} on the "
+        f"port of its {port.connections} connection(s) ({port.accepted_connections} accepted "
+        "in all)"
     )
 
 
@@ -87,7 +88,10 @@ def only_on_the_port(broker: EmbeddedBroker) -> bool:
     WAIT: a gRPC stream a client began on ends once its port stream took over and the
     gRPC stream's last answer came."""
     deadline = time.monotonic() + WAIT
-    while not broker.broker.exchange_streams == port_of(broker).connections > 0:
+    port = port_of(broker)
+    # The port's streams, not its connections: a connection still opening serves no
+    # stream yet, while the client's requests go on its gRPC stream (counted above).
+    while not broker.broker.exchange_streams == port.streams == port.connections > 0:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)

@@ -87,7 +87,11 @@ def test_sends_go_on_over_a_new_connection_once_the_old_one_went_silent(
                 f"{len(failures)} failed send(s): {failures!r}; the transport logged "
                 f"{[r.getMessage() for r in caplog.records if r.name == 'ordermq.transport']}"
             )
-            assert port_of(broker).accepted_connections == 2
+            assert port_of(broker).accepted_connections == 2, (
+                f"{streams_served(broker)} after {len(failures)} failed send(s): {failures!r}; "
+                f"the transport logged "
+                f"{[r.getMessage() for r in caplog.records if r.name == 'ordermq.transport']}"
+            )
         else:
             assert process_proxy.stats().connections == 2, "the send went on a new connection"
 
