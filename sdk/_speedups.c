@@ -576,8 +576,12 @@ scan_frames(PyObject *module, PyObject *args)
         return NULL;
     Py_ssize_t pos = start, index = first_index;
     PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        PyBuffer_Release(&frames);
+        return NULL;
+    }
     int usual = 0;
-    if (out != NULL && frames.len > 0 && start >= 0)
+    if (frames.len > 0 && start >= 0)
         usual = scan_into(out, frames.buf, frames.len, &pos, &index, last_index, stop_at,
                           max_body, max_properties, half, half_len, half_allowed);
     PyBuffer_Release(&frames);

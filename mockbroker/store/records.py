@@ -95,6 +95,14 @@ class CheckedFrames(Sequence[CheckedFrame]):
         for f in frames:
             self.add(f.start, f.end, f.tag_hash, f.due_ms, f.keys_at, f.keys_len)
 
+    @classmethod
+    def of(cls, data: list[int], scheduled: int = 0) -> CheckedFrames:
+        """Frames checked already, as `data` holds them (six ints each), kept as is."""
+        out = cls()
+        out._data = data
+        out.scheduled = scheduled
+        return out
+
     def add(
         self,
         start: int,
@@ -197,10 +205,7 @@ class CheckedFrames(Sequence[CheckedFrame]):
             if taken > max_bytes and at:
                 del data[at:]
                 break
-        out = CheckedFrames()
-        out._data = data
-        out.scheduled = sum(1 for due in data[3::_STRIDE] if due)
-        return out
+        return CheckedFrames.of(data, sum(1 for due in data[3::_STRIDE] if due))
 
 
 def as_checked(checked: Sequence[CheckedFrame]) -> CheckedFrames:
@@ -280,10 +285,8 @@ def check_frames(
             frames, start, first_index, last_index, stop_at, MAX_BODY_BYTES,
             MAX_PROPERTIES_BYTES, HALF_PROPERTY, half,
         )  # fmt: skip
-        if data is not None:  # the usual batch; anything else is checked below
-            out = CheckedFrames()
-            out._data = data
-            return out
+        if data is not None:  # the usual batch (none due later); anything else is checked below
+            return CheckedFrames.of(data)
     return check_frames_in_python(
         frames, now_ms, start=start, first_index=first_index, max_frames=max_frames,
         max_bytes=max_bytes, half=half,
@@ -307,14 +310,7 @@ def check_usual_parts(
         parts if type(parts) is list else list(parts), max_frames, max_bytes, MAX_BODY_BYTES,
         MAX_PROPERTIES_BYTES, HALF_PROPERTY, False,
     )  # fmt: skip
-    if datas is None:
-        return None
-    out = []
-    for data in datas:
-        checked = CheckedFrames()
-        checked._data = data
-        out.append(checked)
-    return out
+    return None if datas is None else [CheckedFrames.of(data) for data in datas]
 
 
 def check_frames_in_python(
