@@ -87,7 +87,7 @@ class CommitLog:
     def open(self) -> None:
         """Open the existing segments, or create the first one."""
         make_dirs(self._dir)
-        self._allocator.remove_leftover()
+        self._allocator.open()
         for path in sorted(self._dir.iterdir()):
             if path.name.isdigit() and len(path.name) == _NAME_DIGITS:
                 fd = os.open(path, os.O_RDWR)

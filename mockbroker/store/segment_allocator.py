@@ -10,6 +10,11 @@ segment by its name), with a whole segment's blocks allocated and its size 0. A 
 it and renames it. A segment is rolled when the next write does not fit, so the blocks past
 a rolled segment's end were allocated for nothing: the same thread frees them (a truncation
 to the size it has), unless the log truncated that segment since (`void_trims`).
+
+The thread is started once, when the log opens, and waits for work until the log closes:
+`Thread.start` waits until the new thread runs, which on a busy machine (a flood of sends
+keeping every core busy) took tens of milliseconds, and a roll that started one stalled the
+event loop that long.
 """
 
 from __future__ import annotations
@@ -47,6 +52,11 @@ class SegmentAllocator:
         self._unable = False  # the file system cannot allocate blocks ahead
         self._no_room = False  # the last try found the disk full (logged once)
         self._trims: list[_Trim] = []
+        #: Notified when work is added, when the thread has done all it was given, and
+        #: when the thread is to stop.
+        self._changed = threading.Condition(self._lock)
+        self._busy = False  # the thread is doing what it took
+        self._stopping = False
         self._worker: threading.Thread | None = None
         #: Held while a rolled segment is truncated, and while the log voids those pending.
         self._trimming = threading.Lock()
@@ -56,9 +66,11 @@ class SegmentAllocator:
         """True when a spare is made and not taken."""
         return self._spare is not None
 
-    def remove_leftover(self) -> None:
-        """Remove a spare the last run left (at open)."""
+    def open(self) -> None:
+        """Remove a spare the last run left, and start the thread (at the log's open)."""
         self._path.unlink(missing_ok=True)
+        with self._lock:
+            self._start_locked()
 
     def want(self) -> None:
         """Make a spare (in the thread) unless one is ready or being made."""
@@ -66,8 +78,8 @@ class SegmentAllocator:
             if self._unable:
                 return
             self._wanted = True
-            if self._spare is None:  # else nothing to do: no thread
-                self._start_locked()
+            if self._spare is None:  # else nothing to do
+                self._wake_locked()
 
     def take(self, path: Path) -> int | None:
         """Rename the spare to `path` and return its descriptor (None: there is none).
@@ -97,7 +109,7 @@ class SegmentAllocator:
         trim = _Trim(os.dup(fd), size)
         with self._lock:
             self._trims.append(trim)
-            self._start_locked()
+            self._wake_locked()
 
     def void_trims(self) -> None:
         """The log is about to truncate a segment: no pending trim may touch it afterwards."""
@@ -107,17 +119,29 @@ class SegmentAllocator:
 
     def settle(self) -> None:
         """Wait until the thread has done all it was asked."""
-        while True:
-            with self._lock:
-                worker = self._worker
-            if worker is None:
-                return
-            worker.join()
+        with self._lock:
+            while self._worker is not None and (self._busy or self._has_work_locked()):
+                self._changed.wait()
 
     def close(self) -> None:
-        """Settle, then remove the spare."""
+        """Settle, stop the thread, then remove the spare."""
         self.settle()
+        with self._lock:
+            worker, self._worker = self._worker, None
+            self._stopping = True
+            self._changed.notify_all()
+        if worker is not None:
+            worker.join()
+        self._stopping = False  # a later want() or trim_later() starts a thread again
         self.drop()
+
+    def _has_work_locked(self) -> bool:
+        return bool(self._trims) or (self._wanted and self._spare is None)
+
+    def _wake_locked(self) -> None:
+        if self._worker is None:  # not opened (or closed): started here, once
+            self._start_locked()
+        self._changed.notify_all()
 
     def _start_locked(self) -> None:
         if self._worker is None:
@@ -129,10 +153,14 @@ class SegmentAllocator:
     def _work(self) -> None:
         while True:
             with self._lock:
+                self._busy = False
+                while not self._has_work_locked():
+                    self._changed.notify_all()  # settle() waits for this
+                    if self._stopping:
+                        return
+                    self._changed.wait()
+                self._busy = True
                 trim = self._trims[0] if self._trims else None
-                if trim is None and not (self._wanted and self._spare is None):
-                    self._worker = None
-                    return
             if trim is not None:
                 self._trim(trim)
                 with self._lock:
