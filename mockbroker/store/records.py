@@ -258,6 +258,12 @@ _scan_parts_in_c: Callable[..., list[list[int]] | None] | None = (
 _lay_out_in_c: Callable[..., list[bytes]] | None = (
     speedups.lay_out_parts if speedups is not None else None
 )
+_rebase_in_c: Callable[[bytes, int], bytes | None] | None = (
+    speedups.rebase_entries if speedups is not None else None
+)
+_shifted_in_c: Callable[[list[int], int], list[int] | None] | None = (
+    speedups.shifted if speedups is not None else None
+)
 
 
 def check_frames(
@@ -567,6 +573,15 @@ def rebase_entries(entries: bytes, delta: int) -> bytes:
     """Consume-queue entries laid out from one position, moved `delta` bytes on."""
     if not delta:
         return entries
+    if _rebase_in_c is not None:
+        moved = _rebase_in_c(entries, delta)
+        if moved is not None:
+            return moved
+    return rebase_entries_in_python(entries, delta)
+
+
+def rebase_entries_in_python(entries: bytes, delta: int) -> bytes:
+    """rebase_entries in Python: the reference the C one is tested against."""
     pack = ENTRY.pack
     return b"".join([pack(p + delta, size, h) for p, size, h in ENTRY.iter_unpack(entries)])
 
@@ -584,7 +599,8 @@ class IdKeyEntries:
 
     def take(self, other: IdKeyEntries, delta: int) -> None:
         """Add `other`'s entries, their positions moved `delta` bytes on."""
-        self.positions += [p + delta for p in other.positions]
+        moved = _shifted_in_c(other.positions, delta) if _shifted_in_c is not None else None
+        self.positions += [p + delta for p in other.positions] if moved is None else moved
         self.ids += other.ids
         self.keyed += [(p + delta, keys) for p, keys in other.keyed]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import string
+import struct
 import types
 from typing import Any
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from mockbroker.errors import BrokerError
 from mockbroker.store import message_index
+from mockbroker.store.consumequeue import ENTRY
 from mockbroker.store.records import (
     IdKeyEntries,
     build_records,
@@ -21,6 +23,8 @@ from mockbroker.store.records import (
     check_usual_parts,
     lay_out_parts,
     lay_out_parts_in_python,
+    rebase_entries,
+    rebase_entries_in_python,
 )
 from mockbroker.topics import HALF_PROPERTY
 from sdk import Message, MessageExt, MessageQueue
@@ -528,6 +532,50 @@ def test_packing_id_entries_refuses_what_the_index_never_holds() -> None:
         speedups.pack_id_entries([bytes(16)], [])
     with pytest.raises(OverflowError):
         speedups.pack_id_entries([bytes(16)], [2**63])
+
+
+INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(INT64, st.integers(-(2**31), 2**31 - 1), INT64)), INT64)
+def test_laid_out_entries_are_moved_alike_in_c_and_in_python(
+    entries: list[tuple[int, int, int]], delta: int
+) -> None:
+    assert speedups is not None
+    packed = b"".join(ENTRY.pack(*e) for e in entries)
+    try:
+        expected: bytes | None = rebase_entries_in_python(packed, delta)
+    except struct.error:  # a position past 64 bits: C leaves it to Python, which says so
+        expected = None
+    assert speedups.rebase_entries(packed, delta) == expected
+    if expected is not None and delta:
+        assert rebase_entries(packed, delta) == expected
+
+
+def test_moving_entries_past_64_bits_is_refused_as_python_refuses_it() -> None:
+    packed = ENTRY.pack(2**63 - 10, 1, 0)
+    with pytest.raises(struct.error):
+        rebase_entries(packed, 10)
+    assert speedups is not None
+    with pytest.raises(ValueError, match="20 bytes each"):
+        speedups.rebase_entries(packed[:-1], 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-(2**64), 2**64)), INT64)
+def test_index_positions_are_shifted_alike_in_c_and_in_python(
+    positions: list[int], delta: int
+) -> None:
+    assert speedups is not None
+    expected = [p + delta for p in positions]
+    fits = all(-(2**63) <= p < 2**63 for p in (*positions, *expected))
+    assert speedups.shifted(positions, delta) == (expected if fits else None)
+    taken = IdKeyEntries()
+    other = IdKeyEntries()
+    other.positions, other.ids = positions, [bytes(16)] * len(positions)
+    taken.take(other, delta)
+    assert taken.positions == expected, "past 64 bits too, by way of Python"
 
 
 @settings(max_examples=200, deadline=None)
