@@ -199,13 +199,15 @@ class CheckedFrames(Sequence[CheckedFrame]):
         Cut where their bytes would pass `max_bytes` (one frame at least).
         """
         data = self._data[start * _STRIDE : stop * _STRIDE]
-        taken = 0
-        for at in range(0, len(data), _STRIDE):
-            taken += data[at + 1] - data[at]
-            if taken > max_bytes and at:
-                del data[at:]
-                break
-        return CheckedFrames.of(data, sum(1 for due in data[3::_STRIDE] if due))
+        if sum(data[1::_STRIDE]) - sum(data[0::_STRIDE]) > max_bytes:  # else all fit
+            taken = 0
+            for at in range(0, len(data), _STRIDE):
+                taken += data[at + 1] - data[at]
+                if taken > max_bytes and at:
+                    del data[at:]
+                    break
+        dues = data[3::_STRIDE]
+        return CheckedFrames.of(data, len(dues) - dues.count(0))
 
 
 def as_checked(checked: Sequence[CheckedFrame]) -> CheckedFrames:

@@ -335,5 +335,8 @@ def test_a_section_of_checked_frames_stops_at_its_byte_budget_but_takes_one_fram
     assert checked.section(1, 3, max_bytes=1 << 20).scheduled == 1
     assert checked.section(0, 4, max_bytes=sizes[0] + sizes[1]) == checked[0:2]
     assert checked.section(0, 4, max_bytes=sizes[0] + sizes[1] - 1) == checked[0:1]
+    assert checked.section(0, 2, max_bytes=sizes[0] + sizes[1]) == checked[0:2], "just fits"
+    assert checked.section(0, 4, max_bytes=sizes[0] + sizes[1]).scheduled == 1
+    assert checked.section(0, 4, max_bytes=sizes[0]).scheduled == 0
     assert checked.section(2, 4, max_bytes=1) == checked[2:3], "one frame whatever its size"
     assert checked.section(3, 9, max_bytes=1 << 20) == checked[3:4]
