@@ -15,6 +15,7 @@ import pytest
 from grpc import StatusCode
 
 from mockbroker.errors import BrokerError
+from mockbroker.fronts.grpc import exchange
 from mockbroker.fronts.grpc.exchange import ExchangeStream
 from mockbroker.limits import ClientLimits
 from mockbroker.request_stats import RequestStats
@@ -198,3 +199,39 @@ def test_one_request_is_taken_however_large() -> None:
         return got
 
     assert asyncio.run(main()) == [1, 2]
+
+
+def test_requests_cancelled_before_their_handlers_ran_free_their_slots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A request's slot comes back when its task ends; one cancelled before its first step
+    # never runs its handler, and its slot must come back too, else the stream reads no more.
+    monkeypatch.setattr(exchange, "MAX_IN_FLIGHT", 2)
+
+    async def main() -> tuple[list[int], int]:
+        handlers = Handlers()  # the gate opens once every request was read
+        done_writing = asyncio.Event()
+
+        async def requests() -> AsyncIterator[pb.ExchangeRequest]:
+            for rid in range(1, 6):  # each followed at once by its cancel
+                yield send(rid, 10)
+                yield pb.ExchangeRequest(id=rid, cancel=pb.ExchangeCancel())
+            yield send(9, 10)
+            handlers.gate.set()
+            await done_writing.wait()
+
+        stream = ExchangeStream(
+            handlers.send, handlers.pull, RequestStats(), "peer-1", ClientLimits(LIMIT)
+        )
+        got: list[int] = []
+        async with asyncio.timeout(10):
+            answers = stream.serve(requests())
+            got.append((await anext(answers)).id)
+            done_writing.set()
+            async for answer in answers:  # ends once nothing is in flight
+                got.append(answer.id)
+        return got, len(stream._tasks)
+
+    got, left = asyncio.run(main())
+    assert got == [9], "read and answered after five cancelled, with two slots"
+    assert left == 0
