@@ -1123,7 +1123,8 @@ pack_id_entries(PyObject *module, PyObject *args)
  *
  * A large batch is laid out in slices from position 0 before it is written, then moved to
  * where the commit log puts it (MessageStore.write_parts): per message a repacked entry
- * and a new int in Python, the bulk of the loop's unsliced work for a batch of 1 000.
+ * and a new int in Python, in the write step, which is not sliced (12-14% of the broker's
+ * samples under a flood of 1 000-message sends).
  * rebase_entries: records.rebase_entries, consume-queue entries (<qiq: position, size,
  * tag hash) with each position moved `delta` bytes on. shifted: [p + delta for p in
  * positions]. Both give None where a position would not fit in 64 bits: the caller runs
