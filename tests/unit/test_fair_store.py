@@ -27,6 +27,7 @@ from mockbroker.store.commitlog import CommitLog, FlushPlan
 from mockbroker.store.message_store import Batch, GetResult, MessageStore, PutResult, Written
 from mockbroker.store.records import CheckedFrame, CheckedFrames, check_frames
 from mockbroker.topics import Topic
+from sdk._accel import speedups
 from sdk._wire import encode_frame, iter_records
 from sdk.testing import FakeClock
 
@@ -499,6 +500,7 @@ def test_a_requests_small_parts_are_checked_in_one_turn_a_large_one_in_slices(
     assert turns == 1 + 5
 
 
+@pytest.mark.skipif(speedups is None, reason="without sdk._speedups every part is checked alone")
 def test_a_requests_usual_parts_are_checked_in_one_call_as_part_by_part(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -50,6 +50,9 @@ from sdk.producer.core import ProducerCore
 from sdk.selector import shard_index
 from tests.support import assert_decoders_agree
 
+# Each test compares the C build with the Python versions, or tests the C one alone.
+pytestmark = pytest.mark.skipif(speedups is None, reason="sdk._speedups was not built")
+
 NOW_MS = 1_700_000_000_000
 
 #: Mostly ASCII, as usual sends are (the C checks take those), sometimes any text.
