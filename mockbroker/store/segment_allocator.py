@@ -132,15 +132,15 @@ class SegmentAllocator:
             self._changed.notify_all()
         if worker is not None:
             worker.join()
-        self._stopping = False  # a later want() or trim_later() starts a thread again
+        with self._lock:
+            self._stopping = False  # a later want() or trim_later() starts a thread again
         self.drop()
 
     def _has_work_locked(self) -> bool:
         return bool(self._trims) or (self._wanted and self._spare is None)
 
     def _wake_locked(self) -> None:
-        if self._worker is None:  # not opened (or closed): started here, once
-            self._start_locked()
+        self._start_locked()  # not opened (or closed): started here, once
         self._changed.notify_all()
 
     def _start_locked(self) -> None:

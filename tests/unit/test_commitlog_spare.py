@@ -88,7 +88,7 @@ def test_rolls_wake_the_thread_started_at_open_and_start_none(
     log: CommitLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Thread.start waits until the new thread runs: on a machine whose cores a flood of
-    # sends kept busy, a roll that started one stalled the event loop for 24-50 ms.
+    # sends kept busy, a roll that started one stalled the event loop for 24 ms.
     log.prepare_spare()
     log.settle()
     worker = log._allocator._worker
