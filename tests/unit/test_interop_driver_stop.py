@@ -19,13 +19,13 @@ from tests.interop.harness import Driver
 DRIVER = r"""
 import json, os, signal, sys, time
 ABORT_TEXT = sys.argv[1]
-print(json.dumps({"event": "started"}), flush=True)
 def on_term(*_):
     print(json.dumps({"event": "stopping"}), flush=True)
     sys.stderr.write(ABORT_TEXT + "\n")
     sys.stderr.flush()
     os.abort()
 signal.signal(signal.SIGTERM, on_term)
+print(json.dumps({"event": "started"}), flush=True)  # only now: SIGTERM is handled
 while True:
     time.sleep(0.05)
 """
