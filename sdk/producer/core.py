@@ -477,8 +477,8 @@ class ProducerCore:
             try:
                 sent = await self._send_batch(
                     queue,
-                    [prepared[i] for i in chunk],
-                    [ids[i] for i in chunk],
+                    _pick(prepared, chunk),
+                    _pick(ids, chunk),
                     timeout,
                     movable,
                     failure=tried,
@@ -776,7 +776,7 @@ class ProducerCore:
         for chunk in _spool_requests(items, prepared, limit):
             try:
                 await self._send_batch(
-                    queue, [prepared[i] for i in chunk], [items[i].msg_id for i in chunk]
+                    queue, _pick(prepared, chunk), [items[i].msg_id for i in chunk]
                 )
             except OrderMQError as exc:
                 if holds_back(exc):  # else stored, fsync unconfirmed: a resend would duplicate
