@@ -11,8 +11,9 @@ every later write is refused, because the kernel may have dropped the dirty page
 A checkpoint that cannot be written for want of space (ENOSPC) is not such a failure: the
 data is synced, only the shortcut for recovery is older (it replays from the previous
 checkpoint), and the next checkpoint is tried at the next flush. The same holds for the
-consume-queue entries each queue keeps in memory (consumequeue.py): they are written
-before the checkpoint that counts them, and none is written while any of them cannot be.
+consume-queue entries each queue keeps in memory (consumequeue.py), and the index's
+(message_index.py): they are written before the checkpoint that counts them, and none is
+written while any of them cannot be.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mockbroker.histogram import Histogram
 from mockbroker.store.checkpoint import Checkpoint, write_checkpoint
 from mockbroker.store.commitlog import CommitLog, FlushPlan
 from mockbroker.store.consumequeue import ConsumeQueue
+from mockbroker.store.message_index import MessageIndex
 
 log = logging.getLogger("mockbroker.flush")
 
@@ -46,10 +48,10 @@ class Flusher:
         checkpoint_path: Path,
         *,
         interval_seconds: float,
-        extra_fds: Callable[[], list[int]] = list,
+        index: MessageIndex | None = None,
         on_flushed: Callable[[int], None] | None = None,
     ) -> None:
-        self._extra_fds = extra_fds
+        self._index = index
         self._on_flushed = on_flushed
         self._log = commitlog
         self._queues = queues
@@ -127,7 +129,8 @@ class Flusher:
                     for q in dirty:
                         q.dirty = False
                 plan.fds += [q.fileno() for q in dirty]
-                plan.fds += self._extra_fds()
+                if self._index is not None:
+                    plan.fds += self._index.fds()
             started = time.perf_counter()
             work = asyncio.ensure_future(asyncio.to_thread(self._execute, record, plan))
             try:
@@ -157,7 +160,7 @@ class Flusher:
         return FlushFailedError(str(exc))
 
     def _write_tails(self, queues: list[ConsumeQueue]) -> bool:
-        """Write the entries the queues keep in memory; False when the disk had no room.
+        """Write the entries the queues and the index keep in memory; False if no room.
 
         Then no checkpoint is written this time (as when the checkpoint itself finds the
         disk full): they stay in memory and the next flush tries again.
@@ -165,13 +168,15 @@ class Flusher:
         try:
             for q in queues:
                 q.write_tail()
+            if self._index is not None:
+                self._index.write_pending()
         except OSError as exc:
             if exc.errno != errno.ENOSPC:
                 raise
             if not self._checkpoint_failing:
-                log.error("cannot write consume-queue entries (%s): recovery after a crash "
-                          "would replay from the previous checkpoint; retried at every "
-                          "flush", exc)  # fmt: skip
+                log.error("cannot write consume-queue or index entries (%s): recovery after "
+                          "a crash would replay from the previous checkpoint; retried at "
+                          "every flush", exc)  # fmt: skip
             self._checkpoint_failing = True
             return False
         return True

@@ -6,8 +6,11 @@ hash of (topic, key) to one. Lookups scan newest first and every hit is checked 
 the record itself, so a stale or duplicated entry (after a crash, recovery appends the
 replayed records again) can never answer with a wrong message.
 
-A crash may tear the last entry of a file: it is cut off at open, and recovery indexes
-the records it replays again (MessageStore._reindex).
+Entries are kept in memory until PENDING_BYTES of them gather, or the flusher's next
+checkpoint writes them (`write_pending`, before it syncs the files): a write each send
+was a system call each request. Lookups read them from memory. A crash may lose them, or
+tear the last entry of a file (cut off at open): recovery replays the commit log from the
+checkpoint, and indexes the records it replays again (MessageStore._reindex).
 
 Retention trims both files to follow the commit log: the entries that point below its new
 start are no longer scanned and their blocks are freed. Positions grow along each file
@@ -28,6 +31,9 @@ from sdk._accel import speedups
 _ID_ENTRY = struct.Struct("<16sq")
 _KEY_ENTRY = struct.Struct("<8sq")
 _CHUNK_ENTRIES = 16384
+#: Bytes of entries a file keeps in memory before they are written (64 KiB: about
+#: 2 700 ids).
+PENDING_BYTES = 64 * 1024
 
 
 def _key_hasher(topic: str) -> hashlib.blake2b:
@@ -58,8 +64,10 @@ class MessageIndex:
         self.paths = (directory / "ids", directory / "keys")
         self._ids = open_durably(directory / "ids", os.O_RDWR | os.O_APPEND)
         self._keys = open_durably(directory / "keys", os.O_RDWR | os.O_APPEND)
-        #: Each file's size, kept here: a write would cost two fstat calls to read them.
+        #: Each file's size with its entries in memory, kept here (fstat costs a call).
         self._sizes: dict[int, int] = {}
+        #: Per file, entries not written yet (newest last).
+        self._pending: dict[int, bytearray] = {self._ids: bytearray(), self._keys: bytearray()}
         for fd, entry in ((self._ids, _ID_ENTRY), (self._keys, _KEY_ENTRY)):
             size = os.fstat(fd).st_size
             if size % entry.size:  # a crash tore the last entry: later ones would be skewed
@@ -76,8 +84,12 @@ class MessageIndex:
         msg_ids: list[bytes],
         keyed: list[tuple[int, bytes]],
     ) -> None:
-        """Index a batch: every message by id, and `keyed` (position, keys joined by NUL)."""
-        self._sizes[self._ids] += os.write(self._ids, _id_entries(msg_ids, positions))
+        """Index a batch: every message by id, and `keyed` (position, keys joined by NUL).
+
+        The entries are kept in memory; once a file has PENDING_BYTES of them they are
+        written (OSError when that fails: they stay in memory, `roll_back` drops them).
+        """
+        self._keep(self._ids, _id_entries(msg_ids, positions))
         if not keyed:
             return
         # Hashing the prefix once and copying its state gives key_hash's digest at half
@@ -90,7 +102,27 @@ class MessageIndex:
                 h = prefix.copy()
                 h.update(key)
                 entries.append(pack(h.digest(), position))
-        self._sizes[self._keys] += os.write(self._keys, b"".join(entries))
+        self._keep(self._keys, b"".join(entries))
+
+    def _keep(self, fd: int, entries: bytes) -> None:
+        pending = self._pending[fd]
+        pending += entries
+        self._sizes[fd] += len(entries)
+        if len(pending) >= PENDING_BYTES:
+            self._write(fd)
+
+    def _write(self, fd: int) -> None:
+        pending = self._pending[fd]
+        while pending:
+            del pending[: os.write(fd, pending)]
+
+    def write_pending(self) -> None:
+        """Write the entries kept in memory (before the files are synced, and at close).
+
+        OSError when a write fails: what was not written stays in memory for the next try.
+        """
+        self._write(self._ids)
+        self._write(self._keys)
 
     def positions_of_id(self, msg_id: bytes) -> Iterator[int]:
         """Commit-log positions indexed under `msg_id`, newest first."""
@@ -106,7 +138,9 @@ class MessageIndex:
                 yield position
 
     def _scan(self, fd: int, entry: struct.Struct) -> Iterator[tuple[bytes, int]]:
-        end = os.fstat(fd).st_size // entry.size
+        pending = bytes(self._pending[fd])  # a copy: the loop may add to it meanwhile
+        end = (self._sizes[fd] - len(pending)) // entry.size  # the file's entries
+        yield from reversed(list(entry.iter_unpack(pending)))
         live_from = self._live_from[fd]
         while end > live_from:
             start = max(live_from, end - _CHUNK_ENTRIES)
@@ -121,15 +155,24 @@ class MessageIndex:
     def roll_back(self, sizes: tuple[int, int]) -> None:
         """Cut both files back to `sizes` (entries of a batch that failed to be stored)."""
         for fd, size in zip((self._ids, self._keys), sizes, strict=True):
-            actual = os.fstat(fd).st_size
-            if actual > size:
+            pending = self._pending[fd]
+            in_file = os.fstat(fd).st_size
+            if size >= in_file:
+                del pending[size - in_file :]
+            else:
                 os.ftruncate(fd, size)
-            self._sizes[fd] = min(actual, size)
+                pending.clear()
+            self._sizes[fd] = min(in_file + len(pending), size)
 
     def trim_below(self, position: int) -> None:
-        """Stop scanning, and free, the entries that point below commit-log `position`."""
+        """Stop scanning, and free, the entries that point below commit-log `position`.
+
+        Only entries in the files: those in memory are newer (and a lookup checks each
+        position it finds against the commit log).
+        """
         for fd, entry in ((self._ids, _ID_ENTRY), (self._keys, _KEY_ENTRY)):
-            lo, hi = self._live_from[fd], os.fstat(fd).st_size // entry.size
+            lo = self._live_from[fd]
+            hi = (self._sizes[fd] - len(self._pending[fd])) // entry.size
             while lo < hi:
                 mid = (lo + hi) // 2
                 if entry.unpack(os.pread(fd, entry.size, mid * entry.size))[1] < position:
@@ -145,6 +188,6 @@ class MessageIndex:
         return [self._ids, self._keys]
 
     def close(self) -> None:
-        """Close the index files."""
+        """Close the index files; entries still in memory are dropped (`write_pending` first)."""
         os.close(self._ids)
         os.close(self._keys)

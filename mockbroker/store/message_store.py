@@ -328,7 +328,7 @@ class MessageStore:
             lambda: self._queues.values(),
             self._checkpoint,
             interval_seconds=self._flush_interval,
-            extra_fds=self._index.fds if self._index is not None else list,
+            index=self._index,
             on_flushed=self._announce_flushed if self.sync_flush else None,
         )
         self._flusher.start()
@@ -367,12 +367,14 @@ class MessageStore:
         if self._flusher is not None:
             await self._flusher.stop()
             clean = self._flusher.failure is None
-        try:  # a clean start trusts the queue files whole (the flusher's stop wrote them)
+        try:  # a clean start trusts the queue and index files whole
             for cq in self._queues.values():
                 cq.write_tail()
+            if self._index is not None:
+                self._index.write_pending()
         except OSError as exc:
-            log.error("cannot write consume-queue entries at close (%s): the next start "
-                      "replays the commit log", exc)  # fmt: skip
+            log.error("cannot write consume-queue or index entries at close (%s): the next "
+                      "start replays the commit log", exc)  # fmt: skip
             clean = False
         if clean:
             mark_clean_shutdown(self._marker)
@@ -402,6 +404,7 @@ class MessageStore:
             counts[cq.name] = cq.count
             messages += cq.count - cq.min_offset
         if self._index is not None:
+            self._index.write_pending()
             extents += zip(self._index.paths, self._index.sizes(), strict=True)
         return StoreCut(end, counts, extents, messages)
 

@@ -17,6 +17,7 @@ import pytest
 from mockbroker.store import consumequeue as consumequeue_module
 from mockbroker.store.checkpoint import read_checkpoint
 from mockbroker.store.consumequeue import ENTRY, TAIL_BYTES, ConsumeQueue
+from mockbroker.store.message_index import MessageIndex
 from mockbroker.store.message_store import MessageStore
 from mockbroker.store.retention import DiskUsage, RetentionPolicy
 from sdk._wire import encode_frame, iter_records
@@ -162,7 +163,7 @@ def crash_and_reopen(
     loop: asyncio.AbstractEventLoop, store: MessageStore, monkeypatch: pytest.MonkeyPatch
 ) -> MessageStore:
     """Stop the store as a kill -9 would leave it: no last flush, what is only in memory
-    gone; then open it again (recovery)."""
+    (queue tails, index entries) gone; then open it again (recovery)."""
 
     async def no_flush(*, checkpoint: bool) -> None:
         pass
@@ -170,6 +171,7 @@ def crash_and_reopen(
     with monkeypatch.context() as patched:
         patched.setattr(store.flusher, "flush", no_flush)
         patched.setattr(ConsumeQueue, "write_tail", lambda self: None)
+        patched.setattr(MessageIndex, "write_pending", lambda self: None)
         loop.run_until_complete(store.close())
     (store.data_dir / "running").touch()  # not shut down cleanly: recovery replays
     return open_store(loop, store.data_dir)
