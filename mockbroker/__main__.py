@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import logging
 import resource
@@ -11,6 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
+from mockbroker.busy_poll import BusyPollSelector
 from mockbroker.config import BrokerConfig
 from mockbroker.server import Broker
 from mockbroker.tls import TLSCertificateError
@@ -229,6 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(default %(default)s)",
     )
     p.add_argument(
+        "--busy-poll-us",
+        type=int,
+        default=d.busy_poll_us,
+        help="microseconds the event loop polls before it sleeps while requests come that "
+        "densely, so that they need not wake it (default %(default)s; 0: off)",
+    )
+    p.add_argument(
         "--remoting-max-connections",
         type=int,
         default=d.remoting_max_connections,
@@ -410,6 +419,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             fair_slice_messages=a.fair_slice_messages,
             fair_slice_bytes=a.fair_slice_bytes,
             fair_turn_ms=a.fair_turn_ms,
+            busy_poll_us=a.busy_poll_us,
             client_max_in_flight_bytes=a.client_max_in_flight_bytes,
             client_max_locks=a.client_max_locks,
             max_topics=a.max_topics,
@@ -528,12 +538,18 @@ def _acl_file_error() -> type[Exception]:
     return AclFileError
 
 
+def _broker_loop(config: BrokerConfig) -> asyncio.AbstractEventLoop:
+    """The standalone broker's event loop: it polls before it sleeps (busy_poll.py)."""
+    return asyncio.SelectorEventLoop(BusyPollSelector(config.busy_poll_us / 1_000_000))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     config = parse_args(argv)
     raise_open_files_limit()
     try:
-        asyncio.run(serve(config))
+        with asyncio.Runner(loop_factory=functools.partial(_broker_loop, config)) as runner:
+            runner.run(serve(config))
     except (OSError, CorruptFileError, TLSCertificateError, _acl_file_error()) as exc:
         # in use, no room, a data file unreadable, a TLS file that cannot be served with,
         # an ACL file with a fault (FILE:LINE)

@@ -1,0 +1,132 @@
+"""BusyPollSelector: the standalone broker's waits poll first while requests come densely,
+and sleep as a plain epoll wait does once they do not (the clock is a fake)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from mockbroker import BrokerConfig
+from mockbroker.__main__ import _broker_loop, build_parser, parse_args
+from mockbroker.busy_poll import BusyPollSelector
+
+SPIN = 0.0004
+
+
+class Ticks:
+    """A clock that moves `step` seconds each time it is read."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.step = 0.00005
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    a, b = socket.socketpair()
+    yield a, b
+    a.close()
+    b.close()
+
+
+def selector_on(sock: socket.socket, ticks: Ticks) -> BusyPollSelector:
+    selector = BusyPollSelector(SPIN, timer=ticks)
+    selector.register(sock, 1)  # EVENT_READ
+    return selector
+
+
+def test_what_is_ready_is_found_while_spinning(pair: tuple[socket.socket, socket.socket]) -> None:
+    ticks = Ticks()
+    selector = selector_on(pair[0], ticks)
+    pair[1].send(b"x")
+    assert [key.fileobj for key, _ in selector.select(None)] == [pair[0]]
+    assert (selector.spins_hit, selector.spins_missed) == (1, 0)
+    selector.close()
+
+
+def test_a_quiet_spin_stops_the_spinning_until_a_wait_ends_within_a_spin(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    ticks = Ticks()
+    selector = selector_on(pair[0], ticks)
+    assert selector.select(0.002) == [], "nothing came: the spin, then the rest of the wait"
+    assert (selector.spins_hit, selector.spins_missed) == (0, 1)
+    assert ticks.now >= SPIN, "it spun a whole spin first"
+    pair[1].send(b"x")
+    reads = ticks.now
+    assert selector.select(None)
+    assert ticks.now - reads <= 3 * ticks.step, "no spin: one wait, read the clock twice"
+    assert (selector.spins_hit, selector.spins_missed) == (0, 1)
+    pair[0].recv(1)
+    pair[1].send(b"x")  # that wait ended within a spin: the next one spins again
+    assert selector.select(None)
+    assert (selector.spins_hit, selector.spins_missed) == (1, 1)
+    selector.close()
+
+
+def test_a_wait_longer_than_a_spin_keeps_it_from_spinning(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    ticks = Ticks()
+    selector = selector_on(pair[0], ticks)
+    assert selector.select(0.002) == []
+    pair[1].send(b"x")
+    ticks.step = 2 * SPIN  # the wait seems to take longer than a spin
+    assert selector.select(None)
+    ticks.step = 0.00005
+    pair[0].recv(1)
+    assert selector.select(0.001) == []
+    assert (selector.spins_hit, selector.spins_missed) == (0, 1), "no spin after a long wait"
+    selector.close()
+
+
+def test_a_timer_due_within_a_spin_ends_the_wait_and_spinning_goes_on(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    ticks = Ticks()
+    selector = selector_on(pair[0], ticks)
+    assert selector.select(SPIN / 4) == []
+    assert ticks.now < SPIN, "the wait ended at its timeout, within the spin"
+    assert selector.spins_missed == 0
+    pair[1].send(b"x")
+    assert selector.select(None)
+    assert selector.spins_hit == 1, "still spinning"
+    selector.close()
+
+
+def test_zero_turns_spinning_off_and_a_zero_timeout_never_spins(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    ticks = Ticks()
+    off = BusyPollSelector(0, timer=ticks)
+    off.register(pair[0], 1)
+    assert off.select(0.001) == []
+    assert ticks.now == 0.0, "a plain epoll wait: the clock is not read"
+    off.close()
+    selector = selector_on(pair[0], ticks)
+    assert selector.select(0) == []
+    assert (selector.spins_hit, selector.spins_missed, ticks.now) == (0, 0, 0.0)
+    selector.close()
+
+
+def test_the_standalone_broker_loop_spins_as_configured_and_the_option_is_checked() -> None:
+    assert BrokerConfig().busy_poll_us == 400
+    config = parse_args(["--data-dir", "x", "--busy-poll-us", "250"])
+    assert config.busy_poll_us == 250
+    loop = _broker_loop(config)
+    try:
+        assert isinstance(loop, asyncio.SelectorEventLoop)
+        selector = loop._selector  # type: ignore[attr-defined]
+        assert isinstance(selector, BusyPollSelector) and selector._spin == 0.00025
+    finally:
+        loop.close()
+    with pytest.raises(ValueError, match=r"busy_poll_us must be within 0\.\.10000"):
+        BrokerConfig(busy_poll_us=-1)
+    assert build_parser().parse_args(["--data-dir", "x", "--busy-poll-us", "0"]).busy_poll_us == 0
