@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-from mockbroker.busy_poll import BusyPollSelector
+from mockbroker.busy_poll import BusyPollSelector, ThreadWork
 from mockbroker.config import BrokerConfig
 from mockbroker.server import Broker
 from mockbroker.tls import TLSCertificateError
@@ -540,7 +540,11 @@ def _acl_file_error() -> type[Exception]:
 
 def _broker_loop(config: BrokerConfig) -> asyncio.AbstractEventLoop:
     """The standalone broker's event loop: it polls before it sleeps (busy_poll.py)."""
-    return asyncio.SelectorEventLoop(BusyPollSelector(config.busy_poll_us / 1_000_000))
+    threads = ThreadWork()
+    selector = BusyPollSelector(config.busy_poll_us / 1_000_000, may_spin=threads.idle)
+    loop = asyncio.SelectorEventLoop(selector)
+    loop.set_default_executor(threads)
+    return loop
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,6 +11,12 @@ idle without burning a core) until a wait again ends within `spin_seconds`; a wa
 that took longer, spin included, keeps it from spinning, so that requests coming just
 too far apart for it do not have it spin in vain before each.
 
+The spin holds the GIL but for its polls' system calls, so a thread waiting for the GIL
+(an fsync's worker coming back) could wait a whole switch interval (5 ms) for it: the
+loop does not spin while work it gave its threads (`run_in_executor`, `to_thread`) is
+unfinished (`ThreadWork`), and a sync-flush broker, whose sends wait on an fsync worker,
+spins little.
+
 Only the standalone broker's loop does this (`python -m mockbroker`, the process owns
 its cores' worth of work); an embedded broker shares its loop or process with the
 application and never spins.
@@ -19,21 +25,63 @@ application and never spins.
 from __future__ import annotations
 
 import selectors
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, ParamSpec, TypeVar
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+class ThreadWork(ThreadPoolExecutor):
+    """The loop's default executor, counting the work it has not finished."""
+
+    def __init__(self) -> None:
+        super().__init__(thread_name_prefix="asyncio")
+        self._unfinished = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
+        """ThreadPoolExecutor.submit, counted until the work is done."""
+        with self._lock:
+            self._unfinished += 1
+        try:
+            future = super().submit(fn, *args, **kwargs)
+        except BaseException:
+            self._finished(None)
+            raise
+        future.add_done_callback(self._finished)
+        return future
+
+    def _finished(self, _: Future[Any] | None) -> None:
+        with self._lock:
+            self._unfinished -= 1
+
+    def idle(self) -> bool:
+        """True when no work given to the threads is unfinished."""
+        return not self._unfinished
 
 
 class BusyPollSelector(selectors.EpollSelector):
     """A selector whose waits poll for up to `spin_seconds` before they block.
 
     `timer` is a monotonic clock in seconds (tests give a fake one). A spin never makes
-    a wait longer than its timeout.
+    a wait longer than its timeout. `may_spin` says whether a spin may start now (False:
+    a thread may need the GIL soon).
     """
 
-    def __init__(self, spin_seconds: float, timer: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        spin_seconds: float,
+        timer: Callable[[], float] = time.perf_counter,
+        may_spin: Callable[[], bool] = lambda: True,
+    ) -> None:
         super().__init__()
         self._spin = spin_seconds
         self._timer = timer
+        self._may_spin = may_spin
         self._spinning = spin_seconds > 0
         #: Waits that found their events while spinning, and spins that found none.
         self.spins_hit = 0
@@ -46,7 +94,7 @@ class BusyPollSelector(selectors.EpollSelector):
             return super().select(timeout)
         timer = self._timer
         started = timer()
-        if self._spinning:
+        if self._spinning and self._may_spin():
             limit = spin if timeout is None else min(spin, timeout)
             while True:
                 ready = super().select(0)

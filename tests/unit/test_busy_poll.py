@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 from collections.abc import Iterator
 
 import pytest
 
 from mockbroker import BrokerConfig
 from mockbroker.__main__ import _broker_loop, build_parser, parse_args
-from mockbroker.busy_poll import BusyPollSelector
+from mockbroker.busy_poll import BusyPollSelector, ThreadWork
 
 SPIN = 0.0004
 
@@ -116,6 +117,33 @@ def test_zero_turns_spinning_off_and_a_zero_timeout_never_spins(
     selector.close()
 
 
+def test_no_spin_starts_while_threads_have_work_and_the_count_follows_the_work(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    threads = ThreadWork()
+    ticks = Ticks()
+    selector = BusyPollSelector(SPIN, timer=ticks, may_spin=threads.idle)
+    selector.register(pair[0], 1)
+    release = threading.Event()
+    try:
+        running = threads.submit(release.wait, 10)
+        assert not threads.idle()
+        pair[1].send(b"x")
+        assert selector.select(None)
+        assert (selector.spins_hit, selector.spins_missed) == (0, 0), "a plain wait"
+        release.set()
+        assert running.result(10) is True
+        with pytest.raises(ZeroDivisionError):
+            threads.submit(lambda: 1 // 0).result(10)
+        assert threads.idle(), "finished work, failed work too, is not counted"
+        assert selector.select(None)
+        assert selector.spins_hit == 1, "spinning again"
+    finally:
+        release.set()
+        threads.shutdown()
+        selector.close()
+
+
 def test_the_standalone_broker_loop_spins_as_configured_and_the_option_is_checked() -> None:
     assert BrokerConfig().busy_poll_us == 400
     config = parse_args(["--data-dir", "x", "--busy-poll-us", "250"])
@@ -125,6 +153,8 @@ def test_the_standalone_broker_loop_spins_as_configured_and_the_option_is_checke
         assert isinstance(loop, asyncio.SelectorEventLoop)
         selector = loop._selector  # type: ignore[attr-defined]
         assert isinstance(selector, BusyPollSelector) and selector._spin == 0.00025
+        threads = loop._default_executor  # type: ignore[attr-defined]
+        assert isinstance(threads, ThreadWork) and selector._may_spin == threads.idle
     finally:
         loop.close()
     with pytest.raises(ValueError, match=r"busy_poll_us must be within 0\.\.10000"):
