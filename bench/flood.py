@@ -37,7 +37,7 @@ from typing import Any
 import consuming as cw
 import workloads as wl
 from figures import Figure, Run
-from procs import BENCH, ServerProcess, broker_process, exchange_port_option
+from procs import BENCH, ServerProcess, broker_process, busy_poll_option, exchange_port_option
 from prometheus_client.parser import text_string_to_metric_families
 
 from sdk import (
@@ -283,7 +283,7 @@ async def measure(
         metrics = ("--metrics-port", "0")  # the loop lag of each phase
         # The normal clients on the port (unless --no-exchange-port), the flooder's raw
         # requests on gRPC.
-        port = exchange_port_option(args)
+        port = (*exchange_port_option(args), *busy_poll_option(args))
         options = (*extra, *no_retention, *metrics, *port)
         with broker_process(data_dir, "async", extra=options) as broker:
             metrics_url = _metrics_url(broker)

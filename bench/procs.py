@@ -165,6 +165,12 @@ def exchange_port_option(args: object) -> tuple[str, ...]:
     return ("--exchange-port", "off") if getattr(args, "no_exchange_port", False) else ()
 
 
+def busy_poll_option(args: object) -> tuple[str, ...]:
+    """The broker option a run's `--broker-busy-poll-us` asks for (none: the default)."""
+    spin = getattr(args, "broker_busy_poll_us", None)
+    return () if spin is None else ("--busy-poll-us", str(spin))
+
+
 def broker_process(
     data_dir: Path, flush_mode: str, profile: Path | None = None, extra: Sequence[str] = ()
 ) -> ServerProcess:

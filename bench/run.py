@@ -119,11 +119,13 @@ from procs import (
     ROOT,
     ServerProcess,
     broker_process,
+    busy_poll_option,
     exchange_port_option,
     floor_process,
     machine_busy_seconds,
 )
 
+from mockbroker.config import BrokerConfig
 from sdk import (
     AccumulatorConfig,
     ConsumeFromWhere,
@@ -260,6 +262,12 @@ class Bench:
         if "--exchange-port" not in extra:
             extra = (*extra, *exchange_port_option(self.args))
             self.facts["exchange_port"] = not self.args.no_exchange_port
+        extra = (*extra, *busy_poll_option(self.args))
+        self.facts["broker_busy_poll_us"] = (
+            BrokerConfig().busy_poll_us
+            if self.args.broker_busy_poll_us is None
+            else self.args.broker_busy_poll_us
+        )
         try:
             with broker_process(data_dir, flush_mode, profile, extra) as broker:
                 if not self.args.console:
@@ -2274,6 +2282,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(slows everything down; figures are then not comparable)",
     )
     p.add_argument("--quiet", action="store_true", help="print only the table")
+    p.add_argument(
+        "--broker-busy-poll-us",
+        type=int,
+        default=None,
+        help="start every broker with this --busy-poll-us (0: it sleeps whenever its loop "
+        "waits; default: the broker's own default), to compare with a run without",
+    )
     p.add_argument(
         "--no-exchange-port",
         action="store_true",
