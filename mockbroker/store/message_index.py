@@ -19,6 +19,7 @@ start are no longer scanned and their blocks are freed. Positions grow along eac
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import struct
@@ -113,8 +114,17 @@ class MessageIndex:
 
     def _write(self, fd: int) -> None:
         pending = self._pending[fd]
+        size = _ID_ENTRY.size if fd == self._ids else _KEY_ENTRY.size
+        in_file = self._sizes[fd] - len(pending)
         while pending:
-            del pending[: os.write(fd, pending)]
+            written = os.write(fd, pending)
+            whole = written - written % size
+            if whole != written:  # a full disk tore an entry: keep the files whole entries
+                os.ftruncate(fd, in_file + whole)
+                if not whole:
+                    raise OSError(errno.ENOSPC, "no room for an index entry")
+            del pending[:whole]
+            in_file += whole
 
     def write_pending(self) -> None:
         """Write the entries kept in memory (before the files are synced, and at close).
@@ -138,8 +148,12 @@ class MessageIndex:
                 yield position
 
     def _scan(self, fd: int, entry: struct.Struct) -> Iterator[tuple[bytes, int]]:
-        pending = bytes(self._pending[fd])  # a copy: the loop may add to it meanwhile
-        end = (self._sizes[fd] - len(pending)) // entry.size  # the file's entries
+        # Lookups may run in a worker thread while the loop adds entries and writes them:
+        # the entries in memory are copied first, then the file's size read, so an entry
+        # written in between is scanned twice (lookups take each position once), never
+        # missed, and the file is read only up to what it holds.
+        pending = bytes(self._pending[fd])
+        end = os.fstat(fd).st_size // entry.size
         yield from reversed(list(entry.iter_unpack(pending)))
         live_from = self._live_from[fd]
         while end > live_from:
