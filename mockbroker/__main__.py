@@ -10,9 +10,10 @@ import logging
 import resource
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from mockbroker.busy_poll import BusyPollSelector, ThreadWork
+from mockbroker.busy_poll import BusyPollSelector, ThreadWork, available_cores
 from mockbroker.config import BrokerConfig
 from mockbroker.server import Broker
 from mockbroker.tls import TLSCertificateError
@@ -538,10 +539,21 @@ def _acl_file_error() -> type[Exception]:
     return AclFileError
 
 
-def _broker_loop(config: BrokerConfig) -> asyncio.AbstractEventLoop:
-    """The standalone broker's event loop: it polls before it sleeps (busy_poll.py)."""
+def _broker_loop(
+    config: BrokerConfig, cores: Callable[[], float] = available_cores
+) -> asyncio.AbstractEventLoop:
+    """The standalone broker's event loop: it polls before it sleeps (busy_poll.py).
+
+    Only where it may use two cores or more (`cores`).
+    """
+    spin_us = config.busy_poll_us
+    if spin_us and (usable := cores()) < 2:
+        logging.getLogger("ordermq.broker").info(
+            "busy polling off: %.3g core(s) to run on (--busy-poll-us needs 2 or more)", usable
+        )
+        spin_us = 0
     threads = ThreadWork()
-    selector = BusyPollSelector(config.busy_poll_us / 1_000_000, may_spin=threads.idle)
+    selector = BusyPollSelector(spin_us / 1_000_000, may_spin=threads.idle)
     loop = asyncio.SelectorEventLoop(selector)
     loop.set_default_executor(threads)
     return loop

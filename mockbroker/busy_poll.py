@@ -18,21 +18,52 @@ unfinished (`ThreadWork`), and a sync-flush broker, whose sends wait on an fsync
 spins little.
 
 Only the standalone broker's loop does this (`python -m mockbroker`, the process owns
-its cores' worth of work); an embedded broker shares its loop or process with the
-application and never spins.
+its cores' worth of work), and only where it may use two cores or more
+(`available_cores`: its CPU affinity, a container's CPU quota): on one core a spin would
+keep the very client it waits for from running, and in a container it would spend the
+quota. An embedded broker shares its loop or process with the application and never
+spins.
 """
 
 from __future__ import annotations
 
+import os
 import selectors
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
+
+
+def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> float:
+    """The cores this process may use: its CPU affinity, capped by a cgroup CPU quota.
+
+    The quota is read as a container sees its own: cgroup v2 `cpu.max`, or v1
+    `cpu/cpu.cfs_quota_us` over `cpu/cpu.cfs_period_us`.
+    """
+    cores = float(len(os.sched_getaffinity(0)))
+    quota = _cgroup_quota(cgroup)
+    return cores if quota is None else min(cores, quota)
+
+
+def _cgroup_quota(cgroup: Path) -> float | None:
+    """The CPU quota in cores (None: none set, or no cgroup files to read)."""
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        v1_quota = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        v1_period = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return v1_quota / v1_period if v1_quota > 0 and v1_period > 0 else None
 
 
 class ThreadWork(ThreadPoolExecutor):

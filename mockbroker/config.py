@@ -100,8 +100,10 @@ class BrokerConfig:
             for up to this many microseconds before it sleeps, while requests come that
             densely: a client's next request then does not have to wake it, which costs
             both sides tens of microseconds on a virtual machine (mockbroker/busy_poll.py).
-            It stops once a poll finds nothing, so an idle broker sleeps. 0: off. An
-            embedded broker never polls so (it shares its process with the application).
+            It stops once a poll finds nothing, so an idle broker sleeps. 0: off; off too
+            where the broker may use fewer than 2 cores (its CPU affinity, a container's
+            CPU quota). An embedded broker never polls so (it shares its process with the
+            application).
         exchange_port: Also serve ordermq's Exchange stream (sends, pulls, push
             subscriptions) over framed TCP on this port, without gRPC's per-request cost
             (0, the default: a free port, kept in the data directory and taken again at

@@ -4,15 +4,18 @@ and sleep as a plain epoll wait does once they do not (the clock is a fake)."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from mockbroker import BrokerConfig
 from mockbroker.__main__ import _broker_loop, build_parser, parse_args
-from mockbroker.busy_poll import BusyPollSelector, ThreadWork
+from mockbroker.busy_poll import BusyPollSelector, ThreadWork, available_cores
 
 SPIN = 0.0004
 
@@ -148,7 +151,7 @@ def test_the_standalone_broker_loop_spins_as_configured_and_the_option_is_checke
     assert BrokerConfig().busy_poll_us == 400
     config = parse_args(["--data-dir", "x", "--busy-poll-us", "250"])
     assert config.busy_poll_us == 250
-    loop = _broker_loop(config)
+    loop = _broker_loop(config, cores=lambda: 2.0)
     try:
         assert isinstance(loop, asyncio.SelectorEventLoop)
         selector = loop._selector  # type: ignore[attr-defined]
@@ -160,3 +163,33 @@ def test_the_standalone_broker_loop_spins_as_configured_and_the_option_is_checke
     with pytest.raises(ValueError, match=r"busy_poll_us must be within 0\.\.10000"):
         BrokerConfig(busy_poll_us=-1)
     assert build_parser().parse_args(["--data-dir", "x", "--busy-poll-us", "0"]).busy_poll_us == 0
+
+
+def test_the_cores_are_the_affinity_capped_by_a_containers_cpu_quota(tmp_path: Path) -> None:
+    affinity = float(len(os.sched_getaffinity(0)))
+    assert available_cores(tmp_path) == affinity, "no cgroup files: the affinity"
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert available_cores(tmp_path) == affinity, "v2, no quota"
+    (tmp_path / "cpu.max").write_text("50000 100000\n")
+    assert available_cores(tmp_path) == min(affinity, 0.5), "v2: half a core"
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert available_cores(tmp_path) == affinity, "v1, no quota"
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    assert available_cores(tmp_path) == min(affinity, 1.0), "v1: one core"
+
+
+def test_with_fewer_than_two_cores_the_standalone_broker_does_not_spin(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "ordermq.broker")
+    config = BrokerConfig()
+    for cores, spin in ((1.0, 0.0), (1.5, 0.0), (2.0, 0.0004)):
+        loop = _broker_loop(config, cores=lambda cores=cores: cores)
+        try:
+            assert loop._selector._spin == spin  # type: ignore[attr-defined]
+        finally:
+            loop.close()
+    assert "busy polling off: 1.5 core(s) to run on" in caplog.text
