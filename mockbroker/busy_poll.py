@@ -56,7 +56,7 @@ def _cgroup_quota(cgroup: Path) -> float | None:
     try:
         quota, period = (cgroup / "cpu.max").read_text().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
+    except (OSError, ValueError, ZeroDivisionError):
         pass
     try:
         v1_quota = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())

@@ -7,8 +7,8 @@ the record itself, so a stale or duplicated entry (after a crash, recovery appen
 replayed records again) can never answer with a wrong message.
 
 Entries are kept in memory until PENDING_BYTES of them gather, or the flusher's next
-checkpoint writes them (`write_pending`, before it syncs the files): a write each send
-was a system call each request. Lookups read them from memory. A crash may lose them, or
+checkpoint writes them (`write_pending`, before it syncs the files), instead of a
+`write` system call for every send. Lookups read them from memory too. A crash may lose them, or
 tear the last entry of a file (cut off at open): recovery replays the commit log from the
 checkpoint, and indexes the records it replays again (MessageStore._reindex).
 

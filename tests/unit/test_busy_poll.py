@@ -172,6 +172,8 @@ def test_the_cores_are_the_affinity_capped_by_a_containers_cpu_quota(tmp_path: P
     assert available_cores(tmp_path) == affinity, "v2, no quota"
     (tmp_path / "cpu.max").write_text("50000 100000\n")
     assert available_cores(tmp_path) == min(affinity, 0.5), "v2: half a core"
+    (tmp_path / "cpu.max").write_text("50000 0\n")
+    assert available_cores(tmp_path) == affinity, "a period of 0 read as no quota"
     (tmp_path / "cpu.max").unlink()
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
