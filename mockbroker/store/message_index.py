@@ -115,7 +115,7 @@ class MessageIndex:
     def _write(self, fd: int) -> None:
         pending = self._pending[fd]
         size = _ID_ENTRY.size if fd == self._ids else _KEY_ENTRY.size
-        in_file = self._sizes[fd] - len(pending)
+        in_file = self._in_file(fd)
         while pending:
             written = os.write(fd, pending)
             whole = written - written % size
@@ -125,6 +125,10 @@ class MessageIndex:
                     raise OSError(errno.ENOSPC, "no room for an index entry")
             del pending[:whole]
             in_file += whole
+
+    def _in_file(self, fd: int) -> int:
+        """The bytes of `fd`'s entries written to the file (the rest wait in memory)."""
+        return self._sizes[fd] - len(self._pending[fd])
 
     def write_pending(self) -> None:
         """Write the entries kept in memory (before the files are synced, and at close).
@@ -186,7 +190,7 @@ class MessageIndex:
         """
         for fd, entry in ((self._ids, _ID_ENTRY), (self._keys, _KEY_ENTRY)):
             lo = self._live_from[fd]
-            hi = (self._sizes[fd] - len(self._pending[fd])) // entry.size
+            hi = self._in_file(fd) // entry.size
             while lo < hi:
                 mid = (lo + hi) // 2
                 if entry.unpack(os.pread(fd, entry.size, mid * entry.size))[1] < position:

@@ -40,26 +40,31 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     b.close()
 
 
-def selector_on(sock: socket.socket, ticks: Ticks) -> BusyPollSelector:
+@pytest.fixture
+def ticks() -> Ticks:
+    return Ticks()
+
+
+@pytest.fixture
+def selector(pair: tuple[socket.socket, socket.socket], ticks: Ticks) -> Iterator[BusyPollSelector]:
+    """A selector spinning SPIN on the clock `ticks`, watching pair[0] for reads."""
     selector = BusyPollSelector(SPIN, timer=ticks)
-    selector.register(sock, 1)  # EVENT_READ
-    return selector
-
-
-def test_what_is_ready_is_found_while_spinning(pair: tuple[socket.socket, socket.socket]) -> None:
-    ticks = Ticks()
-    selector = selector_on(pair[0], ticks)
-    pair[1].send(b"x")
-    assert [key.fileobj for key, _ in selector.select(None)] == [pair[0]]
-    assert (selector.spins_hit, selector.spins_missed) == (1, 0)
+    selector.register(pair[0], 1)  # EVENT_READ
+    yield selector
     selector.close()
 
 
-def test_a_quiet_spin_stops_the_spinning_until_a_wait_ends_within_a_spin(
-    pair: tuple[socket.socket, socket.socket],
+def test_what_is_ready_is_found_while_spinning(
+    pair: tuple[socket.socket, socket.socket], selector: BusyPollSelector
 ) -> None:
-    ticks = Ticks()
-    selector = selector_on(pair[0], ticks)
+    pair[1].send(b"x")
+    assert [key.fileobj for key, _ in selector.select(None)] == [pair[0]]
+    assert (selector.spins_hit, selector.spins_missed) == (1, 0)
+
+
+def test_a_quiet_spin_stops_the_spinning_until_a_wait_ends_within_a_spin(
+    pair: tuple[socket.socket, socket.socket], ticks: Ticks, selector: BusyPollSelector
+) -> None:
     assert selector.select(0.002) == [], "nothing came: the spin, then the rest of the wait"
     assert (selector.spins_hit, selector.spins_missed) == (0, 1)
     assert ticks.now >= SPIN, "it spun a whole spin first"
@@ -72,14 +77,11 @@ def test_a_quiet_spin_stops_the_spinning_until_a_wait_ends_within_a_spin(
     pair[1].send(b"x")  # that wait ended within a spin: the next one spins again
     assert selector.select(None)
     assert (selector.spins_hit, selector.spins_missed) == (1, 1)
-    selector.close()
 
 
 def test_a_wait_longer_than_a_spin_keeps_it_from_spinning(
-    pair: tuple[socket.socket, socket.socket],
+    pair: tuple[socket.socket, socket.socket], ticks: Ticks, selector: BusyPollSelector
 ) -> None:
-    ticks = Ticks()
-    selector = selector_on(pair[0], ticks)
     assert selector.select(0.002) == []
     pair[1].send(b"x")
     ticks.step = 2 * SPIN  # the wait seems to take longer than a spin
@@ -88,36 +90,31 @@ def test_a_wait_longer_than_a_spin_keeps_it_from_spinning(
     pair[0].recv(1)
     assert selector.select(0.001) == []
     assert (selector.spins_hit, selector.spins_missed) == (0, 1), "no spin after a long wait"
-    selector.close()
 
 
 def test_a_timer_due_within_a_spin_ends_the_wait_and_spinning_goes_on(
-    pair: tuple[socket.socket, socket.socket],
+    pair: tuple[socket.socket, socket.socket], ticks: Ticks, selector: BusyPollSelector
 ) -> None:
-    ticks = Ticks()
-    selector = selector_on(pair[0], ticks)
     assert selector.select(SPIN / 4) == []
     assert ticks.now < SPIN, "the wait ended at its timeout, within the spin"
     assert selector.spins_missed == 0
     pair[1].send(b"x")
     assert selector.select(None)
     assert selector.spins_hit == 1, "still spinning"
-    selector.close()
 
 
 def test_zero_turns_spinning_off_and_a_zero_timeout_never_spins(
-    pair: tuple[socket.socket, socket.socket],
+    pair: tuple[socket.socket, socket.socket], ticks: Ticks, selector: BusyPollSelector
 ) -> None:
-    ticks = Ticks()
     off = BusyPollSelector(0, timer=ticks)
-    off.register(pair[0], 1)
-    assert off.select(0.001) == []
-    assert ticks.now == 0.0, "a plain epoll wait: the clock is not read"
-    off.close()
-    selector = selector_on(pair[0], ticks)
+    try:
+        off.register(pair[0], 1)
+        assert off.select(0.001) == []
+        assert ticks.now == 0.0, "a plain epoll wait: the clock is not read"
+    finally:
+        off.close()
     assert selector.select(0) == []
     assert (selector.spins_hit, selector.spins_missed, ticks.now) == (0, 0, 0.0)
-    selector.close()
 
 
 def test_no_spin_starts_while_threads_have_work_and_the_count_follows_the_work(
