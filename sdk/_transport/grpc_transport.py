@@ -137,6 +137,10 @@ class GrpcTransport:
             raise BrokerUnavailableError(f"topic {topic!r} has no writable queue")
         return queues
 
+    def known_writable_queues(self, topic: str) -> list[MessageQueue] | None:
+        """See Transport.known_writable_queues (cached until a refresh)."""
+        return self._writable.get(topic) or None
+
     async def _query_route(self, topic: str, create: bool) -> list[QueueRoute]:
         """Ask the endpoints in turn; each waits up to CONNECT_TIMEOUT for its broker.
 

@@ -299,6 +299,13 @@ class Transport(Protocol):
         """
         ...
 
+    def known_writable_queues(self, topic: str) -> list[MessageQueue] | None:
+        """`writable_queues` as last learned and not due for a refresh, asking nobody.
+
+        None when it would ask (or has no writable queue); do not modify.
+        """
+        ...
+
     async def readable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
         """The queues consumers may read, sorted; cached until `refresh`.
 

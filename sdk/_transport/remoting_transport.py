@@ -171,6 +171,11 @@ class _Route:
     fetched_at: float
 
 
+def _stale(route: _Route) -> bool:
+    """Whether `route` is due to be asked for again."""
+    return time.monotonic() - route.fetched_at > ROUTE_REFRESH_SECONDS
+
+
 class RemotingTransport:
     """Name servers, a connection per broker, and cached routes; use on one event loop.
 
@@ -369,8 +374,7 @@ class RemotingTransport:
     # ------------------------------------------------------------------ routes
     async def _route(self, topic: str, *, refresh: bool = False) -> _Route:
         route = self._routes.get(topic)
-        stale = route is None or time.monotonic() - route.fetched_at > ROUTE_REFRESH_SECONDS
-        if refresh or stale:
+        if refresh or route is None or _stale(route):
             try:
                 fresh = await self._query_route(topic)
             except (BrokerUnavailableError, RequestTimeoutError) as exc:
@@ -546,6 +550,11 @@ class RemotingTransport:
     async def readable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
         """The queues consumers may read, sorted."""
         return (await self._route(topic, refresh=refresh)).readable
+
+    def known_writable_queues(self, topic: str) -> list[MessageQueue] | None:
+        """See Transport.known_writable_queues (a route is asked for again once stale)."""
+        route = self._routes.get(topic)
+        return None if route is None or _stale(route) else route.writable or None
 
     async def writable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
         """The queues producers may write; a new topic borrows DEFAULT_TOPIC's brokers.

@@ -95,6 +95,7 @@ class Accumulator:
         self._pending = 0
         self._buffered = 0  # messages in the buffers, not yet taken for a request
         self._room = asyncio.Condition()
+        self._room_waiters = 0  # sends in _wait_for_room
         self._closed = False
         self._tickets = 0
         # topic or queue -> (the last ticket issued when a send to it failed, the failure)
@@ -125,6 +126,8 @@ class Accumulator:
         self._holds[where] = (self._tickets, failure)
 
     def _check_holds(self, queue: MessageQueue, ticket: int) -> None:
+        if not self._holds:  # the usual case, checked for every message
+            return
         for where in (queue.topic, queue):
             held = self._holds.get(where)
             if held is not None and ticket <= held[0]:
@@ -144,9 +147,25 @@ class Accumulator:
         `movable`: the message is keyless, so a retry may send it to another queue.
         EarlierSendFailedError when an earlier send to its topic or queue failed.
         """
+        future = self.enqueue_now(queue, prepared, msg_id, ticket, movable)
+        while future is None:
+            await self._wait_for_room()
+            # Checked again: a part of its queue may have failed meanwhile.
+            future = self.enqueue_now(queue, prepared, msg_id, ticket, movable)
+        return future
+
+    def enqueue_now(
+        self,
+        queue: MessageQueue,
+        prepared: bytes,
+        msg_id: bytes,
+        ticket: int,
+        movable: bool = False,
+    ) -> asyncio.Future[SendResult] | None:
+        """`enqueue` without waiting: None when the buffer has no room."""
         self._check_holds(queue, ticket)
-        await self._wait_for_room()
-        self._check_holds(queue, ticket)  # a part of its queue may have failed meanwhile
+        if self._pending >= self._config.buffer_max_messages:
+            return None
         buffer = self._buffer(queue)
         if self._sender is None:
             self._sender = asyncio.create_task(self._send_forever(), name="accumulator")
@@ -227,17 +246,20 @@ class Accumulator:
             return
         if self._config.when_full == "fail":
             raise BufferFullError(f"{self._pending} messages wait to be sent (limit {limit})")
-        async with self._room:
-            try:
+        self._room_waiters += 1
+        try:
+            async with self._room:
                 # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
                 # cancellation that arrives as room frees up, and the send would go on.
                 async with asyncio.timeout(self._config.block_timeout):
                     await self._room.wait_for(lambda: self._pending < limit)
-            except TimeoutError:
-                raise BufferFullError(
-                    f"no room in the send buffer within {self._config.block_timeout}s "
-                    f"({self._pending} messages wait; limit {limit})"
-                ) from None
+        except TimeoutError:
+            raise BufferFullError(
+                f"no room in the send buffer within {self._config.block_timeout}s "
+                f"({self._pending} messages wait; limit {limit})"
+            ) from None
+        finally:
+            self._room_waiters -= 1
 
     async def _send_forever(self) -> None:
         """Start a request whenever one may go and queues are ready; else wait.
@@ -388,8 +410,9 @@ class Accumulator:
         buffer.busy = False
         if wake:
             self._wake_if_buffered()
-        async with self._room:
-            self._room.notify_all()
+        if self._room_waiters:  # a lock round per part otherwise, for nobody
+            async with self._room:
+                self._room.notify_all()
 
     def _wake_if_buffered(self) -> None:
         # A request ended or a queue is free again: that matters to the sender only when

@@ -16,7 +16,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, cast
 
 from sdk import metrics, tracing
@@ -224,6 +224,11 @@ class ProducerCore:
             raise ClientStateError(f"producer is {self._state}; call start() first")
 
     # ------------------------------------------------------------------ routes
+    def _route_fresh(self, topic: str) -> bool:
+        """Whether the topic's route was looked up and is not due for a refresh."""
+        last = self._refreshed.get(topic)
+        return last is not None and self._clock.now() - last < self.config.route_refresh_interval
+
     async def writable_queues(self, topic: str) -> list[MessageQueue]:
         """The topic's writable queues sorted by (broker, queue id); refreshed periodically."""
         now = self._clock.now()
@@ -300,29 +305,65 @@ class ProducerCore:
         selector: MessageQueueSelector | None,
         arg: Any,
     ) -> SendResult:
-        # Admission in call order (asyncio locks are FIFO), so the per-queue buffers see
-        # messages in the order the caller sent them.
+        # Admission in call order, so the per-queue buffers see messages in the order the
+        # caller sent them. Usually it awaits nothing (the route known, room in the
+        # buffer, no earlier send still being admitted), so it is in order as it is; else
+        # the send takes the admission lock (asyncio locks are FIFO).
         ticket = accumulator.ticket()
-        self._accepting += 1
+        topic = message.topic
         try:
-            async with self._admission:
+            waiter = None
+            if not self._accepting and self._route_fresh(topic):
+                queues = self._transport.known_writable_queues(topic)
+                if queues is not None:
+                    _, _, waiter = self._admit(
+                        accumulator, queues, message, prepared, msg_id, ticket, selector, arg
+                    )
+            if waiter is None:
+                self._accepting += 1
                 try:
-                    queues = await self.writable_queues(message.topic)
-                    queue = self._select(queues, message, selector, arg)
-                    movable = selector is None and message.sharding_key is None
-                    claimed = accumulator.claim(queue, prepared, msg_id, ticket, movable)
-                    if claimed is None:
-                        future = await accumulator.enqueue(queue, prepared, msg_id, ticket, movable)
-                except EarlierSendFailedError:
-                    raise
-                except OrderMQError as exc:  # the sends waiting behind this one must fail too
-                    accumulator.hold(message.topic, exc)
-                    raise
-        finally:
-            self._accepting -= 1
-        if claimed is not None:  # an idle producer: no hand-off to the accumulator's tasks
-            return await accumulator.send_claimed(queue, claimed)
-        return await future
+                    async with self._admission:
+                        queues = await self.writable_queues(topic)
+                        queue, movable, waiter = self._admit(
+                            accumulator, queues, message, prepared, msg_id, ticket, selector, arg
+                        )
+                        if waiter is None:  # no room in the buffer: wait for it
+                            waiter = await accumulator.enqueue(
+                                queue, prepared, msg_id, ticket, movable
+                            )
+                finally:
+                    self._accepting -= 1
+        except EarlierSendFailedError:
+            raise
+        except OrderMQError as exc:  # the sends waiting behind this one must fail too
+            accumulator.hold(topic, exc)
+            raise
+        return await waiter
+
+    def _admit(
+        self,
+        accumulator: Accumulator,
+        queues: list[MessageQueue],
+        message: Message,
+        prepared: bytes,
+        msg_id: bytes,
+        ticket: int,
+        selector: MessageQueueSelector | None,
+        arg: Any,
+    ) -> tuple[MessageQueue, bool, Awaitable[SendResult] | None]:
+        """Choose the message's queue and hand the message over, without waiting.
+
+        The queue, whether the message may move (keyless), and what gives its result:
+        a request of its own sent in the caller's task (an idle producer: no hand-off to
+        the accumulator's tasks), or the buffered message's future; None when the
+        buffer has no room.
+        """
+        queue = self._select(queues, message, selector, arg)
+        movable = selector is None and message.sharding_key is None
+        claimed = accumulator.claim(queue, prepared, msg_id, ticket, movable)
+        if claimed is not None:
+            return queue, movable, accumulator.send_claimed(queue, claimed)
+        return queue, movable, accumulator.enqueue_now(queue, prepared, msg_id, ticket, movable)
 
     async def send_batch(
         self, messages: Sequence[Message], *, timeout: float | None = None

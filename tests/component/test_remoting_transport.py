@@ -201,6 +201,27 @@ def test_a_route_naming_a_dead_broker_fails_the_send_clearly(dead_address: str) 
     asyncio.run(scenario())
 
 
+def test_a_route_is_known_without_asking_until_it_is_due_again(
+    dead_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a producer's send takes without awaiting a route lookup (issue 35)."""
+
+    async def scenario() -> None:
+        server, ns = await serve(await route_for(dead_address))
+        transport = connect(f"rocketmq://{ns}")
+        try:
+            assert transport.known_writable_queues("t") is None  # never asked
+            queues = await transport.writable_queues("t")
+            assert transport.known_writable_queues("t") == queues
+            monkeypatch.setattr(remoting_transport, "ROUTE_REFRESH_SECONDS", -1.0)
+            assert transport.known_writable_queues("t") is None  # due: send() asks again
+        finally:
+            await transport.close()
+            server.close()
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize(
     ("reply", "error", "words"),
     [

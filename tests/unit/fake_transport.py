@@ -201,6 +201,9 @@ class FakeTransport:
         self._check_up()
         return self.broker.queues()
 
+    def known_writable_queues(self, topic: str) -> list[MessageQueue] | None:
+        return None  # asked on every call
+
     # ------------------------------------------------------------------ producing
     def prepare(
         self,
@@ -475,7 +478,8 @@ class FramesTransport:
     """A producer's Transport that prepares ordermq's frames, as the gRPC transport does.
 
     Sends go to a scripted broker as one request's frames; routes come from
-    `writable_queues(topic)`, asked on every call (a refresh asks it too).
+    `writable_queues(topic)`, asked on every call (a refresh asks it too), or with
+    `remember_routes` once per topic until a refresh.
     """
 
     prepare = staticmethod(encode_message)
@@ -487,17 +491,31 @@ class FramesTransport:
         broker: FrameSender,
         writable_queues: Callable[[str], Awaitable[list[MessageQueue]]],
         max_send_bytes: int = MAX_SEND_BYTES,
+        *,
+        remember_routes: bool = False,
     ) -> None:
         self.broker = broker
         self._writable_queues = writable_queues
         self.max_send_bytes = max_send_bytes
+        # With remember_routes, the last answer per topic is known (as the gRPC
+        # transport's cache), and asked again only on a refresh.
+        self._known: dict[str, list[MessageQueue]] | None = {} if remember_routes else None
         # The requests the producer made, send or send_parts: (queue id, messages) per part.
         self.requests: list[list[tuple[int, int]]] = []
         self.refreshes = 0  # the route lookups that asked for a refresh
 
     async def writable_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
         self.refreshes += refresh
-        return await self._writable_queues(topic)
+        known = self.known_writable_queues(topic)
+        if known is not None and not refresh:
+            return known
+        queues = await self._writable_queues(topic)
+        if self._known is not None:
+            self._known[topic] = queues
+        return queues
+
+    def known_writable_queues(self, topic: str) -> list[MessageQueue] | None:
+        return None if self._known is None else self._known.get(topic)
 
     async def send(
         self, queue: MessageQueue, prepared: Sequence[bytes], *, timeout: float | None = None

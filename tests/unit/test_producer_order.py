@@ -1156,3 +1156,67 @@ def test_a_lone_send_cancelled_in_flight_lets_the_later_sends_of_its_queue_go(
     results = asyncio.run(main())
     assert [r.queue_offset for r in results] == [0, 1]
     assert by_key(broker) == {"a": [1, 2]}
+
+
+@pytest.fixture
+def known_routes(broker: ScriptedBroker, routes: Routes) -> Routes:
+    """Routes as the gRPC transport keeps them: asked once per topic, then known."""
+    routes.transport = FramesTransport(broker, routes.writable_queues, remember_routes=True)
+    return routes
+
+
+def test_a_known_route_is_still_asked_for_again_once_due(
+    broker: ScriptedBroker, known_routes: Routes
+) -> None:
+    """A send that finds its route known admits itself without the lock, but not past the
+    route's refresh interval: then it asks, as any send would."""
+    clock = FakeClock()
+
+    async def main() -> None:
+        async with producer(known_routes, natural(), clock) as p:
+            for m in keyed("a", 3):
+                await p.send(m)
+            assert known_routes.calls == 1
+            clock.advance(p.config.route_refresh_interval)
+            await p.send(Message(TOPIC, b"a:3", sharding_key="a"))
+
+    asyncio.run(main())
+    assert known_routes.calls == 2
+    assert known_routes.transport.refreshes == 1
+    assert by_key(broker) == {"a": [0, 1, 2, 3]}
+
+
+def test_a_send_made_while_an_earlier_one_waits_for_room_does_not_overtake_it(
+    broker: ScriptedBroker, known_routes: Routes
+) -> None:
+    """The earlier send waits for room in the admission; the later one, made by a caller
+    whose send was just answered (before the waiting one has run again), must not slip
+    in through the admission that awaits nothing while the buffer has room."""
+    config = ProducerConfig(
+        accumulator=AccumulatorConfig(
+            linger=0, max_requests_in_flight=1, batch_max_messages=1, buffer_max_messages=1
+        )
+    )
+    a0, a1, a2 = keyed("a", 3)
+
+    async def main() -> None:
+        async with producer(known_routes, config, FakeClock()) as p:
+            await p.send(Message(TOPIC, b"b:0", sharding_key="b"))  # learns the route
+            broker.gate = asyncio.Event()
+
+            async def first_then_third() -> None:
+                await p.send(a0)
+                await p.send(a2)  # on the turn a0's answer came
+
+            caller = asyncio.create_task(first_then_third())
+            while not broker.requests or broker.requests[-1][1] != [b"a:0"]:
+                await asyncio.sleep(0)
+            second = asyncio.create_task(p.send(a1))  # the buffer is full: it waits
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert not second.done()
+            broker.gate.set()
+            await asyncio.wait_for(asyncio.gather(caller, second), 5)
+
+    asyncio.run(main())
+    assert by_key(broker)["a"] == [0, 1, 2]
