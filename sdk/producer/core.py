@@ -312,27 +312,38 @@ class ProducerCore:
         ticket = accumulator.ticket()
         topic = message.topic
         try:
-            waiter = None
+            admitted = None
             if not self._accepting and self._route_fresh(topic):
                 queues = self._transport.known_writable_queues(topic)
                 if queues is not None:
-                    _, _, waiter = self._admit(
+                    admitted = self._admit(
                         accumulator, queues, message, prepared, msg_id, ticket, selector, arg
                     )
-            if waiter is None:
+            if admitted is None or admitted[2] is None:
                 self._accepting += 1
                 try:
                     async with self._admission:
-                        queues = await self.writable_queues(topic)
-                        queue, movable, waiter = self._admit(
-                            accumulator, queues, message, prepared, msg_id, ticket, selector, arg
-                        )
+                        if admitted is None:  # its queue is chosen once, whatever the path
+                            queues = await self.writable_queues(topic)
+                            admitted = self._admit(
+                                accumulator,
+                                queues,
+                                message,
+                                prepared,
+                                msg_id,
+                                ticket,
+                                selector,
+                                arg,
+                            )
+                        queue, movable, waiter = admitted
                         if waiter is None:  # no room in the buffer: wait for it
                             waiter = await accumulator.enqueue(
                                 queue, prepared, msg_id, ticket, movable
                             )
                 finally:
                     self._accepting -= 1
+            else:
+                waiter = admitted[2]
         except EarlierSendFailedError:
             raise
         except OrderMQError as exc:  # the sends waiting behind this one must fail too

@@ -1220,3 +1220,38 @@ def test_a_send_made_while_an_earlier_one_waits_for_room_does_not_overtake_it(
 
     asyncio.run(main())
     assert by_key(broker)["a"] == [0, 1, 2]
+
+
+def test_a_send_that_waits_for_room_asks_its_selector_once(
+    broker: ScriptedBroker, known_routes: Routes
+) -> None:
+    """A send that found no room without the lock waits for it under the lock, in the
+    queue it chose: a user's selector (and the keyless round robin) is asked once a send."""
+    config = ProducerConfig(
+        accumulator=AccumulatorConfig(
+            linger=0, max_requests_in_flight=1, batch_max_messages=1, buffer_max_messages=1
+        )
+    )
+    asked: list[bytes] = []
+
+    def second_queue(queues: list[MessageQueue], message: Message, arg: Any) -> MessageQueue:
+        asked.append(message.body)
+        return queues[1]
+
+    async def main() -> None:
+        async with producer(known_routes, config, FakeClock()) as p:
+            await p.send(Message(TOPIC, b"b:0", sharding_key="b"))  # learns the route
+            broker.gate = asyncio.Event()
+            first = asyncio.create_task(p.send(Message(TOPIC, b"x:0"), selector=second_queue))
+            while not broker.requests or broker.requests[-1][1] != [b"x:0"]:
+                await asyncio.sleep(0)
+            second = asyncio.create_task(p.send(Message(TOPIC, b"x:1"), selector=second_queue))
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert not second.done()  # the buffer is full: it waits
+            broker.gate.set()
+            await asyncio.wait_for(asyncio.gather(first, second), 5)
+
+    asyncio.run(main())
+    assert asked == [b"x:0", b"x:1"]
+    assert broker.stored[1] == [b"x:0", b"x:1"]
