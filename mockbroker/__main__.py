@@ -13,7 +13,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from mockbroker.busy_poll import BusyPollSelector, ThreadWork, available_cores
+from mockbroker.busy_poll import (
+    BusyPollSelector,
+    PollingEventLoop,
+    ThreadWork,
+    available_cores,
+)
 from mockbroker.config import BrokerConfig
 from mockbroker.server import Broker
 from mockbroker.tls import TLSCertificateError
@@ -553,8 +558,7 @@ def _broker_loop(
         )
         spin_us = 0
     threads = ThreadWork()
-    selector = BusyPollSelector(spin_us / 1_000_000, may_spin=threads.idle)
-    loop = asyncio.SelectorEventLoop(selector)
+    loop = PollingEventLoop(BusyPollSelector(spin_us / 1_000_000, may_spin=threads.idle))
     loop.set_default_executor(threads)
     return loop
 

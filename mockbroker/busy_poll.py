@@ -27,6 +27,7 @@ spins.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import selectors
 import threading
@@ -114,9 +115,15 @@ class BusyPollSelector(selectors.EpollSelector):
         self._timer = timer
         self._may_spin = may_spin
         self._spinning = spin_seconds > 0
-        #: Waits that found their events while spinning, and spins that found none.
+        #: Waits that found their events while spinning, and spins that found none
+        #: (ordermq_busy_poll_spins_total).
         self.spins_hit = 0
         self.spins_missed = 0
+
+    @property
+    def spin_seconds(self) -> float:
+        """The longest a wait polls before it blocks (0: it never does)."""
+        return self._spin
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         """Wait for events as EpollSelector.select does, polling first while spinning."""
@@ -145,3 +152,11 @@ class BusyPollSelector(selectors.EpollSelector):
         if ready:  # whole wait (a missed spin included) within a spin: spin next time
             self._spinning = timer() - started < spin
         return ready
+
+
+class PollingEventLoop(asyncio.SelectorEventLoop):
+    """The standalone broker's event loop, over a BusyPollSelector (kept for the metrics)."""
+
+    def __init__(self, selector: BusyPollSelector) -> None:
+        super().__init__(selector)
+        self.busy_poll = selector

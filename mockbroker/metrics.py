@@ -25,6 +25,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from mockbroker.busy_poll import BusyPollSelector, PollingEventLoop
 from mockbroker.histogram import Histogram
 from sdk._version import __version__
 
@@ -75,6 +76,9 @@ class BrokerCollector(Collector):
                 lag.seconds,
             )
         )
+        loop = asyncio.get_running_loop()
+        if isinstance(loop, PollingEventLoop):  # the standalone broker's (busy_poll.py)
+            families += busy_poll_families(loop.busy_poll)
         if self._broker.state is not None:
             families += _state_families(self._broker.state)
         if self._broker.remoting is not None:
@@ -82,6 +86,28 @@ class BrokerCollector(Collector):
         if self._broker.exchange_port is not None:
             families += _exchange_port_families(self._broker.exchange_port)
         return families
+
+
+def busy_poll_families(selector: BusyPollSelector) -> list[Metric]:
+    """How long the broker's loop polls before it sleeps, and how often that paid."""
+    spins = CounterMetricFamily(
+        "ordermq_busy_poll_spins_total",
+        "Polls of the broker's event loop before it sleeps: hit (a request came within the "
+        "spin, so no wake-up) or missed (none came: the loop slept, and polls again once "
+        "requests come densely)",
+        labels=["outcome"],
+    )
+    spins.add_metric(["hit"], selector.spins_hit)
+    spins.add_metric(["missed"], selector.spins_missed)
+    return [
+        GaugeMetricFamily(
+            "ordermq_busy_poll_spin_seconds",
+            "How long the broker's event loop polls before it sleeps (--busy-poll-us; 0: "
+            "it does not, as with fewer than 2 cores)",
+            value=selector.spin_seconds,
+        ),
+        spins,
+    ]
 
 
 def build_info() -> Metric:

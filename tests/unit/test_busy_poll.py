@@ -3,7 +3,6 @@ and sleep as a plain epoll wait does once they do not (the clock is a fake)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -15,7 +14,8 @@ import pytest
 
 from mockbroker import BrokerConfig
 from mockbroker.__main__ import _broker_loop, build_parser, parse_args
-from mockbroker.busy_poll import BusyPollSelector, ThreadWork, available_cores
+from mockbroker.busy_poll import BusyPollSelector, PollingEventLoop, ThreadWork, available_cores
+from mockbroker.metrics import busy_poll_families
 
 SPIN = 0.0004
 
@@ -150,9 +150,9 @@ def test_the_standalone_broker_loop_spins_as_configured_and_the_option_is_checke
     assert config.busy_poll_us == 250
     loop = _broker_loop(config, cores=lambda: 2.0)
     try:
-        assert isinstance(loop, asyncio.SelectorEventLoop)
-        selector = loop._selector  # type: ignore[attr-defined]
-        assert isinstance(selector, BusyPollSelector) and selector._spin == 0.00025
+        assert isinstance(loop, PollingEventLoop)
+        selector = loop.busy_poll
+        assert loop._selector is selector and selector.spin_seconds == 0.00025  # type: ignore[attr-defined]
         threads = loop._default_executor  # type: ignore[attr-defined]
         assert isinstance(threads, ThreadWork) and selector._may_spin == threads.idle
     finally:
@@ -188,7 +188,24 @@ def test_with_fewer_than_two_cores_the_standalone_broker_does_not_spin(
     for cores, spin in ((1.0, 0.0), (1.5, 0.0), (2.0, 0.0004)):
         loop = _broker_loop(config, cores=lambda cores=cores: cores)
         try:
-            assert loop._selector._spin == spin  # type: ignore[attr-defined]
+            assert isinstance(loop, PollingEventLoop) and loop.busy_poll.spin_seconds == spin
         finally:
             loop.close()
     assert "busy polling off: 1.5 core(s) to run on" in caplog.text
+
+
+def test_the_metrics_say_the_spin_and_how_often_it_paid(
+    selector: BusyPollSelector, pair: tuple[socket.socket, socket.socket]
+) -> None:
+    pair[1].send(b"x")
+    assert selector.select(1.0)  # found while spinning
+    pair[0].recv(1)
+    assert selector.select(0.01) == []  # a quiet spin: missed, then the wait
+    spin, spins = busy_poll_families(selector)
+    assert (spin.name, spin.type, spin.samples[0].value) == (
+        "ordermq_busy_poll_spin_seconds",
+        "gauge",
+        SPIN,
+    )
+    assert spins.type == "counter"
+    assert {s.labels["outcome"]: s.value for s in spins.samples} == {"hit": 1, "missed": 1}
