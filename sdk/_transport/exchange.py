@@ -180,14 +180,17 @@ class Exchange:
         stream = self._stream_for(envelope)
         rid = envelope.id
         future = stream.submit(envelope)
-        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        # A timer that fails the future, not asyncio.timeout_at around the await: that
+        # costs a request about 3 us against 1 (it cancels and uncancels the task).
+        expiry = None if deadline is None else loop.call_at(deadline, _expire, future)
         try:
-            async with asyncio.timeout_at(deadline):
-                answer = await future
+            answer = await future
         except _BatchingUnsupportedError:  # on another stream
-            left = None if deadline is None else deadline - asyncio.get_running_loop().time()
+            left = None if deadline is None else deadline - loop.time()
             return await self._call(envelope, None if left is None else max(0.0, left))
-        except TimeoutError:
+        except _Expired:
             stream.abandon(rid, future)
             raise error_from_status(
                 "DEADLINE_EXCEEDED",
@@ -198,6 +201,9 @@ class Exchange:
         except asyncio.CancelledError:
             stream.abandon(rid, future)
             raise
+        finally:
+            if expiry is not None:
+                expiry.cancel()
         kind = envelope.WhichOneof("body")
         if answer.WhichOneof("body") != kind:
             raise BrokerError(
@@ -795,6 +801,15 @@ class _Stream:
             _unavailable,
             f"the Exchange stream to {self._target} ended: {exc.code().name} {exc.details()}",
         )
+
+
+class _Expired(TimeoutError):
+    """A request's deadline passed before its answer came (`_expire`)."""
+
+
+def _expire(future: asyncio.Future[pb.ExchangeResponse]) -> None:
+    if not future.done():
+        future.set_exception(_Expired())
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:
