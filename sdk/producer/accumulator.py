@@ -92,6 +92,10 @@ class Accumulator:
         self._clock = clock
         self._request_max_bytes = request_max_bytes
         self._queues: dict[MessageQueue, _QueueBuffer] = {}
+        # The buffers holding messages: the sender looks at these only, not at every
+        # queue the producer ever sent to (a producer of many topics scanned them all
+        # for every request).
+        self._waiting: dict[MessageQueue, _QueueBuffer] = {}
         self._pending = 0
         self._buffered = 0  # messages in the buffers, not yet taken for a request
         self._room = asyncio.Condition()
@@ -174,6 +178,7 @@ class Accumulator:
         buffer.items.append(
             _Pending(prepared, msg_id, future, self._clock.now(), ticket, movable, prompted)
         )
+        self._waiting[queue] = buffer
         buffer.bytes += len(prepared)
         self._pending += 1
         self._buffered += 1
@@ -292,7 +297,7 @@ class Accumulator:
         """
         config = self._config
         now = self._clock.now()
-        waiting = [(q, b) for q, b in self._queues.items() if b.items and not b.busy]
+        waiting = [(q, b) for q, b in self._waiting.items() if not b.busy]
         waiting.sort(key=lambda qb: qb[1].items[0].ticket)
         parts: list[tuple[MessageQueue, list[_Pending]]] = []
         size = 0
@@ -309,6 +314,8 @@ class Accumulator:
             if parts and len(buffer.items[0].prepared) > room:
                 continue
             batch = _take(buffer, config.batch_max_messages, min(config.batch_max_bytes, room))
+            if not buffer.items:
+                del self._waiting[queue]
             self._buffered -= len(batch)
             self._unprompted -= sum(not p.prompted for p in batch)
             buffer.busy = True
@@ -397,6 +404,7 @@ class Accumulator:
                 self.hold(queue, outcome)
                 behind = list(buffer.items)
                 buffer.items.clear()
+                self._waiting.pop(queue, None)
                 buffer.bytes = 0
                 _fail(behind, EarlierSendFailedError(describe(queue), outcome))
                 self._pending -= len(behind)
@@ -438,7 +446,7 @@ class Accumulator:
         """Send what is buffered (no more lingering), then stop the sender."""
         self._closed = True
         self._wake.set()
-        pending = [p.future for b in self._queues.values() for p in b.items]
+        pending = [p.future for b in self._waiting.values() for p in b.items]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
         # Until none is left unfinished: a finished task leaves the set only in a later

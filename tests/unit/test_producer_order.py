@@ -1255,3 +1255,39 @@ def test_a_send_that_waits_for_room_asks_its_selector_once(
     asyncio.run(main())
     assert asked == [b"x:0", b"x:1"]
     assert broker.stored[1] == [b"x:0", b"x:1"]
+
+
+def held_in_flight(acc: Accumulator, queue: MessageQueue) -> bool:
+    """Whether a part of `queue` is in flight (its buffer busy)."""
+    return acc._queues[queue].busy
+
+
+def test_the_sender_looks_only_at_the_queues_with_messages_waiting() -> None:
+    """A buffer stays for every queue a producer ever sent to; the sender looked at all
+    of them for every request (8 callers' sends 14% slower once 100 other topics had
+    had a send each). It looks at those holding messages."""
+    gate = asyncio.Event()
+    held = MessageQueue("held", "broker-a", 0)
+
+    async def send(q: MessageQueue, frames: list[bytes], ids: list[bytes]) -> list[SendResult]:
+        if q == held:
+            await gate.wait()
+        return stored_results(q, ids)
+
+    async def main() -> None:
+        acc = accumulator(AccumulatorConfig(linger=0), send)
+        queues = [MessageQueue(f"topic-{n}", "broker-a", q) for n in range(50) for q in range(4)]
+        sent = [await acc.enqueue(q, b"x", b"%d" % i, acc.ticket()) for i, q in enumerate(queues)]
+        await asyncio.wait_for(asyncio.gather(*sent), 5)
+        assert acc._waiting == {}  # all answered: nothing to look at
+        first = await acc.enqueue(held, b"a", b"a", acc.ticket())
+        while not held_in_flight(acc, held):
+            await asyncio.sleep(0)
+        second = await acc.enqueue(held, b"b", b"b", acc.ticket())  # waits behind the first
+        assert list(acc._waiting) == [held]
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 5)
+        assert acc._waiting == {}
+        await acc.close()
+
+    asyncio.run(main())
