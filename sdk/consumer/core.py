@@ -31,7 +31,7 @@ from sdk.consumer.allocate import AllocateMessageQueueAveragely, AllocateMessage
 from sdk.consumer.config import ConsumeFromWhere
 from sdk.consumer.local_offsets import LocalFileOffsetStore, default_offset_dir
 from sdk.consumer.offset_store import RemoteOffsetStore
-from sdk.consumer.process_queue import ProcessQueue
+from sdk.consumer.process_queue import CachedCount, ProcessQueue
 from sdk.consumer.rebalance import Rebalancer
 from sdk.errors import (
     ClientStateError,
@@ -177,6 +177,7 @@ class ConsumerCore:
         self._subscriptions: dict[str, str] = {}
         self._state = "new"
         self._queues: dict[MessageQueue, ProcessQueue] = {}
+        self._cached = CachedCount()  # messages cached over `_queues`
         self._pulls: dict[MessageQueue, asyncio.Task[None]] = {}
         self._releasing_since: dict[MessageQueue, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -292,6 +293,7 @@ class ConsumerCore:
         await self._transport.close()
         for pq in self._queues.values():
             pq.let_go()
+            pq.detach()
         self._queues.clear()
         self._state = "shut down"
 
@@ -333,7 +335,7 @@ class ConsumerCore:
             except OrderMQError as exc:
                 log.warning("cannot take %s yet: %s", queue, exc)
                 continue
-            pq = ProcessQueue()
+            pq = ProcessQueue(self._cached)
             pq.next_offset = offset
             if queue in epochs:
                 pq.locked, pq.lock_epoch, pq.last_lock_time = True, epochs[queue], asked
@@ -391,6 +393,7 @@ class ConsumerCore:
                 # Its buffer goes now: a consume task may hold the queue a while yet
                 # (waiting out a suspend, up to 30 s), and its messages with it.
                 released.clear()
+                released.detach()
             self._releasing_since.pop(queue, None)
             self.offsets.remove(queue)
             log_event(log, logging.INFO, "queue.removed", f"gave up {queue}", group=self.group,

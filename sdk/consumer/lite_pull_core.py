@@ -371,8 +371,7 @@ class LitePullConsumerCore(PushDeliveryCore):
         return max(1, min(self.config.pull_threshold_for_queue, share))
 
     def _may_pull(self, queue: MessageQueue, pq: ProcessQueue) -> bool:
-        total = sum(p.count for p in self._queues.values())
-        return queue not in self._paused and total < self.config.pull_threshold_for_all
+        return queue not in self._paused and self._cached.count < self.config.pull_threshold_for_all
 
     async def release(self, queues: list[MessageQueue]) -> list[MessageQueue]:
         """Commit the done batches of queues being taken away (auto commit), then release.

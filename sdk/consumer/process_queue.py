@@ -27,13 +27,31 @@ from sdk._accel import hand_out
 from sdk.message import MessageExt
 
 
-class ProcessQueue:
-    """One queue's buffer and consumption state."""
+class CachedCount:
+    """The messages cached over a consumer's process queues, kept as each one changes.
+
+    Flow control asks for it before every pull: a sum over the queues would cost a
+    consumer of many queues more the more it holds.
+    """
+
+    __slots__ = ("count",)
 
     def __init__(self) -> None:
+        self.count = 0
+
+
+class ProcessQueue:
+    """One queue's buffer and consumption state.
+
+    `cached`: the consumer's count over all its queues, which this one's `count` is part
+    of until `detach`.
+    """
+
+    def __init__(self, cached: CachedCount | None = None) -> None:
         self._buffer: deque[MessageExt] = deque()  # pulled, not yet taken; offset order
         self._consuming: list[MessageExt] = []  # taken by the listener, not yet committed
         self._inflight: dict[int, MessageExt] = {}  # concurrent mode: handed out, unfinished
+        self._cached = CachedCount() if cached is None else cached
         self.count = 0
         self.size = 0
         self.max_offset_pulled = -1
@@ -67,6 +85,7 @@ class ProcessQueue:
         self._buffer.extend(fresh)
         self.max_offset_pulled = fresh[-1].queue_offset
         self.count += len(fresh)
+        self._cached.count += len(fresh)
         self.size += sum([len(m.body) for m in fresh])
         return len(fresh)
 
@@ -76,6 +95,7 @@ class ProcessQueue:
         self._buffer.clear()
         self._consuming.clear()
         self._inflight.clear()
+        self._cached.count -= self.count
         self.count = self.size = 0
         self.max_offset_pulled = -1
         self.generation += 1
@@ -90,6 +110,15 @@ class ProcessQueue:
         """
         self.clear()
         self.next_offset = offset
+
+    def detach(self) -> None:
+        """Leave the consumer's count: the queue was given up.
+
+        What it still holds, and whatever happens to it from now on, counts only here.
+        """
+        self._cached.count -= self.count
+        self._cached = CachedCount()
+        self._cached.count = self.count
 
     def lease_fresh(self, now: float, lease: float) -> bool:
         """True when the broker lock is held and was renewed at most `lease` seconds ago."""
@@ -172,6 +201,7 @@ class ProcessQueue:
         if not lent:
             hand_out(messages)  # done with: a listener may keep them
         self.count -= len(messages)
+        self._cached.count -= len(messages)
         self.size -= sum([len(m.body) for m in messages])
         room = self.room
         if room is not None and (self.room_when is None or self.room_when()):
