@@ -119,6 +119,24 @@ def test_a_queue_that_is_not_polled_holds_no_more_than_its_credit(broker: Broker
     assert len(got) == 2000 and in_queue_order(got)
 
 
+def test_a_queue_a_rebalance_takes_away_full_leaves_the_total_cached(broker: BrokerOver) -> None:
+    """Flow control reads one count kept over the queues as they change: the cache of a
+    queue given up must leave it, or the queue kept would not pull its new share."""
+    fill(broker.address, 2000)
+    # Pulls of 128: each of two queues stops at 256 (its share, 150, passed), 512 in all;
+    # the queue kept may hold 300 alone, and pulls once more if the total is 256.
+    limits = {"pull_threshold_for_all": 300, "pull_threshold_for_queue": 1000, "delivery": "pull"}
+    a = new(broker, rebalance_interval=1, **limits)
+    with a:
+        core = a._core
+        wait_until(lambda: [pq.count for pq in core._queues.values()] == [256, 256], 10)
+        with new(broker, rebalance_interval=1, **limits):
+            wait_until(lambda: len(core._queues) == 1, 20)
+            [kept] = core._queues.values()
+            wait_until(lambda: kept.count == 384, 10)
+            assert core._cached.count == 384
+
+
 def test_a_paused_queue_is_not_polled_and_resumes_where_it_stood(broker: BrokerOver) -> None:
     fill(broker.address, 400)
     c = new(broker)
