@@ -5,6 +5,11 @@ commit waits for a save that started after its change (group commit), so a burst
 commits costs one file write rather than one each. Queries see only what is saved: a
 commit whose save fails (a full disk) is refused and leaves the offsets as they were, so
 that a restart never finds an offset older than one a query answered.
+
+A save costs what changed since the last one, not the table's size: each group's part of
+the file is kept as JSON text and made again only when one of its offsets changed, and
+the saved table takes only the changed entries. (Serializing the whole table held the
+event loop for every save: 2.8 ms with 3 200 offsets, 35 ms with 32 000.)
 """
 
 from __future__ import annotations
@@ -35,6 +40,13 @@ class ConsumerOffsets:
         self._saved: dict[OffsetKey, int] = {}  # what is on disk: what queries answer
         self._groups: set[str] = set()
         self._skipped: dict[OffsetKey, int] = {}
+        #: Keys whose offset or skipped count changed since the last snapshot, each
+        #: group's keys (those of `_table` and `_skipped`, and maybe some gone since), and
+        #: each group's part of either section of the file as of the last snapshot.
+        self._changed: set[OffsetKey] = set()
+        self._keys: dict[str, set[OffsetKey]] = {}
+        self._parts: dict[str, str] = {}
+        self._skipped_parts: dict[str, str] = {}
         self._version = 0
         self._saved_version = 0
         self._save_lock = asyncio.Lock()
@@ -49,6 +61,8 @@ class ConsumerOffsets:
             self._table, self._skipped = read_json(self._path, _parse)
         self._saved = dict(self._table)
         self._groups = {g for g, _, _ in self._table}
+        for key in (*self._table, *self._skipped):
+            self._touch(key)
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
         """The committed offset, or None when the group never committed this queue."""
@@ -82,6 +96,7 @@ class ConsumerOffsets:
         for key, committed in self._table.items():
             if key[1] == topic and key[2] == queue_id and committed < new_min:
                 self._skipped[key] = self._skipped.get(key, 0) + new_min - max(committed, old_min)
+                self._touch(key)
                 self._version += 1
 
     def skipped(self, group: str, topic: str, queue_id: int) -> int:
@@ -108,16 +123,22 @@ class ConsumerOffsets:
             return []
         for key in gone:
             del self._table[key]
+            self._touch(key)
         for key in skipped:
             del self._skipped[key]
+            self._touch(key)
         self._version += 1
         try:
             await self._save(self._version)
         except OSError as exc:
             for key, value in gone.items():
-                self._table.setdefault(key, value)
+                if key not in self._table:
+                    self._table[key] = value
+                    self._touch(key)
             for key, value in skipped.items():
-                self._skipped.setdefault(key, value)
+                if key not in self._skipped:
+                    self._skipped[key] = value
+                    self._touch(key)
             raise _not_saved("deleted", exc) from exc
         self._groups = {g for g, _, _ in self._saved}
         return sorted(gone)
@@ -129,6 +150,8 @@ class ConsumerOffsets:
         The answer is the version to pass to save_accepted(), which must follow.
         """
         self._table.update(updates)
+        for key in updates:
+            self._touch(key)
         self._version += 1
         return self._version
 
@@ -143,6 +166,7 @@ class ConsumerOffsets:
                         self._table[key] = self._saved[key]
                     else:
                         del self._table[key]
+                    self._touch(key)
             raise _not_saved("committed", exc) from exc
         self._groups.update(g for g, _, _ in updates)
 
@@ -151,20 +175,68 @@ class ConsumerOffsets:
             if self._saved_version >= version:
                 return  # a save that started after our change already covered it
             current = self._version
-            table = dict(self._table)
-            snapshot = self._snapshot(table)
-            await asyncio.to_thread(write_atomically, self._path, snapshot)
+            changed = {key: self._table.get(key) for key in self._changed}
+            snapshot = self._snapshot()
+            try:
+                await asyncio.to_thread(write_atomically, self._path, snapshot)
+            except BaseException:
+                for key in changed:  # not on disk: the next save writes them
+                    self._touch(key)
+                raise
             self._saved_version = current
-            self._saved = table
+            for key, offset in changed.items():
+                if offset is None:
+                    self._saved.pop(key, None)
+                else:
+                    self._saved[key] = offset
 
-    def _snapshot(self, table: dict[OffsetKey, int]) -> bytes:
-        nested: dict[str, dict[str, dict[str, int]]] = {}
-        for (group, topic, qid), offset in sorted(table.items()):
-            nested.setdefault(group, {}).setdefault(topic, {})[str(qid)] = offset
-        skipped: dict[str, dict[str, dict[str, int]]] = {}
-        for (group, topic, qid), count in sorted(self._skipped.items()):
-            skipped.setdefault(group, {}).setdefault(topic, {})[str(qid)] = count
-        return json.dumps({"offsets": nested, "skipped": skipped}, indent=1).encode()
+    def _touch(self, key: OffsetKey) -> None:
+        """Note that `key`'s offset or skipped count changed: the next save writes it."""
+        self._changed.add(key)
+        keys = self._keys.get(key[0])
+        if keys is None:
+            keys = self._keys[key[0]] = set()
+        keys.add(key)
+
+    def _snapshot(self) -> bytes:
+        """The file as the table is now: the changed groups' parts made again."""
+        for group in {key[0] for key in self._changed}:
+            keys = self._keys[group]
+            keys.difference_update(
+                [k for k in keys if k not in self._table and k not in self._skipped]
+            )
+            for parts, values in ((self._parts, self._table), (self._skipped_parts, self._skipped)):
+                part = _group_json(group, sorted([k for k in keys if k in values]), values)
+                if part is None:
+                    parts.pop(group, None)
+                else:
+                    parts[group] = part
+            if not keys:
+                del self._keys[group]
+        self._changed = set()
+        offsets, skipped = _section(self._parts), _section(self._skipped_parts)
+        return f'{{\n "offsets": {offsets},\n "skipped": {skipped}\n}}\n'.encode()
+
+
+def _group_json(group: str, keys: list[OffsetKey], values: dict[OffsetKey, int]) -> str | None:
+    """One group's entry of a section, `"group": {"topic": {"queue id": n}}` (None: empty)."""
+    if not keys:
+        return None
+    topics: dict[str, dict[str, int]] = {}
+    for key in keys:
+        _, topic, qid = key
+        queues = topics.get(topic)
+        if queues is None:
+            queues = topics[topic] = {}
+        queues[str(qid)] = values[key]
+    return f"  {json.dumps(group)}: {json.dumps(topics)}"
+
+
+def _section(parts: dict[str, str]) -> str:
+    """A section of the file, one line per group, in the groups' order."""
+    if not parts:
+        return "{}"
+    return "{\n" + ",\n".join([parts[group] for group in sorted(parts)]) + "\n }"
 
 
 def _not_saved(what: str, exc: OSError) -> BrokerError:

@@ -1,16 +1,27 @@
-"""The broker's committed-offset table: a commit is visible only once it is on disk."""
+"""The broker's committed-offset table: a commit is visible only once it is on disk, and
+a save writes what changed."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mockbroker import offsets as offsets_module
 from mockbroker.errors import BrokerError
-from mockbroker.offsets import ConsumerOffsets
+from mockbroker.offsets import ConsumerOffsets, OffsetKey
+
+T = TypeVar("T")
 
 
 def full_disk(path: Path, data: bytes) -> None:
@@ -51,3 +62,142 @@ def test_a_commit_is_not_answered_to_queries_before_it_is_saved(tmp_path: Path) 
         return during, table.get("g", "t", 0)
 
     assert asyncio.run(main()) == (None, 7)
+
+
+def test_a_save_makes_again_only_the_parts_of_the_groups_that_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit costs its group's part of the file, not the table's size: with 50
+    groups saved, one group's commit serializes that group alone (in both sections)."""
+    made: list[str] = []
+    group_json = offsets_module._group_json
+
+    def counted(group: str, *args: Any) -> str | None:
+        made.append(group)
+        return group_json(group, *args)
+
+    monkeypatch.setattr(offsets_module, "_group_json", counted)
+    path = tmp_path / "offsets.json"
+
+    async def main() -> None:
+        table = ConsumerOffsets(path)
+        await table.commit({(f"g{n}", "t", q): 10 * n + q for n in range(50) for q in range(4)})
+        assert len(made) == 2 * 50
+        made.clear()
+        await table.commit({("g7", "t", 1): 99})
+        assert made == ["g7", "g7"]
+
+    asyncio.run(main())
+    reloaded = ConsumerOffsets(path)
+    reloaded.load()
+    assert len(reloaded.committed()) == 200
+    assert reloaded.get("g7", "t", 1) == 99 and reloaded.get("g8", "t", 1) == 81
+
+
+KEYS = st.tuples(st.sampled_from(["g0", "g1", "g2"]), st.sampled_from(["t0", "t1"]),
+                 st.integers(0, 2))  # fmt: skip
+UPDATES = st.dictionaries(KEYS, st.integers(0, 1000), min_size=1, max_size=5)
+
+
+class OffsetTableMachine(RuleBasedStateMachine):
+    """Commits, failed saves, deletions and retention's counts in any order: queries
+    answer exactly what was saved, and the file read back holds exactly that."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp())
+        self.path = self.dir / "offsets.json"
+        self.loop = asyncio.new_event_loop()
+        self.table = ConsumerOffsets(self.path)
+        self.saved: dict[OffsetKey, int] = {}
+        self.skipped: dict[OffsetKey, int] = {}  # what skipped() answers
+        self.skipped_saved: dict[OffsetKey, int] = {}  # what the file holds
+        self.disk_full = False
+
+    def teardown(self) -> None:
+        self.loop.run_until_complete(self.loop.shutdown_default_executor())
+        self.loop.close()
+        shutil.rmtree(self.dir)
+
+    def run(self, work: Awaitable[T]) -> T:
+        async def with_disk() -> T:
+            if not self.disk_full:
+                return await work
+            with pytest.MonkeyPatch.context() as patched:
+                patched.setattr(offsets_module, "write_atomically", full_disk)
+                return await work
+
+        return self.loop.run_until_complete(with_disk())
+
+    @rule(full=st.booleans())
+    def disk(self, full: bool) -> None:
+        self.disk_full = full
+
+    @rule(updates=UPDATES)
+    def commit(self, updates: dict[OffsetKey, int]) -> None:
+        try:
+            self.run(self.table.commit(updates))
+        except BrokerError:
+            assert self.disk_full
+            return
+        assert not self.disk_full
+        self.saved.update(updates)
+        self.skipped_saved = dict(self.skipped)
+
+    @rule(which=st.sampled_from(["g0", "g1", "t0", "t1"]))
+    def forget(self, which: str) -> None:
+        def match(key: OffsetKey) -> bool:
+            return which in (key[0], key[1])
+
+        expected = sorted(k for k in self.saved if match(k))
+        skipped = [k for k in self.skipped if match(k)]
+        try:
+            gone = self.run(self.table.forget(match))
+        except BrokerError:
+            assert self.disk_full and (expected or skipped)
+            return
+        assert gone == expected
+        if expected or skipped:
+            assert not self.disk_full
+            for key in expected:
+                del self.saved[key]
+            for key in skipped:
+                del self.skipped[key]
+            self.skipped_saved = dict(self.skipped)
+
+    @rule(topic=st.sampled_from(["t0", "t1"]), queue=st.integers(0, 2),
+          old_min=st.integers(0, 500), more=st.integers(1, 500))  # fmt: skip
+    def trim(self, topic: str, queue: int, old_min: int, more: int) -> None:
+        new_min = old_min + more
+        self.table.note_trimmed(topic, queue, old_min, new_min)
+        for key, committed in self.saved.items():
+            if key[1:] == (topic, queue) and committed < new_min:
+                self.skipped[key] = self.skipped.get(key, 0) + new_min - max(committed, old_min)
+
+    @invariant()
+    def queries_answer_what_was_saved(self) -> None:
+        assert sorted(self.table.committed()) == sorted(self.saved)
+        assert self.table.groups() == {g for g, _, _ in self.saved}
+        for key, offset in self.saved.items():
+            assert self.table.get(*key) == self.table.latest(*key) == offset
+            assert self.table.skipped(*key) == self.skipped.get(key, 0)
+
+    @invariant()
+    def the_file_holds_what_was_saved(self) -> None:
+        reloaded = ConsumerOffsets(self.path)
+        reloaded.load()
+        assert sorted(reloaded.saved()) == sorted((*k, v) for k, v in self.saved.items())
+        for key in self.saved:
+            assert reloaded.skipped(*key) == self.skipped_saved.get(key, 0)
+
+
+#: `make test-stateful` (HYPOTHESIS_PROFILE=long) explores far more interleavings.
+LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
+OffsetTableMachine.TestCase.settings = settings(
+    max_examples=500 if LONG else 40,
+    stateful_step_count=50 if LONG else 25,
+    derandomize=not LONG,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_offset_table_state_machine = OffsetTableMachine.TestCase
