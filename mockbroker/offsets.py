@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 from grpc import StatusCode
 
 from mockbroker.errors import BrokerError
+from mockbroker.json_members import json_member, json_object
 from mockbroker.store.files import write_atomically
 from mockbroker.topics import check_any_topic, check_group, name_checked
 from sdk._files import read_json
@@ -45,8 +45,8 @@ class ConsumerOffsets:
         #: each group's part of either section of the file as of the last snapshot.
         self._changed: set[OffsetKey] = set()
         self._keys: dict[str, set[OffsetKey]] = {}
-        self._parts: dict[str, str] = {}
-        self._skipped_parts: dict[str, str] = {}
+        self._parts: dict[str, bytes] = {}
+        self._skipped_parts: dict[str, bytes] = {}
         self._version = 0
         self._saved_version = 0
         self._save_lock = asyncio.Lock()
@@ -214,11 +214,11 @@ class ConsumerOffsets:
             if not keys:
                 del self._keys[group]
         self._changed = set()
-        offsets, skipped = _section(self._parts), _section(self._skipped_parts)
-        return f'{{\n "offsets": {offsets},\n "skipped": {skipped}\n}}\n'.encode()
+        offsets = json_object(self._parts, b'{\n "offsets": ', b',\n "skipped": ')
+        return offsets + json_object(self._skipped_parts, after=b"\n}\n")
 
 
-def _group_json(group: str, keys: list[OffsetKey], values: dict[OffsetKey, int]) -> str | None:
+def _group_json(group: str, keys: list[OffsetKey], values: dict[OffsetKey, int]) -> bytes | None:
     """One group's entry of a section, `"group": {"topic": {"queue id": n}}` (None: empty)."""
     if not keys:
         return None
@@ -229,14 +229,7 @@ def _group_json(group: str, keys: list[OffsetKey], values: dict[OffsetKey, int])
         if queues is None:
             queues = topics[topic] = {}
         queues[str(qid)] = values[key]
-    return f"  {json.dumps(group)}: {json.dumps(topics)}"
-
-
-def _section(parts: dict[str, str]) -> str:
-    """A section of the file, one line per group, in the groups' order."""
-    if not parts:
-        return "{}"
-    return "{\n" + ",\n".join([parts[group] for group in sorted(parts)]) + "\n }"
+    return json_member(group, topics)
 
 
 def _not_saved(what: str, exc: OSError) -> BrokerError:

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, rule
 
+from mockbroker import lock_manager
 from mockbroker.errors import BrokerError
 from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
 from sdk.testing import FakeClock
@@ -154,3 +162,100 @@ def test_a_lock_table_that_cannot_be_written_refuses_the_answer(tmp_path: Path) 
     assert (info.value.status.name, info.value.reason) == ("UNAVAILABLE", "STORE_UNAVAILABLE")
     asyncio.run(locks.save())  # once the disk takes writes again, the change is written
     assert json.loads(path.read_text())["groups"]["g"][0]["owner"] == "a"
+
+
+def test_a_save_makes_again_only_the_parts_of_the_groups_that_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grant costs its group's part of the file, not the table's size."""
+    made: list[str] = []
+    group_part = lock_manager._group_part
+
+    def counted(group: str, *args: Any) -> str:
+        made.append(group)
+        return group_part(group, *args)
+
+    monkeypatch.setattr(lock_manager, "_group_part", counted)
+    path = tmp_path / LOCK_FILE
+    locks = started(path, FakeClock())
+    for n in range(50):
+        granted(locks, f"g{n}", f"c{n}", Q0, Q1)
+    made.clear()
+    granted(locks, "g7", "c7", ("orders", 2))
+    locks.unlock_batch("g9", "c9", [Q1])
+    asyncio.run(locks.save())
+    assert sorted(made) == ["g7", "g9"]
+    after = started(path, FakeClock())
+    assert after.locks("g7").keys() == {Q0, Q1, ("orders", 2)}
+    assert after.locks("g9").keys() == {Q0} and after.locks("g10").keys() == {Q0, Q1}
+
+
+GROUPS = st.sampled_from(["g0", "g1"])
+CLIENTS = st.sampled_from(["a", "b"])
+QUEUES = st.lists(
+    st.tuples(st.sampled_from(["t0", "t1"]), st.integers(0, 1)), min_size=1, max_size=3
+)
+
+
+class LockFileMachine(RuleBasedStateMachine):
+    """Grants, unlocks, leaving clients, deletions and expiry in any order: after each
+    save, the file holds exactly what serializing the whole table would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp())
+        self.clock = FakeClock()
+        self.locks = started(self.dir / LOCK_FILE, self.clock)
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.dir)
+
+    @rule(group=GROUPS, client=CLIENTS, queues=QUEUES)
+    def lock(self, group: str, client: str, queues: list[tuple[str, int]]) -> None:
+        self.locks.lock_batch(group, client, queues)
+
+    @rule(group=GROUPS, client=CLIENTS, queues=QUEUES)
+    def unlock(self, group: str, client: str, queues: list[tuple[str, int]]) -> None:
+        self.locks.unlock_batch(group, client, queues)
+
+    @rule(client=CLIENTS)
+    def leave(self, client: str) -> None:
+        self.locks.release_client(client)
+
+    @rule(topic=st.sampled_from(["t0", "t1"]))
+    def delete_topic(self, topic: str) -> None:
+        self.locks.forget(lambda _group, queue: queue[0] == topic)
+
+    @rule(seconds=st.sampled_from([1, 61]))
+    def time_passes(self, seconds: int) -> None:
+        self.clock.advance(seconds)
+
+    @rule()
+    def save(self) -> None:
+        asyncio.run(self.locks.save())
+        on_disk = json.loads((self.dir / LOCK_FILE).read_bytes())
+        locks, granted_ = self.locks._table, self.locks._granted
+        whole = {
+            group: [
+                {"topic": t, "queue": q, "granted": epoch,
+                 "owner": locks[group][(t, q)].client_id if (t, q) in locks.get(group, {})
+                 else None}
+                for (t, q), epoch in sorted(queues.items())
+            ]
+            for group, queues in granted_.items()
+        }  # fmt: skip
+        assert on_disk["groups"] == whole
+        assert list(on_disk["groups"]) == sorted(whole)
+        assert on_disk["next_epoch"] == self.locks._next_epoch
+
+
+#: `make test-stateful` (HYPOTHESIS_PROFILE=long) explores far more interleavings.
+LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
+LockFileMachine.TestCase.settings = settings(
+    max_examples=500 if LONG else 60,
+    stateful_step_count=50 if LONG else 25,
+    derandomize=not LONG,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_lock_file_state_machine = LockFileMachine.TestCase
