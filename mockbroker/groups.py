@@ -64,6 +64,9 @@ class ConsumerGroups:
         self.client_timeout_seconds = client_timeout_seconds
         self.disconnect_grace_seconds = disconnect_grace_seconds
         self._clients: dict[str, _Client] = {}
+        #: Each group's members now (no empty sets): a group's members are read for
+        #: every rebalance query and scrape, which must not cost every client's look.
+        self._members: dict[str, set[str]] = {}
         self._groups: dict[str, _Group] = {}
         self._streams: dict[str, int] = {}  # peer -> long-lived streams open from it
         self._closed = False
@@ -81,8 +84,9 @@ class ConsumerGroups:
         client.last_seen = self._clock.now()
         client.peer, client.disconnected_at = peer, None
         for left in set(client.groups) - set(groups):
-            self._changed(left)
+            self._leave(client_id, left)
         for joined in set(groups) - set(client.groups):
+            self._members.setdefault(joined, set()).add(client_id)
             self._changed(joined)
         client.groups = dict(groups)
         if not groups:
@@ -114,7 +118,7 @@ class ConsumerGroups:
         if client is None:
             return False
         for group in client.groups:
-            self._changed(group)
+            self._leave(client_id, group)
         return True
 
     def stream_opened(self, peer: str) -> None:
@@ -167,11 +171,12 @@ class ConsumerGroups:
 
     def members(self, group: str) -> list[str]:
         """Client ids of the group, sorted as strings."""
-        return sorted(cid for cid, c in self._clients.items() if group in c.groups)
+        return sorted(self._members.get(group, ()))
 
     def membership(self, group: str) -> dict[str, GroupMembership]:
-        """Each member's subscriptions and consume type."""
-        return {cid: c.groups[group] for cid, c in self._clients.items() if group in c.groups}
+        """Each member's subscriptions and consume type, by client id in order."""
+        clients = self._clients
+        return {cid: clients[cid].groups[group] for cid in self.members(group)}
 
     def version(self, group: str) -> int:
         """The group's membership version (0 for a group nobody joined)."""
@@ -180,7 +185,7 @@ class ConsumerGroups:
 
     def active_groups(self) -> set[str]:
         """Every group with at least one member now."""
-        return {group for client in self._clients.values() for group in client.groups}
+        return set(self._members)
 
     async def watch(
         self, group: str, known_version: int
@@ -214,6 +219,13 @@ class ConsumerGroups:
         if state is None:
             state = self._groups[group] = _Group()
         return state
+
+    def _leave(self, client_id: str, group: str) -> None:
+        members = self._members[group]
+        members.discard(client_id)
+        if not members:
+            del self._members[group]
+        self._changed(group)
 
     def _changed(self, group: str) -> None:
         state = self._group(group)

@@ -1,8 +1,14 @@
-"""Group membership: who expires by silence, and who by a closed connection (fake clock)."""
+"""Group membership: who expires by silence, and who by a closed connection (fake clock);
+who is in a group."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mockbroker.groups import ConsumerGroups, GroupMembership
 from sdk.testing import FakeClock
@@ -99,3 +105,69 @@ def test_a_client_never_seen_on_a_stream_expires_only_by_silence(
     groups.stream_closed(PEER_B)
     clock.advance(60)
     assert groups.expire() == {}
+
+
+def test_a_groups_members_are_found_without_looking_at_every_client(
+    groups: ConsumerGroups,
+) -> None:
+    """members() reads the group's own set: it is asked for every rebalance query and
+    scrape, and once cost a look at every client (O(groups x clients) a scrape)."""
+    for n in range(200):
+        groups.heartbeat(f"c{n}", {f"g{n % 50}": ORDERLY["g"]})
+    groups._clients = _Untouchable(groups._clients)  # type: ignore[assignment]
+    assert groups.members("g7") == ["c107", "c157", "c57", "c7"]
+    assert groups.active_groups() == {f"g{n}" for n in range(50)}
+
+
+class _Untouchable(dict[str, Any]):
+    """A client table that may be read by key only."""
+
+    def items(self) -> Any:
+        raise AssertionError("every client was looked at")
+
+    def values(self) -> Any:
+        raise AssertionError("every client was looked at")
+
+
+MEMBERSHIPS = st.dictionaries(st.sampled_from(["g0", "g1", "g2"]), st.just(ORDERLY["g"]))
+
+
+class MembershipMachine(RuleBasedStateMachine):
+    """Joins, leaves, unregistering and expiry in any order: members(), membership() and
+    active_groups() answer what each client's own groups say."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.groups = ConsumerGroups(self.clock, client_timeout_seconds=10)
+        self.known: set[str] = set()
+
+    @rule(client=st.sampled_from(["a", "b", "c", "d"]), memberships=MEMBERSHIPS)
+    def heartbeat(self, client: str, memberships: dict[str, GroupMembership]) -> None:
+        self.groups.heartbeat(client, memberships)
+        self.known.add(client)
+
+    @rule(client=st.sampled_from(["a", "b", "c", "d"]))
+    def unregister(self, client: str) -> None:
+        self.groups.unregister(client)
+
+    @rule(seconds=st.sampled_from([4, 11]))
+    def time_passes(self, seconds: int) -> None:
+        self.clock.advance(seconds)
+        self.groups.expire()
+
+    @invariant()
+    def members_are_the_clients_in_the_group(self) -> None:
+        joined = {c: self.groups.groups_of(c) for c in self.known}
+        for group in ("g0", "g1", "g2"):
+            expected = sorted(c for c, in_ in joined.items() if group in in_)
+            assert self.groups.members(group) == expected
+            assert list(self.groups.membership(group)) == expected
+        assert self.groups.active_groups() == {g for in_ in joined.values() for g in in_}
+
+
+MembershipMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=30, derandomize=True, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+test_membership_state_machine = MembershipMachine.TestCase
