@@ -5,6 +5,12 @@ default). The hot paths only count: a per-batch, per-topic counter in the store,
 counter update and a histogram observation per request (mockbroker/request_stats.py).
 Series of a group appear while the group exists (BrokerState.existing_groups) and go
 with it.
+
+The snapshot runs on the broker's event loop, and a broker of many groups has tens of
+thousands of per-queue series (a few microseconds each): the families over groups,
+offsets and queues give the loop back every SERIES_PER_SLICE series (PAUSE), so that a
+scrape delays requests by a slice, not by the whole snapshot. Each series reads the state
+as it is at its turn.
 """
 
 from __future__ import annotations
@@ -37,6 +43,15 @@ if TYPE_CHECKING:
 
 #: How long a scrape waits for the broker's event loop to take its snapshot.
 SNAPSHOT_TIMEOUT_SECONDS = 10.0
+#: Series a snapshot adds between two turns of the loop it gives back.
+SERIES_PER_SLICE = 1000
+
+
+class _Pause:
+    """Yielded between two slices of the snapshot: the loop serves others meanwhile."""
+
+
+PAUSE = _Pause()
 
 
 class BrokerCollector(Collector):
@@ -80,7 +95,11 @@ class BrokerCollector(Collector):
         if isinstance(loop, PollingEventLoop):  # the standalone broker's (busy_poll.py)
             families += busy_poll_families(loop.busy_poll)
         if self._broker.state is not None:
-            families += _state_families(self._broker.state)
+            for family in _state_families(self._broker.state):
+                if isinstance(family, _Pause):
+                    await asyncio.sleep(0)
+                else:
+                    families.append(family)
         if self._broker.remoting is not None:
             families += _remoting_families(self._broker.remoting)
         if self._broker.exchange_port is not None:
@@ -162,7 +181,7 @@ def _counter(
     return family
 
 
-def _state_families(s: BrokerState) -> Iterator[Metric]:
+def _state_families(s: BrokerState) -> Iterator[Metric | _Pause]:
     store = s.store
     stats = store.stats
     yield _counter(
@@ -299,7 +318,7 @@ def _request_families(s: BrokerState) -> Iterator[Metric]:
     )  # fmt: skip
 
 
-def _group_families(s: BrokerState) -> Iterator[Metric]:
+def _group_families(s: BrokerState) -> Iterator[Metric | _Pause]:
     groups = sorted(s.existing_groups())
     locks = GaugeMetricFamily("ordermq_locks_held", "Live queue locks", labels=["group"])
     members = GaugeMetricFamily("ordermq_group_members", "Group members", labels=["group"])
@@ -309,7 +328,9 @@ def _group_families(s: BrokerState) -> Iterator[Metric]:
         "grace runs (a remoting connection its client closed counts once all it sent was read)",
         labels=["group"],
     )
-    for group in groups:
+    for n, group in enumerate(groups, 1):
+        if not n % (SERIES_PER_SLICE // 10):  # ten looks of a group's locks and members
+            yield PAUSE
         locks.add_metric([group], sum(1 for v in s.locks.locks(group).values() if v.live))
         in_group = s.groups.members(group)
         members.add_metric([group], len(in_group))
@@ -329,7 +350,7 @@ def _group_families(s: BrokerState) -> Iterator[Metric]:
         "Failed messages moved to the group's dead-letter topic %DLQ%<group>",
         ["group"], [((g,), retry.dead_lettered[g]) for g in groups if g in retry.dead_lettered],
     )  # fmt: skip
-    yield _lag(s)
+    yield from _lag(s)
     yield from pop_metrics(s, set(groups))
 
 
@@ -371,24 +392,26 @@ def pop_metrics(s: BrokerState, groups: set[str]) -> Iterator[Metric]:
         )  # fmt: skip
 
 
-def _lag(s: BrokerState) -> Metric:
+def _lag(s: BrokerState) -> Iterator[Metric | _Pause]:
     store = s.store
     lag = GaugeMetricFamily(
         "ordermq_consumer_lag",
         "Messages not yet committed, by group and queue",
         labels=["group", "topic", "queue"],
     )
-    for group, topic_name, qid in sorted(s.offsets.committed()):
+    for n, (group, topic_name, qid) in enumerate(s.offsets.committed(), 1):
+        if not n % SERIES_PER_SLICE:
+            yield PAUSE
         found = store.topics.find(topic_name)
         committed = s.offsets.get(group, topic_name, qid)
         if found is None or committed is None or qid >= found.queue_count:
             continue
         max_offset = store.queue(found, qid).max_offset
         lag.add_metric([group, topic_name, str(qid)], max_offset - committed)
-    return lag
+    yield lag
 
 
-def retention_metrics(s: BrokerState) -> Iterator[Metric]:
+def retention_metrics(s: BrokerState) -> Iterator[Metric | _Pause]:
     """Disk use, whether sends are refused, what retention kept and deleted."""
     store = s.store
     disk = store.disk
@@ -426,16 +449,25 @@ def retention_metrics(s: BrokerState) -> Iterator[Metric]:
     oldest = GaugeMetricFamily(
         "ordermq_queue_min_offset", "Oldest offset still stored", labels=["topic", "queue"]
     )
+    since_pause = 0
     for topic in store.topics.all():
+        if since_pause >= SERIES_PER_SLICE:
+            yield PAUSE
+            since_pause = 0
+        if store.topics.find(topic.name) is not topic:
+            continue  # deleted (or made again) during a pause
         for qid in range(topic.queue_count):
             oldest.add_metric([topic.name, str(qid)], store.queue(topic, qid).min_offset)
+        since_pause += topic.queue_count
     yield oldest
     skipped = CounterMetricFamily(
         "ordermq_consumer_retention_skipped",
         "Messages retention deleted before the group committed past them",
         labels=["group", "topic", "queue"],
     )
-    for group, topic_name, qid in sorted(s.offsets.committed()):
+    for n, (group, topic_name, qid) in enumerate(s.offsets.committed(), 1):
+        if not n % SERIES_PER_SLICE:
+            yield PAUSE
         count = s.offsets.skipped(group, topic_name, qid)
         if count:
             skipped.add_metric([group, topic_name, str(qid)], count)

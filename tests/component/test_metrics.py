@@ -17,6 +17,8 @@ import sdk
 from mockbroker import BrokerConfig, EmbeddedBroker
 from mockbroker.config import FlushMode
 from mockbroker.histogram import DURATION_BUCKETS
+from mockbroker.metrics import PAUSE, SERIES_PER_SLICE, BrokerCollector, retention_metrics
+from mockbroker.server import Broker
 from sdk import Message, Producer
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
@@ -500,3 +502,79 @@ def test_pop_series_count_receives_acks_expiries_and_dead_letters(
     assert m[("ordermq_messages_dead_lettered_total", (("group", "workers"),))] == 2
     assert types(port)["ordermq_pop_messages_in_flight"] == "gauge"
     assert types(port)["ordermq_pop_messages_received"] == "counter"
+
+
+def test_a_scrape_of_many_series_gives_the_event_loop_back_between_slices(
+    tmp_path: Path,
+) -> None:
+    """The snapshot runs on the broker's loop: with 2 500 committed offsets (and as many
+    lag series) it lets other work run between slices of SERIES_PER_SLICE series, and
+    still has every series."""
+
+    async def main() -> tuple[int, list[tuple[dict[str, str], float]]]:
+        broker = Broker(BrokerConfig(data_dir=tmp_path, port=0))
+        await broker.start()
+        try:
+            state = broker.state
+            assert state is not None
+            for t in range(5):
+                state.store.create_topic(f"topic-{t}", 10)
+            await state.offsets.commit(
+                {
+                    (f"g{g}", f"topic-{t}", q): 0
+                    for g in range(50)
+                    for t in range(5)
+                    for q in range(10)
+                }
+            )
+            snapshot = asyncio.ensure_future(
+                BrokerCollector(broker, asyncio.get_running_loop())._snapshot()
+            )
+            turns = 0
+            while not snapshot.done():
+                await asyncio.sleep(0)
+                turns += 1
+            lag = next(f for f in await snapshot if f.name == "ordermq_consumer_lag")
+            return turns, [(s.labels, s.value) for s in lag.samples]
+        finally:
+            await broker.stop()
+
+    turns, lag = asyncio.run(main())
+    assert turns >= 2500 // SERIES_PER_SLICE
+    assert len(lag) == 2500 and all(value == 0 for _, value in lag)
+
+
+def test_topics_deleted_while_a_scrape_gives_the_loop_back_are_left_out(
+    tmp_path: Path,
+) -> None:
+    """Topics listed before a pause and deleted during it have no series, and the scrape
+    does not fail on them."""
+
+    system_topics: set[str] = set()  # the broker's own, there from the start
+
+    async def main() -> list[str]:
+        broker = Broker(BrokerConfig(data_dir=tmp_path, port=0))
+        await broker.start()
+        try:
+            state = broker.state
+            assert state is not None
+            system_topics.update(t.name for t in state.store.topics.all())
+            for t in range(30):
+                state.store.create_topic(f"topic-{t:02}", 100)  # a pause every 10 topics
+            families, paused = [], 0
+            for family in retention_metrics(state):
+                if family is not PAUSE:
+                    families.append(family)
+                    continue
+                paused += 1
+                if paused == 1:  # after topic-09: two of those listed go meanwhile
+                    await state.store.delete_topic("topic-12")
+                    await state.store.delete_topic("topic-15")
+            assert paused == 2
+            oldest = next(f for f in families if f.name == "ordermq_queue_min_offset")
+            return sorted({s.labels["topic"] for s in oldest.samples} - system_topics)
+        finally:
+            await broker.stop()
+
+    topics = asyncio.run(main())
+    assert len(topics) == 28 and "topic-12" not in topics and "topic-15" not in topics
