@@ -136,6 +136,9 @@ class RebalanceLockManager:
         self.lease_seconds = lease_seconds
         self._path = path
         self._table: dict[str, dict[QueueKey, LockEntry]] = {}
+        #: Lock entries (live or not) each client owns over every group: checked against
+        #: client_max_locks at each lock request, renewals too.
+        self._held: dict[str, int] = {}
         # The last epoch granted per queue outlives the lock itself, so a former owner's
         # late commit is refused even after the queue was unlocked or expired.
         self._granted: dict[str, dict[QueueKey, int]] = {}
@@ -185,6 +188,9 @@ class RebalanceLockManager:
     def _restore(self, raw: bytes) -> None:
         path = self._path or Path(LOCK_FILE)
         self._table, self._granted, self._next_epoch = parse_json(raw, self._parse, path)
+        for entries in self._table.values():
+            for entry in entries.values():
+                self._own(entry.client_id)
         self._changed.update(self._granted)
 
     def _parse(self, data: Any) -> tuple[dict[str, dict[QueueKey, LockEntry]], Granted, int]:
@@ -256,6 +262,16 @@ class RebalanceLockManager:
             self._saved_version = version
 
     # ------------------------------------------------------------------ locking
+    def _own(self, client_id: str) -> None:
+        self._held[client_id] = self._held.get(client_id, 0) + 1
+
+    def _disown(self, client_id: str) -> None:
+        left = self._held[client_id] - 1
+        if left:
+            self._held[client_id] = left
+        else:
+            del self._held[client_id]
+
     def _live(self, entry: LockEntry, now: float) -> bool:
         # RocketMQ: expired when now - last_update > lease; exactly at the lease it lives.
         return now - entry.last_update <= self.lease_seconds
@@ -272,6 +288,9 @@ class RebalanceLockManager:
             return None
         epoch = self._next_epoch
         self._next_epoch += 1
+        if entry is not None:
+            self._disown(entry.client_id)
+        self._own(client_id)
         queues[queue] = LockEntry(client_id, now, epoch)
         self._granted.setdefault(group, {})[queue] = epoch
         self._changed.add(group)
@@ -316,7 +335,7 @@ class RebalanceLockManager:
     def _check_held(
         self, group: str, client_id: str, queues: list[QueueKey], now: float, max_held: int
     ) -> None:
-        owned = sum(e.client_id == client_id for t in self._table.values() for e in t.values())
+        owned = self._held.get(client_id, 0)
         table = self._table.get(group, {})
         taken = 0
         for queue in queues:
@@ -354,6 +373,7 @@ class RebalanceLockManager:
                 if entry.client_id != client_id and self._live(entry, now):
                     refused[queue] = entry.client_id
                     continue
+                self._disown(entry.client_id)
                 del table[queue]
                 self._changed.add(group)
                 self._version += 1
@@ -463,6 +483,7 @@ class RebalanceLockManager:
             for group in list(self._table):
                 table = self._table[group]
                 for queue in [q for q, e in table.items() if e.client_id == client_id]:
+                    self._disown(client_id)
                     del table[queue]
                     self._changed.add(group)
                     dropped += 1
@@ -483,6 +504,8 @@ class RebalanceLockManager:
                 for group in list(table):
                     queues: dict[QueueKey, Any] = table[group]
                     for queue in [q for q in queues if match(group, q)]:
+                        if table is self._table:
+                            self._disown(queues[queue].client_id)
                         del queues[queue]
                         groups.add(group)
                     if not queues:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import json
 import os
 import shutil
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mockbroker import lock_manager
 from mockbroker.errors import BrokerError
@@ -190,6 +192,35 @@ def test_a_save_makes_again_only_the_parts_of_the_groups_that_changed(
     assert after.locks("g9").keys() == {Q0} and after.locks("g10").keys() == {Q0, Q1}
 
 
+def test_a_lock_request_counts_the_clients_locks_without_looking_at_every_lock(
+    tmp_path: Path,
+) -> None:
+    """client_max_locks is checked at every lock request (renewals too) against a count
+    kept per client, not by a look at every group's locks."""
+    locks = started(tmp_path / LOCK_FILE, FakeClock())
+    for n in range(50):
+        locks.lock_batch(f"g{n}", f"c{n % 5}", [Q0, Q1])
+    locks._table = _Untouchable(locks._table)  # type: ignore[assignment]
+    assert locks.lock_batch("g7", "c2", [Q0, Q1], renew_only=True, max_held=20) == {
+        Q0: locks.locks("g7")[Q0].epoch,
+        Q1: locks.locks("g7")[Q1].epoch,
+    }
+    with pytest.raises(BrokerError) as refused:
+        locks.lock_batch("g-new", "c2", [Q0, Q1, ("orders", 2)], max_held=22)
+    assert refused.value.reason == "TOO_MANY_LOCKS"
+    assert "holds 20 locks and asks for 3 more" in refused.value.message
+
+
+class _Untouchable(dict[str, Any]):
+    """A lock table that may be read by group only."""
+
+    def items(self) -> Any:
+        raise AssertionError("every group's locks were looked at")
+
+    def values(self) -> Any:
+        raise AssertionError("every group's locks were looked at")
+
+
 GROUPS = st.sampled_from(["g0", "g1"])
 CLIENTS = st.sampled_from(["a", "b"])
 QUEUES = st.lists(
@@ -210,9 +241,12 @@ class LockFileMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         shutil.rmtree(self.dir)
 
-    @rule(group=GROUPS, client=CLIENTS, queues=QUEUES)
-    def lock(self, group: str, client: str, queues: list[tuple[str, int]]) -> None:
-        self.locks.lock_batch(group, client, queues)
+    @rule(group=GROUPS, client=CLIENTS, queues=QUEUES, limit=st.none() | st.integers(0, 5))
+    def lock(
+        self, group: str, client: str, queues: list[tuple[str, int]], limit: int | None
+    ) -> None:
+        with contextlib.suppress(BrokerError):  # TOO_MANY_LOCKS changes nothing
+            self.locks.lock_batch(group, client, queues, max_held=limit)
 
     @rule(group=GROUPS, client=CLIENTS, queues=QUEUES)
     def unlock(self, group: str, client: str, queues: list[tuple[str, int]]) -> None:
@@ -229,6 +263,11 @@ class LockFileMachine(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([1, 61]))
     def time_passes(self, seconds: int) -> None:
         self.clock.advance(seconds)
+
+    @invariant()
+    def each_clients_count_is_its_entries(self) -> None:
+        owners = [e.client_id for t in self.locks._table.values() for e in t.values()]
+        assert self.locks._held == collections.Counter(owners)
 
     @rule()
     def save(self) -> None:
