@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from mockbroker import BrokerConfig, EmbeddedBroker
@@ -373,3 +373,16 @@ def assert_decoders_agree(records: bytes) -> None:
         except RecordFormatError as exc:
             outcomes.append((type(exc), str(exc)))
     assert outcomes[0] == outcomes[1]
+
+
+class KeyedOnly(dict[str, Any]):
+    """A table that may be read by key only: a walk over its entries fails the test.
+
+    Put in place of a table whose every entry a lookup once looked at.
+    """
+
+    def items(self) -> Any:
+        raise AssertionError("every entry of the table was looked at")
+
+    def values(self) -> Any:
+        raise AssertionError("every entry of the table was looked at")

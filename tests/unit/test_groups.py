@@ -3,8 +3,6 @@ who is in a group."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -12,6 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mockbroker.groups import ConsumerGroups, GroupMembership
 from sdk.testing import FakeClock
+from tests.support import KeyedOnly
 
 ORDERLY = {"g": GroupMembership("CONSUME_ORDERLY", "CLUSTERING", (("t", "*"),))}
 PEER_A, PEER_B = "ipv4:10.0.0.1:50001", "ipv4:10.0.0.2:50002"
@@ -114,19 +113,9 @@ def test_a_groups_members_are_found_without_looking_at_every_client(
     scrape, and once cost a look at every client (O(groups x clients) a scrape)."""
     for n in range(200):
         groups.heartbeat(f"c{n}", {f"g{n % 50}": ORDERLY["g"]})
-    groups._clients = _Untouchable(groups._clients)  # type: ignore[assignment]
+    groups._clients = KeyedOnly(groups._clients)  # type: ignore[assignment]
     assert groups.members("g7") == ["c107", "c157", "c57", "c7"]
     assert groups.active_groups() == {f"g{n}" for n in range(50)}
-
-
-class _Untouchable(dict[str, Any]):
-    """A client table that may be read by key only."""
-
-    def items(self) -> Any:
-        raise AssertionError("every client was looked at")
-
-    def values(self) -> Any:
-        raise AssertionError("every client was looked at")
 
 
 MEMBERSHIPS = st.dictionaries(st.sampled_from(["g0", "g1", "g2"]), st.just(ORDERLY["g"]))

@@ -21,6 +21,7 @@ from mockbroker import lock_manager
 from mockbroker.errors import BrokerError
 from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
 from sdk.testing import FakeClock
+from tests.support import KeyedOnly
 
 Q0, Q1 = ("orders", 0), ("orders", 1)
 
@@ -200,7 +201,7 @@ def test_a_lock_request_counts_the_clients_locks_without_looking_at_every_lock(
     locks = started(tmp_path / LOCK_FILE, FakeClock())
     for n in range(50):
         locks.lock_batch(f"g{n}", f"c{n % 5}", [Q0, Q1])
-    locks._table = _Untouchable(locks._table)  # type: ignore[assignment]
+    locks._table = KeyedOnly(locks._table)  # type: ignore[assignment]
     assert locks.lock_batch("g7", "c2", [Q0, Q1], renew_only=True, max_held=20) == {
         Q0: locks.locks("g7")[Q0].epoch,
         Q1: locks.locks("g7")[Q1].epoch,
@@ -209,16 +210,6 @@ def test_a_lock_request_counts_the_clients_locks_without_looking_at_every_lock(
         locks.lock_batch("g-new", "c2", [Q0, Q1, ("orders", 2)], max_held=22)
     assert refused.value.reason == "TOO_MANY_LOCKS"
     assert "holds 20 locks and asks for 3 more" in refused.value.message
-
-
-class _Untouchable(dict[str, Any]):
-    """A lock table that may be read by group only."""
-
-    def items(self) -> Any:
-        raise AssertionError("every group's locks were looked at")
-
-    def values(self) -> Any:
-        raise AssertionError("every group's locks were looked at")
 
 
 GROUPS = st.sampled_from(["g0", "g1"])
