@@ -45,6 +45,9 @@ class ConsumerOffsets:
         #: each group's part of either section of the file as of the last snapshot.
         self._changed: set[OffsetKey] = set()
         self._keys: dict[str, set[OffsetKey]] = {}
+        #: Each queue's keys, likewise (maybe some gone since): retention's trims of a
+        #: queue look at its groups' offsets only.
+        self._queue_keys: dict[tuple[str, int], set[OffsetKey]] = {}
         self._parts: dict[str, bytes] = {}
         self._skipped_parts: dict[str, bytes] = {}
         self._version = 0
@@ -93,11 +96,21 @@ class ConsumerOffsets:
 
         Saved with the next commit.
         """
-        for key, committed in self._table.items():
-            if key[1] == topic and key[2] == queue_id and committed < new_min:
+        keys = self._queue_keys.get((topic, queue_id))
+        if keys is None:
+            return
+        for key in list(keys):
+            committed = self._table.get(key)
+            if committed is None:
+                if key not in self._skipped:
+                    keys.discard(key)  # gone since
+                continue
+            if committed < new_min:
                 self._skipped[key] = self._skipped.get(key, 0) + new_min - max(committed, old_min)
                 self._touch(key)
                 self._version += 1
+        if not keys:
+            del self._queue_keys[(topic, queue_id)]
 
     def skipped(self, group: str, topic: str, queue_id: int) -> int:
         """Messages retention deleted before `group` committed past them."""
@@ -196,6 +209,11 @@ class ConsumerOffsets:
         keys = self._keys.get(key[0])
         if keys is None:
             keys = self._keys[key[0]] = set()
+        keys.add(key)
+        queue = key[1:]
+        keys = self._queue_keys.get(queue)
+        if keys is None:
+            keys = self._queue_keys[queue] = set()
         keys.add(key)
 
     def _snapshot(self) -> bytes:

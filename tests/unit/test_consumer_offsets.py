@@ -20,6 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from mockbroker import offsets as offsets_module
 from mockbroker.errors import BrokerError
 from mockbroker.offsets import ConsumerOffsets, OffsetKey
+from tests.support import KeyedOnly
 
 T = TypeVar("T")
 
@@ -92,6 +93,18 @@ def test_a_save_makes_again_only_the_parts_of_the_groups_that_changed(
     reloaded.load()
     assert len(reloaded.committed()) == 200
     assert reloaded.get("g7", "t", 1) == 99 and reloaded.get("g8", "t", 1) == 81
+
+
+def test_a_trimmed_queue_counts_its_groups_skipped_messages_without_looking_at_the_rest(
+    tmp_path: Path,
+) -> None:
+    """Retention trims queue after queue: each looks at its own groups' offsets only."""
+    table = ConsumerOffsets(tmp_path / "offsets.json")
+    table.accept({(f"g{n}", f"t{n % 10}", q): 100 for n in range(100) for q in range(4)})
+    table._table = KeyedOnly(table._table)  # type: ignore[assignment]
+    table.note_trimmed("t3", 2, 40, 150)
+    skipped = {g: table.skipped(g, "t3", 2) for g in (f"g{n}" for n in range(100))}
+    assert skipped == {f"g{n}": (50 if n % 10 == 3 else 0) for n in range(100)}
 
 
 KEYS = st.tuples(st.sampled_from(["g0", "g1", "g2"]), st.sampled_from(["t0", "t1"]),
