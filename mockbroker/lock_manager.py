@@ -136,9 +136,10 @@ class RebalanceLockManager:
         self.lease_seconds = lease_seconds
         self._path = path
         self._table: dict[str, dict[QueueKey, LockEntry]] = {}
-        #: Lock entries (live or not) each client owns over every group: checked against
-        #: client_max_locks at each lock request, renewals too.
-        self._held: dict[str, int] = {}
+        #: The lock entries (live or not) each client owns, as (group, queue), over every
+        #: group: counted against client_max_locks at each lock request, renewals too,
+        #: and dropped when the client leaves.
+        self._held: dict[str, set[tuple[str, QueueKey]]] = {}
         # The last epoch granted per queue outlives the lock itself, so a former owner's
         # late commit is refused even after the queue was unlocked or expired.
         self._granted: dict[str, dict[QueueKey, int]] = {}
@@ -188,9 +189,9 @@ class RebalanceLockManager:
     def _restore(self, raw: bytes) -> None:
         path = self._path or Path(LOCK_FILE)
         self._table, self._granted, self._next_epoch = parse_json(raw, self._parse, path)
-        for entries in self._table.values():
-            for entry in entries.values():
-                self._own(entry.client_id)
+        for group, entries in self._table.items():
+            for queue, entry in entries.items():
+                self._own(entry.client_id, group, queue)
         self._changed.update(self._granted)
 
     def _parse(self, data: Any) -> tuple[dict[str, dict[QueueKey, LockEntry]], Granted, int]:
@@ -262,14 +263,16 @@ class RebalanceLockManager:
             self._saved_version = version
 
     # ------------------------------------------------------------------ locking
-    def _own(self, client_id: str) -> None:
-        self._held[client_id] = self._held.get(client_id, 0) + 1
+    def _own(self, client_id: str, group: str, queue: QueueKey) -> None:
+        held = self._held.get(client_id)
+        if held is None:
+            held = self._held[client_id] = set()
+        held.add((group, queue))
 
-    def _disown(self, client_id: str) -> None:
-        left = self._held[client_id] - 1
-        if left:
-            self._held[client_id] = left
-        else:
+    def _disown(self, client_id: str, group: str, queue: QueueKey) -> None:
+        held = self._held[client_id]
+        held.discard((group, queue))
+        if not held:
             del self._held[client_id]
 
     def _live(self, entry: LockEntry, now: float) -> bool:
@@ -289,8 +292,8 @@ class RebalanceLockManager:
         epoch = self._next_epoch
         self._next_epoch += 1
         if entry is not None:
-            self._disown(entry.client_id)
-        self._own(client_id)
+            self._disown(entry.client_id, group, queue)
+        self._own(client_id, group, queue)
         queues[queue] = LockEntry(client_id, now, epoch)
         self._granted.setdefault(group, {})[queue] = epoch
         self._changed.add(group)
@@ -335,7 +338,7 @@ class RebalanceLockManager:
     def _check_held(
         self, group: str, client_id: str, queues: list[QueueKey], now: float, max_held: int
     ) -> None:
-        owned = self._held.get(client_id, 0)
+        owned = len(self._held.get(client_id, ()))
         table = self._table.get(group, {})
         taken = 0
         for queue in queues:
@@ -373,7 +376,7 @@ class RebalanceLockManager:
                 if entry.client_id != client_id and self._live(entry, now):
                     refused[queue] = entry.client_id
                     continue
-                self._disown(entry.client_id)
+                self._disown(entry.client_id, group, queue)
                 del table[queue]
                 self._changed.add(group)
                 self._version += 1
@@ -479,19 +482,16 @@ class RebalanceLockManager:
     def release_client(self, client_id: str) -> int:
         """Drop every lock `client_id` holds (it left or expired); how many were dropped."""
         with self._global:
-            dropped = 0
-            for group in list(self._table):
+            held = self._held.pop(client_id, set())
+            for group, queue in held:
                 table = self._table[group]
-                for queue in [q for q, e in table.items() if e.client_id == client_id]:
-                    self._disown(client_id)
-                    del table[queue]
-                    self._changed.add(group)
-                    dropped += 1
+                del table[queue]
+                self._changed.add(group)
                 if not table:
                     del self._table[group]
-            if dropped:
+            if held:
                 self._version += 1
-            return dropped
+            return len(held)
 
     def forget(self, match: Callable[[str, QueueKey], bool]) -> set[str]:
         """Drop the locks and granted epochs `match` selects (of a deleted topic or group).
@@ -505,7 +505,7 @@ class RebalanceLockManager:
                     queues: dict[QueueKey, Any] = table[group]
                     for queue in [q for q in queues if match(group, q)]:
                         if table is self._table:
-                            self._disown(queues[queue].client_id)
+                            self._disown(queues[queue].client_id, group, queue)
                         del queues[queue]
                         groups.add(group)
                     if not queues:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import os
@@ -196,8 +195,9 @@ def test_a_save_makes_again_only_the_parts_of_the_groups_that_changed(
 def test_a_lock_request_counts_the_clients_locks_without_looking_at_every_lock(
     tmp_path: Path,
 ) -> None:
-    """client_max_locks is checked at every lock request (renewals too) against a count
-    kept per client, not by a look at every group's locks."""
+    """client_max_locks is checked at every lock request (renewals too), and a leaving
+    client's locks dropped, from what is kept per client, not by a look at every
+    group's locks."""
     locks = started(tmp_path / LOCK_FILE, FakeClock())
     for n in range(50):
         locks.lock_batch(f"g{n}", f"c{n % 5}", [Q0, Q1])
@@ -210,6 +210,8 @@ def test_a_lock_request_counts_the_clients_locks_without_looking_at_every_lock(
         locks.lock_batch("g-new", "c2", [Q0, Q1, ("orders", 2)], max_held=22)
     assert refused.value.reason == "TOO_MANY_LOCKS"
     assert "holds 20 locks and asks for 3 more" in refused.value.message
+    assert locks.release_client("c2") == 20, "a client that leaves: its own locks only"
+    assert locks.locks("g7") == {} and len(locks.locks("g8")) == 2
 
 
 GROUPS = st.sampled_from(["g0", "g1"])
@@ -256,9 +258,12 @@ class LockFileMachine(RuleBasedStateMachine):
         self.clock.advance(seconds)
 
     @invariant()
-    def each_clients_count_is_its_entries(self) -> None:
-        owners = [e.client_id for t in self.locks._table.values() for e in t.values()]
-        assert self.locks._held == collections.Counter(owners)
+    def each_clients_locks_are_its_entries(self) -> None:
+        owners: dict[str, set[tuple[str, tuple[str, int]]]] = {}
+        for group, entries in self.locks._table.items():
+            for queue, entry in entries.items():
+                owners.setdefault(entry.client_id, set()).add((group, queue))
+        assert self.locks._held == owners
 
     @rule()
     def save(self) -> None:
