@@ -220,9 +220,14 @@ class ConsumerOffsets:
         """The file as the table is now: the changed groups' parts made again."""
         for group in {key[0] for key in self._changed}:
             keys = self._keys[group]
-            keys.difference_update(
-                [k for k in keys if k not in self._table and k not in self._skipped]
-            )
+            gone = [k for k in keys if k not in self._table and k not in self._skipped]
+            keys.difference_update(gone)
+            for key in gone:  # and from their queues' keys
+                queue_keys = self._queue_keys.get(key[1:])
+                if queue_keys is not None:
+                    queue_keys.discard(key)
+                    if not queue_keys:
+                        del self._queue_keys[key[1:]]
             for parts, values in ((self._parts, self._table), (self._skipped_parts, self._skipped)):
                 part = _group_json(group, sorted([k for k in keys if k in values]), values)
                 if part is None:
