@@ -149,8 +149,8 @@ class RebalanceLockManager:
         self._version = 0  # changes made; `save()` writes them
         self._saved_version = 0
         self._save_lock = asyncio.Lock()
-        #: Each group's part of the file as the table was at the last snapshot (JSON
-        #: text), and the groups changed since: a save makes only theirs again.
+        #: Each group's part of the file as the table was at the last snapshot (JSON,
+        #: json_member's), and the groups changed since: a save makes only theirs again.
         self._parts: dict[str, bytes] = {}
         self._changed: set[str] = set()
 

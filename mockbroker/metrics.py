@@ -329,7 +329,7 @@ def _group_families(s: BrokerState) -> Iterator[Metric | _Pause]:
         labels=["group"],
     )
     for n, group in enumerate(groups, 1):
-        if not n % (SERIES_PER_SLICE // 10):  # ten looks of a group's locks and members
+        if not n % (SERIES_PER_SLICE // 10):  # a group's locks and members: ~10 series
             yield PAUSE
         locks.add_metric([group], sum(1 for v in s.locks.locks(group).values() if v.live))
         in_group = s.groups.members(group)
