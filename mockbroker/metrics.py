@@ -96,10 +96,12 @@ class BrokerCollector(Collector):
             families += busy_poll_families(loop.busy_poll)
         if self._broker.state is not None:
             for family in _state_families(self._broker.state):
-                if isinstance(family, _Pause):
-                    await asyncio.sleep(0)
-                else:
+                if not isinstance(family, _Pause):
                     families.append(family)
+                    continue
+                await asyncio.sleep(0)
+                if self._broker.stopping:
+                    break  # the store closes meanwhile: the scrape ends with what it has
         if self._broker.remoting is not None:
             families += _remoting_families(self._broker.remoting)
         if self._broker.exchange_port is not None:

@@ -169,6 +169,11 @@ class Broker:
         """'host:port' /metrics, /healthz and /readyz are served on, when enabled."""
         return f"{self._metrics_host()}:{self._http.port}" if self._http is not None else None
 
+    @property
+    def stopping(self) -> bool:
+        """True once stop() began (the store closes on its way)."""
+        return self._stopping
+
     def readiness(self) -> str | None:
         """Why the broker is not ready to serve now; None once it is.
 

@@ -578,3 +578,31 @@ def test_topics_deleted_while_a_scrape_gives_the_loop_back_are_left_out(
 
     topics = asyncio.run(main())
     assert len(topics) == 28 and "topic-12" not in topics and "topic-15" not in topics
+
+
+def test_a_scrape_that_gives_the_loop_back_while_the_broker_stops_ends_there(
+    tmp_path: Path,
+) -> None:
+    """The store closes on the way of stop(): a snapshot paused meanwhile reads no more."""
+
+    async def main() -> list[str]:
+        broker = Broker(BrokerConfig(data_dir=tmp_path, port=0))
+        await broker.start()
+        try:
+            state = broker.state
+            assert state is not None
+            state.store.create_topic("t", 4)
+            await state.offsets.commit({(f"g{g}", "t", q): 0 for g in range(300) for q in range(4)})
+            snapshot = asyncio.ensure_future(
+                BrokerCollector(broker, asyncio.get_running_loop())._snapshot()
+            )
+            await asyncio.sleep(0)  # the snapshot runs to its first pause (100 groups in)
+            stop = asyncio.ensure_future(broker.stop())
+            names = [f.name for f in await snapshot]
+            await stop
+            return names
+        finally:
+            await broker.stop()
+
+    names = asyncio.run(main())
+    assert "ordermq_ready" in names and "ordermq_consumer_lag" not in names
