@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.core import Metric
 
 import sdk
 from mockbroker import BrokerConfig, EmbeddedBroker
@@ -19,6 +21,7 @@ from mockbroker.config import FlushMode
 from mockbroker.histogram import DURATION_BUCKETS
 from mockbroker.metrics import PAUSE, SERIES_PER_SLICE, BrokerCollector, retention_metrics
 from mockbroker.server import Broker
+from mockbroker.state import BrokerState
 from sdk import Message, Producer
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
@@ -504,6 +507,23 @@ def test_pop_series_count_receives_acks_expiries_and_dead_letters(
     assert types(port)["ordermq_pop_messages_received"] == "counter"
 
 
+@contextlib.asynccontextmanager
+async def in_process_broker(tmp_path: Path) -> AsyncIterator[tuple[Broker, BrokerState]]:
+    """A broker on the test's own loop (its snapshot's pauses are the test's turns)."""
+    broker = Broker(BrokerConfig(data_dir=tmp_path, port=0))
+    await broker.start()
+    try:
+        assert broker.state is not None
+        yield broker, broker.state
+    finally:
+        await broker.stop()
+
+
+def snapshot_of(broker: Broker) -> asyncio.Future[list[Metric]]:
+    """The broker's /metrics snapshot, started as a task on the running loop."""
+    return asyncio.ensure_future(BrokerCollector(broker, asyncio.get_running_loop())._snapshot())
+
+
 def test_a_scrape_of_many_series_gives_the_event_loop_back_between_slices(
     tmp_path: Path,
 ) -> None:
@@ -512,32 +532,20 @@ def test_a_scrape_of_many_series_gives_the_event_loop_back_between_slices(
     still has every series."""
 
     async def main() -> tuple[int, list[tuple[dict[str, str], float]]]:
-        broker = Broker(BrokerConfig(data_dir=tmp_path, port=0))
-        await broker.start()
-        try:
-            state = broker.state
-            assert state is not None
+        async with in_process_broker(tmp_path) as (broker, state):
             for t in range(5):
                 state.store.create_topic(f"topic-{t}", 10)
             await state.offsets.commit(
-                {
-                    (f"g{g}", f"topic-{t}", q): 0
-                    for g in range(50)
-                    for t in range(5)
-                    for q in range(10)
-                }
-            )
-            snapshot = asyncio.ensure_future(
-                BrokerCollector(broker, asyncio.get_running_loop())._snapshot()
-            )
+                {(f"g{g}", f"topic-{t}", q): 0 for g in range(50) for t in range(5)
+                 for q in range(10)}
+            )  # fmt: skip
+            snapshot = snapshot_of(broker)
             turns = 0
             while not snapshot.done():
                 await asyncio.sleep(0)
                 turns += 1
             lag = next(f for f in await snapshot if f.name == "ordermq_consumer_lag")
             return turns, [(s.labels, s.value) for s in lag.samples]
-        finally:
-            await broker.stop()
 
     turns, lag = asyncio.run(main())
     assert turns >= 2500 // SERIES_PER_SLICE
@@ -550,15 +558,9 @@ def test_topics_deleted_while_a_scrape_gives_the_loop_back_are_left_out(
     """Topics listed before a pause and deleted during it have no series, and the scrape
     does not fail on them."""
 
-    system_topics: set[str] = set()  # the broker's own, there from the start
-
     async def main() -> list[str]:
-        broker = Broker(BrokerConfig(data_dir=tmp_path, port=0))
-        await broker.start()
-        try:
-            state = broker.state
-            assert state is not None
-            system_topics.update(t.name for t in state.store.topics.all())
+        async with in_process_broker(tmp_path) as (_, state):
+            system_topics = {t.name for t in state.store.topics.all()}  # the broker's own
             for t in range(30):
                 state.store.create_topic(f"topic-{t:02}", 100)  # a pause every 10 topics
             families, paused = [], 0
@@ -573,8 +575,6 @@ def test_topics_deleted_while_a_scrape_gives_the_loop_back_are_left_out(
             assert paused == 2
             oldest = next(f for f in families if f.name == "ordermq_queue_min_offset")
             return sorted({s.labels["topic"] for s in oldest.samples} - system_topics)
-        finally:
-            await broker.stop()
 
     topics = asyncio.run(main())
     assert len(topics) == 28 and "topic-12" not in topics and "topic-15" not in topics
@@ -586,23 +586,15 @@ def test_a_scrape_that_gives_the_loop_back_while_the_broker_stops_ends_there(
     """The store closes on the way of stop(): a snapshot paused meanwhile reads no more."""
 
     async def main() -> list[str]:
-        broker = Broker(BrokerConfig(data_dir=tmp_path, port=0))
-        await broker.start()
-        try:
-            state = broker.state
-            assert state is not None
+        async with in_process_broker(tmp_path) as (broker, state):
             state.store.create_topic("t", 4)
             await state.offsets.commit({(f"g{g}", "t", q): 0 for g in range(300) for q in range(4)})
-            snapshot = asyncio.ensure_future(
-                BrokerCollector(broker, asyncio.get_running_loop())._snapshot()
-            )
+            snapshot = snapshot_of(broker)
             await asyncio.sleep(0)  # the snapshot runs to its first pause (100 groups in)
             stop = asyncio.ensure_future(broker.stop())
             names = [f.name for f in await snapshot]
             await stop
             return names
-        finally:
-            await broker.stop()
 
     names = asyncio.run(main())
     assert "ordermq_ready" in names and "ordermq_consumer_lag" not in names

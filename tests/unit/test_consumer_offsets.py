@@ -113,8 +113,8 @@ UPDATES = st.dictionaries(KEYS, st.integers(0, 1000), min_size=1, max_size=5)
 
 
 class OffsetTableMachine(RuleBasedStateMachine):
-    """Commits, failed saves, deletions and retention's counts in any order: queries
-    answer exactly what was saved, and the file read back holds exactly that."""
+    """Commits, failed saves, deletions, retention's counts and restarts in any order:
+    queries answer exactly what was saved, and the file read back holds exactly that."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -141,6 +141,13 @@ class OffsetTableMachine(RuleBasedStateMachine):
                 return await work
 
         return self.loop.run_until_complete(with_disk())
+
+    @rule()
+    def restart(self) -> None:
+        """A new broker's table, loaded from the file."""
+        self.table = ConsumerOffsets(self.path)
+        self.table.load()
+        self.skipped = dict(self.skipped_saved)
 
     @rule(full=st.booleans())
     def disk(self, full: bool) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -166,6 +167,15 @@ def test_a_lock_table_that_cannot_be_written_refuses_the_answer(tmp_path: Path) 
     assert json.loads(path.read_text())["groups"]["g"][0]["owner"] == "a"
 
 
+def test_a_restarted_brokers_first_save_keeps_the_groups_it_loaded(tmp_path: Path) -> None:
+    """The parts a save reuses are made for every group once the table is loaded."""
+    path = tmp_path / LOCK_FILE
+    granted(started(path, FakeClock()), "g0", "a", Q0)
+    after = started(path, FakeClock())
+    granted(after, "g1", "b", Q1)
+    assert sorted(json.loads(path.read_bytes())["groups"]) == ["g0", "g1"]
+
+
 def test_a_save_makes_again_only_the_parts_of_the_groups_that_changed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -214,6 +224,10 @@ def test_a_lock_request_counts_the_clients_locks_without_looking_at_every_lock(
     assert locks.locks("g7") == {} and len(locks.locks("g8")) == 2
 
 
+def full_disk(path: Path, data: bytes) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
 GROUPS = st.sampled_from(["g0", "g1"])
 CLIENTS = st.sampled_from(["a", "b"])
 QUEUES = st.lists(
@@ -222,8 +236,9 @@ QUEUES = st.lists(
 
 
 class LockFileMachine(RuleBasedStateMachine):
-    """Grants, unlocks, leaving clients, deletions and expiry in any order: after each
-    save, the file holds exactly what serializing the whole table would."""
+    """Grants, unlocks, leaving clients, deletions, expiry, saves on a full disk and
+    restarts in any order: after each save, the file holds exactly what serializing the
+    whole table would."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -256,6 +271,18 @@ class LockFileMachine(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([1, 61]))
     def time_passes(self, seconds: int) -> None:
         self.clock.advance(seconds)
+
+    @rule()
+    def save_on_a_full_disk(self) -> None:
+        with pytest.MonkeyPatch.context() as patched:
+            patched.setattr(lock_manager, "write_atomically", full_disk)
+            with contextlib.suppress(BrokerError):  # none when nothing changed
+                asyncio.run(self.locks.save())
+
+    @rule()
+    def restart(self) -> None:
+        """What was saved, loaded by a new broker (changes never saved were never answered)."""
+        self.locks = started(self.dir / LOCK_FILE, self.clock)
 
     @invariant()
     def each_clients_locks_are_its_entries(self) -> None:
