@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from mockbroker.errors import BrokerError
@@ -224,3 +226,24 @@ def test_a_batch_past_the_callers_bound_is_refused_whole(
     clock.advance(61)  # b's lock on Q1 expired: taking it over counts
     with pytest.raises(BrokerError):
         locks.lock_batch("g", "a", [Q1], max_held=2)
+
+
+def test_held_locks_leave_the_garbage_collector_little_to_walk(
+    locks: RebalanceLockManager, clock: FakeClock
+) -> None:
+    """Every full collection walks every object it tracks, and pauses the broker's loop
+    meanwhile: with an object per lock, 32 000 locks cost each collection 15 ms more.
+    Taken, renewed and taken over, 10 000 locks now leave it a few objects per group."""
+    queues = [(f"topic-{t}", q) for t in range(10) for q in range(10)]
+    gc.collect()
+    before = len(gc.get_objects())
+    for g in range(100):
+        assert len(locks.lock_batch(f"group-{g}", f"client-{g}", queues)) == len(queues)
+    clock.advance(30)
+    for g in range(100):  # renewed
+        assert len(locks.lock_batch(f"group-{g}", f"client-{g}", queues)) == len(queues)
+    clock.advance(61)
+    for g in range(100):  # expired, and taken by another client
+        assert len(locks.lock_batch(f"group-{g}", f"other-{g}", queues)) == len(queues)
+    gc.collect()
+    assert len(gc.get_objects()) - before < 10 * 100  # was over 10 000

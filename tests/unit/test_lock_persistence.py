@@ -289,7 +289,7 @@ class LockFileMachine(RuleBasedStateMachine):
         owners: dict[str, set[tuple[str, tuple[str, int]]]] = {}
         for group, entries in self.locks._table.items():
             for queue, entry in entries.items():
-                owners.setdefault(entry.client_id, set()).add((group, queue))
+                owners.setdefault(entry[0], set()).add((group, queue))
         assert self.locks._held == owners
 
     @rule()
@@ -300,7 +300,7 @@ class LockFileMachine(RuleBasedStateMachine):
         whole = {
             group: [
                 {"topic": t, "queue": q, "granted": epoch,
-                 "owner": locks[group][(t, q)].client_id if (t, q) in locks.get(group, {})
+                 "owner": locks[group][(t, q)][0] if (t, q) in locks.get(group, {})
                  else None}
                 for (t, q), epoch in sorted(queues.items())
             ]
