@@ -25,6 +25,7 @@ from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from mockbroker.gc_hold import COLLECTIONS
 from mockbroker.metrics import BrokerCollector
 from mockbroker.tls import HANDSHAKE_TIMEOUT_SECONDS
 
@@ -61,7 +62,8 @@ class StatusApp:
         head = method == "HEAD"
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
-            return self._metrics(environ, start_response)
+            with COLLECTIONS.held():  # the scrape's objects live until its text is made
+                return self._metrics(environ, start_response)
         if path == "/healthz":
             return _text(start_response, "200 OK", "ok\n", head=head)
         if path == "/readyz":
