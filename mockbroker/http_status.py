@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from mockbroker.gc_hold import COLLECTIONS
+from mockbroker.exposition import MetricsPage
 from mockbroker.metrics import BrokerCollector
 from mockbroker.tls import HANDSHAKE_TIMEOUT_SECONDS
 
@@ -62,8 +61,7 @@ class StatusApp:
         head = method == "HEAD"
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
-            with COLLECTIONS.held():  # the scrape's objects live until its text is made
-                return self._metrics(environ, start_response)
+            return self._metrics(environ, start_response)
         if path == "/healthz":
             return _text(start_response, "200 OK", "ok\n", head=head)
         if path == "/readyz":
@@ -192,8 +190,8 @@ class StatusServer(WSGIThread):
         self, broker: Broker, host: str, port: int, tls: ssl.SSLContext | None = None
     ) -> None:
         loop = asyncio.get_running_loop()
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(BrokerCollector(broker, loop))
-        app = StatusApp(make_wsgi_app(registry), readiness_on_loop(broker, loop))
+        app = StatusApp(
+            MetricsPage(BrokerCollector(broker, loop), loop), readiness_on_loop(broker, loop)
+        )
         super().__init__(app, host, port, tls, what="metrics and health checks",
                          thread_name="ordermq-http-status")  # fmt: skip

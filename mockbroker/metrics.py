@@ -62,15 +62,16 @@ class BrokerCollector(Collector):
         self._loop = loop
 
     def collect(self) -> Iterator[Metric]:
-        """One snapshot of every series, taken on the broker's loop.
+        """One snapshot of every series, taken on the broker's loop (from another thread).
 
-        The loop owns the state; scrapes arrive on the HTTP server's threads. Build and
-        disk figures need no state and are read here.
+        The loop owns the state; scrapes arrive on the HTTP server's threads.
         """
-        yield build_info()
-        yield from disk_space(self._broker.config.data_dir)
-        future = asyncio.run_coroutine_threadsafe(self._snapshot(), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self.families(), self._loop)
         yield from future.result(timeout=SNAPSHOT_TIMEOUT_SECONDS)
+
+    async def families(self) -> list[Metric]:
+        """Every family, on the broker's loop: build and disk figures, and the snapshot."""
+        return [build_info(), *disk_space(self._broker.config.data_dir), *await self._snapshot()]
 
     async def _snapshot(self) -> list[Metric]:
         ready = self._broker.readiness() is None

@@ -5,16 +5,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import gzip
 import json
 import os
 import platform
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from prometheus_client.core import Metric
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
 
 import sdk
 from mockbroker import BrokerConfig, EmbeddedBroker
@@ -641,3 +647,44 @@ def test_a_scrape_of_many_series_sets_off_no_garbage_collection(tmp_path: Path) 
     assert text.count("ordermq_consumer_lag{") == 2500
     assert collections == []  # each scrape set off a dozen
     assert gc.isenabled()
+
+
+def fetch(port: int, path: str, method: str = "GET", **headers: str) -> tuple[int, Any, bytes]:
+    """(status, headers, body) of one request to the broker's HTTP endpoint."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    for name, value in headers.items():
+        request.add_header(name.replace("_", "-"), value)
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return answer.status, answer.headers, answer.read()
+
+
+def test_the_page_is_served_as_the_scraper_asks_openmetrics_gzip_head_and_names(
+    timed_broker: EmbeddedBroker,
+) -> None:
+    """Prometheus asks for OpenMetrics and gzip; HEAD answers the headers only (it was 405);
+    name[] keeps the samples of those names."""
+    port = metrics_port(timed_broker)
+    _, plain_headers, plain = fetch(port, "/metrics")
+    assert plain_headers["Content-Type"].startswith("text/plain")
+    assert b"# HELP ordermq_ready " in plain
+
+    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+    _, headers, body = fetch(port, "/metrics", Accept=accept, Accept_Encoding="gzip")
+    assert headers["Content-Type"].startswith("application/openmetrics-text")
+    assert headers["Content-Encoding"] == "gzip"
+    text = gzip.decompress(body).decode()
+    assert text.endswith("# EOF\n") and text.count("# EOF") == 1
+    names = {f.name for f in openmetrics_families(text)}  # it parses
+    assert {"ordermq_ready", "ordermq_build_info"} <= names
+
+    status, headers, body = fetch(port, "/metrics", "HEAD")
+    assert (status, body) == (200, b"")
+    assert int(headers["Content-Length"]) > 0
+
+    _, _, only = fetch(port, "/metrics?name[]=ordermq_ready")
+    assert only.decode().splitlines() == [
+        "# HELP ordermq_ready 1 when the broker is ready (recovered, the store accepts writes), "
+        "else 0",
+        "# TYPE ordermq_ready gauge",
+        "ordermq_ready 1.0",
+    ]
