@@ -2,12 +2,13 @@
 
 prometheus_client writes the page in the thread that serves the request. With tens of
 thousands of series (1 000 groups and their offsets) that is a thread running Python for
-a tenth of a second, and it holds the GIL for a switch interval (5 ms) at a time against
-the event loop, which gives the GIL up at every system call it makes (each poll, read,
-write, send) and then waits for it again: the loop went up to 35-70 ms without a turn
-during such a scrape. Written on the loop, SAMPLES_PER_SLICE samples a turn, the page
-costs the loop its work in slices (as the snapshot is taken), and the serving thread
-only waits for it (and compresses it: zlib lets go of the GIL).
+a quarter of a second, and it holds the GIL for a switch interval (5 ms) at a time
+against the event loop, which gives the GIL up at every system call it makes (each
+poll, read, write, send) and then waits for it again: the loop waited up to 10 ms for a
+turn during such a scrape (bench/scrape_pauses.py). Written on the loop,
+SAMPLES_PER_SLICE samples a turn, the page costs the loop its work in slices (as the
+snapshot is taken), and the serving thread only waits for it (and compresses it: zlib
+lets go of the GIL).
 
 The page is what prometheus_client's encoder for the scraper's format (the text format,
 or OpenMetrics) writes for the same families: each slice is written by it, and a family
