@@ -2,11 +2,11 @@
 
 A `/metrics` scrape of a broker with many groups builds an object per series (35 000
 with 1 000 groups and their offsets) and drops them all once the text is written. While
-they live, the allocations set off collections, and a full one walks them along with
-everything the broker holds: 35-40 ms during which no thread of the process runs, the
-event loop included (the longest hold of the loop during such a scrape: 41 ms, 3 ms
-with collections held off). Held off, the objects are freed by their reference counts
-as the scrape ends, and the collection that follows finds only what outlived it.
+they live, the allocations set off collections (about 100 a scrape), and a full one
+walks them along with everything the broker holds: up to 19 ms during which no thread
+of the process runs, the event loop included (bench/scrape_pauses.py). Held off, the
+objects are freed by their reference counts as the page is written, and the collection
+that follows finds only what outlived it.
 
 Collections are held process-wide (the collector has no other switch), only for the
 length of the work, and given back as they were: a process that had them off keeps
