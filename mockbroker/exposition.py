@@ -115,7 +115,13 @@ class MetricsPage:
         names = frozenset(params["name[]"]) if "name[]" in params else None
         with COLLECTIONS.held():  # the page's objects live until its text is made
             future = asyncio.run_coroutine_threadsafe(self._page(encoder, names), self._loop)
-            body = future.result(timeout=SNAPSHOT_TIMEOUT_SECONDS)
+            try:
+                body = future.result(timeout=SNAPSHOT_TIMEOUT_SECONDS)
+            except TimeoutError:
+                # Nobody reads it now: a loop too busy to make it in time is not given the
+                # rest of its work, nor a pile of them as the scraper tries again.
+                future.cancel()
+                raise
         headers = [("Content-Type", content_type)]
         if _gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
             body = gzip.compress(body)

@@ -23,7 +23,7 @@ from prometheus_client.openmetrics.parser import (
 )
 
 import sdk
-from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker import BrokerConfig, EmbeddedBroker, exposition
 from mockbroker.config import FlushMode
 from mockbroker.histogram import DURATION_BUCKETS
 from mockbroker.http_status import StatusServer
@@ -687,3 +687,38 @@ def test_the_page_is_served_as_the_scraper_asks_openmetrics_gzip_head_and_names(
         "# TYPE ordermq_ready gauge",
         "ordermq_ready 1.0",
     ]
+
+
+def test_a_page_not_made_in_time_is_given_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scrape that waited its time for a page (a loop too busy to make it) is answered
+    with an error, and the page's work on the loop stops there: it went on for nobody, and
+    a scraper trying again piled up more of it."""
+    monkeypatch.setattr(exposition, "SNAPSHOT_TIMEOUT_SECONDS", 0.2)
+    given_up: list[bool] = []
+
+    async def endless(page: exposition.MetricsPage, *args: object) -> bytes:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            given_up.append(True)
+            raise
+        return b""
+
+    monkeypatch.setattr(exposition.MetricsPage, "_page", endless)
+
+    async def main() -> int:
+        async with in_process_broker(tmp_path) as (broker, _):
+            server = StatusServer(broker, "127.0.0.1", 0)
+            try:
+                status, _, _ = await asyncio.to_thread(get, server.port, "/metrics")
+                for _ in range(200):  # the cancellation reaches the page at its next turn
+                    if given_up:
+                        break
+                    await asyncio.sleep(0.01)
+                return status if given_up else -1
+            finally:
+                server.close()
+
+    assert asyncio.run(main()) == 500
