@@ -1,6 +1,7 @@
 """The broker's HTTP endpoint: Prometheus metrics and health checks on `--metrics-port`.
 
-    /metrics  the Prometheus text format (mockbroker/metrics.py)
+    /metrics  Prometheus metrics, in the text format or OpenMetrics as the scraper asks
+              (mockbroker/metrics.py takes them, mockbroker/exposition.py writes them)
     /healthz  liveness: 200 whenever the process answers HTTP
     /readyz   readiness: 200 once the store is recovered and accepts writes; otherwise
               503 and the reason (starting, recovering, a failed write or fsync, stopping)
