@@ -28,7 +28,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from mockbroker.gc_hold import COLLECTIONS
-from mockbroker.metrics import SNAPSHOT_TIMEOUT_SECONDS, BrokerCollector
+from mockbroker.metrics import BrokerCollector
+
+#: How long a scrape waits for the broker's event loop to make its page.
+SNAPSHOT_TIMEOUT_SECONDS = 10.0
 
 #: Samples written between two turns of the loop (prometheus_client writes a sample in
 #: about 8 us on this project's machine: 2 ms a slice).

@@ -191,8 +191,6 @@ class StatusServer(WSGIThread):
         self, broker: Broker, host: str, port: int, tls: ssl.SSLContext | None = None
     ) -> None:
         loop = asyncio.get_running_loop()
-        app = StatusApp(
-            MetricsPage(BrokerCollector(broker, loop), loop), readiness_on_loop(broker, loop)
-        )
+        app = StatusApp(MetricsPage(BrokerCollector(broker), loop), readiness_on_loop(broker, loop))
         super().__init__(app, host, port, tls, what="metrics and health checks",
                          thread_name="ordermq-http-status")  # fmt: skip

@@ -29,7 +29,6 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.registry import Collector
 
 from mockbroker.busy_poll import BusyPollSelector, PollingEventLoop
 from mockbroker.histogram import Histogram
@@ -41,8 +40,6 @@ if TYPE_CHECKING:
     from mockbroker.server import Broker
     from mockbroker.state import BrokerState
 
-#: How long a scrape waits for the broker's event loop to take its snapshot.
-SNAPSHOT_TIMEOUT_SECONDS = 10.0
 #: Series a snapshot adds between two turns of the loop it gives back.
 SERIES_PER_SLICE = 1000
 
@@ -54,23 +51,18 @@ class _Pause:
 PAUSE = _Pause()
 
 
-class BrokerCollector(Collector):
-    """Turns the broker's counters and tables into metric families."""
+class BrokerCollector:
+    """Turns the broker's counters and tables into metric families, on its event loop.
 
-    def __init__(self, broker: Broker, loop: asyncio.AbstractEventLoop) -> None:
+    The loop owns the state: the `/metrics` page (exposition.py) asks it from the HTTP
+    server's threads.
+    """
+
+    def __init__(self, broker: Broker) -> None:
         self._broker = broker
-        self._loop = loop
-
-    def collect(self) -> Iterator[Metric]:
-        """One snapshot of every series, taken on the broker's loop (from another thread).
-
-        The loop owns the state; scrapes arrive on the HTTP server's threads.
-        """
-        future = asyncio.run_coroutine_threadsafe(self.families(), self._loop)
-        yield from future.result(timeout=SNAPSHOT_TIMEOUT_SECONDS)
 
     async def families(self) -> list[Metric]:
-        """Every family, on the broker's loop: build and disk figures, and the snapshot."""
+        """Every family: build and disk figures, and the snapshot."""
         return [build_info(), *disk_space(self._broker.config.data_dir), *await self._snapshot()]
 
     async def _snapshot(self) -> list[Metric]:

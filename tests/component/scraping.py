@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from email.message import Message
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -11,13 +12,25 @@ from prometheus_client.parser import text_string_to_metric_families
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
+def fetch(port: int, path: str, method: str = "GET", **headers: str) -> tuple[int, Message, bytes]:
+    """(status, headers, body) of one request to http://127.0.0.1:port/path.
+
+    `headers`: request headers, `_` for `-` (Accept_Encoding="gzip").
+    """
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    for name, value in headers.items():
+        request.add_header(name.replace("_", "-"), value)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.headers, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read()
+
+
 def get(port: int, path: str) -> tuple[int, str, str]:
     """(status, content type, body) of GET http://127.0.0.1:port/path."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
-            return answer.status, answer.headers["Content-Type"], answer.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers["Content-Type"], exc.read().decode()
+    status, headers, body = fetch(port, path)
+    return status, headers["Content-Type"], body.decode()
 
 
 def scrape(port: int) -> Samples:

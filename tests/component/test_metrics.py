@@ -10,10 +10,8 @@ import json
 import os
 import platform
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -41,7 +39,7 @@ from sdk.errors import InvalidQueueError
 from sdk.testing import FakeClock
 from tests.component.coordination import join, mq, run
 from tests.component.pulling import read_queue
-from tests.component.scraping import Samples, families, get, labelled, scrape, types
+from tests.component.scraping import Samples, families, fetch, get, labelled, scrape, types
 from tests.remoting_client import RemotingClient
 from tests.support import wait_until
 
@@ -538,7 +536,7 @@ async def commit_lag_series(state: BrokerState) -> None:
 
 def snapshot_of(broker: Broker) -> asyncio.Future[list[Metric]]:
     """The broker's /metrics snapshot, started as a task on the running loop."""
-    return asyncio.ensure_future(BrokerCollector(broker, asyncio.get_running_loop())._snapshot())
+    return asyncio.ensure_future(BrokerCollector(broker)._snapshot())
 
 
 def test_a_scrape_of_many_series_gives_the_event_loop_back_between_slices(
@@ -646,15 +644,6 @@ def test_a_scrape_of_many_series_sets_off_no_garbage_collection(tmp_path: Path) 
     assert text.count("ordermq_consumer_lag{") == 2500
     assert collections == []  # each scrape set off a dozen
     assert gc.isenabled()
-
-
-def fetch(port: int, path: str, method: str = "GET", **headers: str) -> tuple[int, Any, bytes]:
-    """(status, headers, body) of one request to the broker's HTTP endpoint."""
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
-    for name, value in headers.items():
-        request.add_header(name.replace("_", "-"), value)
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        return answer.status, answer.headers, answer.read()
 
 
 def test_the_page_is_served_as_the_scraper_asks_openmetrics_gzip_head_and_names(
