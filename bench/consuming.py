@@ -15,6 +15,7 @@ Inputs and sizes (BODY_BYTES, KEYS, QUEUES) are those of workloads.py.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import statistics
@@ -44,6 +45,9 @@ from sdk import (
 )
 from sdk._transport.broker_client import BrokerClient, PullResult, PullStatus
 from sdk.aio import Producer
+from sdk.clock import SystemClock
+from sdk.consumer.consume_orderly import ConsumeOrderlyService
+from sdk.consumer.process_queue import ProcessQueue
 
 # ---------------------------------------------------------------------- consume
 #: A consume run fails when its listener sees nothing new for this long (a stall).
@@ -266,6 +270,61 @@ class KeyModeTrial(ConsumeTrial):
 #: poll(timeout): how long one poll may wait; a poll that returns nothing before the
 #: whole backlog was read is a stall and fails the run.
 POLL_TIMEOUT_SECONDS = 5.0
+
+
+class _NoOrderlyHost:
+    """The host of a service that only dispatches: nothing commits, parks or re-locks."""
+
+    def commit(self, queue: MessageQueue, offset: int) -> None:
+        raise AssertionError("the dispatch micro-benchmark commits nothing")
+
+    async def send_to_dead_letter(self, message: MessageExt, reconsume_times: int) -> bool:
+        raise AssertionError("the dispatch micro-benchmark dead-letters nothing")
+
+    async def relock(self, queue: MessageQueue, pq: ProcessQueue) -> bool:
+        raise AssertionError("the dispatch micro-benchmark re-locks nothing")
+
+    async def park_key(self, message: MessageExt, pq: ProcessQueue, reason: str) -> int | None:
+        raise AssertionError("the dispatch micro-benchmark parks nothing")
+
+
+class _NoOpOrderly(MessageListenerOrderly):
+    def consume_message(
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        return ConsumeOrderlyStatus.SUCCESS
+
+
+def micro_orderly_dispatch(n: int, hop: int = 352) -> float:
+    """Microseconds per call to dispatch a plain `def` orderly listener at batch size 1.
+
+    One hop of the thread-pool path (the checks before every call, the call of a no-op
+    listener, its answer), run in this thread over `hop` messages at a time: the part of
+    the orderly consumer's cost per message that a poll loop does not have. 352 is the
+    messages a hop carried in the consume figure's thread-pool run at batch size 1.
+    """
+    clock = SystemClock()
+    service = ConsumeOrderlyService(
+        _NoOpOrderly(),
+        _NoOrderlyHost(),
+        concurrent.futures.ThreadPoolExecutor(1),
+        clock,
+        PushConsumerConfig(consume_message_batch_max_size=1),
+    )
+    queue = MessageQueue("bench-micro", "broker-a", 0)
+    message = MessageExt(
+        "bench-micro", b"x" * BODY_BYTES, None, (), {}, "k", "0" * 32, queue, 0, 0, 0, 0
+    )
+    pq = ProcessQueue()
+    pq.locked, pq.last_lock_time = True, clock.now()
+    taken = [message] * hop
+    rounds = max(1, n // hop)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        done, _failed = service._calls_in_thread(queue, pq, taken, pq.generation, clock.now())
+        if done != hop:
+            raise RuntimeError(f"the dispatch stopped after {done} of {hop} calls")
+    return (time.perf_counter() - start) / (rounds * hop) * 1e6
 
 
 class PollTrial:

@@ -35,7 +35,8 @@ Figures (see bench/README.md for what each one measures and how to read it):
   end-to-end latency at 2 000 msg/s through the orderly aio PushConsumer (pull and push
   delivery), and requests per stream message on the client's writers (bench/stream.py);
 - floor: a bare grpc.aio server/client pair moving the same bytes (what gRPC alone costs);
-- micro: per-message SDK costs measured in-process (build, encode, decode);
+- micro: per-message SDK costs measured in-process (build, encode, decode, an orderly
+  listener's dispatch);
 - remoting: RocketMQ's C++ client (rocketmq-client-cpp 1.2.3, PyPI rocketmq 0.4.4) over
   mockbroker's remoting front: single sends (send_sync, send_orderly) and a PullConsumer
   reading a backlog, next to the gRPC figures of the same shape (bench/remoting.py; skipped,
@@ -1624,6 +1625,11 @@ class Bench:
                 lambda: wl.micro_message_build(n),
             ),
             ("micro.encode", "sdk: encode_message per message", lambda: wl.micro_encode(n)),
+            (
+                "micro.orderly_dispatch",
+                "sdk: orderly dispatch per call (plain def, batch 1, no-op listener)",
+                lambda: cw.micro_orderly_dispatch(n),
+            ),
         ]
         if records:
             cases.append(

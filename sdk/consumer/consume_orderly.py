@@ -13,8 +13,9 @@ neither lock held) when the lease was the reason.
 Plain listeners run on the thread pool, up to THREAD_CALLS_PER_HOP calls per hop (what
 the queue has buffered, usually: a hop between the loop and a worker thread costs far
 more than a small call, and waits for the GIL besides); coroutine listeners run on the
-loop, CALLS_PER_HOP calls per turn. Both take one path and make the same checks before
-every call.
+loop, CALLS_PER_HOP calls per turn. Both make the same checks before every call
+(`_batches`; the thread pool's hop has them written out, as they cost more than a small
+call through a generator).
 """
 
 from __future__ import annotations
@@ -54,9 +55,10 @@ TRACING_CHECK_CALLS = CALLS_PER_HOP
 #: microseconds, or milliseconds while the loop decodes: a hop carries what the queue
 #: has buffered, as the checks before every call stop it at once when they fail.
 THREAD_CALLS_PER_HOP = 1024
-#: ... and the longest a hop goes on calling (at least one call): slow listeners give
-#: their worker thread back as often as 32 calls used to, or more often, so that with
-#: more queues than threads every queue gets its turn.
+#: ... and the longest a hop goes on calling (at least one call), on the consumer's clock
+#: (the reading the checks before each call take): slow listeners give their worker
+#: thread back as often as 32 calls used to, or more often, so that with more queues
+#: than threads every queue gets its turn.
 THREAD_HOP_SECONDS = 0.05
 #: What a consume turn answers when the lease ran out: re-lock, then go on.
 _RELOCK = -1.0
@@ -246,32 +248,44 @@ class ConsumeOrderlyService:
     ) -> tuple[int, ConsumeOrderlyContext | None]:
         """`_call` for a plain listener, in a worker thread: the run in one hop.
 
-        The hop ends early (what is left goes back in front of the queue) once it has
-        called for THREAD_HOP_SECONDS.
+        It makes the checks of `_batches` before every call, written out here: the
+        generator's resume and its tuples cost a third of a small call's dispatch (plain
+        listeners at batch size 1 are the usual orderly consumer). The hop ends early
+        (what is left goes back in front of the queue) once it has called for
+        THREAD_HOP_SECONDS.
         """
         listener, done = self._listener.consume_message, 0
         group, success = self._group, ConsumeOrderlyStatus.SUCCESS
-        traced = timed = False
-        perf_counter = time.perf_counter
-        hop_ends = perf_counter() + THREAD_HOP_SECONDS
-        for batch, context in self._batches(queue, pq, taken, generation, started):
-            began = perf_counter()
-            if done and began > hop_ends:
+        size, suspend, clock_now = self._batch_size, self._suspend_time, self._clock.now
+        max_continuous, locks, lease = self._max_continuous, self._locks, self._lease
+        context = ConsumeOrderlyContext(queue, suspend)
+        traced = timed = observed = False
+        hop_ends = clock_now() + THREAD_HOP_SECONDS  # the checks' clock reading serves it
+        for i in range(0, len(taken), size):
+            now = clock_now()
+            if (
+                self._closed
+                or pq.dropped
+                or pq.generation != generation
+                or (locks and not (pq.locked and now - pq.last_lock_time <= lease))
+                or now - started > max_continuous
+                or (done and now > hop_ends)
+            ):
                 break
             if not done % TRACING_CHECK_CALLS:  # each check costs about a small call
                 traced, timed = tracing.enabled(), metrics.enabled()
+                observed = traced or timed
+            if context.suspend_current_queue_time != suspend or context.queue is not queue:
+                context = ConsumeOrderlyContext(queue, suspend)  # the last call changed it
+            batch = [taken[i]] if size == 1 else taken[i : i + size]
             try:
-                if traced:
-                    with tracing.consume_span(group, batch):
-                        result = listener(batch, context)
+                if observed:
+                    result = _observed_call(group, listener, batch, context, traced, timed)
                 else:
                     result = listener(batch, context)
             except Exception:
                 log.exception("orderly listener raised on %s; retrying it", queue)
                 result = None
-            finally:
-                if timed:  # no second clock reading when nobody records it
-                    metrics.observe_consume(group, batch[0].topic, time.perf_counter() - began)
             if result is not success:
                 _check_status(result)
                 return done, context
@@ -372,6 +386,26 @@ class ConsumeOrderlyService:
             for task in pending:
                 task.cancel()
         self._tasks.clear()
+
+
+def _observed_call(
+    group: str,
+    listener: Callable[[list[MessageExt], ConsumeOrderlyContext], object],
+    batch: list[MessageExt],
+    context: ConsumeOrderlyContext,
+    traced: bool,
+    timed: bool,
+) -> object:
+    """A plain listener's call, in a span when `traced`, its time recorded when `timed`."""
+    began = time.perf_counter()
+    try:
+        if not traced:
+            return listener(batch, context)
+        with tracing.consume_span(group, batch):
+            return listener(batch, context)
+    finally:
+        if timed:
+            metrics.observe_consume(group, batch[0].topic, time.perf_counter() - began)
 
 
 def _check_status(result: object) -> None:

@@ -350,21 +350,24 @@ def test_a_hop_carries_a_long_run_and_a_suspend_in_it_holds_back_the_rest_until_
 
 
 def test_a_slow_plain_listener_gives_its_thread_back_after_the_hop_time() -> None:
-    """A hop ends once it has called for THREAD_HOP_SECONDS (here: after one slow call);
-    what is left goes back in front and comes next, in order."""
+    """A hop ends once it has called for THREAD_HOP_SECONDS of the consumer's clock (here:
+    after one slow call); what is left goes back in front and comes next, in order."""
     slow = THREAD_HOP_SECONDS + 0.02
 
     class Slow(Scripted):
+        clock: FakeClock
+
         def consume_message(
             self, msgs: list[MessageExt], context: ConsumeOrderlyContext
         ) -> ConsumeOrderlyStatus | None:
             if msgs[0].queue_offset == 0:
-                time.sleep(slow)
+                self.clock.advance(slow)
             return super().consume_message(msgs, context)
 
     listener, host = Slow(), Host()
 
     async def test(service: ConsumeOrderlyService, pq: ProcessQueue, clock: FakeClock) -> None:
+        listener.clock = clock
         pq.put([msg(i) for i in range(5)])
         service.submit(Q, pq)
         await until(lambda: host.commits[-1:] == [5], "all committed")
