@@ -15,6 +15,7 @@ from mockbroker.config import BrokerConfig
 from mockbroker.dedup import DedupWindow
 from mockbroker.dedup_sends import DedupSends, rebuild
 from mockbroker.errors import BrokerError
+from mockbroker.expiry import release_gone
 from mockbroker.fair_store import SlicedStore
 from mockbroker.fairness import FairScheduler
 from mockbroker.fronts.grpc.admin_service import AdminService
@@ -42,7 +43,6 @@ from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._version import __version__
 from sdk._wire import grpc_server_options
 from sdk.clock import Clock, SystemClock, sleep_for
-from sdk.log import log_event
 from sdk.tls import TLSConfig
 
 if TYPE_CHECKING:
@@ -595,10 +595,7 @@ class Broker:
             raise RuntimeError("the broker is not serving")
         if not state.groups.unregister(client_id):
             raise ValueError(f"no client {client_id!r} is known to the broker")
-        dropped = state.locks.release_client(client_id)
-        log_event(log, logging.WARNING, "client.expired",
-                  f"client {client_id} expired (on request); {dropped} lock(s) released",
-                  client_id=client_id, locks_released=dropped)  # fmt: skip
+        dropped = await release_gone(state.locks, {client_id: "on request"})
         await state.locks.save()
         return dropped
 
@@ -607,11 +604,7 @@ class Broker:
             await sleep_for(self.clock, _EXPIRY_SWEEP_SECONDS)
             stats = state.store.stats
             state.rates.sample(self.clock.now(), stats.messages_stored, stats.messages_served)
-            for client_id, why in state.groups.expire().items():
-                dropped = state.locks.release_client(client_id)
-                log_event(log, logging.WARNING, "client.expired",
-                          f"client {client_id} expired ({why}); {dropped} lock(s) released",
-                          client_id=client_id, locks_released=dropped)  # fmt: skip
+            await release_gone(state.locks, state.groups.expire())
             try:
                 await state.locks.save()
             except BrokerError as exc:

@@ -202,6 +202,87 @@ def test_a_save_makes_again_only_the_parts_of_the_groups_that_changed(
     assert after.locks("g9").keys() == {Q0} and after.locks("g10").keys() == {Q0, Q1}
 
 
+def many_changed(path: Path, groups: int) -> RebalanceLockManager:
+    """A loaded table whose `groups` groups each got a lock since its last save."""
+    locks = started(path, FakeClock())
+    for n in range(groups):
+        locks.lock_batch(f"g{n}", f"c{n}", [Q0, Q1])
+    return locks
+
+
+def test_a_save_of_many_changed_groups_lets_the_loop_run_between_slices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mass expiry changes a thousand groups at once: their parts of the file are made
+    SNAPSHOT_GROUPS_PER_TURN a turn, and the file written has every one of them."""
+    path = tmp_path / LOCK_FILE
+    groups = 3 * lock_manager.SNAPSHOT_GROUPS_PER_TURN
+    locks = many_changed(path, groups)
+    write = lock_manager.write_atomically
+    turns_before_write: list[int] = []
+
+    async def test() -> None:
+        turns = 0
+        saving = asyncio.ensure_future(locks.save())
+
+        def counted_write(target: Path, data: bytes) -> None:
+            turns_before_write.append(turns)
+            write(target, data)
+
+        monkeypatch.setattr(lock_manager, "write_atomically", counted_write)
+        while not saving.done():
+            turns += 1
+            await asyncio.sleep(0)
+        await saving
+
+    asyncio.run(test())
+    assert turns_before_write and turns_before_write[0] >= 3, turns_before_write
+    after = started(path, FakeClock())
+    assert all(after.locks(f"g{n}").keys() == {Q0, Q1} for n in range(groups))
+
+
+def test_a_change_made_during_a_sliced_save_is_in_the_next_one(tmp_path: Path) -> None:
+    """Groups changed between two slices of a save (already made, or not yet) are in the
+    file once the save after the change returns."""
+    path = tmp_path / LOCK_FILE
+    groups = 3 * lock_manager.SNAPSHOT_GROUPS_PER_TURN
+    locks = many_changed(path, groups)
+
+    async def test() -> None:
+        saving = asyncio.ensure_future(locks.save())
+        await asyncio.sleep(0)  # the first slice is made
+        locks.release_client("c0")  # in the first slice, made already
+        locks.release_client(f"c{groups - 1}")  # in a slice not made yet (or made)
+        granted_new = locks.lock_batch("g-new", "n", [Q0])
+        await saving
+        assert granted_new
+        await locks.save()
+
+    asyncio.run(test())
+    after = started(path, FakeClock())
+    assert after.locks("g0") == {} and after.locks(f"g{groups - 1}") == {}
+    assert after.locks("g-new").keys() == {Q0} and after.locks("g1").keys() == {Q0, Q1}
+
+
+def test_a_save_cancelled_between_slices_leaves_its_groups_to_the_next(tmp_path: Path) -> None:
+    """A save cancelled while it makes the groups' parts loses none of their changes."""
+    path = tmp_path / LOCK_FILE
+    groups = 3 * lock_manager.SNAPSHOT_GROUPS_PER_TURN
+    locks = many_changed(path, groups)
+
+    async def test() -> None:
+        saving = asyncio.ensure_future(locks.save())
+        await asyncio.sleep(0)
+        saving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await saving
+        await locks.save()
+
+    asyncio.run(test())
+    after = started(path, FakeClock())
+    assert all(after.locks(f"g{n}").keys() == {Q0, Q1} for n in range(groups))
+
+
 def test_a_lock_request_counts_the_clients_locks_without_looking_at_every_lock(
     tmp_path: Path,
 ) -> None:
