@@ -46,7 +46,7 @@ from sdk import (
 from sdk._transport.broker_client import BrokerClient, PullResult, PullStatus
 from sdk.aio import Producer
 from sdk.clock import SystemClock
-from sdk.consumer.consume_orderly import ConsumeOrderlyService
+from sdk.consumer.consume_orderly import CALLS_PER_HOP, ConsumeOrderlyService
 from sdk.consumer.process_queue import ProcessQueue
 
 # ---------------------------------------------------------------------- consume
@@ -295,17 +295,27 @@ class _NoOpOrderly(MessageListenerOrderly):
         return ConsumeOrderlyStatus.SUCCESS
 
 
-def micro_orderly_dispatch(n: int, hop: int = 352) -> float:
-    """Microseconds per call to dispatch a plain `def` orderly listener at batch size 1.
+class _AsyncNoOpOrderly(MessageListenerOrderly):
+    async def consume_message(  # type: ignore[override]
+        self, msgs: list[MessageExt], context: ConsumeOrderlyContext
+    ) -> ConsumeOrderlyStatus:
+        return ConsumeOrderlyStatus.SUCCESS
 
-    One hop of the thread-pool path (the checks before every call, the call of a no-op
-    listener, its answer), run in this thread over `hop` messages at a time: the part of
-    the orderly consumer's cost per message that a poll loop does not have. 352 is the
-    messages a hop carried in the consume figure's thread-pool run at batch size 1.
+
+def micro_orderly_dispatch(n: int, listener: str = "thread-pool") -> float:
+    """Microseconds per call to dispatch a no-op orderly listener at batch size 1.
+
+    What the orderly consumer does for each call and a poll loop does not: the checks
+    before the call, the call, its answer. `listener` "thread-pool": a plain `def`
+    listener, one hop of the thread-pool path run in this thread over 352 messages at a
+    time (what a hop carried in the consume figure's thread-pool run at batch size 1);
+    "async": an `async def` listener on an event loop, CALLS_PER_HOP calls a turn (the
+    loop's time to start and stop is in the figure: well under 1%).
     """
     clock = SystemClock()
+    asynchronous = listener == "async"
     service = ConsumeOrderlyService(
-        _NoOpOrderly(),
+        _AsyncNoOpOrderly() if asynchronous else _NoOpOrderly(),
         _NoOrderlyHost(),
         concurrent.futures.ThreadPoolExecutor(1),
         clock,
@@ -317,14 +327,29 @@ def micro_orderly_dispatch(n: int, hop: int = 352) -> float:
     )
     pq = ProcessQueue()
     pq.locked, pq.last_lock_time = True, clock.now()
-    taken = [message] * hop
-    rounds = max(1, n // hop)
+    taken = [message] * (CALLS_PER_HOP if asynchronous else 352)
+
+    async def hops(rounds: int) -> int:
+        calls = 0
+        for _ in range(rounds):
+            done, _failed = await service._call(queue, pq, taken, pq.generation, clock.now())
+            calls += done
+        return calls
+
+    rounds = max(1, n // len(taken))
     start = time.perf_counter()
-    for _ in range(rounds):
-        done, _failed = service._calls_in_thread(queue, pq, taken, pq.generation, clock.now())
-        if done != hop:
-            raise RuntimeError(f"the dispatch stopped after {done} of {hop} calls")
-    return (time.perf_counter() - start) / (rounds * hop) * 1e6
+    if asynchronous:  # a loop of its own: the caller's may be running (bench/run.py's)
+        with concurrent.futures.ThreadPoolExecutor(1) as thread:
+            calls = thread.submit(asyncio.run, hops(rounds)).result()
+    else:
+        calls = sum(
+            service._calls_in_thread(queue, pq, taken, pq.generation, clock.now())[0]
+            for _ in range(rounds)
+        )
+    took = time.perf_counter() - start
+    if calls != rounds * len(taken):
+        raise RuntimeError(f"the dispatch stopped after {calls} of {rounds * len(taken)} calls")
+    return took / calls * 1e6
 
 
 class PollTrial:

@@ -1630,6 +1630,11 @@ class Bench:
                 "sdk: orderly dispatch per call (plain def, batch 1, no-op listener)",
                 lambda: cw.micro_orderly_dispatch(n),
             ),
+            (
+                "micro.orderly_dispatch_async",
+                "sdk: orderly dispatch per call (async def, batch 1, no-op listener)",
+                lambda: cw.micro_orderly_dispatch(n, "async"),
+            ),
         ]
         if records:
             cases.append(

@@ -6,16 +6,21 @@ Per queue there are two client-side locks on top of the broker's lease:
 - the consume lock (`ProcessQueue.consume_lock`): held around listener calls (and the
   checks just before each), never while waiting to retry or re-lock; rebalance takes it
   before it may drop a queue and unlock it at the broker.
-Before each listener call the queue must not be dropped or reset, its broker lock must be
-held and not older than the client's lease; otherwise the task stops, and re-locks (with
-neither lock held) when the lease was the reason.
+Before each listener call (in the worker thread for plain listeners) the consumer must not
+be closing, the queue must not be dropped or reset, its broker lock must be held and not
+older than the client's lease, and the queue must not have been consumed for longer than
+max_continuous; otherwise the task stops, and re-locks (with neither lock held) when the
+lease was the reason.
 
 Plain listeners run on the thread pool, up to THREAD_CALLS_PER_HOP calls per hop (what
 the queue has buffered, usually: a hop between the loop and a worker thread costs far
 more than a small call, and waits for the GIL besides); coroutine listeners run on the
-loop, CALLS_PER_HOP calls per turn. Both make the same checks before every call
-(`_batches`; the thread pool's hop has them written out, as they cost more than a small
-call through a generator).
+loop, CALLS_PER_HOP calls per turn. Both make the same checks before every call, each
+in its own loop (`_call`, `_calls_in_thread`): written once, behind a function or a
+generator, they cost a third of a small call's dispatch, and the usual orderly listener
+is a small call at batch size 1. A context the last call left as it was given is passed
+again (it costs about as much as a small call to build); one the listener changed is
+replaced, so every call starts from the consumer's suspend time.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Protocol, cast
 
@@ -218,7 +223,22 @@ class ConsumeOrderlyService:
         traced, timed = tracing.enabled(), metrics.enabled()
         listener = cast(Callable[..., Awaitable[object]], self._listener.consume_message)
         group, success, done = self._group, ConsumeOrderlyStatus.SUCCESS, 0
-        for batch, context in self._batches(queue, pq, taken, generation, started):
+        size, suspend, clock_now = self._batch_size, self._suspend_time, self._clock.now
+        max_continuous, locks, lease = self._max_continuous, self._locks, self._lease
+        context = ConsumeOrderlyContext(queue, suspend)
+        for i in range(0, len(taken), size):
+            now = clock_now()
+            if (  # the checks (module docstring), as _calls_in_thread makes them
+                self._closed
+                or pq.dropped
+                or pq.generation != generation
+                or (locks and not (pq.locked and now - pq.last_lock_time <= lease))
+                or now - started > max_continuous
+            ):
+                break
+            if context.suspend_current_queue_time != suspend or context.queue is not queue:
+                context = ConsumeOrderlyContext(queue, suspend)  # the last call changed it
+            batch = [taken[i]] if size == 1 else taken[i : i + size]
             began = time.perf_counter() if timed else 0.0
             try:
                 if traced:
@@ -248,11 +268,8 @@ class ConsumeOrderlyService:
     ) -> tuple[int, ConsumeOrderlyContext | None]:
         """`_call` for a plain listener, in a worker thread: the run in one hop.
 
-        It makes the checks of `_batches` before every call, written out here: the
-        generator's resume and its tuples cost a third of a small call's dispatch (plain
-        listeners at batch size 1 are the usual orderly consumer). The hop ends early
-        (what is left goes back in front of the queue) once it has called for
-        THREAD_HOP_SECONDS.
+        The hop ends early (what is left goes back in front of the queue) once it has
+        called for THREAD_HOP_SECONDS.
         """
         listener, done = self._listener.consume_message, 0
         group, success = self._group, ConsumeOrderlyStatus.SUCCESS
@@ -263,7 +280,7 @@ class ConsumeOrderlyService:
         hop_ends = clock_now() + THREAD_HOP_SECONDS  # the checks' clock reading serves it
         for i in range(0, len(taken), size):
             now = clock_now()
-            if (
+            if (  # the checks (module docstring), as _call makes them, and the hop's time
                 self._closed
                 or pq.dropped
                 or pq.generation != generation
@@ -291,42 +308,6 @@ class ConsumeOrderlyService:
                 return done, context
             done += 1
         return done, None
-
-    def _batches(
-        self,
-        queue: MessageQueue,
-        pq: ProcessQueue,
-        taken: list[MessageExt],
-        generation: int,
-        started: float,
-    ) -> Iterator[tuple[list[MessageExt], ConsumeOrderlyContext]]:
-        """`taken` batch by batch, each with its context, while the checks pass.
-
-        A context the last call left as it was given is passed again (it costs about as
-        much as a small call to build); one the listener changed is replaced, so every
-        call starts from the consumer's suspend time.
-
-        The checks, right before every listener call (in the worker thread for plain
-        listeners): the consumer is not closing, the queue was not dropped or reset, its
-        lease is valid and it has not been consumed for longer than max_continuous.
-        """
-        size, suspend, clock_now = self._batch_size, self._suspend_time, self._clock.now
-        max_continuous, locks, lease = self._max_continuous, self._locks, self._lease
-        context = ConsumeOrderlyContext(queue, suspend)
-        for i in range(0, len(taken), size):
-            now = clock_now()
-            if (
-                self._closed
-                or pq.dropped
-                or pq.generation != generation
-                # lease_valid(), inline: it runs before every call
-                or (locks and not (pq.locked and now - pq.last_lock_time <= lease))
-                or now - started > max_continuous
-            ):
-                return
-            if context.suspend_current_queue_time != suspend or context.queue is not queue:
-                context = ConsumeOrderlyContext(queue, suspend)  # the last call changed it
-            yield [taken[i]] if size == 1 else taken[i : i + size], context
 
     async def _retry_later(
         self,
