@@ -367,16 +367,30 @@ class PollTrial:
     """
 
     def __init__(
-        self, address: str, topic: str, expected: int, blocking: bool, delivery: str = "push"
+        self,
+        address: str,
+        topic: str,
+        expected: int,
+        blocking: bool,
+        delivery: str = "push",
+        listener: bool = False,
     ) -> None:
         self.address = address
         self.topic = topic
         self.expected = expected
         self.blocking = blocking
         self.delivery = delivery
+        #: Hand each message polled to the orderly thread-pool figure's listener
+        #: (SyncOrderlyCounter, batch size 1), as a poll loop that processes what it polls
+        #: does: the blocking loop only.
+        self.listener = listener
+        self.tally: Tally | None = None
         self.consumer: sdk.aio.LitePullConsumer | LitePullConsumer | None = None
 
     async def prepare(self) -> None:
+        if self.listener and not self.blocking:
+            raise ValueError("a poll loop with the listener is the blocking one")
+        self.tally = Tally(self.expected)
         cls = LitePullConsumer if self.blocking else sdk.aio.LitePullConsumer
         consumer = cls(
             f"bench-poll-{next(_consumer_groups)}",
@@ -402,7 +416,16 @@ class PollTrial:
     def _blocking_loop(self, consumer: LitePullConsumer) -> int:
         consumer.start()
         seen = 0
+        if not self.listener:
+            while seen < self.expected and (batch := consumer.poll(POLL_TIMEOUT_SECONDS)):
+                seen += len(batch)
+            return self._check(seen)
+        consume = SyncOrderlyCounter(self.tally).consume_message
+        assert self.tally is not None
+        context = ConsumeOrderlyContext(MessageQueue(self.topic, "", 0), 1.0)
         while seen < self.expected and (batch := consumer.poll(POLL_TIMEOUT_SECONDS)):
+            for message in batch:
+                consume([message], context)
             seen += len(batch)
         return self._check(seen)
 

@@ -243,6 +243,7 @@ CONSUME_KEYS = (
     "poll.blocking",
     "poll.aio.pull",
     "poll.blocking.pull",
+    "poll.blocking.listener",
 )
 
 

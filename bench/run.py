@@ -18,7 +18,8 @@ Figures (see bench/README.md for what each one measures and how to read it):
   listener (orderly async at batch 1 and 32, orderly on the thread pool, concurrent),
   each with pull delivery and with push delivery (credits), the two taking turns;
 - poll: one lite pull consumer (sdk.aio and blocking) draining the same backlog with a
-  plain `while batch := poll(timeout)` loop;
+  plain `while batch := poll(timeout)` loop; and the blocking loop handing each message
+  to the orderly thread-pool figure's listener, as a loop that processes what it polls;
 - receive: 8 workers sharing one SimpleConsumer (asyncio tasks on sdk.aio's, threads on
   the blocking one) receiving and acking a backlog of keyed messages over 8 queues as
   jobs, next to one sdk.aio.LitePullConsumer's poll loop draining the same backlog
@@ -1038,6 +1039,14 @@ class Bench:
             (f"{key}.pull", f"{title}, pull delivery", blocking, api, "pull")
             for key, title, blocking, api, _ in cases
         ]
+        # ... and the blocking loop handing each message to the listener of the orderly
+        # thread-pool figure at batch size 1: what that figure is read against (issue 40)
+        cases.append(
+            ("poll.blocking.listener",
+             "poll loop, blocking sdk.LitePullConsumer, the orderly figure's listener each",
+             True, "sdk.LitePullConsumer, `for m in c.poll(timeout): consume_message([m], "
+             "context)` in a thread (consuming.SyncOrderlyCounter)", "push")
+        )  # fmt: skip
         figures = [
             self._add(Figure(key, title, "msg/s", {**params, "api": api, "delivery": delivery}))
             for key, title, _blocking, api, delivery in cases
@@ -1052,13 +1061,18 @@ class Bench:
             )
             warm = cw.PollTrial(broker.address, topic, max(1, stored // 10), False)
             trials = [
-                (figure, cw.PollTrial(broker.address, topic, stored, blocking, delivery))
-                for figure, (_key, _title, blocking, _api, delivery) in zip(
+                (
+                    figure,
+                    cw.PollTrial(
+                        broker.address, topic, stored, blocking, delivery, key.endswith("listener")
+                    ),
+                )
+                for figure, (key, _title, blocking, _api, delivery) in zip(
                     figures, cases, strict=True
                 )
             ]
             await self._measure_trials(broker, warm, trials, stored)
-        ways = zip(cases[:2], figures[:2], figures[2:], strict=True)
+        ways = zip(cases[:2], figures[:2], figures[2:4], strict=True)
         self.facts["poll_push_over_pull"] = {
             key: round(statistics.median(push.values()) / statistics.median(pull.values()), 3)
             for (key, *_), push, pull in ways

@@ -119,10 +119,12 @@ def _consume(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
 
 
 def _poll(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
-    # both poll loops with push delivery (the default) and with pull, push's ratio to pull
+    # both poll loops with push delivery (the default) and with pull, push's ratio to pull;
+    # and the blocking one handing each message to the orderly figure's listener
     poll = {f["key"]: f for f in figures if f["key"].startswith("poll.")}
     assert sorted(poll) == sorted(
-        f"poll.{face}{way}" for face in ("aio", "blocking") for way in ("", ".pull")
+        [f"poll.{face}{way}" for face in ("aio", "blocking") for way in ("", ".pull")]
+        + ["poll.blocking.listener"]
     )
     assert all(f["median"] > 0 for f in poll.values())
     assert {f["params"]["delivery"] for f in poll.values()} == {"pull", "push"}
