@@ -16,9 +16,9 @@ Plain listeners run on the thread pool, up to THREAD_CALLS_PER_HOP calls per hop
 the queue has buffered, usually: a hop between the loop and a worker thread costs far
 more than a small call, and waits for the GIL besides); coroutine listeners run on the
 loop, CALLS_PER_HOP calls per turn. Both make the same checks before every call, each
-in its own loop (`_call`, `_calls_in_thread`): written once, behind a function or a
-generator, they cost a third of a small call's dispatch, and the usual orderly listener
-is a small call at batch size 1. A context the last call left as it was given is passed
+in its own loop (`_call`, `_calls_in_thread`): written once, behind a generator, they
+made a small call's dispatch a third dearer (a function, a fifth), and the usual orderly
+listener is a small call at batch size 1. A context the last call left as it was given is passed
 again (it costs about as much as a small call to build); one the listener changed is
 replaced, so every call starts from the consumer's suspend time.
 """
