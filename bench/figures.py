@@ -163,12 +163,15 @@ def table(figures: list[Figure]) -> str:
 
 # ---------------------------------------------------------------------- the keyed workload
 #: The keyed workload of issue 35, the report's first table: figure keys in row order
-#: (batches of 100 mixed keys in arrival order, 1 in flight; single sends from 8 callers).
+#: (batches of 100 mixed keys in arrival order, 1 in flight; single sends from 8 callers:
+#: asyncio tasks, and threads on the blocking producer).
 KEYED_KEYS = (
     "produce.async.mixed.inflight1",
     "produce.sync.mixed.inflight1",
     "produce.async.mixed.callers8",
     "produce.sync.mixed.callers8",
+    "produce.async.mixed.threads8",
+    "produce.sync.mixed.threads8",
 )
 #: The one-queue batch each keyed batch figure reads against (mixed >= one-queue is a goal).
 ONE_QUEUE_OF = {
@@ -186,7 +189,12 @@ REDIS_MISSING = "- (make bench-peers)"
 
 #: The keyed figures of single sends from concurrent callers: they also read against the
 #: peer's figure of the same shape (PeerFigure.callers), not only its pipelined batches.
-CALLERS_KEYS = ("produce.async.mixed.callers8", "produce.sync.mixed.callers8")
+CALLERS_KEYS = (
+    "produce.async.mixed.callers8",
+    "produce.sync.mixed.callers8",
+    "produce.async.mixed.threads8",
+    "produce.sync.mixed.threads8",
+)
 
 
 @dataclass(frozen=True)

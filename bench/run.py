@@ -138,6 +138,7 @@ from sdk import (
     PushConsumerConfig,
     TLSConfig,
 )
+from sdk import Producer as BlockingProducer
 from sdk import PushConsumer as BlockingPushConsumer
 from sdk._transport.broker_client import BrokerClient
 from sdk._wire import GRPC_CHANNEL_OPTIONS
@@ -459,21 +460,30 @@ class Bench:
                 with self._broker(key, flush_mode) as broker:
                     await self._produce_figure(figure, broker, batches, warmup, in_flight)
             await self._callers_figure(flush_mode)
+            await self._callers_figure(flush_mode, threads=True)
 
-    async def _callers_figure(self, flush_mode: str) -> None:
+    async def _callers_figure(self, flush_mode: str, *, threads: bool = False) -> None:
         """Single sends from wl.CALLERS concurrent callers, keys in arrival order, on a
-        producer with natural batching (the keyed workload's second half, issue 35)."""
+        producer with natural batching (the keyed workload's second half, issue 35):
+        asyncio tasks on an sdk.aio.Producer, or (`threads`) threads on a blocking
+        sdk.Producer."""
         count = min(self.args.messages, CALLERS_QUICK if self.args.quick else CALLERS_MESSAGES)
         acc = AccumulatorConfig(linger=0)
-        key = f"produce.{flush_mode}.mixed.callers{wl.CALLERS}"
+        if threads:
+            key = f"produce.{flush_mode}.mixed.threads{wl.CALLERS}"
+            title = f"send(), {flush_mode} flush, {wl.CALLERS} threads, blocking, mixed keys"
+            api = "sdk.Producer.send (blocking) from threads, one message per call"
+        else:
+            key = f"produce.{flush_mode}.mixed.callers{wl.CALLERS}"
+            title = f"send(), {flush_mode} flush, {wl.CALLERS} callers, mixed keys"
+            api = "sdk.aio.Producer.send from asyncio tasks, one message per call"
         figure = self._add(
             Figure(
                 key,
-                f"send(), {flush_mode} flush, {wl.CALLERS} callers, mixed keys",
+                title,
                 "msg/s",
                 {
-                    "api": "sdk.aio.Producer.send, one message per call, each caller's "
-                    "next send when its previous returned",
+                    "api": f"{api}, each caller's next send when its previous returned",
                     "flush_mode": flush_mode,
                     "callers": wl.CALLERS,
                     "accumulator": {
@@ -497,17 +507,29 @@ class Bench:
                 await admin.create_topic(PRODUCE_TOPIC, wl.QUEUES)
             finally:
                 await admin.close()
-            producer = Producer(broker.address, config=ProducerConfig(accumulator=acc))
-            await producer.start()
-            try:
-                await wl.send_from_callers(producer, PRODUCE_TOPIC, warmup)  # connect, warm up
-                await self._measure(
-                    figure,
-                    functools.partial(wl.send_from_callers, producer, PRODUCE_TOPIC, singles),
-                    broker,
-                )
-            finally:
-                await producer.shutdown()
+            if threads:
+                blocking = BlockingProducer(broker.address, config=ProducerConfig(accumulator=acc))
+                await asyncio.to_thread(blocking.start)
+                try:
+                    sends = functools.partial(wl.send_from_threads, blocking, PRODUCE_TOPIC)
+                    await asyncio.to_thread(sends, warmup)  # connect, warm up
+                    await self._measure(
+                        figure, functools.partial(asyncio.to_thread, sends, singles), broker
+                    )
+                finally:
+                    await asyncio.to_thread(blocking.shutdown)
+            else:
+                producer = Producer(broker.address, config=ProducerConfig(accumulator=acc))
+                await producer.start()
+                try:
+                    await wl.send_from_callers(producer, PRODUCE_TOPIC, warmup)  # warm up
+                    await self._measure(
+                        figure,
+                        functools.partial(wl.send_from_callers, producer, PRODUCE_TOPIC, singles),
+                        broker,
+                    )
+                finally:
+                    await producer.shutdown()
         if any(r.units != count for r in figure.runs):
             raise RuntimeError(f"{figure.title}: sent {[r.units for r in figure.runs]}")
 

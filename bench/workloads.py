@@ -10,6 +10,7 @@ calls, decoding) is inside it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import random
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import grpc
 
 from sdk import Credentials, Message, MessageExt, MessageQueue, TLSConfig, shard_index
+from sdk import Producer as BlockingProducer
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._pb.ordermq.v1 import ordermq_pb2_grpc as pb_grpc
 from sdk._transport.broker_client import BrokerClient, PullStatus
@@ -221,6 +223,28 @@ async def send_from_callers(
 
     await asyncio.gather(*(caller(c) for c in range(callers)))
     return sent
+
+
+def send_from_threads(
+    producer: BlockingProducer, topic: str, singles: Singles, callers: int = CALLERS
+) -> int:
+    """`send_from_callers` from `callers` threads calling the blocking `Producer.send`.
+
+    The shape of a threaded web service (a WSGI server's worker threads), each handler
+    calling `send()` per event and waiting for it.
+    """
+    keys, bodies = singles.keys, singles.bodies
+    n = len(keys)
+
+    def caller(first: int) -> int:
+        sent = 0
+        for i in range(first, singles.count, callers):
+            producer.send(Message(topic, bodies[i % n], sharding_key=keys[i % n]))
+            sent += 1
+        return sent
+
+    with concurrent.futures.ThreadPoolExecutor(callers) as threads:
+        return sum(threads.map(caller, range(callers)))
 
 
 # ---------------------------------------------------------------------- pull

@@ -55,17 +55,21 @@ def _produce(figures: list[dict[str, Any]], facts: dict[str, Any]) -> None:
     # the keyed workload (issue 35): mixed batches and 8 callers' single sends, sync and
     # async, each with its ratios (to the floor only when the floor group ran too: the
     # unit tests of bench/figures.py check that ratio)
-    callers = [f for f in figures if f["key"].startswith("produce.") and "callers" in f["key"]]
-    assert len(callers) == 2 and all(f["median"] > 0 for f in callers)
+    callers = [
+        f
+        for f in figures
+        if f["key"].startswith("produce.") and ("callers" in f["key"] or "threads" in f["key"])
+    ]
+    assert len(callers) == 4 and all(f["median"] > 0 for f in callers)  # asyncio, threads
     keyed = facts["keyed_ratios"]
-    assert len(keyed) == 4 and all(r["median"] > 0 for r in keyed.values())
+    assert len(keyed) == 6 and all(r["median"] > 0 for r in keyed.values())
     assert sum(r["vs_one_queue"] is not None for r in keyed.values()) == 2
     # Redis measured in the run (where it is installed): its 8 callers beside its pipelines,
     # and the 8-caller rows read against both
     redis = facts["keyed_redis"]
     if redis is not None and redis["source"].startswith("this run"):
         assert redis["produce"] > 0 and redis["produce_callers"] > 0
-        callers_ratios = [r for key, r in keyed.items() if "callers" in key]
+        callers_ratios = [r for key, r in keyed.items() if "callers" in key or "threads" in key]
         assert all(r["vs_redis"] and r["vs_redis_callers"] for r in callers_ratios)
 
 
