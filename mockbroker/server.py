@@ -647,6 +647,14 @@ class Broker:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.state is not None:
+            # The sweep, cancelled between the turns of its releases' save, leaves them
+            # unwritten: without this the next start would hold the gone clients' locks
+            # for a lease.
+            try:
+                await self.state.locks.save()
+            except BrokerError as exc:
+                log.error("%s (the lock table on disk is older than the broker's)", exc.message)
         if self._v2 is not None:
             await self._v2.stop(left())
             self._v2 = None

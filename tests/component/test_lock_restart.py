@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from mockbroker import BrokerConfig, EmbeddedBroker
-from mockbroker.lock_manager import LOCK_FILE
+from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
+from mockbroker.server import Broker
 from sdk._transport.broker_client import BrokerClient
 from sdk.message import MessageQueue
 from sdk.testing import FakeClock
@@ -65,3 +67,26 @@ def test_a_corrupt_lock_file_does_not_stop_the_broker_and_holds_grants_for_a_lea
 
         assert set(run(broker.address, body)) == {Q0}
     assert (tmp_path / (LOCK_FILE + ".corrupt")).read_bytes() == b"\x00garbage"
+
+
+def test_a_release_not_saved_when_the_broker_stops_is_on_disk_after_it(tmp_path: Path) -> None:
+    """The expiry sweep saves its releases over several turns of the loop; stopped between
+    two, the broker still writes them, or the next start would hold the gone client's
+    locks for a lease."""
+
+    async def main() -> None:
+        broker = Broker(BrokerConfig(data_dir=tmp_path, port=0))
+        await broker.start()
+        try:
+            assert broker.state is not None
+            locks = broker.state.locks
+            locks.lock_batch("g", "gone", [("t", 0), ("t", 1)])
+            await locks.save()
+            assert locks.release_client("gone") == 2  # as the sweep does, then cancelled
+        finally:
+            await broker.stop()
+
+    asyncio.run(main())
+    after = RebalanceLockManager(FakeClock(), path=tmp_path / LOCK_FILE)
+    after.load(previous_run=True)
+    assert after.locks("g") == {}

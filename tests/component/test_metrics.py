@@ -685,28 +685,27 @@ def test_a_page_not_made_in_time_is_given_up(
     with an error, and the page's work on the loop stops there: it went on for nobody, and
     a scraper trying again piled up more of it."""
     monkeypatch.setattr(exposition, "SNAPSHOT_TIMEOUT_SECONDS", 0.2)
-    given_up: list[bool] = []
+    given_up: list[asyncio.Event] = []
 
     async def endless(page: exposition.MetricsPage, *args: object) -> bytes:
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
-            given_up.append(True)
+            given_up[0].set()
             raise
         return b""
 
     monkeypatch.setattr(exposition.MetricsPage, "_page", endless)
 
     async def main() -> int:
+        given_up.append(asyncio.Event())
         async with in_process_broker(tmp_path) as (broker, _):
             server = StatusServer(broker, "127.0.0.1", 0)
             try:
                 status, _, _ = await asyncio.to_thread(get, server.port, "/metrics")
-                for _ in range(200):  # the cancellation reaches the page at its next turn
-                    if given_up:
-                        break
-                    await asyncio.sleep(0.01)
-                return status if given_up else -1
+                async with asyncio.timeout(5):  # the cancellation reaches the page's turn
+                    await given_up[0].wait()
+                return status
             finally:
                 server.close()
 
