@@ -28,7 +28,7 @@ import select
 import signal
 import socket
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from types import FrameType, TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
@@ -132,9 +132,13 @@ class BlockingClient:
         """`now()` on the client's loop, or the coroutine `later()` when it returns None."""
         return self._live_loop().run_or_call(now, later)
 
-    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Start `coro` on the client's loop; its future."""
-        return self._running(coro).submit(coro)
+    def _run_started(self, start: Callable[[], Awaitable[T]]) -> T:
+        """`start()` on the client's loop; wait for the future or coroutine it returns."""
+        return self._live_loop().run_started(start)
+
+    def _begin(self, start: Callable[[], Awaitable[T]]) -> concurrent.futures.Future[T]:
+        """`start()` on the client's loop, in turn with _run_started's calls; its future."""
+        return self._live_loop().begin(start)
 
     def __enter__(self) -> Self:
         self.start()

@@ -11,8 +11,8 @@ import contextlib
 import contextvars
 import threading
 from collections import deque
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar, TypeVarTuple, cast
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Generic, TypeVar, TypeVarTuple, cast
 
 T = TypeVar("T")
 _Ts = TypeVarTuple("_Ts")
@@ -58,6 +58,39 @@ class _ClientLoop(asyncio.SelectorEventLoop):
         return super().call_soon_threadsafe(callback, *args, context=context)
 
 
+class _Answer(Generic[T]):
+    """One blocking call's outcome, handed from the loop to the waiting thread.
+
+    A plain lock rather than a Future and its Condition: the cheaper hand-off.
+    """
+
+    __slots__ = ("_answered", "_outcome")
+
+    def __init__(self) -> None:
+        self._answered = threading.Lock()
+        self._answered.acquire()
+        self._outcome: tuple[bool, Any] = (False, None)  # (True, result) or (False, exception)
+
+    def give(self, ok: bool, value: Any) -> None:
+        self._outcome = (ok, value)
+        self._answered.release()
+
+    def give_outcome(self, future: asyncio.Future[T]) -> None:
+        if future.cancelled():
+            self.give(False, concurrent.futures.CancelledError())
+        elif (exc := future.exception()) is not None:
+            self.give(False, exc)
+        else:
+            self.give(True, future.result())
+
+    def wait(self) -> T:
+        self._answered.acquire()
+        ok, value = self._outcome
+        if ok:
+            return cast(T, value)
+        raise value
+
+
 class LoopThread:
     """Run coroutines on a dedicated loop from any thread."""
 
@@ -81,7 +114,7 @@ class LoopThread:
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("a blocking ordermq call was made from its own loop thread")
-        return self.run_or_call(_nothing, lambda: coro)
+        return self.run_started(lambda: coro)
 
     def run_or_call(
         self, now: Callable[[], T | None], later: Callable[[], Coroutine[Any, Any, T]]
@@ -92,41 +125,75 @@ class LoopThread:
         and the answer comes back through a plain lock rather than a Future and its
         Condition: a cheaper hand-off for calls mostly answered at once (poll()).
         """
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("a blocking ordermq call was made from its own loop thread")
-        answered = threading.Lock()
-        answered.acquire()
-        answer: list[tuple[bool, Any]] = []  # (True, result) or (False, exception)
-
-        def give(ok: bool, value: Any) -> None:
-            answer.append((ok, value))
-            answered.release()
-
-        def finish(task: asyncio.Task[T]) -> None:
-            if task.cancelled():
-                give(False, concurrent.futures.CancelledError())
-            elif (exc := task.exception()) is not None:
-                give(False, exc)
-            else:
-                give(True, task.result())
+        answer: _Answer[T] = _Answer()
 
         def step() -> None:  # never raises: the steps queued behind it run too
             try:
                 result = now()
                 if result is None:
-                    self._loop.create_task(later()).add_done_callback(finish)
+                    self._loop.create_task(later()).add_done_callback(answer.give_outcome)
                     return
             except BaseException as exc:
-                give(False, exc)
+                answer.give(False, exc)
                 return
-            give(True, result)
+            answer.give(True, result)
+
+        return self._wait(answer, step)
+
+    def run_started(self, start: Callable[[], Awaitable[T]]) -> T:
+        """`start()` on the loop; wait for the future or coroutine it returns.
+
+        As run_or_call, for calls that begin at once and finish later: a future that
+        `start` returns is waited for without a task (a send admitted to the producer's
+        buffer), a coroutine runs as one.
+        """
+        answer: _Answer[T] = _Answer()
+
+        def step() -> None:  # never raises
+            try:
+                self._future_of(start()).add_done_callback(answer.give_outcome)
+            except BaseException as exc:
+                answer.give(False, exc)
+
+        return self._wait(answer, step)
+
+    def begin(self, start: Callable[[], Awaitable[T]]) -> concurrent.futures.Future[T]:
+        """`start()` on the loop, in turn with the calls of run_started; its future.
+
+        Once `start` ran the call is under way: cancelling the returned future does not
+        stop it (a message handed to the producer's buffer is sent).
+        """
+        result: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def settle(future: asyncio.Future[T]) -> None:
+            if future.cancelled():  # the loop stopped under it
+                result.set_exception(concurrent.futures.CancelledError())
+            elif (exc := future.exception()) is not None:
+                result.set_exception(exc)
+            else:
+                result.set_result(future.result())
+
+        def step() -> None:  # never raises
+            if not result.set_running_or_notify_cancel():
+                return  # cancelled before it began
+            try:
+                self._future_of(start()).add_done_callback(settle)
+            except BaseException as exc:
+                result.set_exception(exc)
 
         self._call_soon(step)
-        answered.acquire()
-        ok, value = answer[0]
-        if ok:
-            return cast(T, value)
-        raise value
+        return result
+
+    def _future_of(self, awaitable: Awaitable[T]) -> asyncio.Future[T]:
+        if isinstance(awaitable, asyncio.Future):
+            return awaitable
+        return self._loop.create_task(cast(Coroutine[Any, Any, T], awaitable))
+
+    def _wait(self, answer: _Answer[T], step: Callable[[], None]) -> T:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("a blocking ordermq call was made from its own loop thread")
+        self._call_soon(step)
+        return answer.wait()
 
     def _call_soon(self, step: Callable[[], None]) -> None:
         """Run `step` on the loop soon: one wake-up of the loop for the steps queued together.

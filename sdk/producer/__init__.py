@@ -70,7 +70,10 @@ class Producer(BlockingClient):
         timeout: float | None = None,
     ) -> SendResult:
         """Send one message; returns once the broker stored it (per its flush mode)."""
-        return self._run(self._core.send(message, selector=selector, arg=arg, timeout=timeout))
+        core = self._core
+        return self._run_started(
+            lambda: core.send_started(message, selector=selector, arg=arg, timeout=timeout)
+        )
 
     def send_batch(
         self, messages: Sequence[Message], *, timeout: float | None = None
@@ -89,8 +92,13 @@ class Producer(BlockingClient):
     def send_async(
         self, message: Message, *, selector: MessageQueueSelector | None = None, arg: Any = None
     ) -> concurrent.futures.Future[SendResult]:
-        """Start a send and return at once; the future resolves to its SendResult."""
-        return self._submit(self._core.send(message, selector=selector, arg=arg))
+        """Start a send and return at once; the future resolves to its SendResult.
+
+        Sends started one after another, with send_async or send, keep their order.
+        Cancelling the future does not stop a send already begun on the producer's loop.
+        """
+        core = self._core
+        return self._begin(lambda: core.send_started(message, selector=selector, arg=arg))
 
     def send_oneway(self, message: Message) -> None:
         """Send without waiting for or reporting the outcome (failures are only logged)."""

@@ -263,13 +263,54 @@ class ProducerCore:
         if tracing.enabled():
             span, carrier = tracing.start_send_span(message.topic, msg_id.hex().upper())
             try:
-                return await self._send_one(message, msg_id, carrier, selector, arg, timeout)
+                return await self._started(message, msg_id, carrier, selector, arg, timeout)
             except BaseException as exc:
                 span.record_exception(exc)
                 raise
             finally:
                 span.end()
-        return await self._send_one(message, msg_id, None, selector, arg, timeout)
+        return await self._started(message, msg_id, None, selector, arg, timeout)
+
+    def send_started(
+        self,
+        message: Message,
+        *,
+        selector: MessageQueueSelector | None = None,
+        arg: Any = None,
+        timeout: float | None = None,
+    ) -> Awaitable[SendResult]:
+        """send(), begun at once on the loop: what gives its result.
+
+        For the blocking producer, whose threads wait on what this returns: a send the
+        accumulator admits at once returns the buffered message's future, which needs no
+        task to wait on; the others a coroutine to run. Raises what send() raises before
+        its first wait (a stopped producer, a message that fails validation).
+        """
+        if tracing.enabled():
+            return self.send(message, selector=selector, arg=arg, timeout=timeout)
+        self._check_running()
+        return self._started(message, self._ids.next(), None, selector, arg, timeout)
+
+    def _started(
+        self,
+        message: Message,
+        msg_id: bytes,
+        carrier: dict[str, str] | None,
+        selector: MessageQueueSelector | None,
+        arg: Any,
+        timeout: float | None,
+    ) -> Awaitable[SendResult]:
+        """The send begun: handed to the accumulator where it goes there, else a coroutine."""
+        accumulator = self._accumulator
+        if (
+            accumulator is None
+            or self._spool is not None
+            or timeout is not None
+            or _delayed(message)
+        ):
+            return self._send_one(message, msg_id, carrier, selector, arg, timeout)
+        prepared = self._prepare(message, msg_id, self._clock.now(), carrier)
+        return self._accumulate(accumulator, message, prepared, msg_id, selector, arg)
 
     async def _send_one(
         self,
@@ -280,6 +321,7 @@ class ProducerCore:
         arg: Any,
         timeout: float | None,
     ) -> SendResult:
+        """A send spooled, or sent as a request of its own (no accumulator, a deadline)."""
         now = self._clock.now()
         if self._spool is not None:
             if selector is not None:
@@ -287,16 +329,12 @@ class ProducerCore:
             frame = spool_frame(message, msg_id, now, carrier)
             return (await self._spool_messages([message], [frame], [msg_id]))[0]
         prepared = self._prepare(message, msg_id, now, carrier)
-        if self._accumulator is not None and timeout is None and not _delayed(message):
-            return await self._accumulate(
-                self._accumulator, message, prepared, msg_id, selector, arg
-            )
         queues = await self.writable_queues(message.topic)
         queue = self._select(queues, message, selector, arg)
         movable = selector is None and message.sharding_key is None
         return (await self._send_batch(queue, [prepared], [msg_id], timeout, movable))[0]
 
-    async def _accumulate(
+    def _accumulate(
         self,
         accumulator: Accumulator,
         message: Message,
@@ -304,49 +342,67 @@ class ProducerCore:
         msg_id: bytes,
         selector: MessageQueueSelector | None,
         arg: Any,
-    ) -> SendResult:
-        # Admission in call order, so the per-queue buffers see messages in the order the
-        # caller sent them. Usually it awaits nothing (the route known, room in the
-        # buffer, no earlier send still being admitted), so it is in order as it is; else
-        # the send takes the admission lock (asyncio locks are FIFO).
+    ) -> Awaitable[SendResult]:
+        """Hand the message to the accumulator; what gives its result.
+
+        Admission is in call order, so that the per-queue buffers see messages in the
+        order the caller sent them. Usually it waits for nothing (the route known, room
+        in the buffer, no earlier send still being admitted) and is done here, in order
+        as it is; else the coroutine returned takes the admission lock (asyncio locks
+        are FIFO), counted among the sends being admitted from now on, so that no later
+        send overtakes it.
+        """
         ticket = accumulator.ticket()
         topic = message.topic
+        admitted = None
         try:
-            admitted = None
             if not self._accepting and self._route_fresh(topic):
                 queues = self._transport.known_writable_queues(topic)
                 if queues is not None:
                     admitted = self._admit(
                         accumulator, queues, message, prepared, msg_id, ticket, selector, arg
                     )
-            if admitted is None or admitted[2] is None:
-                self._accepting += 1
-                try:
-                    async with self._admission:
-                        if admitted is None:  # its queue is chosen once, whatever the path
-                            queues = await self.writable_queues(topic)
-                            admitted = self._admit(
-                                accumulator,
-                                queues,
-                                message,
-                                prepared,
-                                msg_id,
-                                ticket,
-                                selector,
-                                arg,
-                            )
-                        queue, movable, waiter = admitted
-                        if waiter is None:  # no room in the buffer: wait for it
-                            waiter = await accumulator.enqueue(
-                                queue, prepared, msg_id, ticket, movable
-                            )
-                finally:
-                    self._accepting -= 1
-            else:
-                waiter = admitted[2]
+                    if admitted[2] is not None:
+                        return admitted[2]
         except EarlierSendFailedError:
             raise
         except OrderMQError as exc:  # the sends waiting behind this one must fail too
+            accumulator.hold(topic, exc)
+            raise
+        self._accepting += 1
+        return self._accumulate_in_turn(
+            accumulator, message, prepared, msg_id, ticket, selector, arg, admitted
+        )
+
+    async def _accumulate_in_turn(
+        self,
+        accumulator: Accumulator,
+        message: Message,
+        prepared: bytes,
+        msg_id: bytes,
+        ticket: int,
+        selector: MessageQueueSelector | None,
+        arg: Any,
+        admitted: tuple[MessageQueue, bool, Awaitable[SendResult] | None] | None,
+    ) -> SendResult:
+        """The rest of _accumulate under the admission lock; counted in `_accepting`."""
+        topic = message.topic
+        try:
+            try:
+                async with self._admission:
+                    if admitted is None:  # its queue is chosen once, whatever the path
+                        queues = await self.writable_queues(topic)
+                        admitted = self._admit(
+                            accumulator, queues, message, prepared, msg_id, ticket, selector, arg
+                        )
+                    queue, movable, waiter = admitted
+                    if waiter is None:  # no room in the buffer: wait for it
+                        waiter = await accumulator.enqueue(queue, prepared, msg_id, ticket, movable)
+            finally:
+                self._accepting -= 1
+        except EarlierSendFailedError:
+            raise
+        except OrderMQError as exc:
             accumulator.hold(topic, exc)
             raise
         return await waiter

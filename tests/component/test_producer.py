@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,6 +151,61 @@ def test_the_accumulator_batches_and_keeps_each_keys_order(restartable: Restarta
     messages = read_topic(restartable.address, "orders")
     assert len(messages) == 2600
     assert_key_order(messages)
+
+
+def test_blocking_sends_started_one_after_another_are_stored_in_that_order(
+    broker: BrokerOver,
+) -> None:
+    with Producer(broker.address) as producer:
+        futures = [
+            producer.send_async(Message("orders", b"%d" % i, sharding_key="k")) for i in range(30)
+        ]
+        producer.send_oneway(Message("orders", b"30", sharding_key="k"))
+        last = producer.send(Message("orders", b"31", sharding_key="k"))
+        assert [f.result(timeout=10).queue for f in futures] == [last.queue] * 30
+    assert [m.body for m in read_queue(broker.address, last.queue)] == [
+        b"%d" % i for i in range(32)
+    ]
+
+
+def test_blocking_sends_admitted_behind_a_request_in_flight_make_no_task_each(
+    tmp_path: Path,
+) -> None:
+    made: list[str] = []
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        made.append(coro.__qualname__)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    results: list[SendResult] = []
+    with (
+        EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "data")) as embedded,
+        Producer(embedded.address) as producer,
+    ):
+        producer.send(Message("orders", b"warm-up", sharding_key="k"))  # the route known
+        loop_thread = producer._loop
+        assert loop_thread is not None
+        release = loop_thread.hold()
+        loop_thread._loop.set_task_factory(counting)  # type: ignore[arg-type]
+        threads = [
+            threading.Thread(
+                target=lambda n=n: results.append(
+                    producer.send(Message("orders", b"%d" % n, sharding_key=f"k{n}"))
+                )
+            )
+            for n in range(8)
+        ]
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(loop_thread._incoming) == 8, 10, "the 8 sends queued")
+        release.set()
+        for t in threads:
+            t.join(10)
+        sends = [m for m in made if m.startswith(("ProducerCore", "Accumulator.send"))]
+    assert len(results) == 8
+    # The first goes at once, a request of its own in a task; the seven admitted behind
+    # it wait on their buffered messages' futures (a task each before).
+    assert sends == ["Accumulator.send_claimed"]
 
 
 @pytest.mark.parametrize("when_full", ["fail", "block"])

@@ -153,3 +153,74 @@ def test_grpc_completions_for_a_closed_client_loop_are_dropped_not_raised() -> N
     # Anything else still raises: a caller of a stopped client is told, not left waiting.
     with pytest.raises(RuntimeError, match="closed"):
         loop.call_soon_threadsafe(print)
+
+
+def test_run_started_waits_on_a_returned_future_without_a_task_and_runs_a_coroutine() -> None:
+    loop_thread = LoopThread("test-loop")
+    made: list[str] = []
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        made.append(coro.__qualname__)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    loop_thread._loop.set_task_factory(counting)
+
+    def settled_soon() -> asyncio.Future[int]:
+        future = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(future.set_result, 7)
+        return future
+
+    async def later() -> int:
+        await asyncio.sleep(0)
+        return 8
+
+    def refuse() -> asyncio.Future[int]:
+        raise ValueError("refused before it began")
+
+    def failing() -> asyncio.Future[int]:
+        future = asyncio.get_running_loop().create_future()
+        future.set_exception(KeyError("failed later"))
+        return future
+
+    try:
+        assert loop_thread.run_started(settled_soon) == 7
+        assert made == []  # the future was waited on as it is
+        assert loop_thread.run_started(later) == 8
+        assert made == [later.__qualname__]
+        with pytest.raises(ValueError, match="refused before it began"):
+            loop_thread.run_started(refuse)
+        with pytest.raises(KeyError, match="failed later"):
+            loop_thread.run_started(failing)
+    finally:
+        loop_thread.stop()
+
+
+def test_begin_starts_in_turn_with_blocking_calls_and_cannot_be_cancelled_once_begun() -> None:
+    loop_thread = LoopThread("test-loop")
+    began: list[str] = []
+
+    def start(name: str) -> asyncio.Future[str]:
+        began.append(name)
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(name)
+        return future
+
+    def broken() -> asyncio.Future[str]:
+        raise ValueError("bad")
+
+    release = loop_thread.hold()
+    try:
+        first = loop_thread.begin(lambda: start("first"))
+        withdrawn = loop_thread.begin(lambda: start("withdrawn"))
+        assert withdrawn.cancel()  # not begun yet: it never will
+        release.set()
+        # A blocking call made after them begins after them.
+        assert loop_thread.run_started(lambda: start("blocking")) == "blocking"
+        assert first.result(5) == "first"
+        assert began == ["first", "blocking"]
+        assert not first.cancel()  # begun: it goes on
+        with pytest.raises(ValueError, match="bad"):
+            loop_thread.begin(broken).result(5)
+    finally:
+        release.set()
+        loop_thread.stop()
