@@ -48,6 +48,9 @@ class ConsumerOffsets:
         #: Each queue's keys, likewise (maybe some gone since): retention's trims of a
         #: queue look at its groups' offsets only.
         self._queue_keys: dict[tuple[str, int], set[OffsetKey]] = {}
+        #: Each queue's floor: at most the lowest offset of `_table` on it (absent: it
+        #: has none). A trim below every group's offset then looks at none of them.
+        self._floors: dict[tuple[str, int], int] = {}
         self._parts: dict[str, bytes] = {}
         self._skipped_parts: dict[str, bytes] = {}
         self._version = 0
@@ -66,6 +69,8 @@ class ConsumerOffsets:
         self._groups = {g for g, _, _ in self._table}
         for key in (*self._table, *self._skipped):
             self._touch(key)
+        for key, offset in self._table.items():
+            self._lower_floor(key, offset)
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
         """The committed offset, or None when the group never committed this queue."""
@@ -94,11 +99,19 @@ class ConsumerOffsets:
     def note_trimmed(self, topic: str, queue_id: int, old_min: int, new_min: int) -> None:
         """Retention moved a queue's min offset: count what each group had not committed.
 
-        Saved with the next commit.
+        Saved with the next commit. Costs nothing when the queue's floor says every group
+        committed past `new_min` (the usual trim: retention deletes what was read long
+        ago); else it looks at the queue's groups, and sets the floor to their lowest.
         """
-        keys = self._queue_keys.get((topic, queue_id))
-        if keys is None:
+        queue = (topic, queue_id)
+        floor = self._floors.get(queue)
+        if floor is None or floor >= new_min:
             return
+        keys = self._queue_keys.get(queue)
+        if keys is None:  # every group of it was forgotten since
+            del self._floors[queue]
+            return
+        lowest = None
         for key in list(keys):
             committed = self._table.get(key)
             if committed is None:
@@ -109,8 +122,14 @@ class ConsumerOffsets:
                 self._skipped[key] = self._skipped.get(key, 0) + new_min - max(committed, old_min)
                 self._touch(key)
                 self._version += 1
+            if lowest is None or committed < lowest:
+                lowest = committed
+        if lowest is None:
+            del self._floors[queue]
+        else:
+            self._floors[queue] = lowest
         if not keys:
-            del self._queue_keys[(topic, queue_id)]
+            del self._queue_keys[queue]
 
     def skipped(self, group: str, topic: str, queue_id: int) -> int:
         """Messages retention deleted before `group` committed past them."""
@@ -148,6 +167,7 @@ class ConsumerOffsets:
                 if key not in self._table:
                     self._table[key] = value
                     self._touch(key)
+                    self._lower_floor(key, value)
             for key, value in skipped.items():
                 if key not in self._skipped:
                     self._skipped[key] = value
@@ -163,8 +183,9 @@ class ConsumerOffsets:
         The answer is the version to pass to save_accepted(), which must follow.
         """
         self._table.update(updates)
-        for key in updates:
+        for key, offset in updates.items():
             self._touch(key)
+            self._lower_floor(key, offset)
         self._version += 1
         return self._version
 
@@ -177,6 +198,7 @@ class ConsumerOffsets:
                 if self._table.get(key) == value:
                     if key in self._saved:
                         self._table[key] = self._saved[key]
+                        self._lower_floor(key, self._saved[key])
                     else:
                         del self._table[key]
                     self._touch(key)
@@ -215,6 +237,13 @@ class ConsumerOffsets:
         if keys is None:
             keys = self._queue_keys[queue] = set()
         keys.add(key)
+
+    def _lower_floor(self, key: OffsetKey, offset: int) -> None:
+        """`key` now has `offset`: its queue's floor goes down to it if above."""
+        queue = key[1:]
+        floor = self._floors.get(queue)
+        if floor is None or offset < floor:
+            self._floors[queue] = offset
 
     def _snapshot(self) -> bytes:
         """The file as the table is now: the changed groups' parts made again."""

@@ -8,6 +8,7 @@ import errno
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -105,6 +106,66 @@ def test_a_trimmed_queue_counts_its_groups_skipped_messages_without_looking_at_t
     table.note_trimmed("t3", 2, 40, 150)
     skipped = {g: table.skipped(g, "t3", 2) for g in (f"g{n}" for n in range(100))}
     assert skipped == {f"g{n}": (50 if n % 10 == 3 else 0) for n in range(100)}
+
+
+def test_a_trim_below_every_groups_offset_looks_at_none_of_them(tmp_path: Path) -> None:
+    """The usual trim deletes what every group read long ago: it costs nothing per group."""
+    table = ConsumerOffsets(tmp_path / "offsets.json")
+    table.accept({(f"g{n}", "t", q): 100 + n for n in range(50) for q in range(4)})
+    table.accept({("late", "t", 1): 30})
+    table._table = NoLookups(table._table)  # type: ignore[assignment]
+    table.note_trimmed("t", 0, 0, 100)  # every group of queue 0 is at 100 or past it
+    table.note_trimmed("t", 2, 0, 90)
+    table._table = dict(table._table)  # looked at, from here on
+    table.note_trimmed("t", 1, 20, 60)  # "late" has read to 30 only: each group is looked at
+    assert table.skipped("late", "t", 1) == 30
+    assert table.skipped("g0", "t", 1) == 0
+    table.accept({("late", "t", 1): 500})  # caught up: the floor stays 30 until a trim
+    table.note_trimmed("t", 1, 60, 80)  # looks again, counts nothing, and raises the floor
+    assert table.skipped("late", "t", 1) == 30
+    table._table = NoLookups(table._table)  # type: ignore[assignment]
+    table.note_trimmed("t", 1, 80, 100)
+    assert table.skipped("late", "t", 1) == 30
+
+
+@pytest.mark.parametrize("change", ["commit", "forget"])
+def test_a_change_whose_save_fails_after_a_trim_looked_is_counted_by_the_next_trim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """A trim while a save is on its way sees the change; the failed save takes it back,
+    and the queue's floor must go back down with it."""
+    table = ConsumerOffsets(tmp_path / "offsets.json")
+    started, go = threading.Event(), threading.Event()
+
+    def slow_full_disk(path: Path, data: bytes) -> None:
+        started.set()
+        go.wait(5)
+        full_disk(path, data)
+
+    async def main() -> None:
+        await table.commit({("g", "t", 0): 30, ("h", "t", 0): 500})
+        monkeypatch.setattr(offsets_module, "write_atomically", slow_full_disk)
+        if change == "commit":
+            saving = asyncio.ensure_future(table.commit({("g", "t", 0): 500}))
+        else:
+            saving = asyncio.ensure_future(table.forget(lambda key: key[0] == "g"))
+        await asyncio.to_thread(started.wait, 5)
+        table.note_trimmed("t", 0, 0, 100)  # "g" at 500, or gone, as far as it can tell
+        go.set()
+        with pytest.raises(BrokerError, match="No space left"):
+            await saving
+        table.note_trimmed("t", 0, 100, 200)  # "g" is back at 30
+
+    asyncio.run(main())
+    assert table.skipped("g", "t", 0) == 100
+    assert table.skipped("h", "t", 0) == 0
+
+
+class NoLookups(dict[OffsetKey, int]):
+    """A table no trim may look at."""
+
+    def get(self, *args: Any) -> Any:
+        raise AssertionError("a trim looked at a group's offset")
 
 
 KEYS = st.tuples(st.sampled_from(["g0", "g1", "g2"]), st.sampled_from(["t0", "t1"]),
@@ -211,6 +272,13 @@ class OffsetTableMachine(RuleBasedStateMachine):
         there = self.table._table.keys() | self.table._skipped.keys()
         assert set().union(*self.table._keys.values()) == there
         assert set().union(*self.table._queue_keys.values()) == there
+
+    @invariant()
+    def each_queues_floor_is_at_most_its_lowest_offset(self) -> None:
+        """Else a trim below the floor would skip a group that had not read what it
+        deleted."""
+        for (_, topic, queue), offset in self.table._table.items():
+            assert self.table._floors[(topic, queue)] <= offset
 
     @invariant()
     def the_file_holds_what_was_saved(self) -> None:
