@@ -48,9 +48,12 @@ class ConsumerOffsets:
         #: Each queue's keys, likewise (maybe some gone since): retention's trims of a
         #: queue look at its groups' offsets only.
         self._queue_keys: dict[tuple[str, int], set[OffsetKey]] = {}
-        #: Each queue's floor: at most the lowest offset of `_table` on it (absent: it
-        #: has none). A trim below every group's offset then looks at none of them.
+        #: Each queue's floor and laggards: every offset of `_table` on the queue is at
+        #: or above its floor, or its key is a laggard (a group left behind, as an
+        #: abandoned one is, or one that went back). A trim looks at the laggards only
+        #: when it stays under the floor, at every group of the queue else.
         self._floors: dict[tuple[str, int], int] = {}
+        self._laggards: dict[tuple[str, int], set[OffsetKey]] = {}
         self._parts: dict[str, bytes] = {}
         self._skipped_parts: dict[str, bytes] = {}
         self._version = 0
@@ -69,8 +72,11 @@ class ConsumerOffsets:
         self._groups = {g for g, _, _ in self._table}
         for key in (*self._table, *self._skipped):
             self._touch(key)
-        for key, offset in self._table.items():
-            self._lower_floor(key, offset)
+        floors = self._floors
+        for (_, topic, queue_id), offset in self._table.items():
+            floor = floors.get((topic, queue_id))
+            if floor is None or offset < floor:
+                floors[(topic, queue_id)] = offset
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
         """The committed offset, or None when the group never committed this queue."""
@@ -99,36 +105,50 @@ class ConsumerOffsets:
     def note_trimmed(self, topic: str, queue_id: int, old_min: int, new_min: int) -> None:
         """Retention moved a queue's min offset: count what each group had not committed.
 
-        Saved with the next commit. Costs nothing when the queue's floor says every group
-        committed past `new_min` (the usual trim: retention deletes what was read long
-        ago); else it looks at the queue's groups, and sets the floor to their lowest.
+        Saved with the next commit. Looks at the queue's laggards only while its floor is
+        at or above `new_min` (the usual trim: retention deletes what the groups read
+        long ago, and a group left behind is a laggard since the first trim that found
+        it there); else at every group of the queue, and sets floor and laggards anew.
         """
         queue = (topic, queue_id)
         floor = self._floors.get(queue)
-        if floor is None or floor >= new_min:
+        laggards = self._laggards.get(queue)
+        every = floor is not None and floor < new_min
+        if every:
+            keys = self._queue_keys.get(queue)
+            if keys is None:  # every group of it was forgotten since
+                del self._floors[queue]
+                self._laggards.pop(queue, None)
+                return
+            looked_at: set[OffsetKey] = keys
+            floor = None
+        elif laggards:
+            looked_at = laggards
+        else:
             return
-        keys = self._queue_keys.get(queue)
-        if keys is None:  # every group of it was forgotten since
-            del self._floors[queue]
-            return
-        lowest = None
-        for key in list(keys):
+        behind: set[OffsetKey] = set()
+        for key in list(looked_at):
             committed = self._table.get(key)
             if committed is None:
-                if key not in self._skipped:
-                    keys.discard(key)  # gone since
+                if every and key not in self._skipped:
+                    looked_at.discard(key)  # gone since
                 continue
             if committed < new_min:
                 self._skipped[key] = self._skipped.get(key, 0) + new_min - max(committed, old_min)
                 self._touch(key)
                 self._version += 1
-            if lowest is None or committed < lowest:
-                lowest = committed
-        if lowest is None:
-            del self._floors[queue]
+                behind.add(key)
+            elif floor is None or committed < floor:
+                floor = committed
+        if floor is None:
+            self._floors.pop(queue, None)
         else:
-            self._floors[queue] = lowest
-        if not keys:
+            self._floors[queue] = floor
+        if behind:
+            self._laggards[queue] = behind
+        else:
+            self._laggards.pop(queue, None)
+        if every and not looked_at:
             del self._queue_keys[queue]
 
     def skipped(self, group: str, topic: str, queue_id: int) -> int:
@@ -167,7 +187,7 @@ class ConsumerOffsets:
                 if key not in self._table:
                     self._table[key] = value
                     self._touch(key)
-                    self._lower_floor(key, value)
+                    self._note_offset(key, value)
             for key, value in skipped.items():
                 if key not in self._skipped:
                     self._skipped[key] = value
@@ -185,7 +205,7 @@ class ConsumerOffsets:
         self._table.update(updates)
         for key, offset in updates.items():
             self._touch(key)
-            self._lower_floor(key, offset)
+            self._note_offset(key, offset)
         self._version += 1
         return self._version
 
@@ -198,7 +218,7 @@ class ConsumerOffsets:
                 if self._table.get(key) == value:
                     if key in self._saved:
                         self._table[key] = self._saved[key]
-                        self._lower_floor(key, self._saved[key])
+                        self._note_offset(key, self._saved[key])
                     else:
                         del self._table[key]
                     self._touch(key)
@@ -238,12 +258,18 @@ class ConsumerOffsets:
             keys = self._queue_keys[queue] = set()
         keys.add(key)
 
-    def _lower_floor(self, key: OffsetKey, offset: int) -> None:
-        """`key` now has `offset`: its queue's floor goes down to it if above."""
+    def _note_offset(self, key: OffsetKey, offset: int) -> None:
+        """`key` now has `offset`: a laggard if under its queue's floor (the first sets it)."""
         queue = key[1:]
         floor = self._floors.get(queue)
-        if floor is None or offset < floor:
+        if floor is None:
             self._floors[queue] = offset
+        elif offset < floor:
+            laggards = self._laggards.get(queue)
+            if laggards is None:
+                self._laggards[queue] = {key}
+            else:
+                laggards.add(key)
 
     def _snapshot(self) -> bytes:
         """The file as the table is now: the changed groups' parts made again."""
