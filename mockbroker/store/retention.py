@@ -47,8 +47,8 @@ DiskProbe = Callable[[], DiskUsage]
 class RetentionPolicy:
     """How long segments are kept, the disk-use thresholds and the cap on the data.
 
-    The ratios are shares of the whole disk; `max_data_bytes` caps the commit log's bytes
-    (None: no cap).
+    The ratios are shares of the disk in use, as `df` and RocketMQ reckon them (the
+    probe's DiskUsage); `max_data_bytes` caps the commit log's bytes (None: no cap).
     """
 
     retention_seconds: float = 72 * 3600.0
@@ -86,12 +86,18 @@ class RetentionStats:
 
 
 def statvfs_probe(directory: Path) -> DiskProbe:
-    """The usage of the file system `directory` lives on."""
+    """The usage of the file system `directory` lives on, as `df` and RocketMQ reckon it.
+
+    Used: the blocks in use. Total: those and the ones the broker may still write. The
+    blocks the file system keeps for root (ext4: 5% by default; far more on some
+    machines) count as neither, so the ratio is `df`'s Use% (RocketMQ's
+    getDiskPartitionSpaceUsedPercent), and 1 exactly when nothing more can be written.
+    """
 
     def probe() -> DiskUsage:
         st = os.statvfs(directory)
-        total = st.f_blocks * st.f_frsize
-        return DiskUsage(total, total - st.f_bavail * st.f_frsize)
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        return DiskUsage(used + st.f_bavail * st.f_frsize, used)
 
     return probe
 

@@ -50,8 +50,10 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def used_ratio(path: Path) -> float:
+    """As the broker reckons it (`df`'s Use%)."""
     st = os.statvfs(path)
-    return 1 - st.f_bavail / st.f_blocks
+    used = st.f_blocks - st.f_bfree
+    return used / (used + st.f_bavail)
 
 
 def fill(filler: Path, up_to_ratio: float | None) -> None:

@@ -16,7 +16,7 @@ from mockbroker.store import consumequeue as consumequeue_module
 from mockbroker.store.checkpoint import write_positions
 from mockbroker.store.consumequeue import ENTRY, ConsumeQueue
 from mockbroker.store.message_store import Batch, MessageStore
-from mockbroker.store.retention import DiskUsage, RetentionPolicy, file_probe
+from mockbroker.store.retention import DiskUsage, RetentionPolicy, file_probe, statvfs_probe
 from mockbroker.topics import Topic
 from sdk._wire import encode_frame, iter_records
 from sdk.testing import FakeClock
@@ -77,6 +77,21 @@ def checkpoint(loop: asyncio.AbstractEventLoop, store: MessageStore) -> None:
 def offsets_served(store: MessageStore, topic: Topic, offset: int, queue_id: int = 0) -> list[int]:
     got = store.get(topic, queue_id, offset, max_messages=10_000, max_bytes=1 << 26)
     return [r.queue_offset for r in iter_records(got.records)]
+
+
+def test_the_disk_in_use_is_reckoned_as_df_and_rocketmq_do_root_reserved_blocks_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system of 1 000 blocks: 200 in use, 800 free of which 300 for the broker
+    (the other 500 kept for root). In use: 200 of 500, 40% (`df` says so); not 70%,
+    which would have the broker delete read segments early (its high ratio: 75%) on a
+    disk more than half empty for it."""
+    fake = os.statvfs_result((4096, 4096, 1000, 800, 300, 0, 0, 0, 0, 255))
+    monkeypatch.setattr(os, "statvfs", lambda path: fake)
+    usage = statvfs_probe(tmp_path)()
+    assert usage == DiskUsage(total_bytes=500 * 4096, used_bytes=200 * 4096)
+    assert usage.ratio == 0.4
+    assert usage.free_bytes == 300 * 4096  # what the broker may still write
 
 
 def test_segments_past_the_age_limit_are_deleted_and_pulls_below_move_to_the_minimum(
