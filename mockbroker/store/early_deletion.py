@@ -1,7 +1,8 @@
 """Early deletion: may the oldest segment go before its time, and whom would it cost.
 
-The disk ratios are shares of the whole file system, which other programs share: a disk
-75 % full of someone else's files must not cost consumers their unread messages. So a
+The disk ratios are shares of the file system in use as `df` reckons it (statvfs_probe),
+which other programs share: a disk 75 % full of someone else's files must not cost
+consumers their unread messages. So a
 segment holding messages some group has not consumed yet goes early only when the disk is
 about to fill (at or over the force ratio, close to where sends are refused) or when the
 broker's own data is over its cap (`max_data_bytes`: the operator asked for that). A
