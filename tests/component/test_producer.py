@@ -208,6 +208,40 @@ def test_blocking_sends_admitted_behind_a_request_in_flight_make_no_task_each(
     assert sends == ["Accumulator.send_claimed"]
 
 
+def test_threads_waiting_on_buffered_sends_each_get_an_answer_when_the_producer_shuts_down(
+    restartable: Restartable,
+) -> None:
+    """With the broker gone, 8 threads' sends wait in the buffer (on their futures, no
+    task each) behind a request that retries; a shutdown meanwhile answers every one."""
+    config = ProducerConfig(
+        send_timeout=0.5, retry_times=1, retry_backoff=0.05, retry_backoff_max=0.1
+    )
+    outcomes: dict[int, object] = {}
+    producer = Producer(restartable.address, config=config)
+    producer.start()
+    producer.fetch_publish_message_queues("orders")
+    restartable.stop()
+
+    def send(n: int) -> None:
+        try:
+            outcomes[n] = producer.send(Message("orders", b"%d" % n, sharding_key=f"k{n}"))
+        except OrderMQError as exc:
+            outcomes[n] = exc
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    accumulator = producer._core._accumulator
+    assert accumulator is not None
+    wait_until(lambda: accumulator.pending == 8, 10, "the 8 sends admitted")
+    producer.shutdown()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    assert sorted(outcomes) == list(range(8))
+    assert all(isinstance(o, OrderMQError) for o in outcomes.values()), outcomes
+
+
 @pytest.mark.parametrize("when_full", ["fail", "block"])
 def test_a_full_buffer_applies_back_pressure(restartable: Restartable, when_full: str) -> None:
     accumulator = AccumulatorConfig(
