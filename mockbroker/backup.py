@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +69,10 @@ def check_target(data_dir: Path, directory: str) -> Path:
     """
     if not directory:
         raise invalid("INVALID_ARGUMENT", "the backup directory is empty")
+    if "\x00" in directory:  # no file system takes one, and Python raises ValueError
+        raise invalid(
+            "INVALID_ARGUMENT", f"the backup directory {directory!r} holds a NUL character"
+        )
     path = Path(directory)
     if not path.is_absolute():
         raise invalid(
@@ -74,6 +80,20 @@ def check_target(data_dir: Path, directory: str) -> Path:
             f"the backup directory {directory!r} is not an absolute path "
             "(it is a path on the broker's machine)",
         )
+    try:
+        return _usable_target(data_dir, path, directory)
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symbolic link loop (3.11, 3.12)
+        if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
+            raise invalid(
+                "INVALID_ARGUMENT", f"the backup directory {directory!r}: {exc.strerror}"
+            ) from exc
+        raise failed_precondition(
+            f"the backup directory {directory} cannot be used: {exc}"
+        ) from exc
+
+
+def _usable_target(data_dir: Path, path: Path, directory: str) -> Path:
+    """check_target's look at the file system (which may raise OSError and RuntimeError)."""
     target = path.resolve()
     data = data_dir.resolve()
     if target.is_relative_to(data):
@@ -81,17 +101,21 @@ def check_target(data_dir: Path, directory: str) -> Path:
             "INVALID_ARGUMENT",
             f"the backup directory {directory} is inside the broker's data directory {data}",
         )
-    if target.exists():
-        if not target.is_dir():
-            raise failed_precondition(f"the backup directory {directory} is not a directory")
-        if any(target.iterdir()):
+    try:
+        mode = target.stat().st_mode
+    except FileNotFoundError:
+        if not target.parent.is_dir():
             raise failed_precondition(
-                f"the backup directory {directory} exists and is not empty: "
-                "give a new or empty directory"
-            )
-    elif not target.parent.is_dir():
+                f"the backup directory's parent {target.parent} does not exist on the "
+                "broker's machine"
+            ) from None
+        return target
+    if not stat.S_ISDIR(mode):
+        raise failed_precondition(f"the backup directory {directory} is not a directory")
+    if any(target.iterdir()):
         raise failed_precondition(
-            f"the backup directory's parent {target.parent} does not exist on the broker's machine"
+            f"the backup directory {directory} exists and is not empty: "
+            "give a new or empty directory"
         )
     return target
 

@@ -133,6 +133,8 @@ def test_a_bad_backup_directory_is_refused_and_nothing_changes(tmp_path: Path) -
     (full / "keep.txt").write_bytes(b"mine")
     a_file = tmp_path / "file"
     a_file.write_bytes(b"x")
+    loop = tmp_path / "loop"  # a symbolic link to itself: resolving it never ends
+    loop.symlink_to(loop)
     with EmbeddedBroker(config) as live, Producer(live.address) as producer:
         call(live, lambda c: c.create_topic(TOPIC, QUEUES))
         producer.send(Message(TOPIC, b"one", sharding_key="a"))
@@ -145,6 +147,9 @@ def test_a_bad_backup_directory_is_refused_and_nothing_changes(tmp_path: Path) -
             str(a_file): ("FAILED_PRECONDITION", "is not a directory"),
             str(tmp_path / "no" / "parent"): ("FAILED_PRECONDITION", "does not exist"),
             "": ("INVALID_ARGUMENT", "the backup directory is empty"),
+            str(tmp_path / "nul\x00byte"): ("INVALID_ARGUMENT", "NUL character"),
+            str(tmp_path / ("x" * 300)): ("INVALID_ARGUMENT", "File name too long"),
+            str(loop / "copy"): ("FAILED_PRECONDITION", "cannot be used"),
         }
         for directory, (code, words) in refusals.items():
             with pytest.raises(InvalidArgumentError) as refused:
