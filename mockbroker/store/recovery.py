@@ -214,6 +214,8 @@ def _record_boundary(
         if not below:
             continue
         position, entry_size, _ = cq.entry(below - 1)
+        if position < commitlog.start:
+            continue  # a record retention deleted, or a damaged entry: nothing to reach
         size: int | None = entry_size
         if entry_size == CORRUPT_SIZE:  # recovery skipped it by the size in its header
             size = _header_size(commitlog, position)

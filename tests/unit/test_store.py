@@ -16,7 +16,7 @@ from mockbroker.errors import BrokerError
 from mockbroker.long_polling import PullHolder
 from mockbroker.store import consumequeue as consumequeue_module
 from mockbroker.store.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
-from mockbroker.store.consumequeue import ENTRY
+from mockbroker.store.consumequeue import CORRUPT_SIZE, ENTRY
 from mockbroker.store.message_store import Batch, MessageStore, parse_tag_expression
 from mockbroker.topics import Topic
 from sdk._wire import encode_frame, iter_records
@@ -512,6 +512,36 @@ def test_recovery_keeps_only_the_index_entries_its_checkpoint_covers(
     assert bodies(got.records) == sent
     got = again.get(again.topics.get("u"), 0, 0, max_messages=100, max_bytes=1 << 20)
     assert bodies(got.records) == sent[:5]
+    loop.run_until_complete(again.close())
+
+
+@pytest.mark.parametrize("position", [-(2**40), -1])
+def test_recovery_opens_past_an_index_entry_marked_corrupt_that_points_before_the_log(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, position: int
+) -> None:
+    # An entry recovery marked corrupt keeps its record's place, and the next recovery
+    # reads that record's size there. A damaged one may name a place before the log
+    # (found by the long fuzz of damaged store files): nothing there can reach past the
+    # checkpoint, so it moves nothing, and the store opens instead of failing to start.
+    store = opened(loop, tmp_path)
+    topic, _ = store.create_topic("t", 1)
+    for i in range(10):
+        loop.run_until_complete(store.put(topic, 0, frames(f"m{i}".encode())))
+    end = store.commitlog.end
+    loop.run_until_complete(store.close())
+    (tmp_path / "running").touch()
+    with (tmp_path / "consumequeue" / "t" / "0").open("r+b") as f:
+        f.seek(9 * ENTRY.size)
+        f.write(ENTRY.pack(position, CORRUPT_SIZE, 0))
+
+    again = opened(loop, tmp_path)
+    assert again.recovery.crashed
+    assert again.recovery.replayed_from == end  # from the checkpoint, as if undamaged
+    for offset in range(11):  # each read answers (records, a status, or DATA_LOSS)
+        try:
+            again.get(again.topics.get("t"), 0, offset, max_messages=1, max_bytes=1 << 20)
+        except BrokerError as exc:
+            assert exc.status.name == "DATA_LOSS", exc
     loop.run_until_complete(again.close())
 
 
