@@ -131,10 +131,11 @@ chaos: bytecode
 	ORDERMQ_CHAOS=long ORDERMQ_CHAOS_REPORT=bench/results/chaos.json HYPOTHESIS_PROFILE=long \
 		$(PY) -m pytest -q -m chaos --timeout 3600
 
-# The fuzz tier of the fault suite alone, long: every RPC and every decoder of bytes.
+# The fuzz tier of the fault suite alone, long: every RPC of every front and every decoder
+# of bytes.
 fuzz: bytecode
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/unit/test_fuzz_decoders.py \
-		tests/component/test_fuzz_rpc.py --timeout 3600
+		tests/component/test_fuzz_rpc.py tests/component/test_fuzz_fronts.py --timeout 3600
 
 # libFuzzer on the decoders, FUZZ_SECONDS per target; findings are saved in FUZZ_ARTIFACTS.
 FUZZ_SECONDS ?= 60

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from hypothesis import HealthCheck, settings
 from mockbroker import BrokerConfig, EmbeddedBroker
 from tests.chaos_report import REPORT_PATH_ENV, ChaosRecorder, ChaosReport
 from tests.faultproxy import NO_PROXY_VARIABLES, FaultProxy
+from tests.fuzzing import Tracebacks
 from tools.test_times import CPU_DIR_ENV, read_durations, start_order
 
 _CHAOS = pytest.StashKey[ChaosReport]()
@@ -89,6 +91,15 @@ def pytest_terminal_summary(
     terminalreporter.write_line(report.table())
     if path := os.environ.get(REPORT_PATH_ENV):
         report.write(Path(path))
+
+
+@pytest.fixture
+def tracebacks() -> Iterator[Tracebacks]:
+    """What is logged with a traceback attached while the test runs (the fuzz tests)."""
+    handler = Tracebacks()
+    logging.getLogger().addHandler(handler)
+    yield handler
+    logging.getLogger().removeHandler(handler)
 
 
 @pytest.fixture

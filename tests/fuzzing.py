@@ -12,6 +12,7 @@ Examples: `make test` runs a bounded, derandomized search; HYPOTHESIS_PROFILE=lo
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import zlib
@@ -38,6 +39,18 @@ def fuzz_settings(short: int, long: int) -> settings:
         database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
+
+
+class Tracebacks(logging.Handler):
+    """Records logged with an exception attached (a handler that raised)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info or record.name.startswith("grpc"):
+            self.records.append(record)
 
 
 # ---------------------------------------------------------------------------- integers
@@ -189,6 +202,15 @@ def _value(f: FieldDescriptor, pools: Pools, depth: int) -> st.SearchStrategy[ob
 
 
 def _set(msg: Message, f: FieldDescriptor, value: object) -> None:
+    if f.message_type is not None and f.message_type.GetOptions().map_entry:
+        entries = getattr(msg, f.name)  # a map: its entries drawn as key/value messages
+        entries.clear()
+        for entry in value:  # type: ignore[attr-defined]
+            if f.message_type.fields_by_name["value"].type == FieldDescriptor.TYPE_MESSAGE:
+                entries[entry.key].CopyFrom(entry.value)
+            else:
+                entries[entry.key] = entry.value
+        return
     if f.is_repeated:
         target = getattr(msg, f.name)
         del target[:]

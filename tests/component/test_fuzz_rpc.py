@@ -25,7 +25,6 @@ call's. One row per service in the fault suite's table.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import Counter
@@ -50,7 +49,14 @@ from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._wire import GRPC_CLIENT_CHANNEL_OPTIONS, encode_frame, encode_properties
 from sdk.testing import FakeClock
 from tests.chaos_report import ChaosRecorder
-from tests.fuzzing import Pools, fuzz_settings, messages, mutated, one_field_changed
+from tests.fuzzing import (
+    Pools,
+    Tracebacks,
+    fuzz_settings,
+    messages,
+    mutated,
+    one_field_changed,
+)
 from tests.support import wait_until
 
 pytestmark = pytest.mark.chaos
@@ -336,26 +342,6 @@ def snapshot(broker: Broker) -> dict[str, Any]:
         "scheduled": state.scheduler.pending,
         "pops": state.pop.describe(),
     }  # fmt: skip
-
-
-class Tracebacks(logging.Handler):
-    """Records logged with an exception attached (a handler that raised)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.exc_info or record.name.startswith("grpc"):
-            self.records.append(record)
-
-
-@pytest.fixture
-def tracebacks() -> Iterator[Tracebacks]:
-    handler = Tracebacks()
-    logging.getLogger().addHandler(handler)
-    yield handler
-    logging.getLogger().removeHandler(handler)
 
 
 def check_refusal(code: grpc.StatusCode, details: str, reason: str | None, what: str) -> None:
