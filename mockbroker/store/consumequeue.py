@@ -147,8 +147,10 @@ class ConsumeQueue:
         back as `lo`, and none is above `hi`.
         """
         hi = self.count if hi is None else hi
-        if hi > lo and self.entry(hi - 1)[0] < position:
-            return hi  # the common case: everything indexed is below it
+        if hi > lo and self.entry(hi - 1)[0] < position and self.entry(lo)[0] < position:
+            # The common case: everything indexed is below it. The first entry is read too:
+            # a damaged last one (a position under the log) would otherwise claim them all.
+            return hi
         while lo < hi:
             mid = (lo + hi) // 2
             pos = self.entry(mid)[0]
