@@ -420,8 +420,8 @@ class PollTrial:
             while seen < self.expected and (batch := consumer.poll(POLL_TIMEOUT_SECONDS)):
                 seen += len(batch)
             return self._check(seen)
-        consume = SyncOrderlyCounter(self.tally).consume_message
         assert self.tally is not None
+        consume = SyncOrderlyCounter(self.tally).consume_message
         context = ConsumeOrderlyContext(MessageQueue(self.topic, "", 0), 1.0)
         while seen < self.expected and (batch := consumer.poll(POLL_TIMEOUT_SECONDS)):
             for message in batch:

@@ -58,6 +58,19 @@ class _ClientLoop(asyncio.SelectorEventLoop):
         return super().call_soon_threadsafe(callback, *args, context=context)
 
 
+def _outcome(future: asyncio.Future[T]) -> tuple[bool, Any]:
+    """A done future's outcome for a thread: (True, result) or (False, exception).
+
+    Cancelled (the loop stopping under it, or the work cancelled there): the
+    CancelledError of concurrent.futures, which the waiting thread's callers catch.
+    """
+    if future.cancelled():
+        return False, concurrent.futures.CancelledError()
+    if (exc := future.exception()) is not None:
+        return False, exc
+    return True, future.result()
+
+
 class _Answer(Generic[T]):
     """One blocking call's outcome, handed from the loop to the waiting thread.
 
@@ -76,12 +89,7 @@ class _Answer(Generic[T]):
         self._answered.release()
 
     def give_outcome(self, future: asyncio.Future[T]) -> None:
-        if future.cancelled():
-            self.give(False, concurrent.futures.CancelledError())
-        elif (exc := future.exception()) is not None:
-            self.give(False, exc)
-        else:
-            self.give(True, future.result())
+        self.give(*_outcome(future))
 
     def wait(self) -> T:
         self._answered.acquire()
@@ -166,12 +174,11 @@ class LoopThread:
         result: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def settle(future: asyncio.Future[T]) -> None:
-            if future.cancelled():  # the loop stopped under it
-                result.set_exception(concurrent.futures.CancelledError())
-            elif (exc := future.exception()) is not None:
-                result.set_exception(exc)
+            ok, value = _outcome(future)
+            if ok:
+                result.set_result(value)
             else:
-                result.set_result(future.result())
+                result.set_exception(value)
 
         def step() -> None:  # never raises
             if not result.set_running_or_notify_cancel():

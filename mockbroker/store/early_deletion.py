@@ -2,11 +2,11 @@
 
 The disk ratios are shares of the file system in use as `df` reckons it (statvfs_probe),
 which other programs share: a disk 75 % full of someone else's files must not cost
-consumers their unread messages. So a
-segment holding messages some group has not consumed yet goes early only when the disk is
-about to fill (at or over the force ratio, close to where sends are refused) or when the
-broker's own data is over its cap (`max_data_bytes`: the operator asked for that). A
-segment every group has read goes from the clean ratio on, as in RocketMQ.
+consumers their unread messages. So a segment holding messages some group has not consumed
+yet goes early only when the disk is about to fill (at or over the force ratio, close to
+where sends are refused) or when the broker's own data is over its cap (`max_data_bytes`:
+the operator asked for that). A segment every group has read goes from the clean ratio on,
+as in RocketMQ.
 
 "Unread" is counted against committed offsets: a group reads a topic once it committed an
 offset on any of its queues; a queue of that topic it never committed counts as unread from

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 from typing import Any
@@ -223,4 +224,34 @@ def test_begin_starts_in_turn_with_blocking_calls_and_cannot_be_cancelled_once_b
             loop_thread.begin(broken).result(5)
     finally:
         release.set()
+        loop_thread.stop()
+
+
+def test_work_cancelled_on_the_loop_answers_cancelled_to_the_waiting_thread() -> None:
+    """A future or task cancelled on the loop (the loop stopping under it, a send's future
+    cancelled there) answers the thread waiting on it with CancelledError, as a Future
+    would, for run_started and begin alike."""
+    loop_thread = LoopThread("test-loop")
+
+    def cancelled_soon() -> asyncio.Future[int]:
+        future = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(future.cancel)
+        return future
+
+    async def cancelled_itself() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(0)
+        return 1
+
+    try:
+        for start in (cancelled_soon, cancelled_itself):
+            with pytest.raises(concurrent.futures.CancelledError):
+                loop_thread.run_started(start)
+            began = loop_thread.begin(start)
+            with pytest.raises(concurrent.futures.CancelledError):
+                began.result(5)
+            assert began.done() and not began.cancelled()  # begun: answered, not withdrawn
+    finally:
         loop_thread.stop()
