@@ -159,7 +159,11 @@ def test_one_holder_among_three_and_a_clean_hand_over_on_shutdown(
         wait_until(lambda: len(log.entries) >= 3, what="the holder's executions")
 
         first.shutdown()  # clean: hand-over, then unlock
-        assert events[-1] == ("hand_over", candidates[careers.index(first)].name, first_epoch)
+        # Another candidate may already hold it: an attempt of the last step that a busy
+        # machine held back until after the unlock. check_terms (below) checks the order.
+        handed = ("hand_over", candidates[careers.index(first)].name, first_epoch)
+        assert handed in events
+        assert all(kind == "inaugurate" for kind, _, _ in events[events.index(handed) + 1 :])
         rest = [c for c in careers if c is not first]
         # The next attempt of the others wins: long before the broker's lease (60 s) ends.
         advance_until(clock, rest, lambda: len(holders(rest)) == 1, max_steps=3)
