@@ -18,6 +18,7 @@ import struct
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
@@ -25,6 +26,7 @@ from google.protobuf.message_factory import GetMessageClass
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from mockbroker.server import Broker
 from tests.chaos_report import LONG as CHAOS_LONG
 
 LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long" or CHAOS_LONG
@@ -51,6 +53,33 @@ class Tracebacks(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.exc_info or record.name.startswith("grpc"):
             self.records.append(record)
+
+
+def broker_state(broker: Broker) -> dict[str, Any]:
+    """What a refused call must leave as it was: topics, queue sizes, the commit log,
+    offsets, locks and epochs, group members, the group registry, scheduled messages,
+    receiving groups' held messages, pending transactions.
+
+    Compare it only on a broker whose clock does not move (a FakeClock): nothing then
+    changes by itself between two calls, so any change is the call's."""
+    state = broker.state
+    assert state is not None
+    store, groups = state.store, state.groups
+    topics = store.topics.all()
+    return {
+        "topics": {t.name: (t.queue_count, t.retention) for t in topics},
+        "queues": {(t.name, q): store.queue(t, q).max_offset for t in topics
+                   for q in range(t.queue_count)},
+        "commit log": store.commitlog.end,
+        "offsets": {k: state.offsets.get(*k) for k in state.offsets.committed()},
+        "locks": state.locks._snapshot(),
+        # The registry itself: every group name the broker keeps something for.
+        "groups": {g: (groups.version(g), groups.members(g)) for g in sorted(groups._groups)},
+        "clients": {g: sorted(groups.membership(g).items()) for g in groups.active_groups()},
+        "scheduled": state.scheduler.pending,
+        "pops": state.pop.describe(),
+        "transactions": state.transactions.pending,
+    }  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- integers

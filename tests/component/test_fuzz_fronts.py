@@ -5,17 +5,21 @@ v2: every RPC of apache.rocketmq.v2.MessagingService gets requests generated fro
 descriptor, a valid request with one field changed, and a valid request's bytes mutated
 (tests/fuzzing.py), sent as raw bytes. Each call must end within its deadline, never with
 UNKNOWN or INTERNAL (a handler that raised) nor with the status INTERNAL_SERVER_ERROR in
-its answer, and with no traceback logged.
+its answer, and with no traceback logged; a refused call (a gRPC error, or answers whose
+statuses all say no), or one that only reads, changes nothing.
 
 Remoting: requests of every code RocketMQ names (and codes it does not), with header
 fields drawn from the names the handlers read and values that are not what they expect
 (not numbers, out of range, empty, control characters), and bodies that are not what
 they expect. Each must be answered on the same connection within its deadline (a held
 pull aside), with no traceback logged: bad input is a refusal with words, as RocketMQ's
-own broker gives (SYSTEM_ERROR naming the missing field, among others).
+own broker gives (SYSTEM_ERROR naming the missing field, among others), and a refusal
+(any answer but SUCCESS, a pull's "nothing new" aside), or a request that only reads,
+changes nothing.
 
-The ordermq gRPC API's fuzz, which also checks that refusals change nothing, is
-test_fuzz_rpc.py.
+"Changes nothing" compares tests.fuzzing.broker_state before and after the call, the
+broker on a FakeClock that never moves (as in test_fuzz_rpc.py, the ordermq gRPC API's
+fuzz): any change is the call's.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -45,17 +50,20 @@ from sdk import Producer
 from sdk._remoting.codec import decode, encode
 from sdk._remoting.codes import RequestCode, ResponseCode
 from sdk._remoting.command import RemotingCommand
+from sdk.testing import FakeClock
 from tests.chaos_report import ChaosRecorder
 from tests.component.pulling import read_topic
 from tests.fuzzing import (
     EDGE_STRINGS,
     Pools,
     Tracebacks,
+    broker_state,
     fuzz_settings,
     messages,
     mutated,
     one_field_changed,
 )
+from tests.support import wait_until
 
 pytestmark = pytest.mark.chaos
 
@@ -65,6 +73,24 @@ DEADLINE = 10.0
 TOPIC, GROUP, CLIENT = "orders", "g1", "fuzz-client-1"
 #: v2 gRPC statuses that mean a handler raised.
 CRASHES = {"UNKNOWN", "INTERNAL"}
+#: v2 statuses that say a call was (at least partly) carried out.
+V2_ACCEPTED = {v2.OK, v2.MULTIPLE_RESULTS}
+#: v2 RPCs that only read: they change nothing even when they succeed. (Not QueryRoute:
+#: it creates the topic it names when the broker auto-creates topics, as a send would.)
+V2_READ_ONLY = {"QueryAssignment", "GetOffset", "QueryOffset", "PullMessage"}
+#: Remoting requests that only read, and answers other than SUCCESS that are not refusals.
+REMOTING_READ_ONLY = {
+    RequestCode.QUERY_MESSAGE, RequestCode.QUERY_CONSUMER_OFFSET,
+    RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, RequestCode.GET_MAX_OFFSET,
+    RequestCode.GET_MIN_OFFSET, RequestCode.GET_EARLIEST_MSG_STORETIME,
+    RequestCode.VIEW_MESSAGE_BY_ID, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+    RequestCode.GET_ROUTEINFO_BY_TOPIC, RequestCode.GET_BROKER_CLUSTER_INFO,
+}  # fmt: skip
+#: A pull found nothing new, or was told where to go: it may still commit the offset it carried.
+PULL_ANSWERS = {
+    ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY,
+    ResponseCode.PULL_OFFSET_MOVED,
+}  # fmt: skip
 
 
 @dataclass
@@ -72,6 +98,7 @@ class Fronts:
     """The broker under test and what was stored before the fuzzing."""
 
     embedded: EmbeddedBroker
+    clock: FakeClock
     channel: grpc.Channel
     seeds: dict[str, Message]
     pools: Pools
@@ -80,8 +107,16 @@ class Fronts:
 @pytest.fixture(scope="module")
 def fronts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fronts]:
     data_dir = tmp_path_factory.mktemp("fuzz-fronts") / "broker"
-    config = BrokerConfig(data_dir=data_dir, v2_port=0, remoting_port=0, namesrv_port=0)
-    with EmbeddedBroker(config) as embedded, grpc.insecure_channel(embedded.v2_address) as ch:
+    clock = FakeClock(start=1_800_000_000.0)
+    never = 10.0**9  # leases, client timeouts: nothing expires while the fuzzer runs
+    config = BrokerConfig(
+        data_dir=data_dir, v2_port=0, remoting_port=0, namesrv_port=0,
+        lock_lease_seconds=never, client_timeout_seconds=never, disconnect_grace_seconds=never,
+    )  # fmt: skip
+    with (
+        EmbeddedBroker(config, clock=clock) as embedded,
+        grpc.insecure_channel(embedded.v2_address) as ch,
+    ):
         with Producer(embedded.address) as producer:
             for i in range(16):
                 producer.send(
@@ -89,7 +124,7 @@ def fronts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fronts]:
                         TOPIC, b"m%d" % i, sharding_key=f"k{i}", keys=["key1"], tags="TagA"
                     )
                 )
-        seeds = v2_seeds(ch)
+        seeds = v2_seeds(embedded, ch)
         ack = seeds["AckMessage"]
         assert isinstance(ack, svc.AckMessageRequest)
         entry = ack.entries[0]
@@ -98,7 +133,12 @@ def fronts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fronts]:
                      entry.receipt_handle),
             ints=(0, 1, 7, 8, 16, 32),
         )  # fmt: skip
-        yield Fronts(embedded, ch, seeds, pools)
+        yield Fronts(embedded, clock, ch, seeds, pools)
+
+
+def changed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The parts of the broker's state that differ: (before, after) each."""
+    return {k: (before[k], after[k]) for k in before if before[k] != after[k]}
 
 
 # ---------------------------------------------------------------------------- v2
@@ -109,18 +149,59 @@ def rpc_path(method: MethodDescriptor) -> str:
 METADATA = (("x-mq-client-id", CLIENT),)
 
 
-def v2_call(channel: grpc.Channel, method: MethodDescriptor, data: bytes) -> list[bytes]:
-    """One call of `method` with raw request bytes; the raw answers (several for a stream)."""
+def held_receives(embedded: EmbeddedBroker) -> int:
+    """Receives and pulls the broker holds for messages to come (its clock never moves)."""
+    state = embedded.broker.state
+    assert state is not None
+    return state.holder.held
+
+
+def v2_call(
+    embedded: EmbeddedBroker, channel: grpc.Channel, method: MethodDescriptor, data: bytes
+) -> list[bytes] | None:
+    """One call of `method` with raw request bytes; the raw answers (several for a stream).
+
+    None: a receive the broker held for messages to come; it is cancelled (the broker's
+    clock never moves, so it would wait for good) and the broker lets it go.
+    """
     identity: Any = lambda b: b  # noqa: E731  # the bytes as they go and come
     path = rpc_path(method)
-    if method.client_streaming:
-        stream = channel.stream_stream(path, identity, identity)
-        return list(stream(iter([data]), metadata=METADATA, timeout=DEADLINE))
-    if method.server_streaming:
-        served = channel.unary_stream(path, identity, identity)
-        return list(served(data, metadata=METADATA, timeout=DEADLINE))
-    unary = channel.unary_unary(path, identity, identity)
-    return [unary(data, metadata=METADATA, timeout=DEADLINE)]
+    answers: list[bytes] = []
+    failed: list[grpc.RpcError] = []
+    done = threading.Event()
+    call: Any
+    if method.client_streaming or method.server_streaming:
+        if method.client_streaming:
+            stream = channel.stream_stream(path, identity, identity)
+            call = stream(iter([data]), metadata=METADATA, timeout=DEADLINE)
+        else:
+            served = channel.unary_stream(path, identity, identity)
+            call = served(data, metadata=METADATA, timeout=DEADLINE)
+
+        def read() -> None:
+            try:
+                answers.extend(call)
+            except grpc.RpcError as exc:
+                failed.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=read, daemon=True).start()
+    else:
+        call = channel.unary_unary(path, identity, identity).future(
+            data, metadata=METADATA, timeout=DEADLINE
+        )
+        call.add_done_callback(lambda _: done.set())
+    while not done.wait(0.02):
+        if held_receives(embedded):
+            call.cancel()
+            wait_until(lambda: not held_receives(embedded), DEADLINE, "the receive let go")
+            return None
+    if not (method.client_streaming or method.server_streaming):
+        return [call.result()]  # raises the call's RpcError
+    if failed:
+        raise failed[0]
+    return answers
 
 
 def v2_message(body: bytes, message_id: str) -> v2.Message:
@@ -132,7 +213,7 @@ def v2_message(body: bytes, message_id: str) -> v2.Message:
     return v2.Message(topic=v2.Resource(name=TOPIC), system_properties=sp, body=body)
 
 
-def v2_seeds(channel: grpc.Channel) -> dict[str, Message]:
+def v2_seeds(embedded: EmbeddedBroker, channel: grpc.Channel) -> dict[str, Message]:
     """A valid request of every RPC; ack and the like name a message received just now."""
     topic, group = v2.Resource(name=TOPIC), v2.Resource(name=GROUP)
     queue = v2.MessageQueue(topic=topic, id=0)
@@ -145,7 +226,7 @@ def v2_seeds(channel: grpc.Channel) -> dict[str, Message]:
     receive.long_polling_timeout.FromSeconds(1)
     method = SERVICE.methods_by_name["ReceiveMessage"]
     answers = [svc.ReceiveMessageResponse.FromString(b) for b in
-               v2_call(channel, method, receive.SerializeToString())]  # fmt: skip
+               v2_call(embedded, channel, method, receive.SerializeToString()) or ()]  # fmt: skip
     received = [a.message for a in answers if a.HasField("message")]
     assert received, f"the seed receive got no message: {answers}"
     sp = received[0].system_properties
@@ -223,23 +304,31 @@ def fuzz_v2_method(
         counts["examples"] += 1
         tracebacks.records.clear()
         what = f"{method.name}({data!r})"
+        before = broker_state(f.embedded.broker)
         try:
-            answers = v2_call(f.channel, method, data)
+            answers = v2_call(f.embedded, f.channel, method, data)
         except grpc.RpcError as exc:
             code = exc.code()
             assert code.name not in CRASHES, f"{what}: {code.name}: {exc.details()}"
             assert code is not grpc.StatusCode.DEADLINE_EXCEEDED, f"{what}: no answer"
-            counts["refused"] += 1
+            refused = True
         else:
-            statuses = [v2_status(method, a) for a in answers]
+            if answers is None:
+                counts["held"] += 1
+                return
+            statuses = [s for s in (v2_status(method, a) for a in answers) if s is not None]
             assert v2.INTERNAL_SERVER_ERROR not in statuses, f"{what}: {statuses}"
-            counts["answered"] += 1
+            refused = bool(statuses) and not V2_ACCEPTED.intersection(statuses)
+        counts["refused" if refused else "answered"] += 1
         assert not tracebacks.records, [r.getMessage() for r in tracebacks.records]
+        if refused or method.name in V2_READ_ONLY:
+            after = broker_state(f.embedded.broker)
+            assert after == before, f"{what} changed the broker's state: {changed(before, after)}"
 
     run()
 
 
-def test_every_v2_rpc_answers_fuzzed_requests_without_a_crash(
+def test_every_v2_rpc_answers_fuzzed_requests_without_a_crash_and_refusals_change_nothing(
     fronts: Fronts, tracebacks: Tracebacks, chaos_report: ChaosRecorder
 ) -> None:
     assert set(fronts.seeds) == {m.name for m in SERVICE.methods}, "a seed for every RPC"
@@ -250,7 +339,7 @@ def test_every_v2_rpc_answers_fuzzed_requests_without_a_crash(
         fault="fuzz: RocketMQ 5 gRPC (v2) front", rounds=counts["examples"], acked=0, lost=0,
         order_violations=0, duplicates=0,
         note=f"{len(SERVICE.methods)} RPCs; {counts['refused']} refused by status, "
-        f"{counts['answered']} answered; no crash",
+        f"{counts['answered']} answered; no crash, no refusal changed the broker",
     )  # fmt: skip
 
 
@@ -352,7 +441,7 @@ class RemotingPeer:
 
 
 def fuzz_remoting_code(
-    peer: RemotingPeer, code: int, tracebacks: Tracebacks, counts: Counter[str]
+    f: Fronts, peer: RemotingPeer, code: int, tracebacks: Tracebacks, counts: Counter[str]
 ) -> None:
     @fuzz_settings(15, 300)
     @given(remoting_requests(code))
@@ -363,15 +452,26 @@ def fuzz_remoting_code(
             encode(request)
         except ValueError:  # what the header cannot carry: no frame to send
             return
+        before = broker_state(f.embedded.broker)
         answer = peer.ask(request)
-        if answer is not None:
-            counts["ok" if answer.code == ResponseCode.SUCCESS else "refused"] += 1
+        if answer is None:
+            return
+        refused = answer.code != ResponseCode.SUCCESS and not (
+            code == RequestCode.PULL_MESSAGE and answer.code in PULL_ANSWERS
+        )
+        counts["refused" if refused else "ok"] += 1
         assert not tracebacks.records, [r.getMessage() for r in tracebacks.records]
+        if refused or code in REMOTING_READ_ONLY:
+            after = broker_state(f.embedded.broker)
+            assert after == before, (
+                f"{request} answered {answer.code} {answer.remark!r} and changed the broker's "
+                f"state: {changed(before, after)}"
+            )
 
     run()
 
 
-def test_the_remoting_front_answers_fuzzed_requests_on_the_same_connection(
+def test_the_remoting_front_answers_fuzzed_requests_and_refusals_change_nothing(
     fronts: Fronts, tracebacks: Tracebacks, chaos_report: ChaosRecorder
 ) -> None:
     counts: Counter[str] = Counter()
@@ -380,14 +480,15 @@ def test_the_remoting_front_answers_fuzzed_requests_on_the_same_connection(
         peer = RemotingPeer(address)
         try:
             for code in CODES:
-                fuzz_remoting_code(peer, code, tracebacks, counts)
+                fuzz_remoting_code(fronts, peer, code, tracebacks, counts)
         finally:
             peer.close()
     chaos_report.record(
         fault="fuzz: RocketMQ 4 remoting front", rounds=counts["examples"], acked=0, lost=0,
         order_violations=0, duplicates=0,
         note=f"{len(CODES)} request codes, broker port and name server; {counts['refused']} "
-        f"refused, {counts['ok']} answered SUCCESS; no crash, no connection dropped",
+        f"refused, {counts['ok']} answered; no crash, no connection dropped, no refusal "
+        "changed the broker",
     )  # fmt: skip
 
 

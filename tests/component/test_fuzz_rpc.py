@@ -52,6 +52,7 @@ from tests.chaos_report import ChaosRecorder
 from tests.fuzzing import (
     Pools,
     Tracebacks,
+    broker_state,
     fuzz_settings,
     messages,
     mutated,
@@ -323,27 +324,6 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
 
 
 # ---------------------------------------------------------------------------- checks
-def snapshot(broker: Broker) -> dict[str, Any]:
-    """What a refused call must leave as it was."""
-    state = broker.state
-    assert state is not None
-    store, groups = state.store, state.groups
-    topics = store.topics.all()
-    return {
-        "topics": {t.name: (t.queue_count, t.retention) for t in topics},
-        "queues": {(t.name, q): store.queue(t, q).max_offset for t in topics
-                   for q in range(t.queue_count)},
-        "commit log": store.commitlog.end,
-        "offsets": {k: state.offsets.get(*k) for k in state.offsets.committed()},
-        "locks": state.locks._snapshot(),
-        # The registry itself: every group name the broker keeps something for.
-        "groups": {g: (groups.version(g), groups.members(g)) for g in sorted(groups._groups)},
-        "clients": {g: sorted(groups.membership(g).items()) for g in groups.active_groups()},
-        "scheduled": state.scheduler.pending,
-        "pops": state.pop.describe(),
-    }  # fmt: skip
-
-
 def check_refusal(code: grpc.StatusCode, details: str, reason: str | None, what: str) -> None:
     assert code.name in REFUSALS, f"{what}: answered {code.name}: {details}"
     assert details, f"{what}: {code.name} without words"
@@ -589,12 +569,12 @@ def fuzz_method(
     def run(data: Any) -> None:
         counts["examples"] += 1
         tracebacks.records.clear()
-        before = snapshot(f.broker)
+        before = broker_state(f.broker)
         outcome = drive(f, method, data)
         counts["held" if outcome.held else "ok" if outcome.ok else "refused"] += 1
         assert not tracebacks.records, [r.getMessage() for r in tracebacks.records]
         if not outcome.ok or method.name in READ_ONLY:
-            assert snapshot(f.broker) == before, f"{method.name} changed the broker's state"
+            assert broker_state(f.broker) == before, f"{method.name} changed the broker's state"
 
     for data in [*REGRESSIONS.get(method.name, ()), *f.examples.get(method.name, ())]:
         run = example(data)(run)
@@ -641,7 +621,7 @@ def test_a_request_over_the_message_size_limit_is_refused_and_changes_nothing(
     huge = pb.SendRequest(topic=TOPIC, frames=b"\x00" * 100_000_000).SerializeToString()
     send = next(m for m in METHODS if m.name == "Send")
     ex = next(m for m in METHODS if m.name == "Exchange")
-    before = snapshot(fuzzed.broker)
+    before = broker_state(fuzzed.broker)
     with pytest.raises(grpc.RpcError) as refused:
         fuzzed.channel.unary_unary(rpc_path(send))(huge, timeout=DEADLINE)
     assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
@@ -650,7 +630,7 @@ def test_a_request_over_the_message_size_limit_is_refused_and_changes_nothing(
     with pytest.raises(grpc.RpcError) as refused:
         list(call)
     assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
-    assert snapshot(fuzzed.broker) == before
+    assert broker_state(fuzzed.broker) == before
     assert not tracebacks.records
 
 
