@@ -120,10 +120,11 @@ test-pythons: $(STAMP)
 test-fast: bytecode
 	$(PY) -m pytest -q -m "not system and not example and not docs"
 
-# The property-based state machines with many more, random, examples than `make test` runs.
+# The property-based state machines (every one: tests/fuzzing.py's machine_settings) with
+# many more, random, examples than `make test` runs.
+STATE_MACHINES := $(shell grep -l machine_settings tests/unit/test_*.py)
 test-stateful: bytecode
-	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/unit/test_orderly_state_machine.py \
-		tests/unit/test_key_dispatch.py tests/unit/test_dedup_state_machine.py
+	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q $(STATE_MACHINES)
 
 # The fault suite with many more rounds than `make test` runs; the table is also saved as JSON.
 chaos: bytecode

@@ -43,6 +43,19 @@ def fuzz_settings(short: int, long: int) -> settings:
     )
 
 
+def machine_settings(short: int, long: int, *, steps: tuple[int, int]) -> settings:
+    """A state machine's: `short` derandomized examples of steps[0] steps each under
+    `make test`; `long` random ones of steps[1] in the long form (`make test-stateful`)."""
+    return settings(
+        max_examples=long if LONG else short,
+        stateful_step_count=steps[1] if LONG else steps[0],
+        derandomize=not LONG,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
 class Tracebacks(logging.Handler):
     """Records logged with an exception attached (a handler that raised)."""
 

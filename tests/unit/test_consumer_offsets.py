@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import os
 import shutil
 import tempfile
 import threading
@@ -14,13 +13,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mockbroker import offsets as offsets_module
 from mockbroker.errors import BrokerError
 from mockbroker.offsets import ConsumerOffsets, OffsetKey
+from tests.fuzzing import machine_settings
 from tests.support import KeyedOnly
 
 T = TypeVar("T")
@@ -303,12 +302,5 @@ class OffsetTableMachine(RuleBasedStateMachine):
 
 
 #: `make test-stateful` (HYPOTHESIS_PROFILE=long) explores far more interleavings.
-LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
-OffsetTableMachine.TestCase.settings = settings(
-    max_examples=500 if LONG else 40,
-    stateful_step_count=50 if LONG else 25,
-    derandomize=not LONG,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+OffsetTableMachine.TestCase.settings = machine_settings(40, 500, steps=(25, 50))
 test_offset_table_state_machine = OffsetTableMachine.TestCase

@@ -18,18 +18,16 @@ runs a long one.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sdk._dedup import Decision, DedupTable, check_key, check_settings
 from sdk.errors import InvalidArgumentError
+from tests.fuzzing import machine_settings
 
-LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
 KEYS = ("a", "b", "c", "d", "e")
 TTL = 10.0
 MAX_KEYS = 3
@@ -170,13 +168,7 @@ class DedupMachine(RuleBasedStateMachine):
             assert m.runs >= m.successes
 
 
-DedupMachine.TestCase.settings = settings(
-    max_examples=1000 if LONG else 150,
-    stateful_step_count=80 if LONG else 40,
-    derandomize=not LONG,
-    deadline=None,
-    database=None,
-)
+DedupMachine.TestCase.settings = machine_settings(150, 1000, steps=(40, 80))
 test_dedup_state_machine = DedupMachine.TestCase
 
 

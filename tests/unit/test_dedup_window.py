@@ -13,7 +13,6 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -32,6 +31,7 @@ from sdk._transport.codec import encode_message
 from sdk._validation import RETRY_PREFIX
 from sdk._wire import encode_frame, encode_properties
 from sdk.testing import FakeClock
+from tests.fuzzing import machine_settings
 
 SYSTEM = RETRY_PREFIX + "group"
 
@@ -170,7 +170,7 @@ class WindowMachine(RuleBasedStateMachine):
 
 
 TestWindowMachine = WindowMachine.TestCase
-TestWindowMachine.settings = settings(max_examples=200, stateful_step_count=30, deadline=None)
+TestWindowMachine.settings = machine_settings(200, 1000, steps=(30, 60))
 
 
 def test_the_rebuild_reads_the_log_in_order_and_keeps_only_indexed_user_records(

@@ -4,12 +4,12 @@ who is in a group."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mockbroker.groups import ConsumerGroups, GroupMembership
 from sdk.testing import FakeClock
+from tests.fuzzing import machine_settings
 from tests.support import KeyedOnly
 
 ORDERLY = {"g": GroupMembership("CONSUME_ORDERLY", "CLUSTERING", (("t", "*"),))}
@@ -155,8 +155,5 @@ class MembershipMachine(RuleBasedStateMachine):
         assert self.groups.active_groups() == {g for in_ in joined.values() for g in in_}
 
 
-MembershipMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=30, derandomize=True, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)  # fmt: skip
+MembershipMachine.TestCase.settings = machine_settings(60, 500, steps=(30, 60))
 test_membership_state_machine = MembershipMachine.TestCase

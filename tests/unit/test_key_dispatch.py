@@ -8,15 +8,13 @@ the offset the queue commits never passes a message that is not finished.
 
 from __future__ import annotations
 
-import os
-
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sdk.consumer.key_dispatch import Key, KeyDispatch
 from sdk.consumer.process_queue import ProcessQueue
 from sdk.message import MessageExt, MessageQueue
+from tests.fuzzing import machine_settings
 
 Q = MessageQueue("t", "b", 0)
 KEYS = st.sampled_from(["a", "b", "c", "d", None])
@@ -144,12 +142,5 @@ class KeyDispatchMachine(RuleBasedStateMachine):
 
 
 #: `make test-stateful` (HYPOTHESIS_PROFILE=long) explores far more interleavings.
-LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
-KeyDispatchMachine.TestCase.settings = settings(
-    max_examples=1000 if LONG else 60,
-    stateful_step_count=60 if LONG else 30,
-    derandomize=not LONG,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+KeyDispatchMachine.TestCase.settings = machine_settings(60, 1000, steps=(30, 60))
 test_key_dispatch_state_machine = KeyDispatchMachine.TestCase

@@ -6,14 +6,12 @@ import asyncio
 import contextlib
 import errno
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -21,6 +19,7 @@ from mockbroker import lock_manager
 from mockbroker.errors import BrokerError
 from mockbroker.lock_manager import LOCK_FILE, RebalanceLockManager
 from sdk.testing import FakeClock
+from tests.fuzzing import machine_settings
 from tests.support import KeyedOnly
 
 Q0, Q1 = ("orders", 0), ("orders", 1)
@@ -393,12 +392,5 @@ class LockFileMachine(RuleBasedStateMachine):
 
 
 #: `make test-stateful` (HYPOTHESIS_PROFILE=long) explores far more interleavings.
-LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
-LockFileMachine.TestCase.settings = settings(
-    max_examples=500 if LONG else 60,
-    stateful_step_count=50 if LONG else 25,
-    derandomize=not LONG,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+LockFileMachine.TestCase.settings = machine_settings(60, 500, steps=(25, 50))
 test_lock_file_state_machine = LockFileMachine.TestCase

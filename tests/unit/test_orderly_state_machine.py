@@ -18,14 +18,12 @@ runs a long one.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 from unittest.mock import patch
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -44,12 +42,12 @@ from sdk.consumer.listener import (
 from sdk.consumer.push_core import PushConsumerCore
 from sdk.message import MessageExt
 from sdk.testing import FakeClock
+from tests.fuzzing import machine_settings
 from tests.unit.fake_transport import FakeBroker, FakeTransport
 
 GROUP = "g"
 QUEUES = 2
 CLIENTS = ("a", "b")
-LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
 #: `make chaos` runs the long search too.
 pytestmark = pytest.mark.chaos
 #: Real seconds a step may take: far more than any step needs (the fake clock does not
@@ -282,11 +280,5 @@ class OrderlyConsumption(RuleBasedStateMachine):
         assert not self.world.violations, self.world.violations
 
 
-OrderlyConsumption.TestCase.settings = settings(
-    max_examples=400 if LONG else 25,
-    stateful_step_count=60 if LONG else 25,
-    derandomize=not LONG,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+OrderlyConsumption.TestCase.settings = machine_settings(25, 400, steps=(25, 60))
 test_orderly_consumption = OrderlyConsumption.TestCase

@@ -21,13 +21,11 @@ CI runs a bounded, derandomized search; HYPOTHESIS_PROFILE=long a long random on
 
 from __future__ import annotations
 
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -38,9 +36,9 @@ from hypothesis.stateful import (
 )
 
 from mockbroker.errors import BrokerError
+from tests.fuzzing import machine_settings
 from tests.unit.pop_world import PopWorld, record_of
 
-LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
 pytestmark = pytest.mark.chaos
 QUEUES = 2
 MAX_ATTEMPTS = 3
@@ -277,12 +275,5 @@ class PopMachine(RuleBasedStateMachine):
             assert self.world.committed(GROUP, q) in (None, len(self.queues[q]))
 
 
-PopMachine.TestCase.settings = settings(
-    max_examples=300 if LONG else 100,
-    stateful_step_count=60 if LONG else 30,
-    derandomize=not LONG,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+PopMachine.TestCase.settings = machine_settings(100, 300, steps=(30, 60))
 test_pop_state_machine = PopMachine.TestCase
