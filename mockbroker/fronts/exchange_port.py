@@ -327,12 +327,17 @@ class ExchangePort:
     ) -> AsyncIterator[pb.ExchangeRequests | MalformedRequest]:
         """The client's frames, parsed, until its end of input; pings answered, not given.
 
-        A frame over the limit or that does not parse is the last thing read: it comes
-        as a MalformedRequest, which ends the stream once what came before is answered.
+        A frame over the limit, that does not parse, or with a request of id 0 (which
+        names the connection's errors) is the last thing read: it comes as a
+        MalformedRequest, which ends the stream once what came before is answered.
         """
         limit, parse = self.max_frame_bytes, deserializer(pb.ExchangeRequests)
         now = asyncio.get_running_loop().time
         cut_off = MalformedRequest(invalid("FRAME_CUT_OFF", "the input ended in a frame"))
+        id_zero = MalformedRequest(invalid(
+            "REQUEST_ID_ZERO",
+            "a request of id 0: request ids start at 1 (id 0 names the connection's errors)",
+        ))  # fmt: skip
         while True:
             try:
                 length = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))[0]
@@ -353,10 +358,13 @@ class ExchangePort:
                 return
             last_read.at = now()
             assert isinstance(message, (pb.ExchangeRequests, MalformedRequest))
-            if isinstance(message, pb.ExchangeRequests) and (message.ping or message.pong):
-                if message.ping:
-                    await self._write(writer, PONG)
-                continue
+            if isinstance(message, pb.ExchangeRequests):
+                if message.ping or message.pong:
+                    if message.ping:
+                        await self._write(writer, PONG)
+                    continue
+                if any(request.id == 0 for request in message.requests):
+                    message = id_zero
             yield message
             if isinstance(message, MalformedRequest):
                 return

@@ -247,8 +247,16 @@ def test_the_end_of_the_clients_input_ends_the_stream_once_its_requests_are_answ
     [
         (b"\xff\xff\xff", None, "INVALID_ARGUMENT", "INVALID_ARGUMENT"),  # does not parse
         (b"", GRPC_MAX_MESSAGE_BYTES + 1, "RESOURCE_EXHAUSTED", "FRAME_TOO_LARGE"),
+        # Id 0 names the connection's own error: an answer to a request of id 0 would
+        # read as the end of the connection.
+        (
+            pb.ExchangeRequests(requests=[send(0, b"zero")]).SerializeToString(),
+            None,
+            "INVALID_ARGUMENT",
+            "REQUEST_ID_ZERO",
+        ),
     ],
-    ids=["malformed", "too large"],
+    ids=["malformed", "too large", "request id 0"],
 )
 def test_a_bad_frame_ends_the_connection_with_an_error_after_the_answers_before_it(
     broker: EmbeddedBroker, frame: bytes, length: int | None, code: str, reason: str
