@@ -136,7 +136,8 @@ chaos: bytecode
 # of bytes.
 fuzz: bytecode
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/unit/test_fuzz_decoders.py \
-		tests/component/test_fuzz_rpc.py tests/component/test_fuzz_fronts.py --timeout 3600
+		tests/component/test_fuzz_rpc.py tests/component/test_fuzz_fronts.py \
+		tests/component/test_fuzz_exchange_port.py --timeout 3600
 
 # libFuzzer on the decoders, FUZZ_SECONDS per target; findings are saved in FUZZ_ARTIFACTS.
 FUZZ_SECONDS ?= 60
