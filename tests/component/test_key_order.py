@@ -69,17 +69,26 @@ def send(broker: BrokerOver, keys: list[str], per_key: int) -> None:
 
 class Timeline(MessageListenerOrderly):
     """Records every call (key, seqs, start, end) and how many ran at once; each call
-    sleeps `work` seconds; a body in `fail` fails its call."""
+    sleeps `work` seconds; a body in `fail` fails its call. Calls after the first
+    `open_calls` wait for `gate` before they begin their work (None: none waits)."""
 
-    def __init__(self, work: float = 0.0, fail: frozenset[bytes] = frozenset()) -> None:
-        self.work, self.fail = work, fail
+    def __init__(
+        self, work: float = 0.0, fail: frozenset[bytes] = frozenset(), open_calls: int | None = None
+    ) -> None:
+        self.work, self.fail, self.open_calls = work, fail, open_calls
+        self.gate = threading.Event()
         self.calls: list[tuple[str, list[int], float, float]] = []
-        self.running = self.most_at_once = 0
+        self.running = self.most_at_once = self.begun = 0
         self.lock = threading.Lock()
 
     def consume_message(
         self, msgs: list[MessageExt], context: ConsumeOrderlyContext
     ) -> ConsumeOrderlyStatus:
+        with self.lock:
+            self.begun += 1
+            gated = self.open_calls is not None and self.begun > self.open_calls
+        if gated:
+            self.gate.wait()
         with self.lock:
             self.running += 1
             self.most_at_once = max(self.most_at_once, self.running)
@@ -303,7 +312,9 @@ def test_a_queue_handed_over_mid_run_keeps_each_key_in_order_and_never_twice_at_
     no two calls of one key at once across both, and nothing is lost."""
     keys, per_key = [f"k{i}" for i in range(8)], 6
     send(broker, keys, per_key)
-    first, second = Timeline(work=0.03), Timeline(work=0.03)
+    # The first consumer's second round of calls waits until the second consumer is up:
+    # else a busy machine may let the first finish every key before the hand-over.
+    first, second = Timeline(work=0.03, open_calls=len(keys)), Timeline(work=0.03)
 
     def done(key: str) -> set[int]:
         return {s for t in (first, second) for seqs, _b, _e in t.by_key()[key] for s in seqs}
@@ -314,10 +325,12 @@ def test_a_queue_handed_over_mid_run_keeps_each_key_in_order_and_never_twice_at_
     try:
         wait_until(lambda: first.handled() >= len(keys), 30, "the first consumer busy")
         b.start()
+        first.gate.set()  # its calls in flight go on: the shutdown waits for them
         a.shutdown()  # calls in flight finish; the queue is unlocked after them
         wait_until(lambda: all(done(k) == set(range(per_key)) for k in keys), 30,
                    "every message handled")  # fmt: skip
     finally:
+        first.gate.set()
         a.shutdown()
         b.shutdown()
     assert second.handled() > 0, "the queue moved to the second consumer"
