@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from mockbroker import BrokerConfig, EmbeddedBroker
 from tests.chaos_report import REPORT_PATH_ENV, ChaosRecorder, ChaosReport
 from tests.faultproxy import NO_PROXY_VARIABLES, FaultProxy
-from tests.fuzzing import Tracebacks
+from tests.fuzzing import LONG, Tracebacks
 from tools.test_times import CPU_DIR_ENV, read_durations, start_order
 
 _CHAOS = pytest.StashKey[ChaosReport]()
@@ -20,7 +20,15 @@ _CHAOS = pytest.StashKey[ChaosReport]()
 # Hypothesis times each example against the wall clock (a 200 ms deadline, and a health
 # check of slow data generation): on a loaded machine a process stopped for a moment fails
 # a test that is correct ("Unreliable test timings!"). Tests here assert no timing.
-settings.register_profile("ordermq", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# `make test` makes the same search every run, as the fuzz tests and state machines do
+# (tests/fuzzing.py); HYPOTHESIS_PROFILE=long searches anew each time.
+settings.register_profile(
+    "ordermq",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=not LONG,
+    database=None,
+)
 settings.load_profile("ordermq")
 
 
