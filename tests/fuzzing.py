@@ -18,6 +18,7 @@ import struct
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -26,7 +27,9 @@ from google.protobuf.message_factory import GetMessageClass
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from mockbroker import BrokerConfig, EmbeddedBroker
 from mockbroker.server import Broker
+from sdk.testing import FakeClock
 from tests.chaos_report import LONG as CHAOS_LONG
 
 LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long" or CHAOS_LONG
@@ -93,6 +96,24 @@ def broker_state(broker: Broker) -> dict[str, Any]:
         "pops": state.pop.describe(),
         "transactions": state.transactions.pending,
     }  # fmt: skip
+
+
+def still_broker(data_dir: Path, **config: Any) -> tuple[EmbeddedBroker, FakeClock]:
+    """A broker (not started) for broker_state comparisons, and its clock: a FakeClock
+    that never moves, and leases and client timeouts that would not end if it did."""
+    clock = FakeClock(start=1_800_000_000.0)
+    never = 10.0**9
+    config = BrokerConfig(
+        data_dir=data_dir, lock_lease_seconds=never, client_timeout_seconds=never,
+        disconnect_grace_seconds=never, **config,
+    )  # fmt: skip
+    return EmbeddedBroker(config, clock=clock), clock
+
+
+def held_pulls(broker: Broker) -> int:
+    """Pulls and receives the broker holds for messages to come."""
+    assert broker.state is not None
+    return broker.state.holder.held
 
 
 # ---------------------------------------------------------------------------- integers

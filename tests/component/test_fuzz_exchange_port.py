@@ -27,15 +27,14 @@ from dataclasses import dataclass
 
 import pytest
 from google.protobuf.message import DecodeError
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
-from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker import EmbeddedBroker
 from mockbroker.fronts.exchange_port import PREAMBLE
 from sdk import Message, Producer
 from sdk._pb.ordermq.v1 import ordermq_pb2 as pb
 from sdk._transport.codec import MessageIdGenerator, encode_message
-from sdk.testing import FakeClock
 from tests.chaos_report import ChaosRecorder
 from tests.component.pulling import read_topic
 from tests.fuzzing import (
@@ -43,9 +42,11 @@ from tests.fuzzing import (
     Tracebacks,
     broker_state,
     fuzz_settings,
+    held_pulls,
     messages,
     mutated,
     one_field_changed,
+    still_broker,
 )
 
 pytestmark = pytest.mark.chaos
@@ -93,13 +94,8 @@ def seeds(frames: bytes) -> list[pb.ExchangeRequests]:
 
 @pytest.fixture(scope="module")
 def port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Port]:
-    clock = FakeClock(start=1_800_000_000.0)
-    never = 10.0**9  # leases, client timeouts: nothing expires while the fuzzer runs
-    config = BrokerConfig(
-        data_dir=tmp_path_factory.mktemp("fuzz-port") / "broker", exchange_port=0,
-        lock_lease_seconds=never, client_timeout_seconds=never, disconnect_grace_seconds=never,
-    )  # fmt: skip
-    with EmbeddedBroker(config, clock=clock) as embedded:
+    broker, clock = still_broker(tmp_path_factory.mktemp("fuzz-port") / "broker", exchange_port=0)
+    with broker as embedded:
         with Producer(embedded.address) as producer:
             for i in range(16):
                 producer.send(Message(TOPIC, b"m%d" % i, sharding_key=f"k{i}"))
@@ -113,9 +109,9 @@ def port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Port]:
 
 def waiting(embedded: EmbeddedBroker) -> int:
     """Pulls the broker holds for messages to come, and push subscriptions it serves."""
-    state, messaging = embedded.broker.state, embedded.broker._messaging
-    assert state is not None and messaging is not None
-    return state.holder.held + len(messaging.exchanges.subscriptions)
+    messaging = embedded.broker._messaging
+    assert messaging is not None
+    return held_pulls(embedded.broker) + len(messaging.exchanges.subscriptions)
 
 
 @st.composite
@@ -252,6 +248,9 @@ def test_the_exchange_port_answers_fuzzed_frames_and_refusals_change_nothing(
             after = broker_state(port.embedded.broker)
             assert after == before, "a connection that stored nothing changed the broker"
 
+    for seed in port.seeds:  # each valid frame alone, as it is: what they store is stored
+        body = seed.SerializeToString()
+        run = example((PREAMBLE, [struct.pack(">I", len(body)) + body]))(run)
     run()
     chaos_report.record(
         fault="fuzz: the Exchange port (framed TCP)", rounds=counts["examples"], acked=0,

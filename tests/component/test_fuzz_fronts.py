@@ -42,7 +42,7 @@ from google.protobuf.message_factory import GetMessageClass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker import EmbeddedBroker
 from mockbroker._pb_v2.apache.rocketmq.v2 import definition_pb2 as v2
 from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2 as svc
 from sdk import Message as OrderMQMessage
@@ -50,7 +50,6 @@ from sdk import Producer
 from sdk._remoting.codec import decode, encode
 from sdk._remoting.codes import RequestCode, ResponseCode
 from sdk._remoting.command import RemotingCommand
-from sdk.testing import FakeClock
 from tests.chaos_report import ChaosRecorder
 from tests.component.pulling import read_topic
 from tests.fuzzing import (
@@ -59,9 +58,11 @@ from tests.fuzzing import (
     Tracebacks,
     broker_state,
     fuzz_settings,
+    held_pulls,
     messages,
     mutated,
     one_field_changed,
+    still_broker,
 )
 from tests.support import wait_until
 
@@ -98,7 +99,6 @@ class Fronts:
     """The broker under test and what was stored before the fuzzing."""
 
     embedded: EmbeddedBroker
-    clock: FakeClock
     channel: grpc.Channel
     seeds: dict[str, Message]
     pools: Pools
@@ -107,14 +107,9 @@ class Fronts:
 @pytest.fixture(scope="module")
 def fronts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fronts]:
     data_dir = tmp_path_factory.mktemp("fuzz-fronts") / "broker"
-    clock = FakeClock(start=1_800_000_000.0)
-    never = 10.0**9  # leases, client timeouts: nothing expires while the fuzzer runs
-    config = BrokerConfig(
-        data_dir=data_dir, v2_port=0, remoting_port=0, namesrv_port=0,
-        lock_lease_seconds=never, client_timeout_seconds=never, disconnect_grace_seconds=never,
-    )  # fmt: skip
+    broker, _clock = still_broker(data_dir, v2_port=0, remoting_port=0, namesrv_port=0)
     with (
-        EmbeddedBroker(config, clock=clock) as embedded,
+        broker as embedded,
         grpc.insecure_channel(embedded.v2_address) as ch,
     ):
         with Producer(embedded.address) as producer:
@@ -133,7 +128,7 @@ def fronts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fronts]:
                      entry.receipt_handle),
             ints=(0, 1, 7, 8, 16, 32),
         )  # fmt: skip
-        yield Fronts(embedded, clock, ch, seeds, pools)
+        yield Fronts(embedded, ch, seeds, pools)
 
 
 def changed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -147,13 +142,6 @@ def rpc_path(method: MethodDescriptor) -> str:
 
 
 METADATA = (("x-mq-client-id", CLIENT),)
-
-
-def held_receives(embedded: EmbeddedBroker) -> int:
-    """Receives and pulls the broker holds for messages to come (its clock never moves)."""
-    state = embedded.broker.state
-    assert state is not None
-    return state.holder.held
 
 
 def v2_call(
@@ -193,9 +181,9 @@ def v2_call(
         )
         call.add_done_callback(lambda _: done.set())
     while not done.wait(0.02):
-        if held_receives(embedded):
+        if held_pulls(embedded.broker):
             call.cancel()
-            wait_until(lambda: not held_receives(embedded), DEADLINE, "the receive let go")
+            wait_until(lambda: not held_pulls(embedded.broker), DEADLINE, "the receive let go")
             return None
     if not (method.client_streaming or method.server_streaming):
         return [call.result()]  # raises the call's RpcError

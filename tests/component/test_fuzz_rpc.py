@@ -41,7 +41,7 @@ from google.protobuf.message_factory import GetMessageClass
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from mockbroker import BrokerConfig, EmbeddedBroker
+from mockbroker import EmbeddedBroker
 from mockbroker.__main__ import main as mockbroker_main
 from mockbroker.fronts.grpc_errors import REASON_KEY
 from mockbroker.server import Broker
@@ -54,9 +54,11 @@ from tests.fuzzing import (
     Tracebacks,
     broker_state,
     fuzz_settings,
+    held_pulls,
     messages,
     mutated,
     one_field_changed,
+    still_broker,
 )
 from tests.support import wait_until
 
@@ -308,14 +310,9 @@ def seed(f: Fuzzed) -> None:
 
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
-    clock = FakeClock(start=1_800_000_000.0)
-    never = 10.0**9  # leases, client timeouts: nothing expires while the fuzzer runs
-    config = BrokerConfig(
-        data_dir=tmp_path_factory.mktemp("fuzz") / "broker", lock_lease_seconds=never,
-        client_timeout_seconds=never, disconnect_grace_seconds=never,
-    )  # fmt: skip
+    broker, clock = still_broker(tmp_path_factory.mktemp("fuzz") / "broker")
     with (
-        EmbeddedBroker(config, clock=clock) as embedded,
+        broker as embedded,
         grpc.insecure_channel(embedded.address, options=GRPC_CLIENT_CHANNEL_OPTIONS) as channel,
     ):
         f = Fuzzed(embedded, clock, channel)
@@ -333,11 +330,6 @@ def check_refusal(code: grpc.StatusCode, details: str, reason: str | None, what:
 
 def reason_of(call: grpc.Call) -> str | None:
     return dict(call.trailing_metadata() or ()).get(REASON_KEY)  # type: ignore[arg-type]
-
-
-def held_pulls(f: Fuzzed) -> int:
-    assert f.broker.state is not None
-    return f.broker.state.holder.held
 
 
 def parsed(method: MethodDescriptor, data: bytes) -> Message | None:
@@ -365,7 +357,7 @@ class Waiter:
         """True when the call ended; False when the broker holds a pull for it."""
         deadline = time.monotonic() + DEADLINE
         while not self.done.wait(0.02):
-            if held_pulls(f):
+            if held_pulls(f.broker):
                 return False
             assert time.monotonic() < deadline, f"{what}: no answer within {DEADLINE} s"
         return True
@@ -378,7 +370,7 @@ def unary(f: Fuzzed, method: MethodDescriptor, data: bytes) -> Outcome:
     future.add_done_callback(lambda _: waiter.done.set())
     if not waiter.wait(f, what):
         future.cancel()
-        wait_until(lambda: held_pulls(f) == 0, DEADLINE, "the cancelled pull to be released")
+        wait_until(lambda: held_pulls(f.broker) == 0, DEADLINE, "the cancelled pull to be released")
         return Outcome(ok=True, held=True)
     code = future.code()
     if code is grpc.StatusCode.OK:
@@ -461,7 +453,7 @@ def exchange(f: Fuzzed, method: MethodDescriptor, requests: list[bytes]) -> Outc
     ended = waiter.wait(f, what)
     if not ended:
         call.cancel()
-        wait_until(lambda: held_pulls(f) == 0, DEADLINE, "the cancelled pull to be released")
+        wait_until(lambda: held_pulls(f.broker) == 0, DEADLINE, "the cancelled pull to be released")
     reader.join(DEADLINE)
     wait_until(lambda: f.broker.exchange_streams == 0, DEADLINE, "the stream to close")
     bodies: list[Any] = [parsed(method, r) for r in requests]
