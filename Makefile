@@ -16,7 +16,7 @@ help:
 	@echo "make test-times      make test with the time of each check and tier, and the slowest tests"
 	@echo "make test-durations  the tests alone, writing each file's seconds to tests/durations.json"
 	@echo "make chaos   the fault suite's long form, with its summary table"
-	@echo "make test-stateful   a long random search of every state machine (orderly, key dispatch, dedup, offsets, locks, groups, pop)"
+	@echo "make test-stateful   a long random search of every state machine (orderly, key dispatch, dedup, offsets, locks, groups, pop, the fronts together)"
 	@echo "make fuzz    a long random search of every RPC, every decoder, the RocketMQ fronts and the Exchange port (part of make chaos)"
 	@echo "make fuzz-atheris    coverage-guided fuzzing of the decoders (installs atheris)"
 	@echo "make bench   measure throughput (writes bench/results/latest.json)"
@@ -122,7 +122,7 @@ test-fast: bytecode
 
 # The property-based state machines (every one: tests/fuzzing.py's machine_settings) with
 # many more, random, examples than `make test` runs.
-STATE_MACHINES := $(shell grep -l machine_settings tests/unit/test_*.py)
+STATE_MACHINES := $(shell grep -l machine_settings tests/unit/test_*.py tests/component/test_*.py)
 test-stateful: bytecode
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q $(STATE_MACHINES)
 
