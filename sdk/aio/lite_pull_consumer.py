@@ -94,7 +94,10 @@ class LitePullConsumer:
         await self._core.commit(offsets, persist=persist)
 
     async def committed(self, mq: MessageQueue) -> int:
-        """The group's committed offset of `mq`; -1 if none."""
+        """The group's committed offset of `mq`; -1 if none.
+
+        InvalidQueueError for a queue its topic does not have (see fetch_message_queues).
+        """
         return await self._core.committed(mq)
 
     async def seek(self, mq: MessageQueue, offset: int) -> None:
@@ -126,7 +129,10 @@ class LitePullConsumer:
         return await self._core.fetch_message_queues(topic)
 
     async def offsets_for_timestamp(self, mq: MessageQueue, timestamp: float) -> int:
-        """The first offset of `mq` stored at or after `timestamp`."""
+        """The first offset of `mq` stored at or after `timestamp`.
+
+        InvalidQueueError for a queue its topic does not have (see fetch_message_queues).
+        """
         return await self._core.offsets_for_timestamp(mq, timestamp)
 
     async def __aiter__(self) -> AsyncIterator[MessageExt]:

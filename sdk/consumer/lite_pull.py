@@ -153,7 +153,10 @@ class LitePullConsumer(BlockingClient):
         self._run(self._core.commit(offsets, persist=persist))
 
     def committed(self, mq: MessageQueue) -> int:
-        """The group's committed offset of `mq` at the broker; -1 if none."""
+        """The group's committed offset of `mq` at the broker; -1 if none.
+
+        InvalidQueueError for a queue its topic does not have (see fetch_message_queues).
+        """
         return self._run(self._core.committed(mq))
 
     def seek(self, mq: MessageQueue, offset: int) -> None:
@@ -185,7 +188,10 @@ class LitePullConsumer(BlockingClient):
         return self._run(self._core.fetch_message_queues(topic))
 
     def offsets_for_timestamp(self, mq: MessageQueue, timestamp: float) -> int:
-        """The first offset of `mq` stored at or after `timestamp` (epoch seconds)."""
+        """The first offset of `mq` stored at or after `timestamp` (epoch seconds).
+
+        InvalidQueueError for a queue its topic does not have (see fetch_message_queues).
+        """
         return self._run(self._core.offsets_for_timestamp(mq, timestamp))
 
 

@@ -347,7 +347,7 @@ class LitePullConsumerCore(PushDeliveryCore):
 
     async def committed(self, queue: MessageQueue) -> int:
         """The group's committed offset of `queue` at the broker; -1 if it has none."""
-        await self._transport.readable_queues(queue.topic)
+        await self._check_queues([queue])
         offset = await self.offsets.fetch(queue)
         return -1 if offset is None else offset
 
@@ -444,7 +444,7 @@ class LitePullConsumerCore(PushDeliveryCore):
 
     async def offsets_for_timestamp(self, queue: MessageQueue, timestamp: float) -> int:
         """The first offset of `queue` stored at or after `timestamp` (epoch seconds)."""
-        await self._transport.readable_queues(queue.topic)
+        await self._check_queues([queue])
         _low, _high, at = await self._transport.queue_offsets(queue, int(timestamp * 1000))
         return at
 

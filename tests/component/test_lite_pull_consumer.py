@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import threading
 import time
 from collections import defaultdict
@@ -23,7 +24,13 @@ from sdk import (
     Producer,
     shard_index,
 )
-from sdk.errors import ClientStateError, InvalidArgumentError, InvalidOffsetError
+from sdk.errors import (
+    ClientStateError,
+    InvalidArgumentError,
+    InvalidOffsetError,
+    InvalidQueueError,
+    TopicNotFoundError,
+)
 from sdk.testing import FakeClock
 from tests.component.transports import TRANSPORTS, BrokerOver, broker_over
 from tests.support import wait_until
@@ -113,6 +120,33 @@ def test_commit_with_explicit_offsets_and_its_bounds(broker: BrokerOver) -> None
         with pytest.raises(InvalidOffsetError, match=rf"\[0, {end}\]"):
             c.commit({queues[0]: end + 1})
         assert c.committed(queues[0]) == 1
+
+
+@pytest.mark.parametrize(
+    ("broker_name", "queue_id"), [("broker-a", 99), ("broker-zz", 0)], ids=["queue", "broker"]
+)
+def test_a_queue_the_topic_does_not_have_is_refused_by_name(
+    broker: BrokerOver, broker_name: str, queue_id: int
+) -> None:
+    """committed() and offsets_for_timestamp() check the queue as assign() does.
+
+    Before: over gRPC a KeyError from the transport's route table; over rocketmq:// an
+    answer of 0 (RocketMQ's broker answers 0 for a queue it does not have) or "no route
+    names broker".
+    """
+    queues = fill(broker, 8)
+    stranger = MessageQueue("orders", broker_name, queue_id)
+    named = rf"{re.escape(str(stranger))} is not one of the \d+ readable queues of 'orders'"
+    c = new(broker)
+    c.assign(queues)
+    with c:
+        with pytest.raises(InvalidQueueError, match=named):
+            c.committed(stranger)
+        with pytest.raises(InvalidQueueError, match=named):
+            c.offsets_for_timestamp(stranger, time.time())
+        with pytest.raises(TopicNotFoundError):
+            c.committed(MessageQueue("no-such-topic", "broker-a", 0))
+        assert c.committed(queues[0]) in (-1, 0)  # nothing committed yet; the check passes
 
 
 def test_auto_commit_happens_in_poll_on_the_interval(broker: BrokerOver) -> None:
