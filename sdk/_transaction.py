@@ -30,7 +30,14 @@ from sdk._validation import check_group
 from sdk.clock import Clock, SystemClock
 from sdk.consumer.core import new_client_id
 from sdk.errors import ClientStateError, InvalidMessageError, OrderMQError
-from sdk.message import Message, MessageExt, MessageIdGenerator, MessageQueue, SendStatus
+from sdk.message import (
+    Message,
+    MessageExt,
+    MessageIdGenerator,
+    MessageQueue,
+    SendStatus,
+    check_message,
+)
 from sdk.selector import shard_index
 
 log = logging.getLogger("ordermq.transaction")
@@ -137,6 +144,7 @@ class TransactionCore:
     async def send_half(self, message: Message, *, timeout: float | None = None) -> HalfMessage:
         """Store `message` as a half message (its sharding key picks the queue)."""
         transport = self._running()
+        check_message(message, "send_message_in_transaction()")
         if message.delay_seconds is not None or message.deliver_at is not None:
             raise InvalidMessageError("a transactional message cannot be delayed")
         queues = await transport.writable_queues(message.topic)

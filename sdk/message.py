@@ -11,7 +11,7 @@ from datetime import datetime
 
 from sdk._validation import check_topic, tag_problem
 from sdk._wire import MAX_BODY_BYTES, MAX_PROPERTIES_BYTES, encode_properties
-from sdk.errors import InvalidMessageError
+from sdk.errors import InvalidMessageError, InvalidQueueError
 
 #: The longest delay accepted (RocketMQ 5's limit for timed messages).
 MAX_DELAY_SECONDS = 40 * 24 * 3600
@@ -229,6 +229,20 @@ class MessageQueue:
     topic: str
     broker_name: str
     queue_id: int
+
+
+def check_message(value: object, taker: str) -> Message:
+    """`value`, when it is a Message; else InvalidMessageError saying `taker` takes one."""
+    if not isinstance(value, Message):
+        raise InvalidMessageError(f"{taker} takes a Message, not {type(value).__name__}")
+    return value
+
+
+def check_queue(value: object, taker: str) -> MessageQueue:
+    """`value`, when it is a MessageQueue; else InvalidQueueError saying `taker` takes one."""
+    if not isinstance(value, MessageQueue):
+        raise InvalidQueueError(f"{taker} takes a MessageQueue, not {type(value).__name__}")
+    return value
 
 
 @dataclass(slots=True)

@@ -41,7 +41,7 @@ from sdk.errors import (
     OrderMQError,
 )
 from sdk.log import log_event
-from sdk.message import MessageExt, MessageQueue
+from sdk.message import MessageExt, MessageQueue, check_queue
 
 log = logging.getLogger("ordermq.consumer")
 
@@ -222,6 +222,8 @@ class ConsumerCore:
 
     async def _check_queues(self, queues: list[MessageQueue]) -> None:
         """InvalidQueueError unless every queue is a readable queue of its topic."""
+        for q in queues:
+            check_queue(q, "a consumer")
         for topic in sorted({q.topic for q in queues}):
             readable = await self._transport.readable_queues(topic)
             for queue in sorted(q for q in queues if q.topic == topic):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Generator
+from collections.abc import Awaitable, Generator, Mapping
 from datetime import datetime
 
 from sdk._accel import hand_out
@@ -28,6 +28,10 @@ from sdk.errors import ClientStateError, InvalidArgumentError, InvalidOffsetErro
 from sdk.message import MessageExt, MessageQueue
 
 log = logging.getLogger("ordermq.consumer")
+
+
+#: Beyond this many seconds from the epoch, a timestamp in milliseconds is not an int64.
+_MAX_TIMESTAMP_S = 2**63 / 1000
 
 
 class LitePullConsumerCore(PushDeliveryCore):
@@ -189,7 +193,7 @@ class LitePullConsumerCore(PushDeliveryCore):
     # ------------------------------------------------------------------ poll
     async def poll(self, timeout: float) -> list[MessageExt]:
         """Messages of one queue in order, or [] when none arrive within `timeout` s."""
-        if timeout < 0:
+        if not timeout >= 0:  # NaN too
             raise InvalidArgumentError(f"poll timeout must not be negative, not {timeout}")
         self._running()
         self._put_down()
@@ -329,9 +333,14 @@ class LitePullConsumerCore(PushDeliveryCore):
         if offsets is None:
             queues = list(self._consumed)
             self._take_consumed(queues)
+        elif not isinstance(offsets, Mapping):
+            raise InvalidArgumentError(
+                f"commit() takes a dict of MessageQueue to offset, not {type(offsets).__name__}"
+            )
         else:
             for queue, offset in offsets.items():
                 self._check_assigned(queue)
+                _check_offset(offset, f"offset {offset!r} for {queue}")
                 low, high, _ = await self._transport.queue_offsets(queue)
                 if not low <= offset <= high:
                     raise InvalidOffsetError(
@@ -399,6 +408,7 @@ class LitePullConsumerCore(PushDeliveryCore):
         self._running()
         await self._assigned()
         pq = self._check_assigned(queue)
+        _check_offset(offset, f"cannot seek {queue} to {offset!r}")
         low, high, _ = await self._transport.queue_offsets(queue)
         if not low <= offset <= high:
             raise InvalidOffsetError(
@@ -445,8 +455,18 @@ class LitePullConsumerCore(PushDeliveryCore):
     async def offsets_for_timestamp(self, queue: MessageQueue, timestamp: float) -> int:
         """The first offset of `queue` stored at or after `timestamp` (epoch seconds)."""
         await self._check_queues([queue])
+        if not -_MAX_TIMESTAMP_S < timestamp < _MAX_TIMESTAMP_S:  # NaN too
+            raise InvalidArgumentError(
+                f"timestamp must be seconds since the epoch (a finite number), not {timestamp}"
+            )
         _low, _high, at = await self._transport.queue_offsets(queue, int(timestamp * 1000))
         return at
+
+
+def _check_offset(offset: object, what: str) -> None:
+    """InvalidOffsetError unless `offset` is an int (a bool is not: True would pass as 1)."""
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise InvalidOffsetError(f"{what}: an offset must be an int, not {type(offset).__name__}")
 
 
 class _Done:

@@ -11,7 +11,7 @@ from sdk._blocking import BlockingClient
 from sdk._transport import connect
 from sdk.clock import Clock
 from sdk.credentials import Credentials
-from sdk.message import Message, MessageQueue, SendResult
+from sdk.message import Message, MessageQueue, SendResult, check_message
 from sdk.producer.config import ProducerConfig
 from sdk.producer.core import PartialBatchError, ProducerCore
 from sdk.producer.retry import EarlierSendFailedError
@@ -101,8 +101,11 @@ class Producer(BlockingClient):
         return self._begin(lambda: core.send_started(message, selector=selector, arg=arg))
 
     def send_oneway(self, message: Message) -> None:
-        """Send without waiting for or reporting the outcome (failures are only logged)."""
-        future = self.send_async(message)
+        """Send without waiting for or reporting the outcome (failures are only logged).
+
+        InvalidMessageError, at once, for what is not a Message.
+        """
+        future = self.send_async(check_message(message, "send_oneway()"))
         future.add_done_callback(_log_oneway_failure)
 
     def flush(self, timeout: float | None = None) -> None:

@@ -37,6 +37,7 @@ from sdk.message import (
     SendResult,
     SendStatus,
     build_send_results,
+    check_message,
 )
 from sdk.producer.accumulator import Accumulator, Part
 from sdk.producer.config import ProducerConfig
@@ -208,12 +209,18 @@ class ProducerCore:
             # them run: one more turn, and every caller has its result when flush returns.
             await asyncio.sleep(0)
 
+        if timeout is not None and not timeout >= 0:  # NaN too
+            raise InvalidArgumentError(
+                f"flush timeout must be a number of seconds >= 0 (or None), not {timeout}"
+            )
         try:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
             # cancellation of the caller that arrives as the spool drains.
             async with asyncio.timeout(timeout):
                 await drained()
         except TimeoutError:
+            if not waiting():  # all there by the deadline (a timeout of 0 with nothing sent)
+                return
             text = f"{waiting()} accepted message(s) did not reach the broker within {timeout}s"
             if self._spool_holds.causes:
                 text += f"; the spool holds back {self._spool_holds}"
@@ -259,6 +266,7 @@ class ProducerCore:
     ) -> SendResult:
         """Send one message and return where it was stored (or that it was spooled)."""
         self._check_running()
+        check_message(message, "send()")
         msg_id = self._ids.next()
         if tracing.enabled():
             span, carrier = tracing.start_send_span(message.topic, msg_id.hex().upper())
@@ -289,6 +297,7 @@ class ProducerCore:
         if tracing.enabled():
             return self.send(message, selector=selector, arg=arg, timeout=timeout)
         self._check_running()
+        check_message(message, "send()")
         return self._started(message, self._ids.next(), None, selector, arg, timeout)
 
     def _started(
@@ -443,6 +452,9 @@ class ProducerCore:
         self._check_running()
         if not messages:
             raise InvalidArgumentError("send_batch needs at least one message")
+        if not all(type(m) is Message for m in messages):  # subclasses: checked one by one
+            for i, m in enumerate(messages):
+                check_message(m, f"send_batch() (message {i})")
         ids = self._ids.take(len(messages))
         now = self._clock.now()
         # A spooling producer keeps messages in the spool's layout; they are prepared

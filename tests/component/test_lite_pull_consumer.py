@@ -122,6 +122,25 @@ def test_commit_with_explicit_offsets_and_its_bounds(broker: BrokerOver) -> None
         assert c.committed(queues[0]) == 1
 
 
+@pytest.mark.parametrize("offset", [True, 1.0, "1", None], ids=["bool", "float", "str", "none"])
+def test_an_offset_that_is_not_an_int_is_refused_and_changes_nothing(
+    broker: BrokerOver, offset: object
+) -> None:
+    """Before: True and 1.0 passed the range check and were kept as the queue's offset; the
+    next pull or commit to the broker failed, and shutdown() raised TypeError."""
+    queues = fill(broker, 8)
+    c = new(broker, auto_commit=False)
+    c.assign(queues)
+    with c:
+        c.commit({queues[0]: 1})
+        with pytest.raises(InvalidOffsetError, match="must be an int"):
+            c.commit({queues[0]: offset})  # type: ignore[dict-item]
+        with pytest.raises(InvalidOffsetError, match="must be an int"):
+            c.seek(queues[0], offset)  # type: ignore[arg-type]
+        assert c.committed(queues[0]) == 1
+    # Leaving the block shut the consumer down cleanly: nothing bad was kept to persist.
+
+
 @pytest.mark.parametrize(
     ("broker_name", "queue_id"), [("broker-a", 99), ("broker-zz", 0)], ids=["queue", "broker"]
 )

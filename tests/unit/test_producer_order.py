@@ -24,6 +24,7 @@ from sdk._wire import FRAME_FIELDS, FRAME_LEN_PREFIX, MAX_SEND_BYTES
 from sdk.errors import (
     BrokerUnavailableError,
     FlushTimeoutError,
+    InvalidArgumentError,
     InvalidMessageError,
     OrderMQError,
     TopicNotFoundError,
@@ -1070,6 +1071,23 @@ def test_flush_returns_only_once_the_senders_have_their_results(
         return not_done
 
     assert asyncio.run(main()) == [0, 0, 0]
+
+
+def test_flush_with_nothing_to_send_returns_whatever_the_timeout(routes: Routes) -> None:
+    """flush(0) with nothing accepted raised TimeoutError ("0 accepted message(s) did not
+    reach the broker"), as did a negative or NaN timeout, which is now refused as bad input."""
+
+    async def main() -> None:
+        config = ProducerConfig(accumulator=AccumulatorConfig(linger=0))
+        async with producer(routes, config, FakeClock()) as p:
+            await p.flush(0)
+            await p.send(keyed("k", 1)[0])
+            await p.flush(0)
+            for bad in (-1.0, float("nan")):
+                with pytest.raises(InvalidArgumentError, match="flush timeout must be"):
+                    await p.flush(bad)
+
+    asyncio.run(main())
 
 
 def test_a_partial_batch_error_names_the_failed_messages_by_their_index_in_the_batch() -> None:
