@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import fields
+from typing import Any
 
-from sdk.errors import InvalidGroupError, InvalidTopicError
+from sdk.errors import InvalidArgumentError, InvalidGroupError, InvalidTopicError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_|-]{1,127}$")
 SYSTEM_PREFIX = "rmq_sys_"
@@ -83,3 +86,25 @@ def split_tag_expression(expression: str) -> list[str] | None:
                 f"'TagA || TagB'): the tag {tag!r} {problem}"
             )
     return tags
+
+
+def check_durations(config: Any, *, zero: frozenset[str] = frozenset()) -> None:
+    """InvalidArgumentError unless every duration (`float` field) of `config` is seconds > 0.
+
+    A finite number above 0, or also 0 for the fields named in `zero`. A 0 interval would
+    spin (a heartbeat or rebalance loop with no wait), a negative or NaN one does the same
+    in asyncio's sleep, an infinite one never comes: each is refused where the config is
+    made, not found out while the client runs.
+    """
+    for f in fields(config):
+        if f.type != "float":
+            continue
+        value = getattr(config, f.name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            problem = f"must be a number of seconds, not {type(value).__name__}"
+        elif not math.isfinite(value) or value < 0 or (value == 0 and f.name not in zero):
+            least = "at least 0" if f.name in zero else "above 0"
+            problem = f"must be a finite number of seconds {least}, not {value}"
+        else:
+            continue
+        raise InvalidArgumentError(f"{type(config).__name__}.{f.name} {problem}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -121,7 +122,9 @@ class Message:
         if delay_seconds is not None or deliver_at is not None:
             if delay_seconds is not None and deliver_at is not None:
                 raise InvalidMessageError("give delay_seconds or deliver_at, not both")
-            if delay_seconds is not None and not 0 < delay_seconds <= MAX_DELAY_SECONDS:
+            if delay_seconds is not None and (
+                isinstance(delay_seconds, bool) or not 0 < delay_seconds <= MAX_DELAY_SECONDS
+            ):
                 raise InvalidMessageError(
                     f"delay_seconds {delay_seconds} must be within (0, {MAX_DELAY_SECONDS}]"
                 )
@@ -129,6 +132,15 @@ class Message:
                 if deliver_at.tzinfo is None:
                     raise InvalidMessageError("deliver_at must be a timezone-aware datetime")
                 deliver_at = deliver_at.timestamp()
+            elif deliver_at is not None and (
+                isinstance(deliver_at, bool)
+                or not isinstance(deliver_at, int | float)
+                or not math.isfinite(deliver_at)
+            ):
+                raise InvalidMessageError(
+                    "deliver_at must be a timezone-aware datetime or seconds since the epoch "
+                    f"(a finite number), not {deliver_at!r}"
+                )
         self.delay_seconds = delay_seconds
         self.deliver_at = deliver_at
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
+from sdk._validation import check_durations
 from sdk.errors import InvalidArgumentError
 
 MIB = 1024 * 1024
@@ -13,6 +14,10 @@ MIB = 1024 * 1024
 #: A queue whose first message (offset 0) is still stored and which holds at most this
 #: many messages is young: a new group starts there even with LAST_OFFSET.
 YOUNG_QUEUE_MAX_MESSAGES = 1000
+#: The consumers' durations that may be 0 (no wait); the others must be above 0.
+_MAY_BE_ZERO = frozenset(
+    {"pull_suspend", "pull_error_backoff", "flow_control_backoff", "shutdown_timeout"}
+)
 
 
 class ConsumeFromWhere(enum.Enum):
@@ -162,6 +167,7 @@ class PushConsumerConfig:
             if not ok:
                 raise InvalidArgumentError(what)
 
+        check_durations(self, zero=_MAY_BE_ZERO)
         need(self.delivery in ("pull", "push"), "delivery must be 'pull' or 'push'")
         need(1 <= self.consume_threads <= 1000, "consume_threads must be within 1..1000")
         need(
@@ -203,10 +209,6 @@ class PushConsumerConfig:
         )
         need(self.young_queue_max_messages >= 0, "young_queue_max_messages must not be negative")
         need(self.pull_timeout > self.pull_suspend >= 0, "pull_timeout must exceed pull_suspend")
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, float):
-                need(value >= 0, f"{f.name} must not be negative")
         need(
             self.lock_lease > self.lock_renew_interval, "lock_lease must exceed lock_renew_interval"
         )
@@ -272,6 +274,7 @@ class LitePullConsumerConfig:
             if not ok:
                 raise InvalidArgumentError(what)
 
+        check_durations(self, zero=_MAY_BE_ZERO)
         need(self.delivery in ("pull", "push"), "delivery must be 'pull' or 'push'")
         need(1 <= self.pull_batch_size <= 10_000, "pull_batch_size must be within 1..10000")
         need(1024 <= self.pull_max_bytes <= 32 * MIB, "pull_max_bytes: 1 KiB..32 MiB")

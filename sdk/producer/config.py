@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from sdk._validation import check_durations
 from sdk.errors import InvalidArgumentError
 
 #: Longer than the broker's default sync-flush wait (5 s), so that a flush timeout is
@@ -42,6 +43,7 @@ class AccumulatorConfig:
     block_timeout: float = 10.0
 
     def __post_init__(self) -> None:
+        check_durations(self, zero=frozenset({"linger", "block_timeout"}))
         if not 1 <= self.batch_max_messages <= 10_000:
             raise InvalidArgumentError("batch_max_messages must be within 1..10000")
         if not 1024 <= self.batch_max_bytes <= 16 * 1024 * 1024:
@@ -92,14 +94,16 @@ class ProducerConfig:
     spool_dir: Path | None = None
 
     def __post_init__(self) -> None:
-        if self.send_timeout <= 0:
-            raise InvalidArgumentError("send_timeout must be positive")
+        check_durations(self, zero=frozenset({"retry_backoff", "retry_backoff_max"}))
+        if not (self.accumulator is None or isinstance(self.accumulator, AccumulatorConfig)):
+            raise InvalidArgumentError(
+                "accumulator must be an AccumulatorConfig or None, "
+                f"not {type(self.accumulator).__name__}"
+            )
         if not 0 <= self.retry_times <= 16:
             raise InvalidArgumentError("retry_times must be within 0..16")
         if self.retry_backoff < 0 or self.retry_backoff_max < self.retry_backoff:
             raise InvalidArgumentError("retry_backoff must be >= 0 and <= retry_backoff_max")
-        if self.route_refresh_interval <= 0:
-            raise InvalidArgumentError("route_refresh_interval must be positive")
         if self.spool_dir is not None:
             object.__setattr__(self, "spool_dir", Path(self.spool_dir))
             if self.accumulator is NATURAL_BATCHING:  # the default: the spool batches

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, datetime
 
@@ -55,6 +56,12 @@ def test_bad_topics_are_refused(topic: str) -> None:
         ({"delay_seconds": 41 * 86400}, "delay"),
         ({"delay_seconds": 5, "deliver_at": 10.0}, "not both"),
         ({"deliver_at": datetime(2030, 1, 1)}, "timezone"),
+        # Before, these were kept: the send then failed with ValueError or OverflowError.
+        ({"deliver_at": math.nan}, r"deliver_at must be .*\(a finite number\)"),
+        ({"deliver_at": math.inf}, r"deliver_at must be .*\(a finite number\)"),
+        ({"deliver_at": "2030-01-01"}, "deliver_at must be"),
+        ({"deliver_at": True}, "deliver_at must be"),
+        ({"delay_seconds": True}, "delay"),
     ],
 )
 def test_invalid_messages_raise_value_errors(kwargs: dict[str, object], match: str) -> None:
