@@ -88,6 +88,20 @@ def split_tag_expression(expression: str) -> list[str] | None:
     return tags
 
 
+def finite_number(value: object) -> bool:
+    """True for an int or float that is finite (a bool is no number here)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def check_kind(value: Any, kind: type[Any], name: str) -> Any:
+    """`value` when it is None or a `kind`; else InvalidArgumentError naming `name`."""
+    if value is not None and not isinstance(value, kind):
+        raise InvalidArgumentError(
+            f"{name} must be a {kind.__name__} or None, not {type(value).__name__}"
+        )
+    return value
+
+
 def check_durations(config: Any, *, zero: frozenset[str] = frozenset()) -> None:
     """InvalidArgumentError unless every duration (`float` field) of `config` is seconds > 0.
 
@@ -100,11 +114,10 @@ def check_durations(config: Any, *, zero: frozenset[str] = frozenset()) -> None:
         if f.type != "float":
             continue
         value = getattr(config, f.name)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            problem = f"must be a number of seconds, not {type(value).__name__}"
-        elif not math.isfinite(value) or value < 0 or (value == 0 and f.name not in zero):
-            least = "at least 0" if f.name in zero else "above 0"
-            problem = f"must be a finite number of seconds {least}, not {value}"
-        else:
+        if finite_number(value) and (value > 0 or (value == 0 and f.name in zero)):
             continue
-        raise InvalidArgumentError(f"{type(config).__name__}.{f.name} {problem}")
+        least = "at least 0" if f.name in zero else "above 0"
+        raise InvalidArgumentError(
+            f"{type(config).__name__}.{f.name} must be a finite number of seconds {least}, "
+            f"not {value!r}"
+        )

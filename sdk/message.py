@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import enum
 import itertools
-import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sdk._validation import check_topic, tag_problem
+from sdk._validation import check_topic, finite_number, tag_problem
 from sdk._wire import MAX_BODY_BYTES, MAX_PROPERTIES_BYTES, encode_properties
 from sdk.errors import InvalidMessageError, InvalidQueueError
 
@@ -132,11 +131,7 @@ class Message:
                 if deliver_at.tzinfo is None:
                     raise InvalidMessageError("deliver_at must be a timezone-aware datetime")
                 deliver_at = deliver_at.timestamp()
-            elif deliver_at is not None and (
-                isinstance(deliver_at, bool)
-                or not isinstance(deliver_at, int | float)
-                or not math.isfinite(deliver_at)
-            ):
+            elif deliver_at is not None and not finite_number(deliver_at):
                 raise InvalidMessageError(
                     "deliver_at must be a timezone-aware datetime or seconds since the epoch "
                     f"(a finite number), not {deliver_at!r}"

@@ -10,6 +10,7 @@ refused with the forms accepted.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from sdk._transport.grpc_transport import GrpcTransport
@@ -30,6 +31,21 @@ ACCEPTED_FORMS = (
     "or as a list of 'host:port'; or 'rocketmq://ns1:9876;ns2:9876' (RocketMQ name "
     "servers, over RocketMQ remoting)"
 )
+
+#: An endpoint: a host name or IPv4 address, or an IPv6 address in brackets, and a port.
+_HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})")
+
+
+def _endpoint_problem(address: str) -> str | None:
+    """What makes `address` no 'host:port' endpoint, or None if nothing."""
+    if not address:
+        return "it names no host"
+    found = _HOST_PORT.fullmatch(address)
+    if found is None:
+        return "it is not 'host:port'"
+    if not 1 <= int(found[1]) <= 65535:
+        return f"its port {found[1]} is outside 1..65535"
+    return None
 
 
 def split_endpoints(endpoints: str | Sequence[str]) -> list[str]:
@@ -74,11 +90,14 @@ def connect(
     for address in addresses:
         scheme, found, _rest = address.partition("://")
         if found:
-            problem = (
+            problem: str | None = (
                 "only the first endpoint's scheme chooses the transport"
                 if scheme + "://" == ROCKETMQ_SCHEME
                 else f"unknown scheme {scheme + '://'!r}"
             )
+        else:
+            problem = _endpoint_problem(address)
+        if problem is not None:
             raise InvalidArgumentError(
                 f"endpoint {address!r}: {problem}; accepted: {ACCEPTED_FORMS}"
             )

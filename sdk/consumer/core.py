@@ -25,7 +25,13 @@ from typing import Any, Protocol
 
 from sdk import metrics
 from sdk._transport.protocol import GroupInfo, PullResult, PullStatus, Transport
-from sdk._validation import RETRY_PREFIX, check_group, check_topic, split_tag_expression
+from sdk._validation import (
+    RETRY_PREFIX,
+    check_group,
+    check_topic,
+    finite_number,
+    split_tag_expression,
+)
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.consumer.allocate import AllocateMessageQueueAveragely, AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere
@@ -164,7 +170,23 @@ class ConsumerCore:
         self._from_where = consume_from_where
         if isinstance(consume_timestamp, datetime):
             consume_timestamp = consume_timestamp.timestamp()
+        elif consume_timestamp is not None and not finite_number(consume_timestamp):
+            raise InvalidArgumentError(
+                "consume_timestamp must be a datetime or seconds since the epoch (a finite "
+                f"number), not {consume_timestamp!r}"
+            )
         self._from_timestamp = consume_timestamp
+        for name, hook in (("on_queues_assigned", on_queues_assigned),
+                           ("on_queues_revoked", on_queues_revoked)):  # fmt: skip
+            if hook is not None and not callable(hook):
+                raise InvalidArgumentError(f"{name} must be callable or None, not {hook!r}")
+        if allocate_strategy is not None and not callable(
+            getattr(allocate_strategy, "allocate", None)
+        ):
+            raise InvalidArgumentError(
+                "allocate_strategy must have an allocate(consumer_group, current_cid, mq_all, "
+                f"cid_all) method, not {allocate_strategy!r}"
+            )
         self._tuning = tuning
         self._threshold_for_all = threshold_for_all  # -1: off
         self.uses_locks = locks

@@ -18,6 +18,7 @@ from datetime import datetime
 
 from sdk._accel import hand_out
 from sdk._transport.protocol import Transport
+from sdk._validation import check_kind
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import ConsumeFromWhere, LitePullConsumerConfig
@@ -55,7 +56,9 @@ class LitePullConsumerCore(PushDeliveryCore):
         on_queues_revoked: QueueHook | None = None,
         clock: Clock | None = None,
     ) -> None:
-        self.config = c = config or LitePullConsumerConfig()
+        self.config = c = (
+            check_kind(config, LitePullConsumerConfig, "config") or LitePullConsumerConfig()
+        )
         super().__init__(
             group,
             transport,

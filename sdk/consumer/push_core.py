@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sdk import metrics
 from sdk._transport.protocol import Transport
-from sdk._validation import RETRY_PREFIX
+from sdk._validation import RETRY_PREFIX, check_kind
 from sdk.clock import Clock
 from sdk.consumer.allocate import AllocateMessageQueueStrategy
 from sdk.consumer.config import (
@@ -67,7 +67,8 @@ class PushConsumerCore(PushDeliveryCore):
                 f"ordering must be a ProcessingOrder, not {type(ordering).__name__}"
             )
         self.ordering = ordering
-        self.config = c = config or PushConsumerConfig()
+        check_kind(message_model, MessageModel, "message_model")
+        self.config = c = check_kind(config, PushConsumerConfig, "config") or PushConsumerConfig()
         if c.key_failure_policy is KeyFailurePolicy.PARK and ordering is not ProcessingOrder.KEY:
             raise InvalidArgumentError(
                 "key_failure_policy PARK needs ordering=ProcessingOrder.KEY: in queue mode a "

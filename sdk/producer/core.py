@@ -22,7 +22,7 @@ from typing import Any, cast
 from sdk import metrics, tracing
 from sdk._accel import speedups
 from sdk._transport.protocol import Appended, SendPart, Transport
-from sdk._validation import check_group, check_topic
+from sdk._validation import check_group, check_kind, check_topic
 from sdk.clock import Clock, SystemClock, sleep_for
 from sdk.errors import (
     ClientStateError,
@@ -126,7 +126,7 @@ class ProducerCore:
         self._transport = transport
         self._prepare = transport.prepare  # per message: one lookup fewer
         self.group = check_group(group) if group is not None else None
-        self.config = config or ProducerConfig()
+        self.config = check_kind(config, ProducerConfig, "config") or ProducerConfig()
         if self.config.spool_dir is not None and self.config.accumulator is not None:
             raise InvalidArgumentError("spool_dir and accumulator are exclusive: the spool batches")
         self._clock: Clock = clock or SystemClock()
