@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
 from mockbroker.namesrv.registration import NAME_RE
 from mockbroker.store.retention import RetentionPolicy
+from sdk._validation import finite_number
 
 FlushMode = Literal["async", "sync"]
 
@@ -267,9 +268,14 @@ class BrokerConfig:
     def __post_init__(self) -> None:
         if self.flush_mode not in ("async", "sync"):
             raise ValueError(f"flush_mode must be 'async' or 'sync', not {self.flush_mode!r}")
+        for f in fields(self):
+            # NaN passes every range check below (each comparison is False), and infinity
+            # is no duration, ratio or rate the broker can work with.
+            if f.type == "float" and not finite_number(getattr(self, f.name)):
+                raise ValueError(f"{f.name} must be a finite number, not {getattr(self, f.name)!r}")
         taken: dict[int, str] = {}
         ports = ("port", "v2_port", "remoting_port", "namesrv_port", "console_port",
-                 "exchange_port")  # fmt: skip
+                 "exchange_port", "metrics_port")  # fmt: skip
         for name in ports:
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 65535:
