@@ -74,6 +74,8 @@ def split_tag_expression(expression: str) -> list[str] | None:
     "TagA ||", raises ValueError saying which part is wrong: RocketMQ would take it as a
     tag no message carries, or drop the empty part, and match less than was meant.
     """
+    if not isinstance(expression, str):
+        raise ValueError(f"a tag expression is a str, not {type(expression).__name__}")
     text = expression.strip()
     if text in ("", "*"):
         return None

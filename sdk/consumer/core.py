@@ -73,10 +73,6 @@ def new_client_id() -> str:
 
 def parse_expression(expression: str) -> str:
     """A tag expression in its plain form ('*' or 'A || B'); InvalidTagExpressionError."""
-    if not isinstance(expression, str):
-        raise InvalidTagExpressionError(
-            f"a tag expression is a str, not {type(expression).__name__}"
-        )
     try:
         tags = split_tag_expression(expression)
     except ValueError as exc:

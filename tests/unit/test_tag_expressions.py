@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import sdk.aio
-from sdk import LitePullConsumer, OrderMQError, PushConsumer
+from sdk import LitePullConsumer, OrderMQError, PushConsumer, SimpleConsumer
 from sdk._validation import split_tag_expression
 from sdk.errors import InvalidTagExpressionError
 
@@ -72,6 +72,12 @@ def test_subscribe_refuses_what_is_not_an_expression(expression: str, why: str, 
     consumer.subscribe("orders", "TagA || TagB")  # the refusal changed nothing
 
 
-def test_a_non_string_expression_is_refused() -> None:
-    with pytest.raises(InvalidTagExpressionError, match="str"):
-        PushConsumer("g", NOWHERE).subscribe("orders", ["TagA", "TagB"])  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    "make",
+    [*FACES, lambda: SimpleConsumer("g", NOWHERE), lambda: sdk.aio.SimpleConsumer("g", NOWHERE)],
+)
+@pytest.mark.parametrize("expression", [["TagA", "TagB"], None, 5])
+def test_a_non_string_expression_is_refused(make: Callable[[], Any], expression: object) -> None:
+    """The SimpleConsumer raised AttributeError ('NoneType' object has no attribute 'strip')."""
+    with pytest.raises(InvalidTagExpressionError, match="a tag expression is a str, not"):
+        make().subscribe("orders", expression)
