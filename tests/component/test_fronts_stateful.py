@@ -16,7 +16,8 @@ its own; the model is what a user of the three would expect:
   protocol; a queue ever locked needs the latest epoch from ordermq's clients), and what
   was accepted is what every front's query answers;
 - a lock is granted to one client at a time, through either front, until it is unlocked
-  or its lease runs out; a grant to a new owner fences the old one's epoch.
+  or its lease runs out; a grant to a new owner fences the old one's epoch, while the
+  owner locking again after its lease ran out (nobody took the queue) keeps it.
 
 The fuzz modules (test_fuzz_*.py) check each front alone against bad input; the parity
 modules (test_front_parity_*.py) check single hostile calls. This one checks sequences.

@@ -6,7 +6,8 @@ negative and non-finite numbers, names no broker has, queues a topic does not ha
 messages of other clients, values of the wrong type. It must return within its bound, or
 raise an OrderMQError (a bad value: one that is also a ValueError) or a TypeError (a value
 of the wrong type); never anything else (a KeyError, AttributeError or IndexError from
-inside the SDK). After every example the clients still work: a send and a read succeed.
+inside the SDK). After each method's examples the clients still work: a send, a poll and
+a commit to the broker succeed (a bad value a client kept would fail them).
 """
 
 from __future__ import annotations
