@@ -452,26 +452,29 @@ class ProducerCore:
         self._check_running()
         if not messages:
             raise InvalidArgumentError("send_batch needs at least one message")
-        if not all(type(m) is Message for m in messages):  # subclasses: checked one by one
-            for i, m in enumerate(messages):
-                check_message(m, f"send_batch() (message {i})")
         ids = self._ids.take(len(messages))
         now = self._clock.now()
         # A spooling producer keeps messages in the spool's layout; they are prepared
         # for the transport when the spool delivers them.
         encode = spool_frame if self._spool is not None else self._prepare
         spans: list[Any] = []
-        if tracing.enabled():
-            encoded = []
-            for m, msg_id in zip(messages, ids, strict=True):
-                span, carrier = tracing.start_send_span(m.topic, msg_id.hex().upper())
-                spans.append(span)
-                encoded.append(encode(m, msg_id, now, carrier))
-        elif self._spool is not None:
-            encoded = [encode(m, ids[i], now) for i, m in enumerate(messages)]
-        else:
-            encoded = self._transport.prepare_many(messages, ids, now)
         try:
+            try:
+                if tracing.enabled():
+                    encoded = []
+                    for m, msg_id in zip(messages, ids, strict=True):
+                        span, carrier = tracing.start_send_span(m.topic, msg_id.hex().upper())
+                        spans.append(span)
+                        encoded.append(encode(m, msg_id, now, carrier))
+                elif self._spool is not None:
+                    encoded = [encode(m, ids[i], now) for i, m in enumerate(messages)]
+                else:
+                    encoded = self._transport.prepare_many(messages, ids, now)
+            except (AttributeError, TypeError):
+                # What is not a Message is named here, off the path of every good batch.
+                for i, m in enumerate(messages):
+                    check_message(m, f"send_batch() (message {i})")
+                raise
             if self._spool is not None:
                 return await self._spool_messages(list(messages), encoded, ids)
             return await self._send_prepared(messages, encoded, ids, timeout)

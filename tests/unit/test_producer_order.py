@@ -1073,6 +1073,24 @@ def test_flush_returns_only_once_the_senders_have_their_results(
     assert asyncio.run(main()) == [0, 0, 0]
 
 
+@pytest.mark.parametrize("spool", [False, True], ids=["plain", "spool"])
+def test_a_batch_with_what_is_not_a_message_is_refused_naming_it_and_sends_nothing(
+    routes: Routes, broker: ScriptedBroker, tmp_path: Path, spool: bool
+) -> None:
+    """It raised AttributeError from inside the encoding; the check costs a good batch
+    nothing (it runs only once the encoding failed)."""
+
+    async def main() -> None:
+        config = spooling(tmp_path / "spool") if spool else ProducerConfig()
+        async with producer(routes, config, FakeClock()) as p:
+            batch: list[Any] = [keyed("k", 1)[0], None]
+            with pytest.raises(InvalidMessageError, match=r"message 1\) takes a Message, not"):
+                await p.send_batch(batch)
+
+    asyncio.run(main())
+    assert by_key(broker) == {}
+
+
 def test_flush_with_nothing_to_send_returns_whatever_the_timeout(routes: Routes) -> None:
     """flush(0) with nothing accepted raised TimeoutError ("0 accepted message(s) did not
     reach the broker"), as did a negative or NaN timeout, which is now refused as bad input."""
