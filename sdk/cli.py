@@ -44,6 +44,15 @@ DEFAULT_BROKER = f"127.0.0.1:{DEFAULT_PORT}"
 #: `messages find --sharding-key` reads at most this many of a queue's newest messages.
 SHARDING_KEY_SCAN = 10_000
 
+# Numbers as the protocol carries them: beyond its fields' range a value could not even
+# be sent, and would end the command with a traceback instead of a usage error.
+_INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
+#: A number of queues, of messages to read or of messages at most: at least one.
+_HOW_MANY = click.IntRange(1, _INT32_MAX)
+#: A queue of a topic, by its id.
+_QUEUE_ID = click.IntRange(0, _INT32_MAX)
+
 
 class Context:
     """What every command gets: where the broker is and how to print."""
@@ -74,7 +83,9 @@ class Context:
         try:
             return asyncio.run(main())
         except OrderMQError as exc:
-            raise click.ClickException(f"{exc.reason or exc.code or 'error'}: {exc}") from None
+            label = exc.reason or exc.code
+            message = f"{label}: {exc}" if label else str(exc)
+            raise click.ClickException(_one_line(message)) from None
 
     def emit(self, data: Any, table: Table | str | None = None) -> None:
         """Print `data` as JSON with --json, else the table (or text)."""
@@ -94,6 +105,15 @@ def _admin_client(transport: Transport) -> BrokerClient:
             f"the ordermq command administers ordermq brokers over gRPC, not {transport!r}"
         )
     return transport.client(transport.endpoints[0])
+
+
+def _one_line(text: str) -> str:
+    """`text` with its line breaks and control characters escaped.
+
+    An error is one line, whatever names (typed by the user, or stored by a client) it
+    quotes.
+    """
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
@@ -190,7 +210,7 @@ _RETENTION_HOURS = click.option(
 )
 _RETENTION_BYTES = click.option(
     "--retention-bytes-per-queue",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, _INT64_MAX),
     default=None,
     help="each queue serves at most this many bytes, newest first (default: no cap)",
 )
@@ -198,7 +218,7 @@ _RETENTION_BYTES = click.option(
 
 @topics.command("create")
 @click.argument("topic")
-@click.option("--queues", type=int, default=8, show_default=True, help="how many queues")
+@click.option("--queues", type=_HOW_MANY, default=8, show_default=True, help="how many queues")
 @_RETENTION_HOURS
 @_RETENTION_BYTES
 @click.pass_obj
@@ -359,11 +379,12 @@ def offsets() -> None:
 @offsets.command("reset")
 @click.argument("group")
 @click.option("--topic", required=True, help="the topic whose offsets move")
-@click.option("--queue", "queue_id", type=int, default=-1, help="one queue (default: all)")
+@click.option("--queue", "queue_id", type=click.IntRange(-1, _INT32_MAX), default=-1,
+              help="one queue (default: all)")  # fmt: skip
 @click.option("--earliest", is_flag=True, help="to each queue's min offset")
 @click.option("--latest", is_flag=True, help="to each queue's max offset (skip everything)")
 @click.option("--timestamp", help="to the first message stored at or after this ISO time")
-@click.option("--offset", type=int, help="to this offset")
+@click.option("--offset", type=click.IntRange(0, _INT64_MAX), help="to this offset")
 @click.option("--force", is_flag=True, help="even while the group has live members")
 @click.pass_obj
 def offsets_reset(
@@ -441,12 +462,12 @@ def messages_get(c: Context, msg_id: str) -> None:
 )
 @click.option(
     "--scan",
-    type=int,
+    type=_HOW_MANY,
     default=SHARDING_KEY_SCAN,
     show_default=True,
     help="with --sharding-key: how many of the queue's newest messages to read",
 )
-@click.option("--limit", type=int, default=32, show_default=True,
+@click.option("--limit", type=_HOW_MANY, default=32, show_default=True,
               help="at most this many messages")  # fmt: skip
 @click.pass_obj
 def messages_find(
@@ -458,8 +479,6 @@ def messages_find(
     keys=), through the broker's index. With it, KEY is a sharding key: the queue the
     sharding formula maps KEY to is read from its newest message back (at most --scan).
     """
-    if limit < 1 or scan < 1:
-        raise click.BadParameter("--limit and --scan take a number of at least 1")
     if not by_sharding_key:
         found = c.call(lambda b: b.query_messages_by_key(topic, key, limit))
         searched = (
@@ -487,7 +506,7 @@ def _print_messages(c: Context, found: list[MessageExt], none_found: str) -> Non
 
 @messages.command("tail")
 @click.argument("topic")
-@click.option("--count", "-n", type=int, default=20, show_default=True,
+@click.option("--count", "-n", type=click.IntRange(0, _INT32_MAX), default=20, show_default=True,
               help="how many of the newest messages per queue")  # fmt: skip
 @click.option("--follow", "-f", is_flag=True, help="then keep printing new ones (Ctrl+C stops)")
 @click.pass_obj
@@ -549,7 +568,7 @@ def dlq() -> None:
 
 @dlq.command("list")
 @click.argument("group")
-@click.option("--limit", type=int, default=100, show_default=True,
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
               help="at most this many dead letters")  # fmt: skip
 @click.pass_obj
 def dlq_list(c: Context, group: str, limit: int) -> None:
@@ -566,7 +585,7 @@ def dlq_list(c: Context, group: str, limit: int) -> None:
 
 @dlq.command("resend")
 @click.argument("group")
-@click.option("--limit", type=int, default=1000, show_default=True,
+@click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True,
               help="resend at most this many dead letters")  # fmt: skip
 @click.pass_obj
 def dlq_resend(c: Context, group: str, limit: int) -> None:
@@ -601,7 +620,7 @@ def parked_list(c: Context, group: str) -> None:
 @click.argument("group")
 @click.argument("topic")
 @click.argument("key")
-@click.option("--queue", type=int, default=None,
+@click.option("--queue", type=_QUEUE_ID, default=None,
               help="the key's queue (default: the one `parked list` names)")  # fmt: skip
 @click.option("--yes", is_flag=True, help="do not ask for confirmation")
 @click.pass_obj
@@ -623,7 +642,7 @@ def parked_release(
         )  # fmt: skip
         if len(queues) != 1:
             raise click.ClickException(
-                f"key {key!r} of {topic} is parked for {group} in "
+                f"key {key!r} of {topic!r} is parked for {group!r} in "
                 + (f"queues {queues}: name one with --queue" if queues else "no queue")
             )
         queue = queues[0]

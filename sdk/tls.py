@@ -2,8 +2,9 @@
 
 The same settings serve both wires: gRPC channel credentials for ordermq brokers, an
 `ssl.SSLContext` for RocketMQ remoting (`rocketmq://`). Files are read when the client
-is made, so a missing or unreadable one is an `InvalidArgumentError` at once, not a
-connection failure later.
+is made and checked (a CA file holds PEM certificates, the client certificate and its
+key are PEM, match and the key is not encrypted), so a file the client cannot use is an
+`InvalidArgumentError` at once that names it, not a connection failure later.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ __all__ = ["TLSConfig"]
 
 #: Why `tls_refusal` thinks the client certificate (or its absence) was refused.
 CLOSED_AFTER_HANDSHAKE = "the broker closed the connection right after the TLS handshake"
+
+#: What a host name (as a certificate names it) never holds.
+_NOT_IN_A_NAME = re.compile(r"[\s\x00-\x1f\x7f]")
 
 #: What gRPC's connection errors say when the TLS handshake, not the network, failed.
 _HANDSHAKE_FAILURE = re.compile(
@@ -61,14 +65,26 @@ class TLSConfig:
                 "TLSConfig: cert_file and key_file go together (a client certificate needs "
                 "its key): give both, or neither"
             )
-        if self.server_name is not None and not self.server_name.strip():
-            raise InvalidArgumentError("TLSConfig: server_name must not be empty")
+        name = self.server_name
+        if name is not None:
+            if not isinstance(name, str) or not name.strip():
+                raise InvalidArgumentError(
+                    f"TLSConfig: server_name must be a host name, not {name!r}"
+                )
+            if _NOT_IN_A_NAME.search(name):
+                raise InvalidArgumentError(
+                    f"TLSConfig: server_name {name!r} is not a host name (it holds spaces "
+                    "or control characters)"
+                )
 
     def grpc_credentials(self) -> grpc.ChannelCredentials:
-        """GRPC channel credentials; InvalidArgumentError for a file that cannot be read."""
+        """GRPC channel credentials; InvalidArgumentError for a file it cannot use."""
         ca = _read(self.ca_file, "ca_file") if self.ca_file is not None else _system_roots()
         key = _read(self.key_file, "key_file") if self.key_file is not None else None
         cert = _read(self.cert_file, "cert_file") if self.cert_file is not None else None
+        # gRPC reports files it cannot use only when it connects, as a failed handshake:
+        # OpenSSL checks them here, by the same rules, and names the file.
+        self._load_into(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
         return grpc.ssl_channel_credentials(ca, key, cert)
 
     def grpc_options(self) -> tuple[tuple[str, str], ...]:
@@ -79,16 +95,45 @@ class TLSConfig:
 
     def ssl_context(self) -> ssl.SSLContext:
         """A client SSLContext; InvalidArgumentError for a file it cannot use."""
-        ca = str(self.ca_file) if self.ca_file is not None else None
-        if ca is not None:
-            _read(ca, "ca_file")  # its own message for a missing file
-        try:
-            context = ssl.create_default_context(cafile=ca)
-            if self.cert_file is not None and self.key_file is not None:
-                context.load_cert_chain(self.cert_file, self.key_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise InvalidArgumentError(f"TLSConfig: cannot use the files given: {exc}") from None
+        context = ssl.create_default_context() if self.ca_file is None else None
+        context = self._load_into(context or ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
         context.minimum_version = ssl.TLSVersion.TLSv1_2
+        return context
+
+    def _load_into(self, context: ssl.SSLContext) -> ssl.SSLContext:
+        """`context` with the CA file and the client certificate loaded.
+
+        InvalidArgumentError naming the file and what is wrong with it.
+        """
+        if self.ca_file is not None:
+            ca = _read(self.ca_file, "ca_file")  # its own message for a missing file
+            try:
+                # Text outside the PEM blocks (a bundle's comments) may be anything.
+                context.load_verify_locations(cadata=ca.decode("ascii", "ignore"))
+            except (ssl.SSLError, ValueError):
+                raise InvalidArgumentError(
+                    f"TLSConfig: ca_file {str(self.ca_file)!r} holds no PEM certificate "
+                    "('-----BEGIN CERTIFICATE-----')"
+                ) from None
+        if self.cert_file is not None and self.key_file is not None:
+            for path, field in ((self.cert_file, "cert_file"), (self.key_file, "key_file")):
+                _read(path, field)
+            key_file = str(self.key_file)
+
+            def encrypted() -> bytes:  # OpenSSL would prompt on the terminal for it
+                raise InvalidArgumentError(
+                    f"TLSConfig: key_file {key_file!r} is encrypted; give the client an "
+                    "unencrypted key (readable by its user only)"
+                )
+
+            try:
+                context.load_cert_chain(self.cert_file, self.key_file, password=encrypted)
+            except ssl.SSLError as exc:
+                why = f" ({exc.reason})" if exc.reason and exc.reason != "PEM lib" else ""
+                raise InvalidArgumentError(
+                    f"TLSConfig: cert_file {str(self.cert_file)!r} and key_file {key_file!r} "
+                    f"are not a PEM certificate and its private key{why}"
+                ) from None
         return context
 
 

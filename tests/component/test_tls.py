@@ -280,6 +280,38 @@ def test_a_tls_config_with_a_missing_file_is_refused_when_the_client_is_made(
             Producer(where, tls=missing)
 
 
+@pytest.mark.parametrize("problem", ["ca-not-pem", "cert-not-pem", "key-mismatch", "encrypted"])
+def test_a_tls_file_the_client_cannot_use_is_named_when_the_client_is_made(
+    broker: EmbeddedBroker, certs: Issued, stranger: Issued, tmp_path: Path, problem: str
+) -> None:
+    # Before, gRPC took these files and failed each connection ("failed to create security
+    # handshaker"), and an encrypted key had OpenSSL prompt for its pass phrase.
+    junk = tmp_path / "junk.pem"
+    junk.write_text("hello\n")
+    if problem == "ca-not-pem":
+        tls, says = TLSConfig(ca_file=junk), r"ca_file '.*junk\.pem' holds no PEM certificate"
+    elif problem == "cert-not-pem":
+        tls = TLSConfig(certs.ca, cert_file=junk, key_file=certs.client_key)
+        says = r"cert_file '.*junk\.pem' and key_file .* are not a PEM certificate and its \w+ key$"
+    elif problem == "key-mismatch":
+        tls = TLSConfig(certs.ca, cert_file=certs.client_cert, key_file=stranger.client_key)
+        says = r"are not a PEM certificate and its private key \(KEY_VALUES_MISMATCH\)"
+    else:
+        encrypted = _encrypted(certs.client_key, tmp_path)
+        tls = TLSConfig(certs.ca, cert_file=certs.client_cert, key_file=encrypted)
+        says = r"key_file '.*encrypted\.key' is encrypted"
+    for where in (broker.address, f"rocketmq://{broker.namesrv_address}"):
+        with pytest.raises(InvalidArgumentError, match=says):
+            Producer(where, tls=tls)
+
+
+@pytest.mark.parametrize("name", ["", " ", "a b", "host\x00", "host\n", 5])
+def test_a_server_name_that_is_no_host_name_is_refused(name: Any) -> None:
+    # "\x00" was taken, and the gRPC channel then raised TypeError at the first call.
+    with pytest.raises(InvalidArgumentError, match="server_name"):
+        TLSConfig(server_name=name)
+
+
 # ---------------------------------------------------------------------- the broker's files
 def _days(n: int) -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=n)
