@@ -213,9 +213,7 @@ def test_threads_waiting_on_buffered_sends_each_get_an_answer_when_the_producer_
 ) -> None:
     """With the broker gone, 8 threads' sends wait in the buffer (on their futures, no
     task each) behind a request that retries; a shutdown meanwhile answers every one."""
-    config = ProducerConfig(
-        send_timeout=0.5, retry_times=1, retry_backoff=0.05, retry_backoff_max=0.1
-    )
+    config = ProducerConfig(send_timeout=0.5, retry_times=1, retry_backoff=1, retry_backoff_max=1)
     outcomes: dict[int, object] = {}
     producer = Producer(restartable.address, config=config)
     producer.start()
@@ -228,9 +226,18 @@ def test_threads_waiting_on_buffered_sends_each_get_an_answer_when_the_producer_
         except OrderMQError as exc:
             outcomes[n] = exc
 
+    # The 8 sends are admitted together, before the first one's request runs: over
+    # rocketmq:// a stopped broker refuses at once, and a request that gave up before the
+    # last thread had sent left fewer than 8 waiting (a CI run on a busy machine). Its
+    # retry waits 1 s, time enough to see them all waiting.
+    loop_thread = producer._loop
+    assert loop_thread is not None
+    release = loop_thread.hold()
     threads = [threading.Thread(target=send, args=(n,)) for n in range(8)]
     for t in threads:
         t.start()
+    wait_until(lambda: len(loop_thread._incoming) == 8, 10, "the 8 sends queued")
+    release.set()
     accumulator = producer._core._accumulator
     assert accumulator is not None
     wait_until(lambda: accumulator.pending == 8, 10, "the 8 sends admitted")
