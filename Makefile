@@ -138,7 +138,7 @@ fuzz: bytecode
 	HYPOTHESIS_PROFILE=long $(PY) -m pytest -q tests/unit/test_fuzz_decoders.py \
 		tests/component/test_fuzz_rpc.py tests/component/test_fuzz_fronts.py \
 		tests/component/test_fuzz_exchange_port.py tests/component/test_fuzz_public_api.py \
-		tests/component/test_fuzz_cli.py \
+		tests/component/test_fuzz_public_api_aio_push_tx.py tests/component/test_fuzz_cli.py \
 		--timeout 3600
 
 # libFuzzer on the decoders, FUZZ_SECONDS per target; findings are saved in FUZZ_ARTIFACTS.

@@ -11,7 +11,7 @@ from sdk._transport import connect
 from sdk.aio._context import AsyncClientContext
 from sdk.clock import Clock
 from sdk.credentials import Credentials
-from sdk.message import Message, MessageQueue, SendResult
+from sdk.message import Message, MessageQueue, SendResult, check_message
 from sdk.producer.config import ProducerConfig
 from sdk.producer.core import ProducerCore
 from sdk.selector import MessageQueueSelector
@@ -80,7 +80,11 @@ class Producer(AsyncClientContext):
         return await self._core.send_batch(messages, timeout=timeout)
 
     def send_oneway(self, message: Message) -> None:
-        """Start a send and forget it (failures are only logged)."""
+        """Start a send and forget it (failures are only logged).
+
+        InvalidMessageError, at once, for what is not a Message.
+        """
+        check_message(message, "send_oneway()")
         task = asyncio.get_running_loop().create_task(self._core.send(message))
         self._oneway.add(task)
         task.add_done_callback(self._oneway_done)

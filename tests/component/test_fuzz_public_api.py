@@ -13,8 +13,6 @@ a commit to the broker succeed (a bad value a client kept would fail them).
 from __future__ import annotations
 
 import contextlib
-import math
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,50 +30,27 @@ from sdk import (
     Producer,
     SimpleConsumer,
 )
-from sdk.errors import OrderMQError
+from tests.component.hostile_calls import (
+    TOPIC,
+    args,
+    bounded,
+    check,
+    floats,
+    ints,
+    methods_with_arguments,
+    mqs,
+    offset_maps,
+    queue_lists,
+    refusing_at_once,
+    resubscribe,
+    selectors,
+    sendable,
+    texts,
+    waits,
+    wrong,
+)
 from tests.component.transports import TRANSPORTS, BrokerOver, broker_over
 from tests.fuzzing import fuzz_settings
-
-TOPIC = "orders"
-#: Longest any call may take (the bounded waits below are far shorter).
-CALL_SECONDS = 15.0
-
-#: Values of the wrong type, for any parameter.
-WRONG_TYPES = [None, b"bytes", 1.5, [], {}, object(), True]
-TEXT = [
-    "", " ", TOPIC, "no-such-topic", "a" * 256, "bad topic", "%RETRY%orders", "\x00", "é",
-    "*", "TagA || TagB", "||", "rmq_sys_x", "a\nb",
-]  # fmt: skip
-INTS = [-1, 0, 1, 7, 2**31, 2**63, -(2**63), 2**64, 10**20]
-FLOATS = [-1.0, 0.0, 0.001, math.nan, math.inf, -math.inf, 1e300, -0.0]
-#: Waits that must end (a poll or receive waits this long at most when nothing comes).
-SHORT_WAITS = [-1.0, 0.0, 0.001, 0.05, math.nan, -math.inf]
-
-texts = st.sampled_from(TEXT) | st.text(max_size=20)
-ints = st.sampled_from(INTS) | st.integers()
-floats = st.sampled_from(FLOATS) | st.floats()
-wrong = st.sampled_from(WRONG_TYPES)
-
-
-def queues_of(topic: str) -> st.SearchStrategy[MessageQueue]:
-    """Queues of `topic` and of elsewhere: real ones, and ones nobody has."""
-    return st.builds(
-        MessageQueue,
-        st.sampled_from([topic, "no-such-topic", ""]),
-        st.sampled_from(["broker-a", "broker-zz", ""]),
-        st.sampled_from([0, 1, 7, 8, 99, -1, 2**40]),
-    )
-
-
-mqs = queues_of(TOPIC) | wrong
-messages = st.builds(
-    Message,
-    st.sampled_from([TOPIC, "no-such-topic-yet"]),
-    st.sampled_from([b"x", b"y" * 1000]),
-    tags=st.none() | st.sampled_from(["TagA", "a" * 200]),
-    keys=st.sampled_from([(), ("k1",), ("k1", "k2")]),
-    sharding_key=st.none() | st.sampled_from(["k", "é" * 10]),
-)
 
 
 @dataclass
@@ -115,72 +90,47 @@ def clients(
         yield Clients(b, producer, reader, simple, received, pulled)
 
 
-def bounded(call: Callable[[], Any], seconds: float = CALL_SECONDS) -> Any:
-    """`call()` in a thread: its result or its exception; fails if it takes over `seconds`."""
-    outcome: list[tuple[bool, Any]] = []
-
-    def run() -> None:
-        try:
-            outcome.append((True, call()))
-        except BaseException as exc:  # handed to the caller
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert outcome, f"the call did not return within {seconds} s"
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
-
-
-def check(what: str, call: Callable[[], Any]) -> None:
-    """The call returns, or raises OrderMQError or TypeError, within its bound."""
-    try:
-        bounded(call)
-    except (OrderMQError, TypeError):
-        pass
-    except AssertionError:
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{what} raised {type(exc).__name__}: {exc}") from exc
-
-
 def still_works(c: Clients) -> None:
-    """A send, a poll and a commit to the broker (of what the reader holds) succeed."""
+    """A send, a poll, a commit (of what the reader holds) and a receive succeed."""
     result = bounded(lambda: c.producer.send(Message(TOPIC, b"after", sharding_key="k0")))
     assert result.queue_offset >= 0
-    assert bounded(lambda: c.producer.fetch_publish_message_queues(TOPIC))
-    c.reader.resume(sorted(c.reader.assignment()))  # what the examples paused
+    queues = bounded(lambda: c.producer.fetch_publish_message_queues(TOPIC))
+    bounded(lambda: c.reader.assign(queues))  # what the examples reassigned
+    c.reader.resume(queues)  # what the examples paused
     bounded(lambda: c.reader.poll(timeout=0.05))
     bounded(lambda: c.reader.commit())
-
-
-def args(*positional: st.SearchStrategy[Any], **optional: st.SearchStrategy[Any]) -> Any:
-    """A strategy of (args, kwargs): each positional argument, and any of the keywords."""
-    return st.tuples(st.tuples(*positional), st.fixed_dictionaries({}, optional=optional))
+    simple = c.simple
+    if simple is not None:
+        resubscribe(simple)  # what the examples unsubscribed, narrowed or added
+        bounded(lambda: simple.receive(max_messages=1, invisible_duration=1))
 
 
 #: Each public method and a strategy of the (args, kwargs) it is called with.
 def calls(c: Clients) -> dict[str, tuple[Callable[..., Any], st.SearchStrategy[Any]]]:
     p, r = c.producer, c.reader
     held = st.sampled_from(c.received + c.pulled) | wrong
-    waits = st.sampled_from(SHORT_WAITS)
-    hashable = queues_of(TOPIC) | wrong.filter(lambda v: v.__hash__ is not None)
-    offsets = st.dictionaries(hashable, ints | wrong, max_size=2) | wrong
-    queue_lists = st.lists(mqs, max_size=3) | wrong
-    sendable = messages | wrong
     found: dict[str, tuple[Callable[..., Any], st.SearchStrategy[Any]]] = {
-        "Producer.send": (p.send, args(sendable, timeout=floats | wrong)),
+        "Producer.send": (
+            p.send,
+            args(sendable, selector=selectors, arg=wrong, timeout=floats | wrong),
+        ),
+        "Producer.send_async": (
+            lambda *a, **kw: p.send_async(*a, **kw).result(),
+            args(sendable, selector=selectors, arg=wrong),
+        ),
         "Producer.send_batch": (p.send_batch, args(st.lists(sendable, max_size=3) | wrong)),
-        "Producer.send_oneway": (p.send_oneway, args(sendable)),
+        "Producer.send_oneway": (refusing_at_once(p.send_oneway), args(sendable)),
         "Producer.fetch_publish_message_queues": (
             p.fetch_publish_message_queues,
             args(texts | wrong),
         ),
         "Producer.cancel": (p.cancel, args(texts | wrong)),
         "Producer.flush": (p.flush, args(waits | wrong)),
+        "LitePullConsumer.subscribe": (
+            r.subscribe,
+            args(texts | wrong, expression=texts | wrong),
+        ),
+        "LitePullConsumer.assign": (r.assign, args(queue_lists)),
         "LitePullConsumer.committed": (r.committed, args(mqs)),
         "LitePullConsumer.offsets_for_timestamp": (
             r.offsets_for_timestamp,
@@ -189,7 +139,10 @@ def calls(c: Clients) -> dict[str, tuple[Callable[..., Any], st.SearchStrategy[A
         "LitePullConsumer.seek": (r.seek, args(mqs, ints | wrong)),
         "LitePullConsumer.seek_to_begin": (r.seek_to_begin, args(mqs)),
         "LitePullConsumer.seek_to_end": (r.seek_to_end, args(mqs)),
-        "LitePullConsumer.commit": (r.commit, args(offsets)),
+        "LitePullConsumer.commit": (
+            r.commit,
+            args(offset_maps, persist=st.booleans() | wrong),
+        ),
         "LitePullConsumer.pause": (r.pause, args(queue_lists)),
         "LitePullConsumer.resume": (r.resume, args(queue_lists)),
         "LitePullConsumer.poll": (r.poll, args(waits | wrong)),
@@ -204,7 +157,16 @@ def calls(c: Clients) -> dict[str, tuple[Callable[..., Any], st.SearchStrategy[A
                 s.receive,
                 args(ints | wrong, invisible_duration=floats | wrong),
             ),
+            "SimpleConsumer.subscribe": (
+                s.subscribe,
+                args(texts | wrong, expression=texts | wrong),
+            ),
+            "SimpleConsumer.unsubscribe": (s.unsubscribe, args(texts | wrong)),
             "SimpleConsumer.ack": (s.ack, args(held)),
+            "SimpleConsumer.keep_invisible": (
+                lambda *a, **kw: kept_invisible(s, *a, **kw),
+                args(held, invisible_duration=floats | wrong),
+            ),
             "SimpleConsumer.change_invisible_duration": (
                 s.change_invisible_duration,
                 args(held, floats | wrong),
@@ -213,16 +175,31 @@ def calls(c: Clients) -> dict[str, tuple[Callable[..., Any], st.SearchStrategy[A
     return found
 
 
+def kept_invisible(simple: SimpleConsumer, *a: Any, **kw: Any) -> None:
+    """keep_invisible(*a, **kw), entered and left at once."""
+    with simple.keep_invisible(*a, **kw):
+        pass
+
+
 METHODS = [
-    "Producer.send", "Producer.send_batch", "Producer.send_oneway",
+    "Producer.send", "Producer.send_async", "Producer.send_batch", "Producer.send_oneway",
     "Producer.fetch_publish_message_queues", "Producer.cancel", "Producer.flush",
-    "LitePullConsumer.committed", "LitePullConsumer.offsets_for_timestamp",
+    "LitePullConsumer.subscribe", "LitePullConsumer.assign", "LitePullConsumer.committed",
+    "LitePullConsumer.offsets_for_timestamp",
     "LitePullConsumer.seek", "LitePullConsumer.seek_to_begin", "LitePullConsumer.seek_to_end",
     "LitePullConsumer.commit", "LitePullConsumer.pause", "LitePullConsumer.resume",
     "LitePullConsumer.poll", "LitePullConsumer.fetch_message_queues",
-    "SimpleConsumer.receive", "SimpleConsumer.ack", "SimpleConsumer.change_invisible_duration",
-    "Message", "MessageQueue",
+    "SimpleConsumer.subscribe", "SimpleConsumer.unsubscribe", "SimpleConsumer.receive",
+    "SimpleConsumer.ack", "SimpleConsumer.change_invisible_duration",
+    "SimpleConsumer.keep_invisible", "Message", "MessageQueue",
 ]  # fmt: skip
+CLASSES = {"Producer": Producer, "LitePullConsumer": LitePullConsumer,
+           "SimpleConsumer": SimpleConsumer}  # fmt: skip
+
+
+def test_every_public_method_is_listed() -> None:
+    public = {f"{n}.{m}" for n, cls in CLASSES.items() for m in methods_with_arguments(cls)}
+    assert sorted(public - set(METHODS)) == []
 
 
 def test_every_public_method_is_fuzzed(clients: Clients) -> None:

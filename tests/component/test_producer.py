@@ -33,6 +33,7 @@ from sdk.errors import (
     BrokerUnavailableError,
     BufferFullError,
     InvalidArgumentError,
+    InvalidMessageError,
     OrderMQError,
 )
 from tests.component.pulling import read_queue, read_topic
@@ -338,6 +339,21 @@ def test_asyncio_producer_flushes_its_accumulator(restartable: Restartable) -> N
             return sum(t.done() for t in tasks)
 
     assert asyncio.run(main()) == 100
+
+
+def test_asyncio_send_oneway_refuses_what_is_not_a_message_at_once(broker: BrokerOver) -> None:
+    """It raised nothing: its task failed later with only a log line ("one-way send
+    failed"), so the caller never learnt; the blocking face raised at once."""
+
+    async def main() -> None:
+        async with AsyncProducer(broker.address) as producer:
+            for value in (None, b"body", "text", {"topic": "orders"}):
+                with pytest.raises(InvalidMessageError, match=r"send_oneway\(\) takes a Message"):
+                    producer.send_oneway(value)  # type: ignore[arg-type]
+            producer.send_oneway(Message("orders", b"after"))
+
+    asyncio.run(main())
+    assert [m.body for m in read_topic(broker.address, "orders")] == [b"after"]
 
 
 NATURAL = ProducerConfig(accumulator=AccumulatorConfig(linger=0))
