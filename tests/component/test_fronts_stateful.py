@@ -4,9 +4,10 @@ the others see, and each refuses what the core's rules refuse.
 A hypothesis state machine drives one broker (a FakeClock; it moves only when a rule
 says so) through ordermq's clients' transport (its Exchange port and gRPC), ordermq's
 transport over RocketMQ remoting (`rocketmq://`: SEND_MESSAGE, PULL_MESSAGE,
-UPDATE_CONSUMER_OFFSET, LOCK_BATCH_MQ, ...) and RocketMQ 5's v2 gRPC (SendMessage), as
-two clients of one orderly group. Each example has a topic of two queues and a group of
-its own; the model is what a user of the three would expect:
+UPDATE_CONSUMER_OFFSET, LOCK_BATCH_MQ, ...) and RocketMQ 5's v2 gRPC (SendMessage;
+ReceiveMessage, AckMessage and ChangeInvisibleDuration), as two clients of one orderly
+group and a SimpleConsumer's group, and restarts it. Each example has a topic of two
+queues and groups of its own; the model is what a user of the three would expect:
 
 - a send through any front lands at the queue's next offsets, and every read through any
   front finds each message where its send said, as it was sent (body, tags, keys,
@@ -17,7 +18,20 @@ its own; the model is what a user of the three would expect:
   was accepted is what every front's query answers;
 - a lock is granted to one client at a time, through either front, until it is unlocked
   or its lease runs out; a grant to a new owner fences the old one's epoch, while the
-  owner locking again after its lease ran out (nobody took the queue) keeps it.
+  owner locking again after its lease ran out (nobody took the queue) keeps it;
+- a pull carrying a commit offset (PULL_MESSAGE's commit bit) commits it by the same rule,
+  and only forward: never back, never past the queue's end; the pull is served anyway;
+- a v2 receive (not FIFO) delivers, queue by queue in offset order, as many as it asks
+  of the messages sent that no receive holds, nobody acked and that were delivered fewer
+  than POP_ATTEMPTS times (then they are dead-lettered), each with its delivery attempt;
+  a held message is not delivered again until its invisible time passes;
+- an ack with a held message's current receipt settles it; a change of invisible
+  duration with it gives the message a new lease (0: visible at once) and a new receipt;
+  a receipt that ran out, was replaced or was forged is refused with
+  INVALID_RECEIPT_HANDLE, except that an ack of a message already settled answers OK and
+  changes nothing (acks are idempotent; mockbroker/pop/service.py);
+- a restart on the same data directory keeps every message, commit, receipt and ack,
+  and renews every lock with an owner at its epoch (mockbroker/lock_manager.py).
 
 The fuzz modules (test_fuzz_*.py) check each front alone against bad input; the parity
 modules (test_front_parity_*.py) check single hostile calls. This one checks sequences.
@@ -37,17 +51,27 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from mockbroker import BrokerConfig, EmbeddedBroker
 from mockbroker._pb_v2.apache.rocketmq.v2 import definition_pb2 as v2
 from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2 as svc
 from mockbroker._pb_v2.apache.rocketmq.v2 import service_pb2_grpc as svc_grpc
+from mockbroker.pop.receipts import Receipt
 from sdk import Message
+from sdk._remoting.codes import RequestCode, ResponseCode
+from sdk._remoting.message_layout import decode_records
 from sdk._transport import connect
 from sdk._transport.broker_client import BrokerClient
 from sdk._transport.codec import MessageIdGenerator
 from sdk._transport.protocol import GroupInfo, PullStatus, Transport
+from sdk._transport.remoting_transport import RemotingTransport
 from sdk.errors import OrderMQError
 from sdk.message import MessageExt, MessageQueue
 from sdk.selector import shard_index
@@ -63,6 +87,16 @@ CLIENTS = ("client-a", "client-b")
 WIRES = ("ordermq", "remoting")
 KEYS = ("k0", "k1", "k2", "k3", "k4")
 CALL_SECONDS = 10.0
+#: Deliveries of a received message before it goes to the dead-letter topic: few, so
+#: that sequences reach it.
+POP_ATTEMPTS = 3
+#: Invisible times of receives and changes (s): one run-out of the leases (LEASE + 1)
+#: ends the short one and not the long one; 0 (changes only) makes a message visible.
+INVISIBLE = (20, 100)
+#: PULL_MESSAGE's sysFlag bits: the request carries a commitOffset; it has a subscription.
+PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION = 0x1, 0x4
+#: The headers of the v2 front's consumer calls.
+V2_CLIENT = (("x-mq-client-id", "v2-consumer"),)
 
 
 @dataclass(frozen=True)
@@ -116,6 +150,43 @@ class Lock:
         return self.owner if self.live else None
 
 
+@dataclass
+class Popped:
+    """The model of one message in the receiving group's view (mockbroker/pop).
+
+    A receive delivers it while no receive holds it (its lease ran out, or none was
+    taken), it is not settled and it was delivered fewer than POP_ATTEMPTS times; once
+    the lease of its last attempt runs out it is dead-lettered, never delivered again.
+    """
+
+    attempts: int = 0
+    receipt: str | None = None  # the current lease's receipt...
+    deadline_ms: int = 0  # ... and when it runs out
+    settled_by: str | None = None  # the receipt that acked it
+
+    def held(self, now_ms: int) -> bool:
+        """A receive holds it: its lease has not run out."""
+        return self.settled_by is None and self.receipt is not None and now_ms < self.deadline_ms
+
+    def dead(self, now_ms: int) -> bool:
+        """Its last delivery's lease ran out: it goes (or went) to the dead-letter topic."""
+        return self.settled_by is None and self.attempts >= POP_ATTEMPTS and not self.held(now_ms)
+
+    def deliverable(self, now_ms: int) -> bool:
+        """A receive may take it now."""
+        return self.settled_by is None and not self.held(now_ms) and not self.dead(now_ms)
+
+
+@dataclass(frozen=True)
+class Issued:
+    """A receipt handle the broker gave out (by a receive or a change), current or not."""
+
+    receipt: str
+    queue_id: int
+    offset: int
+    deadline_ms: int
+
+
 class Broker:
     """The broker under test, the loop the clients run on, and their connections."""
 
@@ -127,6 +198,7 @@ class Broker:
             disconnect_grace_seconds=10.0**9,
             # each example has a topic and a group (and so a retry topic) of its own
             max_topics=10**6, client_max_topics=10**6,
+            pop_max_delivery_attempts=POP_ATTEMPTS,
         )  # fmt: skip
         self.embedded = EmbeddedBroker(config, clock=self.clock)
         self.loop = asyncio.new_event_loop()
@@ -138,8 +210,18 @@ class Broker:
         self.topics = count()
 
     def start(self) -> None:
-        self.embedded.start()
         self._thread.start()
+        self._open()
+
+    def restart(self) -> None:
+        """Stop the broker, start it again on its data directory, connect anew."""
+        self.embedded.stop()
+        self._close_clients()
+        self.embedded = EmbeddedBroker(self.embedded.config, clock=self.clock)
+        self._open()
+
+    def _open(self) -> None:
+        self.embedded.start()
         endpoints = {
             "ordermq": self.embedded.address,
             "remoting": f"rocketmq://{self.embedded.namesrv_address}",
@@ -154,11 +236,14 @@ class Broker:
         """`work` on the clients' loop; its result."""
         return asyncio.run_coroutine_threadsafe(work, self.loop).result(CALL_SECONDS)
 
-    def stop(self) -> None:
+    def _close_clients(self) -> None:
         for transport in self.transports.values():
             self.run(transport.close())
         if self.channel is not None:
             self.channel.close()
+
+    def stop(self) -> None:
+        self._close_clients()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
@@ -195,6 +280,11 @@ class FrontsMachine(RuleBasedStateMachine):
         super().__init__()
         n = next(self.b.topics)
         self.topic, self.group = f"fronts-{n}", f"fronts-group-{n}"
+        #: The group receiving through the v2 front (a SimpleConsumer's, not FIFO).
+        self.pop_group = f"fronts-pop-{n}"
+        #: Per queue, per offset: the receiving group's view of each message sent.
+        self.popped: list[list[Popped]] = [[] for _ in range(QUEUES)]
+        self.issued: list[Issued] = []
         self.queues: list[list[Sent]] = [[] for _ in range(QUEUES)]
         self.committed: list[int | None] = [None] * QUEUES
         self.locks = [Lock() for _ in range(QUEUES)]
@@ -210,13 +300,17 @@ class FrontsMachine(RuleBasedStateMachine):
                 await admin.create_topic(self.topic, QUEUES)
             finally:
                 await admin.close()
-            info = GroupInfo(self.group, "CONSUME_ORDERLY", subscriptions=((self.topic, "*"),))
-            for (_, client), transport in self.b.transports.items():
-                await transport.writable_queues(self.topic)
-                await transport.readable_queues(self.topic)
-                await transport.heartbeat(client, [info])
+            await self._join()
 
         self.b.run(setup())
+
+    async def _join(self) -> None:
+        """Each client finds the topic's queues and joins the group over each wire."""
+        info = GroupInfo(self.group, "CONSUME_ORDERLY", subscriptions=((self.topic, "*"),))
+        for (_, client), transport in self.b.transports.items():
+            await transport.writable_queues(self.topic)
+            await transport.readable_queues(self.topic)
+            await transport.heartbeat(client, [info])
 
     def mq(self, queue_id: int) -> MessageQueue:
         return MessageQueue(self.topic, "broker-a", queue_id)
@@ -250,7 +344,7 @@ class FrontsMachine(RuleBasedStateMachine):
         assert (appended.first_offset, appended.count) == (len(stored), len(batch)), (
             f"{wire} send to queue {queue_id}: {appended}, the queue held {len(stored)}"
         )
-        stored += sent(batch, key)
+        self._stored(queue_id, sent(batch, key))
 
     @rule(key=st.sampled_from(KEYS), batch=messages_to_send)
     def send_v2(self, key: str, batch: Batch) -> None:
@@ -276,7 +370,11 @@ class FrontsMachine(RuleBasedStateMachine):
         assert [e.offset for e in answer.entries] == list(
             range(len(stored), len(stored) + len(batch))
         ), f"v2 send of group {key!r} (queue {queue_id}): {answer}; the queue held {len(stored)}"
-        stored += sent(batch, key)
+        self._stored(queue_id, sent(batch, key))
+
+    def _stored(self, queue_id: int, messages: list[Sent]) -> None:
+        self.queues[queue_id] += messages
+        self.popped[queue_id] += [Popped() for _ in messages]
 
     # ------------------------------------------------------------------ reading
     @rule(wire=st.sampled_from(WIRES), queue_id=st.integers(0, QUEUES - 1), data=st.data())
@@ -364,6 +462,17 @@ class FrontsMachine(RuleBasedStateMachine):
 
         self.b.run(touch())
 
+    @rule()
+    def restart(self) -> None:
+        """The broker stops and starts again on its data directory (the clients connect
+        and join again): what it acknowledged stays, messages, commits, receipts and acks
+        alike, and every lock with an owner counts as renewed at start, its owner keeping
+        it at its epoch for a lease (mockbroker/lock_manager.py)."""
+        self.b.restart()
+        self.b.run(self._join())
+        for model in self.locks:
+            model.live = model.owner is not None
+
     # ------------------------------------------------------------------ offsets
     @rule(
         wire=st.sampled_from(WIRES),
@@ -413,6 +522,200 @@ class FrontsMachine(RuleBasedStateMachine):
         if want is None and wire == "remoting":
             want = 0  # RocketMQ's rule: the queue still holds its first message, read it all
         assert got == want, f"{wire}: queue {queue_id}"
+
+    @rule(client=st.sampled_from(CLIENTS), queue_id=st.integers(0, QUEUES - 1), data=st.data())
+    def pull_committing(self, client: str, queue_id: int, data: st.DataObject) -> None:
+        """RocketMQ's PULL_MESSAGE with the commit bit: its commitOffset is committed by the
+        rule UPDATE_CONSUMER_OFFSET follows, and only forward; the pull is served anyway."""
+        end = len(self.queues[queue_id])
+        offset = data.draw(st.integers(0, end + 2), label="offset")
+        commit = data.draw(st.integers(0, end + 2), label="commit_offset")
+        transport = self.transport("remoting", client)
+        assert isinstance(transport, RemotingTransport)
+        fields = {
+            "consumerGroup": self.group, "topic": self.topic, "queueId": str(queue_id),
+            "queueOffset": str(offset), "maxMsgNums": "4",
+            "sysFlag": str(PULL_COMMIT_OFFSET | PULL_SUBSCRIPTION),
+            "commitOffset": str(commit), "suspendTimeoutMillis": "0",
+            "subscription": "*", "subVersion": "0", "expressionType": "TAG",
+        }  # fmt: skip
+        response = self.b.run(
+            transport._at_broker(self.mq(queue_id), RequestCode.PULL_MESSAGE, fields)
+        )
+        what = f"{client}'s pull of queue {queue_id} at {offset} committing {commit} (end {end})"
+        if offset < end:
+            assert response.code == ResponseCode.SUCCESS, f"{what}: {response}"
+            served = [r.queue_offset for r in decode_records(response.body)]
+            assert served and served == list(range(offset, offset + len(served))), what
+        else:  # RocketMQ's answers: OFFSET_OVERFLOW_ONE, OFFSET_OVERFLOW_BADLY
+            moved = ResponseCode.PULL_OFFSET_MOVED if offset > end else ResponseCode.PULL_NOT_FOUND
+            assert response.code == moved, f"{what}: {response}"
+        latest = self.committed[queue_id]
+        if (
+            commit <= end
+            and self._may_commit("remoting", client, queue_id)
+            and (latest is None or commit > latest)
+        ):
+            self.committed[queue_id] = commit
+        got = self.b.run(self.transport("ordermq").query_offset(self.group, self.mq(queue_id)))
+        assert got == self.committed[queue_id], (
+            f"{what}: the group's offset is {got}, was {latest}; lock held by "
+            f"{self.locks[queue_id].holder}"
+        )
+
+    # ------------------------------------------------------------------ receiving (v2)
+    def now_ms(self) -> int:
+        """The broker's clock, as the pop core reads it."""
+        return int(self.b.clock.now() * 1000)
+
+    @rule(batch_size=st.integers(1, 4), invisible=st.sampled_from(INVISIBLE))
+    def receive_v2(self, batch_size: int, invisible: int) -> None:
+        """A SimpleConsumer's receive: what no receive holds and nobody settled, in order."""
+        now = self.now_ms()
+        deliverable = [
+            [o for o, m in enumerate(msgs) if m.deliverable(now)] for msgs in self.popped
+        ]
+        request = svc.ReceiveMessageRequest(
+            group=v2.Resource(name=self.pop_group),
+            message_queue=v2.MessageQueue(topic=v2.Resource(name=self.topic), id=-1),
+            filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+            batch_size=batch_size,
+        )
+        request.invisible_duration.FromSeconds(invisible)
+        request.long_polling_timeout.FromSeconds(0)
+        assert self.b.v2 is not None
+        answer = list(self.b.v2.ReceiveMessage(request, timeout=CALL_SECONDS, metadata=V2_CLIENT))
+        status = [a.status for a in answer if a.HasField("status")]
+        got = [a.message for a in answer if a.HasField("message")]
+        what = f"v2 receive of {batch_size} (deliverable: {deliverable}): {status}"
+        assert len(status) == 1 and sum(a.HasField("delivery_timestamp") for a in answer) == 1, what
+        want = min(batch_size, sum(map(len, deliverable)))
+        assert status[0].code == (v2.OK if want else v2.MESSAGE_NOT_FOUND), what
+        assert len(got) == want, f"{what}: {len(got)} messages"
+        by_queue: list[list[int]] = [[] for _ in range(QUEUES)]
+        for message in got:
+            sp = message.system_properties
+            queue_id, offset = sp.queue_id, sp.queue_offset
+            by_queue[queue_id].append(offset)
+            m = self.popped[queue_id][offset]
+            assert Sent(message.body, sp.tag, tuple(sp.keys), sp.message_group,
+                        _user(dict(message.user_properties))) == self.queues[queue_id][offset], (
+                f"{what}: queue {queue_id} offset {offset} as served"
+            )  # fmt: skip
+            assert sp.delivery_attempt == m.attempts + 1, f"{what}: {queue_id}/{offset}"
+            m.attempts += 1
+            m.receipt, m.deadline_ms = sp.receipt_handle, now + invisible * 1000
+            self.issued.append(Issued(m.receipt, queue_id, offset, m.deadline_ms))
+        for queue_id, offsets in enumerate(by_queue):
+            # each queue's messages in offset order, from its first deliverable one
+            assert offsets == deliverable[queue_id][: len(offsets)], f"{what}: got {by_queue}"
+
+    def _receipt_to_try(self, data: st.DataObject) -> tuple[str, Issued | None]:
+        """A receipt handle the broker gave out, or a forged one (Issued None)."""
+        now = self.now_ms()
+        kinds = ["forged text"]
+        if self.issued:
+            kinds.append("issued")
+        targets = [(q, o) for q, msgs in enumerate(self.popped) for o in range(len(msgs))]
+        if targets:
+            kinds.append("forged nonce")
+        kind = data.draw(st.sampled_from(kinds), label="receipt")
+        if kind == "issued":
+            issued = data.draw(st.sampled_from(self.issued), label="issued")
+            return issued.receipt, issued
+        if kind == "forged text":
+            return data.draw(st.sampled_from(("x", "AAAA", "forged-receipt")), label="text"), None
+        # One of ours in form, for a message that exists, under a lease never given out.
+        queue_id, offset = data.draw(st.sampled_from(targets), label="message")
+        deadline = now + data.draw(st.sampled_from((-1000, 1000 * INVISIBLE[0])), label="by")
+        receipt = Receipt(self.pop_group, self.topic, queue_id, offset, 0x5EED, deadline)
+        return receipt.encode(), Issued(receipt.encode(), queue_id, offset, deadline)
+
+    def _outcome(self, receipt: str, issued: Issued | None, *, change: bool) -> set[int]:
+        """The v2 codes an ack (or change) with `receipt` may answer now (the pop core's
+        rule); a receipt not from a receive is refused unless its message is settled
+        (acks are idempotent) and it has not run out."""
+        refused = v2.INVALID_RECEIPT_HANDLE
+        if issued is None:
+            return {refused}
+        now = self.now_ms()
+        m = self.popped[issued.queue_id][issued.offset]
+        expired = now >= issued.deadline_ms
+        if m.settled_by is None and m.receipt == receipt:
+            return {refused} if expired else {v2.OK}
+        done = refused if change else v2.OK
+        if m.dead(now):  # settled once the broker's sweeper has dead-lettered it
+            return {refused} if expired else {refused, done}
+        if m.settled_by is not None and m.settled_by == receipt:
+            # remembered while the group's window holds the message, else judged by its time
+            return {done, refused} if expired else {done}
+        if expired or m.settled_by is None:
+            return {refused}
+        return {done}
+
+    @rule(data=st.data())
+    def ack_v2(self, data: st.DataObject) -> None:
+        """AckMessage: a held message's current receipt settles it, once; another is
+        refused with a status (or, for a message settled already, answered OK)."""
+        receipt, issued = self._receipt_to_try(data)
+        allowed = self._outcome(receipt, issued, change=False)
+        request = svc.AckMessageRequest(
+            group=v2.Resource(name=self.pop_group), topic=v2.Resource(name=self.topic),
+            entries=[svc.AckMessageEntry(message_id="0" * 32, receipt_handle=receipt)],
+        )  # fmt: skip
+        assert self.b.v2 is not None
+        answer = self.b.v2.AckMessage(request, timeout=CALL_SECONDS, metadata=V2_CLIENT)
+        assert answer.status.code in allowed, f"ack with {issued or receipt}: {answer}; {allowed}"
+        assert [e.status.code for e in answer.entries] == [answer.status.code], answer
+        if answer.status.code == v2.OK and issued is not None:
+            m = self.popped[issued.queue_id][issued.offset]
+            if m.held(self.now_ms()) and m.receipt == receipt:
+                m.settled_by = receipt
+
+    def _held_now(self) -> list[Popped]:
+        now = self.now_ms()
+        return [m for msgs in self.popped for m in msgs if m.held(now)]
+
+    @precondition(lambda self: self._held_now())
+    @rule(data=st.data())
+    def ack_held_v2(self, data: st.DataObject) -> None:
+        """The usual case, made frequent: a consumer acks what it holds, with its receipt."""
+        m = data.draw(st.sampled_from(self._held_now()), label="held")
+        assert m.receipt is not None
+        request = svc.AckMessageRequest(
+            group=v2.Resource(name=self.pop_group), topic=v2.Resource(name=self.topic),
+            entries=[svc.AckMessageEntry(message_id="0" * 32, receipt_handle=m.receipt)],
+        )  # fmt: skip
+        assert self.b.v2 is not None
+        answer = self.b.v2.AckMessage(request, timeout=CALL_SECONDS, metadata=V2_CLIENT)
+        assert answer.status.code == v2.OK, f"ack of a held message: {answer}"
+        m.settled_by = m.receipt
+
+    @rule(data=st.data(), invisible=st.sampled_from((0, *INVISIBLE)))
+    def change_invisible_v2(self, data: st.DataObject, invisible: int) -> None:
+        """ChangeInvisibleDuration: a held message's current receipt gives it a new lease
+        from now (0: visible at once) and a new receipt, the old one no longer works."""
+        receipt, issued = self._receipt_to_try(data)
+        allowed = self._outcome(receipt, issued, change=True)
+        request = svc.ChangeInvisibleDurationRequest(
+            group=v2.Resource(name=self.pop_group), topic=v2.Resource(name=self.topic),
+            receipt_handle=receipt, message_id="0" * 32,
+        )  # fmt: skip
+        request.invisible_duration.FromSeconds(invisible)
+        assert self.b.v2 is not None
+        now = self.now_ms()
+        answer = self.b.v2.ChangeInvisibleDuration(
+            request, timeout=CALL_SECONDS, metadata=V2_CLIENT
+        )
+        what = f"change to {invisible} s with {issued or receipt}: {answer}; {allowed}"
+        assert answer.status.code in allowed, what
+        if answer.status.code != v2.OK:
+            assert not answer.receipt_handle, what
+            return
+        assert issued is not None and answer.receipt_handle not in ("", receipt), what
+        m = self.popped[issued.queue_id][issued.offset]
+        m.receipt, m.deadline_ms = answer.receipt_handle, now + invisible * 1000
+        self.issued.append(Issued(m.receipt, issued.queue_id, issued.offset, m.deadline_ms))
 
     @invariant()
     def stored_as_sent(self) -> None:
