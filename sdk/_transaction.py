@@ -31,12 +31,14 @@ from sdk.clock import Clock, SystemClock
 from sdk.consumer.core import new_client_id
 from sdk.errors import ClientStateError, InvalidMessageError, OrderMQError
 from sdk.message import (
+    ENCODING_FAILURES,
     Message,
     MessageExt,
     MessageIdGenerator,
     MessageQueue,
     SendStatus,
     check_message,
+    recheck_message,
 )
 from sdk.selector import shard_index
 
@@ -154,7 +156,11 @@ class TransactionCore:
             queue = queues[self._turn % len(queues)]
             self._turn += 1
         msg_id = self._ids.next()
-        prepared = transport.prepare(message, msg_id, self._clock.now())
+        try:
+            prepared = transport.prepare(message, msg_id, self._clock.now())
+        except ENCODING_FAILURES:
+            recheck_message(message, "send_message_in_transaction()")
+            raise
         sent = await transport.send_half(queue, prepared, self.group, timeout=timeout)
         return HalfMessage(message, msg_id.hex().upper(), queue, sent)
 

@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NoReturn
 
 from sdk._validation import check_topic, finite_number, tag_problem
 from sdk._wire import MAX_BODY_BYTES, MAX_PROPERTIES_BYTES, encode_properties
@@ -25,7 +26,10 @@ class Message:
         body: Payload; 1 byte to 4 MiB.
         tags: One tag for broker-side filtering (`TagA || TagB` subscriptions).
         keys: Business keys (a string or several) for lookups by key.
-        properties: User properties, str -> str, at most 16 KiB encoded.
+        properties: User properties, str -> str, at most 16 KiB encoded. They are
+            encoded when the message is made, and read-only afterwards: to change them,
+            assign a whole new mapping (`m.properties = {**m.properties, "k": "v"}`),
+            which is checked and encoded again.
         sharding_key: Messages with the same sharding key go to the same queue, in order.
         delay_seconds: Deliver this many seconds after sending.
         deliver_at: Deliver at this time (an aware datetime or epoch seconds).
@@ -38,11 +42,11 @@ class Message:
 
     __slots__ = (
         "_encoded_properties",
+        "_properties",
         "body",
         "delay_seconds",
         "deliver_at",
         "keys",
-        "properties",
         "sharding_key",
         "tags",
         "topic",
@@ -101,23 +105,9 @@ class Message:
                 )
             properties = {**(properties or {}), IDEMPOTENCY_KEY_PROPERTY: idempotency_key}
         if properties:
-            self.properties = dict(properties)
-            size = 0
-            for k, v in self.properties.items():
-                if not isinstance(k, str) or not isinstance(v, str) or not k:
-                    raise InvalidMessageError(
-                        f"properties must map non-empty str to str; got {k!r}: {v!r}"
-                    )
-                # each name and value is prefixed by its length in two bytes
-                size += 4 + len(_utf8("a property name", k)) + len(_utf8(f"property {k!r}", v))
-            if size > MAX_PROPERTIES_BYTES:
-                raise InvalidMessageError(
-                    f"properties are {size} bytes encoded, over the limit of {MAX_PROPERTIES_BYTES}"
-                )
-            self._encoded_properties = encode_properties(self.properties)
+            self._properties, self._encoded_properties = _checked_properties(properties)
         else:
-            self.properties = {}
-            self._encoded_properties = b""
+            self._properties, self._encoded_properties = _NO_PROPERTIES, b""
         if delay_seconds is not None or deliver_at is not None:
             if delay_seconds is not None and deliver_at is not None:
                 raise InvalidMessageError("give delay_seconds or deliver_at, not both")
@@ -140,6 +130,17 @@ class Message:
         self.deliver_at = deliver_at
 
     @property
+    def properties(self) -> Mapping[str, str]:
+        """The user properties, read-only (a dict that refuses changes); see the class."""
+        return self._properties
+
+    @properties.setter
+    def properties(self, properties: Mapping[str, str] | None) -> None:
+        self._properties, self._encoded_properties = (
+            _checked_properties(properties) if properties else (_NO_PROPERTIES, b"")
+        )
+
+    @property
     def idempotency_key(self) -> str | None:
         """The key a broker deduplicates the message by (its IDEMPOTENCY_KEY property)."""
         return self.properties.get(IDEMPOTENCY_KEY_PROPERTY)
@@ -154,6 +155,52 @@ class Message:
             f"Message(topic={self.topic!r}, body=<{len(self.body)} bytes>, tags={self.tags!r}, "
             f"keys={self.keys!r}, sharding_key={self.sharding_key!r})"
         )
+
+
+class _ReadOnlyProperties(dict[str, str]):
+    """A Message's properties: encoded when they were given, so never changed in place.
+
+    A change in place would not be sent (the message carries the encoding made when the
+    properties were given); it raises TypeError saying what to do instead.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError(
+            "a Message's properties are read-only (they were encoded when given): assign "
+            'a new mapping instead, e.g. message.properties = {**message.properties, "k": "v"}'
+        )
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple[type[_ReadOnlyProperties], tuple[dict[str, str]]]:
+        # Made whole, not filled in item by item (which pickle and deepcopy would do).
+        return (_ReadOnlyProperties, (dict(self),))
+
+
+_NO_PROPERTIES = _ReadOnlyProperties()
+
+
+def _checked_properties(properties: Mapping[str, str]) -> tuple[_ReadOnlyProperties, bytes]:
+    """Validated properties (read-only) and their encoding; InvalidMessageError if bad."""
+    if not isinstance(properties, Mapping):
+        raise InvalidMessageError(
+            f"properties must be a mapping of str to str, not {type(properties).__name__}"
+        )
+    checked = _ReadOnlyProperties(properties)
+    size = 0
+    for k, v in checked.items():
+        if not isinstance(k, str) or not isinstance(v, str) or not k:
+            raise InvalidMessageError(f"properties must map non-empty str to str; got {k!r}: {v!r}")
+        # each name and value is prefixed by its length in two bytes
+        size += 4 + len(_utf8("a property name", k)) + len(_utf8(f"property {k!r}", v))
+    if size > MAX_PROPERTIES_BYTES:
+        raise InvalidMessageError(
+            f"properties are {size} bytes encoded, over the limit of {MAX_PROPERTIES_BYTES}"
+        )
+    return checked, encode_properties(checked)
 
 
 #: The user property a message's idempotency key travels in (docs/dedup.md).
@@ -243,6 +290,25 @@ def check_message(value: object, taker: str) -> Message:
     if not isinstance(value, Message):
         raise InvalidMessageError(f"{taker} takes a Message, not {type(value).__name__}")
     return value
+
+
+#: What encoding a message whose fields were set to bad values after it was made raises.
+ENCODING_FAILURES = (AttributeError, TypeError, ValueError, OverflowError)
+
+
+def recheck_message(value: object, taker: str) -> None:
+    """After encoding `value` failed: the error Message() gives for its fields, if any.
+
+    A Message checks its fields when it is made; one set to a bad value afterwards
+    (`m.sharding_key = 5`) fails only when the send encodes it, deep inside. This names
+    the field as the constructor would; returns when the fields are good (the encoding's
+    own error stands then).
+    """
+    m = check_message(value, taker)
+    Message(
+        m.topic, m.body, tags=m.tags, keys=m.keys, properties=m.properties,
+        sharding_key=m.sharding_key, delay_seconds=m.delay_seconds, deliver_at=m.deliver_at,
+    )  # fmt: skip
 
 
 def check_queue(value: object, taker: str) -> MessageQueue:

@@ -31,6 +31,7 @@ from sdk.errors import (
     OrderMQError,
 )
 from sdk.message import (
+    ENCODING_FAILURES,
     Message,
     MessageIdGenerator,
     MessageQueue,
@@ -38,6 +39,7 @@ from sdk.message import (
     SendStatus,
     build_send_results,
     check_message,
+    recheck_message,
 )
 from sdk.producer.accumulator import Accumulator, Part
 from sdk.producer.config import ProducerConfig
@@ -318,7 +320,11 @@ class ProducerCore:
             or _delayed(message)
         ):
             return self._send_one(message, msg_id, carrier, selector, arg, timeout)
-        prepared = self._prepare(message, msg_id, self._clock.now(), carrier)
+        try:
+            prepared = self._prepare(message, msg_id, self._clock.now(), carrier)
+        except ENCODING_FAILURES:
+            recheck_message(message, "send()")
+            raise
         return self._accumulate(accumulator, message, prepared, msg_id, selector, arg)
 
     async def _send_one(
@@ -332,12 +338,17 @@ class ProducerCore:
     ) -> SendResult:
         """A send spooled, or sent as a request of its own (no accumulator, a deadline)."""
         now = self._clock.now()
-        if self._spool is not None:
-            if selector is not None:
-                raise InvalidArgumentError("a spooling producer routes by sharding key only")
-            frame = spool_frame(message, msg_id, now, carrier)
-            return (await self._spool_messages([message], [frame], [msg_id]))[0]
-        prepared = self._prepare(message, msg_id, now, carrier)
+        spooling = self._spool is not None
+        if spooling and selector is not None:
+            raise InvalidArgumentError("a spooling producer routes by sharding key only")
+        encode = spool_frame if spooling else self._prepare
+        try:
+            prepared = encode(message, msg_id, now, carrier)
+        except ENCODING_FAILURES:
+            recheck_message(message, "send()")
+            raise
+        if spooling:
+            return (await self._spool_messages([message], [prepared], [msg_id]))[0]
         queues = await self.writable_queues(message.topic)
         queue = self._select(queues, message, selector, arg)
         movable = selector is None and message.sharding_key is None
@@ -470,10 +481,11 @@ class ProducerCore:
                     encoded = [encode(m, ids[i], now) for i, m in enumerate(messages)]
                 else:
                     encoded = self._transport.prepare_many(messages, ids, now)
-            except (AttributeError, TypeError):
-                # What is not a Message is named here, off the path of every good batch.
+            except ENCODING_FAILURES:
+                # What is not a Message, or one with a field set to a bad value after it
+                # was made, is named here, off the path of every good batch.
                 for i, m in enumerate(messages):
-                    check_message(m, f"send_batch() (message {i})")
+                    recheck_message(m, f"send_batch() (message {i})")
                 raise
             if self._spool is not None:
                 return await self._spool_messages(list(messages), encoded, ids)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import math
+import pickle
 import re
 from datetime import UTC, datetime
 
@@ -207,10 +210,40 @@ def test_bodies_of_other_bytes_types_are_copied_to_bytes() -> None:
 def test_each_message_has_its_own_properties_dict() -> None:
     given = {"k": "v"}
     a, b = Message("orders", b"x", properties=given), Message("orders", b"x", properties=given)
-    c, d = Message("orders", b"x"), Message("orders", b"x")
     assert a.properties is not given and a.properties is not b.properties
-    assert c.properties == {} and c.properties is not d.properties
-    c.properties["mine"] = "1"
     given["k"] = "changed"
-    assert d.properties == {} and a.properties == {"k": "v"}
-    assert c.encoded_properties == b"" and a.encoded_properties == encode_properties({"k": "v"})
+    assert a.properties == {"k": "v"} and a.encoded_properties == encode_properties({"k": "v"})
+
+
+def test_properties_are_read_only_and_a_new_mapping_is_checked_and_encoded_again() -> None:
+    # A change in place was kept in the dict but not in the encoding the send carries:
+    # over gRPC the message was stored without it, silently.
+    m = Message("orders", b"x", properties={"k": "v"})
+    changes = [
+        lambda p: p.__setitem__("mine", "1"), lambda p: p.update(mine="1"),
+        lambda p: p.setdefault("mine", "1"), lambda p: p.pop("k"), lambda p: p.popitem(),
+        lambda p: p.clear(), lambda p: p.__delitem__("k"), lambda p: p.__ior__({"a": "b"}),
+    ]  # fmt: skip
+    for change in changes:
+        with pytest.raises(TypeError, match=r"read-only .* assign a new mapping"):
+            change(m.properties)
+    empty = Message("orders", b"x")
+    with pytest.raises(TypeError, match="read-only"):
+        empty.properties["mine"] = "1"  # type: ignore[index]
+    assert m.properties == {"k": "v"} and empty.properties == {}
+    assert isinstance(m.properties, dict) and json.dumps(m.properties) == '{"k": "v"}'
+    m.properties = {**m.properties, "mine": "1"}
+    assert m.properties == {"k": "v", "mine": "1"}
+    assert m.encoded_properties == encode_properties({"k": "v", "mine": "1"})
+    with pytest.raises(InvalidMessageError, match="non-empty str to str"):
+        m.properties = {"k": 1}  # type: ignore[dict-item]
+    with pytest.raises(InvalidMessageError, match="mapping of str to str, not list"):
+        m.properties = [("k", "v")]  # type: ignore[assignment]
+    assert m.properties == {"k": "v", "mine": "1"}, "a refused mapping changes nothing"
+    m.properties = None
+    assert m.properties == {} and m.encoded_properties == b""
+    original = Message("o", b"x", properties={"k": "v"})
+    copies = [copy.copy(original), copy.deepcopy(original), pickle.loads(pickle.dumps(original))]
+    for copied in copies:  # read-only, yet made again whole
+        assert copied.properties == {"k": "v"}
+        assert copied.encoded_properties == original.encoded_properties
