@@ -38,6 +38,17 @@ def _port_or_off(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number or 'off'") from None
 
 
+def data_directory(text: str) -> Path:
+    """The data directory's path; empty text is a usage error.
+
+    Path("") is the current directory: an empty --data-dir (an unset shell variable)
+    stored the broker's files wherever the command happened to run.
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} names no directory")
+    return Path(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line's options; every one has help, defaults from BrokerConfig."""
     d = BrokerConfig()
@@ -55,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="host clients are told to connect to (default: --host, or 127.0.0.1 for 0.0.0.0)",
     )
-    p.add_argument("--data-dir", type=Path, required=True, help="where messages are stored")
+    p.add_argument(
+        "--data-dir", type=data_directory, required=True, help="where messages are stored"
+    )
     p.add_argument(
         "--flush-mode",
         choices=["async", "sync"],

@@ -11,6 +11,8 @@ from mockbroker.store.retention import RetentionPolicy
 from sdk._validation import finite_number
 
 FlushMode = Literal["async", "sync"]
+#: The shortest period of disk checks (retention) the broker takes.
+MIN_DISK_CHECK_SECONDS = 0.01
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,8 @@ class BrokerConfig:
         disk_refuse_ratio: Above this share, sends are refused with UNAVAILABLE
             (DISK_FULL, retriable) until space is freed; reads, offset commits and locks
             keep working.
-        disk_check_seconds: How often disk use is checked and retention applied.
+        disk_check_seconds: How often disk use is checked and retention applied (at
+            least 0.01).
         max_data_bytes: A cap on the broker's own data, the commit log's bytes (None: no
             cap). Above it the oldest segments are deleted at the next check, read or not,
             each deletion logged with the groups it cost; while the log cannot be brought
@@ -92,7 +95,8 @@ class BrokerConfig:
             answers between slices. A large batch's records are laid out in slices too, then
             written in one piece (all or nothing).
             Off: each request's store work runs whole, in order of arrival.
-        fair_slice_messages: Most messages one slice of store work checks or reads.
+        fair_slice_messages: Most messages one slice of store work checks or reads
+            (at most 1 000 000).
         fair_slice_bytes: Most bytes one slice checks or reads (a slice holds at least
             one message, however large).
         fair_turn_ms: Store work the broker does, while nobody waits, before it lets its
@@ -291,33 +295,40 @@ class BrokerConfig:
         self.name_servers()  # raises ValueError naming what is wrong
         if not 1 <= self.default_queues <= 1024:
             raise ValueError(f"default_queues {self.default_queues} is outside 1..1024")
-        if self.lock_lease_seconds <= 0:
-            raise ValueError("lock_lease_seconds must be positive")
+        self._require_positive("lock_lease_seconds")
         if self.segment_bytes < 1024 * 1024:
-            raise ValueError("segment_bytes must be at least 1 MiB")
-        if (
-            min(
-                self.flush_interval_seconds,
-                self.sync_flush_timeout_seconds,
-                self.client_timeout_seconds,
-                self.disconnect_grace_seconds,
-                self.keepalive_seconds,
-            )
-            <= 0
+            raise ValueError(f"segment_bytes {self.segment_bytes} must be at least 1048576 (1 MiB)")
+        for name in (
+            "flush_interval_seconds",
+            "sync_flush_timeout_seconds",
+            "client_timeout_seconds",
+            "disconnect_grace_seconds",
+            "keepalive_seconds",
+            "fair_slice_messages",
+            "fair_slice_bytes",
+            "fair_turn_ms",
         ):
-            raise ValueError("flush intervals and timeouts must be positive")
-        if self.fair_slice_messages < 1 or self.fair_slice_bytes < 1:
-            raise ValueError("fair_slice_messages and fair_slice_bytes must be positive")
-        if self.fair_turn_ms <= 0:
-            raise ValueError("fair_turn_ms must be positive")
+            self._require_positive(name)
+        # The slice's count reaches C code as a ssize_t: from 2^63 every send failed
+        # ("Unexpected OverflowError"); a million is already more than any batch holds.
+        if self.fair_slice_messages > 1_000_000:
+            raise ValueError(
+                f"fair_slice_messages {self.fair_slice_messages} is outside 1..1000000"
+            )
+        # gRPC takes the keepalive in milliseconds as a C int: past about 24 days its
+        # server could not be built (OverflowError at start); a day is already no keepalive.
+        if self.keepalive_seconds > 86_400:
+            raise ValueError(
+                f"keepalive_seconds {self.keepalive_seconds} is outside (0, 86400] (a day)"
+            )
         if not 0 <= self.busy_poll_us <= 10_000:
             raise ValueError(f"busy_poll_us must be within 0..10000, not {self.busy_poll_us}")
-        if min(self.remoting_max_connections, self.remoting_max_connections_per_host) < 1:
-            raise ValueError(
-                "remoting_max_connections and remoting_max_connections_per_host must be positive"
-            )
-        if self.client_max_in_flight_bytes < 1:
-            raise ValueError("client_max_in_flight_bytes must be positive")
+        for name in (
+            "remoting_max_connections",
+            "remoting_max_connections_per_host",
+            "client_max_in_flight_bytes",
+        ):
+            self._require_positive(name)
         if not 1 <= self.client_max_locks <= 1_000_000:
             raise ValueError(f"client_max_locks {self.client_max_locks} is outside 1..1000000")
         if not 1 <= self.max_topics <= 1_000_000:
@@ -361,10 +372,22 @@ class BrokerConfig:
                 "tls_client_ca needs tls_cert and tls_key: client certificates are checked "
                 "only on TLS connections"
             )
-        if self.disk_check_seconds <= 0:
-            raise ValueError("disk_check_seconds must be positive")
-        if self.acl_reload_seconds <= 0:
-            raise ValueError("acl_reload_seconds must be positive")
+        # Each check walks the data directory on the event loop: checks much closer
+        # together than this left the broker no time to answer anything.
+        if not self.disk_check_seconds >= MIN_DISK_CHECK_SECONDS:
+            raise ValueError(
+                f"disk_check_seconds {self.disk_check_seconds} is below "
+                f"{MIN_DISK_CHECK_SECONDS}: disk checks that often leave the broker no time "
+                "to serve"
+            )
+        self._require_positive("acl_reload_seconds")
+        self._require_positive("retention_hours")
+        if not 0 < self.disk_high_ratio <= self.disk_force_ratio <= self.disk_refuse_ratio <= 1:
+            raise ValueError(
+                f"disk_high_ratio {self.disk_high_ratio}, disk_force_ratio "
+                f"{self.disk_force_ratio} and disk_refuse_ratio {self.disk_refuse_ratio} must "
+                "satisfy 0 < high <= force <= refuse <= 1"
+            )
         self.retention_policy()  # raises ValueError naming what is wrong
         if self.max_data_bytes is not None and self.max_data_bytes < 2 * self.segment_bytes:
             raise ValueError(
@@ -376,6 +399,12 @@ class BrokerConfig:
         for name in ("tls_cert", "tls_key", "tls_client_ca", "acl_file"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))
+
+    def _require_positive(self, name: str) -> None:
+        """ValueError naming the field `name` and its value unless it is above 0."""
+        value = getattr(self, name)
+        if not value > 0:
+            raise ValueError(f"{name} must be above 0, not {value}")
 
     @property
     def tls(self) -> bool:

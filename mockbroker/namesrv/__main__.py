@@ -14,6 +14,36 @@ import signal
 import sys
 
 from mockbroker.namesrv.server import SCAN_SECONDS, NameServer
+from sdk._validation import finite_number
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0..65535 (0: a free one); a usage error names the value otherwise.
+
+    Out of range, it used to reach the socket's bind() and end in a traceback.
+    """
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is outside 0..65535")
+    return port
+
+
+def host_name(text: str) -> str:
+    """An address or host name the socket layer can take; a usage error names it otherwise.
+
+    A control character or what IDNA cannot encode (a NUL, a label over 63 characters)
+    used to reach getaddrinfo and end in a ValueError or UnicodeError traceback.
+    """
+    if not text.isprintable():
+        raise argparse.ArgumentTypeError(f"{text!r} holds a control character")
+    try:
+        text.encode("idna")
+    except UnicodeError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is no host name ({exc})") from None
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,9 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m mockbroker.namesrv", description="A RocketMQ name server."
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     p.add_argument(
-        "--port", type=int, default=9876, help="port, 0 for a free one (default %(default)s)"
+        "--host",
+        type=host_name,
+        default="127.0.0.1",
+        help="address to listen on (default %(default)s)",
+    )
+    p.add_argument(
+        "--port",
+        type=port_number,
+        default=9876,
+        help="port, 0 for a free one (default %(default)s)",
     )
     p.add_argument(
         "--scan-seconds",
@@ -52,8 +90,10 @@ async def serve(host: str, port: int, scan_seconds: float) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     a = build_parser().parse_args(argv)
-    if a.scan_seconds <= 0:
-        build_parser().error("--scan-seconds must be positive")
+    if not (finite_number(a.scan_seconds) and a.scan_seconds > 0):
+        build_parser().error(
+            f"--scan-seconds must be a finite number above 0, not {a.scan_seconds}"
+        )
     logging.basicConfig(
         level=a.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
