@@ -59,7 +59,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from sdk._transport.protocol import GroupInfo, Transport
-from sdk._validation import NAME_RE, check_topic
+from sdk._validation import NAME_RE, check_clock, check_topic
 from sdk.clock import Clock, SystemClock
 from sdk.consumer.core import new_client_id
 from sdk.errors import ClientStateError, InvalidArgumentError, OrderMQError
@@ -139,6 +139,7 @@ class CareerCore:
             self.topic = check_topic(topic)
         except InvalidArgumentError as exc:
             raise InvalidArgumentError(f"career topic: {exc}") from None
+        check_clock(clock)
         self.group = GROUP_PREFIX + name
         self.client_id = new_client_id()
         self.clock: Clock = clock or SystemClock()

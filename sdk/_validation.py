@@ -123,3 +123,19 @@ def check_durations(config: Any, *, zero: frozenset[str] = frozenset()) -> None:
             f"{type(config).__name__}.{f.name} must be a finite number of seconds {least}, "
             f"not {value!r}"
         )
+
+
+def check_clock(clock: Any) -> Any:
+    """`clock` when it is None or has a Clock's methods; else InvalidArgumentError.
+
+    Checked where it is given: a value that is no clock would otherwise fail only once
+    time is first read, with an AttributeError from inside the SDK.
+    """
+    if clock is not None and not all(
+        callable(getattr(clock, name, None)) for name in ("now", "monotonic", "sleep_until")
+    ):
+        raise InvalidArgumentError(
+            f"clock must be a Clock (now, monotonic, sleep_until) or None, not "
+            f"{type(clock).__name__}"
+        )
+    return clock

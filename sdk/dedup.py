@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TypeVar, cast
 
 from sdk._dedup import Decision, DedupTable, check_key
+from sdk._validation import check_clock
 from sdk.clock import Clock, SystemClock
 
 T = TypeVar("T")
@@ -53,14 +54,15 @@ class DedupCoordinator:
         clock: the time source of expiry (sdk.testing.FakeClock in tests).
 
     Raises:
-        InvalidArgumentError: ttl_seconds not positive, or max_keys below 1.
+        InvalidArgumentError: ttl_seconds not positive, max_keys below 1, or a clock
+            that is no Clock.
     """
 
     def __init__(
         self, *, ttl_seconds: float, max_keys: int = 10_000, clock: Clock | None = None
     ) -> None:
         self._table: DedupTable[_Waiter] = DedupTable(ttl_seconds, max_keys)
-        self._clock: Clock = clock or SystemClock()
+        self._clock: Clock = check_clock(clock) or SystemClock()
         self._lock = threading.Lock()
 
     def run(self, key: str, work: Callable[[], T]) -> T:

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar, cast
 
 from sdk._dedup import Decision, DedupTable, check_key
+from sdk._validation import check_clock
 from sdk.clock import Clock, SystemClock
 
 T = TypeVar("T")
@@ -39,14 +40,15 @@ class DedupCoordinator:
         clock: the time source of expiry (sdk.testing.FakeClock in tests).
 
     Raises:
-        InvalidArgumentError: ttl_seconds not positive, or max_keys below 1.
+        InvalidArgumentError: ttl_seconds not positive, max_keys below 1, or a clock
+            that is no Clock.
     """
 
     def __init__(
         self, *, ttl_seconds: float, max_keys: int = 10_000, clock: Clock | None = None
     ) -> None:
         self._table: DedupTable[asyncio.Future[object]] = DedupTable(ttl_seconds, max_keys)
-        self._clock: Clock = clock or SystemClock()
+        self._clock: Clock = check_clock(clock) or SystemClock()
 
     async def run(self, key: str, work: Callable[[], Awaitable[T]]) -> T:
         """Return `await work()`'s value for `key`, running it only if nothing is shared.
