@@ -139,6 +139,7 @@ fuzz: bytecode
 		tests/component/test_fuzz_rpc.py tests/component/test_fuzz_fronts.py \
 		tests/component/test_fuzz_exchange_port.py tests/component/test_fuzz_public_api.py \
 		tests/component/test_fuzz_public_api_aio_push_tx.py tests/component/test_fuzz_cli.py \
+		tests/unit/test_fuzz_broker_command.py tests/component/test_fuzz_career_dedup.py \
 		--timeout 3600
 
 # libFuzzer on the decoders, FUZZ_SECONDS per target; findings are saved in FUZZ_ARTIFACTS.
