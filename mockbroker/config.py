@@ -8,7 +8,7 @@ from typing import Literal
 
 from mockbroker.namesrv.registration import NAME_RE
 from mockbroker.store.retention import RetentionPolicy
-from sdk._validation import finite_number
+from sdk._validation import finite_number, host_problem
 
 FlushMode = Literal["async", "sync"]
 #: The shortest period of disk checks (retention) the broker takes.
@@ -357,6 +357,11 @@ class BrokerConfig:
             raise ValueError(
                 f"transaction_max_checks {self.transaction_max_checks} is outside 1..1000"
             )
+        for name in ("host", "advertised_host", "metrics_host", "console_host"):
+            value = getattr(self, name)
+            problem = None if value is None else host_problem(value)
+            if problem is not None:
+                raise ValueError(f"{name} {value!r} is no host name or address: {problem}")
         if self.advertised_host is not None and (
             self.advertised_host in ("", "0.0.0.0", "::", "[::]")
             or any(c.isspace() or c == "/" for c in self.advertised_host)

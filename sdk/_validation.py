@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from dataclasses import fields
@@ -93,6 +94,33 @@ def split_tag_expression(expression: str) -> list[str] | None:
 def finite_number(value: object) -> bool:
     """True for an int or float that is finite (a bool is no number here)."""
     return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def host_problem(host: object) -> str | None:
+    """What makes `host` no host name or address to listen on or connect to; None if nothing.
+
+    A name (IDNA-encodable: labels of 1-63 characters), an IPv4 address, or an IPv6
+    address bare or in brackets. Checked where a host is given: a control character or an
+    over-long label reached getaddrinfo and ended in a ValueError or UnicodeError.
+    """
+    if not isinstance(host, str):
+        return f"it is not a str but {type(host).__name__}"
+    if not host:
+        return "it is empty"
+    if not host.isprintable() or any(c.isspace() or c == "/" for c in host):
+        return "it holds a space, a control character or '/'"
+    if ":" in host:
+        try:
+            bracketed = host.startswith("[") and host.endswith("]")
+            ipaddress.IPv6Address(host[1:-1] if bracketed else host)
+        except ValueError:
+            return "it is no IPv6 address"
+        return None
+    try:
+        host.encode("idna")
+    except UnicodeError as exc:
+        return f"it is no host name ({exc})"
+    return None
 
 
 def check_kind(value: Any, kind: type[Any], name: str) -> Any:

@@ -14,7 +14,7 @@ import signal
 import sys
 
 from mockbroker.namesrv.server import SCAN_SECONDS, NameServer
-from sdk._validation import finite_number
+from sdk._validation import finite_number, host_problem
 
 
 def port_number(text: str) -> int:
@@ -37,12 +37,9 @@ def host_name(text: str) -> str:
     A control character or what IDNA cannot encode (a NUL, a label over 63 characters)
     used to reach getaddrinfo and end in a ValueError or UnicodeError traceback.
     """
-    if not text.isprintable():
-        raise argparse.ArgumentTypeError(f"{text!r} holds a control character")
-    try:
-        text.encode("idna")
-    except UnicodeError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is no host name ({exc})") from None
+    problem = host_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} is no host name or address: {problem}")
     return text
 
 

@@ -234,6 +234,21 @@ def test_an_empty_data_directory_is_a_usage_error(empty: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "option", ["--host", "--advertised-host", "--metrics-host", "--console-host"]
+)
+@pytest.mark.parametrize("host", ["", "bad name", "a\x00b", "a\nb", "a" * 64, "a..b", "[::1"])
+def test_a_host_that_is_no_host_name_is_a_usage_error_naming_it(option: str, host: str) -> None:
+    # They were taken: the broker made its data directory, then failed to bind with a
+    # traceback or an error line split by the name (a NUL, a line break, a label too long).
+    field = option.removeprefix("--").replace("-", "_")
+    _, code, stderr = parsed(["--data-dir", "unused", option, host])
+    assert code == 2
+    assert stderr.splitlines()[-1].startswith(
+        f"mockbroker: error: {field} {host!r} is no host name or address: "
+    )
+
+
+@pytest.mark.parametrize(
     ("option", "value", "message"),
     [
         ("--client-timeout-seconds", "0", "client_timeout_seconds must be above 0, not 0.0"),
