@@ -8,6 +8,7 @@ from typing import Literal
 
 from mockbroker.namesrv.registration import NAME_RE
 from mockbroker.store.retention import RetentionPolicy
+from sdk._validation import NAME_RE as GROUP_RE
 from sdk._validation import finite_number, host_problem
 
 FlushMode = Literal["async", "sync"]
@@ -357,6 +358,15 @@ class BrokerConfig:
             raise ValueError(
                 f"transaction_max_checks {self.transaction_max_checks} is outside 1..1000"
             )
+        # The name servers refuse a broker registering under another name (RocketMQ's).
+        if not (isinstance(self.broker_name, str) and NAME_RE.fullmatch(self.broker_name)):
+            raise ValueError(f"broker_name {self.broker_name!r} must match {NAME_RE.pattern}")
+        for group in self.fifo_groups:
+            if not (isinstance(group, str) and GROUP_RE.fullmatch(group)):
+                raise ValueError(
+                    f"fifo_groups names {group!r}, which is no group name (they match "
+                    f"{GROUP_RE.pattern})"
+                )
         for name in ("host", "advertised_host", "metrics_host", "console_host"):
             value = getattr(self, name)
             problem = None if value is None else host_problem(value)

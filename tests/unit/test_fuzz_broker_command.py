@@ -234,6 +234,26 @@ def test_an_empty_data_directory_is_a_usage_error(empty: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--broker-name", "broker a", "broker_name 'broker a' must match"),
+        ("--broker-name", "a\nb", "broker_name 'a\\nb' must match"),
+        ("--broker-name", "", "broker_name '' must match"),
+        ("--fifo-group", "pay ments", "fifo_groups names 'pay ments', which is no group name"),
+        ("--fifo-group", "%RETRY%g", "fifo_groups names '%RETRY%g', which is no group name"),
+    ],
+)
+def test_a_broker_name_or_fifo_group_no_client_could_use_is_a_usage_error(
+    option: str, value: str, message: str
+) -> None:
+    # They were taken: a name server refused such a broker name at registration, and no
+    # client can join a group of such a name, so the FIFO setting could never apply.
+    _, code, stderr = parsed(["--data-dir", "unused", option, value])
+    assert code == 2
+    assert stderr.splitlines()[-1].startswith(f"mockbroker: error: {message}")
+
+
+@pytest.mark.parametrize(
     "option", ["--host", "--advertised-host", "--metrics-host", "--console-host"]
 )
 @pytest.mark.parametrize("host", ["", "bad name", "a\x00b", "a\nb", "a" * 64, "a..b", "[::1"])
