@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from sdk._transport.protocol import HalfSent, TransactionCheck, Transport
 from sdk._validation import check_group
 from sdk.clock import Clock, SystemClock
 from sdk.consumer.core import new_client_id
-from sdk.errors import ClientStateError, InvalidMessageError, OrderMQError
+from sdk.errors import ClientStateError, InvalidArgumentError, InvalidMessageError, OrderMQError
 from sdk.message import (
     ENCODING_FAILURES,
     Message,
@@ -92,6 +93,25 @@ def state_of(value: object, where: str) -> LocalTransactionState:
         return value
     log.error("%s returned %r, not a LocalTransactionState: counted as UNKNOWN", where, value)
     return LocalTransactionState.UNKNOWN
+
+
+def check_listener(listener: Any, *, asynchronous: bool) -> Any:
+    """`listener` if it can serve as a TransactionListener; else InvalidArgumentError.
+
+    It needs both methods, async ones for sdk.aio's producer (`asynchronous`), plain ones
+    for the blocking producer's. Either mistake would otherwise only show when a
+    transaction is sent or checked, as an AttributeError or a transaction left UNKNOWN.
+    """
+    kind = "async " if asynchronous else "plain (not async) "
+    for name in ("execute_local_transaction", "check_local_transaction"):
+        method = getattr(listener, name, None)
+        if not callable(method) or inspect.iscoroutinefunction(method) != asynchronous:
+            raise InvalidArgumentError(
+                f"listener must be a TransactionListener with {kind}methods "
+                f"execute_local_transaction and check_local_transaction; {listener!r} has "
+                f"no {kind}{name}"
+            )
+    return listener
 
 
 class TransactionCore:

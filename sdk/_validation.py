@@ -167,3 +167,24 @@ def check_clock(clock: Any) -> Any:
             f"{type(clock).__name__}"
         )
     return clock
+
+
+def check_counts(config: Any) -> None:
+    """InvalidArgumentError unless every count (`int` field) of `config` is an int.
+
+    A bool is no count; an `int | None` field may also be None. A float count was taken
+    before: a consumer with `pull_batch_size=2.5` failed every pull in the background and
+    polled nothing.
+    """
+    for f in fields(config):
+        if f.type not in ("int", "int | None"):
+            continue
+        value = getattr(config, f.name)
+        if value is None and f.type == "int | None":
+            continue
+        if isinstance(value, int) and not isinstance(value, bool):
+            continue
+        allowed = "an int or None" if f.type == "int | None" else "an int"
+        raise InvalidArgumentError(
+            f"{type(config).__name__}.{f.name} must be {allowed}, not {value!r}"
+        )

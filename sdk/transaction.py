@@ -10,10 +10,11 @@ from sdk._transaction import (
     LocalTransactionState,
     TransactionCore,
     TransactionSendResult,
+    check_listener,
     log,
     state_of,
 )
-from sdk._transport import connect
+from sdk._transport import check_connection, connect
 from sdk.clock import Clock
 from sdk.credentials import Credentials
 from sdk.message import Message, MessageExt
@@ -74,7 +75,8 @@ class TransactionProducer(BlockingClient):
         tls: TLSConfig | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        self._listener = listener
+        check_connection(endpoints, tls, credentials, clock)
+        self._listener = check_listener(listener, asynchronous=False)
 
         async def check(msg: MessageExt) -> LocalTransactionState:
             return await asyncio.to_thread(listener.check_local_transaction, msg)

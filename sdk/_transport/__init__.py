@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from sdk._transport.grpc_transport import GrpcTransport
 from sdk._transport.protocol import Transport
+from sdk._validation import check_clock
 from sdk.clock import Clock
 from sdk.credentials import Credentials
 from sdk.errors import InvalidArgumentError
@@ -83,6 +84,27 @@ def connect(
     be repeated before the others). InvalidArgumentError, naming the accepted forms, for
     endpoints it cannot serve.
     """
+    addresses, rocketmq = check_connection(endpoints, tls, credentials, clock)
+    if rocketmq:
+        # Imported only here: a client of ordermq brokers never loads RocketMQ remoting.
+        from sdk._transport.remoting_transport import RemotingTransport
+
+        return RemotingTransport(addresses, tls, credentials)
+    return GrpcTransport(addresses, tls, credentials, clock)
+
+
+def check_connection(
+    endpoints: str | Sequence[str],
+    tls: TLSConfig | None,
+    credentials: Credentials | None,
+    clock: Clock | None,
+) -> tuple[list[str], bool]:
+    """The addresses `endpoints` names, and whether they are RocketMQ name servers.
+
+    Every argument of `connect` is checked: InvalidArgumentError, naming what is accepted,
+    for what no transport could use. Clients whose transport is made later (on start)
+    call it where they are made.
+    """
     addresses = split_endpoints(endpoints)
     rocketmq = addresses[0].startswith(ROCKETMQ_SCHEME)
     if rocketmq:
@@ -107,9 +129,5 @@ def connect(
         raise InvalidArgumentError(
             f"credentials must be an sdk.Credentials or None, not {type(credentials).__name__}"
         )
-    if rocketmq:
-        # Imported only here: a client of ordermq brokers never loads RocketMQ remoting.
-        from sdk._transport.remoting_transport import RemotingTransport
-
-        return RemotingTransport(addresses, tls, credentials)
-    return GrpcTransport(addresses, tls, credentials, clock)
+    check_clock(clock)
+    return addresses, rocketmq

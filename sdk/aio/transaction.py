@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from sdk._transaction import LocalTransactionState, TransactionCore, TransactionSendResult
-from sdk._transport import connect
+from sdk._transaction import (
+    LocalTransactionState,
+    TransactionCore,
+    TransactionSendResult,
+    check_listener,
+)
+from sdk._transport import check_connection, connect
 from sdk.aio._context import AsyncClientContext
 from sdk.clock import Clock
 from sdk.credentials import Credentials
@@ -45,7 +50,8 @@ class TransactionProducer(AsyncClientContext):
         tls: TLSConfig | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        self._listener = listener
+        check_connection(endpoints, tls, credentials, clock)
+        self._listener = check_listener(listener, asynchronous=True)
         self._core = TransactionCore(
             lambda: connect(endpoints, tls, credentials, clock),
             listener.check_local_transaction,

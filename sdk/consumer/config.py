@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from sdk._validation import check_durations
+from sdk._validation import check_counts, check_durations
 from sdk.errors import InvalidArgumentError
 
 MIB = 1024 * 1024
@@ -167,6 +167,7 @@ class PushConsumerConfig:
             if not ok:
                 raise InvalidArgumentError(what)
 
+        check_counts(self)
         check_durations(self, zero=_MAY_BE_ZERO)
         need(self.delivery in ("pull", "push"), "delivery must be 'pull' or 'push'")
         need(1 <= self.consume_threads <= 1000, "consume_threads must be within 1..1000")
@@ -274,13 +275,18 @@ class LitePullConsumerConfig:
             if not ok:
                 raise InvalidArgumentError(what)
 
+        check_counts(self)
         check_durations(self, zero=_MAY_BE_ZERO)
         need(self.delivery in ("pull", "push"), "delivery must be 'pull' or 'push'")
         need(1 <= self.pull_batch_size <= 10_000, "pull_batch_size must be within 1..10000")
         need(1024 <= self.pull_max_bytes <= 32 * MIB, "pull_max_bytes: 1 KiB..32 MiB")
         need(self.pull_threshold_for_all >= 1, "pull_threshold_for_all must be at least 1")
         need(1 <= self.pull_threshold_for_queue <= 65535, "pull_threshold_for_queue: 1..65535")
-        need(self.pull_threshold_bytes_for_queue >= MIB, "pull_threshold_bytes_for_queue >= 1 MiB")
+        need(
+            MIB <= self.pull_threshold_bytes_for_queue <= 1024 * MIB,
+            "LitePullConsumerConfig.pull_threshold_bytes_for_queue must be within 1 MiB..1 GiB "
+            f"(as RocketMQ's), not {self.pull_threshold_bytes_for_queue}",
+        )
         need(self.auto_commit_interval >= 1.0, "auto_commit_interval must be at least 1 second")
         need(self.young_queue_max_messages >= 0, "young_queue_max_messages must not be negative")
         need(self.pull_timeout > self.pull_suspend >= 0, "pull_timeout must exceed pull_suspend")

@@ -165,7 +165,7 @@ class ConsumerCore:
             raise InvalidArgumentError("ConsumeFromWhere.TIMESTAMP needs consume_timestamp")
         self._from_where = consume_from_where
         if isinstance(consume_timestamp, datetime):
-            consume_timestamp = consume_timestamp.timestamp()
+            consume_timestamp = seconds_since_epoch(consume_timestamp)
         elif consume_timestamp is not None and not finite_number(consume_timestamp):
             raise InvalidArgumentError(
                 "consume_timestamp must be a datetime or seconds since the epoch (a finite "
@@ -789,3 +789,18 @@ def _restore_origin(messages: list[MessageExt]) -> None:
         origin = m.properties.get("ORIGIN_TOPIC")
         if origin:
             m.topic = origin
+
+
+def seconds_since_epoch(moment: datetime) -> float:
+    """`moment.timestamp()`, or InvalidArgumentError for a datetime it cannot convert.
+
+    Such as a naive one near year 1 or 9999, whose local time falls outside the years
+    datetime holds (ValueError or OverflowError before).
+    """
+    try:
+        return moment.timestamp()
+    except (ValueError, OverflowError, OSError) as exc:
+        raise InvalidArgumentError(
+            f"consume_timestamp {moment!r} is no time since the epoch this host can tell "
+            f"({exc}); give an aware datetime or seconds since the epoch"
+        ) from exc

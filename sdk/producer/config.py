@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sdk._validation import check_durations
+from sdk._validation import check_counts, check_durations
 from sdk.errors import InvalidArgumentError
 
 #: Longer than the broker's default sync-flush wait (5 s), so that a flush timeout is
@@ -43,6 +43,7 @@ class AccumulatorConfig:
     block_timeout: float = 10.0
 
     def __post_init__(self) -> None:
+        check_counts(self)
         check_durations(self, zero=frozenset({"linger", "block_timeout"}))
         if not 1 <= self.batch_max_messages <= 10_000:
             raise InvalidArgumentError("batch_max_messages must be within 1..10000")
@@ -94,6 +95,7 @@ class ProducerConfig:
     spool_dir: Path | None = None
 
     def __post_init__(self) -> None:
+        check_counts(self)
         check_durations(self, zero=frozenset({"retry_backoff", "retry_backoff_max"}))
         if not (self.accumulator is None or isinstance(self.accumulator, AccumulatorConfig)):
             raise InvalidArgumentError(
@@ -106,5 +108,21 @@ class ProducerConfig:
             raise InvalidArgumentError("retry_backoff must be >= 0 and <= retry_backoff_max")
         if self.spool_dir is not None:
             object.__setattr__(self, "spool_dir", Path(self.spool_dir))
+            check_spool_dir(self.spool_dir)
             if self.accumulator is NATURAL_BATCHING:  # the default: the spool batches
                 object.__setattr__(self, "accumulator", None)
+
+
+def check_spool_dir(spool_dir: Path) -> None:
+    """InvalidArgumentError for a spool_dir no spool can be kept in.
+
+    One that holds a NUL character, or names a file or device that is there already
+    (the producer's start failed with an OSError).
+    """
+    if "\0" in str(spool_dir):
+        raise InvalidArgumentError(f"ProducerConfig.spool_dir {str(spool_dir)!r} holds a NUL")
+    if spool_dir.exists() and not spool_dir.is_dir():
+        raise InvalidArgumentError(
+            f"ProducerConfig.spool_dir {str(spool_dir)!r} must be a directory (or where one "
+            "can be made), not an existing file"
+        )

@@ -160,7 +160,13 @@ class ProducerCore:
             )
         if self.config.spool_dir is not None:
             self._spool = Spool(self.config.spool_dir)
-            await asyncio.to_thread(self._spool.open)
+            try:
+                await asyncio.to_thread(self._spool.open)
+            except OSError as exc:
+                raise InvalidArgumentError(
+                    f"spool_dir {str(self.config.spool_dir)!r}: the spool cannot be kept "
+                    f"there: {exc}"
+                ) from exc
             self._spool.start()
             if self._spool.recovered:
                 log.info("spool: %d messages to deliver from an earlier run", self._spool.recovered)

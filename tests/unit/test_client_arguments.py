@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +124,82 @@ def test_the_right_kinds_are_accepted(tmp_path: Path) -> None:
         on_queues_assigned=print, on_queues_revoked=lambda queues: None,
         message_model=sdk.MessageModel.BROADCASTING, offset_dir=tmp_path,
     )  # fmt: skip
+
+
+TRANSACTION_PRODUCERS: list[Callable[..., Any]] = [
+    lambda **kw: sdk.TransactionProducer(**{"endpoints": ENDPOINT, "group": "g", **kw}),
+    lambda **kw: sdk.aio.TransactionProducer(**{"endpoints": ENDPOINT, "group": "g", **kw}),
+]
+
+
+class _Listener:
+    def execute_local_transaction(self, msg: object, arg: object) -> None: ...
+
+    def check_local_transaction(self, msg: object) -> None: ...
+
+
+class _AsyncListener:
+    async def execute_local_transaction(self, msg: object, arg: object) -> None: ...
+
+    async def check_local_transaction(self, msg: object) -> None: ...
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda **kw: Producer(ENDPOINT, **kw),
+        lambda **kw: PushConsumer("g", ENDPOINT, **kw),
+        lambda **kw: sdk.aio.SimpleConsumer("g", ENDPOINT, **kw),
+        lambda **kw: TRANSACTION_PRODUCERS[0](listener=_Listener(), **kw),
+        lambda **kw: TRANSACTION_PRODUCERS[1](listener=_AsyncListener(), **kw),
+    ],
+    ids=["producer", "push", "aio-simple", "transactions", "aio-transactions"],
+)
+def test_a_clock_that_is_no_clock_is_refused_where_the_client_is_made(
+    make: Callable[..., Any],
+) -> None:
+    # Before, it was kept and start() failed with "'bytes' object has no attribute 'now'".
+    with pytest.raises(InvalidArgumentError, match=r"clock must be a Clock .* not bytes"):
+        make(clock=b"x")
+
+
+@pytest.mark.parametrize("keywords", [{"tls": 5}, {"endpoints": "broker"}], ids=["tls", "endpoint"])
+@pytest.mark.parametrize("make", TRANSACTION_PRODUCERS, ids=["blocking", "aio"])
+def test_a_transaction_producer_checks_its_connection_where_it_is_made(
+    make: Callable[..., Any], keywords: dict[str, object]
+) -> None:
+    with pytest.raises(InvalidArgumentError):
+        make(listener=_Listener(), **keywords)
+
+
+@pytest.mark.parametrize(
+    ("make", "listener"),
+    [
+        (TRANSACTION_PRODUCERS[0], None),
+        (TRANSACTION_PRODUCERS[1], None),
+        (TRANSACTION_PRODUCERS[0], _AsyncListener()),
+        (TRANSACTION_PRODUCERS[1], _Listener()),
+    ],
+    ids=["none", "aio-none", "async-for-blocking", "plain-for-aio"],
+)
+def test_a_transaction_producer_refuses_a_listener_it_could_not_call(
+    make: Callable[..., Any], listener: object
+) -> None:
+    # Before, sdk.aio's raised AttributeError; a blocking producer kept any listener.
+    with pytest.raises(InvalidArgumentError, match="listener must be a TransactionListener"):
+        make(listener=listener)
+
+
+def test_a_transaction_producer_takes_a_listener_of_its_kind() -> None:
+    TRANSACTION_PRODUCERS[0](listener=_Listener())
+    TRANSACTION_PRODUCERS[1](listener=_AsyncListener())
+
+
+@pytest.mark.parametrize("make", CONSUMERS, ids=["lite", "push", "aio-lite", "aio-push"])
+def test_a_consume_timestamp_no_host_can_convert_is_refused_by_name(
+    make: Callable[..., Any],
+) -> None:
+    # Before: ValueError "year 0 is out of range" from datetime.timestamp().
+    problem = r"consume_timestamp datetime\.datetime\(1, 1, 1"
+    with pytest.raises(InvalidArgumentError, match=problem):
+        make(consume_from_where=ConsumeFromWhere.TIMESTAMP, consume_timestamp=datetime(1, 1, 1))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,3 +86,43 @@ def test_the_producers_accumulator_must_be_an_accumulator_config() -> None:
     with pytest.raises(InvalidArgumentError, match="accumulator must be an AccumulatorConfig"):
         ProducerConfig(accumulator=0)  # type: ignore[arg-type]
     assert ProducerConfig(accumulator=None).accumulator is None
+
+
+def counts() -> list[tuple[type[Any], str]]:
+    return [
+        (config, f.name)
+        for config in CONFIGS
+        for f in dataclasses.fields(config)
+        if f.type in ("int", "int | None")
+    ]
+
+
+@pytest.mark.parametrize(
+    "bad", [2.5, 1.0, True, "5", math.nan], ids=["2.5", "1.0", "bool", "str", "nan"]
+)
+@pytest.mark.parametrize(("config", "name"), counts(), ids=lambda v: getattr(v, "__name__", v))
+def test_a_count_that_is_no_int_is_refused_by_name(
+    config: type[Any], name: str, bad: object
+) -> None:
+    # Before, a float was kept: LitePullConsumerConfig(pull_batch_size=2.5) made every pull
+    # fail in the background, and the consumer polled nothing.
+    with pytest.raises(InvalidArgumentError, match=rf"{config.__name__}\.{name} must be an int"):
+        config(**{name: bad})
+
+
+@pytest.mark.parametrize("spool_dir", ["/dev/null", "spool\0dir"], ids=["device", "nul"])
+def test_a_spool_dir_no_spool_can_be_kept_in_is_refused(spool_dir: str) -> None:
+    # Before, /dev/null was kept and the producer's start failed with FileExistsError.
+    with pytest.raises(InvalidArgumentError, match=r"ProducerConfig\.spool_dir"):
+        ProducerConfig(spool_dir=Path(spool_dir))
+
+
+def test_a_lite_pull_byte_threshold_beyond_1_gib_is_refused() -> None:
+    # Before, 2**63 was kept: it is the credit each queue's subscription asks for, beyond
+    # the wire's int64, so every subscribe failed in the background and nothing was polled.
+    problem = (
+        r"pull_threshold_bytes_for_queue must be within 1 MiB..1 GiB .* not 9223372036854775808"
+    )
+    with pytest.raises(InvalidArgumentError, match=problem):
+        LitePullConsumerConfig(pull_threshold_bytes_for_queue=2**63)
+    assert LitePullConsumerConfig(pull_threshold_bytes_for_queue=1024 * 1024 * 1024)
