@@ -35,6 +35,21 @@ _HANDSHAKE_FAILURE = re.compile(
 )
 
 
+def _check_file_name(name: str, path: object) -> None:
+    """InvalidArgumentError unless `path` is None or a file name a client could open.
+
+    A name with a NUL character failed where the client read it, with ValueError.
+    """
+    if path is None:
+        return
+    if not isinstance(path, str | Path):
+        raise InvalidArgumentError(
+            f"TLSConfig.{name} must be a str or Path naming a PEM file, not {path!r}"
+        )
+    if "\0" in str(path):
+        raise InvalidArgumentError(f"TLSConfig.{name} {str(path)!r} holds a NUL character")
+
+
 @dataclass(frozen=True)
 class TLSConfig:
     """How a client connects over TLS.
@@ -60,6 +75,8 @@ class TLSConfig:
     server_name: str | None = None
 
     def __post_init__(self) -> None:
+        for field_name in ("ca_file", "cert_file", "key_file"):
+            _check_file_name(field_name, getattr(self, field_name))
         if (self.cert_file is None) != (self.key_file is None):
             raise InvalidArgumentError(
                 "TLSConfig: cert_file and key_file go together (a client certificate needs "

@@ -203,3 +203,11 @@ def test_a_consume_timestamp_no_host_can_convert_is_refused_by_name(
     problem = r"consume_timestamp datetime\.datetime\(1, 1, 1"
     with pytest.raises(InvalidArgumentError, match=problem):
         make(consume_from_where=ConsumeFromWhere.TIMESTAMP, consume_timestamp=datetime(1, 1, 1))
+
+
+@pytest.mark.parametrize("name", ["ca_file", "cert_file", "key_file"])
+def test_a_tls_file_name_with_a_nul_is_refused_where_the_config_is_made(name: str) -> None:
+    # Before, it was kept and making any client with it raised ValueError ("embedded null byte").
+    files = {"cert_file": "c.pem", "key_file": "k.pem"} if name != "ca_file" else {}
+    with pytest.raises(InvalidArgumentError, match=rf"TLSConfig\.{name} 'a\\x00b' holds a NUL"):
+        sdk.TLSConfig(**{**files, name: "a\0b"})
