@@ -17,7 +17,7 @@ help:
 	@echo "make test-durations  the tests alone, writing each file's seconds to tests/durations.json"
 	@echo "make chaos   the fault suite's long form, with its summary table"
 	@echo "make test-stateful   a long random search of every state machine (orderly, key dispatch, dedup, offsets, locks, groups, pop, the fronts together)"
-	@echo "make fuzz    a long random search of every RPC, every decoder, the RocketMQ fronts, the Exchange port, the clients' public methods and the ordermq command (part of make chaos)"
+	@echo "make fuzz    a long random search of every RPC, every decoder, the RocketMQ fronts, the Exchange port, the clients' public methods and constructors and the ordermq command (part of make chaos)"
 	@echo "make fuzz-atheris    coverage-guided fuzzing of the decoders (installs atheris)"
 	@echo "make bench   measure throughput (writes bench/results/latest.json)"
 	@echo "make bench-backlog   broker memory with a 10-million-message backlog (2.3 GB disk)"
@@ -140,7 +140,7 @@ fuzz: bytecode
 		tests/component/test_fuzz_exchange_port.py tests/component/test_fuzz_public_api.py \
 		tests/component/test_fuzz_public_api_aio_push_tx.py tests/component/test_fuzz_cli.py \
 		tests/unit/test_fuzz_broker_command.py tests/component/test_fuzz_career_dedup.py \
-		--timeout 3600
+		tests/component/test_fuzz_client_constructors.py --timeout 3600
 
 # libFuzzer on the decoders, FUZZ_SECONDS per target; findings are saved in FUZZ_ARTIFACTS.
 FUZZ_SECONDS ?= 60
