@@ -162,7 +162,8 @@ class ProducerCore:
             self._spool = Spool(self.config.spool_dir)
             try:
                 await asyncio.to_thread(self._spool.open)
-            except OSError as exc:
+            # A path no spool can be kept at; a failing disk's errors stay what they are.
+            except (FileExistsError, NotADirectoryError, PermissionError) as exc:
                 raise InvalidArgumentError(
                     f"spool_dir {str(self.config.spool_dir)!r}: the spool cannot be kept "
                     f"there: {exc}"
