@@ -6,8 +6,10 @@ says so) through ordermq's clients' transport (its Exchange port and gRPC), orde
 transport over RocketMQ remoting (`rocketmq://`: SEND_MESSAGE, PULL_MESSAGE,
 UPDATE_CONSUMER_OFFSET, LOCK_BATCH_MQ, ...) and RocketMQ 5's v2 gRPC (SendMessage;
 ReceiveMessage, AckMessage and ChangeInvisibleDuration), as two clients of one orderly
-group and a SimpleConsumer's group, and restarts it. Each example has a topic of two
-queues and groups of its own; the model is what a user of the three would expect:
+group and two SimpleConsumers' groups, one FIFO, and restarts it. Each example has a topic
+of two queues and groups of its own (the FIFO group is FIFO only if the broker's
+configuration names it at start: one fixed group, kept apart by the example's topic); the
+model is what a user of the three would expect:
 
 - a send through any front lands at the queue's next offsets, and every read through any
   front finds each message where its send said, as it was sent (body, tags, keys,
@@ -25,9 +27,15 @@ queues and groups of its own; the model is what a user of the three would expect
   of the messages sent that no receive holds, nobody acked and that were delivered fewer
   than POP_ATTEMPTS times (then they are dead-lettered), each with its delivery attempt;
   a held message is not delivered again until its invisible time passes;
-- an ack with a held message's current receipt settles it; a change of invisible
-  duration with it gives the message a new lease (0: visible at once) and a new receipt;
-  a receipt that ran out, was replaced or was forged is refused with
+- a v2 receive of the FIFO group delivers the same, except that of each message group (the
+  sharding key or message group, within its queue) only the first message neither acked
+  nor dead-lettered: while it is held its group's next waits; once its invisible time
+  passes it comes again, its delivery attempt one higher; once dead-lettered after its
+  last attempt (which the broker does in the background, and the machine waits for) the
+  group's next comes;
+- in either group, an ack with a held message's current receipt settles it; a change of
+  invisible duration with it gives the message a new lease (0: visible at once) and a new
+  receipt; a receipt that ran out, was replaced or was forged is refused with
   INVALID_RECEIPT_HANDLE, except that an ack of a message already settled answers OK and
   changes nothing (acks are idempotent; mockbroker/pop/service.py);
 - a restart on the same data directory keeps every message, commit, receipt and ack,
@@ -88,8 +96,8 @@ WIRES = ("ordermq", "remoting")
 KEYS = ("k0", "k1", "k2", "k3", "k4")
 CALL_SECONDS = 10.0
 #: Deliveries of a received message before it goes to the dead-letter topic: few, so
-#: that sequences reach it.
-POP_ATTEMPTS = 3
+#: that sequences reach it, and in the FIFO group what comes after it.
+POP_ATTEMPTS = 2
 #: Invisible times of receives and changes (s): one run-out of the leases (LEASE + 1)
 #: ends the short one and not the long one; 0 (changes only) makes a message visible.
 INVISIBLE = (20, 100)
@@ -97,6 +105,9 @@ INVISIBLE = (20, 100)
 PULL_COMMIT_OFFSET, PULL_SUBSCRIPTION = 0x1, 0x4
 #: The headers of the v2 front's consumer calls.
 V2_CLIENT = (("x-mq-client-id", "v2-consumer"),)
+#: The FIFO group receiving through the v2 front: FIFO only as the broker's configuration
+#: names it at start, so one fixed name; examples keep apart by their topics.
+FIFO_GROUP = "fronts-fifo"
 
 
 @dataclass(frozen=True)
@@ -173,8 +184,24 @@ class Popped:
         return self.settled_by is None and self.attempts >= POP_ATTEMPTS and not self.held(now_ms)
 
     def deliverable(self, now_ms: int) -> bool:
-        """A receive may take it now."""
+        """A receive may take it now (a FIFO group's: if nothing before it in its group
+        is pending)."""
         return self.settled_by is None and not self.held(now_ms) and not self.dead(now_ms)
+
+    def pending(self, now_ms: int) -> bool:
+        """Neither acked nor dead-lettered: in a FIFO group, it holds back its group's next."""
+        return self.settled_by is None and not self.dead(now_ms)
+
+
+@dataclass
+class Receiving:
+    """One group receiving the example's topic through the v2 front: its view of each
+    message sent (per queue, per offset) and the receipts it was given."""
+
+    name: str
+    fifo: bool
+    popped: list[list[Popped]] = field(default_factory=lambda: [[] for _ in range(QUEUES)])
+    issued: list[Issued] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -198,7 +225,7 @@ class Broker:
             disconnect_grace_seconds=10.0**9,
             # each example has a topic and a group (and so a retry topic) of its own
             max_topics=10**6, client_max_topics=10**6,
-            pop_max_delivery_attempts=POP_ATTEMPTS,
+            pop_max_delivery_attempts=POP_ATTEMPTS, fifo_groups=(FIFO_GROUP,),
         )  # fmt: skip
         self.embedded = EmbeddedBroker(config, clock=self.clock)
         self.loop = asyncio.new_event_loop()
@@ -280,11 +307,14 @@ class FrontsMachine(RuleBasedStateMachine):
         super().__init__()
         n = next(self.b.topics)
         self.topic, self.group = f"fronts-{n}", f"fronts-group-{n}"
-        #: The group receiving through the v2 front (a SimpleConsumer's, not FIFO).
-        self.pop_group = f"fronts-pop-{n}"
-        #: Per queue, per offset: the receiving group's view of each message sent.
-        self.popped: list[list[Popped]] = [[] for _ in range(QUEUES)]
-        self.issued: list[Issued] = []
+        #: The groups receiving through the v2 front (SimpleConsumers'), by FIFO or not.
+        self.receivers = {
+            False: Receiving(f"fronts-pop-{n}", fifo=False),
+            True: Receiving(FIFO_GROUP, fifo=True),
+        }
+        #: What the FIFO group dead-lettered of the topic before the broker last started
+        #: (its counters start at zero).
+        self.dead_lettered_before = 0
         self.queues: list[list[Sent]] = [[] for _ in range(QUEUES)]
         self.committed: list[int | None] = [None] * QUEUES
         self.locks = [Lock() for _ in range(QUEUES)]
@@ -374,7 +404,8 @@ class FrontsMachine(RuleBasedStateMachine):
 
     def _stored(self, queue_id: int, messages: list[Sent]) -> None:
         self.queues[queue_id] += messages
-        self.popped[queue_id] += [Popped() for _ in messages]
+        for receiver in self.receivers.values():
+            receiver.popped[queue_id] += [Popped() for _ in messages]
 
     # ------------------------------------------------------------------ reading
     @rule(wire=st.sampled_from(WIRES), queue_id=st.integers(0, QUEUES - 1), data=st.data())
@@ -468,6 +499,7 @@ class FrontsMachine(RuleBasedStateMachine):
         and join again): what it acknowledged stays, messages, commits, receipts and acks
         alike, and every lock with an owner counts as renewed at start, its owner keeping
         it at its epoch for a lease (mockbroker/lock_manager.py)."""
+        self.dead_lettered_before = self._await_dead_letters()
         self.b.restart()
         self.b.run(self._join())
         for model in self.locks:
@@ -568,15 +600,53 @@ class FrontsMachine(RuleBasedStateMachine):
         """The broker's clock, as the pop core reads it."""
         return int(self.b.clock.now() * 1000)
 
-    @rule(batch_size=st.integers(1, 4), invisible=st.sampled_from(INVISIBLE))
-    def receive_v2(self, batch_size: int, invisible: int) -> None:
-        """A SimpleConsumer's receive: what no receive holds and nobody settled, in order."""
+    def _deliverable(self, r: Receiving, now: int) -> list[list[int]]:
+        """Per queue, the offsets a receive of `r`'s group may take now, in order; a FIFO
+        group's only where no earlier message of the same queue and message group (sharding
+        key) is pending."""
+        out = []
+        for queue_id, msgs in enumerate(r.popped):
+            blocked: set[str] = set()
+            offsets = []
+            for offset, m in enumerate(msgs):
+                key = self.queues[queue_id][offset].key
+                if m.deliverable(now) and key not in blocked:
+                    offsets.append(offset)
+                if r.fifo and m.pending(now):
+                    blocked.add(key)
+            out.append(offsets)
+        return out
+
+    def _await_dead_letters(self) -> int:
+        """Wait for the broker's sweeper to dead-letter what the FIFO group's model counts
+        dead (it does so in the background once a last lease runs out, and only then may the
+        message group's next message come); how many the model counts dead."""
         now = self.now_ms()
-        deliverable = [
-            [o for o, m in enumerate(msgs) if m.deliverable(now)] for msgs in self.popped
-        ]
+        dead = sum(m.dead(now) for msgs in self.receivers[True].popped for m in msgs)
+        want = dead - self.dead_lettered_before
+        state = self.b.embedded.broker.state
+        assert state is not None
+        counted = state.pop.stats.dead_lettered
+        until = time.monotonic() + CALL_SECONDS
+        while counted[FIFO_GROUP, self.topic] < want and time.monotonic() < until:
+            time.sleep(0.002)
+        assert counted[FIFO_GROUP, self.topic] == want, (
+            f"the broker dead-lettered {counted[FIFO_GROUP, self.topic]} of {self.topic} for "
+            f"{FIFO_GROUP} since it started, the model {want}"
+        )
+        return dead
+
+    @rule(fifo=st.booleans(), batch_size=st.integers(1, 4), invisible=st.sampled_from(INVISIBLE))
+    def receive_v2(self, fifo: bool, batch_size: int, invisible: int) -> None:
+        """A SimpleConsumer's receive: what no receive holds and nobody settled, in order;
+        for the FIFO group, of each message group only its first message not yet settled."""
+        r = self.receivers[fifo]
+        if fifo:
+            self._await_dead_letters()
+        now = self.now_ms()
+        deliverable = self._deliverable(r, now)
         request = svc.ReceiveMessageRequest(
-            group=v2.Resource(name=self.pop_group),
+            group=v2.Resource(name=r.name),
             message_queue=v2.MessageQueue(topic=v2.Resource(name=self.topic), id=-1),
             filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
             batch_size=batch_size,
@@ -587,7 +657,7 @@ class FrontsMachine(RuleBasedStateMachine):
         answer = list(self.b.v2.ReceiveMessage(request, timeout=CALL_SECONDS, metadata=V2_CLIENT))
         status = [a.status for a in answer if a.HasField("status")]
         got = [a.message for a in answer if a.HasField("message")]
-        what = f"v2 receive of {batch_size} (deliverable: {deliverable}): {status}"
+        what = f"{r.name} v2 receive of {batch_size} (deliverable: {deliverable}): {status}"
         assert len(status) == 1 and sum(a.HasField("delivery_timestamp") for a in answer) == 1, what
         want = min(batch_size, sum(map(len, deliverable)))
         assert status[0].code == (v2.OK if want else v2.MESSAGE_NOT_FOUND), what
@@ -597,7 +667,7 @@ class FrontsMachine(RuleBasedStateMachine):
             sp = message.system_properties
             queue_id, offset = sp.queue_id, sp.queue_offset
             by_queue[queue_id].append(offset)
-            m = self.popped[queue_id][offset]
+            m = r.popped[queue_id][offset]
             assert Sent(message.body, sp.tag, tuple(sp.keys), sp.message_group,
                         _user(dict(message.user_properties))) == self.queues[queue_id][offset], (
                 f"{what}: queue {queue_id} offset {offset} as served"
@@ -605,33 +675,35 @@ class FrontsMachine(RuleBasedStateMachine):
             assert sp.delivery_attempt == m.attempts + 1, f"{what}: {queue_id}/{offset}"
             m.attempts += 1
             m.receipt, m.deadline_ms = sp.receipt_handle, now + invisible * 1000
-            self.issued.append(Issued(m.receipt, queue_id, offset, m.deadline_ms))
+            r.issued.append(Issued(m.receipt, queue_id, offset, m.deadline_ms))
         for queue_id, offsets in enumerate(by_queue):
             # each queue's messages in offset order, from its first deliverable one
             assert offsets == deliverable[queue_id][: len(offsets)], f"{what}: got {by_queue}"
 
-    def _receipt_to_try(self, data: st.DataObject) -> tuple[str, Issued | None]:
-        """A receipt handle the broker gave out, or a forged one (Issued None)."""
+    def _receipt_to_try(self, r: Receiving, data: st.DataObject) -> tuple[str, Issued | None]:
+        """A receipt handle the broker gave `r`'s group, or a forged one (Issued None)."""
         now = self.now_ms()
         kinds = ["forged text"]
-        if self.issued:
+        if r.issued:
             kinds.append("issued")
-        targets = [(q, o) for q, msgs in enumerate(self.popped) for o in range(len(msgs))]
+        targets = [(q, o) for q, msgs in enumerate(r.popped) for o in range(len(msgs))]
         if targets:
             kinds.append("forged nonce")
         kind = data.draw(st.sampled_from(kinds), label="receipt")
         if kind == "issued":
-            issued = data.draw(st.sampled_from(self.issued), label="issued")
+            issued = data.draw(st.sampled_from(r.issued), label="issued")
             return issued.receipt, issued
         if kind == "forged text":
             return data.draw(st.sampled_from(("x", "AAAA", "forged-receipt")), label="text"), None
         # One of ours in form, for a message that exists, under a lease never given out.
         queue_id, offset = data.draw(st.sampled_from(targets), label="message")
         deadline = now + data.draw(st.sampled_from((-1000, 1000 * INVISIBLE[0])), label="by")
-        receipt = Receipt(self.pop_group, self.topic, queue_id, offset, 0x5EED, deadline)
+        receipt = Receipt(r.name, self.topic, queue_id, offset, 0x5EED, deadline)
         return receipt.encode(), Issued(receipt.encode(), queue_id, offset, deadline)
 
-    def _outcome(self, receipt: str, issued: Issued | None, *, change: bool) -> set[int]:
+    def _outcome(
+        self, r: Receiving, receipt: str, issued: Issued | None, *, change: bool
+    ) -> set[int]:
         """The v2 codes an ack (or change) with `receipt` may answer now (the pop core's
         rule); a receipt not from a receive is refused unless its message is settled
         (acks are idempotent) and it has not run out."""
@@ -639,7 +711,7 @@ class FrontsMachine(RuleBasedStateMachine):
         if issued is None:
             return {refused}
         now = self.now_ms()
-        m = self.popped[issued.queue_id][issued.offset]
+        m = r.popped[issued.queue_id][issued.offset]
         expired = now >= issued.deadline_ms
         if m.settled_by is None and m.receipt == receipt:
             return {refused} if expired else {v2.OK}
@@ -653,52 +725,76 @@ class FrontsMachine(RuleBasedStateMachine):
             return {refused}
         return {done}
 
-    @rule(data=st.data())
-    def ack_v2(self, data: st.DataObject) -> None:
-        """AckMessage: a held message's current receipt settles it, once; another is
-        refused with a status (or, for a message settled already, answered OK)."""
-        receipt, issued = self._receipt_to_try(data)
-        allowed = self._outcome(receipt, issued, change=False)
+    def _ack(self, r: Receiving, receipt: str) -> svc.AckMessageResponse:
         request = svc.AckMessageRequest(
-            group=v2.Resource(name=self.pop_group), topic=v2.Resource(name=self.topic),
+            group=v2.Resource(name=r.name), topic=v2.Resource(name=self.topic),
             entries=[svc.AckMessageEntry(message_id="0" * 32, receipt_handle=receipt)],
         )  # fmt: skip
         assert self.b.v2 is not None
-        answer = self.b.v2.AckMessage(request, timeout=CALL_SECONDS, metadata=V2_CLIENT)
-        assert answer.status.code in allowed, f"ack with {issued or receipt}: {answer}; {allowed}"
+        return self.b.v2.AckMessage(request, timeout=CALL_SECONDS, metadata=V2_CLIENT)
+
+    @rule(fifo=st.booleans(), data=st.data())
+    def ack_v2(self, fifo: bool, data: st.DataObject) -> None:
+        """AckMessage: a held message's current receipt settles it, once; another is
+        refused with a status (or, for a message settled already, answered OK)."""
+        r = self.receivers[fifo]
+        receipt, issued = self._receipt_to_try(r, data)
+        allowed = self._outcome(r, receipt, issued, change=False)
+        answer = self._ack(r, receipt)
+        what = f"{r.name} ack with {issued or receipt}: {answer}; {allowed}"
+        assert answer.status.code in allowed, what
         assert [e.status.code for e in answer.entries] == [answer.status.code], answer
         if answer.status.code == v2.OK and issued is not None:
-            m = self.popped[issued.queue_id][issued.offset]
+            m = r.popped[issued.queue_id][issued.offset]
             if m.held(self.now_ms()) and m.receipt == receipt:
                 m.settled_by = receipt
 
-    def _held_now(self) -> list[Popped]:
+    def _held_now(self) -> list[tuple[bool, int, int]]:
+        """Each message a receive holds now: FIFO group or not, queue, offset."""
         now = self.now_ms()
-        return [m for msgs in self.popped for m in msgs if m.held(now)]
+        return [
+            (fifo, q, o)
+            for fifo, r in self.receivers.items()
+            for q, msgs in enumerate(r.popped)
+            for o, m in enumerate(msgs)
+            if m.held(now)
+        ]
 
     @precondition(lambda self: self._held_now())
     @rule(data=st.data())
     def ack_held_v2(self, data: st.DataObject) -> None:
         """The usual case, made frequent: a consumer acks what it holds, with its receipt."""
-        m = data.draw(st.sampled_from(self._held_now()), label="held")
+        fifo, queue_id, offset = data.draw(st.sampled_from(self._held_now()), label="held")
+        r = self.receivers[fifo]
+        m = r.popped[queue_id][offset]
         assert m.receipt is not None
-        request = svc.AckMessageRequest(
-            group=v2.Resource(name=self.pop_group), topic=v2.Resource(name=self.topic),
-            entries=[svc.AckMessageEntry(message_id="0" * 32, receipt_handle=m.receipt)],
-        )  # fmt: skip
-        assert self.b.v2 is not None
-        answer = self.b.v2.AckMessage(request, timeout=CALL_SECONDS, metadata=V2_CLIENT)
-        assert answer.status.code == v2.OK, f"ack of a held message: {answer}"
+        answer = self._ack(r, m.receipt)
+        assert answer.status.code == v2.OK, f"{r.name} ack of a held message: {answer}"
         m.settled_by = m.receipt
 
-    @rule(data=st.data(), invisible=st.sampled_from((0, *INVISIBLE)))
-    def change_invisible_v2(self, data: st.DataObject, invisible: int) -> None:
+    @rule(fifo=st.booleans(), data=st.data(), invisible=st.sampled_from((0, *INVISIBLE)))
+    def change_invisible_v2(self, fifo: bool, data: st.DataObject, invisible: int) -> None:
         """ChangeInvisibleDuration: a held message's current receipt gives it a new lease
         from now (0: visible at once) and a new receipt, the old one no longer works."""
-        receipt, issued = self._receipt_to_try(data)
-        allowed = self._outcome(receipt, issued, change=True)
+        r = self.receivers[fifo]
+        receipt, issued = self._receipt_to_try(r, data)
+        self._change(r, receipt, issued, invisible)
+
+    @precondition(lambda self: self._held_now())
+    @rule(data=st.data())
+    def release_held_v2(self, data: st.DataObject) -> None:
+        """A consumer gives back what it holds (invisible duration 0): made frequent so that
+        sequences reach a message's last delivery and, in the FIFO group, what follows it."""
+        fifo, queue_id, offset = data.draw(st.sampled_from(self._held_now()), label="held")
+        r = self.receivers[fifo]
+        m = r.popped[queue_id][offset]
+        assert m.receipt is not None
+        self._change(r, m.receipt, Issued(m.receipt, queue_id, offset, m.deadline_ms), 0)
+
+    def _change(self, r: Receiving, receipt: str, issued: Issued | None, invisible: int) -> None:
+        allowed = self._outcome(r, receipt, issued, change=True)
         request = svc.ChangeInvisibleDurationRequest(
-            group=v2.Resource(name=self.pop_group), topic=v2.Resource(name=self.topic),
+            group=v2.Resource(name=r.name), topic=v2.Resource(name=self.topic),
             receipt_handle=receipt, message_id="0" * 32,
         )  # fmt: skip
         request.invisible_duration.FromSeconds(invisible)
@@ -707,15 +803,15 @@ class FrontsMachine(RuleBasedStateMachine):
         answer = self.b.v2.ChangeInvisibleDuration(
             request, timeout=CALL_SECONDS, metadata=V2_CLIENT
         )
-        what = f"change to {invisible} s with {issued or receipt}: {answer}; {allowed}"
+        what = f"{r.name} change to {invisible} s with {issued or receipt}: {answer}; {allowed}"
         assert answer.status.code in allowed, what
         if answer.status.code != v2.OK:
             assert not answer.receipt_handle, what
             return
         assert issued is not None and answer.receipt_handle not in ("", receipt), what
-        m = self.popped[issued.queue_id][issued.offset]
+        m = r.popped[issued.queue_id][issued.offset]
         m.receipt, m.deadline_ms = answer.receipt_handle, now + invisible * 1000
-        self.issued.append(Issued(m.receipt, issued.queue_id, issued.offset, m.deadline_ms))
+        r.issued.append(Issued(m.receipt, issued.queue_id, issued.offset, m.deadline_ms))
 
     @invariant()
     def stored_as_sent(self) -> None:
