@@ -15,10 +15,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sdk import Message, MessageQueue
 from sdk.errors import InvalidMessageError, OrderMQError
+from tests.fuzzing import fuzz_settings
 
 TOPIC = "orders"
 #: Longest any call may take (the bounded waits below are far shorter).
@@ -101,6 +103,26 @@ def check(what: str, call: Callable[[], Any]) -> None:
     """The call returns, or raises OrderMQError or TypeError, within its bound."""
     with contextlib.suppress(OrderMQError):
         made(what, call)
+
+
+def run_examples(
+    name: str,
+    method: Callable[..., Any],
+    arguments: st.SearchStrategy[Any],
+    examples: tuple[int, int] = (12, 300),
+) -> None:
+    """`method` called with each drawn (args, kwargs); see check.
+
+    `examples`: as fuzz_settings takes them (make test's, the long form's).
+    """
+
+    @fuzz_settings(*examples)
+    @given(arguments)
+    def run(drawn: tuple[tuple[Any, ...], dict[str, Any]]) -> None:
+        positional, keywords = drawn
+        check(f"{name}{drawn!r}", lambda: method(*positional, **keywords))
+
+    run()
 
 
 def made(what: str, call: Callable[[], Any]) -> Any:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import given
 from hypothesis import strategies as st
 
 import sdk
@@ -30,14 +29,13 @@ from mockbroker import BrokerConfig, EmbeddedBroker
 from tests.component.hostile_calls import (
     args,
     bounded,
-    check,
     floats,
     ints,
     methods_with_arguments,
+    run_examples,
     texts,
     wrong,
 )
-from tests.fuzzing import fuzz_settings
 from tests.support import wait_until
 
 Calls = dict[str, tuple[Callable[..., Any], st.SearchStrategy[Any]]]
@@ -250,14 +248,7 @@ def test_every_listed_method_is_fuzzed(objects: Objects) -> None:
 @pytest.mark.parametrize("name", METHODS)
 def test_hostile_arguments_raise_only_the_sdks_errors(objects: Objects, name: str) -> None:
     method, arguments = calls(objects)[name]
-
-    @fuzz_settings(12, 200)
-    @given(arguments)
-    def run(drawn: tuple[tuple[Any, ...], dict[str, Any]]) -> None:
-        positional, keywords = drawn
-        check(f"{name}{drawn!r}", lambda: method(*positional, **keywords))
-
-    run()
+    run_examples(name, method, arguments, (12, 200))
     still_works(objects)
 
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import given
 from hypothesis import strategies as st
 
 from sdk import (
@@ -34,7 +33,6 @@ from tests.component.hostile_calls import (
     TOPIC,
     args,
     bounded,
-    check,
     floats,
     ints,
     methods_with_arguments,
@@ -43,6 +41,7 @@ from tests.component.hostile_calls import (
     queue_lists,
     refusing_at_once,
     resubscribe,
+    run_examples,
     selectors,
     sendable,
     texts,
@@ -50,7 +49,6 @@ from tests.component.hostile_calls import (
     wrong,
 )
 from tests.component.transports import TRANSPORTS, BrokerOver, broker_over
-from tests.fuzzing import fuzz_settings
 
 
 @dataclass
@@ -214,12 +212,5 @@ def test_hostile_arguments_raise_only_the_sdks_errors(clients: Clients, name: st
     if name not in found:
         pytest.skip(f"{name} is not served over {clients.broker.transport}")
     method, arguments = found[name]
-
-    @fuzz_settings(12, 300)
-    @given(arguments)
-    def run(drawn: tuple[tuple[Any, ...], dict[str, Any]]) -> None:
-        positional, keywords = drawn
-        check(f"{name}{drawn!r}", lambda: method(*positional, **keywords))
-
-    run()
+    run_examples(name, method, arguments)
     still_works(clients)

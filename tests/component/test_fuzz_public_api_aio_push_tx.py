@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import given
 from hypothesis import strategies as st
 
 import sdk.aio
@@ -43,7 +42,6 @@ from tests.component.hostile_calls import (
     TOPIC,
     args,
     bounded,
-    check,
     floats,
     ints,
     methods_with_arguments,
@@ -52,6 +50,7 @@ from tests.component.hostile_calls import (
     queue_lists,
     refusing_at_once,
     resubscribe,
+    run_examples,
     selectors,
     sendable,
     texts,
@@ -59,7 +58,6 @@ from tests.component.hostile_calls import (
     wrong,
 )
 from tests.component.transports import TRANSPORTS, BrokerOver, broker_over
-from tests.fuzzing import fuzz_settings
 
 #: How long a push consumer may take to hand a new message to its listener.
 DELIVERY_SECONDS = 15.0
@@ -392,18 +390,6 @@ METHODS = sorted(
 )
 PUSH_METHODS = [m for m in METHODS if m.split(".")[-2] == "PushConsumer"]
 CLIENT_METHODS = [m for m in METHODS if m not in PUSH_METHODS]
-
-
-def run_examples(name: str, method: Callable[..., Any], arguments: st.SearchStrategy[Any]) -> None:
-    """`method` called with each drawn (args, kwargs); see hostile_calls.check."""
-
-    @fuzz_settings(12, 300)
-    @given(arguments)
-    def run(drawn: tuple[tuple[Any, ...], dict[str, Any]]) -> None:
-        positional, keywords = drawn
-        check(f"{name}{drawn!r}", lambda: method(*positional, **keywords))
-
-    run()
 
 
 def test_every_public_method_is_fuzzed(clients: Clients) -> None:
