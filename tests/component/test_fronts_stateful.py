@@ -85,6 +85,7 @@ from sdk.message import MessageExt, MessageQueue
 from sdk.selector import shard_index
 from sdk.testing import FakeClock
 from tests.fuzzing import machine_settings
+from tests.support import wait_until
 
 T = TypeVar("T")
 
@@ -627,9 +628,11 @@ class FrontsMachine(RuleBasedStateMachine):
         state = self.b.embedded.broker.state
         assert state is not None
         counted = state.pop.stats.dead_lettered
-        until = time.monotonic() + CALL_SECONDS
-        while counted[FIFO_GROUP, self.topic] < want and time.monotonic() < until:
-            time.sleep(0.002)
+        wait_until(
+            lambda: counted[FIFO_GROUP, self.topic] >= want,
+            CALL_SECONDS,
+            f"the broker to dead-letter {want} of {self.topic} for {FIFO_GROUP}, as the model",
+        )
         assert counted[FIFO_GROUP, self.topic] == want, (
             f"the broker dead-lettered {counted[FIFO_GROUP, self.topic]} of {self.topic} for "
             f"{FIFO_GROUP} since it started, the model {want}"
